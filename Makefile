@@ -1,0 +1,80 @@
+# rmb-relay: the two commands are `make run` and `make test`; everything else supports them.
+# All installs are idempotent: a stamp file or a `command -v` check guards each one.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+BIN := $(VENV)/bin
+LISTEN ?= 127.0.0.1:8080
+# Release build by default: tests and benchmarks exercise the same code users run.
+MATURIN_FLAGS ?= --release
+RUST_SOURCES := $(wildcard rust/*.rs) Cargo.toml Cargo.lock
+PY_STAMP := $(VENV)/.deps-stamp
+BUILD_STAMP := $(VENV)/.build-stamp
+PROTO_OUT := tests/_proto
+
+.PHONY: run test lint cargo-test pytest build dev wheel bench system-deps clean build-profiling proto
+
+run: $(BUILD_STAMP) ## start the relay on embedded defaults (no Redis, no chain)
+	$(BIN)/rmb-relay -l $(LISTEN)
+
+test: system-deps $(BUILD_STAMP) proto lint cargo-test pytest ## everything CI runs
+
+system-deps: ## redis-server and a Java runtime for PySpark (Debian packages), only when missing
+	@need=""; \
+	command -v redis-server >/dev/null || need="$$need redis-server"; \
+	command -v java >/dev/null || need="$$need openjdk-17-jre-headless"; \
+	if [ -n "$$need" ]; then \
+	  echo "installing:$$need"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$need; \
+	fi
+
+$(PY_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q maturin
+	$(PY) -m pip install -q $$($(PY) -c 'import tomllib;d=tomllib.load(open("pyproject.toml","rb"))["project"];print(" ".join(repr(x) for x in d["dependencies"]+d["optional-dependencies"]["dev"]))' | tr -d "'")
+	touch $@
+
+$(BUILD_STAMP): $(PY_STAMP) $(RUST_SOURCES)
+	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/maturin develop -q $(MATURIN_FLAGS)
+	$(PY) -c 'import rmb_relay._core'
+	touch $@
+
+build: $(BUILD_STAMP) ## build the extension into the venv
+
+build-profiling: $(PY_STAMP) ## release build with debug symbols, for py-spy/perf
+	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/maturin develop --profile profiling
+	rm -f $(BUILD_STAMP)
+
+proto: $(PROTO_OUT)/types_pb2.py ## reference protobuf classes for tests and benchmarks
+
+$(PROTO_OUT)/types_pb2.py: proto/types.proto proto/peer.proto $(PY_STAMP)
+	mkdir -p $(PROTO_OUT)
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=$(PROTO_OUT) proto/types.proto proto/peer.proto
+	touch $(PROTO_OUT)/__init__.py
+
+lint: $(BUILD_STAMP)
+	$(BIN)/ruff check python tests bench
+	$(BIN)/ruff format --check python tests bench
+	$(BIN)/mypy --strict python/rmb_relay
+	$(BIN)/python -m mypy.stubtest rmb_relay._core --ignore-missing-stub 2>&1 | tail -20; exit $${PIPESTATUS[0]}
+	cargo fmt --check
+	cargo clippy --all-targets -q -- -D warnings
+
+cargo-test:
+	cargo test -q
+
+pytest: $(BUILD_STAMP) proto
+	$(BIN)/pytest -q
+
+bench: $(BUILD_STAMP) proto ## micro benchmarks with ratios against pure-Python baselines
+	$(BIN)/pytest bench -q --benchmark-enable --benchmark-columns=min,mean,ops -p no:randomly
+
+wheel: $(PY_STAMP) ## release wheel into dist/
+	$(BIN)/maturin build --release -o dist
+
+clean:
+	rm -rf target dist $(VENV) $(PROTO_OUT)

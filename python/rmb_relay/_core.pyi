@@ -1,0 +1,345 @@
+"""Typed stubs of the Rust core `rmb_relay._core` (checked with mypy.stubtest in `make lint`).
+
+Each section below belongs to one Rust file; keep it in step with that file.
+"""
+
+from typing import Final
+
+
+# ---- error.rs -------------------------------------------------------------------------------
+
+class CoreError(Exception): ...
+class HttpParseError(CoreError): ...
+class WebSocketProtocolError(CoreError): ...
+class EnvelopeError(CoreError): ...
+class SbdError(CoreError): ...
+class SignatureError(CoreError): ...
+
+# ---- http.rs --------------------------------------------------------------------------------
+class HttpRequest:
+    """One parsed HTTP/1.x request: head fields plus the Content-Length body."""
+
+    @property
+    def method(self) -> str: ...
+    @property
+    def path(self) -> str:
+        """The request target before any `?` (percent-escapes left as sent)."""
+    @property
+    def query(self) -> str | None:
+        """Everything after the first `?`, raw; None when the target has no `?`."""
+    @property
+    def version(self) -> int:
+        """Minor version: 0 for HTTP/1.0, 1 for HTTP/1.1."""
+    @property
+    def headers(self) -> list[tuple[str, bytes]]:
+        """Header names lower-cased, in arrival order."""
+    @property
+    def body(self) -> bytes: ...
+    @property
+    def keep_alive(self) -> bool: ...
+    @property
+    def is_websocket_upgrade(self) -> bool:
+        """GET with `Upgrade: websocket` and a `Connection` header naming `upgrade`."""
+    def header(self, name: str) -> bytes | None:
+        """First header of that name (case-insensitive), or None."""
+
+class HttpParser:
+    """Incremental request parser: head <= max_head bytes, <= max_headers, body by Content-Length."""
+
+    def __init__(
+        self, *, max_head: int = 16384, max_headers: int = 64, max_body: int = 1048576
+    ) -> None: ...
+    def feed(self, data: bytes) -> HttpRequest | None:
+        """Append bytes; return the next complete request or None. Raises HttpParseError.
+
+        Bytes past a complete request stay buffered: call `feed(b"")` for a pipelined request,
+        or `take_rest()` after a websocket upgrade to hand them to the frame decoder."""
+    def take_rest(self) -> bytes: ...
+    @property
+    def buffered(self) -> int: ...
+
+def websocket_accept(key: str | bytes) -> str:
+    """`Sec-WebSocket-Accept` for a `Sec-WebSocket-Key` (RFC 6455 4.2.2)."""
+
+def validate_websocket_upgrade(request: HttpRequest) -> str:
+    """Check an upgrade request (GET, HTTP/1.1, version 13, 16-byte key) and return the
+    accept value; raises HttpParseError with status 400 (or 426 for a wrong version)."""
+
+def encode_response(
+    status: int, headers: list[tuple[str, str]], body: bytes = b"", *, close: bool = False
+) -> bytes:
+    """A complete HTTP/1.1 response with Content-Length (and `Connection: close` if asked)."""
+
+def encode_switching_protocols(accept: str, headers: list[tuple[str, str]] | None = None) -> bytes:
+    """The 101 response that completes a websocket upgrade."""
+
+def encode_request(
+    method: str, target: str, headers: list[tuple[str, str]], body: bytes = b""
+) -> bytes:
+    """A client request (Content-Length added when body is non-empty); for our clients."""
+
+def parse_response_head(data: bytes) -> tuple[int, list[tuple[str, bytes]], int] | None:
+    """Client side: (status, headers, head length) once the head is complete, else None."""
+# ---- end http.rs ----------------------------------------------------------------------------
+
+# ---- ws.rs ----------------------------------------------------------------------------------
+OP_CONTINUATION: Final[int]
+OP_TEXT: Final[int]
+OP_BINARY: Final[int]
+OP_CLOSE: Final[int]
+OP_PING: Final[int]
+OP_PONG: Final[int]
+
+class WsMessage:
+    """A complete (reassembled) data message."""
+
+    @property
+    def is_text(self) -> bool: ...
+    @property
+    def data(self) -> bytes: ...
+
+class WsPing:
+    @property
+    def data(self) -> bytes: ...
+
+class WsPong:
+    @property
+    def data(self) -> bytes: ...
+
+class WsClose:
+    """The peer's close frame; code None when the frame had no body."""
+
+    @property
+    def code(self) -> int | None: ...
+    @property
+    def reason(self) -> str: ...
+
+class WsViolation:
+    """The peer broke RFC 6455 (or a limit); answer with close(code) and drop the connection.
+    The decoder returns nothing more after this event."""
+
+    @property
+    def code(self) -> int: ...
+    @property
+    def reason(self) -> str: ...
+
+WsEvent = WsMessage | WsPing | WsPong | WsClose | WsViolation
+
+class WsDecoder:
+    """Incremental RFC 6455 decoder. Server mode (default) requires masked frames; client
+    mode requires unmasked ones. Messages larger than max_message end in WsViolation(1009)."""
+
+    def __init__(self, *, max_message: int = 1048576, client_mode: bool = False) -> None: ...
+    def feed(self, data: bytes) -> list[WsEvent]:
+        """Every complete event in the bytes fed so far, in order."""
+    @property
+    def buffered(self) -> int: ...
+    @property
+    def closed(self) -> bool:
+        """True once a WsClose or WsViolation has been returned."""
+
+def encode_frame(opcode: int, payload: bytes, *, fin: bool = True, mask: bytes | None = None) -> bytes:
+    """One frame; `mask` (4 bytes) makes it a masked client frame."""
+
+def encode_binary(payload: bytes) -> bytes:
+    """A server binary frame."""
+
+def encode_binary_batch(payloads: list[bytes]) -> bytes:
+    """Server binary frames for every payload, concatenated for one transport.write."""
+
+def encode_close(code: int, reason: str = "") -> bytes:
+    """A server close frame."""
+
+class ClientFrameEncoder:
+    """Masked client frames. Masks come from a PRNG seeded by the caller (os.urandom(32)),
+    so the core stays free of I/O and the masks stay unpredictable to the server."""
+
+    def __init__(self, seed: bytes) -> None: ...
+    def binary(self, payload: bytes) -> bytes: ...
+    def binary_batch(self, payloads: list[bytes]) -> bytes: ...
+    def text(self, payload: str) -> bytes: ...
+    def ping(self, payload: bytes = b"") -> bytes: ...
+    def pong(self, payload: bytes = b"") -> bytes: ...
+    def close(self, code: int = 1000, reason: str = "") -> bytes: ...
+# ---- end ws.rs ------------------------------------------------------------------------------
+
+# ---- sbd.rs ---------------------------------------------------------------------------------
+SBD_HEADER_LEN: Final[int]
+SBD_MAX_MESSAGE: Final[int]
+SBD_COMMAND: Final[int]
+SBD_FORWARD: Final[int]
+
+class SbdMessage:
+    """A classified SBD message: a command (28 zero bytes + 4-byte tag) or a forward."""
+
+    @property
+    def kind(self) -> int:
+        """SBD_COMMAND or SBD_FORWARD."""
+    @property
+    def tag(self) -> bytes:
+        """The 4-byte command tag (b"" for forwards)."""
+    @property
+    def peer(self) -> bytes:
+        """The 32-byte destination key of a forward (b"" for commands)."""
+    @property
+    def payload(self) -> bytes: ...
+
+def sbd_classify(message: bytes) -> SbdMessage:
+    """Raises SbdError for fewer than 32 bytes."""
+
+def sbd_encode_command(tag: bytes, payload: bytes = b"") -> bytes: ...
+def sbd_rewrite_forward(message: bytes, sender: bytes) -> bytes:
+    """`sender || message[32:]`: what the destination receives."""
+
+def sbd_forward_frame(message: bytes, sender: bytes) -> bytes:
+    """The rewritten forward already wrapped in a server binary websocket frame."""
+
+def sbd_decode_pubkey_path(segment: str) -> bytes:
+    """Strict base64url (no padding, canonical) of exactly 32 bytes whose first 28 bytes are
+    not all zero; raises SbdError otherwise."""
+# ---- end sbd.rs -----------------------------------------------------------------------------
+
+# ---- envelope.rs ----------------------------------------------------------------------------
+MSG_NONE: Final[int]
+MSG_REQUEST: Final[int]
+MSG_RESPONSE: Final[int]
+MSG_ERROR: Final[int]
+MSG_PING: Final[int]
+MSG_PONG: Final[int]
+
+class EnvelopeRouting:
+    """The routing fields of an RMB Envelope, read straight from its protobuf wire bytes."""
+
+    @property
+    def uid(self) -> str: ...
+    @property
+    def tags(self) -> str | None: ...
+    @property
+    def fail_fast(self) -> bool:
+        """`fail-fast` is one of the tags (split on commas and whitespace)."""
+    @property
+    def timestamp(self) -> int: ...
+    @property
+    def expiration(self) -> int: ...
+    @property
+    def source_twin(self) -> int: ...
+    @property
+    def source_connection(self) -> str | None: ...
+    @property
+    def dest_twin(self) -> int: ...
+    @property
+    def dest_connection(self) -> str | None: ...
+    @property
+    def kind(self) -> int:
+        """One of MSG_NONE, MSG_REQUEST, MSG_RESPONSE, MSG_ERROR, MSG_PING, MSG_PONG."""
+
+def scan_envelope(data: bytes) -> EnvelopeRouting:
+    """Raises EnvelopeError for bytes that are not a valid Envelope."""
+
+class Envelope:
+    """A fully decoded Envelope for the SDK and relay-built replies (never the forward path)."""
+
+    uid: str
+    tags: str | None
+    timestamp: int
+    expiration: int
+    source_twin: int
+    source_connection: str | None
+    dest_twin: int
+    dest_connection: str | None
+    kind: int
+    command: str | None
+    error_code: int
+    error_message: str
+    signature: bytes | None
+    schema: str | None
+    federation: str | None
+    plain: bytes | None
+    cipher: bytes | None
+    relays: list[str]
+
+    def __init__(self, uid: str = "") -> None: ...
+    @staticmethod
+    def decode(data: bytes) -> Envelope: ...
+    def encode(self) -> bytes:
+        """Wire bytes in prost's field order, so our output matches rmb-rs byte for byte."""
+    def challenge(self) -> bytes:
+        """The 16-byte MD5 digest that is signed (spec/rmb.md 2.1)."""
+
+def build_error_envelope(
+    uid: str, message: str, now: int, dest_twin: int | None = None, dest_connection: str | None = None
+) -> bytes:
+    """A relay error envelope byte-compatible with rmb-rs: unsigned, no source, code 0,
+    expiration 300, timestamp now."""
+
+def build_pong(ping: bytes) -> bytes:
+    """The relay's answer to an envelope ping (spec/rmb.md 2.3)."""
+# ---- end envelope.rs ------------------------------------------------------------------------
+
+# ---- limiter.rs -----------------------------------------------------------------------------
+class FixedWindowLimiter:
+    """Count and byte budget per key per window (RMB semantics: every frame counts,
+    also rejected ones; one frame larger than `size` is rejected outright)."""
+
+    def __init__(self, count: int, size: int, window_secs: int = 60) -> None: ...
+    def check(self, key: int, size: int, now_secs: int) -> bool: ...
+    def prune(self, now_secs: int) -> int:
+        """Drop keys whose window has ended; returns how many."""
+    def __len__(self) -> int: ...
+
+class ByteNanosLimiter:
+    """SBD per-IP limiter: one 'next allowed nanosecond' per key, burst in bytes."""
+
+    def __init__(self, nanos_per_byte: int, burst_bytes: int) -> None: ...
+    def check(self, key: str, size: int, now_nanos: int) -> bool: ...
+    def prune(self, now_nanos: int, idle_nanos: int = 10000000000) -> int: ...
+    def __len__(self) -> int: ...
+# ---- end limiter.rs -------------------------------------------------------------------------
+
+# ---- routes.rs ------------------------------------------------------------------------------
+class RouteTable:
+    """Session (twin, sid) -> connection id and 32-byte pubkey -> connection id."""
+
+    def __init__(self) -> None: ...
+    def register_session(self, twin: int, sid: str | None, conn_id: int) -> int | None:
+        """Map the session to conn_id; returns the connection it displaced, if any."""
+    def lookup_session(self, twin: int, sid: str | None) -> int | None: ...
+    def unregister_session(self, twin: int, sid: str | None, conn_id: int) -> bool:
+        """Remove only if still mapped to conn_id (a replaced connection must not evict its successor)."""
+    def register_pubkey(self, pubkey: bytes, conn_id: int) -> int | None: ...
+    def lookup_pubkey(self, pubkey: bytes) -> int | None: ...
+    def unregister_pubkey(self, pubkey: bytes, conn_id: int) -> bool: ...
+    @property
+    def session_count(self) -> int: ...
+    @property
+    def pubkey_count(self) -> int: ...
+# ---- end routes.rs --------------------------------------------------------------------------
+
+# ---- crypto.rs ------------------------------------------------------------------------------
+def verify_ed25519(public_key: bytes, message: bytes, signature: bytes) -> bool:
+    """RFC 8032 (non-strict, as ed25519-dalek `verify`); SignatureError on wrong lengths."""
+
+def verify_sr25519(public_key: bytes, message: bytes, signature: bytes) -> bool:
+    """schnorrkel with the substrate signing context; SignatureError on wrong lengths."""
+
+def verify_prefixed(public_key: bytes, message: bytes, signature: bytes) -> bool:
+    """65-byte RMB signature: b"e" (ed25519) or b"s" (sr25519) then 64 bytes."""
+
+class SigningKey:
+    """A private key for signing JWTs and envelopes (SDK, peer, load harness)."""
+
+    @staticmethod
+    def ed25519(seed: bytes) -> SigningKey: ...
+    @staticmethod
+    def sr25519(mini_secret: bytes) -> SigningKey:
+        """Substrate expansion (ExpansionMode::Ed25519) of a 32-byte mini secret."""
+    @property
+    def key_type(self) -> str:
+        """"ed25519" or "sr25519"."""
+    @property
+    def public_key(self) -> bytes: ...
+    def sign(self, message: bytes) -> bytes:
+        """64-byte signature."""
+    def sign_prefixed(self, message: bytes) -> bytes:
+        """65-byte RMB form: type prefix then signature."""
+# ---- end crypto.rs --------------------------------------------------------------------------

@@ -1,0 +1,30 @@
+//! `rmb_relay._core`: the sans-I/O hot path of rmb-relay.
+//!
+//! Every concern lives in its own file with its pure-Rust core and unit tests; the
+//! Python-facing wrappers sit in a `py` submodule at the bottom of that file and are
+//! registered here. Nothing in this crate touches a socket, a clock or a thread:
+//! time is always an argument.
+
+use pyo3::prelude::*;
+
+pub mod crypto;
+pub mod envelope;
+pub mod error;
+pub mod http;
+pub mod limiter;
+pub mod routes;
+pub mod sbd;
+pub mod ws;
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    error::register(m)?;
+    http::py::register(m)?;
+    ws::py::register(m)?;
+    sbd::py::register(m)?;
+    envelope::py::register(m)?;
+    limiter::py::register(m)?;
+    routes::py::register(m)?;
+    crypto::py::register(m)?;
+    Ok(())
+}
