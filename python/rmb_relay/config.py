@@ -1,0 +1,62 @@
+"""Process configuration: one dataclass per process, built from flags (see `cli.py`).
+
+Every default here is the documented default; `--help` prints them from these values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rmb_relay.errors import ConfigError
+
+#: a request head larger than this is refused with 431 (a security limit, as in most servers)
+DEFAULT_MAX_HTTP_HEAD = 16 * 1024
+#: largest websocket message / HTTP body accepted (RMB decision 4: `--max-message`, 1 MiB)
+DEFAULT_MAX_MESSAGE = 1 << 20
+#: per-connection write buffer above which senders to it are paused (backpressure)
+DEFAULT_WRITE_HIGH_WATER = 1 << 20
+#: an HTTP connection that has not completed a request (or upgrade) by then is closed
+DEFAULT_HTTP_IDLE_TIMEOUT = 30.0
+#: how long we wait for the peer's close frame before dropping TCP
+DEFAULT_CLOSE_TIMEOUT = 5.0
+#: how long a graceful shutdown waits for connections to finish their close handshake
+DEFAULT_SHUTDOWN_TIMEOUT = 5.0
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """`HOST:PORT`, `[V6]:PORT` or `:PORT` (all interfaces) into (host, port)."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep:
+        raise ConfigError(f"listen address {text!r} must be HOST:PORT (e.g. 127.0.0.1:8080)")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"listen address {text!r}: port {port_text!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"listen address {text!r}: port must be 0-65535")
+    return host or "::", port
+
+
+@dataclass(slots=True)
+class ListenerConfig:
+    """What the shared listener needs, whatever dialects it serves."""
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    reuse_port: bool = False
+    max_http_head: int = DEFAULT_MAX_HTTP_HEAD
+    max_message: int = DEFAULT_MAX_MESSAGE
+    write_high_water: int = DEFAULT_WRITE_HIGH_WATER
+    http_idle_timeout: float = DEFAULT_HTTP_IDLE_TIMEOUT
+    close_timeout: float = DEFAULT_CLOSE_TIMEOUT
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
+
+    def __post_init__(self) -> None:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ConfigError("--tls-cert and --tls-key go together: give both or neither")
+        if self.max_message < 1024:
+            raise ConfigError("--max-message must be at least 1024 bytes")

@@ -1,0 +1,201 @@
+"""The shared listener: accepts TCP (optionally TLS), owns every `Connection`, routes plain
+HTTP to the router and websocket upgrades to the dialect whose `matches` accepts the path.
+
+Shutdown (SIGINT/SIGTERM or `shutdown()`): stop accepting, send every websocket a 1001 close,
+wait (bounded) for the close handshakes, drop what is left, close the dialects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import ssl
+from collections import Counter as Tally
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
+
+from rmb_relay.config import ListenerConfig
+from rmb_relay.server.connection import CLOSE_GOING_AWAY, Connection, OutputBatcher, State
+from rmb_relay.server.http import HttpResponse, Router
+from rmb_relay.telemetry.metrics import Registry
+
+if TYPE_CHECKING:
+    from rmb_relay._core import HttpRequest
+    from rmb_relay.protocols.base import Dialect
+
+log = logging.getLogger("rmb_relay.server")
+
+
+class ServerMetrics:
+    """Listener-level metrics (dialects register their own in the same registry)."""
+
+    def __init__(self, registry: Registry, server: RelayServer) -> None:
+        self.connections = registry.gauge(
+            "rmb_connections",
+            "Open connections by dialect (http = not upgraded)",
+            ("dialect",),
+            read=server.connection_counts,
+        )
+        self.http_requests = registry.counter(
+            "rmb_http_requests_total", "Plain HTTP requests served", ("method", "status")
+        )
+        self.http_errors = registry.counter(
+            "rmb_http_parse_errors_total", "HTTP requests refused as malformed", ("status",)
+        )
+        self.ws_violations = registry.counter(
+            "rmb_ws_protocol_violations_total",
+            "WebSocket connections closed for protocol violations",
+            ("dialect", "code"),
+        )
+        self.dropped = registry.counter(
+            "rmb_messages_dropped_total", "Messages dropped", ("dialect", "reason")
+        )
+        self.backpressure_pauses = registry.counter(
+            "rmb_backpressure_pauses_total",
+            "Times a sender was paused because a receiver was over its write high-water mark",
+            ("dialect",),
+        )
+
+
+class RelayServer:
+    def __init__(
+        self,
+        config: ListenerConfig,
+        dialects: Sequence[Dialect] = (),
+        registry: Registry | None = None,
+    ) -> None:
+        self.config = config
+        self.dialects = list(dialects)
+        self.registry = registry if registry is not None else Registry()
+        self.metrics = ServerMetrics(self.registry, self)
+        self.batcher = OutputBatcher()
+        self.current_reader: Connection | None = None
+        self.connections: dict[int, Connection] = {}
+        self.router = Router()
+        self.router.add("GET", "/health", self._health)
+        self.router.add("GET", "/metrics", self._metrics)
+        for dialect in self.dialects:
+            dialect.add_routes(self.router)
+        self._servers: list[asyncio.Server] = []
+        self._stopping = False
+        self.stopped = asyncio.Event()
+        self.addresses: list[tuple[str, int]] = []
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    async def start(self) -> list[tuple[str, int]]:
+        """Bind and start accepting; returns the bound (host, port) pairs (port 0 resolved)."""
+        loop = asyncio.get_running_loop()
+        ssl_context = self._ssl_context()
+        server = await loop.create_server(
+            lambda: Connection(self),
+            host=self.config.host,
+            port=self.config.port,
+            ssl=ssl_context,
+            reuse_port=self.config.reuse_port or None,
+            backlog=4096,
+        )
+        self._servers.append(server)
+        self.addresses = [sock.getsockname()[:2] for sock in server.sockets]
+        return self.addresses
+
+    @property
+    def url(self) -> str:
+        """`ws://` (or `wss://`) URL of the first bound address."""
+        host, port = self.addresses[0]
+        if ":" in host:
+            host = f"[{host}]"
+        scheme = "wss" if self.config.tls_cert else "ws"
+        return f"{scheme}://{host}:{port}"
+
+    def banner(self) -> str:
+        dialects = ", ".join(d.name for d in self.dialects) or "none"
+        where = " ".join(f"{h}:{p}" for h, p in self.addresses)
+        tls = " (TLS)" if self.config.tls_cert else ""
+        return f"rmb-relay listening on {where}{tls}; dialects: {dialects}"
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if not self.config.tls_cert:
+            return None
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(self.config.tls_cert, self.config.tls_key)
+        return context
+
+    def install_signal_handlers(self) -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_signal, sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        log.info("received %s: shutting down", sig.name)
+        asyncio.get_running_loop().create_task(self.shutdown())
+
+    async def shutdown(self) -> None:
+        """Stop accepting, close websockets with 1001, wait for them (bounded), exit cleanly."""
+        if self._stopping:
+            await self.stopped.wait()
+            return
+        self._stopping = True
+        for server in self._servers:
+            server.close()
+        conns = list(self.connections.values())
+        for conn in conns:
+            if conn.state is State.WEBSOCKET:
+                conn.close(CLOSE_GOING_AWAY, "server shutting down")
+            elif conn.transport is not None:
+                conn.transport.close()
+        waiting = [c.closed for c in conns if not c.closed.done()]
+        if waiting:
+            _, pending = await asyncio.wait(waiting, timeout=self.config.shutdown_timeout)
+            if pending:
+                log.warning("dropping %d connections that did not close in time", len(pending))
+                for conn in conns:
+                    if conn.transport is not None:
+                        conn.transport.abort()
+        for dialect in self.dialects:
+            try:
+                await dialect.close()
+            except Exception:
+                log.exception("dialect %s failed to close", dialect.name)
+        for server in self._servers:
+            await server.wait_closed()
+        self.stopped.set()
+
+    # ---- connection bookkeeping ------------------------------------------------------------
+
+    def connection_opened(self, conn: Connection) -> None:
+        self.connections[conn.conn_id] = conn
+        if self._stopping and conn.transport is not None:
+            conn.transport.close()
+
+    def connection_closed(self, conn: Connection) -> None:
+        self.connections.pop(conn.conn_id, None)
+
+    def websocket_opened(self, conn: Connection) -> None:
+        if self._stopping:
+            conn.close(CLOSE_GOING_AWAY, "server shutting down")
+
+    def connection_counts(self) -> Iterable[tuple[tuple[str, ...], float]]:
+        tally = Tally(c.dialect_name for c in self.connections.values())
+        for dialect in self.dialects:
+            tally.setdefault(dialect.name, 0)
+        return [((name,), float(n)) for name, n in tally.items()]
+
+    def dialect_for(self, request: HttpRequest) -> Dialect | None:
+        for dialect in self.dialects:
+            if dialect.matches(request):
+                return dialect
+        return None
+
+    # ---- operations endpoints --------------------------------------------------------------
+
+    async def _health(self, request: HttpRequest, conn: Connection) -> HttpResponse:
+        return HttpResponse(200, b"ok\n")
+
+    async def _metrics(self, request: HttpRequest, conn: Connection) -> HttpResponse:
+        return HttpResponse(
+            200,
+            self.registry.render().encode(),
+            content_type="text/plain; version=0.0.4; charset=utf-8",
+        )

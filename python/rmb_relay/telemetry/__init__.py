@@ -1,0 +1,1 @@
+"""Operational telemetry: Prometheus metrics (and, later, route records for analytics)."""

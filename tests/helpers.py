@@ -1,0 +1,115 @@
+"""Small test utilities: bounded waits and a raw websocket client over a plain socket."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+from collections.abc import Callable
+
+from rmb_relay._core import (
+    ClientFrameEncoder,
+    WsDecoder,
+    WsEvent,
+    encode_request,
+    parse_response_head,
+)
+
+WAIT = 10.0
+
+
+async def eventually(predicate: Callable[[], bool], timeout: float = WAIT) -> None:
+    """Wait until `predicate()` holds, checking after every few loop turns; fail on timeout.
+
+    For conditions no event announces (a metric, a kernel buffer filling up)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        if loop.time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.005)
+
+
+class RawWebSocket:
+    """A websocket client that can send anything, including frames a real client never would."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+        self.encoder = ClientFrameEncoder(os.urandom(32))
+        self.decoder = WsDecoder(client_mode=True, max_message=64 << 20)
+        self.events: list[WsEvent] = []
+
+    @classmethod
+    async def connect(
+        cls, host: str, port: int, path: str, headers: list[tuple[str, str]] | None = None
+    ) -> RawWebSocket:
+        reader, writer = await asyncio.open_connection(host, port)
+        key = base64.b64encode(os.urandom(16)).decode()
+        writer.write(
+            encode_request(
+                "GET",
+                path,
+                [
+                    ("Host", f"{host}:{port}"),
+                    ("Upgrade", "websocket"),
+                    ("Connection", "Upgrade"),
+                    ("Sec-WebSocket-Key", key),
+                    ("Sec-WebSocket-Version", "13"),
+                    *(headers or []),
+                ],
+            )
+        )
+        buffer = b""
+        while True:
+            chunk = await asyncio.wait_for(reader.read(65536), WAIT)
+            if not chunk:
+                raise ConnectionError(f"closed during handshake: {buffer!r}")
+            buffer += chunk
+            head = parse_response_head(buffer)
+            if head is not None:
+                break
+        status, _, head_len = head
+        if status != 101:
+            raise ConnectionError(f"upgrade refused: {buffer!r}")
+        ws = cls(reader, writer)
+        rest = buffer[head_len:]
+        if rest:
+            ws.events.extend(ws.decoder.feed(rest))
+        return ws
+
+    def send_raw(self, data: bytes) -> None:
+        self.writer.write(data)
+
+    def send_binary(self, payload: bytes) -> None:
+        self.writer.write(self.encoder.binary(payload))
+
+    async def next_event(self, timeout: float = WAIT) -> WsEvent:
+        while not self.events:
+            chunk = await asyncio.wait_for(self.reader.read(65536), timeout)
+            if not chunk:
+                raise EOFError("connection closed")
+            self.events.extend(self.decoder.feed(chunk))
+        return self.events.pop(0)
+
+    async def read_until_eof(self, timeout: float = WAIT) -> list[WsEvent]:
+        """Every event until the server closes TCP."""
+        while True:
+            chunk = await asyncio.wait_for(self.reader.read(65536), timeout)
+            if not chunk:
+                break
+            self.events.extend(self.decoder.feed(chunk))
+        events, self.events = self.events, []
+        return events
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+async def http_exchange(host: str, port: int, raw: bytes) -> bytes:
+    """Send raw bytes, return everything the server sends until it closes."""
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(raw)
+    data = await asyncio.wait_for(reader.read(), WAIT)
+    writer.close()
+    return data

@@ -1,0 +1,106 @@
+"""The `rmb-relay` entry point as users run it: a real process, real signals, a real wheel."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import WAIT
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start_relay_process(*args: str) -> tuple[subprocess.Popen[str], str]:
+    """Start `python -m rmb_relay` on a free port; returns it with its banner line."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "rmb_relay", "-l", "127.0.0.1:0", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout is not None
+    banner = process.stdout.readline()
+    if not banner:
+        process.wait(WAIT)
+        assert process.stderr is not None
+        pytest.fail(f"relay did not start: {process.stderr.read()}")
+    return process, banner
+
+
+def test_help_explains_every_flag_with_its_default() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "rmb_relay", "--help"], capture_output=True, text=True, check=True
+    )
+    assert "--listen" in result.stdout
+    assert "(default: [::]:8080)" in result.stdout
+    assert "--tls-cert" in result.stdout
+
+
+def test_banner_names_address_and_dialects() -> None:
+    process, banner = start_relay_process()
+    try:
+        assert banner.startswith("rmb-relay listening on 127.0.0.1:")
+        assert "dialects:" in banner
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(WAIT)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_shuts_down_cleanly_with_exit_0(sig: signal.Signals) -> None:
+    process, _ = start_relay_process()
+    process.send_signal(sig)
+    assert process.wait(WAIT) == 0
+
+
+def test_bad_listen_address_is_a_clear_error() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "rmb_relay", "-l", "nonsense"], capture_output=True, text=True
+    )
+    assert result.returncode != 0
+    assert "must be HOST:PORT" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_tls_needs_both_cert_and_key() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "rmb_relay", "--tls-cert", "x.pem"], capture_output=True, text=True
+    )
+    assert result.returncode != 0
+    assert "--tls-cert and --tls-key go together" in result.stderr
+
+
+@pytest.mark.slow
+def test_release_wheel_installs_and_runs_in_a_fresh_venv(tmp_path: Path) -> None:
+    maturin = shutil.which("maturin", path=str(Path(sys.executable).parent))
+    assert maturin is not None, "maturin is a dev dependency"
+    dist = tmp_path / "dist"
+    subprocess.run(
+        [maturin, "build", "--release", "-q", "-o", str(dist)],
+        cwd=ROOT,
+        check=True,
+        timeout=900,
+    )
+    wheels = list(dist.glob("rmb_relay-*.whl"))
+    assert len(wheels) == 1
+    env_dir = tmp_path / "venv"
+    venv.create(env_dir, with_pip=True)
+    pip = env_dir / "bin" / "pip"
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+    subprocess.run([pip, "install", "-q", str(wheels[0])], check=True, env=env, timeout=600)
+    result = subprocess.run(
+        [env_dir / "bin" / "rmb-relay", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        check=True,
+    )
+    assert "usage: rmb-relay" in result.stdout

@@ -1,0 +1,270 @@
+"""The listener and the Rust codec end to end: real sockets, a real `websockets` client and a
+raw client for frames no real client sends."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import os
+import ssl
+import struct
+from pathlib import Path
+
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from rmb_relay._core import WsClose
+from rmb_relay.server.listener import RelayServer
+from tests.conftest import WAIT, StartRelay
+from tests.dialects import EchoDialect, PipeDialect
+from tests.helpers import RawWebSocket, eventually, http_exchange
+
+
+def ws_url(server: RelayServer, path: str = "/echo") -> str:
+    return server.url + path
+
+
+async def test_echo_text_and_binary(start_relay: StartRelay) -> None:
+    server = await start_relay([EchoDialect()])
+    async with connect(ws_url(server)) as ws:
+        await ws.send("héllo")
+        assert await asyncio.wait_for(ws.recv(), WAIT) == "héllo"
+        await ws.send(b"\x00\x01\x02")
+        assert await asyncio.wait_for(ws.recv(), WAIT) == b"\x00\x01\x02"
+
+
+async def test_fragmented_message_is_reassembled(start_relay: StartRelay) -> None:
+    server = await start_relay([EchoDialect()])
+    async with connect(ws_url(server)) as ws:
+        await ws.send([b"frag", b"men", b"ted"])
+        assert await asyncio.wait_for(ws.recv(), WAIT) == b"fragmented"
+        await ws.send(["tex", "t"])
+        assert await asyncio.wait_for(ws.recv(), WAIT) == "text"
+
+
+async def test_one_mebibyte_message_round_trips(start_relay: StartRelay) -> None:
+    server = await start_relay([EchoDialect()])
+    payload = os.urandom(1 << 20)
+    async with connect(ws_url(server), max_size=2 << 20) as ws:
+        await ws.send(payload)
+        assert await asyncio.wait_for(ws.recv(), WAIT) == payload
+
+
+async def test_ping_is_answered_with_pong(start_relay: StartRelay) -> None:
+    server = await start_relay([EchoDialect()])
+    async with connect(ws_url(server)) as ws:
+        pong = await ws.ping(b"are you there")
+        await asyncio.wait_for(pong, WAIT)
+
+
+async def test_close_handshake_reports_the_code_to_the_dialect(start_relay: StartRelay) -> None:
+    dialect = EchoDialect()
+    server = await start_relay([dialect])
+    async with connect(ws_url(server)) as ws:
+        await ws.close(4000, "bye")
+    assert ws.close_code == 4000
+    await eventually(lambda: dialect.closed_codes == [4000])
+
+
+async def test_oversize_message_is_closed_with_1009(start_relay: StartRelay) -> None:
+    server = await start_relay([EchoDialect(max_message=1024)])
+    async with connect(ws_url(server)) as ws:
+        await ws.send(b"x" * 2000)
+        with pytest.raises(ConnectionClosed) as info:
+            await asyncio.wait_for(ws.recv(), WAIT)
+    assert info.value.rcvd is not None
+    assert info.value.rcvd.code == 1009
+
+
+def frame(first_byte: int, payload: bytes, *, masked: bool = True) -> bytes:
+    """A hand-built client frame (payload < 126 bytes), for frames encoders refuse to make."""
+    mask = b"\x01\x02\x03\x04"
+    length = len(payload) | (0x80 if masked else 0)
+    if not masked:
+        return bytes([first_byte, length]) + payload
+    body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    return bytes([first_byte, length]) + mask + body
+
+
+MALFORMED = {
+    "unmasked": (frame(0x82, b"abc", masked=False), 1002),
+    "reserved bit": (frame(0xC2, b"abc"), 1002),
+    "unknown opcode": (frame(0x83, b"abc"), 1002),
+    "fragmented ping": (frame(0x09, b"abc"), 1002),
+    "continuation without start": (frame(0x80, b"abc"), 1002),
+    "close code 1005": (frame(0x88, struct.pack("!H", 1005)), 1002),
+    "one-byte close": (frame(0x88, b"\x03"), 1002),
+    "invalid utf-8 text": (frame(0x81, b"\xff\xfe"), 1007),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+async def test_malformed_frame_gets_close_code_and_disconnect(
+    start_relay: StartRelay, case: str
+) -> None:
+    data, expected = MALFORMED[case]
+    server = await start_relay([EchoDialect()])
+    host, port = server.addresses[0]
+    ws = await RawWebSocket.connect(host, port, "/echo")
+    ws.send_raw(data)
+    events = await ws.read_until_eof()
+    closes = [e for e in events if isinstance(e, WsClose)]
+    assert [c.code for c in closes] == [expected]
+    ws.close()
+
+
+async def test_oversize_control_frame_is_refused(start_relay: StartRelay) -> None:
+    server = await start_relay([EchoDialect()])
+    host, port = server.addresses[0]
+    ws = await RawWebSocket.connect(host, port, "/echo")
+    # a ping of 126 bytes needs the 16-bit length form; build it by hand
+    mask = b"\x00\x00\x00\x00"
+    ws.send_raw(bytes([0x89, 0x80 | 126]) + struct.pack("!H", 126) + mask + b"p" * 126)
+    events = await ws.read_until_eof()
+    assert [e.code for e in events if isinstance(e, WsClose)] == [1002]
+
+
+async def test_garbage_http_gets_400_and_close(start_relay: StartRelay) -> None:
+    server = await start_relay([EchoDialect()])
+    host, port = server.addresses[0]
+    reply = await http_exchange(host, port, b"GARBAGE\x00\x01 nonsense\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 400 ")
+
+
+async def test_oversize_head_gets_431_and_close(start_relay: StartRelay) -> None:
+    server = await start_relay([EchoDialect()])
+    host, port = server.addresses[0]
+    request = b"GET /health HTTP/1.1\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"
+    reply = await http_exchange(host, port, request)
+    assert reply.startswith(b"HTTP/1.1 431 ")
+
+
+async def test_upgrade_without_key_gets_400(start_relay: StartRelay) -> None:
+    server = await start_relay([EchoDialect()])
+    host, port = server.addresses[0]
+    request = (
+        b"GET /echo HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Version: 13\r\n\r\n"
+    )
+    reply = await http_exchange(host, port, request)
+    assert reply.startswith(b"HTTP/1.1 400 ")
+
+
+async def test_upgrade_on_unknown_path_gets_404(start_relay: StartRelay) -> None:
+    server = await start_relay([EchoDialect()])
+    with pytest.raises(InvalidStatus) as info:
+        async with connect(server.url + "/nowhere"):
+            pass
+    assert info.value.response.status_code == 404
+
+
+async def test_dialect_refusal_is_an_http_status_with_reason(start_relay: StartRelay) -> None:
+    server = await start_relay([EchoDialect()])
+    with pytest.raises(InvalidStatus) as info:
+        async with connect(server.url + "/echo?deny"):
+            pass
+    assert info.value.response.status_code == 403
+    assert info.value.response.body == b"denied by test"
+
+
+async def test_health_and_metrics(start_relay: StartRelay) -> None:
+    server = await start_relay([EchoDialect()])
+    host, port = server.addresses[0]
+    reply = await http_exchange(host, port, b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 200 ")
+    assert reply.endswith(b"ok\n")
+    async with connect(ws_url(server)):
+        reply = await http_exchange(
+            host, port, b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n"
+        )
+    assert b'rmb_connections{dialect="echo"} 1' in reply
+
+
+async def test_pipelined_requests_are_answered_in_order(start_relay: StartRelay) -> None:
+    server = await start_relay([EchoDialect()])
+    host, port = server.addresses[0]
+    reply = await http_exchange(
+        host,
+        port,
+        b"GET /health HTTP/1.1\r\n\r\nGET /nope HTTP/1.1\r\nConnection: close\r\n\r\n",
+    )
+    first, _, second = reply.partition(b"ok\n")
+    assert first.startswith(b"HTTP/1.1 200 ")
+    assert second.startswith(b"HTTP/1.1 404 ")
+
+
+async def test_unknown_route_is_404_page_not_found(start_relay: StartRelay) -> None:
+    server = await start_relay([])
+    host, port = server.addresses[0]
+    reply = await http_exchange(host, port, b"GET /x HTTP/1.1\r\nConnection: close\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 404 ")
+    assert reply.endswith(b"page not found")
+
+
+async def test_shutdown_closes_websockets_with_1001(start_relay: StartRelay) -> None:
+    server = await start_relay([EchoDialect()])
+    async with connect(ws_url(server)) as ws:
+        await asyncio.wait_for(server.shutdown(), WAIT)
+        with pytest.raises(ConnectionClosed):
+            await asyncio.wait_for(ws.recv(), WAIT)
+    assert ws.close_code == 1001
+
+
+async def test_slow_receiver_pauses_sender_and_loses_nothing(start_relay: StartRelay) -> None:
+    dialect = PipeDialect()
+    server = await start_relay([dialect], write_high_water=64 * 1024)
+    host, port = server.addresses[0]
+    receiver = await RawWebSocket.connect(host, port, "/pipe/slow")
+    sender = await RawWebSocket.connect(host, port, "/pipe/fast")
+    await eventually(lambda: {"slow", "fast"} <= dialect.members.keys())
+    chunk = os.urandom(60 * 1024)
+    count = 300  # ~18 MB: far more than loopback socket buffers hold
+    for _ in range(count):
+        sender.send_binary(b"slow:" + chunk)
+    metric = server.metrics.backpressure_pauses
+    await eventually(lambda: metric.value("pipe") > 0)
+    received = 0
+    while received < count:
+        event = await receiver.next_event()
+        assert getattr(event, "data", None) == chunk
+        received += 1
+    receiver.close()
+    sender.close()
+
+
+async def test_tls_listener_serves_wss(start_relay: StartRelay, tmp_path: Path) -> None:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    server = await start_relay([EchoDialect()], tls_cert=str(cert_path), tls_key=str(key_path))
+    client_ctx = ssl.create_default_context(cafile=str(cert_path))
+    port = server.addresses[0][1]
+    async with connect(f"wss://localhost:{port}/echo", ssl=client_ctx) as ws:
+        await ws.send(b"secret")
+        assert await asyncio.wait_for(ws.recv(), WAIT) == b"secret"
