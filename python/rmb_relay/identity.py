@@ -119,7 +119,9 @@ def parse_jwt(token: str, now: int) -> ParsedJwt:
     for name, value in (("sub", sub), ("iat", iat), ("exp", exp)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise AuthError(401, f"invalid jwt: claim {name} must be a non-negative integer")
-    assert isinstance(sub, int) and isinstance(iat, int) and isinstance(exp, int)
+    assert isinstance(sub, int)
+    assert isinstance(iat, int)
+    assert isinstance(exp, int)
     if sub > 0xFFFFFFFF:
         raise AuthError(401, "invalid jwt: claim sub is not a twin id")
     if sid is not None and not isinstance(sid, str):
