@@ -18,8 +18,25 @@ from rmb_relay.config import (
     parse_listen,
 )
 from rmb_relay.errors import ConfigError
+from rmb_relay.mailbox import (
+    DEFAULT_MAILBOX_MAX,
+    DEFAULT_MAILBOX_TTL,
+    Mailbox,
+    MemoryMailbox,
+    RedisMailbox,
+)
 from rmb_relay.protocols.base import Dialect
+from rmb_relay.protocols.rmb import RmbDialect, RmbSettings
 from rmb_relay.server.listener import RelayServer
+from rmb_relay.telemetry.metrics import Registry
+from rmb_relay.twins.cache import CachedTwinDirectory
+from rmb_relay.twins.cli import (
+    add_twins_subcommands,
+    default_twins_path,
+    parse_twins_url,
+    twins_main,
+)
+from rmb_relay.twins.local import SqliteTwinDirectory
 
 log = logging.getLogger("rmb_relay")
 
@@ -55,6 +72,74 @@ def _relay_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="largest websocket message or HTTP body accepted",
     )
+    rmb = parser.add_argument_group("RMB relay")
+    rmb.add_argument(
+        "-m",
+        "--domain",
+        action="append",
+        default=[],
+        metavar="DOMAIN",
+        help=(
+            "a domain this relay serves (repeatable); twins whose on-chain relay list shares one "
+            "are kept here when offline. None given: standalone, every known twin is local"
+        ),
+    )
+    rmb.add_argument(
+        "-r",
+        "--redis",
+        metavar="URL",
+        help="redis://HOST:PORT/DB for durable mailboxes; without it mailboxes live in memory",
+    )
+    rmb.add_argument(
+        "--twins",
+        metavar="sqlite:PATH",
+        default=None,
+        help=f"embedded twin directory (default: sqlite:{default_twins_path()})",
+    )
+    rmb.add_argument(
+        "--twin-cache-ttl",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long a twin lookup is cached",
+    )
+    rmb.add_argument(
+        "--limit",
+        nargs=2,
+        type=int,
+        metavar=("COUNT", "SIZE"),
+        help="per-twin rate limit: at most COUNT messages and SIZE bytes per --limit-window "
+        "(default: no limit)",
+    )
+    rmb.add_argument(
+        "--limit-window",
+        type=int,
+        default=60,
+        metavar="SECONDS",
+        help="rate limit window",
+    )
+    rmb.add_argument(
+        "--mailbox-ttl",
+        type=int,
+        default=DEFAULT_MAILBOX_TTL,
+        metavar="SECONDS",
+        help="longest time a message waits for an offline twin (its own expiry may be sooner)",
+    )
+    rmb.add_argument(
+        "--mailbox-max",
+        type=int,
+        default=DEFAULT_MAILBOX_MAX,
+        metavar="N",
+        help="messages kept per offline session; the oldest are dropped first",
+    )
+    rmb.add_argument(
+        "-p",
+        "--ranker-period",
+        type=int,
+        default=3600,
+        metavar="SECONDS",
+        help="how long a federation failure counts against a relay (used by federation)",
+    )
     parser.add_argument(
         "-d",
         "--debug",
@@ -87,13 +172,53 @@ def _listener_config(args: argparse.Namespace) -> ListenerConfig:
     )
 
 
-def _dialects(args: argparse.Namespace) -> list[Dialect]:
-    """The dialects this process serves (each dialect issue adds its own here)."""
-    return []
+async def _mailbox(args: argparse.Namespace) -> Mailbox:
+    if not args.redis:
+        return MemoryMailbox(ttl=args.mailbox_ttl, max_per_session=args.mailbox_max)
+    from redis.asyncio import Redis
+    from redis.exceptions import RedisError
+
+    redis = Redis.from_url(args.redis)
+    try:
+        await redis.ping()
+    except (RedisError, OSError) as err:
+        await redis.aclose()
+        raise ConfigError(f"cannot reach redis at {args.redis}: {err}") from None
+    return RedisMailbox(redis, ttl=args.mailbox_ttl, max_per_session=args.mailbox_max)
 
 
-async def _serve(config: ListenerConfig, dialects: list[Dialect]) -> None:
-    server = RelayServer(config, dialects)
+async def _dialects(args: argparse.Namespace, registry: Registry) -> list[Dialect]:
+    """The dialects this process serves, in path-matching order."""
+    if args.limit is not None and min(args.limit) <= 0:
+        raise ConfigError("--limit COUNT SIZE must both be positive")
+    directory = CachedTwinDirectory(
+        SqliteTwinDirectory(parse_twins_url(args.twins) if args.twins else default_twins_path()),
+        ttl=args.twin_cache_ttl,
+    )
+    settings = RmbSettings(
+        domains=frozenset(args.domain),
+        limit_count=args.limit[0] if args.limit else None,
+        limit_size=args.limit[1] if args.limit else None,
+        limit_window=args.limit_window,
+    )
+    rmb = RmbDialect(
+        settings,
+        directory,
+        registry,
+        mailbox=await _mailbox(args),
+        max_message=args.max_message,
+    )
+    return [rmb]
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    config = _listener_config(args)
+    registry = Registry()
+    try:
+        dialects = await _dialects(args, registry)
+    except ConfigError as err:
+        raise SystemExit(f"rmb-relay: {err}") from None
+    server = RelayServer(config, dialects, registry)
     await server.start()
     server.install_signal_handlers()
     print(server.banner(), flush=True)
@@ -102,14 +227,18 @@ async def _serve(config: ListenerConfig, dialects: list[Dialect]) -> None:
 
 
 def relay_main(argv: Sequence[str] | None = None) -> None:
-    args = _relay_parser().parse_args(argv)
+    parser = _relay_parser()
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    add_twins_subcommands(commands)
+    args = parser.parse_args(argv)
+    if args.command == "twins":
+        raise SystemExit(twins_main(args))
     _setup_logging(args.debug)
     try:
-        config = _listener_config(args)
-        dialects = _dialects(args)
+        _listener_config(args)
     except ConfigError as err:
         raise SystemExit(f"rmb-relay: {err}") from None
-    run(_serve(config, dialects))
+    run(_serve(args))
 
 
 def run(main: object) -> None:

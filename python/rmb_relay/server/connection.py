@@ -257,6 +257,19 @@ class Connection(asyncio.Protocol):
         else:
             self.flush()
 
+    def send_binaries(self, payloads: list[bytes]) -> None:
+        """Queue several binary messages in order (one write with the rest of the batch)."""
+        if self.state is not State.WEBSOCKET:
+            self.server.metrics.dropped.inc(len(payloads), self.dialect_name, "connection closing")
+            return
+        self._pending.extend(payloads)
+        if self._batcher.depth:
+            if not self._queued:
+                self._queued = True
+                self._batcher.dirty.append(self)
+        else:
+            self.flush()
+
     def send_frame(self, frame: bytes) -> None:
         """Write an already-encoded frame after whatever is queued (keeps order)."""
         if self.state is State.CLOSED:

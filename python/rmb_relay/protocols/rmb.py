@@ -1,0 +1,461 @@
+"""The RMB relay dialect: twins log in with a JWT at `GET /?<jwt>` and exchange envelopes.
+
+Theory of operation (spec/rmb.md §1.6, §3.1 and the decisions at its top)
+-----------------------------------------------------------------------
+Login: the whole query string is the JWT; structure and expiry are checked first, then the twin
+is looked up (cached directory) and the signature checked against its account key. A session
+is (twin, sid); a newer login with the same key replaces the older connection (1008).
+
+Per message (the fast path, no awaits): the Rust core scans the routing fields straight from
+the protobuf bytes; the per-twin limiter runs; source must equal the session; an envelope ping
+is answered with a pong; a destination connected to this process gets the received bytes as
+they are (never re-encoded). Anything else takes the slow path, one FIFO task per sender: twin
+lookup, then the mailbox (a destination of this relay that is offline) or federation (a
+destination on another relay). Failures reach the sender as rmb-rs-compatible error envelopes,
+and only when the failed envelope was a request.
+
+With no `--domain` the relay is standalone: every twin it knows is its own, so messages for
+offline twins wait in the mailbox instead of being federated (rmb-rs would federate them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from rmb_relay._core import (
+    MSG_PING,
+    MSG_REQUEST,
+    EnvelopeError,
+    EnvelopeRouting,
+    FixedWindowLimiter,
+    HttpRequest,
+    RouteTable,
+    WsMessage,
+    build_error_envelope,
+    build_pong,
+    scan_envelope,
+)
+from rmb_relay.errors import AuthError, TwinLookupError
+from rmb_relay.federation import Federation, FederationDisabled, FederationError
+from rmb_relay.identity import parse_jwt, verify_jwt_signature
+from rmb_relay.mailbox import Mailbox, MailboxUnavailable, MemoryMailbox, SessionKey
+from rmb_relay.protocols.base import Dialect, WebSocketHandler
+from rmb_relay.server.connection import CLOSE_POLICY, Connection
+from rmb_relay.server.http import HttpReject
+
+if TYPE_CHECKING:
+    from rmb_relay.server.http import Router
+    from rmb_relay.telemetry.metrics import Registry
+    from rmb_relay.twins import Twin, TwinDirectory
+
+log = logging.getLogger("rmb_relay.rmb")
+
+#: close codes for the peer's faults (RFC 6455 §7.4.1)
+CLOSE_UNSUPPORTED_DATA = 1003
+CLOSE_INVALID_PAYLOAD = 1007
+#: relay error envelopes live this long (rmb-rs build_error_envelope)
+ERROR_ENVELOPE_TTL = 300
+
+
+@dataclass(slots=True)
+class RmbSettings:
+    """The RMB-specific part of the relay configuration."""
+
+    domains: frozenset[str] = frozenset()
+    limit_count: int | None = None
+    limit_size: int | None = None
+    limit_window: int = 60
+
+    @property
+    def standalone(self) -> bool:
+        return not self.domains
+
+
+class RmbMetrics:
+    def __init__(self, registry: Registry, dialect: RmbDialect) -> None:
+        self.messages_in = registry.counter(
+            "rmb_messages_in_total", "Envelopes received from RMB sessions"
+        )
+        self.bytes_in = registry.counter(
+            "rmb_bytes_in_total", "Envelope bytes received from RMB sessions"
+        )
+        self.messages_out = registry.counter(
+            "rmb_messages_out_total", "Envelopes written to RMB sessions (incl. errors, mailbox)"
+        )
+        self.bytes_out = registry.counter(
+            "rmb_bytes_out_total", "Envelope bytes written to RMB sessions"
+        )
+        self.routed = registry.counter("rmb_routed_total", "Envelopes routed, by path", ("path",))
+        self.errors_sent = registry.counter(
+            "rmb_error_envelopes_total", "Error envelopes sent to senders, by reason", ("reason",)
+        )
+        self.drops = registry.counter(
+            "rmb_dropped_total", "Envelopes dropped without delivery, by reason", ("reason",)
+        )
+        self.limited = registry.counter(
+            "rmb_rate_limited_total", "Envelopes refused by the per-twin rate limiter"
+        )
+        self.login_failures = registry.counter(
+            "rmb_login_failures_total", "Refused logins, by reason", ("reason",)
+        )
+        self.logins = registry.counter("rmb_logins_total", "Accepted logins")
+        self.replaced = registry.counter(
+            "rmb_sessions_replaced_total", "Sessions closed because the same (twin, sid) logged in"
+        )
+        registry.gauge(
+            "rmb_sessions", "Connected RMB sessions", read=lambda: [((), len(dialect.sessions))]
+        )
+        registry.gauge(
+            "rmb_mailbox_depth",
+            "Envelopes waiting in mailboxes for offline sessions",
+            read=lambda: [((), dialect.mailbox.depth())],
+        )
+        registry.gauge(
+            "rmb_mailbox_dropped_full",
+            "Envelopes dropped because a mailbox was full (oldest first)",
+            read=lambda: [((), dialect.mailbox.stats.dropped_full)],
+        )
+        registry.gauge(
+            "rmb_mailbox_expired",
+            "Envelopes that expired in a mailbox before their twin connected",
+            read=lambda: [((), dialect.mailbox.stats.expired)],
+        )
+
+
+class RmbDialect(Dialect):
+    name = "rmb"
+
+    def __init__(
+        self,
+        settings: RmbSettings,
+        directory: TwinDirectory,
+        registry: Registry,
+        *,
+        mailbox: Mailbox | None = None,
+        federation: Federation | None = None,
+        max_message: int = 1 << 20,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.settings = settings
+        self.directory = directory
+        self.mailbox = mailbox if mailbox is not None else MemoryMailbox(clock=clock)
+        self.federation = federation if federation is not None else FederationDisabled()
+        self.max_message = max_message
+        self.clock = clock
+        self.routes = RouteTable()
+        self.sessions: dict[int, RmbSession] = {}
+        self.limiter: FixedWindowLimiter | None = None
+        if settings.limit_count is not None and settings.limit_size is not None:
+            self.limiter = FixedWindowLimiter(
+                settings.limit_count, settings.limit_size, settings.limit_window
+            )
+        self.metrics = RmbMetrics(registry, self)
+        self._maintenance: asyncio.TimerHandle | None = None
+
+    # ---- login -----------------------------------------------------------------------------
+
+    def matches(self, request: HttpRequest) -> bool:
+        return request.path == "/"
+
+    async def accept(self, request: HttpRequest, conn: Connection) -> WebSocketHandler:
+        self._schedule_maintenance()
+        token = request.query
+        if not token:
+            self._login_failed("missing jwt", conn)
+            raise HttpReject(400, "missing jwt")
+        try:
+            parsed = parse_jwt(token, int(self.clock()))
+        except AuthError as err:
+            self._login_failed("expired" if "expired" in err.reason else "invalid jwt", conn)
+            raise HttpReject(err.status, err.reason) from None
+        twin_id = parsed.claims.twin
+        try:
+            twin = await self.directory.get(twin_id)
+        except TwinLookupError as err:
+            self._login_failed("twin lookup failed", conn)
+            raise HttpReject(500, f"failed to get twin: {err}") from None
+        if twin is None:
+            self._login_failed("unknown twin", conn)
+            raise HttpReject(401, f"twin not found {twin_id}")
+        try:
+            verify_jwt_signature(parsed, twin.account)
+        except AuthError as err:
+            self._login_failed("bad signature", conn)
+            raise HttpReject(err.status, err.reason) from None
+        self.metrics.logins.inc()
+        return RmbSession(conn, self, twin_id, parsed.claims.sid)
+
+    def _login_failed(self, reason: str, conn: Connection) -> None:
+        self.metrics.login_failures.inc(1, reason)
+        log.info("refused RMB login from %s: %s", conn.peer_host, reason)
+
+    # ---- routing ---------------------------------------------------------------------------
+
+    def is_ours(self, twin: Twin) -> bool:
+        """Whether this relay keeps mail for the twin (it shares a domain, or we're standalone)."""
+        if self.settings.standalone:
+            return True
+        return bool(twin.relays and twin.relays & self.settings.domains)
+
+    def deliver_local(self, twin: int, sid: str | None, envelope: bytes) -> bool:
+        conn_id = self.routes.lookup_session(twin, sid)
+        if conn_id is None:
+            return False
+        self.sessions[conn_id].deliver(envelope)
+        return True
+
+    async def route_slow(self, sender: RmbSession, env: EnvelopeRouting, data: bytes) -> None:
+        """Everything that is not a connected local session: lookup, mailbox or federation."""
+        dest, dest_sid = env.dest_twin, env.dest_connection
+        try:
+            twin = await self.directory.get(dest)
+        except TwinLookupError as err:
+            sender.fail(env, f"failed to get twin: {err}", "twin lookup failed")
+            return
+        if twin is None:
+            sender.fail(env, "unknown twin destination", "unknown twin")
+            return
+        if twin.relays is None and not self.settings.standalone:
+            sender.fail(env, "relay info is not set for this twin", "no relay info")
+            return
+        if self.deliver_local(dest, dest_sid, data):  # connected while we looked it up
+            self.metrics.routed.inc(1, "local")
+            return
+        if not self.is_ours(twin):
+            try:
+                await self.federation.forward(data, twin)
+            except FederationError as err:
+                sender.fail(env, str(err), "federation")
+                return
+            self.metrics.routed.inc(1, "federation")
+            return
+        if env.fail_fast:
+            sender.fail(env, "destination offline", "destination offline")
+            return
+        key: SessionKey = (dest, dest_sid)
+        try:
+            await self.mailbox.put(key, data, self.mailbox.deadline(env.timestamp, env.expiration))
+        except MailboxUnavailable as err:
+            log.warning("mailbox unavailable, refusing envelope for %s: %s", key, err)
+            sender.fail(env, "destination offline and the mailbox is unavailable", "mailbox down")
+            return
+        self.metrics.routed.inc(1, "mailbox")
+        # the destination may have connected (and drained) while we were storing
+        conn_id = self.routes.lookup_session(dest, dest_sid)
+        if conn_id is not None:
+            self.sessions[conn_id].drain_mailbox()
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def _schedule_maintenance(self) -> None:
+        if self._maintenance is None and self.limiter is not None:
+            loop = asyncio.get_running_loop()
+            self._maintenance = loop.call_later(self.settings.limit_window, self._maintain)
+
+    def _maintain(self) -> None:
+        self._maintenance = None
+        if self.limiter is not None:
+            self.limiter.prune(int(self.clock()))
+        if isinstance(self.mailbox, MemoryMailbox):
+            self.mailbox.sweep()
+        if self.sessions:
+            self._schedule_maintenance()
+
+    def add_routes(self, router: Router) -> None:
+        pass  # federation inbound (POST /) comes with the federation issue
+
+    async def close(self) -> None:
+        if self._maintenance is not None:
+            self._maintenance.cancel()
+        await self.federation.close()
+        await self.mailbox.close()
+        await self.directory.close()
+
+
+class RmbSession(WebSocketHandler):
+    """One logged-in (twin, sid) connection."""
+
+    def __init__(self, conn: Connection, dialect: RmbDialect, twin: int, sid: str | None) -> None:
+        super().__init__(conn)
+        self.dialect = dialect
+        self.twin = twin
+        self.sid = sid
+        self.key: SessionKey = (twin, sid)
+        self.open = False
+        # mailbox delivery in progress: live traffic waits behind it
+        self._draining = False
+        self._drain_again = False
+        self._held: list[bytes] = []
+        self._slow: deque[tuple[EnvelopeRouting, bytes]] = deque()
+        self._slow_task: asyncio.Task[None] | None = None
+        self._drain_task: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<RmbSession {self.twin}{'' if self.sid is None else ':' + self.sid}>"
+
+    # ---- lifecycle -------------------------------------------------------------------------
+
+    def on_open(self) -> None:
+        dialect = self.dialect
+        conn_id = self.conn.conn_id
+        displaced = dialect.routes.register_session(self.twin, self.sid, conn_id)
+        dialect.sessions[conn_id] = self
+        self.open = True
+        if displaced is not None:
+            old = dialect.sessions.get(displaced)
+            if old is not None:
+                dialect.metrics.replaced.inc()
+                log.info("%r replaced by a newer connection from %s", old, self.conn.peer_host)
+                old.conn.close(CLOSE_POLICY, "replaced by a newer connection")
+        self.drain_mailbox()
+
+    def on_close(self, code: int | None) -> None:
+        self.open = False
+        dialect = self.dialect
+        dialect.routes.unregister_session(self.twin, self.sid, self.conn.conn_id)
+        if dialect.sessions.get(self.conn.conn_id) is self:
+            del dialect.sessions[self.conn.conn_id]
+        for task in (self._drain_task, self._slow_task):
+            if task is not None and not task.done():
+                task.cancel()
+        if self._held:
+            dialect.metrics.drops.inc(len(self._held), "session closed during mailbox delivery")
+            self._held.clear()
+
+    # ---- the fast path ---------------------------------------------------------------------
+
+    def on_message(self, message: WsMessage) -> None:
+        dialect = self.dialect
+        metrics = dialect.metrics
+        data = message.data
+        if message.is_text:
+            metrics.drops.inc(1, "text frame")
+            self.conn.close(CLOSE_UNSUPPORTED_DATA, "text frames are not supported")
+            return
+        metrics.messages_in.inc()
+        metrics.bytes_in.inc(len(data))
+        try:
+            env = scan_envelope(data)
+        except EnvelopeError as err:
+            metrics.drops.inc(1, "invalid envelope")
+            log.info("closing %r: invalid envelope: %s", self, err)
+            self.conn.close(CLOSE_INVALID_PAYLOAD, "invalid envelope")
+            return
+        limiter = dialect.limiter
+        if limiter is not None and not limiter.check(self.twin, len(data), int(dialect.clock())):
+            metrics.limited.inc()
+            self.fail(env, "exceeded rate limits, dropping message", "rate limited")
+            return
+        if env.source_twin != self.twin or env.source_connection != self.sid:
+            self.fail(env, "message wrong source", "wrong source")
+            return
+        if env.kind == MSG_PING:
+            self.deliver(build_pong(data))
+            return
+        dest = env.dest_twin
+        if dest == 0:
+            self.fail(env, "message with missing destination", "missing destination")
+            return
+        conn_id = dialect.routes.lookup_session(dest, env.dest_connection)
+        if conn_id is not None:
+            dialect.sessions[conn_id].deliver(data)
+            metrics.routed.inc(1, "local")
+            return
+        self._slow.append((env, data))
+        if self._slow_task is None:
+            self._slow_task = asyncio.get_running_loop().create_task(self._run_slow())
+
+    def deliver(self, envelope: bytes) -> None:
+        """Write an envelope to this session (behind any mailbox delivery in progress)."""
+        if self._draining:
+            self._held.append(envelope)
+            return
+        metrics = self.dialect.metrics
+        metrics.messages_out.inc()
+        metrics.bytes_out.inc(len(envelope))
+        self.conn.send_binary(envelope)
+
+    def fail(self, env: EnvelopeRouting, reason: str, label: str) -> None:
+        """Report a routing failure to the sender, as rmb-rs does: only for requests."""
+        metrics = self.dialect.metrics
+        if env.kind != MSG_REQUEST:
+            metrics.drops.inc(1, label)
+            return
+        metrics.errors_sent.inc(1, label)
+        error = build_error_envelope(
+            env.uid, reason, int(self.dialect.clock()), self.twin, self.sid
+        )
+        if self.open:
+            self.deliver(error)
+        else:  # the sender left while we were routing: keep the error for its next login
+            dialect = self.dialect
+            deadline = dialect.mailbox.deadline(int(dialect.clock()), ERROR_ENVELOPE_TTL)
+            asyncio.get_running_loop().create_task(self._store_error(error, deadline))
+
+    async def _store_error(self, error: bytes, deadline: int) -> None:
+        try:
+            await self.dialect.mailbox.put(self.key, error, deadline)
+        except MailboxUnavailable:
+            self.dialect.metrics.drops.inc(1, "mailbox down")
+
+    # ---- the slow path ---------------------------------------------------------------------
+
+    async def _run_slow(self) -> None:
+        slow = self._slow
+        try:
+            while slow:
+                env, data = slow.popleft()
+                try:
+                    await self.dialect.route_slow(self, env, data)
+                except Exception:
+                    log.exception("routing failed for envelope %s from %r", env.uid, self)
+                    self.fail(env, "internal relay error", "internal error")
+        finally:
+            self._slow_task = None
+
+    # ---- mailbox ---------------------------------------------------------------------------
+
+    def drain_mailbox(self) -> None:
+        """Deliver what waits in the mailbox, in order, before any later live traffic."""
+        if self._drain_task is not None:
+            self._drain_again = True
+            return
+        self._draining = True
+        self._drain_task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        mailbox = self.dialect.mailbox
+        try:
+            while True:
+                self._drain_again = False
+                try:
+                    taken = await mailbox.take(self.key)
+                except MailboxUnavailable as err:
+                    log.warning("could not read the mailbox of %r: %s", self, err)
+                    break
+                if taken.envelopes and self.open:
+                    self._write_all(taken.envelopes)
+                    try:
+                        await mailbox.ack(self.key, taken)
+                    except MailboxUnavailable as err:
+                        log.warning("could not acknowledge mailbox of %r: %s", self, err)
+                if not self._drain_again:
+                    break
+        finally:
+            self._drain_task = None
+            self._draining = False
+            held, self._held = self._held, []
+            if held and self.open:
+                self._write_all(held)
+
+    def _write_all(self, envelopes: list[bytes]) -> None:
+        metrics = self.dialect.metrics
+        metrics.messages_out.inc(len(envelopes))
+        metrics.bytes_out.inc(sum(map(len, envelopes)))
+        self.conn.send_binaries(envelopes)

@@ -1,0 +1,250 @@
+"""A lean asyncio websocket client on the Rust codec (client mode, masked frames).
+
+Used by the SDK (`rmb_relay.client`), the load harness and tests. Like the server side, every
+`data_received` is one call into Rust, and a batch of outgoing messages is one `transport.write`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import ssl
+from collections import deque
+from collections.abc import Callable
+from urllib.parse import urlsplit
+
+from rmb_relay._core import (
+    ClientFrameEncoder,
+    HttpParseError,
+    WsClose,
+    WsDecoder,
+    WsMessage,
+    WsPing,
+    WsViolation,
+    encode_request,
+    parse_response_head,
+    websocket_accept,
+)
+
+#: what a client waits for the upgrade by default
+DEFAULT_CONNECT_TIMEOUT = 10.0
+
+
+class HandshakeError(ConnectionError):
+    """The server refused the upgrade; `status` and `body` say why."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"upgrade refused with HTTP {status}: {body.decode(errors='replace')}")
+        self.status = status
+        self.body = body
+
+
+class ConnectionClosed(ConnectionError):
+    def __init__(self, code: int | None, reason: str) -> None:
+        super().__init__(f"websocket closed ({code}): {reason}")
+        self.code = code
+        self.reason = reason
+
+
+MessageCallback = Callable[[WsMessage], None]
+
+
+class _ClientProtocol(asyncio.Protocol):
+    def __init__(self, client: WebSocketClient, request: bytes, key: str) -> None:
+        self.client = client
+        self.request = request
+        self.expected_accept = websocket_accept(key)
+        self.buffer = b""
+        self.upgraded: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.decoder: WsDecoder | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self.client.transport = transport
+        transport.write(self.request)
+
+    def data_received(self, data: bytes) -> None:
+        decoder = self.decoder
+        if decoder is not None:
+            self.client._on_events(decoder.feed(data))
+            return
+        self.buffer += data
+        try:
+            head = parse_response_head(self.buffer)
+        except HttpParseError as err:
+            self._fail(HandshakeError(0, str(err.args[0]).encode()))
+            return
+        if head is None:
+            return
+        status, headers, head_len = head
+        if status != 101:
+            self._fail(HandshakeError(status, self.buffer[head_len:]))
+            return
+        accept = next((v for k, v in headers if k == "sec-websocket-accept"), b"")
+        if accept.decode(errors="replace") != self.expected_accept:
+            self._fail(HandshakeError(status, b"wrong Sec-WebSocket-Accept"))
+            return
+        self.decoder = WsDecoder(client_mode=True, max_message=self.client.max_message)
+        rest, self.buffer = self.buffer[head_len:], b""
+        if not self.upgraded.done():
+            self.upgraded.set_result(None)
+        if rest:
+            self.client._on_events(self.decoder.feed(rest))
+
+    def _fail(self, err: Exception) -> None:
+        if not self.upgraded.done():
+            self.upgraded.set_exception(err)
+        if self.client.transport is not None:
+            self.client.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.upgraded.done():
+            self.upgraded.set_exception(ConnectionError(f"connection lost during upgrade: {exc}"))
+        self.client._on_lost()
+
+    def pause_writing(self) -> None:
+        self.client._writable.clear()
+
+    def resume_writing(self) -> None:
+        self.client._writable.set()
+
+
+class WebSocketClient:
+    """One client connection. Messages go to `on_message` if given, else to `recv()`."""
+
+    def __init__(self, max_message: int, on_message: MessageCallback | None) -> None:
+        self.max_message = max_message
+        self.on_message = on_message
+        self.transport: asyncio.Transport | None = None
+        self.encoder = ClientFrameEncoder(os.urandom(32))
+        self._inbox: deque[WsMessage] = deque()
+        self._inbox_ready = asyncio.Event()
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self.close_code: int | None = None
+        self.close_reason = ""
+        self.closed = asyncio.get_running_loop().create_future()
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        headers: list[tuple[str, str]] | None = None,
+        max_message: int = 64 << 20,
+        on_message: MessageCallback | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        timeout: float = DEFAULT_CONNECT_TIMEOUT,
+    ) -> WebSocketClient:
+        parts = urlsplit(url)
+        if parts.scheme not in ("ws", "wss"):
+            raise ValueError(f"websocket URL must start with ws:// or wss://, got {url!r}")
+        secure = parts.scheme == "wss"
+        host = parts.hostname or "localhost"
+        port = parts.port or (443 if secure else 80)
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        key = base64.b64encode(os.urandom(16)).decode()
+        host_header = parts.netloc.rpartition("@")[2]
+        request = encode_request(
+            "GET",
+            target,
+            [
+                ("Host", host_header),
+                ("Upgrade", "websocket"),
+                ("Connection", "Upgrade"),
+                ("Sec-WebSocket-Key", key),
+                ("Sec-WebSocket-Version", "13"),
+                *(headers or []),
+            ],
+        )
+        client = cls(max_message, on_message)
+        loop = asyncio.get_running_loop()
+        if secure and ssl_context is None:
+            ssl_context = ssl.create_default_context()
+        async with asyncio.timeout(timeout):
+            _, protocol = await loop.create_connection(
+                lambda: _ClientProtocol(client, request, key),
+                host,
+                port,
+                ssl=ssl_context if secure else None,
+                server_hostname=host if secure else None,
+            )
+            await protocol.upgraded
+        return client
+
+    # ---- sending ---------------------------------------------------------------------------
+
+    def send_binary(self, payload: bytes) -> None:
+        self._write(self.encoder.binary(payload))
+
+    def send_binaries(self, payloads: list[bytes]) -> None:
+        """All payloads as binary frames in one write."""
+        self._write(self.encoder.binary_batch(payloads))
+
+    def send_text(self, text: str) -> None:
+        self._write(self.encoder.text(text))
+
+    def send_ping(self, data: bytes = b"") -> None:
+        self._write(self.encoder.ping(data))
+
+    def _write(self, frame: bytes) -> None:
+        if self.closed.done() or self.transport is None or self.transport.is_closing():
+            raise ConnectionClosed(self.close_code, self.close_reason or "connection closed")
+        self.transport.write(frame)
+
+    async def drain(self) -> None:
+        """Wait while the socket's write buffer is over its high-water mark."""
+        await self._writable.wait()
+
+    # ---- receiving -------------------------------------------------------------------------
+
+    def _on_events(self, events: list[object]) -> None:
+        for event in events:
+            if isinstance(event, WsMessage):
+                if self.on_message is not None:
+                    self.on_message(event)
+                else:
+                    self._inbox.append(event)
+                    self._inbox_ready.set()
+            elif isinstance(event, WsPing):
+                if self.transport is not None and not self.transport.is_closing():
+                    self.transport.write(self.encoder.pong(event.data))
+            elif isinstance(event, WsClose):
+                self.close_code, self.close_reason = event.code, event.reason
+                if self.transport is not None and not self.transport.is_closing():
+                    self.transport.write(self.encoder.close(event.code or 1000))
+                    self.transport.close()
+            elif isinstance(event, WsViolation):
+                self.close_code, self.close_reason = event.code, event.reason
+                if self.transport is not None:
+                    self.transport.write(self.encoder.close(event.code, event.reason))
+                    self.transport.close()
+
+    def _on_lost(self) -> None:
+        self._writable.set()
+        self._inbox_ready.set()
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    async def recv(self) -> WsMessage:
+        """The next message; raises ConnectionClosed once the connection is gone."""
+        while not self._inbox:
+            if self.closed.done():
+                raise ConnectionClosed(self.close_code, self.close_reason or "connection closed")
+            self._inbox_ready.clear()
+            await self._inbox_ready.wait()
+        return self._inbox.popleft()
+
+    async def close(self, code: int = 1000, reason: str = "", timeout: float = 5.0) -> None:
+        """Close handshake: send our close frame, wait for the server to close TCP."""
+        transport = self.transport
+        if transport is None or self.closed.done():
+            return
+        if not transport.is_closing():
+            transport.write(self.encoder.close(code, reason))
+        try:
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(self.closed)
+        except TimeoutError:
+            transport.abort()
