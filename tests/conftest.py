@@ -20,6 +20,7 @@ import uvloop
 from rmb_relay.config import ListenerConfig
 from rmb_relay.protocols.base import Dialect
 from rmb_relay.server.listener import RelayServer
+from rmb_relay.telemetry.metrics import Registry
 
 #: every wait in a test is bounded by this (a hang is a failure, not a stuck CI)
 WAIT = 10.0
@@ -44,10 +45,12 @@ async def start_relay() -> AsyncIterator[StartRelay]:
     """Start RelayServer instances on 127.0.0.1:0; all are shut down after the test."""
     servers: list[RelayServer] = []
 
-    async def start(dialects: list[Dialect] | None = None, **config: Any) -> RelayServer:
+    async def start(
+        dialects: list[Dialect] | None = None, registry: Registry | None = None, **config: Any
+    ) -> RelayServer:
         config.setdefault("host", "127.0.0.1")
         config.setdefault("port", 0)
-        server = RelayServer(ListenerConfig(**config), dialects or [])
+        server = RelayServer(ListenerConfig(**config), dialects or [], registry)
         await server.start()
         servers.append(server)
         return server

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-from collections.abc import Callable
+import inspect
+from collections.abc import Awaitable, Callable
 
 from rmb_relay._core import (
     ClientFrameEncoder,
@@ -18,13 +19,19 @@ from rmb_relay._core import (
 WAIT = 10.0
 
 
-async def eventually(predicate: Callable[[], bool], timeout: float = WAIT) -> None:
-    """Wait until `predicate()` holds, checking after every few loop turns; fail on timeout.
-
-    For conditions no event announces (a metric, a kernel buffer filling up)."""
+async def eventually(
+    predicate: Callable[[], bool | Awaitable[bool]], timeout: float = WAIT
+) -> None:
+    """Wait until `predicate()` holds (it may be async), checking every few milliseconds;
+    fail on timeout. For conditions no event announces (a metric, a Redis key, a buffer)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
-    while not predicate():
+    while True:
+        result = predicate()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
         if loop.time() > deadline:
             raise AssertionError("condition not reached in time")
         await asyncio.sleep(0.005)
