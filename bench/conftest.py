@@ -1,0 +1,59 @@
+"""Benchmark reporting: every group pairs the Rust core with a pure-Python baseline measured in
+the same run; at the end a table of ratios is printed and saved under bench/results/."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    bench_session: Any = getattr(session.config, "_benchmarksession", None)
+    if bench_session is None or not bench_session.benchmarks:
+        return
+    groups: dict[str, dict[str, float]] = {}
+    for bench in bench_session.benchmarks:
+        if bench.stats is None:
+            continue
+        kind = "rust" if "rust" in bench.name else "python"
+        groups.setdefault(bench.group or bench.name, {})[kind] = bench.stats.stats.median
+    rows = []
+    for group, timings in sorted(groups.items()):
+        rust, python = timings.get("rust"), timings.get("python")
+        ratio = python / rust if rust and python else None
+        rows.append({"group": group, "rust_s": rust, "python_s": python, "ratio": ratio})
+    lines = [
+        "",
+        "| benchmark | Rust core (median) | Python baseline (median) | speed-up |",
+        "|---|---|---|---|",
+    ]
+    for row in rows:
+        rust_text = f"{row['rust_s'] * 1e9:,.0f} ns" if row["rust_s"] else "-"
+        py_text = f"{row['python_s'] * 1e9:,.0f} ns" if row["python_s"] else "-"
+        ratio_text = f"{row['ratio']:.1f}x" if row["ratio"] else "-"
+        lines.append(f"| {row['group']} | {rust_text} | {py_text} | {ratio_text} |")
+    table = "\n".join(lines)
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write_line(table)
+    RESULTS.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    (RESULTS / f"micro-{stamp}.json").write_text(
+        json.dumps({"commit": _commit(), "time": stamp, "rows": rows}, indent=2) + "\n"
+    )

@@ -1,0 +1,186 @@
+"""Micro benchmarks: each group runs the Rust core and a pure-Python baseline on the same input.
+
+Run with `make bench`; the ratio table is printed at the end and saved in bench/results/.
+Every benchmark checks its result, so one that silently does nothing fails instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from bench.baselines import (
+    PyFixedWindowLimiter,
+    PyFrameDecoder,
+    PyRouteTable,
+    py_encode_binary,
+    py_mask_frame,
+)
+from rmb_relay._core import (
+    ClientFrameEncoder,
+    Envelope,
+    FixedWindowLimiter,
+    RouteTable,
+    WsDecoder,
+    encode_binary,
+    encode_binary_batch,
+    scan_envelope,
+)
+
+Bench = Callable[..., Any]
+
+
+def sample_envelope(size: int = 1024) -> bytes:
+    env = Envelope("c1b8a8c2-1234-4bd4-9a4e-0c2f53d1d5a1")
+    env.tags = "fail-fast"
+    env.timestamp = 1_700_000_000
+    env.expiration = 300
+    env.source_twin = 7
+    env.source_connection = "app-1"
+    env.dest_twin = 9
+    env.dest_connection = "svc"
+    env.kind = 1
+    env.command = "calc.add"
+    env.schema = "application/json"
+    env.plain = os.urandom(size)
+    env.signature = b"s" + os.urandom(64)
+    return env.encode()
+
+
+ENVELOPE = sample_envelope()
+
+
+# ---- envelope scan vs the protobuf package's full parse ------------------------------------
+
+
+@pytest.mark.benchmark(group="envelope scan (1 KiB)")
+def test_scan_rust(benchmark: Bench) -> None:
+    def scan() -> int:
+        env = scan_envelope(ENVELOPE)
+        return env.dest_twin + env.source_twin + len(env.uid) + env.kind
+
+    assert benchmark(scan) == 9 + 7 + 36 + 1
+
+
+@pytest.mark.benchmark(group="envelope scan (1 KiB)")
+def test_scan_python(benchmark: Bench) -> None:
+    from tests._proto import types_pb2
+
+    def parse() -> int:
+        env = types_pb2.Envelope.FromString(ENVELOPE)
+        env.HasField("tags")
+        env.WhichOneof("message")
+        env.timestamp + env.expiration  # noqa: B018 - the scan reads these too
+        env.source.HasField("connection")
+        env.destination.HasField("connection")
+        return env.destination.twin + env.source.twin + len(env.uid) + 1
+
+    assert benchmark(parse) == 9 + 7 + 36 + 1
+
+
+# ---- websocket decode: 100 masked 1 KiB frames in one read ---------------------------------
+
+FRAMES_1K = ClientFrameEncoder(os.urandom(32)).binary_batch([os.urandom(1024)] * 100)
+FRAMES_64 = ClientFrameEncoder(os.urandom(32)).binary_batch([os.urandom(64)] * 100)
+
+
+@pytest.mark.benchmark(group="ws decode 100 x 1 KiB")
+def test_decode_1k_rust(benchmark: Bench) -> None:
+    decoder = WsDecoder()
+    assert len(benchmark(lambda: decoder.feed(FRAMES_1K))) == 100
+
+
+@pytest.mark.benchmark(group="ws decode 100 x 1 KiB")
+def test_decode_1k_python(benchmark: Bench) -> None:
+    decoder = PyFrameDecoder()
+    assert len(benchmark(lambda: decoder.feed(FRAMES_1K))) == 100
+
+
+@pytest.mark.benchmark(group="ws decode 100 x 64 B")
+def test_decode_64_rust(benchmark: Bench) -> None:
+    decoder = WsDecoder()
+    assert len(benchmark(lambda: decoder.feed(FRAMES_64))) == 100
+
+
+@pytest.mark.benchmark(group="ws decode 100 x 64 B")
+def test_decode_64_python(benchmark: Bench) -> None:
+    decoder = PyFrameDecoder()
+    assert len(benchmark(lambda: decoder.feed(FRAMES_64))) == 100
+
+
+# ---- websocket encode ----------------------------------------------------------------------
+
+PAYLOADS = [os.urandom(1024) for _ in range(100)]
+
+
+@pytest.mark.benchmark(group="ws encode 100 x 1 KiB (server, one buffer)")
+def test_encode_batch_rust(benchmark: Bench) -> None:
+    assert len(benchmark(lambda: encode_binary_batch(PAYLOADS))) == 100 * (1024 + 4)
+
+
+@pytest.mark.benchmark(group="ws encode 100 x 1 KiB (server, one buffer)")
+def test_encode_batch_python(benchmark: Bench) -> None:
+    def encode() -> bytes:
+        return b"".join([py_encode_binary(p) for p in PAYLOADS])
+
+    assert len(benchmark(encode)) == 100 * (1024 + 4)
+
+
+@pytest.mark.benchmark(group="ws encode 1 x 1 KiB (server)")
+def test_encode_one_rust(benchmark: Bench) -> None:
+    assert len(benchmark(lambda: encode_binary(PAYLOADS[0]))) == 1028
+
+
+@pytest.mark.benchmark(group="ws encode 1 x 1 KiB (server)")
+def test_encode_one_python(benchmark: Bench) -> None:
+    assert len(benchmark(lambda: py_encode_binary(PAYLOADS[0]))) == 1028
+
+
+@pytest.mark.benchmark(group="ws encode 100 x 1 KiB (client, masked)")
+def test_mask_rust(benchmark: Bench) -> None:
+    encoder = ClientFrameEncoder(os.urandom(32))
+    assert len(benchmark(lambda: encoder.binary_batch(PAYLOADS))) == 100 * (1024 + 8)
+
+
+@pytest.mark.benchmark(group="ws encode 100 x 1 KiB (client, masked)")
+def test_mask_python(benchmark: Bench) -> None:
+    mask = os.urandom(4)
+
+    def encode() -> bytes:
+        return b"".join([py_mask_frame(p, mask) for p in PAYLOADS])
+
+    assert len(benchmark(encode)) == 100 * (1024 + 8)
+
+
+# ---- limiter and routes --------------------------------------------------------------------
+
+
+@pytest.mark.benchmark(group="fixed-window limiter check")
+def test_limiter_rust(benchmark: Bench) -> None:
+    limiter = FixedWindowLimiter(1 << 30, 1 << 40, 60)
+    assert benchmark(lambda: limiter.check(7, 1024, 1_700_000_000)) is True
+
+
+@pytest.mark.benchmark(group="fixed-window limiter check")
+def test_limiter_python(benchmark: Bench) -> None:
+    limiter = PyFixedWindowLimiter(1 << 30, 1 << 40, 60)
+    assert benchmark(lambda: limiter.check(7, 1024, 1_700_000_000)) is True
+
+
+@pytest.mark.benchmark(group="route lookup (10k sessions)")
+def test_routes_rust(benchmark: Bench) -> None:
+    table = RouteTable()
+    for twin in range(10_000):
+        table.register_session(twin, "s", twin + 1)
+    assert benchmark(lambda: table.lookup_session(4242, "s")) == 4243
+
+
+@pytest.mark.benchmark(group="route lookup (10k sessions)")
+def test_routes_python(benchmark: Bench) -> None:
+    table = PyRouteTable()
+    for twin in range(10_000):
+        table.register_session(twin, "s", twin + 1)
+    assert benchmark(lambda: table.lookup_session(4242, "s")) == 4243
