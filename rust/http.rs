@@ -1292,7 +1292,7 @@ pub mod py {
     #[pymethods]
     impl HttpParser {
         #[new]
-        #[pyo3(signature = (*, max_head = super::DEFAULT_MAX_HEAD, max_headers = super::DEFAULT_MAX_HEADERS, max_body = super::DEFAULT_MAX_BODY))]
+        #[pyo3(signature = (*, max_head = 16384, max_headers = 64, max_body = 1048576))]
         fn new(max_head: usize, max_headers: usize, max_body: usize) -> Self {
             HttpParser {
                 inner: Parser::new(Limits {
@@ -1345,7 +1345,10 @@ pub mod py {
     }
 
     #[pyfunction]
-    #[pyo3(signature = (status, headers, body = b"".as_slice(), *, close = false))]
+    #[pyo3(
+        signature = (status, headers, body = b"".as_slice(), *, close = false),
+        text_signature = "(status, headers, body=b'', *, close=False)"
+    )]
     fn encode_response<'py>(
         py: Python<'py>,
         status: u16,
@@ -1370,7 +1373,10 @@ pub mod py {
     }
 
     #[pyfunction]
-    #[pyo3(signature = (method, target, headers, body = b"".as_slice()))]
+    #[pyo3(
+        signature = (method, target, headers, body = b"".as_slice()),
+        text_signature = "(method, target, headers, body=b'')"
+    )]
     fn encode_request<'py>(
         py: Python<'py>,
         method: &str,
@@ -1392,6 +1398,12 @@ pub mod py {
             None => Ok(None),
         }
     }
+
+    // Python signatures spell defaults as literals (so `inspect.signature` and stubtest see
+    // them; PyO3 renders a bytes default as `...`, hence the explicit text signatures); these keep the literals equal to the named constants.
+    const _: () = assert!(super::DEFAULT_MAX_HEAD == 16384);
+    const _: () = assert!(super::DEFAULT_MAX_HEADERS == 64);
+    const _: () = assert!(super::DEFAULT_MAX_BODY == 1048576);
 
     pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_class::<HttpRequest>()?;

@@ -1496,7 +1496,7 @@ pub mod py {
     #[pymethods]
     impl WsDecoder {
         #[new]
-        #[pyo3(signature = (*, max_message = DEFAULT_MAX_MESSAGE, client_mode = false))]
+        #[pyo3(signature = (*, max_message = 1048576, client_mode = false))]
         fn new(max_message: usize, client_mode: bool) -> Self {
             WsDecoder {
                 inner: Decoder::new(max_message, client_mode),
@@ -1653,19 +1653,19 @@ pub mod py {
             frame_bytes(py, OP_TEXT, payload.as_bytes(), Some(self.rng.next_mask()))
         }
 
-        #[pyo3(signature = (payload = b"".as_slice()))]
+        #[pyo3(signature = (payload = b"".as_slice()), text_signature = "($self, payload=b'')")]
         fn ping<'py>(&mut self, py: Python<'py>, payload: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
             check_control_payload(payload)?;
             frame_bytes(py, OP_PING, payload, Some(self.rng.next_mask()))
         }
 
-        #[pyo3(signature = (payload = b"".as_slice()))]
+        #[pyo3(signature = (payload = b"".as_slice()), text_signature = "($self, payload=b'')")]
         fn pong<'py>(&mut self, py: Python<'py>, payload: &[u8]) -> PyResult<Bound<'py, PyBytes>> {
             check_control_payload(payload)?;
             frame_bytes(py, OP_PONG, payload, Some(self.rng.next_mask()))
         }
 
-        #[pyo3(signature = (code = super::CLOSE_NORMAL as u32, reason = ""))]
+        #[pyo3(signature = (code = 1000, reason = ""))]
         fn close<'py>(
             &mut self,
             py: Python<'py>,
@@ -1676,6 +1676,11 @@ pub mod py {
             frame_bytes(py, OP_CLOSE, &body[..n], Some(self.rng.next_mask()))
         }
     }
+
+    // Python signatures spell defaults as literals (so `inspect.signature` and stubtest see
+    // them; PyO3 renders a bytes default as `...`, hence the explicit text signatures); these keep the literals equal to the named constants.
+    const _: () = assert!(DEFAULT_MAX_MESSAGE == 1048576);
+    const _: () = assert!(super::CLOSE_NORMAL == 1000);
 
     pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add("OP_CONTINUATION", super::OP_CONTINUATION)?;
@@ -1691,6 +1696,18 @@ pub mod py {
         m.add_class::<WsViolation>()?;
         m.add_class::<WsDecoder>()?;
         m.add_class::<ClientFrameEncoder>()?;
+        // The stub's `WsEvent` alias, real at runtime so `isinstance(ev, WsEvent)` works.
+        let py = m.py();
+        let mut event_union = py.get_type::<WsMessage>().into_any();
+        for t in [
+            py.get_type::<WsPing>(),
+            py.get_type::<WsPong>(),
+            py.get_type::<WsClose>(),
+            py.get_type::<WsViolation>(),
+        ] {
+            event_union = event_union.call_method1("__or__", (t,))?;
+        }
+        m.add("WsEvent", event_union)?;
         m.add_function(wrap_pyfunction!(encode_frame, m)?)?;
         m.add_function(wrap_pyfunction!(encode_binary, m)?)?;
         m.add_function(wrap_pyfunction!(encode_binary_batch, m)?)?;
