@@ -1194,6 +1194,45 @@ mod tests {
     }
 
     #[test]
+    fn garbage_and_mutated_requests_end_in_documented_outcomes() {
+        // A poor man's fuzz target: never a panic, only documented statuses, and the
+        // buffer stays within the limits.
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::StdRng::seed_from_u64(3);
+        let limits = Limits {
+            max_head: 512,
+            max_headers: 8,
+            max_body: 256,
+        };
+        let valid = b"POST /x?y HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\nbody";
+        for round in 0..2000 {
+            let data: Vec<u8> = if round % 2 == 0 {
+                (0..rng.gen_range(0..700)).map(|_| rng.gen()).collect()
+            } else {
+                let mut d = valid.to_vec();
+                for _ in 0..rng.gen_range(1..4) {
+                    let i = rng.gen_range(0..d.len());
+                    d[i] = rng.gen();
+                }
+                d
+            };
+            let mut p = Parser::new(limits);
+            for chunk in data.chunks(rng.gen_range(1..50)) {
+                match p.feed(chunk) {
+                    Ok(Some(req)) => assert!(req.body.len() <= limits.max_body),
+                    Ok(None) => {}
+                    Err(Error::Http { status, .. }) => {
+                        assert!([400, 413, 431, 501].contains(&status), "{status}");
+                        break;
+                    }
+                    Err(other) => panic!("undocumented error {other:?}"),
+                }
+                assert!(p.buffered() <= data.len());
+            }
+        }
+    }
+
+    #[test]
     fn find_head_end_handles_split_terminators() {
         assert_eq!(find_head_end(b"a\r\n\r\n", 0), Some(5));
         assert_eq!(find_head_end(b"a\n\n", 0), Some(3));

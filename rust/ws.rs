@@ -1272,6 +1272,48 @@ mod tests {
         assert_eq!(d.buffered(), 0);
     }
 
+    #[test]
+    fn garbage_and_mutated_streams_end_in_documented_events() {
+        // A poor man's fuzz target: whatever arrives, the decoder never panics, reports only
+        // the documented close codes, and reports nothing after a close or violation.
+        let (valid, _) = sample_stream();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+        for round in 0..300 {
+            let data: Vec<u8> = if round % 2 == 0 {
+                (0..rng.gen_range(0..400)).map(|_| rng.gen()).collect()
+            } else {
+                let mut d = valid[..rng.gen_range(0..2000)].to_vec();
+                for _ in 0..rng.gen_range(1..6) {
+                    if !d.is_empty() {
+                        let i = rng.gen_range(0..d.len());
+                        d[i] ^= 1 << rng.gen_range(0..8);
+                    }
+                }
+                d
+            };
+            for client_mode in [false, true] {
+                let mut d = Decoder::new(4096, client_mode);
+                let mut events = Vec::new();
+                for chunk in data.chunks(rng.gen_range(1..64)) {
+                    events.extend(d.feed_owned(chunk));
+                }
+                for (i, ev) in events.iter().enumerate() {
+                    let last = i + 1 == events.len();
+                    match ev {
+                        OwnedEvent::Violation { code, .. } => {
+                            assert!([1002, 1007, 1009].contains(code));
+                            assert!(last && d.closed());
+                        }
+                        OwnedEvent::Close { .. } => assert!(last && d.closed()),
+                        OwnedEvent::Message { data, .. } => assert!(data.len() <= 4096),
+                        _ => {}
+                    }
+                }
+                assert!(d.buffered() <= 4096 + MAX_HEADER_LEN + 4096);
+            }
+        }
+    }
+
     // ---- encoders ----
 
     #[test]
