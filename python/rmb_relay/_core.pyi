@@ -16,6 +16,10 @@ class SbdError(CoreError): ...
 class SignatureError(CoreError): ...
 
 # ---- http.rs --------------------------------------------------------------------------------
+# PyO3 classes cannot be subclassed (hence @final) and are built by __new__ (no __init__).
+from typing import final  # noqa: E402 (the shared import line sits outside this section)
+
+@final
 class HttpRequest:
     """One parsed HTTP/1.x request: head fields plus the Content-Length body."""
 
@@ -43,12 +47,14 @@ class HttpRequest:
     def header(self, name: str) -> bytes | None:
         """First header of that name (case-insensitive), or None."""
 
+@final
 class HttpParser:
-    """Incremental request parser: head <= max_head bytes, <= max_headers, body by Content-Length."""
+    """Incremental request parser: head <= max_head bytes, <= max_headers headers, body by
+    Content-Length."""
 
-    def __init__(
-        self, *, max_head: int = 16384, max_headers: int = 64, max_body: int = 1048576
-    ) -> None: ...
+    def __new__(
+        cls, *, max_head: int = 16384, max_headers: int = 64, max_body: int = 1048576
+    ) -> HttpParser: ...
     def feed(self, data: bytes) -> HttpRequest | None:
         """Append bytes; return the next complete request or None. Raises HttpParseError.
 
@@ -80,6 +86,7 @@ def encode_request(
 
 def parse_response_head(data: bytes) -> tuple[int, list[tuple[str, bytes]], int] | None:
     """Client side: (status, headers, head length) once the head is complete, else None."""
+
 # ---- end http.rs ----------------------------------------------------------------------------
 
 # ---- ws.rs ----------------------------------------------------------------------------------
@@ -90,6 +97,7 @@ OP_CLOSE: Final[int]
 OP_PING: Final[int]
 OP_PONG: Final[int]
 
+@final
 class WsMessage:
     """A complete (reassembled) data message."""
 
@@ -98,14 +106,17 @@ class WsMessage:
     @property
     def data(self) -> bytes: ...
 
+@final
 class WsPing:
     @property
     def data(self) -> bytes: ...
 
+@final
 class WsPong:
     @property
     def data(self) -> bytes: ...
 
+@final
 class WsClose:
     """The peer's close frame; code None when the frame had no body."""
 
@@ -114,6 +125,7 @@ class WsClose:
     @property
     def reason(self) -> str: ...
 
+@final
 class WsViolation:
     """The peer broke RFC 6455 (or a limit); answer with close(code) and drop the connection.
     The decoder returns nothing more after this event."""
@@ -125,11 +137,12 @@ class WsViolation:
 
 WsEvent = WsMessage | WsPing | WsPong | WsClose | WsViolation
 
+@final
 class WsDecoder:
     """Incremental RFC 6455 decoder. Server mode (default) requires masked frames; client
     mode requires unmasked ones. Messages larger than max_message end in WsViolation(1009)."""
 
-    def __init__(self, *, max_message: int = 1048576, client_mode: bool = False) -> None: ...
+    def __new__(cls, *, max_message: int = 1048576, client_mode: bool = False) -> WsDecoder: ...
     def feed(self, data: bytes) -> list[WsEvent]:
         """Every complete event in the bytes fed so far, in order."""
     @property
@@ -138,7 +151,9 @@ class WsDecoder:
     def closed(self) -> bool:
         """True once a WsClose or WsViolation has been returned."""
 
-def encode_frame(opcode: int, payload: bytes, *, fin: bool = True, mask: bytes | None = None) -> bytes:
+def encode_frame(
+    opcode: int, payload: bytes, *, fin: bool = True, mask: bytes | None = None
+) -> bytes:
     """One frame; `mask` (4 bytes) makes it a masked client frame."""
 
 def encode_binary(payload: bytes) -> bytes:
@@ -150,17 +165,19 @@ def encode_binary_batch(payloads: list[bytes]) -> bytes:
 def encode_close(code: int, reason: str = "") -> bytes:
     """A server close frame."""
 
+@final
 class ClientFrameEncoder:
     """Masked client frames. Masks come from a PRNG seeded by the caller (os.urandom(32)),
     so the core stays free of I/O and the masks stay unpredictable to the server."""
 
-    def __init__(self, seed: bytes) -> None: ...
+    def __new__(cls, seed: bytes) -> ClientFrameEncoder: ...
     def binary(self, payload: bytes) -> bytes: ...
     def binary_batch(self, payloads: list[bytes]) -> bytes: ...
     def text(self, payload: str) -> bytes: ...
     def ping(self, payload: bytes = b"") -> bytes: ...
     def pong(self, payload: bytes = b"") -> bytes: ...
     def close(self, code: int = 1000, reason: str = "") -> bytes: ...
+
 # ---- end ws.rs ------------------------------------------------------------------------------
 
 # ---- sbd.rs ---------------------------------------------------------------------------------
