@@ -14,12 +14,42 @@ use pyo3::create_exception;
 use pyo3::exceptions::PyException;
 use pyo3::prelude::*;
 
-create_exception!(_core, CoreError, PyException, "Base of every error raised by the Rust core.");
-create_exception!(_core, HttpParseError, CoreError, "Malformed or over-limit HTTP request; args are (message, status).");
-create_exception!(_core, WebSocketProtocolError, CoreError, "WebSocket protocol violation; args are (message, close_code).");
-create_exception!(_core, EnvelopeError, CoreError, "Bytes that are not a valid RMB protobuf Envelope.");
-create_exception!(_core, SbdError, CoreError, "An SBD message that breaks the SBD framing rules.");
-create_exception!(_core, SignatureError, CoreError, "A key or signature of the wrong shape or an unknown scheme.");
+create_exception!(
+    _core,
+    CoreError,
+    PyException,
+    "Base of every error raised by the Rust core."
+);
+create_exception!(
+    _core,
+    HttpParseError,
+    CoreError,
+    "Malformed or over-limit HTTP request; args are (message, status)."
+);
+create_exception!(
+    _core,
+    WebSocketProtocolError,
+    CoreError,
+    "WebSocket protocol violation; args are (message, close_code)."
+);
+create_exception!(
+    _core,
+    EnvelopeError,
+    CoreError,
+    "Bytes that are not a valid RMB protobuf Envelope."
+);
+create_exception!(
+    _core,
+    SbdError,
+    CoreError,
+    "An SBD message that breaks the SBD framing rules."
+);
+create_exception!(
+    _core,
+    SignatureError,
+    CoreError,
+    "A key or signature of the wrong shape or an unknown scheme."
+);
 
 /// Every failure the core can report. Pure-Rust code returns this; the `py` wrappers
 /// convert it with `?` into the matching Python exception.
@@ -58,7 +88,10 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("CoreError", py.get_type::<CoreError>())?;
     m.add("HttpParseError", py.get_type::<HttpParseError>())?;
-    m.add("WebSocketProtocolError", py.get_type::<WebSocketProtocolError>())?;
+    m.add(
+        "WebSocketProtocolError",
+        py.get_type::<WebSocketProtocolError>(),
+    )?;
     m.add("EnvelopeError", py.get_type::<EnvelopeError>())?;
     m.add("SbdError", py.get_type::<SbdError>())?;
     m.add("SignatureError", py.get_type::<SignatureError>())?;

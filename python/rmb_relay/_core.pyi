@@ -3,7 +3,7 @@
 Each section below belongs to one Rust file; keep it in step with that file.
 """
 
-from typing import Final
+from typing import Final, final
 
 
 # ---- error.rs -------------------------------------------------------------------------------
@@ -17,7 +17,6 @@ class SignatureError(CoreError): ...
 
 # ---- http.rs --------------------------------------------------------------------------------
 # PyO3 classes cannot be subclassed (hence @final) and are built by __new__ (no __init__).
-from typing import final  # noqa: E402 (the shared import line sits outside this section)
 
 @final
 class HttpRequest:
