@@ -9,7 +9,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -26,9 +26,11 @@ from rmb_relay.telemetry.metrics import Registry
 WAIT = 10.0
 
 
-@pytest.fixture(scope="session")
-def event_loop_policy() -> uvloop.EventLoopPolicy:
-    return uvloop.EventLoopPolicy()
+def pytest_asyncio_loop_factories(
+    config: pytest.Config, item: pytest.Item
+) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
+    """Every async test runs on uvloop, the loop the relay runs on in production."""
+    return {"uvloop": uvloop.new_event_loop}
 
 
 def free_port() -> int:

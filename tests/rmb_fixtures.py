@@ -54,9 +54,7 @@ class RmbRelay:
     async def client(
         self, twin: int, sid: str | None = None, key_type: str = "sr25519", **kwargs: Any
     ) -> RmbClient:
-        client = await RmbClient.connect(
-            self.url, twin, key_for(twin, key_type), sid=sid, **kwargs
-        )
+        client = await RmbClient.connect(self.url, twin, key_for(twin, key_type), sid=sid, **kwargs)
         self.clients.append(client)
         return client
 

@@ -122,6 +122,7 @@ async def test_oversize_control_frame_is_refused(start_relay: StartRelay) -> Non
     mask = b"\x00\x00\x00\x00"
     ws.send_raw(bytes([0x89, 0x80 | 126]) + struct.pack("!H", 126) + mask + b"p" * 126)
     events = await ws.read_until_eof()
+    ws.close()
     assert [e.code for e in events if isinstance(e, WsClose)] == [1002]
 
 

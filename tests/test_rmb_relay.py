@@ -409,9 +409,7 @@ async def test_mailbox_drops_expired_messages(start_relay: StartRelay, tmp_path:
 async def test_mailbox_max_drops_oldest(start_relay: StartRelay, tmp_path: Path) -> None:
     from rmb_relay.mailbox import MemoryMailbox
 
-    relay = await start_rmb_relay(
-        start_relay, tmp_path, mailbox=MemoryMailbox(max_per_session=3)
-    )
+    relay = await start_rmb_relay(start_relay, tmp_path, mailbox=MemoryMailbox(max_per_session=3))
     alice = await relay.client(1)
     futures = [alice.send_request(3, "m", str(i).encode()) for i in range(5)]
     await eventually(lambda: relay.dialect.mailbox.stats.stored == 5)

@@ -5,7 +5,6 @@ Each section below belongs to one Rust file; keep it in step with that file.
 
 from typing import Final, final
 
-
 # ---- error.rs -------------------------------------------------------------------------------
 
 class CoreError(Exception): ...
@@ -213,6 +212,7 @@ def sbd_forward_frame(message: bytes, sender: bytes) -> bytes:
 def sbd_decode_pubkey_path(segment: str) -> bytes:
     """Strict base64url (no padding, canonical) of exactly 32 bytes whose first 28 bytes are
     not all zero; raises SbdError otherwise."""
+
 # ---- end sbd.rs -----------------------------------------------------------------------------
 
 # ---- envelope.rs ----------------------------------------------------------------------------
@@ -283,13 +283,18 @@ class Envelope:
         """The 16-byte MD5 digest that is signed (spec/rmb.md 2.1)."""
 
 def build_error_envelope(
-    uid: str, message: str, now: int, dest_twin: int | None = None, dest_connection: str | None = None
+    uid: str,
+    message: str,
+    now: int,
+    dest_twin: int | None = None,
+    dest_connection: str | None = None,
 ) -> bytes:
     """A relay error envelope byte-compatible with rmb-rs: unsigned, no source, code 0,
     expiration 300, timestamp now."""
 
 def build_pong(ping: bytes) -> bytes:
     """The relay's answer to an envelope ping (spec/rmb.md 2.3)."""
+
 # ---- end envelope.rs ------------------------------------------------------------------------
 
 # ---- limiter.rs -----------------------------------------------------------------------------
@@ -310,6 +315,7 @@ class ByteNanosLimiter:
     def check(self, key: str, size: int, now_nanos: int) -> bool: ...
     def prune(self, now_nanos: int, idle_nanos: int = 10000000000) -> int: ...
     def __len__(self) -> int: ...
+
 # ---- end limiter.rs -------------------------------------------------------------------------
 
 # ---- routes.rs ------------------------------------------------------------------------------
@@ -329,6 +335,7 @@ class RouteTable:
     def session_count(self) -> int: ...
     @property
     def pubkey_count(self) -> int: ...
+
 # ---- end routes.rs --------------------------------------------------------------------------
 
 # ---- crypto.rs ------------------------------------------------------------------------------
@@ -351,11 +358,12 @@ class SigningKey:
         """Substrate expansion (ExpansionMode::Ed25519) of a 32-byte mini secret."""
     @property
     def key_type(self) -> str:
-        """"ed25519" or "sr25519"."""
+        """ "ed25519" or "sr25519"."""
     @property
     def public_key(self) -> bytes: ...
     def sign(self, message: bytes) -> bytes:
         """64-byte signature."""
     def sign_prefixed(self, message: bytes) -> bytes:
         """65-byte RMB form: type prefix then signature."""
+
 # ---- end crypto.rs --------------------------------------------------------------------------

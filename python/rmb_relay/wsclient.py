@@ -12,6 +12,7 @@ import os
 import ssl
 from collections import deque
 from collections.abc import Callable
+from typing import cast
 from urllib.parse import urlsplit
 
 from rmb_relay._core import (
@@ -60,9 +61,8 @@ class _ClientProtocol(asyncio.Protocol):
         self.decoder: WsDecoder | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.client.transport = transport
-        transport.write(self.request)
+        self.client.transport = cast(asyncio.Transport, transport)  # uvloop: not a subclass
+        self.client.transport.write(self.request)
 
     def data_received(self, data: bytes) -> None:
         decoder = self.decoder

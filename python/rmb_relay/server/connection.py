@@ -23,7 +23,7 @@ import asyncio
 import enum
 import itertools
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from rmb_relay._core import (
     OP_PONG,
@@ -122,12 +122,11 @@ class Connection(asyncio.Protocol):
     # ---- asyncio.Protocol ------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's is not a subclass
         peer = transport.get_extra_info("peername")
         if isinstance(peer, tuple) and len(peer) >= 2:
             self.peer_host, self.peer_port = str(peer[0]), int(peer[1])
-        transport.set_write_buffer_limits(high=self.server.config.write_high_water)
+        self.transport.set_write_buffer_limits(high=self.server.config.write_high_water)
         self.server.connection_opened(self)
         self._http_timer = asyncio.get_running_loop().call_later(
             self.server.config.http_idle_timeout, self._http_idle
