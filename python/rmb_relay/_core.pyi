@@ -298,20 +298,22 @@ def build_pong(ping: bytes) -> bytes:
 # ---- end envelope.rs ------------------------------------------------------------------------
 
 # ---- limiter.rs -----------------------------------------------------------------------------
+@final
 class FixedWindowLimiter:
     """Count and byte budget per key per window (RMB semantics: every frame counts,
     also rejected ones; one frame larger than `size` is rejected outright)."""
 
-    def __init__(self, count: int, size: int, window_secs: int = 60) -> None: ...
+    def __new__(cls, count: int, size: int, window_secs: int = 60) -> FixedWindowLimiter: ...
     def check(self, key: int, size: int, now_secs: int) -> bool: ...
     def prune(self, now_secs: int) -> int:
         """Drop keys whose window has ended; returns how many."""
     def __len__(self) -> int: ...
 
+@final
 class ByteNanosLimiter:
     """SBD per-IP limiter: one 'next allowed nanosecond' per key, burst in bytes."""
 
-    def __init__(self, nanos_per_byte: int, burst_bytes: int) -> None: ...
+    def __new__(cls, nanos_per_byte: int, burst_bytes: int) -> ByteNanosLimiter: ...
     def check(self, key: str, size: int, now_nanos: int) -> bool: ...
     def prune(self, now_nanos: int, idle_nanos: int = 10000000000) -> int: ...
     def __len__(self) -> int: ...
@@ -319,15 +321,17 @@ class ByteNanosLimiter:
 # ---- end limiter.rs -------------------------------------------------------------------------
 
 # ---- routes.rs ------------------------------------------------------------------------------
+@final
 class RouteTable:
     """Session (twin, sid) -> connection id and 32-byte pubkey -> connection id."""
 
-    def __init__(self) -> None: ...
+    def __new__(cls) -> RouteTable: ...
     def register_session(self, twin: int, sid: str | None, conn_id: int) -> int | None:
         """Map the session to conn_id; returns the connection it displaced, if any."""
     def lookup_session(self, twin: int, sid: str | None) -> int | None: ...
     def unregister_session(self, twin: int, sid: str | None, conn_id: int) -> bool:
-        """Remove only if still mapped to conn_id (a replaced connection must not evict its successor)."""
+        """Remove only if still mapped to conn_id: a replaced connection must not evict
+        its successor."""
     def register_pubkey(self, pubkey: bytes, conn_id: int) -> int | None: ...
     def lookup_pubkey(self, pubkey: bytes) -> int | None: ...
     def unregister_pubkey(self, pubkey: bytes, conn_id: int) -> bool: ...
@@ -348,6 +352,7 @@ def verify_sr25519(public_key: bytes, message: bytes, signature: bytes) -> bool:
 def verify_prefixed(public_key: bytes, message: bytes, signature: bytes) -> bool:
     """65-byte RMB signature: b"e" (ed25519) or b"s" (sr25519) then 64 bytes."""
 
+@final
 class SigningKey:
     """A private key for signing JWTs and envelopes (SDK, peer, load harness)."""
 
