@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import venv
 from pathlib import Path
 
@@ -17,10 +18,20 @@ from tests.conftest import WAIT
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def stop(process: subprocess.Popen[str], sig: signal.Signals = signal.SIGTERM) -> int:
+    process.send_signal(sig)
+    code = process.wait(WAIT)
+    for stream in (process.stdout, process.stderr):
+        if stream is not None:
+            stream.close()
+    return code
+
+
 def start_relay_process(*args: str) -> tuple[subprocess.Popen[str], str]:
     """Start `python -m rmb_relay` on a free port; returns it with its banner line."""
     process = subprocess.Popen(
         [sys.executable, "-m", "rmb_relay", "-l", "127.0.0.1:0", *args],
+        env={**os.environ, "XDG_DATA_HOME": tempfile.mkdtemp(prefix="rmb-cli-")},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -36,7 +47,11 @@ def start_relay_process(*args: str) -> tuple[subprocess.Popen[str], str]:
 
 def test_help_explains_every_flag_with_its_default() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "rmb_relay", "--help"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "rmb_relay", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "COLUMNS": "200"},
     )
     assert "--listen" in result.stdout
     assert "(default: [::]:8080)" in result.stdout
@@ -47,17 +62,15 @@ def test_banner_names_address_and_dialects() -> None:
     process, banner = start_relay_process()
     try:
         assert banner.startswith("rmb-relay listening on 127.0.0.1:")
-        assert "dialects:" in banner
+        assert "dialects: rmb" in banner
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(WAIT)
+        stop(process)
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_shuts_down_cleanly_with_exit_0(sig: signal.Signals) -> None:
     process, _ = start_relay_process()
-    process.send_signal(sig)
-    assert process.wait(WAIT) == 0
+    assert stop(process, sig) == 0
 
 
 def test_bad_listen_address_is_a_clear_error() -> None:

@@ -60,6 +60,7 @@ def relay_process(tmp_path: Path) -> Iterator[str]:
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(WAIT) == 0
+        process.stdout.close()
 
 
 async def test_ten_thousand_request_response_pairs_lose_nothing(relay_process: str) -> None:

@@ -184,6 +184,7 @@ SBD_MAX_MESSAGE: Final[int]
 SBD_COMMAND: Final[int]
 SBD_FORWARD: Final[int]
 
+@final
 class SbdMessage:
     """A classified SBD message: a command (28 zero bytes + 4-byte tag) or a forward."""
 
@@ -223,6 +224,7 @@ MSG_ERROR: Final[int]
 MSG_PING: Final[int]
 MSG_PONG: Final[int]
 
+@final
 class EnvelopeRouting:
     """The routing fields of an RMB Envelope, read straight from its protobuf wire bytes."""
 
@@ -252,6 +254,7 @@ class EnvelopeRouting:
 def scan_envelope(data: bytes) -> EnvelopeRouting:
     """Raises EnvelopeError for bytes that are not a valid Envelope."""
 
+@final
 class Envelope:
     """A fully decoded Envelope for the SDK and relay-built replies (never the forward path)."""
 
@@ -274,7 +277,7 @@ class Envelope:
     cipher: bytes | None
     relays: list[str]
 
-    def __init__(self, uid: str = "") -> None: ...
+    def __new__(cls, uid: str = "") -> Envelope: ...
     @staticmethod
     def decode(data: bytes) -> Envelope: ...
     def encode(self) -> bytes:

@@ -30,15 +30,20 @@ from rmb_relay.protocols.rmb import RmbDialect, RmbSettings
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.telemetry.metrics import Registry
 from rmb_relay.twins.cache import CachedTwinDirectory
-from rmb_relay.twins.cli import (
-    add_twins_subcommands,
-    default_twins_path,
-    parse_twins_url,
-    twins_main,
-)
-from rmb_relay.twins.local import SqliteTwinDirectory
+from rmb_relay.twins.cli import add_twins_subcommands, parse_twins_url, twins_main
+from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path
 
 log = logging.getLogger("rmb_relay")
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Show a flag's default unless it has none or its help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if action.default in (None, False, [], argparse.SUPPRESS) or "default" in text:
+            return text
+        return super()._get_help_string(action)
 
 
 def _relay_parser() -> argparse.ArgumentParser:
@@ -49,7 +54,7 @@ def _relay_parser() -> argparse.ArgumentParser:
             "websockets at GET /?<jwt>, RMB federation at POST /, SBD at GET /<pubkey>, and "
             "GET /health and GET /metrics, all on one listener. Runs with no Redis and no chain."
         ),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"rmb-relay {__version__}")
     parser.add_argument(

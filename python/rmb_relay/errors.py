@@ -11,6 +11,7 @@ Exception
  └─ RelayError                     raised by the Python layers
      ├─ ConfigError                a flag, env var or file the operator must fix
      ├─ AuthError                  a login the relay refuses; carries the HTTP status and reason
+     ├─ TwinLookupError            the twin directory backend failed (not: "no such twin")
      └─ ClientError                the SDK client could not do what was asked
          └─ RequestTimeout         no response arrived before the deadline
 ```
@@ -41,6 +42,7 @@ __all__ = [
     "RequestTimeout",
     "SbdError",
     "SignatureError",
+    "TwinLookupError",
     "WebSocketProtocolError",
 ]
 
@@ -60,6 +62,11 @@ class AuthError(RelayError):
         super().__init__(reason)
         self.status = status
         self.reason = reason
+
+
+class TwinLookupError(RelayError):
+    """The twin directory could not answer (database or chain failure), as opposed to
+    answering that a twin does not exist. The relay answers 500 `failed to get twin: ...`."""
 
 
 class ClientError(RelayError):
