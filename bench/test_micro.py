@@ -73,7 +73,7 @@ def test_scan_python(benchmark: Bench) -> None:
         env = types_pb2.Envelope.FromString(ENVELOPE)
         env.HasField("tags")
         env.WhichOneof("message")
-        env.timestamp + env.expiration  # noqa: B018 - the scan reads these too
+        env.timestamp + env.expiration
         env.source.HasField("connection")
         env.destination.HasField("connection")
         return env.destination.twin + env.source.twin + len(env.uid) + 1

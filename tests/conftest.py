@@ -4,11 +4,12 @@ and a real `redis-server` on a free port."""
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
+from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -67,6 +68,7 @@ class RedisServer:
     port: int
     process: subprocess.Popen[bytes]
     directory: str
+    drain: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -76,6 +78,10 @@ class RedisServer:
         if self.process.poll() is None:
             self.process.terminate()
             self.process.wait(WAIT)
+        if self.drain is not None:
+            self.drain.join(WAIT)
+        if self.process.stdout is not None:
+            self.process.stdout.close()
 
 
 def start_redis(directory: str, port: int | None = None) -> RedisServer:
@@ -113,8 +119,10 @@ def start_redis(directory: str, port: int | None = None) -> RedisServer:
             break
     else:
         pytest.fail("redis-server exited early:\n" + b"".join(seen).decode(errors="replace"))
-    os.set_blocking(process.stdout.fileno(), False)
-    return RedisServer(port, process, directory)
+    # keep reading its log so a full pipe never blocks redis
+    drain = threading.Thread(target=lambda: deque(process.stdout, maxlen=0), daemon=True)
+    drain.start()
+    return RedisServer(port, process, directory, drain)
 
 
 @pytest.fixture

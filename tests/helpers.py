@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import os
 import inspect
+import os
 from collections.abc import Awaitable, Callable
 
 from rmb_relay._core import (

@@ -240,7 +240,7 @@ async def test_twin_on_another_relay_gets_a_clear_federation_error(
     )
     alice = await relay.client(1)
     uid, wire = alice.request_envelope(3, "x")
-    code, message = await relay_error(alice, wire, uid)
+    _, message = await relay_error(alice, wire, uid)
     assert "other.relay" in message
     assert "does not federate" in message
     await relay.close_clients()

@@ -17,7 +17,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -195,7 +195,9 @@ class RedisMailbox(Mailbox):
         from redis.exceptions import RedisError
 
         try:
-            entries = await self.redis.xrange(stream_key(key), "-", "+")
+            raw = await self.redis.xrange(stream_key(key), "-", "+")
+            # redis-py's annotation is loose; without decode_responses it is bytes throughout
+            entries = cast(list[tuple[bytes, dict[bytes, bytes]]], raw)
         except (RedisError, OSError) as err:
             raise MailboxUnavailable(f"redis: {err}") from err
         now = self.clock()

@@ -20,6 +20,7 @@ from rmb_relay._core import (
     HttpParseError,
     WsClose,
     WsDecoder,
+    WsEvent,
     WsMessage,
     WsPing,
     WsViolation,
@@ -199,7 +200,7 @@ class WebSocketClient:
 
     # ---- receiving -------------------------------------------------------------------------
 
-    def _on_events(self, events: list[object]) -> None:
+    def _on_events(self, events: list[WsEvent]) -> None:
         for event in events:
             if isinstance(event, WsMessage):
                 if self.on_message is not None:

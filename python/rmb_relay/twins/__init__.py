@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from rmb_relay.errors import ConfigError
 
-#: tfchain's validate_relay_address: letters, digits, '-', '_', '.'; no leading/trailing '.', no '..'
+#: tfchain's validate_relay_address: [A-Za-z0-9-_.], no leading/trailing '.', no '..'
 _DOMAIN = re.compile(r"^(?!\.)(?!.*\.\.)[A-Za-z0-9\-_.]+(?<!\.)$")
 ACCOUNT_LEN = 32
 PK_LEN = 33
@@ -36,7 +36,9 @@ class Twin:
         if len(self.account) != ACCOUNT_LEN:
             raise ConfigError(f"account key must be {ACCOUNT_LEN} bytes, got {len(self.account)}")
         if self.pk is not None and len(self.pk) != PK_LEN:
-            raise ConfigError(f"pk must be {PK_LEN} bytes (compressed secp256k1), got {len(self.pk)}")
+            raise ConfigError(
+                f"pk must be {PK_LEN} bytes (compressed secp256k1), got {len(self.pk)}"
+            )
         for domain in self.relays or ():
             validate_domain(domain)
 

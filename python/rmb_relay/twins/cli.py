@@ -36,7 +36,9 @@ def _hex(text: str, length: int, what: str) -> bytes:
     except ValueError:
         raise ConfigError(f"{what} must be hex") from None
     if len(raw) != length:
-        raise ConfigError(f"{what} must be {length} bytes ({2 * length} hex digits), got {len(raw)}")
+        raise ConfigError(
+            f"{what} must be {length} bytes ({2 * length} hex digits), got {len(raw)}"
+        )
     return raw
 
 
@@ -54,7 +56,7 @@ def add_twins_subcommands(commands: Any) -> None:
     twins = commands.add_parser(
         "twins",
         help="manage the embedded twin directory",
-        description="Manage the embedded twin directory (a SQLite file) the relay logs twins in with.",
+        description="Manage the embedded twin directory (a SQLite file) that logins check.",
     )
     actions = twins.add_subparsers(dest="twins_command", metavar="ACTION", required=True)
 
@@ -133,9 +135,9 @@ def twins_main(args: argparse.Namespace) -> int:
             else:
                 print(f"{'id':>10}  {'account':64}  {'e2e':3}  relays")
                 for twin in twins:
-                    relays = "(not set)" if twin.relays is None else ",".join(sorted(twin.relays))
+                    shown = "(not set)" if twin.relays is None else ",".join(sorted(twin.relays))
                     e2e = "yes" if twin.pk else "no"
-                    print(f"{twin.id:>10}  {twin.account.hex()}  {e2e:3}  {relays}")
+                    print(f"{twin.id:>10}  {twin.account.hex()}  {e2e:3}  {shown}")
         elif action == "show":
             found = directory.show(args.id)
             if found is None:

@@ -30,7 +30,9 @@ class SqliteTwinDirectory(TwinDirectory):
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None)
+            self._db = sqlite3.connect(
+                self.path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None
+            )
             self._db.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
             self._db.execute("PRAGMA journal_mode = WAL")
             self._migrate()
@@ -85,7 +87,9 @@ class SqliteTwinDirectory(TwinDirectory):
     @staticmethod
     def _twin(row: tuple[int, bytes, str | None, bytes | None]) -> Twin:
         twin_id, account, relays, pk = row
-        return Twin(twin_id, bytes(account), parse_relays(relays), None if pk is None else bytes(pk))
+        return Twin(
+            twin_id, bytes(account), parse_relays(relays), None if pk is None else bytes(pk)
+        )
 
     # ---- the relay's view ------------------------------------------------------------------
 
