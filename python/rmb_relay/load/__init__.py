@@ -1,0 +1,1 @@
+"""The load-testing harness behind `rmb-load`."""
