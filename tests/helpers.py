@@ -68,17 +68,21 @@ class RawWebSocket:
             )
         )
         buffer = b""
-        while True:
-            chunk = await asyncio.wait_for(reader.read(65536), WAIT)
-            if not chunk:
-                raise ConnectionError(f"closed during handshake: {buffer!r}")
-            buffer += chunk
-            head = parse_response_head(buffer)
-            if head is not None:
-                break
-        status, _, head_len = head
-        if status != 101:
-            raise ConnectionError(f"upgrade refused: {buffer!r}")
+        try:
+            while True:
+                chunk = await asyncio.wait_for(reader.read(65536), WAIT)
+                if not chunk:
+                    raise ConnectionError(f"closed during handshake: {buffer!r}")
+                buffer += chunk
+                head = parse_response_head(buffer)
+                if head is not None:
+                    break
+            status, _, head_len = head
+            if status != 101:
+                raise ConnectionError(f"upgrade refused: {buffer!r}")
+        except BaseException:
+            writer.close()
+            raise
         ws = cls(reader, writer)
         rest = buffer[head_len:]
         if rest:

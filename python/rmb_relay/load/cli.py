@@ -95,9 +95,7 @@ def _init_child(shared: Any) -> None:
     _shared = shared
 
 
-def _child(
-    plan: LoadPlan, specs: list[PairSpec], slot: int
-) -> tuple[dict[str, Any], bytes | None]:
+def _child(plan: LoadPlan, specs: list[PairSpec], slot: int) -> tuple[dict[str, Any], bytes | None]:
     """One generator process: its pairs on uvloop; progress through shared counters."""
     import uvloop
 
@@ -146,8 +144,7 @@ def run_rmb(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     with context.Pool(procs, initializer=_init_child, initargs=(shared,)) as pool:
         pending = [
-            pool.apply_async(_child, (plan, share, slot))
-            for slot, share in enumerate(shares)
+            pool.apply_async(_child, (plan, share, slot)) for slot, share in enumerate(shares)
         ]
         live = None
         if not args.quiet and sys.stderr.isatty():

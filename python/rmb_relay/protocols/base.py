@@ -45,6 +45,9 @@ class Dialect(abc.ABC):
     name: str = "dialect"
     #: largest websocket message accepted from a peer of this dialect (bytes)
     max_message: int = 1 << 20
+    #: drop the TCP connection on a protocol violation instead of sending a close frame
+    #: (SBD requires this: "drop immediately with no closing frame")
+    abort_on_violation: bool = False
 
     @abc.abstractmethod
     def matches(self, request: HttpRequest) -> bool:

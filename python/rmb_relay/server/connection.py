@@ -225,7 +225,10 @@ class Connection(asyncio.Protocol):
                     violation.code,
                 )
                 self.server.metrics.ws_violations.inc(1, self.dialect_name, str(violation.code))
-                self.close(violation.code, violation.reason, wait=False)
+                if self.dialect is not None and self.dialect.abort_on_violation:
+                    self.abort()
+                else:
+                    self.close(violation.code, violation.reason, wait=False)
                 return
 
     def _on_peer_close(self, event: WsClose) -> None:

@@ -1,0 +1,76 @@
+"""Runner for the public SBD conformance suite (`sbd-o-bahn-server-tester`, spec/sbd.md §3.1).
+
+    sbd-o-bahn-server-tester-bin python -u -m rmb_relay.protocols.sbd_obahn
+
+Protocol: print `CMD/READY`; for every `CMD/START` line on stdin, stop the previous relay and
+start a fresh one (fresh rate buckets and slots) on an ephemeral loopback port, then print
+`CMD/START/<addr>`. Nothing else goes to stdout (logs go to stderr); EOF ends the run.
+The relay is the same as `rmb-relay` serves (RMB and SBD on one listener), with the reference
+runner's settings: default rate limits and 100 client slots.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+from rmb_relay.config import ListenerConfig
+from rmb_relay.protocols.rmb import RmbDialect, RmbSettings
+from rmb_relay.protocols.sbd import SbdDialect, SbdSettings
+from rmb_relay.server.listener import RelayServer
+from rmb_relay.telemetry.metrics import Registry
+from rmb_relay.twins.local import SqliteTwinDirectory
+
+#: the reference runner's `limit_clients`
+LIMIT_CLIENTS = 100
+
+
+async def start_relay() -> RelayServer:
+    registry = Registry()
+    dialects = [
+        RmbDialect(RmbSettings(), SqliteTwinDirectory(":memory:"), registry),
+        SbdDialect(SbdSettings(limit_clients=LIMIT_CLIENTS), registry),
+    ]
+    server = RelayServer(ListenerConfig(host="127.0.0.1", port=0), dialects, registry)
+    await server.start()
+    return server
+
+
+def say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+async def main() -> None:
+    loop = asyncio.get_running_loop()
+    reader = asyncio.StreamReader()
+    await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), sys.stdin)
+    say("CMD/READY")
+    server: RelayServer | None = None
+    try:
+        while line := await reader.readline():
+            command = line.decode().strip()
+            if command != "CMD/START":
+                logging.error("sbd_obahn: unexpected command %r", command)
+                raise SystemExit(127)
+            if server is not None:
+                await server.shutdown()
+            server = await start_relay()
+            host, port = server.addresses[0]
+            say(f"CMD/START/{host}:{port}")
+    finally:
+        if server is not None:
+            await server.shutdown()
+
+
+def run() -> None:
+    logging.basicConfig(stream=sys.stderr, level=logging.WARNING)
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main())
+
+
+if __name__ == "__main__":
+    run()
