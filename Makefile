@@ -14,12 +14,17 @@ PY_STAMP := $(VENV)/.deps-stamp
 BUILD_STAMP := $(VENV)/.build-stamp
 PROTO_OUT := tests/_proto
 
-.PHONY: run test lint cargo-test pytest build dev wheel bench system-deps clean build-profiling proto
+SBD_TESTER := .tools/sbd-tester/bin/sbd-o-bahn-server-tester-bin
+# the tester's build cache lives outside the clone, so a fresh clone on the same machine rebuilds in seconds
+SBD_TESTER_TARGET ?= $(HOME)/.cache/rmb-relay/sbd-tester-target
+
+.PHONY: run test lint cargo-test pytest build dev wheel bench system-deps clean build-profiling proto sbd-conformance
 
 run: $(BUILD_STAMP) ## start the relay on embedded defaults (no Redis, no chain)
 	$(BIN)/rmb-relay -l $(LISTEN)
 
-test: system-deps $(BUILD_STAMP) proto lint cargo-test pytest ## everything CI runs
+# pytest last, so its summary line closes the output
+test: system-deps $(BUILD_STAMP) proto lint cargo-test sbd-conformance pytest ## everything CI runs
 
 system-deps: ## redis-server and a Java runtime for PySpark (Debian packages), only when missing
 	@need=""; \
@@ -72,6 +77,15 @@ pytest: $(BUILD_STAMP) proto
 
 bench: $(BUILD_STAMP) proto ## micro benchmarks with ratios against pure-Python baselines
 	$(BIN)/pytest bench -q --benchmark-enable --benchmark-columns=min,mean,ops -p no:randomly
+
+$(SBD_TESTER):
+	CARGO_TARGET_DIR=$(SBD_TESTER_TARGET) cargo install -q sbd-o-bahn-server-tester --version 0.4.0 --locked --root .tools/sbd-tester
+
+sbd-conformance: $(SBD_TESTER) $(BUILD_STAMP) ## the public SBD conformance suite against our relay
+	@timeout 600 $(SBD_TESTER) $(abspath $(PY)) -u -m rmb_relay.protocols.sbd_obahn \
+	  >.tools/sbd-conformance.out 2>.tools/sbd-conformance.log; status=$$?; \
+	  sed -n '/TEST RESULTS/,$$p' .tools/sbd-conformance.out; \
+	  [ $$status = 0 ] || { echo "SBD conformance failed ($$status); see .tools/sbd-conformance.{out,log}"; exit $$status; }
 
 wheel: $(PY_STAMP) ## release wheel into dist/
 	$(BIN)/maturin build --release -o dist

@@ -12,6 +12,7 @@ Cheap per message by construction, so the relay saturates before the generator d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import resource
 import struct
@@ -215,9 +216,19 @@ async def run_pairs(
         pair.wakeup.set()
     await asyncio.gather(*senders, return_exceptions=True)
     stats.measure_seconds = loop.time() - measure_start
-    drain_until = loop.time() + DRAIN_TIMEOUT
-    while any(p.delivered < p.sent for p in pairs) and loop.time() < drain_until:
-        await asyncio.sleep(0.02)
+    # in-flight messages arrive after the senders stop; wait for them (bounded)
+    drained = asyncio.Event()
+    give_up = loop.time() + DRAIN_TIMEOUT
+
+    def check_drained() -> None:
+        if all(p.delivered >= p.sent for p in pairs):
+            drained.set()
+        elif loop.time() < give_up:
+            loop.call_later(0.02, check_drained)
+
+    check_drained()
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(drained.wait(), DRAIN_TIMEOUT)
     stats.sent = sum(p.sent for p in pairs)
     stats.delivered = sum(p.delivered for p in pairs)
     if progress is not None:

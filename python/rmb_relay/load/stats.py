@@ -81,7 +81,7 @@ def percentiles(samples: array[int], points: tuple[float, ...]) -> dict[str, flo
     n = len(ordered)
     out = {}
     for p in points:
-        rank = min(n - 1, max(0, int(round(p / 100 * n + 0.5)) - 1))
+        rank = min(n - 1, max(0, round(p / 100 * n + 0.5) - 1))
         out[f"p{p:g}"] = ordered[rank] / 1e6
     out["max"] = ordered[-1] / 1e6
     return out
