@@ -32,7 +32,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if bench.stats is None:
             continue
         kind = "rust" if "rust" in bench.name else "python"
-        groups.setdefault(bench.group or bench.name, {})[kind] = bench.stats.stats.median
+        groups.setdefault(bench.group or bench.name, {})[kind] = bench.stats.median
     rows = []
     for group, timings in sorted(groups.items()):
         rust, python = timings.get("rust"), timings.get("python")

@@ -755,17 +755,19 @@ mod tests {
 
 pub mod py {
     use pyo3::prelude::*;
-    use pyo3::types::PyBytes;
+    use pyo3::types::{PyBytes, PyString};
 
     use super::{Address, Kind, Payload};
 
-    /// Routing fields of an envelope (owned copies of the few strings a relay looks at).
+    /// Routing fields of an envelope. The strings stay in the envelope's own bytes (kept as
+    /// offsets) and become Python strings only when read: most messages never need them.
     #[pyclass(frozen, module = "rmb_relay._core")]
     pub struct EnvelopeRouting {
-        #[pyo3(get)]
-        uid: String,
-        #[pyo3(get)]
-        tags: Option<String>,
+        data: Py<PyBytes>,
+        uid: (u32, u32),
+        tags_span: Option<(u32, u32)>,
+        source_span: Option<(u32, u32)>,
+        dest_span: Option<(u32, u32)>,
         #[pyo3(get)]
         fail_fast: bool,
         #[pyo3(get)]
@@ -775,45 +777,83 @@ pub mod py {
         #[pyo3(get)]
         source_twin: u32,
         #[pyo3(get)]
-        source_connection: Option<String>,
-        #[pyo3(get)]
         dest_twin: u32,
-        #[pyo3(get)]
-        dest_connection: Option<String>,
         #[pyo3(get)]
         kind: i64,
     }
 
+    /// Where `text` (a slice of `base`, or an empty default) sits in `base`.
+    fn span(base: &[u8], text: &str) -> (u32, u32) {
+        if text.is_empty() {
+            return (0, 0); // e.g. an absent uid: the default "" is not inside `base`
+        }
+        let start = text.as_ptr() as usize - base.as_ptr() as usize;
+        (start as u32, (start + text.len()) as u32)
+    }
+
+    impl EnvelopeRouting {
+        /// Scan `data` (a Python bytes object) into a routing view of it.
+        pub fn scan(data: &Bound<'_, PyBytes>) -> crate::error::Result<Self> {
+            let bytes = data.as_bytes();
+            let r = super::scan(bytes)?;
+            Ok(Self {
+                uid: span(bytes, r.uid),
+                tags_span: r.tags.map(|t| span(bytes, t)),
+                source_span: r.source_connection.map(|t| span(bytes, t)),
+                dest_span: r.dest_connection.map(|t| span(bytes, t)),
+                fail_fast: r.fail_fast(),
+                timestamp: r.timestamp,
+                expiration: r.expiration,
+                source_twin: r.source_twin,
+                dest_twin: r.dest_twin,
+                kind: r.kind as i64,
+                data: data.clone().unbind(),
+            })
+        }
+
+        fn text<'py>(&self, py: Python<'py>, (start, end): (u32, u32)) -> Bound<'py, PyString> {
+            let bytes = self.data.bind(py).as_bytes();
+            // validated as UTF-8 by the scan
+            let text = std::str::from_utf8(&bytes[start as usize..end as usize]).unwrap_or("");
+            PyString::new(py, text)
+        }
+    }
+
     #[pymethods]
     impl EnvelopeRouting {
-        fn __repr__(&self) -> String {
+        #[getter]
+        fn uid<'py>(&self, py: Python<'py>) -> Bound<'py, PyString> {
+            self.text(py, self.uid)
+        }
+        #[getter]
+        fn tags<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyString>> {
+            self.tags_span.map(|s| self.text(py, s))
+        }
+        #[getter]
+        fn source_connection<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyString>> {
+            self.source_span.map(|s| self.text(py, s))
+        }
+        #[getter]
+        fn dest_connection<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyString>> {
+            self.dest_span.map(|s| self.text(py, s))
+        }
+
+        fn __repr__(&self, py: Python<'_>) -> String {
             format!(
                 "<EnvelopeRouting uid={:?} kind={} {}:{:?} -> {}:{:?}>",
-                self.uid,
+                self.uid(py).to_string(),
                 self.kind,
                 self.source_twin,
-                self.source_connection,
+                self.source_connection(py).map(|s| s.to_string()),
                 self.dest_twin,
-                self.dest_connection
+                self.dest_connection(py).map(|s| s.to_string()),
             )
         }
     }
 
     #[pyfunction]
-    fn scan_envelope(data: &[u8]) -> PyResult<EnvelopeRouting> {
-        let r = super::scan(data)?;
-        Ok(EnvelopeRouting {
-            fail_fast: r.fail_fast(),
-            uid: r.uid.to_owned(),
-            tags: r.tags.map(str::to_owned),
-            timestamp: r.timestamp,
-            expiration: r.expiration,
-            source_twin: r.source_twin,
-            source_connection: r.source_connection.map(str::to_owned),
-            dest_twin: r.dest_twin,
-            dest_connection: r.dest_connection.map(str::to_owned),
-            kind: r.kind as i64,
-        })
+    fn scan_envelope(data: &Bound<'_, PyBytes>) -> PyResult<EnvelopeRouting> {
+        Ok(EnvelopeRouting::scan(data)?)
     }
 
     /// A fully decoded Envelope (SDK, relay-built replies).

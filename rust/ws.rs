@@ -1399,6 +1399,7 @@ pub mod py {
         MaskRng, Payload, DEFAULT_MAX_MESSAGE, MASK_SEED_LEN, OP_BINARY, OP_CLOSE, OP_PING,
         OP_PONG, OP_TEXT,
     };
+    use crate::envelope::py::EnvelopeRouting;
     use crate::error::Error;
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyList};
@@ -1410,6 +1411,13 @@ pub mod py {
         is_text: bool,
         #[pyo3(get)]
         data: Py<PyBytes>,
+        /// with `scan_envelopes`: the RMB routing fields of a binary message, read in the same
+        /// call that decoded it (one call into Rust per read, not one per message)
+        #[pyo3(get)]
+        routing: Option<Py<EnvelopeRouting>>,
+        /// with `scan_envelopes`: why a binary message is not a valid envelope
+        #[pyo3(get)]
+        scan_error: Option<String>,
     }
 
     #[pyclass(frozen, module = "rmb_relay._core")]
@@ -1490,11 +1498,27 @@ pub mod py {
         Ok(bytes.unbind())
     }
 
-    fn event_to_py(py: Python<'_>, ev: Event<'_>) -> PyResult<Py<PyAny>> {
+    fn event_to_py(py: Python<'_>, ev: Event<'_>, scan: bool) -> PyResult<Py<PyAny>> {
         Ok(match ev {
             Event::Message { is_text, payload } => {
                 let data = payload_bytes(py, payload)?;
-                Py::new(py, WsMessage { is_text, data })?.into_any()
+                let (mut routing, mut scan_error) = (None, None);
+                if scan && !is_text {
+                    match EnvelopeRouting::scan(data.bind(py)) {
+                        Ok(r) => routing = Some(Py::new(py, r)?),
+                        Err(err) => scan_error = Some(err.to_string()),
+                    }
+                }
+                Py::new(
+                    py,
+                    WsMessage {
+                        is_text,
+                        data,
+                        routing,
+                        scan_error,
+                    },
+                )?
+                .into_any()
             }
             Event::Ping(p) => Py::new(
                 py,
@@ -1533,22 +1557,25 @@ pub mod py {
     #[pyclass(module = "rmb_relay._core")]
     pub struct WsDecoder {
         inner: Decoder,
+        scan_envelopes: bool,
     }
 
     #[pymethods]
     impl WsDecoder {
         #[new]
-        #[pyo3(signature = (*, max_message = 1048576, client_mode = false))]
-        fn new(max_message: usize, client_mode: bool) -> Self {
+        #[pyo3(signature = (*, max_message = 1048576, client_mode = false, scan_envelopes = false))]
+        fn new(max_message: usize, client_mode: bool, scan_envelopes: bool) -> Self {
             WsDecoder {
                 inner: Decoder::new(max_message, client_mode),
+                scan_envelopes,
             }
         }
 
         fn feed<'py>(&mut self, py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyList>> {
             let mut events = Vec::new();
+            let scan = self.scan_envelopes;
             self.inner.feed(data, |ev| {
-                events.push(event_to_py(py, ev)?);
+                events.push(event_to_py(py, ev, scan)?);
                 Ok::<(), PyErr>(())
             })?;
             PyList::new(py, events)

@@ -103,6 +103,12 @@ class WsMessage:
     def is_text(self) -> bool: ...
     @property
     def data(self) -> bytes: ...
+    @property
+    def routing(self) -> EnvelopeRouting | None:
+        """With `scan_envelopes`: the RMB routing fields, read in the same call as the frame."""
+    @property
+    def scan_error(self) -> str | None:
+        """With `scan_envelopes`: why a binary message is not a valid envelope."""
 
 @final
 class WsPing:
@@ -138,9 +144,12 @@ WsEvent = WsMessage | WsPing | WsPong | WsClose | WsViolation
 @final
 class WsDecoder:
     """Incremental RFC 6455 decoder. Server mode (default) requires masked frames; client
-    mode requires unmasked ones. Messages larger than max_message end in WsViolation(1009)."""
+    mode requires unmasked ones. Messages larger than max_message end in WsViolation(1009).
+    `scan_envelopes` also scans every binary message as an RMB envelope (see WsMessage)."""
 
-    def __new__(cls, *, max_message: int = 1048576, client_mode: bool = False) -> WsDecoder: ...
+    def __new__(
+        cls, *, max_message: int = 1048576, client_mode: bool = False, scan_envelopes: bool = False
+    ) -> WsDecoder: ...
     def feed(self, data: bytes) -> list[WsEvent]:
         """Every complete event in the bytes fed so far, in order."""
     @property

@@ -48,6 +48,9 @@ class Dialect(abc.ABC):
     #: drop the TCP connection on a protocol violation instead of sending a close frame
     #: (SBD requires this: "drop immediately with no closing frame")
     abort_on_violation: bool = False
+    #: have the codec scan binary messages as RMB envelopes in the same call that decodes them
+    #: (`WsMessage.routing`), so a read costs one call into Rust however many messages it holds
+    scan_envelopes: bool = False
 
     @abc.abstractmethod
     def matches(self, request: HttpRequest) -> bool:

@@ -130,6 +130,7 @@ class RmbMetrics:
 
 class RmbDialect(Dialect):
     name = "rmb"
+    scan_envelopes = True
 
     def __init__(
         self,
@@ -340,13 +341,15 @@ class RmbSession(WebSocketHandler):
             return
         metrics.messages_in.inc()
         metrics.bytes_in.inc(len(data))
-        try:
-            env = scan_envelope(data)
-        except EnvelopeError as err:
-            metrics.drops.inc(1, "invalid envelope")
-            log.info("closing %r: invalid envelope: %s", self, err)
-            self.conn.close(CLOSE_INVALID_PAYLOAD, "invalid envelope")
-            return
+        env = message.routing  # scanned by the codec in the same call that decoded the frame
+        if env is None:
+            try:
+                env = scan_envelope(data)
+            except EnvelopeError as err:
+                metrics.drops.inc(1, "invalid envelope")
+                log.info("closing %r: invalid envelope: %s", self, err)
+                self.conn.close(CLOSE_INVALID_PAYLOAD, "invalid envelope")
+                return
         limiter = dialect.limiter
         if limiter is not None and not limiter.check(self.twin, len(data), int(dialect.clock())):
             metrics.limited.inc()

@@ -420,7 +420,9 @@ class Connection(asyncio.Protocol):
         assert parser is not None
         rest = parser.take_rest()
         self._parser = None
-        self._decoder = WsDecoder(max_message=dialect.max_message)
+        self._decoder = WsDecoder(
+            max_message=dialect.max_message, scan_envelopes=dialect.scan_envelopes
+        )
         self.handler = handler
         self.state = State.WEBSOCKET
         self.server.websocket_opened(self)
