@@ -92,7 +92,19 @@ impl<'a> Reader<'a> {
         self.pos >= self.buf.len()
     }
 
+    /// One-byte varints (field keys, short lengths, small numbers) are the common case.
+    #[inline]
     fn varint(&mut self) -> Result<u64> {
+        if let Some(&byte) = self.buf.get(self.pos) {
+            if byte < 0x80 {
+                self.pos += 1;
+                return Ok(u64::from(byte));
+            }
+        }
+        self.varint_slow()
+    }
+
+    fn varint_slow(&mut self) -> Result<u64> {
         let mut value: u64 = 0;
         for i in 0..10 {
             let Some(&byte) = self.buf.get(self.pos) else {
@@ -111,6 +123,7 @@ impl<'a> Reader<'a> {
     }
 
     /// (field number, wire type)
+    #[inline]
     fn key(&mut self) -> Result<(u32, u8)> {
         let key = self.varint()?;
         let field = key >> 3;
@@ -120,6 +133,7 @@ impl<'a> Reader<'a> {
         Ok((field as u32, (key & 7) as u8))
     }
 
+    #[inline]
     fn bytes(&mut self) -> Result<&'a [u8]> {
         let len = self.varint()?;
         let len = usize::try_from(len).map_err(|_| bad("length too large"))?;
@@ -135,8 +149,10 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
+    #[inline]
     fn string(&mut self, what: &str) -> Result<&'a str> {
-        std::str::from_utf8(self.bytes()?).map_err(|_| bad(format!("{what} is not valid UTF-8")))
+        let raw = self.bytes()?;
+        std::str::from_utf8(raw).map_err(|_| bad(format!("{what} is not valid UTF-8")))
     }
 
     fn skip(&mut self, wire: u8) -> Result<()> {
