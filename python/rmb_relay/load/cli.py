@@ -19,8 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rmb_relay._core import SBD_MAX_MESSAGE
 from rmb_relay.errors import ConfigError
 from rmb_relay.load.rmb import MIN_SIZE, LoadPlan, PairSpec, load_key, run_pairs
+from rmb_relay.load.sbd import SBD_MIN_SIZE
 from rmb_relay.load.stats import RunStats, summary
 
 #: twin ids the harness provisions start here (far from real twins in a shared directory)
@@ -38,20 +40,7 @@ def _parser() -> argparse.ArgumentParser:
         help="RMB twins exchanging envelopes through the relay",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    rmb.add_argument("--url", default="ws://127.0.0.1:8080/", help="relay websocket URL")
-    rmb.add_argument("--pairs", type=int, default=1, help="sender/receiver pairs")
-    rmb.add_argument("--size", type=int, default=1024, help=f"payload bytes (>= {MIN_SIZE})")
-    rmb.add_argument(
-        "--rate", type=float, default=0, help="messages/s over all pairs; 0 = as fast as possible"
-    )
-    rmb.add_argument("--window", type=int, default=256, help="in-flight messages per pair")
-    stop = rmb.add_mutually_exclusive_group()
-    stop.add_argument("--duration", type=float, default=None, help="seconds to measure (10)")
-    stop.add_argument("--count", type=int, default=None, help="messages per pair instead")
-    rmb.add_argument("--procs", type=int, default=1, help="generator processes")
-    rmb.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
-    rmb.add_argument("--json", type=Path, help="write the summary here")
-    rmb.add_argument("--samples", type=Path, help="per-message records (.jsonl or .parquet)")
+    _common(rmb, default_size=1024)
     rmb.add_argument(
         "--twins",
         metavar="sqlite:PATH",
@@ -65,14 +54,38 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the twins already exist (e.g. a relay on another host)",
     )
-    rmb.add_argument("--quiet", action="store_true", help="no live progress line")
+    sbd = commands.add_parser(
+        "sbd",
+        help="SBD clients forwarding to each other (run the relay with --sbd-disable-rate-limit)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    _common(sbd, default_size=1000)
     return parser
 
 
+def _common(rmb: argparse.ArgumentParser, default_size: int) -> None:
+    rmb.add_argument("--url", default="ws://127.0.0.1:8080/", help="relay websocket URL")
+    rmb.add_argument("--pairs", type=int, default=1, help="sender/receiver pairs")
+    rmb.add_argument(
+        "--size", type=int, default=default_size, help="message bytes (RMB: the payload)"
+    )
+    rmb.add_argument(
+        "--rate", type=float, default=0, help="messages/s over all pairs; 0 = as fast as possible"
+    )
+    rmb.add_argument("--window", type=int, default=256, help="in-flight messages per pair")
+    stop = rmb.add_mutually_exclusive_group()
+    stop.add_argument("--duration", type=float, default=None, help="seconds to measure (10)")
+    stop.add_argument("--count", type=int, default=None, help="messages per pair instead")
+    rmb.add_argument("--procs", type=int, default=1, help="generator processes")
+    rmb.add_argument("--warmup", type=float, default=1.0, help="seconds before measuring")
+    rmb.add_argument("--json", type=Path, help="write the summary here")
+    rmb.add_argument("--samples", type=Path, help="per-message records (.jsonl or .parquet)")
+    rmb.add_argument("--quiet", action="store_true", help="no live progress line")
+
+
 def _pairs(args: argparse.Namespace) -> list[PairSpec]:
-    return [
-        PairSpec(i, args.twin_base + 2 * i, args.twin_base + 2 * i + 1) for i in range(args.pairs)
-    ]
+    base = getattr(args, "twin_base", DEFAULT_TWIN_BASE)
+    return [PairSpec(i, base + 2 * i, base + 2 * i + 1) for i in range(args.pairs)]
 
 
 def _provision(args: argparse.Namespace, pairs: list[PairSpec]) -> None:
@@ -95,18 +108,23 @@ def _init_child(shared: Any) -> None:
     _shared = shared
 
 
-def _child(plan: LoadPlan, specs: list[PairSpec], slot: int) -> tuple[dict[str, Any], bytes | None]:
+def _child(
+    plan: LoadPlan, specs: list[PairSpec], slot: int, dialect: str
+) -> tuple[dict[str, Any], bytes | None]:
     """One generator process: its pairs on uvloop; progress through shared counters."""
     import uvloop
 
+    from rmb_relay.load.sbd import SbdPair
+
     shared = _shared
+    pair_class = SbdPair if dialect == "sbd" else None
 
     def progress(sent: int, delivered: int) -> None:
         shared[2 * slot] = sent
         shared[2 * slot + 1] = delivered
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        stats, samples = runner.run(run_pairs(plan, specs, progress))
+        stats, samples = runner.run(run_pairs(plan, specs, progress, pair_class))
     return stats.to_wire(), None if samples is None else samples.tobytes()
 
 
@@ -118,9 +136,11 @@ def _progress_line(shared: Any, procs: int, started: float) -> str:
     return f"{elapsed:6.1f}s  sent {sent:>10,}  delivered {delivered:>10,}  ~{rate:>10,.0f} msg/s"
 
 
-def run_rmb(args: argparse.Namespace) -> dict[str, Any]:
-    if args.size < MIN_SIZE:
-        raise ConfigError(f"--size must be at least {MIN_SIZE} (sequence number and send time)")
+def run_load(args: argparse.Namespace) -> dict[str, Any]:
+    minimum = MIN_SIZE if args.dialect == "rmb" else SBD_MIN_SIZE
+    maximum = 1 << 20 if args.dialect == "rmb" else SBD_MAX_MESSAGE
+    if not minimum <= args.size <= maximum:
+        raise ConfigError(f"--size must be {minimum}..{maximum} for {args.dialect}")
     if args.pairs < 1 or args.procs < 1 or args.window < 1:
         raise ConfigError("--pairs, --procs and --window must be positive")
     duration = args.duration if args.duration is not None or args.count else 10.0
@@ -135,7 +155,7 @@ def run_rmb(args: argparse.Namespace) -> dict[str, Any]:
         record_samples=args.samples is not None,
     )
     pairs = _pairs(args)
-    if not args.no_provision:
+    if args.dialect == "rmb" and not args.no_provision:
         _provision(args, pairs)
     procs = min(args.procs, len(pairs))
     shares = [pairs[i::procs] for i in range(procs)]
@@ -144,7 +164,8 @@ def run_rmb(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     with context.Pool(procs, initializer=_init_child, initargs=(shared,)) as pool:
         pending = [
-            pool.apply_async(_child, (plan, share, slot)) for slot, share in enumerate(shares)
+            pool.apply_async(_child, (plan, share, slot, args.dialect))
+            for slot, share in enumerate(shares)
         ]
         live = None
         if not args.quiet and sys.stderr.isatty():
@@ -168,7 +189,7 @@ def run_rmb(args: argparse.Namespace) -> dict[str, Any]:
         if sample_bytes:
             samples.frombytes(sample_bytes)
     config = {
-        "dialect": "rmb",
+        "dialect": args.dialect,
         "url": args.url,
         "pairs": args.pairs,
         "size": args.size,
@@ -241,7 +262,7 @@ def print_summary(result: dict[str, Any]) -> None:
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     try:
-        result = run_rmb(args)
+        result = run_load(args)
     except ConfigError as err:
         raise SystemExit(f"rmb-load: {err}") from None
     print_summary(result)

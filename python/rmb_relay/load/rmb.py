@@ -73,6 +73,11 @@ class Pair:
         self.wakeup = asyncio.Event()
         self.sender: WebSocketClient | None = None
         self.receiver: WebSocketClient | None = None
+        self.prefix, self.padding = self.template()
+
+    def template(self) -> tuple[bytes, bytes]:
+        """(bytes before the stamp, bytes after it) of every message of this pair."""
+        spec, plan = self.spec, self.plan
         env = Envelope("load")
         env.timestamp = int(time.time())
         env.expiration = 3600
@@ -84,8 +89,7 @@ class Pair:
         env.command = "load"
         env.plain = bytes(plan.size)
         wire = env.encode()
-        self.prefix = wire[: len(wire) - plan.size]
-        self.padding = bytes(plan.size - MIN_SIZE)
+        return wire[: len(wire) - plan.size], bytes(plan.size - MIN_SIZE)
 
     async def connect(self) -> None:
         now = int(time.time())
@@ -102,7 +106,7 @@ class Pair:
     def on_receive(self, message: WsMessage) -> None:
         data = message.data
         now = time.time_ns()
-        seq, sent_ns = STAMP.unpack_from(data, len(data) - self.plan.size)
+        seq, sent_ns = STAMP.unpack_from(data, self.stamp_offset(data))
         if seq < self.next_seq:
             self.stats.duplicated += 1
             return
@@ -121,6 +125,9 @@ class Pair:
                 run.samples.extend((sent_ns, self.spec.index, latency))
         if self.sent - self.delivered <= self.plan.window // 2:
             self.wakeup.set()
+
+    def stamp_offset(self, data: bytes) -> int:
+        return len(data) - self.plan.size
 
     def on_sender_message(self, message: WsMessage) -> None:
         """The relay only writes to a sender to report an error (rate limit, unknown twin...)."""
@@ -181,11 +188,13 @@ async def run_pairs(
     plan: LoadPlan,
     specs: list[PairSpec],
     progress: Callable[[int, int], None] | None = None,
+    pair_class: type[Pair] | None = None,
 ) -> tuple[RunStats, array[int] | None]:
     """Run this process's share of the pairs; returns its stats (and optional samples)."""
     stats = RunStats()
     run = Run(plan.record_samples)
-    pairs = [Pair(spec, plan, stats, run) for spec in specs]
+    make = pair_class or Pair
+    pairs = [make(spec, plan, stats, run) for spec in specs]
     wall0, cpu0 = time.perf_counter(), _cpu()
     try:
         await asyncio.gather(*(pair.connect() for pair in pairs))

@@ -1,0 +1,77 @@
+"""SBD load generator: pairs of fresh ed25519 identities forwarding through the relay.
+
+A message is `receiver key (32) || seq, send time (16) || padding`, `--size` bytes in all (the
+SBD limit is 20000 with the header). Receivers see the sender's key in the header and read the
+stamp at offset 32. Run the relay with `--sbd-disable-rate-limit` to measure the relay rather
+than the per-IP budget (all generator connections share one IP).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from rmb_relay._core import (
+    SBD_COMMAND,
+    SigningKey,
+    WsMessage,
+    sbd_classify,
+    sbd_encode_command,
+)
+from rmb_relay.load.rmb import MIN_SIZE, Pair
+from rmb_relay.wsclient import WebSocketClient
+
+HEADER = 32
+SBD_MIN_SIZE = HEADER + MIN_SIZE
+
+
+def key_segment(public_key: bytes) -> str:
+    import base64
+
+    return base64.urlsafe_b64encode(public_key).rstrip(b"=").decode()
+
+
+class SbdPair(Pair):
+    """One sender/receiver pair of SBD clients."""
+
+    def template(self) -> tuple[bytes, bytes]:
+        self.keys = {
+            "sender": SigningKey.ed25519(os.urandom(32)),
+            "receiver": SigningKey.ed25519(os.urandom(32)),
+        }
+        return self.keys["receiver"].public_key, bytes(self.plan.size - SBD_MIN_SIZE)
+
+    def stamp_offset(self, data: bytes) -> int:
+        return HEADER
+
+    async def connect(self) -> None:
+        base = self.plan.url.rstrip("/")
+        for role in ("receiver", "sender"):
+            key = self.keys[role]
+            started = time.perf_counter_ns()
+            client = await WebSocketClient.connect(f"{base}/{key_segment(key.public_key)}")
+            await _handshake(client, key)
+            client.on_message = self.on_receive if role == "receiver" else self._ignore
+            self.stats.connect_ns.append(time.perf_counter_ns() - started)
+            setattr(self, role, client)
+
+    def on_receive(self, message: WsMessage) -> None:
+        if sbd_classify(message.data).kind == SBD_COMMAND:
+            return  # lbrt updates as connections come and go
+        super().on_receive(message)
+
+    def _ignore(self, message: WsMessage) -> None:
+        pass
+
+
+async def _handshake(client: WebSocketClient, key: SigningKey) -> None:
+    """lbrt/areq -> ares -> lidl/srdy, per spec/sbd.md §1.4."""
+    while True:
+        message = await client.recv()
+        classified = sbd_classify(message.data)
+        if classified.kind != SBD_COMMAND:
+            raise ConnectionError("sbd: forward before the handshake finished")
+        if classified.tag == b"areq":
+            client.send_binary(sbd_encode_command(b"ares", key.sign(classified.payload)))
+        elif classified.tag == b"srdy":
+            return
