@@ -1,0 +1,353 @@
+"""End-to-end load scenarios, each run against rmb-relay and the `websockets` baseline relay in
+the same run, printed as a table and appended to bench/results/ as JSON with the commit id.
+
+    .venv/bin/python -m bench.scenarios                 # everything (~5 minutes on 2 cores)
+    .venv/bin/python -m bench.scenarios rmb --quick     # one scenario, shorter runs
+
+Scenarios: `rmb` (local routing, 1/10/100 pairs x 64 B/1 KiB/16 KiB), `sbd` (forwards of 1000 B),
+`idle` (RSS per idle connection), `mailbox` (drain rate of a mailbox on connect).
+The generator runs in one process (one core) and the relay in another (the other core); the
+relay's CPU share is read from /proc so a reader can tell which side was the bottleneck.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from rmb_relay.load.cli import _parser as load_parser
+from rmb_relay.load.cli import run_load
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return out.stdout.strip() or "unknown"
+
+
+def raise_fd_limit() -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class Relay:
+    """A relay process (ours or the baseline) on a free port."""
+
+    def __init__(self, kind: str, twins: Path) -> None:
+        self.kind = kind
+        self.port = free_port()
+        if kind == "rmb-relay":
+            cmd = [
+                PY,
+                "-m",
+                "rmb_relay",
+                "-l",
+                f"127.0.0.1:{self.port}",
+                "--twins",
+                f"sqlite:{twins}",
+                "--sbd-disable-rate-limit",
+                "--sbd-idle-ms",
+                "600000",
+                "--sbd-limit-clients",
+                "100000",
+            ]
+        else:
+            cmd = [PY, "-m", "bench.baseline_relay", "--port", str(self.port)]
+        self.process = subprocess.Popen(
+            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline()  # the banner: listening
+        if not line:
+            raise RuntimeError(f"{kind} did not start")
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/"
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        return 0
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+@contextmanager
+def relays(twins: Path) -> Iterator[dict[str, Relay]]:
+    started = {kind: Relay(kind, twins) for kind in ("rmb-relay", "websockets-baseline")}
+    try:
+        yield started
+    finally:
+        for relay in started.values():
+            relay.stop()
+
+
+def load(relay: Relay, dialect: str, twins: Path, *options: str) -> dict[str, Any]:
+    argv = [dialect, "--url", relay.url, "--quiet", *options]
+    if dialect == "rmb":
+        argv += ["--twins", f"sqlite:{twins}"]
+    cpu0, wall0 = relay.cpu_seconds(), time.monotonic()
+    result = run_load(load_parser().parse_args(argv))
+    result["relay_cpu_share"] = (relay.cpu_seconds() - cpu0) / (time.monotonic() - wall0)
+    return result
+
+
+def row(name: str, ours: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    ratio = ours["throughput_msgs_per_s"] / max(base["throughput_msgs_per_s"], 1e-9)
+    return {
+        "scenario": name,
+        "rmb_relay_msgs_per_s": round(ours["throughput_msgs_per_s"]),
+        "baseline_msgs_per_s": round(base["throughput_msgs_per_s"]),
+        "ratio": round(ratio, 1),
+        "rmb_relay_p50_ms": round(ours["latency_ms"]["p50"], 2),
+        "rmb_relay_p99_ms": round(ours["latency_ms"]["p99"], 2),
+        "baseline_p99_ms": round(base["latency_ms"]["p99"], 2),
+        "lost": ours["lost"],
+        "relay_cpu": round(ours["relay_cpu_share"], 2),
+        "generator_cpu": round(ours["generator_cpu_share"], 2),
+    }
+
+
+def throughput_scenario(
+    dialect: str, matrix: list[tuple[int, int]], twins: Path, seconds: float
+) -> list[dict[str, Any]]:
+    rows = []
+    with relays(twins) as running:
+        for pairs, size in matrix:
+            opts = [
+                "--pairs",
+                str(pairs),
+                "--size",
+                str(size),
+                "--duration",
+                str(seconds),
+                "--warmup",
+                "1",
+            ]
+            results = {kind: load(relay, dialect, twins, *opts) for kind, relay in running.items()}
+            rows.append(
+                row(
+                    f"{dialect} {pairs} pairs x {size} B",
+                    results["rmb-relay"],
+                    results["websockets-baseline"],
+                )
+            )
+            print_rows(rows[-1:], header=len(rows) == 1)
+    return rows
+
+
+async def _open_idle(url: str, count: int, twins: Path, dialect: str) -> list[Any]:
+    from rmb_relay.identity import make_jwt
+    from rmb_relay.load.rmb import load_key
+    from rmb_relay.wsclient import WebSocketClient
+
+    twin = 1_900_000
+    if dialect == "rmb":
+        from rmb_relay.twins import Twin
+        from rmb_relay.twins.local import SqliteTwinDirectory
+
+        SqliteTwinDirectory(twins).add(Twin(twin, load_key(twin).public_key, frozenset({"x"})))
+    now = int(time.time())
+    clients = []
+    for start in range(0, count, 500):
+        batch = [
+            WebSocketClient.connect(
+                f"{url}?{make_jwt(load_key(twin), twin, f'idle-{i}', now, ttl=3600)}"
+            )
+            for i in range(start, min(count, start + 500))
+        ]
+        clients.extend(await asyncio.gather(*batch))
+    return clients
+
+
+def idle_scenario(twins: Path, count: int) -> list[dict[str, Any]]:
+    import uvloop
+
+    rows = []
+    with relays(twins) as running:
+        for kind, relay in running.items():
+            before = relay.rss_bytes()
+
+            async def run(relay: Relay = relay) -> int:
+                clients = await _open_idle(relay.url, count, twins, "rmb")
+                rss = relay.rss_bytes()
+                for client in clients:
+                    client.transport.abort()
+                return rss
+
+            with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+                after = runner.run(run())
+            rows.append(
+                {
+                    "scenario": f"{count:,} idle RMB connections",
+                    "relay": kind,
+                    "rss_before_mb": round(before / 1e6, 1),
+                    "rss_after_mb": round(after / 1e6, 1),
+                    "bytes_per_connection": round((after - before) / count),
+                }
+            )
+            print_rows(rows[-1:], header=len(rows) == 1)
+    return rows
+
+
+def mailbox_scenario(twins: Path, count: int) -> list[dict[str, Any]]:
+    import uvloop
+
+    from rmb_relay.client import RmbClient
+    from rmb_relay.identity import make_jwt
+    from rmb_relay.load.rmb import load_key
+    from rmb_relay.twins import Twin
+    from rmb_relay.twins.local import SqliteTwinDirectory
+    from rmb_relay.wsclient import WebSocketClient
+
+    directory = SqliteTwinDirectory(twins)
+    for twin in (1_800_001, 1_800_002):
+        directory.add(Twin(twin, load_key(twin).public_key, frozenset({"x"})))
+    relay = Relay("rmb-relay", twins)
+    try:
+
+        async def run() -> float:
+            sender = await RmbClient.connect(relay.url, 1_800_001, load_key(1_800_001), sign=False)
+            payload = bytes(1024)
+            wires = [sender.request_envelope(1_800_002, "m", payload)[1] for _ in range(count)]
+            assert sender.ws is not None
+            for start in range(0, count, 256):
+                sender.ws.send_binaries(wires[start : start + 256])
+                await sender.ws.drain()
+            # wait until everything is stored (the relay's own metric says so)
+            await wait_for_metric(relay.port, "rmb_mailbox_depth", count)
+            got = 0
+            done = asyncio.Event()
+
+            def on_message(message: Any) -> None:
+                nonlocal got
+                got += 1
+                if got == count:
+                    done.set()
+
+            # a raw client: the drain is measured, not an SDK handler answering each request
+            token = make_jwt(load_key(1_800_002), 1_800_002, None, int(time.time()))
+            started = time.perf_counter()
+            receiver = await WebSocketClient.connect(f"{relay.url}?{token}", on_message=on_message)
+            await asyncio.wait_for(done.wait(), 120)
+            elapsed = time.perf_counter() - started
+            await receiver.close()
+            await sender.close()
+            return elapsed
+
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            elapsed = runner.run(run())
+    finally:
+        relay.stop()
+    rows = [
+        {
+            "scenario": f"mailbox drain, {count:,} x 1 KiB (in memory)",
+            "seconds": round(elapsed, 3),
+            "msgs_per_s": round(count / elapsed),
+        }
+    ]
+    print_rows(rows)
+    return rows
+
+
+async def wait_for_metric(port: int, name: str, value: int, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
+        page = (await reader.read()).decode()
+        writer.close()
+        for line in page.splitlines():
+            if line.startswith(name + " ") and float(line.split()[1]) >= value:
+                return
+        await asyncio.sleep(0.05)
+    raise TimeoutError(f"{name} never reached {value}")
+
+
+def print_rows(rows: list[dict[str, Any]], header: bool = True) -> None:
+    if not rows:
+        return
+    keys = list(rows[0])
+    if header:
+        print("| " + " | ".join(keys) + " |")
+        print("|" + "---|" * len(keys))
+    for r in rows:
+        print("| " + " | ".join(str(r[k]) for k in keys) + " |", flush=True)
+
+
+def save(name: str, rows: list[dict[str, Any]]) -> None:
+    RESULTS.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    (RESULTS / f"{name}-{stamp}.json").write_text(
+        json.dumps({"commit": commit(), "time": stamp, "rows": rows}, indent=2) + "\n"
+    )
+
+
+SCENARIOS: dict[str, Callable[[Path, bool], list[dict[str, Any]]]] = {
+    "rmb": lambda twins, quick: throughput_scenario(
+        "rmb",
+        [(p, s) for p in (1, 10, 100) for s in (64, 1024, 16384)],
+        twins,
+        2 if quick else 4,
+    ),
+    "sbd": lambda twins, quick: throughput_scenario(
+        "sbd", [(1, 1000), (10, 1000)], twins, 2 if quick else 4
+    ),
+    "idle": lambda twins, quick: idle_scenario(twins, 1000 if quick else 10_000),
+    "mailbox": lambda twins, quick: mailbox_scenario(twins, 2000 if quick else 20_000),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("names", nargs="*", help=f"scenarios to run: {', '.join(SCENARIOS)}")
+    parser.add_argument("--quick", action="store_true", help="shorter runs, fewer connections")
+    args = parser.parse_args()
+    unknown = set(args.names) - set(SCENARIOS)
+    if unknown:
+        parser.error(f"unknown scenarios: {', '.join(sorted(unknown))}")
+    raise_fd_limit()
+    with tempfile.TemporaryDirectory(prefix="rmb-bench-") as tmp:
+        twins = Path(tmp) / "twins.sqlite3"
+        for name in args.names or list(SCENARIOS):
+            print(f"\n## {name}\n", flush=True)
+            save(name, SCENARIOS[name](twins, args.quick))
+
+
+if __name__ == "__main__":
+    main()
