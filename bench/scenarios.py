@@ -329,7 +329,7 @@ SCENARIOS: dict[str, Callable[[Path, bool], list[dict[str, Any]]]] = {
         "sbd", [(1, 1000), (10, 1000)], twins, 2 if quick else 4
     ),
     "idle": lambda twins, quick: idle_scenario(twins, 1000 if quick else 10_000),
-    "mailbox": lambda twins, quick: mailbox_scenario(twins, 2000 if quick else 20_000),
+    "mailbox": lambda twins, quick: mailbox_scenario(twins, 2000 if quick else 10_000),
 }
 
 

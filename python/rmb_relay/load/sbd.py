@@ -8,6 +8,8 @@ than the per-IP budget (all generator connections share one IP).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import time
 
@@ -50,10 +52,12 @@ class SbdPair(Pair):
             key = self.keys[role]
             started = time.perf_counter_ns()
             client = await WebSocketClient.connect(f"{base}/{key_segment(key.public_key)}")
-            await _handshake(client, key)
+            idle_ms = await _handshake(client, key)
             client.on_message = self.on_receive if role == "receiver" else self._ignore
             self.stats.connect_ns.append(time.perf_counter_ns() - started)
             setattr(self, role, client)
+            # like the reference client: a `keep` every lidl/2 so an idle side is not dropped
+            _keepalive(client, idle_ms / 2000)
 
     def on_receive(self, message: WsMessage) -> None:
         if sbd_classify(message.data).kind == SBD_COMMAND:
@@ -64,8 +68,14 @@ class SbdPair(Pair):
         pass
 
 
-async def _handshake(client: WebSocketClient, key: SigningKey) -> None:
-    """lbrt/areq -> ares -> lidl/srdy, per spec/sbd.md §1.4."""
+#: the reference client's default when the server sends no `lidl`
+DEFAULT_IDLE_MS = 10_000
+KEEP = sbd_encode_command(b"keep")
+
+
+async def _handshake(client: WebSocketClient, key: SigningKey) -> int:
+    """lbrt/areq -> ares -> lidl/srdy, per spec/sbd.md §1.4; returns the server's idle ms."""
+    idle_ms = DEFAULT_IDLE_MS
     while True:
         message = await client.recv()
         classified = sbd_classify(message.data)
@@ -73,5 +83,20 @@ async def _handshake(client: WebSocketClient, key: SigningKey) -> None:
             raise ConnectionError("sbd: forward before the handshake finished")
         if classified.tag == b"areq":
             client.send_binary(sbd_encode_command(b"ares", key.sign(classified.payload)))
+        elif classified.tag == b"lidl":
+            idle_ms = int.from_bytes(classified.payload, "big", signed=True)
         elif classified.tag == b"srdy":
+            return idle_ms
+
+
+def _keepalive(client: WebSocketClient, interval: float) -> None:
+    loop = asyncio.get_running_loop()
+
+    def tick() -> None:
+        if client.closed.done():
             return
+        with contextlib.suppress(ConnectionError):
+            client.send_binary(KEEP)
+        loop.call_later(interval, tick)
+
+    loop.call_later(interval, tick)
