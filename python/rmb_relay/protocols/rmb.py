@@ -77,21 +77,52 @@ class RmbSettings:
         return not self.domains
 
 
+class HotCounters:
+    """Counters bumped once or twice per relayed message: plain ints, because a metrics
+    `Counter.inc` per message cost 19% of the relay's CPU under load (py-spy)."""
+
+    __slots__ = ("bytes_in", "bytes_out", "local", "messages_in", "messages_out")
+
+    def __init__(self) -> None:
+        self.messages_in = 0
+        self.bytes_in = 0
+        self.messages_out = 0
+        self.bytes_out = 0
+        self.local = 0
+
+
 class RmbMetrics:
     def __init__(self, registry: Registry, dialect: RmbDialect) -> None:
-        self.messages_in = registry.counter(
-            "rmb_messages_in_total", "Envelopes received from RMB sessions"
+        hot = self.hot = HotCounters()
+        registry.counter_of(
+            "rmb_messages_in_total",
+            "Envelopes received from RMB sessions",
+            lambda: [((), hot.messages_in)],
         )
-        self.bytes_in = registry.counter(
-            "rmb_bytes_in_total", "Envelope bytes received from RMB sessions"
+        registry.counter_of(
+            "rmb_bytes_in_total",
+            "Envelope bytes received from RMB sessions",
+            lambda: [((), hot.bytes_in)],
         )
-        self.messages_out = registry.counter(
-            "rmb_messages_out_total", "Envelopes written to RMB sessions (incl. errors, mailbox)"
+        registry.counter_of(
+            "rmb_messages_out_total",
+            "Envelopes written to RMB sessions (incl. errors, mailbox)",
+            lambda: [((), hot.messages_out)],
         )
-        self.bytes_out = registry.counter(
-            "rmb_bytes_out_total", "Envelope bytes written to RMB sessions"
+        registry.counter_of(
+            "rmb_bytes_out_total",
+            "Envelope bytes written to RMB sessions",
+            lambda: [((), hot.bytes_out)],
         )
-        self.routed = registry.counter("rmb_routed_total", "Envelopes routed, by path", ("path",))
+        self.routed_slow: dict[str, int] = {"mailbox": 0, "federation": 0}
+        registry.counter_of(
+            "rmb_routed_total",
+            "Envelopes routed, by path",
+            lambda: (
+                [(("local",), hot.local)] + [((path,), n) for path, n in self.routed_slow.items()]
+            ),
+            ("path",),
+        )
         self.errors_sent = registry.counter(
             "rmb_error_envelopes_total", "Error envelopes sent to senders, by reason", ("reason",)
         )
@@ -226,7 +257,7 @@ class RmbDialect(Dialect):
             sender.fail(env, "relay info is not set for this twin", "no relay info")
             return
         if self.deliver_local(dest, dest_sid, data):  # connected while we looked it up
-            self.metrics.routed.inc(1, "local")
+            self.metrics.hot.local += 1
             return
         if not self.is_ours(twin):
             try:
@@ -234,7 +265,7 @@ class RmbDialect(Dialect):
             except FederationError as err:
                 sender.fail(env, str(err), "federation")
                 return
-            self.metrics.routed.inc(1, "federation")
+            self.metrics.routed_slow["federation"] += 1
             return
         if env.fail_fast:
             sender.fail(env, "destination offline", "destination offline")
@@ -246,7 +277,7 @@ class RmbDialect(Dialect):
             log.warning("mailbox unavailable, refusing envelope for %s: %s", key, err)
             sender.fail(env, "destination offline and the mailbox is unavailable", "mailbox down")
             return
-        self.metrics.routed.inc(1, "mailbox")
+        self.metrics.routed_slow["mailbox"] += 1
         # the destination may have connected (and drained) while we were storing
         conn_id = self.routes.lookup_session(dest, dest_sid)
         if conn_id is not None:
@@ -339,8 +370,9 @@ class RmbSession(WebSocketHandler):
             metrics.drops.inc(1, "text frame")
             self.conn.close(CLOSE_UNSUPPORTED_DATA, "text frames are not supported")
             return
-        metrics.messages_in.inc()
-        metrics.bytes_in.inc(len(data))
+        hot = metrics.hot
+        hot.messages_in += 1
+        hot.bytes_in += len(data)
         env = message.routing  # scanned by the codec in the same call that decoded the frame
         if env is None:
             try:
@@ -368,7 +400,7 @@ class RmbSession(WebSocketHandler):
         conn_id = dialect.routes.lookup_session(dest, env.dest_connection)
         if conn_id is not None:
             dialect.sessions[conn_id].deliver(data)
-            metrics.routed.inc(1, "local")
+            hot.local += 1
             return
         self._slow.append((env, data))
         if self._slow_task is None:
@@ -379,9 +411,9 @@ class RmbSession(WebSocketHandler):
         if self._draining:
             self._held.append(envelope)
             return
-        metrics = self.dialect.metrics
-        metrics.messages_out.inc()
-        metrics.bytes_out.inc(len(envelope))
+        hot = self.dialect.metrics.hot
+        hot.messages_out += 1
+        hot.bytes_out += len(envelope)
         self.conn.send_binary(envelope)
 
     def fail(self, env: EnvelopeRouting, reason: str, label: str) -> None:
@@ -458,7 +490,7 @@ class RmbSession(WebSocketHandler):
                 self._write_all(held)
 
     def _write_all(self, envelopes: list[bytes]) -> None:
-        metrics = self.dialect.metrics
-        metrics.messages_out.inc(len(envelopes))
-        metrics.bytes_out.inc(sum(map(len, envelopes)))
+        hot = self.dialect.metrics.hot
+        hot.messages_out += len(envelopes)
+        hot.bytes_out += sum(map(len, envelopes))
         self.conn.send_binaries(envelopes)

@@ -20,13 +20,22 @@ def _escape(value: str) -> str:
 class _Metric:
     kind = "untyped"
 
-    def __init__(self, name: str, help_text: str, labels: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        name: str,
+        help_text: str,
+        labels: tuple[str, ...] = (),
+        read: Callable[[], Iterable[tuple[LabelValues, float]]] | None = None,
+    ) -> None:
         self.name = name
         self.help = help_text
         self.labels = labels
         self._values: dict[LabelValues, float] = {}
+        self._read = read
 
     def samples(self) -> Iterable[tuple[LabelValues, float]]:
+        if self._read is not None:
+            return sorted(self._read())
         return sorted(self._values.items())
 
     def value(self, *label_values: str) -> float:
@@ -53,7 +62,8 @@ def _number(value: float) -> str:
 
 
 class Counter(_Metric):
-    """Monotonic count. `inc()` on the unlabelled counter is one dict update."""
+    """Monotonic count. `inc()` on the unlabelled counter is one dict update; a counter
+    incremented per relayed message should instead be a plain int read through `read=`."""
 
     kind = "counter"
 
@@ -65,16 +75,6 @@ class Gauge(_Metric):
     """A value that goes up and down, or is read from a callback at render time."""
 
     kind = "gauge"
-
-    def __init__(
-        self,
-        name: str,
-        help_text: str,
-        labels: tuple[str, ...] = (),
-        read: Callable[[], Iterable[tuple[LabelValues, float]]] | None = None,
-    ) -> None:
-        super().__init__(name, help_text, labels)
-        self._read = read
 
     def set(self, value: float, *label_values: str) -> None:
         self._values[label_values] = value
@@ -102,6 +102,16 @@ class Registry:
 
     def counter(self, name: str, help_text: str, labels: tuple[str, ...] = ()) -> Counter:
         return self._add(Counter(name, help_text, labels))
+
+    def counter_of(
+        self,
+        name: str,
+        help_text: str,
+        read: Callable[[], Iterable[tuple[LabelValues, float]]],
+        labels: tuple[str, ...] = (),
+    ) -> Counter:
+        """A counter whose value lives elsewhere (a plain int on the hot path)."""
+        return self._add(Counter(name, help_text, labels, read))
 
     def gauge(
         self,

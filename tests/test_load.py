@@ -1,0 +1,109 @@
+"""`rmb-load` against a real relay process: counts add up, files are written, nothing lost."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import WAIT
+
+
+@pytest.fixture
+def relay_url(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    twins = f"sqlite:{tmp_path / 'twins.sqlite3'}"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "rmb_relay",
+            "-l",
+            "127.0.0.1:0",
+            "--twins",
+            twins,
+            "--sbd-disable-rate-limit",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    assert process.stdout is not None
+    address = process.stdout.readline().split()[3].rstrip(";")
+    try:
+        yield f"ws://{address}/", twins
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(WAIT)
+        process.stdout.close()
+
+
+@pytest.mark.parametrize("dialect", ["rmb", "sbd"])
+def test_load_run_counts_everything_and_writes_files(
+    relay_url: tuple[str, str], tmp_path: Path, dialect: str
+) -> None:
+    url, twins = relay_url
+    summary, samples = tmp_path / "summary.json", tmp_path / "samples.jsonl"
+    args = [
+        sys.executable,
+        "-m",
+        "rmb_relay.load.cli",
+        dialect,
+        "--url",
+        url,
+        "--pairs",
+        "2",
+        "--count",
+        "500",
+        "--warmup",
+        "0",
+        "--json",
+        str(summary),
+        "--samples",
+        str(samples),
+    ]
+    if dialect == "rmb":
+        args += ["--twins", twins]
+    result = subprocess.run(
+        args, capture_output=True, text=True, timeout=120, env={**os.environ, "COLUMNS": "120"}
+    )
+    assert result.returncode == 0, result.stderr
+    assert "latency p99" in result.stdout
+    data = json.loads(summary.read_text())
+    assert data["sent"] == data["delivered"] == 1000
+    assert data["lost"] == 0
+    assert data["duplicated"] == 0
+    assert data["latency_ms"]["p50"] > 0
+    records = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert len(records) == 1000
+    assert {r["outcome"] for r in records} == {"delivered"}
+
+
+def test_load_against_nothing_fails_clearly(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rmb_relay.load.cli",
+            "rmb",
+            "--url",
+            "ws://127.0.0.1:9/",
+            "--twins",
+            f"sqlite:{tmp_path / 't.sqlite3'}",
+            "--count",
+            "1",
+            "--warmup",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode != 0
+    assert "nothing was delivered" in result.stderr
+    assert "connect failed" in result.stdout
