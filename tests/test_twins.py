@@ -44,7 +44,7 @@ async def test_add_get_list_remove(tmp_path: Path) -> None:
     await directory.close()
 
 
-async def test_another_process_edit_is_seen(tmp_path: Path) -> None:
+def test_another_process_edit_is_seen(tmp_path: Path) -> None:
     path = tmp_path / "t.sqlite3"
     directory = SqliteTwinDirectory(path)
     account = "ab" * 32
@@ -67,10 +67,9 @@ async def test_another_process_edit_is_seen(tmp_path: Path) -> None:
         check=True,
         capture_output=True,
     )
-    found = await directory.get(42)
+    found = directory.show(42)
     assert found is not None
     assert found.account == bytes.fromhex(account)
-    await directory.close()
 
 
 def test_corrupt_file_is_a_clear_config_error(tmp_path: Path) -> None:
