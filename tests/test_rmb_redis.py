@@ -11,7 +11,7 @@ from rmb_relay.client import IncomingRequest
 from rmb_relay.mailbox import RedisMailbox, stream_key
 from tests.conftest import WAIT, RedisServer, StartRelay, start_redis
 from tests.helpers import eventually
-from tests.rmb_fixtures import start_rmb_relay
+from tests.rmb_fixtures import RmbRelay, start_rmb_relay
 
 
 async def test_mailbox_survives_a_relay_restart(
@@ -56,9 +56,10 @@ async def test_mailbox_survives_a_relay_restart(
     await second.close_clients()
 
 
-async def test_redis_down_mid_run_gives_error_and_keeps_connection(
+async def relay_with_own_redis(
     start_relay: StartRelay, tmp_path: Path
-) -> None:
+) -> tuple[Path, RedisServer, RmbRelay]:
+    """A redis-server this test may stop and restart, and a relay whose mailbox uses it."""
     redis_dir = tmp_path / "redis"
     redis_dir.mkdir()
     server = start_redis(str(redis_dir))
@@ -69,6 +70,13 @@ async def test_redis_down_mid_run_gives_error_and_keeps_connection(
             Redis.from_url(server.url, socket_connect_timeout=1, socket_timeout=2)
         ),
     )
+    return redis_dir, server, relay
+
+
+async def test_redis_down_mid_run_gives_error_and_keeps_connection(
+    start_relay: StartRelay, tmp_path: Path
+) -> None:
+    redis_dir, server, relay = await relay_with_own_redis(start_relay, tmp_path)
     alice = await relay.client(1)
     server.stop()
     future = alice.send_request(3, "m", b"while redis is down")
@@ -90,16 +98,7 @@ async def test_redis_down_mid_run_gives_error_and_keeps_connection(
 async def test_login_while_redis_is_down_still_works(
     start_relay: StartRelay, tmp_path: Path
 ) -> None:
-    redis_dir = tmp_path / "redis"
-    redis_dir.mkdir()
-    server = start_redis(str(redis_dir))
-    relay = await start_rmb_relay(
-        start_relay,
-        tmp_path,
-        mailbox=RedisMailbox(
-            Redis.from_url(server.url, socket_connect_timeout=1, socket_timeout=2)
-        ),
-    )
+    _, server, relay = await relay_with_own_redis(start_relay, tmp_path)
     server.stop()
     carol = await relay.client(3)
     alice = await relay.client(1)
