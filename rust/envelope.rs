@@ -796,6 +796,19 @@ pub mod py {
         dest_twin: u32,
         #[pyo3(get)]
         kind: i64,
+        /// scanned for a bound RMB session: the source is exactly that session (twin and sid)
+        #[pyo3(get)]
+        from_session: bool,
+        /// scanned for a bound RMB session: the local connection holding the destination
+        #[pyo3(get)]
+        dest_conn_id: Option<u64>,
+    }
+
+    /// The session a decoder is bound to: checks made in the same pass as the scan.
+    pub struct SessionView<'a> {
+        pub routes: &'a crate::routes::Routes,
+        pub twin: u32,
+        pub sid: Option<&'a str>,
     }
 
     /// Where `text` (a slice of `base`, or an empty default) sits in `base`.
@@ -810,9 +823,26 @@ pub mod py {
     impl EnvelopeRouting {
         /// Scan `data` (a Python bytes object) into a routing view of it.
         pub fn scan(data: &Bound<'_, PyBytes>) -> crate::error::Result<Self> {
+            Self::scan_for(data, None)
+        }
+
+        /// Scan, and with a session also check the source and look up the destination.
+        pub fn scan_for(
+            data: &Bound<'_, PyBytes>,
+            session: Option<&SessionView<'_>>,
+        ) -> crate::error::Result<Self> {
             let bytes = data.as_bytes();
             let r = super::scan(bytes)?;
+            let (from_session, dest_conn_id) = match session {
+                Some(s) => (
+                    r.source_twin == s.twin && r.source_connection == s.sid,
+                    s.routes.lookup_session(r.dest_twin, r.dest_connection),
+                ),
+                None => (false, None),
+            };
             Ok(Self {
+                from_session,
+                dest_conn_id,
                 uid: span(bytes, r.uid),
                 tags_span: r.tags.map(|t| span(bytes, t)),
                 source_span: r.source_connection.map(|t| span(bytes, t)),

@@ -190,7 +190,7 @@ pub mod py {
     #[pyclass(module = "rmb_relay._core")]
     #[derive(Default)]
     pub struct RouteTable {
-        inner: super::Routes,
+        pub(crate) inner: super::Routes,
     }
 
     #[pymethods]

@@ -1399,8 +1399,9 @@ pub mod py {
         MaskRng, Payload, DEFAULT_MAX_MESSAGE, MASK_SEED_LEN, OP_BINARY, OP_CLOSE, OP_PING,
         OP_PONG, OP_TEXT,
     };
-    use crate::envelope::py::EnvelopeRouting;
+    use crate::envelope::py::{EnvelopeRouting, SessionView};
     use crate::error::Error;
+    use crate::routes::py::RouteTable;
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyList};
 
@@ -1498,13 +1499,18 @@ pub mod py {
         Ok(bytes.unbind())
     }
 
-    fn event_to_py(py: Python<'_>, ev: Event<'_>, scan: bool) -> PyResult<Py<PyAny>> {
+    fn event_to_py(
+        py: Python<'_>,
+        ev: Event<'_>,
+        scan: bool,
+        session: Option<&SessionView<'_>>,
+    ) -> PyResult<Py<PyAny>> {
         Ok(match ev {
             Event::Message { is_text, payload } => {
                 let data = payload_bytes(py, payload)?;
                 let (mut routing, mut scan_error) = (None, None);
                 if scan && !is_text {
-                    match EnvelopeRouting::scan(data.bind(py)) {
+                    match EnvelopeRouting::scan_for(data.bind(py), session) {
                         Ok(r) => routing = Some(Py::new(py, r)?),
                         Err(err) => scan_error = Some(err.to_string()),
                     }
@@ -1558,6 +1564,8 @@ pub mod py {
     pub struct WsDecoder {
         inner: Decoder,
         scan_envelopes: bool,
+        /// (route table, twin, sid) of the RMB session this connection carries
+        session: Option<(Py<RouteTable>, u32, Option<String>)>,
     }
 
     #[pymethods]
@@ -1568,14 +1576,36 @@ pub mod py {
             WsDecoder {
                 inner: Decoder::new(max_message, client_mode),
                 scan_envelopes,
+                session: None,
             }
+        }
+
+        /// Scan envelopes for this RMB session: each routing also says whether the source is
+        /// the session and which local connection holds the destination (`routes` is read
+        /// during every `feed`, so lookups see the table as it is at that moment).
+        #[pyo3(signature = (routes, twin, sid))]
+        fn bind_rmb_session(&mut self, routes: Py<RouteTable>, twin: u32, sid: Option<String>) {
+            self.scan_envelopes = true;
+            self.session = Some((routes, twin, sid));
         }
 
         fn feed<'py>(&mut self, py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyList>> {
             let mut events = Vec::new();
             let scan = self.scan_envelopes;
+            let table = self
+                .session
+                .as_ref()
+                .map(|(routes, _, _)| routes.borrow(py));
+            let view = match (&self.session, &table) {
+                (Some((_, twin, sid)), Some(table)) => Some(SessionView {
+                    routes: &table.inner,
+                    twin: *twin,
+                    sid: sid.as_deref(),
+                }),
+                _ => None,
+            };
             self.inner.feed(data, |ev| {
-                events.push(event_to_py(py, ev, scan)?);
+                events.push(event_to_py(py, ev, scan, view.as_ref())?);
                 Ok::<(), PyErr>(())
             })?;
             PyList::new(py, events)

@@ -186,3 +186,28 @@ def test_pong_answers_ping() -> None:
 def test_malformed_envelopes_say_what_is_wrong(data: bytes, reason: str) -> None:
     with pytest.raises(EnvelopeError, match=reason):
         scan_envelope(data)
+
+
+def test_decoder_bound_to_a_session_checks_source_and_finds_destination() -> None:
+    from rmb_relay._core import ClientFrameEncoder, RouteTable, WsDecoder
+
+    routes = RouteTable()
+    routes.register_session(9, "svc", 42)
+    decoder = WsDecoder()
+    decoder.bind_rmb_session(routes, 7, "app")
+    frames = []
+    for source_sid, dest_sid in (("app", "svc"), ("other", "svc"), ("app", None)):
+        env = Envelope("u")
+        env.source_twin, env.source_connection = 7, source_sid
+        env.dest_twin, env.dest_connection = 9, dest_sid
+        frames.append(env.encode())
+    events = decoder.feed(ClientFrameEncoder(bytes(32)).binary_batch(frames))
+    routings = [e.routing for e in events]
+    assert [(r.from_session, r.dest_conn_id) for r in routings] == [
+        (True, 42),
+        (False, 42),
+        (True, None),
+    ]
+    routes.unregister_session(9, "svc", 42)  # later feeds see the table as it is then
+    (event,) = decoder.feed(ClientFrameEncoder(bytes(32)).binary(frames[0]))
+    assert event.routing.dest_conn_id is None

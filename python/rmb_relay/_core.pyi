@@ -150,6 +150,9 @@ class WsDecoder:
     def __new__(
         cls, *, max_message: int = 1048576, client_mode: bool = False, scan_envelopes: bool = False
     ) -> WsDecoder: ...
+    def bind_rmb_session(self, routes: RouteTable, twin: int, sid: str | None) -> None:
+        """Scan envelopes for this RMB session: routings also carry `from_session` (the source
+        is this session) and `dest_conn_id` (the local connection holding the destination)."""
     def feed(self, data: bytes) -> list[WsEvent]:
         """Every complete event in the bytes fed so far, in order."""
     @property
@@ -259,6 +262,13 @@ class EnvelopeRouting:
     @property
     def kind(self) -> int:
         """One of MSG_NONE, MSG_REQUEST, MSG_RESPONSE, MSG_ERROR, MSG_PING, MSG_PONG."""
+    @property
+    def from_session(self) -> bool:
+        """Scanned by a decoder bound to an RMB session: the source is exactly that session."""
+    @property
+    def dest_conn_id(self) -> int | None:
+        """Scanned by a decoder bound to an RMB session: the connection holding the
+        destination at scan time, if it is connected to this process."""
 
 def scan_envelope(data: bytes) -> EnvelopeRouting:
     """Raises EnvelopeError for bytes that are not a valid Envelope."""

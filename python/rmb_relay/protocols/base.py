@@ -13,7 +13,7 @@ import abc
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rmb_relay._core import HttpRequest, WsMessage
+    from rmb_relay._core import HttpRequest, WsDecoder, WsMessage
     from rmb_relay.server.connection import Connection
     from rmb_relay.server.http import Router
 
@@ -30,6 +30,9 @@ class WebSocketHandler(abc.ABC):
     @abc.abstractmethod
     def on_message(self, message: WsMessage) -> None:
         """One complete data message (text or binary)."""
+
+    def bind_decoder(self, decoder: WsDecoder) -> None:  # noqa: B027 - optional hook
+        """The connection's frame decoder exists; configure it (before `on_open`)."""
 
     def on_pong(self, data: bytes) -> None:  # noqa: B027 - optional hook
         """A websocket pong arrived (pings are answered by the listener)."""

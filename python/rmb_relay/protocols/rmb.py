@@ -31,15 +31,14 @@ from typing import TYPE_CHECKING
 from rmb_relay._core import (
     MSG_PING,
     MSG_REQUEST,
-    EnvelopeError,
     EnvelopeRouting,
     FixedWindowLimiter,
     HttpRequest,
     RouteTable,
+    WsDecoder,
     WsMessage,
     build_error_envelope,
     build_pong,
-    scan_envelope,
 )
 from rmb_relay.errors import AuthError, TwinLookupError
 from rmb_relay.federation import Federation, FederationDisabled, FederationError
@@ -328,6 +327,10 @@ class RmbSession(WebSocketHandler):
         self._slow_task: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[None] | None = None
 
+    def bind_decoder(self, decoder: WsDecoder) -> None:
+        # the source check and the destination lookup happen in the codec's feed
+        decoder.bind_rmb_session(self.dialect.routes, self.twin, self.sid)
+
     def __repr__(self) -> str:
         return f"<RmbSession {self.twin}{'' if self.sid is None else ':' + self.sid}>"
 
@@ -375,19 +378,16 @@ class RmbSession(WebSocketHandler):
         hot.bytes_in += len(data)
         env = message.routing  # scanned by the codec in the same call that decoded the frame
         if env is None:
-            try:
-                env = scan_envelope(data)
-            except EnvelopeError as err:
-                metrics.drops.inc(1, "invalid envelope")
-                log.info("closing %r: invalid envelope: %s", self, err)
-                self.conn.close(CLOSE_INVALID_PAYLOAD, "invalid envelope")
-                return
+            metrics.drops.inc(1, "invalid envelope")
+            log.info("closing %r: invalid envelope: %s", self, message.scan_error)
+            self.conn.close(CLOSE_INVALID_PAYLOAD, "invalid envelope")
+            return
         limiter = dialect.limiter
         if limiter is not None and not limiter.check(self.twin, len(data), int(dialect.clock())):
             metrics.limited.inc()
             self.fail(env, "exceeded rate limits, dropping message", "rate limited")
             return
-        if env.source_twin != self.twin or env.source_connection != self.sid:
+        if not env.from_session:
             self.fail(env, "message wrong source", "wrong source")
             return
         if env.kind == MSG_PING:
@@ -397,11 +397,13 @@ class RmbSession(WebSocketHandler):
         if dest == 0:
             self.fail(env, "message with missing destination", "missing destination")
             return
-        conn_id = dialect.routes.lookup_session(dest, env.dest_connection)
+        conn_id = env.dest_conn_id  # looked up in the same Rust call that decoded the frame
         if conn_id is not None:
-            dialect.sessions[conn_id].deliver(data)
-            hot.local += 1
-            return
+            target = dialect.sessions.get(conn_id)
+            if target is not None:
+                target.deliver(data)
+                hot.local += 1
+                return
         self._slow.append((env, data))
         if self._slow_task is None:
             self._slow_task = asyncio.get_running_loop().create_task(self._run_slow())

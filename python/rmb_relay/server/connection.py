@@ -424,6 +424,7 @@ class Connection(asyncio.Protocol):
             max_message=dialect.max_message, scan_envelopes=dialect.scan_envelopes
         )
         self.handler = handler
+        handler.bind_decoder(self._decoder)
         self.state = State.WEBSOCKET
         self.server.websocket_opened(self)
         batcher = self._batcher
