@@ -107,3 +107,59 @@ def test_load_against_nothing_fails_clearly(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "nothing was delivered" in result.stderr
     assert "connect failed" in result.stdout
+
+
+def test_identities_file_uses_existing_twins(relay_url: tuple[str, str], tmp_path: Path) -> None:
+    url, twins = relay_url
+    identities = []
+    for twin, key_type in ((501, "sr25519"), (502, "ed25519")):
+        seed = "0x" + f"{twin:064x}"
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "rmb_relay",
+                "twins",
+                "add",
+                "--twins",
+                twins,
+                "--id",
+                str(twin),
+                "--seed",
+                seed,
+                "--key-type",
+                key_type,
+            ],
+            check=True,
+            capture_output=True,
+        )
+        identities.append({"twin": twin, "key_type": key_type, "secret": seed})
+    path = tmp_path / "identities.json"
+    path.write_text(json.dumps(identities))
+    summary = tmp_path / "summary.json"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "rmb_relay.load.cli",
+            "rmb",
+            "--url",
+            url,
+            "--identities",
+            str(path),
+            "--count",
+            "200",
+            "--warmup",
+            "0",
+            "--json",
+            str(summary),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(summary.read_text())
+    assert data["config"]["pairs"] == 1
+    assert data["delivered"] == 200
+    assert data["lost"] == 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import multiprocessing
 import sys
@@ -54,6 +55,14 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the twins already exist (e.g. a relay on another host)",
     )
+    rmb.add_argument(
+        "--identities",
+        type=Path,
+        metavar="FILE",
+        help='JSON list of {"twin": ID, "key_type": "sr25519|ed25519", "secret": "mnemonic or '
+        "0x seed\"} of twins that exist in the relay's directory; consecutive entries are "
+        "(sender, receiver) pairs; implies --no-provision and sets --pairs",
+    )
     sbd = commands.add_parser(
         "sbd",
         help="SBD clients forwarding to each other (run the relay with --sbd-disable-rate-limit)",
@@ -86,6 +95,25 @@ def _common(rmb: argparse.ArgumentParser, default_size: int) -> None:
 def _pairs(args: argparse.Namespace) -> list[PairSpec]:
     base = getattr(args, "twin_base", DEFAULT_TWIN_BASE)
     return [PairSpec(i, base + 2 * i, base + 2 * i + 1) for i in range(args.pairs)]
+
+
+def _read_identities(path: Path) -> tuple[tuple[int, str, bytes], ...]:
+    from rmb_relay.identity import secret_from_phrase
+
+    try:
+        entries = json.loads(path.read_text())
+        identities = tuple(
+            (int(e["twin"]), str(e.get("key_type", "sr25519")), secret_from_phrase(e["secret"]))
+            for e in entries
+        )
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"--identities {path}: {err}") from None
+    if len(identities) < 2 or len(identities) % 2:
+        raise ConfigError(f"--identities {path}: need an even number (>= 2) of identities")
+    for _, key_type, _ in identities:
+        if key_type not in ("sr25519", "ed25519"):
+            raise ConfigError(f"--identities {path}: unknown key_type {key_type!r}")
+    return identities
 
 
 def _provision(args: argparse.Namespace, pairs: list[PairSpec]) -> None:
@@ -154,9 +182,19 @@ def run_load(args: argparse.Namespace) -> dict[str, Any]:
         warmup=args.warmup,
         record_samples=args.samples is not None,
     )
-    pairs = _pairs(args)
-    if args.dialect == "rmb" and not args.no_provision:
-        _provision(args, pairs)
+    identities: tuple[tuple[int, str, bytes], ...] = ()
+    if args.dialect == "rmb" and args.identities is not None:
+        identities = _read_identities(args.identities)
+        pairs = [
+            PairSpec(i, identities[2 * i][0], identities[2 * i + 1][0])
+            for i in range(len(identities) // 2)
+        ]
+        plan = dataclasses.replace(plan, identities=identities)
+        args.pairs = len(pairs)
+    else:
+        pairs = _pairs(args)
+        if args.dialect == "rmb" and not args.no_provision:
+            _provision(args, pairs)
     procs = min(args.procs, len(pairs))
     shares = [pairs[i::procs] for i in range(procs)]
     context = multiprocessing.get_context("spawn")

@@ -57,6 +57,16 @@ class LoadPlan:
     count: int | None  # messages per pair
     warmup: float
     record_samples: bool = False
+    #: (twin, key type, 32 secret bytes) of identities taken from a file; others use load_key
+    identities: tuple[tuple[int, str, bytes], ...] = ()
+
+    def key(self, twin: int) -> SigningKey:
+        for known, key_type, secret in self.identities:
+            if known == twin:
+                if key_type == "sr25519":
+                    return SigningKey.sr25519(secret)
+                return SigningKey.ed25519(secret)
+        return load_key(twin)
 
 
 class Pair:
@@ -94,7 +104,7 @@ class Pair:
     async def connect(self) -> None:
         now = int(time.time())
         for role, twin in (("receiver", self.spec.receiver), ("sender", self.spec.sender)):
-            token = make_jwt(load_key(twin), twin, f"load-{self.spec.index}", now, ttl=3600)
+            token = make_jwt(self.plan.key(twin), twin, f"load-{self.spec.index}", now, ttl=3600)
             started = time.perf_counter_ns()
             client = await WebSocketClient.connect(
                 f"{self.plan.url.split('?')[0]}?{token}",
