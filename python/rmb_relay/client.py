@@ -20,6 +20,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from types import TracebackType
+from typing import TypedDict, Unpack
 
 from rmb_relay._core import (
     MSG_ERROR,
@@ -88,6 +89,15 @@ class RemoteError(ClientError):
 
 
 Handler = Callable[[IncomingRequest], bytes | Awaitable[bytes]]
+
+
+class RequestOptions(TypedDict, total=False):
+    """Envelope options of a request (all optional)."""
+
+    dest_sid: str | None
+    expiration: int
+    tags: str | None
+    schema: str | None
 
 
 class RmbClient:
@@ -180,19 +190,10 @@ class RmbClient:
         return env.encode()
 
     def request_envelope(
-        self,
-        dest: int,
-        command: str,
-        data: bytes = b"",
-        *,
-        dest_sid: str | None = None,
-        expiration: int = DEFAULT_EXPIRATION,
-        tags: str | None = None,
-        schema: str | None = None,
+        self, dest: int, command: str, data: bytes = b"", **options: Unpack[RequestOptions]
     ) -> tuple[str, bytes]:
-        env = self.envelope(
-            dest, dest_sid=dest_sid, expiration=expiration, tags=tags, schema=schema
-        )
+        """(uid, signed wire bytes) of a request; sent by `send_request`, or by the caller."""
+        env = self.envelope(dest, **options)
         env.kind = MSG_REQUEST
         env.command = command
         env.plain = data
@@ -201,24 +202,19 @@ class RmbClient:
     # ---- requests --------------------------------------------------------------------------
 
     def send_request(
-        self,
-        dest: int,
-        command: str,
-        data: bytes = b"",
-        *,
-        dest_sid: str | None = None,
-        expiration: int = DEFAULT_EXPIRATION,
-        tags: str | None = None,
-        schema: str | None = None,
+        self, dest: int, command: str, data: bytes = b"", **options: Unpack[RequestOptions]
     ) -> asyncio.Future[Reply]:
         """Send a request now; the future resolves with the reply (or the relay's error)."""
-        uid, wire = self.request_envelope(
-            dest, command, data, dest_sid=dest_sid, expiration=expiration, tags=tags, schema=schema
-        )
+        uid, wire = self.request_envelope(dest, command, data, **options)
+        future = self._expect(uid)
+        self._ws().send_binary(wire)
+        return future
+
+    def _expect(self, uid: str) -> asyncio.Future[Reply]:
+        """A future for the reply with this uid, forgotten once it is done."""
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[uid] = future
         future.add_done_callback(lambda _: self._pending.pop(uid, None))
-        self._ws().send_binary(wire)
         return future
 
     async def request(
@@ -227,17 +223,12 @@ class RmbClient:
         command: str,
         data: bytes = b"",
         *,
-        dest_sid: str | None = None,
         timeout: float = 30.0,
-        expiration: int = DEFAULT_EXPIRATION,
-        tags: str | None = None,
-        schema: str | None = None,
         raise_on_error: bool = True,
+        **options: Unpack[RequestOptions],
     ) -> Reply:
         """Send a request and wait for its reply. Raises RequestTimeout, RemoteError."""
-        future = self.send_request(
-            dest, command, data, dest_sid=dest_sid, expiration=expiration, tags=tags, schema=schema
-        )
+        future = self.send_request(dest, command, data, **options)
         try:
             async with asyncio.timeout(timeout):
                 reply = await future
@@ -254,10 +245,7 @@ class RmbClient:
         """An envelope-level ping; the relay answers with a pong (spec/rmb.md §2.3)."""
         env = self.envelope(self.twin, dest_sid=self.sid)
         env.kind = MSG_PING
-        uid = env.uid
-        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self._pending[uid] = future
-        future.add_done_callback(lambda _: self._pending.pop(uid, None))
+        future = self._expect(env.uid)
         self._ws().send_binary(self.seal(env))
         async with asyncio.timeout(timeout):
             return await future
