@@ -2,7 +2,7 @@
 //!
 //! - [`FixedWindow`]: RMB's per-twin limit (spec/rmb.md §3.5): a count and a byte budget per
 //!   key per window (window index = now / window). Every frame counts, including refused ones,
-//!   and a single frame larger than the byte budget is refused outright.
+//!   except a single frame larger than the byte budget: that one is refused before counting.
 //! - [`ByteNanos`]: SBD's per-IP limit (spec/sbd.md §1.10): one "next allowed nanosecond" per
 //!   key; each message pushes it forward by `bytes * nanos_per_byte`; the message is allowed if
 //!   the debt stays within the burst. The state moves even when the check fails, so a flood keeps
@@ -39,6 +39,9 @@ impl<K: Hash + Eq> FixedWindow<K> {
 
     /// Count one message of `size` bytes for `key` at `now_secs`; true if it is allowed.
     pub fn check(&mut self, key: K, size: u64, now_secs: u64) -> bool {
+        if size > self.size {
+            return false; // as rmb-rs: refused outright, before it is counted
+        }
         let index = now_secs / self.window_secs;
         let entry = self.state.entry(key).or_insert(Window {
             index,
@@ -54,7 +57,7 @@ impl<K: Hash + Eq> FixedWindow<K> {
         }
         entry.count = entry.count.saturating_add(1);
         entry.bytes = entry.bytes.saturating_add(size);
-        size <= self.size && entry.count <= self.count && entry.bytes <= self.size
+        entry.count <= self.count && entry.bytes <= self.size
     }
 
     /// Forget keys whose window is over (their next message starts a fresh window anyway).

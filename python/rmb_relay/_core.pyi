@@ -323,7 +323,7 @@ def build_pong(ping: bytes) -> bytes:
 @final
 class FixedWindowLimiter:
     """Count and byte budget per key per window (RMB semantics: every frame counts,
-    also rejected ones; one frame larger than `size` is rejected outright)."""
+    also rejected ones, except one frame larger than `size`: refused before it is counted)."""
 
     def __new__(cls, count: int, size: int, window_secs: int = 60) -> FixedWindowLimiter: ...
     def check(self, key: int, size: int, now_secs: int) -> bool: ...
