@@ -2,12 +2,12 @@
 //!
 //! Two uses, two shapes:
 //! - [`scan`] reads only the routing fields a relay looks at, once per relayed message, and
-//!   validates the whole message the way prost (rmb-rs) would, without building it: forwarded
+//!   validates the whole message the way rmb-rs's decoder would, without building it: forwarded
 //!   bytes are never decoded into an object nor re-encoded.
 //! - [`Envelope`] is the full message for the SDK and for envelopes the relay builds itself
-//!   (errors, pongs). [`Envelope::encode`] writes fields in prost's order (plain fields in
-//!   declaration order, then the `message` oneof, then the `payload` oneof) so our bytes match
-//!   rmb-rs's byte for byte.
+//!   (errors, pongs). [`Envelope::encode`] writes fields in rmb-rs's order so our bytes match
+//!   its byte for byte: rmb-rs 1.5 serialises with rust-protobuf 3.2, which writes plain fields
+//!   in declaration order, then the `message` oneof, then the `payload` oneof.
 
 use crate::error::{Error, Result};
 use md5::{Digest, Md5};
@@ -202,7 +202,7 @@ fn merge_address_ref<'a>(data: &'a [u8], twin: &mut u32, conn: &mut Option<&'a s
         match field {
             1 => {
                 expect(wire, WT_VARINT, "address.twin")?;
-                *twin = r.varint()? as u32; // uint32: truncated like prost and protobuf
+                *twin = r.varint()? as u32; // uint32: truncated as rust-protobuf and the protobuf package do
             }
             2 => {
                 expect(wire, WT_LEN, "address.connection")?;
@@ -214,7 +214,7 @@ fn merge_address_ref<'a>(data: &'a [u8], twin: &mut u32, conn: &mut Option<&'a s
     Ok(())
 }
 
-/// The submessage of the `message` oneof: validated like prost would.
+/// The submessage of the `message` oneof, validated as rmb-rs's decoder would.
 fn check_message_body(field: u32, data: &[u8]) -> Result<(Option<&str>, u32, Option<&str>)> {
     let mut command = None;
     let mut code = 0u32;
@@ -442,7 +442,7 @@ impl Envelope {
         Ok(env)
     }
 
-    /// Wire bytes in prost's field order.
+    /// Wire bytes in rmb-rs's field order (rust-protobuf 3: declaration order, oneofs last).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(64 + self.payload_len() + self.uid.len());
         if !self.uid.is_empty() {
@@ -679,7 +679,7 @@ mod tests {
     }
 
     #[test]
-    fn encode_uses_prost_field_order() {
+    fn encode_uses_rmb_rs_field_order() {
         let bytes = sample().encode();
         let mut r = Reader::new(&bytes);
         let mut fields = vec![];

@@ -156,7 +156,7 @@ def test_truncated_envelopes_scan_or_raise_envelope_error(
 
 def test_error_envelope_matches_rmb_rs_bytes() -> None:
     wire = build_error_envelope("ab", "no", 5, 7, None)
-    # uid | timestamp | expiration 300 | destination{twin 7} | error{message}: prost order
+    # uid | timestamp | expiration 300 | destination{twin 7} | error{message}: rmb-rs order
     assert wire == bytes.fromhex("0a026162180520ac023202080762041202") + b"no"
     parsed = types_pb2.Envelope.FromString(wire)
     assert not parsed.HasField("source")
