@@ -102,6 +102,9 @@ class CountingDirectory(TwinDirectory):
             raise TwinLookupError("backend down")
         return twin(twin_id) if twin_id < 100 else None
 
+    async def close(self) -> None:
+        pass
+
 
 class Clock:
     def __init__(self) -> None:
