@@ -1,9 +1,24 @@
 """A TTL cache with single-flight lookups in front of any twin directory.
 
+Why a cache: every login and every message to a twin that is not connected here needs the
+twin, and the backend is a file read (SQLite) or a network round trip (tfchain).
+
 Why single-flight: a burst of messages to one not-yet-cached twin must cost one backend lookup,
-not one per message. Concurrent `get`s of the same id share one future; a backend error reaches
-every waiter and is not cached (the next call tries again). "No such twin" is cached for a
-shorter `negative_ttl`, so a twin added with `rmb-relay twins add` shows up quickly.
+not one per message. The first `get` of an id starts one lookup task; every `get` of that id
+while it runs awaits the same task. The task is not owned by any caller, so a caller that is
+cancelled (its connection went away) neither cancels the lookup for the others nor turns their
+answer into a CancelledError. A backend error reaches every waiter and is not cached: the next
+`get` tries again.
+
+Why a separate `negative_ttl`: "no such twin" is cached too (else an unknown destination would
+hit the backend on every message), but only briefly, so a twin just added with
+`rmb-relay twins add` (or registered on chain) can log in within seconds.
+
+Why evict oldest-inserted rather than least-recently-used: entries expire in insertion order,
+so the oldest entry is the next to go stale anyway, and a hit then costs a dict lookup and no
+reordering.
+
+Time comes from `clock` (default `time.monotonic`) so tests drive expiry without sleeping.
 """
 
 from __future__ import annotations
@@ -13,59 +28,117 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+from rmb_relay.errors import ConfigError
 from rmb_relay.twins import Twin, TwinDirectory
 
-#: a bound on memory: about 100 bytes a twin
+__all__ = ["DEFAULT_MAX_ENTRIES", "DEFAULT_NEGATIVE_TTL", "DEFAULT_TTL", "CachedTwinDirectory"]
+
+#: seconds a found twin is served from memory; a key or relay change shows up after this
+DEFAULT_TTL = 60.0
+#: seconds "no such twin" is remembered; short so new twins can log in quickly
+DEFAULT_NEGATIVE_TTL = 5.0
+#: a bound on memory (a Twin with one relay is a few hundred bytes): about 30-50 MB when full
 DEFAULT_MAX_ENTRIES = 100_000
 
 
 class CachedTwinDirectory(TwinDirectory):
+    """`TwinDirectory` in front of another one: cached, single-flighted, bounded.
+
+    `lookups` counts backend calls and `hits` answers from memory (for tests and metrics).
+    """
+
     def __init__(
         self,
         backend: TwinDirectory,
-        ttl: float = 60.0,
-        negative_ttl: float = 5.0,
+        ttl: float = DEFAULT_TTL,
+        negative_ttl: float = DEFAULT_NEGATIVE_TTL,
         clock: Callable[[], float] = time.monotonic,
         max_entries: int = DEFAULT_MAX_ENTRIES,
     ) -> None:
+        if ttl < 0 or negative_ttl < 0:
+            raise ConfigError("twin cache TTLs must be >= 0 seconds (0 disables caching)")
+        if max_entries < 1:
+            raise ConfigError("twin cache size must be at least 1 entry")
         self.backend = backend
         self.ttl = ttl
         self.negative_ttl = negative_ttl
         self.clock = clock
         self.max_entries = max_entries
+        #: id -> (expires at, twin or None); insertion order = age, for eviction
         self._entries: OrderedDict[int, tuple[float, Twin | None]] = OrderedDict()
-        self._inflight: dict[int, asyncio.Future[Twin | None]] = {}
-        self.lookups = 0  # backend calls, for tests and metrics
+        #: id -> the one lookup running for it
+        self._inflight: dict[int, asyncio.Task[Twin | None]] = {}
+        self.lookups = 0
+        self.hits = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
 
     async def get(self, twin_id: int) -> Twin | None:
         entry = self._entries.get(twin_id)
-        if entry is not None and entry[0] > self.clock():
-            return entry[1]
-        inflight = self._inflight.get(twin_id)
-        if inflight is not None:
-            return await asyncio.shield(inflight)
-        future: asyncio.Future[Twin | None] = asyncio.get_running_loop().create_future()
-        self._inflight[twin_id] = future
+        if entry is not None:
+            if entry[0] > self.clock():
+                self.hits += 1
+                return entry[1]
+            del self._entries[twin_id]
+        task = self._inflight.get(twin_id)
+        if task is None:
+            task = asyncio.get_running_loop().create_task(
+                self._lookup(twin_id), name=f"twin-lookup-{twin_id}"
+            )
+            task.add_done_callback(_consume_exception)
+            self._inflight[twin_id] = task
+        # shield: cancelling this caller must not cancel the lookup the others are waiting on
+        return await asyncio.shield(task)
+
+    async def _lookup(self, twin_id: int) -> Twin | None:
+        this = asyncio.current_task()
+        self.lookups += 1
         try:
-            self.lookups += 1
             twin = await self.backend.get(twin_id)
-        except BaseException as err:
-            future.set_exception(err)
-            future.exception()  # retrieved: waiters re-raise it, nobody else must
-            raise
         finally:
-            del self._inflight[twin_id]
-        ttl = self.ttl if twin is not None else self.negative_ttl
-        if ttl > 0:
-            self._entries[twin_id] = (self.clock() + ttl, twin)
-            self._entries.move_to_end(twin_id)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
-        future.set_result(twin)
+            # invalidate() during the lookup detaches it: its answer goes to the callers
+            # already waiting but is not stored, since it may predate the change
+            current = self._inflight.get(twin_id) is this
+            if current:
+                del self._inflight[twin_id]
+        if current:
+            self._store(twin_id, twin)
         return twin
 
+    def _store(self, twin_id: int, twin: Twin | None) -> None:
+        ttl = self.ttl if twin is not None else self.negative_ttl
+        if ttl <= 0:
+            return
+        entries = self._entries
+        entries.pop(twin_id, None)  # re-insert at the young end
+        entries[twin_id] = (self.clock() + ttl, twin)
+        while len(entries) > self.max_entries:
+            entries.popitem(last=False)
+
     def invalidate(self, twin_id: int) -> None:
+        """Forget one twin (e.g. a chain event says it changed): the next `get` asks the
+        backend, even if a lookup started before this call is still running."""
         self._entries.pop(twin_id, None)
+        self._inflight.pop(twin_id, None)
+
+    def clear(self) -> None:
+        """Forget every twin (e.g. after missing too many chain blocks to catch up)."""
+        self._entries.clear()
+        self._inflight.clear()
 
     async def close(self) -> None:
+        """Stop running lookups, then close the backend."""
+        tasks = list(self._inflight.values())
+        self._inflight.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.backend.close()
+
+
+def _consume_exception(task: asyncio.Task[Twin | None]) -> None:
+    """Mark a failed lookup's exception as seen: when every caller was cancelled, nobody else
+    retrieves it, and asyncio would log "Task exception was never retrieved"."""
+    if not task.cancelled():
+        task.exception()
