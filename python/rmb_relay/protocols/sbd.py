@@ -21,6 +21,7 @@ a periodic `sweep(now)`, which tests call directly with a fake clock.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import base64
 import ipaddress
@@ -83,7 +84,7 @@ CMD_SRDY = b"srdy"
 
 @dataclass(slots=True)
 class SbdSettings:
-    """Limits of decision 6 (spec/sbd.md), all flags of `rmb-relay`."""
+    """Limits of decision 6 (spec/sbd.md), all flags of `rmb-relay` (see `add_sbd_arguments`)."""
 
     limit_clients: int = 32768
     kbps: int = 1000
@@ -95,14 +96,103 @@ class SbdSettings:
     auth_hook: str | None = None
 
     def __post_init__(self) -> None:
-        if self.kbps <= 0:
-            raise ConfigError("--sbd-kbps must be positive")
+        # 8_000_000 / kbps must stay >= 1 ns per byte, or every message would be free
+        if not 0 < self.kbps <= 8_000_000:
+            raise ConfigError("--sbd-kbps must be between 1 and 8000000")
+        if self.burst <= 0:
+            raise ConfigError("--sbd-burst must be positive")
         if self.idle_ms <= 0 or self.limit_clients <= 0:
             raise ConfigError("--sbd-idle-ms and --sbd-limit-clients must be positive")
+        if self.idle_ms > I32_MAX:
+            raise ConfigError("--sbd-idle-ms must fit the 32-bit lidl value")
+        if self.block_secs < 0:
+            raise ConfigError("--sbd-block-secs must not be negative")
+        if self.auth_hook is not None and urlsplit(self.auth_hook).scheme not in ("http", "https"):
+            raise ConfigError(f"--sbd-auth-hook must be an http(s) URL, got {self.auth_hook!r}")
 
     @property
     def nanos_per_byte(self) -> int:
         return 8_000_000 // self.kbps
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SbdSettings:
+        return cls(
+            limit_clients=args.sbd_limit_clients,
+            kbps=args.sbd_kbps,
+            burst=args.sbd_burst,
+            idle_ms=args.sbd_idle_ms,
+            disable_rate_limit=args.sbd_disable_rate_limit,
+            block_secs=args.sbd_block_secs,
+            trusted_ip_header=args.trusted_ip_header,
+            auth_hook=args.sbd_auth_hook,
+        )
+
+
+def add_sbd_arguments(parser: argparse.ArgumentParser) -> None:
+    """The SBD flags of `rmb-relay` (decision 6); defaults come from `SbdSettings`."""
+    d = SbdSettings()
+    sbd = parser.add_argument_group("SBD relay (GET /<base64url ed25519 key>)")
+    sbd.add_argument("--no-sbd", action="store_true", help="do not serve SBD")
+    sbd.add_argument(
+        "--sbd-limit-clients",
+        type=int,
+        default=d.limit_clients,
+        metavar="N",
+        help="concurrent SBD connections, handshaking ones included; a full relay answers 503",
+    )
+    sbd.add_argument(
+        "--sbd-kbps",
+        type=int,
+        default=d.kbps,
+        metavar="KBPS",
+        help="per-IP inbound budget in kbit/s (8000000/KBPS ns per byte, shared by the IP's "
+        "connections)",
+    )
+    sbd.add_argument(
+        "--sbd-burst",
+        type=int,
+        default=d.burst,
+        metavar="BYTES",
+        help="per-IP burst allowance; a message beyond it drops the connection and blocks the IP",
+    )
+    sbd.add_argument(
+        "--sbd-idle-ms",
+        type=int,
+        default=d.idle_ms,
+        metavar="MS",
+        help="drop a connection with no data message for this long (handshake included); "
+        "the lidl value",
+    )
+    sbd.add_argument(
+        "--sbd-disable-rate-limit", action="store_true", help="no per-IP limit (lbrt = 1)"
+    )
+    sbd.add_argument(
+        "--sbd-block-secs",
+        type=int,
+        default=d.block_secs,
+        metavar="SECONDS",
+        help="how long an IP that broke its rate limit gets HTTP 429",
+    )
+    sbd.add_argument(
+        "--trusted-ip-header",
+        metavar="NAME",
+        help="take the client IP from this header, e.g. X-Real-IP (only behind a proxy you "
+        "trust; an unparsable value falls back to the TCP peer); default: the TCP peer",
+    )
+    sbd.add_argument(
+        "--sbd-auth-hook",
+        metavar="URL",
+        help="spec-auth hook, e.g. http://auth.local/authenticate: PUT /authenticate bodies are "
+        "forwarded there for a token, and connections must carry one; default: no hook "
+        "(/authenticate hands out tokens, none required)",
+    )
+
+
+def sbd_dialect_from_args(args: argparse.Namespace, registry: Registry) -> SbdDialect | None:
+    """The SBD dialect the flags ask for, or None with `--no-sbd`. Raises ConfigError."""
+    if args.no_sbd:
+        return None
+    return SbdDialect(SbdSettings.from_args(args), registry)
 
 
 def ip_key(text: str) -> str:
