@@ -359,33 +359,6 @@ async def test_tokens_expire_after_idle_time(make_sbd: Any) -> None:
         await SbdClient.connect(host, port, headers=[("Authorization", f"Bearer {token}")])
 
 
-async def test_auth_hook_decides(make_sbd: Any) -> None:
-    async def hook(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-        body = await reader.readexactly(length)
-        if body == b"let me in":
-            answer = b'{"authToken":"granted"}'
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer))
-        else:
-            writer.write(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n")
-        await writer.drain()
-        writer.close()
-
-    hook_server = await asyncio.start_server(hook, "127.0.0.1", 0)
-    port = hook_server.sockets[0].getsockname()[1]
-    sbd = await make_sbd(auth_hook=f"http://127.0.0.1:{port}/authenticate")
-    assert await authenticate(sbd, b"wrong") == (401, b"Unauthorized")
-    status, body = await authenticate(sbd, b"let me in")
-    assert (status, json.loads(body)) == (200, {"authToken": "granted"})
-    host, relay_port = sbd.address
-    with pytest.raises(ConnectionError, match="401"):
-        await SbdClient.connect(host, relay_port)  # a hook makes the token mandatory
-    await sbd.client(headers=[("Authorization", "Bearer granted")])
-    hook_server.close()
-    await hook_server.wait_closed()
-
-
 def _id(sbd: Sbd, client: SbdClient) -> int:
     for conn_id, session in sbd.dialect.sessions.items():
         if session.pubkey == client.pubkey:
