@@ -206,6 +206,8 @@ def ip_key(text: str) -> str:
         address = ipaddress.ip_address(text)
     except ValueError:
         return text
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # a dual-stack listener reports v4 peers this way
     if isinstance(address, ipaddress.IPv4Address):
         return f"::ffff:{address}"
     return str(address)
