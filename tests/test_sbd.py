@@ -220,7 +220,7 @@ async def test_forward_to_unknown_key_is_dropped_and_sender_stays(make_sbd: Any)
     client.forward(os.urandom(32), b"nobody")
     client.forward(client.pubkey, b"still here")
     assert await client.receive_forward() == (client.pubkey, b"still here")
-    assert sbd.dialect.metrics.forward_drops.value() == 1
+    assert sbd.dialect.metrics.hot.forward_drops == 1
 
 
 async def test_forward_before_handshake_drops(make_sbd: Any) -> None:
@@ -476,6 +476,7 @@ async def test_metrics_page_counts_sbd_traffic(make_sbd: Any) -> None:
     assert "sbd_connections 2" in lines
     assert "sbd_forwards_total 2" in lines
     assert "sbd_forward_drops_total 1" in lines
+    assert "sbd_messages_in_total 5" in lines
     assert "sbd_bytes_out_total 164" in lines  # 132 + 32: forwarded message bytes
     # 2 ares (96 each) + 132 + 36 + 32
     assert "sbd_bytes_in_total 392" in lines

@@ -213,13 +213,41 @@ def ip_key(text: str) -> str:
     return str(address)
 
 
+class HotCounters:
+    """Counters bumped for every message: plain ints rendered by the metrics page, because a
+    metrics `Counter.inc` costs ~190 ns against ~70 ns for an int (three per forward)."""
+
+    __slots__ = ("bytes_in", "bytes_out", "forward_drops", "forwards", "messages_in")
+
+    def __init__(self) -> None:
+        self.messages_in = 0
+        self.bytes_in = 0
+        self.forwards = 0
+        self.bytes_out = 0
+        self.forward_drops = 0
+
+
 class SbdMetrics:
     def __init__(self, registry: Registry) -> None:
-        self.bytes_in = registry.counter("sbd_bytes_in_total", "SBD message bytes received")
-        self.bytes_out = registry.counter("sbd_bytes_out_total", "SBD forward bytes sent")
-        self.forwards = registry.counter("sbd_forwards_total", "SBD forwards relayed")
-        self.forward_drops = registry.counter(
-            "sbd_forward_drops_total", "Forwards to an unknown or not-ready key (dropped)"
+        hot = self.hot = HotCounters()
+        registry.counter_of(
+            "sbd_messages_in_total",
+            "SBD messages received (commands and forwards)",
+            lambda: [((), hot.messages_in)],
+        )
+        registry.counter_of(
+            "sbd_bytes_in_total", "SBD message bytes received", lambda: [((), hot.bytes_in)]
+        )
+        registry.counter_of(
+            "sbd_bytes_out_total", "SBD forward bytes sent", lambda: [((), hot.bytes_out)]
+        )
+        registry.counter_of(
+            "sbd_forwards_total", "SBD forwards relayed", lambda: [((), hot.forwards)]
+        )
+        registry.counter_of(
+            "sbd_forward_drops_total",
+            "Forwards to an unknown or not-ready key (dropped)",
+            lambda: [((), hot.forward_drops)],
         )
         self.rate_limited = registry.counter(
             "sbd_rate_limited_total", "Connections dropped for exceeding the IP byte budget"
@@ -587,7 +615,9 @@ class SbdSession(WebSocketHandler):
         data = message.data  # text frames count as their UTF-8 bytes, as in the reference
         size = len(data)
         now = dialect.clock()
-        dialect.metrics.bytes_in.inc(size)
+        hot = dialect.metrics.hot
+        hot.messages_in += 1
+        hot.bytes_in += size
         if not dialect.charge(self, size, now):
             self.drop("rate")
             return
@@ -606,11 +636,11 @@ class SbdSession(WebSocketHandler):
             target_id = dialect.routes.lookup_pubkey(classified.peer)
             target = dialect.sessions.get(target_id) if target_id is not None else None
             if target is None or not target.ready:
-                dialect.metrics.forward_drops.inc()
+                hot.forward_drops += 1
                 return
-            target.send(sbd_rewrite_forward(data, self.pubkey))
-            dialect.metrics.forwards.inc()
-            dialect.metrics.bytes_out.inc(size)
+            target.conn.send_binary(sbd_rewrite_forward(data, self.pubkey))
+            hot.forwards += 1
+            hot.bytes_out += size
             return
         if classified.tag == CMD_ARES:
             self._on_ares(data, classified.payload)
