@@ -78,8 +78,12 @@ pytest: $(BUILD_STAMP) proto
 bench: $(BUILD_STAMP) proto ## micro benchmarks with ratios against pure-Python baselines
 	$(BIN)/pytest bench -q --benchmark-enable --benchmark-columns=min,mean,ops -p no:randomly
 
+# --locked pins the crate's own Cargo.lock; should that ever stop resolving, fall back to a fresh
+# resolution (and say so) rather than leave the suite unbuilt
 $(SBD_TESTER):
-	CARGO_TARGET_DIR=$(SBD_TESTER_TARGET) cargo install -q sbd-o-bahn-server-tester --version 0.4.0 --locked --root .tools/sbd-tester
+	CARGO_TARGET_DIR=$(SBD_TESTER_TARGET) cargo install -q sbd-o-bahn-server-tester --version 0.4.0 --locked --root .tools/sbd-tester \
+	  || { echo "sbd tester: --locked failed to resolve; installing with a fresh resolution" >&2; \
+	       CARGO_TARGET_DIR=$(SBD_TESTER_TARGET) cargo install -q sbd-o-bahn-server-tester --version 0.4.0 --root .tools/sbd-tester; }
 
 sbd-conformance: $(SBD_TESTER) $(BUILD_STAMP) ## the public SBD conformance suite against our relay
 	@timeout 600 $(SBD_TESTER) $(abspath $(PY)) -u -m rmb_relay.protocols.sbd_obahn \

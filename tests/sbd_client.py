@@ -108,5 +108,16 @@ class SbdClient:
                 self._note(event.data)
         return not any(isinstance(e, WsClose) for e in events)
 
+    async def closed_by_server(self) -> int | None:
+        """Read until the server's close frame, answer it, wait for EOF; returns the code."""
+        while True:
+            event = await self.ws.next_event()
+            if isinstance(event, WsClose):
+                self.ws.send_raw(self.ws.encoder.close(event.code or 1000))
+                await self.ws.read_until_eof()
+                return event.code
+            if isinstance(event, WsMessage):
+                self._note(event.data)
+
     def close(self) -> None:
         self.ws.close()

@@ -117,3 +117,60 @@ def test_release_wheel_installs_and_runs_in_a_fresh_venv(tmp_path: Path) -> None
         check=True,
     )
     assert "usage: rmb-relay" in result.stdout
+
+
+def test_help_lists_the_sbd_flags_with_their_defaults() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "rmb_relay", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "COLUMNS": "400"},
+    )
+    for flag, default in [
+        ("--sbd-limit-clients", "32768"),
+        ("--sbd-kbps", "1000"),
+        ("--sbd-burst", "262144"),
+        ("--sbd-idle-ms", "10000"),
+        ("--sbd-block-secs", "60"),
+    ]:
+        text = " ".join(result.stdout.split("SBD relay (", 1)[1].split())
+        entry = text[text.index(flag + " ") :].split(" --", 1)[0]  # the flag's own help
+        assert entry.endswith(f"(default: {default})"), entry
+    for flag in ("--no-sbd", "--sbd-disable-rate-limit", "--trusted-ip-header", "--sbd-auth-hook"):
+        assert flag in result.stdout
+
+
+def test_no_sbd_leaves_sbd_out_of_the_banner() -> None:
+    process, banner = start_relay_process()
+    try:
+        assert "dialects: rmb, sbd" in banner
+    finally:
+        stop(process)
+    process, banner = start_relay_process("--no-sbd")
+    try:
+        assert banner.rstrip().endswith("dialects: rmb")
+    finally:
+        stop(process)
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--sbd-kbps", "0"],
+        ["--sbd-burst", "0"],
+        ["--sbd-idle-ms", "-1"],
+        ["--sbd-block-secs", "-5"],
+        ["--sbd-auth-hook", "ftp://x/authenticate"],
+    ],
+)
+def test_bad_sbd_flags_are_clear_errors(flags: list[str]) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "rmb_relay", "-l", "127.0.0.1:0", *flags],
+        capture_output=True,
+        text=True,
+        timeout=WAIT,
+        env={**os.environ, "XDG_DATA_HOME": tempfile.mkdtemp(prefix="rmb-cli-")},
+    )
+    assert result.returncode != 0
+    assert f"rmb-relay: {flags[0]}" in result.stderr

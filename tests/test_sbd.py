@@ -12,8 +12,14 @@ from typing import Any
 
 import pytest
 
-from rmb_relay._core import SigningKey, sbd_encode_command
-from rmb_relay.protocols.sbd import SbdDialect, SbdSettings
+from rmb_relay._core import (
+    OP_BINARY,
+    OP_CONTINUATION,
+    SigningKey,
+    encode_frame,
+    sbd_encode_command,
+)
+from rmb_relay.protocols.sbd import SbdDialect, SbdSettings, ip_key
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.telemetry.metrics import Registry
 from tests.conftest import WAIT, StartRelay
@@ -186,6 +192,17 @@ async def test_8_messages_reach_the_right_destination(make_sbd: Any) -> None:
     await asyncio.wait_for(asyncio.gather(*(send(i) for i in range(10)), *tasks), WAIT)
 
 
+async def test_oversize_fragmented_message_drops_without_close_frame(make_sbd: Any) -> None:
+    sbd = await make_sbd()
+    client = await sbd.client()
+    mask = os.urandom(4)
+    first = encode_frame(OP_BINARY, client.pubkey + bytes(12000), fin=False, mask=mask)
+    rest = encode_frame(OP_CONTINUATION, bytes(12000), mask=mask)
+    client.ws.send_raw(first + rest)
+    assert await client.dropped_without_close_frame()
+    assert not sbd.dialect.sessions
+
+
 # ---- handshake order and routing rules ----------------------------------------------------
 
 
@@ -203,7 +220,7 @@ async def test_forward_to_unknown_key_is_dropped_and_sender_stays(make_sbd: Any)
     client.forward(os.urandom(32), b"nobody")
     client.forward(client.pubkey, b"still here")
     assert await client.receive_forward() == (client.pubkey, b"still here")
-    assert sbd.dialect.metrics.forward_drops.value() == 1
+    assert sbd.dialect.metrics.hot.forward_drops == 1
 
 
 async def test_forward_before_handshake_drops(make_sbd: Any) -> None:
@@ -235,8 +252,31 @@ async def test_newest_connection_with_a_key_takes_the_routing(make_sbd: Any) -> 
     other = await sbd.client()
     other.forward(key.public_key, b"to the newest")
     assert await new.receive_forward() == (other.pubkey, b"to the newest")
-    events = await old.ws.read_until_eof()
-    assert any(getattr(e, "code", None) == 1000 for e in events)
+    assert await old.closed_by_server() == 1000
+
+
+async def test_forward_to_a_handshaking_key_is_dropped(make_sbd: Any) -> None:
+    sbd = await make_sbd()
+    pending = await sbd.client(handshake=False)
+    sender = await sbd.client()
+    sender.forward(pending.pubkey, b"not yet")
+    sender.forward(sender.pubkey, b"marker")
+    assert await sender.receive_forward() == (sender.pubkey, b"marker")
+    await pending.handshake()  # a forward before srdy would fail this
+    sender.forward(pending.pubkey, b"now")
+    assert await pending.receive_forward() == (sender.pubkey, b"now")
+
+
+async def test_older_duplicate_closing_does_not_unroute_the_newer(make_sbd: Any) -> None:
+    sbd = await make_sbd()
+    key = SigningKey.ed25519(os.urandom(32))
+    old = await sbd.client(key=key)
+    new = await sbd.client(key=key)
+    assert await old.closed_by_server() == 1000
+    await eventually(lambda: len(sbd.dialect.sessions) == 1)
+    other = await sbd.client()
+    other.forward(key.public_key, b"still routed")
+    assert await new.receive_forward() == (other.pubkey, b"still routed")
 
 
 # ---- rate limits, lbrt, idle, client limit ------------------------------------------------
@@ -321,6 +361,128 @@ async def test_trusted_ip_header_sets_the_rate_key(make_sbd: Any) -> None:
     assert {"::ffff:10.1.2.3", "::ffff:10.1.2.4"} <= set(sbd.dialect.by_ip)
 
 
+async def test_lbrt_is_1_and_nothing_is_limited_when_disabled(make_sbd: Any) -> None:
+    sbd = await make_sbd(disable_rate_limit=True, burst=100)
+    client = await sbd.client()
+    assert client.lbrt == [1]
+    for _ in range(20):
+        client.forward(client.pubkey, bytes(1000))
+    for _ in range(20):
+        assert len((await client.receive_forward())[1]) == 1000
+    second = await sbd.client()
+    assert second.lbrt == [1]
+    assert await client.next_lbrt() == 1
+
+
+async def test_ip_sharing_a_bucket_is_blocked_for_all_new_upgrades(make_sbd: Any) -> None:
+    """The bucket is the IP's: a violation on one connection blocks new ones from the IP,
+    while an existing connection of that IP stays until it breaks the budget itself."""
+    sbd = await make_sbd(burst=2000, block_secs=60)
+    quiet = await sbd.client()
+    noisy = await sbd.client()
+    noisy.forward(noisy.pubkey, bytes(5000))
+    assert await noisy.dropped_without_close_frame()
+    assert ip_key("127.0.0.1") in sbd.dialect.blocked
+    host, port = sbd.address
+    with pytest.raises(ConnectionError, match="429"):
+        await SbdClient.connect(host, port)
+    assert sbd.dialect.metrics.refused.value("429") == 1
+    sbd.clock.advance(30)  # the budget refilled; the block has not expired
+    quiet.forward(quiet.pubkey, b"fine")
+    assert await quiet.receive_forward() == (quiet.pubkey, b"fine")
+
+
+async def test_sweep_lifts_expired_blocks(make_sbd: Any) -> None:
+    sbd = await make_sbd(burst=1000, block_secs=5)
+    client = await sbd.client()
+    client.forward(client.pubkey, bytes(2000))
+    assert await client.dropped_without_close_frame()
+    assert len(sbd.dialect.blocked) == 1
+    sbd.clock.advance(4)
+    sbd.dialect.sweep(sbd.clock.now)
+    assert len(sbd.dialect.blocked) == 1
+    sbd.clock.advance(1)
+    sbd.dialect.sweep(sbd.clock.now)
+    assert not sbd.dialect.blocked
+    await sbd.client()
+
+
+async def test_ping_does_not_reset_the_idle_timer(make_sbd: Any) -> None:
+    sbd = await make_sbd(idle_ms=10000)
+    client = await sbd.client()
+    sbd.clock.advance(6)
+    client.ws.send_raw(client.ws.encoder.ping(b"hi"))
+    pong = await client.ws.next_event()
+    assert getattr(pong, "data", None) == b"hi"
+    sbd.clock.advance(5)
+    sbd.dialect.sweep(sbd.clock.now)
+    assert await client.dropped_without_close_frame()
+
+
+async def test_data_during_the_handshake_resets_the_idle_timer(make_sbd: Any) -> None:
+    sbd = await make_sbd(idle_ms=10000)
+    client = await sbd.client(handshake=False)
+    sbd.clock.advance(6)
+    client.ws.send_raw(client.ws.encoder.text("\0" * 28 + "none"))  # text counts as its bytes
+    client.send(sbd_encode_command(b"keep"))
+    await eventually(
+        lambda: next(iter(sbd.dialect.sessions.values())).last_activity == sbd.clock.now
+    )
+    sbd.clock.advance(5)
+    sbd.dialect.sweep(sbd.clock.now)
+    await client.handshake()
+    client.forward(client.pubkey, b"alive")
+    assert await client.receive_forward() == (client.pubkey, b"alive")
+
+
+def test_ip_keys_map_v4_into_v6_as_the_reference() -> None:
+    assert ip_key("127.0.0.1") == "::ffff:127.0.0.1"
+    assert ip_key("::ffff:127.0.0.1") == "::ffff:127.0.0.1"
+    assert ip_key("::1") == "::1"  # a different bucket from 127.0.0.1
+    assert ip_key("2001:DB8::1") == "2001:db8::1"
+
+
+async def test_unparsable_trusted_header_falls_back_to_the_peer(make_sbd: Any) -> None:
+    sbd = await make_sbd(trusted_ip_header="X-Forwarded-For")
+    await sbd.client(headers=[("X-Forwarded-For", "10.0.0.1, 10.0.0.2")])
+    await sbd.client(headers=[("X-Forwarded-For", "10.0.0.9")])
+    assert set(sbd.dialect.by_ip) == {"::ffff:127.0.0.1", "::ffff:10.0.0.9"}
+
+
+async def test_trusted_header_ip_is_the_one_blocked(make_sbd: Any) -> None:
+    sbd = await make_sbd(trusted_ip_header="X-Real-IP", burst=1000)
+    bad = await sbd.client(headers=[("X-Real-IP", "10.9.9.9")])
+    bad.forward(bad.pubkey, bytes(2000))
+    assert await bad.dropped_without_close_frame()
+    host, port = sbd.address
+    with pytest.raises(ConnectionError, match="429"):
+        await SbdClient.connect(host, port, headers=[("X-Real-IP", "10.9.9.9")])
+    await sbd.client(headers=[("X-Real-IP", "10.9.9.10")])
+
+
+async def test_metrics_page_counts_sbd_traffic(make_sbd: Any) -> None:
+    sbd = await make_sbd()
+    a, b = await asyncio.gather(sbd.client(), sbd.client())
+    a.forward(b.pubkey, bytes(100))
+    assert await b.receive_forward() == (a.pubkey, bytes(100))
+    a.forward(os.urandom(32), b"lost")
+    a.forward(a.pubkey, b"")
+    await a.receive_forward()
+    host, port = sbd.address
+    page = await http_exchange(
+        host, port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    lines = set(page.decode().splitlines())
+    assert "sbd_connections 2" in lines
+    assert "sbd_forwards_total 2" in lines
+    assert "sbd_forward_drops_total 1" in lines
+    assert "sbd_messages_in_total 5" in lines
+    assert "sbd_bytes_out_total 164" in lines  # 132 + 32: forwarded message bytes
+    # 2 ares (96 each) + 132 + 36 + 32
+    assert "sbd_bytes_in_total 392" in lines
+    assert 'rmb_connections{dialect="sbd"} 2' in lines
+
+
 # ---- spec-auth -----------------------------------------------------------------------------
 
 
@@ -357,33 +519,6 @@ async def test_tokens_expire_after_idle_time(make_sbd: Any) -> None:
     host, port = sbd.address
     with pytest.raises(ConnectionError, match="401"):
         await SbdClient.connect(host, port, headers=[("Authorization", f"Bearer {token}")])
-
-
-async def test_auth_hook_decides(make_sbd: Any) -> None:
-    async def hook(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-        body = await reader.readexactly(length)
-        if body == b"let me in":
-            answer = b'{"authToken":"granted"}'
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(answer), answer))
-        else:
-            writer.write(b"HTTP/1.1 401 Unauthorized\r\nContent-Length: 0\r\n\r\n")
-        await writer.drain()
-        writer.close()
-
-    hook_server = await asyncio.start_server(hook, "127.0.0.1", 0)
-    port = hook_server.sockets[0].getsockname()[1]
-    sbd = await make_sbd(auth_hook=f"http://127.0.0.1:{port}/authenticate")
-    assert await authenticate(sbd, b"wrong") == (401, b"Unauthorized")
-    status, body = await authenticate(sbd, b"let me in")
-    assert (status, json.loads(body)) == (200, {"authToken": "granted"})
-    host, relay_port = sbd.address
-    with pytest.raises(ConnectionError, match="401"):
-        await SbdClient.connect(host, relay_port)  # a hook makes the token mandatory
-    await sbd.client(headers=[("Authorization", "Bearer granted")])
-    hook_server.close()
-    await hook_server.wait_closed()
 
 
 def _id(sbd: Sbd, client: SbdClient) -> int:

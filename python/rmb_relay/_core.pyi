@@ -300,7 +300,7 @@ class Envelope:
     @staticmethod
     def decode(data: bytes) -> Envelope: ...
     def encode(self) -> bytes:
-        """Wire bytes in rmb-rs's field order (rust-protobuf 3), matching its output byte for byte."""
+        """Wire bytes in rmb-rs's field order (rust-protobuf 3): its output, byte for byte."""
     def challenge(self) -> bytes:
         """The 16-byte MD5 digest that is signed (spec/rmb.md 2.1)."""
 

@@ -27,7 +27,7 @@ from rmb_relay.mailbox import (
 )
 from rmb_relay.protocols.base import Dialect
 from rmb_relay.protocols.rmb import RmbDialect, RmbSettings
-from rmb_relay.protocols.sbd import SbdDialect, SbdSettings
+from rmb_relay.protocols.sbd import add_sbd_arguments, sbd_dialect_from_args
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.telemetry.metrics import Registry
 from rmb_relay.twins.cache import CachedTwinDirectory
@@ -146,46 +146,7 @@ def _relay_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="how long a federation failure counts against a relay (used by federation)",
     )
-    sbd = parser.add_argument_group("SBD relay (GET /<base64url ed25519 key>)")
-    sbd.add_argument("--no-sbd", action="store_true", help="do not serve SBD")
-    sbd.add_argument(
-        "--sbd-limit-clients",
-        type=int,
-        default=32768,
-        metavar="N",
-        help="concurrent SBD connections, handshaking ones included",
-    )
-    sbd.add_argument("--sbd-kbps", type=int, default=1000, help="per-IP inbound rate budget")
-    sbd.add_argument(
-        "--sbd-burst", type=int, default=262144, metavar="BYTES", help="per-IP burst allowance"
-    )
-    sbd.add_argument(
-        "--sbd-idle-ms",
-        type=int,
-        default=10000,
-        metavar="MS",
-        help="drop a connection with no data message for this long (handshake included)",
-    )
-    sbd.add_argument(
-        "--sbd-disable-rate-limit", action="store_true", help="no per-IP limit (lbrt = 1)"
-    )
-    sbd.add_argument(
-        "--sbd-block-secs",
-        type=int,
-        default=60,
-        metavar="SECONDS",
-        help="how long an IP that broke its rate limit gets HTTP 429",
-    )
-    sbd.add_argument(
-        "--trusted-ip-header",
-        metavar="NAME",
-        help="take the client IP from this header (behind a trusted proxy)",
-    )
-    sbd.add_argument(
-        "--sbd-auth-hook",
-        metavar="URL",
-        help="spec-auth hook: PUT /authenticate bodies are forwarded here for a token",
-    )
+    add_sbd_arguments(parser)
     parser.add_argument(
         "-d",
         "--debug",
@@ -255,22 +216,10 @@ async def _dialects(args: argparse.Namespace, registry: Registry) -> list[Dialec
         max_message=args.max_message,
     )
     dialects: list[Dialect] = [rmb]
-    if not args.no_sbd:
-        dialects.append(SbdDialect(_sbd_settings(args), registry))
+    sbd = sbd_dialect_from_args(args, registry)
+    if sbd is not None:
+        dialects.append(sbd)
     return dialects
-
-
-def _sbd_settings(args: argparse.Namespace) -> SbdSettings:
-    return SbdSettings(
-        limit_clients=args.sbd_limit_clients,
-        kbps=args.sbd_kbps,
-        burst=args.sbd_burst,
-        idle_ms=args.sbd_idle_ms,
-        disable_rate_limit=args.sbd_disable_rate_limit,
-        block_secs=args.sbd_block_secs,
-        trusted_ip_header=args.trusted_ip_header,
-        auth_hook=args.sbd_auth_hook,
-    )
 
 
 async def _serve(args: argparse.Namespace) -> None:
