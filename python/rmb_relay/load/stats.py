@@ -12,14 +12,6 @@ from typing import Any
 
 
 @dataclass
-class PairCounters:
-    sent: int = 0
-    delivered: int = 0
-    duplicated: int = 0
-    out_of_order: int = 0
-
-
-@dataclass
 class RunStats:
     """Counters and samples of one generator process (or, merged, of a whole run)."""
 
