@@ -77,6 +77,15 @@ impl<K: Hash + Eq> FixedWindow<K> {
     }
 }
 
+/// One byte-nanos charge; the state moves even when the check fails.
+fn charge(next: &mut u64, size: u64, now_nanos: u64, nanos_per_byte: u64, burst: u64) -> bool {
+    let cur = (*next)
+        .max(now_nanos)
+        .saturating_add(size.saturating_mul(nanos_per_byte));
+    *next = cur;
+    cur - now_nanos <= burst
+}
+
 /// SBD's byte-nanos limiter with burst.
 #[derive(Debug)]
 pub struct ByteNanos<K> {
@@ -96,12 +105,14 @@ impl<K: Hash + Eq> ByteNanos<K> {
 
     /// `cur = max(next, now) + n * rate; next = cur; ok = cur - now <= burst`.
     pub fn check(&mut self, key: K, size: u64, now_nanos: u64) -> bool {
-        let next = self.next.entry(key).or_insert(0);
-        let cur = (*next)
-            .max(now_nanos)
-            .saturating_add(size.saturating_mul(self.nanos_per_byte));
-        *next = cur;
-        cur - now_nanos <= self.burst_nanos
+        let (rate, burst) = (self.nanos_per_byte, self.burst_nanos);
+        charge(
+            self.next.entry(key).or_insert(0),
+            size,
+            now_nanos,
+            rate,
+            burst,
+        )
     }
 
     /// Remove keys idle for at least `idle_nanos` (their debt is long paid).
@@ -282,12 +293,9 @@ pub mod py {
 impl ByteNanos<String> {
     /// [`ByteNanos::check`] for string keys without allocating when the key is known.
     pub fn check_str(&mut self, key: &str, size: u64, now_nanos: u64) -> bool {
+        let (rate, burst) = (self.nanos_per_byte, self.burst_nanos);
         if let Some(next) = self.next.get_mut(key) {
-            let cur = (*next)
-                .max(now_nanos)
-                .saturating_add(size.saturating_mul(self.nanos_per_byte));
-            *next = cur;
-            return cur - now_nanos <= self.burst_nanos;
+            return charge(next, size, now_nanos, rate, burst);
         }
         self.check(key.to_owned(), size, now_nanos)
     }
