@@ -33,7 +33,7 @@ from rmb_relay._core import (
     SigningKey,
     WsMessage,
 )
-from rmb_relay.errors import ClientError, RequestTimeout
+from rmb_relay.errors import ClientError, RemoteError, RequestTimeout
 from rmb_relay.identity import make_jwt
 from rmb_relay.wsclient import WebSocketClient
 
@@ -76,16 +76,6 @@ class IncomingRequest:
     data: bytes
     schema: str | None
     expiration: int
-
-
-class RemoteError(ClientError):
-    """The remote service (or the relay) answered a request with an error."""
-
-    def __init__(self, reply: Reply) -> None:
-        assert reply.error is not None
-        code, message = reply.error
-        super().__init__(f"{'relay' if reply.from_relay else reply.source} error {code}: {message}")
-        self.reply = reply
 
 
 Handler = Callable[[IncomingRequest], bytes | Awaitable[bytes]]

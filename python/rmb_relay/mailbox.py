@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
+from rmb_relay.errors import MailboxUnavailable
+
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
@@ -34,10 +36,6 @@ def stream_key(key: SessionKey) -> str:
     """rmb-rs's per-session stream name: `stream:<twin>` or `stream:<twin>:<sid>`."""
     twin, sid = key
     return f"stream:{twin}" if sid is None else f"stream:{twin}:{sid}"
-
-
-class MailboxUnavailable(Exception):
-    """The mailbox backend failed (Redis down): the message could not be stored or read."""
 
 
 @dataclass(slots=True)

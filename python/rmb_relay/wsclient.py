@@ -28,25 +28,10 @@ from rmb_relay._core import (
     parse_response_head,
     websocket_accept,
 )
+from rmb_relay.errors import ConnectionClosed, HandshakeError
 
 #: what a client waits for the upgrade by default
 DEFAULT_CONNECT_TIMEOUT = 10.0
-
-
-class HandshakeError(ConnectionError):
-    """The server refused the upgrade; `status` and `body` say why."""
-
-    def __init__(self, status: int, body: bytes) -> None:
-        super().__init__(f"upgrade refused with HTTP {status}: {body.decode(errors='replace')}")
-        self.status = status
-        self.body = body
-
-
-class ConnectionClosed(ConnectionError):
-    def __init__(self, code: int | None, reason: str) -> None:
-        super().__init__(f"websocket closed ({code}): {reason}")
-        self.code = code
-        self.reason = reason
 
 
 MessageCallback = Callable[[WsMessage], None]
