@@ -23,9 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,6 +38,7 @@ from rmb_relay._core import (
     build_error_envelope,
     build_pong,
 )
+from rmb_relay.clock import Clock, seconds, wall_clock
 from rmb_relay.errors import (
     AuthError,
     ConfigError,
@@ -177,7 +176,7 @@ class RmbDialect(Dialect):
         mailbox: Mailbox | None = None,
         federation: Federation | None = None,
         max_message: int = 1 << 20,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = wall_clock,
     ) -> None:
         """`switch` and `directory` are the process's shared ones (closed by their owner);
         without a switch (tests) the dialect makes and owns a private one around `mailbox`
@@ -214,7 +213,7 @@ class RmbDialect(Dialect):
             self._login_failed("missing jwt", conn)
             raise HttpReject(400, "missing jwt")
         try:
-            parsed = parse_jwt(token, int(self.clock()))
+            parsed = parse_jwt(token, seconds(self.clock()))
         except AuthError as err:
             self._login_failed("expired" if "expired" in err.reason else "invalid jwt", conn)
             raise HttpReject(err.status, err.reason) from None
@@ -298,7 +297,7 @@ class RmbDialect(Dialect):
     def _maintain(self) -> None:
         self._maintenance = None
         if self.limiter is not None:
-            self.limiter.prune(int(self.clock()))
+            self.limiter.prune(seconds(self.clock()))
         if isinstance(self.mailbox, MemoryMailbox):
             self.mailbox.sweep()
         if self.sessions:
@@ -387,7 +386,9 @@ class RmbSession(WebSocketHandler):
             self.peer.close(CloseCode.INVALID_PAYLOAD, "invalid envelope")
             return
         limiter = dialect.limiter
-        if limiter is not None and not limiter.check(self.twin, len(data), int(dialect.clock())):
+        if limiter is not None and not limiter.check(
+            self.twin, len(data), seconds(dialect.clock())
+        ):
             metrics.limited.inc()
             self.fail(env, "exceeded rate limits, dropping message", "rate limited")
             return
@@ -430,13 +431,13 @@ class RmbSession(WebSocketHandler):
             return
         metrics.errors_sent.inc(1, label)
         error = build_error_envelope(
-            env.uid, reason, int(self.dialect.clock()), self.twin, self.sid
+            env.uid, reason, seconds(self.dialect.clock()), self.twin, self.sid
         )
         if self.open:
             self.deliver(error)
         else:  # the sender left while we were routing: keep the error for its next login
             dialect = self.dialect
-            deadline = dialect.mailbox.deadline(int(dialect.clock()), ERROR_ENVELOPE_TTL)
+            deadline = dialect.mailbox.deadline(seconds(dialect.clock()), ERROR_ENVELOPE_TTL)
             asyncio.get_running_loop().create_task(self._store_error(error, deadline))
 
     async def _store_error(self, error: bytes, deadline: int) -> None:

@@ -26,8 +26,6 @@ import base64
 import ipaddress
 import logging
 import secrets
-import time
-from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rmb_relay._core import (
@@ -38,6 +36,7 @@ from rmb_relay._core import (
     sbd_decode_pubkey_path,
     sbd_encode_command,
 )
+from rmb_relay.clock import Clock, monotonic_clock
 from rmb_relay.errors import HttpReject
 from rmb_relay.protocols.base import (
     Dialect,
@@ -65,8 +64,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rmb_relay.sbd")
 
-Clock = Callable[[], int]
-
 
 def ip_key(text: str) -> str:
     """IPv4 maps to IPv6 (`::ffff:a.b.c.d`) as in the reference server; v6 is kept as is."""
@@ -93,7 +90,7 @@ class SbdDialect(Dialect):
         self,
         settings: SbdSettings,
         registry: Registry,
-        clock: Clock = time.monotonic_ns,
+        clock: Clock = monotonic_clock,
         *,
         switch: Switch | None = None,
     ) -> None:
