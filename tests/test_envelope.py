@@ -189,6 +189,7 @@ def test_malformed_envelopes_say_what_is_wrong(data: bytes, reason: str) -> None
 
 
 def test_decoder_bound_to_a_session_checks_source_and_finds_destination() -> None:
+    """The deprecated bind_rmb_session shim (an RmbScanner underneath: tests/test_scanner.py)."""
     from rmb_relay._core import ClientFrameEncoder, RouteTable, WsDecoder
 
     routes = RouteTable()
