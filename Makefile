@@ -13,6 +13,10 @@ RUST_SOURCES := $(wildcard rust/*.rs) Cargo.toml Cargo.lock
 PY_STAMP := $(VENV)/.deps-stamp
 BUILD_STAMP := $(VENV)/.build-stamp
 PROTO_OUT := tests/_proto
+# the envelope classes the SDK and rmb-peer use at run time: generated into the package, so a
+# wheel built after `make proto` (every target that builds one depends on it) ships them
+PROTO_PKG := python/rmb_relay/_proto
+PROTO_SRC := proto/types.proto proto/peer.proto
 
 SBD_TESTER := .tools/sbd-tester/bin/sbd-o-bahn-server-tester-bin
 # the tester's build cache lives outside the clone, so a fresh clone on the same machine rebuilds in seconds
@@ -43,7 +47,7 @@ $(PY_STAMP): pyproject.toml
 	$(PY) -m pip install -q $$($(PY) -c 'import tomllib;d=tomllib.load(open("pyproject.toml","rb"))["project"];print(" ".join(repr(x) for x in d["dependencies"]+d["optional-dependencies"]["dev"]))' | tr -d "'")
 	touch $@
 
-$(BUILD_STAMP): $(PY_STAMP) $(RUST_SOURCES)
+$(BUILD_STAMP): $(PY_STAMP) $(RUST_SOURCES) $(PROTO_PKG)/types_pb2.py
 	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/maturin develop -q $(MATURIN_FLAGS)
 	$(PY) -c 'import rmb_relay._core'
 	touch $@
@@ -54,14 +58,19 @@ build-profiling: $(PY_STAMP) ## release build with debug symbols, for py-spy/per
 	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/maturin develop --profile profiling
 	rm -f $(BUILD_STAMP)
 
-proto: $(PROTO_OUT)/types_pb2.py ## reference protobuf classes for tests and benchmarks
+proto: $(PROTO_PKG)/types_pb2.py $(PROTO_OUT)/types_pb2.py ## protobuf classes: the package's (SDK, rmb-peer) and the tests' reference copy
 
-$(PROTO_OUT)/types_pb2.py: proto/types.proto proto/peer.proto $(PY_STAMP)
+$(PROTO_PKG)/types_pb2.py: $(PROTO_SRC) $(PY_STAMP)
+	mkdir -p $(PROTO_PKG)
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=$(PROTO_PKG) --pyi_out=$(PROTO_PKG) $(PROTO_SRC)
+	printf '"""Envelope classes generated from proto/ by `make proto` (not in git)."""\n' > $(PROTO_PKG)/__init__.py
+
+$(PROTO_OUT)/types_pb2.py: $(PROTO_SRC) $(PY_STAMP)
 	mkdir -p $(PROTO_OUT)
-	$(PY) -m grpc_tools.protoc -Iproto --python_out=$(PROTO_OUT) proto/types.proto proto/peer.proto
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=$(PROTO_OUT) $(PROTO_SRC)
 	touch $(PROTO_OUT)/__init__.py
 
-lint: $(BUILD_STAMP)
+lint: $(BUILD_STAMP) proto
 	$(BIN)/ruff check python tests bench
 	$(BIN)/ruff format --check python tests bench
 	$(BIN)/mypy --strict python/rmb_relay
@@ -91,8 +100,8 @@ sbd-conformance: $(SBD_TESTER) $(BUILD_STAMP) ## the public SBD conformance suit
 	  sed -n '/TEST RESULTS/,$$p' .tools/sbd-conformance.out; \
 	  [ $$status = 0 ] || { echo "SBD conformance failed ($$status); see .tools/sbd-conformance.{out,log}"; exit $$status; }
 
-wheel: $(PY_STAMP) ## release wheel into dist/
+wheel: $(PY_STAMP) $(PROTO_PKG)/types_pb2.py ## release wheel into dist/
 	$(BIN)/maturin build --release -o dist
 
 clean:
-	rm -rf target dist $(VENV) $(PROTO_OUT)
+	rm -rf target dist $(VENV) $(PROTO_OUT) $(PROTO_PKG)
