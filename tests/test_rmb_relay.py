@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rmb_relay._core import MSG_REQUEST, MSG_RESPONSE, Envelope
+from rmb_relay._core import Envelope
 from rmb_relay.client import IncomingRequest, RemoteError, RmbClient
 from rmb_relay.identity import JWT_HEADER_B64, b64url, make_jwt
 from rmb_relay.protocols.rmb import RmbSettings
@@ -183,8 +183,7 @@ async def test_handler_exception_becomes_error_reply(relay: RmbRelay) -> None:
 
 
 async def relay_error(client: RmbClient, wire: bytes, uid: str) -> tuple[int, str]:
-    future = asyncio.get_running_loop().create_future()
-    client._pending[uid] = future
+    future = client.expect(uid)
     assert client.ws is not None
     client.ws.send_binary(wire)
     reply = await asyncio.wait_for(future, WAIT)
@@ -208,18 +207,16 @@ async def test_missing_destination_gets_error(relay: RmbRelay) -> None:
 async def test_wrong_source_gets_error(relay: RmbRelay) -> None:
     alice = await relay.client(1)
     env = alice.envelope(2)
-    env.source_twin = 3
-    env.kind = MSG_REQUEST
-    env.command = "x"
+    env.source.twin = 3
+    env.request.command = "x"
     assert await relay_error(alice, alice.seal(env), env.uid) == (0, "message wrong source")
 
 
 async def test_source_connection_must_match_session_sid(relay: RmbRelay) -> None:
     alice = await relay.client(1)  # sid None: a source connection "" is NOT the same session
     env = alice.envelope(2)
-    env.source_connection = ""
-    env.kind = MSG_REQUEST
-    env.command = "x"
+    env.source.connection = ""
+    env.request.command = "x"
     assert await relay_error(alice, alice.seal(env), env.uid) == (0, "message wrong source")
 
 
@@ -262,7 +259,7 @@ async def test_twin_without_relay_info_gets_error(start_relay: StartRelay, tmp_p
 async def test_failed_response_is_dropped_silently(relay: RmbRelay) -> None:
     alice = await relay.client(1)
     env = alice.envelope(404)
-    env.kind = MSG_RESPONSE
+    env.response.SetInParent()
     assert alice.ws is not None
     alice.ws.send_binary(alice.seal(env))
     drops = relay.dialect.metrics.drops

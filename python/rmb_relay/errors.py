@@ -20,12 +20,19 @@ Exception
          ├─ RemoteError            the remote service (or a relay) answered with an error
          ├─ HandshakeError         the server refused the websocket upgrade (also ConnectionError)
          └─ ConnectionClosed       the websocket closed under the client (also ConnectionError)
+     └─ PeerError                  rmb-peer (`peer/`) could not do what a message asked
+         ├─ BadMessage             msgbus JSON that does not have the public shape (code 101)
+         ├─ EnvelopeRejected       an incoming envelope failed a check; code 102-106 (spec §5.9)
+         │   └─ E2eError           could not encrypt or decrypt a payload (code 106)
+         └─ RedisUnavailable       the msgbus Redis could not be reached or dropped the connection
 ```
 
 Whose fault: `CoreError` subclasses, `HttpReject` and `AuthError` are the peer's;
-`ConfigError` is the operator's; `TwinLookupError`, `MailboxUnavailable` and `FederationError`
-are a dependency's (chain, Redis, another relay); `ClientError` is reported to the application
-using the SDK.
+`ConfigError` is the operator's; `TwinLookupError`, `MailboxUnavailable`, `FederationError`
+and `RedisUnavailable` are a dependency's (chain, Redis, another relay); `ClientError` is
+reported to the application using the SDK; `BadMessage` is the local msgbus client's (it gets
+an error reply when its return queue can be read), `EnvelopeRejected` the remote twin's (it
+gets an error envelope when it sent a request).
 """
 
 from __future__ import annotations
@@ -43,16 +50,21 @@ from rmb_relay._core import (
 
 __all__ = [
     "AuthError",
+    "BadMessage",
     "ClientError",
     "ConfigError",
     "ConnectionClosed",
     "CoreError",
+    "E2eError",
     "EnvelopeError",
+    "EnvelopeRejected",
     "FederationError",
     "HandshakeError",
     "HttpParseError",
     "HttpReject",
     "MailboxUnavailable",
+    "PeerError",
+    "RedisUnavailable",
     "RelayError",
     "RemoteError",
     "RequestTimeout",
@@ -141,3 +153,39 @@ class ConnectionClosed(ClientError, ConnectionError):
         super().__init__(f"websocket closed ({code}): {reason}")
         self.code = code
         self.reason = reason
+
+
+class PeerError(RelayError):
+    """rmb-peer could not do what a message (local JSON or a remote envelope) asked."""
+
+
+class BadMessage(PeerError):
+    """A msgbus JSON message without the public shape (spec/rmb.md §5.5). `ret` and `ref` are
+    the return queue and reference when they could still be read, so the sender can be told."""
+
+    code = 101
+
+    def __init__(self, reason: str, ret: str | None = None, ref: str | None = None) -> None:
+        super().__init__(reason)
+        self.ret = ret
+        self.ref = ref
+
+
+class EnvelopeRejected(PeerError):
+    """An incoming envelope failed a check; `code` is rmb-peer's ProtocolError code (§5.9) and
+    str() its message, both sent back to the source when the envelope was a request."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class E2eError(EnvelopeRejected):
+    """A payload could not be encrypted or decrypted (code 106, `e2e error: ...`)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(106, f"e2e error: {reason}")
+
+
+class RedisUnavailable(PeerError):
+    """The msgbus Redis refused the connection, dropped it, or answered with an error."""

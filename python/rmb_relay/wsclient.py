@@ -2,6 +2,9 @@
 
 Used by the SDK (`rmb_relay.client`), the load harness and tests. Like the server side, every
 `data_received` is one call into Rust, and a batch of outgoing messages is one `transport.write`.
+
+`last_received` and `last_sent` (monotonic nanoseconds from the `clock` given) let the owner of a
+long-lived connection decide when to ping and when to give up on a silent one (`RelayLink`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from rmb_relay._core import (
     parse_response_head,
     websocket_accept,
 )
+from rmb_relay.clock import Clock, monotonic_clock
 from rmb_relay.errors import ConnectionClosed, HandshakeError
 from rmb_relay.protocols.base import CloseCode
 
@@ -52,6 +56,7 @@ class _ClientProtocol(asyncio.Protocol):
         self.client.transport.write(self.request)
 
     def data_received(self, data: bytes) -> None:
+        self.client.last_received = self.client.clock()
         decoder = self.decoder
         if decoder is not None:
             self.client._on_events(decoder.feed(data))
@@ -100,9 +105,17 @@ class _ClientProtocol(asyncio.Protocol):
 class WebSocketClient:
     """One client connection. Messages go to `on_message` if given, else to `recv()`."""
 
-    def __init__(self, max_message: int, on_message: MessageCallback | None) -> None:
+    def __init__(
+        self,
+        max_message: int,
+        on_message: MessageCallback | None,
+        clock: Clock = monotonic_clock,
+    ) -> None:
         self.max_message = max_message
         self.on_message = on_message
+        self.clock = clock
+        #: when anything (a message, a pong, a close) last arrived, and when we last wrote
+        self.last_received = self.last_sent = clock()
         self.transport: asyncio.Transport | None = None
         self.encoder = ClientFrameEncoder(os.urandom(32))
         self._inbox: deque[WsMessage] = deque()
@@ -123,6 +136,7 @@ class WebSocketClient:
         on_message: MessageCallback | None = None,
         ssl_context: ssl.SSLContext | None = None,
         timeout: float = DEFAULT_CONNECT_TIMEOUT,
+        clock: Clock = monotonic_clock,
     ) -> WebSocketClient:
         parts = urlsplit(url)
         if parts.scheme not in ("ws", "wss"):
@@ -145,7 +159,7 @@ class WebSocketClient:
                 *(headers or []),
             ],
         )
-        client = cls(max_message, on_message)
+        client = cls(max_message, on_message, clock)
         loop = asyncio.get_running_loop()
         if secure and ssl_context is None:
             ssl_context = ssl.create_default_context()
@@ -178,7 +192,24 @@ class WebSocketClient:
     def _write(self, frame: bytes) -> None:
         if self.closed.done() or self.transport is None or self.transport.is_closing():
             raise ConnectionClosed(self.close_code, self.close_reason or "connection closed")
+        self.last_sent = self.clock()
         self.transport.write(frame)
+
+    @property
+    def is_open(self) -> bool:
+        """Upgraded and not closing: a send now reaches the socket."""
+        transport = self.transport
+        return transport is not None and not transport.is_closing() and not self.closed.done()
+
+    @property
+    def congested(self) -> bool:
+        """The socket's write buffer is over its high-water mark (`drain` would wait)."""
+        return not self._writable.is_set()
+
+    def abort(self) -> None:
+        """Drop the connection at once (no close handshake): for a peer that went silent."""
+        if self.transport is not None:
+            self.transport.abort()
 
     async def drain(self) -> None:
         """Wait while the socket's write buffer is over its high-water mark."""

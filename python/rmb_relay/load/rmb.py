@@ -1,9 +1,11 @@
 """RMB load generator: pairs of sender and receiver twins, one-way latency.
 
 Cheap per message by construction, so the relay saturates before the generator does:
-- each pair's envelope is built once with the SDK (unsigned: relays never verify signatures on
-  the local path) and only its payload, the last field on the wire, changes per message:
-  `prefix + seq + send-time + padding`;
+- each pair's envelope is built once with the SDK's `RmbClient` (unsigned: relays never verify
+  signatures on the local path) and only its payload, the last field on the wire, changes per
+  message: `prefix + seq + send-time + padding`;
+- every connection logs in through the SDK's `RelayLink` (the JWT, the log line, the keepalive
+  an RMB twin keeps), then writes its batches on the link's websocket directly;
 - a sender writes up to `BATCH` messages as masked frames built in one Rust call and one write;
 - a receiver reads the sequence number and send time from the payload's fixed offset; no
   protobuf decode.
@@ -21,8 +23,8 @@ from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from rmb_relay._core import MSG_REQUEST, Envelope, SigningKey, WsMessage
-from rmb_relay.identity import make_jwt
+from rmb_relay._core import Envelope, SigningKey, WsMessage
+from rmb_relay.client import RelayLink, RmbClient
 from rmb_relay.load.stats import RunStats
 from rmb_relay.wsclient import WebSocketClient
 
@@ -83,35 +85,38 @@ class Pair:
         self.wakeup = asyncio.Event()
         self.sender: WebSocketClient | None = None
         self.receiver: WebSocketClient | None = None
+        self.links: list[RelayLink] = []
         self.prefix, self.padding = self.template()
+
+    @property
+    def sid(self) -> str:
+        return f"load-{self.spec.index}"
 
     def template(self) -> tuple[bytes, bytes]:
         """(bytes before the stamp, bytes after it) of every message of this pair."""
         spec, plan = self.spec, self.plan
-        env = Envelope("load")
-        env.timestamp = int(time.time())
-        env.expiration = 3600
-        env.source_twin = spec.sender
-        env.source_connection = f"load-{spec.index}"
-        env.dest_twin = spec.receiver
-        env.dest_connection = f"load-{spec.index}"
-        env.kind = MSG_REQUEST
-        env.command = "load"
-        env.plain = bytes(plan.size)
-        wire = env.encode()
+        client = RmbClient(spec.sender, plan.key(spec.sender), sid=self.sid, sign=False)
+        payload = bytes(plan.size)
+        _, wire = client.request_envelope(
+            spec.receiver, "load", payload, dest_sid=self.sid, expiration=3600
+        )
+        if not wire.endswith(payload):
+            raise AssertionError("the payload must be the envelope's last field on the wire")
         return wire[: len(wire) - plan.size], bytes(plan.size - MIN_SIZE)
 
     async def connect(self) -> None:
-        now = int(time.time())
         for role, twin in (("receiver", self.spec.receiver), ("sender", self.spec.sender)):
-            token = make_jwt(self.plan.key(twin), twin, f"load-{self.spec.index}", now, ttl=3600)
-            started = time.perf_counter_ns()
-            client = await WebSocketClient.connect(
-                f"{self.plan.url.split('?')[0]}?{token}",
-                on_message=self.on_receive if role == "receiver" else self.on_sender_message,
+            client = RmbClient(twin, self.plan.key(twin), sid=self.sid)
+            link = RelayLink(
+                self.plan.url,
+                client.login_token,
+                self.on_receive if role == "receiver" else self.on_sender_message,
             )
+            started = time.perf_counter_ns()
+            await link.connect()
             self.stats.connect_ns.append(time.perf_counter_ns() - started)
-            setattr(self, role, client)
+            self.links.append(link)
+            setattr(self, role, link.ws)
 
     def on_receive(self, message: WsMessage) -> None:
         data = message.data
@@ -142,7 +147,7 @@ class Pair:
     def on_sender_message(self, message: WsMessage) -> None:
         """The relay only writes to a sender to report an error (rate limit, unknown twin...)."""
         try:
-            env = Envelope.decode(message.data)
+            env = Envelope.decode(message.data)  # Rust decode: no protobuf object needed here
             self.stats.error(env.error_message or "unexpected message")
         except ValueError:
             self.stats.error("undecodable message")
@@ -179,6 +184,8 @@ class Pair:
             await asyncio.sleep(0)
 
     async def close(self) -> None:
+        for link in self.links:
+            await link.close()
         for client in (self.sender, self.receiver):
             if client is not None:
                 await client.close()

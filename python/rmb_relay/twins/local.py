@@ -175,6 +175,17 @@ class SqliteTwinDirectory(TwinDirectory):
             raise ConfigError(f"cannot read twin directory {self.path}: {err}") from None
         return None if row is None else self._twin(row)
 
+    def find_account(self, account: bytes) -> Twin | None:
+        """The twin whose account key this is (tfchain's TwinIdByAccountID), or None: rmb-peer
+        finds its twin id this way. Raises ConfigError on an unreadable file or row."""
+        try:
+            row = self._conn.execute(
+                f"SELECT {_COLUMNS} FROM twins WHERE account = ? ORDER BY id LIMIT 1", (account,)
+            ).fetchone()
+        except sqlite3.Error as err:
+            raise ConfigError(f"cannot read twin directory {self.path}: {err}") from None
+        return None if row is None else self._twin(row)
+
     def _twin(self, row: tuple[object, ...]) -> Twin:
         """A stored row back into a Twin, re-validated: the file may have been edited by hand."""
         twin_id, account, relays, pk = row
