@@ -847,6 +847,19 @@ class RmbClient:
 
 # ---- through a local rmb-peer ----------------------------------------------------------------
 
+#: items taken from a queue at once once the blocking pop has returned
+POP_BATCH = 256
+
+
+async def _pop(redis: RespClient, queue: bytes) -> list[bytes]:
+    """What waits on a queue (oldest first), or [] after BLOCK_SECONDS of nothing: one
+    blocking pop, then everything else queued behind it in one non-blocking pop."""
+    popped = await redis.execute((b"BRPOP", queue, BLOCK_SECONDS))
+    if popped is None:
+        return []
+    more = await redis.execute((b"RPOP", queue, POP_BATCH))
+    return [popped[1], *(more or ())]
+
 
 PeerHandler = Callable[[PeerRequest], bytes | Awaitable[bytes]]
 
@@ -937,25 +950,22 @@ class RmbPeerClient:
 
     async def _read_replies(self) -> None:
         blocking = self.redis.blocking()
+        queue = self.queue.encode()
         try:
             while True:
-                popped = await blocking.execute(
-                    (b"BRPOP", self.queue.encode(), str(BLOCK_SECONDS).encode())
-                )
-                if popped is None:
-                    continue
-                try:
-                    ref, reply = parse_incoming_response(popped[1])
-                except BadMessage as err:
-                    log.warning("unreadable reply on %s: %s", self.queue, err)
-                    continue
-                entry = self._pending.get(ref or "")
-                if entry is None:
-                    continue
-                expected, replies, future = entry
-                replies.append(reply)
-                if len(replies) >= expected and not future.done():
-                    future.set_result(replies)
+                for raw in await _pop(blocking, queue):
+                    try:
+                        ref, reply = parse_incoming_response(raw)
+                    except BadMessage as err:
+                        log.warning("unreadable reply on %s: %s", self.queue, err)
+                        continue
+                    entry = self._pending.get(ref or "")
+                    if entry is None:
+                        continue
+                    expected, replies, future = entry
+                    replies.append(reply)
+                    if len(replies) >= expected and not future.done():
+                        future.set_result(replies)
         finally:
             await blocking.close()
 
@@ -970,25 +980,26 @@ class RmbPeerClient:
         queue = command_queue(command)
         try:
             while True:
-                popped = await blocking.execute((b"BRPOP", queue, str(BLOCK_SECONDS).encode()))
-                if popped is None:
-                    continue
-                try:
-                    request = parse_incoming_request(popped[1])
-                except BadMessage as err:
-                    log.warning("unreadable request on %s: %s", queue.decode(), err)
-                    continue
-                error: tuple[int, str] | None = None
-                data = b""
-                try:
-                    result = handler(request)
-                    data = await result if inspect.isawaitable(result) else result
-                except Exception as err:
-                    error = (500, str(err))
-                reply = outgoing_response(request, data, error, seconds(self.clock()))
-                await self.redis.execute((b"LPUSH", REPLY_QUEUE, reply))
+                answers = [self._answer(queue, raw, handler) for raw in await _pop(blocking, queue)]
+                replies = [reply for reply in await asyncio.gather(*answers) if reply]
+                await self.redis.pipeline([(b"LPUSH", REPLY_QUEUE, r) for r in replies])
         finally:
             await blocking.close()
+
+    async def _answer(self, queue: bytes, raw: bytes, handler: PeerHandler) -> bytes | None:
+        try:
+            request = parse_incoming_request(raw)
+        except BadMessage as err:
+            log.warning("unreadable request on %s: %s", queue.decode(), err)
+            return None
+        error: tuple[int, str] | None = None
+        data = b""
+        try:
+            result = handler(request)
+            data = await result if inspect.isawaitable(result) else result
+        except Exception as err:
+            error = (500, str(err))
+        return outgoing_response(request, data, error, seconds(self.clock()))
 
     async def close(self) -> None:
         tasks = [*self._services, *([self._reader] if self._reader else [])]

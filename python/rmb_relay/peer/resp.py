@@ -6,7 +6,8 @@ spends about 24 us of Python per pipelined command and 150 us per awaited one on
 more than the rest of a message's work. Here a batch of commands is one `transport.write` and
 one future, and hiredis parses the replies: about 2 us per command (bench/peer_roundtrip.py).
 
-Only what the msgbus needs: RESP2 commands as byte tuples, `redis://[user:password@]host[:port]
+Commands sent during one event-loop turn (by any number of callers) leave in one write at its
+end. Only what the msgbus needs: RESP2 commands as byte tuples, `redis://[user:password@]host[:port]
 [/db]` URLs, and failure as `RedisUnavailable`. A `RespClient` connects lazily and reconnects
 on the next call after its connection is lost; blocking pops get their own client
 (`blocking()`) so they never hold up the pipeline. Replies are hiredis's: bytes, int, None,
@@ -68,6 +69,8 @@ class _Protocol(asyncio.Protocol):
         self.batches: deque[tuple[asyncio.Future[list[Any]], int, list[Any]]] = deque()
         self.transport: asyncio.Transport | None = None
         self.error: RedisUnavailable | None = None
+        #: commands of every batch sent during this loop turn: written at its end, in one call
+        self._out: list[bytes] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop: not a subclass
@@ -105,8 +108,15 @@ class _Protocol(asyncio.Protocol):
             future.set_exception(self.error or RedisUnavailable("connection to redis closed"))
             return future
         self.batches.append((future, len(commands), []))
-        transport.write(b"".join(map(encode_command, commands)))
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.extend(map(encode_command, commands))
         return future
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.write(b"".join(out))
 
 
 class RespClient:
