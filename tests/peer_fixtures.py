@@ -77,6 +77,9 @@ class Process:
             self.popen.send_signal(sig)
         code = self.popen.wait(WAIT)
         self.output.join()
+        for pipe in (self.popen.stdout, self.popen.stderr):
+            if pipe is not None:
+                pipe.close()
         return code
 
 

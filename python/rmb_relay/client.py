@@ -54,7 +54,13 @@ from google.protobuf.message import DecodeError
 from rmb_relay._core import SigningKey, WsMessage
 from rmb_relay.clock import NS, Clock, monotonic_clock, nanos, seconds, wall_clock
 from rmb_relay.envelope import Envelope, address_text, sign
-from rmb_relay.errors import BadMessage, ClientError, RemoteError, RequestTimeout
+from rmb_relay.errors import (
+    BadMessage,
+    ClientError,
+    RedisUnavailable,
+    RemoteError,
+    RequestTimeout,
+)
 from rmb_relay.identity import make_jwt
 from rmb_relay.peer.msgbus import (
     BLOCK_SECONDS,
@@ -851,13 +857,23 @@ class RmbClient:
 POP_BATCH = 256
 
 
+#: pause before popping again after Redis failed
+POP_RETRY = 0.5
+
+
 async def _pop(redis: RespClient, queue: bytes) -> list[bytes]:
     """What waits on a queue (oldest first), or [] after BLOCK_SECONDS of nothing: one
-    blocking pop, then everything else queued behind it in one non-blocking pop."""
-    popped = await redis.execute((b"BRPOP", queue, BLOCK_SECONDS))
-    if popped is None:
+    blocking pop, then everything else queued behind it in one non-blocking pop. A Redis
+    failure is logged and retried: a restart of Redis does not end a client or service."""
+    try:
+        popped = await redis.execute((b"BRPOP", queue, BLOCK_SECONDS))
+        if popped is None:
+            return []
+        more = await redis.execute((b"RPOP", queue, POP_BATCH))
+    except RedisUnavailable as err:
+        log.warning("cannot pop %s: %s", queue.decode(errors="replace"), err)
+        await asyncio.sleep(POP_RETRY)
         return []
-    more = await redis.execute((b"RPOP", queue, POP_BATCH))
     return [popped[1], *(more or ())]
 
 
@@ -982,7 +998,10 @@ class RmbPeerClient:
             while True:
                 answers = [self._answer(queue, raw, handler) for raw in await _pop(blocking, queue)]
                 replies = [reply for reply in await asyncio.gather(*answers) if reply]
-                await self.redis.pipeline([(b"LPUSH", REPLY_QUEUE, r) for r in replies])
+                try:
+                    await self.redis.pipeline([(b"LPUSH", REPLY_QUEUE, r) for r in replies])
+                except RedisUnavailable as err:
+                    log.warning("lost %d replies to %s: %s", len(replies), command, err)
         finally:
             await blocking.close()
 

@@ -195,12 +195,20 @@ async def serve(config: PeerConfig) -> None:
         await directory.close()
         raise ConfigError("no twin found on this network with given key")
     if config.update and (twin.relays != config.domains or twin.pk != e2e.public_key):
-        directory.add(Twin(twin.id, twin.account, config.domains, e2e.public_key))
+        twin = Twin(twin.id, twin.account, config.domains, e2e.public_key)
+        directory.add(twin)
         log.info(
             "twin %d updated: relays %s, pk %s",
             twin.id,
             ",".join(sorted(config.domains)),
             e2e.public_key.hex(),
+        )
+    encrypt = twin.pk == e2e.public_key
+    if not encrypt:
+        log.warning(
+            "twin %d does not publish this peer's e2e key: sending plaintext, since no "
+            "receiver could decrypt what this peer encrypts (run without --no-update)",
+            twin.id,
         )
     log.info("twin: %d", twin.id)
     gateway = Gateway(
@@ -210,6 +218,7 @@ async def serve(config: PeerConfig) -> None:
         CachedTwinDirectory(directory, ttl=TWIN_CACHE_TTL),
         redis_url=config.redis,
         relays=config.relays,
+        encrypt=encrypt,
     )
     try:
         await gateway.redis.execute((b"PING",))

@@ -248,12 +248,16 @@ class Gateway:
         *,
         redis_url: str,
         relays: Sequence[str],
+        encrypt: bool = True,
         clock: Clock = wall_clock,
         monotonic: Clock = monotonic_clock,
         retry_delay: float = RETRY_DELAY,
     ) -> None:
+        """`encrypt` False: send everything plain. For a twin whose published `pk` is not
+        ours (`--no-update`): whatever we encrypt, its receiver could not decrypt (105)."""
         self.twin = twin
         self.e2e = e2e
+        self.encrypt = encrypt
         self.directory = directory
         self.relays = list(relays)
         self.clock = clock
@@ -347,7 +351,7 @@ class Gateway:
 
     def _set_payload(self, env: Envelope, twin: Twin, data: bytes) -> None:
         """Encrypt for a twin that publishes a key, else send plain (spec §5.10)."""
-        if twin.pk is None:
+        if twin.pk is None or not self.encrypt:
             env.plain = data
         else:
             env.cipher = self.e2e.encrypt(twin.pk, data)
