@@ -87,6 +87,9 @@ DEAD_AFTER = 40.0
 RETRY_DELAY = 2.0
 #: how often the keepalive runs and expired envelopes and waiters are swept
 TICK = 1.0
+#: after a relay is lost, requests still unanswered this much later are sent once more: the
+#: other side may have answered through the lost relay before it noticed the loss
+RESEND_SETTLE = 1.0
 
 MessageCallback = Callable[[WsMessage], None]
 LinkCallback = Callable[["RelayLink"], None]
@@ -794,6 +797,9 @@ class RmbClient:
     def _link_down(self, link: RelayLink) -> None:
         if self.connected:
             self._resend()
+            if self._pending:
+                snapshot = list(self._pending.items())
+                asyncio.get_running_loop().call_later(RESEND_SETTLE, self._resend_again, snapshot)
             return
         self._up.clear()
         if self.reconnect and not self.closed:
@@ -808,6 +814,13 @@ class RmbClient:
             log.info("re-sending %d requests still waiting for replies", len(self._pending))
         for waiter in list(self._pending.values()):
             self._send_waiter(waiter)
+
+    def _resend_again(self, snapshot: list[tuple[str, Waiter]]) -> None:
+        again = [w for uid, w in snapshot if self._pending.get(uid) is w]
+        if again and not self.closed:
+            log.info("re-sending %d requests still unanswered after a relay loss", len(again))
+            for waiter in again:
+                self._send_waiter(waiter)
 
     def _tick(self) -> None:
         self._ticker = asyncio.get_running_loop().call_later(TICK, self._tick)
