@@ -101,6 +101,9 @@ MAX_HELD_WRITES = 200_000
 #: pause after a Redis failure before the next try, doubling up to the maximum
 RETRY_MIN = 0.05
 RETRY_MAX = 2.0
+#: requests answered by every destination, remembered so a late duplicate reply (after a
+#: re-send) is dropped without asking Redis; duplicates come seconds after the original
+MAX_ANSWERED = 100_000
 #: relay replies carry this TTL (rmb-peer's plugin and error replies)
 REPLY_TTL = 300
 EXPIRED_BEFORE_SENDING = "other: response has expired before sending!"
@@ -217,7 +220,7 @@ class PendingRequest(Waiter):
         self.gateway.reply_to_client(self.ret, self.ref, env)
         if self.waiting:
             return False
-        self.gateway.writer.push((b"DEL", backlog_key(self.uid)))
+        self.gateway.answered(self.uid)
         return True
 
     def wires(self) -> list[bytes]:
@@ -277,6 +280,8 @@ class Gateway:
         self._popper = self.redis.blocking()
         self._intake_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        #: uids of requests every destination has answered, oldest first
+        self._answered: dict[str, None] = {}
 
     async def start(self) -> None:
         """Start the relay links (in the background, reconnecting) and the msgbus intake."""
@@ -555,9 +560,21 @@ class Gateway:
             ),
         )
 
+    def answered(self, uid: str) -> None:
+        """Every destination of a request answered: forget its backlog, remember the uid."""
+        self.writer.push((b"DEL", backlog_key(uid)))
+        answered = self._answered
+        answered[uid] = None
+        if len(answered) > MAX_ANSWERED:
+            del answered[next(iter(answered))]
+
     def _on_unmatched(self, env: Envelope) -> None:
-        """A reply no request in memory waits for: the peer restarted since it sent the
-        request (its backlog is in Redis), or the request expired or was already answered."""
+        """A reply no request in memory waits for: a duplicate of one already delivered, or
+        the peer restarted since it sent the request (its backlog is in Redis), or the
+        request expired."""
+        if env.uid in self._answered:
+            log.debug("dropping a duplicate reply to %s from %d", env.uid, env.source.twin)
+            return
         task = asyncio.get_running_loop().create_task(self._reply_from_backlog(env))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
