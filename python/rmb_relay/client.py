@@ -875,14 +875,16 @@ POP_RETRY = 0.5
 
 
 async def _pop(redis: RespClient, queue: bytes) -> list[bytes]:
-    """What waits on a queue (oldest first), or [] after BLOCK_SECONDS of nothing: one
-    blocking pop, then everything else queued behind it in one non-blocking pop. A Redis
-    failure is logged and retried: a restart of Redis does not end a client or service."""
+    """What waits on a queue (oldest first), or [] after BLOCK_SECONDS of nothing: a blocking
+    pop pipelined with a non-blocking one, which Redis runs as soon as the first returns, so
+    one round trip takes everything queued. A Redis failure is logged and retried: a restart
+    of Redis does not end a client or service."""
     try:
-        popped = await redis.execute((b"BRPOP", queue, BLOCK_SECONDS))
+        popped, more = await redis.pipeline(
+            [(b"BRPOP", queue, BLOCK_SECONDS), (b"RPOP", queue, POP_BATCH)]
+        )
         if popped is None:
             return []
-        more = await redis.execute((b"RPOP", queue, POP_BATCH))
     except RedisUnavailable as err:
         log.warning("cannot pop %s: %s", queue.decode(errors="replace"), err)
         await asyncio.sleep(POP_RETRY)

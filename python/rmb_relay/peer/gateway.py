@@ -7,10 +7,10 @@ it signs, fails over between relays, matches replies to requests and re-sends wh
 may have swallowed. This module adds what makes it a peer:
 
 Outgoing (Redis -> relay). One task pops `msgbus.system.local` (client requests) and
-`msgbus.system.reply` (service replies): a non-blocking `RPOP key COUNT` for whatever is
-queued, a blocking `BRPOP` only when both are empty. A request becomes one envelope per
-destination, all with one new uid: stamped (§2.2), encrypted when the destination publishes a
-`pk` (§5.10), signed; its `Backlog` (return queue and the client's `ref`) is written to
+`msgbus.system.reply` (service replies): a blocking `BRPOP` pipelined with `RPOP key COUNT`
+of both, so one round trip takes the first item and everything queued behind it. A request
+becomes one envelope per destination, all with one new uid: stamped (§2.2), encrypted when the
+destination publishes a `pk` (§5.10), signed; its `Backlog` (return queue and the client's `ref`) is written to
 `msgbus.backlog.<uid>` with the request's TTL and kept in memory as a `PendingRequest`. A
 service reply becomes a response (or error) envelope to the `dst` it names, uid = its `ref`.
 
@@ -310,22 +310,22 @@ class Gateway:
         popper = self._popper
         delay = RETRY_MIN
         failing = False
+        # one round trip per wake-up: Redis runs the RPOPs as soon as the BRPOP returns, so
+        # they take whatever queued behind the first item (oldest first, as the BRPOP)
         take: list[Command] = [
+            (b"BRPOP", LOCAL_QUEUE, REPLY_QUEUE, BLOCK_SECONDS),
             (b"RPOP", LOCAL_QUEUE, INTAKE_BATCH),
             (b"RPOP", REPLY_QUEUE, INTAKE_BATCH),
         ]
-        wait: Command = (b"BRPOP", LOCAL_QUEUE, REPLY_QUEUE, BLOCK_SECONDS)
         while True:
             try:
-                requests, replies = await popper.pipeline(take)
-                if not requests and not replies:
-                    popped = await popper.execute(wait)
-                    if popped is None:
-                        continue
-                    if popped[0] == LOCAL_QUEUE:
-                        requests = [popped[1]]
-                    else:
-                        replies = [popped[1]]
+                popped, requests, replies = await popper.pipeline(take)
+                if popped is None:
+                    continue
+                if popped[0] == LOCAL_QUEUE:
+                    requests = [popped[1], *(requests or ())]
+                else:
+                    replies = [popped[1], *(replies or ())]
             except RedisUnavailable as err:
                 if not failing:
                     log.warning("cannot read the msgbus (%s): retrying", err)
