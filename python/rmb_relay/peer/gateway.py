@@ -10,9 +10,10 @@ Outgoing (Redis -> relay). One task pops `msgbus.system.local` (client requests)
 `msgbus.system.reply` (service replies): a blocking `BRPOP` pipelined with `RPOP key COUNT`
 of both, so one round trip takes the first item and everything queued behind it. A request
 becomes one envelope per destination, all with one new uid: stamped (§2.2), encrypted when the
-destination publishes a `pk` (§5.10), signed; its `Backlog` (return queue and the client's `ref`) is written to
-`msgbus.backlog.<uid>` with the request's TTL and kept in memory as a `PendingRequest`. A
-service reply becomes a response (or error) envelope to the `dst` it names, uid = its `ref`.
+destination publishes a `pk` (§5.10), signed; its `Backlog` (return queue and the client's
+`ref`) is written to `msgbus.backlog.<uid>` with the request's TTL and kept in memory as a
+`PendingRequest`. A service reply becomes a response (or error) envelope to the `dst` it
+names, uid = its `ref`.
 
 Incoming (relay -> Redis). Every envelope is checked in arrival order before anything else
 (§5.7): expired (102), unknown sender (103), bad signature (104), cipher without a sender key
@@ -22,7 +23,8 @@ Incoming (relay -> Redis). Every envelope is checked in arrival order before any
 client's `ref`, from memory or, after a restart of the peer, from the Redis backlog.
 
 Every Redis write goes through one `RedisWriter`: commands are pipelined in the order given,
-and a batch that fails (Redis restarting) is retried, so what the peer holds is not lost.
+one pipeline per event-loop turn, and a batch that fails (Redis restarting) is written again
+with everything after it, so what the peer holds is not lost.
 
 Errors reach the client's `ret` as rmb-peer's JSON (`src` "") with its codes: a bad request
 (101), expired before sending (102, or 500 when it expired waiting for a relay), an unknown
@@ -112,77 +114,125 @@ EXPIRED_BEFORE_SENDING = "other: response has expired before sending!"
 class RedisWriter:
     """Every Redis write of the peer, in order, pipelined; see the module docstring.
 
-    A group (`push(*commands)`) is kept together: it is written in one pipeline or retried
-    whole. One pipeline is in flight at a time and the groups pushed meanwhile form the next,
-    so the batch grows with the load.
+    A group (`push(*commands)`) is kept together. The groups pushed during one event-loop turn
+    leave at its end as one pipeline, without waiting for the replies to earlier pipelines:
+    Redis applies the commands of one connection in order, and a round trip per batch would
+    only add latency. A pipeline that fails (Redis restarting) is held, with every later one,
+    and the lot is written again in order after a pause until Redis answers: a group may then
+    be applied twice (at-least-once, like the rest of RMB), never lost or reordered.
     """
 
     def __init__(self, redis: RespClient) -> None:
         self.redis = redis
-        self._groups: deque[tuple[Command, ...]] = deque()
-        self._task: asyncio.Task[None] | None = None
+        self._queue: deque[tuple[Command, ...]] = deque()
+        #: batches sent and not yet acknowledged, by sequence number (= send order)
+        self._inflight: dict[int, list[tuple[Command, ...]]] = {}
+        self._seq = 0
+        self._scheduled = False
+        self._retrying: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
         self.dropped = 0
         self.written = 0
         self._idle = asyncio.Event()
         self._idle.set()
 
     def push(self, *commands: Command) -> None:
-        groups = self._groups
-        if len(groups) >= MAX_HELD_WRITES:
-            groups.popleft()
+        queue = self._queue
+        if len(queue) >= MAX_HELD_WRITES:
+            queue.popleft()
             self.dropped += 1
             if self.dropped % 10_000 == 1:
                 log.error("redis unreachable for long: dropped %d queued writes", self.dropped)
-        groups.append(commands)
+        queue.append(commands)
         self._idle.clear()
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        if not self._scheduled and self._retrying is None:
+            self._scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
 
-    async def _run(self) -> None:
-        groups = self._groups
-        delay = RETRY_MIN
-        failing = False
+    def _batches(self) -> list[list[tuple[Command, ...]]]:
+        """The queue cut into batches of at most WRITE_BATCH commands (a group is not cut)."""
+        batches: list[list[tuple[Command, ...]]] = []
+        batch: list[tuple[Command, ...]] = []
+        size = 0
+        queue = self._queue
+        while queue:
+            group = queue.popleft()
+            if batch and size + len(group) > WRITE_BATCH:
+                batches.append(batch)
+                batch, size = [], 0
+            batch.append(group)
+            size += len(group)
+        if batch:
+            batches.append(batch)
+        return batches
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        if self._retrying is not None:
+            return
+        loop = asyncio.get_running_loop()
+        for batch in self._batches():
+            self._seq += 1
+            self._inflight[self._seq] = batch
+            task = loop.create_task(self._send(self._seq, batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, seq: int, batch: list[tuple[Command, ...]]) -> None:
+        commands = [command for group in batch for command in group]
         try:
-            while groups:
-                batch: list[Command] = []
-                taken = 0
-                for group in groups:
-                    if batch and len(batch) + len(group) > WRITE_BATCH:
-                        break
-                    batch.extend(group)
-                    taken += 1
+            replies = await self.redis.pipeline(commands)
+        except RedisUnavailable as err:
+            if self._retrying is None:
+                log.warning("redis write failed (%s): holding writes and retrying", err)
+                self._retrying = asyncio.get_running_loop().create_task(self._retry())
+            return
+        self._done(seq, commands, replies)
+
+    def _done(self, seq: int, commands: list[Command], replies: list[Any]) -> None:
+        self._inflight.pop(seq, None)
+        self.written += len(commands)
+        for command, reply in zip(commands, replies, strict=True):
+            if isinstance(reply, hiredis.ReplyError):
+                log.warning("redis refused %r: %s", command[0], reply)
+        if not self._inflight and not self._queue:
+            self._idle.set()
+
+    async def _retry(self) -> None:
+        """Write everything unacknowledged again, oldest first, one batch at a time, until
+        Redis takes it; then go back to sending without waiting."""
+        delay = RETRY_MIN
+        try:
+            while True:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX)
+                held = [group for seq in sorted(self._inflight) for group in self._inflight[seq]]
+                self._inflight.clear()
+                self._queue.extendleft(reversed(held))
                 try:
-                    replies = await self.redis.pipeline(batch)
-                except RedisUnavailable as err:
-                    if not failing:
-                        log.warning("redis write failed (%s): holding writes and retrying", err)
-                        failing = True
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, RETRY_MAX)
+                    for batch in self._batches():
+                        self._seq += 1
+                        self._inflight[self._seq] = batch
+                        commands = [command for group in batch for command in group]
+                        self._done(self._seq, commands, await self.redis.pipeline(commands))
+                except RedisUnavailable:
                     continue
-                if failing:
-                    log.info("redis is back: writing %d held command groups", len(groups))
-                    failing = False
-                delay = RETRY_MIN
-                for _ in range(taken):
-                    groups.popleft()
-                self.written += len(batch)
-                for command, reply in zip(batch, replies, strict=True):
-                    if isinstance(reply, hiredis.ReplyError):
-                        log.warning("redis refused %r: %s", command[0], reply)
+                log.info("redis is back: held writes written")
+                return
         finally:
-            self._task = None
-            if not groups:
-                self._idle.set()
+            self._retrying = None
+            if self._queue:
+                self._flush()
 
     async def flushed(self) -> None:
         """Wait until everything pushed so far is written (tests, shutdown)."""
         await self._idle.wait()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [*self._tasks, *([self._retrying] if self._retrying else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class PendingRequest(Waiter):
