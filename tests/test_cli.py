@@ -117,6 +117,19 @@ def test_release_wheel_installs_and_runs_in_a_fresh_venv(tmp_path: Path) -> None
         check=True,
     )
     assert "usage: rmb-relay" in result.stdout
+    # rmb-peer ships too, with the envelope classes generated at build time
+    peer = subprocess.run(
+        [env_dir / "bin" / "python", "-c", "import rmb_relay.peer.gateway"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+    )
+    assert peer.returncode == 0, peer.stderr
+    version = subprocess.run(
+        [env_dir / "bin" / "rmb-peer", "--version"], capture_output=True, text=True, env=env
+    )
+    assert version.stdout.startswith("rmb-peer ")
 
 
 def test_help_lists_the_sbd_flags_with_their_defaults() -> None:

@@ -273,3 +273,27 @@ async def test_a_peer_whose_redis_restarts_loses_nothing(
     finally:
         assert d.process.stop() == 0
         redis.stop()
+
+
+async def test_request_that_expires_waiting_for_a_relay_gets_500(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A peer whose only relay is down holds requests; one that expires before any relay
+    comes up is answered with rmb-peer's error, `src` ""."""
+    add_twin(cluster.twins, 6)
+    port = free_port()
+    redis = start_redis(str(tmp_path), port)
+    down = Relay(cluster.relay.process, free_port())  # nothing listens there
+    e = start_peer(6, cluster.twins, redis, [down], connected=False)
+    try:
+        e.output.wait_for("cannot connect to relay")
+        async with Redis.from_url(redis.url) as client:
+            (reply,) = await ask(client, request([2], "test.x", exp=1))
+        assert reply["err"] == {
+            "code": 500,
+            "message": "other: response has expired before sending!",
+        }
+        assert reply["src"] == ""
+    finally:
+        assert e.process.stop() == 0
+        redis.stop()

@@ -25,8 +25,9 @@ through the first link that is up and moves that link to the front when it was n
 failover), matches replies to requests by uid through `Waiter`s, and serves incoming requests.
 A relay that goes away may have swallowed requests, or the replies to them, so when a link is
 lost every request still waiting for a reply is sent again through the links that are left (or
-when one comes back): delivery is at-least-once, and a waiter takes one reply per destination,
-so the duplicate reply a re-send can cause is dropped. A client made with `reconnect=True`
+when one comes back), and once more a second later if still unanswered (the other side may have
+answered through the dying relay before it noticed). Delivery is at-least-once: a service may
+see a request twice, and a waiter takes one reply per destination, so the client does not. A client made with `reconnect=True`
 keeps envelopes it cannot send yet until a link is up or they expire; a plain client raises
 `ClientError` instead, and fails its pending requests when its relay goes.
 
