@@ -86,7 +86,7 @@ $(SBD_TESTER):
 	       CARGO_TARGET_DIR=$(SBD_TESTER_TARGET) cargo install -q sbd-o-bahn-server-tester --version 0.4.0 --root .tools/sbd-tester; }
 
 sbd-conformance: $(SBD_TESTER) $(BUILD_STAMP) ## the public SBD conformance suite against our relay
-	@timeout 600 $(SBD_TESTER) $(abspath $(PY)) -u -m rmb_relay.protocols.sbd_obahn \
+	@timeout 600 $(SBD_TESTER) $(abspath $(PY)) -u -m rmb_relay.commands.sbd_obahn \
 	  >.tools/sbd-conformance.out 2>.tools/sbd-conformance.log; status=$$?; \
 	  sed -n '/TEST RESULTS/,$$p' .tools/sbd-conformance.out; \
 	  [ $$status = 0 ] || { echo "SBD conformance failed ($$status); see .tools/sbd-conformance.{out,log}"; exit $$status; }

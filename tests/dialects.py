@@ -2,34 +2,31 @@
 
 from __future__ import annotations
 
-from rmb_relay._core import OP_TEXT, HttpRequest, WsMessage, encode_frame
-from rmb_relay.protocols.base import Dialect, WebSocketHandler
-from rmb_relay.server.connection import Connection
-from rmb_relay.server.http import HttpReject
+from rmb_relay._core import HttpRequest, WsMessage
+from rmb_relay.errors import HttpReject
+from rmb_relay.protocols.base import Dialect, Peer, WebSocketHandler
 
 
 class EchoHandler(WebSocketHandler):
     def on_message(self, message: WsMessage) -> None:
         if message.is_text:
-            self.conn.send_frame(encode_frame(OP_TEXT, message.data))
+            self.peer.send_text(message.data)
         else:
-            self.conn.send_binary(message.data)
+            self.peer.send(message.data)
 
 
 class EchoDialect(Dialect):
     """`/echo`: every message comes back as it was sent. `/echo?deny` is refused with 403."""
 
     name = "echo"
+    paths = ("/echo",)
 
     def __init__(self, max_message: int = 1 << 20) -> None:
         self.max_message = max_message
         self.opened = 0
         self.closed_codes: list[int | None] = []
 
-    def matches(self, request: HttpRequest) -> bool:
-        return request.path == "/echo"
-
-    async def accept(self, request: HttpRequest, conn: Connection) -> WebSocketHandler:
+    async def accept(self, request: HttpRequest, conn: Peer) -> WebSocketHandler:
         if request.query == "deny":
             raise HttpReject(403, "denied by test")
         dialect = self
@@ -45,22 +42,22 @@ class EchoDialect(Dialect):
 
 
 class PipeHandler(WebSocketHandler):
-    def __init__(self, conn: Connection, dialect: PipeDialect, name: str) -> None:
+    def __init__(self, conn: Peer, dialect: PipeDialect, name: str) -> None:
         super().__init__(conn)
         self.dialect = dialect
         self.name = name
 
     def on_open(self) -> None:
-        self.dialect.members[self.name] = self.conn
+        self.dialect.members[self.name] = self.peer
 
     def on_message(self, message: WsMessage) -> None:
         target_name, _, payload = message.data.partition(b":")
         target = self.dialect.members.get(target_name.decode())
         if target is not None:
-            target.send_binary(payload)
+            target.send(payload)
 
     def on_close(self, code: int | None) -> None:
-        if self.dialect.members.get(self.name) is self.conn:
+        if self.dialect.members.get(self.name) is self.peer:
             del self.dialect.members[self.name]
 
 
@@ -68,12 +65,10 @@ class PipeDialect(Dialect):
     """`/pipe/<name>`: a binary message `target:payload` is forwarded to connection `target`."""
 
     name = "pipe"
+    paths = ("/pipe/*",)
 
     def __init__(self) -> None:
-        self.members: dict[str, Connection] = {}
+        self.members: dict[str, Peer] = {}
 
-    def matches(self, request: HttpRequest) -> bool:
-        return request.path.startswith("/pipe/")
-
-    async def accept(self, request: HttpRequest, conn: Connection) -> WebSocketHandler:
+    async def accept(self, request: HttpRequest, conn: Peer) -> WebSocketHandler:
         return PipeHandler(conn, self, request.path.removeprefix("/pipe/"))

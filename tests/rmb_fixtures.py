@@ -28,16 +28,17 @@ def key_for(twin: int, key_type: str = "sr25519") -> SigningKey:
 
 
 class FakeClock:
-    """Unix time the test moves by hand (starts at the real time so JWTs look normal)."""
+    """Unix time in nanoseconds (`rmb_relay.clock`) the test moves by hand; starts at the real
+    time, on a whole second, so JWTs look normal."""
 
     def __init__(self) -> None:
-        self.now = float(int(time.time()))
+        self.now = int(time.time()) * 1_000_000_000
 
-    def __call__(self) -> float:
+    def __call__(self) -> int:
         return self.now
 
     def advance(self, seconds: float) -> None:
-        self.now += seconds
+        self.now += int(seconds * 1_000_000_000)
 
 
 @dataclass
@@ -71,7 +72,7 @@ async def start_rmb_relay(
     relays: dict[int, frozenset[str] | None] | None = None,
     settings: RmbSettings | None = None,
     mailbox: Mailbox | None = None,
-    clock: Callable[[], float] = time.time,
+    clock: Callable[[], int] = time.time_ns,
     db_name: str = "twins.sqlite3",
     **listener: Any,
 ) -> RmbRelay:

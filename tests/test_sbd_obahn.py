@@ -17,7 +17,7 @@ from tests.sbd_client import SbdClient
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTER = ROOT / ".tools" / "sbd-tester" / "bin" / "sbd-o-bahn-server-tester-bin"
-RUNNER = [sys.executable, "-u", "-m", "rmb_relay.protocols.sbd_obahn"]
+RUNNER = [sys.executable, "-u", "-m", "rmb_relay.commands.sbd_obahn"]
 
 
 @pytest.fixture

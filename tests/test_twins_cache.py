@@ -25,11 +25,13 @@ def twin(twin_id: int, version: int = 0) -> Twin:
 
 
 class Clock:
+    """Monotonic nanoseconds (`rmb_relay.clock`); the test moves `now`, in seconds."""
+
     def __init__(self) -> None:
         self.now = 1000.0
 
-    def __call__(self) -> float:
-        return self.now
+    def __call__(self) -> int:
+        return round(self.now * 1_000_000_000)
 
 
 class CountingBackend(TwinDirectory):

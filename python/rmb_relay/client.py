@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -33,7 +32,8 @@ from rmb_relay._core import (
     SigningKey,
     WsMessage,
 )
-from rmb_relay.errors import ClientError, RequestTimeout
+from rmb_relay.clock import Clock, seconds, wall_clock
+from rmb_relay.errors import ClientError, RemoteError, RequestTimeout
 from rmb_relay.identity import make_jwt
 from rmb_relay.wsclient import WebSocketClient
 
@@ -78,16 +78,6 @@ class IncomingRequest:
     expiration: int
 
 
-class RemoteError(ClientError):
-    """The remote service (or the relay) answered a request with an error."""
-
-    def __init__(self, reply: Reply) -> None:
-        assert reply.error is not None
-        code, message = reply.error
-        super().__init__(f"{'relay' if reply.from_relay else reply.source} error {code}: {message}")
-        self.reply = reply
-
-
 Handler = Callable[[IncomingRequest], bytes | Awaitable[bytes]]
 
 
@@ -108,7 +98,7 @@ class RmbClient:
         *,
         sid: str | None = None,
         sign: bool = True,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = wall_clock,
     ) -> None:
         self.twin = twin
         self.key = key
@@ -130,7 +120,7 @@ class RmbClient:
         *,
         sid: str | None = None,
         sign: bool = True,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = wall_clock,
         timeout: float = 10.0,
     ) -> RmbClient:
         client = cls(twin, key, sid=sid, sign=sign, clock=clock)
@@ -138,7 +128,7 @@ class RmbClient:
         return client
 
     async def open(self, url: str, *, timeout: float = 10.0) -> None:
-        token = make_jwt(self.key, self.twin, self.sid, int(self.clock()))
+        token = make_jwt(self.key, self.twin, self.sid, seconds(self.clock()))
         base = url.split("?", 1)[0]
         self.ws = await WebSocketClient.connect(
             f"{base}?{token}", on_message=self._on_message, timeout=timeout
@@ -173,7 +163,7 @@ class RmbClient:
         schema: str | None = None,
     ) -> Envelope:
         env = Envelope(uid or str(uuid.uuid4()))
-        env.timestamp = int(self.clock())
+        env.timestamp = seconds(self.clock())
         env.expiration = expiration
         env.source_twin = self.twin
         env.source_connection = self.sid

@@ -10,17 +10,27 @@ Exception
  │   └─ SignatureError             key/signature of the wrong shape (a wrong signature is False)
  └─ RelayError                     raised by the Python layers
      ├─ ConfigError                a flag, env var or file the operator must fix
+     ├─ HttpReject                 a request refused with an HTTP status (before any upgrade)
      ├─ AuthError                  a login the relay refuses; carries the HTTP status and reason
      ├─ TwinLookupError            the twin directory backend failed (not: "no such twin")
+     ├─ MailboxUnavailable         the mailbox backend (Redis) could not store or read
+     ├─ FederationError            an envelope could not be handed to another relay
      └─ ClientError                the SDK client could not do what was asked
-         └─ RequestTimeout         no response arrived before the deadline
+         ├─ RequestTimeout         no response arrived before the deadline
+         ├─ RemoteError            the remote service (or a relay) answered with an error
+         ├─ HandshakeError         the server refused the websocket upgrade (also ConnectionError)
+         └─ ConnectionClosed       the websocket closed under the client (also ConnectionError)
 ```
 
-Whose fault: `CoreError` subclasses and `AuthError` are the peer's; `ConfigError` is the
-operator's; `ClientError` is reported to the application using the SDK.
+Whose fault: `CoreError` subclasses, `HttpReject` and `AuthError` are the peer's;
+`ConfigError` is the operator's; `TwinLookupError`, `MailboxUnavailable` and `FederationError`
+are a dependency's (chain, Redis, another relay); `ClientError` is reported to the application
+using the SDK.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from rmb_relay._core import (
     CoreError,
@@ -35,10 +45,16 @@ __all__ = [
     "AuthError",
     "ClientError",
     "ConfigError",
+    "ConnectionClosed",
     "CoreError",
     "EnvelopeError",
+    "FederationError",
+    "HandshakeError",
     "HttpParseError",
+    "HttpReject",
+    "MailboxUnavailable",
     "RelayError",
+    "RemoteError",
     "RequestTimeout",
     "SbdError",
     "SignatureError",
@@ -55,6 +71,19 @@ class ConfigError(RelayError):
     """Configuration the operator must fix (bad flag value, unreadable file, ...)."""
 
 
+class HttpReject(RelayError):
+    """Raised by a dialect's `accept` (or a route) to refuse with an HTTP status before upgrade.
+
+    The reason is sent as the body and logged, so an operator and the client see the same text.
+    Never put paths or internals in it: it goes to whoever asked."""
+
+    def __init__(self, status: int, reason: str, headers: tuple[tuple[str, str], ...] = ()) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+        self.headers = headers
+
+
 class AuthError(RelayError):
     """A login the relay refuses. `status` is the HTTP status to answer with."""
 
@@ -69,9 +98,46 @@ class TwinLookupError(RelayError):
     answering that a twin does not exist. The relay answers 500 `failed to get twin: ...`."""
 
 
+class MailboxUnavailable(RelayError):
+    """The mailbox backend failed (Redis down or stalled): the message could not be stored or
+    read. The sender of a request gets an error envelope; nothing is silently dropped."""
+
+
+class FederationError(RelayError):
+    """The envelope could not be handed to the destination's relay; the text goes to the sender."""
+
+
 class ClientError(RelayError):
     """The SDK client could not complete an operation."""
 
 
 class RequestTimeout(ClientError):
     """No response arrived for a request before its deadline."""
+
+
+class RemoteError(ClientError):
+    """The remote service (or the relay) answered a request with an error. `reply` is the
+    SDK's `Reply` (`rmb_relay.client`)."""
+
+    def __init__(self, reply: Any) -> None:
+        code, message = reply.error
+        super().__init__(f"{'relay' if reply.from_relay else reply.source} error {code}: {message}")
+        self.reply = reply
+
+
+class HandshakeError(ClientError, ConnectionError):
+    """The server refused the upgrade; `status` and `body` say why."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"upgrade refused with HTTP {status}: {body.decode(errors='replace')}")
+        self.status = status
+        self.body = body
+
+
+class ConnectionClosed(ClientError, ConnectionError):
+    """The websocket closed; `code` is the close code (None without one)."""
+
+    def __init__(self, code: int | None, reason: str) -> None:
+        super().__init__(f"websocket closed ({code}): {reason}")
+        self.code = code
+        self.reason = reason

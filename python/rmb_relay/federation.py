@@ -10,12 +10,10 @@ from __future__ import annotations
 import abc
 from typing import TYPE_CHECKING
 
+from rmb_relay.errors import FederationError
+
 if TYPE_CHECKING:
     from rmb_relay.twins import Twin
-
-
-class FederationError(Exception):
-    """The envelope could not be handed to the destination's relay; the text goes to the sender."""
 
 
 class Federation(abc.ABC):

@@ -13,11 +13,12 @@ them). Delivery is at-least-once: entries are deleted after they were handed to 
 from __future__ import annotations
 
 import abc
-import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
+
+from rmb_relay.clock import Clock, seconds, wall_clock
+from rmb_relay.errors import MailboxUnavailable
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -34,10 +35,6 @@ def stream_key(key: SessionKey) -> str:
     """rmb-rs's per-session stream name: `stream:<twin>` or `stream:<twin>:<sid>`."""
     twin, sid = key
     return f"stream:{twin}" if sid is None else f"stream:{twin}:{sid}"
-
-
-class MailboxUnavailable(Exception):
-    """The mailbox backend failed (Redis down): the message could not be stored or read."""
 
 
 @dataclass(slots=True)
@@ -61,7 +58,7 @@ class Mailbox(abc.ABC):
         self,
         ttl: int = DEFAULT_MAILBOX_TTL,
         max_per_session: int = DEFAULT_MAILBOX_MAX,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = wall_clock,
     ) -> None:
         self.ttl = ttl
         self.max_per_session = max_per_session
@@ -70,7 +67,7 @@ class Mailbox(abc.ABC):
 
     def deadline(self, timestamp: int, expiration: int) -> int:
         """When a stored envelope stops being worth delivering (unix seconds)."""
-        now = int(self.clock())
+        now = seconds(self.clock())
         own = timestamp + expiration if timestamp else now + expiration
         return min(own, now + self.ttl)
 
@@ -100,7 +97,7 @@ class MemoryMailbox(Mailbox):
         self,
         ttl: int = DEFAULT_MAILBOX_TTL,
         max_per_session: int = DEFAULT_MAILBOX_MAX,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = wall_clock,
     ) -> None:
         super().__init__(ttl, max_per_session, clock)
         self._boxes: dict[SessionKey, deque[tuple[int, bytes]]] = {}
@@ -124,14 +121,14 @@ class MemoryMailbox(Mailbox):
         if not box:
             return Taken([])
         self._depth -= len(box)
-        now = self.clock()
+        now = seconds(self.clock())
         live = [envelope for deadline, envelope in box if deadline > now]
         self.stats.expired += len(box) - len(live)
         self.stats.delivered += len(live)
         return Taken(live)
 
     def _expire(self, box: deque[tuple[int, bytes]]) -> None:
-        now = self.clock()
+        now = seconds(self.clock())
         while box and box[0][0] <= now:
             box.popleft()
             self._depth -= 1
@@ -142,7 +139,7 @@ class MemoryMailbox(Mailbox):
         before = self._depth
         for key in list(self._boxes):
             box = self._boxes[key]
-            now = self.clock()
+            now = seconds(self.clock())
             kept = deque(item for item in box if item[0] > now)
             self.stats.expired += len(box) - len(kept)
             self._depth -= len(box) - len(kept)
@@ -167,7 +164,7 @@ class RedisMailbox(Mailbox):
         redis: Redis,
         ttl: int = DEFAULT_MAILBOX_TTL,
         max_per_session: int = DEFAULT_MAILBOX_MAX,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = wall_clock,
     ) -> None:
         super().__init__(ttl, max_per_session, clock)
         self.redis = redis
@@ -200,7 +197,7 @@ class RedisMailbox(Mailbox):
             entries = cast(list[tuple[bytes, dict[bytes, bytes]]], raw)
         except (RedisError, OSError) as err:
             raise MailboxUnavailable(f"redis: {err}") from err
-        now = self.clock()
+        now = seconds(self.clock())
         live: list[bytes] = []
         for _entry_id, fields in entries:
             deadline = fields.get(b"dl")

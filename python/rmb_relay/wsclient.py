@@ -28,25 +28,11 @@ from rmb_relay._core import (
     parse_response_head,
     websocket_accept,
 )
+from rmb_relay.errors import ConnectionClosed, HandshakeError
+from rmb_relay.protocols.base import CloseCode
 
 #: what a client waits for the upgrade by default
 DEFAULT_CONNECT_TIMEOUT = 10.0
-
-
-class HandshakeError(ConnectionError):
-    """The server refused the upgrade; `status` and `body` say why."""
-
-    def __init__(self, status: int, body: bytes) -> None:
-        super().__init__(f"upgrade refused with HTTP {status}: {body.decode(errors='replace')}")
-        self.status = status
-        self.body = body
-
-
-class ConnectionClosed(ConnectionError):
-    def __init__(self, code: int | None, reason: str) -> None:
-        super().__init__(f"websocket closed ({code}): {reason}")
-        self.code = code
-        self.reason = reason
 
 
 MessageCallback = Callable[[WsMessage], None]
@@ -214,7 +200,7 @@ class WebSocketClient:
             elif isinstance(event, WsClose):
                 self.close_code, self.close_reason = event.code, event.reason
                 if self.transport is not None and not self.transport.is_closing():
-                    self.transport.write(self.encoder.close(event.code or 1000))
+                    self.transport.write(self.encoder.close(event.code or CloseCode.NORMAL))
                     self.transport.close()
             elif isinstance(event, WsViolation):
                 self.close_code, self.close_reason = event.code, event.reason
@@ -237,7 +223,9 @@ class WebSocketClient:
             await self._inbox_ready.wait()
         return self._inbox.popleft()
 
-    async def close(self, code: int = 1000, reason: str = "", timeout: float = 5.0) -> None:
+    async def close(
+        self, code: int = CloseCode.NORMAL, reason: str = "", timeout: float = 5.0
+    ) -> None:
         """Close handshake: send our close frame, wait for the server to close TCP."""
         transport = self.transport
         if transport is None or self.closed.done():

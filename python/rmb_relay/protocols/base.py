@@ -1,38 +1,168 @@
-"""The contract between the listener and a relay dialect.
+"""The contract between the listener and a relay dialect. It imports nothing from `server/`.
 
-A dialect (RMB, SBD, ...) is one module with one `Dialect` subclass. The listener picks the
-dialect whose `matches` accepts an upgrade request, awaits `accept` (which authenticates and may
-raise `HttpReject` to answer with a status before the upgrade), then feeds the returned
-`WebSocketHandler` the decoded data messages of that connection. A dialect never parses
-websocket bytes itself and never touches another dialect.
+A dialect (RMB, SBD, ...) is one module or package with one `Dialect` subclass, registered in
+`protocols/registry.py`. It declares the websocket paths it serves (`paths`, see
+`protocols/paths.py`); the listener picks the most specific match for an upgrade, awaits
+`accept` (which authenticates and may raise `HttpReject` to answer with a status before the
+upgrade), then feeds the returned `WebSocketHandler` the decoded data messages of that
+connection. Plain HTTP routes come from `add_routes`. A dialect never parses bytes itself, sees
+its connections only as `Peer`s, and never touches another dialect.
+
+```text
+listener ──accept(request, peer)──▶ Dialect ──▶ WebSocketHandler
+   ▲                                                   │ on_message / on_close
+   └──────── Peer: send, send_many, close, writable ◀──┘
+```
 """
 
 from __future__ import annotations
 
 import abc
-from typing import TYPE_CHECKING
+import argparse
+import enum
+from collections.abc import AsyncIterable, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from rmb_relay.errors import HttpReject
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest, WsDecoder, WsMessage
-    from rmb_relay.server.connection import Connection
-    from rmb_relay.server.http import Router
+    from rmb_relay.services import Services
+
+__all__ = [
+    "CloseCode",
+    "Dialect",
+    "DialectEntry",
+    "HttpClient",
+    "HttpReject",
+    "HttpResponse",
+    "Peer",
+    "RouteHandler",
+    "Routes",
+    "WebSocketHandler",
+]
+
+
+class CloseCode(enum.IntEnum):
+    """The websocket close codes rmb-relay sends (RFC 6455 §7.4.1): the one table of them."""
+
+    NORMAL = 1000
+    GOING_AWAY = 1001
+    PROTOCOL_ERROR = 1002
+    UNSUPPORTED_DATA = 1003
+    INVALID_PAYLOAD = 1007
+    POLICY = 1008
+    TOO_BIG = 1009
+    INTERNAL = 1011
+
+
+@dataclass(frozen=True, slots=True)
+class HttpResponse:
+    """A complete answer to a plain HTTP request.
+
+    `body` is sent with a Content-Length; a response whose body is produced over time sets
+    `stream` instead (written as it comes, chunked unless `length` is known)."""
+
+    status: int
+    body: bytes = b""
+    content_type: str = "text/plain; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = field(default=())
+    stream: AsyncIterable[bytes] | None = None
+    #: the stream's total length when known (sent as Content-Length instead of chunked)
+    length: int | None = None
+
+    def header_list(self) -> list[tuple[str, str]]:
+        headers = list(self.headers)
+        has_type = any(name.lower() == "content-type" for name, _ in headers)
+        if not has_type and (self.body or self.stream is not None or self.status not in (202, 204)):
+            headers.append(("Content-Type", self.content_type))
+        return headers
+
+
+def reject_response(reject: HttpReject) -> HttpResponse:
+    """The response a refusal is answered with: its reason as the body (client and log agree)."""
+    return HttpResponse(reject.status, reject.reason.encode(), headers=reject.headers)
+
+
+class Peer(Protocol):
+    """One websocket connection as a dialect sees it. Sends made while the listener processes a
+    socket read are queued and written once per destination when the read is done."""
+
+    @property
+    def id(self) -> int:
+        """Unique per process for the life of the process (the route tables store it)."""
+
+    @property
+    def peer_host(self) -> str:
+        """The TCP peer's address (IPv4-mapped on a dual-stack listener)."""
+
+    @property
+    def peer_port(self) -> int: ...
+
+    @property
+    def is_open(self) -> bool:
+        """Still carrying messages (not closing or closed)."""
+
+    def send(self, payload: bytes) -> None:
+        """Queue one binary message."""
+
+    def send_many(self, payloads: list[bytes]) -> None:
+        """Queue several binary messages, in order."""
+
+    def send_text(self, text: bytes) -> None:
+        """Queue one text message (`text` is UTF-8 already)."""
+
+    def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> None:
+        """Start the close handshake (what is queued is written first)."""
+
+    def abort(self) -> None:
+        """Drop the connection at once without a close frame."""
+
+    def writable(self) -> Awaitable[None]:
+        """Resolves when this peer's socket is under its write high-water mark. Producers that
+        run outside a socket read (mailbox drains, stream consumers) await it before each batch;
+        senders inside a read are paused by the listener instead."""
+
+
+class HttpClient(Protocol):
+    """The connection of a plain HTTP request, as a route handler sees it."""
+
+    @property
+    def peer_host(self) -> str: ...
+
+    @property
+    def peer_port(self) -> int: ...
+
+
+RouteHandler = Callable[["HttpRequest", HttpClient], Awaitable[HttpResponse]]
+
+
+class Routes(Protocol):
+    """Where dialects register plain HTTP routes (the listener's router implements it)."""
+
+    def add(self, method: str, path: str, handler: RouteHandler) -> None:
+        """`path` is a `protocols/paths.py` pattern: `/exact`, `/prefix/*` or `/{segment}`.
+        A path served for other methods only answers 405; a pattern claimed twice for the
+        same method is refused at startup."""
 
 
 class WebSocketHandler(abc.ABC):
     """Per-connection state of one dialect. Methods run on the event loop and must not block."""
 
-    def __init__(self, conn: Connection) -> None:
-        self.conn = conn
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
 
     def on_open(self) -> None:  # noqa: B027 - optional hook
-        """The 101 has been queued; frames sent from here follow it."""
+        """The 101 has been queued; messages sent from here follow it."""
 
     @abc.abstractmethod
     def on_message(self, message: WsMessage) -> None:
         """One complete data message (text or binary)."""
 
     def bind_decoder(self, decoder: WsDecoder) -> None:  # noqa: B027 - optional hook
-        """The connection's frame decoder exists; configure it (before `on_open`)."""
+        """The connection's frame decoder exists; give it this dialect's scanner (before
+        `on_open`), so routing fields are read in the same call that decodes the frames."""
 
     def on_pong(self, data: bytes) -> None:  # noqa: B027 - optional hook
         """A websocket pong arrived (pings are answered by the listener)."""
@@ -46,25 +176,35 @@ class Dialect(abc.ABC):
 
     #: short name used in the banner, logs and the `dialect` metric label
     name: str = "dialect"
+    #: websocket upgrade paths this dialect serves (`protocols/paths.py` patterns)
+    paths: tuple[str, ...] = ()
     #: largest websocket message accepted from a peer of this dialect (bytes)
     max_message: int = 1 << 20
     #: drop the TCP connection on a protocol violation instead of sending a close frame
     #: (SBD requires this: "drop immediately with no closing frame")
     abort_on_violation: bool = False
-    #: have the codec scan binary messages as RMB envelopes in the same call that decodes them
-    #: (`WsMessage.routing`), so a read costs one call into Rust however many messages it holds
-    scan_envelopes: bool = False
 
     @abc.abstractmethod
-    def matches(self, request: HttpRequest) -> bool:
-        """Whether an upgrade request is for this dialect (by path)."""
-
-    @abc.abstractmethod
-    async def accept(self, request: HttpRequest, conn: Connection) -> WebSocketHandler:
+    async def accept(self, request: HttpRequest, peer: Peer) -> WebSocketHandler:
         """Authenticate the upgrade and return the connection's handler, or raise HttpReject."""
 
-    def add_routes(self, router: Router) -> None:  # noqa: B027 - optional hook
+    def add_routes(self, router: Routes) -> None:  # noqa: B027 - optional hook
         """Register plain HTTP routes this dialect serves (e.g. federation inbound)."""
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release background tasks and clients at shutdown."""
+
+
+@dataclass(frozen=True, slots=True)
+class DialectEntry:
+    """How a dialect joins `rmb-relay serve`: its flags and how to build it from them.
+
+    `add_arguments` adds an argument group to the serve parser (flag names must not clash with
+    other dialects'); `build` returns the dialect, or None when the flags switch it off. Adding a
+    dialect is one new module with one of these plus one line in `protocols/registry.py`."""
+
+    name: str
+    #: one line for `rmb-relay serve --help`
+    summary: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    build: Callable[[argparse.Namespace, Services], Awaitable[Dialect | None]]

@@ -20,11 +20,10 @@ offline twins wait in the mailbox instead of being federated (rmb-rs would feder
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import logging
-import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -34,32 +33,37 @@ from rmb_relay._core import (
     EnvelopeRouting,
     FixedWindowLimiter,
     HttpRequest,
-    RouteTable,
     WsDecoder,
     WsMessage,
     build_error_envelope,
     build_pong,
 )
-from rmb_relay.errors import AuthError, TwinLookupError
-from rmb_relay.federation import Federation, FederationDisabled, FederationError
+from rmb_relay.clock import Clock, seconds, wall_clock
+from rmb_relay.errors import (
+    AuthError,
+    ConfigError,
+    FederationError,
+    HttpReject,
+    MailboxUnavailable,
+    TwinLookupError,
+)
+from rmb_relay.federation import Federation, FederationDisabled
 from rmb_relay.identity import parse_jwt, verify_jwt_signature
-from rmb_relay.mailbox import Mailbox, MailboxUnavailable, MemoryMailbox, SessionKey
-from rmb_relay.protocols.base import Dialect, WebSocketHandler
-from rmb_relay.server.connection import CLOSE_POLICY, Connection
-from rmb_relay.server.http import HttpReject
+from rmb_relay.mailbox import Mailbox, MemoryMailbox, SessionKey
+from rmb_relay.protocols.base import CloseCode, Dialect, DialectEntry, Peer, WebSocketHandler
+from rmb_relay.switch import Outcome, Switch
 
 if TYPE_CHECKING:
-    from rmb_relay.server.http import Router
+    from rmb_relay.services import Services
     from rmb_relay.telemetry.metrics import Registry
     from rmb_relay.twins import Twin, TwinDirectory
 
 log = logging.getLogger("rmb_relay.rmb")
 
-#: close codes for the peer's faults (RFC 6455 §7.4.1)
-CLOSE_UNSUPPORTED_DATA = 1003
-CLOSE_INVALID_PAYLOAD = 1007
 #: relay error envelopes live this long (rmb-rs build_error_envelope)
 ERROR_ENVELOPE_TTL = 300
+#: a drained mailbox is written this many envelopes at a time, waiting for the socket between
+DRAIN_BATCH = 256
 
 
 @dataclass(slots=True)
@@ -160,7 +164,7 @@ class RmbMetrics:
 
 class RmbDialect(Dialect):
     name = "rmb"
-    scan_envelopes = True
+    paths = ("/",)
 
     def __init__(
         self,
@@ -168,18 +172,25 @@ class RmbDialect(Dialect):
         directory: TwinDirectory,
         registry: Registry,
         *,
+        switch: Switch | None = None,
         mailbox: Mailbox | None = None,
         federation: Federation | None = None,
         max_message: int = 1 << 20,
-        clock: Callable[[], float] = time.time,
+        clock: Clock = wall_clock,
     ) -> None:
+        """`switch` and `directory` are the process's shared ones (closed by their owner);
+        without a switch (tests) the dialect makes and owns a private one around `mailbox`
+        (default: in memory), and owns the directory too."""
         self.settings = settings
         self.directory = directory
-        self.mailbox = mailbox if mailbox is not None else MemoryMailbox(clock=clock)
+        self._owns_shared = switch is None
+        if switch is None:
+            switch = Switch(mailbox if mailbox is not None else MemoryMailbox(clock=clock))
+        self.switch = switch
         self.federation = federation if federation is not None else FederationDisabled()
         self.max_message = max_message
         self.clock = clock
-        self.routes = RouteTable()
+        #: this dialect's connections by id (the switch routes; this counts and closes)
         self.sessions: dict[int, RmbSession] = {}
         self.limiter: FixedWindowLimiter | None = None
         if settings.limit_count is not None and settings.limit_size is not None:
@@ -189,19 +200,20 @@ class RmbDialect(Dialect):
         self.metrics = RmbMetrics(registry, self)
         self._maintenance: asyncio.TimerHandle | None = None
 
+    @property
+    def mailbox(self) -> Mailbox:
+        return self.switch.mailbox
+
     # ---- login -----------------------------------------------------------------------------
 
-    def matches(self, request: HttpRequest) -> bool:
-        return request.path == "/"
-
-    async def accept(self, request: HttpRequest, conn: Connection) -> WebSocketHandler:
+    async def accept(self, request: HttpRequest, conn: Peer) -> WebSocketHandler:
         self._schedule_maintenance()
         token = request.query
         if not token:
             self._login_failed("missing jwt", conn)
             raise HttpReject(400, "missing jwt")
         try:
-            parsed = parse_jwt(token, int(self.clock()))
+            parsed = parse_jwt(token, seconds(self.clock()))
         except AuthError as err:
             self._login_failed("expired" if "expired" in err.reason else "invalid jwt", conn)
             raise HttpReject(err.status, err.reason) from None
@@ -222,7 +234,7 @@ class RmbDialect(Dialect):
         self.metrics.logins.inc()
         return RmbSession(conn, self, twin_id, parsed.claims.sid)
 
-    def _login_failed(self, reason: str, conn: Connection) -> None:
+    def _login_failed(self, reason: str, conn: Peer) -> None:
         self.metrics.login_failures.inc(1, reason)
         log.info("refused RMB login from %s: %s", conn.peer_host, reason)
 
@@ -233,13 +245,6 @@ class RmbDialect(Dialect):
         if self.settings.standalone:
             return True
         return bool(twin.relays and twin.relays & self.settings.domains)
-
-    def deliver_local(self, twin: int, sid: str | None, envelope: bytes) -> bool:
-        conn_id = self.routes.lookup_session(twin, sid)
-        if conn_id is None:
-            return False
-        self.sessions[conn_id].deliver(envelope)
-        return True
 
     async def route_slow(self, sender: RmbSession, env: EnvelopeRouting, data: bytes) -> None:
         """Everything that is not a connected local session: lookup, mailbox or federation."""
@@ -255,7 +260,8 @@ class RmbDialect(Dialect):
         if twin.relays is None and not self.settings.standalone:
             sender.fail(env, "relay info is not set for this twin", "no relay info")
             return
-        if self.deliver_local(dest, dest_sid, data):  # connected while we looked it up
+        key: SessionKey = (dest, dest_sid)
+        if self.switch.deliver_local(key, data):  # connected while we looked it up
             self.metrics.hot.local += 1
             return
         if not self.is_ours(twin):
@@ -269,18 +275,17 @@ class RmbDialect(Dialect):
         if env.fail_fast:
             sender.fail(env, "destination offline", "destination offline")
             return
-        key: SessionKey = (dest, dest_sid)
+        deadline = self.mailbox.deadline(env.timestamp, env.expiration)
         try:
-            await self.mailbox.put(key, data, self.mailbox.deadline(env.timestamp, env.expiration))
+            outcome = await self.switch.deliver(key, data, deadline=deadline)
         except MailboxUnavailable as err:
             log.warning("mailbox unavailable, refusing envelope for %s: %s", key, err)
             sender.fail(env, "destination offline and the mailbox is unavailable", "mailbox down")
             return
-        self.metrics.routed_slow["mailbox"] += 1
-        # the destination may have connected (and drained) while we were storing
-        conn_id = self.routes.lookup_session(dest, dest_sid)
-        if conn_id is not None:
-            self.sessions[conn_id].drain_mailbox()
+        if outcome is Outcome.QUEUED:
+            self.metrics.routed_slow["mailbox"] += 1
+        else:
+            self.metrics.hot.local += 1
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -292,28 +297,26 @@ class RmbDialect(Dialect):
     def _maintain(self) -> None:
         self._maintenance = None
         if self.limiter is not None:
-            self.limiter.prune(int(self.clock()))
+            self.limiter.prune(seconds(self.clock()))
         if isinstance(self.mailbox, MemoryMailbox):
             self.mailbox.sweep()
         if self.sessions:
             self._schedule_maintenance()
 
-    def add_routes(self, router: Router) -> None:
-        pass  # federation inbound (POST /) comes with the federation issue
-
     async def close(self) -> None:
         if self._maintenance is not None:
             self._maintenance.cancel()
         await self.federation.close()
-        await self.mailbox.close()
-        await self.directory.close()
+        if self._owns_shared:
+            await self.switch.close()
+            await self.directory.close()
 
 
 class RmbSession(WebSocketHandler):
     """One logged-in (twin, sid) connection."""
 
-    def __init__(self, conn: Connection, dialect: RmbDialect, twin: int, sid: str | None) -> None:
-        super().__init__(conn)
+    def __init__(self, peer: Peer, dialect: RmbDialect, twin: int, sid: str | None) -> None:
+        super().__init__(peer)
         self.dialect = dialect
         self.twin = twin
         self.sid = sid
@@ -329,7 +332,7 @@ class RmbSession(WebSocketHandler):
 
     def bind_decoder(self, decoder: WsDecoder) -> None:
         # the source check and the destination lookup happen in the codec's feed
-        decoder.bind_rmb_session(self.dialect.routes, self.twin, self.sid)
+        decoder.bind_rmb_session(self.dialect.switch.routes, self.twin, self.sid)
 
     def __repr__(self) -> str:
         return f"<RmbSession {self.twin}{'' if self.sid is None else ':' + self.sid}>"
@@ -338,24 +341,24 @@ class RmbSession(WebSocketHandler):
 
     def on_open(self) -> None:
         dialect = self.dialect
-        conn_id = self.conn.conn_id
-        displaced = dialect.routes.register_session(self.twin, self.sid, conn_id)
-        dialect.sessions[conn_id] = self
+        switch = dialect.switch
+        switch.attach(self)
+        displaced = switch.register_session(self.key, self)
+        dialect.sessions[self.peer.id] = self
         self.open = True
         if displaced is not None:
-            old = dialect.sessions.get(displaced)
-            if old is not None:
-                dialect.metrics.replaced.inc()
-                log.info("%r replaced by a newer connection from %s", old, self.conn.peer_host)
-                old.conn.close(CLOSE_POLICY, "replaced by a newer connection")
+            dialect.metrics.replaced.inc()
+            log.info("%r replaced by a newer connection from %s", displaced, self.peer.peer_host)
+            displaced.peer.close(CloseCode.POLICY, "replaced by a newer connection")
         self.drain_mailbox()
 
     def on_close(self, code: int | None) -> None:
         self.open = False
         dialect = self.dialect
-        dialect.routes.unregister_session(self.twin, self.sid, self.conn.conn_id)
-        if dialect.sessions.get(self.conn.conn_id) is self:
-            del dialect.sessions[self.conn.conn_id]
+        if self.peer.id in dialect.sessions:
+            dialect.switch.unregister_session(self.key, self)
+            dialect.switch.detach(self)
+            del dialect.sessions[self.peer.id]
         for task in (self._drain_task, self._slow_task):
             if task is not None and not task.done():
                 task.cancel()
@@ -371,7 +374,7 @@ class RmbSession(WebSocketHandler):
         data = message.data
         if message.is_text:
             metrics.drops.inc(1, "text frame")
-            self.conn.close(CLOSE_UNSUPPORTED_DATA, "text frames are not supported")
+            self.peer.close(CloseCode.UNSUPPORTED_DATA, "text frames are not supported")
             return
         hot = metrics.hot
         hot.messages_in += 1
@@ -380,10 +383,12 @@ class RmbSession(WebSocketHandler):
         if env is None:
             metrics.drops.inc(1, "invalid envelope")
             log.info("closing %r: invalid envelope: %s", self, message.scan_error)
-            self.conn.close(CLOSE_INVALID_PAYLOAD, "invalid envelope")
+            self.peer.close(CloseCode.INVALID_PAYLOAD, "invalid envelope")
             return
         limiter = dialect.limiter
-        if limiter is not None and not limiter.check(self.twin, len(data), int(dialect.clock())):
+        if limiter is not None and not limiter.check(
+            self.twin, len(data), seconds(dialect.clock())
+        ):
             metrics.limited.inc()
             self.fail(env, "exceeded rate limits, dropping message", "rate limited")
             return
@@ -399,7 +404,7 @@ class RmbSession(WebSocketHandler):
             return
         conn_id = env.dest_conn_id  # looked up in the same Rust call that decoded the frame
         if conn_id is not None:
-            target = dialect.sessions.get(conn_id)
+            target = dialect.switch.endpoints.get(conn_id)
             if target is not None:
                 target.deliver(data)
                 hot.local += 1
@@ -416,7 +421,7 @@ class RmbSession(WebSocketHandler):
         hot = self.dialect.metrics.hot
         hot.messages_out += 1
         hot.bytes_out += len(envelope)
-        self.conn.send_binary(envelope)
+        self.peer.send(envelope)
 
     def fail(self, env: EnvelopeRouting, reason: str, label: str) -> None:
         """Report a routing failure to the sender, as rmb-rs does: only for requests."""
@@ -426,13 +431,13 @@ class RmbSession(WebSocketHandler):
             return
         metrics.errors_sent.inc(1, label)
         error = build_error_envelope(
-            env.uid, reason, int(self.dialect.clock()), self.twin, self.sid
+            env.uid, reason, seconds(self.dialect.clock()), self.twin, self.sid
         )
         if self.open:
             self.deliver(error)
         else:  # the sender left while we were routing: keep the error for its next login
             dialect = self.dialect
-            deadline = dialect.mailbox.deadline(int(dialect.clock()), ERROR_ENVELOPE_TTL)
+            deadline = dialect.mailbox.deadline(seconds(dialect.clock()), ERROR_ENVELOPE_TTL)
             asyncio.get_running_loop().create_task(self._store_error(error, deadline))
 
     async def _store_error(self, error: bytes, deadline: int) -> None:
@@ -458,6 +463,9 @@ class RmbSession(WebSocketHandler):
 
     # ---- mailbox ---------------------------------------------------------------------------
 
+    def mail_waiting(self) -> None:
+        self.drain_mailbox()
+
     def drain_mailbox(self) -> None:
         """Deliver what waits in the mailbox, in order, before any later live traffic."""
         if self._drain_task is not None:
@@ -477,7 +485,7 @@ class RmbSession(WebSocketHandler):
                     log.warning("could not read the mailbox of %r: %s", self, err)
                     break
                 if taken.envelopes and self.open:
-                    self._write_all(taken.envelopes)
+                    await self._write_paced(taken.envelopes)
                     try:
                         await mailbox.ack(self.key, taken)
                     except MailboxUnavailable as err:
@@ -491,8 +499,91 @@ class RmbSession(WebSocketHandler):
             if held and self.open:
                 self._write_all(held)
 
+    async def _write_paced(self, envelopes: list[bytes]) -> None:
+        """Write a drained mailbox in batches, each after the socket is writable again: a large
+        mailbox must not pile up in the transport's buffer (backpressure outside a read)."""
+        for start in range(0, len(envelopes), DRAIN_BATCH):
+            await self.peer.writable()
+            if not self.open:
+                return
+            self._write_all(envelopes[start : start + DRAIN_BATCH])
+
     def _write_all(self, envelopes: list[bytes]) -> None:
         hot = self.dialect.metrics.hot
         hot.messages_out += len(envelopes)
         hot.bytes_out += sum(map(len, envelopes))
-        self.conn.send_binaries(envelopes)
+        self.peer.send_many(envelopes)
+
+
+# ---- rmb-relay serve ---------------------------------------------------------------------------
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The RMB flags of `rmb-relay serve` (rmb-rs's names where it has them)."""
+    rmb = parser.add_argument_group("RMB relay (GET /?<jwt>)")
+    rmb.add_argument(
+        "-m",
+        "--domain",
+        action="append",
+        default=[],
+        metavar="DOMAIN",
+        help=(
+            "a domain this relay serves (repeatable); twins whose on-chain relay list shares one "
+            "are kept here when offline. None given: standalone, every known twin is local"
+        ),
+    )
+    rmb.add_argument(
+        "--limit",
+        nargs=2,
+        type=int,
+        metavar=("COUNT", "SIZE"),
+        help="per-twin rate limit: at most COUNT messages and SIZE bytes per --limit-window "
+        "(default: no limit)",
+    )
+    rmb.add_argument(
+        "--limit-window",
+        type=int,
+        default=60,
+        metavar="SECONDS",
+        help="rate limit window",
+    )
+    rmb.add_argument(
+        "-p",
+        "--ranker-period",
+        type=int,
+        default=None,
+        metavar="SECONDS",
+        help="rmb-rs's federation ranker window; accepted so rmb-rs launch lines work, but this "
+        "relay does not federate yet, so it has no effect (a warning says so)",
+    )
+
+
+async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
+    """The RMB dialect of `rmb-relay serve`, on the process's switch and twin directory."""
+    if args.limit is not None and min(args.limit) <= 0:
+        raise ConfigError("--limit COUNT SIZE must both be positive")
+    if args.limit_window <= 0:
+        raise ConfigError("--limit-window must be positive")
+    if args.ranker_period is not None:
+        log.warning("--ranker-period has no effect: this relay does not federate yet")
+    settings = RmbSettings(
+        domains=frozenset(args.domain),
+        limit_count=args.limit[0] if args.limit else None,
+        limit_size=args.limit[1] if args.limit else None,
+        limit_window=args.limit_window,
+    )
+    return RmbDialect(
+        settings,
+        services.twin_directory(),
+        services.metrics,
+        switch=services.switch,
+        max_message=args.max_message,
+    )
+
+
+ENTRY = DialectEntry(
+    name="rmb",
+    summary="RMB (ThreeFold Reliable Message Bus) twins at GET /?<jwt>",
+    add_arguments=add_arguments,
+    build=build,
+)

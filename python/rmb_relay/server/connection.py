@@ -14,7 +14,11 @@ connection is queued per destination and written with a single `transport.write`
 read is done (`OutputBatcher`). Outside a read (timers, tasks) a send is written at once.
 
 Backpressure: when a destination's transport goes over its high-water mark, every connection
-that sends to it pauses reading until the destination drains (`resume_writing`).
+that sends to it during a read pauses reading until the destination drains (`resume_writing`);
+producers outside a read (mailbox drains, stream consumers) await `writable()` instead.
+
+A `Connection` is the dialects' `Peer` (protocols/base.py) and sees the listener only through
+the narrow `ConnectionHost` below.
 """
 
 from __future__ import annotations
@@ -23,10 +27,12 @@ import asyncio
 import enum
 import itertools
 import logging
-from typing import TYPE_CHECKING, cast
+from collections.abc import Awaitable
+from typing import TYPE_CHECKING, Protocol, cast
 
 from rmb_relay._core import (
     OP_PONG,
+    OP_TEXT,
     HttpParseError,
     HttpParser,
     HttpRequest,
@@ -44,23 +50,18 @@ from rmb_relay._core import (
     encode_switching_protocols,
     validate_websocket_upgrade,
 )
-from rmb_relay.server.http import HttpReject, HttpResponse
+from rmb_relay.errors import HttpReject
+from rmb_relay.protocols.base import CloseCode, HttpResponse, reject_response
 
 if TYPE_CHECKING:
     from rmb_relay._core import WsEvent
-    from rmb_relay.protocols.base import Dialect, WebSocketHandler
-    from rmb_relay.server.listener import RelayServer
+    from rmb_relay.config import ListenerConfig
+    from rmb_relay.protocols.base import Dialect, HttpClient, WebSocketHandler
+    from rmb_relay.telemetry.metrics import Counter
 
 log = logging.getLogger("rmb_relay.server")
 
 _ids = itertools.count(1)
-
-#: close codes of RFC 6455 §7.4.1 we send
-CLOSE_NORMAL = 1000
-CLOSE_GOING_AWAY = 1001
-CLOSE_POLICY = 1008
-CLOSE_TOO_BIG = 1009
-CLOSE_INTERNAL = 1011
 
 
 class State(enum.Enum):
@@ -72,13 +73,16 @@ class State(enum.Enum):
 
 
 class OutputBatcher:
-    """Defers writes made while a read is processed; flushes each touched connection once."""
+    """Defers writes made while a read is processed; flushes each touched connection once.
+    `reader` is the connection whose read is being processed (the one to pause when it sends
+    to a congested destination)."""
 
-    __slots__ = ("depth", "dirty")
+    __slots__ = ("depth", "dirty", "reader")
 
     def __init__(self) -> None:
         self.depth = 0
         self.dirty: list[Connection] = []
+        self.reader: Connection | None = None
 
     def flush(self) -> None:
         dirty = self.dirty
@@ -89,10 +93,54 @@ class OutputBatcher:
             conn.flush()
 
 
-class Connection(asyncio.Protocol):
-    """A TCP connection of the listener; see the module docstring."""
+class ConnectionMetrics(Protocol):
+    """The listener metrics a connection bumps."""
 
-    def __init__(self, server: RelayServer) -> None:
+    @property
+    def http_requests(self) -> Counter: ...
+
+    @property
+    def http_errors(self) -> Counter: ...
+
+    @property
+    def ws_violations(self) -> Counter: ...
+
+    @property
+    def dropped(self) -> Counter: ...
+
+    @property
+    def backpressure_pauses(self) -> Counter: ...
+
+
+class ConnectionHost(Protocol):
+    """What a connection needs of the listener, and nothing more."""
+
+    @property
+    def config(self) -> ListenerConfig: ...
+
+    @property
+    def batcher(self) -> OutputBatcher: ...
+
+    @property
+    def metrics(self) -> ConnectionMetrics: ...
+
+    def dialect_for(self, path: str) -> Dialect | None:
+        """The dialect serving websocket upgrades at this path."""
+
+    async def dispatch(self, request: HttpRequest, client: HttpClient) -> HttpResponse:
+        """Answer a plain HTTP request."""
+
+    def connection_opened(self, conn: Connection) -> None: ...
+
+    def connection_closed(self, conn: Connection) -> None: ...
+
+    def websocket_opened(self, conn: Connection) -> None: ...
+
+
+class Connection(asyncio.Protocol):
+    """A TCP connection of the listener and a dialect's `Peer`; see the module docstring."""
+
+    def __init__(self, server: ConnectionHost) -> None:
         self.server = server
         self.conn_id = next(_ids)
         self.state = State.HTTP
@@ -117,7 +165,29 @@ class Connection(asyncio.Protocol):
         self._waiting_senders: set[Connection] = set()
         self._blocked_on = 0
         self._reading_paused = False
+        self._writable: asyncio.Future[None] | None = None
         self.closed = asyncio.get_running_loop().create_future()
+
+    # ---- Peer ------------------------------------------------------------------------------
+
+    @property
+    def id(self) -> int:
+        return self.conn_id
+
+    @property
+    def is_open(self) -> bool:
+        return self.state is State.WEBSOCKET
+
+    def writable(self) -> Awaitable[None]:
+        """Resolves once the socket is under its high-water mark (at once if it is already, or
+        when the connection is gone: a closed peer never blocks a producer)."""
+        if not self.congested or self.state is State.CLOSED:
+            future = asyncio.get_running_loop().create_future()
+            future.set_result(None)
+            return future
+        if self._writable is None or self._writable.done():
+            self._writable = asyncio.get_running_loop().create_future()
+        return asyncio.shield(self._writable)
 
     # ---- asyncio.Protocol ------------------------------------------------------------------
 
@@ -135,16 +205,15 @@ class Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         decoder = self._decoder
         if decoder is not None:
-            server = self.server
             batcher = self._batcher
-            previous_reader = server.current_reader
-            server.current_reader = self
+            previous_reader = batcher.reader
+            batcher.reader = self
             batcher.depth += 1
             try:
                 self._on_ws_events(decoder.feed(data))
             finally:
                 batcher.depth -= 1
-                server.current_reader = previous_reader
+                batcher.reader = previous_reader
                 if batcher.depth == 0:
                     batcher.flush()
         elif self.state is State.HTTP:
@@ -166,6 +235,7 @@ class Connection(asyncio.Protocol):
             self._task.cancel()
         self._pending.clear()
         self._release_waiting_senders()
+        self._wake_writable()
         handler = self.handler
         if handler is not None:
             try:
@@ -182,6 +252,14 @@ class Connection(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.congested = False
         self._release_waiting_senders()
+        self._wake_writable()
+
+    def _wake_writable(self) -> None:
+        waiter = self._writable
+        if waiter is not None:
+            self._writable = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     # ---- websocket -------------------------------------------------------------------------
 
@@ -205,7 +283,7 @@ class Connection(asyncio.Protocol):
                         self.dialect_name,
                         self.peer_host,
                     )
-                    self.close(CLOSE_INTERNAL, "internal error")
+                    self.close(CloseCode.INTERNAL, "internal error")
                     return
             elif kind is WsPing:
                 if self.state is State.WEBSOCKET:
@@ -236,12 +314,12 @@ class Connection(asyncio.Protocol):
         if self.state is State.WEBSOCKET:
             # echo the peer's code (RFC 6455 §5.5.1); a close without a code is answered with 1000
             self.flush()
-            self._write(encode_close(event.code if event.code is not None else CLOSE_NORMAL))
+            self._write(encode_close(event.code if event.code is not None else CloseCode.NORMAL))
         self.state = State.CLOSING
         if self.transport is not None:
             self.transport.close()  # the server closes TCP first (RFC 6455 §7.1.1)
 
-    def send_binary(self, payload: bytes) -> None:
+    def send(self, payload: bytes) -> None:
         """Queue one binary message; written with the rest of this batch in one write."""
         if self.state is not State.WEBSOCKET:
             self.server.metrics.dropped.inc(1, self.dialect_name, "connection closing")
@@ -253,24 +331,36 @@ class Connection(asyncio.Protocol):
                 self._queued = True
                 batcher.dirty.append(self)
             if self.congested:
-                reader = self.server.current_reader
+                reader = batcher.reader
                 if reader is not None and reader is not self:
                     reader._block_on(self)
         else:
             self.flush()
 
-    def send_binaries(self, payloads: list[bytes]) -> None:
+    def send_many(self, payloads: list[bytes]) -> None:
         """Queue several binary messages in order (one write with the rest of the batch)."""
         if self.state is not State.WEBSOCKET:
             self.server.metrics.dropped.inc(len(payloads), self.dialect_name, "connection closing")
             return
         self._pending.extend(payloads)
-        if self._batcher.depth:
+        batcher = self._batcher
+        if batcher.depth:
             if not self._queued:
                 self._queued = True
-                self._batcher.dirty.append(self)
+                batcher.dirty.append(self)
+            if self.congested:
+                reader = batcher.reader
+                if reader is not None and reader is not self:
+                    reader._block_on(self)
         else:
             self.flush()
+
+    def send_text(self, text: bytes) -> None:
+        """Write one text message after whatever is queued (keeps order)."""
+        if self.state is not State.WEBSOCKET:
+            self.server.metrics.dropped.inc(1, self.dialect_name, "connection closing")
+            return
+        self.send_frame(encode_frame(OP_TEXT, text))
 
     def send_frame(self, frame: bytes) -> None:
         """Write an already-encoded frame after whatever is queued (keeps order)."""
@@ -293,7 +383,7 @@ class Connection(asyncio.Protocol):
         if transport is not None and not transport.is_closing():
             transport.write(data)
 
-    def close(self, code: int = CLOSE_NORMAL, reason: str = "", *, wait: bool = True) -> None:
+    def close(self, code: int = CloseCode.NORMAL, reason: str = "", *, wait: bool = True) -> None:
         """Start the close handshake; `wait=False` closes TCP right after the close frame."""
         if self.state in (State.CLOSING, State.CLOSED):
             return
@@ -367,9 +457,9 @@ class Connection(asyncio.Protocol):
                 await self._upgrade(request)
                 return
             try:
-                response = await self.server.router.dispatch(request, self)
+                response = await self.server.dispatch(request, self)
             except HttpReject as reject:
-                response = reject.response()
+                response = reject_response(reject)
             self.server.metrics.http_requests.inc(1, request.method, str(response.status))
             keep = request.keep_alive and response.status < 400
             self._respond(response, close=not keep)
@@ -383,7 +473,7 @@ class Connection(asyncio.Protocol):
             self._respond(HttpResponse(500, b"internal server error"), close=True)
 
     async def _upgrade(self, request: HttpRequest) -> None:
-        dialect = self.server.dialect_for(request)
+        dialect = self.server.dialect_for(request.path)
         if dialect is None:
             self._respond(HttpResponse(404, b"no relay dialect serves this path"), close=True)
             return
@@ -406,10 +496,9 @@ class Connection(asyncio.Protocol):
                 reject.reason,
             )
             self.state = State.HTTP
-            self._respond(reject.response(), close=True)
+            self._respond(reject_response(reject), close=True)
             return
         if self.state is not State.UPGRADING or self.transport is None:
-            handler.conn = self
             handler.on_close(None)  # the client left while we were authenticating
             return
         if self._http_timer is not None:
@@ -420,9 +509,7 @@ class Connection(asyncio.Protocol):
         assert parser is not None
         rest = parser.take_rest()
         self._parser = None
-        self._decoder = WsDecoder(
-            max_message=dialect.max_message, scan_envelopes=dialect.scan_envelopes
-        )
+        self._decoder = WsDecoder(max_message=dialect.max_message)
         self.handler = handler
         handler.bind_decoder(self._decoder)
         self.state = State.WEBSOCKET

@@ -1,70 +1,55 @@
-"""Plain HTTP requests: responses, rejections and a small router by method and path.
+"""The router of plain HTTP requests, by method and path pattern.
 
-Operations endpoints (`/health`, `/metrics`) are registered by the server; dialects add their
-own (the RMB federation inbound `POST /`). Anything unmatched gets rmb-rs's `404 page not found`.
+Operations endpoints (`/health`, `/metrics`) are registered by the listener; dialects add their
+own through `Dialect.add_routes` (the RMB federation inbound `POST /`, SBD's `PUT
+/authenticate`, a tunnel's `/relay/*`). Paths are `protocols/paths.py` patterns, matched most
+specific first. Anything unmatched gets rmb-rs's `404 page not found`; a path served only for
+other methods gets 405 with `Allow`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from rmb_relay.errors import ConfigError
+from rmb_relay.protocols.base import HttpClient, HttpResponse, RouteHandler
+from rmb_relay.protocols.paths import PathPattern, PathTable
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest
-    from rmb_relay.server.connection import Connection
-
-
-@dataclass(frozen=True, slots=True)
-class HttpResponse:
-    status: int
-    body: bytes = b""
-    content_type: str = "text/plain; charset=utf-8"
-    headers: tuple[tuple[str, str], ...] = field(default=())
-
-    def header_list(self) -> list[tuple[str, str]]:
-        headers = list(self.headers)
-        if self.body or self.status not in (202, 204):
-            headers.append(("Content-Type", self.content_type))
-        return headers
-
-
-class HttpReject(Exception):
-    """Raised by a dialect's `accept` (or a route) to refuse with an HTTP status before upgrade.
-
-    The reason is sent as the body and logged, so an operator and the client see the same text.
-    """
-
-    def __init__(self, status: int, reason: str, headers: tuple[tuple[str, str], ...] = ()) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
-        self.headers = headers
-
-    def response(self) -> HttpResponse:
-        return HttpResponse(self.status, self.reason.encode(), headers=self.headers)
-
-
-RouteHandler = Callable[["HttpRequest", "Connection"], Awaitable[HttpResponse]]
 
 
 class Router:
-    """Exact (method, path) matching; a path registered for another method answers 405."""
+    """Implements `protocols.base.Routes` for the listener."""
 
     def __init__(self) -> None:
-        self._routes: dict[tuple[str, str], RouteHandler] = {}
+        self._paths: PathTable[dict[str, RouteHandler]] = PathTable()
+        self._by_pattern: dict[PathPattern, dict[str, RouteHandler]] = {}
 
     def add(self, method: str, path: str, handler: RouteHandler) -> None:
-        key = (method.upper(), path)
-        if key in self._routes:
-            raise ValueError(f"route {method} {path} registered twice")
-        self._routes[key] = handler
+        pattern = PathPattern.parse(path)
+        methods = self._by_pattern.get(pattern)
+        if methods is None:
+            methods = self._by_pattern[pattern] = {}
+            self._paths.add(pattern, methods)
+        method = method.upper()
+        if method in methods:
+            raise ConfigError(f"route {method} {path} registered twice")
+        methods[method] = handler
+        if method == "GET" and "HEAD" not in methods:
+            methods["HEAD"] = handler  # HEAD is GET without the body (RFC 9110 §9.3.2)
 
-    async def dispatch(self, request: HttpRequest, conn: Connection) -> HttpResponse:
-        handler = self._routes.get((request.method, request.path))
+    def find(self, method: str, path: str) -> tuple[RouteHandler | None, list[str]]:
+        """The handler for the request, or None and the methods the path allows (for 405)."""
+        methods = self._paths.find(path)
+        if methods is None:
+            return None, []
+        return methods.get(method), sorted(methods)
+
+    async def dispatch(self, request: HttpRequest, client: HttpClient) -> HttpResponse:
+        handler, allowed = self.find(request.method, request.path)
         if handler is not None:
-            return await handler(request, conn)
-        allowed = sorted(m for (m, p) in self._routes if p == request.path)
+            return await handler(request, client)
         if allowed:
             return HttpResponse(
                 405, b"method not allowed", headers=(("Allow", ", ".join(allowed)),)

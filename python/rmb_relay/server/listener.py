@@ -1,5 +1,6 @@
 """The shared listener: accepts TCP (optionally TLS), owns every `Connection`, routes plain
-HTTP to the router and websocket upgrades to the dialect whose `matches` accepts the path.
+HTTP to the router and websocket upgrades to the dialect with the most specific path pattern
+(`protocols/paths.py`); two dialects claiming the same pattern are refused at startup.
 
 Shutdown (SIGINT/SIGTERM or `shutdown()`): stop accepting, send every websocket a 1001 close,
 wait (bounded) for the close handshakes, drop what is left, close the dialects.
@@ -16,13 +17,16 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from rmb_relay.config import ListenerConfig
-from rmb_relay.server.connection import CLOSE_GOING_AWAY, Connection, OutputBatcher, State
-from rmb_relay.server.http import HttpResponse, Router
+from rmb_relay.errors import ConfigError
+from rmb_relay.protocols.base import CloseCode, HttpResponse
+from rmb_relay.protocols.paths import PathTable
+from rmb_relay.server.connection import Connection, OutputBatcher, State
+from rmb_relay.server.http import Router
 from rmb_relay.telemetry.metrics import Registry
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest
-    from rmb_relay.protocols.base import Dialect
+    from rmb_relay.protocols.base import Dialect, HttpClient
 
 log = logging.getLogger("rmb_relay.server")
 
@@ -70,8 +74,13 @@ class RelayServer:
         self.registry = registry if registry is not None else Registry()
         self.metrics = ServerMetrics(self.registry, self)
         self.batcher = OutputBatcher()
-        self.current_reader: Connection | None = None
         self.connections: dict[int, Connection] = {}
+        self.upgrades: PathTable[Dialect] = PathTable()
+        for dialect in self.dialects:
+            if not dialect.paths:
+                raise ConfigError(f"dialect {dialect.name} declares no websocket path")
+            for path in dialect.paths:
+                self.upgrades.add(path, dialect, describe=f"by dialect {dialect.name}")
         self.router = Router()
         self.router.add("GET", "/health", self._health)
         self.router.add("GET", "/metrics", self._metrics)
@@ -142,7 +151,7 @@ class RelayServer:
         conns = list(self.connections.values())
         for conn in conns:
             if conn.state is State.WEBSOCKET:
-                conn.close(CLOSE_GOING_AWAY, "server shutting down")
+                conn.close(CloseCode.GOING_AWAY, "server shutting down")
             elif conn.transport is not None:
                 conn.transport.close()
         waiting = [c.closed for c in conns if not c.closed.done()]
@@ -174,7 +183,7 @@ class RelayServer:
 
     def websocket_opened(self, conn: Connection) -> None:
         if self._stopping:
-            conn.close(CLOSE_GOING_AWAY, "server shutting down")
+            conn.close(CloseCode.GOING_AWAY, "server shutting down")
 
     def connection_counts(self) -> Iterable[tuple[tuple[str, ...], float]]:
         tally = Tally(c.dialect_name for c in self.connections.values())
@@ -182,18 +191,18 @@ class RelayServer:
             tally.setdefault(dialect.name, 0)
         return [((name,), float(n)) for name, n in tally.items()]
 
-    def dialect_for(self, request: HttpRequest) -> Dialect | None:
-        for dialect in self.dialects:
-            if dialect.matches(request):
-                return dialect
-        return None
+    def dialect_for(self, path: str) -> Dialect | None:
+        return self.upgrades.find(path)
+
+    async def dispatch(self, request: HttpRequest, client: HttpClient) -> HttpResponse:
+        return await self.router.dispatch(request, client)
 
     # ---- operations endpoints --------------------------------------------------------------
 
-    async def _health(self, request: HttpRequest, conn: Connection) -> HttpResponse:
+    async def _health(self, request: HttpRequest, client: HttpClient) -> HttpResponse:
         return HttpResponse(200, b"ok\n")
 
-    async def _metrics(self, request: HttpRequest, conn: Connection) -> HttpResponse:
+    async def _metrics(self, request: HttpRequest, client: HttpClient) -> HttpResponse:
         return HttpResponse(
             200,
             self.registry.render().encode(),

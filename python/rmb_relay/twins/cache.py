@@ -18,16 +18,16 @@ Why evict oldest-inserted rather than least-recently-used: entries expire in ins
 so the oldest entry is the next to go stale anyway, and a hit then costs a dict lookup and no
 reordering.
 
-Time comes from `clock` (default `time.monotonic`) so tests drive expiry without sleeping.
+Time comes from `clock` (monotonic nanoseconds, `clock.py`) so tests drive expiry without
+sleeping.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import OrderedDict
-from collections.abc import Callable
 
+from rmb_relay.clock import Clock, monotonic_clock, nanos
 from rmb_relay.errors import ConfigError
 from rmb_relay.twins import Twin, TwinDirectory
 
@@ -52,7 +52,7 @@ class CachedTwinDirectory(TwinDirectory):
         backend: TwinDirectory,
         ttl: float = DEFAULT_TTL,
         negative_ttl: float = DEFAULT_NEGATIVE_TTL,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = monotonic_clock,
         max_entries: int = DEFAULT_MAX_ENTRIES,
     ) -> None:
         if ttl < 0 or negative_ttl < 0:
@@ -112,7 +112,7 @@ class CachedTwinDirectory(TwinDirectory):
             return
         entries = self._entries
         entries.pop(twin_id, None)  # re-insert at the young end
-        entries[twin_id] = (self.clock() + ttl, twin)
+        entries[twin_id] = (self.clock() + nanos(ttl), twin)
         while len(entries) > self.max_entries:
             entries.popitem(last=False)
 

@@ -25,7 +25,7 @@ from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path
 if TYPE_CHECKING:
     from rmb_relay.identity import KeyType
 
-__all__ = ["add_twins_subcommands", "default_twins_path", "main", "parse_twins_url", "twins_main"]
+__all__ = ["default_twins_path", "main", "parse_twins_url", "twins_main"]
 
 #: --key-type when --mnemonic/--seed is given without it (rmb-peer's default too)
 DEFAULT_KEY_TYPE: KeyType = "sr25519"
@@ -115,18 +115,6 @@ def _add_actions(parser: argparse.ArgumentParser) -> None:
     remove = actions.add_parser("rm", help="remove a twin")
     _directory_argument(remove)
     remove.add_argument("id", type=int, help="twin id")
-
-
-def add_twins_subcommands(commands: Any) -> None:
-    """Register `twins` and its actions on an argparse subparsers object (what
-    `ArgumentParser.add_subparsers()` returns)."""
-    twins = commands.add_parser(
-        "twins",
-        help="manage the embedded twin directory",
-        description="Manage the embedded twin directory (a SQLite file) that logins are "
-        "checked against. Safe to use while a relay runs on the same file.",
-    )
-    _add_actions(twins)
 
 
 def _account(args: argparse.Namespace) -> bytes:
@@ -225,11 +213,12 @@ def twins_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m rmb_relay.twins.cli ACTION ...`, the same as `rmb-relay twins ACTION ...`."""
+def main(argv: Sequence[str] | None = None, prog: str = "rmb-relay twins") -> int:
+    """`rmb-relay twins ACTION ...` (also `python -m rmb_relay.twins.cli ACTION ...`)."""
     parser = argparse.ArgumentParser(
-        prog="rmb-relay twins",
-        description="Manage the embedded twin directory (a SQLite file).",
+        prog=prog,
+        description="Manage the embedded twin directory (a SQLite file) that RMB logins are "
+        "checked against. Safe to use while a relay runs on the same file.",
     )
     _add_actions(parser)
     return twins_main(parser.parse_args(argv))

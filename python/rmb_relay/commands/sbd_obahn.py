@@ -1,6 +1,6 @@
 """Runner for the public SBD conformance suite (`sbd-o-bahn-server-tester`, spec/sbd.md §3.1).
 
-    sbd-o-bahn-server-tester-bin python -u -m rmb_relay.protocols.sbd_obahn
+    sbd-o-bahn-server-tester-bin python -u -m rmb_relay.commands.sbd_obahn
 
 Protocol: print `CMD/READY`; for every `CMD/START` line on stdin, stop the previous relay and
 start a fresh one (fresh rate buckets and slots) on an ephemeral loopback port, then print
@@ -19,6 +19,7 @@ from rmb_relay.config import ListenerConfig
 from rmb_relay.protocols.rmb import RmbDialect, RmbSettings
 from rmb_relay.protocols.sbd import SbdDialect, SbdSettings
 from rmb_relay.server.listener import RelayServer
+from rmb_relay.switch import Switch
 from rmb_relay.telemetry.metrics import Registry
 from rmb_relay.twins.local import SqliteTwinDirectory
 
@@ -28,9 +29,10 @@ LIMIT_CLIENTS = 100
 
 async def start_relay() -> RelayServer:
     registry = Registry()
+    switch = Switch()
     dialects = [
-        RmbDialect(RmbSettings(), SqliteTwinDirectory(":memory:"), registry),
-        SbdDialect(SbdSettings(limit_clients=LIMIT_CLIENTS), registry),
+        RmbDialect(RmbSettings(), SqliteTwinDirectory(":memory:"), registry, switch=switch),
+        SbdDialect(SbdSettings(limit_clients=LIMIT_CLIENTS), registry, switch=switch),
     ]
     server = RelayServer(ListenerConfig(host="127.0.0.1", port=0), dialects, registry)
     await server.start()

@@ -1,0 +1,24 @@
+"""`rmb-relay` subcommands, one module each: `serve` (the default) and `twins`.
+
+A command module exposes `NAME`, `HELP` (one line) and `main(argv, prog) -> int`; adding a
+command is one module plus one line in `COMMANDS` below.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Command:
+    name: str
+    help: str
+    main: Callable[[Sequence[str], str], int]
+
+
+def commands() -> dict[str, Command]:
+    from rmb_relay.commands import serve, twins
+
+    modules = (serve, twins)
+    return {module.NAME: Command(module.NAME, module.HELP, module.main) for module in modules}

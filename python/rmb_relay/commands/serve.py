@@ -1,0 +1,139 @@
+"""`rmb-relay serve` (also plain `rmb-relay [flags]`): the relay, every registered dialect on
+one listener.
+
+The parser is assembled from parts: the listener's flags (here), the shared services' flags
+(`services.py`) and each registered dialect's (`protocols/registry.py`), so a new dialect
+brings its flags without editing this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import textwrap
+from collections.abc import Sequence
+
+from rmb_relay import __version__
+from rmb_relay.cli import HelpFormatter, run, setup_logging
+from rmb_relay.config import DEFAULT_MAX_MESSAGE, ListenerConfig, parse_listen
+from rmb_relay.errors import ConfigError
+from rmb_relay.protocols import registry
+from rmb_relay.protocols.base import Dialect
+from rmb_relay.server.listener import RelayServer
+from rmb_relay.services import Services
+from rmb_relay.services import add_arguments as add_service_arguments
+
+NAME = "serve"
+HELP = "run the relay (the default command: `rmb-relay [flags]` serves too)"
+
+log = logging.getLogger("rmb_relay")
+
+
+def parser(prog: str = "rmb-relay serve", epilog: str | None = None) -> argparse.ArgumentParser:
+    entries = registry.entries()
+    served = "\n".join(f"  {entry.name:<8} {entry.summary}" for entry in entries)
+    intro = textwrap.fill(
+        "High-performance message relay. Serves every dialect below on one listener, plus "
+        "GET /health and GET /metrics. Runs with no Redis and no chain.",
+        width=88,
+    )
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=f"{intro}\n\ndialects:\n{served}",
+        epilog=epilog,
+        formatter_class=HelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"rmb-relay {__version__}")
+    parser.add_argument(
+        "-l",
+        "--listen",
+        default="[::]:8080",
+        help="address to listen on, HOST:PORT or [V6]:PORT",
+    )
+    parser.add_argument("--tls-cert", help="PEM certificate chain; serves wss:// with --tls-key")
+    parser.add_argument("--tls-key", help="PEM private key for --tls-cert")
+    parser.add_argument(
+        "--reuse-port",
+        action="store_true",
+        help="set SO_REUSEPORT so several relay processes can share the port",
+    )
+    parser.add_argument(
+        "--max-message",
+        type=int,
+        default=DEFAULT_MAX_MESSAGE,
+        metavar="BYTES",
+        help="largest websocket message or HTTP body accepted",
+    )
+    parser.add_argument(
+        "-d",
+        "--debug",
+        action="count",
+        default=0,
+        help="more logging: -d debug for rmb_relay, -dd debug for everything",
+    )
+    add_service_arguments(parser)
+    for entry in entries:
+        entry.add_arguments(parser)
+    return parser
+
+
+def listener_config(args: argparse.Namespace) -> ListenerConfig:
+    host, port = parse_listen(args.listen)
+    return ListenerConfig(
+        host=host,
+        port=port,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        reuse_port=args.reuse_port,
+        max_message=args.max_message,
+    )
+
+
+async def build_dialects(args: argparse.Namespace, services: Services) -> list[Dialect]:
+    """Every registered dialect the flags leave on, in registration order."""
+    dialects = []
+    for entry in registry.entries():
+        dialect = await entry.build(args, services)
+        if dialect is not None:
+            dialects.append(dialect)
+    return dialects
+
+
+async def build_server(args: argparse.Namespace) -> tuple[RelayServer, Services]:
+    """The relay the flags describe, not yet listening. Raises ConfigError."""
+    config = listener_config(args)
+    services = await Services.from_args(args)
+    try:
+        dialects = await build_dialects(args, services)
+        server = RelayServer(config, dialects, services.metrics)
+    except BaseException:
+        await services.close()
+        raise
+    return server, services
+
+
+async def serve(args: argparse.Namespace) -> None:
+    try:
+        server, services = await build_server(args)
+    except ConfigError as err:
+        raise SystemExit(f"rmb-relay: {err}") from None
+    try:
+        await server.start()
+        server.install_signal_handlers()
+        print(server.banner(), flush=True)
+        await server.stopped.wait()
+    finally:
+        await server.shutdown()
+        await services.close()
+    log.info("rmb-relay stopped")
+
+
+def main(argv: Sequence[str], prog: str = "rmb-relay serve", epilog: str | None = None) -> int:
+    args = parser(prog, epilog).parse_args(argv)
+    setup_logging(args.debug)
+    try:
+        listener_config(args)
+    except ConfigError as err:
+        raise SystemExit(f"rmb-relay: {err}") from None
+    run(serve(args))
+    return 0

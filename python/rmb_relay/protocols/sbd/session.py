@@ -1,0 +1,150 @@
+"""One SBD connection: handshaking until a valid `ares`, then ready to forward."""
+
+from __future__ import annotations
+
+import base64
+import logging
+import os
+from typing import TYPE_CHECKING
+
+from rmb_relay._core import (
+    SBD_FORWARD,
+    SbdError,
+    WsMessage,
+    sbd_classify,
+    sbd_encode_command,
+    sbd_rewrite_forward,
+    verify_ed25519,
+)
+from rmb_relay.protocols.base import CloseCode, Peer, WebSocketHandler
+from rmb_relay.protocols.sbd.settings import (
+    ARES_LEN,
+    CMD_AREQ,
+    CMD_ARES,
+    CMD_LIDL,
+    CMD_SRDY,
+    NONCE_LEN,
+)
+
+if TYPE_CHECKING:
+    from rmb_relay.protocols.sbd.dialect import SbdDialect
+
+log = logging.getLogger("rmb_relay.sbd")
+
+
+class SbdSession(WebSocketHandler):
+    """One SBD connection: handshaking until a valid `ares`, then ready."""
+
+    def __init__(
+        self, peer: Peer, dialect: SbdDialect, pubkey: bytes, ip: str, token: str | None
+    ) -> None:
+        super().__init__(peer)
+        self.dialect = dialect
+        self.pubkey = pubkey
+        self.ip = ip
+        self.token = token
+        self.nonce = os.urandom(NONCE_LEN)
+        self.ready = False
+        self.open = False
+        self.last_activity = dialect.clock()
+
+    def send(self, message: bytes) -> None:
+        self.peer.send(message)
+
+    # the switch's Endpoint
+    deliver = send
+
+    def mail_waiting(self) -> None:
+        """SBD keeps no mailbox: a forward to an absent key is dropped (spec)."""
+
+    def on_open(self) -> None:
+        dialect = self.dialect
+        self.open = True
+        dialect.sessions[self.peer.id] = self
+        dialect.switch.attach(self)
+        dialect.by_ip.setdefault(self.ip, set()).add(self)
+        dialect.ip_count_changed(self.ip)  # includes this connection's first lbrt
+        self.send(sbd_encode_command(CMD_AREQ, self.nonce))
+
+    def drop(self, reason: str) -> None:
+        """Abort without a close frame (the spec's answer to every violation)."""
+        if reason not in ("idle", "rate"):
+            self.dialect.metrics.violations.inc(1, reason)
+        log.debug("sbd: dropping %s from %s: %s", self.key_text, self.ip, reason)
+        self.peer.abort()
+
+    @property
+    def key_text(self) -> str:
+        return base64.urlsafe_b64encode(self.pubkey).rstrip(b"=").decode()
+
+    def on_message(self, message: WsMessage) -> None:
+        dialect = self.dialect
+        data = message.data  # text frames count as their UTF-8 bytes, as in the reference
+        size = len(data)
+        now = dialect.clock()
+        hot = dialect.metrics.hot
+        hot.messages_in += 1
+        hot.bytes_in += size
+        if not dialect.charge(self, size, now):
+            self.drop("rate")
+            return
+        self.last_activity = now
+        if self.token is not None:
+            dialect.tokens[self.token] = now
+        try:
+            classified = sbd_classify(data)
+        except SbdError:
+            self.drop("short message")
+            return
+        if classified.kind == SBD_FORWARD:
+            if not self.ready:
+                self.drop("forward before handshake")
+                return
+            target = dialect.switch.lookup(classified.peer)
+            if target is None:
+                hot.forward_drops += 1
+                return
+            target.deliver(sbd_rewrite_forward(data, self.pubkey))
+            hot.forwards += 1
+            hot.bytes_out += size
+            return
+        if classified.tag == CMD_ARES:
+            self._on_ares(data, classified.payload)
+        # keep, none and any other command: ignored (but charged above)
+
+    def _on_ares(self, data: bytes, signature: bytes) -> None:
+        dialect = self.dialect
+        if self.ready:
+            self.drop("ares after handshake")
+            return
+        if len(data) != ARES_LEN or not verify_ed25519(self.pubkey, self.nonce, signature):
+            dialect.metrics.auth_failures.inc(1, "bad signature")
+            self.drop("bad handshake signature")
+            return
+        idle = dialect.settings.idle_ms.to_bytes(4, "big")
+        self.send(sbd_encode_command(CMD_LIDL, idle))
+        self.send(sbd_encode_command(CMD_SRDY))
+        # routable in the same step as srdy is queued: nothing can overtake it
+        self.ready = True
+        displaced = dialect.switch.register_key(self.pubkey, self)
+        if isinstance(displaced, SbdSession):
+            displaced.ready = False  # decision 4: the newest connection takes the routing
+            displaced.peer.close(
+                CloseCode.NORMAL, "replaced by a newer connection with the same key"
+            )
+
+    def on_close(self, code: int | None) -> None:
+        if not self.open:
+            return
+        self.open = False
+        dialect = self.dialect
+        dialect.sessions.pop(self.peer.id, None)
+        dialect.switch.unregister_key(self.pubkey, self)
+        dialect.switch.detach(self)
+        members = dialect.by_ip.get(self.ip)
+        if members is not None:
+            members.discard(self)
+            if members:
+                dialect.ip_count_changed(self.ip)
+            else:
+                del dialect.by_ip[self.ip]
