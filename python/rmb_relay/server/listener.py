@@ -26,7 +26,7 @@ from rmb_relay.telemetry.metrics import Registry
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest
-    from rmb_relay.protocols.base import Dialect, HttpClient
+    from rmb_relay.protocols.base import Dialect, HttpClient, RequestBody
 
 log = logging.getLogger("rmb_relay.server")
 
@@ -194,8 +194,10 @@ class RelayServer:
     def dialect_for(self, path: str) -> Dialect | None:
         return self.upgrades.find(path)
 
-    async def dispatch(self, request: HttpRequest, client: HttpClient) -> HttpResponse:
-        return await self.router.dispatch(request, client)
+    async def dispatch(
+        self, request: HttpRequest, body: RequestBody, client: HttpClient
+    ) -> HttpResponse:
+        return await self.router.dispatch(request, body, client)
 
     # ---- operations endpoints --------------------------------------------------------------
 
