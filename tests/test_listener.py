@@ -14,7 +14,8 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from rmb_relay._core import WsClose
+from rmb_relay._core import HttpRequest, WsClose
+from rmb_relay.protocols.base import Peer, WebSocketHandler
 from rmb_relay.server.listener import RelayServer
 from tests.conftest import WAIT, StartRelay
 from tests.dialects import EchoDialect, PipeDialect
@@ -152,6 +153,41 @@ async def test_upgrade_without_key_gets_400(start_relay: StartRelay) -> None:
     assert reply.startswith(b"HTTP/1.1 400 ")
 
 
+async def test_upgrade_with_a_body_gets_400(start_relay: StartRelay) -> None:
+    server = await start_relay([EchoDialect()])
+    host, port = server.addresses[0]
+    request = (
+        b"GET /echo HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+        b"Content-Length: 4\r\n\r\nbody"
+    )
+    reply = await http_exchange(host, port, request)
+    assert reply.startswith(b"HTTP/1.1 400 ")
+    assert reply.endswith(b"websocket upgrade with a body")
+
+
+class StallingDialect(EchoDialect):
+    """`accept` never finishes (an authentication backend that hangs)."""
+
+    name = "stall"
+    paths = ("/stall",)
+
+    async def accept(self, request: HttpRequest, conn: Peer) -> WebSocketHandler:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_upgrade_whose_accept_hangs_gets_503_at_the_deadline(
+    start_relay: StartRelay,
+) -> None:
+    server = await start_relay([StallingDialect()], http_request_timeout=0.3)
+    with pytest.raises(InvalidStatus) as info:
+        async with connect(server.url + "/stall", open_timeout=WAIT):
+            pass
+    assert info.value.response.status_code == 503
+    assert info.value.response.body == b"request not answered within 0.3 s"
+
+
 async def test_upgrade_on_unknown_path_gets_404(start_relay: StartRelay) -> None:
     server = await start_relay([EchoDialect()])
     with pytest.raises(InvalidStatus) as info:
@@ -167,6 +203,14 @@ async def test_dialect_refusal_is_an_http_status_with_reason(start_relay: StartR
             pass
     assert info.value.response.status_code == 403
     assert info.value.response.body == b"denied by test"
+
+
+async def test_head_health_is_200_with_no_body(start_relay: StartRelay) -> None:
+    server = await start_relay([])
+    host, port = server.addresses[0]
+    reply = await http_exchange(host, port, b"HEAD /health HTTP/1.1\r\nConnection: close\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 200 ")
+    assert reply.endswith(b"Content-Length: 3\r\nConnection: close\r\n\r\n")
 
 
 async def test_health_and_metrics(start_relay: StartRelay) -> None:
