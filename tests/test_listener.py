@@ -153,7 +153,9 @@ async def test_upgrade_without_key_gets_400(start_relay: StartRelay) -> None:
     assert reply.startswith(b"HTTP/1.1 400 ")
 
 
-async def test_upgrade_with_a_body_gets_400(start_relay: StartRelay) -> None:
+async def test_upgrade_with_a_body_gets_400(
+    start_relay: StartRelay, caplog: pytest.LogCaptureFixture
+) -> None:
     server = await start_relay([EchoDialect()])
     host, port = server.addresses[0]
     request = (
@@ -164,6 +166,7 @@ async def test_upgrade_with_a_body_gets_400(start_relay: StartRelay) -> None:
     reply = await http_exchange(host, port, request)
     assert reply.startswith(b"HTTP/1.1 400 ")
     assert reply.endswith(b"websocket upgrade with a body")
+    assert not [r for r in caplog.records if r.name == "asyncio"]  # the body was not read
 
 
 class StallingDialect(EchoDialect):

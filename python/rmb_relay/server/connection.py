@@ -465,6 +465,8 @@ class Connection(asyncio.Protocol):
         parser = self._parser
         assert parser is not None
         for event in parser.feed(data):
+            if self.state is not State.HTTP:
+                return  # refused: the rest of the request is not read
             kind = type(event)
             if kind is HttpData:
                 body = self._body
