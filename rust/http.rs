@@ -1092,8 +1092,10 @@ pub fn encode_response(
 
 /// The head of a response whose body the caller writes next: `Some(Length(n))` for n bytes
 /// as they are, `Some(Chunked)` for [`encode_chunk`]s ended by [`encode_last_chunk`], `None`
-/// only for the bodyless 1xx and 204 (and for every other status the caller must say which).
-/// A response to HEAD is this head alone, with the framing a GET would have had.
+/// for the bodyless 1xx and 204, or, with `close`, for a body that ends when the connection
+/// closes (RFC 9112 section 6.3, item 8: how an HTTP/1.0 client, which cannot read chunked,
+/// gets a body of unknown length). A response to HEAD is this head alone, with the framing a
+/// GET would have had.
 pub fn encode_response_head(
     status: u16,
     headers: &[(&str, &str)],
@@ -1106,8 +1108,8 @@ pub fn encode_response_head(
         (true, Some(_)) => Err(Error::InvalidArgument(format!(
             "status {status} cannot have a body: give neither content_length nor chunked"
         ))),
-        (false, None) => Err(Error::InvalidArgument(format!(
-            "status {status} has a body: give content_length or chunked"
+        (false, None) if !close => Err(Error::InvalidArgument(format!(
+            "status {status} has a body: give content_length or chunked (or close)"
         ))),
         _ => {
             let mut out = Vec::with_capacity(80 + headers_len(headers));
@@ -2236,6 +2238,11 @@ mod tests {
         assert_eq!(
             encode_response_head(100, &[], None, false).unwrap(),
             b"HTTP/1.1 100 Continue\r\n\r\n"
+        );
+        // Delimited by the connection closing (for HTTP/1.0 clients).
+        assert_eq!(
+            encode_response_head(200, &[], None, true).unwrap(),
+            b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"
         );
         assert_eq!(
             encode_response(100, &[], b"", false).unwrap(),

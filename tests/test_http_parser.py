@@ -537,6 +537,9 @@ def test_encode_response_head_golden_bytes() -> None:
     )
     assert encode_response_head(100, []) == b"HTTP/1.1 100 Continue\r\n\r\n"
     assert encode_response_head(204, []) == b"HTTP/1.1 204 No Content\r\n\r\n"
+    assert encode_response_head(200, [], close=True) == (
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"
+    )
 
 
 @pytest.mark.parametrize(

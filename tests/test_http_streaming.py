@@ -93,9 +93,11 @@ class Wire:
             return reply
         if reply.headers.get("transfer-encoding") == "chunked":
             await asyncio.wait_for(self._chunked(reply), WAIT)
-        else:
+        elif "content-length" in reply.headers:
             length = int(reply.headers["content-length"])
             reply.body = await asyncio.wait_for(self.reader.readexactly(length), WAIT)
+        else:  # delimited by the server closing the connection
+            reply.body = await asyncio.wait_for(self.reader.read(), WAIT)
         return reply
 
     async def _chunked(self, reply: Reply) -> None:
@@ -465,6 +467,18 @@ async def test_streamed_response_is_chunked_unless_its_length_is_known(
     assert "transfer-encoding" not in reply.headers
     assert reply.body == b"one two three"
     wire.close()
+
+
+async def test_streamed_response_to_http_1_0_ends_with_the_connection(
+    start_relay: StartRelay,
+) -> None:
+    server, _ = await relay(start_relay)
+    wire = await Wire.open(server)
+    wire.send(b"GET /test/stream HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
+    reply = await wire.reply()
+    assert "transfer-encoding" not in reply.headers  # a 1.0 client cannot read chunked
+    assert reply.headers["connection"] == "close"
+    assert reply.body == b"one two three"
 
 
 async def test_stream_failing_midway_cuts_the_response(start_relay: StartRelay) -> None:

@@ -159,7 +159,9 @@ def encode_response_head(
 ) -> bytes:
     """The head of a response whose body the caller writes next: `content_length` bytes as
     they are, or (`chunked=True`) encode_chunk()s ended by encode_last_chunk(). Exactly one of
-    the two, except for 1xx and 204 which take neither. For HEAD, send this head alone."""
+    the two, except for 1xx and 204 which take neither, and a body that ends when the
+    connection closes (neither, with `close=True`: for HTTP/1.0 clients, which cannot read
+    chunked). For HEAD, send this head alone."""
 
 def encode_chunk(data: bytes) -> bytes:
     """One chunk of a chunked body; b"" for empty data (a zero-size chunk would end the body)."""

@@ -518,12 +518,11 @@ class Connection(asyncio.Protocol):
         else:
             self._respond(HttpResponse(status, reason.encode()), close=True)
 
-    def _on_body_read(self) -> None:
+    def _on_body_read(self, body: IncomingBody) -> None:
         """The handler took body bytes or waits for some."""
-        body = self._body
         request = self._request
-        if body is None or request is None or self.state is not State.HTTP:
-            return
+        if body is not self._body or request is None or self.state is not State.HTTP:
+            return  # (a body of an earlier request, still being read after its answer)
         if (
             request.expect_continue
             and not self._continue_sent
@@ -594,6 +593,8 @@ class Connection(asyncio.Protocol):
             keep = False
         self.server.metrics.http_requests.inc(1, request.method, str(response.status))
         if response.stream is not None:
+            if response.length is None and request.version == 0:
+                keep = False  # its body ends with the connection
             await self._send_stream(request, response, close=not keep)
         elif request.method == "HEAD":
             bodyless = response.status < 200 or response.status in (204, 304)
@@ -625,13 +626,15 @@ class Connection(asyncio.Protocol):
         stream = response.stream
         assert stream is not None
         length = response.length
+        # HTTP/1.0 cannot read chunked: a body of unknown length ends with the connection
+        chunked = length is None and request.version >= 1
         try:
             head = encode_response_head(
                 response.status,
                 response.header_list(),
                 content_length=length,
-                chunked=length is None,
-                close=close,
+                chunked=chunked,
+                close=close or (length is None and not chunked),
             )
             self._response_started = True
             self._write(head)
@@ -644,9 +647,9 @@ class Connection(asyncio.Protocol):
                 sent += len(piece)
                 if length is not None and sent > length:
                     raise RuntimeError(f"response stream longer than its length {length}")
-                self._write(piece if length is not None else encode_chunk(piece))
+                self._write(encode_chunk(piece) if chunked else piece)
                 await self._drain()
-            if length is None:
+            if chunked:
                 self._write(encode_last_chunk())
             elif sent != length:
                 raise RuntimeError(f"response stream ended at {sent} of its length {length}")

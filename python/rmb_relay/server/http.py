@@ -143,7 +143,7 @@ class IncomingBody:
         *,
         limit: int,
         idle_timeout: float,
-        on_read: Callable[[], None],
+        on_read: Callable[[IncomingBody], None],
     ) -> None:
         self.length = length
         #: default limit of `read()`
@@ -193,7 +193,7 @@ class IncomingBody:
             await self._wait()
         chunk = chunks.popleft()
         self.buffered -= len(chunk)
-        self._on_read()
+        self._on_read(self)
         return chunk
 
     async def read(self, limit: int | None = None) -> bytes:
@@ -213,7 +213,7 @@ class IncomingBody:
     async def _wait(self) -> None:
         loop = asyncio.get_running_loop()
         self._waiter = loop.create_future()
-        self._on_read()  # the handler wants bytes: 100 Continue, resume reading
+        self._on_read(self)  # the handler wants bytes: 100 Continue, resume reading
         deadline = self.deadline
         when = deadline.when() if deadline is not None else None
         if deadline is not None and when is not None:
