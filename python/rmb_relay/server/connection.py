@@ -579,6 +579,7 @@ class Connection(asyncio.Protocol):
             )
             if self.state is State.UPGRADING:
                 self.state = State.HTTP  # the dialect's accept ran out of time
+                self.dialect = None
             return HttpResponse(503, f"request not answered within {limit:g} s".encode())
 
     async def _send(self, request: HttpRequest, body: IncomingBody, response: HttpResponse) -> None:
