@@ -3,7 +3,7 @@
 Each section below belongs to one Rust file; keep it in step with that file.
 """
 
-from typing import Any, Final, final
+from typing import Final, final
 
 # ---- error.rs -------------------------------------------------------------------------------
 
@@ -105,11 +105,10 @@ class WsMessage:
     def data(self) -> bytes:
         """The message as the dialect passes it on: an SBD forward scanned by an SbdScanner is
         already rewritten (the sender's key in place of the destination's)."""
-    # `EnvelopeRouting | SbdRouting | None`, typed Any while the dialects still read it
-    # unnarrowed (protocols/rmb.py uses EnvelopeRouting fields directly); narrow it once they
-    # check the type themselves.
+    # A dialect knows which scanner it installed: it annotates the routing it reads (no
+    # isinstance per message on the hot path).
     @property
-    def routing(self) -> Any:
+    def routing(self) -> EnvelopeRouting | SbdRouting | None:
         """With a scanner: what it made of the message, read in the same call as the frame:
         EnvelopeRouting (EnvelopeScanner, RmbScanner), SbdRouting (SbdScanner) or None."""
     @property
@@ -152,9 +151,7 @@ WsEvent = WsMessage | WsPing | WsPong | WsClose | WsViolation
 class WsDecoder:
     """Incremental RFC 6455 decoder. Server mode (default) requires masked frames; client
     mode requires unmasked ones. Messages larger than max_message end in WsViolation(1009).
-    A scanner reads each data message's routing in the same call (see WsMessage).
-
-    Deprecated: `scan_envelopes=True` means `scanner=EnvelopeScanner()` (not with `scanner`)."""
+    A scanner reads each data message's routing in the same call (see WsMessage)."""
 
     def __new__(
         cls,
@@ -162,10 +159,7 @@ class WsDecoder:
         max_message: int = 1048576,
         client_mode: bool = False,
         scanner: Scanner | None = None,
-        scan_envelopes: bool = False,
     ) -> WsDecoder: ...
-    def bind_rmb_session(self, routes: RouteTable, twin: int, sid: str | None) -> None:
-        """Deprecated: `set_scanner(RmbScanner(routes, twin, sid))`."""
     def set_scanner(self, scanner: Scanner | None) -> None:
         """Scan the messages of later feeds with `scanner` (None: stop scanning)."""
     @property
