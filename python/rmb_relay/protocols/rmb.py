@@ -262,7 +262,7 @@ class RmbDialect(Dialect):
             sender.fail(env, "relay info is not set for this twin", "no relay info")
             return
         key: SessionKey = (dest, dest_sid)
-        if self.switch.deliver_local(key, data):  # connected while we looked it up
+        if await self.switch.deliver(key, data) is Outcome.DELIVERED:  # connected meanwhile
             self.metrics.hot.local += 1
             return
         if not self.is_ours(twin):
