@@ -73,6 +73,7 @@ from rmb_relay.server.http import BODY_BUFFER_LIMIT, IncomingBody
 
 if TYPE_CHECKING:
     from rmb_relay._core import WsEvent
+    from rmb_relay.clock import Clock
     from rmb_relay.config import ListenerConfig
     from rmb_relay.protocols.base import Dialect, HttpClient, RequestBody, WebSocketHandler
     from rmb_relay.telemetry.metrics import Counter
@@ -183,6 +184,7 @@ class Connection(asyncio.Protocol):
         self._continue_sent = False
         self._http_paused = False
         self._decoder: WsDecoder | None = None
+        self._scan_clock: Clock | None = None
         self._pending: list[bytes] = []
         self._queued = False
         self._peer_close_code: int | None = None
@@ -237,7 +239,10 @@ class Connection(asyncio.Protocol):
             batcher.reader = self
             batcher.depth += 1
             try:
-                self._on_ws_events(decoder.feed(data))
+                clock = self._scan_clock
+                self._on_ws_events(
+                    decoder.feed(data) if clock is None else decoder.feed(data, clock())
+                )
             finally:
                 batcher.depth -= 1
                 batcher.reader = previous_reader
@@ -739,6 +744,7 @@ class Connection(asyncio.Protocol):
         self._request = None
         self._body = None
         self._decoder = WsDecoder(max_message=dialect.max_message)
+        self._scan_clock = dialect.scan_clock
         self.handler = handler
         handler.bind_decoder(self._decoder)
         self.state = State.WEBSOCKET
