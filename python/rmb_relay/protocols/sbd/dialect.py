@@ -108,14 +108,16 @@ class SbdDialect(Dialect):
         self.tokens: dict[str, int] = {}  # auth token -> last use (ns)
         self._sweeper: asyncio.TimerHandle | None = None
         registry.gauge(
-            "sbd_connections",
-            "SBD connections (handshaking and ready)",
+            "rmb_relay_sessions",
+            "Sessions a dialect holds (RMB: logged in; SBD: handshaking and ready)",
             read=lambda: [((), len(self.sessions))],
+            const={"dialect": "sbd"},
         )
         registry.gauge(
-            "sbd_blocked_ips",
-            "IPs blocked for rate violations",
+            "rmb_relay_blocked_ips",
+            "IP addresses blocked for rate violations, by dialect",
             read=lambda: [((), len(self.blocked))],
+            const={"dialect": "sbd"},
         )
 
     # ---- upgrade ---------------------------------------------------------------------------
