@@ -20,13 +20,21 @@ from bench.baselines import (
     py_mask_frame,
 )
 from rmb_relay._core import (
+    SBD_FORWARD,
+    SBD_MAX_MESSAGE,
+    ByteNanosLimiter,
     ClientFrameEncoder,
     Envelope,
+    EnvelopeScanner,
     FixedWindowLimiter,
     RouteTable,
+    SbdRouting,
+    SbdScanner,
     WsDecoder,
     encode_binary,
     encode_binary_batch,
+    sbd_classify,
+    sbd_rewrite_forward,
     scan_envelope,
 )
 
@@ -93,7 +101,7 @@ RMB_READ = ClientFrameEncoder(os.urandom(32)).binary_batch([ENVELOPE] * 100)
 
 @pytest.mark.benchmark(group="read path: decode + scan 100 x 1 KiB envelopes")
 def test_read_path_rust(benchmark: Bench) -> None:
-    decoder = WsDecoder(scan_envelopes=True)
+    decoder = WsDecoder(scanner=EnvelopeScanner())
 
     def read() -> int:
         total = 0
@@ -119,6 +127,69 @@ def test_read_path_python(benchmark: Bench) -> None:
         return total
 
     assert measure(benchmark, read) == 100 * (9 + 1)
+
+
+# ---- the SBD read path: 100 forwards in one read, scanner vs one call per step per message ---
+# Both sides run the Rust core; the "python" side is the path the SBD dialect took before the
+# scanner: a feed, then limiter.check + sbd_classify + lookup_pubkey + sbd_rewrite_forward per
+# message from Python. The scanner does all of it inside the one feed.
+
+SBD_SENDER = bytes([2]) * 32
+SBD_DEST = bytes([1]) * 32
+SBD_IP = "::ffff:10.0.0.1"
+SBD_READ = ClientFrameEncoder(os.urandom(32)).binary_batch([SBD_DEST + os.urandom(968)] * 100)
+#: each round charges 100 kB at the same instant: a budget no run of the benchmark exhausts
+SBD_BURST = 1 << 40
+
+
+def sbd_routes() -> RouteTable:
+    routes = RouteTable()
+    routes.register_pubkey(SBD_DEST, 5)
+    return routes
+
+
+@pytest.mark.benchmark(group="SBD read path: 100 x 1000-byte forwards")
+def test_sbd_read_scanner_rust(benchmark: Bench) -> None:
+    scanner = SbdScanner(sbd_routes(), SBD_SENDER, ByteNanosLimiter(1, SBD_BURST), SBD_IP)
+    scanner.ready = True
+    decoder = WsDecoder(max_message=SBD_MAX_MESSAGE, scanner=scanner)
+    (first, *_) = decoder.feed(SBD_READ, 1)
+    assert first.data[:32] == SBD_SENDER, "forwards come out rewritten"
+
+    def read() -> int:
+        total = 0
+        for message in decoder.feed(SBD_READ, 1):
+            routing: SbdRouting = message.routing
+            if routing.over_limit or routing.dest_conn_id is None:
+                return -1
+            total += routing.dest_conn_id + len(message.data)  # what the relay's fast path reads
+        return total
+
+    assert measure(benchmark, read) == 100 * (5 + 1000)
+
+
+@pytest.mark.benchmark(group="SBD read path: 100 x 1000-byte forwards")
+def test_sbd_read_per_message_python(benchmark: Bench) -> None:
+    routes = sbd_routes()
+    limiter = ByteNanosLimiter(1, SBD_BURST)
+    decoder = WsDecoder(max_message=SBD_MAX_MESSAGE)
+
+    def read() -> int:
+        total = 0
+        for message in decoder.feed(SBD_READ):
+            data = message.data
+            if not limiter.check(SBD_IP, len(data), 1):
+                return -1
+            classified = sbd_classify(data)
+            if classified.kind != SBD_FORWARD:
+                return -1
+            conn_id = routes.lookup_pubkey(classified.peer)
+            if conn_id is None:
+                return -1
+            total += conn_id + len(sbd_rewrite_forward(data, SBD_SENDER))
+        return total
+
+    assert measure(benchmark, read) == 100 * (5 + 1000)
 
 
 # ---- websocket decode: 100 masked 1 KiB frames in one read ---------------------------------

@@ -773,7 +773,7 @@ pub mod py {
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyString};
 
-    use super::{Address, Kind, Payload};
+    use super::{Address, Kind, Payload, Routing};
 
     /// Routing fields of an envelope. The strings stay in the envelope's own bytes (kept as
     /// offsets) and become Python strings only when read: most messages never need them.
@@ -796,19 +796,12 @@ pub mod py {
         dest_twin: u32,
         #[pyo3(get)]
         kind: i64,
-        /// scanned for a bound RMB session: the source is exactly that session (twin and sid)
+        /// scanned by an `RmbScanner`: the source is exactly its session (twin and sid)
         #[pyo3(get)]
         from_session: bool,
-        /// scanned for a bound RMB session: the local connection holding the destination
+        /// scanned by an `RmbScanner`: the local connection holding the destination
         #[pyo3(get)]
         dest_conn_id: Option<u64>,
-    }
-
-    /// The session a decoder is bound to: checks made in the same pass as the scan.
-    pub struct SessionView<'a> {
-        pub routes: &'a crate::routes::Routes,
-        pub twin: u32,
-        pub sid: Option<&'a str>,
     }
 
     /// Where `text` (a slice of `base`, or an empty default) sits in `base`.
@@ -823,24 +816,20 @@ pub mod py {
     impl EnvelopeRouting {
         /// Scan `data` (a Python bytes object) into a routing view of it.
         pub fn scan(data: &Bound<'_, PyBytes>) -> crate::error::Result<Self> {
-            Self::scan_for(data, None)
+            let r = super::scan(data.as_bytes())?;
+            Ok(Self::new(data, &r, false, None))
         }
 
-        /// Scan, and with a session also check the source and look up the destination.
-        pub fn scan_for(
+        /// The Python view of `r`, which was scanned from `data`'s own bytes (its strings
+        /// stay there as offsets); `from_session` and `dest_conn_id` come from the scanner.
+        pub fn new(
             data: &Bound<'_, PyBytes>,
-            session: Option<&SessionView<'_>>,
-        ) -> crate::error::Result<Self> {
+            r: &Routing<'_>,
+            from_session: bool,
+            dest_conn_id: Option<u64>,
+        ) -> Self {
             let bytes = data.as_bytes();
-            let r = super::scan(bytes)?;
-            let (from_session, dest_conn_id) = match session {
-                Some(s) => (
-                    r.source_twin == s.twin && r.source_connection == s.sid,
-                    s.routes.lookup_session(r.dest_twin, r.dest_connection),
-                ),
-                None => (false, None),
-            };
-            Ok(Self {
+            Self {
                 from_session,
                 dest_conn_id,
                 uid: span(bytes, r.uid),
@@ -854,7 +843,7 @@ pub mod py {
                 dest_twin: r.dest_twin,
                 kind: r.kind as i64,
                 data: data.clone().unbind(),
-            })
+            }
         }
 
         fn text<'py>(&self, py: Python<'py>, (start, end): (u32, u32)) -> Bound<'py, PyString> {

@@ -14,6 +14,7 @@ pub mod http;
 pub mod limiter;
 pub mod routes;
 pub mod sbd;
+pub mod scan;
 pub mod ws;
 
 #[pymodule]
@@ -24,6 +25,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     sbd::py::register(m)?;
     envelope::py::register(m)?;
     limiter::py::register(m)?;
+    scan::py::register(m)?;
     routes::py::register(m)?;
     crypto::py::register(m)?;
     Ok(())

@@ -253,7 +253,7 @@ pub mod py {
     /// SBD's per-IP byte-nanos limiter.
     #[pyclass(module = "rmb_relay._core")]
     pub struct ByteNanosLimiter {
-        inner: super::ByteNanos<String>,
+        pub(crate) inner: super::ByteNanos<String>,
     }
 
     #[pymethods]

@@ -96,7 +96,12 @@ impl Routes {
     }
 
     pub fn lookup_pubkey(&self, pubkey: &[u8]) -> Result<Option<ConnId>> {
-        Ok(self.pubkeys.get(&pubkey_array(pubkey)?).copied())
+        Ok(self.lookup_key(&pubkey_array(pubkey)?))
+    }
+
+    /// [`Routes::lookup_pubkey`] for a key already known to be 32 bytes.
+    pub fn lookup_key(&self, key: &[u8; PUBKEY_LEN]) -> Option<ConnId> {
+        self.pubkeys.get(key).copied()
     }
 
     pub fn unregister_pubkey(&mut self, pubkey: &[u8], conn: ConnId) -> Result<bool> {

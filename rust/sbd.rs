@@ -25,12 +25,32 @@ pub enum Message<'a> {
     Forward { peer: &'a [u8], payload: &'a [u8] },
 }
 
+/// What a header says on its own: a command and its tag, or a forward and its destination.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Header {
+    Command([u8; HEADER_LEN - COMMAND_PREFIX_LEN]),
+    Forward([u8; HEADER_LEN]),
+}
+
+pub fn parse_header(header: &[u8; HEADER_LEN]) -> Header {
+    let (prefix, tag) = header.split_at(COMMAND_PREFIX_LEN);
+    if prefix.iter().all(|b| *b == 0) {
+        Header::Command(tag.try_into().expect("4-byte tag"))
+    } else {
+        Header::Forward(*header)
+    }
+}
+
+/// The error for a message without a whole header (the spec's minimum length).
+pub fn too_short(len: usize) -> Error {
+    Error::Sbd(format!(
+        "message of {len} bytes is shorter than the {HEADER_LEN}-byte header"
+    ))
+}
+
 pub fn classify(message: &[u8]) -> Result<Message<'_>> {
     if message.len() < HEADER_LEN {
-        return Err(Error::Sbd(format!(
-            "message of {} bytes is shorter than the {HEADER_LEN}-byte header",
-            message.len()
-        )));
+        return Err(too_short(message.len()));
     }
     let (header, payload) = message.split_at(HEADER_LEN);
     if header[..COMMAND_PREFIX_LEN].iter().all(|b| *b == 0) {
@@ -167,6 +187,15 @@ mod tests {
             }
         );
         assert!(classify(&[0u8; 31]).is_err());
+    }
+
+    #[test]
+    fn header_alone_says_command_or_forward() {
+        let mut header = [0u8; 32];
+        header[28..].copy_from_slice(b"ares");
+        assert_eq!(parse_header(&header), Header::Command(*b"ares"));
+        header[27] = 1; // one non-zero byte in the prefix makes it a key
+        assert_eq!(parse_header(&header), Header::Forward(header));
     }
 
     #[test]

@@ -90,6 +90,18 @@ pub fn copy_masked(dst: &mut [u8], src: &[u8], mask: [u8; 4]) {
     }
 }
 
+/// The mask as seen from payload offset `start` (the key repeats every four bytes).
+#[inline]
+fn rotate_mask(mask: [u8; 4], start: usize) -> [u8; 4] {
+    let s = start & 3;
+    [
+        mask[s],
+        mask[(s + 1) & 3],
+        mask[(s + 2) & 3],
+        mask[(s + 3) & 3],
+    ]
+}
+
 /// A frame payload as it sits in the input: still masked when `mask` is set.
 #[derive(Debug, Clone, Copy)]
 pub struct Payload<'a> {
@@ -130,6 +142,27 @@ impl<'a> Payload<'a> {
         let mut out = vec![0; self.len()];
         self.copy_to(&mut out);
         out
+    }
+
+    /// Write the unmasked bytes `start..start + out.len()` into `out`: a header read without
+    /// unmasking the rest, or the tail of a message copied behind a rewritten header.
+    pub fn copy_range_to(&self, start: usize, out: &mut [u8]) {
+        let src = &self.bytes[start..start + out.len()];
+        match self.mask {
+            // byte `i` of the payload meets mask[i % 4]: rotate so `start` is phase 0
+            Some(mask) => copy_masked(out, src, rotate_mask(mask, start)),
+            None => out.copy_from_slice(src),
+        }
+    }
+
+    /// The first `N` bytes unmasked, or None when the payload is shorter.
+    pub fn prefix<const N: usize>(&self) -> Option<[u8; N]> {
+        if self.len() < N {
+            return None;
+        }
+        let mut out = [0u8; N];
+        self.copy_range_to(0, &mut out);
+        Some(out)
     }
 
     /// Whether the unmasked payload is UTF-8, unmasking chunk by chunk on the stack.
@@ -875,6 +908,29 @@ mod tests {
     }
 
     #[test]
+    fn payload_ranges_unmask_from_any_offset() {
+        let plain: Vec<u8> = (0u8..40).collect();
+        let mut masked_bytes = plain.clone();
+        apply_mask(&mut masked_bytes, MASK);
+        for p in [
+            Payload::new(&masked_bytes, Some(MASK)),
+            Payload::new(&plain, None),
+        ] {
+            for start in 0..plain.len() {
+                for len in [0, 1, 3, 8, 9, plain.len() - start] {
+                    let len = len.min(plain.len() - start);
+                    let mut out = vec![0; len];
+                    p.copy_range_to(start, &mut out);
+                    assert_eq!(out, plain[start..start + len], "start {start} len {len}");
+                }
+            }
+            assert_eq!(p.prefix::<4>(), Some([0, 1, 2, 3]));
+            assert_eq!(p.prefix::<40>().map(|a| a.to_vec()), Some(plain.clone()));
+            assert_eq!(p.prefix::<41>(), None);
+        }
+    }
+
+    #[test]
     fn masked_utf8_check_spans_chunks() {
         // A 3-byte character straddling every position around the chunk boundary.
         for pad in UTF8_CHUNK - 4..UTF8_CHUNK + 4 {
@@ -1399,9 +1455,8 @@ pub mod py {
         MaskRng, Payload, DEFAULT_MAX_MESSAGE, MASK_SEED_LEN, OP_BINARY, OP_CLOSE, OP_PING,
         OP_PONG, OP_TEXT,
     };
-    use crate::envelope::py::{EnvelopeRouting, SessionView};
     use crate::error::Error;
-    use crate::routes::py::RouteTable;
+    use crate::scan::py::{Feed, Scanner};
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyList};
 
@@ -1410,13 +1465,14 @@ pub mod py {
     pub struct WsMessage {
         #[pyo3(get)]
         is_text: bool,
+        /// the message as the dialect passes it on (an SBD forward already rewritten)
         #[pyo3(get)]
         data: Py<PyBytes>,
-        /// with `scan_envelopes`: the RMB routing fields of a binary message, read in the same
-        /// call that decoded it (one call into Rust per read, not one per message)
+        /// with a scanner: what it made of the message (an `EnvelopeRouting` or an
+        /// `SbdRouting`), in the same call that decoded it (one call into Rust per read)
         #[pyo3(get)]
-        routing: Option<Py<EnvelopeRouting>>,
-        /// with `scan_envelopes`: why a binary message is not a valid envelope
+        routing: Option<Py<PyAny>>,
+        /// with a scanner: why the message has no routing (not an envelope, too short)
         #[pyo3(get)]
         scan_error: Option<String>,
     }
@@ -1488,7 +1544,7 @@ pub mod py {
     }
 
     /// The unmasked payload as new `bytes`, copied (and unmasked) exactly once.
-    fn payload_bytes(py: Python<'_>, p: Payload<'_>) -> PyResult<Py<PyBytes>> {
+    pub(crate) fn payload_bytes(py: Python<'_>, p: Payload<'_>) -> PyResult<Py<PyBytes>> {
         let bytes = match p.as_unmasked() {
             Some(b) => PyBytes::new(py, b),
             None => PyBytes::new_with(py, p.len(), |out| {
@@ -1502,19 +1558,15 @@ pub mod py {
     fn event_to_py(
         py: Python<'_>,
         ev: Event<'_>,
-        scan: bool,
-        session: Option<&SessionView<'_>>,
+        feed: Option<&mut Feed<'_, '_>>,
+        now: u64,
     ) -> PyResult<Py<PyAny>> {
         Ok(match ev {
             Event::Message { is_text, payload } => {
-                let data = payload_bytes(py, payload)?;
-                let (mut routing, mut scan_error) = (None, None);
-                if scan && !is_text {
-                    match EnvelopeRouting::scan_for(data.bind(py), session) {
-                        Ok(r) => routing = Some(Py::new(py, r)?),
-                        Err(err) => scan_error = Some(err.to_string()),
-                    }
-                }
+                let (data, routing, scan_error) = match feed {
+                    Some(feed) => feed.message(py, is_text, payload, now)?,
+                    None => (payload_bytes(py, payload)?, None, None),
+                };
                 Py::new(
                     py,
                     WsMessage {
@@ -1559,55 +1611,54 @@ pub mod py {
         })
     }
 
-    /// Incremental RFC 6455 decoder (server mode by default).
+    /// Incremental RFC 6455 decoder (server mode by default), with an optional scanner that
+    /// reads each data message's routing in the same call.
     #[pyclass(module = "rmb_relay._core")]
     pub struct WsDecoder {
         inner: Decoder,
-        scan_envelopes: bool,
-        /// (route table, twin, sid) of the RMB session this connection carries
-        session: Option<(Py<RouteTable>, u32, Option<String>)>,
+        scanner: Option<Scanner>,
     }
 
     #[pymethods]
     impl WsDecoder {
         #[new]
-        #[pyo3(signature = (*, max_message = 1048576, client_mode = false, scan_envelopes = false))]
-        fn new(max_message: usize, client_mode: bool, scan_envelopes: bool) -> Self {
+        #[pyo3(signature = (*, max_message = 1048576, client_mode = false, scanner = None))]
+        fn new(max_message: usize, client_mode: bool, scanner: Option<Scanner>) -> Self {
             WsDecoder {
                 inner: Decoder::new(max_message, client_mode),
-                scan_envelopes,
-                session: None,
+                scanner,
             }
         }
 
-        /// Scan envelopes for this RMB session: each routing also says whether the source is
-        /// the session and which local connection holds the destination (`routes` is read
-        /// during every `feed`, so lookups see the table as it is at that moment).
-        #[pyo3(signature = (routes, twin, sid))]
-        fn bind_rmb_session(&mut self, routes: Py<RouteTable>, twin: u32, sid: Option<String>) {
-            self.scan_envelopes = true;
-            self.session = Some((routes, twin, sid));
+        /// Scan the messages of later feeds with `scanner` (None: no scanning).
+        #[pyo3(signature = (scanner))]
+        fn set_scanner(&mut self, scanner: Option<Scanner>) {
+            self.scanner = scanner;
         }
 
-        fn feed<'py>(&mut self, py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyList>> {
+        #[getter]
+        fn scanner(&self, py: Python<'_>) -> Option<Py<PyAny>> {
+            self.scanner.as_ref().map(|s| s.object(py))
+        }
+
+        /// Decode `data`; `now` (the caller's clock, nanoseconds) goes to the scanner.
+        #[pyo3(signature = (data, now = 0))]
+        fn feed<'py>(
+            &mut self,
+            py: Python<'py>,
+            data: &[u8],
+            now: u64,
+        ) -> PyResult<Bound<'py, PyList>> {
             let mut events = Vec::new();
-            let scan = self.scan_envelopes;
-            let table = self
-                .session
-                .as_ref()
-                .map(|(routes, _, _)| routes.borrow(py));
-            let view = match (&self.session, &table) {
-                (Some((_, twin, sid)), Some(table)) => Some(SessionView {
-                    routes: &table.inner,
-                    twin: *twin,
-                    sid: sid.as_deref(),
-                }),
-                _ => None,
+            let mut feed = match &self.scanner {
+                Some(scanner) => Some(scanner.start(py)?),
+                None => None,
             };
             self.inner.feed(data, |ev| {
-                events.push(event_to_py(py, ev, scan, view.as_ref())?);
+                events.push(event_to_py(py, ev, feed.as_mut(), now)?);
                 Ok::<(), PyErr>(())
             })?;
+            drop(feed);
             PyList::new(py, events)
         }
 

@@ -102,13 +102,19 @@ class WsMessage:
     @property
     def is_text(self) -> bool: ...
     @property
-    def data(self) -> bytes: ...
+    def data(self) -> bytes:
+        """The message as the dialect passes it on: an SBD forward scanned by an SbdScanner is
+        already rewritten (the sender's key in place of the destination's)."""
+    # A dialect knows which scanner it installed: it annotates the routing it reads (no
+    # isinstance per message on the hot path).
     @property
-    def routing(self) -> EnvelopeRouting | None:
-        """With `scan_envelopes`: the RMB routing fields, read in the same call as the frame."""
+    def routing(self) -> EnvelopeRouting | SbdRouting | None:
+        """With a scanner: what it made of the message, read in the same call as the frame:
+        EnvelopeRouting (EnvelopeScanner, RmbScanner), SbdRouting (SbdScanner) or None."""
     @property
     def scan_error(self) -> str | None:
-        """With `scan_envelopes`: why a binary message is not a valid envelope."""
+        """With a scanner: why the message has no routing (not an envelope, shorter than the
+        SBD header)."""
 
 @final
 class WsPing:
@@ -145,16 +151,24 @@ WsEvent = WsMessage | WsPing | WsPong | WsClose | WsViolation
 class WsDecoder:
     """Incremental RFC 6455 decoder. Server mode (default) requires masked frames; client
     mode requires unmasked ones. Messages larger than max_message end in WsViolation(1009).
-    `scan_envelopes` also scans every binary message as an RMB envelope (see WsMessage)."""
+    A scanner reads each data message's routing in the same call (see WsMessage)."""
 
     def __new__(
-        cls, *, max_message: int = 1048576, client_mode: bool = False, scan_envelopes: bool = False
+        cls,
+        *,
+        max_message: int = 1048576,
+        client_mode: bool = False,
+        scanner: Scanner | None = None,
     ) -> WsDecoder: ...
-    def bind_rmb_session(self, routes: RouteTable, twin: int, sid: str | None) -> None:
-        """Scan envelopes for this RMB session: routings also carry `from_session` (the source
-        is this session) and `dest_conn_id` (the local connection holding the destination)."""
-    def feed(self, data: bytes) -> list[WsEvent]:
-        """Every complete event in the bytes fed so far, in order."""
+    def set_scanner(self, scanner: Scanner | None) -> None:
+        """Scan the messages of later feeds with `scanner` (None: stop scanning)."""
+    @property
+    def scanner(self) -> Scanner | None: ...
+    def feed(self, data: bytes, now: int = 0) -> list[WsEvent]:
+        """Every complete event in the bytes fed so far, in order. `now` (the caller's clock,
+        nanoseconds) is what an SbdScanner charges its limiter at. The scanner's route table
+        (and limiter) are read during this call: lookups see the table as it is now, also for
+        the later messages of the same read."""
     @property
     def buffered(self) -> int: ...
     @property
@@ -264,11 +278,11 @@ class EnvelopeRouting:
         """One of MSG_NONE, MSG_REQUEST, MSG_RESPONSE, MSG_ERROR, MSG_PING, MSG_PONG."""
     @property
     def from_session(self) -> bool:
-        """Scanned by a decoder bound to an RMB session: the source is exactly that session."""
+        """Scanned by an RmbScanner: the source is exactly its session (else False)."""
     @property
     def dest_conn_id(self) -> int | None:
-        """Scanned by a decoder bound to an RMB session: the connection holding the
-        destination at scan time, if it is connected to this process."""
+        """Scanned by an RmbScanner: the connection holding the destination at scan time, if
+        it is connected to this process (else None)."""
 
 def scan_envelope(data: bytes) -> EnvelopeRouting:
     """Raises EnvelopeError for bytes that are not a valid Envelope."""
@@ -363,6 +377,98 @@ class RouteTable:
     def pubkey_count(self) -> int: ...
 
 # ---- end routes.rs --------------------------------------------------------------------------
+
+# ---- scan.rs --------------------------------------------------------------------------------
+# A scanner reads each data message's routing inside WsDecoder.feed (one call per read).
+@final
+class EnvelopeScanner:
+    """Scan binary messages as RMB envelopes, with no session: `from_session` is False and
+    `dest_conn_id` None (client-mode decoders). Text messages are not scanned."""
+
+    def __new__(cls) -> EnvelopeScanner: ...
+
+@final
+class RmbScanner:
+    """Scan binary messages as RMB envelopes for one session: `from_session` (the source is
+    exactly (twin, sid); an absent and an empty sid differ) and `dest_conn_id` (the connection
+    holding the destination in `routes` at scan time). Text messages are not scanned."""
+
+    def __new__(cls, routes: RouteTable, twin: int, sid: str | None) -> RmbScanner: ...
+    @property
+    def routes(self) -> RouteTable: ...
+    @property
+    def twin(self) -> int: ...
+    @property
+    def sid(self) -> str | None: ...
+
+@final
+class SbdScanner:
+    """Scan the messages (binary and text) of one SBD connection whose key is `pubkey`.
+
+    Per message: charge its full length to `limiter` under `ip` (when there is a limiter),
+    classify it, and for a forward from a ready sender within budget look up the destination
+    key in `routes`. A forward's `WsMessage.data` is the rewritten message (`pubkey` in place
+    of the destination key), built in the one copy that unmasks it. A message shorter than
+    the 32-byte header has no routing, only a `scan_error` (it is charged all the same)."""
+
+    def __new__(
+        cls,
+        routes: RouteTable,
+        pubkey: bytes,
+        limiter: ByteNanosLimiter | None = None,
+        ip: str = "",
+    ) -> SbdScanner: ...
+    @property
+    def ready(self) -> bool:
+        """Set when the handshake completes: only then are forwards routed."""
+    @ready.setter
+    def ready(self, value: bool) -> None: ...
+    @property
+    def over_limit(self) -> bool:
+        """The limiter has refused a message of this connection; every later message is
+        reported over the limit too (and charged no more)."""
+    @property
+    def pubkey(self) -> bytes: ...
+    @property
+    def ip(self) -> str: ...
+    @property
+    def routes(self) -> RouteTable: ...
+    @property
+    def limiter(self) -> ByteNanosLimiter | None: ...
+
+@final
+class SbdRouting:
+    """What an SbdScanner made of one message."""
+
+    @property
+    def kind(self) -> int:
+        """SBD_COMMAND or SBD_FORWARD."""
+    @property
+    def tag(self) -> bytes:
+        """A command's 4-byte tag (b"" for forwards)."""
+    @property
+    def payload(self) -> bytes:
+        """A command's payload after the header (b"" for forwards: see WsMessage.data)."""
+    @property
+    def peer(self) -> bytes:
+        """A forward's 32-byte destination key as sent (b"" for commands)."""
+    @property
+    def dest_conn_id(self) -> int | None:
+        """A forward's destination connection: set only for a ready sender within budget
+        whose destination key is registered."""
+    @property
+    def sender_ready(self) -> bool:
+        """The scanner was `ready` when it scanned this message. A forward scanned before the
+        handshake completed is not routed; if the handshake completed earlier in the same read,
+        the dialect looks the destination up itself."""
+    @property
+    def over_limit(self) -> bool:
+        """The limiter refused this message (or an earlier one of this connection): drop the
+        connection and block the IP."""
+
+Scanner = EnvelopeScanner | RmbScanner | SbdScanner
+
+# ---- end scan.rs ----------------------------------------------------------------------------
 
 # ---- crypto.rs ------------------------------------------------------------------------------
 def verify_ed25519(public_key: bytes, message: bytes, signature: bytes) -> bool:

@@ -28,6 +28,7 @@ from rmb_relay.errors import HttpReject
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest, WsDecoder, WsMessage
+    from rmb_relay.clock import Clock
     from rmb_relay.services import Services
 
 __all__ = [
@@ -183,6 +184,9 @@ class Dialect(abc.ABC):
     #: drop the TCP connection on a protocol violation instead of sending a close frame
     #: (SBD requires this: "drop immediately with no closing frame")
     abort_on_violation: bool = False
+    #: a clock (`clock.py`) whose reading the listener passes to the decoder's scanner on every
+    #: read, for dialects whose scanner charges a rate limiter inside `feed`
+    scan_clock: Clock | None = None
 
     @abc.abstractmethod
     async def accept(self, request: HttpRequest, peer: Peer) -> WebSocketHandler:

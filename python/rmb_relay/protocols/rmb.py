@@ -33,6 +33,7 @@ from rmb_relay._core import (
     EnvelopeRouting,
     FixedWindowLimiter,
     HttpRequest,
+    RmbScanner,
     WsDecoder,
     WsMessage,
     build_error_envelope,
@@ -286,7 +287,7 @@ class RmbDialect(Dialect):
             sender.fail(env, "relay info is not set for this twin", "no relay info")
             return
         key: SessionKey = (dest, dest_sid)
-        if self.switch.deliver_local(key, data):  # connected while we looked it up
+        if await self.switch.deliver(key, data) is Outcome.DELIVERED:  # connected meanwhile
             self.metrics.hot.local += 1
             return
         if not self.is_ours(twin):
@@ -357,7 +358,7 @@ class RmbSession(WebSocketHandler):
 
     def bind_decoder(self, decoder: WsDecoder) -> None:
         # the source check and the destination lookup happen in the codec's feed
-        decoder.bind_rmb_session(self.dialect.switch.routes, self.twin, self.sid)
+        decoder.set_scanner(RmbScanner(self.dialect.switch.routes, self.twin, self.sid))
 
     def __repr__(self) -> str:
         return f"<RmbSession {self.twin}{'' if self.sid is None else ':' + self.sid}>"
@@ -404,7 +405,8 @@ class RmbSession(WebSocketHandler):
         hot = metrics.hot
         hot.messages_in += 1
         hot.bytes_in += len(data)
-        env = message.routing  # scanned by the codec in the same call that decoded the frame
+        # scanned by the codec in the same call that decoded the frame
+        env: EnvelopeRouting | None = message.routing  # type: ignore[assignment]
         if env is None:
             metrics.drops.inc(1, "invalid envelope")
             log.info("closing %r: invalid envelope: %s", self, message.scan_error)

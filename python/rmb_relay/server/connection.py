@@ -55,6 +55,7 @@ from rmb_relay.protocols.base import CloseCode, HttpResponse, reject_response
 
 if TYPE_CHECKING:
     from rmb_relay._core import WsEvent
+    from rmb_relay.clock import Clock
     from rmb_relay.config import ListenerConfig
     from rmb_relay.protocols.base import Dialect, HttpClient, WebSocketHandler
     from rmb_relay.telemetry.metrics import Counter
@@ -154,6 +155,7 @@ class Connection(asyncio.Protocol):
             max_head=server.config.max_http_head, max_body=server.config.max_message
         )
         self._decoder: WsDecoder | None = None
+        self._scan_clock: Clock | None = None
         self._pending: list[bytes] = []
         self._queued = False
         self._peer_close_code: int | None = None
@@ -210,7 +212,10 @@ class Connection(asyncio.Protocol):
             batcher.reader = self
             batcher.depth += 1
             try:
-                self._on_ws_events(decoder.feed(data))
+                clock = self._scan_clock
+                self._on_ws_events(
+                    decoder.feed(data) if clock is None else decoder.feed(data, clock())
+                )
             finally:
                 batcher.depth -= 1
                 batcher.reader = previous_reader
@@ -510,6 +515,7 @@ class Connection(asyncio.Protocol):
         rest = parser.take_rest()
         self._parser = None
         self._decoder = WsDecoder(max_message=dialect.max_message)
+        self._scan_clock = dialect.scan_clock
         self.handler = handler
         handler.bind_decoder(self._decoder)
         self.state = State.WEBSOCKET

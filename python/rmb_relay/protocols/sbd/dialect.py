@@ -97,6 +97,8 @@ class SbdDialect(Dialect):
         """`switch` is the process's shared one (tests may leave it out: a private one)."""
         self.settings = settings
         self.clock = clock
+        # the decoder's scanner charges the rate limiter at this clock's reading, once per read
+        self.scan_clock = clock
         self.metrics = SbdMetrics(registry)
         self.switch = switch if switch is not None else Switch()
         self.limiter = ByteNanosLimiter(settings.nanos_per_byte, settings.burst)
@@ -195,17 +197,15 @@ class SbdDialect(Dialect):
         for session in members:
             session.send(frame)
 
-    def charge(self, session: SbdSession, size: int, now: int) -> bool:
-        if self.settings.disable_rate_limit:
-            return True
-        if self.limiter.check(session.ip, size, now):
-            return True
+    def rate_violation(self, session: SbdSession) -> None:
+        """The session's IP went over its byte budget (charged by the decoder's scanner):
+        block the IP for `--sbd-block-secs`."""
+        now = self.clock()
         self.blocked[session.ip] = now + self.settings.block_secs * 1_000_000_000
         self.metrics.rate_limited.inc()
         log.info(
             "sbd: %s over its byte budget; blocked for %ds", session.ip, self.settings.block_secs
         )
-        return False
 
     # ---- maintenance -----------------------------------------------------------------------
 
