@@ -255,7 +255,7 @@ def mailbox_scenario(twins: Path, count: int) -> list[dict[str, Any]]:
                 sender.ws.send_binaries(wires[start : start + 256])
                 await sender.ws.drain()
             # wait until everything is stored (the relay's own metric says so)
-            await wait_for_metric(relay.port, "rmb_mailbox_depth", count)
+            await wait_for_metric(relay.port, "rmb_relay_mailbox_depth", count)
             got = 0
             done = asyncio.Event()
 

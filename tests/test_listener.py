@@ -6,20 +6,24 @@ from __future__ import annotations
 import asyncio
 import datetime
 import os
+import random
 import ssl
+import string
 import struct
 from pathlib import Path
 
 import pytest
+from prometheus_client.exposition import choose_encoder
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from rmb_relay._core import HttpRequest, WsClose
 from rmb_relay.protocols.base import Peer, WebSocketHandler
-from rmb_relay.server.listener import RelayServer
+from rmb_relay.server.listener import HTTP_METHODS, RelayServer
 from tests.conftest import WAIT, StartRelay
 from tests.dialects import EchoDialect, PipeDialect
 from tests.helpers import RawWebSocket, eventually, http_exchange
+from tests.scrape import OPENMETRICS, scrape
 
 
 def ws_url(server: RelayServer, path: str = "/echo") -> str:
@@ -223,10 +227,72 @@ async def test_health_and_metrics(start_relay: StartRelay) -> None:
     assert reply.startswith(b"HTTP/1.1 200 ")
     assert reply.endswith(b"ok\n")
     async with connect(ws_url(server)):
-        reply = await http_exchange(
-            host, port, b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n"
+        page = await scrape(host, port)
+    assert page.value("rmb_relay_connections", dialect="echo") == 1
+
+
+async def test_metrics_page_is_prometheus_text_with_the_listener_families(
+    start_relay: StartRelay,
+) -> None:
+    server = await start_relay([EchoDialect()])
+    host, port = server.addresses[0]
+    await http_exchange(host, port, b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n")
+    page = await scrape(host, port)
+    assert page.status == 200
+    assert page.headers["content-type"] == choose_encoder("")[1]
+    assert page.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert page.types == {
+        "rmb_relay_connections": "gauge",
+        "rmb_relay_http_requests": "counter",
+        "rmb_relay_http_parse_errors": "counter",
+        "rmb_relay_ws_protocol_violations": "counter",
+        "rmb_relay_messages_dropped": "counter",
+        "rmb_relay_backpressure_pauses": "counter",
+    }
+    assert page.value("rmb_relay_http_requests_total", method="GET", status="200") == 1
+    assert page.value("rmb_relay_connections", dialect="echo") == 0
+
+
+async def test_metrics_page_speaks_openmetrics_when_asked(start_relay: StartRelay) -> None:
+    server = await start_relay([EchoDialect()])
+    host, port = server.addresses[0]
+    page = await scrape(host, port, accept=OPENMETRICS)
+    assert page.headers["content-type"].startswith("application/openmetrics-text; version=1.0.0")
+    assert page.body.endswith("# EOF\n")
+    assert page.value("rmb_relay_connections", dialect="echo") == 0
+
+
+async def test_random_http_methods_create_a_bounded_number_of_series(
+    start_relay: StartRelay,
+) -> None:
+    """The method label comes from the client: only the standard methods get their own series,
+    anything else is `other`, so 1,000 made-up methods cannot grow the page."""
+    server = await start_relay([EchoDialect()])
+    host, port = server.addresses[0]
+    rng = random.Random(7)
+    token = string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~"
+    methods = [
+        rng.choice(sorted(HTTP_METHODS))
+        if rng.random() < 0.2
+        else "".join(rng.choices(token, k=rng.randint(1, 16)))
+        for _ in range(1000)
+    ]
+
+    async def send(method: str) -> None:
+        path = rng.choice(["/health", "/nope"])
+        await http_exchange(
+            host, port, f"{method} {path} HTTP/1.1\r\nConnection: close\r\n\r\n".encode()
         )
-    assert b'rmb_connections{dialect="echo"} 1' in reply
+
+    for start in range(0, len(methods), 50):
+        await asyncio.gather(*(send(m) for m in methods[start : start + 50]))
+    page = await scrape(host, port)
+    series = page.series("rmb_relay_http_requests_total")
+    assert {s["method"] for s in series} <= HTTP_METHODS | {"other"}
+    assert {s["status"] for s in series} <= {"200", "404", "405"}
+    assert len(series) <= (len(HTTP_METHODS) + 1) * 3
+    assert sum(page.value("rmb_relay_http_requests_total", **s) for s in series) == 1000
+    assert page.value("rmb_relay_http_requests_total", method="other", status="404") > 0
 
 
 async def test_pipelined_requests_are_answered_in_order(start_relay: StartRelay) -> None:

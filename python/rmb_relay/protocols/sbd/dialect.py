@@ -46,7 +46,7 @@ from rmb_relay.protocols.base import (
     Routes,
     WebSocketHandler,
 )
-from rmb_relay.protocols.sbd.auth_hook import call_auth_hook
+from rmb_relay.protocols.sbd.auth_hook import AuthHookClient
 from rmb_relay.protocols.sbd.metrics import SbdMetrics
 from rmb_relay.protocols.sbd.session import SbdSession
 from rmb_relay.protocols.sbd.settings import (
@@ -109,15 +109,19 @@ class SbdDialect(Dialect):
         self.blocked: dict[str, int] = {}  # ip -> unblock time (ns)
         self.tokens: dict[str, int] = {}  # auth token -> last use (ns)
         self._sweeper: asyncio.TimerHandle | None = None
+        #: one HTTP session for every hook call (opened on first use, closed in close())
+        self.auth_hook = AuthHookClient()
         registry.gauge(
-            "sbd_connections",
-            "SBD connections (handshaking and ready)",
+            "rmb_relay_sessions",
+            "Sessions a dialect holds (RMB: logged in; SBD: handshaking and ready)",
             read=lambda: [((), len(self.sessions))],
+            const={"dialect": "sbd"},
         )
         registry.gauge(
-            "sbd_blocked_ips",
-            "IPs blocked for rate violations",
+            "rmb_relay_blocked_ips",
+            "IP addresses blocked for rate violations, by dialect",
             read=lambda: [((), len(self.blocked))],
+            const={"dialect": "sbd"},
         )
 
     # ---- upgrade ---------------------------------------------------------------------------
@@ -243,7 +247,7 @@ class SbdDialect(Dialect):
             token = base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode()
         else:
             try:
-                token = await call_auth_hook(self.settings.auth_hook, body)
+                token = await self.auth_hook.call(self.settings.auth_hook, body)
             except PermissionError:
                 self.metrics.auth_failures.inc(1, "hook refused")
                 return HttpResponse(401, b"Unauthorized")
@@ -259,3 +263,4 @@ class SbdDialect(Dialect):
     async def close(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
+        await self.auth_hook.close()
