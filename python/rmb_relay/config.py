@@ -69,4 +69,5 @@ class ListenerConfig:
             raise ConfigError("--max-message must be at least 1024 bytes")
         for name in ("http_idle_timeout", "http_request_timeout", "close_timeout"):
             if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} must be a positive number of seconds")
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} must be a positive number of seconds")
