@@ -1,19 +1,41 @@
 //! HTTP/1.x request parsing and response/request encoding (RFC 9110, RFC 9112) plus the
 //! websocket opening handshake (RFC 6455 section 4).
 //!
-//! Theory of operation: [`Parser`] owns one byte buffer per connection. `feed` appends and
-//! then tries to complete one request: first the head (located by scanning only the bytes
-//! not scanned before for the empty line that ends it, so a head trickled in byte by byte
-//! costs O(n), then parsed once with `httparse`), then the body by Content-Length. Bytes after
-//! a complete request stay buffered for the next `feed` (pipelining) or for [`Parser::take_rest`]
-//! after a websocket upgrade. Every limit also applies to incomplete input, so the buffer is
-//! O(max_head + max_body) whatever the peer sends. After an error the parser is poisoned and
-//! returns the same error again: the caller answers with the status and closes.
+//! Theory of operation: [`StreamParser`] turns the bytes of one connection into events, h11
+//! style: [`Event::Head`] as soon as a request head is complete, [`Event::Data`] for body bytes
+//! as they arrive (Content-Length or chunked), then [`Event::End`] (with any trailer fields).
+//! It then stops in `Done`: bytes of a pipelined request wait in its buffer until the caller
+//! has answered and calls [`StreamParser::start_next_cycle`], or are handed to the websocket
+//! decoder by [`StreamParser::take_rest`] after an upgrade.
 //!
-//! Not supported (on purpose, for now): `Transfer-Encoding` of any kind (chunked bodies) is
-//! answered with 501, which RFC 9112 section 6.1 allows for a coding the server does not
-//! implement; `Expect: 100-continue` is not answered (the client sends the body after its
-//! timeout anyway).
+//! ```text
+//!  state      on                                       emits          next
+//!  Head       complete head, no body / length 0        Head, End      Done
+//!  Head       complete head, Content-Length n > 0      Head           Body(n)
+//!  Head       complete head, Transfer-Encoding chunked Head           ChunkSize
+//!  Body(n)    bytes (up to n)                          Data           Body(n - k), or End -> Done
+//!  ChunkSize  `hex[;ext]CRLF`, size n > 0               -              ChunkData(n)
+//!  ChunkSize  `0[;ext]CRLF`                             -              Trailers
+//!  ChunkData  bytes (up to n)                          Data           ChunkData(n - k) -> ChunkEnd
+//!  ChunkEnd   CRLF                                      -              ChunkSize
+//!  Trailers   fields up to an empty line               End(fields)    Done
+//!  Done       anything (kept for the next cycle)       -              Head on start_next_cycle
+//!  any        a framing or limit violation             Err(status)    Failed (nothing more)
+//! ```
+//!
+//! Memory is O(read + limits), never O(body): body bytes are handed out as slices of the
+//! bytes just fed (or of the leftover buffer), and only an incomplete head, chunk-size line
+//! or trailer section is kept, each under its own limit. A head is located by scanning only
+//! the bytes not scanned before, so a head trickled in byte by byte costs O(n).
+//!
+//! [`Parser`] is the buffered convenience on top: it gathers each body (up to `max_body`,
+//! 413 beyond) and returns whole [`Request`]s, for small bodies such as a federation POST.
+//!
+//! Framing rules (RFC 9112 section 6): `Transfer-Encoding` must end in `chunked` (else 400,
+//! the length cannot be known), may not name `chunked` twice (400), may not come with
+//! Content-Length (400: a smuggling attempt) nor in an HTTP/1.0 request (400, section 6.1);
+//! any coding other than `chunked` before it is 501 (we implement none). Chunk extensions are
+//! ignored; chunk lines must end in CRLF.
 
 use crate::error::{Error, Result};
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -23,11 +45,18 @@ use sha1::{Digest, Sha1};
 /// Default cap on the request head (request line + headers). 16 KiB is far above what any of
 /// our clients send (an RMB JWT fits in 1 KiB) and bounds a slowloris that never ends its head.
 pub const DEFAULT_MAX_HEAD: usize = 16 * 1024;
-/// Default cap on the number of header fields; nginx and h11 sit in the same range.
+/// Default cap on the number of header fields (and of trailer fields); nginx and h11 sit in
+/// the same range.
 pub const DEFAULT_MAX_HEADERS: usize = 64;
-/// Default cap on a Content-Length body: a federation POST carries one envelope, and RMB
-/// envelopes are limited well below 1 MiB.
+/// Default cap on a buffered body ([`Parser`]): a federation POST carries one envelope, and
+/// RMB envelopes are limited well below 1 MiB. The streaming parser has no body limit.
 pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
+/// Default cap on one chunk-size line with its extensions and CRLF. A size is at most 16 hex
+/// digits; extensions are ignored, so a long line is only ever a way to make us buffer.
+pub const DEFAULT_MAX_CHUNK_LINE: usize = 4096;
+/// Default cap on the trailer section of a chunked body (bytes, CRLFs included); trailers are
+/// rare and small (a checksum), so this is well below the head limit.
+pub const DEFAULT_MAX_TRAILERS: usize = 8 * 1024;
 /// Headers parsed on the stack before falling back to the heap (the default limit fits).
 const STACK_HEADERS: usize = 64;
 /// Compact the buffer once the consumed prefix is at least this big and half the buffer, so
@@ -57,12 +86,15 @@ fn http_error(status: u16, reason: &str) -> Error {
     }
 }
 
-/// The parser limits; all three are part of the API (see the `DEFAULT_*` constants).
+/// The parser limits, all part of the API (see the `DEFAULT_*` constants for why each).
+/// `max_body` only applies to the buffered [`Parser`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub max_head: usize,
     pub max_headers: usize,
     pub max_body: usize,
+    pub max_chunk_line: usize,
+    pub max_trailers: usize,
 }
 
 impl Default for Limits {
@@ -71,11 +103,25 @@ impl Default for Limits {
             max_head: DEFAULT_MAX_HEAD,
             max_headers: DEFAULT_MAX_HEADERS,
             max_body: DEFAULT_MAX_BODY,
+            max_chunk_line: DEFAULT_MAX_CHUNK_LINE,
+            max_trailers: DEFAULT_MAX_TRAILERS,
         }
     }
 }
 
-/// A parsed request head. Header names are lower-cased, in arrival order.
+/// How the body of a request is delimited (RFC 9112 section 6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    /// Content-Length bytes; 0 also stands for "no body" (neither header sent).
+    Length(u64),
+    /// `Transfer-Encoding: chunked`: the length is known at the last chunk.
+    Chunked,
+}
+
+/// Header and trailer fields: names lower-cased, in arrival order.
+pub type Fields = Vec<(String, Vec<u8>)>;
+
+/// A parsed request head.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestHead {
     pub method: String,
@@ -83,10 +129,13 @@ pub struct RequestHead {
     pub query: Option<String>,
     /// Minor version: 0 for HTTP/1.0, 1 for HTTP/1.1.
     pub version: u8,
-    pub headers: Vec<(String, Vec<u8>)>,
+    pub headers: Fields,
     pub keep_alive: bool,
     pub is_websocket_upgrade: bool,
-    body_len: usize,
+    pub framing: Framing,
+    /// `Expect: 100-continue` on an HTTP/1.1 request (RFC 9110 section 10.1.1: a 1.0 client's
+    /// expectation is ignored).
+    pub expect_continue: bool,
 }
 
 impl RequestHead {
@@ -111,9 +160,14 @@ impl RequestHead {
             .flat_map(split_tokens)
             .any(|t| t.eq_ignore_ascii_case(token.as_bytes()))
     }
+
+    /// Whether a body follows the head.
+    pub fn has_body(&self) -> bool {
+        self.framing != Framing::Length(0)
+    }
 }
 
-/// A complete request with its body (the pure-Rust convenience form of [`Parser::feed_with`]).
+/// A complete request with its body (what [`Parser`] returns).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
     pub head: RequestHead,
@@ -161,9 +215,10 @@ fn rescan_from(len: usize) -> usize {
     len.saturating_sub(2)
 }
 
-/// The body length announced by the Content-Length fields: identical repeats (as separate
-/// fields or a list) are one value, anything else is 400 (RFC 9112 section 6.3, item 5).
-fn content_length(head: &RequestHead, max_body: usize) -> Result<usize> {
+/// The body length announced by the Content-Length fields (None when there are none):
+/// identical repeats (as separate fields or a list) are one value, anything else is 400
+/// (RFC 9112 section 6.3, item 5). A value past u64 is 413: it is over any limit.
+fn content_length(head: &RequestHead) -> Result<Option<u64>> {
     let mut found: Option<&[u8]> = None;
     for value in head.headers_named("content-length") {
         for item in value.split(|&b| b == b',').map(trim_ows) {
@@ -179,18 +234,13 @@ fn content_length(head: &RequestHead, max_body: usize) -> Result<usize> {
             }
         }
     }
-    let Some(digits) = found else { return Ok(0) };
-    // Digits only, so the only failure left is overflow, which is over any limit anyway.
-    match std::str::from_utf8(digits)
+    let Some(digits) = found else { return Ok(None) };
+    // Digits only, so the only failure left is overflow.
+    std::str::from_utf8(digits)
         .ok()
-        .and_then(|s| s.parse::<usize>().ok())
-    {
-        Some(n) if n <= max_body => Ok(n),
-        _ => Err(http_error(
-            STATUS_PAYLOAD_TOO_LARGE,
-            "request body too large",
-        )),
-    }
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(Some)
+        .ok_or_else(|| http_error(STATUS_PAYLOAD_TOO_LARGE, "request body too large"))
 }
 
 fn strip_leading_zeros(digits: &[u8]) -> &[u8] {
@@ -202,8 +252,56 @@ fn strip_leading_zeros(digits: &[u8]) -> &[u8] {
     }
 }
 
+/// The framing of a request (RFC 9112 sections 6.1 and 6.3); see the module comment.
+fn framing(head: &RequestHead) -> Result<Framing> {
+    let length = content_length(head)?;
+    let mut codings = head
+        .headers_named("transfer-encoding")
+        .flat_map(split_tokens)
+        .peekable();
+    if codings.peek().is_none() {
+        if head.headers_named("transfer-encoding").next().is_some() {
+            // A field with no codings at all: chunked is not the final coding.
+            return Err(http_error(
+                STATUS_BAD_REQUEST,
+                "transfer-encoding must end with chunked",
+            ));
+        }
+        return Ok(Framing::Length(length.unwrap_or(0)));
+    }
+    if head.version == 0 {
+        return Err(http_error(
+            STATUS_BAD_REQUEST,
+            "transfer-encoding in an HTTP/1.0 request",
+        ));
+    }
+    if length.is_some() {
+        return Err(http_error(
+            STATUS_BAD_REQUEST,
+            "both transfer-encoding and content-length",
+        ));
+    }
+    let codings: Vec<&[u8]> = codings.collect();
+    let is_chunked = |c: &&[u8]| c.eq_ignore_ascii_case(b"chunked");
+    match codings.split_last() {
+        Some((last, _)) if !is_chunked(last) => Err(http_error(
+            STATUS_BAD_REQUEST,
+            "transfer-encoding must end with chunked",
+        )),
+        Some((_, before)) if before.iter().any(is_chunked) => Err(http_error(
+            STATUS_BAD_REQUEST,
+            "chunked applied more than once",
+        )),
+        Some((_, [])) => Ok(Framing::Chunked),
+        _ => Err(http_error(
+            STATUS_NOT_IMPLEMENTED,
+            "transfer-coding not implemented",
+        )),
+    }
+}
+
 /// Build the head from httparse's view of it and apply the framing rules.
-fn head_from_parsed(req: &httparse::Request<'_, '_>, limits: &Limits) -> Result<RequestHead> {
+fn head_from_parsed(req: &httparse::Request<'_, '_>) -> Result<RequestHead> {
     // httparse only reports Complete with all three set.
     let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
         return Err(http_error(STATUS_BAD_REQUEST, "malformed request line"));
@@ -212,20 +310,16 @@ fn head_from_parsed(req: &httparse::Request<'_, '_>, limits: &Limits) -> Result<
         Some((p, q)) => (p.to_owned(), Some(q.to_owned())),
         None => (target.to_owned(), None),
     };
-    let headers = req
-        .headers
-        .iter()
-        .map(|h| (h.name.to_ascii_lowercase(), h.value.to_vec()))
-        .collect();
     let mut head = RequestHead {
         method: method.to_owned(),
         path,
         query,
         version,
-        headers,
+        headers: lowercase_fields(req.headers),
         keep_alive: false,
         is_websocket_upgrade: false,
-        body_len: 0,
+        framing: Framing::Length(0),
+        expect_continue: false,
     };
     // RFC 9112 section 9.3: 1.1 persists unless "close"; 1.0 only with "keep-alive".
     head.keep_alive = !head.has_token("connection", "close")
@@ -234,14 +328,16 @@ fn head_from_parsed(req: &httparse::Request<'_, '_>, limits: &Limits) -> Result<
     head.is_websocket_upgrade = head.method == "GET"
         && head.has_token("upgrade", "websocket")
         && head.has_token("connection", "upgrade");
-    if head.headers_named("transfer-encoding").next().is_some() {
-        return Err(http_error(
-            STATUS_NOT_IMPLEMENTED,
-            "transfer-encoding not supported",
-        ));
-    }
-    head.body_len = content_length(&head, limits.max_body)?;
+    head.expect_continue = version >= 1 && head.has_token("expect", "100-continue");
+    head.framing = framing(&head)?;
     Ok(head)
+}
+
+fn lowercase_fields(fields: &[httparse::Header<'_>]) -> Fields {
+    fields
+        .iter()
+        .map(|h| (h.name.to_ascii_lowercase(), h.value.to_vec()))
+        .collect()
 }
 
 fn map_httparse_error(err: httparse::Error) -> Error {
@@ -257,57 +353,160 @@ fn map_httparse_error(err: httparse::Error) -> Error {
     }
 }
 
-/// Parse a complete head (`bytes` ends with its empty line). `Ok(None)` means httparse wants
-/// more (only blank lines so far).
-fn parse_head(bytes: &[u8], limits: &Limits) -> Result<Option<RequestHead>> {
-    let mut stack = [httparse::EMPTY_HEADER; STACK_HEADERS];
-    let mut heap;
-    let slots: &mut [httparse::Header<'_>] = if limits.max_headers <= STACK_HEADERS {
-        &mut stack[..limits.max_headers]
+/// Header slots for httparse: on the stack up to [`STACK_HEADERS`], else on the heap.
+fn with_header_slots<'b, T>(max: usize, f: impl FnOnce(&mut [httparse::Header<'b>]) -> T) -> T {
+    let mut stack: [httparse::Header<'b>; STACK_HEADERS] = [httparse::EMPTY_HEADER; STACK_HEADERS];
+    if max <= STACK_HEADERS {
+        f(&mut stack[..max])
     } else {
-        heap = vec![httparse::EMPTY_HEADER; limits.max_headers];
-        &mut heap
-    };
-    let mut req = httparse::Request::new(slots);
-    match req.parse(bytes) {
-        Ok(httparse::Status::Complete(_)) => head_from_parsed(&req, limits).map(Some),
-        Ok(httparse::Status::Partial) => Ok(None),
-        Err(e) => Err(map_httparse_error(e)),
+        f(&mut vec![httparse::EMPTY_HEADER; max])
     }
 }
 
-/// Incremental HTTP/1.x request parser; see the module comment.
-#[derive(Debug)]
-pub struct Parser {
-    limits: Limits,
-    buf: Vec<u8>,
-    /// Start of the unconsumed bytes in `buf`.
-    pos: usize,
-    /// Offset (relative to `pos`) where the next head-terminator search starts.
-    scan_from: usize,
-    /// A head already parsed, waiting for its body.
-    pending: Option<RequestHead>,
-    failed: Option<Error>,
+/// Parse a complete head (`bytes` ends with its empty line). `Ok(None)` means httparse wants
+/// more (only blank lines so far).
+fn parse_head(bytes: &[u8], limits: &Limits) -> Result<Option<RequestHead>> {
+    with_header_slots(limits.max_headers, |slots| {
+        let mut req = httparse::Request::new(slots);
+        match req.parse(bytes) {
+            Ok(httparse::Status::Complete(_)) => head_from_parsed(&req).map(Some),
+            Ok(httparse::Status::Partial) => Ok(None),
+            Err(e) => Err(map_httparse_error(e)),
+        }
+    })
 }
 
-impl Parser {
+/// The size in a chunk-size line (CRLF already removed): `1*HEXDIG [ext] [OWS]`, where the
+/// extensions (`;name[=value]`, RFC 9112 section 7.1.1) are ignored but may hold no control
+/// characters.
+fn parse_chunk_size(line: &[u8]) -> Result<u64> {
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    let rest = trim_ows(&line[digits..]);
+    if digits == 0 || !(rest.is_empty() || rest[0] == b';') {
+        return Err(http_error(STATUS_BAD_REQUEST, "invalid chunk size"));
+    }
+    if rest.iter().any(|&b| (b < b' ' && b != b'\t') || b == 0x7f) {
+        return Err(http_error(STATUS_BAD_REQUEST, "invalid chunk extension"));
+    }
+    line[..digits]
+        .iter()
+        .try_fold(0u64, |size, &b| {
+            let digit = u64::from((b as char).to_digit(16)?);
+            size.checked_mul(16)?.checked_add(digit)
+        })
+        .ok_or_else(|| http_error(STATUS_BAD_REQUEST, "chunk size too large"))
+}
+
+/// Parse a complete trailer section (CRLF-terminated lines ending with an empty line).
+fn parse_trailers(section: &[u8], max_fields: usize) -> Result<Fields> {
+    if section == b"\r\n" {
+        return Ok(Vec::new());
+    }
+    with_header_slots(max_fields, |slots| {
+        match httparse::parse_headers(section, slots) {
+            Ok(httparse::Status::Complete((_, fields))) => Ok(lowercase_fields(fields)),
+            Ok(httparse::Status::Partial) => {
+                Err(http_error(STATUS_BAD_REQUEST, "invalid trailer field"))
+            }
+            Err(httparse::Error::TooManyHeaders) => Err(http_error(
+                STATUS_HEADERS_TOO_LARGE,
+                "too many trailer fields",
+            )),
+            Err(_) => Err(http_error(STATUS_BAD_REQUEST, "invalid trailer field")),
+        }
+    })
+}
+
+/// What [`StreamParser::feed`] found in the bytes so far.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Event<'a> {
+    /// A complete request head; its body (if any) follows as `Data`.
+    Head(RequestHead),
+    /// Body bytes, de-chunked. Never empty.
+    Data(&'a [u8]),
+    /// The end of the request, with the trailer fields of a chunked body (else empty).
+    End(Fields),
+}
+
+/// One `feed`'s result: the events, then the violation that stopped parsing, if any. After
+/// a violation the caller answers with its status and closes; the parser stays silent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output<'a> {
+    pub events: Vec<Event<'a>>,
+    pub error: Option<Error>,
+}
+
+/// Where the parser is; the transition table is in the module comment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Head,
+    Body(u64),
+    ChunkSize,
+    ChunkData(u64),
+    ChunkEnd,
+    Trailers,
+    Done,
+    Failed,
+}
+
+/// An event whose data is a range of the bytes being parsed (turned into slices at the end
+/// of `feed`, once the buffer no longer changes).
+enum RawEvent {
+    Head(RequestHead),
+    Data(usize, usize),
+    End(Fields),
+}
+
+/// Incremental HTTP/1.x request parser emitting events; see the module comment.
+#[derive(Debug)]
+pub struct StreamParser {
+    limits: Limits,
+    buf: Vec<u8>,
+    /// Start of the unparsed bytes in `buf`.
+    pos: usize,
+    /// Offset (relative to `pos`) where the next search for a line end starts.
+    scan_from: usize,
+    state: State,
+}
+
+impl StreamParser {
     pub fn new(limits: Limits) -> Self {
-        Parser {
+        StreamParser {
             limits,
             buf: Vec::new(),
             pos: 0,
             scan_from: 0,
-            pending: None,
-            failed: None,
+            state: State::Head,
         }
     }
 
-    /// Bytes received and not yet returned as part of a request.
+    /// Bytes received and not yet parsed (a partial line, or what follows a complete request).
     pub fn buffered(&self) -> usize {
+        if self.state == State::Failed {
+            return 0;
+        }
         self.buf.len() - self.pos
     }
 
-    /// Drain every buffered byte not yet returned (after an upgrade the rest of the stream
+    /// True once the current request has ended (until `start_next_cycle`).
+    pub fn is_done(&self) -> bool {
+        self.state == State::Done
+    }
+
+    /// After the request ended (and was answered), parse the next one; `feed(b"")` then
+    /// returns the events of whatever is already buffered (pipelining).
+    pub fn start_next_cycle(&mut self) -> Result<()> {
+        if self.state != State::Done {
+            return Err(Error::InvalidArgument(
+                "start_next_cycle: the current request has not ended".to_owned(),
+            ));
+        }
+        self.state = State::Head;
+        self.scan_from = 0;
+        Ok(())
+    }
+
+    /// Drain every buffered byte not yet parsed (after an upgrade the rest of the stream
     /// belongs to the websocket decoder). The parser starts afresh afterwards.
     pub fn take_rest(&mut self) -> Vec<u8> {
         let rest = if self.pos == 0 {
@@ -319,84 +518,198 @@ impl Parser {
         };
         self.pos = 0;
         self.scan_from = 0;
-        self.pending = None;
+        self.state = State::Head;
         rest
     }
 
-    /// Append `data` and return the next complete request, or None when more bytes are needed.
-    pub fn feed(&mut self, data: &[u8]) -> Result<Option<Request>> {
-        self.feed_with(data, |head, body| Request {
-            head,
-            body: body.to_vec(),
-        })
-    }
-
-    /// Like [`Parser::feed`] but hands the body to `build` as a slice of the internal buffer,
-    /// so the caller copies it exactly once (into its own object).
-    pub fn feed_with<T>(
-        &mut self,
-        data: &[u8],
-        build: impl FnOnce(RequestHead, &[u8]) -> T,
-    ) -> Result<Option<T>> {
-        if let Some(err) = &self.failed {
-            return Err(err.clone());
+    /// Parse `data` (after whatever is buffered) as far as it goes.
+    pub fn feed<'a>(&'a mut self, data: &'a [u8]) -> Output<'a> {
+        if self.state == State::Failed {
+            self.buf = Vec::new();
+            self.pos = 0;
+            return Output {
+                events: Vec::new(),
+                error: None,
+            };
         }
         self.compact();
-        self.buf.extend_from_slice(data);
-        match self.advance() {
-            Ok(Some(head)) => {
-                let start = self.pos;
-                self.pos += head.body_len;
-                Ok(Some(build(head, &self.buf[start..self.pos])))
+        let mut raw = Vec::new();
+        if self.pos == self.buf.len() {
+            // Nothing buffered: parse the caller's bytes in place, keep only the tail.
+            let (used, error) = self.run(data, &mut raw);
+            if error.is_none() {
+                self.buf.extend_from_slice(&data[used..]);
             }
-            Ok(None) => Ok(None),
-            Err(err) => {
-                self.failed = Some(err.clone());
-                self.buf = Vec::new();
-                self.pos = 0;
-                Err(err)
-            }
+            Self::output(data, raw, error)
+        } else {
+            self.buf.extend_from_slice(data);
+            let buf = std::mem::take(&mut self.buf);
+            let start = self.pos;
+            let (used, error) = self.run(&buf[start..], &mut raw);
+            self.buf = buf;
+            self.pos += used;
+            Self::output(&self.buf[start..], raw, error)
         }
     }
 
-    /// Try to complete a request; on success `pos` points at its body.
-    fn advance(&mut self) -> Result<Option<RequestHead>> {
-        while self.pending.is_none() {
-            let avail = &self.buf[self.pos..];
-            let Some(end) = find_head_end(avail, self.scan_from) else {
-                if avail.len() > self.limits.max_head {
+    fn output(bytes: &[u8], raw: Vec<RawEvent>, error: Option<Error>) -> Output<'_> {
+        let events = raw
+            .into_iter()
+            .map(|ev| match ev {
+                RawEvent::Head(head) => Event::Head(head),
+                RawEvent::Data(from, to) => Event::Data(&bytes[from..to]),
+                RawEvent::End(trailers) => Event::End(trailers),
+            })
+            .collect();
+        Output { events, error }
+    }
+
+    /// Advance the state machine over `w`; returns how many bytes were consumed.
+    fn run(&mut self, w: &[u8], out: &mut Vec<RawEvent>) -> (usize, Option<Error>) {
+        let mut i = 0;
+        let result = loop {
+            match self.step(w, &mut i, out) {
+                Ok(true) => {}
+                Ok(false) => break None,
+                Err(err) => break Some(err),
+            }
+        };
+        if result.is_some() {
+            self.state = State::Failed;
+        }
+        (i, result)
+    }
+
+    /// One transition; Ok(false) when more bytes are needed (or the request is done).
+    fn step(&mut self, w: &[u8], i: &mut usize, out: &mut Vec<RawEvent>) -> Result<bool> {
+        let avail = &w[*i..];
+        match self.state {
+            State::Head => {
+                let Some(end) = find_head_end(avail, self.scan_from) else {
+                    if avail.len() > self.limits.max_head {
+                        return Err(head_too_large());
+                    }
+                    self.scan_from = rescan_from(avail.len());
+                    return Ok(false);
+                };
+                if end > self.limits.max_head {
+                    return Err(head_too_large());
+                }
+                let Some(head) = parse_head(&avail[..end], &self.limits)? else {
+                    // Only blank lines so far: keep them and look for the next terminator.
+                    self.scan_from = end;
+                    return Ok(true);
+                };
+                *i += end;
+                self.scan_from = 0;
+                self.state = match head.framing {
+                    Framing::Length(0) => State::Done,
+                    Framing::Length(n) => State::Body(n),
+                    Framing::Chunked => State::ChunkSize,
+                };
+                out.push(RawEvent::Head(head));
+                if self.state == State::Done {
+                    out.push(RawEvent::End(Vec::new()));
+                }
+            }
+            State::Body(left) => {
+                let n = take_data(avail, left, *i, out);
+                *i += n;
+                if left == n as u64 {
+                    out.push(RawEvent::End(Vec::new()));
+                    self.state = State::Done;
+                } else {
+                    self.state = State::Body(left - n as u64);
+                    return Ok(false);
+                }
+            }
+            State::ChunkSize => {
+                let max = self.limits.max_chunk_line;
+                let Some(nl) = find_byte(avail, self.scan_from, b'\n') else {
+                    if avail.len() >= max {
+                        return Err(http_error(STATUS_BAD_REQUEST, "chunk size line too long"));
+                    }
+                    self.scan_from = avail.len();
+                    return Ok(false);
+                };
+                if nl + 1 > max {
+                    return Err(http_error(STATUS_BAD_REQUEST, "chunk size line too long"));
+                }
+                let Some(line) = avail[..nl].strip_suffix(b"\r") else {
                     return Err(http_error(
-                        STATUS_HEADERS_TOO_LARGE,
-                        "request header fields too large",
+                        STATUS_BAD_REQUEST,
+                        "chunk size line must end with CRLF",
                     ));
-                }
-                self.scan_from = rescan_from(avail.len());
-                return Ok(None);
-            };
-            if end > self.limits.max_head {
-                return Err(http_error(
-                    STATUS_HEADERS_TOO_LARGE,
-                    "request header fields too large",
-                ));
+                };
+                let size = parse_chunk_size(line)?;
+                *i += nl + 1;
+                self.scan_from = 0;
+                self.state = if size == 0 {
+                    State::Trailers
+                } else {
+                    State::ChunkData(size)
+                };
             }
-            match parse_head(&avail[..end], &self.limits)? {
-                Some(head) => {
-                    self.pos += end;
-                    self.scan_from = 0;
-                    self.pending = Some(head);
+            State::ChunkData(left) => {
+                let n = take_data(avail, left, *i, out);
+                *i += n;
+                if left == n as u64 {
+                    self.state = State::ChunkEnd;
+                } else {
+                    self.state = State::ChunkData(left - n as u64);
+                    return Ok(false);
                 }
-                // Only blank lines so far: keep them and look for the next terminator.
-                None => self.scan_from = end,
             }
+            State::ChunkEnd => match avail {
+                [b'\r', b'\n', ..] => {
+                    *i += 2;
+                    self.state = State::ChunkSize;
+                }
+                [] | [b'\r'] => return Ok(false),
+                _ => {
+                    return Err(http_error(
+                        STATUS_BAD_REQUEST,
+                        "chunk data not followed by CRLF",
+                    ))
+                }
+            },
+            State::Trailers => {
+                let max = self.limits.max_trailers;
+                loop {
+                    let line_start = self.scan_from;
+                    let Some(nl) = find_byte(avail, line_start, b'\n') else {
+                        if avail.len() >= max {
+                            return Err(trailers_too_large());
+                        }
+                        return Ok(false);
+                    };
+                    if nl == line_start || avail[nl - 1] != b'\r' {
+                        return Err(http_error(
+                            STATUS_BAD_REQUEST,
+                            "trailer line must end with CRLF",
+                        ));
+                    }
+                    if nl + 1 > max {
+                        return Err(trailers_too_large());
+                    }
+                    self.scan_from = nl + 1;
+                    if nl == line_start + 1 {
+                        // The empty line: the section is complete.
+                        let trailers = parse_trailers(&avail[..=nl], self.limits.max_headers)?;
+                        *i += nl + 1;
+                        self.scan_from = 0;
+                        self.state = State::Done;
+                        out.push(RawEvent::End(trailers));
+                        break;
+                    }
+                }
+            }
+            State::Done | State::Failed => return Ok(false),
         }
-        let body_len = self.pending.as_ref().map_or(0, |h| h.body_len);
-        if self.buf.len() - self.pos < body_len {
-            return Ok(None);
-        }
-        Ok(self.pending.take())
+        Ok(true)
     }
 
-    /// Drop the consumed prefix when it is empty-rest or big enough to be worth a shift.
+    /// Drop the consumed prefix when nothing is left or it is big enough to be worth a shift.
     fn compact(&mut self) {
         if self.pos == 0 {
             return;
@@ -408,6 +721,154 @@ impl Parser {
             self.buf.drain(..self.pos);
             self.pos = 0;
         }
+    }
+}
+
+impl Default for StreamParser {
+    fn default() -> Self {
+        StreamParser::new(Limits::default())
+    }
+}
+
+fn head_too_large() -> Error {
+    http_error(STATUS_HEADERS_TOO_LARGE, "request header fields too large")
+}
+
+fn trailers_too_large() -> Error {
+    http_error(STATUS_HEADERS_TOO_LARGE, "trailer section too large")
+}
+
+/// Emit up to `left` body bytes from the front of `avail` (at offset `at` of the parsed
+/// bytes); returns how many.
+fn take_data(avail: &[u8], left: u64, at: usize, out: &mut Vec<RawEvent>) -> usize {
+    let n = usize::try_from(left).map_or(avail.len(), |l| l.min(avail.len()));
+    if n > 0 {
+        out.push(RawEvent::Data(at, at + n));
+    }
+    n
+}
+
+fn find_byte(buf: &[u8], from: usize, byte: u8) -> Option<usize> {
+    buf.get(from..)?
+        .iter()
+        .position(|&b| b == byte)
+        .map(|off| from + off)
+}
+
+/// Buffered convenience over [`StreamParser`]: one whole [`Request`] at a time, its body
+/// gathered up to `max_body` (413 beyond, before the body arrives when Content-Length says
+/// so). After an error the parser is poisoned and returns the same error again.
+#[derive(Debug)]
+pub struct Parser {
+    inner: StreamParser,
+    max_body: usize,
+    head: Option<RequestHead>,
+    body: Vec<u8>,
+    failed: Option<Error>,
+}
+
+impl Parser {
+    pub fn new(limits: Limits) -> Self {
+        Parser {
+            inner: StreamParser::new(limits),
+            max_body: limits.max_body,
+            head: None,
+            body: Vec::new(),
+            failed: None,
+        }
+    }
+
+    /// Bytes received and not yet returned as part of a request.
+    pub fn buffered(&self) -> usize {
+        if self.failed.is_some() {
+            return 0;
+        }
+        self.inner.buffered() + self.body.len()
+    }
+
+    /// See [`StreamParser::take_rest`].
+    pub fn take_rest(&mut self) -> Vec<u8> {
+        self.head = None;
+        self.body = Vec::new();
+        self.inner.take_rest()
+    }
+
+    /// Append `data` and return the next complete request, or None when more bytes are needed.
+    pub fn feed(&mut self, data: &[u8]) -> Result<Option<Request>> {
+        self.feed_with(data, |head, body| Request {
+            head,
+            body: body.to_vec(),
+        })
+    }
+
+    /// Like [`Parser::feed`] but hands the body to `build` as a slice, so a body that arrived
+    /// in one read is copied exactly once (into the caller's object).
+    pub fn feed_with<T>(
+        &mut self,
+        data: &[u8],
+        build: impl FnOnce(RequestHead, &[u8]) -> T,
+    ) -> Result<Option<T>> {
+        if let Some(err) = &self.failed {
+            return Err(err.clone());
+        }
+        if self.inner.is_done() {
+            self.inner.start_next_cycle()?;
+        }
+        let max_body = self.max_body;
+        let mut build = Some(build);
+        let out = self.inner.feed(data);
+        let mut single: Option<&[u8]> = None;
+        let mut result = Ok(None);
+        let too_large = || http_error(STATUS_PAYLOAD_TOO_LARGE, "request body too large");
+        for event in out.events {
+            match event {
+                Event::Head(head) => {
+                    if matches!(head.framing, Framing::Length(n) if n > max_body as u64) {
+                        result = Err(too_large());
+                        break;
+                    }
+                    self.head = Some(head);
+                }
+                Event::Data(bytes) => {
+                    if self.body.len() + single.map_or(0, <[u8]>::len) + bytes.len() > max_body {
+                        result = Err(too_large());
+                        break;
+                    }
+                    // Keep the first slice as is; copy only when the body is in pieces.
+                    match single {
+                        None if self.body.is_empty() => single = Some(bytes),
+                        _ => {
+                            self.body
+                                .extend_from_slice(single.take().unwrap_or_default());
+                            self.body.extend_from_slice(bytes);
+                        }
+                    }
+                }
+                Event::End(_) => {
+                    let head = self.head.take().expect("End follows Head");
+                    let body = match single.take() {
+                        Some(bytes) => bytes,
+                        None => &self.body[..],
+                    };
+                    let build = build.take().expect("one request per feed");
+                    result = Ok(Some(build(head, body)));
+                    self.body.clear();
+                }
+            }
+        }
+        let result = match out.error {
+            Some(err) if result.is_ok() => Err(err),
+            _ => result,
+        };
+        if let Some(bytes) = single {
+            self.body.extend_from_slice(bytes);
+        }
+        if let Err(err) = &result {
+            self.failed = Some(err.clone());
+            self.head = None;
+            self.body = Vec::new();
+        }
+        result
     }
 }
 
@@ -542,7 +1003,7 @@ fn check_headers(headers: &[(&str, &str)]) -> Result<()> {
             || name.eq_ignore_ascii_case("transfer-encoding")
         {
             return Err(Error::InvalidArgument(
-                "content-length is computed; do not pass it".to_owned(),
+                "content-length and transfer-encoding are computed; do not pass them".to_owned(),
             ));
         }
     }
@@ -562,6 +1023,50 @@ fn headers_len(headers: &[(&str, &str)]) -> usize {
     headers.iter().map(|(n, v)| n.len() + v.len() + 4).sum()
 }
 
+fn check_status(status: u16) -> Result<()> {
+    if (100..=999).contains(&status) {
+        Ok(())
+    } else {
+        Err(Error::InvalidArgument(format!(
+            "status {status} is not three digits"
+        )))
+    }
+}
+
+/// 1xx and 204 responses never have content nor Content-Length (RFC 9110 section 8.6).
+fn is_bodyless(status: u16) -> bool {
+    status < 200 || status == 204
+}
+
+/// Status line, caller's headers, framing header, `Connection: close`, empty line.
+fn write_response_head(
+    out: &mut Vec<u8>,
+    status: u16,
+    headers: &[(&str, &str)],
+    framing: Option<Framing>,
+    close: bool,
+) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(status.to_string().as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(reason_phrase(status).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    write_headers(out, headers);
+    match framing {
+        Some(Framing::Length(n)) => {
+            out.extend_from_slice(b"Content-Length: ");
+            out.extend_from_slice(n.to_string().as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        Some(Framing::Chunked) => out.extend_from_slice(b"Transfer-Encoding: chunked\r\n"),
+        None => {}
+    }
+    if close {
+        out.extend_from_slice(b"Connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
 /// A complete HTTP/1.1 response. Content-Length is always computed here, except for 1xx and
 /// 204 which must not carry one (RFC 9110 section 8.6) and so must have no body.
 pub fn encode_response(
@@ -570,36 +1075,71 @@ pub fn encode_response(
     body: &[u8],
     close: bool,
 ) -> Result<Vec<u8>> {
-    if !(100..=999).contains(&status) {
-        return Err(Error::InvalidArgument(format!(
-            "status {status} is not three digits"
-        )));
-    }
+    check_status(status)?;
     check_headers(headers)?;
-    let bodyless = status < 200 || status == 204;
+    let bodyless = is_bodyless(status);
     if bodyless && !body.is_empty() {
         return Err(Error::InvalidArgument(format!(
             "status {status} cannot have a body"
         )));
     }
-    let phrase = reason_phrase(status);
-    let mut out = Vec::with_capacity(64 + phrase.len() + headers_len(headers) + body.len());
-    out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(status.to_string().as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(phrase.as_bytes());
-    out.extend_from_slice(b"\r\n");
-    write_headers(&mut out, headers);
-    if !bodyless {
-        out.extend_from_slice(b"Content-Length: ");
-        out.extend_from_slice(body.len().to_string().as_bytes());
-        out.extend_from_slice(b"\r\n");
-    }
-    if close {
-        out.extend_from_slice(b"Connection: close\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
+    let framing = (!bodyless).then_some(Framing::Length(body.len() as u64));
+    let mut out = Vec::with_capacity(80 + headers_len(headers) + body.len());
+    write_response_head(&mut out, status, headers, framing, close);
     out.extend_from_slice(body);
+    Ok(out)
+}
+
+/// The head of a response whose body the caller writes next: `Some(Length(n))` for n bytes
+/// as they are, `Some(Chunked)` for [`encode_chunk`]s ended by [`encode_last_chunk`], `None`
+/// for the bodyless 1xx and 204, or, with `close`, for a body that ends when the connection
+/// closes (RFC 9112 section 6.3, item 8: how an HTTP/1.0 client, which cannot read chunked,
+/// gets a body of unknown length). A response to HEAD is this head alone, with the framing a
+/// GET would have had.
+pub fn encode_response_head(
+    status: u16,
+    headers: &[(&str, &str)],
+    framing: Option<Framing>,
+    close: bool,
+) -> Result<Vec<u8>> {
+    check_status(status)?;
+    check_headers(headers)?;
+    match (is_bodyless(status), framing) {
+        (true, Some(_)) => Err(Error::InvalidArgument(format!(
+            "status {status} cannot have a body: give neither content_length nor chunked"
+        ))),
+        (false, None) if !close => Err(Error::InvalidArgument(format!(
+            "status {status} has a body: give content_length or chunked (or close)"
+        ))),
+        _ => {
+            let mut out = Vec::with_capacity(80 + headers_len(headers));
+            write_response_head(&mut out, status, headers, framing, close);
+            Ok(out)
+        }
+    }
+}
+
+/// One chunk of a chunked body (RFC 9112 section 7.1): size in hex, CRLF, data, CRLF. Empty
+/// data encodes to nothing, since a zero-size chunk would end the body.
+pub fn encode_chunk(data: &[u8]) -> Vec<u8> {
+    if data.is_empty() {
+        return Vec::new();
+    }
+    let size = format!("{:x}\r\n", data.len());
+    let mut out = Vec::with_capacity(size.len() + data.len() + 2);
+    out.extend_from_slice(size.as_bytes());
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+    out
+}
+
+/// The last chunk and trailer section that end a chunked body (RFC 9112 section 7.1.2).
+pub fn encode_last_chunk(trailers: &[(&str, &str)]) -> Result<Vec<u8>> {
+    check_headers(trailers)?;
+    let mut out = Vec::with_capacity(5 + headers_len(trailers));
+    out.extend_from_slice(b"0\r\n");
+    write_headers(&mut out, trailers);
+    out.extend_from_slice(b"\r\n");
     Ok(out)
 }
 
@@ -944,11 +1484,46 @@ mod tests {
     }
 
     #[test]
-    fn transfer_encoding_is_501() {
-        for te in ["chunked", "gzip, chunked", "identity"] {
-            let data = format!("POST / HTTP/1.1\r\nTransfer-Encoding: {te}\r\n\r\n");
-            assert_eq!(status_of(parser().feed(data.as_bytes()).unwrap_err()), 501);
+    fn transfer_encoding_framing_rules() {
+        // RFC 9112 sections 6.1 and 6.3: (headers, status or None when accepted as chunked)
+        let cases: &[(&str, Option<u16>)] = &[
+            ("Transfer-Encoding: chunked\r\n", None),
+            ("Transfer-Encoding: Chunked\r\n", None),
+            (
+                "Transfer-Encoding: \r\nTransfer-Encoding: chunked\r\n",
+                None,
+            ),
+            ("Transfer-Encoding: gzip, chunked\r\n", Some(501)),
+            (
+                "Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n",
+                Some(501),
+            ),
+            ("Transfer-Encoding: x-custom, chunked\r\n", Some(501)),
+            ("Transfer-Encoding: gzip\r\n", Some(400)),
+            ("Transfer-Encoding: identity\r\n", Some(400)),
+            ("Transfer-Encoding: chunked, gzip\r\n", Some(400)),
+            ("Transfer-Encoding: chunked, chunked\r\n", Some(400)),
+            ("Transfer-Encoding: chunked;q=1\r\n", Some(400)),
+            ("Transfer-Encoding: \r\n", Some(400)),
+            (
+                "Transfer-Encoding: chunked\r\nContent-Length: 3\r\n",
+                Some(400),
+            ),
+            (
+                "Content-Length: 3\r\nTransfer-Encoding: chunked\r\n",
+                Some(400),
+            ),
+        ];
+        for (headers, expect) in cases {
+            let data = format!("POST / HTTP/1.1\r\n{headers}\r\n3\r\nabc\r\n0\r\n\r\n");
+            let got = parser().feed(data.as_bytes());
+            match expect {
+                None => assert_eq!(got.unwrap().unwrap().body, b"abc", "{headers:?}"),
+                Some(status) => assert_eq!(status_of(got.unwrap_err()), *status, "{headers:?}"),
+            }
         }
+        let data = b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n";
+        assert_eq!(status_of(parser().feed(data).unwrap_err()), 400);
     }
 
     #[test]
@@ -1195,29 +1770,35 @@ mod tests {
 
     #[test]
     fn garbage_and_mutated_requests_end_in_documented_outcomes() {
-        // A poor man's fuzz target: never a panic, only documented statuses, and the
-        // buffer stays within the limits.
+        // A poor man's fuzz target: never a panic, only documented statuses, and what the
+        // stream parser keeps stays under its limits (body bytes are never kept).
         use rand::{Rng, SeedableRng};
         let mut rng = rand::rngs::StdRng::seed_from_u64(3);
         let limits = Limits {
             max_head: 512,
             max_headers: 8,
             max_body: 256,
+            max_chunk_line: 32,
+            max_trailers: 64,
         };
-        let valid = b"POST /x?y HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\nbody";
-        for round in 0..2000 {
-            let data: Vec<u8> = if round % 2 == 0 {
+        let valid: [&[u8]; 2] = [
+            b"POST /x?y HTTP/1.1\r\nHost: h\r\nContent-Length: 4\r\n\r\nbody",
+            b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n4;a=b\r\nbody\r\n2\r\n!!\r\n0\r\nT: v\r\n\r\n",
+        ];
+        for round in 0..3000 {
+            let data: Vec<u8> = if round % 3 == 0 {
                 (0..rng.gen_range(0..700)).map(|_| rng.gen()).collect()
             } else {
-                let mut d = valid.to_vec();
+                let mut d = valid[round % 3 - 1].to_vec();
                 for _ in 0..rng.gen_range(1..4) {
                     let i = rng.gen_range(0..d.len());
                     d[i] = rng.gen();
                 }
                 d
             };
+            let step = rng.gen_range(1..50);
             let mut p = Parser::new(limits);
-            for chunk in data.chunks(rng.gen_range(1..50)) {
+            for chunk in data.chunks(step) {
                 match p.feed(chunk) {
                     Ok(Some(req)) => assert!(req.body.len() <= limits.max_body),
                     Ok(None) => {}
@@ -1228,6 +1809,24 @@ mod tests {
                     Err(other) => panic!("undocumented error {other:?}"),
                 }
                 assert!(p.buffered() <= data.len());
+            }
+            let mut s = StreamParser::new(limits);
+            for chunk in data.chunks(step) {
+                let out = s.feed(chunk);
+                if let Some(err) = out.error {
+                    assert!(matches!(
+                        err,
+                        Error::Http {
+                            status: 400 | 413 | 431 | 501,
+                            ..
+                        }
+                    ));
+                    break;
+                }
+                let done = out.events.iter().any(|e| matches!(e, Event::End(_)));
+                if !done && !s.is_done() {
+                    assert!(s.buffered() <= limits.max_head + step, "{}", s.buffered());
+                }
             }
         }
     }
@@ -1240,15 +1839,462 @@ mod tests {
         assert_eq!(find_head_end(b"a\r\n", 0), None);
         assert_eq!(find_head_end(b"a\r\nb\r\n\r\nc", 3), Some(8));
     }
-}
 
+    // ---- the event parser ----
+
+    /// An owned view of events, with adjacent Data merged (how data is split depends only on
+    /// how the input was split) and a violation as its status.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    enum Ev {
+        Head(String, String, Framing, bool),
+        Data(Vec<u8>),
+        End(Fields),
+        Violation(u16),
+    }
+
+    fn collect(out: Output<'_>, into: &mut Vec<Ev>) -> bool {
+        for event in out.events {
+            match event {
+                Event::Head(h) => {
+                    into.push(Ev::Head(h.method, h.path, h.framing, h.expect_continue))
+                }
+                Event::Data(d) => match into.last_mut() {
+                    Some(Ev::Data(prev)) => prev.extend_from_slice(d),
+                    _ => into.push(Ev::Data(d.to_vec())),
+                },
+                Event::End(t) => into.push(Ev::End(t)),
+            }
+        }
+        match out.error {
+            Some(err) => {
+                into.push(Ev::Violation(status_of(err)));
+                false
+            }
+            None => true,
+        }
+    }
+
+    /// Feed the pieces in order, starting the next cycle as soon as a request ends (as a
+    /// server does once it has answered), and return every event.
+    fn drive(limits: Limits, pieces: &[&[u8]]) -> Vec<Ev> {
+        let mut p = StreamParser::new(limits);
+        let mut got = Vec::new();
+        for piece in pieces {
+            let mut data: &[u8] = piece;
+            loop {
+                if !collect(p.feed(data), &mut got) {
+                    return got;
+                }
+                data = b"";
+                if !p.is_done() {
+                    break;
+                }
+                p.start_next_cycle().unwrap();
+                if p.buffered() == 0 {
+                    break;
+                }
+            }
+        }
+        got
+    }
+
+    fn fields(pairs: &[(&str, &str)]) -> Fields {
+        pairs
+            .iter()
+            .map(|(n, v)| ((*n).to_owned(), v.as_bytes().to_vec()))
+            .collect()
+    }
+
+    const CHUNKED: &[u8] =
+        b"POST /up HTTP/1.1\r\nTransfer-Encoding: chunked\r\nExpect: 100-Continue\r\n\r\n\
+        5;name=val\r\nhello\r\n6 ; x\r\n world\r\n0\r\nChecksum: abc\r\nX-Other: 1\r\n\r\n";
+
+    #[test]
+    fn stream_parser_golden_events() {
+        let mut p = StreamParser::default();
+        let mut data = CHUNKED.to_vec();
+        data.extend_from_slice(b"GET /next HTTP/1.1\r\n\r\n");
+        let out = p.feed(&data);
+        assert_eq!(out.error, None);
+        let [Event::Head(head), Event::Data(a), Event::Data(b), Event::End(trailers)] =
+            &out.events[..]
+        else {
+            panic!("{:?}", out.events);
+        };
+        assert_eq!((head.method.as_str(), head.path.as_str()), ("POST", "/up"));
+        assert_eq!(head.framing, Framing::Chunked);
+        assert!(head.expect_continue && head.has_body());
+        assert_eq!((*a, *b), (&b"hello"[..], &b" world"[..]));
+        assert_eq!(trailers, &fields(&[("checksum", "abc"), ("x-other", "1")]));
+        // The pipelined request waits for the next cycle.
+        assert!(p.is_done());
+        assert_eq!(p.feed(b"").events, vec![]);
+        assert_eq!(p.buffered(), 22);
+        p.start_next_cycle().unwrap();
+        let out = p.feed(b"");
+        let [Event::Head(next), Event::End(t)] = &out.events[..] else {
+            panic!("{:?}", out.events);
+        };
+        assert_eq!(next.path, "/next");
+        assert_eq!(next.framing, Framing::Length(0));
+        assert!(!next.has_body() && t.is_empty());
+        assert_eq!(p.buffered(), 0);
+    }
+
+    #[test]
+    fn content_length_body_streams_as_it_arrives() {
+        let mut p = StreamParser::default();
+        let out = p.feed(b"PUT /f HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123");
+        assert!(
+            matches!(&out.events[..], [Event::Head(h), Event::Data(b"0123")] if h.framing == Framing::Length(10))
+        );
+        assert_eq!(p.feed(b"456").events, vec![Event::Data(b"456")]);
+        assert_eq!(
+            p.feed(b"789GET").events,
+            vec![Event::Data(b"789"), Event::End(vec![])]
+        );
+        assert_eq!(p.buffered(), 3);
+        assert!(p.is_done());
+    }
+
+    #[test]
+    fn body_bytes_are_slices_of_the_input_and_never_kept() {
+        let mut p = StreamParser::default();
+        let out = p.feed(b"PUT /f HTTP/1.1\r\nContent-Length: 1048576\r\n\r\n");
+        assert_eq!(out.events.len(), 1);
+        let piece = vec![7u8; 65536];
+        for _ in 0..16 {
+            let out = p.feed(&piece);
+            let Event::Data(d) = out.events[0] else {
+                panic!()
+            };
+            assert_eq!(
+                d.as_ptr(),
+                piece.as_ptr(),
+                "no copy when nothing is buffered"
+            );
+            assert_eq!(p.buffered(), 0);
+        }
+        assert!(p.is_done());
+        // Chunked: only an incomplete size line is kept.
+        let mut p = StreamParser::default();
+        p.feed(b"PUT /f HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n");
+        let mut total = 0;
+        for _ in 0..16 {
+            let mut piece = b"ffff\r\n".to_vec();
+            piece.resize(6 + 0xffff, b'x');
+            piece.extend_from_slice(b"\r\n1");
+            let out = p.feed(&piece);
+            assert_eq!(out.error, None);
+            total += out
+                .events
+                .iter()
+                .map(|e| match e {
+                    Event::Data(d) => d.len(),
+                    _ => 0,
+                })
+                .sum::<usize>();
+            assert!(p.buffered() <= 1, "{}", p.buffered());
+            p.feed(b"\r\nx\r\n");
+        }
+        assert_eq!(total, 16 * 0xffff);
+    }
+
+    /// Messages whose events must not depend on how the bytes are split.
+    fn split_corpus() -> Vec<u8> {
+        let mut data = CHUNKED.to_vec();
+        data.extend_from_slice(b"POST /cl HTTP/1.1\r\nContent-Length: 7\r\n\r\nabcdefg");
+        data.extend_from_slice(b"\r\n\r\nGET /blank-lines-first HTTP/1.1\r\n\r\n");
+        data.extend_from_slice(
+            b"PUT /c HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n000A\r\n0123456789\r\n1\r\nZ\r\n0\r\n\r\n",
+        );
+        data.extend_from_slice(b"DELETE /x HTTP/1.0\r\nContent-Length: 0\r\n\r\n");
+        data
+    }
+
+    #[test]
+    fn any_split_of_the_input_gives_the_same_events() {
+        use rand::{Rng, SeedableRng};
+        let data = split_corpus();
+        let whole = drive(Limits::default(), &[&data]);
+        assert_eq!(
+            whole,
+            vec![
+                Ev::Head("POST".into(), "/up".into(), Framing::Chunked, true),
+                Ev::Data(b"hello world".to_vec()),
+                Ev::End(fields(&[("checksum", "abc"), ("x-other", "1")])),
+                Ev::Head("POST".into(), "/cl".into(), Framing::Length(7), false),
+                Ev::Data(b"abcdefg".to_vec()),
+                Ev::End(vec![]),
+                Ev::Head(
+                    "GET".into(),
+                    "/blank-lines-first".into(),
+                    Framing::Length(0),
+                    false
+                ),
+                Ev::End(vec![]),
+                Ev::Head("PUT".into(), "/c".into(), Framing::Chunked, false),
+                Ev::Data(b"0123456789Z".to_vec()),
+                Ev::End(vec![]),
+                Ev::Head("DELETE".into(), "/x".into(), Framing::Length(0), false),
+                Ev::End(vec![]),
+            ]
+        );
+        let bytewise: Vec<&[u8]> = data.chunks(1).collect();
+        assert_eq!(drive(Limits::default(), &bytewise), whole);
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        for _ in 0..500 {
+            let mut cuts: Vec<usize> = (0..rng.gen_range(1..12))
+                .map(|_| rng.gen_range(0..=data.len()))
+                .collect();
+            cuts.sort_unstable();
+            let mut pieces = Vec::new();
+            let mut from = 0;
+            for cut in cuts.into_iter().chain([data.len()]) {
+                pieces.push(&data[from..cut]);
+                from = cut;
+            }
+            assert_eq!(drive(Limits::default(), &pieces), whole, "{pieces:?}");
+        }
+    }
+
+    #[test]
+    fn malformed_chunked_bodies_are_400() {
+        let cases: &[&[u8]] = &[
+            b"zz\r\n",
+            b"\r\n",
+            b" 5\r\nhello\r\n",
+            b"5 5\r\nhello\r\n",
+            b"-5\r\nhello\r\n",
+            b"0x5\r\nhello\r\n",
+            b"5\nhello\r\n",
+            b"5\r\nhelloX\r\n",
+            b"5\r\nhello\n0\r\n\r\n",
+            b"5;a\x01b\r\nhello\r\n",
+            b"5\r\r\nhello\r\n",
+            b"10000000000000000\r\n",
+            b"0\r\nBad Name: v\r\n\r\n",
+            b"0\r\nX: v\n\r\n",
+            b"0\r\n\n",
+            b"0\r\nX: a\r\n folded\r\n\r\n",
+        ];
+        for body in cases {
+            let mut data = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+            data.extend_from_slice(body);
+            let got = drive(Limits::default(), &[&data]);
+            assert_eq!(
+                got.last(),
+                Some(&Ev::Violation(400)),
+                "{:?} -> {got:?}",
+                String::from_utf8_lossy(body)
+            );
+        }
+    }
+
+    #[test]
+    fn chunk_line_and_trailer_limits() {
+        let limits = Limits {
+            max_chunk_line: 16,
+            max_trailers: 32,
+            max_headers: 2,
+            ..Limits::default()
+        };
+        let head = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        let with = |body: &[u8]| {
+            let mut d = head.clone();
+            d.extend_from_slice(body);
+            d
+        };
+        // A 16-byte line (CRLF included) is fine; 17 is not, even before its CRLF arrives.
+        let ok = drive(limits, &[&with(b"1;aaaaaaaaaaaa\r\nx\r\n0\r\n\r\n")]);
+        assert_eq!(ok.last(), Some(&Ev::End(vec![])));
+        let long = drive(limits, &[&with(b"1;aaaaaaaaaaaaa\r\n")]);
+        assert_eq!(long.last(), Some(&Ev::Violation(400)));
+        let unended = drive(limits, &[&with(b"1;aaaaaaaaaaaaaaaaaaa")]);
+        assert_eq!(unended.last(), Some(&Ev::Violation(400)));
+        // Trailers: 32 bytes in all, at most max_headers fields.
+        let ok = drive(limits, &[&with(b"0\r\nA: 1\r\nB: 2\r\n\r\n")]);
+        assert_eq!(ok.last(), Some(&Ev::End(fields(&[("a", "1"), ("b", "2")]))));
+        let many = drive(limits, &[&with(b"0\r\nA: 1\r\nB: 2\r\nC: 3\r\n\r\n")]);
+        assert_eq!(many.last(), Some(&Ev::Violation(431)));
+        let big = drive(
+            limits,
+            &[&with(b"0\r\nA: 0123456789012345678901234567\r\n\r\n")],
+        );
+        assert_eq!(big.last(), Some(&Ev::Violation(431)));
+        let trickle = drive(
+            limits,
+            &[&with(b"0\r\nA: 0123456789"), b"0123456789012345678"],
+        );
+        assert_eq!(trickle.last(), Some(&Ev::Violation(431)));
+    }
+
+    #[test]
+    fn after_a_violation_the_parser_is_silent() {
+        let mut p = StreamParser::default();
+        let out =
+            p.feed(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\nzz\r\n");
+        assert_eq!(out.events.len(), 2);
+        assert_eq!(out.error.map(status_of), Some(400));
+        let out = p.feed(b"GET / HTTP/1.1\r\n\r\n");
+        assert_eq!((out.events.len(), out.error), (0, None));
+        assert_eq!(p.buffered(), 0);
+    }
+
+    #[test]
+    fn start_next_cycle_before_the_end_is_a_caller_error() {
+        let mut p = StreamParser::default();
+        assert!(matches!(
+            p.start_next_cycle(),
+            Err(Error::InvalidArgument(_))
+        ));
+        p.feed(b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\na");
+        assert!(matches!(
+            p.start_next_cycle(),
+            Err(Error::InvalidArgument(_))
+        ));
+        p.feed(b"b");
+        p.start_next_cycle().unwrap();
+    }
+
+    #[test]
+    fn stream_take_rest_after_upgrade() {
+        let mut p = StreamParser::default();
+        let mut data = UPGRADE.to_vec();
+        data.extend_from_slice(b"\x82\x80frame");
+        let out = p.feed(&data);
+        assert!(
+            matches!(&out.events[..], [Event::Head(h), Event::End(_)] if h.is_websocket_upgrade)
+        );
+        assert_eq!(p.take_rest(), b"\x82\x80frame");
+        assert_eq!(p.buffered(), 0);
+    }
+
+    #[test]
+    fn expect_continue_only_for_http_1_1() {
+        let cases: &[(&[u8], bool)] = &[
+            (
+                b"PUT / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n",
+                true,
+            ),
+            (
+                b"PUT / HTTP/1.1\r\nexpect: 100-CONTINUE\r\nContent-Length: 1\r\n\r\n",
+                true,
+            ),
+            (
+                b"PUT / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n",
+                false,
+            ),
+            (
+                b"PUT / HTTP/1.1\r\nExpect: something-else\r\nContent-Length: 1\r\n\r\n",
+                false,
+            ),
+            (b"PUT / HTTP/1.1\r\nContent-Length: 1\r\n\r\n", false),
+        ];
+        for (data, expect) in cases {
+            let mut p = StreamParser::default();
+            let out = p.feed(data);
+            let Event::Head(head) = &out.events[0] else {
+                panic!()
+            };
+            assert_eq!(head.expect_continue, *expect);
+        }
+    }
+
+    #[test]
+    fn buffered_parser_gathers_chunked_bodies_within_max_body() {
+        let limits = Limits {
+            max_body: 10,
+            ..Limits::default()
+        };
+        let mut p = Parser::new(limits);
+        let data = b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n7\r\ndefghij\r\n0\r\n\r\nPOST /b HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n";
+        let req = p.feed(data).unwrap().unwrap();
+        assert_eq!(
+            (req.head.path.as_str(), &req.body[..]),
+            ("/a", &b"abcdefghij"[..])
+        );
+        assert_eq!(p.feed(b"").unwrap(), None);
+        assert_eq!(p.feed(b"12345\r\n").unwrap(), None);
+        assert_eq!(p.buffered(), 5);
+        assert_eq!(p.feed(b"6\r\n").unwrap(), None);
+        assert_eq!(status_of(p.feed(b"abcdef").unwrap_err()), 413);
+        assert_eq!(status_of(p.feed(b"").unwrap_err()), 413);
+    }
+
+    // ---- streaming encoders ----
+
+    #[test]
+    fn encode_response_head_golden() {
+        let h = &[("Content-Type", "text/plain")];
+        assert_eq!(
+            encode_response_head(200, h, Some(Framing::Chunked), false).unwrap(),
+            &b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nTransfer-Encoding: chunked\r\n\r\n"[..]
+        );
+        assert_eq!(
+            encode_response_head(200, &[], Some(Framing::Length(5)), true).unwrap(),
+            &b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nConnection: close\r\n\r\n"[..]
+        );
+        assert_eq!(
+            encode_response_head(100, &[], None, false).unwrap(),
+            b"HTTP/1.1 100 Continue\r\n\r\n"
+        );
+        // Delimited by the connection closing (for HTTP/1.0 clients).
+        assert_eq!(
+            encode_response_head(200, &[], None, true).unwrap(),
+            b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"
+        );
+        assert_eq!(
+            encode_response(100, &[], b"", false).unwrap(),
+            b"HTTP/1.1 100 Continue\r\n\r\n"
+        );
+        for (status, framing) in [
+            (200, None),
+            (204, Some(Framing::Length(0))),
+            (100, Some(Framing::Chunked)),
+            (42, Some(Framing::Chunked)),
+        ] {
+            assert!(matches!(
+                encode_response_head(status, &[], framing, false),
+                Err(Error::InvalidArgument(_))
+            ));
+        }
+        let te = &[("Transfer-Encoding", "chunked")];
+        assert!(encode_response_head(200, te, Some(Framing::Chunked), false).is_err());
+    }
+
+    #[test]
+    fn encode_chunks_golden_and_parse_back() {
+        assert_eq!(encode_chunk(b"hello"), b"5\r\nhello\r\n");
+        assert_eq!(encode_chunk(&[0u8; 26])[..4], b"1a\r\n"[..]);
+        assert_eq!(encode_chunk(b""), b"");
+        assert_eq!(encode_last_chunk(&[]).unwrap(), b"0\r\n\r\n");
+        assert_eq!(
+            encode_last_chunk(&[("Checksum", "abc")]).unwrap(),
+            b"0\r\nChecksum: abc\r\n\r\n"
+        );
+        assert!(encode_last_chunk(&[("X", "a\r\nb")]).is_err());
+        // What we send, our parser reads back.
+        let mut data = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();
+        for piece in [&b"a"[..], &[b'b'; 300][..], b"", b"c"] {
+            data.extend_from_slice(&encode_chunk(piece));
+        }
+        data.extend_from_slice(&encode_last_chunk(&[("T", "1")]).unwrap());
+        let got = drive(Limits::default(), &[&data]);
+        let mut body = b"a".to_vec();
+        body.extend_from_slice(&[b'b'; 300]);
+        body.push(b'c');
+        assert_eq!(got[1..], [Ev::Data(body), Ev::End(fields(&[("t", "1")]))]);
+    }
+}
 pub mod py {
-    use super::{Limits, Parser, RequestHead};
+    use super::{Event, Fields, Framing, Limits, Parser, RequestHead, StreamParser};
     use pyo3::exceptions::PyTypeError;
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
 
-    /// One parsed HTTP/1.x request: head fields plus the Content-Length body.
+    /// One HTTP/1.x request head, with its body when it was gathered whole (`HttpParser`,
+    /// `with_body`); from `HttpStreamParser` the body follows as events and `body` is b"".
     #[pyclass(frozen, module = "rmb_relay._core", name = "HttpRequest")]
     pub struct HttpRequest {
         head: RequestHead,
@@ -1256,10 +2302,7 @@ pub mod py {
         body: Py<PyBytes>,
     }
 
-    fn headers_list<'py>(
-        py: Python<'py>,
-        headers: &[(String, Vec<u8>)],
-    ) -> PyResult<Bound<'py, PyList>> {
+    fn headers_list<'py>(py: Python<'py>, headers: &Fields) -> PyResult<Bound<'py, PyList>> {
         PyList::new(
             py,
             headers
@@ -1307,8 +2350,35 @@ pub mod py {
         fn is_websocket_upgrade(&self) -> bool {
             self.head.is_websocket_upgrade
         }
+        /// The announced body length: 0 without a body, None when chunked.
+        #[getter]
+        fn content_length(&self) -> Option<u64> {
+            match self.head.framing {
+                Framing::Length(n) => Some(n),
+                Framing::Chunked => None,
+            }
+        }
+        #[getter]
+        fn chunked(&self) -> bool {
+            self.head.framing == Framing::Chunked
+        }
+        #[getter]
+        fn has_body(&self) -> bool {
+            self.head.has_body()
+        }
+        #[getter]
+        fn expect_continue(&self) -> bool {
+            self.head.expect_continue
+        }
         fn header<'py>(&self, py: Python<'py>, name: &str) -> Option<Bound<'py, PyBytes>> {
             self.head.header(name).map(|v| PyBytes::new(py, v))
+        }
+        /// The same head with this body (for a body gathered from `HttpData` events).
+        fn with_body(&self, body: Py<PyBytes>) -> HttpRequest {
+            HttpRequest {
+                head: self.head.clone(),
+                body,
+            }
         }
         fn __repr__(&self) -> String {
             let target = match &self.head.query {
@@ -1322,7 +2392,164 @@ pub mod py {
         }
     }
 
-    /// Incremental request parser: head <= max_head bytes, <= max_headers, body by Content-Length.
+    /// Body bytes of the current request (de-chunked), as they arrived.
+    #[pyclass(frozen, module = "rmb_relay._core", name = "HttpData")]
+    pub struct HttpData {
+        #[pyo3(get)]
+        data: Py<PyBytes>,
+    }
+
+    #[pymethods]
+    impl HttpData {
+        fn __repr__(&self, py: Python<'_>) -> String {
+            format!("HttpData(len={})", self.data.bind(py).as_bytes().len())
+        }
+    }
+
+    /// The end of the current request, with the trailer fields of a chunked body.
+    #[pyclass(frozen, module = "rmb_relay._core", name = "HttpEnd")]
+    pub struct HttpEnd {
+        trailers: Fields,
+    }
+
+    #[pymethods]
+    impl HttpEnd {
+        #[getter]
+        fn trailers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+            headers_list(py, &self.trailers)
+        }
+        fn __repr__(&self) -> String {
+            format!("HttpEnd(trailers={})", self.trailers.len())
+        }
+    }
+
+    /// The peer broke HTTP/1.1 framing or a limit: answer with `status` and close. The parser
+    /// returns nothing more after this event.
+    #[pyclass(frozen, module = "rmb_relay._core", name = "HttpViolation")]
+    pub struct HttpViolation {
+        #[pyo3(get)]
+        status: u16,
+        #[pyo3(get)]
+        reason: String,
+    }
+
+    #[pymethods]
+    impl HttpViolation {
+        fn __repr__(&self) -> String {
+            format!(
+                "HttpViolation(status={}, reason={:?})",
+                self.status, self.reason
+            )
+        }
+    }
+
+    /// Incremental request parser returning events (head, body data, end).
+    #[pyclass(module = "rmb_relay._core", name = "HttpStreamParser")]
+    pub struct HttpStreamParser {
+        inner: StreamParser,
+    }
+
+    fn empty_bytes(py: Python<'_>) -> Py<PyBytes> {
+        PyBytes::new(py, b"").unbind()
+    }
+
+    #[pymethods]
+    impl HttpStreamParser {
+        #[new]
+        #[pyo3(signature = (*, max_head = 16384, max_headers = 64, max_chunk_line = 4096, max_trailers = 8192))]
+        fn new(
+            max_head: usize,
+            max_headers: usize,
+            max_chunk_line: usize,
+            max_trailers: usize,
+        ) -> Self {
+            HttpStreamParser {
+                inner: StreamParser::new(Limits {
+                    max_head,
+                    max_headers,
+                    max_chunk_line,
+                    max_trailers,
+                    ..Limits::default()
+                }),
+            }
+        }
+
+        /// Every event in the bytes fed so far. Adjacent body slices (the chunks of one read)
+        /// come out as one HttpData, so a read costs one object however it was chunked.
+        fn feed<'py>(&mut self, py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyList>> {
+            let out = self.inner.feed(data);
+            let mut events: Vec<Py<PyAny>> = Vec::with_capacity(out.events.len() + 1);
+            let mut pending: Vec<&[u8]> = Vec::new();
+            let flush = |pending: &mut Vec<&[u8]>, events: &mut Vec<Py<PyAny>>| -> PyResult<()> {
+                if pending.is_empty() {
+                    return Ok(());
+                }
+                let len = pending.iter().map(|s| s.len()).sum();
+                let bytes = PyBytes::new_with(py, len, |buf| {
+                    let mut at = 0;
+                    for s in pending.iter() {
+                        buf[at..at + s.len()].copy_from_slice(s);
+                        at += s.len();
+                    }
+                    Ok(())
+                })?;
+                pending.clear();
+                events.push(
+                    Py::new(
+                        py,
+                        HttpData {
+                            data: bytes.unbind(),
+                        },
+                    )?
+                    .into_any(),
+                );
+                Ok(())
+            };
+            for event in out.events {
+                match event {
+                    Event::Data(d) => pending.push(d),
+                    Event::Head(head) => {
+                        flush(&mut pending, &mut events)?;
+                        let body = empty_bytes(py);
+                        events.push(Py::new(py, HttpRequest { head, body })?.into_any());
+                    }
+                    Event::End(trailers) => {
+                        flush(&mut pending, &mut events)?;
+                        events.push(Py::new(py, HttpEnd { trailers })?.into_any());
+                    }
+                }
+            }
+            flush(&mut pending, &mut events)?;
+            match out.error {
+                Some(super::Error::Http { status, reason }) => {
+                    events.push(Py::new(py, HttpViolation { status, reason })?.into_any());
+                }
+                Some(other) => return Err(other.into()),
+                None => {}
+            }
+            PyList::new(py, events)
+        }
+
+        fn start_next_cycle(&mut self) -> PyResult<()> {
+            Ok(self.inner.start_next_cycle()?)
+        }
+
+        fn take_rest<'py>(&mut self, py: Python<'py>) -> Bound<'py, PyBytes> {
+            PyBytes::new(py, &self.inner.take_rest())
+        }
+
+        #[getter]
+        fn buffered(&self) -> usize {
+            self.inner.buffered()
+        }
+
+        #[getter]
+        fn done(&self) -> bool {
+            self.inner.is_done()
+        }
+    }
+
+    /// Buffered request parser: whole requests, body (Content-Length or chunked) <= max_body.
     #[pyclass(module = "rmb_relay._core", name = "HttpParser")]
     pub struct HttpParser {
         inner: Parser,
@@ -1338,6 +2565,7 @@ pub mod py {
                     max_head,
                     max_headers,
                     max_body,
+                    ..Limits::default()
                 }),
             }
         }
@@ -1400,6 +2628,47 @@ pub mod py {
     }
 
     #[pyfunction]
+    #[pyo3(signature = (status, headers, *, content_length = None, chunked = false, close = false))]
+    fn encode_response_head<'py>(
+        py: Python<'py>,
+        status: u16,
+        headers: Vec<(String, String)>,
+        content_length: Option<u64>,
+        chunked: bool,
+        close: bool,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let framing = match (content_length, chunked) {
+            (Some(_), true) => {
+                return Err(super::Error::InvalidArgument(
+                    "give content_length or chunked, not both".to_owned(),
+                )
+                .into())
+            }
+            (Some(n), false) => Some(Framing::Length(n)),
+            (None, true) => Some(Framing::Chunked),
+            (None, false) => None,
+        };
+        let out = super::encode_response_head(status, &borrow_headers(&headers), framing, close)?;
+        Ok(PyBytes::new(py, &out))
+    }
+
+    #[pyfunction]
+    fn encode_chunk<'py>(py: Python<'py>, data: &[u8]) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &super::encode_chunk(data))
+    }
+
+    #[pyfunction]
+    #[pyo3(signature = (trailers = None))]
+    fn encode_last_chunk<'py>(
+        py: Python<'py>,
+        trailers: Option<Vec<(String, String)>>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let trailers = trailers.unwrap_or_default();
+        let out = super::encode_last_chunk(&borrow_headers(&trailers))?;
+        Ok(PyBytes::new(py, &out))
+    }
+
+    #[pyfunction]
     #[pyo3(signature = (accept, headers = None))]
     fn encode_switching_protocols<'py>(
         py: Python<'py>,
@@ -1439,17 +2708,38 @@ pub mod py {
     }
 
     // Python signatures spell defaults as literals (so `inspect.signature` and stubtest see
-    // them; PyO3 renders a bytes default as `...`, hence the explicit text signatures); these keep the literals equal to the named constants.
+    // them; PyO3 renders a bytes default as `...`, hence the explicit text signatures); these
+    // keep the literals equal to the named constants.
     const _: () = assert!(super::DEFAULT_MAX_HEAD == 16384);
     const _: () = assert!(super::DEFAULT_MAX_HEADERS == 64);
     const _: () = assert!(super::DEFAULT_MAX_BODY == 1048576);
+    const _: () = assert!(super::DEFAULT_MAX_CHUNK_LINE == 4096);
+    const _: () = assert!(super::DEFAULT_MAX_TRAILERS == 8192);
 
     pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_class::<HttpRequest>()?;
+        m.add_class::<HttpData>()?;
+        m.add_class::<HttpEnd>()?;
+        m.add_class::<HttpViolation>()?;
+        m.add_class::<HttpStreamParser>()?;
         m.add_class::<HttpParser>()?;
+        // The stub's `HttpEvent` alias, real at runtime so `isinstance(ev, HttpEvent)` works.
+        let py = m.py();
+        let mut event_union = py.get_type::<HttpRequest>().into_any();
+        for t in [
+            py.get_type::<HttpData>(),
+            py.get_type::<HttpEnd>(),
+            py.get_type::<HttpViolation>(),
+        ] {
+            event_union = event_union.call_method1("__or__", (t,))?;
+        }
+        m.add("HttpEvent", event_union)?;
         m.add_function(wrap_pyfunction!(websocket_accept, m)?)?;
         m.add_function(wrap_pyfunction!(validate_websocket_upgrade, m)?)?;
         m.add_function(wrap_pyfunction!(encode_response, m)?)?;
+        m.add_function(wrap_pyfunction!(encode_response_head, m)?)?;
+        m.add_function(wrap_pyfunction!(encode_chunk, m)?)?;
+        m.add_function(wrap_pyfunction!(encode_last_chunk, m)?)?;
         m.add_function(wrap_pyfunction!(encode_switching_protocols, m)?)?;
         m.add_function(wrap_pyfunction!(encode_request, m)?)?;
         m.add_function(wrap_pyfunction!(parse_response_head, m)?)?;

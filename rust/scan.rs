@@ -585,18 +585,12 @@ pub mod py {
         sid: Option<String>,
     }
 
-    impl RmbScanner {
-        pub fn create(routes: Py<RouteTable>, twin: u32, sid: Option<String>) -> Self {
-            RmbScanner { routes, twin, sid }
-        }
-    }
-
     #[pymethods]
     impl RmbScanner {
         #[new]
         #[pyo3(signature = (routes, twin, sid))]
         fn new(routes: Py<RouteTable>, twin: u32, sid: Option<String>) -> Self {
-            Self::create(routes, twin, sid)
+            RmbScanner { routes, twin, sid }
         }
 
         #[getter]

@@ -1456,8 +1456,7 @@ pub mod py {
         OP_PONG, OP_TEXT,
     };
     use crate::error::Error;
-    use crate::routes::py::RouteTable;
-    use crate::scan::py::{EnvelopeScanner, Feed, RmbScanner, Scanner};
+    use crate::scan::py::{Feed, Scanner};
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyList};
 
@@ -1622,44 +1621,13 @@ pub mod py {
 
     #[pymethods]
     impl WsDecoder {
-        /// `scan_envelopes=True` is deprecated: it means `scanner=EnvelopeScanner()`.
         #[new]
-        #[pyo3(signature = (*, max_message = 1048576, client_mode = false, scanner = None, scan_envelopes = false))]
-        fn new(
-            py: Python<'_>,
-            max_message: usize,
-            client_mode: bool,
-            scanner: Option<Scanner>,
-            scan_envelopes: bool,
-        ) -> PyResult<Self> {
-            let scanner = match (scanner, scan_envelopes) {
-                (Some(_), true) => {
-                    return Err(Error::InvalidArgument(
-                        "pass scanner or the deprecated scan_envelopes, not both".into(),
-                    )
-                    .into())
-                }
-                (None, true) => Some(Scanner::Envelope(Py::new(py, EnvelopeScanner)?)),
-                (scanner, false) => scanner,
-            };
-            Ok(WsDecoder {
+        #[pyo3(signature = (*, max_message = 1048576, client_mode = false, scanner = None))]
+        fn new(max_message: usize, client_mode: bool, scanner: Option<Scanner>) -> Self {
+            WsDecoder {
                 inner: Decoder::new(max_message, client_mode),
                 scanner,
-            })
-        }
-
-        /// Deprecated: `set_scanner(RmbScanner(routes, twin, sid))`.
-        #[pyo3(signature = (routes, twin, sid))]
-        fn bind_rmb_session(
-            &mut self,
-            py: Python<'_>,
-            routes: Py<RouteTable>,
-            twin: u32,
-            sid: Option<String>,
-        ) -> PyResult<()> {
-            let scanner = RmbScanner::create(routes, twin, sid);
-            self.scanner = Some(Scanner::Rmb(Py::new(py, scanner)?));
-            Ok(())
+            }
         }
 
         /// Scan the messages of later feeds with `scanner` (None: no scanning).

@@ -175,9 +175,13 @@ def test_no_sbd_leaves_sbd_out_of_the_banner() -> None:
         ["--sbd-idle-ms", "-1"],
         ["--sbd-block-secs", "-5"],
         ["--sbd-auth-hook", "ftp://x/authenticate"],
+        ["--http-idle-timeout", "0"],
+        ["--http-request-timeout", "-1"],
+        ["--limit-window", "0"],
+        ["--mailbox-ttl", "0"],
     ],
 )
-def test_bad_sbd_flags_are_clear_errors(flags: list[str]) -> None:
+def test_bad_flags_are_clear_errors(flags: list[str]) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "rmb_relay", "-l", "127.0.0.1:0", *flags],
         capture_output=True,
@@ -187,3 +191,29 @@ def test_bad_sbd_flags_are_clear_errors(flags: list[str]) -> None:
     )
     assert result.returncode != 0
     assert f"rmb-relay: {flags[0]}" in result.stderr
+
+
+def test_serve_is_the_default_command_and_twins_refuses_serve_flags() -> None:
+    env = {**os.environ, "XDG_DATA_HOME": tempfile.mkdtemp(prefix="rmb-cli-"), "COLUMNS": "200"}
+    help_text = subprocess.run(
+        [sys.executable, "-m", "rmb_relay", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+    ).stdout
+    assert "--listen" in help_text
+    assert "--sbd-kbps" in help_text
+    plain = subprocess.run(
+        [sys.executable, "-m", "rmb_relay", "--help"], capture_output=True, text=True, env=env
+    ).stdout
+    assert "twins" in plain
+    assert "without a command, rmb-relay serves" in plain
+    refused = subprocess.run(
+        [sys.executable, "-m", "rmb_relay", "twins", "list", "--listen", "x"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert refused.returncode == 2
+    assert "unrecognized arguments: --listen" in refused.stderr

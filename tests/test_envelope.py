@@ -189,13 +189,11 @@ def test_malformed_envelopes_say_what_is_wrong(data: bytes, reason: str) -> None
 
 
 def test_decoder_bound_to_a_session_checks_source_and_finds_destination() -> None:
-    """The deprecated bind_rmb_session shim (an RmbScanner underneath: tests/test_scanner.py)."""
-    from rmb_relay._core import ClientFrameEncoder, RouteTable, WsDecoder
+    from rmb_relay._core import ClientFrameEncoder, RmbScanner, RouteTable, WsDecoder
 
     routes = RouteTable()
     routes.register_session(9, "svc", 42)
-    decoder = WsDecoder()
-    decoder.bind_rmb_session(routes, 7, "app")
+    decoder = WsDecoder(scanner=RmbScanner(routes, 7, "app"))
     frames = []
     for source_sid, dest_sid in (("app", "svc"), ("other", "svc"), ("app", None)):
         env = Envelope("u")

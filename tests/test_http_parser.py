@@ -1,19 +1,33 @@
 """rmb_relay._core HTTP codec (rust/http.rs) through the Python binding: request parsing with
-its limits and status codes, pipelining, the websocket handshake, and the encoders."""
+its limits and status codes, the event parser (streamed and chunked bodies), pipelining, the
+websocket handshake, and the encoders."""
 
 from __future__ import annotations
 
+import itertools
+from typing import Any
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rmb_relay._core import (
     ClientFrameEncoder,
+    HttpData,
+    HttpEnd,
+    HttpEvent,
     HttpParseError,
     HttpParser,
     HttpRequest,
+    HttpStreamParser,
+    HttpViolation,
     WsDecoder,
     WsMessage,
+    encode_chunk,
+    encode_last_chunk,
     encode_request,
     encode_response,
+    encode_response_head,
     encode_switching_protocols,
     parse_response_head,
     validate_websocket_upgrade,
@@ -150,8 +164,35 @@ def test_body_over_limit_is_413_without_waiting_for_it() -> None:
     assert parse(b"POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\n" + b"x" * 10, max_body=10)
 
 
-def test_chunked_transfer_encoding_is_501() -> None:
-    assert status_of(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n") == 501
+def test_chunked_body_is_gathered_whole() -> None:
+    data = (
+        b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n"
+    )
+    request = parse(data)
+    assert (request.body, request.chunked, request.content_length) == (b"abcde", True, None)
+
+
+def test_chunked_body_over_max_body_is_413_when_it_gets_there() -> None:
+    parser = HttpParser(max_body=4)
+    assert (
+        parser.feed(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n") is None
+    )
+    with pytest.raises(HttpParseError) as info:
+        parser.feed(b"1\r\ne\r\n")
+    assert info.value.args == ("request body too large", 413)
+
+
+@pytest.mark.parametrize(
+    ("codings", "status"),
+    [
+        (b"Transfer-Encoding: gzip, chunked", 501),
+        (b"Transfer-Encoding: gzip", 400),
+        (b"Transfer-Encoding: chunked, chunked", 400),
+        (b"Transfer-Encoding: chunked\r\nContent-Length: 5", 400),
+    ],
+)
+def test_transfer_codings_we_refuse(codings: bytes, status: int) -> None:
+    assert status_of(b"POST / HTTP/1.1\r\n" + codings + b"\r\n\r\n0\r\n\r\n") == status
 
 
 @pytest.mark.parametrize(
@@ -221,6 +262,204 @@ def test_take_rest_hands_bytes_after_upgrade_to_the_decoder() -> None:
     assert [ev.data for ev in events if isinstance(ev, WsMessage)] == [b"early", b"frames"]
 
 
+# ---- the event parser ----
+
+
+def summary(events: list[HttpEvent]) -> list[tuple[Any, ...]]:
+    """Events as comparable tuples, adjacent data merged (its split follows the input's)."""
+    out: list[tuple[Any, ...]] = []
+    for event in events:
+        if isinstance(event, HttpRequest):
+            out.append(("head", event.method, event.path, event.content_length, event.chunked))
+        elif isinstance(event, HttpData):
+            if out and out[-1][0] == "data":
+                out[-1] = ("data", out[-1][1] + event.data)
+            else:
+                out.append(("data", event.data))
+        elif isinstance(event, HttpEnd):
+            out.append(("end", event.trailers))
+        else:
+            out.append(("violation", event.status, event.reason))
+    return out
+
+
+def drive(pieces: list[bytes]) -> list[tuple[Any, ...]]:
+    """Feed the pieces, starting the next cycle whenever a request has ended."""
+    parser = HttpStreamParser()
+    events: list[HttpEvent] = []
+    for piece in pieces:
+        events += parser.feed(piece)
+        while parser.done:
+            parser.start_next_cycle()
+            events += parser.feed(b"")
+    return summary(events)
+
+
+CHUNKED = (
+    b"PUT /upload HTTP/1.1\r\nHost: relay\r\nTransfer-Encoding: chunked\r\n"
+    b"Expect: 100-continue\r\n\r\n"
+    b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nDigest: sha-256=x\r\n\r\n"
+)
+PIPELINE = (
+    CHUNKED
+    + b"POST / HTTP/1.1\r\nContent-Length: 8\r\n\r\nenvelope"
+    + b"GET /health HTTP/1.1\r\n\r\n"
+)
+PIPELINE_EVENTS = [
+    ("head", "PUT", "/upload", None, True),
+    ("data", b"hello world"),
+    ("end", [("digest", b"sha-256=x")]),
+    ("head", "POST", "/", 8, False),
+    ("data", b"envelope"),
+    ("end", []),
+    ("head", "GET", "/health", 0, False),
+    ("end", []),
+]
+
+
+def test_stream_parser_golden_events() -> None:
+    parser = HttpStreamParser()
+    events = parser.feed(CHUNKED + b"GET / HTTP/1.1\r\n\r\n")
+    head, data, end = events
+    assert isinstance(head, HttpRequest)
+    assert (head.method, head.path, head.chunked, head.has_body) == ("PUT", "/upload", True, True)
+    assert head.expect_continue
+    assert head.body == b""
+    assert isinstance(data, HttpData)
+    assert data.data == b"hello world"  # the chunks of one read come out as one HttpData
+    assert isinstance(end, HttpEnd)
+    assert end.trailers == [("digest", b"sha-256=x")]
+    # stopped at the end of the request: the next one waits for start_next_cycle
+    assert parser.done
+    assert parser.feed(b"") == []
+    assert parser.buffered == len(b"GET / HTTP/1.1\r\n\r\n")
+    parser.start_next_cycle()
+    assert summary(parser.feed(b"")) == [("head", "GET", "/", 0, False), ("end", [])]
+
+
+def test_body_arrives_as_it_is_read() -> None:
+    parser = HttpStreamParser()
+    assert summary(parser.feed(b"POST / HTTP/1.1\r\nContent-Length: 6\r\n\r\nab")) == [
+        ("head", "POST", "/", 6, False),
+        ("data", b"ab"),
+    ]
+    assert summary(parser.feed(b"cd")) == [("data", b"cd")]
+    assert summary(parser.feed(b"ef")) == [("data", b"ef"), ("end", [])]
+    assert parser.buffered == 0
+
+
+def test_start_next_cycle_before_the_end_is_refused() -> None:
+    parser = HttpStreamParser()
+    parser.feed(b"POST / HTTP/1.1\r\nContent-Length: 6\r\n\r\nab")
+    with pytest.raises(ValueError, match="not ended"):
+        parser.start_next_cycle()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(min_value=0, max_value=len(PIPELINE)), max_size=20))
+def test_any_split_of_the_input_gives_the_same_events(cuts: list[int]) -> None:
+    bounds = [0, *sorted(cuts), len(PIPELINE)]
+    pieces = [PIPELINE[a:b] for a, b in itertools.pairwise(bounds)]
+    assert drive(pieces) == PIPELINE_EVENTS
+
+
+def test_byte_by_byte_gives_the_same_events() -> None:
+    assert drive([PIPELINE[i : i + 1] for i in range(len(PIPELINE))]) == PIPELINE_EVENTS
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        (b"zz\r\n", "invalid chunk size"),
+        (b"5\nhello\r\n", "chunk size line must end with CRLF"),
+        (b"5\r\nhelloXY", "chunk data not followed by CRLF"),
+        (b"5;\x00\r\n", "invalid chunk extension"),
+        (b"1" * 17 + b"\r\n", "chunk size too large"),
+        (b"1;" + b"e" * 5000, "chunk size line too long"),
+        (b"0\r\nbad trailer\r\n\r\n", "invalid trailer field"),
+        (b"0\r\nX: 1\n\n", "trailer line must end with CRLF"),
+    ],
+)
+def test_malformed_chunked_body_is_a_400_violation(body: bytes, reason: str) -> None:
+    parser = HttpStreamParser()
+    events = parser.feed(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + body)
+    violation = events[-1]
+    assert isinstance(violation, HttpViolation)
+    assert (violation.status, violation.reason) == (400, reason)
+    assert parser.feed(b"GET / HTTP/1.1\r\n\r\n") == []  # silent from then on
+
+
+@pytest.mark.parametrize(
+    ("data", "status"),
+    [
+        (b"GET / HTTP/1.1\r\nX: " + b"a" * 20000, 431),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: br, chunked\r\n\r\n", 501),
+        (b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
+        (b"POST / HTTP/1.1\r\nContent-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
+        (b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\nT: " + b"v" * 9000, 431),
+    ],
+)
+def test_stream_parser_violations(data: bytes, status: int) -> None:
+    events = HttpStreamParser().feed(data)
+    assert isinstance(events[-1], HttpViolation)
+    assert events[-1].status == status
+
+
+def test_stream_parser_limits_are_configurable() -> None:
+    head = b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    events = HttpStreamParser(max_chunk_line=8).feed(head + b"1;abcdef\r\n")
+    assert isinstance(events[-1], HttpViolation)
+    events = HttpStreamParser(max_trailers=8).feed(head + b"0\r\nA: 1234\r\n\r\n")
+    assert isinstance(events[-1], HttpViolation)
+    assert events[-1].status == 431
+    events = HttpStreamParser(max_trailers=16).feed(head + b"0\r\nA: 1234\r\n\r\n")
+    assert isinstance(events[-1], HttpEnd)
+
+
+def test_large_body_is_never_buffered() -> None:
+    parser = HttpStreamParser()
+    parser.feed(b"PUT / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n")
+    piece = encode_chunk(b"x" * 65536)
+    total = 0
+    for _ in range(64):
+        for event in parser.feed(piece):
+            assert isinstance(event, HttpData)
+            total += len(event.data)
+        assert parser.buffered == 0
+    assert isinstance(parser.feed(encode_last_chunk())[-1], HttpEnd)
+    assert total == 64 * 65536
+
+
+def test_stream_take_rest_after_upgrade() -> None:
+    frames = ClientFrameEncoder(b"s" * 32).binary_batch([b"early"])
+    parser = HttpStreamParser()
+    head, end = parser.feed(UPGRADE + frames)
+    assert isinstance(head, HttpRequest)
+    assert head.is_websocket_upgrade
+    assert isinstance(end, HttpEnd)
+    assert parser.take_rest() == frames
+    assert parser.buffered == 0
+
+
+def test_with_body_keeps_the_head() -> None:
+    (head, _) = HttpStreamParser().feed(b"GET /x?y HTTP/1.1\r\nA: b\r\n\r\n")
+    assert isinstance(head, HttpRequest)
+    whole = head.with_body(b"gathered")
+    assert (whole.path, whole.query, whole.headers, whole.body) == (
+        "/x",
+        "y",
+        [("a", b"b")],
+        b"gathered",
+    )
+    assert head.body == b""
+
+
+def test_expect_continue_is_ignored_on_http_1_0() -> None:
+    data = b"PUT / HTTP/1.%d\r\nExpect: 100-continue\r\nContent-Length: 1\r\n\r\n"
+    assert parse(data % 1 + b"x").expect_continue
+    assert not parse(data % 0 + b"x").expect_continue
+
+
 # ---- websocket handshake ----
 
 
@@ -285,6 +524,50 @@ def test_encode_response_rejects_bad_arguments(
 ) -> None:
     with pytest.raises(ValueError, match=r"."):
         encode_response(status, headers, body)
+
+
+def test_encode_response_head_golden_bytes() -> None:
+    headers = [("Content-Type", "application/octet-stream")]
+    assert encode_response_head(200, headers, chunked=True) == (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/octet-stream\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
+    assert encode_response_head(200, [], content_length=12, close=True) == (
+        b"HTTP/1.1 200 OK\r\nContent-Length: 12\r\nConnection: close\r\n\r\n"
+    )
+    assert encode_response_head(100, []) == b"HTTP/1.1 100 Continue\r\n\r\n"
+    assert encode_response_head(204, []) == b"HTTP/1.1 204 No Content\r\n\r\n"
+    assert encode_response_head(200, [], close=True) == (
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("status", "kwargs"),
+    [
+        (200, {}),
+        (200, {"content_length": 1, "chunked": True}),
+        (204, {"content_length": 0}),
+        (100, {"chunked": True}),
+        (1000, {"chunked": True}),
+    ],
+)
+def test_encode_response_head_rejects_bad_framing(status: int, kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError, match=r"."):
+        encode_response_head(status, [], **kwargs)
+
+
+def test_encode_chunks_golden_bytes_and_round_trip() -> None:
+    assert encode_chunk(b"hello") == b"5\r\nhello\r\n"
+    assert encode_chunk(b"x" * 255)[:4] == b"ff\r\n"
+    assert encode_chunk(b"") == b""
+    assert encode_last_chunk() == b"0\r\n\r\n"
+    assert encode_last_chunk([("Digest", "x")]) == b"0\r\nDigest: x\r\n\r\n"
+    with pytest.raises(ValueError, match="invalid"):
+        encode_last_chunk([("X", "a\nb")])
+    body = b"".join(encode_chunk(p) for p in [b"a", b"", b"bc" * 1000]) + encode_last_chunk()
+    request = parse(b"POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + body)
+    assert request.body == b"a" + b"bc" * 1000
 
 
 def test_encode_switching_protocols_golden_bytes() -> None:

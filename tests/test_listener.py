@@ -6,19 +6,24 @@ from __future__ import annotations
 import asyncio
 import datetime
 import os
+import random
 import ssl
+import string
 import struct
 from pathlib import Path
 
 import pytest
+from prometheus_client.exposition import choose_encoder
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from rmb_relay._core import WsClose
-from rmb_relay.server.listener import RelayServer
+from rmb_relay._core import HttpRequest, WsClose
+from rmb_relay.protocols.base import Peer, WebSocketHandler
+from rmb_relay.server.listener import HTTP_METHODS, RelayServer
 from tests.conftest import WAIT, StartRelay
 from tests.dialects import EchoDialect, PipeDialect
 from tests.helpers import RawWebSocket, eventually, http_exchange
+from tests.scrape import OPENMETRICS, scrape
 
 
 def ws_url(server: RelayServer, path: str = "/echo") -> str:
@@ -152,6 +157,44 @@ async def test_upgrade_without_key_gets_400(start_relay: StartRelay) -> None:
     assert reply.startswith(b"HTTP/1.1 400 ")
 
 
+async def test_upgrade_with_a_body_gets_400(
+    start_relay: StartRelay, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = await start_relay([EchoDialect()])
+    host, port = server.addresses[0]
+    request = (
+        b"GET /echo HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+        b"Content-Length: 4\r\n\r\nbody"
+    )
+    reply = await http_exchange(host, port, request)
+    assert reply.startswith(b"HTTP/1.1 400 ")
+    assert reply.endswith(b"websocket upgrade with a body")
+    assert not [r for r in caplog.records if r.name == "asyncio"]  # the body was not read
+
+
+class StallingDialect(EchoDialect):
+    """`accept` never finishes (an authentication backend that hangs)."""
+
+    name = "stall"
+    paths = ("/stall",)
+
+    async def accept(self, request: HttpRequest, conn: Peer) -> WebSocketHandler:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_upgrade_whose_accept_hangs_gets_503_at_the_deadline(
+    start_relay: StartRelay,
+) -> None:
+    server = await start_relay([StallingDialect()], http_request_timeout=0.3)
+    with pytest.raises(InvalidStatus) as info:
+        async with connect(server.url + "/stall", open_timeout=WAIT):
+            pass
+    assert info.value.response.status_code == 503
+    assert info.value.response.body == b"request not answered within 0.3 s"
+
+
 async def test_upgrade_on_unknown_path_gets_404(start_relay: StartRelay) -> None:
     server = await start_relay([EchoDialect()])
     with pytest.raises(InvalidStatus) as info:
@@ -169,6 +212,14 @@ async def test_dialect_refusal_is_an_http_status_with_reason(start_relay: StartR
     assert info.value.response.body == b"denied by test"
 
 
+async def test_head_health_is_200_with_no_body(start_relay: StartRelay) -> None:
+    server = await start_relay([])
+    host, port = server.addresses[0]
+    reply = await http_exchange(host, port, b"HEAD /health HTTP/1.1\r\nConnection: close\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 200 ")
+    assert reply.endswith(b"Content-Length: 3\r\nConnection: close\r\n\r\n")
+
+
 async def test_health_and_metrics(start_relay: StartRelay) -> None:
     server = await start_relay([EchoDialect()])
     host, port = server.addresses[0]
@@ -176,10 +227,72 @@ async def test_health_and_metrics(start_relay: StartRelay) -> None:
     assert reply.startswith(b"HTTP/1.1 200 ")
     assert reply.endswith(b"ok\n")
     async with connect(ws_url(server)):
-        reply = await http_exchange(
-            host, port, b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n"
+        page = await scrape(host, port)
+    assert page.value("rmb_relay_connections", dialect="echo") == 1
+
+
+async def test_metrics_page_is_prometheus_text_with_the_listener_families(
+    start_relay: StartRelay,
+) -> None:
+    server = await start_relay([EchoDialect()])
+    host, port = server.addresses[0]
+    await http_exchange(host, port, b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n")
+    page = await scrape(host, port)
+    assert page.status == 200
+    assert page.headers["content-type"] == choose_encoder("")[1]
+    assert page.headers["content-type"].startswith("text/plain; version=0.0.4")
+    assert page.types == {
+        "rmb_relay_connections": "gauge",
+        "rmb_relay_http_requests": "counter",
+        "rmb_relay_http_parse_errors": "counter",
+        "rmb_relay_ws_protocol_violations": "counter",
+        "rmb_relay_messages_dropped": "counter",
+        "rmb_relay_backpressure_pauses": "counter",
+    }
+    assert page.value("rmb_relay_http_requests_total", method="GET", status="200") == 1
+    assert page.value("rmb_relay_connections", dialect="echo") == 0
+
+
+async def test_metrics_page_speaks_openmetrics_when_asked(start_relay: StartRelay) -> None:
+    server = await start_relay([EchoDialect()])
+    host, port = server.addresses[0]
+    page = await scrape(host, port, accept=OPENMETRICS)
+    assert page.headers["content-type"].startswith("application/openmetrics-text; version=1.0.0")
+    assert page.body.endswith("# EOF\n")
+    assert page.value("rmb_relay_connections", dialect="echo") == 0
+
+
+async def test_random_http_methods_create_a_bounded_number_of_series(
+    start_relay: StartRelay,
+) -> None:
+    """The method label comes from the client: only the standard methods get their own series,
+    anything else is `other`, so 1,000 made-up methods cannot grow the page."""
+    server = await start_relay([EchoDialect()])
+    host, port = server.addresses[0]
+    rng = random.Random(7)
+    token = string.ascii_letters + string.digits + "!#$%&'*+-.^_`|~"
+    methods = [
+        rng.choice(sorted(HTTP_METHODS))
+        if rng.random() < 0.2
+        else "".join(rng.choices(token, k=rng.randint(1, 16)))
+        for _ in range(1000)
+    ]
+
+    async def send(method: str) -> None:
+        path = rng.choice(["/health", "/nope"])
+        await http_exchange(
+            host, port, f"{method} {path} HTTP/1.1\r\nConnection: close\r\n\r\n".encode()
         )
-    assert b'rmb_connections{dialect="echo"} 1' in reply
+
+    for start in range(0, len(methods), 50):
+        await asyncio.gather(*(send(m) for m in methods[start : start + 50]))
+    page = await scrape(host, port)
+    series = page.series("rmb_relay_http_requests_total")
+    assert {s["method"] for s in series} <= HTTP_METHODS | {"other"}
+    assert {s["status"] for s in series} <= {"200", "404", "405"}
+    assert len(series) <= (len(HTTP_METHODS) + 1) * 3
+    assert sum(page.value("rmb_relay_http_requests_total", **s) for s in series) == 1000
+    assert page.value("rmb_relay_http_requests_total", method="other", status="404") > 0
 
 
 async def test_pipelined_requests_are_answered_in_order(start_relay: StartRelay) -> None:

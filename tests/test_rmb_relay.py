@@ -419,15 +419,23 @@ async def test_mailbox_max_drops_oldest(start_relay: StartRelay, tmp_path: Path)
 
 
 async def test_metrics_page_shows_rmb_counters(relay: RmbRelay) -> None:
-    from tests.helpers import http_exchange
+    from tests.scrape import scrape
 
     alice = await relay.client(1)
     await alice.ping()
     host, port = relay.server.addresses[0]
-    page = await http_exchange(host, port, b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
-    assert b"rmb_messages_in_total 1" in page
-    assert b"rmb_sessions 1" in page
-    assert b'rmb_connections{dialect="rmb"} 1' in page
+    page = await scrape(host, port)
+    assert page.value("rmb_relay_messages_in_total", dialect="rmb") == 1
+    assert page.value("rmb_relay_messages_out_total", dialect="rmb") == 1
+    # a ping is answered by the relay, not routed
+    for path in ("local", "mailbox", "federation"):
+        assert page.value("rmb_relay_messages_routed_total", dialect="rmb", path=path) == 0
+    assert page.value("rmb_relay_logins_total", dialect="rmb") == 1
+    assert page.value("rmb_relay_sessions", dialect="rmb") == 1
+    assert page.value("rmb_relay_connections", dialect="rmb") == 1
+    assert page.value("rmb_relay_mailbox_depth") == 0
+    assert page.value("rmb_relay_mailbox_dropped_total", reason="full") == 0
+    assert page.types["rmb_relay_messages_rate_limited"] == "counter"
 
 
 async def test_envelope_signature_verifies_independently(relay: RmbRelay) -> None:

@@ -25,6 +25,7 @@ from rmb_relay.telemetry.metrics import Registry
 from tests.conftest import WAIT, StartRelay
 from tests.helpers import eventually, http_exchange
 from tests.sbd_client import SbdClient, key_path
+from tests.scrape import scrape
 
 
 class FakeClock:
@@ -469,18 +470,22 @@ async def test_metrics_page_counts_sbd_traffic(make_sbd: Any) -> None:
     a.forward(a.pubkey, b"")
     await a.receive_forward()
     host, port = sbd.address
-    page = await http_exchange(
-        host, port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
-    )
-    lines = set(page.decode().splitlines())
-    assert "sbd_connections 2" in lines
-    assert "sbd_forwards_total 2" in lines
-    assert "sbd_forward_drops_total 1" in lines
-    assert "sbd_messages_in_total 5" in lines
-    assert "sbd_bytes_out_total 164" in lines  # 132 + 32: forwarded message bytes
+    page = await scrape(host, port)
+
+    def sbd_value(name: str, **labels: str) -> float:
+        return page.value(name, dialect="sbd", **labels)
+
+    assert sbd_value("rmb_relay_sessions") == 2
+    assert sbd_value("rmb_relay_connections") == 2
+    assert sbd_value("rmb_relay_messages_routed_total", path="local") == 2
+    assert sbd_value("rmb_relay_messages_out_total") == 2
+    assert sbd_value("rmb_relay_messages_dropped_total", reason="unknown key") == 1
+    assert sbd_value("rmb_relay_messages_in_total") == 5
+    assert sbd_value("rmb_relay_bytes_out_total") == 164  # 132 + 32: forwarded message bytes
     # 2 ares (96 each) + 132 + 36 + 32
-    assert "sbd_bytes_in_total 392" in lines
-    assert 'rmb_connections{dialect="sbd"} 2' in lines
+    assert sbd_value("rmb_relay_bytes_in_total") == 392
+    assert sbd_value("rmb_relay_connections_closed_total", reason="rate") == 0
+    assert sbd_value("rmb_relay_blocked_ips") == 0
 
 
 # ---- spec-auth -----------------------------------------------------------------------------

@@ -4,18 +4,20 @@
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
 from rmb_relay.protocols.sbd import SbdDialect, SbdSettings, call_auth_hook
+from rmb_relay.protocols.sbd.settings import AUTH_HOOK_MAX_RESPONSE
 from rmb_relay.telemetry.metrics import Registry
 from tests.conftest import WAIT, StartRelay, free_port
 from tests.helpers import http_exchange
 from tests.sbd_client import SbdClient
 
-Reply = Callable[[bytes], bytes]
+Reply = Callable[[bytes], bytes | None]
 
 
 def content_length(status: str, body: bytes) -> bytes:
@@ -32,7 +34,9 @@ def chunked(status: str, body: bytes) -> bytes:
 
 
 class Hook:
-    """A tiny HTTP hook: `reply(body)` makes the raw response; it may keep the socket open."""
+    """A tiny HTTP hook: `reply(body)` makes the raw response (None: never answer). With
+    `close_after` it closes after one answer; without, it keeps the socket open and answers
+    further requests on it (keep-alive), and `hung_up` is set when the client closes it."""
 
     def __init__(self, reply: Reply, *, close_after: bool = True) -> None:
         self.reply = reply
@@ -40,20 +44,34 @@ class Hook:
         self.requests: list[tuple[bytes, bytes]] = []  # (head, body)
         self.server: asyncio.Server | None = None
         self.writers: list[asyncio.StreamWriter] = []
+        self.hung_up = asyncio.Event()
+        self.tasks: list[asyncio.Task[None]] = []
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.writers.append(writer)
-        head = await reader.readuntil(b"\r\n\r\n")
-        length = 0
-        for line in head.split(b"\r\n"):
-            if line.lower().startswith(b"content-length:"):
-                length = int(line.split(b":", 1)[1])
-        body = await reader.readexactly(length)
-        self.requests.append((head, body))
-        writer.write(self.reply(body))
-        await writer.drain()
-        if self.close_after:
-            writer.close()
+        task = asyncio.current_task()
+        assert task is not None
+        self.tasks.append(task)
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                self.hung_up.set()
+                return
+            length = 0
+            for line in head.split(b"\r\n"):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":", 1)[1])
+            body = await reader.readexactly(length)
+            self.requests.append((head, body))
+            answer = self.reply(body)
+            if answer is None:
+                await asyncio.Event().wait()  # never answers (cancelled by stop())
+            writer.write(answer)
+            await writer.drain()
+            if self.close_after:
+                writer.close()
+                return
 
     async def start(self) -> str:
         self.server = await asyncio.start_server(self.handle, "127.0.0.1", 0)
@@ -66,6 +84,9 @@ class Hook:
         if self.server is not None:
             self.server.close()
             await self.server.wait_closed()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
 
 
 @pytest.fixture
@@ -187,3 +208,92 @@ async def test_authenticate_needs_no_content_type_and_refuses_over_1024_bytes(
         host, port, bytes(1025), headers="Content-Type: application/octet-stream\r\n"
     )
     assert status == 413
+
+
+def to_eof(status: str, body: bytes) -> bytes:
+    """No Content-Length, not chunked: the body runs to the close."""
+    return f"HTTP/1.1 {status}\r\n\r\n".encode() + body
+
+
+TOO_BIG = b'{"authToken": "' + b"t" * AUTH_HOOK_MAX_RESPONSE + b'"}'
+
+
+@pytest.mark.parametrize(
+    ("reply", "close_after", "match"),
+    [
+        (lambda _: content_length("200 OK", b'{"authToken": ""}'), True, "non-empty string"),
+        (lambda _: content_length("200 OK", b'{"authToken": 7}'), True, "non-empty string"),
+        (lambda _: content_length("200 OK", b'["authToken"]'), True, "no authToken"),
+        (lambda _: content_length("302 Found", b""), True, "answered 302"),
+        (lambda _: content_length("200 OK", TOO_BIG), True, "too large"),
+        (lambda _: chunked("200 OK", TOO_BIG), False, "too large"),
+        (lambda _: to_eof("200 OK", TOO_BIG), True, "too large"),
+        (lambda _: b"HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\nshort", True, "unusable"),
+        (lambda _: b"not http at all\r\n\r\n", True, "unusable"),
+        (lambda _: b"", True, "unusable"),  # closed without a word
+    ],
+    ids=[
+        "empty-token",
+        "number-token",
+        "not-an-object",
+        "redirect",
+        "over-cap-by-length",
+        "over-cap-chunked",
+        "over-cap-to-eof",
+        "truncated",
+        "not-http",
+        "closed-at-once",
+    ],
+)
+async def test_unusable_hook_answer_is_a_value_error(
+    hooks: Callable[..., Awaitable[str]], reply: Reply, close_after: bool, match: str
+) -> None:
+    url = await hooks(reply, close_after=close_after)
+    with pytest.raises(ValueError, match=match):
+        await asyncio.wait_for(call_auth_hook(url, b"x", timeout=WAIT), WAIT * 2)
+
+
+async def test_hook_refusal_is_a_permission_error(hooks: Callable[..., Awaitable[str]]) -> None:
+    url = await hooks(grant)
+    with pytest.raises(PermissionError):
+        await call_auth_hook(url, b"wrong")
+
+
+@pytest.mark.parametrize("url", ["ftp://127.0.0.1/auth", "127.0.0.1:80/auth", "http:///auth"])
+async def test_hook_url_must_be_http(url: str) -> None:
+    with pytest.raises(ValueError, match="http"):
+        await call_auth_hook(url, b"x")
+
+
+async def test_unreachable_hook_is_an_os_error() -> None:
+    with pytest.raises(OSError, match=r"127\.0\.0\.1") as info:
+        await call_auth_hook(f"http://127.0.0.1:{free_port()}/auth", b"x", timeout=WAIT)
+    assert info.value.errno == errno.ECONNREFUSED
+
+
+async def test_silent_hook_times_out(hooks: Callable[..., Awaitable[str]]) -> None:
+    url = await hooks(lambda _: None)
+    with pytest.raises(TimeoutError):
+        await call_auth_hook(url, b"x", timeout=0.2)
+
+
+async def test_dialect_reuses_one_connection_and_closes_it_with_the_relay(
+    start_relay: StartRelay,
+) -> None:
+    """One aiohttp session per dialect: calls share a keep-alive connection to the hook, and
+    shutting the relay down closes it (no session is left for the garbage collector)."""
+    hook = Hook(grant, close_after=False)
+    url = await hook.start()
+    try:
+        registry = Registry()
+        dialect = SbdDialect(SbdSettings(auth_hook=url), registry)
+        server = await start_relay([dialect], registry=registry)
+        host, port = server.addresses[0]
+        for body in (b"let me in", b"wrong", b"let me in"):
+            await authenticate(host, port, body)
+        assert [body for _, body in hook.requests] == [b"let me in", b"wrong", b"let me in"]
+        assert len(hook.writers) == 1  # one TCP connection for the three calls
+        await asyncio.wait_for(server.shutdown(), WAIT)
+        await asyncio.wait_for(hook.hung_up.wait(), WAIT)
+    finally:
+        await hook.stop()

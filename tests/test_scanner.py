@@ -95,22 +95,6 @@ def test_scanner_is_held_as_passed_and_can_be_replaced() -> None:
     assert message.routing is None
 
 
-def test_deprecated_scan_envelopes_is_an_envelope_scanner() -> None:
-    decoder = WsDecoder(scan_envelopes=True)
-    assert isinstance(decoder.scanner, EnvelopeScanner)
-    with pytest.raises(ValueError, match="not both"):
-        WsDecoder(scanner=EnvelopeScanner(), scan_envelopes=True)
-
-
-def test_deprecated_bind_rmb_session_installs_an_rmb_scanner() -> None:
-    routes = RouteTable()
-    decoder = WsDecoder()
-    decoder.bind_rmb_session(routes, 7, "app")
-    scanner = decoder.scanner
-    assert isinstance(scanner, RmbScanner)
-    assert (scanner.routes, scanner.twin, scanner.sid) == (routes, 7, "app")
-
-
 def test_anything_else_is_not_a_scanner() -> None:
     with pytest.raises(TypeError):
         WsDecoder(scanner=RouteTable())  # type: ignore[arg-type]

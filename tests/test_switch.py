@@ -22,6 +22,9 @@ class FakePeer:
     def __init__(self, conn_id: int) -> None:
         self.id = conn_id
 
+    async def writable(self) -> None:
+        """Never congested."""
+
 
 class Box:
     """A test endpoint: records what the switch delivers to it."""
@@ -147,3 +150,43 @@ async def test_writable_resolves_when_the_peer_goes_away(start_relay: StartRelay
     waiter = asyncio.ensure_future(conn.writable())
     ws.writer.transport.abort()
     await asyncio.wait_for(waiter, WAIT)
+
+
+class PeerBox:
+    """An endpoint around a real listener connection."""
+
+    def __init__(self, peer: Connection) -> None:
+        self.peer = peer
+
+    def deliver(self, frame: bytes) -> None:
+        self.peer.send(frame)
+
+    def mail_waiting(self) -> None:
+        pass
+
+
+async def test_deliver_outside_a_read_waits_for_a_congested_receiver(
+    start_relay: StartRelay,
+) -> None:
+    server = await start_relay([EchoDialect()], write_high_water=64 * 1024)
+    host, port = server.addresses[0]
+    ws = await RawWebSocket.connect(host, port, "/echo")
+    await eventually(lambda: any(c.is_open for c in server.connections.values()))
+    conn = next(c for c in server.connections.values() if c.is_open)
+    switch = Switch()
+    box = PeerBox(conn)
+    switch.attach(box)
+    switch.register_session((5, None), box)
+    while not conn.congested:
+        conn.send(bytes(60_000))
+        await asyncio.sleep(0)
+    delivery = asyncio.ensure_future(switch.deliver((5, None), b"after the backlog"))
+    await asyncio.sleep(0)
+    assert not delivery.done()  # the backlog is not grown while the client does not read
+    last = b""
+    while last != b"after the backlog":
+        event = await ws.next_event()
+        assert isinstance(event, WsMessage)
+        last = event.data
+    assert await asyncio.wait_for(delivery, WAIT) is Outcome.DELIVERED
+    ws.close()

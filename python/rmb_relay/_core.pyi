@@ -3,7 +3,7 @@
 Each section below belongs to one Rust file; keep it in step with that file.
 """
 
-from typing import Any, Final, final
+from typing import Final, final
 
 # ---- error.rs -------------------------------------------------------------------------------
 
@@ -19,7 +19,9 @@ class SignatureError(CoreError): ...
 
 @final
 class HttpRequest:
-    """One parsed HTTP/1.x request: head fields plus the Content-Length body."""
+    """One HTTP/1.x request head, with its body when it was gathered whole (`HttpParser`,
+    `with_body`). From `HttpStreamParser` it is the first event of a request and `body` is
+    b"": the body follows as HttpData events up to HttpEnd."""
 
     @property
     def method(self) -> str: ...
@@ -42,19 +44,92 @@ class HttpRequest:
     @property
     def is_websocket_upgrade(self) -> bool:
         """GET with `Upgrade: websocket` and a `Connection` header naming `upgrade`."""
+    @property
+    def content_length(self) -> int | None:
+        """The announced body length: 0 when there is no body, None when chunked."""
+    @property
+    def chunked(self) -> bool:
+        """`Transfer-Encoding: chunked` (the only transfer coding accepted)."""
+    @property
+    def has_body(self) -> bool:
+        """Chunked, or a Content-Length above 0."""
+    @property
+    def expect_continue(self) -> bool:
+        """`Expect: 100-continue` on an HTTP/1.1 request (ignored on 1.0, RFC 9110 10.1.1)."""
     def header(self, name: str) -> bytes | None:
         """First header of that name (case-insensitive), or None."""
+    def with_body(self, body: bytes) -> HttpRequest:
+        """The same head with this body (a body gathered from HttpData events)."""
+
+@final
+class HttpData:
+    """Body bytes of the current request, de-chunked; never empty. The body bytes of one
+    `feed` come out as one HttpData whatever their chunking."""
+
+    @property
+    def data(self) -> bytes: ...
+
+@final
+class HttpEnd:
+    """The current request is complete."""
+
+    @property
+    def trailers(self) -> list[tuple[str, bytes]]:
+        """Trailer fields of a chunked body (names lower-cased); empty otherwise."""
+
+@final
+class HttpViolation:
+    """The peer broke HTTP/1.1 framing or a limit: answer with `status` (400, 413, 431, 501)
+    and close. The parser returns nothing more after this event."""
+
+    @property
+    def status(self) -> int: ...
+    @property
+    def reason(self) -> str: ...
+
+HttpEvent = HttpRequest | HttpData | HttpEnd | HttpViolation
+
+@final
+class HttpStreamParser:
+    """Incremental request parser returning events, h11 style: HttpRequest (the head) as soon
+    as the head is complete, HttpData as body bytes arrive (Content-Length or chunked), HttpEnd.
+    It then stops: bytes of a pipelined request stay buffered until `start_next_cycle()`.
+    Memory is O(read + limits), never O(body). Limits: head <= max_head bytes with
+    <= max_headers fields; a chunk-size line <= max_chunk_line bytes; trailers <= max_trailers
+    bytes with <= max_headers fields."""
+
+    def __new__(
+        cls,
+        *,
+        max_head: int = 16384,
+        max_headers: int = 64,
+        max_chunk_line: int = 4096,
+        max_trailers: int = 8192,
+    ) -> HttpStreamParser: ...
+    def feed(self, data: bytes) -> list[HttpEvent]:
+        """Every event in the bytes fed so far, in order; an HttpViolation is the last one."""
+    def start_next_cycle(self) -> None:
+        """After HttpEnd (and the answer), parse the next request: `feed(b"")` then returns
+        the events of whatever is buffered. ValueError before the request has ended."""
+    def take_rest(self) -> bytes:
+        """Every unparsed byte (after a websocket upgrade, the first frames); resets."""
+    @property
+    def buffered(self) -> int: ...
+    @property
+    def done(self) -> bool:
+        """True from HttpEnd until `start_next_cycle()`."""
 
 @final
 class HttpParser:
-    """Incremental request parser: head <= max_head bytes, <= max_headers headers, body by
-    Content-Length."""
+    """Buffered request parser: whole requests whose body (Content-Length or chunked) is at
+    most max_body bytes (413 beyond, before the body arrives when Content-Length says so)."""
 
     def __new__(
         cls, *, max_head: int = 16384, max_headers: int = 64, max_body: int = 1048576
     ) -> HttpParser: ...
     def feed(self, data: bytes) -> HttpRequest | None:
-        """Append bytes; return the next complete request or None. Raises HttpParseError.
+        """Append bytes; return the next complete request or None. Raises HttpParseError
+        (and the same error again on every later call).
 
         Bytes past a complete request stay buffered: call `feed(b"")` for a pipelined request,
         or `take_rest()` after a websocket upgrade to hand them to the frame decoder."""
@@ -73,6 +148,26 @@ def encode_response(
     status: int, headers: list[tuple[str, str]], body: bytes = b"", *, close: bool = False
 ) -> bytes:
     """A complete HTTP/1.1 response with Content-Length (and `Connection: close` if asked)."""
+
+def encode_response_head(
+    status: int,
+    headers: list[tuple[str, str]],
+    *,
+    content_length: int | None = None,
+    chunked: bool = False,
+    close: bool = False,
+) -> bytes:
+    """The head of a response whose body the caller writes next: `content_length` bytes as
+    they are, or (`chunked=True`) encode_chunk()s ended by encode_last_chunk(). Exactly one of
+    the two, except for 1xx and 204 which take neither, and a body that ends when the
+    connection closes (neither, with `close=True`: for HTTP/1.0 clients, which cannot read
+    chunked). For HEAD, send this head alone."""
+
+def encode_chunk(data: bytes) -> bytes:
+    """One chunk of a chunked body; b"" for empty data (a zero-size chunk would end the body)."""
+
+def encode_last_chunk(trailers: list[tuple[str, str]] | None = None) -> bytes:
+    """The last chunk (and trailer fields) that end a chunked body."""
 
 def encode_switching_protocols(accept: str, headers: list[tuple[str, str]] | None = None) -> bytes:
     """The 101 response that completes a websocket upgrade."""
@@ -105,11 +200,10 @@ class WsMessage:
     def data(self) -> bytes:
         """The message as the dialect passes it on: an SBD forward scanned by an SbdScanner is
         already rewritten (the sender's key in place of the destination's)."""
-    # `EnvelopeRouting | SbdRouting | None`, typed Any while the dialects still read it
-    # unnarrowed (protocols/rmb.py uses EnvelopeRouting fields directly); narrow it once they
-    # check the type themselves.
+    # A dialect knows which scanner it installed: it annotates the routing it reads (no
+    # isinstance per message on the hot path).
     @property
-    def routing(self) -> Any:
+    def routing(self) -> EnvelopeRouting | SbdRouting | None:
         """With a scanner: what it made of the message, read in the same call as the frame:
         EnvelopeRouting (EnvelopeScanner, RmbScanner), SbdRouting (SbdScanner) or None."""
     @property
@@ -152,9 +246,7 @@ WsEvent = WsMessage | WsPing | WsPong | WsClose | WsViolation
 class WsDecoder:
     """Incremental RFC 6455 decoder. Server mode (default) requires masked frames; client
     mode requires unmasked ones. Messages larger than max_message end in WsViolation(1009).
-    A scanner reads each data message's routing in the same call (see WsMessage).
-
-    Deprecated: `scan_envelopes=True` means `scanner=EnvelopeScanner()` (not with `scanner`)."""
+    A scanner reads each data message's routing in the same call (see WsMessage)."""
 
     def __new__(
         cls,
@@ -162,10 +254,7 @@ class WsDecoder:
         max_message: int = 1048576,
         client_mode: bool = False,
         scanner: Scanner | None = None,
-        scan_envelopes: bool = False,
     ) -> WsDecoder: ...
-    def bind_rmb_session(self, routes: RouteTable, twin: int, sid: str | None) -> None:
-        """Deprecated: `set_scanner(RmbScanner(routes, twin, sid))`."""
     def set_scanner(self, scanner: Scanner | None) -> None:
         """Scan the messages of later feeds with `scanner` (None: stop scanning)."""
     @property

@@ -15,8 +15,14 @@ DEFAULT_MAX_HTTP_HEAD = 16 * 1024
 DEFAULT_MAX_MESSAGE = 1 << 20
 #: per-connection write buffer above which senders to it are paused (backpressure)
 DEFAULT_WRITE_HIGH_WATER = 1 << 20
-#: an HTTP connection that has not completed a request (or upgrade) by then is closed
+#: an HTTP connection waiting this long for a request head (its first, or the next one on a
+#: keep-alive connection) is closed, with 408 when part of a head came; it also bounds each wait
+#: for request-body bytes and for the client to read a streamed response
 DEFAULT_HTTP_IDLE_TIMEOUT = 30.0
+#: a handler that has not started its response this long after the request head is cut off
+#: with 503 (time spent waiting for the client's body does not count); covers a dialect's
+#: websocket `accept` too. Above the SBD auth hook's 10 s, so the hook's own error wins.
+DEFAULT_HTTP_REQUEST_TIMEOUT = 30.0
 #: how long we wait for the peer's close frame before dropping TCP
 DEFAULT_CLOSE_TIMEOUT = 5.0
 #: how long a graceful shutdown waits for connections to finish their close handshake
@@ -52,6 +58,7 @@ class ListenerConfig:
     max_message: int = DEFAULT_MAX_MESSAGE
     write_high_water: int = DEFAULT_WRITE_HIGH_WATER
     http_idle_timeout: float = DEFAULT_HTTP_IDLE_TIMEOUT
+    http_request_timeout: float = DEFAULT_HTTP_REQUEST_TIMEOUT
     close_timeout: float = DEFAULT_CLOSE_TIMEOUT
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
 
@@ -60,3 +67,7 @@ class ListenerConfig:
             raise ConfigError("--tls-cert and --tls-key go together: give both or neither")
         if self.max_message < 1024:
             raise ConfigError("--max-message must be at least 1024 bytes")
+        for name in ("http_idle_timeout", "http_request_timeout", "close_timeout"):
+            if not getattr(self, name) > 0:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} must be a positive number of seconds")

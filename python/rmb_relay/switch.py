@@ -115,9 +115,20 @@ class Switch:
         self, address: Address, frame: bytes, *, deadline: int | None = None
     ) -> Outcome:
         """Local connection first; else, for a session address with a `deadline` (unix
-        seconds), the mailbox. Raises `MailboxUnavailable` when the mailbox cannot store it."""
-        if self.deliver_local(address, frame):
-            return Outcome.DELIVERED
+        seconds), the mailbox. Raises `MailboxUnavailable` when the mailbox cannot store it.
+
+        This is the path of producers outside a socket read (slow-path tasks, stream
+        consumers): a congested receiver is waited for (`Peer.writable`) instead of having its
+        write buffer grow; senders inside a read use `deliver_local` and are paused by the
+        listener instead."""
+        endpoint = self.lookup(address)
+        if endpoint is not None:
+            await endpoint.peer.writable()
+            # it may have gone, or been replaced by a newer connection, while we waited
+            endpoint = self.lookup(address)
+            if endpoint is not None:
+                endpoint.deliver(frame)
+                return Outcome.DELIVERED
         if deadline is None or isinstance(address, bytes):
             return Outcome.NO_ROUTE
         await self.mailbox.put(address, frame, deadline)

@@ -15,7 +15,13 @@ from collections.abc import Sequence
 
 from rmb_relay import __version__
 from rmb_relay.cli import HelpFormatter, run, setup_logging
-from rmb_relay.config import DEFAULT_MAX_MESSAGE, ListenerConfig, parse_listen
+from rmb_relay.config import (
+    DEFAULT_HTTP_IDLE_TIMEOUT,
+    DEFAULT_HTTP_REQUEST_TIMEOUT,
+    DEFAULT_MAX_MESSAGE,
+    ListenerConfig,
+    parse_listen,
+)
 from rmb_relay.errors import ConfigError
 from rmb_relay.protocols import registry
 from rmb_relay.protocols.base import Dialect
@@ -65,6 +71,22 @@ def parser(prog: str = "rmb-relay serve", epilog: str | None = None) -> argparse
         help="largest websocket message or HTTP body accepted",
     )
     parser.add_argument(
+        "--http-idle-timeout",
+        type=float,
+        default=DEFAULT_HTTP_IDLE_TIMEOUT,
+        metavar="SECONDS",
+        help="close a connection that has not sent the next request head (or body bytes) for "
+        "this long; restarts with every request",
+    )
+    parser.add_argument(
+        "--http-request-timeout",
+        type=float,
+        default=DEFAULT_HTTP_REQUEST_TIMEOUT,
+        metavar="SECONDS",
+        help="a request not answered within this long gets 503 (time spent waiting for the "
+        "client's body does not count)",
+    )
+    parser.add_argument(
         "-d",
         "--debug",
         action="count",
@@ -86,6 +108,8 @@ def listener_config(args: argparse.Namespace) -> ListenerConfig:
         tls_key=args.tls_key,
         reuse_port=args.reuse_port,
         max_message=args.max_message,
+        http_idle_timeout=args.http_idle_timeout,
+        http_request_timeout=args.http_request_timeout,
     )
 
 

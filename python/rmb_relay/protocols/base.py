@@ -20,7 +20,7 @@ from __future__ import annotations
 import abc
 import argparse
 import enum
-from collections.abc import AsyncIterable, Awaitable, Callable
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -28,6 +28,7 @@ from rmb_relay.errors import HttpReject
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest, WsDecoder, WsMessage
+    from rmb_relay.clock import Clock
     from rmb_relay.services import Services
 
 __all__ = [
@@ -38,8 +39,10 @@ __all__ = [
     "HttpReject",
     "HttpResponse",
     "Peer",
+    "RequestBody",
     "RouteHandler",
     "Routes",
+    "StreamingRouteHandler",
     "WebSocketHandler",
 ]
 
@@ -135,7 +138,34 @@ class HttpClient(Protocol):
     def peer_port(self) -> int: ...
 
 
+class RequestBody(Protocol):
+    """The body of the request being served, read as it arrives (`Routes.add_streaming`).
+
+    `async for chunk in body` yields the bytes as the client sends them; the listener stops
+    reading the socket while more than a few hundred KiB wait unread, so a handler that reads
+    slowly slows the client down instead of filling memory. The first read is what answers
+    `Expect: 100-continue`: a handler that refuses before reading saves the client the upload.
+    Raises HttpReject(408) when the client stalls for the listener's idle timeout; time spent
+    waiting for the client does not count against the request deadline."""
+
+    @property
+    def length(self) -> int | None:
+        """The announced length (0: no body), None when chunked."""
+
+    @property
+    def trailers(self) -> list[tuple[str, bytes]]:
+        """Trailer fields of a chunked body, once it has been read to the end."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole (rest of the) body; HttpReject(413) past `limit` bytes (default: the
+        listener's `max_message`), before reading when the announced length is already over."""
+
+
 RouteHandler = Callable[["HttpRequest", HttpClient], Awaitable[HttpResponse]]
+#: a route that reads its body as it arrives (the request's `body` is b"")
+StreamingRouteHandler = Callable[["HttpRequest", RequestBody, HttpClient], Awaitable[HttpResponse]]
 
 
 class Routes(Protocol):
@@ -144,7 +174,13 @@ class Routes(Protocol):
     def add(self, method: str, path: str, handler: RouteHandler) -> None:
         """`path` is a `protocols/paths.py` pattern: `/exact`, `/prefix/*` or `/{segment}`.
         A path served for other methods only answers 405; a pattern claimed twice for the
-        same method is refused at startup."""
+        same method is refused at startup. The handler gets the whole body in
+        `request.body` (at most the listener's `max_message`, else the client gets 413)."""
+
+    def add_streaming(self, method: str, path: str, handler: StreamingRouteHandler) -> None:
+        """Like `add`, but the handler reads the body itself, as it arrives (`RequestBody`),
+        with no size limit: uploads, tunnels. Its response may stream too
+        (`HttpResponse.stream`)."""
 
 
 class WebSocketHandler(abc.ABC):
@@ -183,6 +219,9 @@ class Dialect(abc.ABC):
     #: drop the TCP connection on a protocol violation instead of sending a close frame
     #: (SBD requires this: "drop immediately with no closing frame")
     abort_on_violation: bool = False
+    #: a clock (`clock.py`) whose reading the listener passes to the decoder's scanner on every
+    #: read, for dialects whose scanner charges a rate limiter inside `feed`
+    scan_clock: Clock | None = None
 
     @abc.abstractmethod
     async def accept(self, request: HttpRequest, peer: Peer) -> WebSocketHandler:

@@ -33,6 +33,7 @@ from rmb_relay._core import (
     EnvelopeRouting,
     FixedWindowLimiter,
     HttpRequest,
+    RmbScanner,
     WsDecoder,
     WsMessage,
     build_error_envelope,
@@ -95,70 +96,95 @@ class HotCounters:
 
 
 class RmbMetrics:
+    """RMB's part of the shared `rmb_relay_*` families (docs/metrics.md), `dialect="rmb"`."""
+
     def __init__(self, registry: Registry, dialect: RmbDialect) -> None:
         hot = self.hot = HotCounters()
+        rmb = {"dialect": "rmb"}
         registry.counter_of(
-            "rmb_messages_in_total",
-            "Envelopes received from RMB sessions",
+            "rmb_relay_messages_in_total",
+            "Messages received from clients, by dialect",
             lambda: [((), hot.messages_in)],
+            const=rmb,
         )
         registry.counter_of(
-            "rmb_bytes_in_total",
-            "Envelope bytes received from RMB sessions",
+            "rmb_relay_bytes_in_total",
+            "Message bytes received from clients, by dialect",
             lambda: [((), hot.bytes_in)],
+            const=rmb,
         )
         registry.counter_of(
-            "rmb_messages_out_total",
-            "Envelopes written to RMB sessions (incl. errors, mailbox)",
+            "rmb_relay_messages_out_total",
+            "Messages written to clients (RMB: incl. error envelopes and mailbox), by dialect",
             lambda: [((), hot.messages_out)],
+            const=rmb,
         )
         registry.counter_of(
-            "rmb_bytes_out_total",
-            "Envelope bytes written to RMB sessions",
+            "rmb_relay_bytes_out_total",
+            "Message bytes written to clients, by dialect",
             lambda: [((), hot.bytes_out)],
+            const=rmb,
         )
         self.routed_slow: dict[str, int] = {"mailbox": 0, "federation": 0}
         registry.counter_of(
-            "rmb_routed_total",
-            "Envelopes routed, by path",
+            "rmb_relay_messages_routed_total",
+            "Messages routed, by dialect and path (local, mailbox, federation)",
             lambda: (
                 [(("local",), hot.local)] + [((path,), n) for path, n in self.routed_slow.items()]
             ),
             ("path",),
+            const=rmb,
         )
         self.errors_sent = registry.counter(
-            "rmb_error_envelopes_total", "Error envelopes sent to senders, by reason", ("reason",)
+            "rmb_relay_error_replies_total",
+            "Error replies sent to senders instead of delivering, by dialect and reason",
+            ("reason",),
+            const=rmb,
         )
         self.drops = registry.counter(
-            "rmb_dropped_total", "Envelopes dropped without delivery, by reason", ("reason",)
+            "rmb_relay_messages_dropped_total",
+            "Messages dropped without delivery, by dialect and reason",
+            ("reason",),
+            const=rmb,
         )
         self.limited = registry.counter(
-            "rmb_rate_limited_total", "Envelopes refused by the per-twin rate limiter"
+            "rmb_relay_messages_rate_limited_total",
+            "Messages refused by a rate limiter, by dialect",
+            const=rmb,
         )
         self.login_failures = registry.counter(
-            "rmb_login_failures_total", "Refused logins, by reason", ("reason",)
+            "rmb_relay_auth_failures_total",
+            "Refused logins, handshakes or tokens, by dialect and reason",
+            ("reason",),
+            const=rmb,
         )
-        self.logins = registry.counter("rmb_logins_total", "Accepted logins")
+        self.logins = registry.counter(
+            "rmb_relay_logins_total", "Accepted logins, by dialect", const=rmb
+        )
         self.replaced = registry.counter(
-            "rmb_sessions_replaced_total", "Sessions closed because the same (twin, sid) logged in"
+            "rmb_relay_sessions_replaced_total",
+            "Sessions closed because the same identity logged in again, by dialect",
+            const=rmb,
         )
         registry.gauge(
-            "rmb_sessions", "Connected RMB sessions", read=lambda: [((), len(dialect.sessions))]
+            "rmb_relay_sessions",
+            "Sessions a dialect holds (RMB: logged in; SBD: handshaking and ready)",
+            read=lambda: [((), len(dialect.sessions))],
+            const=rmb,
         )
         registry.gauge(
-            "rmb_mailbox_depth",
-            "Envelopes waiting in mailboxes for offline sessions",
+            "rmb_relay_mailbox_depth",
+            "Messages waiting in mailboxes for offline sessions",
             read=lambda: [((), dialect.mailbox.depth())],
         )
-        registry.gauge(
-            "rmb_mailbox_dropped_full",
-            "Envelopes dropped because a mailbox was full (oldest first)",
-            read=lambda: [((), dialect.mailbox.stats.dropped_full)],
-        )
-        registry.gauge(
-            "rmb_mailbox_expired",
-            "Envelopes that expired in a mailbox before their twin connected",
-            read=lambda: [((), dialect.mailbox.stats.expired)],
+        registry.counter_of(
+            "rmb_relay_mailbox_dropped_total",
+            "Messages a mailbox dropped, by reason (full: oldest first; expired)",
+            lambda: [
+                (("full",), dialect.mailbox.stats.dropped_full),
+                (("expired",), dialect.mailbox.stats.expired),
+            ],
+            ("reason",),
         )
 
 
@@ -261,7 +287,7 @@ class RmbDialect(Dialect):
             sender.fail(env, "relay info is not set for this twin", "no relay info")
             return
         key: SessionKey = (dest, dest_sid)
-        if self.switch.deliver_local(key, data):  # connected while we looked it up
+        if await self.switch.deliver(key, data) is Outcome.DELIVERED:  # connected meanwhile
             self.metrics.hot.local += 1
             return
         if not self.is_ours(twin):
@@ -332,7 +358,7 @@ class RmbSession(WebSocketHandler):
 
     def bind_decoder(self, decoder: WsDecoder) -> None:
         # the source check and the destination lookup happen in the codec's feed
-        decoder.bind_rmb_session(self.dialect.switch.routes, self.twin, self.sid)
+        decoder.set_scanner(RmbScanner(self.dialect.switch.routes, self.twin, self.sid))
 
     def __repr__(self) -> str:
         return f"<RmbSession {self.twin}{'' if self.sid is None else ':' + self.sid}>"
@@ -379,7 +405,8 @@ class RmbSession(WebSocketHandler):
         hot = metrics.hot
         hot.messages_in += 1
         hot.bytes_in += len(data)
-        env = message.routing  # scanned by the codec in the same call that decoded the frame
+        # scanned by the codec in the same call that decoded the frame
+        env: EnvelopeRouting | None = message.routing  # type: ignore[assignment]
         if env is None:
             metrics.drops.inc(1, "invalid envelope")
             log.info("closing %r: invalid envelope: %s", self, message.scan_error)

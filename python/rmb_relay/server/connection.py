@@ -2,9 +2,20 @@
 
 Theory of operation
 -------------------
-A connection starts in the HTTP state: every `data_received` goes to the Rust `HttpParser` in
-one call. A complete request is handled in a task (reading is paused meanwhile, so pipelined
-bytes simply wait in the parser). A websocket upgrade asks the matching dialect to `accept`;
+A connection starts in the HTTP state: every `data_received` goes to the Rust
+`HttpStreamParser` in one call, which returns events. A request head starts a task that asks
+the router for a response; the body's events feed an `IncomingBody` that the route reads whole
+or as it arrives (reading pauses while too much of it waits unread). Once the request has
+ended, reading pauses until the response is written, so pipelined bytes wait in the parser.
+
+HTTP timers: the idle timer runs only while the connection waits for a request head (from the
+connection or the previous response on); a head that never completes is answered with 408. Once
+a head is complete, the request deadline bounds how long the handler takes to answer (503 when
+it expires); time the handler spends waiting for the client's body does not count, each such
+wait is bounded by the idle timeout instead, and so is each wait for the client to read a
+streamed response.
+
+A websocket upgrade asks the matching dialect to `accept`;
 on success the 101 is written, a Rust `WsDecoder` takes over and whatever the client sent after
 its head is fed to it. From then on every `data_received` is exactly one `WsDecoder.feed` call,
 and the dialect handler sees the decoded data messages.
@@ -33,9 +44,12 @@ from typing import TYPE_CHECKING, Protocol, cast
 from rmb_relay._core import (
     OP_PONG,
     OP_TEXT,
+    HttpData,
+    HttpEnd,
     HttpParseError,
-    HttpParser,
     HttpRequest,
+    HttpStreamParser,
+    HttpViolation,
     WsClose,
     WsDecoder,
     WsMessage,
@@ -44,24 +58,32 @@ from rmb_relay._core import (
     WsViolation,
     encode_binary,
     encode_binary_batch,
+    encode_chunk,
     encode_close,
     encode_frame,
+    encode_last_chunk,
     encode_response,
+    encode_response_head,
     encode_switching_protocols,
     validate_websocket_upgrade,
 )
 from rmb_relay.errors import HttpReject
 from rmb_relay.protocols.base import CloseCode, HttpResponse, reject_response
+from rmb_relay.server.http import BODY_BUFFER_LIMIT, IncomingBody
 
 if TYPE_CHECKING:
     from rmb_relay._core import WsEvent
+    from rmb_relay.clock import Clock
     from rmb_relay.config import ListenerConfig
-    from rmb_relay.protocols.base import Dialect, HttpClient, WebSocketHandler
+    from rmb_relay.protocols.base import Dialect, HttpClient, RequestBody, WebSocketHandler
     from rmb_relay.telemetry.metrics import Counter
 
 log = logging.getLogger("rmb_relay.server")
 
 _ids = itertools.count(1)
+
+#: the interim answer to `Expect: 100-continue` (RFC 9110 §15.2.1)
+CONTINUE = encode_response_head(100, [])
 
 
 class State(enum.Enum):
@@ -127,8 +149,10 @@ class ConnectionHost(Protocol):
     def dialect_for(self, path: str) -> Dialect | None:
         """The dialect serving websocket upgrades at this path."""
 
-    async def dispatch(self, request: HttpRequest, client: HttpClient) -> HttpResponse:
-        """Answer a plain HTTP request."""
+    async def dispatch(
+        self, request: HttpRequest, body: RequestBody, client: HttpClient
+    ) -> HttpResponse:
+        """Answer a plain HTTP request (the router reads `body` whole or hands it over)."""
 
     def connection_opened(self, conn: Connection) -> None: ...
 
@@ -150,10 +174,17 @@ class Connection(asyncio.Protocol):
         self.dialect: Dialect | None = None
         self.handler: WebSocketHandler | None = None
         self._batcher = server.batcher
-        self._parser: HttpParser | None = HttpParser(
-            max_head=server.config.max_http_head, max_body=server.config.max_message
+        self._parser: HttpStreamParser | None = HttpStreamParser(
+            max_head=server.config.max_http_head
         )
+        # the request being served (HTTP state): its head, its body, how far the answer got
+        self._request: HttpRequest | None = None
+        self._body: IncomingBody | None = None
+        self._response_started = False
+        self._continue_sent = False
+        self._http_paused = False
         self._decoder: WsDecoder | None = None
+        self._scan_clock: Clock | None = None
         self._pending: list[bytes] = []
         self._queued = False
         self._peer_close_code: int | None = None
@@ -198,9 +229,7 @@ class Connection(asyncio.Protocol):
             self.peer_host, self.peer_port = str(peer[0]), int(peer[1])
         self.transport.set_write_buffer_limits(high=self.server.config.write_high_water)
         self.server.connection_opened(self)
-        self._http_timer = asyncio.get_running_loop().call_later(
-            self.server.config.http_idle_timeout, self._http_idle
-        )
+        self._arm_idle_timer()
 
     def data_received(self, data: bytes) -> None:
         decoder = self._decoder
@@ -210,7 +239,10 @@ class Connection(asyncio.Protocol):
             batcher.reader = self
             batcher.depth += 1
             try:
-                self._on_ws_events(decoder.feed(data))
+                clock = self._scan_clock
+                self._on_ws_events(
+                    decoder.feed(data) if clock is None else decoder.feed(data, clock())
+                )
             finally:
                 batcher.depth -= 1
                 batcher.reader = previous_reader
@@ -432,45 +464,248 @@ class Connection(asyncio.Protocol):
                 if sender.transport is not None and not sender.transport.is_closing():
                     sender.transport.resume_reading()
 
-    # ---- HTTP ------------------------------------------------------------------------------
+    # ---- HTTP ----------------------------------------------------------------------------
 
     def _on_http_bytes(self, data: bytes) -> None:
         parser = self._parser
         assert parser is not None
-        try:
-            request = parser.feed(data)
-        except HttpParseError as err:
-            reason, status = err.args
-            log.info("bad HTTP request from %s: %s (%d)", self.peer_host, reason, status)
-            self.server.metrics.http_errors.inc(1, str(status))
-            self._respond(HttpResponse(int(status), str(reason).encode()), close=True)
-            return
-        if request is None:
-            return
-        if self.transport is not None:
-            self.transport.pause_reading()
-        self._task = asyncio.get_running_loop().create_task(self._handle_request(request))
-
-    async def _handle_request(self, request: HttpRequest) -> None:
-        try:
-            if request.is_websocket_upgrade:
-                await self._upgrade(request)
+        for event in parser.feed(data):
+            if self.state is not State.HTTP:
+                return  # refused: the rest of the request is not read
+            kind = type(event)
+            if kind is HttpData:
+                body = self._body
+                assert body is not None
+                body.feed(event.data)  # type: ignore[union-attr]
+                if body.buffered > BODY_BUFFER_LIMIT:
+                    self._pause_http()  # until the handler catches up (_on_body_read)
+            elif kind is HttpRequest:
+                self._start_request(event)  # type: ignore[arg-type]
+            elif kind is HttpEnd:
+                body = self._body
+                assert body is not None
+                body.finish(event.trailers)  # type: ignore[union-attr]
+                self._pause_http()  # a pipelined request waits until this one is answered
+            else:
+                violation: HttpViolation = event  # type: ignore[assignment]
+                self._refuse(violation.status, violation.reason)
                 return
-            try:
-                response = await self.server.dispatch(request, self)
-            except HttpReject as reject:
-                response = reject_response(reject)
-            self.server.metrics.http_requests.inc(1, request.method, str(response.status))
-            keep = request.keep_alive and response.status < 400
-            self._respond(response, close=not keep)
-            if keep and self.transport is not None and not self.transport.is_closing():
-                self.transport.resume_reading()
-                self._on_http_bytes(b"")  # a pipelined request may already be buffered
+
+    def _start_request(self, request: HttpRequest) -> None:
+        if self._http_timer is not None:
+            self._http_timer.cancel()  # the request deadline takes over from the idle timer
+            self._http_timer = None
+        if request.is_websocket_upgrade and request.has_body:
+            self._refuse(400, "websocket upgrade with a body")
+            return
+        config = self.server.config
+        self._request = request
+        self._response_started = False
+        self._continue_sent = False
+        self._body = body = IncomingBody(
+            request.content_length,
+            limit=config.max_message,
+            idle_timeout=config.http_idle_timeout,
+            on_read=self._on_body_read,
+        )
+        self._task = asyncio.get_running_loop().create_task(self._serve(request, body))
+
+    def _refuse(self, status: int, reason: str) -> None:
+        """The client broke HTTP/1.1 (or a limit): answer with `status` if no answer has
+        started yet, and close."""
+        log.info("bad HTTP request from %s: %s (%d)", self.peer_host, reason, status)
+        self.server.metrics.http_errors.inc(1, str(status))
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()  # the request is broken: its handler's answer is moot
+        if self._response_started:
+            self._abort_http()
+        else:
+            self._respond(HttpResponse(status, reason.encode()), close=True)
+
+    def _on_body_read(self, body: IncomingBody) -> None:
+        """The handler took body bytes or waits for some."""
+        request = self._request
+        if body is not self._body or request is None or self.state is not State.HTTP:
+            return  # (a body of an earlier request, still being read after its answer)
+        if (
+            request.expect_continue
+            and not self._continue_sent
+            and not self._response_started
+            and body.received == 0
+            and not body.finished
+        ):
+            self._continue_sent = True  # RFC 9110 §10.1.1: only once, only before the answer
+            self._write(CONTINUE)
+        if not body.finished and body.buffered <= BODY_BUFFER_LIMIT // 2:
+            self._resume_http()
+
+    async def _serve(self, request: HttpRequest, body: IncomingBody) -> None:
+        try:
+            response = await self._answer(request, body)
+            if response is not None:
+                await self._send(request, body, response)
         except asyncio.CancelledError:
             raise
+        except ConnectionError as err:
+            log.info("HTTP client %s went away: %s", self.peer_host, err)
+            self._abort_http()
         except Exception:
             log.exception("internal error serving %s %s", request.method, request.path)
-            self._respond(HttpResponse(500, b"internal server error"), close=True)
+            if self._response_started:
+                self._abort_http()  # a half-sent response: the client sees it cut
+            else:
+                self._respond(HttpResponse(500, b"internal server error"), close=True)
+
+    async def _answer(self, request: HttpRequest, body: IncomingBody) -> HttpResponse | None:
+        """The handler's response, within the request deadline (None once upgraded)."""
+        limit = self.server.config.http_request_timeout
+        try:
+            async with asyncio.timeout(limit) as deadline:
+                body.deadline = deadline
+                try:
+                    if request.is_websocket_upgrade:
+                        await self._upgrade(request)
+                        return None
+                    return await self.server.dispatch(request, body, self)
+                finally:
+                    body.deadline = None
+        except HttpReject as reject:
+            return reject_response(reject)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            log.warning(
+                "%s %s from %s not answered within %g s",
+                request.method,
+                request.path,
+                self.peer_host,
+                limit,
+            )
+            if self.state is State.UPGRADING:
+                self.state = State.HTTP  # the dialect's accept ran out of time
+                self.dialect = None
+            return HttpResponse(503, f"request not answered within {limit:g} s".encode())
+
+    async def _send(self, request: HttpRequest, body: IncomingBody, response: HttpResponse) -> None:
+        """Write the response (head only for HEAD), then serve the next request or close."""
+        if self.state is not State.HTTP:
+            return
+        # The connection persists if the client wants it, the answer is no refusal and the
+        # request was read to its end; a response sent before the body was read closes it
+        # (RFC 9110 §10.1.1), unless it streams (a tunnel may still be reading the body).
+        keep = request.keep_alive and response.status < 400
+        if response.stream is None and not body.finished:
+            keep = False
+        self.server.metrics.http_requests.inc(1, request.method, str(response.status))
+        if response.stream is not None:
+            if response.length is None and request.version == 0:
+                keep = False  # its body ends with the connection
+            await self._send_stream(request, response, close=not keep)
+        elif request.method == "HEAD":
+            bodyless = response.status < 200 or response.status in (204, 304)
+            self._response_started = True
+            self._write(
+                encode_response_head(
+                    response.status,
+                    response.header_list(),
+                    content_length=None if bodyless else len(response.body),
+                    close=not keep,
+                )
+            )
+        else:
+            self._response_started = True
+            self._write(
+                encode_response(
+                    response.status, response.header_list(), response.body, close=not keep
+                )
+            )
+        if keep and body.finished and self.state is State.HTTP:
+            self._next_request()
+        else:
+            self._close_http()
+
+    async def _send_stream(
+        self, request: HttpRequest, response: HttpResponse, *, close: bool
+    ) -> None:
+        """Head, then the stream as it comes: raw bytes when its length is known, else chunks."""
+        stream = response.stream
+        assert stream is not None
+        length = response.length
+        # HTTP/1.0 cannot read chunked: a body of unknown length ends with the connection
+        chunked = length is None and request.version >= 1
+        try:
+            head = encode_response_head(
+                response.status,
+                response.header_list(),
+                content_length=length,
+                chunked=chunked,
+                close=close or (length is None and not chunked),
+            )
+            self._response_started = True
+            self._write(head)
+            if request.method == "HEAD":
+                return
+            sent = 0
+            async for piece in stream:
+                if not piece:
+                    continue
+                sent += len(piece)
+                if length is not None and sent > length:
+                    raise RuntimeError(f"response stream longer than its length {length}")
+                self._write(encode_chunk(piece) if chunked else piece)
+                await self._drain()
+            if chunked:
+                self._write(encode_last_chunk())
+            elif sent != length:
+                raise RuntimeError(f"response stream ended at {sent} of its length {length}")
+        finally:
+            aclose = getattr(stream, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def _drain(self) -> None:
+        """Wait while the client is slow to read our response (bounded by the idle timeout)."""
+        if self.congested:
+            timeout = self.server.config.http_idle_timeout
+            try:
+                await asyncio.wait_for(self.writable(), timeout)
+            except TimeoutError:
+                raise ConnectionError(f"response not read for {timeout:g} s") from None
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionError("connection lost while sending the response")
+
+    def _next_request(self) -> None:
+        """Keep-alive: wait for the next request (idle timer), or parse a pipelined one."""
+        parser = self._parser
+        assert parser is not None
+        parser.start_next_cycle()
+        self._request = None
+        self._body = None
+        self._response_started = False
+        self._arm_idle_timer()
+        self._resume_http()
+        self._on_http_bytes(b"")
+
+    def _arm_idle_timer(self) -> None:
+        if self._http_timer is not None:
+            self._http_timer.cancel()
+        self._http_timer = asyncio.get_running_loop().call_later(
+            self.server.config.http_idle_timeout, self._http_idle
+        )
+
+    def _pause_http(self) -> None:
+        transport = self.transport
+        if not self._http_paused and transport is not None and not transport.is_closing():
+            self._http_paused = True
+            transport.pause_reading()
+
+    def _resume_http(self) -> None:
+        transport = self.transport
+        if self._http_paused and transport is not None and not transport.is_closing():
+            self._http_paused = False
+            transport.resume_reading()
 
     async def _upgrade(self, request: HttpRequest) -> None:
         dialect = self.server.dialect_for(request.path)
@@ -501,15 +736,15 @@ class Connection(asyncio.Protocol):
         if self.state is not State.UPGRADING or self.transport is None:
             handler.on_close(None)  # the client left while we were authenticating
             return
-        if self._http_timer is not None:
-            self._http_timer.cancel()
-            self._http_timer = None
         self._write(encode_switching_protocols(accept))
         parser = self._parser
         assert parser is not None
         rest = parser.take_rest()
         self._parser = None
+        self._request = None
+        self._body = None
         self._decoder = WsDecoder(max_message=dialect.max_message)
+        self._scan_clock = dialect.scan_clock
         self.handler = handler
         handler.bind_decoder(self._decoder)
         self.state = State.WEBSOCKET
@@ -524,18 +759,38 @@ class Connection(asyncio.Protocol):
                 batcher.flush()
         if rest:
             self.data_received(rest)
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.resume_reading()
+        self._resume_http()
 
     def _respond(self, response: HttpResponse, *, close: bool) -> None:
+        """A whole response written at once (refusals and errors)."""
+        self._response_started = True
         self._write(
             encode_response(response.status, response.header_list(), response.body, close=close)
         )
-        if close and self.transport is not None:
+        if close:
+            self._close_http()
+
+    def _close_http(self) -> None:
+        if self.state is not State.CLOSED:
             self.state = State.CLOSING
+        if self.transport is not None:
             self.transport.close()
 
+    def _abort_http(self) -> None:
+        if self.state is not State.CLOSED:
+            self.state = State.CLOSING
+        if self.transport is not None:
+            self.transport.abort()
+
     def _http_idle(self) -> None:
-        if self.state in (State.HTTP, State.UPGRADING) and self.transport is not None:
+        """No request head (or only part of one) within the idle timeout."""
+        self._http_timer = None
+        if self.state is not State.HTTP or self.transport is None or self._request is not None:
+            return
+        parser = self._parser
+        if parser is not None and parser.buffered:
+            log.info("request head from %s not complete in time", self.peer_host)
+            self._respond(HttpResponse(408, b"request head not received in time"), close=True)
+        else:
             log.debug("closing idle HTTP connection from %s", self.peer_host)
-            self.transport.close()
+            self._close_http()

@@ -26,9 +26,16 @@ from rmb_relay.telemetry.metrics import Registry
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest
-    from rmb_relay.protocols.base import Dialect, HttpClient
+    from rmb_relay.protocols.base import Dialect, HttpClient, RequestBody
 
 log = logging.getLogger("rmb_relay.server")
+
+
+#: the HTTP `method` label takes these (RFC 9110 and PATCH); any other method a client sends
+#: is counted as `other`, so clients cannot create series
+HTTP_METHODS = frozenset(
+    ("GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH")
+)
 
 
 class ServerMetrics:
@@ -36,27 +43,34 @@ class ServerMetrics:
 
     def __init__(self, registry: Registry, server: RelayServer) -> None:
         self.connections = registry.gauge(
-            "rmb_connections",
+            "rmb_relay_connections",
             "Open connections by dialect (http = not upgraded)",
             ("dialect",),
             read=server.connection_counts,
         )
         self.http_requests = registry.counter(
-            "rmb_http_requests_total", "Plain HTTP requests served", ("method", "status")
+            "rmb_relay_http_requests_total",
+            "Plain HTTP requests served, by method (unknown ones as other) and status",
+            ("method", "status"),
+            allowed={"method": HTTP_METHODS},
         )
         self.http_errors = registry.counter(
-            "rmb_http_parse_errors_total", "HTTP requests refused as malformed", ("status",)
+            "rmb_relay_http_parse_errors_total",
+            "HTTP requests refused as malformed",
+            ("status",),
         )
         self.ws_violations = registry.counter(
-            "rmb_ws_protocol_violations_total",
+            "rmb_relay_ws_protocol_violations_total",
             "WebSocket connections closed for protocol violations",
             ("dialect", "code"),
         )
         self.dropped = registry.counter(
-            "rmb_messages_dropped_total", "Messages dropped", ("dialect", "reason")
+            "rmb_relay_messages_dropped_total",
+            "Messages dropped without delivery, by dialect and reason",
+            ("dialect", "reason"),
         )
         self.backpressure_pauses = registry.counter(
-            "rmb_backpressure_pauses_total",
+            "rmb_relay_backpressure_pauses_total",
             "Times a sender was paused because a receiver was over its write high-water mark",
             ("dialect",),
         )
@@ -194,8 +208,10 @@ class RelayServer:
     def dialect_for(self, path: str) -> Dialect | None:
         return self.upgrades.find(path)
 
-    async def dispatch(self, request: HttpRequest, client: HttpClient) -> HttpResponse:
-        return await self.router.dispatch(request, client)
+    async def dispatch(
+        self, request: HttpRequest, body: RequestBody, client: HttpClient
+    ) -> HttpResponse:
+        return await self.router.dispatch(request, body, client)
 
     # ---- operations endpoints --------------------------------------------------------------
 
@@ -203,8 +219,10 @@ class RelayServer:
         return HttpResponse(200, b"ok\n")
 
     async def _metrics(self, request: HttpRequest, client: HttpClient) -> HttpResponse:
-        return HttpResponse(
-            200,
-            self.registry.render().encode(),
-            content_type="text/plain; version=0.0.4; charset=utf-8",
+        """The exposition in the format the scraper's Accept header asks for (prometheus_client
+        picks the encoder and its content type: OpenMetrics or the Prometheus text format)."""
+        accept = request.header("accept")
+        body, content_type = self.registry.exposition(
+            accept.decode("latin-1") if accept is not None else None
         )
+        return HttpResponse(200, body, content_type=content_type)

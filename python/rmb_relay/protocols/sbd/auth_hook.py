@@ -1,4 +1,23 @@
-"""The spec-auth hook client: `PUT /authenticate` bodies go to the operator's hook for a token."""
+"""The spec-auth hook client: `PUT /authenticate` bodies go to the operator's hook for a token.
+
+On aiohttp, the maintained asyncio HTTP client (federation and the tunnel use it too), so
+framing (Content-Length, chunked, keep-alive), TLS and connection reuse are its concern, not
+ours. What stays ours is the contract the dialect answers by:
+
+| outcome | raised | the dialect answers |
+|---|---|---|
+| 200 with `{"authToken": "<non-empty string>"}` | (returns the token) | 200 with it |
+| 401 | PermissionError | 401 |
+| any other status, bad JSON, no or empty token, a broken or oversized answer | ValueError | 502 |
+| connection refused or reset, DNS failure | OSError | 502 |
+| no complete answer within the timeout | TimeoutError | 502 |
+
+Limits: the whole exchange, body included, runs under one timeout (a hook that answers
+slowly is as bad as one that does not answer); the answer body is capped at
+`AUTH_HOOK_MAX_RESPONSE` bytes, counted as read, and it is not decompressed (none is asked for)
+so the cap is what is held in memory. Redirects are not followed: the operator configured the
+hook's URL.
+"""
 
 from __future__ import annotations
 
@@ -6,45 +25,50 @@ import asyncio
 import json
 from urllib.parse import urlsplit
 
-from rmb_relay._core import encode_request, parse_response_head
+import aiohttp
+
 from rmb_relay.protocols.sbd.settings import AUTH_HOOK_MAX_RESPONSE, AUTH_HOOK_TIMEOUT
 
+#: the answer is read in pieces of this size, so the cap is checked before much is buffered
+_READ_CHUNK = 4096
 
-async def call_auth_hook(url: str, body: bytes, timeout: float = AUTH_HOOK_TIMEOUT) -> str:
+
+def new_session() -> aiohttp.ClientSession:
+    """A session configured for hook calls; must be created and closed inside a running loop.
+
+    No session-wide timeout (each call sets its own) and no `Accept-Encoding`, with automatic
+    decompression off, so a compressed answer cannot expand past the size cap."""
+    return aiohttp.ClientSession(
+        timeout=aiohttp.ClientTimeout(total=None),
+        auto_decompress=False,
+        skip_auto_headers=("Accept-Encoding",),
+    )
+
+
+async def call_auth_hook(
+    url: str,
+    body: bytes,
+    timeout: float = AUTH_HOOK_TIMEOUT,
+    *,
+    session: aiohttp.ClientSession | None = None,
+) -> str:
     """PUT the auth bytes to the operator's hook (spec-auth); returns its `authToken`.
 
-    A one-request HTTP/1.1 client on asyncio streams with the Rust request encoder and response
-    head parser. The body is read by Content-Length, chunked, or to EOF, so a hook that keeps
-    the connection open despite `Connection: close` still answers at once.
-
-    Raises PermissionError for 401, ValueError for any other unusable answer, OSError or
-    TimeoutError when the hook cannot be reached in time."""
+    `session` is the caller's long-lived one (connections to the hook are reused); without it
+    a session is made for this one call. Raises as the module docstring's table says."""
     parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
+    if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"auth hook must be an http(s) URL, got {url!r}")
-    host = parts.hostname or "localhost"
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    async with asyncio.timeout(timeout):
-        reader, writer = await asyncio.open_connection(
-            host, port, ssl=parts.scheme == "https" or None
-        )
-        try:
-            writer.write(
-                encode_request(
-                    "PUT",
-                    target,
-                    [
-                        ("Host", parts.netloc),
-                        ("Content-Type", "application/octet-stream"),
-                        ("Connection", "close"),
-                    ],
-                    body,
-                )
-            )
-            status, answer = await _read_response(reader)
-        finally:
-            writer.close()
+    if session is None:
+        async with new_session() as own:
+            return await call_auth_hook(url, body, timeout, session=own)
+    try:
+        async with asyncio.timeout(timeout):
+            status, answer = await _put(session, url, body)
+    except (TimeoutError, OSError):
+        raise  # aiohttp's connection errors are OSErrors: unreachable, refused, reset
+    except aiohttp.ClientError as err:  # disconnected mid-answer, malformed, truncated
+        raise ValueError(f"auth hook answer unusable: {err!r}") from None
     if status == 401:
         raise PermissionError("auth hook refused")
     if status != 200:
@@ -58,76 +82,41 @@ async def call_auth_hook(url: str, body: bytes, timeout: float = AUTH_HOOK_TIMEO
     return token
 
 
-async def _read_response(reader: asyncio.StreamReader) -> tuple[int, bytes]:
-    """(status, body) of one HTTP/1.1 response; ValueError when malformed or too large."""
-    buffer = b""
-    while (head := parse_response_head(buffer)) is None:
-        if len(buffer) > AUTH_HOOK_MAX_RESPONSE:
-            raise ValueError("auth hook response head too large")
-        chunk = await reader.read(4096)
-        if not chunk:
-            raise ValueError("auth hook closed before a complete response head")
-        buffer += chunk
-    status, headers, head_len = head
-    fields = {name: value for name, value in headers}
-    rest = buffer[head_len:]
-    stream = _Prefixed(rest, reader)
-    if b"chunked" in fields.get("transfer-encoding", b"").lower():
-        body = b""
-        while True:
-            size_line = await stream.readline()
-            try:
-                size = int(size_line.split(b";", 1)[0].strip(), 16)
-            except ValueError:
-                raise ValueError("auth hook sent a bad chunk size") from None
-            if size == 0:
-                return status, body
-            if len(body) + size > AUTH_HOOK_MAX_RESPONSE:
-                raise ValueError("auth hook response too large")
-            body += await stream.readexactly(size)
-            await stream.readexactly(2)  # CRLF after the chunk
-    length = fields.get("content-length")
-    if length is not None:
-        try:
-            size = int(length)
-        except ValueError:
-            raise ValueError("auth hook sent a bad Content-Length") from None
-        if not 0 <= size <= AUTH_HOOK_MAX_RESPONSE:
+async def _put(session: aiohttp.ClientSession, url: str, body: bytes) -> tuple[int, bytes]:
+    """(status, body) of one PUT; the body is read only for a 200 (nothing else uses it)."""
+    async with session.put(
+        url,
+        data=body,
+        headers={"Content-Type": "application/octet-stream"},
+        allow_redirects=False,
+    ) as response:
+        if response.status != 200:
+            return response.status, b""
+        length = response.content_length
+        if length is not None and length > AUTH_HOOK_MAX_RESPONSE:
             raise ValueError("auth hook response too large")
-        return status, await stream.readexactly(size)
-    return status, await stream.read_to_eof(AUTH_HOOK_MAX_RESPONSE)
-
-
-class _Prefixed:
-    """A StreamReader with bytes already read put back in front."""
-
-    def __init__(self, prefix: bytes, reader: asyncio.StreamReader) -> None:
-        self.buffer = prefix
-        self.reader = reader
-
-    async def _fill(self) -> None:
-        chunk = await self.reader.read(4096)
-        if not chunk:
-            raise ValueError("auth hook closed mid-response")
-        self.buffer += chunk
-
-    async def readexactly(self, n: int) -> bytes:
-        while len(self.buffer) < n:
-            await self._fill()
-        data, self.buffer = self.buffer[:n], self.buffer[n:]
-        return data
-
-    async def readline(self) -> bytes:
-        while b"\r\n" not in self.buffer:
-            if len(self.buffer) > 1024:
-                raise ValueError("auth hook sent an overlong line")
-            await self._fill()
-        line, _, self.buffer = self.buffer.partition(b"\r\n")
-        return line
-
-    async def read_to_eof(self, limit: int) -> bytes:
-        while chunk := await self.reader.read(4096):
-            self.buffer += chunk
-            if len(self.buffer) > limit:
+        answer = bytearray()
+        async for chunk in response.content.iter_chunked(_READ_CHUNK):
+            answer += chunk
+            if len(answer) > AUTH_HOOK_MAX_RESPONSE:
                 raise ValueError("auth hook response too large")
-        return self.buffer
+        return response.status, bytes(answer)
+
+
+class AuthHookClient:
+    """The dialect's hook client: one aiohttp session for every call, created on first use
+    (a session belongs to the running loop) and closed with the dialect."""
+
+    def __init__(self, timeout: float = AUTH_HOOK_TIMEOUT) -> None:
+        self.timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    async def call(self, url: str, body: bytes) -> str:
+        if self._session is None or self._session.closed:
+            self._session = new_session()
+        return await call_auth_hook(url, body, self.timeout, session=self._session)
+
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()

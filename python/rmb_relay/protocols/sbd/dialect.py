@@ -46,7 +46,7 @@ from rmb_relay.protocols.base import (
     Routes,
     WebSocketHandler,
 )
-from rmb_relay.protocols.sbd.auth_hook import call_auth_hook
+from rmb_relay.protocols.sbd.auth_hook import AuthHookClient
 from rmb_relay.protocols.sbd.metrics import SbdMetrics
 from rmb_relay.protocols.sbd.session import SbdSession
 from rmb_relay.protocols.sbd.settings import (
@@ -97,6 +97,8 @@ class SbdDialect(Dialect):
         """`switch` is the process's shared one (tests may leave it out: a private one)."""
         self.settings = settings
         self.clock = clock
+        # the decoder's scanner charges the rate limiter at this clock's reading, once per read
+        self.scan_clock = clock
         self.metrics = SbdMetrics(registry)
         self.switch = switch if switch is not None else Switch()
         self.limiter = ByteNanosLimiter(settings.nanos_per_byte, settings.burst)
@@ -107,15 +109,19 @@ class SbdDialect(Dialect):
         self.blocked: dict[str, int] = {}  # ip -> unblock time (ns)
         self.tokens: dict[str, int] = {}  # auth token -> last use (ns)
         self._sweeper: asyncio.TimerHandle | None = None
+        #: one HTTP session for every hook call (opened on first use, closed in close())
+        self.auth_hook = AuthHookClient()
         registry.gauge(
-            "sbd_connections",
-            "SBD connections (handshaking and ready)",
+            "rmb_relay_sessions",
+            "Sessions a dialect holds (RMB: logged in; SBD: handshaking and ready)",
             read=lambda: [((), len(self.sessions))],
+            const={"dialect": "sbd"},
         )
         registry.gauge(
-            "sbd_blocked_ips",
-            "IPs blocked for rate violations",
+            "rmb_relay_blocked_ips",
+            "IP addresses blocked for rate violations, by dialect",
             read=lambda: [((), len(self.blocked))],
+            const={"dialect": "sbd"},
         )
 
     # ---- upgrade ---------------------------------------------------------------------------
@@ -191,17 +197,15 @@ class SbdDialect(Dialect):
         for session in members:
             session.send(frame)
 
-    def charge(self, session: SbdSession, size: int, now: int) -> bool:
-        if self.settings.disable_rate_limit:
-            return True
-        if self.limiter.check(session.ip, size, now):
-            return True
+    def rate_violation(self, session: SbdSession) -> None:
+        """The session's IP went over its byte budget (charged by the decoder's scanner):
+        block the IP for `--sbd-block-secs`."""
+        now = self.clock()
         self.blocked[session.ip] = now + self.settings.block_secs * 1_000_000_000
         self.metrics.rate_limited.inc()
         log.info(
             "sbd: %s over its byte budget; blocked for %ds", session.ip, self.settings.block_secs
         )
-        return False
 
     # ---- maintenance -----------------------------------------------------------------------
 
@@ -243,7 +247,7 @@ class SbdDialect(Dialect):
             token = base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode()
         else:
             try:
-                token = await call_auth_hook(self.settings.auth_hook, body)
+                token = await self.auth_hook.call(self.settings.auth_hook, body)
             except PermissionError:
                 self.metrics.auth_failures.inc(1, "hook refused")
                 return HttpResponse(401, b"Unauthorized")
@@ -259,3 +263,4 @@ class SbdDialect(Dialect):
     async def close(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
+        await self.auth_hook.close()

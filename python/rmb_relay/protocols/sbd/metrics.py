@@ -23,39 +23,68 @@ class HotCounters:
 
 
 class SbdMetrics:
+    """SBD's part of the shared `rmb_relay_*` families (docs/metrics.md), `dialect="sbd"`.
+
+    SBD drops a connection without a close frame for every violation (`SbdSession.drop`);
+    those drops are one family, `rmb_relay_connections_closed_total`, by the reason passed to
+    `drop`: `rate` and `idle` from the handles here, the protocol violations from `violations`."""
+
     def __init__(self, registry: Registry) -> None:
         hot = self.hot = HotCounters()
+        sbd = {"dialect": "sbd"}
         registry.counter_of(
-            "sbd_messages_in_total",
-            "SBD messages received (commands and forwards)",
+            "rmb_relay_messages_in_total",
+            "Messages received from clients, by dialect",
             lambda: [((), hot.messages_in)],
+            const=sbd,
         )
         registry.counter_of(
-            "sbd_bytes_in_total", "SBD message bytes received", lambda: [((), hot.bytes_in)]
+            "rmb_relay_bytes_in_total",
+            "Message bytes received from clients, by dialect",
+            lambda: [((), hot.bytes_in)],
+            const=sbd,
+        )
+        # every relayed forward is one message written to its (local) destination
+        registry.counter_of(
+            "rmb_relay_messages_out_total",
+            "Messages written to clients (RMB: incl. error envelopes and mailbox), by dialect",
+            lambda: [((), hot.forwards)],
+            const=sbd,
         )
         registry.counter_of(
-            "sbd_bytes_out_total", "SBD forward bytes sent", lambda: [((), hot.bytes_out)]
+            "rmb_relay_bytes_out_total",
+            "Message bytes written to clients, by dialect",
+            lambda: [((), hot.bytes_out)],
+            const=sbd,
         )
         registry.counter_of(
-            "sbd_forwards_total", "SBD forwards relayed", lambda: [((), hot.forwards)]
+            "rmb_relay_messages_routed_total",
+            "Messages routed, by dialect and path (local, mailbox, federation)",
+            lambda: [(("local",), hot.forwards)],
+            ("path",),
+            const=sbd,
         )
         registry.counter_of(
-            "sbd_forward_drops_total",
-            "Forwards to an unknown or not-ready key (dropped)",
-            lambda: [((), hot.forward_drops)],
+            "rmb_relay_messages_dropped_total",
+            "Messages dropped without delivery, by dialect and reason",
+            lambda: [(("unknown key",), hot.forward_drops)],
+            ("reason",),
+            const=sbd,
         )
-        self.rate_limited = registry.counter(
-            "sbd_rate_limited_total", "Connections dropped for exceeding the IP byte budget"
-        )
-        self.idle_closed = registry.counter(
-            "sbd_idle_closed_total", "Connections dropped for idleness (or a slow handshake)"
-        )
-        self.violations = registry.counter(
-            "sbd_violations_total", "Connections dropped for protocol violations", ("reason",)
-        )
+        dropped = "rmb_relay_connections_closed_total"
+        dropped_help = "Connections the relay closed on its own initiative, by dialect and reason"
+        self.rate_limited = registry.counter(dropped, dropped_help, const={**sbd, "reason": "rate"})
+        self.idle_closed = registry.counter(dropped, dropped_help, const={**sbd, "reason": "idle"})
+        self.violations = registry.counter(dropped, dropped_help, ("reason",), const=sbd)
         self.auth_failures = registry.counter(
-            "sbd_auth_failures_total", "Refused handshakes or tokens", ("reason",)
+            "rmb_relay_auth_failures_total",
+            "Refused logins, handshakes or tokens, by dialect and reason",
+            ("reason",),
+            const=sbd,
         )
         self.refused = registry.counter(
-            "sbd_upgrades_refused_total", "Upgrades refused before 101", ("status",)
+            "rmb_relay_upgrades_refused_total",
+            "WebSocket upgrades a dialect refused before 101, by dialect and status",
+            ("status",),
+            const=sbd,
         )

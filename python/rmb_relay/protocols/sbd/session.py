@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 from rmb_relay._core import (
     SBD_FORWARD,
-    SbdError,
+    SbdRouting,
+    SbdScanner,
+    WsDecoder,
     WsMessage,
-    sbd_classify,
     sbd_encode_command,
-    sbd_rewrite_forward,
     verify_ed25519,
 )
 from rmb_relay.protocols.base import CloseCode, Peer, WebSocketHandler
@@ -77,40 +77,53 @@ class SbdSession(WebSocketHandler):
     def key_text(self) -> str:
         return base64.urlsafe_b64encode(self.pubkey).rstrip(b"=").decode()
 
+    def bind_decoder(self, decoder: WsDecoder) -> None:
+        """The decoder charges the IP's byte budget, classifies each message, looks up a
+        forward's destination and rewrites its header, all inside the one `feed` per read."""
+        dialect = self.dialect
+        limiter = None if dialect.settings.disable_rate_limit else dialect.limiter
+        self.scanner = SbdScanner(dialect.switch.routes, self.pubkey, limiter, self.ip)
+        decoder.set_scanner(self.scanner)
+
     def on_message(self, message: WsMessage) -> None:
         dialect = self.dialect
-        data = message.data  # text frames count as their UTF-8 bytes, as in the reference
-        size = len(data)
-        now = dialect.clock()
+        data = message.data  # a forward's header is already the sender's key
         hot = dialect.metrics.hot
         hot.messages_in += 1
-        hot.bytes_in += size
-        if not dialect.charge(self, size, now):
-            self.drop("rate")
+        hot.bytes_in += len(data)
+        routing: SbdRouting | None = message.routing  # type: ignore[assignment]
+        if routing is None or routing.over_limit:
+            if self.scanner.over_limit:
+                dialect.rate_violation(self)
+                self.drop("rate")
+            else:
+                self.drop("short message")
             return
+        now = dialect.clock()
         self.last_activity = now
         if self.token is not None:
             dialect.tokens[self.token] = now
-        try:
-            classified = sbd_classify(data)
-        except SbdError:
-            self.drop("short message")
-            return
-        if classified.kind == SBD_FORWARD:
+        if routing.kind == SBD_FORWARD:
             if not self.ready:
                 self.drop("forward before handshake")
                 return
-            target = dialect.switch.lookup(classified.peer)
+            conn_id = routing.dest_conn_id
+            if conn_id is not None:
+                target = dialect.switch.endpoints.get(conn_id)
+            elif routing.sender_ready:
+                target = None  # the key is not connected (or not ready)
+            else:  # became ready earlier in this same read: the scan could not look it up
+                target = dialect.switch.lookup(routing.peer)
             if target is None:
                 hot.forward_drops += 1
                 return
-            target.deliver(sbd_rewrite_forward(data, self.pubkey))
+            target.deliver(data)
             hot.forwards += 1
-            hot.bytes_out += size
+            hot.bytes_out += len(data)
             return
-        if classified.tag == CMD_ARES:
-            self._on_ares(data, classified.payload)
-        # keep, none and any other command: ignored (but charged above)
+        if routing.tag == CMD_ARES:
+            self._on_ares(data, routing.payload)
+        # keep, none and any other command: ignored (but charged by the scanner)
 
     def _on_ares(self, data: bytes, signature: bytes) -> None:
         dialect = self.dialect
@@ -125,10 +138,11 @@ class SbdSession(WebSocketHandler):
         self.send(sbd_encode_command(CMD_LIDL, idle))
         self.send(sbd_encode_command(CMD_SRDY))
         # routable in the same step as srdy is queued: nothing can overtake it
-        self.ready = True
+        self.ready = self.scanner.ready = True
         displaced = dialect.switch.register_key(self.pubkey, self)
         if isinstance(displaced, SbdSession):
-            displaced.ready = False  # decision 4: the newest connection takes the routing
+            # decision 4: the newest connection takes the routing
+            displaced.ready = displaced.scanner.ready = False
             displaced.peer.close(
                 CloseCode.NORMAL, "replaced by a newer connection with the same key"
             )
