@@ -27,9 +27,10 @@ A relay that goes away may have swallowed requests, or the replies to them, so w
 lost every request still waiting for a reply is sent again through the links that are left (or
 when one comes back), and once more a second later if still unanswered (the other side may have
 answered through the dying relay before it noticed). Delivery is at-least-once: a service may
-see a request twice, and a waiter takes one reply per destination, so the client does not. A client made with `reconnect=True`
-keeps envelopes it cannot send yet until a link is up or they expire; a plain client raises
-`ClientError` instead, and fails its pending requests when its relay goes.
+see a request twice, and a waiter takes one reply per destination, so the client does not.
+A client made with `reconnect=True` keeps envelopes it cannot send yet until a link is up or
+they expire; a plain client raises `ClientError` instead, and fails its pending requests when
+its relay goes.
 
 `RmbPeerClient` offers the same requests and services through rmb-peer's Redis msgbus JSON
 (spec §5.4-§5.8) for programs that hold no keys themselves.
