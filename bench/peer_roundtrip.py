@@ -219,6 +219,12 @@ def scenario(encrypted: bool, clients: int, seconds: float, tmp: Path) -> dict[s
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="2 s per scenario instead of 5")
+    parser.add_argument(
+        "--mode", choices=("plain", "e2e"), action="append", help="only these (default: both)"
+    )
+    parser.add_argument(
+        "--clients", type=int, action="append", help="only these counts (default: 1 and 50)"
+    )
     parser.add_argument("--service", metavar="REDIS_URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.service:
@@ -227,8 +233,8 @@ def main() -> None:
     seconds = 2.0 if args.quick else 5.0
     rows = []
     with tempfile.TemporaryDirectory(prefix="rmb-peer-bench-") as directory:
-        for encrypted in (False, True):
-            for clients in (1, 50):
+        for encrypted in [mode == "e2e" for mode in args.mode or ("plain", "e2e")]:
+            for clients in args.clients or (1, 50):
                 row = scenario(encrypted, clients, seconds, Path(directory))
                 rows.append(row)
                 cpu = row["cpu_us_per_round_trip"]

@@ -314,7 +314,8 @@ class IncomingRequest:
 
 
 Handler = Callable[[IncomingRequest], bytes | Awaitable[bytes]]
-InboundCheck = Callable[[Envelope], Awaitable[bool]]
+#: True: dispatch the envelope; False: drop it (the check handled it); or an awaitable of that
+InboundCheck = Callable[[Envelope], bool | Awaitable[bool]]
 
 
 class RequestOptions(TypedDict, total=False):
@@ -385,8 +386,9 @@ class _ReplyFuture(Waiter):
 class RmbClient:
     """A twin on one or more relays; see the module docstring.
 
-    `accept` (async, optional) sees every incoming envelope before it is dispatched, in arrival
-    order, and returns False to drop it (rmb-peer verifies and decrypts there). `on_request`
+    `accept` (optional) sees every incoming envelope before it is dispatched, in arrival order,
+    and returns False to drop it, or an awaitable of that when it must wait (rmb-peer verifies
+    and decrypts there, and looks a sender up when it is not cached). `on_request`
     replaces the built-in handlers for incoming requests, `on_unmatched` receives replies no
     waiter claims. Wall time (`clock`) stamps envelopes and JWTs and decides expiry; monotonic
     time (`monotonic`) drives the keepalive.
@@ -426,7 +428,7 @@ class RmbClient:
         #: a relay was lost while no other was up: pending requests go again on the next one
         self._resend_on_up = False
         self._up = asyncio.Event()
-        self._inbound: deque[Envelope] = deque()
+        self._inbound: deque[tuple[Envelope, bool | Awaitable[bool] | None]] = deque()
         self._inbound_task: asyncio.Task[None] | None = None
         self._handlers: dict[str, Handler] = {}
         self._default_handler: Handler | None = None
@@ -681,25 +683,44 @@ class RmbClient:
         except DecodeError as err:
             log.warning("dropping undecodable envelope from the relay: %s", err)
             return
-        if self.accept is None:
+        accept = self.accept
+        if accept is None:
             self._dispatch(env)
             return
-        self._inbound.append(env)
+        if self._inbound:  # behind an envelope still being checked: keep the order
+            self._inbound.append((env, None))
+            return
+        try:
+            verdict = accept(env)
+        except Exception:
+            log.exception("failed to handle envelope %s from %s", env.uid, source_of(env))
+            return
+        if not inspect.isawaitable(verdict):
+            if verdict:
+                self._dispatch(env)
+            return
+        self._inbound.append((env, verdict))
         if self._inbound_task is None:
             self._inbound_task = asyncio.get_running_loop().create_task(self._run_inbound())
 
     async def _run_inbound(self) -> None:
-        """One task checks incoming envelopes in arrival order; it ends when none are left."""
+        """Checks that had to wait (a twin lookup), and every envelope that arrived behind
+        them, in arrival order; the task ends when none are left."""
         accept, inbound = self.accept, self._inbound
         assert accept is not None
         try:
             while inbound:
-                env = inbound.popleft()
+                env, verdict = inbound[0]  # stays queued while awaited: later ones wait behind
                 try:
-                    if await accept(env):
+                    if verdict is None:
+                        verdict = accept(env)
+                    ok = await verdict if inspect.isawaitable(verdict) else verdict
+                    if ok:
                         self._dispatch(env)
                 except Exception:
                     log.exception("failed to handle envelope %s from %s", env.uid, source_of(env))
+                finally:
+                    inbound.popleft()
         finally:
             self._inbound_task = None
 

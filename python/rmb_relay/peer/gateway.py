@@ -34,11 +34,12 @@ destination (103), an encryption failure (106); relay errors arrive with `src` "
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import hiredis
@@ -80,6 +81,7 @@ from rmb_relay.peer.msgbus import (
     parse_response,
 )
 from rmb_relay.peer.resp import Command, RespClient
+from rmb_relay.twins.cache import CachedTwinDirectory
 
 if TYPE_CHECKING:
     from rmb_relay._core import SigningKey
@@ -173,21 +175,43 @@ class RedisWriter:
         loop = asyncio.get_running_loop()
         for batch in self._batches():
             self._seq += 1
-            self._inflight[self._seq] = batch
-            task = loop.create_task(self._send(self._seq, batch))
+            seq = self._seq
+            self._inflight[seq] = batch
+            commands = [command for group in batch for command in group]
+            sent = self.redis.send_now(commands)
+            if sent is not None:  # connected: no task, a callback with the replies
+                sent.add_done_callback(functools.partial(self._sent, seq=seq, commands=commands))
+                continue
+            task = loop.create_task(self._send(seq, commands))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, seq: int, batch: list[tuple[Command, ...]]) -> None:
-        commands = [command for group in batch for command in group]
+    async def _send(self, seq: int, commands: list[Command]) -> None:
+        """A batch sent while (re)connecting."""
         try:
             replies = await self.redis.pipeline(commands)
         except RedisUnavailable as err:
-            if self._retrying is None:
-                log.warning("redis write failed (%s): holding writes and retrying", err)
-                self._retrying = asyncio.get_running_loop().create_task(self._retry())
+            self._failed(err)
             return
         self._done(seq, commands, replies)
+
+    def _sent(
+        self, future: asyncio.Future[list[Any]], *, seq: int, commands: list[Command]
+    ) -> None:
+        if future.cancelled():
+            return
+        error = future.exception()
+        if error is None:
+            self._done(seq, commands, future.result())
+        elif isinstance(error, RedisUnavailable):
+            self._failed(error)
+        else:
+            log.error("redis write failed unexpectedly: %r", error)
+
+    def _failed(self, error: RedisUnavailable) -> None:
+        if self._retrying is None:
+            log.warning("redis write failed (%s): holding writes and retrying", error)
+            self._retrying = asyncio.get_running_loop().create_task(self._retry())
 
     def _done(self, seq: int, commands: list[Command], replies: list[Any]) -> None:
         self._inflight.pop(seq, None)
@@ -325,6 +349,8 @@ class Gateway:
             on_request=self._on_request,
             on_unmatched=self._on_unmatched,
         )
+        #: a cached directory answers repeat senders without an await
+        self._peek = directory.peek if isinstance(directory, CachedTwinDirectory) else _never_cached
         self.redis = RespClient(redis_url)
         self.writer = RedisWriter(self.redis)
         self._popper = self.redis.blocking()
@@ -514,9 +540,27 @@ class Gateway:
 
     # ---- relay -> Redis --------------------------------------------------------------------
 
-    async def _accept(self, env: Envelope) -> bool:
+    def _accept(self, env: Envelope) -> bool | Awaitable[bool]:
         """Check an incoming envelope (spec §5.7) and decrypt its payload; False when it was
-        rejected (a request gets an error back) or handled here (`rmb.*`)."""
+        rejected (a request gets an error back) or handled here (`rmb.*`). Answered without an
+        await when the sender's twin is in the cache, as it is for every message after the
+        first."""
+        source = env.source.twin
+        if source == 0:
+            return self._check(env, None)
+        hit, twin = self._peek(source)
+        if hit:
+            return self._check(env, twin)
+        return self._accept_after_lookup(env)
+
+    async def _accept_after_lookup(self, env: Envelope) -> bool:
+        try:
+            twin = await self._twin(env.source.twin)
+        except EnvelopeRejected as err:
+            return self._reject(env, err)
+        return self._check(env, twin)
+
+    def _check(self, env: Envelope, twin: Twin | None) -> bool:
         request = env.HasField("request")
         source = env.source.twin
         try:
@@ -529,7 +573,6 @@ class Gateway:
                 if request:
                     log.warning("dropping an unsigned request %s from twin 0", env.uid)
                 return not request
-            twin = await self._twin(source)
             if twin is None:
                 raise EnvelopeRejected(Codes.UNKNOWN_TWIN, f"unknown twin id '{source}'")
             problem = signature_ok(env, twin.account)
@@ -542,14 +585,18 @@ class Gateway:
                     raise EnvelopeRejected(Codes.NO_PUBLIC_KEY, "sender twin has no public key")
                 env.plain = self.e2e.decrypt(twin.pk, env.cipher)
         except EnvelopeRejected as err:
-            log.info("rejected envelope %s from twin %d: %s", env.uid, source, err)
-            if request and source != 0:
-                self._send_error(env, err.code, str(err))
-            return False
+            return self._reject(env, err)
         if request and env.request.command.startswith("rmb."):
             self._rmb_command(env, twin)
             return False
         return True
+
+    def _reject(self, env: Envelope, err: EnvelopeRejected) -> bool:
+        source = env.source.twin
+        log.info("rejected envelope %s from twin %d: %s", env.uid, source, err)
+        if env.HasField("request") and source != 0:
+            self._send_error(env, err.code, str(err))
+        return False
 
     def _send_error(self, env: Envelope, code: int, message: str) -> None:
         """rmb-peer's answer to a request it cannot take: same uid, the request's TTL."""
@@ -645,3 +692,7 @@ class Gateway:
             return
         ref = backlog.reference if backlog.HasField("reference") else None
         self.reply_to_client(backlog.reply_to, ref, env)
+
+
+def _never_cached(twin_id: int) -> tuple[bool, Twin | None]:
+    return False, None

@@ -168,6 +168,14 @@ class RespClient:
         self._protocol = protocol
         return protocol
 
+    def send_now(self, commands: Sequence[Command]) -> asyncio.Future[list[Any]] | None:
+        """`pipeline` without a coroutine, when connected (None otherwise): for a writer
+        that sends every loop turn and only wants a callback with the replies."""
+        protocol = self._protocol
+        if protocol is None or protocol.error is not None:
+            return None
+        return protocol.send(commands)
+
     async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
         """Every command in one write; their replies in order (error replies included as
         hiredis.ReplyError). Raises RedisUnavailable if the connection fails."""

@@ -74,6 +74,16 @@ class CachedTwinDirectory(TwinDirectory):
     def __len__(self) -> int:
         return len(self._entries)
 
+    def peek(self, twin_id: int) -> tuple[bool, Twin | None]:
+        """(True, twin or None) when a fresh answer is cached, else (False, None): a caller
+        on a per-message path answers from memory without an await, and calls `get` only on
+        a miss."""
+        entry = self._entries.get(twin_id)
+        if entry is not None and entry[0] > self.clock():
+            self.hits += 1
+            return True, entry[1]
+        return False, None
+
     async def get(self, twin_id: int) -> Twin | None:
         entry = self._entries.get(twin_id)
         if entry is not None:
