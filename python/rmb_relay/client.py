@@ -87,6 +87,8 @@ PING_AFTER = 20.0
 DEAD_AFTER = 40.0
 #: wait this long after a lost or failed connection before the next attempt (§5.3)
 RETRY_DELAY = 2.0
+#: envelopes queued on a link in one loop turn that are written without waiting for its end
+FLUSH_AT = 16
 #: how often the keepalive runs and expired envelopes and waiters are swept
 TICK = 1.0
 #: after a relay is lost, requests still unanswered this much later are sent once more: the
@@ -194,12 +196,17 @@ class RelayLink:
     # ---- sending ---------------------------------------------------------------------------
 
     def send(self, wire: bytes) -> bool:
-        """Queue one envelope for this turn's write; False (nothing queued) if the link is down."""
+        """Queue one envelope for this turn's write; False (nothing queued) if the link is down.
+        Every FLUSH_AT envelopes leave at once, so a long batch does not hold the first ones
+        back until its end (the relay and the other side start on them meanwhile)."""
         if not self.connected:
             return False
-        if not self._out:
+        out = self._out
+        if not out:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._out.append(wire)
+        out.append(wire)
+        if len(out) >= FLUSH_AT:
+            self._flush()
         return True
 
     def _flush(self) -> None:

@@ -47,7 +47,7 @@ from google.protobuf.message import DecodeError
 
 from rmb_relay import __version__
 from rmb_relay._proto.peer_pb2 import Backlog
-from rmb_relay.client import RETRY_DELAY, RmbClient, Waiter
+from rmb_relay.client import FLUSH_AT, RETRY_DELAY, RmbClient, Waiter
 from rmb_relay.clock import Clock, monotonic_clock, seconds, wall_clock
 from rmb_relay.envelope import (
     DEFAULT_TTL,
@@ -147,7 +147,11 @@ class RedisWriter:
                 log.error("redis unreachable for long: dropped %d queued writes", self.dropped)
         queue.append(commands)
         self._idle.clear()
-        if not self._scheduled and self._retrying is None:
+        if self._retrying is not None:
+            return
+        if len(queue) >= FLUSH_AT:  # a long batch: do not hold the first writes to its end
+            self._flush()
+        elif not self._scheduled:
             self._scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 

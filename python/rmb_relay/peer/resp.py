@@ -4,15 +4,16 @@ parsed by hiredis (C).
 Why not redis-py: rmb-peer moves every message through Redis two or three times, and redis-py
 spends about 24 us of Python per pipelined command and 150 us per awaited one on this machine,
 more than the rest of a message's work. Here a batch of commands is one `transport.write` and
-one future, and hiredis parses the replies: about 2 us per command (bench/peer_roundtrip.py).
+one future, and hiredis parses the replies: about 2 us per command (measured with 20,000
+LPUSH+LTRIM pairs against a local redis-server: 4 us a pair, redis-py 49 us).
 
 Commands sent during one event-loop turn (by any number of callers) leave in one write at its
-end. Only what the msgbus needs: RESP2 commands as byte tuples, `redis://[user:password@]host[:port]
-[/db]` URLs, and failure as `RedisUnavailable`. A `RespClient` connects lazily and reconnects
-on the next call after its connection is lost; blocking pops get their own client
-(`blocking()`) so they never hold up the pipeline. Replies are hiredis's: bytes, int, None,
-lists; an error reply inside a pipeline is a `hiredis.ReplyError` in the list, and `execute`
-raises it as RedisUnavailable.
+end, or as soon as FLUSH_AT of them are waiting. Only what the msgbus needs: RESP2 commands as
+byte tuples, `redis://[user:password@]host[:port][/db]` URLs, and failure as
+`RedisUnavailable`. A `RespClient` connects lazily and reconnects on the next call after its
+connection is lost; blocking pops get their own client (`blocking()`) so they never hold up
+the pipeline. Replies are hiredis's: bytes, int, None, lists; an error reply inside a pipeline
+is a `hiredis.ReplyError` in the list, and `execute` raises it as RedisUnavailable.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ Command = Sequence[bytes | str | int]
 
 #: how long a connection attempt may take
 CONNECT_TIMEOUT = 5.0
+#: commands queued in one loop turn that are written at once rather than at the turn's end
+FLUSH_AT = 32
 
 
 def encode_command(command: Command) -> bytes:
@@ -108,9 +111,12 @@ class _Protocol(asyncio.Protocol):
             future.set_exception(self.error or RedisUnavailable("connection to redis closed"))
             return future
         self.batches.append((future, len(commands), []))
-        if not self._out:
+        out = self._out
+        if not out:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._out.extend(map(encode_command, commands))
+        out.extend(map(encode_command, commands))
+        if len(out) >= FLUSH_AT:  # enough for one write: do not hold it to the turn's end
+            self._flush()
         return future
 
     def _flush(self) -> None:
