@@ -24,6 +24,7 @@ from rmb_relay.client import RmbPeerClient
 from rmb_relay.peer.gateway import VERSION
 from rmb_relay.twins.local import SqliteTwinDirectory
 from tests.conftest import WAIT, free_port, start_redis
+from tests.helpers import eventually
 from tests.peer_fixtures import (
     CONNECTED,
     Peer,
@@ -299,3 +300,57 @@ async def test_request_that_expires_waiting_for_a_relay_gets_500(
     finally:
         assert e.process.stop() == 0
         redis.stop()
+
+
+async def test_ttl_is_clamped_as_rmb_peer_clamps_it(cluster: Cluster, redis_a: Redis) -> None:
+    """exp 0 is the default 300 s, more than 1800 s is cut to 1800 (spec §5.6)."""
+    for exp, seen in ((0, 300), (5000, 1800), (60, 60)):
+        service = asyncio.create_task(serve_once(cluster.b, "test.ttl"))
+        now = int(time.time()) + 60  # ahead of the peer's clock: replaced by it, nothing lost
+        await ask(redis_a, request([2], "test.ttl", exp=exp, now=now))
+        assert (await service)["exp"] == seen
+
+
+async def test_backlog_lives_while_the_request_waits_and_goes_with_the_reply(
+    cluster: Cluster, redis_a: Redis
+) -> None:
+    from rmb_relay._proto.peer_pb2 import Backlog
+
+    message = request([2], "test.backlog", exp=120)
+    await redis_a.lpush("msgbus.system.local", json.dumps(message))
+    async with Redis.from_url(cluster.b.redis.url) as redis_b:
+        popped = await redis_b.brpop(["msgbus.test.backlog"], timeout=WAIT)
+        assert popped is not None
+        incoming = json.loads(popped[1])
+        key = f"msgbus.backlog.{incoming['ref']}"
+        backlog = Backlog.FromString(await redis_a.get(key))
+        assert (backlog.uid, backlog.reply_to, backlog.reference) == (
+            incoming["ref"],
+            message["ret"],
+            message["ref"],
+        )
+        assert 0 < await redis_a.ttl(key) <= 120
+        reply = {"ver": 1, "ref": incoming["ref"], "dat": "", "dst": "1", "now": 0}
+        await redis_b.lpush("msgbus.system.reply", json.dumps(reply))
+    assert await redis_a.blpop([message["ret"]], timeout=WAIT) is not None
+
+    async def gone() -> bool:  # the DEL follows the reply, in its pipeline or the next
+        return not await redis_a.exists(key)
+
+    await eventually(gone)
+
+
+async def test_command_queue_is_capped_at_ten_thousand(cluster: Cluster, redis_a: Redis) -> None:
+    async with Redis.from_url(cluster.b.redis.url) as redis_b:
+        await redis_b.lpush("msgbus.test.cap", *[b"old"] * 10_000)
+        message = request([2], "test.cap", b"newest")
+        await redis_a.lpush("msgbus.system.local", json.dumps(message))
+
+        async def arrived() -> bool:
+            return bool(await redis_b.lindex("msgbus.test.cap", 0) != b"old")
+
+        await eventually(arrived)
+        head = await redis_b.lindex("msgbus.test.cap", 0)
+        assert decoded(json.loads(head)) == b"newest"
+        assert await redis_b.llen("msgbus.test.cap") == 10_000
+        await redis_b.delete("msgbus.test.cap")
