@@ -691,20 +691,19 @@ class RmbClient:
             log.warning("dropping undecodable envelope from the relay: %s", err)
             return
         accept = self.accept
-        if accept is None:
-            self._dispatch(env)
-            return
         if self._inbound:  # behind an envelope still being checked: keep the order
             self._inbound.append((env, None))
             return
+        # a failure here must not escape into the websocket's data_received, which would drop
+        # the relay connection (and every envelope behind this one in the read)
         try:
-            verdict = accept(env)
+            verdict = True if accept is None else accept(env)
+            if not inspect.isawaitable(verdict):
+                if verdict:
+                    self._dispatch(env)
+                return
         except Exception:
             log.exception("failed to handle envelope %s from %s", env.uid, source_of(env))
-            return
-        if not inspect.isawaitable(verdict):
-            if verdict:
-                self._dispatch(env)
             return
         self._inbound.append((env, verdict))
         if self._inbound_task is None:

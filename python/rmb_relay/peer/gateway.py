@@ -417,10 +417,15 @@ class Gateway:
                 log.info("msgbus redis is back")
                 failing = False
             delay = RETRY_MIN
-            for raw in replies or ():
-                await self._send_response(raw)
-            for raw in requests or ():
-                await self._send_request(raw)
+            for queue, items, handle in (
+                (REPLY_QUEUE, replies, self._send_response),
+                (LOCAL_QUEUE, requests, self._send_request),
+            ):
+                for raw in items or ():
+                    try:
+                        await handle(raw)
+                    except Exception:  # a bug with one message must not stop the msgbus
+                        log.exception("failed to handle %r from %s", raw[:200], queue.decode())
             await self.client.writable()
 
     def tell(self, ret: str, message: bytes) -> None:
