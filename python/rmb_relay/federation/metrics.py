@@ -38,6 +38,11 @@ def register(
         "Rounds over a twin's relays that all failed and were scheduled again",
         lambda: [((), stats.retries)],
     )
+    registry.counter_of(
+        "rmb_relay_federation_claimed_total",
+        "Queued envelopes this instance took over from a stalled or dead one (with --redis)",
+        lambda: [((), outbound.queue.claimed)],
+    )
     registry.gauge(
         "rmb_relay_federation_queue_depth",
         "Envelopes this process holds for other relays (queued, in flight, waiting to retry)",

@@ -81,6 +81,8 @@ class OutboundQueue(abc.ABC):
         self._wakeup = asyncio.Event()
         self._timers: set[asyncio.TimerHandle] = set()
         self.closed = False
+        #: entries taken over from a stalled or dead instance (Redis only)
+        self.claimed = 0
 
     @abc.abstractmethod
     async def put(self, data: bytes) -> None:
@@ -183,7 +185,6 @@ class RedisQueue(OutboundQueue):
         self._tasks: list[asyncio.Task[None]] = []
         self._room = asyncio.Event()
         self._room.set()
-        self.claimed = 0
 
     def start(self) -> None:
         if self._tasks:
