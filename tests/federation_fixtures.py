@@ -139,13 +139,13 @@ class BadRemote:
         self.mode = mode
         self.requests = 0
         self.server: asyncio.Server | None = None
-        self._writers: list[asyncio.StreamWriter] = []
+        self.connections: list[asyncio.StreamWriter] = []
 
     async def start(self, host: str, port: int) -> None:
         self.server = await asyncio.start_server(self._serve, host, port)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._writers.append(writer)
+        self.connections.append(writer)
         try:
             while True:
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -166,7 +166,7 @@ class BadRemote:
             writer.close()
 
     async def close(self) -> None:
-        for writer in self._writers:
+        for writer in self.connections:
             writer.close()
         if self.server is not None:
             self.server.close()

@@ -95,6 +95,10 @@ class OutboundQueue(abc.ABC):
             await self._wakeup.wait()
         return self._ready.popleft()
 
+    def ready(self) -> int:
+        """Items waiting for a worker."""
+        return len(self._ready)
+
     def _push(self, item: Item) -> None:
         self._ready.append(item)
         self._wakeup.set()

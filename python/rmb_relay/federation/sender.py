@@ -55,14 +55,14 @@ def check_url_template(template: str) -> str:
     """The template must make an http(s) URL out of `{domain}`; raises ConfigError."""
     if not template.startswith(("http://", "https://")):
         raise ConfigError(f"--federation-url-template {template!r} must start with http(s)://")
+    if "{domain}" not in template:
+        raise ConfigError(f"--federation-url-template {template!r} must contain {{domain}}")
     try:
-        sample = template.format(domain="relay.example")
+        template.format(domain="relay.example")
     except (KeyError, IndexError, ValueError) as err:
         raise ConfigError(
             f"--federation-url-template {template!r}: only {{domain}} may be substituted ({err})"
         ) from None
-    if "relay.example" not in sample:
-        raise ConfigError(f"--federation-url-template {template!r} must contain {{domain}}")
     return template
 
 
