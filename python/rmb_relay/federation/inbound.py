@@ -15,7 +15,8 @@ permanent there, anything else is retried):
 | the directory or the mailbox is down | 500 (the origin retries) |
 
 Accepted: delivered to the destination's connection or stored in its mailbox, then 202 with an
-empty body, as rmb-rs.
+empty body, as rmb-rs. Every answer carries `RMB-Batch-Max`: other rmb-relays then post batches
+of envelopes (`batch.py`), each envelope answered as if it had been posted alone.
 """
 
 from __future__ import annotations
@@ -26,6 +27,13 @@ from typing import TYPE_CHECKING
 
 from rmb_relay._core import Envelope, SignatureError, scan_envelope, verify_prefixed
 from rmb_relay.errors import EnvelopeError, MailboxUnavailable, TwinLookupError
+from rmb_relay.federation.batch import (
+    BATCH_HEADER,
+    BATCH_TYPE,
+    STATUS_TYPE,
+    decode_batch,
+    encode_statuses,
+)
 from rmb_relay.protocols.base import HttpResponse
 from rmb_relay.switch import Outcome
 
@@ -37,7 +45,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rmb_relay.federation")
 
-ACCEPTED = HttpResponse(202)
+#: (status, reason) of one envelope
+Answer = tuple[int, bytes]
+ACCEPTED: Answer = (202, b"")
 
 
 class InboundStats:
@@ -60,27 +70,50 @@ class InboundFederation:
         is_ours: Callable[[Twin], bool],
         *,
         verify: bool = False,
+        max_body: int = 1 << 20,
     ) -> None:
         self.directory = directory
         self.switch = switch
         self.is_ours = is_ours
         self.verify = verify
         self.stats = InboundStats()
+        self._headers = ((BATCH_HEADER, str(max_body)),)
 
     async def handle(self, request: HttpRequest, client: HttpClient) -> HttpResponse:
-        response = await self._handle(request.body)
-        label = "accepted" if response.status == 202 else str(response.status)
-        self.stats.count(label)
-        if response.status != 202:
+        content_type = request.header("content-type")
+        if content_type is not None and content_type.split(b";")[0].strip() == BATCH_TYPE.encode():
+            return await self._handle_batch(request.body, client)
+        status, reason = await self._handle(request.body)
+        self._count(status, reason, client)
+        return HttpResponse(status, reason, headers=self._headers)
+
+    async def _handle_batch(self, body: bytes, client: HttpClient) -> HttpResponse:
+        try:
+            envelopes = decode_batch(body)
+        except EnvelopeError as err:
+            reason = f"bad request: {err}".encode()
+            self._count(400, reason, client)
+            return HttpResponse(400, reason, headers=self._headers)
+        answers = []
+        for envelope in envelopes:
+            status, reason = await self._handle(envelope)
+            self._count(status, reason, client)
+            answers.append((status, reason))
+        return HttpResponse(
+            200, encode_statuses(answers), content_type=STATUS_TYPE, headers=self._headers
+        )
+
+    def _count(self, status: int, reason: bytes, client: HttpClient) -> None:
+        self.stats.count("accepted" if status == 202 else str(status))
+        if status != 202:
             log.debug(
                 "refused federated envelope from %s: %d %s",
                 client.peer_host,
-                response.status,
-                response.body.decode(errors="replace"),
+                status,
+                reason.decode(errors="replace"),
             )
-        return response
 
-    async def _handle(self, body: bytes) -> HttpResponse:
+    async def _handle(self, body: bytes) -> Answer:
         try:
             env = scan_envelope(body)
         except EnvelopeError as err:
@@ -110,7 +143,7 @@ class InboundFederation:
             return _refuse(500, f"switch error: {err}")
         return ACCEPTED
 
-    async def _check_signature(self, env: EnvelopeRouting, body: bytes) -> HttpResponse | None:
+    async def _check_signature(self, env: EnvelopeRouting, body: bytes) -> Answer | None:
         """`--verify-federated`: the envelope must be signed by its source twin's account."""
         if env.source_twin == 0:
             return _refuse(403, "unsigned envelope (no source twin)")
@@ -132,5 +165,5 @@ class InboundFederation:
         return None
 
 
-def _refuse(status: int, reason: str) -> HttpResponse:
-    return HttpResponse(status, reason.encode())
+def _refuse(status: int, reason: str) -> Answer:
+    return status, reason.encode()

@@ -34,6 +34,11 @@ def register(
         lambda: [((), stats.failed_posts)],
     )
     registry.counter_of(
+        "rmb_relay_federation_batches_total",
+        "POSTs that carried a batch of envelopes to an rmb-relay that takes them",
+        lambda: [((), outbound.sender.batches)],
+    )
+    registry.counter_of(
         "rmb_relay_federation_retries_total",
         "Rounds over a twin's relays that all failed and were scheduled again",
         lambda: [((), stats.retries)],

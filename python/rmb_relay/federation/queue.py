@@ -78,7 +78,8 @@ class OutboundQueue(abc.ABC):
 
     def __init__(self) -> None:
         self._ready: deque[Item] = deque()
-        self._wakeup = asyncio.Event()
+        #: workers waiting for an item, each woken alone (not every worker per item)
+        self._waiters: deque[asyncio.Future[Item]] = deque()
         self._timers: set[asyncio.TimerHandle] = set()
         self.closed = False
         #: entries taken over from a stalled or dead instance (Redis only)
@@ -90,18 +91,31 @@ class OutboundQueue(abc.ABC):
 
     async def get(self) -> Item:
         """The next item to post (waits for one)."""
-        while not self._ready:
-            self._wakeup.clear()
-            await self._wakeup.wait()
-        return self._ready.popleft()
+        if self._ready:
+            return self._ready.popleft()
+        waiter: asyncio.Future[Item] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._ready.appendleft(waiter.result())  # handed over as we were cancelled
+            else:
+                self._waiters.remove(waiter)
+            raise
 
     def ready(self) -> int:
         """Items waiting for a worker."""
         return len(self._ready)
 
     def _push(self, item: Item) -> None:
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(item)
+                return
         self._ready.append(item)
-        self._wakeup.set()
 
     def retry(self, item: Item, delay: float) -> None:
         """Make `item` ready again after `delay` seconds; it stays held meanwhile."""
