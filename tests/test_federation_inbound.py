@@ -13,6 +13,15 @@ import aiohttp
 import pytest
 
 from rmb_relay.client import IncomingRequest, RmbClient
+from rmb_relay.errors import EnvelopeError
+from rmb_relay.federation.batch import (
+    BATCH_HEADER,
+    BATCH_TYPE,
+    decode_batch,
+    decode_statuses,
+    encode_batch,
+    encode_statuses,
+)
 from rmb_relay.federation.inbound import InboundFederation
 from rmb_relay.protocols.rmb import RmbDialect, RmbSettings
 from rmb_relay.server.listener import RelayServer
@@ -60,7 +69,7 @@ async def start_inbound(
         registry,
     )
     dialect.inbound = InboundFederation(
-        dialect.directory, dialect.switch, dialect.is_ours, verify=verify
+        dialect.directory, dialect.switch, dialect.is_ours, verify=verify, max_body=MAX_MESSAGE
     )
     server = await start_relay([dialect], registry=registry, max_message=MAX_MESSAGE)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=WAIT)) as http:
@@ -180,3 +189,65 @@ async def test_refusals_are_counted_by_status(inbound: Inbound) -> None:
     # listener's request counter shows the answers
     assert page.value("rmb_relay_http_requests_total", method="POST", status="400") == 1
     assert page.value("rmb_relay_http_requests_total", method="POST", status="403") == 1
+
+
+# ---- batches between rmb-relays (federation/batch.py) --------------------------------------
+
+
+async def post_batch(inbound: Inbound, envelopes: list[bytes]) -> tuple[int, bytes, str | None]:
+    url = inbound.server.url.replace("ws://", "http://") + "/"
+    headers = {"Content-Type": BATCH_TYPE}
+    async with inbound.http.post(url, data=encode_batch(envelopes), headers=headers) as response:
+        return response.status, await response.read(), response.headers.get(BATCH_HEADER)
+
+
+async def test_every_answer_announces_batches(inbound: Inbound) -> None:
+    url = inbound.server.url.replace("ws://", "http://") + "/"
+    async with inbound.http.post(url, data=b"garbage") as response:
+        assert response.status == 400
+        assert response.headers[BATCH_HEADER] == str(MAX_MESSAGE)
+
+
+async def test_a_batch_gets_one_answer_per_envelope(inbound: Inbound) -> None:
+    bob = await RmbClient.connect(inbound.ws_url, 2, key_for(2))
+    arrived = next_request(bob)
+    sender = remote_sender()
+    envelopes = [
+        sender.request_envelope(2, "hello", b"batched")[1],  # ours, connected: 202
+        sender.request_envelope(3, "x")[1],  # another relay's twin: 403
+        b"\xff\xff not an envelope",  # 400
+        sender.request_envelope(2, "x", dest_sid="gone", tags="fail-fast")[1],  # offline: 404
+    ]
+    status, body, announced = await post_batch(inbound, envelopes)
+    assert (status, announced) == (200, str(MAX_MESSAGE))
+    answers = decode_statuses(body, len(envelopes))
+    assert [code for code, _ in answers] == [202, 403, 400, 404]
+    assert answers[1][1] == "twin 3 is not served by this relay"
+    assert answers[3][1] == "destination offline"
+    assert await arrived == b"batched"
+    await bob.close()
+
+
+async def test_a_batch_with_broken_framing_is_refused_whole(inbound: Inbound) -> None:
+    url = inbound.server.url.replace("ws://", "http://") + "/"
+    truncated = encode_batch([b"abcdef"])[:-2]
+    headers = {"Content-Type": BATCH_TYPE}
+    async with inbound.http.post(url, data=truncated, headers=headers) as response:
+        assert response.status == 400
+        assert await response.read() == b"bad request: batch truncated in an envelope"
+
+
+def test_batch_framing_round_trips_and_rejects_garbage() -> None:
+    envelopes = [b"", b"a", b"x" * 70000]
+    assert decode_batch(encode_batch(envelopes)) == envelopes
+    with pytest.raises(EnvelopeError, match="length prefix"):
+        decode_batch(b"\x00\x00")
+    statuses = [(202, b""), (404, b"destination offline")]
+    assert decode_statuses(encode_statuses(statuses), 2) == [
+        (202, ""),
+        (404, "destination offline"),
+    ]
+    with pytest.raises(EnvelopeError, match="truncated"):
+        decode_statuses(encode_statuses(statuses), 3)
+    with pytest.raises(EnvelopeError, match="trailing"):
+        decode_statuses(encode_statuses(statuses), 1)

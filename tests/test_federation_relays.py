@@ -55,17 +55,21 @@ async def test_two_relays_federate_both_ways(network: Network, tmp_path: Path) -
     async def ask(sender: RmbClient, dest: int, i: int) -> bytes:
         return (await sender.request(dest, "reverse", f"hello {i}".encode(), timeout=WAIT)).data
 
+    # one exchange first: the answers teach each relay that the other takes batches
+    assert await ask(alice, 2, -1) == b"1- olleh"
     a_to_b = [ask(alice, 2, i) for i in range(50)]
     b_to_a = [ask(bob, 1, i) for i in range(50)]
     answers = await asyncio.gather(*a_to_b, *b_to_a)
     assert answers == [f"hello {i}".encode()[::-1] for i in range(50)] * 2
-    # each request and each response crossed once: 100 envelopes each way
+    # each request and each response crossed once: 101 envelopes each way (the first
+    # exchange went one way only)
     # (a sender counts its 202 after the receiver may already have answered)
     for relay in (relay_a, relay_b):
-        await wait_metric(relay, "rmb_relay_federation_out_total", 100, outcome="accepted")
+        await wait_metric(relay, "rmb_relay_federation_out_total", 101, outcome="accepted")
         page = await relay.metrics()
-        assert page.value("rmb_relay_federation_out_total", outcome="accepted") == 100
-        assert page.value("rmb_relay_federation_in_total", status="accepted") == 100
+        assert page.value("rmb_relay_federation_out_total", outcome="accepted") == 101
+        assert page.value("rmb_relay_federation_in_total", status="accepted") == 101
+        assert page.value("rmb_relay_federation_batches_total") >= 1
     await alice.close()
     await bob.close()
 
