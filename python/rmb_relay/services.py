@@ -23,17 +23,21 @@ from rmb_relay.mailbox import (
 from rmb_relay.switch import Switch
 from rmb_relay.telemetry.metrics import Registry
 from rmb_relay.twins.cache import CachedTwinDirectory
+from rmb_relay.twins.events import DEFAULT_CATCHUP_THRESHOLD
 from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
     from rmb_relay.twins import TwinDirectory
+    from rmb_relay.twins.events import TwinEventListener
 
 log = logging.getLogger("rmb_relay")
 
 #: how long a twin lookup is cached (seconds)
 DEFAULT_TWIN_CACHE_TTL = 60.0
+#: per-attempt timeout towards a chain node (rmb-rs: 12 s per connect), twins/substrate.py
+DEFAULT_SUBSTRATE_TIMEOUT = 12.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +70,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"embedded twin directory (default: sqlite:{default_twins_path()})",
     )
     shared.add_argument(
+        "--substrate",
+        action="append",
+        metavar="URL",
+        help="read twins from tfchain through this node, ws://HOST:PORT or wss://... "
+        "(repeatable: failover in order); replaces --twins",
+    )
+    shared.add_argument(
+        "--substrate-timeout",
+        type=float,
+        default=DEFAULT_SUBSTRATE_TIMEOUT,
+        metavar="SECONDS",
+        help="per-attempt timeout (connect or one request) before the next node is tried",
+    )
+    shared.add_argument(
+        "--catchup-threshold",
+        type=int,
+        default=DEFAULT_CATCHUP_THRESHOLD,
+        metavar="BLOCKS",
+        help="after a chain reconnect, more missed blocks than this clear the twin cache "
+        "instead of being caught up",
+    )
+    shared.add_argument(
         "--twin-cache-ttl",
         type=float,
         default=DEFAULT_TWIN_CACHE_TTL,
@@ -85,6 +111,9 @@ class Services:
         twins: str | None = None,
         twin_cache_ttl: float = DEFAULT_TWIN_CACHE_TTL,
         redis: Redis | None = None,
+        substrate: list[str] | None = None,
+        substrate_timeout: float = DEFAULT_SUBSTRATE_TIMEOUT,
+        catchup_threshold: int = DEFAULT_CATCHUP_THRESHOLD,
     ) -> None:
         self.metrics = metrics
         self.switch = switch
@@ -92,12 +121,26 @@ class Services:
         self._twins_url = twins
         self._twin_cache_ttl = twin_cache_ttl
         self._directory: CachedTwinDirectory | None = None
+        self._substrate = list(substrate or [])
+        self._substrate_timeout = substrate_timeout
+        self._catchup_threshold = catchup_threshold
+        self._events: TwinEventListener | None = None
 
     @classmethod
     async def from_args(cls, args: argparse.Namespace) -> Services:
         """Connect what the flags name; raises ConfigError when a dependency is unreachable."""
         if args.mailbox_ttl <= 0 or args.mailbox_max <= 0:
             raise ConfigError("--mailbox-ttl and --mailbox-max must be positive")
+        substrate = getattr(args, "substrate", None) or []
+        if substrate and args.twins:
+            raise ConfigError("--substrate and --twins name two directories: give one")
+        if substrate:
+            from rmb_relay.twins.substrate import SubstrateClient
+
+            # checks the URLs and timeout now, before anything listens
+            SubstrateClient(substrate, timeout=args.substrate_timeout)
+        if args.catchup_threshold < 0:
+            raise ConfigError("--catchup-threshold must be >= 0 blocks")
         redis = await _connect_redis(args.redis) if args.redis else None
         mailbox: Mailbox
         if redis is None:
@@ -110,10 +153,25 @@ class Services:
             twins=args.twins,
             twin_cache_ttl=args.twin_cache_ttl,
             redis=redis,
+            substrate=substrate,
+            substrate_timeout=args.substrate_timeout,
+            catchup_threshold=args.catchup_threshold,
         )
 
     def twin_directory(self) -> TwinDirectory:
         """The cached twin directory, opened on first use (one for every dialect)."""
+        if self._directory is None and self._substrate:
+            from rmb_relay.twins.events import TwinEventListener
+            from rmb_relay.twins.substrate import SubstrateClient, SubstrateTwinDirectory
+
+            chain = SubstrateTwinDirectory(
+                SubstrateClient(self._substrate, timeout=self._substrate_timeout)
+            )
+            self._directory = CachedTwinDirectory(chain, ttl=self._twin_cache_ttl)
+            self._events = TwinEventListener(
+                chain, self._directory, catchup_threshold=self._catchup_threshold
+            )
+            self._events.start()
         if self._directory is None:
             from rmb_relay.twins.cli import parse_twins_url
 
@@ -126,6 +184,8 @@ class Services:
     async def close(self) -> None:
         """Close the switch (and its mailbox's Redis connection) and the directory."""
         await self.switch.close()
+        if self._events is not None:
+            await self._events.close()
         if self._directory is not None:
             await self._directory.close()
 

@@ -62,15 +62,14 @@ async def serve(args: argparse.Namespace) -> None:
     from rmb_relay.twins.local import SqliteTwinDirectory
 
     host, port = parse_listen(args.listen)
-    text = args.twins.removeprefix("sqlite:")
     chain = DevChain(
         await ChainCodec.load_async(),
-        SqliteTwinDirectory(Path(text).expanduser()),
+        SqliteTwinDirectory(args.twins),
         block_time=args.block_time,
     )
     runner = web.AppRunner(chain.app(), handle_signals=False, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
+    site = web.TCPSite(runner, host, port, shutdown_timeout=1.0)
     await site.start()
     server = site._server
     assert server is not None
@@ -92,6 +91,8 @@ async def serve(args: argparse.Namespace) -> None:
 
 def main(argv: Sequence[str], prog: str = "rmb-relay devchain") -> int:
     args = parser(prog).parse_args(argv)
+    # the file is opened on the event loop: the path is resolved before it runs
+    args.twins = Path(args.twins.removeprefix("sqlite:")).expanduser()
     setup_logging(args.debug)
     try:
         parse_listen(args.listen)

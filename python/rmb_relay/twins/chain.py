@@ -345,9 +345,7 @@ class ChainCodec:
     def encode_call(self, function: str, args: dict[str, Any]) -> bytes:
         call = self._config.create_scale_object("Call", metadata=self._metadata)
         return bytes(
-            call.encode(
-                {"call_module": PALLET, "call_function": function, "call_args": args}
-            ).data
+            call.encode({"call_module": PALLET, "call_function": function, "call_args": args}).data
         )
 
     def signing_payload(

@@ -47,6 +47,7 @@ log = logging.getLogger("rmb_relay.devchain")
 DEFAULT_BLOCK_TIME = 6.0
 #: substrate's "Invalid Transaction" error code (author_submit*)
 INVALID_TRANSACTION = 1010
+_INVALID = "Invalid Transaction"
 #: JSON-RPC codes
 METHOD_NOT_FOUND = -32601
 INVALID_PARAMS = -32602
@@ -164,6 +165,7 @@ class DevChain:
         self._by_hash = {genesis: self.blocks[0]}
         self.nonces: dict[bytes, int] = {}
         self.sessions: set[Session] = set()
+        self._sockets: set[web.WebSocketResponse] = set()
         self._ids = itertools.count(1)
         self._ticker: asyncio.Task[None] | None = None
 
@@ -209,6 +211,11 @@ class DevChain:
         if self._ticker is not None:
             self._ticker.cancel()
             await asyncio.gather(self._ticker, return_exceptions=True)
+        # clients keep their websocket open; the server's shutdown would wait for each
+        await asyncio.gather(
+            *(ws.close(code=1001, message=b"devchain stopping") for ws in list(self._sockets)),
+            return_exceptions=True,
+        )
         await self.twins.close()
 
     def _block(self, value: object) -> Block:
@@ -267,11 +274,9 @@ class DevChain:
             )
         expected = self.nonces.get(extrinsic.account, 0)
         if extrinsic.nonce < expected:
-            raise JsonRpcError(INVALID_TRANSACTION, "Invalid Transaction", "Transaction is outdated")
+            raise JsonRpcError(INVALID_TRANSACTION, _INVALID, "Transaction is outdated")
         if extrinsic.nonce > expected:
-            raise JsonRpcError(
-                INVALID_TRANSACTION, "Invalid Transaction", "Transaction will be valid in the future"
-            )
+            raise JsonRpcError(INVALID_TRANSACTION, _INVALID, "Transaction is in the future")
         return extrinsic
 
     def apply(self, data: bytes, extrinsic: SignedExtrinsic) -> Block:
@@ -402,9 +407,7 @@ class DevChain:
             keys = [_unhex(key, "storage key") for key in param]
             sub_id = self._subscribe(session, "storage")
             session.storage[sub_id] = dict.fromkeys(keys, b"\xff-unset")
-            asyncio.get_running_loop().call_soon(
-                self._notify_storage, session, sub_id, self.best
-            )
+            asyncio.get_running_loop().call_soon(self._notify_storage, session, sub_id, self.best)
             return sub_id
         if method in _UNSUBSCRIBE:
             found = session.subscriptions.pop(str(param), None) is not None
@@ -464,6 +467,7 @@ class DevChain:
         if not ws.can_prepare(request).ok:
             return web.Response(text="rmb-relay devchain: substrate JSON-RPC over websocket\n")
         await ws.prepare(request)
+        self._sockets.add(ws)
         outbox: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
         session = Session(outbox.put_nowait)
         self.sessions.add(session)
@@ -487,6 +491,7 @@ class DevChain:
                     outbox.put_nowait(answer)
         finally:
             self.sessions.discard(session)
+            self._sockets.discard(ws)
             outbox.put_nowait(None)
             await asyncio.gather(writing, return_exceptions=True)
         return ws

@@ -14,6 +14,7 @@ fails only its request, as an `RpcError` carrying the node's code and message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -78,10 +79,8 @@ class Subscription:
         """Unsubscribe (best effort: a node that is gone has forgotten it anyway)."""
         self.connection._subscriptions.pop(self.id, None)
         if self._unsubscribe and self.connection.is_open:
-            try:
+            with contextlib.suppress(NodeError):
                 await self.connection.request(self._unsubscribe, [self.id], timeout)
-            except NodeError:
-                pass
 
 
 class RpcConnection:

@@ -312,7 +312,9 @@ class SubstrateTwinDirectory(TwinDirectory):
         and follow its status to `finalized`."""
         try:
             subscription = await self.client.subscribe(
-                "author_submitAndWatchExtrinsic", ["0x" + extrinsic.hex()], "author_unwatchExtrinsic"
+                "author_submitAndWatchExtrinsic",
+                ["0x" + extrinsic.hex()],
+                "author_unwatchExtrinsic",
             )
         except RpcError as err:
             raise ExtrinsicRejected(f"the chain refused the extrinsic: {err.message}") from None
