@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 import xxhash
 from scalecodec.base import RuntimeConfigurationObject, ScaleBytes
+from scalecodec.exceptions import RemainingScaleBytesNotEmptyException
 from scalecodec.type_registry import load_type_registry_preset
 
 from rmb_relay._core import SigningKey, verify_ed25519, verify_sr25519
@@ -252,6 +253,10 @@ class ChainCodec:
         try:
             obj = self._config.create_scale_object(type_string, data=ScaleBytes(bytearray(data)))
             value = obj.decode(check_remaining=True)
+        except RemainingScaleBytesNotEmptyException as err:
+            # scalecodec raises this both for too few bytes and for bytes left over
+            detail = "truncated" if "No more bytes" in str(err) else "bytes left after the value"
+            raise ChainDataError(f"cannot decode {what} ({len(data)} bytes): {detail}") from None
         except Exception as err:  # scalecodec raises many kinds for truncated or bad input
             raise ChainDataError(f"cannot decode {what} ({len(data)} bytes): {err}") from None
         return value

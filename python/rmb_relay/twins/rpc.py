@@ -38,10 +38,12 @@ MAX_QUEUED = 1024
 class RpcError(NodeError):
     """The node answered a request with a JSON-RPC error object."""
 
-    def __init__(self, method: str, code: object, message: object) -> None:
-        super().__init__(f"{method}: node error {code}: {message}")
+    def __init__(self, method: str, code: object, message: object, data: object = None) -> None:
+        # substrate puts the reason in `data` ("Invalid Transaction" / "bad signature")
+        detail = f"{message}: {data}" if data is not None else str(message)
+        super().__init__(f"{method}: node error {code}: {detail}")
         self.code = code if isinstance(code, int) else None
-        self.message = str(message)
+        self.message = detail
 
 
 _END = object()
@@ -187,7 +189,9 @@ class RpcConnection:
         error = data.get("error")
         if error is not None:
             if isinstance(error, dict):
-                future.set_exception(RpcError(method, error.get("code"), error.get("message")))
+                future.set_exception(
+                    RpcError(method, error.get("code"), error.get("message"), error.get("data"))
+                )
             else:
                 future.set_exception(RpcError(method, None, error))
         elif "result" in data:

@@ -1,0 +1,203 @@
+"""The tfchain twin directory against real devchain processes (twins/substrate.py,
+twins/devchain.py): reads, the standard substrate client, signed extrinsics both ways,
+failover across three nodes with the first down and one killed mid-run, and nodes that answer
+garbage, wrong types or nothing."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+from substrateinterface import Keypair, KeypairType, SubstrateInterface
+
+from rmb_relay.errors import ChainError, ConfigError, ExtrinsicRejected
+from rmb_relay.identity import signing_key
+from rmb_relay.twins import Twin
+from rmb_relay.twins.chain import ChainCodec
+from rmb_relay.twins.rpc import RpcConnection, RpcError
+from rmb_relay.twins.substrate import SubstrateClient, SubstrateTwinDirectory
+from tests.conftest import WAIT, free_port
+from tests.peer_fixtures import mnemonic_for
+from tests.tfchain_fixtures import DevChainNode, bad_node, put_twin, start_devchain
+
+#: a valid key whose bytes are also UTF-8 text (how a decoder shows it must not matter)
+PK = bytes([2]) + bytes(range(40, 72))
+
+
+@pytest.fixture(scope="module")
+def codec() -> ChainCodec:
+    return ChainCodec.load()
+
+
+@pytest.fixture(scope="module")
+def twins_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("chain") / "twins.sqlite3"
+
+
+@pytest.fixture(scope="module")
+def node(twins_file: Path) -> Iterator[DevChainNode]:
+    """One devchain for the module, with twins 1 (two relays and a pk), 2 (nothing set)."""
+    started = start_devchain(twins_file)
+    try:
+        put_twin(started.url, 1, "r1.example", "r2.example", pk=PK.hex())
+        put_twin(started.url, 2)
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture
+async def directory(node: DevChainNode, codec: ChainCodec) -> AsyncIterator[SubstrateTwinDirectory]:
+    chain = SubstrateTwinDirectory(SubstrateClient([node.url], timeout=WAIT), codec)
+    yield chain
+    await chain.close()
+
+
+def account(twin: int, key_type: str = "sr25519") -> bytes:
+    return signing_key(mnemonic_for(twin), key_type).public_key  # type: ignore[arg-type]
+
+
+async def test_reads_twins_and_accounts(directory: SubstrateTwinDirectory) -> None:
+    assert await directory.get(1) == Twin(
+        1, account(1), frozenset({"r1.example", "r2.example"}), PK
+    )
+    assert await directory.get(2) == Twin(2, account(2), None, None)
+    assert await directory.get(999) is None
+    assert await directory.twin_id_by_account(account(2)) == 2
+    assert await directory.twin_id_by_account(bytes(32)) is None
+    found = await directory.find_account(account(1))
+    assert found is not None
+    assert found.id == 1
+
+
+def test_substrate_interface_query_returns_the_twin(node: DevChainNode) -> None:
+    substrate = SubstrateInterface(url=node.url)
+    try:
+        twin = substrate.query("TfgridModule", "Twins", [1]).value
+        assert twin["id"] == 1
+        assert twin["relay"] in ("r1.example_r2.example", "r2.example_r1.example")
+        # scalecodec shows a Vec<u8> as text when it is UTF-8, as this key happens to be
+        assert twin["pk"].encode() == PK
+        assert substrate.query("TfgridModule", "TwinIdByAccountID", [account(2)]).value == 2
+    finally:
+        substrate.close()
+
+
+async def test_update_twin_signed_by_substrate_interface_is_applied(
+    node: DevChainNode, directory: SubstrateTwinDirectory
+) -> None:
+    """The standard client's signing payload is the one the devchain checks (and ours)."""
+    chain_node, chain = node, directory
+    put_twin(chain_node.url, 5)
+    keypair = Keypair.create_from_mnemonic(mnemonic_for(5), crypto_type=KeypairType.SR25519)
+    assert keypair.public_key == account(5)
+    substrate = SubstrateInterface(url=chain_node.url)
+    try:
+        call = substrate.compose_call(
+            "TfgridModule", "update_twin", {"relay": "via-si.example", "pk": None}
+        )
+        extrinsic = substrate.create_signed_extrinsic(call, keypair)
+        receipt = substrate.submit_extrinsic(extrinsic, wait_for_inclusion=True)
+        assert receipt.is_success
+    finally:
+        substrate.close()
+    assert await chain.get(5) == Twin(5, account(5), frozenset({"via-si.example"}), None)
+    # and ours, twice (the nonce moves on)
+    key = signing_key(mnemonic_for(5))
+    for relay in ("ours.example", "again.example"):
+        await chain.update_twin(key, frozenset({relay}), PK)
+        assert await chain.get(5) == Twin(5, account(5), frozenset({relay}), PK)
+
+
+async def test_update_twin_without_a_twin_fails_on_chain(
+    directory: SubstrateTwinDirectory,
+) -> None:
+    with pytest.raises(ExtrinsicRejected, match="without a TwinUpdated event"):
+        await directory.update_twin(signing_key("0x" + "09" * 32), frozenset({"x.example"}), None)
+
+
+async def test_extrinsic_with_a_bad_signature_is_refused(
+    node: DevChainNode, codec: ChainCodec
+) -> None:
+    genesis_hex = await _request(node.url, "chain_getBlockHash", [0])
+    key = signing_key(mnemonic_for(1))
+    data = bytearray(
+        codec.signed_extrinsic(key, "update_twin", {"relay": None, "pk": None}, 0, bytes(32))
+    )  # signed for another genesis
+    assert genesis_hex != "0x" + "00" * 32
+    with pytest.raises(RpcError, match="bad signature") as caught:
+        await _request(node.url, "author_submitAndWatchExtrinsic", ["0x" + data.hex()])
+    assert caught.value.code == 1010
+
+
+async def _request(url: str, method: str, params: list[object]) -> object:
+    connection = await RpcConnection.connect(url, WAIT)
+    try:
+        return await connection.request(method, params, WAIT)
+    finally:
+        await connection.close()
+
+
+async def test_failover_with_the_first_node_down_and_one_killed_mid_run(
+    twins_file: Path, node: DevChainNode, codec: ChainCodec
+) -> None:
+    """Three nodes on one twin file: the first refuses connections, the second is killed
+    (SIGKILL) after ten lookups; every one of the forty lookups is answered."""
+    second = start_devchain(twins_file)
+    third = start_devchain(twins_file)
+    down = f"ws://127.0.0.1:{free_port()}"
+    client = SubstrateClient([down, second.url, third.url], timeout=WAIT)
+    chain = SubstrateTwinDirectory(client, codec)
+    try:
+        for i in range(40):
+            if i == 10:
+                second.process.popen.send_signal(signal.SIGKILL)
+                second.process.popen.wait(WAIT)
+            twin = await chain.get(1 + i % 2)
+            assert twin is not None
+            assert twin.id == 1 + i % 2
+        assert client.current_url == third.url
+        assert client.failovers == 2  # the down node, then the killed one
+    finally:
+        await chain.close()
+        second.stop()
+        third.stop()
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "reason"),
+    [
+        ("garbage", "not JSON"),
+        ("wrong-types", "answered int '42', not 0x-hex"),
+        ("hang", "no answer to state_getStorage within 0.5 s"),
+    ],
+)
+async def test_a_bad_node_is_a_clear_error_and_the_next_node_answers(
+    node: DevChainNode, codec: ChainCodec, behaviour: str, reason: str
+) -> None:
+    async with bad_node(behaviour) as bad_url:
+        alone = SubstrateTwinDirectory(SubstrateClient([bad_url], timeout=0.5), codec)
+        try:
+            with pytest.raises(ChainError, match=f"2 attempts over 1 node.*{reason}"):
+                await alone.get(1)
+        finally:
+            await alone.close()
+        client = SubstrateClient([bad_url, node.url], timeout=0.5)
+        chain = SubstrateTwinDirectory(client, codec)
+        try:
+            twin = await chain.get(1)
+            assert twin is not None
+            assert twin.id == 1
+            assert client.failovers == 1
+            assert client.current_url == node.url
+        finally:
+            await chain.close()
+
+
+def test_bad_substrate_urls_are_refused() -> None:
+    with pytest.raises(ConfigError, match="expected ws://HOST"):
+        SubstrateClient(["http://localhost:9944"])
+    with pytest.raises(ConfigError, match="at least one"):
+        SubstrateClient([])
