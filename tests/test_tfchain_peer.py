@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
@@ -16,7 +17,7 @@ from substrateinterface import SubstrateInterface
 
 from rmb_relay.identity import secret_from_phrase
 from rmb_relay.peer.e2e import E2eKey
-from tests.conftest import RedisServer
+from tests.conftest import WAIT, RedisServer
 from tests.peer_fixtures import (
     CONNECTED,
     Peer,
@@ -113,3 +114,27 @@ async def test_encrypted_request_and_reply_between_chain_twins(cluster: ChainClu
             assert incoming["src"] == "11"
             assert (reply["src"], reply["err"]) == ("12", None)
             assert decoded(reply) == f"echo:hello {i}".encode()
+
+
+def test_no_update_leaves_the_chain_alone_and_an_unknown_key_exits_1(
+    cluster: ChainCluster, tmp_path: Path
+) -> None:
+    url = cluster.chain.url
+    put_twin(url, 13, "kept.example")
+    with redis_servers(tmp_path, 1) as (redis,):
+        args = ["-s", url, "--relay", f"ws://localhost:{cluster.relay_port}", "-r", redis.url]
+        peer = spawn(rmb_peer(*args, "-m", mnemonic_for(13), "--no-update"))
+        try:
+            peer.output.wait_for(CONNECTED)
+        finally:
+            assert peer.stop() == 0
+        unknown = spawn(rmb_peer(*args, "-m", mnemonic_for(14)))
+        assert unknown.popen.wait(WAIT) == 1
+        unknown.output.join()
+        assert "no twin found on this network with given key" in "\n".join(unknown.output.lines)
+        unknown.stop()
+    substrate = SubstrateInterface(url=url)
+    try:
+        assert substrate.query("TfgridModule", "Twins", [13]).value["relay"] == "kept.example"
+    finally:
+        substrate.close()
