@@ -17,6 +17,7 @@ Exception
      │       ├─ NodeError          one node failed or answered nonsense; the client fails over
      │       └─ ExtrinsicRejected  the chain refused or failed an extrinsic (e.g. update_twin)
      ├─ MailboxUnavailable         the mailbox backend (Redis) could not store or read
+     │   └─ MailboxFull            a mailbox memory budget (bytes, sessions) is reached
      ├─ FederationError            an envelope could not be handed to another relay
      └─ ClientError                the SDK client could not do what was asked
          ├─ RequestTimeout         no response arrived before the deadline
@@ -67,6 +68,7 @@ __all__ = [
     "HandshakeError",
     "HttpParseError",
     "HttpReject",
+    "MailboxFull",
     "MailboxUnavailable",
     "NodeError",
     "PeerError",
@@ -134,6 +136,12 @@ class ExtrinsicRejected(ChainError):
 class MailboxUnavailable(RelayError):
     """The mailbox backend failed (Redis down or stalled): the message could not be stored or
     read. The sender of a request gets an error envelope; nothing is silently dropped."""
+
+
+class MailboxFull(MailboxUnavailable):
+    """Storing the envelope would take a mailbox over one of its memory budgets (bytes per
+    twin, bytes in all, sessions per twin): refused, so the sender hears of it, rather than
+    displacing mail that is already waiting."""
 
 
 class FederationError(RelayError):

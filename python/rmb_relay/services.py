@@ -15,8 +15,12 @@ from typing import TYPE_CHECKING
 from rmb_relay.errors import ConfigError
 from rmb_relay.mailbox import (
     DEFAULT_MAILBOX_MAX,
+    DEFAULT_MAILBOX_SESSIONS,
+    DEFAULT_MAILBOX_TOTAL_BYTES,
     DEFAULT_MAILBOX_TTL,
+    DEFAULT_MAILBOX_TWIN_BYTES,
     Mailbox,
+    MailboxBudget,
     MemoryMailbox,
     RedisMailbox,
 )
@@ -62,6 +66,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAILBOX_MAX,
         metavar="N",
         help="messages kept per offline session; the oldest are dropped first",
+    )
+    shared.add_argument(
+        "--mailbox-twin-bytes",
+        type=int,
+        default=DEFAULT_MAILBOX_TWIN_BYTES,
+        metavar="BYTES",
+        help="in-memory mailbox: bytes kept for one twin (all its sessions); more is refused "
+        "with an error to the sender",
+    )
+    shared.add_argument(
+        "--mailbox-total-bytes",
+        type=int,
+        default=DEFAULT_MAILBOX_TOTAL_BYTES,
+        metavar="BYTES",
+        help="in-memory mailbox: bytes kept in all; more is refused with an error to the sender",
+    )
+    shared.add_argument(
+        "--mailbox-sessions",
+        type=int,
+        default=DEFAULT_MAILBOX_SESSIONS,
+        metavar="N",
+        help="in-memory mailbox: sessions (sids) of one twin with mail waiting",
     )
     shared.add_argument(
         "--twins",
@@ -141,10 +167,21 @@ class Services:
             SubstrateClient(substrate, timeout=args.substrate_timeout)
         if args.catchup_threshold < 0:
             raise ConfigError("--catchup-threshold must be >= 0 blocks")
+        try:
+            budget = MailboxBudget(
+                args.mailbox_twin_bytes, args.mailbox_total_bytes, args.mailbox_sessions
+            )
+        except ValueError:
+            raise ConfigError(
+                "--mailbox-twin-bytes, --mailbox-total-bytes and --mailbox-sessions must be "
+                "positive"
+            ) from None
         redis = await _connect_redis(args.redis) if args.redis else None
         mailbox: Mailbox
         if redis is None:
-            mailbox = MemoryMailbox(ttl=args.mailbox_ttl, max_per_session=args.mailbox_max)
+            mailbox = MemoryMailbox(
+                ttl=args.mailbox_ttl, max_per_session=args.mailbox_max, budget=budget
+            )
         else:
             mailbox = RedisMailbox(redis, ttl=args.mailbox_ttl, max_per_session=args.mailbox_max)
         return cls(
