@@ -91,13 +91,18 @@ def test_empty_relay_parts_are_skipped(codec: ChainCodec) -> None:
         (b"\x01\x00", "truncated"),
         (twin_bytes(1, None, None) + b"\x00", "bytes left after"),
         (twin_bytes(1, b"bad relay!", None), "invalid relay domain"),
-        (twin_bytes(1, None, b"\x02\x01"), "pk must be 33 bytes"),
         (twin_bytes(0, None, None), "twin id must be"),
     ],
 )
 def test_bad_twin_bytes_are_a_clear_error(codec: ChainCodec, data: bytes, reason: str) -> None:
     with pytest.raises(ChainDataError, match=reason):
         codec.decode_twin(data)
+
+
+@pytest.mark.parametrize("pk", [b"\x02\x01", b"\x04" + bytes(32), b"0x02" + b"ab" * 20])
+def test_a_pk_that_is_no_compressed_key_reads_as_none(codec: ChainCodec, pk: bytes) -> None:
+    """Older clients published other key formats: the twin is usable, without e2e."""
+    assert codec.decode_twin(twin_bytes(1, None, pk)) == Twin(1, ACCOUNT, None, None)
 
 
 def test_twin_id_by_account(codec: ChainCodec) -> None:

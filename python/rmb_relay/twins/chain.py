@@ -33,7 +33,7 @@ from scalecodec.type_registry import load_type_registry_preset
 
 from rmb_relay._core import SigningKey, verify_ed25519, verify_sr25519
 from rmb_relay.errors import ConfigError, CoreError, NodeError
-from rmb_relay.twins import ACCOUNT_LEN, Twin, format_relays, parse_relays
+from rmb_relay.twins import ACCOUNT_LEN, PK_LEN, Twin, format_relays, parse_relays
 
 __all__ = [
     "PALLET",
@@ -124,6 +124,15 @@ def _hex(value: object, what: str) -> bytes:
         return bytes.fromhex(value[2:])
     except ValueError:
         raise ChainDataError(f"{what}: not hex") from None
+
+
+def _usable_pk(pk: bytes | None) -> bytes | None:
+    """The chain stores any bytes as `pk` (older clients published other formats): only a
+    33-byte compressed secp256k1 point is a key rmb can encrypt to; anything else means "no
+    usable e2e key" (messages to the twin go in plaintext), not a failed lookup."""
+    if pk is None or len(pk) != PK_LEN or pk[0] not in (2, 3):
+        return None
+    return pk
 
 
 def _vec_u8(value: object) -> bytes:
@@ -281,7 +290,7 @@ class ChainCodec:
                 # scalecodec gives a BoundedVec<u8> as text when it is UTF-8 (tfchain only
                 # accepts [A-Za-z0-9-_.] there), as 0x-hex otherwise
                 None if relay is None else parse_relays(str(relay)),
-                None if pk is None else _vec_u8(pk),
+                _usable_pk(None if pk is None else _vec_u8(pk)),
             )
         except (KeyError, TypeError, ValueError, ConfigError) as err:
             raise ChainDataError(f"the chain's Twin is not usable: {err}") from None
