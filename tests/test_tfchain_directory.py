@@ -201,3 +201,14 @@ def test_bad_substrate_urls_are_refused() -> None:
         SubstrateClient(["http://localhost:9944"])
     with pytest.raises(ConfigError, match="at least one"):
         SubstrateClient([])
+
+
+def test_the_flag_defaults_are_the_modules_defaults() -> None:
+    """services.py and peer/cli.py repeat them so a relay without --substrate stays light."""
+    from rmb_relay import services
+    from rmb_relay.peer import cli
+    from rmb_relay.twins import events, substrate
+
+    assert services.DEFAULT_SUBSTRATE_TIMEOUT == substrate.DEFAULT_SUBSTRATE_TIMEOUT
+    assert cli.DEFAULT_SUBSTRATE_TIMEOUT == substrate.DEFAULT_SUBSTRATE_TIMEOUT
+    assert services.DEFAULT_CATCHUP_THRESHOLD == events.DEFAULT_CATCHUP_THRESHOLD

@@ -27,7 +27,6 @@ from rmb_relay.mailbox import (
 from rmb_relay.switch import Switch
 from rmb_relay.telemetry.metrics import Registry
 from rmb_relay.twins.cache import CachedTwinDirectory
-from rmb_relay.twins.events import DEFAULT_CATCHUP_THRESHOLD
 from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path
 
 if TYPE_CHECKING:
@@ -40,8 +39,11 @@ log = logging.getLogger("rmb_relay")
 
 #: how long a twin lookup is cached (seconds)
 DEFAULT_TWIN_CACHE_TTL = 60.0
-#: per-attempt timeout towards a chain node (rmb-rs: 12 s per connect), twins/substrate.py
+#: per-attempt timeout towards a chain node (rmb-rs: 12 s per connect), and missed blocks
+#: past which the twin cache is cleared (rmb-rs: 600): twins/substrate.py's and events.py's
+#: defaults, repeated here so a relay without --substrate does not import the chain code
 DEFAULT_SUBSTRATE_TIMEOUT = 12.0
+DEFAULT_CATCHUP_THRESHOLD = 600
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -535,7 +535,7 @@ def _account(value: object) -> bytes:
     if isinstance(value, str) and value.startswith("0x"):
         account = _unhex(value, "account")
     elif isinstance(value, str):
-        from substrateinterface.utils.ss58 import ss58_decode
+        from scalecodec.utils.ss58 import ss58_decode
 
         try:
             account = bytes.fromhex(ss58_decode(value))

@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from scalecodec.utils.ss58 import ss58_encode
+
 from rmb_relay._core import SigningKey
 from rmb_relay.errors import ChainError, ConfigError, ExtrinsicRejected, NodeError
 from rmb_relay.twins import Twin, TwinDirectory, format_relays
@@ -288,8 +290,6 @@ class SubstrateTwinDirectory(TwinDirectory):
         refuses or fails it, ChainError when no node takes it."""
         codec = await self.codec()
         genesis = await self.client.call("chain_getBlockHash", [0], parse_hash)
-        from substrateinterface.utils.ss58 import ss58_encode
-
         nonce = await self.client.call(
             "system_accountNextIndex", [ss58_encode(key.public_key)], _nonce
         )
