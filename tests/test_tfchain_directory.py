@@ -5,10 +5,13 @@ garbage, wrong types or nothing."""
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from substrateinterface import Keypair, KeypairType, SubstrateInterface
 
@@ -19,7 +22,7 @@ from rmb_relay.twins.chain import ChainCodec
 from rmb_relay.twins.rpc import RpcConnection, RpcError
 from rmb_relay.twins.substrate import SubstrateClient, SubstrateTwinDirectory
 from tests.conftest import WAIT, free_port
-from tests.peer_fixtures import mnemonic_for
+from tests.peer_fixtures import mnemonic_for, rmb_relay
 from tests.tfchain_fixtures import DevChainNode, bad_node, put_twin, start_devchain
 
 #: a valid key whose bytes are also UTF-8 text (how a decoder shows it must not matter)
@@ -194,6 +197,50 @@ async def test_a_bad_node_is_a_clear_error_and_the_next_node_answers(
             assert client.current_url == node.url
         finally:
             await chain.close()
+
+
+async def test_devchain_answers_bad_requests_with_json_rpc_errors(node: DevChainNode) -> None:
+    bad_twin = {"id": 0, "account": "0x00"}
+    cases = [
+        ("}{", -32700),
+        (json.dumps([1, 2]), -32600),
+        (_call("no_such_method", []), -32601),
+        (_call("state_getStorage", ["zz"]), -32602),
+        (_call("chain_getHeader", ["0x" + "00" * 32]), 4003),
+        (_call("devchain_putTwin", [bad_twin]), -32602),
+        (_call("author_submitExtrinsic", ["0x1234"]), 1010),
+    ]
+    async with aiohttp.ClientSession() as session:
+        async with session.ws_connect(node.url) as ws:
+            for text, code in cases:
+                await ws.send_str(text)
+                answer = json.loads((await ws.receive(WAIT)).data)
+                assert answer["error"]["code"] == code, (text, answer)
+            # the connection still serves after all that
+            await ws.send_str(_call("chain_getBlockHash", [0]))
+            assert json.loads((await ws.receive(WAIT)).data)["result"].startswith("0x")
+        async with session.post(node.url.replace("ws://", "http://"), data="}{") as response:
+            assert (await response.json())["error"]["code"] == -32700
+
+
+def _call(method: str, params: list[object]) -> str:
+    return json.dumps({"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+
+
+def test_cli_errors_are_one_line(tmp_path: Path) -> None:
+    dead = f"ws://127.0.0.1:{free_port()}"
+    added = _cli("twins", "add", "--devchain", dead, "--id", "1", "--account", "00" * 32)
+    assert added.returncode == 2
+    assert "the devchain did not take the twin" in added.stderr
+    chain = _cli("devchain", "--twins", str(tmp_path / "t.sqlite3"), "--block-time", "0")
+    assert chain.returncode != 0
+    assert "--block-time must be a positive number" in chain.stderr
+    for result in (added, chain):
+        assert "Traceback" not in result.stderr
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(rmb_relay(*args), capture_output=True, text=True, timeout=WAIT)
 
 
 def test_bad_substrate_urls_are_refused() -> None:

@@ -96,6 +96,8 @@ def main(argv: Sequence[str], prog: str = "rmb-relay devchain") -> int:
     setup_logging(args.debug)
     try:
         parse_listen(args.listen)
+        if not args.block_time > 0:
+            raise ConfigError("--block-time must be a positive number of seconds")
         run(serve(args))
     except ConfigError as err:
         raise SystemExit(f"{prog}: {err}") from None

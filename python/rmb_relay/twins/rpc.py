@@ -170,10 +170,12 @@ class RpcConnection:
             subscription = self._subscriptions.get(sub_id)
             if subscription is not None:
                 subscription._push(params.get("result"))
-            else:
+            elif sub_id in self._early or len(self._early) < MAX_QUEUED:
                 early = self._early.setdefault(sub_id, [])
                 if len(early) < MAX_QUEUED:
                     early.append(params.get("result"))
+            else:
+                self.fail(f"sent notifications for over {MAX_QUEUED} unknown subscriptions")
         else:
             self.fail("sent a JSON object that is neither an answer nor a notification")
 
