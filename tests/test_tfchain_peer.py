@@ -11,13 +11,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 from substrateinterface import SubstrateInterface
 
 from rmb_relay.identity import secret_from_phrase
 from rmb_relay.peer.e2e import E2eKey
 from tests.conftest import WAIT, RedisServer
+from tests.helpers import eventually
 from tests.peer_fixtures import (
     CONNECTED,
     Peer,
@@ -138,3 +141,26 @@ def test_no_update_leaves_the_chain_alone_and_an_unknown_key_exits_1(
         assert substrate.query("TfgridModule", "Twins", [13]).value["relay"] == "kept.example"
     finally:
         substrate.close()
+
+
+async def test_relay_saw_the_updates_through_chain_events(cluster: ChainCluster) -> None:
+    """The relay's listener read the peers' TwinUpdated events (its cache was overwritten by
+    them, not by the TTL), and counts blocks and events in /metrics."""
+
+    async def counters() -> dict[str, float]:
+        url = f"http://127.0.0.1:{cluster.relay_port}/metrics"
+        async with aiohttp.ClientSession() as session, session.get(url) as response:
+            text = await response.text()
+        return {
+            family.name: family.samples[0].value
+            for family in text_string_to_metric_families(text)
+            if family.name.startswith("rmb_relay_chain_") and family.samples
+        }
+
+    async def both_updates_seen() -> bool:
+        return (await counters()).get("rmb_relay_chain_twin_events", 0) >= 2
+
+    await eventually(both_updates_seen)
+    seen = await counters()
+    assert seen["rmb_relay_chain_blocks"] >= 2
+    assert seen["rmb_relay_chain_cache_flushes"] == 0

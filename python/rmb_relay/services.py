@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rmb_relay.errors import ConfigError
@@ -25,7 +26,7 @@ from rmb_relay.mailbox import (
     RedisMailbox,
 )
 from rmb_relay.switch import Switch
-from rmb_relay.telemetry.metrics import Registry
+from rmb_relay.telemetry.metrics import Read, Registry
 from rmb_relay.twins.cache import CachedTwinDirectory
 from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path
 
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
 
     from rmb_relay.twins import TwinDirectory
     from rmb_relay.twins.events import TwinEventListener
+    from rmb_relay.twins.substrate import SubstrateClient
 
 log = logging.getLogger("rmb_relay")
 
@@ -153,6 +155,50 @@ class Services:
         self._substrate_timeout = substrate_timeout
         self._catchup_threshold = catchup_threshold
         self._events: TwinEventListener | None = None
+        self._chain: SubstrateClient | None = None
+        self._register_twin_metrics()
+
+    def _register_twin_metrics(self) -> None:
+        """Twin directory and chain counters, read at scrape (0 until the directory opens, and
+        for the chain ones without --substrate)."""
+
+        def read(value: Callable[[], int]) -> Read:
+            return lambda: [((), value())]
+
+        counters: list[tuple[str, str, Callable[[], int]]] = [
+            (
+                "rmb_relay_twin_lookups_total",
+                "twin lookups the directory backend answered (cache misses)",
+                lambda: self._directory.lookups if self._directory else 0,
+            ),
+            (
+                "rmb_relay_twin_cache_hits_total",
+                "twin lookups answered from the cache",
+                lambda: self._directory.hits if self._directory else 0,
+            ),
+            (
+                "rmb_relay_chain_failovers_total",
+                "tfchain connections given up for the next node",
+                lambda: self._chain.failovers if self._chain else 0,
+            ),
+            (
+                "rmb_relay_chain_blocks_total",
+                "chain blocks whose events the twin listener read",
+                lambda: self._events.blocks_seen if self._events else 0,
+            ),
+            (
+                "rmb_relay_chain_twin_events_total",
+                "TwinStored/TwinUpdated events written into the twin cache",
+                lambda: self._events.events_applied if self._events else 0,
+            ),
+            (
+                "rmb_relay_chain_cache_flushes_total",
+                "twin cache flushes after missing more than --catchup-threshold blocks",
+                lambda: self._events.flushes if self._events else 0,
+            ),
+        ]
+        for name, help_text, value in counters:
+            self.metrics.counter_of(name, help_text, read(value))
 
     @classmethod
     async def from_args(cls, args: argparse.Namespace) -> Services:
@@ -203,9 +249,8 @@ class Services:
             from rmb_relay.twins.events import TwinEventListener
             from rmb_relay.twins.substrate import SubstrateClient, SubstrateTwinDirectory
 
-            chain = SubstrateTwinDirectory(
-                SubstrateClient(self._substrate, timeout=self._substrate_timeout)
-            )
+            self._chain = SubstrateClient(self._substrate, timeout=self._substrate_timeout)
+            chain = SubstrateTwinDirectory(self._chain)
             self._directory = CachedTwinDirectory(chain, ttl=self._twin_cache_ttl)
             self._events = TwinEventListener(
                 chain, self._directory, catchup_threshold=self._catchup_threshold
