@@ -5,6 +5,7 @@ garbage, wrong types or nothing."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -73,6 +74,19 @@ async def test_reads_twins_and_accounts(directory: SubstrateTwinDirectory) -> No
     found = await directory.find_account(account(1))
     assert found is not None
     assert found.id == 1
+
+
+async def test_concurrent_lookups_share_one_connection(
+    node: DevChainNode, codec: ChainCodec
+) -> None:
+    client = SubstrateClient([node.url], timeout=WAIT)
+    chain = SubstrateTwinDirectory(client, codec)
+    try:
+        twins = await asyncio.gather(*(chain.get(1 + i % 2) for i in range(100)))
+        assert [twin.id for twin in twins if twin] == [1 + i % 2 for i in range(100)]
+        assert (client.connects, client.failovers) == (1, 0)
+    finally:
+        await chain.close()
 
 
 def test_substrate_interface_query_returns_the_twin(node: DevChainNode) -> None:

@@ -21,6 +21,7 @@ import logging
 from collections import deque
 from typing import Any
 
+from rmb_relay._core import WsMessage
 from rmb_relay.errors import ConnectionClosed, HandshakeError, NodeError
 from rmb_relay.wsclient import WebSocketClient
 
@@ -153,7 +154,7 @@ class RpcConnection:
             subscription._push(_END)
         return subscription
 
-    def _on_message(self, message: Any) -> None:
+    def _on_message(self, message: WsMessage) -> None:
         try:
             data = json.loads(message.data)
         except (ValueError, UnicodeDecodeError):

@@ -91,8 +91,8 @@ def storage_bytes(value: object) -> bytes | None:
 class SubstrateClient:
     """JSON-RPC over one websocket, failing over through `urls` (see the module docstring).
 
-    `failovers` counts connections given up (for tests and metrics); `connected` is set each
-    time a new connection opens (the event listener waits on it to resubscribe).
+    `failovers` counts connections given up and `connects` connections opened (for tests and
+    metrics).
     """
 
     def __init__(self, urls: Sequence[str], *, timeout: float = DEFAULT_SUBSTRATE_TIMEOUT) -> None:
@@ -107,6 +107,7 @@ class SubstrateClient:
         self._connecting: asyncio.Task[RpcConnection] | None = None
         self._closed = False
         self.failovers = 0
+        self.connects = 0
 
     @property
     def attempts(self) -> int:
@@ -139,7 +140,7 @@ class SubstrateClient:
                 return conn
             self._advance(conn, conn.error or "connection lost")
         task = self._connecting
-        if task is None:
+        if task is None or task.done():  # a finished attempt nobody collected is stale
             task = asyncio.get_running_loop().create_task(self._connect(self.current_url))
             task.add_done_callback(_consume)
             self._connecting = task
@@ -159,6 +160,7 @@ class SubstrateClient:
             await conn.close()
             raise ChainError("substrate client is closed")
         self._conn = conn
+        self.connects += 1
         log.info("substrate: connected to %s", url)
         return conn
 
