@@ -5,12 +5,18 @@ pk: Option<BoundedVec<u8>> }`."""
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from rmb_relay.identity import signing_key
 from rmb_relay.twins import Twin
 from rmb_relay.twins.chain import ChainCodec, ChainDataError, StorageKey, TwinEvent
 
+#: the codec fixture is module-scoped and read-only, so sharing it across examples is safe
+FIXTURE = [HealthCheck.function_scoped_fixture]
 ACCOUNT = bytes(range(32))
 PK = bytes([3]) + bytes(range(100, 132))
 
@@ -166,3 +172,38 @@ def test_runtime_version_comes_from_the_metadata(codec: ChainCodec) -> None:
     assert codec.runtime_version["specName"] == "substrate-threefold"
     assert codec.spec_version > 0
     assert codec.transaction_version > 0
+
+
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.binary(max_size=200))
+def test_any_bytes_decode_or_raise_chain_data_error(codec: ChainCodec, data: bytes) -> None:
+    """Whatever a node sends, the codec answers with a value or ChainDataError (which fails
+    over), never another exception."""
+    for decode in (
+        codec.decode_twin,
+        codec.decode_twin_id,
+        codec.decode_twin_events,
+        codec.decode_extrinsic,
+    ):
+        with contextlib.suppress(ChainDataError):
+            decode(data)
+
+
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    twin_id=st.integers(1, 2**32 - 1),
+    relay=st.none() | st.binary(max_size=60),
+    pk=st.none() | st.binary(max_size=60),
+)
+def test_any_twin_shaped_bytes_decode_or_raise_chain_data_error(
+    codec: ChainCodec, twin_id: int, relay: bytes | None, pk: bytes | None
+) -> None:
+    try:
+        twin = codec.decode_twin(twin_bytes(twin_id, relay, pk))
+    except ChainDataError:
+        return
+    assert twin.id == twin_id
