@@ -1,5 +1,5 @@
-"""Acceptance (issue 15): a relay and two rmb-peers whose every twin comes from a devchain
-exchange end-to-end encrypted requests; the peers are started with exactly the public
+"""Acceptance (issue 15): a relay (whose first --substrate node is down) and two rmb-peers
+whose every twin comes from a devchain exchange end-to-end encrypted requests; the peers are started with exactly the public
 rmb-peer flags (`-s ws://localhost:PORT --relay ws://localhost:PORT -r redis://...
 --mnemonic "..." -k sr25519`), find their twins on the chain and publish their relay and e2e
 key there with a signed `update_twin`."""
@@ -19,7 +19,7 @@ from substrateinterface import SubstrateInterface
 
 from rmb_relay.identity import secret_from_phrase
 from rmb_relay.peer.e2e import E2eKey
-from tests.conftest import WAIT, RedisServer
+from tests.conftest import WAIT, RedisServer, free_port
 from tests.helpers import eventually
 from tests.peer_fixtures import (
     CONNECTED,
@@ -44,8 +44,11 @@ class ChainCluster:
 
 
 def start_chain_relay(substrate: str) -> tuple[Process, int]:
+    """A relay whose first chain node is down: it fails over to `substrate`."""
+    down = f"ws://127.0.0.1:{free_port()}"
     process = spawn(
-        rmb_relay("serve", "-l", "127.0.0.1:0", "--substrate", substrate), stream="stdout"
+        rmb_relay("serve", "-l", "127.0.0.1:0", "--substrate", down, "--substrate", substrate),
+        stream="stdout",
     )
     process.output.wait_for("rmb-relay listening on ")
     banner = next(line for line in process.output.lines if "listening on" in line)
@@ -164,3 +167,4 @@ async def test_relay_saw_the_updates_through_chain_events(cluster: ChainCluster)
     seen = await counters()
     assert seen["rmb_relay_chain_blocks"] >= 2
     assert seen["rmb_relay_chain_cache_flushes"] == 0
+    assert seen["rmb_relay_chain_failovers"] == 1  # past the node that is down
