@@ -1,8 +1,8 @@
 """Acceptance (issue 15): a relay (whose first --substrate node is down) and two rmb-peers
-whose every twin comes from a devchain exchange end-to-end encrypted requests; the peers are started with exactly the public
-rmb-peer flags (`-s ws://localhost:PORT --relay ws://localhost:PORT -r redis://...
---mnemonic "..." -k sr25519`), find their twins on the chain and publish their relay and e2e
-key there with a signed `update_twin`."""
+whose every twin comes from a devchain exchange end-to-end encrypted requests; the peers are
+started with exactly the public rmb-peer flags (`-s ws://localhost:PORT --relay
+ws://localhost:PORT -r redis://... --mnemonic "..." -k sr25519`), find their twins on the chain
+and publish their relay and e2e key there with a signed `update_twin`."""
 
 from __future__ import annotations
 
