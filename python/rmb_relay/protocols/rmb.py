@@ -66,6 +66,15 @@ log = logging.getLogger("rmb_relay.rmb")
 ERROR_ENVELOPE_TTL = 300
 #: a drained mailbox is written this many envelopes at a time, waiting for the socket between
 DRAIN_BATCH = 256
+#: envelopes of one session waiting for the slow path (lookup, mailbox, federation), in bytes:
+#: beyond it the sender is refused at once ("relay busy"), so a stalled dependency (a Redis
+#: that stopped answering) cannot pile a sender's traffic up in the heap
+SLOW_SESSION_BYTES = 8 << 20
+#: the same for all sessions together
+SLOW_TOTAL_BYTES = 64 << 20
+#: a mailbox that could not be read is tried again after this long, doubling up to the max
+DRAIN_RETRY = 1.0
+DRAIN_RETRY_MAX = 30.0
 
 
 @dataclass(slots=True)
@@ -76,6 +85,8 @@ class RmbSettings:
     limit_count: int | None = None
     limit_size: int | None = None
     limit_window: int = 60
+    slow_session_bytes: int = SLOW_SESSION_BYTES
+    slow_total_bytes: int = SLOW_TOTAL_BYTES
 
     @property
     def standalone(self) -> bool:
@@ -235,6 +246,9 @@ class RmbDialect(Dialect):
             self.limiter = FixedWindowLimiter(
                 settings.limit_count, settings.limit_size, settings.limit_window
             )
+        #: envelope bytes waiting in every session's slow-path queue, and their high mark
+        self.slow_bytes = 0
+        self.slow_bytes_peak = 0
         self.metrics = RmbMetrics(registry, self)
         self._maintenance: asyncio.TimerHandle | None = None
 
@@ -367,8 +381,11 @@ class RmbSession(WebSocketHandler):
         self._drain_again = False
         self._held: list[bytes] = []
         self._slow: deque[tuple[EnvelopeRouting, bytes]] = deque()
+        self._slow_bytes = 0
         self._slow_task: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[None] | None = None
+        self._drain_retry: asyncio.TimerHandle | None = None
+        self._drain_delay = DRAIN_RETRY
 
     def bind_decoder(self, decoder: WsDecoder) -> None:
         # the source check and the destination lookup happen in the codec's feed
@@ -402,6 +419,12 @@ class RmbSession(WebSocketHandler):
         for task in (self._drain_task, self._slow_task):
             if task is not None and not task.done():
                 task.cancel()
+        if self._drain_retry is not None:
+            self._drain_retry.cancel()
+            self._drain_retry = None
+        dialect.slow_bytes -= self._slow_bytes
+        self._slow_bytes = 0
+        self._slow.clear()
         if self._held:
             dialect.metrics.drops.inc(len(self._held), "session closed during mailbox delivery")
             self._held.clear()
@@ -450,6 +473,18 @@ class RmbSession(WebSocketHandler):
                 target.deliver(data)
                 hot.local += 1
                 return
+        size = len(data)
+        settings = dialect.settings
+        if (
+            self._slow_bytes + size > settings.slow_session_bytes
+            or dialect.slow_bytes + size > settings.slow_total_bytes
+        ):
+            self.fail(env, "relay busy: too many messages waiting to be routed", "relay busy")
+            return
+        self._slow_bytes += size
+        dialect.slow_bytes += size
+        if dialect.slow_bytes > dialect.slow_bytes_peak:
+            dialect.slow_bytes_peak = dialect.slow_bytes
         self._slow.append((env, data))
         if self._slow_task is None:
             self._slow_task = asyncio.get_running_loop().create_task(self._run_slow())
@@ -494,6 +529,8 @@ class RmbSession(WebSocketHandler):
         try:
             while slow:
                 env, data = slow.popleft()
+                self._slow_bytes -= len(data)
+                self.dialect.slow_bytes -= len(data)
                 try:
                     await self.dialect.route_slow(self, env, data)
                 except Exception:
@@ -516,22 +553,25 @@ class RmbSession(WebSocketHandler):
         self._drain_task = asyncio.get_running_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
+        """Take, write and acknowledge the mailbox page by page. A mailbox that cannot be read
+        (Redis down or stalled: each operation is bounded by the mailbox's timeout) releases
+        the live traffic held behind it at once, and is tried again later with a back-off."""
         mailbox = self.dialect.mailbox
+        failed = False
         try:
             while True:
                 self._drain_again = False
                 try:
                     taken = await mailbox.take(self.key)
-                except MailboxUnavailable as err:
-                    log.warning("could not read the mailbox of %r: %s", self, err)
-                    break
-                if taken.envelopes and self.open:
-                    await self._write_paced(taken.envelopes)
-                    try:
+                    if taken.envelopes and self.open:
+                        await self._write_paced(taken.envelopes)
+                    if taken.ids and self.open:
                         await mailbox.ack(self.key, taken)
-                    except MailboxUnavailable as err:
-                        log.warning("could not acknowledge mailbox of %r: %s", self, err)
-                if not self._drain_again:
+                except MailboxUnavailable as err:
+                    log.warning("could not deliver the mailbox of %r: %s", self, err)
+                    failed = True
+                    break
+                if not self.open or not (taken.more or self._drain_again):
                     break
         finally:
             self._drain_task = None
@@ -539,6 +579,23 @@ class RmbSession(WebSocketHandler):
             held, self._held = self._held, []
             if held and self.open:
                 self._write_all(held)
+        if failed and self.open:
+            self._retry_drain()
+        else:
+            self._drain_delay = DRAIN_RETRY
+
+    def _retry_drain(self) -> None:
+        if self._drain_retry is not None:
+            return
+        delay = self._drain_delay
+        self._drain_delay = min(delay * 2, DRAIN_RETRY_MAX)
+
+        def retry() -> None:
+            self._drain_retry = None
+            if self.open:
+                self.drain_mailbox()
+
+        self._drain_retry = asyncio.get_running_loop().call_later(delay, retry)
 
     async def _write_paced(self, envelopes: list[bytes]) -> None:
         """Write a drained mailbox in batches, each after the socket is writable again: a large
