@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import secrets
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -50,7 +51,7 @@ from rmb_relay.errors import (
     TwinLookupError,
 )
 from rmb_relay.federation import Federation, FederationDisabled
-from rmb_relay.identity import parse_jwt, verify_jwt_signature
+from rmb_relay.identity import DEFAULT_MAX_TOKEN_LIFETIME, parse_jwt, verify_jwt_signature
 from rmb_relay.mailbox import Mailbox, MemoryMailbox, SessionKey
 from rmb_relay.protocols.base import CloseCode, Dialect, DialectEntry, Peer, WebSocketHandler
 from rmb_relay.switch import Outcome, Switch
@@ -85,6 +86,7 @@ class RmbSettings:
     limit_count: int | None = None
     limit_size: int | None = None
     limit_window: int = 60
+    max_token_lifetime: int = DEFAULT_MAX_TOKEN_LIFETIME
     slow_session_bytes: int = SLOW_SESSION_BYTES
     slow_total_bytes: int = SLOW_TOTAL_BYTES
 
@@ -265,7 +267,7 @@ class RmbDialect(Dialect):
             self._login_failed("missing jwt", conn)
             raise HttpReject(400, "missing jwt")
         try:
-            parsed = parse_jwt(token, seconds(self.clock()))
+            parsed = parse_jwt(token, seconds(self.clock()), self.settings.max_token_lifetime)
         except AuthError as err:
             self._login_failed("expired" if "expired" in err.reason else "invalid jwt", conn)
             raise HttpReject(err.status, err.reason) from None
@@ -273,8 +275,13 @@ class RmbDialect(Dialect):
         try:
             twin = await self.directory.get(twin_id)
         except TwinLookupError as err:
+            # the cause names files and hosts: it goes to the log, the caller gets an id for it
+            request_id = secrets.token_hex(6)
+            log.warning("twin %d lookup failed (request %s): %s", twin_id, request_id, err)
             self._login_failed("twin lookup failed", conn)
-            raise HttpReject(500, f"failed to get twin: {err}") from None
+            raise HttpReject(
+                500, f"failed to get twin: directory unavailable (request {request_id})"
+            ) from None
         if twin is None:
             self._login_failed("unknown twin", conn)
             raise HttpReject(401, f"twin not found {twin_id}")
@@ -304,7 +311,10 @@ class RmbDialect(Dialect):
         try:
             twin = await self.directory.get(dest)
         except TwinLookupError as err:
-            sender.fail(env, f"failed to get twin: {err}", "twin lookup failed")
+            request_id = secrets.token_hex(6)
+            log.warning("twin %d lookup failed (request %s): %s", dest, request_id, err)
+            reason = f"failed to get twin: directory unavailable (request {request_id})"
+            sender.fail(env, reason, "twin lookup failed")
             return
         if twin is None:
             sender.fail(env, "unknown twin destination", "unknown twin")
@@ -646,6 +656,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rate limit window",
     )
     rmb.add_argument(
+        "--max-token-lifetime",
+        type=int,
+        default=DEFAULT_MAX_TOKEN_LIFETIME,
+        metavar="SECONDS",
+        help="refuse a login JWT still valid for longer than this (exp - now); rmb-peer's "
+        "tokens live 300 s",
+    )
+    rmb.add_argument(
         "-p",
         "--ranker-period",
         type=int,
@@ -662,6 +680,8 @@ async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
         raise ConfigError("--limit COUNT SIZE must both be positive")
     if args.limit_window <= 0:
         raise ConfigError("--limit-window must be positive")
+    if args.max_token_lifetime <= 0:
+        raise ConfigError("--max-token-lifetime must be positive")
     if args.ranker_period is not None:
         log.warning("--ranker-period has no effect: this relay does not federate yet")
     settings = RmbSettings(
@@ -669,6 +689,7 @@ async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
         limit_count=args.limit[0] if args.limit else None,
         limit_size=args.limit[1] if args.limit else None,
         limit_window=args.limit_window,
+        max_token_lifetime=args.max_token_lifetime,
     )
     return RmbDialect(
         settings,
