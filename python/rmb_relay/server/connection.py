@@ -70,6 +70,7 @@ from rmb_relay._core import (
 from rmb_relay.errors import HttpReject
 from rmb_relay.protocols.base import CloseCode, HttpResponse, reject_response
 from rmb_relay.server.http import BODY_BUFFER_LIMIT, IncomingBody
+from rmb_relay.server.limits import OPS_PATHS
 
 if TYPE_CHECKING:
     from rmb_relay._core import WsEvent
@@ -198,6 +199,8 @@ class Connection(asyncio.Protocol):
         self._reading_paused = False
         self._writable: asyncio.Future[None] | None = None
         self.closed = asyncio.get_running_loop().create_future()
+        #: admitted over the connection cap: served /health and /metrics only (server/limits.py)
+        self.ops_only = False
 
     # ---- Peer ------------------------------------------------------------------------------
 
@@ -498,6 +501,14 @@ class Connection(asyncio.Protocol):
         if request.is_websocket_upgrade and request.has_body:
             self._refuse(400, "websocket upgrade with a body")
             return
+        if self.ops_only and request.path not in OPS_PATHS:
+            self._refuse(503, "connection limit reached: only /health and /metrics are served")
+            return
+        hosts = sum(1 for name, _ in request.headers if name == "host")
+        if hosts > 1 or (hosts == 0 and request.version >= 1):
+            # RFC 9112 section 3.2: exactly one Host on HTTP/1.1, at most one on 1.0
+            self._refuse(400, "missing Host header" if hosts == 0 else "duplicate Host header")
+            return
         config = self.server.config
         self._request = request
         self._response_started = False
@@ -509,6 +520,11 @@ class Connection(asyncio.Protocol):
             on_read=self._on_body_read,
         )
         self._task = asyncio.get_running_loop().create_task(self._serve(request, body))
+
+    def refuse_at_once(self, status: int, reason: str) -> None:
+        """Answer a connection the caps do not admit, without reading its request, and close."""
+        log.debug("refusing connection from %s: %s", self.peer_host, reason)
+        self._respond(HttpResponse(status, reason.encode()), close=True)
 
     def _refuse(self, status: int, reason: str) -> None:
         """The client broke HTTP/1.1 (or a limit): answer with `status` if no answer has
@@ -716,7 +732,11 @@ class Connection(asyncio.Protocol):
             accept = validate_websocket_upgrade(request)
         except HttpParseError as err:
             reason, status = err.args
-            self._respond(HttpResponse(int(status), str(reason).encode()), close=True)
+            # RFC 6455 section 4.4: a 426 names the versions we speak
+            headers = (("Sec-WebSocket-Version", "13"),) if int(status) == 426 else ()
+            self._respond(
+                HttpResponse(int(status), str(reason).encode(), headers=headers), close=True
+            )
             return
         self.state = State.UPGRADING
         self.dialect = dialect
