@@ -4,9 +4,13 @@ answered with 400 at once instead of at the idle timeout."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
-from tests.conftest import StartRelay
+from rmb_relay.protocols.sbd import SbdDialect, SbdSettings
+from rmb_relay.telemetry.metrics import Registry
+from tests.conftest import WAIT, StartRelay
 from tests.dialects import EchoDialect
 from tests.helpers import http_exchange
 
@@ -68,3 +72,36 @@ async def test_head_that_can_never_complete_is_400_at_once(
     reply = await exchange(start_relay, raw)
     assert reply.startswith(b"HTTP/1.1 400 ")
     assert reply.endswith(reason)
+
+
+async def half_closed_exchange(start_relay: StartRelay, raw: bytes) -> bytes:
+    """Send, shut the sending side (`nc -N`), read until the relay closes."""
+    registry = Registry()
+    server = await start_relay(
+        [SbdDialect(SbdSettings(), registry)], registry=registry, http_idle_timeout=IDLE
+    )
+    reader, writer = await asyncio.open_connection(*server.addresses[0])
+    writer.write(raw)
+    writer.write_eof()
+    try:
+        return await asyncio.wait_for(reader.read(), WAIT)
+    finally:
+        writer.close()
+
+
+async def test_a_client_that_half_closes_after_its_request_still_gets_the_answer(
+    start_relay: StartRelay,
+) -> None:
+    """As `nc -N` does; before, the relay closed at the EOF and the answer was lost."""
+    reply = await half_closed_exchange(start_relay, b"GET /health HTTP/1.1\r\nHost: relay\r\n\r\n")
+    assert reply.startswith(b"HTTP/1.1 200 ")
+    assert reply.endswith(b"ok\n")
+
+
+async def test_a_body_cut_short_by_a_half_close_is_400_not_a_wait(
+    start_relay: StartRelay,
+) -> None:
+    reply = await half_closed_exchange(
+        start_relay, b"PUT /authenticate HTTP/1.1\r\nHost: relay\r\nContent-Length: 50\r\n\r\nab"
+    )
+    assert reply.startswith(b"HTTP/1.1 400 ")

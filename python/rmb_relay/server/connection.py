@@ -201,6 +201,8 @@ class Connection(asyncio.Protocol):
         self.closed = asyncio.get_running_loop().create_future()
         #: admitted over the connection cap: served /health and /metrics only (server/limits.py)
         self.ops_only = False
+        #: the client half-closed: answer the request being served, then close
+        self._client_done = False
 
     # ---- Peer ------------------------------------------------------------------------------
 
@@ -257,6 +259,16 @@ class Connection(asyncio.Protocol):
         # the 101, and reading is paused meanwhile. CLOSING/CLOSED: nothing more is read.
 
     def eof_received(self) -> bool | None:
+        """The client will send nothing more. A request being served still gets its answer
+        (a client may half-close after sending, as `nc -N` does); then the connection
+        closes. Anything else closes at once."""
+        if self.state is State.HTTP and self._request is not None:
+            body = self._body
+            if body is not None and not body.finished:
+                self._refuse(400, "connection half-closed before the request body ended")
+                return None
+            self._client_done = True
+            return True  # keep the transport open for the answer
         return None  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -610,7 +622,7 @@ class Connection(asyncio.Protocol):
         # The connection persists if the client wants it, the answer is no refusal and the
         # request was read to its end; a response sent before the body was read closes it
         # (RFC 9110 §10.1.1), unless it streams (a tunnel may still be reading the body).
-        keep = request.keep_alive and response.status < 400
+        keep = request.keep_alive and response.status < 400 and not self._client_done
         if response.stream is None and not body.finished:
             keep = False
         self.server.metrics.http_requests.inc(1, request.method, str(response.status))
