@@ -207,3 +207,19 @@ def test_any_twin_shaped_bytes_decode_or_raise_chain_data_error(
     except ChainDataError:
         return
     assert twin.id == twin_id
+
+
+def test_a_relay_that_looks_like_hex_stays_text(codec: ChainCodec) -> None:
+    """scalecodec reads text starting with "0x" as hex; byte fields must go in as bytes."""
+    twin = Twin(8, ACCOUNT, frozenset({"0x1234"}), PK)
+    data = codec.encode_twin(twin)
+    assert data == twin_bytes(8, b"0x1234", PK)
+    assert codec.decode_twin(data) == twin
+    key = signing_key("0x" + "07" * 32)
+    genesis = bytes(32)
+    signed = codec.signed_extrinsic(
+        key, "update_twin", {"relay": b"0x1234", "pk": None}, 0, genesis
+    )
+    extrinsic = codec.decode_extrinsic(signed)
+    assert extrinsic.call == bytes([25, 18, 1, 6 << 2]) + b"0x1234" + b"\0"
+    assert codec.verify(extrinsic, genesis)

@@ -296,16 +296,7 @@ class ChainCodec:
             raise ChainDataError(f"the chain's Twin is not usable: {err}") from None
 
     def encode_twin(self, twin: Twin) -> bytes:
-        return self._encode(
-            self._twin_type,
-            {
-                "id": twin.id,
-                "account_id": "0x" + twin.account.hex(),
-                "relay": format_relays(twin.relays),
-                "entities": [],
-                "pk": None if twin.pk is None else "0x" + twin.pk.hex(),
-            },
-        )
+        return self._encode(self._twin_type, self.twin_value(twin))
 
     def decode_twin_id(self, data: bytes) -> int:
         value = self._decode(self._twin_id_type, data, "a twin id")
@@ -345,13 +336,16 @@ class ChainCodec:
         )
 
     def twin_value(self, twin: Twin) -> dict[str, Any]:
-        """A Twin as scalecodec encodes it in an event's attributes."""
+        """A Twin as scalecodec encodes it (storage, an event's attributes). Byte fields go in
+        as bytes: scalecodec would read text starting with "0x" as hex (a relay named
+        `0x1234` would be stored as two bytes)."""
+        relay = format_relays(twin.relays)
         return {
             "id": twin.id,
             "account_id": "0x" + twin.account.hex(),
-            "relay": format_relays(twin.relays),
+            "relay": None if relay is None else relay.encode(),
             "entities": [],
-            "pk": None if twin.pk is None else "0x" + twin.pk.hex(),
+            "pk": twin.pk,
         }
 
     # ---- extrinsics ------------------------------------------------------------------------
@@ -438,7 +432,9 @@ class ChainCodec:
             module=call["call_module"],
             function=call["call_function"],
             args=args,
-            call=self.encode_call(call["call_function"], args),
+            # the call's own bytes: re-encoding the decoded args could differ (scalecodec shows
+            # Vec<u8> as text, and reads text starting with "0x" as hex)
+            call=bytes(obj.value_object["call"].get_used_bytes()),
             hash=blake2_256(data),
         )
 

@@ -295,10 +295,9 @@ class SubstrateTwinDirectory(TwinDirectory):
         nonce = await self.client.call(
             "system_accountNextIndex", [ss58_encode(key.public_key)], _nonce
         )
-        args = {
-            "relay": format_relays(relays),
-            "pk": None if pk is None else "0x" + pk.hex(),
-        }
+        relay = format_relays(relays)
+        # bytes, not text: scalecodec reads text starting with "0x" as hex
+        args = {"relay": None if relay is None else relay.encode(), "pk": pk}
         extrinsic = codec.signed_extrinsic(key, "update_twin", args, nonce, genesis)
         block = await self._submit_and_watch(extrinsic, timeout)
         for event in await self.block_events(block):
