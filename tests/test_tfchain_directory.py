@@ -24,7 +24,13 @@ from rmb_relay.twins.rpc import RpcConnection, RpcError
 from rmb_relay.twins.substrate import SubstrateClient, SubstrateTwinDirectory
 from tests.conftest import WAIT, free_port
 from tests.peer_fixtures import mnemonic_for, rmb_relay
-from tests.tfchain_fixtures import DevChainNode, bad_node, put_twin, start_devchain
+from tests.tfchain_fixtures import (
+    DevChainNode,
+    bad_node,
+    put_twin,
+    silent_tcp,
+    start_devchain,
+)
 
 #: a valid key whose bytes are also UTF-8 text (how a decoder shows it must not matter)
 PK = bytes([2]) + bytes(range(40, 72))
@@ -188,6 +194,7 @@ async def test_failover_with_the_first_node_down_and_one_killed_mid_run(
     [
         ("garbage", "not JSON"),
         ("wrong-types", "answered int '42', not 0x-hex"),
+        ("rpc-error", "node error -32601: Method not found"),
         ("hang", "no answer to state_getStorage within 0.5 s"),
     ],
 )
@@ -255,6 +262,25 @@ def test_cli_errors_are_one_line(tmp_path: Path) -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(rmb_relay(*args), capture_output=True, text=True, timeout=WAIT)
+
+
+async def test_a_node_that_never_upgrades_is_failed_over_after_the_timeout(
+    node: DevChainNode, codec: ChainCodec
+) -> None:
+    async with silent_tcp() as silent:
+        client = SubstrateClient([silent, node.url], timeout=0.5)
+        chain = SubstrateTwinDirectory(client, codec)
+        try:
+            assert await chain.get(2) is not None
+            assert (client.failovers, client.current_url) == (1, node.url)
+        finally:
+            await chain.close()
+        alone = SubstrateTwinDirectory(SubstrateClient([silent], timeout=0.5), codec)
+        try:
+            with pytest.raises(ChainError, match=r"no websocket within 0\.5 s"):
+                await alone.get(2)
+        finally:
+            await alone.close()
 
 
 def test_bad_substrate_urls_are_refused() -> None:

@@ -79,8 +79,8 @@ def put_twin(
 @asynccontextmanager
 async def bad_node(behaviour: str) -> AsyncIterator[str]:
     """A websocket JSON-RPC 'node' on a free port that answers every request wrongly:
-    `garbage` (not JSON), `wrong-types` (JSON-RPC with a number where hex belongs) or `hang`
-    (never answers). Yields its ws:// URL."""
+    `garbage` (not JSON), `wrong-types` (JSON-RPC with a number where hex belongs),
+    `rpc-error` (a JSON-RPC error object) or `hang` (never answers). Yields its ws:// URL."""
 
     async def handler(request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse()
@@ -93,6 +93,9 @@ async def bad_node(behaviour: str) -> AsyncIterator[str]:
                 await ws.send_str("}{ this is not json")
             elif behaviour == "wrong-types":
                 await ws.send_str(json.dumps({"jsonrpc": "2.0", "id": call["id"], "result": 42}))
+            elif behaviour == "rpc-error":
+                error = {"code": -32601, "message": "Method not found"}
+                await ws.send_str(json.dumps({"jsonrpc": "2.0", "id": call["id"], "error": error}))
             # "hang": read and never answer
         return ws
 
@@ -109,3 +112,22 @@ async def bad_node(behaviour: str) -> AsyncIterator[str]:
         yield f"ws://127.0.0.1:{port}"
     finally:
         await asyncio.wait_for(runner.cleanup(), WAIT)
+
+
+@asynccontextmanager
+async def silent_tcp() -> AsyncIterator[str]:
+    """A TCP server that accepts and never says anything (not even the websocket upgrade)."""
+    writers: list[asyncio.StreamWriter] = []
+
+    async def accept(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writers.append(writer)
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        yield f"ws://127.0.0.1:{port}"
+    finally:
+        for writer in writers:
+            writer.close()
+        server.close()
+        await asyncio.wait_for(server.wait_closed(), WAIT)
