@@ -111,6 +111,19 @@ async def test_too_many_missed_blocks_clear_the_cache(chain: SubstrateTwinDirect
     assert listener.blocks_seen == 1  # only the head itself
 
 
+async def test_a_head_at_or_below_the_last_one_is_processed_too(
+    chain: SubstrateTwinDirectory,
+) -> None:
+    """A re-org on the best chain announces a height seen before: its events count."""
+    cache = CachedTwinDirectory(chain, ttl=3600)
+    listener = TwinEventListener(chain, cache)
+    head = await _head(chain)
+    listener.last = head
+    await listener._on_header({"number": hex(head)})
+    await listener._on_header({"number": hex(head - 1)})
+    assert (listener.blocks_seen, listener.last, listener.flushes) == (2, head - 1, 0)
+
+
 async def test_a_node_without_new_heads_is_dropped_as_stalled(
     tmp_path: Path, codec: ChainCodec
 ) -> None:
