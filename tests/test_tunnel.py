@@ -7,9 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
 import pytest
-from aiohttp import web
 
 from rmb_relay.protocols.tunnel.targets import WebTarget
 from rmb_relay.protocols.tunnel.wire import (
@@ -23,7 +21,7 @@ from rmb_relay.protocols.tunnel.wire import (
 from tests.conftest import WAIT
 from tests.helpers import eventually
 from tests.tunnel_fixtures import SECRET, StartTunnel, pattern
-from tests.tunnel_fixtures import start_tunnel as start_tunnel  # noqa: F401 - fixture
+from tests.tunnel_fixtures import start_tunnel as start_tunnel
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -290,7 +288,8 @@ def test_wire_messages_round_trip_in_json_and_msgpack() -> None:
     for binary in (False, True):
         assert decode(encode(request, binary), binary, (ClientRequest,)) == request
     text = encode(request, False)
-    assert b'"bodyContent":"AP8="' in text and b'"httpHeaders":{"x":["1","2"]}' in text
+    assert b'"bodyContent":"AP8="' in text
+    assert b'"httpHeaders":{"x":["1","2"]}' in text
     with pytest.raises(WireError, match="bodyContent is not valid base64"):
         decode(text.replace(b"AP8=", b"!!"), False, (ClientRequest,))
 
@@ -302,13 +301,6 @@ async def test_metrics_count_requests_by_tenant_target_status(start_tunnel: Star
         await client.get("/relay/acme/app/status/200")
         await client.get("/relay/acme/app/status/500")
         metrics = (await client.get("/metrics")).text
-    assert (
-        'rmb_relay_tunnel_requests_total{dialect="tunnel",status="200",target="app",tenant="acme"} 1.0'
-        in metrics
-        or (tunnel.dialect.metrics.requests.value("acme", "app", "200") == 1)
-    )
+    assert tunnel.dialect.metrics.requests.value("acme", "app", "200") == 1
     assert tunnel.dialect.metrics.requests.value("acme", "app", "500") == 1
     assert 'rmb_relay_tunnel_connectors{dialect="tunnel",tenant="ACME"} 1.0' in metrics
-
-
-_ = (web, httpx)

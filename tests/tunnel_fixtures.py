@@ -15,6 +15,7 @@ import httpx
 import pytest
 from aiohttp import web
 
+from rmb_relay.clock import Clock, monotonic_clock
 from rmb_relay.protocols.tunnel.connector import Connector
 from rmb_relay.protocols.tunnel.dialect import TunnelDialect
 from rmb_relay.protocols.tunnel.settings import TunnelSettings
@@ -205,12 +206,13 @@ async def start_tunnel(start_relay: StartRelay, tmp_path: Path) -> AsyncIterator
             db: Path | None = None,
             tenant: bool = True,
             target: TargetApp | None = None,
+            clock: Clock = monotonic_clock,
             **settings: Any,
         ) -> Tunnel:
             settings.setdefault("body_store", str(tmp_path / "bodies"))
             store = TenantStore(db or tmp_path / "relay.sqlite3")
             registry = Registry()
-            dialect = TunnelDialect(TunnelSettings(**settings), store, registry)
+            dialect = TunnelDialect(TunnelSettings(**settings), store, registry, clock=clock)
             relay = await start_relay([dialect], registry)
             app = target or await start_target(stack)
             tunnel = Tunnel(relay, dialect, store, app, stack, registry)
