@@ -25,7 +25,6 @@ from rmb_relay.protocols.base import DialectEntry
 from rmb_relay.protocols.tunnel.dialect import TunnelDialect
 from rmb_relay.protocols.tunnel.settings import TunnelSettings, add_arguments
 from rmb_relay.protocols.tunnel.tenants import TenantStore
-from rmb_relay.protocols.tunnel.tokens import OidcVerifier, TokenAuthority
 
 if TYPE_CHECKING:
     from rmb_relay.services import Services
@@ -38,12 +37,7 @@ async def build(args: argparse.Namespace, services: Services) -> TunnelDialect |
     if args.no_tunnel:
         return None
     settings = TunnelSettings.from_args(args)
-    store = TenantStore(services.twins_path())
-    oidc = None
-    if settings.oidc_issuer is not None and settings.oidc_audience is not None:
-        oidc = OidcVerifier(settings.oidc_issuer, settings.oidc_audience)
-    tokens = TokenAuthority(store.signing_key(), ttl=settings.token_ttl, oidc=oidc)
-    return TunnelDialect(settings, store, services.metrics, tokens=tokens)
+    return TunnelDialect(settings, TenantStore(services.twins_path()), services.metrics)
 
 
 ENTRY = DialectEntry(

@@ -24,7 +24,7 @@ from rmb_relay.protocols.tunnel.hub import ConnectorSession, Hub, Job
 from rmb_relay.protocols.tunnel.metrics import TunnelMetrics
 from rmb_relay.protocols.tunnel.settings import CONNECTOR_MAX_MESSAGE, TunnelSettings
 from rmb_relay.protocols.tunnel.tenants import Tenant, TenantStore, normalize
-from rmb_relay.protocols.tunnel.tokens import TokenAuthority, bearer
+from rmb_relay.protocols.tunnel.tokens import OidcVerifier, TokenAuthority, bearer
 from rmb_relay.protocols.tunnel.wire import TenantConfig
 
 if TYPE_CHECKING:
@@ -81,7 +81,12 @@ class TunnelDialect(Dialect):
         self.settings = settings
         self.store_of_tenants = tenants
         self.tenants = TenantCache(tenants, settings.tenant_cache_ttl, clock)
-        self.tokens = tokens or TokenAuthority(tenants.signing_key(), ttl=settings.token_ttl)
+        if tokens is None:
+            oidc = None
+            if settings.oidc_issuer is not None and settings.oidc_audience is not None:
+                oidc = OidcVerifier(settings.oidc_issuer, settings.oidc_audience)
+            tokens = TokenAuthority(tenants.signing_key(), ttl=settings.token_ttl, oidc=oidc)
+        self.tokens = tokens
         self.ack_mode = settings.ack_mode
         max_age = settings.request_ttl + settings.response_timeout + 60.0
         self.store = FileBodyStore(settings.body_store, max_age=max_age, clock=clock)
