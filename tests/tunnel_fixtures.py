@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import pytest
 from aiohttp import web
+from redis.asyncio import Redis
 
 from rmb_relay.clock import Clock, monotonic_clock
 from rmb_relay.protocols.tunnel.connector import Connector
@@ -207,12 +208,19 @@ async def start_tunnel(start_relay: StartRelay, tmp_path: Path) -> AsyncIterator
             tenant: bool = True,
             target: TargetApp | None = None,
             clock: Clock = monotonic_clock,
+            redis_url: str | None = None,
             **settings: Any,
         ) -> Tunnel:
             settings.setdefault("body_store", str(tmp_path / "bodies"))
             store = TenantStore(db or tmp_path / "relay.sqlite3")
             registry = Registry()
-            dialect = TunnelDialect(TunnelSettings(**settings), store, registry, clock=clock)
+            redis = None
+            if redis_url is not None:
+                redis = Redis.from_url(redis_url)
+                stack.push_async_callback(redis.aclose)
+            dialect = TunnelDialect(
+                TunnelSettings(**settings), store, registry, clock=clock, redis=redis
+            )
             relay = await start_relay([dialect], registry)
             app = target or await start_target(stack)
             tunnel = Tunnel(relay, dialect, store, app, stack, registry)

@@ -37,7 +37,8 @@ async def build(args: argparse.Namespace, services: Services) -> TunnelDialect |
     if args.no_tunnel:
         return None
     settings = TunnelSettings.from_args(args)
-    return TunnelDialect(settings, TenantStore(services.twins_path()), services.metrics)
+    store = TenantStore(services.twins_path())
+    return TunnelDialect(settings, store, services.metrics, redis=services.redis)
 
 
 ENTRY = DialectEntry(

@@ -97,6 +97,16 @@ class FileBodyStore:
             if remove:
                 self.remove(name)
 
+    def adopt(self, name: str, size: int) -> None:
+        """Track a file another relay wrote into this (shared) directory, as if written here."""
+        if name not in self._files:
+            self._track(name, size)
+
+    def release(self, name: str) -> None:
+        """Stop tracking a file without deleting it: another relay took it over."""
+        self._files.pop(name, None)
+        self.bytes -= self._sizes.pop(name, 0)
+
     def remove(self, name: str) -> None:
         self._files.pop(name, None)
         self.bytes -= self._sizes.pop(name, 0)

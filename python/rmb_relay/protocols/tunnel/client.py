@@ -20,6 +20,8 @@ import uuid
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
+from redis.exceptions import RedisError
+
 from rmb_relay import __version__
 from rmb_relay.errors import AuthError
 from rmb_relay.protocols.base import HttpResponse
@@ -100,7 +102,7 @@ async def handle(
             metrics.requests.inc(1, name, "-", "401")
             return HttpResponse(401, f"{err}\n".encode(), headers=(("WWW-Authenticate", "Bearer"),))
     hub = dialect.hub
-    if dialect.settings.require_connection and not dialect.reachable(tenant.normalized):
+    if dialect.settings.require_connection and not await dialect.reachable(tenant.normalized):
         metrics.requests.inc(1, name, "-", "503")
         return _status(503, f"no connector of tenant {name} is connected")
     request_id = str(uuid.uuid4())
@@ -130,7 +132,12 @@ async def handle(
     if request.has_body:
         await _read_body(dialect, request, body, job)
     wire.original_body_size = wire.body_size
-    dialect.submit(job)
+    try:
+        await dialect.submit(job)
+    except RedisError as err:
+        log.warning("tunnel: cannot hand request %s to the other relays: %s", request_id, err)
+        metrics.requests.inc(1, name, "-", "503")
+        return _status(503, "transport failure")
     if job.future is None:
         metrics.requests.inc(1, name, target, "202")
         return HttpResponse(202)

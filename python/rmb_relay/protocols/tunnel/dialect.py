@@ -22,12 +22,15 @@ from rmb_relay.protocols.tunnel import client, endpoints, management
 from rmb_relay.protocols.tunnel.bodystore import FileBodyStore
 from rmb_relay.protocols.tunnel.hub import ConnectorSession, Hub, Job
 from rmb_relay.protocols.tunnel.metrics import TunnelMetrics
+from rmb_relay.protocols.tunnel.scaleout import RedisBridge
 from rmb_relay.protocols.tunnel.settings import CONNECTOR_MAX_MESSAGE, TunnelSettings
 from rmb_relay.protocols.tunnel.tenants import Tenant, TenantStore, normalize
 from rmb_relay.protocols.tunnel.tokens import OidcVerifier, TokenAuthority, bearer
 from rmb_relay.protocols.tunnel.wire import TenantConfig
 
 if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
     from rmb_relay._core import HttpRequest
     from rmb_relay.protocols.base import HttpClient, RequestBody
     from rmb_relay.telemetry.metrics import Registry
@@ -76,8 +79,10 @@ class TunnelDialect(Dialect):
         registry: Registry,
         *,
         tokens: TokenAuthority | None = None,
+        redis: Redis | None = None,
         clock: Clock = monotonic_clock,
     ) -> None:
+        """`redis`: share requests with the other relays on it (scaleout.py)."""
         self.settings = settings
         self.store_of_tenants = tenants
         self.tenants = TenantCache(tenants, settings.tenant_cache_ttl, clock)
@@ -113,15 +118,29 @@ class TunnelDialect(Dialect):
             clock=clock,
         )
         self._sweeper: asyncio.Task[None] | None = None
+        self.bridge: RedisBridge | None = None
+        if redis is not None:
+            self.bridge = RedisBridge(redis, self.hub, self.store, request_ttl=settings.request_ttl)
+            self.hub.on_tenant_joined = self.bridge.tenant_joined
+            self.hub.on_tenant_left = self.bridge.tenant_left
 
     # ---- where a request goes (scale-out hooks in here) -------------------------------------
 
-    def reachable(self, tenant: str) -> bool:
-        return self.hub.has_connector(tenant)
+    async def reachable(self, tenant: str) -> bool:
+        """A connector of the tenant is connected here or, with Redis, to another relay."""
+        if self.hub.has_connector(tenant):
+            return True
+        return self.bridge is not None and await self.bridge.reachable(tenant)
 
-    def submit(self, job: Job) -> None:
+    async def submit(self, job: Job) -> None:
+        """Serve the job here when a connector of its tenant is (or no other relay can),
+        else hand it to the relays on Redis. Raises RedisError."""
         self._start_sweeper()
-        self.hub.submit(job)
+        local = self.hub.has_connector(job.tenant) and self.settings.shortcut
+        if self.bridge is None or local:
+            self.hub.submit(job)
+        else:
+            await self.bridge.publish(job)
 
     # ---- connectors ------------------------------------------------------------------------
 
@@ -211,5 +230,7 @@ class TunnelDialect(Dialect):
     async def close(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self.bridge is not None:
+            await self.bridge.close()
         self.hub.close()
         self.store_of_tenants.close()

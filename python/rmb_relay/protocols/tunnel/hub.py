@@ -35,6 +35,7 @@ import asyncio
 import collections
 import logging
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -80,6 +81,8 @@ class Job:
     answered: bool = False
     attempts: int = 0
     timer: asyncio.TimerHandle | None = None
+    #: called when a connector takes the job (scale-out: tells the origin relay)
+    on_sent: Callable[[Job], None] | None = None
 
     @property
     def request_id(self) -> str:
@@ -164,6 +167,9 @@ class Hub:
         #: every job not yet forgotten, by request id
         self.jobs: dict[str, Job] = {}
         self._next: dict[str, int] = {}
+        #: told when a tenant gets its first connector here, and when it loses its last
+        self.on_tenant_joined: Callable[[str], None] | None = None
+        self.on_tenant_left: Callable[[str], None] | None = None
 
     def tenant_config(self) -> TenantConfig:
         return self.config
@@ -177,7 +183,10 @@ class Hub:
         return sum(len(group) for group in self.connectors.values())
 
     def connector_joined(self, connector: ConnectorSession) -> None:
-        self.connectors.setdefault(connector.tenant, []).append(connector)
+        group = self.connectors.setdefault(connector.tenant, [])
+        group.append(connector)
+        if len(group) == 1 and self.on_tenant_joined is not None:
+            self.on_tenant_joined(connector.tenant)
         log.info("connector %s of %s joined", connector.connection_id, connector.tenant_name)
         self.pump(connector.tenant)
 
@@ -185,8 +194,9 @@ class Hub:
         group = self.connectors.get(connector.tenant, [])
         if connector in group:
             group.remove(connector)
-        if not group:
-            self.connectors.pop(connector.tenant, None)
+        left = not group and self.connectors.pop(connector.tenant, None) is not None
+        if left and self.on_tenant_left is not None:
+            self.on_tenant_left(connector.tenant)
         log.info("connector %s of %s left", connector.connection_id, connector.tenant_name)
         redeliver = list(connector.unacked.values())
         for job in connector.inflight.values():
@@ -263,6 +273,8 @@ class Hub:
             job.timer.cancel()
             job.timer = None
         connector.send_message(request)
+        if job.on_sent is not None:
+            job.on_sent(job)
 
     def _expire_if_queued(self, job: Job) -> None:
         job.timer = None
