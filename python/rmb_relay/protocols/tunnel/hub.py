@@ -103,6 +103,8 @@ class ConnectorSession(WebSocketHandler):
         self.tenant_name = tenant_name
         self.binary = binary
         self.connection_id = secrets.token_hex(8)
+        #: msgpack messages of this loop turn, written together (one syscall for many requests)
+        self._outbox: list[bytes] = []
         #: jobs sent to this connector and not delivered yet
         self.inflight: dict[str, Job] = {}
         #: jobs sent to this connector and not acknowledged yet (modes 1-3)
@@ -111,10 +113,17 @@ class ConnectorSession(WebSocketHandler):
 
     def send_message(self, message: ClientRequest | TenantConfig | ErrorMessage) -> None:
         data = encode(message, self.binary)
-        if self.binary:
-            self.peer.send(data)
-        else:
+        if not self.binary:
             self.peer.send_text(data)
+            return
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outbox.append(data)
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        if self.peer.is_open:
+            self.peer.send_many(outbox)
 
     def on_open(self) -> None:
         self.open = True

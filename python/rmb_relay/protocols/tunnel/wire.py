@@ -136,76 +136,87 @@ def _camel(name: str) -> str:
     return head + "".join(part.capitalize() for part in rest)
 
 
-# class -> [(attribute, wire name, annotation text, required)]
-_FIELDS: dict[type[Any], list[tuple[str, str, str, bool]]] = {
-    cls: [
-        (f.name, _camel(f.name), str(f.type), f.default is MISSING and f.default_factory is MISSING)
+class _Field:
+    """One field's wire name and type, worked out once per class (decoding runs per message)."""
+
+    __slots__ = ("attr", "base", "optional", "required", "wire")
+
+    def __init__(self, attr: str, annotation: str, required: bool) -> None:
+        self.attr = attr
+        self.wire = _camel(attr)
+        self.optional = annotation.endswith("| None")
+        self.base = annotation.removesuffix(" | None")
+        self.required = required
+
+
+_FIELDS: dict[type[Any], tuple[_Field, ...]] = {
+    cls: tuple(
+        _Field(f.name, str(f.type), f.default is MISSING and f.default_factory is MISSING)
         for f in fields(cls)
-    ]
+    )
     for cls in _TYPES.values()
 }
+#: exact types accepted per annotation (bool is not an int here)
+_SIMPLE: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "bool": (bool,)}
 
 
-def _check(cls: type[Any], attr: str, kind: str, value: Any, binary: bool) -> Any:
+def _check(cls: type[Any], spec: _Field, value: Any, binary: bool) -> Any:
     """`value` as the field's type, or WireError."""
-    where = f"{cls.NAME}.{_camel(attr)}"
-    optional = kind.endswith("| None")
+    base = spec.base
     if value is None:
-        if optional:
+        if spec.optional:
             return None
-        raise WireError(f"{where} must not be null")
-    base = kind.removesuffix(" | None")
-    if base == "str":
-        if isinstance(value, str):
-            return value
-    elif base == "int":
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif base == "float":
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            return float(value)
-    elif base == "bool":
-        if isinstance(value, bool):
+        raise WireError(f"{cls.NAME}.{spec.wire} must not be null")
+    simple = _SIMPLE.get(base)
+    if simple is not None:
+        if type(value) in simple:
             return value
     elif base == "bytes":
-        if binary and isinstance(value, bytes):
+        if binary and type(value) is bytes:
             return value
-        if not binary and isinstance(value, str):
+        if not binary and type(value) is str:
             try:
                 return base64.b64decode(value, validate=True)
             except (binascii.Error, ValueError):
-                raise WireError(f"{where} is not valid base64") from None
+                raise WireError(f"{cls.NAME}.{spec.wire} is not valid base64") from None
+    elif base == "float":
+        if type(value) in (int, float):
+            return float(value)
     elif base == "Headers":
-        if isinstance(value, dict) and all(
-            isinstance(k, str) and isinstance(v, list) and all(isinstance(x, str) for x in v)
+        if type(value) is dict and all(
+            type(k) is str and type(v) is list and all(type(x) is str for x in v)
             for k, v in value.items()
         ):
             return value
-        raise WireError(f"{where} must map header names to lists of strings")
-    raise WireError(f"{where} must be {base}, got {type(value).__name__}")
+        raise WireError(f"{cls.NAME}.{spec.wire} must map header names to lists of strings")
+    raise WireError(f"{cls.NAME}.{spec.wire} must be {base}, got {type(value).__name__}")
 
 
 def _to_object(message: Message, binary: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for attr, wire, kind, _ in _FIELDS[type(message)]:
-        value = getattr(message, attr)
-        if kind.startswith("bytes") and value is not None and not binary:
+    for spec in _FIELDS[type(message)]:
+        value = getattr(message, spec.attr)
+        if value is not None and not binary and spec.base == "bytes":
             value = base64.b64encode(value).decode()
-        out[wire] = value
+        out[spec.wire] = value
     return out
 
 
 def _from_object(cls: type[M], obj: Any, binary: bool) -> M:
-    if not isinstance(obj, dict):
+    if type(obj) is not dict:
         raise WireError(f"{cls.NAME}: the argument must be an object")
     values: dict[str, Any] = {}
-    for attr, wire, kind, required in _FIELDS[cls]:
-        if wire not in obj:
-            if required:
-                raise WireError(f"{cls.NAME}.{wire} is missing")
+    for spec in _FIELDS[cls]:
+        value = obj.get(spec.wire, _ABSENT)
+        if value is _ABSENT:
+            if spec.required:
+                raise WireError(f"{cls.NAME}.{spec.wire} is missing")
             continue
-        values[attr] = _check(cls, attr, kind, obj[wire], binary)
+        values[spec.attr] = _check(cls, spec, value, binary)
     return cls(**values)
+
+
+_ABSENT = object()
 
 
 def encode(message: Message, binary: bool) -> bytes:
