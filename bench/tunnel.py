@@ -27,6 +27,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import uvloop
 from aiohttp import web
@@ -169,6 +170,14 @@ async def measure(
 # ---- orchestration ----------------------------------------------------------------------------
 
 
+def _run_sync(args: list[str], **options: Any) -> None:
+    subprocess.run(args, **options)
+
+
+def _popen(args: list[str], **options: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(args, **options)
+
+
 def spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     process = subprocess.Popen(
         args, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT
@@ -195,7 +204,7 @@ async def run(args: argparse.Namespace) -> list[Result]:
     env = {**os.environ, "XDG_DATA_HOME": str(tmp)}
     py = sys.executable
     db = f"sqlite:{tmp / 'relay.sqlite3'}"
-    subprocess.run(
+    _run_sync(
         [py, "-m", "rmb_relay", "tenants", "--twins", db, "add", "acme", "--secret", SECRET],
         check=True,
         env=env,
@@ -224,7 +233,7 @@ async def run(args: argparse.Namespace) -> list[Result]:
                 "--no-sbd",
                 "--tunnel-body-store",
                 str(tmp / "bodies"),
-            ],  # fmt: skip
+            ],
             env,
         ),
         "baseline": spawn(
@@ -232,7 +241,7 @@ async def run(args: argparse.Namespace) -> list[Result]:
         ),
     }
     # the connector prints nothing when it is up: `wait_ready` below finds out
-    processes["connector"] = subprocess.Popen(
+    processes["connector"] = _popen(
         [py, *prof("connector"), "-m", "rmb_relay", "connector", *connector_flags,
          "--server", f"http://127.0.0.1:{relay_port}", "--tenant", "acme", "--secret", SECRET,
          "--target", f"app={target_url}"],
