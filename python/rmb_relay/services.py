@@ -33,6 +33,8 @@ from rmb_relay.twins.cache import CachedTwinDirectory
 from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from redis.asyncio import Redis
 
     from rmb_relay.twins import TwinDirectory
@@ -267,6 +269,12 @@ class Services:
             substrate_timeout=args.substrate_timeout,
             catchup_threshold=args.catchup_threshold,
         )
+
+    def twins_path(self) -> Path:
+        """The embedded SQLite file (`--twins`); the tunnel keeps its tenants there too."""
+        from rmb_relay.twins.cli import parse_twins_url
+
+        return parse_twins_url(self._twins_url) if self._twins_url else default_twins_path()
 
     def twin_directory(self) -> TwinDirectory:
         """The cached twin directory, opened on first use (one for every dialect)."""
