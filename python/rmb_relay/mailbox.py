@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 from collections import deque
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 from rmb_relay.clock import Clock, seconds, wall_clock
@@ -64,6 +65,13 @@ class Mailbox(abc.ABC):
         self.max_per_session = max_per_session
         self.clock = clock
         self.stats = MailboxStats()
+        #: told of every envelope lost to expiry or a full mailbox: (session, bytes, reason);
+        #: route records use it (a Redis drop of the oldest entry reports 0 bytes: unread)
+        self.on_loss: Callable[[SessionKey, int, str], None] | None = None
+
+    def _lost(self, key: SessionKey, size: int, reason: str) -> None:
+        if self.on_loss is not None:
+            self.on_loss(key, size, reason)
 
     def deadline(self, timestamp: int, expiration: int) -> int:
         """When a stored envelope stops being worth delivering (unix seconds)."""
@@ -107,11 +115,12 @@ class MemoryMailbox(Mailbox):
         box = self._boxes.get(key)
         if box is None:
             box = self._boxes[key] = deque()
-        self._expire(box)
+        self._expire(box, key)
         if len(box) >= self.max_per_session:
-            box.popleft()
+            _, dropped = box.popleft()
             self._depth -= 1
             self.stats.dropped_full += 1
+            self._lost(key, len(dropped), "full")
         box.append((deadline, envelope))
         self._depth += 1
         self.stats.stored += 1
@@ -124,15 +133,20 @@ class MemoryMailbox(Mailbox):
         now = seconds(self.clock())
         live = [envelope for deadline, envelope in box if deadline > now]
         self.stats.expired += len(box) - len(live)
+        if self.on_loss is not None and len(live) < len(box):
+            for deadline, envelope in box:
+                if deadline <= now:
+                    self.on_loss(key, len(envelope), "expired")
         self.stats.delivered += len(live)
         return Taken(live)
 
-    def _expire(self, box: deque[tuple[int, bytes]]) -> None:
+    def _expire(self, box: deque[tuple[int, bytes]], key: SessionKey) -> None:
         now = seconds(self.clock())
         while box and box[0][0] <= now:
-            box.popleft()
+            _, envelope = box.popleft()
             self._depth -= 1
             self.stats.expired += 1
+            self._lost(key, len(envelope), "expired")
 
     def sweep(self) -> int:
         """Drop expired envelopes of every session (run periodically); returns how many."""
@@ -141,6 +155,10 @@ class MemoryMailbox(Mailbox):
             box = self._boxes[key]
             now = seconds(self.clock())
             kept = deque(item for item in box if item[0] > now)
+            if self.on_loss is not None and len(kept) < len(box):
+                for deadline, envelope in box:
+                    if deadline <= now:
+                        self.on_loss(key, len(envelope), "expired")
             self.stats.expired += len(box) - len(kept)
             self._depth -= len(box) - len(kept)
             if kept:
@@ -184,6 +202,7 @@ class RedisMailbox(Mailbox):
             raise MailboxUnavailable(f"redis: {err}") from err
         if int(length) >= self.max_per_session:
             self.stats.dropped_full += 1
+            self._lost(key, 0, "full")
         else:
             self._depth_estimate += 1
         self.stats.stored += 1
@@ -203,6 +222,7 @@ class RedisMailbox(Mailbox):
             deadline = fields.get(b"dl")
             if deadline is not None and int(deadline) <= now:
                 self.stats.expired += 1
+                self._lost(key, len(fields.get(b"_", b"")), "expired")
                 continue
             envelope = fields.get(b"_")
             if envelope is not None:

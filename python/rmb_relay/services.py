@@ -22,6 +22,7 @@ from rmb_relay.mailbox import (
 )
 from rmb_relay.switch import Switch
 from rmb_relay.telemetry.metrics import Registry
+from rmb_relay.telemetry.record_flags import add_record_arguments, recorder_from_args
 from rmb_relay.twins.cache import CachedTwinDirectory
 from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path
 
@@ -72,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how long a twin lookup is cached",
     )
+    add_record_arguments(parser)
 
 
 class Services:
@@ -104,13 +106,16 @@ class Services:
             mailbox = MemoryMailbox(ttl=args.mailbox_ttl, max_per_session=args.mailbox_max)
         else:
             mailbox = RedisMailbox(redis, ttl=args.mailbox_ttl, max_per_session=args.mailbox_max)
-        return cls(
+        services = cls(
             Registry(),
             Switch(mailbox),
             twins=args.twins,
             twin_cache_ttl=args.twin_cache_ttl,
             redis=redis,
         )
+        # route records (--records): the switch carries the recorder to every dialect
+        services.switch.records = recorder_from_args(args, services.metrics)
+        return services
 
     def twin_directory(self) -> TwinDirectory:
         """The cached twin directory, opened on first use (one for every dialect)."""
@@ -126,6 +131,8 @@ class Services:
     async def close(self) -> None:
         """Close the switch (and its mailbox's Redis connection) and the directory."""
         await self.switch.close()
+        if self.switch.records is not None:
+            await self.switch.records.close()
         if self._directory is not None:
             await self._directory.close()
 
