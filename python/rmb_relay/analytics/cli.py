@@ -110,6 +110,11 @@ def _run(args: argparse.Namespace) -> int:
     )
     checked = check(plan)  # before Spark starts: bad input costs no JVM
     progress = Progress(out=io.StringIO() if args.quiet else sys.stderr)
+    from pyspark.sql import SparkSession
+
+    # a session already running in this process (an embedding program, the tests) is used
+    # as it is and left running
+    owned = SparkSession.getActiveSession() is None
     try:
         spark = session(
             args.master,
@@ -127,7 +132,8 @@ def _run(args: argparse.Namespace) -> int:
         print(f"{PROG}: the Spark job failed: {java_message(err)}", file=sys.stderr)
         return 1
     finally:
-        spark.stop()
+        if owned:
+            spark.stop()
     total = sum(summary["seconds"].values())
     print(f"{PROG}: {len(summary['tables'])} tables in {plan.output} ({total:.1f} s)")
     return 0

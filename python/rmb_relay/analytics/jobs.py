@@ -125,7 +125,9 @@ def abuse_candidates(records: DataFrame, window: int) -> DataFrame:
             .cast("long")
             .alias("rejected"),
         )
-        .withColumn("refused_share", (F.col("rate_limited") + F.col("rejected")) / F.col("messages"))
+        .withColumn(
+            "refused_share", (F.col("rate_limited") + F.col("rejected")) / F.col("messages")
+        )
         .where((F.col("rate_limited") + F.col("rejected")) > 0)
         .orderBy(F.desc("rate_limited"), F.desc("rejected"), "twin")
     )

@@ -133,9 +133,8 @@ def run(
     Raises InputError for input the user must fix."""
     progress = progress or Progress()
     work: list[tuple[Job, DataFrame]] = []
-    progress.steps = (
-        (1 + len(RECORD_JOBS) if checked.records is not None else 0)
-        + (len(SAMPLE_JOBS) if checked.samples is not None else 0)
+    progress.steps = (1 + len(RECORD_JOBS) if checked.records is not None else 0) + (
+        len(SAMPLE_JOBS) if checked.samples is not None else 0
     )
     summary: dict[str, Any] = {
         "since": plan.since.isoformat() if plan.since else None,

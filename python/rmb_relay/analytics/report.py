@@ -127,7 +127,10 @@ def _latency(cdf: Rows | None, table: Rows | None) -> str:
     for label, points in sorted(curves.items()):
         points.sort(key=lambda p: p[1])
         axes.step(
-            [max(p[0], 0.5) for p in points], [p[1] / 100 for p in points], label=label, where="post"
+            [max(p[0], 0.5) for p in points],
+            [p[1] / 100 for p in points],
+            label=label,
+            where="post",
         )
     axes.set_xscale("log")
     axes.set_xlabel("time inside the relay (µs, log scale; 0 drawn at 0.5)")
@@ -135,9 +138,7 @@ def _latency(cdf: Rows | None, table: Rows | None) -> str:
     axes.grid(alpha=0.3, which="both")
     axes.legend(fontsize=8)
     columns = ["dialect", "route", "messages", "p50_us", "p90_us", "p99_us", "max_us"]
-    return _section(
-        "Latency CDF per route", _png(figure), _html_table(table or [], columns)
-    )
+    return _section("Latency CDF per route", _png(figure), _html_table(table or [], columns))
 
 
 def _bars(rows: Rows, label: Any, value: str, title: str, color: str) -> str:
@@ -187,9 +188,7 @@ def _federation(rows: Rows | None, priors: Rows | None) -> str:
     import matplotlib.pyplot as plt
 
     if not rows:
-        return _section(
-            "Federation health", _missing("no federation traffic in the range")
-        )
+        return _section("Federation health", _missing("no federation traffic in the range"))
     series: dict[str, list[tuple[datetime, float]]] = defaultdict(list)
     for row in rows:
         series[row["remote"]].append((row["window_start"], row["failure_rate"]))

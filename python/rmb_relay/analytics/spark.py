@@ -2,7 +2,9 @@
 
 Spark's JVM logs a lot at start (and a stack trace per failed task); the user of a command-line
 tool wants its progress and one line per problem. The driver's log4j is therefore set to ERROR
-for everything (OFF for the task-failure loggers, whose errors reach us as a Python exception
+for Spark's chatty packages (the root stays at WARN and `org.apache.spark` itself unset: in
+shell mode Spark compares its REPL logger with the root and prints a notice when they differ;
+OFF for the task-failure loggers, whose errors reach us as a Python exception
 anyway), and Spark's own console progress bar stays on: it is what moves while a stage runs.
 """
 
@@ -20,7 +22,7 @@ if TYPE_CHECKING:
 DEFAULT_MASTER = "local[*]"
 
 _LOG4J = """\
-rootLogger.level = error
+rootLogger.level = warn
 rootLogger.appenderRef.stderr.ref = console
 appender.console.type = Console
 appender.console.name = console
@@ -33,8 +35,20 @@ logger.tasks.name = org.apache.spark.scheduler.TaskSetManager
 logger.tasks.level = off
 logger.hadoop.name = org.apache.hadoop
 logger.hadoop.level = off
-logger.repl.name = org.apache.spark.repl.Main
-logger.repl.level = error
+logger.sql.name = org.apache.spark.sql
+logger.sql.level = error
+logger.util.name = org.apache.spark.util
+logger.util.level = error
+logger.storage.name = org.apache.spark.storage
+logger.storage.level = error
+logger.scheduler.name = org.apache.spark.scheduler
+logger.scheduler.level = error
+logger.conf.name = org.apache.spark.SparkConf
+logger.conf.level = error
+logger.context.name = org.apache.spark.SparkContext
+logger.context.level = error
+logger.sparkproject.name = org.sparkproject
+logger.sparkproject.level = error
 """
 
 

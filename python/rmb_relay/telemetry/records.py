@@ -355,7 +355,9 @@ class _PartitionWriter:
         entry = self._open.get(hour)
         if entry is None:
             stamp = time.gmtime(hour * 3600)
-            folder = self.directory / f"date={time.strftime('%Y-%m-%d', stamp)}/hour={stamp.tm_hour:02d}"
+            folder = (
+                self.directory / f"date={time.strftime('%Y-%m-%d', stamp)}/hour={stamp.tm_hour:02d}"
+            )
             folder.mkdir(parents=True, exist_ok=True)
             name = f"part-{self._tag}-{uuid.uuid4().hex[:12]}.parquet"
             hidden, final = folder / f".{name}", folder / name

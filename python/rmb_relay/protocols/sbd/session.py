@@ -126,7 +126,9 @@ class SbdSession(WebSocketHandler):
                 hot.forward_drops += 1
                 if self.records is not None:
                     dst = base64.urlsafe_b64encode(routing.peer).rstrip(b"=").decode()
-                    self.records.add(self.record_key, dst, len(data), "none", "rejected", "no route")
+                    self.records.add(
+                        self.record_key, dst, len(data), "none", "rejected", "no route"
+                    )
                 return
             target.deliver(data)
             hot.forwards += 1
