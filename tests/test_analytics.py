@@ -355,6 +355,8 @@ class _Daemon:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(WAIT)
         self._reader.join(WAIT)
+        assert self.process.stdout is not None
+        self.process.stdout.close()
 
 
 @pytest.mark.slow
@@ -398,3 +400,147 @@ def test_the_same_job_runs_on_a_standalone_cluster(
     for name in ("throughput", "top_talkers", "drop_reasons", "latency", "mailbox"):
         assert rows(out, name) == rows(tables, name), name
     assert (out / "priors.json").read_text() == (tables / "priors.json").read_text()
+
+
+# ---- end to end: a real relay with --records, real traffic, then rmb-analytics --------------
+
+
+class _RelayProcess:
+    """`rmb-relay` in its own process, with route records, a small rate limit and a short
+    mailbox TTL (swept every second by the limiter's maintenance)."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.twins = f"sqlite:{tmp_path / 'twins.sqlite3'}"
+        self.records = tmp_path / "records"
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "rmb_relay", "-l", "127.0.0.1:0", "--twins", self.twins,
+             "--records", str(self.records), "--records-instance", "e2e",
+             "--limit", "100000", "300000", "--limit-window", "1", "--mailbox-ttl", "1",
+             "--sbd-disable-rate-limit"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        assert self.process.stdout is not None
+        self.address = self.process.stdout.readline().split()[3].rstrip(";")
+        host, port = self.address.rsplit(":", 1)
+        self.host, self.port = host, int(port)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            self.process.wait(WAIT)
+        assert self.process.stdout is not None
+        self.process.stdout.close()
+
+
+def _load(dialect: str, url: str, *extra: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "rmb_relay.load.cli", dialect, "--url", url,
+         "--warmup", "0", "--quiet", *extra],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout
+
+
+async def _drive_drops(relay: _RelayProcess, tmp_path: Path) -> dict[str, float]:
+    """An abuser over the byte limit, requests to an unknown twin, mail for an offline twin
+    that expires; returns the relay's own counters once all of it was handled."""
+    from rmb_relay.client import RmbClient
+    from rmb_relay.twins import Twin
+    from rmb_relay.twins.local import SqliteTwinDirectory
+    from tests.helpers import eventually
+    from tests.rmb_fixtures import key_for
+    from tests.scrape import scrape
+
+    directory = SqliteTwinDirectory(Path(relay.twins.removeprefix("sqlite:")))
+    for twin in (501, 502, 504, 505):
+        directory.add(Twin(twin, key_for(twin).public_key, frozenset({"relay.test"}), None))
+    url = f"ws://{relay.address}/"
+    before = (await scrape(relay.host, relay.port)).value(
+        "rmb_relay_messages_in_total", dialect="rmb"
+    )
+    abuser = await RmbClient.connect(url, 501, key_for(501))
+    receiver = await RmbClient.connect(url, 504, key_for(504))
+    other = await RmbClient.connect(url, 505, key_for(505))
+    try:
+        for _ in range(1000):  # 1 MB in well under 3 one-second windows of 300 kB
+            env = abuser.envelope(504)
+            env.response.SetInParent()
+            env.plain = b"x" * 1000
+            abuser.send(abuser.seal(env))
+        for _ in range(3):
+            _, wire = other.request_envelope(999, "nobody.home")
+            other.send(wire)
+        for _ in range(2):
+            env = other.envelope(502, expiration=60)
+            env.response.SetInParent()
+            env.plain = b"mail"
+            other.send(other.seal(env))
+
+        async def handled() -> bool:
+            page = await scrape(relay.host, relay.port)
+            seen = page.value("rmb_relay_messages_in_total", dialect="rmb") - before
+            expired = page.value("rmb_relay_mailbox_dropped_total", reason="expired")
+            return seen == 1005 and expired == 2
+
+        await eventually(handled, timeout=30)
+        page = await scrape(relay.host, relay.port)
+    finally:
+        for client in (abuser, receiver, other):
+            await client.close()
+    return {
+        "rate_limited": page.value("rmb_relay_messages_rate_limited_total", dialect="rmb"),
+        "unknown": page.value(
+            "rmb_relay_error_replies_total", dialect="rmb", reason="unknown twin"
+        ),
+    }
+
+
+@pytest.mark.slow
+def test_a_real_relays_records_through_the_pipeline(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    relay = _RelayProcess(tmp_path)
+    try:
+        url = f"ws://{relay.address}/"
+        samples = tmp_path / "samples.parquet"
+        _load("rmb", url, "--twins", relay.twins, "--pairs", "2", "--count", "200", "--size", "64",
+              "--samples", str(samples))  # fmt: skip
+        _load("sbd", url, "--pairs", "1", "--count", "100")
+        counters = asyncio.run(_drive_drops(relay, tmp_path))
+    finally:
+        relay.stop()
+    assert counters["rate_limited"] >= 100 and counters["unknown"] == 3
+
+    out = tmp_path / "tables"
+    args = ["--input", str(relay.records), "--samples", str(samples), "--output", str(out)]
+    assert main(args) == 0
+    assert "[13/13] load_latency" in capsys.readouterr().err  # progress
+
+    flows: dict[tuple[str, str, str], int] = {}
+    for row in rows(out, "throughput"):
+        key = (row["dialect"], row["route"], row["outcome"])
+        flows[key] = flows.get(key, 0) + row["messages"]
+    limited = int(counters["rate_limited"])
+    assert flows[("rmb", "local", "delivered")] == 400 + 1000 - limited
+    assert flows[("rmb", "none", "rate-limited")] == limited
+    assert flows[("rmb", "none", "rejected")] == 3
+    assert flows[("rmb", "mailbox", "queued")] == 2
+    assert flows[("rmb", "mailbox", "expired")] == 2
+    assert flows[("sbd", "local", "delivered")] == 100
+    abuse = rows(out, "abuse_candidates")
+    assert (abuse[0]["twin"], abuse[0]["rate_limited"]) == ("501", limited)
+    drops = {(r["twin"], r["reason"]): r["messages"] for r in rows(out, "drop_reasons")}
+    assert drops[("505", "unknown twin")] == 3
+    boxes = rows(out, "mailbox")
+    assert (sum(b["queued"] for b in boxes), sum(b["expired"] for b in boxes)) == (2, 2)
+    assert boxes[-1]["backlog"] == 0
+    latency = {(r["dialect"], r["route"]): r for r in rows(out, "latency")}
+    assert latency[("rmb", "mailbox")]["messages"] == 2
+    load = rows(out, "load_latency")
+    assert sum(r["messages"] for r in load) == 400
+    assert all(0 < r["p50_ms"] <= r["p99_ms"] for r in load)
+
+    page = tmp_path / "report.html"
+    assert main(["report", "--input", str(out), "--output", str(page)]) == 0
+    assert "Load harness" in page.read_text()
