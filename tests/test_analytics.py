@@ -246,8 +246,10 @@ def test_report_is_one_self_contained_page(tables: Path, tmp_path: Path) -> None
 def _bad(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and err.startswith("rmb-analytics: ")
-    assert "Exception" not in err and "at org." not in err
+    assert err.count("\n") == 1
+    assert err.startswith("rmb-analytics: ")
+    assert "Exception" not in err
+    assert "at org." not in err
     return err
 
 
@@ -510,7 +512,8 @@ def test_a_real_relays_records_through_the_pipeline(
         counters = asyncio.run(_drive_drops(relay, tmp_path))
     finally:
         relay.stop()
-    assert counters["rate_limited"] >= 100 and counters["unknown"] == 3
+    assert counters["rate_limited"] >= 100
+    assert counters["unknown"] == 3
 
     out = tmp_path / "tables"
     args = ["--input", str(relay.records), "--samples", str(samples), "--output", str(out)]

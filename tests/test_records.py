@@ -6,7 +6,6 @@ clock so partitions and times are exact."""
 from __future__ import annotations
 
 import argparse
-import asyncio
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -17,6 +16,7 @@ from rmb_relay.mailbox import MemoryMailbox
 from rmb_relay.telemetry.metrics import Registry
 from rmb_relay.telemetry.record_flags import add_record_arguments, recorder_from_args
 from rmb_relay.telemetry.records import SCHEMA_KEY, SCHEMA_VERSION, Recorder
+from tests.helpers import eventually
 
 #: 2023-11-14 22:59:59 UTC, one second before an hour boundary
 T0 = 1_700_002_799 * 1_000_000_000
@@ -32,6 +32,10 @@ class Clock:
 
 def visible(root: Path) -> list[Path]:
     return sorted(p for p in root.rglob("*.parquet") if not p.name.startswith("."))
+
+
+def hidden(root: Path) -> list[Path]:
+    return sorted(root.rglob(".*.parquet"))
 
 
 async def test_records_land_in_hour_partitions_with_every_field(tmp_path: Path) -> None:
@@ -52,7 +56,7 @@ async def test_records_land_in_hour_partitions_with_every_field(tmp_path: Path) 
         "date=2023-11-14/hour=22",
         "date=2023-11-14/hour=23",
     ]
-    assert not [p for p in tmp_path.rglob(".*.parquet")]  # nothing left half-written
+    assert hidden(tmp_path) == []  # nothing left half-written
     for path in files:
         assert pq.read_metadata(path).metadata[SCHEMA_KEY] == str(SCHEMA_VERSION).encode()
     rows = pq.read_table(tmp_path).sort_by("time").to_pylist()
@@ -98,13 +102,9 @@ async def test_open_files_are_hidden_until_rolled(tmp_path: Path) -> None:
     recorder.channel("rmb").local((T0, 1, 2, 3))
     recorder.flush()
 
-    async def written() -> None:
-        while recorder.stats.written < 1:
-            await asyncio.sleep(0.005)
-
-    await asyncio.wait_for(written(), 10)
+    await eventually(lambda: recorder.stats.written == 1)
     assert visible(tmp_path) == []  # a reader (Spark) never sees a half-written file
-    assert len(list(tmp_path.rglob(".*.parquet"))) == 1
+    assert len(hidden(tmp_path)) == 1
     await recorder.close()
     assert len(visible(tmp_path)) == 1
 

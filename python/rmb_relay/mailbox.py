@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import abc
 from collections import deque
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 from rmb_relay.clock import Clock, seconds, wall_clock

@@ -11,6 +11,7 @@ The input is checked file by file before Spark starts (inputs.py), so bad input 
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -163,7 +164,7 @@ def run(
     plan.output.mkdir(parents=True, exist_ok=True)
     for job, source in work:
         table = job.run(source, plan.window)
-        rows = progress.step(job.name, job.question, lambda t=table, j=job: _write(t, j, plan))
+        rows = progress.step(job.name, job.question, functools.partial(_write, table, job, plan))
         summary["tables"][job.name] = rows
     if plan.records is not None:
         _write_priors(plan.output)

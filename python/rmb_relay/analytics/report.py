@@ -31,7 +31,8 @@ header{background:#1d2330;color:#fff;padding:18px 32px}header h1{margin:0;font-s
 header p{margin:4px 0 0;color:#b8c0d0}
 main{max-width:1180px;margin:0 auto;padding:20px 32px 48px}
 .cards{display:flex;gap:14px;flex-wrap:wrap;margin:8px 0 20px}
-.card{background:#fff;border-radius:8px;padding:12px 18px;box-shadow:0 1px 3px #0002;min-width:150px}
+.card{background:#fff;border-radius:8px;padding:12px 18px;box-shadow:0 1px 3px #0002;
+min-width:150px}
 .card b{display:block;font-size:22px}.card span{color:#5b6475;font-size:12px}
 section{background:#fff;border-radius:8px;box-shadow:0 1px 3px #0002;padding:16px 22px;
 margin:0 0 18px}
@@ -67,7 +68,7 @@ def _png(figure: Any) -> str:
 
 def _fmt(value: Any) -> str:
     if value is None:
-        return "–"
+        return "-"
     if isinstance(value, float):
         return f"{value:.4g}" if abs(value) < 1 else f"{value:,.1f}"
     if isinstance(value, int):
@@ -106,7 +107,7 @@ def _throughput(rows: Rows | None, window: int) -> str:
         series[label][row["window_start"]] += row["messages"] / window
     figure, axes = plt.subplots(figsize=(11, 3.6))
     for label, points in sorted(series.items()):
-        xs = sorted(points)
+        xs: list[Any] = sorted(points)
         axes.plot(xs, [points[x] for x in xs], label=label, linewidth=1.4)
     axes.set_ylabel("messages / s")
     axes.grid(alpha=0.3)
@@ -170,12 +171,12 @@ def _drops(rows: Rows | None, abuse: Rows | None) -> str:
         by_reason[f"{row['dialect']}: {row['reason'] or row['outcome']}"] += row["messages"]
     ordered = [{"r": k, "messages": v} for k, v in sorted(by_reason.items(), key=lambda i: -i[1])]
     plot = _bars(ordered, lambda r: r["r"], "messages", "drops by reason", "#d8553b")
+    abuse_columns = ["dialect", "twin", "messages", "rate_limited", "rejected", "refused_share"]
     abuse_html = (
-        "<h3>Abuse candidates</h3>"
-        + _html_table(abuse, ["dialect", "twin", "messages", "rate_limited", "rejected", "refused_share"])
+        "<h3>Abuse candidates</h3>" + _html_table(abuse, abuse_columns)
         if abuse
         else _missing("no twin had rate-limited or rejected messages")
-    )  # fmt: skip
+    )
     columns = ["dialect", "twin", "route", "outcome", "reason", "messages", "bytes"]
     return _section(
         "Drops and rate limits",
@@ -195,7 +196,8 @@ def _federation(rows: Rows | None, priors: Rows | None) -> str:
     figure, axes = plt.subplots(figsize=(11, 3.2))
     for remote, points in sorted(series.items()):
         points.sort()
-        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=remote)
+        when: list[Any] = [p[0] for p in points]
+        axes.plot(when, [p[1] for p in points], marker="o", label=remote)
     axes.set_ylim(-0.02, 1.02)
     axes.set_ylabel("failure rate")
     axes.grid(alpha=0.3)
@@ -236,7 +238,8 @@ def _load(rows: Rows | None) -> str:
         by_pair[row["pair"]].append((row["window_start"], row["p99_ms"]))
     for pair, points in sorted(by_pair.items())[:10]:
         points.sort()
-        axes.plot([p[0] for p in points], [p[1] for p in points], label=f"pair {pair}")
+        at: list[Any] = [p[0] for p in points]
+        axes.plot(at, [p[1] for p in points], label=f"pair {pair}")
     axes.set_ylabel("p99 one-way latency (ms)")
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8, ncol=5)

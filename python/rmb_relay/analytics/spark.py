@@ -10,6 +10,7 @@ anyway), and Spark's own console progress bar stays on: it is what moves while a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import tempfile
@@ -104,10 +105,8 @@ def java_message(err: BaseException) -> str:
     text = getattr(err, "desc", None) or str(err)
     java = getattr(err, "java_exception", None)
     if java is not None:
-        try:
+        with contextlib.suppress(Exception):  # the JVM may be gone
             text = str(java.getMessage()) or text
-        except Exception:  # the JVM may be gone
-            pass
     for line in str(text).splitlines():
         line = line.strip()
         if line:
