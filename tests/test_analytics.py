@@ -69,8 +69,9 @@ async def _known_records(root: Path) -> None:
         rmb.local((T0 + i * 1000, 1, 2, 100))
     for i in range(100):
         rmb.local((T0 + i * 1000, 3, 4, 1000))
+    a, b = sbd.name_id("A"), sbd.name_id("B")
     for i in range(50):
-        sbd.local((T0 + i * 1000, "A", "B", 10))
+        sbd.local((T0 + i * 1000, a, b, 10))
     # mailbox: 5 queued with relay time 1..5 ms; 2 delivered; 2 expired; 1 lost to a full box
     for i in range(1, 6):
         clock.now = T0 + 10 * S

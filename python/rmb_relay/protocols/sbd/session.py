@@ -50,6 +50,7 @@ class SbdSession(WebSocketHandler):
         #: route records (--records): this key as text, and the hot path's append (or None)
         self.records = dialect.switch.record_channel("sbd")
         self.record_key = self.key_text if self.records is not None else ""
+        self.record_id = 0 if self.records is None else self.records.name_id(self.record_key)
         self._record_local = None if self.records is None else self.records.local
         self._record_clock = dialect.clock if self.records is None else self.records.clock
 
@@ -135,8 +136,8 @@ class SbdSession(WebSocketHandler):
             hot.bytes_out += len(data)
             record = self._record_local
             if record is not None:  # route records: one tuple appended, nothing else
-                dst_key = target.record_key  # type: ignore[attr-defined]
-                record((self._record_clock(), self.record_key, dst_key, len(data)))
+                dst_id = target.record_id  # type: ignore[attr-defined]
+                record((self._record_clock(), self.record_id, dst_id, len(data)))
             return
         if routing.tag == CMD_ARES:
             self._on_ares(data, routing.payload)
