@@ -32,14 +32,15 @@ that federate or cluster write the same files.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-from array import array
 import queue
 import random
 import threading
 import time
 import uuid
+from array import array
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -69,6 +70,10 @@ FLUSH_INTERVAL = 0.5
 MAX_PENDING_BATCHES = 64
 #: a Parquet file is closed (made visible) at the latest this long after it was opened
 ROLL_SECONDS = 60.0
+#: the writer thread's nice value (forwarding keeps the default 0)
+WRITER_NICE = 10
+#: Parquet page compression: lz4 writes ~2x faster than snappy here at the same size
+COMPRESSION = "lz4"
 
 SCHEMA = pa.schema(
     [
@@ -271,6 +276,10 @@ class Recorder:
         self._thread.join()
 
     def _run(self) -> None:
+        # Linux schedules threads one by one: the writer yields the CPU to forwarding when
+        # both want it (a relay at saturation sheds records, counted, rather than messages)
+        with contextlib.suppress(OSError, AttributeError):
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
         writer = self._writer
         while True:
             try:
@@ -365,7 +374,15 @@ def to_table(batch: _Batch, instance: str) -> pa.Table:
 class _PartitionWriter:
     """Open Parquet files by hour partition; hidden while open, renamed when closed."""
 
-    def __init__(self, directory: Path, instance: str, roll_seconds: float, stats: RecordStats):
+    def __init__(
+        self,
+        directory: Path,
+        instance: str,
+        roll_seconds: float,
+        stats: RecordStats,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.monotonic = monotonic
         self.directory = directory
         self.instance = instance
         self.roll_seconds = roll_seconds
@@ -398,12 +415,13 @@ class _PartitionWriter:
             folder.mkdir(parents=True, exist_ok=True)
             name = f"part-{self._tag}-{uuid.uuid4().hex[:12]}.parquet"
             hidden, final = folder / f".{name}", folder / name
-            entry = (pq.ParquetWriter(hidden, SCHEMA), hidden, final, time.monotonic())
+            writer = pq.ParquetWriter(hidden, SCHEMA, compression=COMPRESSION)
+            entry = (writer, hidden, final, self.monotonic())
             self._open[hour] = entry
         entry[0].write_table(table)
 
     def roll_if_due(self) -> None:
-        now = time.monotonic()
+        now = self.monotonic()
         for hour, (_, _, _, opened) in list(self._open.items()):
             if now - opened >= self.roll_seconds:
                 self._finish(hour)
