@@ -14,7 +14,7 @@ import io
 import json
 from collections import defaultdict
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -108,11 +108,12 @@ def _throughput(rows: Rows | None, window: int) -> str:
     figure, axes = plt.subplots(figsize=(11, 3.6))
     for label, points in sorted(series.items()):
         xs: list[Any] = sorted(points)
-        axes.plot(xs, [points[x] for x in xs], label=label, linewidth=1.4)
+        marker = "o" if len(xs) < 3 else None  # one window is a point, not a line
+        axes.plot(xs, [points[x] for x in xs], label=label, linewidth=1.4, marker=marker)
     axes.set_ylabel("messages / s")
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8, ncol=3, loc="upper left")
-    figure.autofmt_xdate()
+    _time_axis(axes, [r["window_start"] for r in rows], window)
     return _section(f"Throughput over time ({window} s windows)", _png(figure))
 
 
@@ -185,7 +186,7 @@ def _drops(rows: Rows | None, abuse: Rows | None) -> str:
     )
 
 
-def _federation(rows: Rows | None, priors: Rows | None) -> str:
+def _federation(rows: Rows | None, priors: Rows | None, window: int) -> str:
     import matplotlib.pyplot as plt
 
     if not rows:
@@ -202,24 +203,41 @@ def _federation(rows: Rows | None, priors: Rows | None) -> str:
     axes.set_ylabel("failure rate")
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
-    figure.autofmt_xdate()
+    _time_axis(axes, [r["window_start"] for r in rows], window)
     columns = ["remote", "attempts", "failures", "failure_rate"]
     return _section("Federation health", _png(figure), _html_table(priors or [], columns))
 
 
-def _mailbox(rows: Rows | None) -> str:
+def _time_axis(axes: Any, times: list[datetime], window: int) -> None:
+    """Concise UTC time labels over the windows shown (matplotlib's default range around a
+    single point is years wide)."""
+    import matplotlib.dates as mdates
+
+    if times:
+        pad = timedelta(seconds=window / 2)
+        axes.set_xlim(min(times) - pad, max(times) + timedelta(seconds=window) + pad)
+    locator = mdates.AutoDateLocator(minticks=3, maxticks=9)  # type: ignore[no-untyped-call]
+    axes.xaxis.set_major_locator(locator)
+    formatter = mdates.ConciseDateFormatter(locator)  # type: ignore[no-untyped-call]
+    axes.xaxis.set_major_formatter(formatter)
+
+
+def _mailbox(rows: Rows | None, window: int) -> str:
     import matplotlib.pyplot as plt
 
     if not rows:
         return _section("Mailbox", _missing("no mailbox traffic in the range"))
     figure, axes = plt.subplots(figsize=(11, 3.2))
     xs = [r["window_start"] for r in rows]
-    axes.plot(xs, [r["backlog"] for r in rows], label="backlog", color="#1d2330")
-    axes.bar(xs, [r["expired"] for r in rows], label="expired", color="#d8553b", width=0.0005)
+    marker = "o" if len(xs) < 3 else None
+    axes.plot(xs, [r["backlog"] for r in rows], label="backlog", color="#1d2330", marker=marker)
+    width = 0.8 * window / 86_400  # matplotlib dates are in days
+    expired = [r["expired"] for r in rows]
+    axes.bar(xs, expired, label="expired", color="#d8553b", width=width, align="edge")
     axes.set_ylabel("messages")
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
-    figure.autofmt_xdate()
+    _time_axis(axes, xs, window)
     lost = sum(r["expired"] for r in rows)
     lost_bytes = sum(r["expired_bytes"] for r in rows)
     note = _missing(f"expiry loss over the range: {lost:,} messages, {lost_bytes:,} bytes")
@@ -227,7 +245,7 @@ def _mailbox(rows: Rows | None) -> str:
     return _section("Mailbox backlog and expiry", _png(figure), note, _html_table(rows, columns))
 
 
-def _load(rows: Rows | None) -> str:
+def _load(rows: Rows | None, window: int) -> str:
     import matplotlib.pyplot as plt
 
     if not rows:
@@ -243,7 +261,7 @@ def _load(rows: Rows | None) -> str:
     axes.set_ylabel("p99 one-way latency (ms)")
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8, ncol=5)
-    figure.autofmt_xdate()
+    _time_axis(axes, [r["window_start"] for r in rows], window)
     columns = ["window_start", "pair", "messages", "p50_ms", "p99_ms"]
     return _section("Load harness (rmb-load samples)", _png(figure), _html_table(rows, columns))
 
@@ -282,9 +300,9 @@ def write_report(tables: Path, target: Path) -> None:
         _latency(read.get("latency_cdf"), read.get("latency")),
         _talkers(read.get("top_talkers")),
         _drops(read.get("drop_reasons"), read.get("abuse_candidates")),
-        _federation(read.get("federation_health"), read.get("federation_priors")),
-        _mailbox(read.get("mailbox")),
-        _load(read.get("load_latency")),
+        _federation(read.get("federation_health"), read.get("federation_priors"), window),
+        _mailbox(read.get("mailbox"), window),
+        _load(read.get("load_latency"), window),
     ]
     timing = ", ".join(f"{k} {v:.1f} s" for k, v in summary.get("seconds", {}).items())
     page = (
