@@ -415,7 +415,15 @@ class _PartitionWriter:
             folder.mkdir(parents=True, exist_ok=True)
             name = f"part-{self._tag}-{uuid.uuid4().hex[:12]}.parquet"
             hidden, final = folder / f".{name}", folder / name
-            writer = pq.ParquetWriter(hidden, SCHEMA, compression=COMPRESSION)
+            writer = pq.ParquetWriter(
+                hidden,
+                SCHEMA,
+                compression=COMPRESSION,
+                # a dictionary of unique timestamps and min/max of every text column cost more
+                # than the rest of the write; `time` keeps its statistics (readers prune on it)
+                use_dictionary=[name for name in SCHEMA.names if name != "time"],
+                write_statistics=["time"],
+            )
             entry = (writer, hidden, final, self.monotonic())
             self._open[hour] = entry
         entry[0].write_table(table)
