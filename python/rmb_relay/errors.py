@@ -109,7 +109,9 @@ class AuthError(RelayError):
 
 class TwinLookupError(RelayError):
     """The twin directory could not answer (database or chain failure), as opposed to
-    answering that a twin does not exist. The relay answers 500 `failed to get twin: ...`."""
+    answering that a twin does not exist. The relay answers 500 `failed to get twin:
+    directory unavailable (request ID)`; the cause (it names files and hosts) goes only to the
+    log, under that id."""
 
 
 class MailboxUnavailable(RelayError):

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
-from rmb_relay.clock import Clock, seconds, wall_clock
+from rmb_relay.clock import Clock, monotonic_clock, nanos, seconds, wall_clock
 from rmb_relay.errors import MailboxFull, MailboxUnavailable
 
 if TYPE_CHECKING:
@@ -48,6 +48,17 @@ DEFAULT_MAILBOX_TOTAL_BYTES = 512 << 20
 DEFAULT_MAILBOX_SESSIONS = 64
 #: how often expired envelopes are swept out of the in-memory mailbox (seconds)
 DEFAULT_SWEEP_INTERVAL = 10.0
+#: longest a Redis mailbox operation may take before it counts as failed (seconds): a stalled
+#: Redis must not hold a sender's messages, or a login's live traffic, for long
+DEFAULT_REDIS_TIMEOUT = 2.0
+#: envelope bytes on their way to Redis at once, all senders together; beyond it a store is
+#: refused at once (the sender hears "mailbox is unavailable") instead of queueing in the heap
+DEFAULT_REDIS_INFLIGHT_BYTES = 32 << 20
+#: after an operation timed out, Redis is assumed stalled for this long (seconds): stores and
+#: reads fail at once instead of each waiting out its own timeout
+REDIS_STALL_BACKOFF = 1.0
+#: a mailbox is read this many entries at a time (a Redis stream may hold 10,000 of 1 MiB)
+TAKE_PAGE = 256
 
 
 def stream_key(key: SessionKey) -> str:
@@ -62,6 +73,8 @@ class Taken:
 
     envelopes: list[bytes]
     ids: list[bytes] = field(default_factory=list)
+    #: the mailbox may hold more than this page: take again after acknowledging it
+    more: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -296,6 +309,12 @@ class RedisMailbox(Mailbox):
     """Mailbox in Redis streams, compatible with rmb-rs's key layout (field `_` = envelope).
 
     Each entry also carries `dl` (its deadline) so expiry is per message, not per stream.
+
+    A slow or stalled Redis costs bounded memory and time: every operation is cut off after
+    `timeout` seconds (MailboxUnavailable); at most `max_inflight_bytes` of envelopes wait on
+    Redis at once (more is refused at once); after a timeout the mailbox is assumed stalled
+    for `REDIS_STALL_BACKOFF` seconds (on `monotonic`) and fails at once meanwhile. A refused
+    connection fails fast by itself and does not start the back-off.
     """
 
     def __init__(
@@ -304,23 +323,58 @@ class RedisMailbox(Mailbox):
         ttl: int = DEFAULT_MAILBOX_TTL,
         max_per_session: int = DEFAULT_MAILBOX_MAX,
         clock: Clock = wall_clock,
+        *,
+        timeout: float = DEFAULT_REDIS_TIMEOUT,
+        max_inflight_bytes: int = DEFAULT_REDIS_INFLIGHT_BYTES,
+        monotonic: Clock = monotonic_clock,
     ) -> None:
         super().__init__(ttl, max_per_session, clock)
         self.redis = redis
+        self.timeout = timeout
+        self.max_inflight_bytes = max_inflight_bytes
+        self.monotonic = monotonic
         self._depth_estimate = 0
+        self._inflight = 0
+        self._stalled_until: int | None = None
+
+    def _check_stall(self) -> None:
+        until = self._stalled_until
+        if until is not None:
+            if self.monotonic() < until:
+                raise MailboxUnavailable("redis: stalled (an operation timed out just now)")
+            self._stalled_until = None
+
+    def _timed_out(self) -> MailboxUnavailable:
+        self._stalled_until = self.monotonic() + nanos(REDIS_STALL_BACKOFF)
+        return MailboxUnavailable(f"redis: no answer within {self.timeout:g} s")
 
     async def put(self, key: SessionKey, envelope: bytes, deadline: int) -> None:
         from redis.exceptions import RedisError
+        from redis.exceptions import TimeoutError as RedisTimeout
 
+        self._check_stall()
+        size = len(envelope)
+        if self._inflight + size > self.max_inflight_bytes:
+            raise MailboxUnavailable(
+                f"redis: {self._inflight} bytes already waiting to be stored (busy)"
+            )
         name = stream_key(key)
+        self._inflight += size
         try:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.xlen(name)
-                pipe.xadd(name, {"_": envelope, "dl": str(deadline)}, maxlen=self.max_per_session)
-                pipe.expire(name, self.ttl)
-                length, _, _ = await pipe.execute()
+            async with asyncio.timeout(self.timeout):
+                async with self.redis.pipeline(transaction=True) as pipe:
+                    pipe.xlen(name)
+                    pipe.xadd(
+                        name, {"_": envelope, "dl": str(deadline)}, maxlen=self.max_per_session
+                    )
+                    pipe.expire(name, self.ttl)
+                    length, _, _ = await pipe.execute()
+        except (TimeoutError, RedisTimeout):
+            raise self._timed_out() from None
         except (RedisError, OSError) as err:
             raise MailboxUnavailable(f"redis: {err}") from err
+        finally:
+            self._inflight -= size
         if int(length) >= self.max_per_session:
             self.stats.dropped_full += 1
             self._lost(key, 0, "full")
@@ -330,11 +384,16 @@ class RedisMailbox(Mailbox):
 
     async def take(self, key: SessionKey) -> Taken:
         from redis.exceptions import RedisError
+        from redis.exceptions import TimeoutError as RedisTimeout
 
+        self._check_stall()
         try:
-            raw = await self.redis.xrange(stream_key(key), "-", "+")
+            async with asyncio.timeout(self.timeout):
+                raw = await self.redis.xrange(stream_key(key), "-", "+", count=TAKE_PAGE)
             # redis-py's annotation is loose; without decode_responses it is bytes throughout
             entries = cast(list[tuple[bytes, dict[bytes, bytes]]], raw)
+        except (TimeoutError, RedisTimeout):
+            raise self._timed_out() from None
         except (RedisError, OSError) as err:
             raise MailboxUnavailable(f"redis: {err}") from err
         now = seconds(self.clock())
@@ -349,21 +408,29 @@ class RedisMailbox(Mailbox):
             if envelope is not None:
                 live.append(envelope)
         self.stats.delivered += len(live)
-        return Taken(live, [entry_id for entry_id, _ in entries])
+        return Taken(live, [entry_id for entry_id, _ in entries], more=len(entries) == TAKE_PAGE)
 
     async def ack(self, key: SessionKey, taken: Taken) -> None:
         from redis.exceptions import RedisError
+        from redis.exceptions import TimeoutError as RedisTimeout
 
         if not taken.ids:
             return
+        self._check_stall()
         try:
-            await self.redis.xdel(stream_key(key), *taken.ids)
+            async with asyncio.timeout(self.timeout):
+                await self.redis.xdel(stream_key(key), *taken.ids)
+        except (TimeoutError, RedisTimeout):
+            raise self._timed_out() from None
         except (RedisError, OSError) as err:
             raise MailboxUnavailable(f"redis: {err}") from err
         self._depth_estimate = max(0, self._depth_estimate - len(taken.ids))
 
     def depth(self) -> int:
         return self._depth_estimate
+
+    def held_bytes(self) -> int:
+        return self._inflight
 
     async def close(self) -> None:
         await self.redis.aclose()

@@ -19,6 +19,8 @@ from rmb_relay.mailbox import (
     DEFAULT_MAILBOX_TOTAL_BYTES,
     DEFAULT_MAILBOX_TTL,
     DEFAULT_MAILBOX_TWIN_BYTES,
+    DEFAULT_REDIS_INFLIGHT_BYTES,
+    DEFAULT_REDIS_TIMEOUT,
     Mailbox,
     MailboxBudget,
     MemoryMailbox,
@@ -49,6 +51,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--redis",
         metavar="URL",
         help="redis://HOST:PORT/DB for durable mailboxes; without it mailboxes live in memory",
+    )
+    shared.add_argument(
+        "--redis-timeout",
+        type=float,
+        default=DEFAULT_REDIS_TIMEOUT,
+        metavar="SECONDS",
+        help="longest a Redis operation (and connecting) may take; a stalled Redis then fails "
+        "fast: the sender hears that the mailbox is unavailable, live delivery goes on",
+    )
+    shared.add_argument(
+        "--redis-inflight-bytes",
+        type=int,
+        default=DEFAULT_REDIS_INFLIGHT_BYTES,
+        metavar="BYTES",
+        help="envelope bytes waiting on Redis at once; more is refused at once",
     )
     shared.add_argument(
         "--mailbox-ttl",
@@ -135,14 +152,22 @@ class Services:
                 "--mailbox-twin-bytes, --mailbox-total-bytes and --mailbox-sessions must be "
                 "positive"
             ) from None
-        redis = await _connect_redis(args.redis) if args.redis else None
+        if not args.redis_timeout > 0 or args.redis_inflight_bytes <= 0:
+            raise ConfigError("--redis-timeout and --redis-inflight-bytes must be positive")
+        redis = await _connect_redis(args.redis, args.redis_timeout) if args.redis else None
         mailbox: Mailbox
         if redis is None:
             mailbox = MemoryMailbox(
                 ttl=args.mailbox_ttl, max_per_session=args.mailbox_max, budget=budget
             )
         else:
-            mailbox = RedisMailbox(redis, ttl=args.mailbox_ttl, max_per_session=args.mailbox_max)
+            mailbox = RedisMailbox(
+                redis,
+                ttl=args.mailbox_ttl,
+                max_per_session=args.mailbox_max,
+                timeout=args.redis_timeout,
+                max_inflight_bytes=args.redis_inflight_bytes,
+            )
         services = cls(
             Registry(),
             Switch(mailbox),
@@ -174,11 +199,13 @@ class Services:
             await self._directory.close()
 
 
-async def _connect_redis(url: str) -> Redis:
+async def _connect_redis(url: str, timeout: float = DEFAULT_REDIS_TIMEOUT) -> Redis:
+    """A client whose every socket operation is bounded: without timeouts a Redis that stops
+    answering (stopped, not dead) would hold each caller forever."""
     from redis.asyncio import Redis
     from redis.exceptions import RedisError
 
-    redis = Redis.from_url(url)
+    redis = Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
     try:
         await redis.ping()
     except (RedisError, OSError) as err:

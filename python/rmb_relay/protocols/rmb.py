@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import secrets
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -50,7 +51,7 @@ from rmb_relay.errors import (
     TwinLookupError,
 )
 from rmb_relay.federation import Federation, FederationDisabled
-from rmb_relay.identity import parse_jwt, verify_jwt_signature
+from rmb_relay.identity import DEFAULT_MAX_TOKEN_LIFETIME, parse_jwt, verify_jwt_signature
 from rmb_relay.mailbox import Mailbox, MemoryMailbox, SessionKey
 from rmb_relay.protocols.base import CloseCode, Dialect, DialectEntry, Peer, WebSocketHandler
 from rmb_relay.switch import Outcome, Switch
@@ -66,6 +67,15 @@ log = logging.getLogger("rmb_relay.rmb")
 ERROR_ENVELOPE_TTL = 300
 #: a drained mailbox is written this many envelopes at a time, waiting for the socket between
 DRAIN_BATCH = 256
+#: envelopes of one session waiting for the slow path (lookup, mailbox, federation), in bytes:
+#: beyond it the sender is refused at once ("relay busy"), so a stalled dependency (a Redis
+#: that stopped answering) cannot pile a sender's traffic up in the heap
+SLOW_SESSION_BYTES = 8 << 20
+#: the same for all sessions together
+SLOW_TOTAL_BYTES = 64 << 20
+#: a mailbox that could not be read is tried again after this long, doubling up to the max
+DRAIN_RETRY = 1.0
+DRAIN_RETRY_MAX = 30.0
 
 
 @dataclass(slots=True)
@@ -76,6 +86,9 @@ class RmbSettings:
     limit_count: int | None = None
     limit_size: int | None = None
     limit_window: int = 60
+    max_token_lifetime: int = DEFAULT_MAX_TOKEN_LIFETIME
+    slow_session_bytes: int = SLOW_SESSION_BYTES
+    slow_total_bytes: int = SLOW_TOTAL_BYTES
 
     @property
     def standalone(self) -> bool:
@@ -235,6 +248,9 @@ class RmbDialect(Dialect):
             self.limiter = FixedWindowLimiter(
                 settings.limit_count, settings.limit_size, settings.limit_window
             )
+        #: envelope bytes waiting in every session's slow-path queue, and their high mark
+        self.slow_bytes = 0
+        self.slow_bytes_peak = 0
         self.metrics = RmbMetrics(registry, self)
         self._maintenance: asyncio.TimerHandle | None = None
         #: route records (--records), or None
@@ -260,7 +276,7 @@ class RmbDialect(Dialect):
             self._login_failed("missing jwt", conn)
             raise HttpReject(400, "missing jwt")
         try:
-            parsed = parse_jwt(token, seconds(self.clock()))
+            parsed = parse_jwt(token, seconds(self.clock()), self.settings.max_token_lifetime)
         except AuthError as err:
             self._login_failed("expired" if "expired" in err.reason else "invalid jwt", conn)
             raise HttpReject(err.status, err.reason) from None
@@ -268,8 +284,13 @@ class RmbDialect(Dialect):
         try:
             twin = await self.directory.get(twin_id)
         except TwinLookupError as err:
+            # the cause names files and hosts: it goes to the log, the caller gets an id for it
+            request_id = secrets.token_hex(6)
+            log.warning("twin %d lookup failed (request %s): %s", twin_id, request_id, err)
             self._login_failed("twin lookup failed", conn)
-            raise HttpReject(500, f"failed to get twin: {err}") from None
+            raise HttpReject(
+                500, f"failed to get twin: directory unavailable (request {request_id})"
+            ) from None
         if twin is None:
             self._login_failed("unknown twin", conn)
             raise HttpReject(401, f"twin not found {twin_id}")
@@ -303,7 +324,10 @@ class RmbDialect(Dialect):
         try:
             twin = await self.directory.get(dest)
         except TwinLookupError as err:
-            sender.fail(env, f"failed to get twin: {err}", "twin lookup failed", size, received)
+            request_id = secrets.token_hex(6)
+            log.warning("twin %d lookup failed (request %s): %s", dest, request_id, err)
+            reason = f"failed to get twin: directory unavailable (request {request_id})"
+            sender.fail(env, reason, "twin lookup failed", size, received)
             return
         if twin is None:
             sender.fail(env, "unknown twin destination", "unknown twin", size, received)
@@ -398,12 +422,15 @@ class RmbSession(WebSocketHandler):
         self._drain_again = False
         self._held: list[bytes] = []
         self._slow: deque[tuple[EnvelopeRouting, bytes, int]] = deque()
-        #: the hot path's route-record append (None: recording off)
+        #: the hot path's route-record call (None: recording off)
         records = dialect.records
         self._record_local = None if records is None else records.local
         self._record_clock = dialect.clock if records is None else records.clock
+        self._slow_bytes = 0
         self._slow_task: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[None] | None = None
+        self._drain_retry: asyncio.TimerHandle | None = None
+        self._drain_delay = DRAIN_RETRY
 
     def bind_decoder(self, decoder: WsDecoder) -> None:
         # the source check and the destination lookup happen in the codec's feed
@@ -437,6 +464,12 @@ class RmbSession(WebSocketHandler):
         for task in (self._drain_task, self._slow_task):
             if task is not None and not task.done():
                 task.cancel()
+        if self._drain_retry is not None:
+            self._drain_retry.cancel()
+            self._drain_retry = None
+        dialect.slow_bytes -= self._slow_bytes
+        self._slow_bytes = 0
+        self._slow.clear()
         if self._held:
             dialect.metrics.drops.inc(len(self._held), "session closed during mailbox delivery")
             self._held.clear()
@@ -485,9 +518,21 @@ class RmbSession(WebSocketHandler):
                 target.deliver(data)
                 hot.local += 1
                 record = self._record_local
-                if record is not None:  # route records: one tuple appended, nothing else
+                if record is not None:  # route records: four integers appended, nothing else
                     record((self._record_clock(), self.twin, dest, len(data)))
                 return
+        size = len(data)
+        settings = dialect.settings
+        if (
+            self._slow_bytes + size > settings.slow_session_bytes
+            or dialect.slow_bytes + size > settings.slow_total_bytes
+        ):
+            self.fail(env, "relay busy: too many messages waiting to be routed", "relay busy", size)
+            return
+        self._slow_bytes += size
+        dialect.slow_bytes += size
+        if dialect.slow_bytes > dialect.slow_bytes_peak:
+            dialect.slow_bytes_peak = dialect.slow_bytes
         self._slow.append((env, data, self._record_clock()))
         if self._slow_task is None:
             self._slow_task = asyncio.get_running_loop().create_task(self._run_slow())
@@ -554,6 +599,8 @@ class RmbSession(WebSocketHandler):
         try:
             while slow:
                 env, data, received = slow.popleft()
+                self._slow_bytes -= len(data)
+                self.dialect.slow_bytes -= len(data)
                 try:
                     await self.dialect.route_slow(self, env, data, received)
                 except Exception:
@@ -576,26 +623,26 @@ class RmbSession(WebSocketHandler):
         self._drain_task = asyncio.get_running_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
+        """Take, write and acknowledge the mailbox page by page. A mailbox that cannot be read
+        (Redis down or stalled: each operation is bounded by the mailbox's timeout) releases
+        the live traffic held behind it at once, and is tried again later with a back-off."""
         mailbox = self.dialect.mailbox
+        failed = False
         try:
             while True:
                 self._drain_again = False
                 try:
                     taken = await mailbox.take(self.key)
-                except MailboxUnavailable as err:
-                    log.warning("could not read the mailbox of %r: %s", self, err)
-                    break
-                if taken.envelopes and self.open:
-                    await self._write_paced(taken.envelopes)
-                    records = self.dialect.records
-                    if records is not None:
-                        for envelope in taken.envelopes:
-                            records.add(None, self.twin, len(envelope), "mailbox", "delivered")
-                    try:
+                    if taken.envelopes and self.open:
+                        await self._write_paced(taken.envelopes)
+                        self._record_drained(taken.envelopes)
+                    if taken.ids and self.open:
                         await mailbox.ack(self.key, taken)
-                    except MailboxUnavailable as err:
-                        log.warning("could not acknowledge mailbox of %r: %s", self, err)
-                if not self._drain_again:
+                except MailboxUnavailable as err:
+                    log.warning("could not deliver the mailbox of %r: %s", self, err)
+                    failed = True
+                    break
+                if not self.open or not (taken.more or self._drain_again):
                     break
         finally:
             self._drain_task = None
@@ -603,6 +650,29 @@ class RmbSession(WebSocketHandler):
             held, self._held = self._held, []
             if held and self.open:
                 self._write_all(held)
+        if failed and self.open:
+            self._retry_drain()
+        else:
+            self._drain_delay = DRAIN_RETRY
+
+    def _record_drained(self, envelopes: list[bytes]) -> None:
+        records = self.dialect.records
+        if records is not None:
+            for envelope in envelopes:
+                records.add(None, self.twin, len(envelope), "mailbox", "delivered")
+
+    def _retry_drain(self) -> None:
+        if self._drain_retry is not None:
+            return
+        delay = self._drain_delay
+        self._drain_delay = min(delay * 2, DRAIN_RETRY_MAX)
+
+        def retry() -> None:
+            self._drain_retry = None
+            if self.open:
+                self.drain_mailbox()
+
+        self._drain_retry = asyncio.get_running_loop().call_later(delay, retry)
 
     async def _write_paced(self, envelopes: list[bytes]) -> None:
         """Write a drained mailbox in batches, each after the socket is writable again: a large
@@ -653,6 +723,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rate limit window",
     )
     rmb.add_argument(
+        "--max-token-lifetime",
+        type=int,
+        default=DEFAULT_MAX_TOKEN_LIFETIME,
+        metavar="SECONDS",
+        help="refuse a login JWT still valid for longer than this (exp - now); rmb-peer's "
+        "tokens live 300 s",
+    )
+    rmb.add_argument(
         "-p",
         "--ranker-period",
         type=int,
@@ -669,6 +747,8 @@ async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
         raise ConfigError("--limit COUNT SIZE must both be positive")
     if args.limit_window <= 0:
         raise ConfigError("--limit-window must be positive")
+    if args.max_token_lifetime <= 0:
+        raise ConfigError("--max-token-lifetime must be positive")
     if args.ranker_period is not None:
         log.warning("--ranker-period has no effect: this relay does not federate yet")
     settings = RmbSettings(
@@ -676,6 +756,7 @@ async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
         limit_count=args.limit[0] if args.limit else None,
         limit_size=args.limit[1] if args.limit else None,
         limit_window=args.limit_window,
+        max_token_lifetime=args.max_token_lifetime,
     )
     return RmbDialect(
         settings,

@@ -225,4 +225,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "rmb-relay twins") -> in
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from rmb_relay.cli import exit_with
+
+    exit_with(main)
