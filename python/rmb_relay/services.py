@@ -176,7 +176,11 @@ class Services:
             redis=redis,
         )
         # route records (--records): the switch carries the recorder to every dialect
-        services.switch.records = recorder_from_args(args, services.metrics)
+        try:
+            services.switch.records = recorder_from_args(args, services.metrics)
+        except ConfigError:
+            await services.close()
+            raise
         return services
 
     def twin_directory(self) -> TwinDirectory:

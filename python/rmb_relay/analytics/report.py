@@ -105,14 +105,21 @@ def _throughput(rows: Rows | None, window: int) -> str:
     for row in rows:
         label = f"{row['dialect']} {row['route']} {row['outcome']}"
         series[label][row["window_start"]] += row["messages"] / window
+    # windows without traffic are zeros, not a line drawn across the gap
+    first = min(row["window_start"] for row in rows)
+    last = max(row["window_start"] for row in rows)
+    step = timedelta(seconds=window)
+    every = [first + i * step for i in range(int((last - first) / step) + 1)]
     figure, axes = plt.subplots(figsize=(11, 3.6))
     for label, points in sorted(series.items()):
+        for when in every:
+            points.setdefault(when, 0.0)
         xs: list[Any] = sorted(points)
         marker = "o" if len(xs) < 3 else None  # one window is a point, not a line
         axes.plot(xs, [points[x] for x in xs], label=label, linewidth=1.4, marker=marker)
     axes.set_ylabel("messages / s")
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=8, ncol=3, loc="upper left")
+    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     _time_axis(axes, [r["window_start"] for r in rows], window)
     return _section(f"Throughput over time ({window} s windows)", _png(figure))
 
