@@ -307,6 +307,13 @@ def test_bad_times_are_one_line(
     assert message in _bad(args, capsys)
 
 
+def test_unknown_job_is_one_line(
+    records: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["--input", str(records), "--output", str(tmp_path), "--jobs", "latency,nope"]
+    assert "--jobs: no such table nope" in _bad(args, capsys)
+
+
 def test_missing_input_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = _bad(["--input", str(tmp_path / "nope"), "--output", str(tmp_path / "o")], capsys)
     assert "no such file or directory" in err
@@ -363,6 +370,7 @@ class _Daemon:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)  # three JVMs (master, worker, driver) and an executor on 2 cores
 def test_the_same_job_runs_on_a_standalone_cluster(
     records: Path, tables: Path, tmp_path: Path
 ) -> None:
@@ -391,16 +399,23 @@ def test_the_same_job_runs_on_a_standalone_cluster(
         script = Path(sys.executable).parent / "rmb-analytics"
         done = subprocess.run(
             [str(script), "--master", f"spark://127.0.0.1:{port}", "--input", str(records),
-             "--output", str(out), "--driver-memory", "1g"],
+             "--output", str(out), "--driver-memory", "1g",
+             "--jobs", "throughput,latency,mailbox,federation_priors"],
             capture_output=True, text=True, timeout=300, env=env,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
-        assert "[12/12] mailbox" in done.stderr  # progress was shown
+        assert "[5/5] mailbox" in done.stderr  # progress was shown
     finally:
         for daemon in reversed(daemons):
             daemon.stop()
     # the cluster's tables are the local run's tables
-    for name in ("throughput", "top_talkers", "drop_reasons", "latency", "mailbox"):
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == [
+        "federation_priors",
+        "latency",
+        "mailbox",
+        "throughput",
+    ]
+    for name in ("throughput", "latency", "mailbox", "federation_priors"):
         assert rows(out, name) == rows(tables, name), name
     assert (out / "priors.json").read_text() == (tables / "priors.json").read_text()
 
@@ -500,6 +515,7 @@ async def _drive_drops(relay: _RelayProcess, tmp_path: Path) -> dict[str, float]
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_a_real_relays_records_through_the_pipeline(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

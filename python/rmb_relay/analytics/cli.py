@@ -55,6 +55,11 @@ def _run_parser(prog: str) -> argparse.ArgumentParser:
     parser.add_argument(
         "--driver-memory", default="2g", help="JVM heap of the Spark driver (local mode: all)"
     )
+    parser.add_argument(
+        "--jobs",
+        metavar="TABLE,...",
+        help="make only these tables (default: all; docs/analytics.md lists them)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress output")
     return parser
 
@@ -107,6 +112,7 @@ def _run(args: argparse.Namespace) -> int:
         since=parse_time(args.since, "--since") if args.since else None,
         until=parse_time(args.until, "--until") if args.until else None,
         window=args.window,
+        jobs=frozenset(name.strip() for name in args.jobs.split(",")) if args.jobs else None,
     )
     checked = check(plan)  # before Spark starts: bad input costs no JVM
     progress = Progress(out=io.StringIO() if args.quiet else sys.stderr)

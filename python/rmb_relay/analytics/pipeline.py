@@ -49,6 +49,11 @@ class Plan:
     since: datetime | None = None
     until: datetime | None = None
     window: int = 60
+    #: table names to make (None: all)
+    jobs: frozenset[str] | None = None
+
+    def selected(self, jobs: tuple[Job, ...]) -> list[Job]:
+        return [job for job in jobs if self.jobs is None or job.name in self.jobs]
 
 
 @dataclass(slots=True)
@@ -111,6 +116,13 @@ def check(plan: Plan) -> Checked:
         raise InputError("nothing to read: give --input (route records) and/or --samples")
     if plan.since is not None and plan.until is not None and plan.since >= plan.until:
         raise InputError("--since must be before --until")
+    if plan.jobs is not None:
+        known = {job.name for job in RECORD_JOBS + SAMPLE_JOBS}
+        unknown = sorted(plan.jobs - known)
+        if unknown:
+            raise InputError(
+                f"--jobs: no such table {', '.join(unknown)} ({', '.join(sorted(known))})"
+            )
     records = samples = None
     if plan.records is not None:
         records = check_records(plan.records)
@@ -134,8 +146,9 @@ def run(
     Raises InputError for input the user must fix."""
     progress = progress or Progress()
     work: list[tuple[Job, DataFrame]] = []
-    progress.steps = (1 + len(RECORD_JOBS) if checked.records is not None else 0) + (
-        len(SAMPLE_JOBS) if checked.samples is not None else 0
+    record_jobs, sample_jobs = plan.selected(RECORD_JOBS), plan.selected(SAMPLE_JOBS)
+    progress.steps = (1 + len(record_jobs) if checked.records is not None else 0) + (
+        len(sample_jobs) if checked.samples is not None else 0
     )
     summary: dict[str, Any] = {
         "since": plan.since.isoformat() if plan.since else None,
@@ -154,19 +167,19 @@ def run(
         if selected == 0:
             raise InputError(f"{plan.records}: no route records between {_span(plan)}")
         summary["records"] = selected
-        work += [(job, records) for job in RECORD_JOBS]
+        work += [(job, records) for job in record_jobs]
     if checked.samples is not None:
         samples = spark.read.parquet(*[str(path) for path in checked.samples.files])
         if plan.since is not None or plan.until is not None:
             samples = _cut_samples(samples, plan)
         summary["samples"] = checked.samples.rows
-        work += [(job, samples) for job in SAMPLE_JOBS]
+        work += [(job, samples) for job in sample_jobs]
     plan.output.mkdir(parents=True, exist_ok=True)
     for job, source in work:
         table = job.run(source, plan.window)
         rows = progress.step(job.name, job.question, functools.partial(_write, table, job, plan))
         summary["tables"][job.name] = rows
-    if plan.records is not None:
+    if plan.records is not None and any(job.name == "federation_priors" for job in record_jobs):
         _write_priors(plan.output)
     summary["seconds"] = progress.timings
     (plan.output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
