@@ -36,6 +36,10 @@ if shutil.which("java") is None:
 
 from pyspark.sql import SparkSession  # noqa: E402
 
+#: whichever test comes first pays for the JVM and the module's jobs (about 30 s on a quiet
+#: 2-core machine, several times that when it is shared)
+pytestmark = pytest.mark.timeout(300)
+
 #: 2023-11-14 22:13:00 UTC: the start of a 60 s window
 T0 = 1_699_999_980 * 1_000_000_000
 S = 1_000_000_000
@@ -515,7 +519,6 @@ async def _drive_drops(relay: _RelayProcess, tmp_path: Path) -> dict[str, float]
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(300)
 def test_a_real_relays_records_through_the_pipeline(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
