@@ -22,6 +22,7 @@ from __future__ import annotations
 import abc
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
@@ -110,6 +111,13 @@ class Mailbox(abc.ABC):
         self.max_per_session = max_per_session
         self.clock = clock
         self.stats = MailboxStats()
+        #: told of every envelope lost to expiry or a full mailbox: (session, bytes, reason);
+        #: route records use it (a Redis drop of the oldest entry reports 0 bytes: unread)
+        self.on_loss: Callable[[SessionKey, int, str], None] | None = None
+
+    def _lost(self, key: SessionKey, size: int, reason: str) -> None:
+        if self.on_loss is not None:
+            self.on_loss(key, size, reason)
 
     def deadline(self, timestamp: int, expiration: int) -> int:
         """When a stored envelope stops being worth delivering (unix seconds)."""
@@ -190,8 +198,9 @@ class MemoryMailbox(Mailbox):
             box = self._boxes[key] = deque()
             self._twin_sessions[twin] = self._twin_sessions.get(twin, 0) + 1
         if len(box) >= self.max_per_session:
-            self._pop_oldest(twin, box)
+            lost = self._pop_oldest(twin, box)
             self.stats.dropped_full += 1
+            self._lost(key, lost, "full")
         box.append((deadline, envelope))
         self._depth += 1
         self._bytes += size
@@ -207,14 +216,20 @@ class MemoryMailbox(Mailbox):
         now = seconds(self.clock())
         live = [envelope for deadline, envelope in box if deadline > now]
         self.stats.expired += len(box) - len(live)
+        if self.on_loss is not None and len(live) < len(box):
+            for deadline, envelope in box:
+                if deadline <= now:
+                    self.on_loss(key, len(envelope), "expired")
         self.stats.delivered += len(live)
         return Taken(live)
 
-    def _pop_oldest(self, twin: int, box: deque[tuple[int, bytes]]) -> None:
+    def _pop_oldest(self, twin: int, box: deque[tuple[int, bytes]]) -> int:
+        """Drop the oldest envelope; returns its size."""
         _, envelope = box.popleft()
         self._depth -= 1
         self._bytes -= len(envelope)
         self._twin_bytes[twin] -= len(envelope)
+        return len(envelope)
 
     def _forget(self, key: SessionKey, box: deque[tuple[int, bytes]]) -> None:
         """Remove a whole session's mailbox from the books."""
@@ -238,8 +253,9 @@ class MemoryMailbox(Mailbox):
     def _expire(self, key: SessionKey, box: deque[tuple[int, bytes]]) -> None:
         now = seconds(self.clock())
         while box and box[0][0] <= now:
-            self._pop_oldest(key[0], box)
+            lost = self._pop_oldest(key[0], box)
             self.stats.expired += 1
+            self._lost(key, lost, "expired")
 
     def sweep(self) -> int:
         """Drop expired envelopes of every session; returns how many."""
@@ -251,6 +267,10 @@ class MemoryMailbox(Mailbox):
             self._forget(key, box)
             kept = [item for item in box if item[0] > now]
             dropped += len(box) - len(kept)
+            if self.on_loss is not None:
+                for deadline, envelope in box:
+                    if deadline <= now:
+                        self.on_loss(key, len(envelope), "expired")
             if kept:
                 twin = key[0]
                 self._boxes[key] = deque(kept)
@@ -357,6 +377,7 @@ class RedisMailbox(Mailbox):
             self._inflight -= size
         if int(length) >= self.max_per_session:
             self.stats.dropped_full += 1
+            self._lost(key, 0, "full")
         else:
             self._depth_estimate += 1
         self.stats.stored += 1
@@ -381,6 +402,7 @@ class RedisMailbox(Mailbox):
             deadline = fields.get(b"dl")
             if deadline is not None and int(deadline) <= now:
                 self.stats.expired += 1
+                self._lost(key, len(fields.get(b"_", b"")), "expired")
                 continue
             envelope = fields.get(b"_")
             if envelope is not None:

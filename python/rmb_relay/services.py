@@ -29,6 +29,7 @@ from rmb_relay.mailbox import (
 )
 from rmb_relay.switch import Switch
 from rmb_relay.telemetry.metrics import Read, Registry
+from rmb_relay.telemetry.record_flags import add_record_arguments, recorder_from_args
 from rmb_relay.twins.cache import CachedTwinDirectory
 from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path
 
@@ -147,6 +148,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how long a twin lookup is cached",
     )
+    add_record_arguments(parser)
 
 
 class Services:
@@ -259,7 +261,7 @@ class Services:
                 timeout=args.redis_timeout,
                 max_inflight_bytes=args.redis_inflight_bytes,
             )
-        return cls(
+        services = cls(
             Registry(),
             Switch(mailbox),
             twins=args.twins,
@@ -269,6 +271,13 @@ class Services:
             substrate_timeout=args.substrate_timeout,
             catchup_threshold=args.catchup_threshold,
         )
+        # route records (--records): the switch carries the recorder to every dialect
+        try:
+            services.switch.records = recorder_from_args(args, services.metrics)
+        except ConfigError:
+            await services.close()
+            raise
+        return services
 
     def twins_path(self) -> Path:
         """The embedded SQLite file (`--twins`); the tunnel keeps its tenants there too."""
@@ -303,6 +312,8 @@ class Services:
         await self.switch.close()
         if self._events is not None:
             await self._events.close()
+        if self.switch.records is not None:
+            await self.switch.records.close()
         if self._directory is not None:
             await self._directory.close()
 

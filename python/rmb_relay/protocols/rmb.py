@@ -253,6 +253,15 @@ class RmbDialect(Dialect):
         self.slow_bytes_peak = 0
         self.metrics = RmbMetrics(registry, self)
         self._maintenance: asyncio.TimerHandle | None = None
+        #: route records (--records), or None
+        self.records = switch.record_channel("rmb")
+        if self.records is not None:
+            self.mailbox.on_loss = self._record_loss
+
+    def _record_loss(self, key: SessionKey, size: int, reason: str) -> None:
+        assert self.records is not None
+        outcome = "expired" if reason == "expired" else "rejected"
+        self.records.add(None, key[0], size, "mailbox", outcome, f"mailbox {reason}")
 
     @property
     def mailbox(self) -> Mailbox:
@@ -305,53 +314,75 @@ class RmbDialect(Dialect):
             return True
         return bool(twin.relays and twin.relays & self.settings.domains)
 
-    async def route_slow(self, sender: RmbSession, env: EnvelopeRouting, data: bytes) -> None:
-        """Everything that is not a connected local session: lookup, mailbox or federation."""
+    async def route_slow(
+        self, sender: RmbSession, env: EnvelopeRouting, data: bytes, received: int | None = None
+    ) -> None:
+        """Everything that is not a connected local session: lookup, mailbox or federation.
+        `received` (clock reading when the envelope arrived) times it for route records."""
         dest, dest_sid = env.dest_twin, env.dest_connection
+        size = len(data)
         try:
             twin = await self.directory.get(dest)
         except TwinLookupError as err:
             request_id = secrets.token_hex(6)
             log.warning("twin %d lookup failed (request %s): %s", dest, request_id, err)
             reason = f"failed to get twin: directory unavailable (request {request_id})"
-            sender.fail(env, reason, "twin lookup failed")
+            sender.fail(env, reason, "twin lookup failed", size, received)
             return
         if twin is None:
-            sender.fail(env, "unknown twin destination", "unknown twin")
+            sender.fail(env, "unknown twin destination", "unknown twin", size, received)
             return
         if twin.relays is None and not self.settings.standalone:
-            sender.fail(env, "relay info is not set for this twin", "no relay info")
+            sender.fail(env, "relay info is not set for this twin", "no relay info", size, received)
             return
         key: SessionKey = (dest, dest_sid)
+        records = self.records
         if await self.switch.deliver(key, data) is Outcome.DELIVERED:  # connected meanwhile
             self.metrics.hot.local += 1
+            if records is not None:
+                records.add(sender.twin, dest, size, "local", "delivered", received=received)
             return
         if not self.is_ours(twin):
+            remote = min(twin.relays) if twin.relays else None
             try:
                 await self.federation.forward(data, twin)
             except FederationError as err:
-                sender.fail(env, str(err), "federation")
+                sender.fail(env, str(err), "federation", size, received, remote=remote)
                 return
             self.metrics.routed_slow["federation"] += 1
+            if records is not None:
+                records.add(
+                    sender.twin, dest, size, "federation", "delivered", received=received,
+                    remote=remote,
+                )  # fmt: skip
             return
         if env.fail_fast:
-            sender.fail(env, "destination offline", "destination offline")
+            sender.fail(env, "destination offline", "destination offline", size, received)
             return
         deadline = self.mailbox.deadline(env.timestamp, env.expiration)
         try:
             outcome = await self.switch.deliver(key, data, deadline=deadline)
         except MailboxFull as err:
             log.info("mailbox full, refusing envelope for %s: %s", key, err)
-            sender.fail(env, "destination offline and its mailbox is full", "mailbox full")
+            sender.fail(
+                env, "destination offline and its mailbox is full", "mailbox full", size, received
+            )
             return
         except MailboxUnavailable as err:
             log.warning("mailbox unavailable, refusing envelope for %s: %s", key, err)
-            sender.fail(env, "destination offline and the mailbox is unavailable", "mailbox down")
+            sender.fail(
+                env, "destination offline and the mailbox is unavailable", "mailbox down", size,
+                received,
+            )  # fmt: skip
             return
         if outcome is Outcome.QUEUED:
             self.metrics.routed_slow["mailbox"] += 1
+            if records is not None:
+                records.add(sender.twin, dest, size, "mailbox", "queued", received=received)
         else:
             self.metrics.hot.local += 1
+            if records is not None:
+                records.add(sender.twin, dest, size, "local", "delivered", received=received)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -390,7 +421,11 @@ class RmbSession(WebSocketHandler):
         self._draining = False
         self._drain_again = False
         self._held: list[bytes] = []
-        self._slow: deque[tuple[EnvelopeRouting, bytes]] = deque()
+        self._slow: deque[tuple[EnvelopeRouting, bytes, int]] = deque()
+        #: the hot path's route-record call (None: recording off)
+        records = dialect.records
+        self._record_local = None if records is None else records.local
+        self._record_clock = dialect.clock if records is None else records.clock
         self._slow_bytes = 0
         self._slow_task: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[None] | None = None
@@ -464,17 +499,17 @@ class RmbSession(WebSocketHandler):
             self.twin, len(data), seconds(dialect.clock())
         ):
             metrics.limited.inc()
-            self.fail(env, "exceeded rate limits, dropping message", "rate limited")
+            self.fail(env, "exceeded rate limits, dropping message", "rate limited", len(data))
             return
         if not env.from_session:
-            self.fail(env, "message wrong source", "wrong source")
+            self.fail(env, "message wrong source", "wrong source", len(data))
             return
         if env.kind == MSG_PING:
             self.deliver(build_pong(data))
             return
         dest = env.dest_twin
         if dest == 0:
-            self.fail(env, "message with missing destination", "missing destination")
+            self.fail(env, "message with missing destination", "missing destination", len(data))
             return
         conn_id = env.dest_conn_id  # looked up in the same Rust call that decoded the frame
         if conn_id is not None:
@@ -482,6 +517,9 @@ class RmbSession(WebSocketHandler):
             if target is not None:
                 target.deliver(data)
                 hot.local += 1
+                record = self._record_local
+                if record is not None:  # route records: four integers appended, nothing else
+                    record((self._record_clock(), self.twin, dest, len(data)))
                 return
         size = len(data)
         settings = dialect.settings
@@ -489,13 +527,13 @@ class RmbSession(WebSocketHandler):
             self._slow_bytes + size > settings.slow_session_bytes
             or dialect.slow_bytes + size > settings.slow_total_bytes
         ):
-            self.fail(env, "relay busy: too many messages waiting to be routed", "relay busy")
+            self.fail(env, "relay busy: too many messages waiting to be routed", "relay busy", size)
             return
         self._slow_bytes += size
         dialect.slow_bytes += size
         if dialect.slow_bytes > dialect.slow_bytes_peak:
             dialect.slow_bytes_peak = dialect.slow_bytes
-        self._slow.append((env, data))
+        self._slow.append((env, data, self._record_clock()))
         if self._slow_task is None:
             self._slow_task = asyncio.get_running_loop().create_task(self._run_slow())
 
@@ -509,9 +547,31 @@ class RmbSession(WebSocketHandler):
         hot.bytes_out += len(envelope)
         self.peer.send(envelope)
 
-    def fail(self, env: EnvelopeRouting, reason: str, label: str) -> None:
-        """Report a routing failure to the sender, as rmb-rs does: only for requests."""
+    def fail(
+        self,
+        env: EnvelopeRouting,
+        reason: str,
+        label: str,
+        size: int = 0,
+        received: int | None = None,
+        *,
+        remote: str | None = None,
+    ) -> None:
+        """Report a routing failure to the sender, as rmb-rs does: only for requests.
+        `size` and `received` (clock reading on arrival) go to the route record."""
         metrics = self.dialect.metrics
+        records = self.dialect.records
+        if records is not None:
+            records.add(
+                self.twin,
+                env.dest_twin or None,
+                size,
+                "federation" if label == "federation" else "none",
+                "rate-limited" if label == "rate limited" else "rejected",
+                label,
+                received=received,
+                remote=remote,
+            )
         if env.kind != MSG_REQUEST:
             metrics.drops.inc(1, label)
             return
@@ -538,14 +598,14 @@ class RmbSession(WebSocketHandler):
         slow = self._slow
         try:
             while slow:
-                env, data = slow.popleft()
+                env, data, received = slow.popleft()
                 self._slow_bytes -= len(data)
                 self.dialect.slow_bytes -= len(data)
                 try:
-                    await self.dialect.route_slow(self, env, data)
+                    await self.dialect.route_slow(self, env, data, received)
                 except Exception:
                     log.exception("routing failed for envelope %s from %r", env.uid, self)
-                    self.fail(env, "internal relay error", "internal error")
+                    self.fail(env, "internal relay error", "internal error", len(data), received)
         finally:
             self._slow_task = None
 
@@ -575,6 +635,7 @@ class RmbSession(WebSocketHandler):
                     taken = await mailbox.take(self.key)
                     if taken.envelopes and self.open:
                         await self._write_paced(taken.envelopes)
+                        self._record_drained(taken.envelopes)
                     if taken.ids and self.open:
                         await mailbox.ack(self.key, taken)
                 except MailboxUnavailable as err:
@@ -593,6 +654,12 @@ class RmbSession(WebSocketHandler):
             self._retry_drain()
         else:
             self._drain_delay = DRAIN_RETRY
+
+    def _record_drained(self, envelopes: list[bytes]) -> None:
+        records = self.dialect.records
+        if records is not None:
+            for envelope in envelopes:
+                records.add(None, self.twin, len(envelope), "mailbox", "delivered")
 
     def _retry_drain(self) -> None:
         if self._drain_retry is not None:
