@@ -19,6 +19,10 @@ in the mailbox, or no route. The cluster (another instance holds the address) an
 one carried its message. Federation is `federate(frame, twin)`: the `federation` route
 (`federation/`) queues the envelope for one of the twin's relays and answers FEDERATED; with
 no route set the relay does not federate and the caller gets a FederationError.
+
+Route records (`--records`): `records` is the process's `Recorder` or None. Each dialect takes
+its `Channel` from it and records where it decides a route: the local fast path appends one
+tuple, the other routes and every drop call `Channel.add` (telemetry/records.py).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from rmb_relay.mailbox import Mailbox, MemoryMailbox, SessionKey
 
 if TYPE_CHECKING:
     from rmb_relay.protocols.base import Peer
+    from rmb_relay.telemetry.records import Channel, Recorder
     from rmb_relay.twins import Twin
 
 log = logging.getLogger("rmb_relay.switch")
@@ -78,6 +83,12 @@ class Switch:
         self.mailbox: Mailbox = mailbox if mailbox is not None else MemoryMailbox()
         #: the route to other relays; None: this relay does not federate
         self.federation: FederationRoute | None = None
+        #: route records of this process (off: None)
+        self.records: Recorder | None = None
+
+    def record_channel(self, dialect: str) -> Channel | None:
+        """The dialect's route-record buffers, or None when recording is off."""
+        return None if self.records is None else self.records.channel(dialect)
 
     # ---- presence --------------------------------------------------------------------------
 
