@@ -109,6 +109,16 @@ def test_bad_priors_json_is_a_clear_error(tmp_path: Path, content: bytes, messag
     assert message in str(caught.value)
 
 
+def test_priors_from_the_analytics_table(tmp_path: Path) -> None:
+    """The analytics plane's federation_priors table: remote, attempts, failures, failure_rate."""
+    path = tmp_path / "federation_priors.parquet"
+    table = pa.table(
+        {"remote": ["r1.grid.tf"], "attempts": [8], "failures": [2], "failure_rate": [0.25]}
+    )
+    pq.write_table(table, path)
+    assert load_priors(path) == {"r1.grid.tf": 0.25}
+
+
 def test_parquet_without_the_columns_is_a_clear_error(tmp_path: Path) -> None:
     path = tmp_path / "priors.parquet"
     pq.write_table(pa.table({"relay": ["r1"], "rate": [0.1]}), path)

@@ -84,7 +84,7 @@ async def test_failing_relays_are_downvoted_and_the_healthy_one_takes_the_traffi
     twins = await provision(tmp_path / "twins.sqlite3", {1: [A], 3: relays})
     priors = tmp_path / "priors.json"
     priors.write_text(json.dumps({B: 0.9, FAILING: 0.1, HANGING: 0.1, REFUSING: 0.1}))
-    relay_a = network.relay(A, twins, "--ranker-priors", str(priors), "--federation-timeout", "0.5")
+    relay_a = network.relay(A, twins, "--ranker-priors", str(priors), "--federation-timeout", "2")
     relay_b = network.relay(B, twins)
     network.relay(REFUSING, twins).kill()  # a third relay process, dead: connection refused
     failing = await network.bad_remote(FAILING, "503")

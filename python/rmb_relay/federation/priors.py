@@ -4,7 +4,8 @@ Two shapes, chosen by the file's content, not its name:
 
 - JSON: one object `{"relay.example.com": 0.02, ...}` (domain -> failure rate);
 - Parquet: a table with columns `domain` (string) and `failure_rate` (number), one row per
-  domain, as the analytics job writes it.
+  domain; the analytics plane's `federation_priors` table names the domain column `remote`,
+  which is taken too.
 
 A rate is a non-negative finite number; what unit it is in does not matter to the ranker, which
 only compares priors with each other (ranker.py). Anything else is a `ConfigError` naming the
@@ -69,12 +70,14 @@ def _parquet_pairs(path: Path) -> list[tuple[object, object]]:
         table = pq.read_table(path)
     except (ArrowException, OSError) as err:
         raise ConfigError(f"--ranker-priors {path}: unreadable Parquet: {err}") from None
-    missing = {"domain", "failure_rate"} - set(table.column_names)
+    names = set(table.column_names)
+    key = "domain" if "domain" in names or "remote" not in names else "remote"
+    missing = {key, "failure_rate"} - names
     if missing:
         raise ConfigError(
             f"--ranker-priors {path}: Parquet table lacks column(s) {', '.join(sorted(missing))} "
             f"(has {', '.join(table.column_names)})"
         )
-    domains = table.column("domain").to_pylist()
+    domains = table.column(key).to_pylist()
     rates = table.column("failure_rate").to_pylist()
     return list(zip(domains, rates, strict=True))
