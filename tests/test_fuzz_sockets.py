@@ -109,8 +109,9 @@ async def relay(
         assert health.startswith(b"HTTP/1.1 200 ")
     report = os.environ.get("RMB_FUZZ_REPORT")
     if report:  # `make fuzz`: how the process's memory moved over the run
-        with open(report, "a") as out:
-            out.write(f"{EXAMPLES} examples: RSS {rss_before:.1f} -> {rss_mib():.1f} MiB\n")
+        line = f"{EXAMPLES} examples: RSS {rss_before:.1f} -> {rss_mib():.1f} MiB\n"
+        path = Path(report)
+        path.write_text((path.read_text() if path.exists() else "") + line)
 
 
 def rss_mib() -> float:
