@@ -109,9 +109,12 @@ async def relay(
         assert health.startswith(b"HTTP/1.1 200 ")
     report = os.environ.get("RMB_FUZZ_REPORT")
     if report:  # `make fuzz`: how the process's memory moved over the run
-        line = f"{EXAMPLES} examples: RSS {rss_before:.1f} -> {rss_mib():.1f} MiB\n"
-        path = Path(report)
-        path.write_text((path.read_text() if path.exists() else "") + line)
+        append(report, f"{EXAMPLES} examples: RSS {rss_before:.1f} -> {rss_mib():.1f} MiB\n")
+
+
+def append(path: str, line: str) -> None:
+    with open(path, "a") as out:
+        out.write(line)
 
 
 def rss_mib() -> float:
