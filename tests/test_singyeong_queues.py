@@ -161,6 +161,7 @@ async def test_max_attempts_then_dead_letters_then_requeue_over_http(
     assert (body["payload"], body["attempt"]) == ("poison", 1)
     status, error = await http(gateway, "POST", "/api/v1/queues/requeue", {"q": 1}, auth="pw")
     assert status == 400
+    assert error == {"errors": ['expected {"queue": NAME, "ids": [ID, ...] | null}']}
 
 
 async def test_invalid_queue_dispatches_are_op3(make_gateway: MakeGateway) -> None:
