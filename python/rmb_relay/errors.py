@@ -14,6 +14,7 @@ Exception
      ├─ AuthError                  a login the relay refuses; carries the HTTP status and reason
      ├─ TwinLookupError            the twin directory backend failed (not: "no such twin")
      ├─ MailboxUnavailable         the mailbox backend (Redis) could not store or read
+     │   └─ MailboxFull            a mailbox memory budget (bytes, sessions) is reached
      ├─ FederationError            an envelope could not be handed to another relay
      └─ ClientError                the SDK client could not do what was asked
          ├─ RequestTimeout         no response arrived before the deadline
@@ -62,6 +63,7 @@ __all__ = [
     "HandshakeError",
     "HttpParseError",
     "HttpReject",
+    "MailboxFull",
     "MailboxUnavailable",
     "PeerError",
     "RedisUnavailable",
@@ -113,6 +115,12 @@ class TwinLookupError(RelayError):
 class MailboxUnavailable(RelayError):
     """The mailbox backend failed (Redis down or stalled): the message could not be stored or
     read. The sender of a request gets an error envelope; nothing is silently dropped."""
+
+
+class MailboxFull(MailboxUnavailable):
+    """Storing the envelope would take a mailbox over one of its memory budgets (bytes per
+    twin, bytes in all, sessions per twin): refused, so the sender hears of it, rather than
+    displacing mail that is already waiting."""
 
 
 class FederationError(RelayError):

@@ -4,6 +4,13 @@ Decision 2 of spec/rmb.md: a message waits until its own deadline (timestamp + e
 capped by `--mailbox-ttl`; at most `--mailbox-max` per session, dropping the oldest first (and
 counting it). On connect the mailbox is delivered in order before live traffic.
 
+Memory budgets (the in-memory mailbox: it lives in the relay's own heap, so one sender must not
+be able to fill it): at most `MailboxBudget.twin_bytes` per destination twin across its
+sessions, `total_bytes` in all, and `sessions_per_twin` distinct sessions (sids) per twin. An
+envelope over a budget is refused with `MailboxFull` (the sender of a request gets an error
+envelope) instead of displacing older mail; the per-session count cap keeps rmb-rs's
+drop-oldest. Expired envelopes are swept on a timer of their own, whatever else is configured.
+
 Two implementations behind one interface: `MemoryMailbox` (no Redis: a relay restart loses
 it) and `RedisMailbox` (Redis streams under rmb-rs's key names `stream:<twin>[:<sid>]`, entry
 field `_` = the raw envelope, so queued messages survive a restart and a replica can deliver
@@ -13,12 +20,13 @@ them). Delivery is at-least-once: entries are deleted after they were handed to 
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
 from rmb_relay.clock import Clock, seconds, wall_clock
-from rmb_relay.errors import MailboxUnavailable
+from rmb_relay.errors import MailboxFull, MailboxUnavailable
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
@@ -29,6 +37,16 @@ SessionKey = tuple[int, str | None]
 DEFAULT_MAILBOX_TTL = 3600
 #: rmb-rs's QUEUE_MAXLEN per stream
 DEFAULT_MAILBOX_MAX = 10_000
+#: in-memory mailbox bytes for one destination twin (all its sessions): 64 envelopes of the
+#: largest size, or thousands of ordinary ones; a flood to one twin stops here
+DEFAULT_MAILBOX_TWIN_BYTES = 64 << 20
+#: in-memory mailbox bytes in all: what offline mail may cost the relay's heap
+DEFAULT_MAILBOX_TOTAL_BYTES = 512 << 20
+#: distinct sessions (sids) with mail waiting, per twin: the sid is the sender's choice, so
+#: without a cap one sender creates a mailbox per random sid
+DEFAULT_MAILBOX_SESSIONS = 64
+#: how often expired envelopes are swept out of the in-memory mailbox (seconds)
+DEFAULT_SWEEP_INTERVAL = 10.0
 
 
 def stream_key(key: SessionKey) -> str:
@@ -45,12 +63,27 @@ class Taken:
     ids: list[bytes] = field(default_factory=list)
 
 
+@dataclass(frozen=True, slots=True)
+class MailboxBudget:
+    """Memory limits of the in-memory mailbox (see the module docstring)."""
+
+    twin_bytes: int = DEFAULT_MAILBOX_TWIN_BYTES
+    total_bytes: int = DEFAULT_MAILBOX_TOTAL_BYTES
+    sessions_per_twin: int = DEFAULT_MAILBOX_SESSIONS
+
+    def __post_init__(self) -> None:
+        if min(self.twin_bytes, self.total_bytes, self.sessions_per_twin) <= 0:
+            raise ValueError("mailbox budgets must be positive")
+
+
 @dataclass(slots=True)
 class MailboxStats:
     stored: int = 0
     delivered: int = 0
     expired: int = 0
     dropped_full: int = 0
+    #: refused because a memory budget (bytes or sessions) was reached
+    refused: int = 0
 
 
 class Mailbox(abc.ABC):
@@ -86,71 +119,157 @@ class Mailbox(abc.ABC):
     def depth(self) -> int:
         """Envelopes waiting in all mailboxes (for the metric; may be approximate)."""
 
+    def held_bytes(self) -> int:
+        """Envelope bytes this process holds for the mailbox (stored in memory, or on their way
+        to Redis): the figure the memory budgets bound."""
+        return 0
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
 
 
 class MemoryMailbox(Mailbox):
-    """In-process mailbox for a relay without Redis."""
+    """In-process mailbox for a relay without Redis, within a `MailboxBudget`.
+
+    Expired envelopes are swept every `sweep_interval` seconds of loop time while anything is
+    stored (the timer starts with the first `put` and stops when the mailbox is empty); expiry
+    itself is judged on `clock`, so tests move time by hand and shorten the interval."""
 
     def __init__(
         self,
         ttl: int = DEFAULT_MAILBOX_TTL,
         max_per_session: int = DEFAULT_MAILBOX_MAX,
         clock: Clock = wall_clock,
+        *,
+        budget: MailboxBudget | None = None,
+        sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
     ) -> None:
         super().__init__(ttl, max_per_session, clock)
+        self.budget = budget if budget is not None else MailboxBudget()
+        self.sweep_interval = sweep_interval
         self._boxes: dict[SessionKey, deque[tuple[int, bytes]]] = {}
         self._depth = 0
+        self._bytes = 0
+        #: per destination twin: bytes stored and sessions with a mailbox
+        self._twin_bytes: dict[int, int] = {}
+        self._twin_sessions: dict[int, int] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
 
     async def put(self, key: SessionKey, envelope: bytes, deadline: int) -> None:
+        twin = key[0]
+        size = len(envelope)
         box = self._boxes.get(key)
+        if box is not None:
+            self._expire(key, box)
+        budget = self.budget
+        if box is None and self._twin_sessions.get(twin, 0) >= budget.sessions_per_twin:
+            self.stats.refused += 1
+            raise MailboxFull(
+                f"twin {twin} has mail waiting for {budget.sessions_per_twin} sessions"
+            )
+        if self._twin_bytes.get(twin, 0) + size > budget.twin_bytes:
+            self.stats.refused += 1
+            raise MailboxFull(f"mailbox of twin {twin} is over {budget.twin_bytes} bytes")
+        if self._bytes + size > budget.total_bytes:
+            self.stats.refused += 1
+            raise MailboxFull(f"mailboxes are over {budget.total_bytes} bytes in all")
         if box is None:
             box = self._boxes[key] = deque()
-        self._expire(box)
+            self._twin_sessions[twin] = self._twin_sessions.get(twin, 0) + 1
         if len(box) >= self.max_per_session:
-            box.popleft()
-            self._depth -= 1
+            self._pop_oldest(twin, box)
             self.stats.dropped_full += 1
         box.append((deadline, envelope))
         self._depth += 1
+        self._bytes += size
+        self._twin_bytes[twin] = self._twin_bytes.get(twin, 0) + size
         self.stats.stored += 1
+        self._ensure_sweeper()
 
     async def take(self, key: SessionKey) -> Taken:
-        box = self._boxes.pop(key, None)
-        if not box:
+        box = self._boxes.get(key)
+        if box is None:
             return Taken([])
-        self._depth -= len(box)
+        self._forget(key, box)
         now = seconds(self.clock())
         live = [envelope for deadline, envelope in box if deadline > now]
         self.stats.expired += len(box) - len(live)
         self.stats.delivered += len(live)
         return Taken(live)
 
-    def _expire(self, box: deque[tuple[int, bytes]]) -> None:
+    def _pop_oldest(self, twin: int, box: deque[tuple[int, bytes]]) -> None:
+        _, envelope = box.popleft()
+        self._depth -= 1
+        self._bytes -= len(envelope)
+        self._twin_bytes[twin] -= len(envelope)
+
+    def _forget(self, key: SessionKey, box: deque[tuple[int, bytes]]) -> None:
+        """Remove a whole session's mailbox from the books."""
+        twin = key[0]
+        del self._boxes[key]
+        size = sum(len(envelope) for _, envelope in box)
+        self._depth -= len(box)
+        self._bytes -= size
+        left = self._twin_bytes[twin] - size
+        sessions = self._twin_sessions[twin] - 1
+        if sessions:
+            self._twin_bytes[twin] = left
+            self._twin_sessions[twin] = sessions
+        else:
+            del self._twin_bytes[twin]
+            del self._twin_sessions[twin]
+        if not self._boxes:
+            # a dict never shrinks by deleting: start over so a burst's table is freed too
+            self._boxes = {}
+
+    def _expire(self, key: SessionKey, box: deque[tuple[int, bytes]]) -> None:
         now = seconds(self.clock())
         while box and box[0][0] <= now:
-            box.popleft()
-            self._depth -= 1
+            self._pop_oldest(key[0], box)
             self.stats.expired += 1
 
     def sweep(self) -> int:
-        """Drop expired envelopes of every session (run periodically); returns how many."""
-        before = self._depth
-        for key in list(self._boxes):
-            box = self._boxes[key]
-            now = seconds(self.clock())
-            kept = deque(item for item in box if item[0] > now)
-            self.stats.expired += len(box) - len(kept)
-            self._depth -= len(box) - len(kept)
+        """Drop expired envelopes of every session; returns how many."""
+        now = seconds(self.clock())
+        dropped = 0
+        for key, box in list(self._boxes.items()):
+            if box and all(deadline > now for deadline, _ in box):
+                continue
+            self._forget(key, box)
+            kept = [item for item in box if item[0] > now]
+            dropped += len(box) - len(kept)
             if kept:
-                self._boxes[key] = kept
-            else:
-                del self._boxes[key]
-        return before - self._depth
+                twin = key[0]
+                self._boxes[key] = deque(kept)
+                size = sum(len(envelope) for _, envelope in kept)
+                self._depth += len(kept)
+                self._bytes += size
+                self._twin_bytes[twin] = self._twin_bytes.get(twin, 0) + size
+                self._twin_sessions[twin] = self._twin_sessions.get(twin, 0) + 1
+        self.stats.expired += dropped
+        return dropped
+
+    def _ensure_sweeper(self) -> None:
+        if self._sweeper is None:
+            loop = asyncio.get_running_loop()
+            self._sweeper = loop.call_later(self.sweep_interval, self._tick)
+
+    def _tick(self) -> None:
+        self._sweeper = None
+        self.sweep()
+        if self._boxes:
+            self._ensure_sweeper()
 
     def depth(self) -> int:
         return self._depth
+
+    def held_bytes(self) -> int:
+        return self._bytes
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
 
 
 class RedisMailbox(Mailbox):

@@ -15,8 +15,12 @@ from typing import TYPE_CHECKING
 from rmb_relay.errors import ConfigError
 from rmb_relay.mailbox import (
     DEFAULT_MAILBOX_MAX,
+    DEFAULT_MAILBOX_SESSIONS,
+    DEFAULT_MAILBOX_TOTAL_BYTES,
     DEFAULT_MAILBOX_TTL,
+    DEFAULT_MAILBOX_TWIN_BYTES,
     Mailbox,
+    MailboxBudget,
     MemoryMailbox,
     RedisMailbox,
 )
@@ -60,6 +64,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="messages kept per offline session; the oldest are dropped first",
     )
     shared.add_argument(
+        "--mailbox-twin-bytes",
+        type=int,
+        default=DEFAULT_MAILBOX_TWIN_BYTES,
+        metavar="BYTES",
+        help="in-memory mailbox: bytes kept for one twin (all its sessions); more is refused "
+        "with an error to the sender",
+    )
+    shared.add_argument(
+        "--mailbox-total-bytes",
+        type=int,
+        default=DEFAULT_MAILBOX_TOTAL_BYTES,
+        metavar="BYTES",
+        help="in-memory mailbox: bytes kept in all; more is refused with an error to the sender",
+    )
+    shared.add_argument(
+        "--mailbox-sessions",
+        type=int,
+        default=DEFAULT_MAILBOX_SESSIONS,
+        metavar="N",
+        help="in-memory mailbox: sessions (sids) of one twin with mail waiting",
+    )
+    shared.add_argument(
         "--twins",
         metavar="sqlite:PATH",
         default=None,
@@ -98,10 +124,21 @@ class Services:
         """Connect what the flags name; raises ConfigError when a dependency is unreachable."""
         if args.mailbox_ttl <= 0 or args.mailbox_max <= 0:
             raise ConfigError("--mailbox-ttl and --mailbox-max must be positive")
+        try:
+            budget = MailboxBudget(
+                args.mailbox_twin_bytes, args.mailbox_total_bytes, args.mailbox_sessions
+            )
+        except ValueError:
+            raise ConfigError(
+                "--mailbox-twin-bytes, --mailbox-total-bytes and --mailbox-sessions must be "
+                "positive"
+            ) from None
         redis = await _connect_redis(args.redis) if args.redis else None
         mailbox: Mailbox
         if redis is None:
-            mailbox = MemoryMailbox(ttl=args.mailbox_ttl, max_per_session=args.mailbox_max)
+            mailbox = MemoryMailbox(
+                ttl=args.mailbox_ttl, max_per_session=args.mailbox_max, budget=budget
+            )
         else:
             mailbox = RedisMailbox(redis, ttl=args.mailbox_ttl, max_per_session=args.mailbox_max)
         return cls(

@@ -45,6 +45,7 @@ from rmb_relay.errors import (
     ConfigError,
     FederationError,
     HttpReject,
+    MailboxFull,
     MailboxUnavailable,
     TwinLookupError,
 )
@@ -186,6 +187,17 @@ class RmbMetrics:
             ],
             ("reason",),
         )
+        registry.gauge(
+            "rmb_relay_mailbox_bytes",
+            "Envelope bytes the relay holds for mailboxes (in memory, or on their way to Redis)",
+            read=lambda: [((), dialect.mailbox.held_bytes())],
+        )
+        registry.counter_of(
+            "rmb_relay_mailbox_refused_total",
+            "Messages a mailbox refused because a memory budget was reached (the sender of a "
+            "request gets an error)",
+            lambda: [((), dialect.mailbox.stats.refused)],
+        )
 
 
 class RmbDialect(Dialect):
@@ -304,6 +316,10 @@ class RmbDialect(Dialect):
         deadline = self.mailbox.deadline(env.timestamp, env.expiration)
         try:
             outcome = await self.switch.deliver(key, data, deadline=deadline)
+        except MailboxFull as err:
+            log.info("mailbox full, refusing envelope for %s: %s", key, err)
+            sender.fail(env, "destination offline and its mailbox is full", "mailbox full")
+            return
         except MailboxUnavailable as err:
             log.warning("mailbox unavailable, refusing envelope for %s: %s", key, err)
             sender.fail(env, "destination offline and the mailbox is unavailable", "mailbox down")
@@ -324,8 +340,6 @@ class RmbDialect(Dialect):
         self._maintenance = None
         if self.limiter is not None:
             self.limiter.prune(seconds(self.clock()))
-        if isinstance(self.mailbox, MemoryMailbox):
-            self.mailbox.sweep()
         if self.sessions:
             self._schedule_maintenance()
 

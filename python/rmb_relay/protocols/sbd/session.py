@@ -47,6 +47,10 @@ class SbdSession(WebSocketHandler):
         self.ready = False
         self.open = False
         self.last_activity = dialect.clock()
+        #: counted in the dialect's handshaking connections of this IP
+        self.handshaking = False
+        #: the lbrt value this connection was last told (None: not yet)
+        self.lbrt_sent: int | None = None
 
     def send(self, message: bytes) -> None:
         self.peer.send(message)
@@ -63,7 +67,9 @@ class SbdSession(WebSocketHandler):
         dialect.sessions[self.peer.id] = self
         dialect.switch.attach(self)
         dialect.by_ip.setdefault(self.ip, set()).add(self)
-        dialect.ip_count_changed(self.ip)  # includes this connection's first lbrt
+        dialect.handshake_started(self)
+        dialect.send_lbrt(self)  # this connection's first lbrt, at once (it precedes srdy)
+        dialect.ip_count_changed(self.ip)
         self.send(sbd_encode_command(CMD_AREQ, self.nonce))
 
     def drop(self, reason: str) -> None:
@@ -139,6 +145,7 @@ class SbdSession(WebSocketHandler):
         self.send(sbd_encode_command(CMD_SRDY))
         # routable in the same step as srdy is queued: nothing can overtake it
         self.ready = self.scanner.ready = True
+        dialect.handshake_done(self)
         displaced = dialect.switch.register_key(self.pubkey, self)
         if isinstance(displaced, SbdSession):
             # decision 4: the newest connection takes the routing
@@ -155,6 +162,7 @@ class SbdSession(WebSocketHandler):
         dialect.sessions.pop(self.peer.id, None)
         dialect.switch.unregister_key(self.pubkey, self)
         dialect.switch.detach(self)
+        dialect.handshake_done(self)
         members = dialect.by_ip.get(self.ip)
         if members is not None:
             members.discard(self)
