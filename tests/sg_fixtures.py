@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 
 from rmb_relay.clock import monotonic_clock
 from rmb_relay.protocols.singyeong import SgSettings, SingyeongDialect
@@ -47,6 +48,10 @@ class Gateway:
         self.clients.append(client)
         return client
 
+    async def stop(self) -> None:
+        """Shut this instance down (its clients see 1001), as a restart's first half."""
+        await self.server.shutdown()
+
     async def client(
         self, client_id: str, app_id: str = "app", encoding: str = "json", **extra: Any
     ) -> SgClient:
@@ -63,10 +68,18 @@ MakeGateway = Callable[..., Awaitable[Gateway]]
 async def make_gateway(start_relay: StartRelay) -> AsyncIterator[MakeGateway]:
     made: list[Gateway] = []
 
-    async def make(*, fake_clock: bool = False, **settings: Any) -> Gateway:
+    redises: list[Redis] = []
+
+    async def make(
+        *, fake_clock: bool = False, redis_url: str | None = None, **settings: Any
+    ) -> Gateway:
         clock: Callable[[], int] = FakeClock() if fake_clock else monotonic_clock
         registry = Registry()
-        dialect = SingyeongDialect(SgSettings(**settings), registry, clock=clock)
+        redis = None
+        if redis_url is not None:
+            redis = Redis.from_url(redis_url)
+            redises.append(redis)
+        dialect = SingyeongDialect(SgSettings(**settings), registry, clock=clock, redis=redis)
         server = await start_relay([dialect], registry=registry)
         gateway = Gateway(server, dialect, clock, registry)
         made.append(gateway)
@@ -77,3 +90,5 @@ async def make_gateway(start_relay: StartRelay) -> AsyncIterator[MakeGateway]:
         for client in gateway.clients:
             await client.close()
         await gateway.dialect.close()
+    for redis in redises:
+        await redis.aclose()

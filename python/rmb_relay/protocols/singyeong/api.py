@@ -83,7 +83,7 @@ class SgApi:
         if not self.authorized(request):
             return self.refused()
         name = _query_param(request.query, "queue")
-        return _json(200, [letter.record() for letter in self.dialect.queues.dead_letters(name)])
+        return _json(200, await self.dialect.queues.list_dead(name))
 
     async def requeue(self, request: HttpRequest, client: HttpClient) -> HttpResponse:
         if not self.authorized(request):
@@ -98,5 +98,5 @@ class SgApi:
             ids is None or (isinstance(ids, list) and all(isinstance(i, str) for i in ids))
         ):
             return _json(400, {"errors": ['expected {"queue": NAME, "ids": [ID, ...] | null}']})
-        moved = self.dialect.queues.requeue(name, ids)
+        moved = await self.dialect.queues.requeue_dead(name, ids)
         return _json(200, {"requeued": moved})

@@ -42,10 +42,13 @@ from rmb_relay.protocols.singyeong.query import (
     select,
 )
 from rmb_relay.protocols.singyeong.queues import MAX_QUEUE_NAME, Message, Queues
+from rmb_relay.protocols.singyeong.redis_queues import RedisQueues
 from rmb_relay.protocols.singyeong.session import SgSession
 from rmb_relay.protocols.singyeong.settings import SgSettings
 
 if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
     from rmb_relay._core import HttpRequest
     from rmb_relay.telemetry.metrics import Registry
 
@@ -77,7 +80,10 @@ class SingyeongDialect(Dialect):
         wall: Clock = wall_clock,
         *,
         rng: random.Random | None = None,
+        redis: Redis | None = None,
     ) -> None:
+        """With `redis`, queues live there (shared by every instance on it, surviving
+        restarts); it must be called on the running loop then."""
         self.settings = settings
         self.clock = clock
         self.wall = wall
@@ -86,12 +92,23 @@ class SingyeongDialect(Dialect):
         self.sessions: dict[int, SgSession] = {}
         #: non-restricted clients that asked for CLIENT_CONNECTED/DISCONNECTED
         self.update_listeners: set[SgSession] = set()
-        self.queues = Queues(
-            ack_timeout_ns=int(settings.ack_timeout * 1e9),
-            max_attempts=settings.max_attempts,
-            clock=clock,
-            wall_ms=self.now_ms,
-        )
+        self.queues: Queues | RedisQueues
+        if redis is None:
+            self.queues = Queues(
+                ack_timeout_ns=int(settings.ack_timeout * 1e9),
+                max_attempts=settings.max_attempts,
+                clock=clock,
+                wall_ms=self.now_ms,
+            )
+        else:
+            self.queues = RedisQueues(
+                redis,
+                node=settings.node,
+                ack_timeout_ns=int(settings.ack_timeout * 1e9),
+                max_attempts=settings.max_attempts,
+                wall_ms=self.now_ms,
+            )
+            self.queues.start()
         self.metrics = SgMetrics(registry, lambda: self.index, lambda: self.queues)
         self._sweeper: asyncio.TimerHandle | None = None
         self._metadata_due: dict[SgSession, int] = {}
@@ -155,7 +172,7 @@ class SingyeongDialect(Dialect):
         try:
             self.sweep(self.clock())
         finally:
-            if self.sessions or self.queues.queues:
+            if self.sessions or self.queues.busy:
                 self.ensure_sweeper()
 
     def sweep(self, now: int) -> None:
@@ -319,8 +336,27 @@ class SingyeongDialect(Dialect):
         self.store_message(session, message)
 
     def store_message(self, session: SgSession, message: Message) -> None:
-        """Memory: stored at once. (The Redis store overrides this to confirm after its write.)"""
-        self.confirm(session, message)
+        """Confirm once stored: memory at once (confirm, then deliver), Redis after its write."""
+        queues = self.queues
+        if not queues.durable:
+            self.confirm(session, message)
+            queues.stored(message)
+            return
+        task = asyncio.get_running_loop().create_task(self._store_durably(session, message))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _store_durably(self, session: SgSession, message: Message) -> None:
+        try:
+            await self.queues.store(message)
+        except Exception as err:
+            log.warning("singyeong: queue %s: could not store: %s", message.queue, err)
+            self.metrics.hot.dispatch("QUEUE", "unavailable")
+            if not session.closing:
+                session.invalid("queue unavailable: the message was not stored", message.queue)
+            return
+        if not session.closing:
+            self.confirm(session, message)
         self.queues.stored(message)
 
     def confirm(self, session: SgSession, message: Message) -> None:
@@ -384,3 +420,4 @@ class SingyeongDialect(Dialect):
         self._sweeper = self._metadata_timer = None
         for task in list(self._tasks):
             task.cancel()
+        await self.queues.close()

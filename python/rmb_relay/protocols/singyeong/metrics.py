@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rmb_relay.protocols.singyeong.clients import ClientIndex
     from rmb_relay.protocols.singyeong.queues import Queues
+    from rmb_relay.protocols.singyeong.redis_queues import RedisQueues
     from rmb_relay.telemetry.metrics import Registry
 
 #: applications shown by name in `rmb_relay_sg_clients`; the rest are `other`
@@ -51,7 +52,10 @@ class HotCounters:
 
 class SgMetrics:
     def __init__(
-        self, registry: Registry, index: Callable[[], ClientIndex], queues: Callable[[], Queues]
+        self,
+        registry: Registry,
+        index: Callable[[], ClientIndex],
+        queues: Callable[[], Queues | RedisQueues],
     ) -> None:
         hot = self.hot = HotCounters()
         sg = {"dialect": "singyeong"}

@@ -316,3 +316,25 @@ class Queues:
             unacked += len(queue.unacked)
             dead += len(queue.dead)
         return waiting, unacked, dead
+
+    # ---- the interface the dialect and the HTTP API share with `RedisQueues` --------------
+
+    #: memory stores synchronously: the dialect confirms and queues in one step
+    durable = False
+
+    @property
+    def busy(self) -> bool:
+        """Something may time out: the dialect's sweep must keep running."""
+        return bool(self.queues)
+
+    async def store(self, message: Message) -> None:
+        self.stored(message)
+
+    async def list_dead(self, name: str | None) -> list[dict[str, Any]]:
+        return [letter.record() for letter in self.dead_letters(name)]
+
+    async def requeue_dead(self, name: str, ids: list[str] | None) -> int:
+        return self.requeue(name, ids)
+
+    async def close(self) -> None:
+        pass
