@@ -14,8 +14,14 @@ from tests.test_singyeong_queues import WORKERS, http, nothing_pending, queue, t
 __all__ = ["make_gateway"]
 
 
+async def depth_is(gateway: Gateway, expected: tuple[int, int, int]) -> bool:
+    """Recount the Redis depths (the metrics' reading): (waiting, unacked, dead)."""
+    await gateway.dialect.queues.sweep_expired(0)  # type: ignore[union-attr]
+    return gateway.dialect.queues.depth() == expected
+
+
 async def test_queue_in_redis_confirm_deliver_ack(
-    make_gateway: MakeGateway, redis_server: RedisServer
+    redis_server: RedisServer, make_gateway: MakeGateway
 ) -> None:
     gateway = await make_gateway(redis_url=redis_server.url)
     producer = await gateway.client("p", "producers")
@@ -24,13 +30,11 @@ async def test_queue_in_redis_confirm_deliver_ack(
     body = await take(worker)
     assert (body["payload"], body["attempt"]) == ({"job": 1}, 1)
     await worker.dispatch("QUEUE_ACK", {"queue": "jobs", "id": body["id"]})
-    await nothing_pending(worker)
-    await gateway.dialect.queues.sweep_expired(0)  # type: ignore[union-attr]
-    assert gateway.dialect.queues.depth() == (0, 0, 0)
+    await eventually(lambda: depth_is(gateway, (0, 0, 0)))
 
 
 async def test_restart_loses_no_queued_or_unacked_message(
-    make_gateway: MakeGateway, redis_server: RedisServer
+    redis_server: RedisServer, make_gateway: MakeGateway
 ) -> None:
     first = await make_gateway(redis_url=redis_server.url, ack_timeout=0.3, node="first")
     producer = await first.client("p", "producers")
@@ -52,7 +56,7 @@ async def test_restart_loses_no_queued_or_unacked_message(
 
 
 async def test_two_instances_share_queues(
-    make_gateway: MakeGateway, redis_server: RedisServer
+    redis_server: RedisServer, make_gateway: MakeGateway
 ) -> None:
     a = await make_gateway(redis_url=redis_server.url, node="a")
     b = await make_gateway(redis_url=redis_server.url, node="b")
@@ -66,20 +70,14 @@ async def test_two_instances_share_queues(
     assert frame["d"]["payload"]["payload"] == "cross"
 
 
-async def refresh(gateway: Gateway) -> bool:
-    """Recount the Redis depths (the metrics' reading) and say whether a letter is dead."""
-    await gateway.dialect.queues.sweep_expired(0)  # type: ignore[union-attr]
-    return gateway.dialect.queues.depth()[2] == 1
-
-
-async def test_dead_letters_in_redis(make_gateway: MakeGateway, redis_server: RedisServer) -> None:
+async def test_dead_letters_in_redis(redis_server: RedisServer, make_gateway: MakeGateway) -> None:
     gateway = await make_gateway(redis_url=redis_server.url, ack_timeout=0.2, max_attempts=1)
     producer = await gateway.client("p", "producers")
     await queue(producer, "poison", {**WORKERS})
     worker = await gateway.client("w", "workers")
     await take(worker)
     await worker.close()  # disconnect: retried at once, and one attempt was the maximum
-    await eventually(lambda: refresh(gateway))
+    await eventually(lambda: depth_is(gateway, (0, 0, 1)))
     status, letters = await http(gateway, "GET", "/api/v1/queues/dead-letters")
     assert status == 200
     (letter,) = letters

@@ -32,6 +32,7 @@ class Client:
         "client_id",
         "encoding",
         "metadata",
+        "node",
         "queues",
         "receive_updates",
         "restricted",
@@ -39,6 +40,7 @@ class Client:
         "socket_ip",
         "sort_key",
         "types",
+        "version",
     )
 
     def __init__(
@@ -63,6 +65,10 @@ class Client:
         self.metadata: dict[str, Any] = {}
         self.types: dict[str, str] = {}
         self.queues: set[str] = set()
+        #: the instance holding it (None: this one); remote clients are replicas (cluster.py)
+        self.node: str | None = None
+        #: bumped at every change this instance publishes, so replicas keep the newest
+        self.version = 0
 
     def describe(self) -> dict[str, Any]:
         """The JSON shape of `/api/v1/query` and QUERY_NODES."""

@@ -32,6 +32,7 @@ from rmb_relay.errors import HttpReject
 from rmb_relay.protocols.base import Dialect, Peer, Routes, WebSocketHandler
 from rmb_relay.protocols.singyeong import frames
 from rmb_relay.protocols.singyeong.clients import Client, ClientIndex
+from rmb_relay.protocols.singyeong.cluster import SgCluster
 from rmb_relay.protocols.singyeong.codec import Encoding, encode
 from rmb_relay.protocols.singyeong.metrics import SgMetrics
 from rmb_relay.protocols.singyeong.query import (
@@ -109,11 +110,18 @@ class SingyeongDialect(Dialect):
                 wall_ms=self.now_ms,
             )
             self.queues.start()
+        self.cluster: SgCluster | None = None
+        if redis is not None:
+            self.cluster = SgCluster(
+                redis, settings.node, self.index, self.deliver_local, self.now_ms
+            )
+            self.cluster.start()
         self.metrics = SgMetrics(registry, lambda: self.index, lambda: self.queues)
         self._sweeper: asyncio.TimerHandle | None = None
         self._metadata_due: dict[SgSession, int] = {}
         self._metadata_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
 
     def now_ms(self) -> int:
         return self.wall() // 1_000_000
@@ -136,6 +144,8 @@ class SingyeongDialect(Dialect):
 
     def client_ready(self, session: SgSession, client: Client) -> None:
         self.index.add(client)
+        if self.cluster is not None:
+            self.cluster.joined(client)
         if client.receive_updates:
             self.update_listeners.add(session)
         self._client_update("CLIENT_CONNECTED", client)
@@ -149,6 +159,8 @@ class SingyeongDialect(Dialect):
             return
         if self.index.get(client.app_id, client.client_id) is client:
             self.index.remove(client)
+            if self.cluster is not None:
+                self.cluster.left(client)
             self.queues.consumer_gone(session)
             self._client_update("CLIENT_DISCONNECTED", client)
 
@@ -212,7 +224,9 @@ class SingyeongDialect(Dialect):
                 self._metadata_due[session] = later
 
     def metadata_applied(self, client: Client) -> None:
-        """Hook for the cluster (a remote view of this client must follow)."""
+        """The other instances' replicas of this client follow."""
+        if self.cluster is not None:
+            self.cluster.changed(client)
 
     # ---- dispatches ------------------------------------------------------------------------
 
@@ -263,7 +277,17 @@ class SingyeongDialect(Dialect):
             session.invalid("no_route", original)
             return
         self.metrics.hot.dispatch(t, "delivered")
-        frame = frames.dispatch(t, d["payload"], self.now_ms(), d.get("nonce"))
+        local = [r for r in receivers if r.node is None]
+        if len(local) != len(receivers):
+            assert self.cluster is not None
+            remote = [r for r in receivers if r.node is not None]
+            self.cluster.forward(remote, t, d["payload"], d.get("nonce"))
+        if local:
+            self.deliver_local(local, t, d["payload"], d.get("nonce"))
+
+    def deliver_local(self, receivers: list[Client], t: str, payload: Any, nonce: Any) -> None:
+        """A dispatch to clients connected here (from a local sender or another instance)."""
+        frame = frames.dispatch(t, payload, self.now_ms(), nonce)
         self._send_all([r.session for r in receivers], frame)
 
     def resolve(self, query: Query, *, broadcast: bool) -> list[Client]:
@@ -304,7 +328,9 @@ class SingyeongDialect(Dialect):
         if query is None:
             return
         self.metrics.hot.dispatch(t, "ok")
-        nodes = {self.settings.node: [c.describe() for c in self.index.match(query)]}
+        nodes: dict[str, list[dict[str, Any]]] = {}
+        for found in self.index.match(query):
+            nodes.setdefault(found.node or self.settings.node, []).append(found.describe())
         nonce = d.get("nonce") if isinstance(d, dict) else None
         session.send(frames.dispatch(t, {"nodes": nodes}, self.now_ms(), nonce, nodes=nodes))
 
@@ -414,6 +440,11 @@ class SingyeongDialect(Dialect):
     # ---- shutdown --------------------------------------------------------------------------
 
     async def close(self) -> None:
+        """Once (the listener and a test may both call it): a second close must not reopen
+        Redis connections the owner has already closed."""
+        if self._closed:
+            return
+        self._closed = True
         for handle in (self._sweeper, self._metadata_timer):
             if handle is not None:
                 handle.cancel()
@@ -421,3 +452,5 @@ class SingyeongDialect(Dialect):
         for task in list(self._tasks):
             task.cancel()
         await self.queues.close()
+        if self.cluster is not None:
+            await self.cluster.close()
