@@ -251,6 +251,13 @@ def test_index_narrows_candidates_and_agrees_with_a_scan() -> None:
         {"ops": [{"path": "/load", "op": "$eq", "to": {"value": 7}}]},
         {"application": "nobody"},
         {"ops": [{"region": {"$eq": "mars"}}]},
+        {"ops": [{"load": {"$gte": 3}}, {"load": {"$lt": 5}}]},
+        {"ops": [{"load": {"$gt": 3.5, "$lte": 8}}]},
+        {"ops": [{"path": "/load", "op": "$lt", "to": {"value": 1}}]},
+        {"ops": [{"load": {"$gt": 9}}]},
+        {"ops": [{"load": {"$gt": 5}}, {"load": {"$lt": 2}}]},
+        {"ops": [{"v": {"$gt": "1.1.0"}}]},
+        {"ops": [{"$or": [{"load": {"$lt": 1}}, {"load": {"$gt": 8}}]}]},
     ]
     for raw in queries:
         query = parse(raw)
@@ -258,12 +265,16 @@ def test_index_narrows_candidates_and_agrees_with_a_scan() -> None:
         assert {c.client_id for c in index.match(query)} == expected, raw
     query = parse({"application": "app1", "ops": [{"load": {"$eq": 3}}]})
     assert len(list(index.candidates(query))) == 30  # the load=3 bucket, not app1's 100
+    query = parse({"ops": [{"load": {"$gte": 3}}, {"load": {"$lt": 5}}]})
+    assert len(list(index.candidates(query))) == 60  # the slice 3 <= load < 5, not all 300
     # metadata changes move clients between buckets
     index.set_values(clients[3], {"load": 4}, {})
     assert clients[3] not in index.match(parse({"ops": [{"load": {"$eq": 3}}]}))
     assert clients[3] in index.match(parse({"ops": [{"load": {"$eq": 4}}]}))
+    assert clients[3] in index.match(parse({"ops": [{"load": {"$gt": 3.5, "$lt": 4.5}}]}))
     index.remove(clients[4])
     assert clients[4] not in index.match(parse({"ops": [{"load": {"$eq": 4}}]}))
+    assert clients[4] not in index.match(parse({"ops": [{"load": {"$gte": 4}}]}))
 
 
 def test_selectors() -> None:

@@ -197,12 +197,32 @@ def _logical(op: str, parts: list[Predicate]) -> Predicate:
 
 
 Hint = tuple[str, list[Any]]
+#: a numeric interval on a top-level key: (key, low, low inclusive, high, high inclusive)
+Range = tuple[str, float, bool, float, bool]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and value == value
 
 
 @dataclass
 class _Compiler:
     count: int = 0
     hints: list[Hint] = field(default_factory=list)
+    #: key -> [low, low inclusive, high, high inclusive], narrowed by every bound seen
+    ranges: dict[str, list[Any]] = field(default_factory=dict)
+
+    def bound(self, key: str, op: str, value: float) -> None:
+        low, low_in, high, high_in = self.ranges.setdefault(key, [-math.inf, True, math.inf, True])
+        if op in ("$gt", "$gte"):
+            inclusive = op == "$gte"
+            if value > low or (value == low and not inclusive):
+                low, low_in = value, inclusive
+        else:
+            inclusive = op == "$lte"
+            if value < high or (value == high and not inclusive):
+                high, high_in = value, inclusive
+        self.ranges[key] = [low, low_in, high, high_in]
 
     def bump(self, depth: int) -> None:
         self.count += 1
@@ -269,6 +289,8 @@ class _Compiler:
                 self.hints.append((segments[0], [value]))
             elif op == "$in" and value and all(_indexable(v) for v in value):
                 self.hints.append((segments[0], list(value)))
+            elif op in ("$gt", "$gte", "$lt", "$lte") and _number(value):
+                self.bound(segments[0], op, value)
         return _comparison(op, segments, lambda _m: value)
 
     def path_form(self, entry: dict[str, Any], op: str, depth: int, top: bool) -> Predicate:
@@ -326,6 +348,8 @@ class Query:
     hints: tuple[Hint, ...] = ()
     #: ("$min" | "$max" | "$avg", top-level metadata key)
     selector: tuple[str, str] | None = None
+    #: top-level numeric intervals the matches must fall in, for the range index
+    ranges: tuple[Range, ...] = ()
 
     def fallback(self) -> Query:
         """`optional`: the same query without ops and selector (decision 5)."""
@@ -367,6 +391,7 @@ def parse(raw: Any) -> Query:
         predicate,
         tuple(compiler.hints),
         _selector(raw.get("selector")),
+        tuple((key, *bounds) for key, bounds in compiler.ranges.items()),
     )
 
 
@@ -388,11 +413,7 @@ def select(kind: str, key: str, candidates: Sequence[tuple[Any, Client]]) -> Cli
     smallest/largest numeric value, or the one nearest the mean; ties go to the lowest
     (application, client id) so every instance picks the same one. None when no client has a
     number there."""
-    numbers = [
-        (value, client)
-        for value, client in candidates
-        if isinstance(value, int | float) and not isinstance(value, bool) and value == value
-    ]
+    numbers = [(value, client) for value, client in candidates if _number(value)]
     if not numbers:
         return None
     mean = sum(value for value, _ in numbers) / len(numbers) if kind == "$avg" else 0.0
