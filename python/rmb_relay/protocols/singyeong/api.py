@@ -4,6 +4,7 @@
 |---|---|---|
 | `GET /api/version` | no | `{"singyeong": "0.0.1", "api": "v1"}` |
 | `POST /api/v1/query` | yes | body = a query; the matching clients of every instance |
+| `POST /api/v1/proxy` | yes | an HTTP request to a client picked by a query (proxy.py) |
 | `GET /api/v1/queues/dead-letters?queue=NAME` | yes | dead letters (of one queue, or all) |
 | `POST /api/v1/queues/requeue` | yes | `{"queue": NAME, "ids": [...]}` back in (no ids: all) |
 
@@ -48,6 +49,7 @@ class SgApi:
         router.add("POST", "/api/v1/query", self.query)
         router.add("GET", "/api/v1/queues/dead-letters", self.dead_letters)
         router.add("POST", "/api/v1/queues/requeue", self.requeue)
+        router.add("POST", "/api/v1/proxy", self.proxy)
 
     def authorized(self, request: HttpRequest) -> bool:
         password = self.dialect.settings.auth
@@ -78,6 +80,11 @@ class SgApi:
         except QueryError as err:
             return _json(400, {"errors": [str(err)]})
         return _json(200, [c.describe() for c in self.dialect.index.match(query)])
+
+    async def proxy(self, request: HttpRequest, client: HttpClient) -> HttpResponse:
+        if not self.authorized(request):
+            return self.refused()
+        return await self.dialect.proxy.handle(request.body)
 
     async def dead_letters(self, request: HttpRequest, client: HttpClient) -> HttpResponse:
         if not self.authorized(request):

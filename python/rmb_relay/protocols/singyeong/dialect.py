@@ -35,6 +35,7 @@ from rmb_relay.protocols.singyeong.clients import Client, ClientIndex
 from rmb_relay.protocols.singyeong.cluster import SgCluster
 from rmb_relay.protocols.singyeong.codec import Encoding, encode
 from rmb_relay.protocols.singyeong.metrics import SgMetrics
+from rmb_relay.protocols.singyeong.proxy import Proxy
 from rmb_relay.protocols.singyeong.query import (
     Query,
     QueryError,
@@ -122,6 +123,7 @@ class SingyeongDialect(Dialect):
         self._metadata_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self.proxy = Proxy(self)
 
     def now_ms(self) -> int:
         return self.wall() // 1_000_000
@@ -452,5 +454,6 @@ class SingyeongDialect(Dialect):
         for task in list(self._tasks):
             task.cancel()
         await self.queues.close()
+        await self.proxy.close()
         if self.cluster is not None:
             await self.cluster.close()
