@@ -178,6 +178,8 @@ class Gateway:
                 "3600000",
                 "--max-message",
                 str(16 << 20),
+                "--max-connections-per-ip",
+                "100000",  # every generator connection comes from 127.0.0.1
             ]
         else:
             cmd = [sys.executable, "-m", "bench.singyeong_baseline", "--port", str(self.port)]
@@ -201,7 +203,7 @@ async def run_scenario(kind: str, scenario: str, clients: int, duration: float) 
     stats = Stats()
     try:
         receivers: list[Conn] = []
-        semaphore = asyncio.Semaphore(200)
+        semaphore = asyncio.Semaphore(int(os.environ.get("SG_CONNECT_CONCURRENCY", "50")))
 
         async def one(i: int) -> None:
             async with semaphore:
