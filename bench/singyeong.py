@@ -80,6 +80,7 @@ class Conn(asyncio.Protocol):
         self.inbox: list[bytes] = []
         self.mode = "control"
         self.consumer_queue = ""
+        self.index = -1
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's is no subclass
@@ -207,11 +208,11 @@ async def run_scenario(kind: str, scenario: str, clients: int, duration: float) 
 
         async def one(i: int) -> None:
             async with semaphore:
-                receivers.append(
-                    await connect(
-                        stats, host, port, "bench", f"c{i}", {"id": i, "n": i, "group": i // GROUP}
-                    )
+                conn = await connect(
+                    stats, host, port, "bench", f"c{i}", {"id": i, "n": i, "group": i // GROUP}
                 )
+                conn.index = i
+                receivers.append(conn)
 
         started = time.monotonic()
         await asyncio.gather(*(one(i) for i in range(clients)))
@@ -219,6 +220,7 @@ async def run_scenario(kind: str, scenario: str, clients: int, duration: float) 
         sender = await connect(stats, host, port, "caller", "sender", {})
         for conn in receivers:
             conn.mode = "count"
+        receivers.sort(key=lambda conn: conn.index)  # consumers are ids 0..CONSUMERS-1
         result = await (QUEUE if scenario == "queue" else LOAD)(
             scenario, gateway, stats, sender, receivers, clients, duration
         )

@@ -96,6 +96,19 @@ async def test_a_message_no_waiting_client_matches_stays_queued(
     assert (await take(gpu))["payload"] == "for-gpu"
 
 
+async def test_a_waiting_consumer_whose_metadata_changes_gets_what_it_now_matches(
+    make_gateway: MakeGateway,
+) -> None:
+    gateway = await make_gateway()
+    producer = await gateway.client("p", "producers")
+    await queue(producer, "for-gpu", {"application": "workers", "ops": [{"gpu": {"$eq": True}}]})
+    worker = await gateway.client("w", "workers")
+    await worker.dispatch("QUEUE_REQUEST", {"queue": "jobs"})
+    await nothing_pending(worker)
+    await worker.update(gpu=("boolean", True))
+    assert (await worker.expect(4, "QUEUE"))["d"]["payload"]["payload"] == "for-gpu"
+
+
 async def test_ack_timeout_redelivers_with_an_attempt_count(make_gateway: MakeGateway) -> None:
     gateway = await make_gateway(fake_clock=True, ack_timeout=5.0, max_attempts=5)
     clock = gateway.clock

@@ -226,9 +226,12 @@ class SingyeongDialect(Dialect):
                 self._metadata_due[session] = later
 
     def metadata_applied(self, client: Client) -> None:
-        """The other instances' replicas of this client follow."""
+        """The other instances' replicas of this client follow, and queues it waits on
+        look again (it may match messages it did not before)."""
         if self.cluster is not None:
             self.cluster.changed(client)
+        for name in client.queues:
+            self.queues.pump(name)
 
     # ---- dispatches ------------------------------------------------------------------------
 

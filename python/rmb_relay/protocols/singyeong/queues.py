@@ -176,17 +176,23 @@ class Queues:
     # ---- the client's operations -----------------------------------------------------------
 
     def stored(self, message: Message) -> None:
-        """A message that is stored (so it was confirmed) joins its queue's waiting line."""
-        self.queue(message.queue).waiting.append(message)
-        self.pump(message.queue)
+        """A message that is stored (so it was confirmed) goes to a waiting request it
+        matches, else joins its queue's waiting line."""
+        self._offer(self.queue(message.queue), message)
 
     def request(self, name: str, consumer: Consumer) -> bool:
-        """One more message for `consumer`; False when it has too many requests outstanding."""
+        """One more message for `consumer`: the oldest waiting one it matches, else the
+        request waits. False when it has too many requests outstanding."""
         queue = self.queue(name)
-        if sum(1 for c in queue.requests if c is consumer) >= MAX_REQUESTS_PER_CLIENT:
+        if queue.requests.count(consumer) >= MAX_REQUESTS_PER_CLIENT:
             return False
+        for index, message in enumerate(queue.waiting):
+            query = self._query(message)
+            if query is not None and consumer.matches(query):
+                del queue.waiting[index]
+                self._deliver(queue, message, consumer)
+                return True
         queue.requests.append(consumer)
-        self.pump(name)
         return True
 
     def cancel(self, name: str, consumer: Consumer) -> None:
@@ -216,14 +222,31 @@ class Queues:
             for message_id in held:
                 entry = queue.unacked.pop(message_id)
                 self._retry(queue, entry.message, "consumer disconnected")
-            if held:
-                self.pump(queue.name)
             self._tidy(queue)
 
     # ---- delivery --------------------------------------------------------------------------
 
+    def _offer(self, queue: Queue, message: Message, *, front: bool = False) -> None:
+        consumer = self._consumer_for(queue, message)
+        if consumer is not None:
+            self._deliver(queue, message, consumer)
+        elif front:
+            queue.waiting.appendleft(message)
+        else:
+            queue.waiting.append(message)
+
+    @staticmethod
+    def _query(message: Message) -> Query | None:
+        try:
+            return message.parsed()
+        except ValueError:
+            return None  # checked when queued; a stored record from elsewhere may still be bad
+
     def pump(self, name: str) -> None:
-        """Give waiting messages to matching outstanding requests, oldest message first."""
+        """Give waiting messages to matching outstanding requests, oldest message first: the
+        full pass, for when a consumer's metadata changed. (Arrivals of messages and requests
+        keep the invariant "no waiting message matches an outstanding request" cheaply: a new
+        message is tried against the requests, a new request against the waiting messages.)"""
         queue = self.queues.get(name)
         if queue is None:
             return
@@ -242,10 +265,9 @@ class Queues:
         self._tidy(queue)
 
     def _consumer_for(self, queue: Queue, message: Message) -> Consumer | None:
-        try:
-            query = message.parsed()
-        except ValueError:
-            return None  # checked when queued; a stored record from elsewhere may still be bad
+        query = self._query(message)
+        if query is None:
+            return None
         for index, consumer in enumerate(queue.requests):
             if consumer.matches(query):
                 del queue.requests[index]
@@ -266,13 +288,12 @@ class Queues:
             queue.dead[message.id] = letter
             self.events.dead(letter)
             return
-        queue.waiting.appendleft(message)
         self.events.requeued(message)
+        self._offer(queue, message, front=True)
 
     def sweep(self, now: int) -> None:
         """Ack timeouts: each expired delivery is retried or becomes a dead letter."""
         deadlines = self._deadlines
-        touched = set()
         while deadlines and deadlines[0][0] <= now:
             deadline, name, message_id = heapq.heappop(deadlines)
             queue = self.queues.get(name)
@@ -283,9 +304,7 @@ class Queues:
                 continue  # acked, or delivered again since
             del queue.unacked[message_id]
             self._retry(queue, entry.message, "ack timeout")
-            touched.add(name)
-        for name in touched:
-            self.pump(name)
+            self._tidy(queue)
 
     # ---- dead letters ----------------------------------------------------------------------
 
@@ -303,9 +322,9 @@ class Queues:
         for message_id in chosen:
             message = queue.dead.pop(message_id).message
             message.attempts = 0
-            queue.waiting.append(message)
             self.events.requeued(message)
-        self.pump(name)
+            self._offer(queue, message)
+        self._tidy(queue)
         return len(chosen)
 
     def depth(self) -> tuple[int, int, int]:
