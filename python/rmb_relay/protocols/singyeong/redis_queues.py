@@ -45,6 +45,8 @@ log = logging.getLogger("rmb_relay.singyeong")
 SCAN_WINDOW = 256
 NAMES = "sgq:names"
 EVENTS = "sgq:events"
+#: Redis operations in flight at once (acks, retries, pumps, store batches)
+MAX_CONCURRENT = 16
 #: how often the sweep looks for expired deliveries when the ack timeout is long (seconds)
 MAX_SWEEP_INTERVAL = 1.0
 
@@ -136,6 +138,9 @@ class RedisQueues:
         self._listener: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._depth = (0, 0, 0)
+        self._to_store: list[tuple[Message, asyncio.Future[None]]] = []
+        self._limit = asyncio.Semaphore(MAX_CONCURRENT)
+        self._storing = False
         #: set when the event listener is subscribed (tests wait for it)
         self.listening = asyncio.Event()
 
@@ -147,9 +152,18 @@ class RedisQueues:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_loop())
 
     def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
+        task = asyncio.get_running_loop().create_task(self._bounded(coro))
         self._tasks.add(task)
         task.add_done_callback(self._done)
+
+    async def _bounded(self, coro: Any) -> Any:
+        """At most `MAX_CONCURRENT` Redis operations at once: a burst of acks must not ask the
+        shared connection pool for more connections than it has."""
+        try:
+            async with self._limit:
+                return await coro
+        finally:
+            coro.close()  # a no-op once it ran; quiets one cancelled before it started
 
     def _done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
@@ -192,23 +206,51 @@ class RedisQueues:
     # ---- the client's operations -----------------------------------------------------------
 
     async def store(self, message: Message) -> None:
-        """Stored when this returns (the caller confirms after it); raises on a Redis error."""
-        keys = _keys(message.queue)
-        record = json.dumps(
-            {
-                "queue": message.queue,
-                "nonce": message.nonce,
-                "target": message.target,
-                "payload": message.payload,
-            },
-            separators=(",", ":"),
-        )
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(keys["msgs"], message.id, record)
-            pipe.rpush(keys["waiting"], message.id)
-            pipe.sadd(NAMES, message.queue)
-            pipe.publish(EVENTS, message.queue)
-            await pipe.execute()
+        """Stored when this returns (the caller confirms after it); raises on a Redis error.
+        Every store of a loop turn goes out in one MULTI pipeline on one connection (a burst
+        of QUEUEs must not take a pooled connection each)."""
+        done = asyncio.get_running_loop().create_future()
+        self._to_store.append((message, done))
+        if not self._storing:
+            self._storing = True
+            self._spawn(self._write_stores())
+        await done
+
+    async def _write_stores(self) -> None:
+        try:
+            while self._to_store:
+                batch, self._to_store = self._to_store, []
+                try:
+                    async with self.redis.pipeline(transaction=True) as pipe:
+                        names = set()
+                        for message, _ in batch:
+                            keys = _keys(message.queue)
+                            record = json.dumps(
+                                {
+                                    "queue": message.queue,
+                                    "nonce": message.nonce,
+                                    "target": message.target,
+                                    "payload": message.payload,
+                                },
+                                separators=(",", ":"),
+                            )
+                            pipe.hset(keys["msgs"], message.id, record)
+                            pipe.rpush(keys["waiting"], message.id)
+                            names.add(message.queue)
+                        for name in names:
+                            pipe.sadd(NAMES, name)
+                            pipe.publish(EVENTS, name)
+                        await pipe.execute()
+                except Exception as err:
+                    for _, done in batch:
+                        if not done.done():
+                            done.set_exception(err)
+                    continue
+                for _, done in batch:
+                    if not done.done():
+                        done.set_result(None)
+        finally:
+            self._storing = False
 
     def stored(self, message: Message) -> None:
         self.pump(message.queue)
