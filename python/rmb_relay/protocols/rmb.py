@@ -50,13 +50,22 @@ from rmb_relay.errors import (
     MailboxUnavailable,
     TwinLookupError,
 )
-from rmb_relay.federation import Federation, FederationDisabled
+from rmb_relay.federation import Federation
+from rmb_relay.federation import setup as federation_setup
 from rmb_relay.identity import DEFAULT_MAX_TOKEN_LIFETIME, parse_jwt, verify_jwt_signature
 from rmb_relay.mailbox import Mailbox, MemoryMailbox, SessionKey
-from rmb_relay.protocols.base import CloseCode, Dialect, DialectEntry, Peer, WebSocketHandler
+from rmb_relay.protocols.base import (
+    CloseCode,
+    Dialect,
+    DialectEntry,
+    Peer,
+    Routes,
+    WebSocketHandler,
+)
 from rmb_relay.switch import Outcome, Switch
 
 if TYPE_CHECKING:
+    from rmb_relay.federation.inbound import InboundFederation
     from rmb_relay.services import Services
     from rmb_relay.telemetry.metrics import Registry
     from rmb_relay.twins import Twin, TwinDirectory
@@ -228,6 +237,7 @@ class RmbDialect(Dialect):
         switch: Switch | None = None,
         mailbox: Mailbox | None = None,
         federation: Federation | None = None,
+        inbound: InboundFederation | None = None,
         max_message: int = 1 << 20,
         clock: Clock = wall_clock,
     ) -> None:
@@ -240,7 +250,11 @@ class RmbDialect(Dialect):
         if switch is None:
             switch = Switch(mailbox if mailbox is not None else MemoryMailbox(clock=clock))
         self.switch = switch
-        self.federation = federation if federation is not None else FederationDisabled()
+        #: outbound (the switch's federation route) and inbound `POST /`; None: not served
+        self.federation = federation
+        self.inbound = inbound
+        if federation is not None:
+            switch.federation = federation
         self.max_message = max_message
         self.clock = clock
         #: this dialect's connections by id (the switch routes; this counts and closes)
@@ -347,7 +361,7 @@ class RmbDialect(Dialect):
         if not self.is_ours(twin):
             remote = min(twin.relays) if twin.relays else None
             try:
-                await self.federation.forward(data, twin)
+                await self.switch.federate(data, twin)
             except FederationError as err:
                 sender.fail(env, str(err), "federation", size, received, remote=remote)
                 return
@@ -386,6 +400,11 @@ class RmbDialect(Dialect):
             if records is not None:
                 records.add(sender.twin, dest, size, "local", "delivered", received=received)
 
+    def add_routes(self, router: Routes) -> None:
+        """Federation inbound: other relays POST envelopes for our twins to `/`."""
+        if self.inbound is not None:
+            router.add("POST", "/", self.inbound.handle)
+
     # ---- lifecycle -------------------------------------------------------------------------
 
     def _schedule_maintenance(self) -> None:
@@ -403,7 +422,8 @@ class RmbDialect(Dialect):
     async def close(self) -> None:
         if self._maintenance is not None:
             self._maintenance.cancel()
-        await self.federation.close()
+        if self.federation is not None:
+            await self.federation.close()
         if self._owns_shared:
             await self.switch.close()
             await self.directory.close()
@@ -737,15 +757,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="refuse a login JWT still valid for longer than this (exp - now); rmb-peer's "
         "tokens live 300 s",
     )
-    rmb.add_argument(
-        "-p",
-        "--ranker-period",
-        type=int,
-        default=None,
-        metavar="SECONDS",
-        help="rmb-rs's federation ranker window; accepted so rmb-rs launch lines work, but this "
-        "relay does not federate yet, so it has no effect (a warning says so)",
-    )
+    federation_setup.add_arguments(parser)
 
 
 async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
@@ -756,8 +768,6 @@ async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
         raise ConfigError("--limit-window must be positive")
     if args.max_token_lifetime <= 0:
         raise ConfigError("--max-token-lifetime must be positive")
-    if args.ranker_period is not None:
-        log.warning("--ranker-period has no effect: this relay does not federate yet")
     settings = RmbSettings(
         domains=frozenset(args.domain),
         limit_count=args.limit[0] if args.limit else None,
@@ -765,13 +775,15 @@ async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
         limit_window=args.limit_window,
         max_token_lifetime=args.max_token_lifetime,
     )
-    return RmbDialect(
-        settings,
-        services.twin_directory(),
-        services.metrics,
-        switch=services.switch,
-        max_message=args.max_message,
+    directory = services.twin_directory()
+    dialect = RmbDialect(
+        settings, directory, services.metrics, switch=services.switch, max_message=args.max_message
     )
+    outbound, inbound = federation_setup.build(args, services, directory, dialect.is_ours)
+    dialect.federation = services.switch.federation = outbound
+    dialect.inbound = inbound
+    outbound.start()  # with Redis: take over what a crashed instance left queued
+    return dialect
 
 
 ENTRY = DialectEntry(
