@@ -77,10 +77,12 @@ ERROR_ENVELOPE_TTL = 300
 #: a drained mailbox is written this many envelopes at a time, waiting for the socket between
 DRAIN_BATCH = 256
 #: envelopes of one session waiting for the slow path (lookup, mailbox, federation), in bytes:
-#: beyond it the sender is refused at once ("relay busy"), so a stalled dependency (a Redis
-#: that stopped answering) cannot pile a sender's traffic up in the heap
+#: beyond it the relay stops reading the sender's socket until half of it has been routed, so
+#: a slow or stalled dependency (a Redis that stopped answering) pushes back on the sender
+#: instead of piling its traffic up in the heap
 SLOW_SESSION_BYTES = 8 << 20
-#: the same for all sessions together
+#: the same for all sessions together; beyond it a message is refused at once ("relay busy"),
+#: so many senders together cannot do what one cannot
 SLOW_TOTAL_BYTES = 64 << 20
 #: a mailbox that could not be read is tried again after this long, doubling up to the max
 DRAIN_RETRY = 1.0
@@ -447,6 +449,7 @@ class RmbSession(WebSocketHandler):
         self._record_local = None if records is None else records.local
         self._record_clock = dialect.clock if records is None else records.clock
         self._slow_bytes = 0
+        self._slow_held = False
         self._slow_task: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[None] | None = None
         self._drain_retry: asyncio.TimerHandle | None = None
@@ -543,16 +546,16 @@ class RmbSession(WebSocketHandler):
                 return
         size = len(data)
         settings = dialect.settings
-        if (
-            self._slow_bytes + size > settings.slow_session_bytes
-            or dialect.slow_bytes + size > settings.slow_total_bytes
-        ):
+        if dialect.slow_bytes + size > settings.slow_total_bytes:
             self.fail(env, "relay busy: too many messages waiting to be routed", "relay busy", size)
             return
         self._slow_bytes += size
         dialect.slow_bytes += size
         if dialect.slow_bytes > dialect.slow_bytes_peak:
             dialect.slow_bytes_peak = dialect.slow_bytes
+        if self._slow_bytes > settings.slow_session_bytes and not self._slow_held:
+            self._slow_held = True
+            self.peer.hold_reading(True)  # until _run_slow has routed half of it
         self._slow.append((env, data, self._record_clock()))
         if self._slow_task is None:
             self._slow_task = asyncio.get_running_loop().create_task(self._run_slow())
@@ -616,11 +619,15 @@ class RmbSession(WebSocketHandler):
 
     async def _run_slow(self) -> None:
         slow = self._slow
+        settings = self.dialect.settings
         try:
             while slow:
                 env, data, received = slow.popleft()
                 self._slow_bytes -= len(data)
                 self.dialect.slow_bytes -= len(data)
+                if self._slow_held and self._slow_bytes <= settings.slow_session_bytes // 2:
+                    self._slow_held = False
+                    self.peer.hold_reading(False)
                 try:
                     await self.dialect.route_slow(self, env, data, received)
                 except Exception:
