@@ -234,7 +234,7 @@ class Connector:
                 )
         except TimeoutError:
             return Reply(504)
-        except (aiohttp.ClientError, OSError) as err:
+        except (aiohttp.ClientError, OSError) as err:  # TargetError is an OSError
             log.info("connector: target of %s failed: %s", request.request_id, err)
             return Reply(502)
 
@@ -275,8 +275,7 @@ class Connector:
                     )
                     headers = {}
         finally:
-            if reply.release is not None:
-                reply.release.release()
+            reply.done()
         response.http_headers = {
             k: v
             for k, v in headers.items()
