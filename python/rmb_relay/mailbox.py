@@ -22,10 +22,11 @@ from __future__ import annotations
 import abc
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
-from rmb_relay.clock import Clock, seconds, wall_clock
+from rmb_relay.clock import Clock, monotonic_clock, nanos, seconds, wall_clock
 from rmb_relay.errors import MailboxFull, MailboxUnavailable
 
 if TYPE_CHECKING:
@@ -47,6 +48,17 @@ DEFAULT_MAILBOX_TOTAL_BYTES = 512 << 20
 DEFAULT_MAILBOX_SESSIONS = 64
 #: how often expired envelopes are swept out of the in-memory mailbox (seconds)
 DEFAULT_SWEEP_INTERVAL = 10.0
+#: longest a Redis mailbox operation may take before it counts as failed (seconds): a stalled
+#: Redis must not hold a sender's messages, or a login's live traffic, for long
+DEFAULT_REDIS_TIMEOUT = 2.0
+#: envelope bytes on their way to Redis at once, all senders together; beyond it a store is
+#: refused at once (the sender hears "mailbox is unavailable") instead of queueing in the heap
+DEFAULT_REDIS_INFLIGHT_BYTES = 32 << 20
+#: after an operation timed out, Redis is assumed stalled for this long (seconds): stores and
+#: reads fail at once instead of each waiting out its own timeout
+REDIS_STALL_BACKOFF = 1.0
+#: a mailbox is read this many entries at a time (a Redis stream may hold 10,000 of 1 MiB)
+TAKE_PAGE = 256
 
 
 def stream_key(key: SessionKey) -> str:
@@ -61,6 +73,8 @@ class Taken:
 
     envelopes: list[bytes]
     ids: list[bytes] = field(default_factory=list)
+    #: the mailbox may hold more than this page: take again after acknowledging it
+    more: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +111,13 @@ class Mailbox(abc.ABC):
         self.max_per_session = max_per_session
         self.clock = clock
         self.stats = MailboxStats()
+        #: told of every envelope lost to expiry or a full mailbox: (session, bytes, reason);
+        #: route records use it (a Redis drop of the oldest entry reports 0 bytes: unread)
+        self.on_loss: Callable[[SessionKey, int, str], None] | None = None
+
+    def _lost(self, key: SessionKey, size: int, reason: str) -> None:
+        if self.on_loss is not None:
+            self.on_loss(key, size, reason)
 
     def deadline(self, timestamp: int, expiration: int) -> int:
         """When a stored envelope stops being worth delivering (unix seconds)."""
@@ -177,8 +198,9 @@ class MemoryMailbox(Mailbox):
             box = self._boxes[key] = deque()
             self._twin_sessions[twin] = self._twin_sessions.get(twin, 0) + 1
         if len(box) >= self.max_per_session:
-            self._pop_oldest(twin, box)
+            lost = self._pop_oldest(twin, box)
             self.stats.dropped_full += 1
+            self._lost(key, lost, "full")
         box.append((deadline, envelope))
         self._depth += 1
         self._bytes += size
@@ -194,14 +216,20 @@ class MemoryMailbox(Mailbox):
         now = seconds(self.clock())
         live = [envelope for deadline, envelope in box if deadline > now]
         self.stats.expired += len(box) - len(live)
+        if self.on_loss is not None and len(live) < len(box):
+            for deadline, envelope in box:
+                if deadline <= now:
+                    self.on_loss(key, len(envelope), "expired")
         self.stats.delivered += len(live)
         return Taken(live)
 
-    def _pop_oldest(self, twin: int, box: deque[tuple[int, bytes]]) -> None:
+    def _pop_oldest(self, twin: int, box: deque[tuple[int, bytes]]) -> int:
+        """Drop the oldest envelope; returns its size."""
         _, envelope = box.popleft()
         self._depth -= 1
         self._bytes -= len(envelope)
         self._twin_bytes[twin] -= len(envelope)
+        return len(envelope)
 
     def _forget(self, key: SessionKey, box: deque[tuple[int, bytes]]) -> None:
         """Remove a whole session's mailbox from the books."""
@@ -225,8 +253,9 @@ class MemoryMailbox(Mailbox):
     def _expire(self, key: SessionKey, box: deque[tuple[int, bytes]]) -> None:
         now = seconds(self.clock())
         while box and box[0][0] <= now:
-            self._pop_oldest(key[0], box)
+            lost = self._pop_oldest(key[0], box)
             self.stats.expired += 1
+            self._lost(key, lost, "expired")
 
     def sweep(self) -> int:
         """Drop expired envelopes of every session; returns how many."""
@@ -238,6 +267,10 @@ class MemoryMailbox(Mailbox):
             self._forget(key, box)
             kept = [item for item in box if item[0] > now]
             dropped += len(box) - len(kept)
+            if self.on_loss is not None:
+                for deadline, envelope in box:
+                    if deadline <= now:
+                        self.on_loss(key, len(envelope), "expired")
             if kept:
                 twin = key[0]
                 self._boxes[key] = deque(kept)
@@ -276,6 +309,12 @@ class RedisMailbox(Mailbox):
     """Mailbox in Redis streams, compatible with rmb-rs's key layout (field `_` = envelope).
 
     Each entry also carries `dl` (its deadline) so expiry is per message, not per stream.
+
+    A slow or stalled Redis costs bounded memory and time: every operation is cut off after
+    `timeout` seconds (MailboxUnavailable); at most `max_inflight_bytes` of envelopes wait on
+    Redis at once (more is refused at once); after a timeout the mailbox is assumed stalled
+    for `REDIS_STALL_BACKOFF` seconds (on `monotonic`) and fails at once meanwhile. A refused
+    connection fails fast by itself and does not start the back-off.
     """
 
     def __init__(
@@ -284,36 +323,77 @@ class RedisMailbox(Mailbox):
         ttl: int = DEFAULT_MAILBOX_TTL,
         max_per_session: int = DEFAULT_MAILBOX_MAX,
         clock: Clock = wall_clock,
+        *,
+        timeout: float = DEFAULT_REDIS_TIMEOUT,
+        max_inflight_bytes: int = DEFAULT_REDIS_INFLIGHT_BYTES,
+        monotonic: Clock = monotonic_clock,
     ) -> None:
         super().__init__(ttl, max_per_session, clock)
         self.redis = redis
+        self.timeout = timeout
+        self.max_inflight_bytes = max_inflight_bytes
+        self.monotonic = monotonic
         self._depth_estimate = 0
+        self._inflight = 0
+        self._stalled_until: int | None = None
+
+    def _check_stall(self) -> None:
+        until = self._stalled_until
+        if until is not None:
+            if self.monotonic() < until:
+                raise MailboxUnavailable("redis: stalled (an operation timed out just now)")
+            self._stalled_until = None
+
+    def _timed_out(self) -> MailboxUnavailable:
+        self._stalled_until = self.monotonic() + nanos(REDIS_STALL_BACKOFF)
+        return MailboxUnavailable(f"redis: no answer within {self.timeout:g} s")
 
     async def put(self, key: SessionKey, envelope: bytes, deadline: int) -> None:
         from redis.exceptions import RedisError
+        from redis.exceptions import TimeoutError as RedisTimeout
 
+        self._check_stall()
+        size = len(envelope)
+        if self._inflight + size > self.max_inflight_bytes:
+            raise MailboxUnavailable(
+                f"redis: {self._inflight} bytes already waiting to be stored (busy)"
+            )
         name = stream_key(key)
+        self._inflight += size
         try:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.xlen(name)
-                pipe.xadd(name, {"_": envelope, "dl": str(deadline)}, maxlen=self.max_per_session)
-                pipe.expire(name, self.ttl)
-                length, _, _ = await pipe.execute()
+            async with asyncio.timeout(self.timeout):
+                async with self.redis.pipeline(transaction=True) as pipe:
+                    pipe.xlen(name)
+                    pipe.xadd(
+                        name, {"_": envelope, "dl": str(deadline)}, maxlen=self.max_per_session
+                    )
+                    pipe.expire(name, self.ttl)
+                    length, _, _ = await pipe.execute()
+        except (TimeoutError, RedisTimeout):
+            raise self._timed_out() from None
         except (RedisError, OSError) as err:
             raise MailboxUnavailable(f"redis: {err}") from err
+        finally:
+            self._inflight -= size
         if int(length) >= self.max_per_session:
             self.stats.dropped_full += 1
+            self._lost(key, 0, "full")
         else:
             self._depth_estimate += 1
         self.stats.stored += 1
 
     async def take(self, key: SessionKey) -> Taken:
         from redis.exceptions import RedisError
+        from redis.exceptions import TimeoutError as RedisTimeout
 
+        self._check_stall()
         try:
-            raw = await self.redis.xrange(stream_key(key), "-", "+")
+            async with asyncio.timeout(self.timeout):
+                raw = await self.redis.xrange(stream_key(key), "-", "+", count=TAKE_PAGE)
             # redis-py's annotation is loose; without decode_responses it is bytes throughout
             entries = cast(list[tuple[bytes, dict[bytes, bytes]]], raw)
+        except (TimeoutError, RedisTimeout):
+            raise self._timed_out() from None
         except (RedisError, OSError) as err:
             raise MailboxUnavailable(f"redis: {err}") from err
         now = seconds(self.clock())
@@ -322,26 +402,35 @@ class RedisMailbox(Mailbox):
             deadline = fields.get(b"dl")
             if deadline is not None and int(deadline) <= now:
                 self.stats.expired += 1
+                self._lost(key, len(fields.get(b"_", b"")), "expired")
                 continue
             envelope = fields.get(b"_")
             if envelope is not None:
                 live.append(envelope)
         self.stats.delivered += len(live)
-        return Taken(live, [entry_id for entry_id, _ in entries])
+        return Taken(live, [entry_id for entry_id, _ in entries], more=len(entries) == TAKE_PAGE)
 
     async def ack(self, key: SessionKey, taken: Taken) -> None:
         from redis.exceptions import RedisError
+        from redis.exceptions import TimeoutError as RedisTimeout
 
         if not taken.ids:
             return
+        self._check_stall()
         try:
-            await self.redis.xdel(stream_key(key), *taken.ids)
+            async with asyncio.timeout(self.timeout):
+                await self.redis.xdel(stream_key(key), *taken.ids)
+        except (TimeoutError, RedisTimeout):
+            raise self._timed_out() from None
         except (RedisError, OSError) as err:
             raise MailboxUnavailable(f"redis: {err}") from err
         self._depth_estimate = max(0, self._depth_estimate - len(taken.ids))
 
     def depth(self) -> int:
         return self._depth_estimate
+
+    def held_bytes(self) -> int:
+        return self._inflight
 
     async def close(self) -> None:
         await self.redis.aclose()

@@ -17,6 +17,10 @@ the switch keeps
 in the mailbox, or no route. The cluster (another instance holds the address) and federation
 (another relay serves it) plug in here as further routes; a dialect never needs to know which
 one carried its message.
+
+Route records (`--records`): `records` is the process's `Recorder` or None. Each dialect takes
+its `Channel` from it and records where it decides a route: the local fast path appends one
+tuple, the other routes and every drop call `Channel.add` (telemetry/records.py).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from rmb_relay.mailbox import Mailbox, MemoryMailbox, SessionKey
 
 if TYPE_CHECKING:
     from rmb_relay.protocols.base import Peer
+    from rmb_relay.telemetry.records import Channel, Recorder
 
 log = logging.getLogger("rmb_relay.switch")
 
@@ -64,6 +69,12 @@ class Switch:
         self.routes = RouteTable()
         self.endpoints: dict[int, Endpoint] = {}
         self.mailbox: Mailbox = mailbox if mailbox is not None else MemoryMailbox()
+        #: route records of this process (off: None)
+        self.records: Recorder | None = None
+
+    def record_channel(self, dialect: str) -> Channel | None:
+        """The dialect's route-record buffers, or None when recording is off."""
+        return None if self.records is None else self.records.channel(dialect)
 
     # ---- presence --------------------------------------------------------------------------
 
