@@ -18,7 +18,7 @@ import collections
 from collections.abc import AsyncIterator
 from typing import cast
 
-from rmb_relay._core import encode_request, parse_response_head
+from rmb_relay._core import HttpParseError, encode_request, parse_response_head
 
 __all__ = ["HttpClientPool", "TargetError", "TargetReply"]
 
@@ -104,7 +104,10 @@ class _Connection(asyncio.Protocol):
         while buffer or self.state == "eof":
             state = self.state
             if state == "head":
-                parsed = parse_response_head(bytes(buffer))
+                try:
+                    parsed = parse_response_head(bytes(buffer))
+                except HttpParseError as err:
+                    raise TargetError(f"malformed target response: {err}") from None
                 if parsed is None:
                     if len(buffer) > MAX_HEAD:
                         raise TargetError("target response head too large")
