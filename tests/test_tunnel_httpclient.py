@@ -36,7 +36,17 @@ async def aiohttp_target(stack: AsyncExitStack) -> int:
     async def echo(request: web.Request) -> web.Response:
         return web.Response(body=await request.read())
 
+    async def duplex(request: web.Request) -> web.StreamResponse:
+        """Answers while it reads: deadlocks a client that sends the whole body first."""
+        response = web.StreamResponse()
+        await response.prepare(request)
+        async for chunk in request.content.iter_any():
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+
     app = web.Application(client_max_size=1 << 30)
+    app.router.add_post("/duplex", duplex)
     app.router.add_get("/plain", head_or_get)
     app.router.add_get("/status/{code}", empty)
     app.router.add_get("/big", big)
@@ -92,6 +102,16 @@ async def test_large_chunked_response_and_streamed_request_body() -> None:
 
         echoed = await pool.request("POST", "/echo", [], body(), 1_200_000)
         assert await echoed.read() == pattern(300_000) * 4
+
+        async def big_body() -> AsyncIterator[bytes]:
+            for _ in range(32):
+                yield pattern(1 << 20)
+
+        duplex = await pool.request("POST", "/duplex", [], big_body(), 32 << 20)
+        received = 0
+        async for chunk in duplex.iter():
+            received += len(chunk)
+        assert received == 32 << 20
         pool.close()
 
 

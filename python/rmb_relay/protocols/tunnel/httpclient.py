@@ -56,6 +56,8 @@ class _Connection(asyncio.Protocol):
         self.received_any = False
         self._writable = asyncio.Event()
         self._writable.set()
+        #: the task streaming the current request's body, if any
+        self.sender: asyncio.Task[None] | None = None
 
     # ---- asyncio -------------------------------------------------------------------------
 
@@ -251,6 +253,28 @@ class _Connection(asyncio.Protocol):
         if self.closed:
             raise TargetError("target closed the connection while we sent the body")
 
+    def abandon(self) -> None:
+        sender, self.sender = self.sender, None
+        if sender is not None and not sender.done():
+            sender.cancel()
+        self.reusable = False
+        if self.transport is not None:
+            self.transport.abort()
+
+    async def send_body(self, body: AsyncIterator[bytes]) -> None:
+        """Stream a request body; a failure fails the exchange (the reader sees it)."""
+        try:
+            async for chunk in body:
+                if self.transport is None or self.closed:
+                    raise TargetError("target closed the connection while we sent the body")
+                self.transport.write(chunk)
+                await self.drain()
+        except asyncio.CancelledError:
+            self._fail(TargetError("request body not sent"))
+            raise
+        except Exception as err:
+            self._fail(err if isinstance(err, TargetError) else TargetError(str(err)))
+
 
 class TargetReply:
     """A target's response: status, headers (names lower-case), and the body to read (once)."""
@@ -319,7 +343,11 @@ class HttpClientPool:
         self._idle: list[_Connection] = []
 
     def put_back(self, conn: _Connection) -> None:
-        usable = conn.done and conn.reusable and not conn.closed and not conn.chunks
+        sender, conn.sender = conn.sender, None
+        sent = sender is None or (sender.done() and not sender.cancelled())
+        if sender is not None and not sender.done():
+            sender.cancel()  # the answer came before the whole body went: drop the connection
+        usable = sent and conn.done and conn.reusable and not conn.closed and not conn.chunks
         if usable and len(self._idle) < MAX_IDLE:
             conn.state = "idle"
             self._idle.append(conn)
@@ -352,16 +380,21 @@ class HttpClientPool:
                 if isinstance(body, bytes):
                     transport.write(encode_request(method, target, headers, body))
                 else:
+                    # the body goes out beside the response: a target that answers while it
+                    # reads (an echo, a proxy) must not wait for us to read its answer first
                     transport.write(_streamed_head(method, target, headers, length))
-                    async for chunk in body:
-                        transport.write(chunk)
-                        await conn.drain()
+                    conn.sender = asyncio.get_running_loop().create_task(conn.send_body(body))
                 status, response_headers = await head
             except TargetError:
                 # a kept-alive connection the target had closed: once more on a new one
                 if fresh or streamed or conn.received_any or attempt:
                     raise
                 continue
+            except BaseException:
+                # cancelled (the connector's target timeout) or failed: nobody will read a
+                # late answer on this connection, so it must not be reused or leaked
+                conn.abandon()
+                raise
             return TargetReply(self, conn, status, response_headers)
         raise TargetError("unreachable")  # pragma: no cover
 
