@@ -215,7 +215,8 @@ async def run(args: argparse.Namespace) -> list[Result]:
     profile = os.environ.get("BENCH_PROFILE")  # a directory: cProfile relay and connector
 
     def prof(name: str) -> list[str]:
-        return ["-m", "cProfile", "-o", f"{profile}/{name}.prof"] if profile else []
+        # CPU-time profile (bench/cpuprofile.py): wall time would charge preemption to syscalls
+        return ["-m", "bench.cpuprofile", f"{profile}/{name}.prof"] if profile else []
 
     connector_flags = ["--msgpack"] if args.msgpack else []
     processes = {

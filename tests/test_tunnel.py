@@ -294,6 +294,18 @@ def test_wire_messages_round_trip_in_json_and_msgpack() -> None:
         decode(text.replace(b"AP8=", b"!!"), False, (ClientRequest,))
 
 
+@pytest.mark.parametrize(
+    "headers",
+    [b'["x"]', b'{"x":"1"}', b'{"x":[1]}', b'{"x":["1",null]}'],
+    ids=["list", "string-value", "number-item", "null-item"],
+)
+def test_wire_headers_must_map_names_to_lists_of_strings(headers: bytes) -> None:
+    request = ClientRequest("id", "origin", "app", "acme", "GET", "", {"x": ["1"]})
+    text = encode(request, False).replace(b'{"x":["1"]}', headers)
+    with pytest.raises(WireError, match="httpHeaders must map header names to lists of strings"):
+        decode(text, False, (ClientRequest,))
+
+
 async def test_metrics_count_requests_by_tenant_target_status(start_tunnel: StartTunnel) -> None:
     tunnel = await start_tunnel()
     await tunnel.connect()

@@ -207,3 +207,31 @@ def test_leftover_files_of_an_earlier_run_are_removed_when_old(tmp_path: Path) -
     assert not old.exists()
     assert young.exists()
     assert other.exists()
+
+
+def test_reconnect_delay_is_immediate_then_random_in_range() -> None:
+    import random
+
+    from rmb_relay.protocols.tunnel.connector import reconnect_delay
+
+    rng = random.Random(7)
+    assert reconnect_delay(1, 30, 300, rng) == 0.0
+    delays = [reconnect_delay(2, 30, 300, rng) for _ in range(1000)]
+    assert all(30 <= d <= 300 for d in delays)
+    assert max(delays) - min(delays) > 200  # spread out, not one value
+
+
+async def test_connector_reconnects_after_the_relay_drops_it(start_tunnel: StartTunnel) -> None:
+    tunnel = await start_tunnel(reconnect_min=0.0, reconnect_max=0.0)
+    connector = await tunnel.connect()
+    for session in list(tunnel.dialect.hub.connectors["ACME"]):
+        session.peer.abort()
+    await eventually(
+        lambda: (
+            not connector.connected.is_set()
+            or len(tunnel.dialect.hub.connectors.get("ACME", [])) == 1
+        )
+    )
+    await eventually(lambda: len(tunnel.dialect.hub.connectors.get("ACME", [])) == 1)
+    async with tunnel.client() as client:
+        assert (await client.get("/relay/acme/$ping/")).status_code == 200

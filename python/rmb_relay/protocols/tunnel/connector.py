@@ -45,6 +45,13 @@ DEFAULT_TARGET_TIMEOUT = 100.0
 CHUNK = 256 * 1024
 
 
+def reconnect_delay(attempt: int, low: float, high: float, rng: random.Random) -> float:
+    """Seconds before reconnect attempt `attempt` (1 = the first after a loss): at once, then a
+    random time in [low, high] so that connectors a relay lost together do not all return in
+    the same second (RelayServer's DiscoveryDocumentRetryPolicy)."""
+    return 0.0 if attempt <= 1 else rng.uniform(low, high)
+
+
 class Connector:
     def __init__(
         self,
@@ -94,7 +101,7 @@ class Connector:
                 if self._stopping:
                     break
                 low, high = self.reconnect
-                delay = 0.0 if attempt <= 1 else self.rng.uniform(low, high)
+                delay = reconnect_delay(attempt, low, high, self.rng)
                 log.info("connector: reconnecting in %.1f s", delay)
                 await asyncio.sleep(delay)
                 attempt = max(attempt, 1)
@@ -200,9 +207,8 @@ class Connector:
                     await self._ack(request, remove=False)
                     acked = True
                 reply = await self._run(target, request)
-            if mode == 2:
-                await self._ack(request, remove=True)
-                acked = True
+            # ConnectorFinished: acknowledged (below) once the whole exchange is over, bodies
+            # included; the target's answer head can come before it has read the request body
             await self._deliver(request, reply, started)
         except Exception:
             log.exception("connector: request %s failed", request.request_id)
@@ -234,7 +240,7 @@ class Connector:
                 )
         except TimeoutError:
             return Reply(504)
-        except (aiohttp.ClientError, OSError) as err:
+        except (aiohttp.ClientError, OSError) as err:  # TargetError is an OSError
             log.info("connector: target of %s failed: %s", request.request_id, err)
             return Reply(502)
 
@@ -275,8 +281,7 @@ class Connector:
                     )
                     headers = {}
         finally:
-            if reply.release is not None:
-                reply.release.release()
+            reply.done()
         response.http_headers = {
             k: v
             for k, v in headers.items()

@@ -225,9 +225,12 @@ class Hub:
     def submit(self, job: Job) -> None:
         self.jobs[job.request_id] = job
         self.pending.setdefault(job.tenant, collections.deque()).append(job)
-        delay = max(0.0, (job.deadline - self.clock()) / NS)
-        job.timer = asyncio.get_running_loop().call_later(delay, self._expire_if_queued, job)
         self.pump(job.tenant)
+        # the expiry timer only for a job left in the queue: most jobs go out at once, and a
+        # timer armed then cancelled per request is two heap operations for nothing
+        if job.connector is None and self.jobs.get(job.request_id) is job:
+            delay = max(0.0, (job.deadline - self.clock()) / NS)
+            job.timer = asyncio.get_running_loop().call_later(delay, self._expire_if_queued, job)
 
     def new_deadline(self) -> int:
         return self.clock() + self.ttl

@@ -139,7 +139,10 @@ class RedisBridge:
 
     async def _read(self) -> None:
         stream = response_stream(self.origin)
-        last = "$"
+        # from the start, not "$": the stream is this process's own (its origin id is new), and
+        # "$" would miss an answer written before this task's first XREAD reached Redis (the
+        # first request after start-up, when the consuming relay is quick and this one loaded)
+        last = "0-0"
         while True:
             try:
                 replies: Any = await self.redis.xread({stream: last}, count=256, block=BLOCK_MS)

@@ -10,16 +10,20 @@ the client gets the target's bytes as they were sent.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 import aiohttp
 
 from rmb_relay.errors import ConfigError
+from rmb_relay.protocols.tunnel.httpclient import HttpClientPool
 
 __all__ = ["EchoTarget", "PingTarget", "Reply", "Target", "WebTarget", "parse_target"]
 
 Body = bytes | AsyncIterator[bytes]
+#: bodies up to this size are read whole (they travel inline)
+INLINE_LIMIT = 16 * 1024
 #: request fields a connector does not pass on (they describe the hop to the relay)
 SKIP_REQUEST = frozenset(("host", "content-length", "transfer-encoding", "connection", "expect"))
 
@@ -33,6 +37,14 @@ class Reply:
     length: int | None = 0
     #: called when the reply has been passed on (closes a target response)
     release: aiohttp.ClientResponse | None = None
+    closer: Callable[[], None] | None = None
+
+    def done(self) -> None:
+        """The reply has been passed on: free the target connection."""
+        if self.release is not None:
+            self.release.release()
+        if self.closer is not None:
+            self.closer()
 
 
 class Target(abc.ABC):
@@ -71,11 +83,19 @@ class EchoTarget(Target):
 
 class WebTarget(Target):
     """An HTTP server: `{base}/{url}` (the base's path kept, unlike RelayServer's relative
-    resolution that drops its last segment)."""
+    resolution that drops its last segment). Plain http goes through the lean keep-alive
+    client of `httpclient.py`; https through aiohttp."""
 
     def __init__(self, base: str, timeout: float) -> None:
         self.base = base.rstrip("/")
         self.timeout = timeout
+        parts = urlsplit(self.base)
+        self._prefix = parts.path
+        self._pool: HttpClientPool | None = None
+        if parts.scheme == "http":
+            self._pool = HttpClientPool(
+                parts.hostname or "localhost", parts.port or 80, parts.netloc
+            )
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
@@ -92,6 +112,8 @@ class WebTarget(Target):
         self, method: str, url: str, headers: list[tuple[str, str]], body: Body, length: int
     ) -> Reply:
         out = [(k, v) for k, v in headers if k.lower() not in SKIP_REQUEST]
+        if self._pool is not None:
+            return await self._call_lean(self._pool, method, url, out, body, length)
         if length:
             out.append(("Content-Length", str(length)))
         response = await self._client().request(
@@ -103,7 +125,7 @@ class WebTarget(Target):
         )
         reply_headers = [(k, v) for k, v in response.headers.items()]
         known = response.content_length
-        if known is not None and known <= 16 * 1024:
+        if known is not None and known <= INLINE_LIMIT:
             content = await response.read()
             response.release()
             return Reply(response.status, reply_headers, content, len(content))
@@ -111,9 +133,29 @@ class WebTarget(Target):
             response.status, reply_headers, response.content.iter_any(), known, release=response
         )
 
+    async def _call_lean(
+        self,
+        pool: HttpClientPool,
+        method: str,
+        url: str,
+        headers: list[tuple[str, str]],
+        body: Body,
+        length: int,
+    ) -> Reply:
+        target = f"{self._prefix}/{url}"
+        reply = await pool.request(method, target, headers, body if length else b"", length)
+        reply_headers = [(k, v.decode("latin-1")) for k, v in reply.headers]
+        known = reply.content_length
+        if known is not None and known <= INLINE_LIMIT:
+            content = await reply.read()
+            return Reply(reply.status, reply_headers, content, len(content))
+        return Reply(reply.status, reply_headers, reply.iter(), known, closer=reply.release)
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
+        if self._pool is not None:
+            self._pool.close()
 
 
 def parse_target(text: str, timeout: float) -> tuple[str, Target]:

@@ -1,0 +1,196 @@
+"""The connector's lean HTTP client (protocols/tunnel/httpclient.py) against real servers:
+aiohttp for ordinary responses, raw asyncio servers for framings aiohttp never sends
+(close-delimited bodies, chunk extensions and trailers, a kept-alive connection the server
+dropped, garbage)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+
+import pytest
+from aiohttp import web
+
+from rmb_relay.protocols.tunnel.httpclient import HttpClientPool, TargetError
+from tests.tunnel_fixtures import pattern
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def aiohttp_target(stack: AsyncExitStack) -> int:
+    async def head_or_get(request: web.Request) -> web.Response:
+        return web.Response(body=b"x" * 100)
+
+    async def empty(request: web.Request) -> web.Response:
+        return web.Response(status=int(request.match_info["code"]))
+
+    async def big(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse()
+        await response.prepare(request)  # chunked
+        for _ in range(8):
+            await response.write(pattern(1 << 20))
+        await response.write_eof()
+        return response
+
+    async def echo(request: web.Request) -> web.Response:
+        return web.Response(body=await request.read())
+
+    async def duplex(request: web.Request) -> web.StreamResponse:
+        """Answers while it reads: deadlocks a client that sends the whole body first."""
+        response = web.StreamResponse()
+        await response.prepare(request)
+        async for chunk in request.content.iter_any():
+            await response.write(chunk)
+        await response.write_eof()
+        return response
+
+    app = web.Application(client_max_size=1 << 30)
+    app.router.add_post("/duplex", duplex)
+    app.router.add_get("/plain", head_or_get)
+    app.router.add_get("/status/{code}", empty)
+    app.router.add_get("/big", big)
+    app.router.add_post("/echo", echo)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    stack.push_async_callback(runner.cleanup)
+    return int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def raw_target(stack: AsyncExitStack, handler: Handler) -> int:
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    stack.push_async_callback(server.wait_closed)
+    stack.callback(server.close)
+    return int(server.sockets[0].getsockname()[1])
+
+
+async def test_heads_without_bodies_and_keep_alive_reuse() -> None:
+    async with AsyncExitStack() as stack:
+        port = await aiohttp_target(stack)
+        pool = HttpClientPool("127.0.0.1", port, f"127.0.0.1:{port}")
+        head = await pool.request("HEAD", "/plain", [], b"", 0)
+        assert head.status == 200
+        assert await head.read() == b""
+        for code in (204, 304):
+            reply = await pool.request("GET", f"/status/{code}", [], b"", 0)
+            assert (reply.status, await reply.read()) == (code, b"")
+        reply = await pool.request("GET", "/plain", [], b"", 0)
+        assert await reply.read() == b"x" * 100
+        assert len(pool._idle) == 1  # one connection served all four
+        pool.close()
+
+
+async def test_large_chunked_response_and_streamed_request_body() -> None:
+    async with AsyncExitStack() as stack:
+        port = await aiohttp_target(stack)
+        pool = HttpClientPool("127.0.0.1", port, f"127.0.0.1:{port}")
+        reply = await pool.request("GET", "/big", [], b"", 0)
+        assert reply.content_length is None
+        total = 0
+        async for chunk in reply.iter():
+            total += len(chunk)
+        assert total == 8 << 20
+
+        async def body() -> AsyncIterator[bytes]:
+            for _ in range(4):
+                yield pattern(300_000)
+
+        echoed = await pool.request("POST", "/echo", [], body(), 1_200_000)
+        assert await echoed.read() == pattern(300_000) * 4
+
+        async def big_body() -> AsyncIterator[bytes]:
+            for _ in range(32):
+                yield pattern(1 << 20)
+
+        duplex = await pool.request("POST", "/duplex", [], big_body(), 32 << 20)
+        received = 0
+        async for chunk in duplex.iter():
+            received += len(chunk)
+        assert received == 32 << 20
+        pool.close()
+
+
+async def test_close_delimited_body_and_chunk_extensions_and_trailers() -> None:
+    async def close_delimited(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\n\r\nuntil the end")
+        writer.close()
+
+    async def chunked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(
+            b"HTTP/1.1 100 Continue\r\n\r\n"
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nX-A: 1\r\nX-A: 2\r\n\r\n"
+            b"5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nX-Trailer: t\r\n\r\n"
+        )
+        await writer.drain()
+        await reader.read()
+        writer.close()
+
+    async with AsyncExitStack() as stack:
+        port = await raw_target(stack, close_delimited)
+        pool = HttpClientPool("127.0.0.1", port, "x")
+        reply = await pool.request("GET", "/", [], b"", 0)
+        assert await reply.read() == b"until the end"
+        assert not pool._idle  # not reusable
+        port = await raw_target(stack, chunked)
+        pool = HttpClientPool("127.0.0.1", port, "x")
+        reply = await pool.request("GET", "/", [], b"", 0)
+        assert [v for k, v in reply.headers if k == "x-a"] == [b"1", b"2"]
+        assert await reply.read() == b"hello world"
+        pool.close()
+
+
+async def test_stale_kept_alive_connection_is_replaced_once() -> None:
+    served = 0
+
+    async def one_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal served
+        await reader.readuntil(b"\r\n\r\n")
+        served += 1
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()  # keep-alive announced, then dropped
+
+    async with AsyncExitStack() as stack:
+        port = await raw_target(stack, one_then_close)
+        pool = HttpClientPool("127.0.0.1", port, "x")
+        for _ in range(3):
+            reply = await pool.request("GET", "/", [], b"", 0)
+            assert await reply.read() == b"ok"
+        assert served == 3
+        pool.close()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"NOT HTTP\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+    ],
+)
+async def test_broken_responses_are_target_errors(answer: bytes) -> None:
+    async def broken(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(answer)
+        await writer.drain()
+        writer.close()
+
+    async with AsyncExitStack() as stack:
+        port = await raw_target(stack, broken)
+        pool = HttpClientPool("127.0.0.1", port, "x")
+
+        async def fetch() -> bytes:
+            reply = await pool.request("GET", "/", [], b"", 0)
+            return await reply.read()
+
+        with pytest.raises(TargetError):
+            await fetch()
+        pool.close()
