@@ -14,6 +14,7 @@ Exception
      ├─ AuthError                  a login the relay refuses; carries the HTTP status and reason
      ├─ TwinLookupError            the twin directory backend failed (not: "no such twin")
      ├─ MailboxUnavailable         the mailbox backend (Redis) could not store or read
+     │   └─ ClusterUnavailable     Redis failed while handing a message to another instance
      ├─ FederationError            an envelope could not be handed to another relay
      └─ ClientError                the SDK client could not do what was asked
          ├─ RequestTimeout         no response arrived before the deadline
@@ -52,6 +53,7 @@ __all__ = [
     "AuthError",
     "BadMessage",
     "ClientError",
+    "ClusterUnavailable",
     "ConfigError",
     "ConnectionClosed",
     "CoreError",
@@ -113,6 +115,12 @@ class TwinLookupError(RelayError):
 class MailboxUnavailable(RelayError):
     """The mailbox backend failed (Redis down or stalled): the message could not be stored or
     read. The sender of a request gets an error envelope; nothing is silently dropped."""
+
+
+class ClusterUnavailable(MailboxUnavailable):
+    """Redis failed while looking up where an address is or handing a message to the instance
+    holding it: the message was not accepted (the sender of a request gets an error envelope).
+    A `MailboxUnavailable`, so every caller that handles a failed mailbox handles this too."""
 
 
 class FederationError(RelayError):

@@ -12,6 +12,8 @@ import argparse
 import logging
 from typing import TYPE_CHECKING
 
+from rmb_relay.cluster import options as cluster_options
+from rmb_relay.cluster.connect import connect_redis
 from rmb_relay.errors import ConfigError
 from rmb_relay.mailbox import (
     DEFAULT_MAILBOX_MAX,
@@ -26,8 +28,7 @@ from rmb_relay.twins.cache import CachedTwinDirectory
 from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
-
+    from rmb_relay.cluster.connect import RedisClient
     from rmb_relay.twins import TwinDirectory
 
 log = logging.getLogger("rmb_relay")
@@ -72,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="how long a twin lookup is cached",
     )
+    cluster_options.add_arguments(parser)
 
 
 class Services:
@@ -84,7 +86,7 @@ class Services:
         *,
         twins: str | None = None,
         twin_cache_ttl: float = DEFAULT_TWIN_CACHE_TTL,
-        redis: Redis | None = None,
+        redis: RedisClient | None = None,
     ) -> None:
         self.metrics = metrics
         self.switch = switch
@@ -98,15 +100,26 @@ class Services:
         """Connect what the flags name; raises ConfigError when a dependency is unreachable."""
         if args.mailbox_ttl <= 0 or args.mailbox_max <= 0:
             raise ConfigError("--mailbox-ttl and --mailbox-max must be positive")
-        redis = await _connect_redis(args.redis) if args.redis else None
+        redis = None
+        if args.redis:
+            redis = await connect_redis(args.redis, cluster=args.redis_cluster)
+        elif args.redis_cluster:
+            raise ConfigError("--redis-cluster needs --redis URL (a node of the cluster)")
         mailbox: Mailbox
         if redis is None:
             mailbox = MemoryMailbox(ttl=args.mailbox_ttl, max_per_session=args.mailbox_max)
         else:
             mailbox = RedisMailbox(redis, ttl=args.mailbox_ttl, max_per_session=args.mailbox_max)
+        registry, switch = Registry(), Switch(mailbox)
+        if redis is not None:
+            try:
+                await cluster_options.start_cluster(args, redis, switch, registry)
+            except BaseException:
+                await redis.aclose()
+                raise
         return cls(
-            Registry(),
-            Switch(mailbox),
+            registry,
+            switch,
             twins=args.twins,
             twin_cache_ttl=args.twin_cache_ttl,
             redis=redis,
@@ -128,16 +141,3 @@ class Services:
         await self.switch.close()
         if self._directory is not None:
             await self._directory.close()
-
-
-async def _connect_redis(url: str) -> Redis:
-    from redis.asyncio import Redis
-    from redis.exceptions import RedisError
-
-    redis = Redis.from_url(url)
-    try:
-        await redis.ping()
-    except (RedisError, OSError) as err:
-        await redis.aclose()
-        raise ConfigError(f"cannot reach redis at {url}: {err}") from None
-    return redis

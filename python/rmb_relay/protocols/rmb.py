@@ -125,7 +125,7 @@ class RmbMetrics:
             lambda: [((), hot.bytes_out)],
             const=rmb,
         )
-        self.routed_slow: dict[str, int] = {"mailbox": 0, "federation": 0}
+        self.routed_slow: dict[str, int] = {"mailbox": 0, "federation": 0, "cluster": 0}
         registry.counter_of(
             "rmb_relay_messages_routed_total",
             "Messages routed, by dialect and path (local, mailbox, federation)",
@@ -287,8 +287,22 @@ class RmbDialect(Dialect):
             sender.fail(env, "relay info is not set for this twin", "no relay info")
             return
         key: SessionKey = (dest, dest_sid)
-        if await self.switch.deliver(key, data) is Outcome.DELIVERED:  # connected meanwhile
+        # connected meanwhile, here or on another instance of this relay (cluster); the
+        # deadline lets that instance store it if the session left before it got there
+        deadline = None if env.fail_fast else self.mailbox.deadline(env.timestamp, env.expiration)
+        try:
+            outcome = await self.switch.deliver(key, data, deadline=deadline, store=False)
+        except MailboxUnavailable as err:
+            log.warning("redis unavailable, refusing envelope for %s: %s", key, err)
+            sender.fail(
+                env, "destination unreachable: the relay's redis is unavailable", "redis down"
+            )
+            return
+        if outcome is Outcome.DELIVERED:
             self.metrics.hot.local += 1
+            return
+        if outcome is Outcome.FORWARDED:
+            self.metrics.routed_slow["cluster"] += 1
             return
         if not self.is_ours(twin):
             try:
@@ -310,6 +324,8 @@ class RmbDialect(Dialect):
             return
         if outcome is Outcome.QUEUED:
             self.metrics.routed_slow["mailbox"] += 1
+        elif outcome is Outcome.FORWARDED:
+            self.metrics.routed_slow["cluster"] += 1
         else:
             self.metrics.hot.local += 1
 
@@ -504,6 +520,10 @@ class RmbSession(WebSocketHandler):
     async def _drain(self) -> None:
         mailbox = self.dialect.mailbox
         try:
+            try:  # read only once the cluster knows we hold the session (switch.claimed)
+                await self.dialect.switch.claimed(self.key)
+            except MailboxUnavailable as err:
+                log.warning("could not announce %r to the cluster: %s", self, err)
             while True:
                 self._drain_again = False
                 try:
