@@ -22,7 +22,7 @@ SBD_TESTER := .tools/sbd-tester/bin/sbd-o-bahn-server-tester-bin
 # the tester's build cache lives outside the clone, so a fresh clone on the same machine rebuilds in seconds
 SBD_TESTER_TARGET ?= $(HOME)/.cache/rmb-relay/sbd-tester-target
 
-.PHONY: run test lint cargo-test pytest build dev wheel bench system-deps clean build-profiling proto sbd-conformance
+.PHONY: run test lint cargo-test pytest build dev wheel bench system-deps clean build-profiling proto sbd-conformance fuzz
 
 run: $(BUILD_STAMP) ## start the relay on embedded defaults (no Redis, no chain)
 	$(BIN)/rmb-relay -l $(LISTEN)
@@ -105,3 +105,19 @@ wheel: $(PY_STAMP) $(PROTO_PKG)/types_pb2.py ## release wheel into dist/
 
 clean:
 	rm -rf target dist $(VENV) $(PROTO_OUT) $(PROTO_PKG)
+
+# ---- fuzzing (issue 9): `make test` runs a short pass of every target (cargo test runs the Rust
+# targets over their seed corpus and mutations, pytest the socket fuzzer with 60 examples each);
+# `make fuzz` runs them for real. New inputs go to fuzz/work/, never into the committed corpus.
+FUZZ_TARGETS := http_request ws_frames rmb_envelope
+FUZZ_RUNS ?= 10000000
+FUZZ_EXAMPLES ?= 20000
+
+fuzz: $(BUILD_STAMP) proto ## cargo fuzz each Rust target for FUZZ_RUNS inputs, then the socket fuzzer
+	command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
+	for target in $(FUZZ_TARGETS); do \
+	  mkdir -p fuzz/work/$$target && \
+	  cargo +nightly fuzz run $$target $(CURDIR)/fuzz/work/$$target $(CURDIR)/fuzz/corpus/$$target \
+	    -- -runs=$(FUZZ_RUNS) -print_final_stats=1 || exit 1; \
+	done
+	RMB_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest tests/test_fuzz_sockets.py -q -p no:randomly

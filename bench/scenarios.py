@@ -5,7 +5,8 @@ the same run, printed as a table and appended to bench/results/ as JSON with the
     .venv/bin/python -m bench.scenarios rmb --quick     # one scenario, shorter runs
 
 Scenarios: `rmb` (local routing, 1/10/100 pairs x 64 B/1 KiB/16 KiB), `sbd` (forwards of 1000 B),
-`idle` (RSS per idle connection), `mailbox` (drain rate of a mailbox on connect).
+`idle` (RSS per idle connection), `mailbox` (drain rate of a mailbox on connect), `records` (the
+cost of `--records`: the same load with route records off and on, alternating).
 The generator runs in one process (one core) and the relay in another (the other core); the
 relay's CPU share is read from /proc so a reader can tell which side was the bottleneck.
 """
@@ -55,7 +56,7 @@ def raise_fd_limit() -> None:
 class Relay:
     """A relay process (ours or the baseline) on a free port."""
 
-    def __init__(self, kind: str, twins: Path) -> None:
+    def __init__(self, kind: str, twins: Path, extra: tuple[str, ...] = ()) -> None:
         self.kind = kind
         self.port = free_port()
         if kind == "rmb-relay":
@@ -72,6 +73,7 @@ class Relay:
                 "600000",
                 "--sbd-limit-clients",
                 "100000",
+                *extra,
             ]
         else:
             cmd = [PY, "-m", "bench.baseline_relay", "--port", str(self.port)]
@@ -323,6 +325,57 @@ def save(name: str, rows: list[dict[str, Any]]) -> None:
     )
 
 
+def records_scenario(twins: Path, seconds: float, rounds: int) -> list[dict[str, Any]]:
+    """The cost of `--records`: rmb-relay without and with route records, alternating in the
+    same run (rounds x each) so drift on a shared machine hits both alike. Throughput is what
+    the generator got; `relay_us_per_msg` (relay CPU per delivered message) is the cost even
+    when the generator is the bottleneck."""
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="rmb-records-") as records:
+        plain = Relay("rmb-relay", twins)
+        recording = Relay("rmb-relay", twins, ("--records", records))
+        try:
+            for dialect, pairs, size in (("rmb", 1, 64), ("rmb", 10, 1024), ("sbd", 1, 1000)):
+                opts = ["--pairs", str(pairs), "--size", str(size)]
+                opts += ["--duration", str(seconds), "--warmup", "1"]
+                runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
+                for _ in range(rounds):
+                    runs["off"].append(load(plain, dialect, twins, *opts))
+                    runs["on"].append(load(recording, dialect, twins, *opts))
+
+                def mean(
+                    key: str, side: str, runs: dict[str, list[dict[str, Any]]] = runs
+                ) -> float:
+                    return sum(r[key] for r in runs[side]) / len(runs[side])
+
+                off_rate, on_rate = (
+                    mean("throughput_msgs_per_s", "off"),
+                    mean("throughput_msgs_per_s", "on"),
+                )
+                off_us, on_us = mean("relay_us_per_msg", "off"), mean("relay_us_per_msg", "on")
+                rows.append(
+                    {
+                        "scenario": f"{dialect} {pairs} pairs x {size} B",
+                        "off_msgs_per_s": round(off_rate),
+                        "on_msgs_per_s": round(on_rate),
+                        "throughput_change_pct": round((on_rate / off_rate - 1) * 100, 1),
+                        "off_relay_us_per_msg": round(off_us, 2),
+                        "on_relay_us_per_msg": round(on_us, 2),
+                        "cpu_cost_pct": round((on_us / off_us - 1) * 100, 1),
+                        "off_relay_cpu": round(mean("relay_cpu_share", "off"), 2),
+                        "on_relay_cpu": round(mean("relay_cpu_share", "on"), 2),
+                        "generator_cpu": round(mean("generator_cpu_share", "on"), 2),
+                    }
+                )
+                print_rows(rows[-1:], header=len(rows) == 1)
+        finally:
+            plain.stop()
+            recording.stop()
+        written = sum(1 for _ in Path(records).rglob("part-*.parquet"))
+        print(f"(recording relay left {written} Parquet files)")
+    return rows
+
+
 SCENARIOS: dict[str, Callable[[Path, bool], list[dict[str, Any]]]] = {
     "rmb": lambda twins, quick: throughput_scenario(
         "rmb",
@@ -335,6 +388,7 @@ SCENARIOS: dict[str, Callable[[Path, bool], list[dict[str, Any]]]] = {
     ),
     "idle": lambda twins, quick: idle_scenario(twins, 1000 if quick else 10_000),
     "mailbox": lambda twins, quick: mailbox_scenario(twins, 2000 if quick else 10_000),
+    "records": lambda twins, quick: records_scenario(twins, 2 if quick else 4, 1 if quick else 3),
 }
 
 

@@ -210,6 +210,38 @@ fn find_head_end(buf: &[u8], from: usize) -> Option<usize> {
     None
 }
 
+/// Refuse at once what can never become a request head, instead of waiting for its end until
+/// the idle timeout or the head limit: a NUL anywhere, a CR followed by anything but LF, or a
+/// first byte after the leading empty lines (RFC 9112 section 2.2 allows those) that cannot
+/// start a method. `from` is where the previous feed's check stopped (the new bytes).
+fn check_partial_head(avail: &[u8], from: usize) -> Result<()> {
+    let fresh = &avail[from.min(avail.len())..];
+    if fresh.contains(&0) {
+        return Err(http_error(STATUS_BAD_REQUEST, "NUL in request head"));
+    }
+    let mut at = from.min(avail.len());
+    while let Some(off) = avail[at..].iter().position(|&b| b == b'\r') {
+        let cr = at + off;
+        match avail.get(cr + 1) {
+            Some(b'\n') | None => at = cr + 1,
+            Some(_) => return Err(http_error(STATUS_BAD_REQUEST, "bare CR in request head")),
+        }
+    }
+    let mut first = 0;
+    loop {
+        match &avail[first..] {
+            [b'\r', b'\n', ..] => first += 2,
+            [b'\n', ..] => first += 1,
+            _ => break,
+        }
+    }
+    match avail.get(first) {
+        None | Some(b'\r') => Ok(()),
+        Some(&b) if is_tchar(b) => Ok(()),
+        Some(_) => Err(http_error(STATUS_BAD_REQUEST, "malformed request line")),
+    }
+}
+
 /// Where a rescan must start so a terminator split across feeds is still found.
 fn rescan_from(len: usize) -> usize {
     len.saturating_sub(2)
@@ -589,6 +621,7 @@ impl StreamParser {
                     if avail.len() > self.limits.max_head {
                         return Err(head_too_large());
                     }
+                    check_partial_head(avail, self.scan_from)?;
                     self.scan_from = rescan_from(avail.len());
                     return Ok(false);
                 };
@@ -977,13 +1010,17 @@ pub fn reason_phrase(status: u16) -> &'static str {
     }
 }
 
+/// The `tchar` punctuation of RFC 9110 section 5.6.2.
+const TCHAR_PUNCT: &[u8] = b"!#$%&'*+-.^_`|~";
+
+/// One byte of a token (RFC 9110 section 5.6.2): methods and header names.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || TCHAR_PUNCT.contains(&b)
+}
+
 /// A header name must be a token (RFC 9110 section 5.6.2).
 fn is_token(s: &str) -> bool {
-    /// The `tchar` punctuation of RFC 9110 section 5.6.2.
-    const TCHAR_PUNCT: &[u8] = b"!#$%&'*+-.^_`|~";
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || TCHAR_PUNCT.contains(&b))
+    !s.is_empty() && s.bytes().all(is_tchar)
 }
 
 /// Reject what would let a caller inject a header or split the message (CR, LF, NUL).
@@ -1315,6 +1352,44 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(req.head.header("host"), Some(&b"h"[..]));
+    }
+
+    #[test]
+    fn a_head_that_can_never_complete_is_refused_at_once() {
+        for junk in [
+            &b"\r\r\r\r"[..],
+            b"\0\0\0\0",
+            b"GET / HTTP/1.1\r\nHost: x\0",
+            b"GET /\rx",
+            b" GET / HTTP/1.1",
+            b"\r\n\x16\x03\x01",
+            b"{\"json\": 1}",
+        ] {
+            let err = parser()
+                .feed(junk)
+                .expect_err("refused before the head ends");
+            assert_eq!(status_of(err), STATUS_BAD_REQUEST, "{junk:?}");
+        }
+        // byte by byte too: the check covers what each feed added
+        let mut p = parser();
+        assert_eq!(p.feed(b"GET / HTTP/1.1\r").unwrap(), None);
+        assert_eq!(status_of(p.feed(b"\r").unwrap_err()), STATUS_BAD_REQUEST);
+        // and still waits for what may yet become a request
+        let mut p = parser();
+        for part in [
+            &b"\r"[..],
+            b"\n",
+            b"\r",
+            b"\nG",
+            b"ET / HTTP/1.1\r",
+            b"\n\r\n",
+        ] {
+            if let Some(req) = p.feed(part).unwrap() {
+                assert_eq!(req.head.method, "GET");
+                return;
+            }
+        }
+        panic!("the request was not parsed");
     }
 
     #[test]

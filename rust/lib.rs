@@ -10,6 +10,8 @@ use pyo3::prelude::*;
 pub mod crypto;
 pub mod envelope;
 pub mod error;
+/// fuzz targets of the network parsers (pure Rust; `fuzz/`, `make fuzz`)
+pub mod fuzzing;
 pub mod http;
 pub mod limiter;
 pub mod routes;

@@ -254,7 +254,7 @@ async def test_keep_alive_client_is_served_well_past_the_idle_timeout(
 async def test_partial_head_is_answered_408_by_the_idle_timer(start_relay: StartRelay) -> None:
     server, _ = await relay(start_relay, http_idle_timeout=0.3)
     wire = await Wire.open(server)
-    wire.send(b"GET /health HTTP/1.1\r\nHo")
+    wire.send(b"GET /health HTTP/1.1\r\nHost: relay\r\nHo")
     reply = await wire.reply()
     assert reply.status == 408
     assert await wire.closed()
@@ -335,7 +335,9 @@ async def test_whole_body_route_gets_a_chunked_body_whole(start_relay: StartRela
     server, _ = await relay(start_relay)
     wire = await Wire.open(server)
     body = encode_chunk(b"fede") + encode_chunk(b"ration") + encode_last_chunk()
-    wire.send(b"POST /test/whole HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + body)
+    wire.send(
+        b"POST /test/whole HTTP/1.1\r\nHost: relay\r\nTransfer-Encoding: chunked\r\n\r\n" + body
+    )
     reply = await wire.reply()
     assert (reply.status, reply.body) == (200, b"got federation")
     wire.close()
@@ -345,7 +347,9 @@ async def test_whole_body_over_max_message_is_413(start_relay: StartRelay) -> No
     server, _ = await relay(start_relay, max_message=1024)
     wire = await Wire.open(server)
     body = encode_chunk(b"x" * 1000) + encode_chunk(b"y" * 100) + encode_last_chunk()
-    wire.send(b"POST /test/whole HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n" + body)
+    wire.send(
+        b"POST /test/whole HTTP/1.1\r\nHost: relay\r\nTransfer-Encoding: chunked\r\n\r\n" + body
+    )
     reply = await wire.reply()
     assert (reply.status, reply.body) == (413, b"request body over 1024 bytes")
     assert await wire.closed()
@@ -360,8 +364,8 @@ async def test_pipelined_requests_with_bodies_are_answered_in_order(
         chunked_put("/test/sink")
         + encode_chunk(b"abc")
         + encode_last_chunk()
-        + b"POST /test/whole HTTP/1.1\r\nContent-Length: 2\r\n\r\nhi"
-        + b"GET /health HTTP/1.1\r\n\r\n"
+        + b"POST /test/whole HTTP/1.1\r\nHost: relay\r\nContent-Length: 2\r\n\r\nhi"
+        + b"GET /health HTTP/1.1\r\nHost: relay\r\n\r\n"
     )
     assert json.loads((await wire.reply()).body)["bytes"] == 3
     assert (await wire.reply()).body == b"got hi"
@@ -373,7 +377,7 @@ async def test_unread_body_pauses_reading_at_the_buffer_limit(start_relay: Start
     server, routes = await relay(start_relay)
     wire = await Wire.open(server)
     total = 16 << 20
-    wire.send(b"PUT /test/held HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % total)
+    wire.send(b"PUT /test/held HTTP/1.1\r\nHost: relay\r\nContent-Length: %d\r\n\r\n" % total)
     block = b"z" * (1 << 20)
     for _ in range(16):
         wire.send(block)  # far more than the relay will buffer; the rest waits in sockets
@@ -402,7 +406,10 @@ async def test_expect_continue_is_answered_when_the_handler_reads(start_relay: S
         method = b"PUT" if path == b"/test/sink" else b"POST"
         wire = await Wire.open(server)
         wire.send(
-            method + b" " + path + b" HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n"
+            method
+            + b" "
+            + path
+            + b" HTTP/1.1\r\nHost: relay\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n"
         )
         interim = await wire.head()
         assert interim.status == 100
@@ -415,10 +422,26 @@ async def test_expect_continue_is_answered_when_the_handler_reads(start_relay: S
 @pytest.mark.parametrize(
     ("request_head", "status"),
     [
-        (b"PUT /nowhere HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n", 404),
-        (b"GET /test/whole HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n", 405),
-        (b"POST /test/whole HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 5000\r\n\r\n", 413),
-        (b"PUT /test/early HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 5\r\n\r\n", 403),
+        (
+            b"PUT /nowhere HTTP/1.1\r\nHost: relay\r\nExpect: 100-continue\r\n"
+            b"Content-Length: 5\r\n\r\n",
+            404,
+        ),
+        (
+            b"GET /test/whole HTTP/1.1\r\nHost: relay\r\nExpect: 100-continue\r\n"
+            b"Content-Length: 5\r\n\r\n",
+            405,
+        ),
+        (
+            b"POST /test/whole HTTP/1.1\r\nHost: relay\r\nExpect: 100-continue\r\n"
+            b"Content-Length: 5000\r\n\r\n",
+            413,
+        ),
+        (
+            b"PUT /test/early HTTP/1.1\r\nHost: relay\r\nExpect: 100-continue\r\n"
+            b"Content-Length: 5\r\n\r\n",
+            403,
+        ),
     ],
 )
 async def test_request_refused_before_its_body_gets_no_100(
@@ -441,11 +464,11 @@ async def test_head_gets_the_head_alone(start_relay: StartRelay) -> None:
     wire.send(b"HEAD /health HTTP/1.1\r\nHost: relay\r\n\r\n")
     reply = await wire.reply(head_only=True)
     assert (reply.status, reply.headers["content-length"]) == (200, "3")
-    wire.send(b"HEAD /test/stream HTTP/1.1\r\n\r\n")
+    wire.send(b"HEAD /test/stream HTTP/1.1\r\nHost: relay\r\n\r\n")
     reply = await wire.reply(head_only=True)
     assert (reply.status, reply.headers["transfer-encoding"]) == (200, "chunked")
     assert routes.streamed == []  # the stream was never started
-    wire.send(b"GET /health HTTP/1.1\r\n\r\n")  # no body bytes were left on the wire
+    wire.send(b"GET /health HTTP/1.1\r\nHost: relay\r\n\r\n")  # no body bytes were left on the wire
     assert (await wire.reply()).body == b"ok\n"
     wire.close()
 
@@ -455,13 +478,13 @@ async def test_streamed_response_is_chunked_unless_its_length_is_known(
 ) -> None:
     server, routes = await relay(start_relay)
     wire = await Wire.open(server)
-    wire.send(b"GET /test/stream HTTP/1.1\r\n\r\n")
+    wire.send(b"GET /test/stream HTTP/1.1\r\nHost: relay\r\n\r\n")
     reply = await wire.reply()
     assert reply.headers["transfer-encoding"] == "chunked"
     assert "content-length" not in reply.headers
     assert reply.body == b"one two three"
     assert routes.streamed[-1] == "closed"
-    wire.send(b"GET /test/sized HTTP/1.1\r\n\r\n")
+    wire.send(b"GET /test/sized HTTP/1.1\r\nHost: relay\r\n\r\n")
     reply = await wire.reply()
     assert reply.headers["content-length"] == "13"
     assert "transfer-encoding" not in reply.headers
@@ -484,7 +507,7 @@ async def test_streamed_response_to_http_1_0_ends_with_the_connection(
 async def test_stream_failing_midway_cuts_the_response(start_relay: StartRelay) -> None:
     server, _ = await relay(start_relay)
     wire = await Wire.open(server)
-    wire.send(b"GET /test/broken HTTP/1.1\r\n\r\n")
+    wire.send(b"GET /test/broken HTTP/1.1\r\nHost: relay\r\n\r\n")
     with pytest.raises(asyncio.IncompleteReadError):
         await wire.reply()  # no last chunk: the client knows the body is incomplete
     wire.close()
@@ -513,7 +536,7 @@ async def test_malformed_chunked_body_gets_400_and_the_relay_keeps_serving(
     assert reply.status == 400
     assert await wire.closed()
     other = await Wire.open(server)
-    other.send(b"GET /health HTTP/1.1\r\n\r\n")
+    other.send(b"GET /health HTTP/1.1\r\nHost: relay\r\n\r\n")
     assert (await other.reply()).status == 200
     other.close()
 
@@ -529,7 +552,9 @@ async def test_malformed_chunked_body_gets_400_and_the_relay_keeps_serving(
 async def test_refused_framing(start_relay: StartRelay, framing: bytes, status: int) -> None:
     server, _ = await relay(start_relay)
     wire = await Wire.open(server)
-    wire.send(b"PUT /test/sink HTTP/1.1\r\n" + framing + b"\r\n\r\n3\r\nabc\r\n0\r\n\r\n")
+    wire.send(
+        b"PUT /test/sink HTTP/1.1\r\nHost: relay\r\n" + framing + b"\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+    )
     assert (await wire.reply()).status == status
     assert await wire.closed()
 

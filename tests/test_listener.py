@@ -141,7 +141,7 @@ async def test_garbage_http_gets_400_and_close(start_relay: StartRelay) -> None:
 async def test_oversize_head_gets_431_and_close(start_relay: StartRelay) -> None:
     server = await start_relay([EchoDialect()])
     host, port = server.addresses[0]
-    request = b"GET /health HTTP/1.1\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"
+    request = b"GET /health HTTP/1.1\r\nHost: relay\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"
     reply = await http_exchange(host, port, request)
     assert reply.startswith(b"HTTP/1.1 431 ")
 
@@ -215,7 +215,9 @@ async def test_dialect_refusal_is_an_http_status_with_reason(start_relay: StartR
 async def test_head_health_is_200_with_no_body(start_relay: StartRelay) -> None:
     server = await start_relay([])
     host, port = server.addresses[0]
-    reply = await http_exchange(host, port, b"HEAD /health HTTP/1.1\r\nConnection: close\r\n\r\n")
+    reply = await http_exchange(
+        host, port, b"HEAD /health HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n"
+    )
     assert reply.startswith(b"HTTP/1.1 200 ")
     assert reply.endswith(b"Content-Length: 3\r\nConnection: close\r\n\r\n")
 
@@ -223,7 +225,9 @@ async def test_head_health_is_200_with_no_body(start_relay: StartRelay) -> None:
 async def test_health_and_metrics(start_relay: StartRelay) -> None:
     server = await start_relay([EchoDialect()])
     host, port = server.addresses[0]
-    reply = await http_exchange(host, port, b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n")
+    reply = await http_exchange(
+        host, port, b"GET /health HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n"
+    )
     assert reply.startswith(b"HTTP/1.1 200 ")
     assert reply.endswith(b"ok\n")
     async with connect(ws_url(server)):
@@ -236,7 +240,9 @@ async def test_metrics_page_is_prometheus_text_with_the_listener_families(
 ) -> None:
     server = await start_relay([EchoDialect()])
     host, port = server.addresses[0]
-    await http_exchange(host, port, b"GET /health HTTP/1.1\r\nConnection: close\r\n\r\n")
+    await http_exchange(
+        host, port, b"GET /health HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n"
+    )
     page = await scrape(host, port)
     assert page.status == 200
     assert page.headers["content-type"] == choose_encoder("")[1]
@@ -248,6 +254,7 @@ async def test_metrics_page_is_prometheus_text_with_the_listener_families(
         "rmb_relay_ws_protocol_violations": "counter",
         "rmb_relay_messages_dropped": "counter",
         "rmb_relay_backpressure_pauses": "counter",
+        "rmb_relay_connections_refused": "counter",
     }
     assert page.value("rmb_relay_http_requests_total", method="GET", status="200") == 1
     assert page.value("rmb_relay_connections", dialect="echo") == 0
@@ -281,7 +288,9 @@ async def test_random_http_methods_create_a_bounded_number_of_series(
     async def send(method: str) -> None:
         path = rng.choice(["/health", "/nope"])
         await http_exchange(
-            host, port, f"{method} {path} HTTP/1.1\r\nConnection: close\r\n\r\n".encode()
+            host,
+            port,
+            f"{method} {path} HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n".encode(),
         )
 
     for start in range(0, len(methods), 50):
@@ -301,7 +310,8 @@ async def test_pipelined_requests_are_answered_in_order(start_relay: StartRelay)
     reply = await http_exchange(
         host,
         port,
-        b"GET /health HTTP/1.1\r\n\r\nGET /nope HTTP/1.1\r\nConnection: close\r\n\r\n",
+        b"GET /health HTTP/1.1\r\nHost: relay\r\n\r\n"
+        b"GET /nope HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n",
     )
     first, _, second = reply.partition(b"ok\n")
     assert first.startswith(b"HTTP/1.1 200 ")
@@ -311,7 +321,9 @@ async def test_pipelined_requests_are_answered_in_order(start_relay: StartRelay)
 async def test_unknown_route_is_404_page_not_found(start_relay: StartRelay) -> None:
     server = await start_relay([])
     host, port = server.addresses[0]
-    reply = await http_exchange(host, port, b"GET /x HTTP/1.1\r\nConnection: close\r\n\r\n")
+    reply = await http_exchange(
+        host, port, b"GET /x HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n"
+    )
     assert reply.startswith(b"HTTP/1.1 404 ")
     assert reply.endswith(b"page not found")
 

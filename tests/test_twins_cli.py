@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable
@@ -306,3 +307,30 @@ def test_help_names_every_action_and_the_default_file() -> None:
     add_help = " ".join(run("rmb_relay.twins.cli", "add", "--help").stdout.split())
     assert "default: sqlite:" in add_help
     assert "--key-type" in add_help
+
+
+@pytest.mark.parametrize("module", [["rmb_relay.twins.cli"], ["rmb_relay", "twins"]])
+def test_list_into_a_reader_that_leaves_early_stops_quietly(
+    tmp_path: Path, module: list[str]
+) -> None:
+    """`rmb-relay twins list | head -1` used to die with a BrokenPipeError traceback."""
+    path = tmp_path / "many.sqlite3"
+    with SqliteTwinDirectory(path) as directory:
+        directory.add(Twin(1, bytes(32), frozenset({"relay.example.com"}), None))
+    with sqlite3.connect(path) as db:  # one transaction: 3,000 twins is more than a pipe holds
+        db.executemany(
+            "INSERT INTO twins (id, account, relays) VALUES (?, ?, 'relay.example.com')",
+            [(twin_id, bytes(32)) for twin_id in range(2, 3001)],
+        )
+    db.close()
+    process = subprocess.Popen(
+        [sys.executable, "-m", *module, "list", "--twins", f"sqlite:{path}"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    assert process.stdout.readline()  # what `head -1` reads, then it exits
+    process.stdout.close()
+    _, stderr = process.communicate(timeout=WAIT)
+    assert b"Traceback" not in stderr, stderr.decode()
+    assert process.returncode == 141

@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
-from collections.abc import Coroutine, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, NoReturn
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -46,6 +47,21 @@ def run(main: Coroutine[Any, Any, None]) -> None:
             raise SystemExit(f"rmb-relay: {err}") from None
 
 
+def exit_with(command: Callable[[], int]) -> NoReturn:
+    """Run a command that prints, and exit with its code. If stdout's reader leaves early
+    (`rmb-relay twins list | head`), stop quietly as `cat` does instead of with a traceback:
+    stdout is pointed at /dev/null so the interpreter's last flush cannot fail again, and the
+    code is 141, what a shell reports for a SIGPIPE death."""
+    try:
+        code = command()
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        raise SystemExit(141) from None
+    raise SystemExit(code)
+
+
 def _commands_epilog() -> str:
     from rmb_relay.commands import commands
 
@@ -62,6 +78,7 @@ def relay_main(argv: Sequence[str] | None = None) -> None:
     known = commands()
     if args and args[0] in known:
         name = args.pop(0)
-        raise SystemExit(known[name].main(args, f"rmb-relay {name}"))
+        command = known[name]
+        exit_with(lambda: command.main(args, f"rmb-relay {name}"))
     # plain `rmb-relay [flags]`: serve, with the commands listed under --help
     raise SystemExit(serve.main(args, "rmb-relay", _commands_epilog()))

@@ -23,6 +23,9 @@ DEFAULT_HTTP_IDLE_TIMEOUT = 30.0
 #: with 503 (time spent waiting for the client's body does not count); covers a dialect's
 #: websocket `accept` too. Above the SBD auth hook's 10 s, so the hook's own error wins.
 DEFAULT_HTTP_REQUEST_TIMEOUT = 30.0
+#: open connections of one client IP (`server/limits.py`): far above one host's honest needs
+#: (a load generator, a NAT with many twins), far below what it takes to starve everyone else
+DEFAULT_MAX_CONNECTIONS_PER_IP = 4096
 #: how long we wait for the peer's close frame before dropping TCP
 DEFAULT_CLOSE_TIMEOUT = 5.0
 #: how long a graceful shutdown waits for connections to finish their close handshake
@@ -61,12 +64,21 @@ class ListenerConfig:
     http_request_timeout: float = DEFAULT_HTTP_REQUEST_TIMEOUT
     close_timeout: float = DEFAULT_CLOSE_TIMEOUT
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
+    #: open connections served normally (None: the file-descriptor limit minus a reserve,
+    #: `server/limits.py`); a few more get /health and /metrics only, the rest 503
+    max_connections: int | None = None
+    #: open connections of one client IP; more are answered 429 and closed
+    max_connections_per_ip: int = DEFAULT_MAX_CONNECTIONS_PER_IP
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ConfigError("--tls-cert and --tls-key go together: give both or neither")
         if self.max_message < 1024:
             raise ConfigError("--max-message must be at least 1024 bytes")
+        if (
+            self.max_connections is not None and self.max_connections <= 0
+        ) or self.max_connections_per_ip <= 0:
+            raise ConfigError("--max-connections and --max-connections-per-ip must be positive")
         for name in ("http_idle_timeout", "http_request_timeout", "close_timeout"):
             if not getattr(self, name) > 0:
                 flag = "--" + name.replace("_", "-")

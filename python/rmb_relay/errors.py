@@ -13,8 +13,12 @@ Exception
      ├─ HttpReject                 a request refused with an HTTP status (before any upgrade)
      ├─ AuthError                  a login the relay refuses; carries the HTTP status and reason
      ├─ TwinLookupError            the twin directory backend failed (not: "no such twin")
+     │   └─ ChainError             tfchain could not answer: every node failed (twins/substrate.py)
+     │       ├─ NodeError          one node failed or answered nonsense; the client fails over
+     │       └─ ExtrinsicRejected  the chain refused or failed an extrinsic (e.g. update_twin)
      ├─ MailboxUnavailable         the mailbox backend (Redis) could not store or read
-     │   └─ ClusterUnavailable     Redis failed while handing a message to another instance
+     │   ├─ ClusterUnavailable     Redis failed while handing a message to another instance
+     │   └─ MailboxFull            a mailbox memory budget (bytes, sessions) is reached
      ├─ FederationError            an envelope could not be handed to another relay
      └─ ClientError                the SDK client could not do what was asked
          ├─ RequestTimeout         no response arrived before the deadline
@@ -52,6 +56,7 @@ from rmb_relay._core import (
 __all__ = [
     "AuthError",
     "BadMessage",
+    "ChainError",
     "ClientError",
     "ClusterUnavailable",
     "ConfigError",
@@ -60,11 +65,14 @@ __all__ = [
     "E2eError",
     "EnvelopeError",
     "EnvelopeRejected",
+    "ExtrinsicRejected",
     "FederationError",
     "HandshakeError",
     "HttpParseError",
     "HttpReject",
+    "MailboxFull",
     "MailboxUnavailable",
+    "NodeError",
     "PeerError",
     "RedisUnavailable",
     "RelayError",
@@ -109,7 +117,24 @@ class AuthError(RelayError):
 
 class TwinLookupError(RelayError):
     """The twin directory could not answer (database or chain failure), as opposed to
-    answering that a twin does not exist. The relay answers 500 `failed to get twin: ...`."""
+    answering that a twin does not exist. The relay answers 500 `failed to get twin:
+    directory unavailable (request ID)`; the cause (it names files and hosts) goes only to the
+    log, under that id."""
+
+
+class ChainError(TwinLookupError):
+    """tfchain could not answer: every node tried failed, or what they said cannot be used."""
+
+
+class NodeError(ChainError):
+    """One chain node failed (refused, timed out, dropped the connection) or answered
+    something that is not substrate JSON-RPC (garbage, wrong types, undecodable SCALE). The
+    client drops that connection and tries the next node; it only escapes wrapped in a
+    ChainError once every attempt failed."""
+
+
+class ExtrinsicRejected(ChainError):
+    """The chain refused an extrinsic (bad signature, stale nonce) or it failed on chain."""
 
 
 class MailboxUnavailable(RelayError):
@@ -121,6 +146,12 @@ class ClusterUnavailable(MailboxUnavailable):
     """Redis failed while looking up where an address is or handing a message to the instance
     holding it: the message was not accepted (the sender of a request gets an error envelope).
     A `MailboxUnavailable`, so every caller that handles a failed mailbox handles this too."""
+
+
+class MailboxFull(MailboxUnavailable):
+    """Storing the envelope would take a mailbox over one of its memory budgets (bytes per
+    twin, bytes in all, sessions per twin): refused, so the sender hears of it, rather than
+    displacing mail that is already waiting."""
 
 
 class FederationError(RelayError):

@@ -28,6 +28,13 @@ JWT_HEADER = b'{"alg":"RS512"}'
 JWT_HEADER_B64 = "eyJhbGciOiJSUzUxMiJ9"
 #: rmb-peer's token lifetime (spec/rmb.md §1.2)
 DEFAULT_JWT_TTL = 300
+#: a login token longer than this is refused before any decoding (rmb-peer's are ~250 chars;
+#: a sid is a short name): parsing cost and JSON nesting stay bounded
+MAX_JWT_LEN = 4096
+#: the longest a token may still be valid when presented (`exp - now`, seconds). rmb-rs sets no
+#: bound (spec/rmb.md §1.2), so a token with exp = 2^64-1 never expires; rmb-peer's live 300 s.
+#: `iat` is the client's word and is not used: a stale iat with a short exp is harmless
+DEFAULT_MAX_TOKEN_LIFETIME = 3600
 #: PBKDF2 rounds of substrate-bip39
 _BIP39_ROUNDS = 2048
 
@@ -100,8 +107,11 @@ class ParsedJwt:
     signature: bytes
 
 
-def parse_jwt(token: str, now: int) -> ParsedJwt:
-    """Structure, header and expiry checks (before any twin lookup). Raises AuthError(401)."""
+def parse_jwt(token: str, now: int, max_lifetime: int = DEFAULT_MAX_TOKEN_LIFETIME) -> ParsedJwt:
+    """Structure, header, expiry and lifetime checks (before any twin lookup). Raises
+    AuthError(401) for anything malformed, however hostile: never another exception."""
+    if len(token) > MAX_JWT_LEN:
+        raise AuthError(401, f"invalid jwt: token over {MAX_JWT_LEN} characters")
     parts = token.split(".")
     if len(parts) != 3:
         raise AuthError(401, "invalid jwt: token must have three dot-separated parts")
@@ -109,7 +119,8 @@ def parse_jwt(token: str, now: int) -> ParsedJwt:
         header = json.loads(b64url_decode(parts[0]))
         claims = json.loads(b64url_decode(parts[1]))
         signature = b64url_decode(parts[2])
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        # RecursionError: JSON nested deeper than the decoder's stack (`[[[[...`)
         raise AuthError(401, "invalid jwt: malformed base64url or JSON") from None
     if not isinstance(header, dict) or header.get("alg") != "RS512":
         raise AuthError(401, "invalid jwt: algorithm mismatch (expected RS512)")
@@ -128,6 +139,8 @@ def parse_jwt(token: str, now: int) -> ParsedJwt:
         raise AuthError(401, "invalid jwt: claim sid must be a string or null")
     if now > exp:
         raise AuthError(401, "invalid jwt: jwt has expired")
+    if exp - now > max_lifetime:
+        raise AuthError(401, f"invalid jwt: jwt lifetime over {max_lifetime} s")
     return ParsedJwt(Claims(sub, sid, iat, exp), f"{parts[0]}.{parts[1]}".encode(), signature)
 
 

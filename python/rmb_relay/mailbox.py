@@ -4,6 +4,13 @@ Decision 2 of spec/rmb.md: a message waits until its own deadline (timestamp + e
 capped by `--mailbox-ttl`; at most `--mailbox-max` per session, dropping the oldest first (and
 counting it). On connect the mailbox is delivered in order before live traffic.
 
+Memory budgets (the in-memory mailbox: it lives in the relay's own heap, so one sender must not
+be able to fill it): at most `MailboxBudget.twin_bytes` per destination twin across its
+sessions, `total_bytes` in all, and `sessions_per_twin` distinct sessions (sids) per twin. An
+envelope over a budget is refused with `MailboxFull` (the sender of a request gets an error
+envelope) instead of displacing older mail; the per-session count cap keeps rmb-rs's
+drop-oldest. Expired envelopes are swept on a timer of their own, whatever else is configured.
+
 Two implementations behind one interface: `MemoryMailbox` (no Redis: a relay restart loses
 it) and `RedisMailbox` (Redis streams under rmb-rs's key names `stream:<twin>[:<sid>]`, entry
 field `_` = the raw envelope, so queued messages survive a restart and a replica can deliver
@@ -13,12 +20,14 @@ them). Delivery is at-least-once: entries are deleted after they were handed to 
 from __future__ import annotations
 
 import abc
+import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
-from rmb_relay.clock import Clock, seconds, wall_clock
-from rmb_relay.errors import MailboxUnavailable
+from rmb_relay.clock import Clock, monotonic_clock, nanos, seconds, wall_clock
+from rmb_relay.errors import MailboxFull, MailboxUnavailable
 
 if TYPE_CHECKING:
     from rmb_relay.cluster.connect import RedisClient
@@ -29,6 +38,27 @@ SessionKey = tuple[int, str | None]
 DEFAULT_MAILBOX_TTL = 3600
 #: rmb-rs's QUEUE_MAXLEN per stream
 DEFAULT_MAILBOX_MAX = 10_000
+#: in-memory mailbox bytes for one destination twin (all its sessions): 64 envelopes of the
+#: largest size, or thousands of ordinary ones; a flood to one twin stops here
+DEFAULT_MAILBOX_TWIN_BYTES = 64 << 20
+#: in-memory mailbox bytes in all: what offline mail may cost the relay's heap
+DEFAULT_MAILBOX_TOTAL_BYTES = 512 << 20
+#: distinct sessions (sids) with mail waiting, per twin: the sid is the sender's choice, so
+#: without a cap one sender creates a mailbox per random sid
+DEFAULT_MAILBOX_SESSIONS = 64
+#: how often expired envelopes are swept out of the in-memory mailbox (seconds)
+DEFAULT_SWEEP_INTERVAL = 10.0
+#: longest a Redis mailbox operation may take before it counts as failed (seconds): a stalled
+#: Redis must not hold a sender's messages, or a login's live traffic, for long
+DEFAULT_REDIS_TIMEOUT = 2.0
+#: envelope bytes on their way to Redis at once, all senders together; beyond it a store is
+#: refused at once (the sender hears "mailbox is unavailable") instead of queueing in the heap
+DEFAULT_REDIS_INFLIGHT_BYTES = 32 << 20
+#: after an operation timed out, Redis is assumed stalled for this long (seconds): stores and
+#: reads fail at once instead of each waiting out its own timeout
+REDIS_STALL_BACKOFF = 1.0
+#: a mailbox is read this many entries at a time (a Redis stream may hold 10,000 of 1 MiB)
+TAKE_PAGE = 256
 
 
 def stream_key(key: SessionKey) -> str:
@@ -43,6 +73,21 @@ class Taken:
 
     envelopes: list[bytes]
     ids: list[bytes] = field(default_factory=list)
+    #: the mailbox may hold more than this page: take again after acknowledging it
+    more: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class MailboxBudget:
+    """Memory limits of the in-memory mailbox (see the module docstring)."""
+
+    twin_bytes: int = DEFAULT_MAILBOX_TWIN_BYTES
+    total_bytes: int = DEFAULT_MAILBOX_TOTAL_BYTES
+    sessions_per_twin: int = DEFAULT_MAILBOX_SESSIONS
+
+    def __post_init__(self) -> None:
+        if min(self.twin_bytes, self.total_bytes, self.sessions_per_twin) <= 0:
+            raise ValueError("mailbox budgets must be positive")
 
 
 @dataclass(slots=True)
@@ -51,6 +96,8 @@ class MailboxStats:
     delivered: int = 0
     expired: int = 0
     dropped_full: int = 0
+    #: refused because a memory budget (bytes or sessions) was reached
+    refused: int = 0
 
 
 class Mailbox(abc.ABC):
@@ -64,6 +111,13 @@ class Mailbox(abc.ABC):
         self.max_per_session = max_per_session
         self.clock = clock
         self.stats = MailboxStats()
+        #: told of every envelope lost to expiry or a full mailbox: (session, bytes, reason);
+        #: route records use it (a Redis drop of the oldest entry reports 0 bytes: unread)
+        self.on_loss: Callable[[SessionKey, int, str], None] | None = None
+
+    def _lost(self, key: SessionKey, size: int, reason: str) -> None:
+        if self.on_loss is not None:
+            self.on_loss(key, size, reason)
 
     def deadline(self, timestamp: int, expiration: int) -> int:
         """When a stored envelope stops being worth delivering (unix seconds)."""
@@ -86,77 +140,181 @@ class Mailbox(abc.ABC):
     def depth(self) -> int:
         """Envelopes waiting in all mailboxes (for the metric; may be approximate)."""
 
+    def held_bytes(self) -> int:
+        """Envelope bytes this process holds for the mailbox (stored in memory, or on their way
+        to Redis): the figure the memory budgets bound."""
+        return 0
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections."""
 
 
 class MemoryMailbox(Mailbox):
-    """In-process mailbox for a relay without Redis."""
+    """In-process mailbox for a relay without Redis, within a `MailboxBudget`.
+
+    Expired envelopes are swept every `sweep_interval` seconds of loop time while anything is
+    stored (the timer starts with the first `put` and stops when the mailbox is empty); expiry
+    itself is judged on `clock`, so tests move time by hand and shorten the interval."""
 
     def __init__(
         self,
         ttl: int = DEFAULT_MAILBOX_TTL,
         max_per_session: int = DEFAULT_MAILBOX_MAX,
         clock: Clock = wall_clock,
+        *,
+        budget: MailboxBudget | None = None,
+        sweep_interval: float = DEFAULT_SWEEP_INTERVAL,
     ) -> None:
         super().__init__(ttl, max_per_session, clock)
+        self.budget = budget if budget is not None else MailboxBudget()
+        self.sweep_interval = sweep_interval
         self._boxes: dict[SessionKey, deque[tuple[int, bytes]]] = {}
         self._depth = 0
+        self._bytes = 0
+        #: per destination twin: bytes stored and sessions with a mailbox
+        self._twin_bytes: dict[int, int] = {}
+        self._twin_sessions: dict[int, int] = {}
+        self._sweeper: asyncio.TimerHandle | None = None
 
     async def put(self, key: SessionKey, envelope: bytes, deadline: int) -> None:
+        twin = key[0]
+        size = len(envelope)
         box = self._boxes.get(key)
+        if box is not None:
+            self._expire(key, box)
+        budget = self.budget
+        if box is None and self._twin_sessions.get(twin, 0) >= budget.sessions_per_twin:
+            self.stats.refused += 1
+            raise MailboxFull(
+                f"twin {twin} has mail waiting for {budget.sessions_per_twin} sessions"
+            )
+        if self._twin_bytes.get(twin, 0) + size > budget.twin_bytes:
+            self.stats.refused += 1
+            raise MailboxFull(f"mailbox of twin {twin} is over {budget.twin_bytes} bytes")
+        if self._bytes + size > budget.total_bytes:
+            self.stats.refused += 1
+            raise MailboxFull(f"mailboxes are over {budget.total_bytes} bytes in all")
         if box is None:
             box = self._boxes[key] = deque()
-        self._expire(box)
+            self._twin_sessions[twin] = self._twin_sessions.get(twin, 0) + 1
         if len(box) >= self.max_per_session:
-            box.popleft()
-            self._depth -= 1
+            lost = self._pop_oldest(twin, box)
             self.stats.dropped_full += 1
+            self._lost(key, lost, "full")
         box.append((deadline, envelope))
         self._depth += 1
+        self._bytes += size
+        self._twin_bytes[twin] = self._twin_bytes.get(twin, 0) + size
         self.stats.stored += 1
+        self._ensure_sweeper()
 
     async def take(self, key: SessionKey) -> Taken:
-        box = self._boxes.pop(key, None)
-        if not box:
+        box = self._boxes.get(key)
+        if box is None:
             return Taken([])
-        self._depth -= len(box)
+        self._forget(key, box)
         now = seconds(self.clock())
         live = [envelope for deadline, envelope in box if deadline > now]
         self.stats.expired += len(box) - len(live)
+        if self.on_loss is not None and len(live) < len(box):
+            for deadline, envelope in box:
+                if deadline <= now:
+                    self.on_loss(key, len(envelope), "expired")
         self.stats.delivered += len(live)
         return Taken(live)
 
-    def _expire(self, box: deque[tuple[int, bytes]]) -> None:
+    def _pop_oldest(self, twin: int, box: deque[tuple[int, bytes]]) -> int:
+        """Drop the oldest envelope; returns its size."""
+        _, envelope = box.popleft()
+        self._depth -= 1
+        self._bytes -= len(envelope)
+        self._twin_bytes[twin] -= len(envelope)
+        return len(envelope)
+
+    def _forget(self, key: SessionKey, box: deque[tuple[int, bytes]]) -> None:
+        """Remove a whole session's mailbox from the books."""
+        twin = key[0]
+        del self._boxes[key]
+        size = sum(len(envelope) for _, envelope in box)
+        self._depth -= len(box)
+        self._bytes -= size
+        left = self._twin_bytes[twin] - size
+        sessions = self._twin_sessions[twin] - 1
+        if sessions:
+            self._twin_bytes[twin] = left
+            self._twin_sessions[twin] = sessions
+        else:
+            del self._twin_bytes[twin]
+            del self._twin_sessions[twin]
+        if not self._boxes:
+            # a dict never shrinks by deleting: start over so a burst's table is freed too
+            self._boxes = {}
+
+    def _expire(self, key: SessionKey, box: deque[tuple[int, bytes]]) -> None:
         now = seconds(self.clock())
         while box and box[0][0] <= now:
-            box.popleft()
-            self._depth -= 1
+            lost = self._pop_oldest(key[0], box)
             self.stats.expired += 1
+            self._lost(key, lost, "expired")
 
     def sweep(self) -> int:
-        """Drop expired envelopes of every session (run periodically); returns how many."""
-        before = self._depth
-        for key in list(self._boxes):
-            box = self._boxes[key]
-            now = seconds(self.clock())
-            kept = deque(item for item in box if item[0] > now)
-            self.stats.expired += len(box) - len(kept)
-            self._depth -= len(box) - len(kept)
+        """Drop expired envelopes of every session; returns how many."""
+        now = seconds(self.clock())
+        dropped = 0
+        for key, box in list(self._boxes.items()):
+            if box and all(deadline > now for deadline, _ in box):
+                continue
+            self._forget(key, box)
+            kept = [item for item in box if item[0] > now]
+            dropped += len(box) - len(kept)
+            if self.on_loss is not None:
+                for deadline, envelope in box:
+                    if deadline <= now:
+                        self.on_loss(key, len(envelope), "expired")
             if kept:
-                self._boxes[key] = kept
-            else:
-                del self._boxes[key]
-        return before - self._depth
+                twin = key[0]
+                self._boxes[key] = deque(kept)
+                size = sum(len(envelope) for _, envelope in kept)
+                self._depth += len(kept)
+                self._bytes += size
+                self._twin_bytes[twin] = self._twin_bytes.get(twin, 0) + size
+                self._twin_sessions[twin] = self._twin_sessions.get(twin, 0) + 1
+        self.stats.expired += dropped
+        return dropped
+
+    def _ensure_sweeper(self) -> None:
+        if self._sweeper is None:
+            loop = asyncio.get_running_loop()
+            self._sweeper = loop.call_later(self.sweep_interval, self._tick)
+
+    def _tick(self) -> None:
+        self._sweeper = None
+        self.sweep()
+        if self._boxes:
+            self._ensure_sweeper()
 
     def depth(self) -> int:
         return self._depth
+
+    def held_bytes(self) -> int:
+        return self._bytes
+
+    async def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
 
 
 class RedisMailbox(Mailbox):
     """Mailbox in Redis streams, compatible with rmb-rs's key layout (field `_` = envelope).
 
     Each entry also carries `dl` (its deadline) so expiry is per message, not per stream.
+
+    A slow or stalled Redis costs bounded memory and time: every operation is cut off after
+    `timeout` seconds (MailboxUnavailable); at most `max_inflight_bytes` of envelopes wait on
+    Redis at once (more is refused at once); after a timeout the mailbox is assumed stalled
+    for `REDIS_STALL_BACKOFF` seconds (on `monotonic`) and fails at once meanwhile. A refused
+    connection fails fast by itself and does not start the back-off.
     """
 
     def __init__(
@@ -165,36 +323,77 @@ class RedisMailbox(Mailbox):
         ttl: int = DEFAULT_MAILBOX_TTL,
         max_per_session: int = DEFAULT_MAILBOX_MAX,
         clock: Clock = wall_clock,
+        *,
+        timeout: float = DEFAULT_REDIS_TIMEOUT,
+        max_inflight_bytes: int = DEFAULT_REDIS_INFLIGHT_BYTES,
+        monotonic: Clock = monotonic_clock,
     ) -> None:
         super().__init__(ttl, max_per_session, clock)
         self.redis = redis
+        self.timeout = timeout
+        self.max_inflight_bytes = max_inflight_bytes
+        self.monotonic = monotonic
         self._depth_estimate = 0
+        self._inflight = 0
+        self._stalled_until: int | None = None
+
+    def _check_stall(self) -> None:
+        until = self._stalled_until
+        if until is not None:
+            if self.monotonic() < until:
+                raise MailboxUnavailable("redis: stalled (an operation timed out just now)")
+            self._stalled_until = None
+
+    def _timed_out(self) -> MailboxUnavailable:
+        self._stalled_until = self.monotonic() + nanos(REDIS_STALL_BACKOFF)
+        return MailboxUnavailable(f"redis: no answer within {self.timeout:g} s")
 
     async def put(self, key: SessionKey, envelope: bytes, deadline: int) -> None:
         from redis.exceptions import RedisError
+        from redis.exceptions import TimeoutError as RedisTimeout
 
+        self._check_stall()
+        size = len(envelope)
+        if self._inflight + size > self.max_inflight_bytes:
+            raise MailboxUnavailable(
+                f"redis: {self._inflight} bytes already waiting to be stored (busy)"
+            )
         name = stream_key(key)
+        self._inflight += size
         try:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.xlen(name)
-                pipe.xadd(name, {"_": envelope, "dl": str(deadline)}, maxlen=self.max_per_session)
-                pipe.expire(name, self.ttl)
-                length, _, _ = await pipe.execute()
+            async with asyncio.timeout(self.timeout):
+                async with self.redis.pipeline(transaction=True) as pipe:
+                    pipe.xlen(name)
+                    pipe.xadd(
+                        name, {"_": envelope, "dl": str(deadline)}, maxlen=self.max_per_session
+                    )
+                    pipe.expire(name, self.ttl)
+                    length, _, _ = await pipe.execute()
+        except (TimeoutError, RedisTimeout):
+            raise self._timed_out() from None
         except (RedisError, OSError) as err:
             raise MailboxUnavailable(f"redis: {err}") from err
+        finally:
+            self._inflight -= size
         if int(length) >= self.max_per_session:
             self.stats.dropped_full += 1
+            self._lost(key, 0, "full")
         else:
             self._depth_estimate += 1
         self.stats.stored += 1
 
     async def take(self, key: SessionKey) -> Taken:
         from redis.exceptions import RedisError
+        from redis.exceptions import TimeoutError as RedisTimeout
 
+        self._check_stall()
         try:
-            raw = await self.redis.xrange(stream_key(key), "-", "+")
+            async with asyncio.timeout(self.timeout):
+                raw = await self.redis.xrange(stream_key(key), "-", "+", count=TAKE_PAGE)
             # redis-py's annotation is loose; without decode_responses it is bytes throughout
             entries = cast(list[tuple[bytes, dict[bytes, bytes]]], raw)
+        except (TimeoutError, RedisTimeout):
+            raise self._timed_out() from None
         except (RedisError, OSError) as err:
             raise MailboxUnavailable(f"redis: {err}") from err
         now = seconds(self.clock())
@@ -203,26 +402,35 @@ class RedisMailbox(Mailbox):
             deadline = fields.get(b"dl")
             if deadline is not None and int(deadline) <= now:
                 self.stats.expired += 1
+                self._lost(key, len(fields.get(b"_", b"")), "expired")
                 continue
             envelope = fields.get(b"_")
             if envelope is not None:
                 live.append(envelope)
         self.stats.delivered += len(live)
-        return Taken(live, [entry_id for entry_id, _ in entries])
+        return Taken(live, [entry_id for entry_id, _ in entries], more=len(entries) == TAKE_PAGE)
 
     async def ack(self, key: SessionKey, taken: Taken) -> None:
         from redis.exceptions import RedisError
+        from redis.exceptions import TimeoutError as RedisTimeout
 
         if not taken.ids:
             return
+        self._check_stall()
         try:
-            await self.redis.xdel(stream_key(key), *taken.ids)
+            async with asyncio.timeout(self.timeout):
+                await self.redis.xdel(stream_key(key), *taken.ids)
+        except (TimeoutError, RedisTimeout):
+            raise self._timed_out() from None
         except (RedisError, OSError) as err:
             raise MailboxUnavailable(f"redis: {err}") from err
         self._depth_estimate = max(0, self._depth_estimate - len(taken.ids))
 
     def depth(self) -> int:
         return self._depth_estimate
+
+    def held_bytes(self) -> int:
+        return self._inflight
 
     async def close(self) -> None:
         await self.redis.aclose()

@@ -19,6 +19,10 @@ processes share Redis), queued in the mailbox, or no route. Federation (another 
 it) plugs in as a further route; a dialect never needs to know which one carried its message.
 With a cluster, registering and unregistering an address also claims and releases it in the
 shared presence.
+
+Route records (`--records`): `records` is the process's `Recorder` or None. Each dialect takes
+its `Channel` from it and records where it decides a route: the local fast path appends one
+tuple, the other routes and every drop call `Channel.add` (telemetry/records.py).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from rmb_relay.mailbox import Mailbox, MemoryMailbox, SessionKey
 
 if TYPE_CHECKING:
     from rmb_relay.protocols.base import Peer
+    from rmb_relay.telemetry.records import Channel, Recorder
 
 log = logging.getLogger("rmb_relay.switch")
 
@@ -87,6 +92,12 @@ class Switch:
         self.mailbox: Mailbox = mailbox if mailbox is not None else MemoryMailbox()
         #: other instances of this relay service, when they share Redis (set by Services)
         self.cluster: ClusterRoute | None = None
+        #: route records of this process (off: None)
+        self.records: Recorder | None = None
+
+    def record_channel(self, dialect: str) -> Channel | None:
+        """The dialect's route-record buffers, or None when recording is off."""
+        return None if self.records is None else self.records.channel(dialect)
 
     # ---- presence --------------------------------------------------------------------------
 

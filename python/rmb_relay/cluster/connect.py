@@ -19,15 +19,18 @@ if TYPE_CHECKING:
 RedisClient: TypeAlias = "Redis | RedisCluster"
 
 
-async def connect_redis(url: str, *, cluster: bool = False) -> RedisClient:
-    """A client that answered PING; raises ConfigError naming the URL when it cannot."""
+async def connect_redis(url: str, *, cluster: bool = False, timeout: float = 5.0) -> RedisClient:
+    """A client that answered PING; raises ConfigError naming the URL when it cannot. Every
+    socket operation is bounded by `timeout`: without it a Redis that stops answering (stopped,
+    not dead) would hold each caller forever."""
     from redis.asyncio import Redis
     from redis.asyncio.cluster import RedisCluster
     from redis.exceptions import RedisError
 
     client: RedisClient
     try:
-        client = RedisCluster.from_url(url) if cluster else Redis.from_url(url)
+        bounds = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+        client = RedisCluster.from_url(url, **bounds) if cluster else Redis.from_url(url, **bounds)
     except ValueError as err:
         raise ConfigError(f"bad redis URL {url!r}: {err}") from None
     try:

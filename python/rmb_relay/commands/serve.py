@@ -18,6 +18,7 @@ from rmb_relay.cli import HelpFormatter, run, setup_logging
 from rmb_relay.config import (
     DEFAULT_HTTP_IDLE_TIMEOUT,
     DEFAULT_HTTP_REQUEST_TIMEOUT,
+    DEFAULT_MAX_CONNECTIONS_PER_IP,
     DEFAULT_MAX_MESSAGE,
     ListenerConfig,
     parse_listen,
@@ -87,6 +88,21 @@ def parser(prog: str = "rmb-relay serve", epilog: str | None = None) -> argparse
         "client's body does not count)",
     )
     parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=None,
+        metavar="N",
+        help="open connections served normally; 32 more get /health and /metrics only, the "
+        "rest 503 (default: the file-descriptor limit minus 288)",
+    )
+    parser.add_argument(
+        "--max-connections-per-ip",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS_PER_IP,
+        metavar="N",
+        help="open connections of one client IP; more are answered 429 and closed",
+    )
+    parser.add_argument(
         "-d",
         "--debug",
         action="count",
@@ -110,6 +126,8 @@ def listener_config(args: argparse.Namespace) -> ListenerConfig:
         max_message=args.max_message,
         http_idle_timeout=args.http_idle_timeout,
         http_request_timeout=args.http_request_timeout,
+        max_connections=args.max_connections,
+        max_connections_per_ip=args.max_connections_per_ip,
     )
 
 

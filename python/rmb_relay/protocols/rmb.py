@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import secrets
 from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -45,11 +46,12 @@ from rmb_relay.errors import (
     ConfigError,
     FederationError,
     HttpReject,
+    MailboxFull,
     MailboxUnavailable,
     TwinLookupError,
 )
 from rmb_relay.federation import Federation, FederationDisabled
-from rmb_relay.identity import parse_jwt, verify_jwt_signature
+from rmb_relay.identity import DEFAULT_MAX_TOKEN_LIFETIME, parse_jwt, verify_jwt_signature
 from rmb_relay.mailbox import Mailbox, MemoryMailbox, SessionKey
 from rmb_relay.protocols.base import CloseCode, Dialect, DialectEntry, Peer, WebSocketHandler
 from rmb_relay.switch import Outcome, Switch
@@ -65,6 +67,15 @@ log = logging.getLogger("rmb_relay.rmb")
 ERROR_ENVELOPE_TTL = 300
 #: a drained mailbox is written this many envelopes at a time, waiting for the socket between
 DRAIN_BATCH = 256
+#: envelopes of one session waiting for the slow path (lookup, mailbox, federation), in bytes:
+#: beyond it the sender is refused at once ("relay busy"), so a stalled dependency (a Redis
+#: that stopped answering) cannot pile a sender's traffic up in the heap
+SLOW_SESSION_BYTES = 8 << 20
+#: the same for all sessions together
+SLOW_TOTAL_BYTES = 64 << 20
+#: a mailbox that could not be read is tried again after this long, doubling up to the max
+DRAIN_RETRY = 1.0
+DRAIN_RETRY_MAX = 30.0
 
 
 @dataclass(slots=True)
@@ -75,6 +86,9 @@ class RmbSettings:
     limit_count: int | None = None
     limit_size: int | None = None
     limit_window: int = 60
+    max_token_lifetime: int = DEFAULT_MAX_TOKEN_LIFETIME
+    slow_session_bytes: int = SLOW_SESSION_BYTES
+    slow_total_bytes: int = SLOW_TOTAL_BYTES
 
     @property
     def standalone(self) -> bool:
@@ -186,6 +200,17 @@ class RmbMetrics:
             ],
             ("reason",),
         )
+        registry.gauge(
+            "rmb_relay_mailbox_bytes",
+            "Envelope bytes the relay holds for mailboxes (in memory, or on their way to Redis)",
+            read=lambda: [((), dialect.mailbox.held_bytes())],
+        )
+        registry.counter_of(
+            "rmb_relay_mailbox_refused_total",
+            "Messages a mailbox refused because a memory budget was reached (the sender of a "
+            "request gets an error)",
+            lambda: [((), dialect.mailbox.stats.refused)],
+        )
 
 
 class RmbDialect(Dialect):
@@ -223,8 +248,20 @@ class RmbDialect(Dialect):
             self.limiter = FixedWindowLimiter(
                 settings.limit_count, settings.limit_size, settings.limit_window
             )
+        #: envelope bytes waiting in every session's slow-path queue, and their high mark
+        self.slow_bytes = 0
+        self.slow_bytes_peak = 0
         self.metrics = RmbMetrics(registry, self)
         self._maintenance: asyncio.TimerHandle | None = None
+        #: route records (--records), or None
+        self.records = switch.record_channel("rmb")
+        if self.records is not None:
+            self.mailbox.on_loss = self._record_loss
+
+    def _record_loss(self, key: SessionKey, size: int, reason: str) -> None:
+        assert self.records is not None
+        outcome = "expired" if reason == "expired" else "rejected"
+        self.records.add(None, key[0], size, "mailbox", outcome, f"mailbox {reason}")
 
     @property
     def mailbox(self) -> Mailbox:
@@ -239,7 +276,7 @@ class RmbDialect(Dialect):
             self._login_failed("missing jwt", conn)
             raise HttpReject(400, "missing jwt")
         try:
-            parsed = parse_jwt(token, seconds(self.clock()))
+            parsed = parse_jwt(token, seconds(self.clock()), self.settings.max_token_lifetime)
         except AuthError as err:
             self._login_failed("expired" if "expired" in err.reason else "invalid jwt", conn)
             raise HttpReject(err.status, err.reason) from None
@@ -247,8 +284,13 @@ class RmbDialect(Dialect):
         try:
             twin = await self.directory.get(twin_id)
         except TwinLookupError as err:
+            # the cause names files and hosts: it goes to the log, the caller gets an id for it
+            request_id = secrets.token_hex(6)
+            log.warning("twin %d lookup failed (request %s): %s", twin_id, request_id, err)
             self._login_failed("twin lookup failed", conn)
-            raise HttpReject(500, f"failed to get twin: {err}") from None
+            raise HttpReject(
+                500, f"failed to get twin: directory unavailable (request {request_id})"
+            ) from None
         if twin is None:
             self._login_failed("unknown twin", conn)
             raise HttpReject(401, f"twin not found {twin_id}")
@@ -272,21 +314,29 @@ class RmbDialect(Dialect):
             return True
         return bool(twin.relays and twin.relays & self.settings.domains)
 
-    async def route_slow(self, sender: RmbSession, env: EnvelopeRouting, data: bytes) -> None:
-        """Everything that is not a connected local session: lookup, mailbox or federation."""
+    async def route_slow(
+        self, sender: RmbSession, env: EnvelopeRouting, data: bytes, received: int | None = None
+    ) -> None:
+        """Everything that is not a connected local session: lookup, mailbox or federation.
+        `received` (clock reading when the envelope arrived) times it for route records."""
         dest, dest_sid = env.dest_twin, env.dest_connection
+        size = len(data)
         try:
             twin = await self.directory.get(dest)
         except TwinLookupError as err:
-            sender.fail(env, f"failed to get twin: {err}", "twin lookup failed")
+            request_id = secrets.token_hex(6)
+            log.warning("twin %d lookup failed (request %s): %s", dest, request_id, err)
+            reason = f"failed to get twin: directory unavailable (request {request_id})"
+            sender.fail(env, reason, "twin lookup failed", size, received)
             return
         if twin is None:
-            sender.fail(env, "unknown twin destination", "unknown twin")
+            sender.fail(env, "unknown twin destination", "unknown twin", size, received)
             return
         if twin.relays is None and not self.settings.standalone:
-            sender.fail(env, "relay info is not set for this twin", "no relay info")
+            sender.fail(env, "relay info is not set for this twin", "no relay info", size, received)
             return
         key: SessionKey = (dest, dest_sid)
+        records = self.records
         # connected meanwhile, here or on another instance of this relay (cluster); the
         # deadline lets that instance store it if the session left before it got there
         deadline = None if env.fail_fast else self.mailbox.deadline(env.timestamp, env.expiration)
@@ -295,39 +345,65 @@ class RmbDialect(Dialect):
         except MailboxUnavailable as err:
             log.warning("redis unavailable, refusing envelope for %s: %s", key, err)
             sender.fail(
-                env, "destination unreachable: the relay's redis is unavailable", "redis down"
-            )
+                env, "destination unreachable: the relay's redis is unavailable", "redis down",
+                size, received,
+            )  # fmt: skip
             return
         if outcome is Outcome.DELIVERED:
             self.metrics.hot.local += 1
+            if records is not None:
+                records.add(sender.twin, dest, size, "local", "delivered", received=received)
             return
         if outcome is Outcome.FORWARDED:
             self.metrics.routed_slow["cluster"] += 1
+            if records is not None:
+                records.add(sender.twin, dest, size, "cluster", "delivered", received=received)
             return
         if not self.is_ours(twin):
+            remote = min(twin.relays) if twin.relays else None
             try:
                 await self.federation.forward(data, twin)
             except FederationError as err:
-                sender.fail(env, str(err), "federation")
+                sender.fail(env, str(err), "federation", size, received, remote=remote)
                 return
             self.metrics.routed_slow["federation"] += 1
+            if records is not None:
+                records.add(
+                    sender.twin, dest, size, "federation", "delivered", received=received,
+                    remote=remote,
+                )  # fmt: skip
             return
         if env.fail_fast:
-            sender.fail(env, "destination offline", "destination offline")
+            sender.fail(env, "destination offline", "destination offline", size, received)
             return
         deadline = self.mailbox.deadline(env.timestamp, env.expiration)
         try:
             outcome = await self.switch.deliver(key, data, deadline=deadline)
+        except MailboxFull as err:
+            log.info("mailbox full, refusing envelope for %s: %s", key, err)
+            sender.fail(
+                env, "destination offline and its mailbox is full", "mailbox full", size, received
+            )
+            return
         except MailboxUnavailable as err:
             log.warning("mailbox unavailable, refusing envelope for %s: %s", key, err)
-            sender.fail(env, "destination offline and the mailbox is unavailable", "mailbox down")
+            sender.fail(
+                env, "destination offline and the mailbox is unavailable", "mailbox down", size,
+                received,
+            )  # fmt: skip
             return
         if outcome is Outcome.QUEUED:
             self.metrics.routed_slow["mailbox"] += 1
+            if records is not None:
+                records.add(sender.twin, dest, size, "mailbox", "queued", received=received)
         elif outcome is Outcome.FORWARDED:
             self.metrics.routed_slow["cluster"] += 1
+            if records is not None:
+                records.add(sender.twin, dest, size, "cluster", "delivered", received=received)
         else:
             self.metrics.hot.local += 1
+            if records is not None:
+                records.add(sender.twin, dest, size, "local", "delivered", received=received)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -340,8 +416,6 @@ class RmbDialect(Dialect):
         self._maintenance = None
         if self.limiter is not None:
             self.limiter.prune(seconds(self.clock()))
-        if isinstance(self.mailbox, MemoryMailbox):
-            self.mailbox.sweep()
         if self.sessions:
             self._schedule_maintenance()
 
@@ -368,9 +442,16 @@ class RmbSession(WebSocketHandler):
         self._draining = False
         self._drain_again = False
         self._held: list[bytes] = []
-        self._slow: deque[tuple[EnvelopeRouting, bytes]] = deque()
+        self._slow: deque[tuple[EnvelopeRouting, bytes, int]] = deque()
+        #: the hot path's route-record call (None: recording off)
+        records = dialect.records
+        self._record_local = None if records is None else records.local
+        self._record_clock = dialect.clock if records is None else records.clock
+        self._slow_bytes = 0
         self._slow_task: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[None] | None = None
+        self._drain_retry: asyncio.TimerHandle | None = None
+        self._drain_delay = DRAIN_RETRY
 
     def bind_decoder(self, decoder: WsDecoder) -> None:
         # the source check and the destination lookup happen in the codec's feed
@@ -404,6 +485,12 @@ class RmbSession(WebSocketHandler):
         for task in (self._drain_task, self._slow_task):
             if task is not None and not task.done():
                 task.cancel()
+        if self._drain_retry is not None:
+            self._drain_retry.cancel()
+            self._drain_retry = None
+        dialect.slow_bytes -= self._slow_bytes
+        self._slow_bytes = 0
+        self._slow.clear()
         if self._held:
             dialect.metrics.drops.inc(len(self._held), "session closed during mailbox delivery")
             self._held.clear()
@@ -433,17 +520,17 @@ class RmbSession(WebSocketHandler):
             self.twin, len(data), seconds(dialect.clock())
         ):
             metrics.limited.inc()
-            self.fail(env, "exceeded rate limits, dropping message", "rate limited")
+            self.fail(env, "exceeded rate limits, dropping message", "rate limited", len(data))
             return
         if not env.from_session:
-            self.fail(env, "message wrong source", "wrong source")
+            self.fail(env, "message wrong source", "wrong source", len(data))
             return
         if env.kind == MSG_PING:
             self.deliver(build_pong(data))
             return
         dest = env.dest_twin
         if dest == 0:
-            self.fail(env, "message with missing destination", "missing destination")
+            self.fail(env, "message with missing destination", "missing destination", len(data))
             return
         conn_id = env.dest_conn_id  # looked up in the same Rust call that decoded the frame
         if conn_id is not None:
@@ -451,8 +538,23 @@ class RmbSession(WebSocketHandler):
             if target is not None:
                 target.deliver(data)
                 hot.local += 1
+                record = self._record_local
+                if record is not None:  # route records: four integers appended, nothing else
+                    record((self._record_clock(), self.twin, dest, len(data)))
                 return
-        self._slow.append((env, data))
+        size = len(data)
+        settings = dialect.settings
+        if (
+            self._slow_bytes + size > settings.slow_session_bytes
+            or dialect.slow_bytes + size > settings.slow_total_bytes
+        ):
+            self.fail(env, "relay busy: too many messages waiting to be routed", "relay busy", size)
+            return
+        self._slow_bytes += size
+        dialect.slow_bytes += size
+        if dialect.slow_bytes > dialect.slow_bytes_peak:
+            dialect.slow_bytes_peak = dialect.slow_bytes
+        self._slow.append((env, data, self._record_clock()))
         if self._slow_task is None:
             self._slow_task = asyncio.get_running_loop().create_task(self._run_slow())
 
@@ -466,9 +568,31 @@ class RmbSession(WebSocketHandler):
         hot.bytes_out += len(envelope)
         self.peer.send(envelope)
 
-    def fail(self, env: EnvelopeRouting, reason: str, label: str) -> None:
-        """Report a routing failure to the sender, as rmb-rs does: only for requests."""
+    def fail(
+        self,
+        env: EnvelopeRouting,
+        reason: str,
+        label: str,
+        size: int = 0,
+        received: int | None = None,
+        *,
+        remote: str | None = None,
+    ) -> None:
+        """Report a routing failure to the sender, as rmb-rs does: only for requests.
+        `size` and `received` (clock reading on arrival) go to the route record."""
         metrics = self.dialect.metrics
+        records = self.dialect.records
+        if records is not None:
+            records.add(
+                self.twin,
+                env.dest_twin or None,
+                size,
+                "federation" if label == "federation" else "none",
+                "rate-limited" if label == "rate limited" else "rejected",
+                label,
+                received=received,
+                remote=remote,
+            )
         if env.kind != MSG_REQUEST:
             metrics.drops.inc(1, label)
             return
@@ -495,12 +619,14 @@ class RmbSession(WebSocketHandler):
         slow = self._slow
         try:
             while slow:
-                env, data = slow.popleft()
+                env, data, received = slow.popleft()
+                self._slow_bytes -= len(data)
+                self.dialect.slow_bytes -= len(data)
                 try:
-                    await self.dialect.route_slow(self, env, data)
+                    await self.dialect.route_slow(self, env, data, received)
                 except Exception:
                     log.exception("routing failed for envelope %s from %r", env.uid, self)
-                    self.fail(env, "internal relay error", "internal error")
+                    self.fail(env, "internal relay error", "internal error", len(data), received)
         finally:
             self._slow_task = None
 
@@ -518,7 +644,11 @@ class RmbSession(WebSocketHandler):
         self._drain_task = asyncio.get_running_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
+        """Take, write and acknowledge the mailbox page by page. A mailbox that cannot be read
+        (Redis down or stalled: each operation is bounded by the mailbox's timeout) releases
+        the live traffic held behind it at once, and is tried again later with a back-off."""
         mailbox = self.dialect.mailbox
+        failed = False
         try:
             try:  # read only once the cluster knows we hold the session (switch.claimed)
                 await self.dialect.switch.claimed(self.key)
@@ -528,16 +658,16 @@ class RmbSession(WebSocketHandler):
                 self._drain_again = False
                 try:
                     taken = await mailbox.take(self.key)
-                except MailboxUnavailable as err:
-                    log.warning("could not read the mailbox of %r: %s", self, err)
-                    break
-                if taken.envelopes and self.open:
-                    await self._write_paced(taken.envelopes)
-                    try:
+                    if taken.envelopes and self.open:
+                        await self._write_paced(taken.envelopes)
+                        self._record_drained(taken.envelopes)
+                    if taken.ids and self.open:
                         await mailbox.ack(self.key, taken)
-                    except MailboxUnavailable as err:
-                        log.warning("could not acknowledge mailbox of %r: %s", self, err)
-                if not self._drain_again:
+                except MailboxUnavailable as err:
+                    log.warning("could not deliver the mailbox of %r: %s", self, err)
+                    failed = True
+                    break
+                if not self.open or not (taken.more or self._drain_again):
                     break
         finally:
             self._drain_task = None
@@ -545,6 +675,29 @@ class RmbSession(WebSocketHandler):
             held, self._held = self._held, []
             if held and self.open:
                 self._write_all(held)
+        if failed and self.open:
+            self._retry_drain()
+        else:
+            self._drain_delay = DRAIN_RETRY
+
+    def _record_drained(self, envelopes: list[bytes]) -> None:
+        records = self.dialect.records
+        if records is not None:
+            for envelope in envelopes:
+                records.add(None, self.twin, len(envelope), "mailbox", "delivered")
+
+    def _retry_drain(self) -> None:
+        if self._drain_retry is not None:
+            return
+        delay = self._drain_delay
+        self._drain_delay = min(delay * 2, DRAIN_RETRY_MAX)
+
+        def retry() -> None:
+            self._drain_retry = None
+            if self.open:
+                self.drain_mailbox()
+
+        self._drain_retry = asyncio.get_running_loop().call_later(delay, retry)
 
     async def _write_paced(self, envelopes: list[bytes]) -> None:
         """Write a drained mailbox in batches, each after the socket is writable again: a large
@@ -595,6 +748,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rate limit window",
     )
     rmb.add_argument(
+        "--max-token-lifetime",
+        type=int,
+        default=DEFAULT_MAX_TOKEN_LIFETIME,
+        metavar="SECONDS",
+        help="refuse a login JWT still valid for longer than this (exp - now); rmb-peer's "
+        "tokens live 300 s",
+    )
+    rmb.add_argument(
         "-p",
         "--ranker-period",
         type=int,
@@ -611,6 +772,8 @@ async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
         raise ConfigError("--limit COUNT SIZE must both be positive")
     if args.limit_window <= 0:
         raise ConfigError("--limit-window must be positive")
+    if args.max_token_lifetime <= 0:
+        raise ConfigError("--max-token-lifetime must be positive")
     if args.ranker_period is not None:
         log.warning("--ranker-period has no effect: this relay does not federate yet")
     settings = RmbSettings(
@@ -618,6 +781,7 @@ async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
         limit_count=args.limit[0] if args.limit else None,
         limit_size=args.limit[1] if args.limit else None,
         limit_window=args.limit_window,
+        max_token_lifetime=args.max_token_lifetime,
     )
     return RmbDialect(
         settings,

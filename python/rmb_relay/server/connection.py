@@ -70,6 +70,7 @@ from rmb_relay._core import (
 from rmb_relay.errors import HttpReject
 from rmb_relay.protocols.base import CloseCode, HttpResponse, reject_response
 from rmb_relay.server.http import BODY_BUFFER_LIMIT, IncomingBody
+from rmb_relay.server.limits import OPS_PATHS
 
 if TYPE_CHECKING:
     from rmb_relay._core import WsEvent
@@ -198,6 +199,10 @@ class Connection(asyncio.Protocol):
         self._reading_paused = False
         self._writable: asyncio.Future[None] | None = None
         self.closed = asyncio.get_running_loop().create_future()
+        #: admitted over the connection cap: served /health and /metrics only (server/limits.py)
+        self.ops_only = False
+        #: the client half-closed: answer the request being served, then close
+        self._client_done = False
 
     # ---- Peer ------------------------------------------------------------------------------
 
@@ -254,6 +259,16 @@ class Connection(asyncio.Protocol):
         # the 101, and reading is paused meanwhile. CLOSING/CLOSED: nothing more is read.
 
     def eof_received(self) -> bool | None:
+        """The client will send nothing more. A request being served still gets its answer
+        (a client may half-close after sending, as `nc -N` does); then the connection
+        closes. Anything else closes at once."""
+        if self.state is State.HTTP and self._request is not None:
+            body = self._body
+            if body is not None and not body.finished:
+                self._refuse(400, "connection half-closed before the request body ended")
+                return None
+            self._client_done = True
+            return True  # keep the transport open for the answer
         return None  # close the transport
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -498,6 +513,14 @@ class Connection(asyncio.Protocol):
         if request.is_websocket_upgrade and request.has_body:
             self._refuse(400, "websocket upgrade with a body")
             return
+        if self.ops_only and request.path not in OPS_PATHS:
+            self._refuse(503, "connection limit reached: only /health and /metrics are served")
+            return
+        hosts = sum(1 for name, _ in request.headers if name == "host")
+        if hosts > 1 or (hosts == 0 and request.version >= 1):
+            # RFC 9112 section 3.2: exactly one Host on HTTP/1.1, at most one on 1.0
+            self._refuse(400, "missing Host header" if hosts == 0 else "duplicate Host header")
+            return
         config = self.server.config
         self._request = request
         self._response_started = False
@@ -509,6 +532,11 @@ class Connection(asyncio.Protocol):
             on_read=self._on_body_read,
         )
         self._task = asyncio.get_running_loop().create_task(self._serve(request, body))
+
+    def refuse_at_once(self, status: int, reason: str) -> None:
+        """Answer a connection the caps do not admit, without reading its request, and close."""
+        log.debug("refusing connection from %s: %s", self.peer_host, reason)
+        self._respond(HttpResponse(status, reason.encode()), close=True)
 
     def _refuse(self, status: int, reason: str) -> None:
         """The client broke HTTP/1.1 (or a limit): answer with `status` if no answer has
@@ -594,7 +622,7 @@ class Connection(asyncio.Protocol):
         # The connection persists if the client wants it, the answer is no refusal and the
         # request was read to its end; a response sent before the body was read closes it
         # (RFC 9110 §10.1.1), unless it streams (a tunnel may still be reading the body).
-        keep = request.keep_alive and response.status < 400
+        keep = request.keep_alive and response.status < 400 and not self._client_done
         if response.stream is None and not body.finished:
             keep = False
         self.server.metrics.http_requests.inc(1, request.method, str(response.status))
@@ -716,7 +744,11 @@ class Connection(asyncio.Protocol):
             accept = validate_websocket_upgrade(request)
         except HttpParseError as err:
             reason, status = err.args
-            self._respond(HttpResponse(int(status), str(reason).encode()), close=True)
+            # RFC 6455 section 4.4: a 426 names the versions we speak
+            headers = (("Sec-WebSocket-Version", "13"),) if int(status) == 426 else ()
+            self._respond(
+                HttpResponse(int(status), str(reason).encode(), headers=headers), close=True
+            )
             return
         self.state = State.UPGRADING
         self.dialect = dialect

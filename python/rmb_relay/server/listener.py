@@ -22,6 +22,7 @@ from rmb_relay.protocols.base import CloseCode, HttpResponse
 from rmb_relay.protocols.paths import PathTable
 from rmb_relay.server.connection import Connection, OutputBatcher, State
 from rmb_relay.server.http import Router
+from rmb_relay.server.limits import Admission, ConnectionLimits, default_max_connections
 from rmb_relay.telemetry.metrics import Registry
 
 if TYPE_CHECKING:
@@ -69,6 +70,12 @@ class ServerMetrics:
             "Messages dropped without delivery, by dialect and reason",
             ("dialect", "reason"),
         )
+        registry.counter_of(
+            "rmb_relay_connections_refused_total",
+            "Connections refused at accept by the connection caps, by reason (limit, per-ip limit)",
+            lambda: [((reason,), n) for reason, n in server.limits.refused.items()],
+            ("reason",),
+        )
         self.backpressure_pauses = registry.counter(
             "rmb_relay_backpressure_pauses_total",
             "Times a sender was paused because a receiver was over its write high-water mark",
@@ -86,6 +93,9 @@ class RelayServer:
         self.config = config
         self.dialects = list(dialects)
         self.registry = registry if registry is not None else Registry()
+        self.limits = ConnectionLimits(
+            config.max_connections or default_max_connections(), config.max_connections_per_ip
+        )
         self.metrics = ServerMetrics(self.registry, self)
         self.batcher = OutputBatcher()
         self.connections: dict[int, Connection] = {}
@@ -191,9 +201,17 @@ class RelayServer:
         self.connections[conn.conn_id] = conn
         if self._stopping and conn.transport is not None:
             conn.transport.close()
+        admission = self.limits.admit(conn.peer_host)
+        if admission is Admission.OPS_ONLY:
+            conn.ops_only = True
+        elif admission is Admission.FULL:
+            conn.refuse_at_once(503, "connection limit reached: try again later")
+        elif admission is Admission.IP_FULL:
+            conn.refuse_at_once(429, "too many connections from this address")
 
     def connection_closed(self, conn: Connection) -> None:
-        self.connections.pop(conn.conn_id, None)
+        if self.connections.pop(conn.conn_id, None) is not None:
+            self.limits.release(conn.peer_host)
 
     def websocket_opened(self, conn: Connection) -> None:
         if self._stopping:

@@ -53,6 +53,7 @@ from rmb_relay.protocols.sbd.settings import (
     AUTH_BODY_MAX,
     CMD_LBRT,
     I32_MAX,
+    LBRT_INTERVAL,
     LIMITER_IDLE_NS,
     SWEEP_INTERVAL,
     SbdSettings,
@@ -106,6 +107,14 @@ class SbdDialect(Dialect):
         self.sessions: dict[int, SbdSession] = {}
         #: connections per IP key (for lbrt and the client limit)
         self.by_ip: dict[str, set[SbdSession]] = {}
+        #: connections per IP key that have not completed the handshake (capped)
+        self.handshaking: dict[str, int] = {}
+        #: lbrt bookkeeping: when each IP's connections last heard a new value (ns), the IPs
+        #: whose count changed since, and how many lbrt frames were sent in all
+        self._lbrt_at: dict[str, int] = {}
+        self._lbrt_dirty: set[str] = set()
+        self._lbrt_timer: asyncio.TimerHandle | None = None
+        self.lbrt_frames = 0
         self.blocked: dict[str, int] = {}  # ip -> unblock time (ns)
         self.tokens: dict[str, int] = {}  # auth token -> last use (ns)
         self._sweeper: asyncio.TimerHandle | None = None
@@ -156,6 +165,9 @@ class SbdDialect(Dialect):
         if len(self.sessions) >= self.settings.limit_clients:
             self.metrics.refused.inc(1, "503")
             raise HttpReject(503, "sbd relay is full: try again later")
+        if self.handshaking.get(ip, 0) >= self.settings.limit_handshaking_per_ip:
+            self.metrics.refused.inc(1, "429")
+            raise HttpReject(429, "too many handshaking connections from this address")
         return SbdSession(conn, self, pubkey, ip, token)
 
     def _check_authorization(self, request: HttpRequest, now: int) -> str | None:
@@ -188,14 +200,53 @@ class SbdDialect(Dialect):
             return 1
         return min(I32_MAX, self.settings.nanos_per_byte * len(self.by_ip.get(ip, ())))
 
-    def ip_count_changed(self, ip: str) -> None:
-        """Decision 5: every connection of the IP hears the new per-connection budget."""
-        members = self.by_ip.get(ip)
-        if not members:
+    def handshake_started(self, session: SbdSession) -> None:
+        session.handshaking = True
+        self.handshaking[session.ip] = self.handshaking.get(session.ip, 0) + 1
+
+    def handshake_done(self, session: SbdSession) -> None:
+        """The session completed its handshake or closed (once per session)."""
+        if not session.handshaking:
             return
-        frame = sbd_encode_command(CMD_LBRT, self.lbrt_value(ip).to_bytes(4, "big"))
-        for session in members:
-            session.send(frame)
+        session.handshaking = False
+        left = self.handshaking[session.ip] - 1
+        if left:
+            self.handshaking[session.ip] = left
+        else:
+            del self.handshaking[session.ip]
+
+    def send_lbrt(self, session: SbdSession) -> None:
+        """Tell one connection its IP's current per-connection budget, if it changed."""
+        value = self.lbrt_value(session.ip)
+        if session.lbrt_sent != value:
+            session.lbrt_sent = value
+            session.send(sbd_encode_command(CMD_LBRT, value.to_bytes(4, "big")))
+            self.lbrt_frames += 1
+
+    def ip_count_changed(self, ip: str) -> None:
+        """Decision 5: every connection of the IP hears the new per-connection budget, at most
+        once per `LBRT_INTERVAL` (see there): at once after a quiet interval, else coalesced."""
+        now = self.clock()
+        last = self._lbrt_at.get(ip)
+        if last is None or now - last >= LBRT_INTERVAL * 1_000_000_000:
+            self._broadcast_lbrt(ip, now)
+            return
+        self._lbrt_dirty.add(ip)
+        if self._lbrt_timer is None:
+            loop = asyncio.get_running_loop()
+            self._lbrt_timer = loop.call_later(LBRT_INTERVAL, self._flush_lbrt)
+
+    def _broadcast_lbrt(self, ip: str, now: int) -> None:
+        self._lbrt_at[ip] = now
+        for session in self.by_ip.get(ip, ()):
+            self.send_lbrt(session)
+
+    def _flush_lbrt(self) -> None:
+        self._lbrt_timer = None
+        dirty, self._lbrt_dirty = self._lbrt_dirty, set()
+        now = self.clock()
+        for ip in dirty:
+            self._broadcast_lbrt(ip, now)
 
     def rate_violation(self, session: SbdSession) -> None:
         """The session's IP went over its byte budget (charged by the decoder's scanner):
@@ -229,6 +280,10 @@ class SbdDialect(Dialect):
         for ip, until in list(self.blocked.items()):
             if until <= now:
                 del self.blocked[ip]
+        interval = LBRT_INTERVAL * 1_000_000_000
+        for ip, at in list(self._lbrt_at.items()):
+            if ip not in self.by_ip and now - at >= interval:
+                del self._lbrt_at[ip]
         self.limiter.prune(now, LIMITER_IDLE_NS)
         for token, last in list(self.tokens.items()):
             if now - last >= idle_ns:
@@ -263,4 +318,6 @@ class SbdDialect(Dialect):
     async def close(self) -> None:
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._lbrt_timer is not None:
+            self._lbrt_timer.cancel()
         await self.auth_hook.close()

@@ -47,6 +47,16 @@ class SbdSession(WebSocketHandler):
         self.ready = False
         self.open = False
         self.last_activity = dialect.clock()
+        #: route records (--records): this key as text, and the hot path's append (or None)
+        self.records = dialect.switch.record_channel("sbd")
+        self.record_key = self.key_text if self.records is not None else ""
+        self.record_id = 0 if self.records is None else self.records.name_id(self.record_key)
+        self._record_local = None if self.records is None else self.records.local
+        self._record_clock = dialect.clock if self.records is None else self.records.clock
+        #: counted in the dialect's handshaking connections of this IP
+        self.handshaking = False
+        #: the lbrt value this connection was last told (None: not yet)
+        self.lbrt_sent: int | None = None
 
     def send(self, message: bytes) -> None:
         self.peer.send(message)
@@ -63,7 +73,9 @@ class SbdSession(WebSocketHandler):
         dialect.sessions[self.peer.id] = self
         dialect.switch.attach(self)
         dialect.by_ip.setdefault(self.ip, set()).add(self)
-        dialect.ip_count_changed(self.ip)  # includes this connection's first lbrt
+        dialect.handshake_started(self)
+        dialect.send_lbrt(self)  # this connection's first lbrt, at once (it precedes srdy)
+        dialect.ip_count_changed(self.ip)
         self.send(sbd_encode_command(CMD_AREQ, self.nonce))
 
     def drop(self, reason: str) -> None:
@@ -95,8 +107,10 @@ class SbdSession(WebSocketHandler):
         if routing is None or routing.over_limit:
             if self.scanner.over_limit:
                 dialect.rate_violation(self)
+                self._record_drop(len(data), "rate-limited", "rate")
                 self.drop("rate")
             else:
+                self._record_drop(len(data), "rejected", "short message")
                 self.drop("short message")
             return
         now = dialect.clock()
@@ -105,6 +119,7 @@ class SbdSession(WebSocketHandler):
             dialect.tokens[self.token] = now
         if routing.kind == SBD_FORWARD:
             if not self.ready:
+                self._record_drop(len(data), "rejected", "forward before handshake")
                 self.drop("forward before handshake")
                 return
             conn_id = routing.dest_conn_id
@@ -120,14 +135,27 @@ class SbdSession(WebSocketHandler):
                     cluster.forward_soon(routing.peer, data)
                     return
                 hot.forward_drops += 1
+                if self.records is not None:
+                    dst = base64.urlsafe_b64encode(routing.peer).rstrip(b"=").decode()
+                    self.records.add(
+                        self.record_key, dst, len(data), "none", "rejected", "no route"
+                    )
                 return
             target.deliver(data)
             hot.forwards += 1
             hot.bytes_out += len(data)
+            record = self._record_local
+            if record is not None:  # route records: one tuple appended, nothing else
+                dst_id = target.record_id  # type: ignore[attr-defined]
+                record((self._record_clock(), self.record_id, dst_id, len(data)))
             return
         if routing.tag == CMD_ARES:
             self._on_ares(data, routing.payload)
         # keep, none and any other command: ignored (but charged by the scanner)
+
+    def _record_drop(self, size: int, outcome: str, reason: str) -> None:
+        if self.records is not None:
+            self.records.add(self.record_key, None, size, "none", outcome, reason)
 
     def _on_ares(self, data: bytes, signature: bytes) -> None:
         dialect = self.dialect
@@ -143,6 +171,7 @@ class SbdSession(WebSocketHandler):
         self.send(sbd_encode_command(CMD_SRDY))
         # routable in the same step as srdy is queued: nothing can overtake it
         self.ready = self.scanner.ready = True
+        dialect.handshake_done(self)
         displaced = dialect.switch.register_key(self.pubkey, self)
         if isinstance(displaced, SbdSession):
             # decision 4: the newest connection takes the routing
@@ -159,6 +188,7 @@ class SbdSession(WebSocketHandler):
         dialect.sessions.pop(self.peer.id, None)
         dialect.switch.unregister_key(self.pubkey, self)
         dialect.switch.detach(self)
+        dialect.handshake_done(self)
         members = dialect.by_ip.get(self.ip)
         if members is not None:
             members.discard(self)

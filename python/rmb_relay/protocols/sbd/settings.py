@@ -23,6 +23,10 @@ AUTH_HOOK_TIMEOUT = 10.0
 AUTH_HOOK_MAX_RESPONSE = 64 * 1024
 #: how often idle connections, expired blocks and tokens are swept
 SWEEP_INTERVAL = 1.0
+#: an IP's connections hear a changed `lbrt` at most once per this many seconds: the first
+#: change after a quiet second goes out at once, later ones are coalesced into one update at
+#: the end of the interval, so N connections arriving from one IP cost O(N) frames, not O(N^2)
+LBRT_INTERVAL = 1.0
 
 CMD_LBRT = b"lbrt"
 CMD_LIDL = b"lidl"
@@ -36,6 +40,9 @@ class SbdSettings:
     """Limits of decision 6 (spec/sbd.md), all flags of `rmb-relay` (see `add_sbd_arguments`)."""
 
     limit_clients: int = 32768
+    #: connections of one IP that have not completed the handshake: an anonymous IP cannot
+    #: hold more slots than this (the reference server has no such cap; 429 beyond it)
+    limit_handshaking_per_ip: int = 256
     kbps: int = 1000
     burst: int = 262144
     idle_ms: int = 10000
@@ -50,8 +57,11 @@ class SbdSettings:
             raise ConfigError("--sbd-kbps must be between 1 and 8000000")
         if self.burst <= 0:
             raise ConfigError("--sbd-burst must be positive")
-        if self.idle_ms <= 0 or self.limit_clients <= 0:
-            raise ConfigError("--sbd-idle-ms and --sbd-limit-clients must be positive")
+        if self.idle_ms <= 0 or self.limit_clients <= 0 or self.limit_handshaking_per_ip <= 0:
+            raise ConfigError(
+                "--sbd-idle-ms, --sbd-limit-clients and --sbd-limit-handshaking-per-ip must be "
+                "positive"
+            )
         if self.idle_ms > I32_MAX:
             raise ConfigError("--sbd-idle-ms must fit the 32-bit lidl value")
         if self.block_secs < 0:
@@ -67,6 +77,7 @@ class SbdSettings:
     def from_args(cls, args: argparse.Namespace) -> SbdSettings:
         return cls(
             limit_clients=args.sbd_limit_clients,
+            limit_handshaking_per_ip=args.sbd_limit_handshaking_per_ip,
             kbps=args.sbd_kbps,
             burst=args.sbd_burst,
             idle_ms=args.sbd_idle_ms,
@@ -88,6 +99,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.limit_clients,
         metavar="N",
         help="concurrent SBD connections, handshaking ones included; a full relay answers 503",
+    )
+    sbd.add_argument(
+        "--sbd-limit-handshaking-per-ip",
+        type=int,
+        default=d.limit_handshaking_per_ip,
+        metavar="N",
+        help="connections of one IP that have not completed the handshake; more get 429",
     )
     sbd.add_argument(
         "--sbd-kbps",

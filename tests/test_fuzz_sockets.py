@@ -1,0 +1,317 @@
+"""A Hypothesis-driven fuzzer for the Python dialect layer, over real sockets (issue 9).
+
+One relay serves RMB (in-memory mailbox) and SBD on one listener, as `rmb-relay serve` does.
+Each example opens a connection and sends what Hypothesis makes of it: HTTP heads built from
+the grammar's parts and from the seed corpus (`fuzz/corpus/http_request`), websocket frames
+with any header bits after a real RMB login, RMB envelopes with any routing fields (and raw
+bytes) inside well-formed frames, and SBD messages after a real handshake. Then it half-closes
+and reads until the relay closes.
+
+What must hold, for every input: the relay answers or closes (no hang), never logs an error
+or a traceback, keeps no connection or session behind once the client is gone, and still
+answers `/health`. The budget keeps `make test` fast (RMB_FUZZ_EXAMPLES examples per test,
+default 60); `make fuzz` runs the same tests with many more (docs/hardening.md has figures).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import os
+import string
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from rmb_relay._core import ClientFrameEncoder, SigningKey, sbd_encode_command
+from rmb_relay.envelope import Envelope
+from rmb_relay.identity import make_jwt
+from rmb_relay.mailbox import MailboxBudget, MemoryMailbox
+from rmb_relay.protocols.rmb import RmbDialect, RmbSettings
+from rmb_relay.protocols.sbd import SbdDialect, SbdSettings
+from rmb_relay.server.listener import RelayServer
+from rmb_relay.telemetry.metrics import Registry
+from rmb_relay.twins import Twin
+from rmb_relay.twins.cache import CachedTwinDirectory
+from rmb_relay.twins.local import SqliteTwinDirectory
+from tests.conftest import WAIT, StartRelay
+from tests.helpers import RawWebSocket, eventually, http_exchange
+from tests.rmb_fixtures import key_for
+from tests.sbd_client import SbdClient, key_path
+
+EXAMPLES = int(os.environ.get("RMB_FUZZ_EXAMPLES", "60"))
+FUZZ = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+CORPUS = Path(__file__).parent.parent / "fuzz" / "corpus"
+
+
+def corpus(target: str, cut: bool) -> list[bytes]:
+    """The seed corpus of a Rust fuzz target (without the split byte where it has one)."""
+    seeds = sorted((CORPUS / target).iterdir())
+    return [path.read_bytes()[1:] if cut else path.read_bytes() for path in seeds]
+
+
+@dataclass
+class FuzzRelay:
+    server: RelayServer
+    rmb: RmbDialect
+    sbd: SbdDialect
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self.server.addresses[0]
+        return host, port
+
+
+@pytest.fixture
+async def relay(
+    start_relay: StartRelay, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> AsyncIterator[FuzzRelay]:
+    directory = SqliteTwinDirectory(tmp_path / "twins.sqlite3")
+    for twin_id in (1, 2, 3):
+        directory.add(Twin(twin_id, key_for(twin_id).public_key, frozenset({"relay.test"}), None))
+    registry = Registry()
+    mailbox = MemoryMailbox(budget=MailboxBudget(twin_bytes=1 << 20, total_bytes=4 << 20))
+    rmb = RmbDialect(
+        RmbSettings(),
+        CachedTwinDirectory(directory, ttl=60.0),
+        registry,
+        mailbox=mailbox,
+        max_message=64 << 10,
+    )
+    sbd = SbdDialect(SbdSettings(disable_rate_limit=True), registry)
+    server = await start_relay(
+        [rmb, sbd], registry=registry, http_idle_timeout=WAIT, max_message=64 << 10
+    )
+    with caplog.at_level(logging.INFO):
+        yield FuzzRelay(server, rmb, sbd)
+        # the relay is whole: no errors logged, nothing left behind, still serving
+        errors = [r for r in caplog.records if r.levelno >= logging.ERROR or r.exc_info]
+        assert not errors, [r.getMessage() for r in errors]
+        await eventually(lambda: not server.connections)
+        assert not rmb.sessions
+        assert not sbd.sessions
+        host, port = server.addresses[0]
+        health = await http_exchange(
+            host, port, b"GET /health HTTP/1.1\r\nHost: r\r\nConnection: close\r\n\r\n"
+        )
+        assert health.startswith(b"HTTP/1.1 200 ")
+
+
+async def send_and_read_to_eof(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, data: bytes
+) -> bytes:
+    """Send, half-close, and read until the relay closes (a hang fails the example)."""
+    try:
+        writer.write(data)
+        if writer.can_write_eof():
+            writer.write_eof()
+        chunks = []
+        while chunk := await asyncio.wait_for(reader.read(65536), WAIT):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    except (ConnectionResetError, BrokenPipeError):
+        return b""  # the relay dropped us: an answer too
+    finally:
+        writer.close()
+
+
+# ---- HTTP heads ------------------------------------------------------------------------------
+
+SBD_PATH = key_path(SigningKey.ed25519(hashlib.sha256(b"fuzz sbd").digest()).public_key)
+WS_KEY = "dGhlIHNhbXBsZSBub25jZQ=="
+texts = st.text(alphabet=string.printable + "\x00\x7f\u00e9\ud800", max_size=24)
+methods = st.sampled_from(["GET", "HEAD", "POST", "PUT", "OPTIONS", "BREW", "get", ""]) | texts
+paths = (
+    st.sampled_from(["/", "/health", "/metrics", "/?a.b.c", SBD_PATH, "/authenticate", "*"]) | texts
+)
+header_names = (
+    st.sampled_from(
+        [
+            "Host",
+            "Content-Length",
+            "Transfer-Encoding",
+            "Upgrade",
+            "Connection",
+            "Sec-WebSocket-Key",
+            "Sec-WebSocket-Version",
+            "Expect",
+            "Authorization",
+        ]
+    )
+    | texts
+)
+header_values = (
+    st.sampled_from(
+        [
+            "relay",
+            "0",
+            "5",
+            "-1",
+            "chunked",
+            "gzip, chunked",
+            "websocket",
+            "Upgrade",
+            "13",
+            "100-continue",
+            WS_KEY,
+            "Bearer x",
+            "99999999999999999999",
+        ]
+    )
+    | texts
+)
+line_ends = st.sampled_from(["\r\n", "\n", "\r", ""])
+
+
+@st.composite
+def http_heads(draw: st.DrawFn) -> bytes:
+    eol = draw(line_ends)
+    version = draw(st.sampled_from(["HTTP/1.1", "HTTP/1.0", "HTTP/2.0", "HTTP/1.1 ", ""]))
+    lines = [f"{draw(methods)} {draw(paths)} {version}"]
+    for name, value in draw(st.lists(st.tuples(header_names, header_values), max_size=8)):
+        lines.append(f"{name}: {value}")
+    head = (eol.join(lines) + eol + draw(line_ends)).encode("utf-8", "surrogatepass")
+    return head + draw(st.binary(max_size=64))
+
+
+@FUZZ
+@given(
+    data=http_heads()
+    | st.binary(max_size=512)
+    | st.sampled_from(corpus("http_request", cut=True))
+    | st.tuples(st.sampled_from(corpus("http_request", cut=True)), st.binary(max_size=32)).map(
+        lambda pair: pair[0][: len(pair[1]) * 4] + pair[1]
+    )
+)
+async def test_any_http_head_is_answered_or_closed(relay: FuzzRelay, data: bytes) -> None:
+    reader, writer = await asyncio.open_connection(*relay.address)
+    answer = await send_and_read_to_eof(reader, writer, data)
+    assert not answer or answer.startswith(b"HTTP/1.1 ")
+
+
+# ---- websocket frames after an RMB login ----------------------------------------------------
+
+
+@st.composite
+def ws_frames(draw: st.DrawFn) -> bytes:
+    """One frame with any header bits, a length in any of the three encodings (honest or not),
+    masked or not."""
+    fin = draw(st.booleans())
+    rsv = draw(st.integers(0, 7))
+    opcode = draw(st.integers(0, 15))
+    payload = draw(st.binary(max_size=300))
+    masked = draw(st.booleans())
+    length = draw(st.sampled_from([len(payload), len(payload)]) | st.integers(0, 2**64 - 1))
+    encoding = draw(st.sampled_from([7, 16, 64]))
+    head = bytes([(fin << 7) | (rsv << 4) | opcode])
+    mask_bit = 0x80 if masked else 0
+    if encoding == 7 and length < 126:
+        head += bytes([mask_bit | length])
+    elif encoding in (7, 16) and length < 65536:
+        head += bytes([mask_bit | 126]) + length.to_bytes(2, "big")
+    else:
+        head += bytes([mask_bit | 127]) + length.to_bytes(8, "big")
+    if masked:
+        key = draw(st.binary(min_size=4, max_size=4))
+        payload = bytes(b ^ key[i % 4] for i, b in enumerate(payload))
+        head += key
+    return head + payload
+
+
+async def rmb_login(relay: FuzzRelay, twin: int = 1) -> RawWebSocket:
+    sid = os.urandom(6).hex()
+    token = make_jwt(key_for(twin), twin, sid, int(time.time()))
+    return await RawWebSocket.connect(*relay.address, f"/?{token}")
+
+
+@FUZZ
+@given(frames=st.lists(ws_frames(), min_size=1, max_size=4) | st.lists(st.binary(), max_size=3))
+async def test_any_frames_after_an_rmb_login(relay: FuzzRelay, frames: list[bytes]) -> None:
+    ws = await rmb_login(relay)
+    await send_and_read_to_eof(ws.reader, ws.writer, b"".join(frames))
+
+
+# ---- RMB envelopes in well-formed frames ----------------------------------------------------
+
+TWINS = st.sampled_from([0, 1, 2, 3, 404, 2**32 - 1])
+SIDS = st.none() | st.sampled_from(["", "app", "x" * 300]) | st.text(max_size=12)
+
+
+@st.composite
+def envelopes(draw: st.DrawFn) -> bytes:
+    env = Envelope(uid=draw(st.text(max_size=40)))
+    env.timestamp = draw(st.sampled_from([0, int(time.time())]) | st.integers(0, 2**64 - 1))
+    env.expiration = draw(st.sampled_from([0, 5, 300]) | st.integers(0, 2**64 - 1))
+    env.source.twin = draw(st.sampled_from([1, 1, 2]) | st.integers(0, 2**32 - 1))
+    source_sid = draw(SIDS)
+    if source_sid is not None:
+        env.source.connection = source_sid
+    env.destination.twin = draw(TWINS)
+    dest_sid = draw(SIDS)
+    if dest_sid is not None:
+        env.destination.connection = dest_sid
+    kind = draw(st.sampled_from(["request", "response", "ping", "pong", "error", None]))
+    if kind == "request":
+        env.request.command = draw(st.text(max_size=20))
+    elif kind == "error":
+        env.error.code = draw(st.integers(0, 2**32 - 1))
+    elif kind is not None:
+        getattr(env, kind).SetInParent()
+    if draw(st.booleans()):
+        env.tags = draw(st.sampled_from(["fail-fast", "a,fail-fast", ""]) | st.text(max_size=12))
+    env.plain = draw(st.binary(max_size=200))
+    wire = env.SerializeToString()
+    cut = draw(st.integers(0, len(wire)))
+    return wire if draw(st.booleans()) else wire[:cut] + draw(st.binary(max_size=16))
+
+
+@FUZZ
+@given(
+    messages=st.lists(
+        envelopes() | st.binary(max_size=300) | st.sampled_from(corpus("rmb_envelope", cut=False)),
+        min_size=1,
+        max_size=6,
+    )
+)
+async def test_any_envelope_from_a_logged_in_twin(relay: FuzzRelay, messages: list[bytes]) -> None:
+    ws = await rmb_login(relay)
+    data = b"".join(ws.encoder.binary(message) for message in messages)
+    await send_and_read_to_eof(ws.reader, ws.writer, data)
+
+
+# ---- SBD messages after a handshake ---------------------------------------------------------
+
+TAGS = st.sampled_from([b"lbrt", b"lidl", b"areq", b"ares", b"srdy", b"keep", b"none"])
+
+
+@FUZZ
+@given(
+    messages=st.lists(
+        st.builds(lambda tag, rest: sbd_encode_command(tag, rest), TAGS, st.binary(max_size=70))
+        | st.binary(max_size=80)
+        | st.builds(lambda rest: bytes(32) + rest, st.binary(max_size=40)),
+        min_size=1,
+        max_size=6,
+    ),
+    to_self=st.booleans(),
+)
+async def test_any_sbd_messages_after_a_handshake(
+    relay: FuzzRelay, messages: list[bytes], to_self: bool
+) -> None:
+    client = await SbdClient.connect(*relay.address)
+    if to_self:
+        messages = [client.pubkey + message for message in messages]
+    encoder: ClientFrameEncoder = client.ws.encoder
+    data = b"".join(encoder.binary(message) for message in messages)
+    await send_and_read_to_eof(client.ws.reader, client.ws.writer, data)

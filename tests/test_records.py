@@ -1,0 +1,184 @@
+"""Route records (telemetry/records.py): what the relay writes, where, and what it sheds.
+
+The recorder runs for real (its writer thread, pyarrow, Parquet on disk); time comes from a fake
+clock so partitions and times are exact."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from rmb_relay.errors import ConfigError
+from rmb_relay.mailbox import MemoryMailbox
+from rmb_relay.telemetry.metrics import Registry
+from rmb_relay.telemetry.record_flags import add_record_arguments, recorder_from_args
+from rmb_relay.telemetry.records import SCHEMA_KEY, SCHEMA_VERSION, Recorder
+from tests.helpers import eventually
+
+#: 2023-11-14 22:59:59 UTC, one second before an hour boundary
+T0 = 1_700_002_799 * 1_000_000_000
+
+
+class Clock:
+    def __init__(self, now: int = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+
+def visible(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.parquet") if not p.name.startswith("."))
+
+
+def hidden(root: Path) -> list[Path]:
+    return sorted(root.rglob(".*.parquet"))
+
+
+async def test_records_land_in_hour_partitions_with_every_field(tmp_path: Path) -> None:
+    clock = Clock()
+    recorder = Recorder(tmp_path, "relay-a:8080", clock=clock)
+    recorder.start()
+    rmb = recorder.channel("rmb")
+    rmb.local((T0, 7, 8, 100))
+    received = clock.now
+    clock.now += 1_500_000_000  # into the next hour, 1.5 s after the message arrived
+    rmb.add(7, 9, 50, "mailbox", "queued", received=received)
+    rmb.add(7, 10, 60, "federation", "rejected", "federation", remote="far.example")
+    sbd = recorder.channel("sbd")
+    sbd.local((clock.now, sbd.name_id("AAAA"), sbd.name_id("BBBB"), 1000))
+    await recorder.close()
+
+    files = visible(tmp_path)
+    assert [p.parent.relative_to(tmp_path).as_posix() for p in files] == [
+        "date=2023-11-14/hour=22",
+        "date=2023-11-14/hour=23",
+    ]
+    assert hidden(tmp_path) == []  # nothing left half-written
+    for path in files:
+        assert pq.read_metadata(path).metadata[SCHEMA_KEY] == str(SCHEMA_VERSION).encode()
+    rows = pq.read_table(tmp_path).sort_by("time").to_pylist()
+    first = rows[0]
+    assert (first["dialect"], first["src"], first["dst"], first["size"]) == ("rmb", "7", "8", 100)
+    assert (first["route"], first["outcome"], first["relay_us"]) == ("local", "delivered", 0)
+    assert first["instance"] == "relay-a:8080"
+    assert first["time"].timestamp() == T0 / 1e9
+    later = {(r["dialect"], r["route"]): r for r in rows[1:]}
+    queued = later[("rmb", "mailbox")]
+    assert (queued["outcome"], queued["relay_us"], queued["dst"]) == ("queued", 1_500_000, "9")
+    failed = later[("rmb", "federation")]
+    assert (failed["outcome"], failed["reason"], failed["remote"]) == (
+        "rejected",
+        "federation",
+        "far.example",
+    )
+    assert failed["relay_us"] is None
+    assert (later[("sbd", "local")]["src"], later[("sbd", "local")]["dst"]) == ("AAAA", "BBBB")
+    assert {r["weight"] for r in rows} == {1.0}
+    assert recorder.stats.written == 4
+
+
+async def test_a_full_queue_sheds_and_counts_instead_of_blocking(tmp_path: Path) -> None:
+    """The writer is not running (as if it had fallen behind): the first batch waits in the
+    queue, the next ones are shed and counted, and the hot path never blocks."""
+    recorder = Recorder(tmp_path, "r", clock=Clock(), max_pending=1)
+    channel = recorder.channel("rmb")
+    for _ in range(10):
+        channel.local((T0, 1, 2, 3))
+    recorder.flush()
+    for _ in range(25):
+        channel.local((T0, 1, 2, 3))
+    channel.add(1, 2, 3, "none", "rejected", "unknown twin")
+    recorder.flush()
+    assert recorder.stats.shed == 26
+    local, full = channel.take()
+    assert (len(local), full) == (0, [])
+
+
+async def test_open_files_are_hidden_until_rolled(tmp_path: Path) -> None:
+    recorder = Recorder(tmp_path, "r", clock=Clock(), flush_interval=0.01, roll_seconds=3600)
+    recorder.start()
+    recorder.channel("rmb").local((T0, 1, 2, 3))
+    recorder.flush()
+
+    await eventually(lambda: recorder.stats.written == 1)
+    assert visible(tmp_path) == []  # a reader (Spark) never sees a half-written file
+    assert len(hidden(tmp_path)) == 1
+    await recorder.close()
+    assert len(visible(tmp_path)) == 1
+
+
+async def test_sampled_records_carry_their_weight(tmp_path: Path) -> None:
+    recorder = Recorder(tmp_path, "r", clock=Clock(), sample=0.25)
+    recorder.start()
+    channel = recorder.channel("rmb")
+    for _ in range(4000):
+        channel.local((T0, 1, 2, 3))
+    await recorder.close()
+    table = pq.read_table(tmp_path)
+    assert 600 < table.num_rows < 1400  # ~1000 expected; bounds are > 9 sigma wide
+    assert set(table.column("weight").to_pylist()) == {4.0}
+
+
+def test_sample_outside_zero_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="sample"):
+        Recorder(Path("unused"), "r", sample=0.0)
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--listen", default="[::]:8080")
+    add_record_arguments(parser)
+    return parser.parse_args(argv)
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "half"])
+def test_records_sample_flag_rejects_bad_values(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        _parse("--records", "x", "--records-sample", value)
+    assert exit_info.value.code == 2
+    assert "--records-sample" in capsys.readouterr().err
+
+
+async def test_records_flag_refuses_a_file(tmp_path: Path) -> None:
+    target = tmp_path / "file"
+    target.write_text("")
+    with pytest.raises(ConfigError, match="not a directory"):
+        recorder_from_args(_parse("--records", str(target)), Registry())
+
+
+async def test_records_off_by_default() -> None:
+    assert recorder_from_args(_parse(), Registry()) is None
+
+
+async def test_records_flags_name_the_instance_and_register_metrics(tmp_path: Path) -> None:
+    registry = Registry()
+    args = _parse("--records", str(tmp_path), "--listen", "127.0.0.1:9999")
+    recorder = recorder_from_args(args, registry)
+    assert recorder is not None
+    try:
+        assert recorder.instance.endswith(":9999")
+        assert "rmb_relay_records_shed_total" in registry.render()
+        assert "rmb_relay_records_written_total" in registry.render()
+    finally:
+        await recorder.close()
+
+
+async def test_mailbox_reports_expiry_and_overflow_losses() -> None:
+    clock = Clock()
+    mailbox = MemoryMailbox(ttl=60, max_per_session=2, clock=clock)
+    lost: list[tuple[tuple[int, str | None], int, str]] = []
+    mailbox.on_loss = lambda key, size, reason: lost.append((key, size, reason))
+    now = T0 // 1_000_000_000
+    await mailbox.put((5, None), b"a" * 10, now + 1)
+    await mailbox.put((5, None), b"b" * 20, now + 100)
+    await mailbox.put((5, None), b"c" * 30, now + 100)  # full: the oldest goes
+    assert lost == [((5, None), 10, "full")]
+    clock.now += 200 * 1_000_000_000
+    assert mailbox.sweep() == 2
+    assert lost[1:] == [((5, None), 20, "expired"), ((5, None), 30, "expired")]
