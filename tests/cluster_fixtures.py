@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from rmb_relay.client import Handler, RmbClient
+from rmb_relay.client import Handler, IncomingRequest, RmbClient
 from rmb_relay.cluster import Cluster
 from rmb_relay.cluster.connect import RedisClient, connect_redis
 from rmb_relay.mailbox import RedisMailbox
@@ -87,27 +87,46 @@ class Instance:
 MakeInstance = Callable[..., Awaitable[Instance]]
 
 
+def recorder(into: list[bytes], reply: bytes = b"ok") -> Handler:
+    """A request handler that appends each request's payload to `into`."""
+
+    def handle(request: IncomingRequest) -> bytes:
+        into.append(request.data)
+        return reply
+
+    return handle
+
+
 def twin_directory(path: Path) -> SqliteTwinDirectory:
     directory = SqliteTwinDirectory(path)
     for twin_id, key_type in TWINS.items():
-        directory.add(Twin(twin_id, key_for(twin_id, key_type).public_key, frozenset({"relay.test"}), None))
+        directory.add(
+            Twin(twin_id, key_for(twin_id, key_type).public_key, frozenset({"relay.test"}), None)
+        )
     return directory
 
 
-@pytest.fixture
-async def make_instance(start_relay: StartRelay, tmp_path: Path) -> AsyncIterator[MakeInstance]:
-    """`await make_instance(redis_url, cluster_mode=False, **cluster_kwargs)`: a new instance."""
+@pytest.fixture(name="make_instance")
+async def make_instance_fixture(
+    start_relay: StartRelay, tmp_path: Path
+) -> AsyncIterator[MakeInstance]:
+    """`await make_instance(redis_url, cluster_mode=False, clock=..., **cluster_kwargs)`: a
+    new instance; `clock` is the RMB dialect's and the cluster's."""
     made: list[Instance] = []
     path = tmp_path / "twins.sqlite3"
     twin_directory(path)
 
     async def make(
-        url: str, *, cluster_mode: bool = False, clock: Callable[[], int] = time.time_ns, **kwargs: Any
+        url: str,
+        *,
+        cluster_mode: bool = False,
+        clock: Callable[[], int] = time.time_ns,
+        **kwargs: Any,
     ) -> Instance:
         redis = await connect_redis(url, cluster=cluster_mode)
         switch = Switch(RedisMailbox(redis))
         registry = Registry()
-        cluster = Cluster(redis, switch, registry=registry, **kwargs)
+        cluster = Cluster(redis, switch, registry=registry, clock=clock, **kwargs)
         await cluster.start()
         switch.cluster = cluster
         directory = CachedTwinDirectory(SqliteTwinDirectory(path), ttl=0.0, negative_ttl=0.0)

@@ -327,4 +327,3 @@ class Services:
             await self.switch.records.close()
         if self._directory is not None:
             await self._directory.close()
-

@@ -9,6 +9,7 @@ together (its bus stream and its liveness key) share a tag, so they share a slot
 | `rmb:{a:<name>}:at` | string, TTL | presence: id of the instance holding address `<name>` |
 | `rmb:{i:<id>}:alive` | string, TTL | instance `<id>` is alive (refreshed every TTL/3) |
 | `rmb:{i:<id>}:bus` | stream | messages other instances hand to instance `<id>` |
+| `rmb:{i:<id>}:reaper` | string, TTL | the live instance taking over dead `<id>`'s stream |
 | `rmb:{cluster}:instances` | set | every instance id that has a bus stream (for the reaper) |
 
 The mailbox keeps rmb-rs's names (`stream:<twin>[:<sid>]`, `mailbox.py`): each is used alone,
@@ -43,6 +44,10 @@ def presence_key(name: str) -> str:
 
 def alive_key(instance: str) -> str:
     return f"rmb:{{i:{instance}}}:alive"
+
+
+def reaper_key(instance: str) -> str:
+    return f"rmb:{{i:{instance}}}:reaper"
 
 
 def bus_key(instance: str) -> str:

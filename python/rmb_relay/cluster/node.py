@@ -59,6 +59,8 @@ log = logging.getLogger("rmb_relay.cluster")
 DEFAULT_TTL = 15.0
 #: how long an answer "X is held by instance I" is reused without asking Redis
 DEFAULT_CACHE_TTL = 1.0
+#: batches of entries one tick takes from a dead instance (the rest at the next tick)
+REAP_ROUNDS = 100
 
 Resolver = Callable[[str], "Endpoint | None"]
 
@@ -362,7 +364,10 @@ class Cluster:
 
     async def reap(self, instance: str, *, leaving: bool = False) -> None:
         """Route again every entry of a dead instance's stream; delete the stream once it has
-        stayed empty for two TTLs (or at once when we are the one `leaving`)."""
+        stayed empty for two TTLs (or at once when we are the one `leaving`).
+
+        One reaper at a time per dead instance (a lock key with the TTL), so it may claim
+        every pending entry at once: nobody else is working on them."""
         from redis.exceptions import ResponseError
 
         now = self.clock()
@@ -371,10 +376,12 @@ class Cluster:
             log.warning("cluster: instance %s is gone; taking over its pending messages", instance)
             self.presence.instance_gone(instance)
         stream = keys.bus_key(instance)
-        min_idle = 0 if leaving else int(self.ttl * 500)
+        lock = keys.reaper_key(instance)
+        if not await self.redis.set(lock, self.me, px=int(self.ttl * 1000), nx=True):
+            return  # another instance is reaping it
         try:
-            while True:
-                entries = await self.bus.claim_stale(stream, min_idle)
+            for _ in range(REAP_ROUNDS):
+                entries = await self.bus.claim_stale(stream, 0)
                 entries += await self.bus.read(stream)
                 if not entries:
                     break
@@ -382,17 +389,17 @@ class Cluster:
                     for record in records:
                         await self.handle(record)
                 await self.bus.ack(stream, [entry_id for entry_id, _ in entries])
-        except ResponseError as err:
-            if "NOGROUP" not in str(err):
-                raise
-        if leaving or now - first >= nanos(2 * self.ttl):
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.xlen(stream)
-            (length,) = await pipe.execute()
-            if not length:
+            expired = leaving or now - first >= nanos(2 * self.ttl)
+            if expired and not await self.redis.xlen(stream):
                 await self.redis.delete(stream)
                 await self.redis.srem(keys.INSTANCES_KEY, instance)
                 self._dead_since.pop(instance, None)
+        except ResponseError as err:
+            if "NOGROUP" not in str(err):
+                raise
+            await self.redis.srem(keys.INSTANCES_KEY, instance)  # already deleted
+        finally:
+            await self.redis.delete(lock)
 
     def _health(self, err: BaseException | None) -> None:
         if err is None:
