@@ -19,6 +19,9 @@ processes share Redis), queued in the mailbox, or no route. Federation (another 
 it) plugs in as a further route; a dialect never needs to know which one carried its message.
 With a cluster, registering and unregistering an address also claims and releases it in the
 shared presence.
+Federation is `federate(frame, twin)`: the `federation` route
+(`federation/`) queues the envelope for one of the twin's relays and answers FEDERATED; with
+no route set the relay does not federate and the caller gets a FederationError.
 
 Route records (`--records`): `records` is the process's `Recorder` or None. Each dialect takes
 its `Channel` from it and records where it decides a route: the local fast path appends one
@@ -32,11 +35,13 @@ import logging
 from typing import TYPE_CHECKING, Protocol
 
 from rmb_relay._core import RouteTable
+from rmb_relay.errors import FederationError
 from rmb_relay.mailbox import Mailbox, MemoryMailbox, SessionKey
 
 if TYPE_CHECKING:
     from rmb_relay.protocols.base import Peer
     from rmb_relay.telemetry.records import Channel, Recorder
+    from rmb_relay.twins import Twin
 
 log = logging.getLogger("rmb_relay.switch")
 
@@ -49,6 +54,7 @@ class Outcome(enum.Enum):
     FORWARDED = "forwarded"
     QUEUED = "queued"
     NO_ROUTE = "no route"
+    FEDERATED = "federated"
 
 
 class Endpoint(Protocol):
@@ -83,6 +89,13 @@ class ClusterRoute(Protocol):
     async def close(self) -> None: ...
 
 
+class FederationRoute(Protocol):
+    """Delivery through another relay (`federation.Federation`)."""
+
+    async def forward(self, envelope: bytes, twin: Twin) -> None:
+        """Accept the raw envelope for one of `twin.relays`; raise FederationError."""
+
+
 class Switch:
     """Route tables, presence and mailbox of one relay process; see the module docstring."""
 
@@ -92,6 +105,8 @@ class Switch:
         self.mailbox: Mailbox = mailbox if mailbox is not None else MemoryMailbox()
         #: other instances of this relay service, when they share Redis (set by Services)
         self.cluster: ClusterRoute | None = None
+        #: the route to other relays; None: this relay does not federate
+        self.federation: FederationRoute | None = None
         #: route records of this process (off: None)
         self.records: Recorder | None = None
 
@@ -199,6 +214,17 @@ class Switch:
         elif cluster is not None:  # ... here or on another instance
             await cluster.mail_stored(address)
         return Outcome.QUEUED
+
+    async def federate(self, frame: bytes, twin: Twin) -> Outcome:
+        """Hand an envelope for a twin served by other relays to the federation route."""
+        if self.federation is None:
+            relays = ", ".join(sorted(twin.relays or ())) or "none"
+            raise FederationError(
+                f"destination twin {twin.id} is served by relay(s) {relays}; "
+                "this relay does not federate to other relays"
+            )
+        await self.federation.forward(frame, twin)
+        return Outcome.FEDERATED
 
     @property
     def session_count(self) -> int:
