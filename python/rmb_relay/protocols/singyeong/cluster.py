@@ -35,7 +35,6 @@ from rmb_relay.protocols.singyeong.clients import Client
 
 if TYPE_CHECKING:
     from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
-
     from rmb_relay.protocols.singyeong.clients import ClientIndex
 
 log = logging.getLogger("rmb_relay.singyeong")
