@@ -205,7 +205,15 @@ async def soak(duration: float, tmp: Path) -> dict[str, Any]:
     (tmp / "redis").mkdir()
     redis = Redis(tmp / "redis")
     relay = RelayProcess(
-        tmp, None, "--redis", f"redis://127.0.0.1:{redis.port}/0", "--sbd-disable-rate-limit"
+        tmp,
+        None,
+        "--redis",
+        f"redis://127.0.0.1:{redis.port}/0",
+        "--sbd-disable-rate-limit",
+        # the mailbox stream puts ~30,000 in one stream, above rmb-rs's cap of 10,000 that
+        # drops the oldest by design (counted): the cap is lifted so every loss would show
+        "--mailbox-max",
+        "1000000",
     )
     events: list[tuple[float, str]] = []
     rss: list[tuple[float, float]] = []

@@ -224,8 +224,9 @@ async def test_redis_queue_survives_an_instance_crash(
             all_in.set()
         return b""
 
-    bob = await client(relay_b.url, 2)
-    bob.handle("work", work)
+    bob = RmbClient(2, key_for(2))
+    bob.handle("work", work)  # before connecting: the mailbox is delivered on login
+    await bob.open(relay_b.url)
     await asyncio.wait_for(all_in.wait(), WAIT * 3)
     assert received == sent
     survivor = network.relays[1]

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rmb_relay.protocols.singyeong import etf
@@ -101,11 +101,13 @@ json_values = st.recursive(
 )
 
 
+@settings(deadline=None)  # pure CPU; a loaded CI host must not fail it on time
 @given(json_values)
 def test_etf_round_trips_every_json_value(value: Any) -> None:
     assert etf.decode(etf.encode(value)) == value
 
 
+@settings(deadline=None)
 @given(st.binary(max_size=64))
 def test_etf_decoder_accepts_or_refuses_cleanly(raw: bytes) -> None:
     with contextlib.suppress(etf.EtfError):
