@@ -32,7 +32,6 @@ that federate or cluster write the same files.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import queue
@@ -70,8 +69,6 @@ FLUSH_INTERVAL = 0.5
 MAX_PENDING_BATCHES = 64
 #: a Parquet file is closed (made visible) at the latest this long after it was opened
 ROLL_SECONDS = 60.0
-#: the writer thread's nice value (forwarding keeps the default 0)
-WRITER_NICE = 10
 #: Parquet page compression: lz4 writes ~2x faster than snappy here at the same size
 COMPRESSION = "lz4"
 
@@ -276,10 +273,7 @@ class Recorder:
         self._thread.join()
 
     def _run(self) -> None:
-        # Linux schedules threads one by one: the writer yields the CPU to forwarding when
-        # both want it (a relay at saturation sheds records, counted, rather than messages)
-        with contextlib.suppress(OSError, AttributeError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
+        # not niced: a low-priority thread holding the GIL would stall forwarding behind it
         writer = self._writer
         while True:
             try:
