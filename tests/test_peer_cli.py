@@ -11,7 +11,7 @@ import pytest
 from rmb_relay import __version__
 from rmb_relay.errors import ConfigError
 from rmb_relay.peer.cli import DEFAULT_RELAY, parse_args
-from tests.conftest import WAIT
+from tests.conftest import WAIT, free_port
 from tests.peer_fixtures import add_twin, mnemonic_for, rmb_peer
 
 PHRASE = mnemonic_for(1)
@@ -89,10 +89,13 @@ def test_bad_relays_are_refused(relays: list[str], message: str) -> None:
         parse_args(argv)
 
 
-def test_substrate_without_twins_says_the_chain_is_not_available() -> None:
-    with pytest.raises(ConfigError, match=r"not available in this rmb-peer yet.*--twins"):
-        parse_args(["-m", PHRASE, "-s", "wss://tfchain.grid.tf:443"])
-    assert parse_args(["-m", PHRASE, "-s", "wss://x", "--twins", "sqlite:/t"]).twins == Path("/t")
+def test_substrate_reads_twins_from_the_chain_unless_twins_is_given() -> None:
+    config = parse_args(["-m", PHRASE, "-s", "wss://a.example:443", "-s", "ws://b.example"])
+    assert config.substrate == ("wss://a.example:443", "ws://b.example")
+    both = parse_args(["-m", PHRASE, "-s", "wss://x", "--twins", "sqlite:/t"])
+    assert (both.substrate, both.twins) == ((), Path("/t"))
+    with pytest.raises(ConfigError, match="expected ws://HOST"):
+        parse_args(["-m", PHRASE, "-s", "https://tfchain.grid.tf"])
 
 
 def run_peer(*args: str) -> subprocess.CompletedProcess[str]:
@@ -124,7 +127,11 @@ def test_bad_secret_is_one_line_and_exit_1(tmp_path: Path, secret: str, message:
     assert "Traceback" not in result.stderr
 
 
-def test_substrate_only_is_refused_as_a_process() -> None:
-    result = run_peer("-m", PHRASE, "--substrate", "wss://tfchain.grid.tf:443")
+def test_unreachable_chain_is_one_line_and_exit_1() -> None:
+    result = run_peer(
+        "-m", PHRASE, "-s", f"ws://127.0.0.1:{free_port()}", "--substrate-timeout", "1",
+        "--relay", "ws://localhost:1",
+    )  # fmt: skip
     assert result.returncode == 1
-    assert "--twins sqlite:PATH" in result.stderr
+    assert "tfchain did not answer state_getStorage: 2 attempts over 1 node(s)" in result.stderr
+    assert "Traceback" not in result.stderr

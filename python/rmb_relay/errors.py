@@ -13,6 +13,9 @@ Exception
      ├─ HttpReject                 a request refused with an HTTP status (before any upgrade)
      ├─ AuthError                  a login the relay refuses; carries the HTTP status and reason
      ├─ TwinLookupError            the twin directory backend failed (not: "no such twin")
+     │   └─ ChainError             tfchain could not answer: every node failed (twins/substrate.py)
+     │       ├─ NodeError          one node failed or answered nonsense; the client fails over
+     │       └─ ExtrinsicRejected  the chain refused or failed an extrinsic (e.g. update_twin)
      ├─ MailboxUnavailable         the mailbox backend (Redis) could not store or read
      │   └─ MailboxFull            a mailbox memory budget (bytes, sessions) is reached
      ├─ FederationError            an envelope could not be handed to another relay
@@ -52,6 +55,7 @@ from rmb_relay._core import (
 __all__ = [
     "AuthError",
     "BadMessage",
+    "ChainError",
     "ClientError",
     "ConfigError",
     "ConnectionClosed",
@@ -59,12 +63,14 @@ __all__ = [
     "E2eError",
     "EnvelopeError",
     "EnvelopeRejected",
+    "ExtrinsicRejected",
     "FederationError",
     "HandshakeError",
     "HttpParseError",
     "HttpReject",
     "MailboxFull",
     "MailboxUnavailable",
+    "NodeError",
     "PeerError",
     "RedisUnavailable",
     "RelayError",
@@ -112,6 +118,21 @@ class TwinLookupError(RelayError):
     answering that a twin does not exist. The relay answers 500 `failed to get twin:
     directory unavailable (request ID)`; the cause (it names files and hosts) goes only to the
     log, under that id."""
+
+
+class ChainError(TwinLookupError):
+    """tfchain could not answer: every node tried failed, or what they said cannot be used."""
+
+
+class NodeError(ChainError):
+    """One chain node failed (refused, timed out, dropped the connection) or answered
+    something that is not substrate JSON-RPC (garbage, wrong types, undecodable SCALE). The
+    client drops that connection and tries the next node; it only escapes wrapped in a
+    ChainError once every attempt failed."""
+
+
+class ExtrinsicRejected(ChainError):
+    """The chain refused an extrinsic (bad signature, stale nonce) or it failed on chain."""
 
 
 class MailboxUnavailable(RelayError):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rmb_relay.errors import ConfigError
@@ -27,20 +28,29 @@ from rmb_relay.mailbox import (
     RedisMailbox,
 )
 from rmb_relay.switch import Switch
-from rmb_relay.telemetry.metrics import Registry
+from rmb_relay.telemetry.metrics import Read, Registry
 from rmb_relay.telemetry.record_flags import add_record_arguments, recorder_from_args
 from rmb_relay.twins.cache import CachedTwinDirectory
 from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from redis.asyncio import Redis
 
     from rmb_relay.twins import TwinDirectory
+    from rmb_relay.twins.events import TwinEventListener
+    from rmb_relay.twins.substrate import SubstrateClient
 
 log = logging.getLogger("rmb_relay")
 
 #: how long a twin lookup is cached (seconds)
 DEFAULT_TWIN_CACHE_TTL = 60.0
+#: per-attempt timeout towards a chain node (rmb-rs: 12 s per connect), and missed blocks
+#: past which the twin cache is cleared (rmb-rs: 600): twins/substrate.py's and events.py's
+#: defaults, repeated here so a relay without --substrate does not import the chain code
+DEFAULT_SUBSTRATE_TIMEOUT = 12.0
+DEFAULT_CATCHUP_THRESHOLD = 600
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -110,6 +120,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"embedded twin directory (default: sqlite:{default_twins_path()})",
     )
     shared.add_argument(
+        "--substrate",
+        action="append",
+        metavar="URL",
+        help="read twins from tfchain through this node, ws://HOST:PORT or wss://... "
+        "(repeatable: failover in order); replaces --twins",
+    )
+    shared.add_argument(
+        "--substrate-timeout",
+        type=float,
+        default=DEFAULT_SUBSTRATE_TIMEOUT,
+        metavar="SECONDS",
+        help="per-attempt timeout (connect or one request) before the next node is tried",
+    )
+    shared.add_argument(
+        "--catchup-threshold",
+        type=int,
+        default=DEFAULT_CATCHUP_THRESHOLD,
+        metavar="BLOCKS",
+        help="after a chain reconnect, more missed blocks than this clear the twin cache "
+        "instead of being caught up",
+    )
+    shared.add_argument(
         "--twin-cache-ttl",
         type=float,
         default=DEFAULT_TWIN_CACHE_TTL,
@@ -130,6 +162,9 @@ class Services:
         twins: str | None = None,
         twin_cache_ttl: float = DEFAULT_TWIN_CACHE_TTL,
         redis: Redis | None = None,
+        substrate: list[str] | None = None,
+        substrate_timeout: float = DEFAULT_SUBSTRATE_TIMEOUT,
+        catchup_threshold: int = DEFAULT_CATCHUP_THRESHOLD,
     ) -> None:
         self.metrics = metrics
         self.switch = switch
@@ -137,12 +172,70 @@ class Services:
         self._twins_url = twins
         self._twin_cache_ttl = twin_cache_ttl
         self._directory: CachedTwinDirectory | None = None
+        self._substrate = list(substrate or [])
+        self._substrate_timeout = substrate_timeout
+        self._catchup_threshold = catchup_threshold
+        self._events: TwinEventListener | None = None
+        self._chain: SubstrateClient | None = None
+        self._register_twin_metrics()
+
+    def _register_twin_metrics(self) -> None:
+        """Twin directory and chain counters, read at scrape (0 until the directory opens, and
+        for the chain ones without --substrate)."""
+
+        def read(value: Callable[[], int]) -> Read:
+            return lambda: [((), value())]
+
+        counters: list[tuple[str, str, Callable[[], int]]] = [
+            (
+                "rmb_relay_twin_lookups_total",
+                "twin lookups the directory backend answered (cache misses)",
+                lambda: self._directory.lookups if self._directory else 0,
+            ),
+            (
+                "rmb_relay_twin_cache_hits_total",
+                "twin lookups answered from the cache",
+                lambda: self._directory.hits if self._directory else 0,
+            ),
+            (
+                "rmb_relay_chain_failovers_total",
+                "tfchain connections given up for the next node",
+                lambda: self._chain.failovers if self._chain else 0,
+            ),
+            (
+                "rmb_relay_chain_blocks_total",
+                "chain blocks whose events the twin listener read",
+                lambda: self._events.blocks_seen if self._events else 0,
+            ),
+            (
+                "rmb_relay_chain_twin_events_total",
+                "TwinStored/TwinUpdated events written into the twin cache",
+                lambda: self._events.events_applied if self._events else 0,
+            ),
+            (
+                "rmb_relay_chain_cache_flushes_total",
+                "twin cache flushes after missing more than --catchup-threshold blocks",
+                lambda: self._events.flushes if self._events else 0,
+            ),
+        ]
+        for name, help_text, value in counters:
+            self.metrics.counter_of(name, help_text, read(value))
 
     @classmethod
     async def from_args(cls, args: argparse.Namespace) -> Services:
         """Connect what the flags name; raises ConfigError when a dependency is unreachable."""
         if args.mailbox_ttl <= 0 or args.mailbox_max <= 0:
             raise ConfigError("--mailbox-ttl and --mailbox-max must be positive")
+        substrate = getattr(args, "substrate", None) or []
+        if substrate and args.twins:
+            raise ConfigError("--substrate and --twins name two directories: give one")
+        if substrate:
+            from rmb_relay.twins.substrate import SubstrateClient
+
+            # checks the URLs and timeout now, before anything listens
+            SubstrateClient(substrate, timeout=args.substrate_timeout)
+        if args.catchup_threshold < 0:
+            raise ConfigError("--catchup-threshold must be >= 0 blocks")
         try:
             budget = MailboxBudget(
                 args.mailbox_twin_bytes, args.mailbox_total_bytes, args.mailbox_sessions
@@ -174,6 +267,9 @@ class Services:
             twins=args.twins,
             twin_cache_ttl=args.twin_cache_ttl,
             redis=redis,
+            substrate=substrate,
+            substrate_timeout=args.substrate_timeout,
+            catchup_threshold=args.catchup_threshold,
         )
         # route records (--records): the switch carries the recorder to every dialect
         try:
@@ -183,8 +279,25 @@ class Services:
             raise
         return services
 
+    def twins_path(self) -> Path:
+        """The embedded SQLite file (`--twins`); the tunnel keeps its tenants there too."""
+        from rmb_relay.twins.cli import parse_twins_url
+
+        return parse_twins_url(self._twins_url) if self._twins_url else default_twins_path()
+
     def twin_directory(self) -> TwinDirectory:
         """The cached twin directory, opened on first use (one for every dialect)."""
+        if self._directory is None and self._substrate:
+            from rmb_relay.twins.events import TwinEventListener
+            from rmb_relay.twins.substrate import SubstrateClient, SubstrateTwinDirectory
+
+            self._chain = SubstrateClient(self._substrate, timeout=self._substrate_timeout)
+            chain = SubstrateTwinDirectory(self._chain)
+            self._directory = CachedTwinDirectory(chain, ttl=self._twin_cache_ttl)
+            self._events = TwinEventListener(
+                chain, self._directory, catchup_threshold=self._catchup_threshold
+            )
+            self._events.start()
         if self._directory is None:
             from rmb_relay.twins.cli import parse_twins_url
 
@@ -197,6 +310,8 @@ class Services:
     async def close(self) -> None:
         """Close the switch (and its mailbox's Redis connection) and the directory."""
         await self.switch.close()
+        if self._events is not None:
+            await self._events.close()
         if self.switch.records is not None:
             await self.switch.records.close()
         if self._directory is not None:

@@ -18,7 +18,7 @@ class Command:
 
 
 def commands() -> dict[str, Command]:
-    from rmb_relay.commands import serve, twins
+    from rmb_relay.commands import connector, devchain, serve, tenants, twins
 
-    modules = (serve, twins)
+    modules = (serve, twins, tenants, connector, devchain)
     return {module.NAME: Command(module.NAME, module.HELP, module.main) for module in modules}

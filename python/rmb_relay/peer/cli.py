@@ -4,14 +4,16 @@ Launch lines written for the public rmb-peer work unchanged: the same flags, def
 deprecated aliases, and the same log line once a relay is connected
 (`now connected to relay Some("<domain>")`), which operators and scripts wait for.
 
-One addition: `--twins sqlite:PATH` reads twins from the embedded directory that `rmb-relay
-twins` manages, instead of a chain. Until the chain directory exists, `--substrate` without
-`--twins` is refused with a message that says so; with neither, the embedded directory's
-default file is used, as `rmb-relay` does.
+Twins come from tfchain through `--substrate URL` (repeatable, with failover, twins/substrate.py),
+or from the embedded directory that `rmb-relay twins` manages with `--twins sqlite:PATH`. With
+neither, the embedded directory's default file is used, as `rmb-relay` does (the public
+rmb-peer's default, the main tfchain node, would make a peer started without flags talk to the
+production chain).
 
 Startup: derive the signing key and the secp256k1 key from the secret; find the twin whose
 account is ours; unless `--no-update`, publish our relays' domains and our `pk` when the
-directory holds something else; then connect every relay and serve the msgbus until SIGINT
+directory holds something else (on chain: a signed `update_twin`, waited for until
+finalized); then connect every relay and serve the msgbus until SIGINT
 or SIGTERM. Errors before serving are one line on stderr and exit code 1, as rmb-peer's.
 """
 
@@ -29,10 +31,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from rmb_relay import __version__
+from rmb_relay._core import SigningKey
 from rmb_relay.cli import HelpFormatter, setup_logging
-from rmb_relay.errors import ConfigError, CoreError, RedisUnavailable
+from rmb_relay.errors import ChainError, ConfigError, CoreError, RedisUnavailable
 from rmb_relay.identity import KeyType, secret_from_phrase, signing_key
-from rmb_relay.twins import Twin
+from rmb_relay.twins import Twin, TwinDirectory
 from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path
 
 __all__ = ["PeerConfig", "main", "parse_args", "parser"]
@@ -46,6 +49,8 @@ DEFAULT_RELAY = "wss://relay.grid.tf:443"
 MAX_RELAYS = 4
 #: how long a twin lookup is cached (a peer sees a twin's new key or relays after this)
 TWIN_CACHE_TTL = 60.0
+#: per-attempt timeout towards a chain node (rmb-rs: 12 s), twins/substrate.py
+DEFAULT_SUBSTRATE_TIMEOUT = 12.0
 
 
 def parser() -> argparse.ArgumentParser:
@@ -81,8 +86,16 @@ def parser() -> argparse.ArgumentParser:
         "--substrate",
         action="append",
         metavar="URL",
-        help=f"tfchain node (repeatable; default {DEFAULT_SUBSTRATE}); the chain directory is "
-        "not available yet: use --twins",
+        help="tfchain node, ws:// or wss:// (repeatable: failover in order; e.g. "
+        f"{DEFAULT_SUBSTRATE}); without it and without --twins, the embedded directory's "
+        "default file",
+    )
+    parser.add_argument(
+        "--substrate-timeout",
+        type=float,
+        default=DEFAULT_SUBSTRATE_TIMEOUT,
+        metavar="SECONDS",
+        help="per-attempt timeout towards a chain node before the next one is tried",
     )
     parser.add_argument(
         "--twins",
@@ -117,6 +130,9 @@ class PeerConfig:
     relays: tuple[str, ...]
     update: bool
     debug: int
+    #: tfchain nodes; empty: the embedded directory `twins`
+    substrate: tuple[str, ...] = ()
+    substrate_timeout: float = DEFAULT_SUBSTRATE_TIMEOUT
 
     @property
     def domains(self) -> frozenset[str]:
@@ -155,13 +171,15 @@ def parse_args(argv: Sequence[str] | None = None) -> PeerConfig:
         twins = parse_twins_url(args.twins)
         if args.substrate:
             log.warning("--substrate is ignored: twins are read from %s", args.twins)
-    elif args.substrate:
-        raise ConfigError(
-            "the tfchain twin directory (--substrate) is not available in this rmb-peer yet: "
-            "give --twins sqlite:PATH (managed with `rmb-relay twins`)"
-        )
     else:
         twins = default_twins_path()
+    substrate: tuple[str, ...] = ()
+    if args.substrate and args.twins is None:
+        from rmb_relay.twins.substrate import check_url
+
+        substrate = tuple(check_url(url) for url in args.substrate)
+    if not args.substrate_timeout > 0:
+        raise ConfigError("--substrate-timeout must be a positive number of seconds")
     relays = args.relay or [DEFAULT_RELAY]
     if len(relays) > MAX_RELAYS:
         raise ConfigError(f"--relay given {len(relays)} times: at most {MAX_RELAYS} relays")
@@ -173,6 +191,8 @@ def parse_args(argv: Sequence[str] | None = None) -> PeerConfig:
         relays=tuple(relay_url(url) for url in relays),
         update=not args.no_update,
         debug=args.debug,
+        substrate=substrate,
+        substrate_timeout=args.substrate_timeout,
     )
 
 
@@ -189,20 +209,11 @@ async def serve(config: PeerConfig) -> None:
         raise ConfigError(f"cannot derive the signing key: {err}") from None
     e2e = E2eKey(secret)
     RespClient(config.redis)  # checks the URL before anything else starts
-    directory = SqliteTwinDirectory(config.twins)
-    twin = directory.find_account(key.public_key)
-    if twin is None:
-        await directory.close()
-        raise ConfigError("no twin found on this network with given key")
-    if config.update and (twin.relays != config.domains or twin.pk != e2e.public_key):
-        twin = Twin(twin.id, twin.account, config.domains, e2e.public_key)
-        directory.add(twin)
-        log.info(
-            "twin %d updated: relays %s, pk %s",
-            twin.id,
-            ",".join(sorted(config.domains)),
-            e2e.public_key.hex(),
-        )
+    directory: TwinDirectory
+    if config.substrate:
+        directory, twin = await _chain_twin(config, key, e2e.public_key)
+    else:
+        directory, twin = _local_twin(config, key, e2e.public_key)
     encrypt = twin.pk == e2e.public_key
     if not encrypt:
         log.warning(
@@ -237,6 +248,51 @@ async def serve(config: PeerConfig) -> None:
         await gateway.directory.close()
 
 
+def _local_twin(config: PeerConfig, key: SigningKey, pk: bytes) -> tuple[TwinDirectory, Twin]:
+    """Our twin in the embedded directory, updated there when it differs."""
+    directory = SqliteTwinDirectory(config.twins)
+    twin = directory.find_account(key.public_key)
+    if twin is None:
+        directory._close_quietly()
+        raise ConfigError("no twin found on this network with given key")
+    if config.update and (twin.relays != config.domains or twin.pk != pk):
+        twin = Twin(twin.id, twin.account, config.domains, pk)
+        directory.add(twin)
+        _log_update(twin)
+    return directory, twin
+
+
+async def _chain_twin(config: PeerConfig, key: SigningKey, pk: bytes) -> tuple[TwinDirectory, Twin]:
+    """Our twin on tfchain; a signed update_twin, waited for, when it differs (§5.2)."""
+    from rmb_relay.twins.substrate import SubstrateClient, SubstrateTwinDirectory
+
+    directory = SubstrateTwinDirectory(
+        SubstrateClient(config.substrate, timeout=config.substrate_timeout)
+    )
+    try:
+        twin = await directory.find_account(key.public_key)
+        if twin is None:
+            raise ConfigError("no twin found on this network with given key")
+        if config.update and (twin.relays != config.domains or twin.pk != pk):
+            log.info("publishing relays and e2e key of twin %d with update_twin", twin.id)
+            await directory.update_twin(key, config.domains, pk)
+            twin = Twin(twin.id, twin.account, config.domains, pk)
+            _log_update(twin)
+    except BaseException:
+        await directory.close()
+        raise
+    return directory, twin
+
+
+def _log_update(twin: Twin) -> None:
+    log.info(
+        "twin %d updated: relays %s, pk %s",
+        twin.id,
+        ",".join(sorted(twin.relays or ())),
+        twin.pk.hex() if twin.pk else None,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """The `rmb-peer` console script."""
     try:
@@ -249,7 +305,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
             runner.run(serve(config))
-    except (ConfigError, OSError) as err:
+    except (ConfigError, ChainError, OSError) as err:
         print(f"rmb-peer: {err}", file=sys.stderr)
         raise SystemExit(1) from None
 

@@ -162,6 +162,10 @@ class RequestBody(Protocol):
         """The whole (rest of the) body; HttpReject(413) past `limit` bytes (default: the
         listener's `max_message`), before reading when the announced length is already over."""
 
+    def lift_deadline(self) -> None:
+        """Exempt this request from the listener's request deadline (`http_request_timeout`):
+        for handlers that bound their own waits, such as a tunnel waiting for its connector."""
+
 
 RouteHandler = Callable[["HttpRequest", HttpClient], Awaitable[HttpResponse]]
 #: a route that reads its body as it arrives (the request's `body` is b"")

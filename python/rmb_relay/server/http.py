@@ -210,6 +210,13 @@ class IncomingBody:
             parts.append(chunk)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    def lift_deadline(self) -> None:
+        """The handler bounds its own waits from here on (a tunnel: request TTL and response
+        timeout, which outlast `http_request_timeout`)."""
+        deadline = self.deadline
+        if deadline is not None:
+            deadline.reschedule(None)
+
     async def _wait(self) -> None:
         loop = asyncio.get_running_loop()
         self._waiter = loop.create_future()

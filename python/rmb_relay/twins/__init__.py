@@ -3,8 +3,8 @@ end-to-end key. The relay asks it on login (to verify the JWT against the accoun
 when routing to a twin that is not connected here (to learn its relays).
 
 Backends implement `TwinDirectory`: the embedded SQLite file (`local.py`, the default, so a
-relay runs with no chain) and, later, tfchain over JSON-RPC. `cache.py` puts a TTL cache with
-single-flight lookups in front of either; the relay only ever talks to the cache.
+relay runs with no chain) and tfchain over JSON-RPC (`substrate.py`). `cache.py` puts a TTL
+cache with single-flight lookups in front of either; the relay only ever talks to the cache.
 
 The values follow the chain's types (spec/rmb.md §4.1) so that a twin means the same thing
 whichever backend produced it: a u32 id, a 32-byte AccountId, an optional relay field that

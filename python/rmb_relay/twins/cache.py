@@ -126,6 +126,12 @@ class CachedTwinDirectory(TwinDirectory):
         while len(entries) > self.max_entries:
             entries.popitem(last=False)
 
+    def put(self, twin: Twin) -> None:
+        """Store a twin known to be current (a chain event carried it), replacing what is
+        cached; a lookup already running for it is detached, as by `invalidate`."""
+        self._inflight.pop(twin.id, None)
+        self._store(twin.id, twin)
+
     def invalidate(self, twin_id: int) -> None:
         """Forget one twin (e.g. a chain event says it changed): the next `get` asks the
         backend, even if a lookup started before this call is still running."""

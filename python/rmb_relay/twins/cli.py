@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rmb_relay.errors import ConfigError, CoreError, RelayError
-from rmb_relay.twins import ACCOUNT_LEN, MAX_TWIN_ID, PK_LEN, Twin
+from rmb_relay.errors import ConfigError, CoreError, NodeError, RelayError
+from rmb_relay.twins import ACCOUNT_LEN, MAX_TWIN_ID, PK_LEN, Twin, format_relays
 from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path
 
 if TYPE_CHECKING:
@@ -33,12 +33,12 @@ DEFAULT_KEY_TYPE: KeyType = "sr25519"
 
 def parse_twins_url(text: str) -> Path:
     """`sqlite:PATH` -> PATH (`~` expanded). Other schemes are a ConfigError: the chain is a
-    different option (`--substrate URL`, coming with the tfchain backend), not a `--twins` URL."""
+    different option (`--substrate URL`, twins/substrate.py), not a `--twins` URL."""
     scheme, sep, rest = text.partition(":")
     if not sep or scheme != "sqlite" or not rest:
         raise ConfigError(
             f"--twins {text!r}: expected sqlite:PATH "
-            "(to read twins from tfchain use --substrate URL, coming with the chain backend)"
+            "(to read twins from tfchain use --substrate URL)"
         )
     return Path(rest).expanduser()
 
@@ -102,6 +102,12 @@ def _add_actions(parser: argparse.ArgumentParser) -> None:
         "omitted: relay info not set, as for a twin that never published one)",
     )
     add.add_argument("--pk", metavar="HEX", help="33-byte compressed secp256k1 key for e2e")
+    add.add_argument(
+        "--devchain",
+        metavar="URL",
+        help="add the twin to a running `rmb-relay devchain` (ws://HOST:PORT) instead of a "
+        "file; the node announces it with a TwinStored event",
+    )
 
     lister = actions.add_parser("list", help="list all twins")
     _directory_argument(lister)
@@ -154,6 +160,32 @@ def _relays_text(twin: Twin) -> str:
     return ",".join(sorted(twin.relays)) or "(none)"
 
 
+def _put_on_devchain(url: str, twin: Twin) -> str:
+    """`devchain_putTwin` on a running devchain; returns the block hash it went into."""
+    import asyncio
+
+    from rmb_relay.twins.rpc import RpcConnection
+    from rmb_relay.twins.substrate import check_url
+
+    check_url(url)
+    twin_json = {**_as_json(twin), "relay": format_relays(twin.relays)}
+    if twin.pk is not None:
+        twin_json["pk"] = "0x" + twin.pk.hex()
+    twin_json["account"] = "0x" + twin.account.hex()
+
+    async def put() -> str:
+        connection = await RpcConnection.connect(url, 10.0)
+        try:
+            return str(await connection.request("devchain_putTwin", [twin_json], 10.0))
+        finally:
+            await connection.close()
+
+    try:
+        return asyncio.run(put())
+    except NodeError as err:
+        raise ConfigError(f"the devchain did not take the twin: {err}") from None
+
+
 def _run(args: argparse.Namespace) -> None:
     path = parse_twins_url(args.twins) if args.twins else default_twins_path()
     action = args.twins_command
@@ -165,6 +197,12 @@ def _run(args: argparse.Namespace) -> None:
             None if args.relay is None else frozenset(args.relay),
             None if args.pk is None else _hex(args.pk, PK_LEN, "--pk"),
         )
+        if args.devchain:
+            if args.twins:
+                raise ConfigError("--devchain and --twins name two directories: give one")
+            block = _put_on_devchain(args.devchain, twin)
+            print(f"twin {twin.id} stored on {args.devchain} in block {block}")
+            return
         with SqliteTwinDirectory(path) as directory:
             directory.add(twin)
         print(f"twin {twin.id} saved in {path} (account {twin.account.hex()})")

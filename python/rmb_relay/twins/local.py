@@ -38,9 +38,18 @@ BUSY_TIMEOUT = 5.0
 #: 33-byte e2e key or NULL.
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ("CREATE TABLE twins ( id INTEGER PRIMARY KEY, account BLOB NOT NULL, relays TEXT, pk BLOB)",),
+    # version 2: the HTTP tunnel's tenants and its token signing key (protocols/tunnel/tenants.py)
+    (
+        "CREATE TABLE tunnel_tenants ( name TEXT NOT NULL, normalized TEXT PRIMARY KEY,"
+        " display_name TEXT NOT NULL DEFAULT '', description TEXT NOT NULL DEFAULT '',"
+        " secret_hash TEXT, require_authentication INTEGER NOT NULL DEFAULT 0,"
+        " max_concurrent INTEGER NOT NULL DEFAULT 0, ack_mode INTEGER,"
+        " created INTEGER NOT NULL)",
+        "CREATE TABLE tunnel_keys ( id INTEGER PRIMARY KEY, key BLOB NOT NULL)",
+    ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
-_OUR_TABLES = frozenset({"twins", "schema_version"})
+_OUR_TABLES = frozenset({"twins", "schema_version", "tunnel_tenants", "tunnel_keys"})
 _COLUMNS = "id, account, relays, pk"
 
 

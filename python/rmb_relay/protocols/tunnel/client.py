@@ -1,0 +1,206 @@
+"""The client side: `/{relay|queue|trace}/{tenant}/{target}/{path}?{query}`, any method
+(decision 1 of spec/tunnel.md).
+
+A request is parsed, its tenant looked up (404), its bearer token checked when the tenant
+requires one (401), its body read (inline up to 16 KiB, else streamed into the body store so a
+body of any size costs one chunk of memory), and handed to the hub as a job. `queue` answers
+202 right away and discards the connector's answer; `relay` and `trace` wait for it. Statuses
+the relay produces itself: 404 unknown tenant or empty target, 401, 503 (no connector with
+`--tunnel-require-connection`, connector lost), 408 (not taken within the TTL), 504 (no answer
+within `--tunnel-response-timeout`). The connector's own are 404 (unknown target), 502 (target
+failed) and 504 (target timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import platform
+import uuid
+from typing import TYPE_CHECKING
+from urllib.parse import unquote
+
+from redis.exceptions import RedisError
+
+from rmb_relay import __version__
+from rmb_relay.errors import AuthError
+from rmb_relay.protocols.base import HttpResponse
+from rmb_relay.protocols.tunnel.hub import Job
+from rmb_relay.protocols.tunnel.tokens import bearer
+from rmb_relay.protocols.tunnel.wire import ClientRequest, TargetResponse
+
+if TYPE_CHECKING:
+    from rmb_relay._core import HttpRequest
+    from rmb_relay.protocols.base import HttpClient, RequestBody
+    from rmb_relay.protocols.tunnel.dialect import TunnelDialect
+
+log = logging.getLogger("rmb_relay.tunnel")
+
+MODES = ("relay", "queue", "trace")
+#: connection-level fields: they describe one hop, not the request (RFC 9110 §7.6.1)
+HOP_BY_HOP = frozenset(
+    (
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "content-length",
+        "expect",
+    )
+)
+_MACHINE = platform.node()
+
+
+def request_headers(request: HttpRequest) -> dict[str, list[str]]:
+    headers: dict[str, list[str]] = {}
+    for name, value in request.headers:
+        if name not in HOP_BY_HOP:
+            headers.setdefault(name, []).append(value.decode("latin-1"))
+    return headers
+
+
+def response_headers(response: TargetResponse) -> list[tuple[str, str]]:
+    return [
+        (name, value)
+        for name, values in response.http_headers.items()
+        if name.lower() not in HOP_BY_HOP
+        for value in values
+    ]
+
+
+def _status(status: int, reason: str) -> HttpResponse:
+    return HttpResponse(status, reason.encode() + b"\n")
+
+
+async def handle(
+    dialect: TunnelDialect, request: HttpRequest, body: RequestBody, client: HttpClient
+) -> HttpResponse:
+    body.lift_deadline()  # the TTL and the response timeout bound this request instead
+    parts = request.path.split("/", 4)
+    mode = parts[1].lower() if len(parts) > 1 else ""
+    tenant_part = unquote(parts[2]) if len(parts) > 2 else ""
+    target = unquote(parts[3]) if len(parts) > 3 else ""
+    metrics = dialect.metrics
+    if mode not in MODES or not tenant_part or not target:
+        return _status(404, "expected /{relay|queue|trace}/{tenant}/{target}/{path}")
+    tenant = dialect.tenants.get(tenant_part)
+    if tenant is None:
+        return _status(404, f"unknown tenant {tenant_part}")
+    name = tenant.name
+    if tenant.require_authentication:
+        token = bearer(request.header("authorization"))
+        try:
+            if token is None:
+                raise AuthError(401, "no bearer token")
+            if (await dialect.tokens.verify(token)).upper() != tenant.normalized:
+                raise AuthError(401, "the token is for another tenant")
+        except AuthError as err:
+            metrics.auth_failures.inc(1, "client")
+            metrics.requests.inc(1, name, "-", "401")
+            return HttpResponse(401, f"{err}\n".encode(), headers=(("WWW-Authenticate", "Bearer"),))
+    hub = dialect.hub
+    if dialect.settings.require_connection and not await dialect.reachable(tenant.normalized):
+        metrics.requests.inc(1, name, "-", "503")
+        return _status(503, f"no connector of tenant {name} is connected")
+    request_id = str(uuid.uuid4())
+    url = parts[4] if len(parts) > 4 else ""
+    if request.query is not None:
+        url += "?" + request.query
+    wire = ClientRequest(
+        request_id=request_id,
+        request_origin_id=hub.origin_id,
+        target=target,
+        tenant_name=name,
+        http_method=request.method,
+        url=url,
+        http_headers=request_headers(request),
+        acknowledge_mode=tenant.ack_mode if tenant.ack_mode is not None else dialect.ack_mode,
+        enable_tracing=mode == "trace",
+        discard_connector_response=mode == "queue",
+    )
+    loop = asyncio.get_running_loop()
+    job = Job(
+        wire,
+        tenant.normalized,
+        hub.new_deadline(),
+        None if mode == "queue" else loop.create_future(),
+        limit=tenant.max_concurrent,
+    )
+    if request.has_body:
+        await _read_body(dialect, request, body, job)
+    wire.original_body_size = wire.body_size
+    try:
+        await dialect.submit(job)
+    except RedisError as err:
+        log.warning("tunnel: cannot hand request %s to the other relays: %s", request_id, err)
+        metrics.requests.inc(1, name, "-", "503")
+        return _status(503, "transport failure")
+    if job.future is None:
+        metrics.requests.inc(1, name, target, "202")
+        return HttpResponse(202)
+    try:
+        async with asyncio.timeout(
+            dialect.settings.request_ttl + dialect.settings.response_timeout
+        ):
+            outcome = await job.future
+    except TimeoutError:
+        hub.abandon(job)
+        metrics.requests.inc(1, name, "-", "504")
+        return _status(504, "the connector did not answer in time")
+    except asyncio.CancelledError:
+        hub.abandon(job)  # the client went away
+        raise
+    if isinstance(outcome, int):
+        metrics.requests.inc(1, name, "-", str(outcome))
+        reason = {408: "request expired before a connector took it"}.get(
+            outcome, "connector unavailable"
+        )
+        return _status(outcome, reason)
+    status = outcome.http_status_code
+    metrics.requests.inc(1, name, target if status != 404 else "-", str(status))
+    headers = response_headers(outcome)
+    if wire.enable_tracing:
+        headers += [
+            ("RelayServer-RequestId", request_id),
+            ("RelayServer-Server-MachineName", _MACHINE),
+            ("RelayServer-Server-Version", __version__),
+        ]
+    if outcome.outsourced:
+        store = dialect.store
+        return HttpResponse(
+            status,
+            headers=tuple(headers),
+            stream=store.read(store.name("res", request_id), remove=True),
+            length=outcome.body_size,
+        )
+    return HttpResponse(status, outcome.body_content or b"", headers=tuple(headers))
+
+
+async def _read_body(
+    dialect: TunnelDialect, request: HttpRequest, body: RequestBody, job: Job
+) -> None:
+    """Inline up to the limit; beyond it, the body goes to the store as it arrives."""
+    limit = dialect.settings.inline_limit
+    wire = job.request
+    if request.content_length is not None and request.content_length <= limit:
+        content = await body.read(limit)
+        wire.body_content = content or None
+        wire.body_size = len(content)
+        return
+    head = bytearray()
+    iterator = body.__aiter__()
+    async for chunk in iterator:
+        head += chunk
+        if len(head) > limit:
+            break
+    if len(head) <= limit:
+        wire.body_content = bytes(head) or None
+        wire.body_size = len(head)
+        return
+    store = dialect.store
+    name = store.name("req", wire.request_id)
+    job.body_name = name
+    wire.body_size = await store.write(name, iterator, first=bytes(head))

@@ -1,0 +1,300 @@
+"""The connector (`rmb-relay connector`, decision 9): holds an outbound websocket to a relay and
+runs the requests it receives against local targets.
+
+Loop: get a token (`POST /tunnel/token`, client credentials), open `GET /tunnel/connector`,
+serve until the socket closes, then reconnect: at once the first time, then after a random
+delay in [min, max] (RelayServer's thundering-herd protection; the relay's `Configure` message
+sets the range). Keep-alive is websocket pings (aiohttp's heartbeat).
+
+Each `RequestTarget` runs as its own task (spec §6): refuse it when its `expiresIn` ran out,
+find the target (404 when there is none), fetch an outsourced body from the relay while the
+target reads it, run the target within `target_timeout` (504) catching its failures (502),
+answer inline up to 16 KiB or upload the body with `POST /tunnel/body/response/{id}`, and
+`Deliver`. Acknowledgements follow the request's mode (hub.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+
+from rmb_relay.protocols.tunnel.settings import INLINE_LIMIT
+from rmb_relay.protocols.tunnel.targets import Body, EchoTarget, PingTarget, Reply, Target
+from rmb_relay.protocols.tunnel.wire import (
+    AcknowledgeRequest,
+    ClientRequest,
+    ErrorMessage,
+    TargetResponse,
+    TenantConfig,
+    WireError,
+    decode,
+    encode,
+)
+
+log = logging.getLogger("rmb_relay.connector")
+
+#: RelayServer's default target timeout (seconds)
+DEFAULT_TARGET_TIMEOUT = 100.0
+CHUNK = 256 * 1024
+
+
+class Connector:
+    def __init__(
+        self,
+        server: str,
+        tenant: str,
+        secret: str,
+        targets: dict[str, Target],
+        *,
+        binary: bool = False,
+        target_timeout: float = DEFAULT_TARGET_TIMEOUT,
+        reconnect: tuple[float, float] = (1.0, 30.0),
+        rng: random.Random | None = None,
+    ) -> None:
+        self.server = server.rstrip("/")
+        self.tenant = tenant
+        self.secret = secret
+        self.targets = {"$PING": PingTarget(), "$ECHO": EchoTarget()}
+        self.targets.update({name.upper(): target for name, target in targets.items()})
+        self.binary = binary
+        self.target_timeout = target_timeout
+        self.reconnect = reconnect
+        self.rng = rng or random.Random()
+        #: set while a websocket is open (tests and the CLI wait on it)
+        self.connected = asyncio.Event()
+        #: requests received, by id (tests read it: which requests reached this connector)
+        self.received: list[str] = []
+        self._token: str | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    # ---- connection ------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Connect and serve until `stop()`; reconnects on its own."""
+        self._session = aiohttp.ClientSession(auto_decompress=False)
+        attempt = 0
+        try:
+            while not self._stopping:
+                try:
+                    await self._connect_and_serve()
+                    attempt = 0
+                except (aiohttp.ClientError, OSError, WireError) as err:
+                    log.warning("connector: %s", err)
+                    attempt += 1
+                if self._stopping:
+                    break
+                low, high = self.reconnect
+                delay = 0.0 if attempt <= 1 else self.rng.uniform(low, high)
+                log.info("connector: reconnecting in %.1f s", delay)
+                await asyncio.sleep(delay)
+                attempt = max(attempt, 1)
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            await self._session.close()
+            for target in self.targets.values():
+                await target.close()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._ws is not None:
+            await self._ws.close()
+
+    async def _fetch_token(self) -> str:
+        assert self._session is not None
+        form = {
+            "grant_type": "client_credentials",
+            "client_id": self.tenant,
+            "client_secret": self.secret,
+            "scope": "connector",
+        }
+        async with self._session.post(f"{self.server}/tunnel/token", data=form) as reply:
+            payload = await reply.json(content_type=None)
+            if reply.status != 200:
+                raise aiohttp.ClientError(f"token refused ({reply.status}): {payload}")
+            token = payload["access_token"]
+            assert isinstance(token, str)
+            return token
+
+    async def _connect_and_serve(self) -> None:
+        assert self._session is not None
+        self._token = await self._fetch_token()
+        url = f"{self.server}/tunnel/connector"
+        if self.binary:
+            url += "?protocol=msgpack"
+        async with self._session.ws_connect(
+            url,
+            headers={"Authorization": f"Bearer {self._token}"},
+            heartbeat=15.0,
+            max_msg_size=1 << 20,
+        ) as ws:
+            self._ws = ws
+            self.connected.set()
+            try:
+                async for message in ws:
+                    if message.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
+                        data = (
+                            message.data
+                            if isinstance(message.data, bytes)
+                            else message.data.encode()
+                        )
+                        self._on_message(data)
+            finally:
+                self.connected.clear()
+                self._ws = None
+
+    def _on_message(self, data: bytes) -> None:
+        try:
+            message = decode(data, self.binary, (ClientRequest, TenantConfig, ErrorMessage))
+        except WireError as err:
+            log.warning("connector: bad message from the relay: %s", err)
+            return
+        if isinstance(message, ClientRequest):
+            self.received.append(message.request_id)
+            task = asyncio.get_running_loop().create_task(self._handle(message, time.monotonic()))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        elif isinstance(message, TenantConfig):
+            self.reconnect = (message.reconnect_minimum_delay, message.reconnect_maximum_delay)
+        elif isinstance(message, ErrorMessage):
+            log.warning("connector: the relay refused a message: %s", message.message)
+
+    async def _send(self, message: TargetResponse | AcknowledgeRequest) -> None:
+        ws = self._ws
+        if ws is None or ws.closed:
+            return
+        data = encode(message, self.binary)
+        if self.binary:
+            await ws.send_bytes(data)
+        else:
+            await ws.send_str(data.decode())
+
+    # ---- requests --------------------------------------------------------------------------
+
+    def _auth(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._token}"}
+
+    async def _handle(self, request: ClientRequest, received: float) -> None:
+        started = time.monotonic()
+        if request.expires_in is not None and (started - received) * 1000 > request.expires_in:
+            log.info("connector: request %s expired before it started", request.request_id)
+            return
+        mode = request.acknowledge_mode
+        acked = False
+        try:
+            target = self.targets.get(request.target.upper())
+            if target is None:
+                reply = Reply(404)
+            else:
+                if mode == 1:
+                    await self._ack(request, remove=False)
+                    acked = True
+                reply = await self._run(target, request)
+            if mode == 2:
+                await self._ack(request, remove=True)
+                acked = True
+            await self._deliver(request, reply, started)
+        except Exception:
+            log.exception("connector: request %s failed", request.request_id)
+        finally:
+            if mode in (1, 2) and not acked:
+                with contextlib.suppress(Exception):
+                    await self._ack(request, remove=True)
+
+    async def _ack(self, request: ClientRequest, remove: bool) -> None:
+        origin = request.acknowledge_origin_id or request.request_origin_id
+        await self._send(AcknowledgeRequest(origin, request.request_id, remove))
+
+    async def _run(self, target: Target, request: ClientRequest) -> Reply:
+        headers = [(k, v) for k, values in request.http_headers.items() for v in values]
+        if request.acknowledge_url:
+            headers.append(("RelayServer-AcknowledgeUrl", self.server + request.acknowledge_url))
+        if request.enable_tracing:
+            headers += [
+                ("RelayServer-RequestId", request.request_id),
+                ("RelayServer-RequestOriginId", request.request_origin_id),
+            ]
+        body: Body = request.body_content or b""
+        if request.outsourced:
+            body = self._download(request)
+        try:
+            async with asyncio.timeout(self.target_timeout):
+                return await target.call(
+                    request.http_method, request.url, headers, body, request.body_size
+                )
+        except TimeoutError:
+            return Reply(504)
+        except (aiohttp.ClientError, OSError) as err:
+            log.info("connector: target of %s failed: %s", request.request_id, err)
+            return Reply(502)
+
+    async def _download(self, request: ClientRequest) -> AsyncIterator[bytes]:
+        assert self._session is not None
+        delete = "true" if request.acknowledge_mode == 0 else "false"
+        url = f"{self.server}/tunnel/body/request/{request.request_id}?delete={delete}"
+        async with self._session.get(url, headers=self._auth()) as reply:
+            if reply.status != 200:
+                raise aiohttp.ClientError(f"request body not available ({reply.status})")
+            async for chunk in reply.content.iter_chunked(CHUNK):
+                yield chunk
+
+    async def _deliver(self, request: ClientRequest, reply: Reply, started: float) -> None:
+        response = TargetResponse(
+            request_id=request.request_id,
+            request_origin_id=request.request_origin_id,
+            http_status_code=reply.status,
+            request_failed=reply.status >= 400,
+        )
+        headers: dict[str, list[str]] = {}
+        for name, value in reply.headers:
+            headers.setdefault(name, []).append(value)
+        try:
+            body = reply.body
+            if request.discard_connector_response:
+                pass
+            elif isinstance(body, bytes) and len(body) <= INLINE_LIMIT:
+                response.body_content = body or None
+                response.body_size = len(body)
+            else:
+                try:
+                    response.body_size = await self._upload(request, body)
+                except (aiohttp.ClientError, OSError) as err:
+                    log.info("connector: upload of %s failed: %s", request.request_id, err)
+                    response = TargetResponse(
+                        request.request_id, request.request_origin_id, 502, request_failed=True
+                    )
+                    headers = {}
+        finally:
+            if reply.release is not None:
+                reply.release.release()
+        response.http_headers = {
+            k: v
+            for k, v in headers.items()
+            if k.lower() not in ("content-length", "transfer-encoding")
+        }
+        response.original_body_size = response.body_size
+        if request.enable_tracing:
+            response.http_headers["RelayServer-TargetDuration"] = [
+                f"{time.monotonic() - started:.6f}"
+            ]
+        await self._send(response)
+
+    async def _upload(self, request: ClientRequest, body: Body) -> int:
+        assert self._session is not None
+        url = f"{self.server}/tunnel/body/response/{request.request_id}"
+        data: Any = body
+        async with self._session.post(url, data=data, headers=self._auth()) as reply:
+            text = await reply.text()
+            if reply.status != 200:
+                raise aiohttp.ClientError(f"response body refused ({reply.status}): {text}")
+            return int(text)

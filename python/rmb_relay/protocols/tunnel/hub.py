@@ -1,0 +1,380 @@
+"""The relay's side of the tunnel: requests waiting for a connector, requests in flight, and
+their acknowledgements.
+
+Theory of operation
+-------------------
+A client request becomes a `Job` and waits in its tenant's queue until a connector of that
+tenant has room (`pump`). Each job has a pickup deadline (`--tunnel-request-ttl`): a job still
+queued at its deadline is answered 408 and dropped, and one found expired when a connector frees
+up is dropped then, so nothing is executed after its client was told it expired (RelayServer
+runs such requests late; decision 4). The connector is also told how long it has left
+(`expiresIn`) and refuses work it receives too late.
+
+Sending a job to a connector moves it into that connector's `inflight` until its `Deliver`.
+Acknowledgement modes (decision 6, spec §11):
+
+| mode | the job is safe (no redelivery) once |
+|---|---|
+| 0 Disabled | it was sent |
+| 1 ConnectorReceived | the connector acknowledged receiving it (body fetched, target found) |
+| 2 ConnectorFinished | the connector acknowledged after the target answered |
+| 3 Manual | someone POSTed its acknowledge URL (which carries a random token) |
+
+A connector that goes away puts its unacknowledged jobs back at the head of their queue (at
+least once: the target may see them twice); an acknowledged job in flight whose connector went
+away is answered 503. A job is forgotten once it is answered and safe; its request body file
+goes with it.
+
+Several connectors of one tenant share its jobs, round robin or least in flight first, and at
+most `max_concurrent` of a tenant's jobs are in flight at once on this relay (decision 7).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from rmb_relay.clock import NS, Clock, monotonic_clock, nanos
+from rmb_relay.protocols.base import CloseCode, Peer, WebSocketHandler
+from rmb_relay.protocols.tunnel.wire import (
+    AcknowledgeRequest,
+    ClientRequest,
+    ErrorMessage,
+    TargetResponse,
+    TenantConfig,
+    WireError,
+    decode,
+    encode,
+)
+
+if TYPE_CHECKING:
+    from rmb_relay._core import WsMessage
+    from rmb_relay.protocols.tunnel.bodystore import FileBodyStore
+    from rmb_relay.protocols.tunnel.metrics import TunnelMetrics
+
+log = logging.getLogger("rmb_relay.tunnel")
+
+#: a job's outcome when there is no target response: the status the client gets
+Outcome = TargetResponse | int
+
+
+@dataclass(eq=False, slots=True)
+class Job:
+    request: ClientRequest
+    #: the tenant's lookup key (upper case)
+    tenant: str
+    #: pickup deadline (hub clock, ns)
+    deadline: int
+    #: the client's answer; None when nobody waits (queue mode)
+    future: asyncio.Future[Outcome] | None
+    limit: int = 0
+    #: request body file in the body store, when outsourced
+    body_name: str | None = None
+    ack_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
+    connector: ConnectorSession | None = None
+    acked: bool = False
+    answered: bool = False
+    attempts: int = 0
+    timer: asyncio.TimerHandle | None = None
+    #: called when a connector takes the job (scale-out: tells the origin relay)
+    on_sent: Callable[[Job], None] | None = None
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def waiting(self) -> bool:
+        return self.future is not None and not self.future.done()
+
+
+class ConnectorSession(WebSocketHandler):
+    """One connector's websocket: decodes its messages and hands them to the hub."""
+
+    def __init__(self, peer: Peer, hub: Hub, tenant: str, tenant_name: str, binary: bool) -> None:
+        super().__init__(peer)
+        self.hub = hub
+        self.tenant = tenant
+        self.tenant_name = tenant_name
+        self.binary = binary
+        self.connection_id = secrets.token_hex(8)
+        #: msgpack messages of this loop turn, written together (one syscall for many requests)
+        self._outbox: list[bytes] = []
+        #: jobs sent to this connector and not delivered yet
+        self.inflight: dict[str, Job] = {}
+        #: jobs sent to this connector and not acknowledged yet (modes 1-3)
+        self.unacked: dict[str, Job] = {}
+        self.open = False
+
+    def send_message(self, message: ClientRequest | TenantConfig | ErrorMessage) -> None:
+        data = encode(message, self.binary)
+        if not self.binary:
+            self.peer.send_text(data)
+            return
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._outbox.append(data)
+
+    def _flush(self) -> None:
+        outbox, self._outbox = self._outbox, []
+        if self.peer.is_open:
+            self.peer.send_many(outbox)
+
+    def on_open(self) -> None:
+        self.open = True
+        self.send_message(self.hub.tenant_config())
+        self.hub.connector_joined(self)
+
+    def on_message(self, message: WsMessage) -> None:
+        try:
+            if message.is_text == self.binary:
+                want = "binary (msgpack)" if self.binary else "text (JSON)"
+                raise WireError(f"this connection speaks {want} frames")
+            decoded = decode(message.data, self.binary, (TargetResponse, AcknowledgeRequest))
+            if isinstance(decoded, TargetResponse):
+                self.hub.deliver(self, decoded)
+            elif isinstance(decoded, AcknowledgeRequest):
+                self.hub.acknowledge(self, decoded)
+        except WireError as err:
+            self.hub.metrics.bad_messages.inc()
+            log.info("connector %s of %s: %s", self.connection_id, self.tenant_name, err)
+            self.send_message(ErrorMessage(str(err)))
+
+    def on_close(self, code: int | None) -> None:
+        self.open = False
+        self.hub.connector_left(self)
+
+
+class Hub:
+    def __init__(
+        self,
+        *,
+        origin_id: str,
+        store: FileBodyStore,
+        metrics: TunnelMetrics,
+        request_ttl: float,
+        balance: str,
+        default_limit: int,
+        config: TenantConfig,
+        clock: Clock = monotonic_clock,
+    ) -> None:
+        self.origin_id = origin_id
+        self.store = store
+        self.metrics = metrics
+        self.ttl = nanos(request_ttl)
+        self.least_inflight = balance == "least-inflight"
+        self.default_limit = default_limit
+        self.config = config
+        self.clock = clock
+        self.connectors: dict[str, list[ConnectorSession]] = {}
+        self.pending: dict[str, collections.deque[Job]] = {}
+        #: every job not yet forgotten, by request id
+        self.jobs: dict[str, Job] = {}
+        self._next: dict[str, int] = {}
+        #: told when a tenant gets its first connector here, and when it loses its last
+        self.on_tenant_joined: Callable[[str], None] | None = None
+        self.on_tenant_left: Callable[[str], None] | None = None
+
+    def tenant_config(self) -> TenantConfig:
+        return self.config
+
+    # ---- connectors ------------------------------------------------------------------------
+
+    def has_connector(self, tenant: str) -> bool:
+        return bool(self.connectors.get(tenant))
+
+    def connector_count(self) -> int:
+        return sum(len(group) for group in self.connectors.values())
+
+    def connector_joined(self, connector: ConnectorSession) -> None:
+        group = self.connectors.setdefault(connector.tenant, [])
+        group.append(connector)
+        if len(group) == 1 and self.on_tenant_joined is not None:
+            self.on_tenant_joined(connector.tenant)
+        log.info("connector %s of %s joined", connector.connection_id, connector.tenant_name)
+        self.pump(connector.tenant)
+
+    def connector_left(self, connector: ConnectorSession) -> None:
+        group = self.connectors.get(connector.tenant, [])
+        if connector in group:
+            group.remove(connector)
+        left = not group and self.connectors.pop(connector.tenant, None) is not None
+        if left and self.on_tenant_left is not None:
+            self.on_tenant_left(connector.tenant)
+        log.info("connector %s of %s left", connector.connection_id, connector.tenant_name)
+        redeliver = list(connector.unacked.values())
+        for job in connector.inflight.values():
+            if job.acked:
+                self._answer(job, 503)  # the connector took it for good and is gone
+                self._forget(job)
+        connector.inflight.clear()
+        connector.unacked.clear()
+        for job in reversed(redeliver):
+            job.connector = None
+            self.metrics.redelivered.inc()
+            self.pending.setdefault(job.tenant, collections.deque()).appendleft(job)
+        self.pump(connector.tenant)
+
+    # ---- jobs ------------------------------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        self.jobs[job.request_id] = job
+        self.pending.setdefault(job.tenant, collections.deque()).append(job)
+        delay = max(0.0, (job.deadline - self.clock()) / NS)
+        job.timer = asyncio.get_running_loop().call_later(delay, self._expire_if_queued, job)
+        self.pump(job.tenant)
+
+    def new_deadline(self) -> int:
+        return self.clock() + self.ttl
+
+    def inflight(self, tenant: str) -> int:
+        return sum(len(c.inflight) for c in self.connectors.get(tenant, ()))
+
+    def queued(self) -> int:
+        return sum(len(queue) for queue in self.pending.values())
+
+    def pump(self, tenant: str) -> None:
+        """Send queued jobs of `tenant` to its connectors while they have room."""
+        queue = self.pending.get(tenant)
+        group = self.connectors.get(tenant)
+        while queue and group:
+            job = queue[0]
+            limit = job.limit or self.default_limit
+            if limit and self.inflight(tenant) >= limit:
+                return
+            queue.popleft()
+            now = self.clock()
+            if now >= job.deadline:
+                self._expire(job)
+                continue
+            self._send(job, self._pick(tenant, group), now)
+        if queue is not None and not queue:
+            self.pending.pop(tenant, None)
+
+    def _pick(self, tenant: str, group: list[ConnectorSession]) -> ConnectorSession:
+        if self.least_inflight:
+            return min(group, key=lambda c: len(c.inflight))
+        index = self._next.get(tenant, 0) % len(group)
+        self._next[tenant] = index + 1
+        return group[index]
+
+    def _send(self, job: Job, connector: ConnectorSession, now: int) -> None:
+        request = job.request
+        request.expires_in = max(1, (job.deadline - now) // 1_000_000)
+        request.acknowledge_origin_id = self.origin_id
+        if request.acknowledge_mode == 3:
+            request.acknowledge_url = (
+                f"/tunnel/acknowledge/{self.origin_id}/{request.request_id}/{job.ack_token}"
+            )
+        job.connector = connector
+        job.attempts += 1
+        connector.inflight[job.request_id] = job
+        if request.acknowledge_mode == 0:
+            job.acked = True
+        else:
+            connector.unacked[job.request_id] = job
+        if job.timer is not None:
+            job.timer.cancel()
+            job.timer = None
+        connector.send_message(request)
+        if job.on_sent is not None:
+            job.on_sent(job)
+
+    def _expire_if_queued(self, job: Job) -> None:
+        job.timer = None
+        if job.connector is None and self.jobs.get(job.request_id) is job:
+            queue = self.pending.get(job.tenant)
+            if queue is not None and job in queue:
+                queue.remove(job)
+            self._expire(job)
+
+    def _expire(self, job: Job) -> None:
+        self.metrics.expired.inc()
+        log.info("request %s expired before a connector took it", job.request_id)
+        self._answer(job, 408)
+        self._forget(job)
+
+    def _answer(self, job: Job, outcome: Outcome) -> None:
+        job.answered = True
+        if job.future is not None and not job.future.done():
+            job.future.set_result(outcome)
+
+    def _forget(self, job: Job) -> None:
+        if self.jobs.get(job.request_id) is job:
+            del self.jobs[job.request_id]
+        if job.timer is not None:
+            job.timer.cancel()
+            job.timer = None
+        if job.body_name is not None:
+            self.store.remove(job.body_name)
+
+    def abandon(self, job: Job) -> None:
+        """The client stopped waiting (went away, or timed out). A queued job is dropped; one a
+        connector holds runs on, and its answer is discarded."""
+        if job.connector is None and self.jobs.get(job.request_id) is job:
+            queue = self.pending.get(job.tenant)
+            if queue is not None and job in queue:
+                queue.remove(job)
+            self._forget(job)
+
+    def deliver(self, connector: ConnectorSession, response: TargetResponse) -> None:
+        job = self.jobs.get(response.request_id)
+        if job is None or job.tenant != connector.tenant:
+            self._drop_response_body(response)
+            raise WireError(f"Deliver: unknown request id {response.request_id!r}")
+        connector.inflight.pop(job.request_id, None)
+        if job.waiting:
+            self._answer(job, response)
+        else:
+            self._drop_response_body(response)
+            job.answered = True
+        if job.acked:
+            self._forget(job)
+        self.pump(job.tenant)
+
+    def _drop_response_body(self, response: TargetResponse) -> None:
+        if response.outsourced:
+            self.store.remove(self.store.name("res", response.request_id))
+
+    def acknowledge(self, connector: ConnectorSession, ack: AcknowledgeRequest) -> None:
+        job = self.jobs.get(ack.request_id)
+        if job is None or job.tenant != connector.tenant:
+            raise WireError(f"Acknowledge: unknown request id {ack.request_id!r}")
+        if job.request.acknowledge_mode == 3:
+            raise WireError("Acknowledge: this request is acknowledged by its URL (manual mode)")
+        self._acked(job, ack.remove_request_body_content)
+
+    def manual_acknowledge(self, request_id: str, token: str) -> bool:
+        """The manual acknowledge URL was called; False for an unknown id or a wrong token."""
+        job = self.jobs.get(request_id)
+        if job is None or job.request.acknowledge_mode != 3 or job.connector is None:
+            return False
+        if not secrets.compare_digest(job.ack_token, token):
+            return False
+        self._acked(job, True)
+        return True
+
+    def _acked(self, job: Job, remove_body: bool) -> None:
+        job.acked = True
+        connector = job.connector
+        if connector is not None:
+            connector.unacked.pop(job.request_id, None)
+        if remove_body and job.body_name is not None:
+            self.store.remove(job.body_name)
+            job.body_name = None
+        if connector is None or job.request_id not in connector.inflight:
+            self._forget(job)  # delivered already
+
+    def close(self) -> None:
+        for group in list(self.connectors.values()):
+            for connector in list(group):
+                connector.peer.close(CloseCode.GOING_AWAY, "relay shutting down")
+        for job in list(self.jobs.values()):
+            self._answer(job, 503)
+            self._forget(job)
+        self.pending.clear()

@@ -1,0 +1,87 @@
+"""Tunnel metrics (`dialect="tunnel"`, docs/tunnel.md lists them).
+
+Label values come from tenants that exist and from targets their connector answered for; a
+request refused by the relay (unknown tenant, 401, 408, 503) or answered 404 by the connector
+counts under target `-`, so a client cannot create series by inventing names."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rmb_relay.telemetry.metrics import Registry
+
+Samples = Callable[[], Iterable[tuple[tuple[str, ...], float]]]
+
+
+class TunnelMetrics:
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        inflight: Samples,
+        queued: Samples,
+        connectors: Samples,
+        body_bytes: Samples,
+    ) -> None:
+        const = {"dialect": "tunnel"}
+        self.requests = registry.counter(
+            "rmb_relay_tunnel_requests_total",
+            "Tunnel requests answered, by tenant, target and status",
+            ("tenant", "target", "status"),
+            const=const,
+        )
+        self.expired = registry.counter(
+            "rmb_relay_tunnel_expired_total",
+            "Tunnel requests dropped because no connector took them within the request TTL",
+            const=const,
+        )
+        self.redelivered = registry.counter(
+            "rmb_relay_tunnel_redelivered_total",
+            "Unacknowledged tunnel requests queued again after their connector went away",
+            const=const,
+        )
+        self.bad_messages = registry.counter(
+            "rmb_relay_tunnel_bad_messages_total",
+            "Connector messages refused as malformed or naming unknown requests",
+            const=const,
+        )
+        self.swept = registry.counter(
+            "rmb_relay_tunnel_body_files_swept_total",
+            "Orphaned body files the sweeper removed",
+            const=const,
+        )
+        self.auth_failures = registry.counter(
+            "rmb_relay_auth_failures_total",
+            "Refused logins, handshakes or tokens, by dialect and reason",
+            ("reason",),
+            const=const,
+        )
+        registry.gauge(
+            "rmb_relay_tunnel_inflight",
+            "Tunnel requests a connector holds, by tenant",
+            ("tenant",),
+            read=inflight,
+            const=const,
+        )
+        registry.gauge(
+            "rmb_relay_tunnel_queued",
+            "Tunnel requests waiting for a connector, by tenant",
+            ("tenant",),
+            read=queued,
+            const=const,
+        )
+        registry.gauge(
+            "rmb_relay_tunnel_connectors",
+            "Connected tunnel connectors, by tenant",
+            ("tenant",),
+            read=connectors,
+            const=const,
+        )
+        registry.gauge(
+            "rmb_relay_tunnel_body_store_bytes",
+            "Bytes held in the tunnel's body store",
+            read=body_bytes,
+            const=const,
+        )

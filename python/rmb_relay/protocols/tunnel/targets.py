@@ -1,0 +1,124 @@
+"""What a connector runs a request against (spec §7): a web target (`NAME=URL`), or the built-in
+`$ping` and `$echo`.
+
+A target gets the request body as bytes or as a stream (an outsourced body is fetched while the
+target reads it) and answers with bytes or a stream, so a large body passes through the
+connector in chunks. Web targets never follow redirects, keep no cookies and do not decompress:
+the client gets the target's bytes as they were sent.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from rmb_relay.errors import ConfigError
+
+__all__ = ["EchoTarget", "PingTarget", "Reply", "Target", "WebTarget", "parse_target"]
+
+Body = bytes | AsyncIterator[bytes]
+#: request fields a connector does not pass on (they describe the hop to the relay)
+SKIP_REQUEST = frozenset(("host", "content-length", "transfer-encoding", "connection", "expect"))
+
+
+@dataclass(slots=True)
+class Reply:
+    status: int
+    headers: list[tuple[str, str]] = field(default_factory=list)
+    body: Body = b""
+    #: the body's length when known
+    length: int | None = 0
+    #: called when the reply has been passed on (closes a target response)
+    release: aiohttp.ClientResponse | None = None
+
+
+class Target(abc.ABC):
+    @abc.abstractmethod
+    async def call(
+        self, method: str, url: str, headers: list[tuple[str, str]], body: Body, length: int
+    ) -> Reply: ...
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+
+class PingTarget(Target):
+    """RelayServer's `$ping`: GET answers 200 `PONG`, other methods 404."""
+
+    async def call(
+        self, method: str, url: str, headers: list[tuple[str, str]], body: Body, length: int
+    ) -> Reply:
+        if method not in ("GET", "HEAD"):
+            return Reply(404)
+        return Reply(200, [("Content-Type", "text/plain")], b"PONG", 4)
+
+
+class EchoTarget(Target):
+    """RelayServer's `$echo`: a POST or PUT answers its own body (streamed), others 204."""
+
+    async def call(
+        self, method: str, url: str, headers: list[tuple[str, str]], body: Body, length: int
+    ) -> Reply:
+        if method not in ("POST", "PUT"):
+            return Reply(204)
+        content_type = next((v for k, v in headers if k.lower() == "content-type"), None)
+        out = [("Content-Type", content_type)] if content_type else []
+        return Reply(200, out, body, length)
+
+
+class WebTarget(Target):
+    """An HTTP server: `{base}/{url}` (the base's path kept, unlike RelayServer's relative
+    resolution that drops its last segment)."""
+
+    def __init__(self, base: str, timeout: float) -> None:
+        self.base = base.rstrip("/")
+        self.timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                cookie_jar=aiohttp.DummyCookieJar(),
+                auto_decompress=False,
+                timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.timeout),
+                skip_auto_headers=("User-Agent", "Accept-Encoding", "Content-Type"),
+            )
+        return self._session
+
+    async def call(
+        self, method: str, url: str, headers: list[tuple[str, str]], body: Body, length: int
+    ) -> Reply:
+        out = [(k, v) for k, v in headers if k.lower() not in SKIP_REQUEST]
+        if length:
+            out.append(("Content-Length", str(length)))
+        response = await self._client().request(
+            method,
+            f"{self.base}/{url}",
+            headers=out,
+            data=body if length else None,
+            allow_redirects=False,
+        )
+        reply_headers = [(k, v) for k, v in response.headers.items()]
+        known = response.content_length
+        if known is not None and known <= 16 * 1024:
+            content = await response.read()
+            response.release()
+            return Reply(response.status, reply_headers, content, len(content))
+        return Reply(
+            response.status, reply_headers, response.content.iter_any(), known, release=response
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+def parse_target(text: str, timeout: float) -> tuple[str, Target]:
+    """`NAME=URL` from the command line."""
+    name, sep, url = text.partition("=")
+    if not sep or not name or not url.startswith(("http://", "https://")):
+        raise ConfigError(f"--target {text!r}: expected NAME=http(s)://HOST[:PORT][/PATH]")
+    return name, WebTarget(url, timeout)

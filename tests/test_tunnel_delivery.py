@@ -1,0 +1,209 @@
+"""Tunnel delivery: request TTL (never executed late), acknowledgement modes with redelivery
+after a connector is lost mid-request, manual acknowledge URLs, several connectors per tenant,
+the per-tenant concurrency limit, the body store's sweeper."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from rmb_relay.clock import NS
+from rmb_relay.protocols.tunnel.bodystore import FileBodyStore
+from tests.conftest import WAIT
+from tests.helpers import eventually
+from tests.tunnel_fixtures import StartTunnel, pattern
+from tests.tunnel_fixtures import start_tunnel as start_tunnel
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1_000 * NS
+
+    def __call__(self) -> int:
+        return self.now
+
+
+async def test_request_queued_past_its_ttl_is_408_and_never_executed(
+    start_tunnel: StartTunnel,
+) -> None:
+    tunnel = await start_tunnel(request_ttl=0.3)
+    async with tunnel.client() as client:
+        reply = await client.post("/relay/acme/app/sha", content=pattern(50_000))
+        assert reply.status_code == 408
+        assert tunnel.dialect.metrics.expired.value() == 1
+        assert tunnel.dialect.store.count() == 0  # its body file went with it
+        connector = await tunnel.connect()
+        # a request sent after the connector came proves anything queued before it was sent
+        assert (await client.get("/relay/acme/$ping/")).status_code == 200
+    assert tunnel.target.calls == []
+    assert len(connector.received) == 1
+
+
+async def test_request_expired_while_waiting_for_a_free_slot_is_dropped_at_pickup(
+    start_tunnel: StartTunnel,
+) -> None:
+    clock = FakeClock()
+    tunnel = await start_tunnel(max_concurrent=1, request_ttl=60.0, clock=clock)
+    connector = await tunnel.connect()
+    async with tunnel.client() as client:
+        busy = asyncio.ensure_future(client.get("/relay/acme/app/slow"))
+        await asyncio.wait_for(tunnel.target.entered.wait(), WAIT)
+        queued = asyncio.ensure_future(client.get("/relay/acme/app/echo"))
+        await eventually(lambda: tunnel.dialect.hub.queued() == 1)
+        clock.now += 61 * NS  # past the TTL while the slot is taken
+        tunnel.target.release.set()
+        assert (await busy).status_code == 200
+        assert (await queued).status_code == 408
+    assert tunnel.target.calls == ["GET /slow"]
+    assert len(connector.received) == 1
+
+
+@pytest.mark.parametrize(("mode", "redelivered"), [(2, True), (3, True), (1, False), (0, False)])
+async def test_connector_lost_mid_request_redelivers_unacknowledged_requests(
+    start_tunnel: StartTunnel, mode: int, redelivered: bool
+) -> None:
+    tunnel = await start_tunnel(ack_mode=mode)
+    first = await tunnel.connect()
+    async with tunnel.client() as client:
+        pending = asyncio.ensure_future(client.get("/relay/acme/app/slow"))
+        await asyncio.wait_for(tunnel.target.entered.wait(), WAIT)
+        second = await tunnel.connect()
+        await tunnel.disconnect(first)  # killed while the target works
+        if redelivered:
+            await eventually(lambda: len(second.received) == 1)
+            tunnel.target.release.set()
+            reply = await pending
+            assert (reply.status_code, reply.text) == (200, "slow done")
+            assert tunnel.target.calls == ["GET /slow", "GET /slow"]  # at least once
+            assert tunnel.dialect.metrics.redelivered.value() == 1
+        else:
+            reply = await pending
+            assert reply.status_code == 503
+            assert second.received == []
+            tunnel.target.release.set()
+    if mode != 3:
+        await eventually(lambda: not tunnel.dialect.hub.jobs)
+
+
+async def test_manual_acknowledge_url_needs_its_token(start_tunnel: StartTunnel) -> None:
+    tunnel = await start_tunnel(ack_mode=3)
+    await tunnel.connect()
+    async with tunnel.client() as client:
+        reply = await client.post("/relay/acme/app/echo", content=pattern(40_000))
+        assert reply.content == pattern(40_000)
+        url = reply.headers["x-got-relayserver-acknowledgeurl"]
+        assert len(tunnel.dialect.hub.jobs) == 1  # kept (with its body) until acknowledged
+        assert tunnel.dialect.store.count() == 1
+        forged = url.rsplit("/", 1)[0] + "/guessed"
+        assert (await client.post(forged)).status_code == 404
+        assert (await client.post(url)).status_code == 204
+        assert (await client.post(url)).status_code == 404  # once only
+    assert not tunnel.dialect.hub.jobs
+    assert tunnel.dialect.store.count() == 0
+
+
+async def test_connector_acknowledgements_on_the_socket(start_tunnel: StartTunnel) -> None:
+    for mode in (1, 2):
+        tunnel = await start_tunnel(ack_mode=mode)
+        await tunnel.connect()
+        async with tunnel.client() as client:
+            reply = await client.post("/relay/acme/app/echo", content=pattern(20_000))
+        assert reply.content == pattern(20_000)
+        await eventually(lambda t=tunnel: not t.dialect.hub.jobs)  # type: ignore[misc]
+        await eventually(lambda t=tunnel: t.dialect.store.count() == 0)  # type: ignore[misc]
+        await tunnel.close()
+
+
+async def test_two_connectors_share_the_load_round_robin(start_tunnel: StartTunnel) -> None:
+    tunnel = await start_tunnel()
+    a = await tunnel.connect()
+    b = await tunnel.connect()
+    async with tunnel.client() as client:
+        for _ in range(10):
+            assert (await client.get("/relay/acme/$ping/")).status_code == 200
+    assert (len(a.received), len(b.received)) == (5, 5)
+
+
+async def test_least_inflight_picks_the_idle_connector(start_tunnel: StartTunnel) -> None:
+    tunnel = await start_tunnel(balance="least-inflight")
+    a = await tunnel.connect()
+    async with tunnel.client() as client:
+        busy = asyncio.ensure_future(client.get("/relay/acme/app/slow"))
+        await asyncio.wait_for(tunnel.target.entered.wait(), WAIT)
+        b = await tunnel.connect()
+        for _ in range(4):
+            assert (await client.get("/relay/acme/$ping/")).status_code == 200
+        assert (len(a.received), len(b.received)) == (1, 4)
+        tunnel.target.release.set()
+        assert (await busy).status_code == 200
+
+
+async def test_concurrency_limit_queues_requests_of_a_tenant(start_tunnel: StartTunnel) -> None:
+    tunnel = await start_tunnel(max_concurrent=1)
+    await tunnel.connect()
+    async with tunnel.client() as client:
+        busy = asyncio.ensure_future(client.get("/relay/acme/app/slow"))
+        await asyncio.wait_for(tunnel.target.entered.wait(), WAIT)
+        waiting = asyncio.ensure_future(client.get("/relay/acme/$ping/"))
+        await eventually(lambda: tunnel.dialect.hub.queued() == 1)
+        assert tunnel.dialect.hub.inflight("ACME") == 1
+        tunnel.target.release.set()
+        assert (await busy).status_code == 200
+        assert (await waiting).status_code == 200
+
+
+async def test_tenant_limit_overrides_the_relay_default(start_tunnel: StartTunnel) -> None:
+    tunnel = await start_tunnel(tenant=False)
+    tunnel.add_tenant("acme", max_concurrent=1)
+    await tunnel.connect()
+    async with tunnel.client() as client:
+        busy = asyncio.ensure_future(client.get("/relay/acme/app/slow"))
+        await asyncio.wait_for(tunnel.target.entered.wait(), WAIT)
+        waiting = asyncio.ensure_future(client.get("/relay/acme/$ping/"))
+        await eventually(lambda: tunnel.dialect.hub.queued() == 1)
+        tunnel.target.release.set()
+        assert (await busy).status_code == 200
+        assert (await waiting).status_code == 200
+
+
+async def test_client_gone_mid_download_leaves_an_orphan_the_sweeper_removes(
+    start_tunnel: StartTunnel,
+) -> None:
+    clock = FakeClock()
+    tunnel = await start_tunnel(clock=clock)
+    store = tunnel.dialect.store
+    # a response file nobody will fetch (RelayServer issue #271)
+    name = store.name("res", "00000000-0000-0000-0000-00000000abcd")
+
+    async def one() -> AsyncIterator[bytes]:
+        yield b"x" * 1000
+
+    await store.write(name, one())
+    assert store.count() == 1
+    assert store.bytes == 1000
+    assert tunnel.dialect.sweep() == 0  # young
+    clock.now += int(store.max_age) + 1
+    assert tunnel.dialect.sweep() == 1
+    assert store.count() == 0
+    assert store.bytes == 0
+    assert not store.path(name).exists()
+
+
+def test_leftover_files_of_an_earlier_run_are_removed_when_old(tmp_path: Path) -> None:
+    old = tmp_path / "req_00000000-0000-0000-0000-000000000001"
+    young = tmp_path / "res_00000000-0000-0000-0000-000000000002"
+    other = tmp_path / "notes.txt"
+    for path in (old, young, other):
+        path.write_bytes(b"x")
+    os.utime(old, (1000, 1000))
+    store = FileBodyStore(tmp_path, max_age=60)
+    assert store.sweep_leftovers(now_unix=young.stat().st_mtime + 1, max_age=60) == 1
+    assert not old.exists()
+    assert young.exists()
+    assert other.exists()

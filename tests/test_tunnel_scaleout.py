@@ -1,0 +1,91 @@
+"""Two relays on one real Redis: a client of relay A reaches a connector of relay B (requests
+over the tenant's stream, responses over A's), bodies of every size byte for byte, the TTL
+across relays, and the local shortcut."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.conftest import RedisServer
+from tests.conftest import redis_server as redis_server
+from tests.helpers import eventually
+from tests.tunnel_fixtures import StartTunnel, Tunnel, pattern
+from tests.tunnel_fixtures import start_tunnel as start_tunnel
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def two_relays(
+    start_tunnel: StartTunnel, redis_server: RedisServer, **settings: object
+) -> tuple[Tunnel, Tunnel]:
+    a = await start_tunnel(redis_url=redis_server.url, **settings)
+    b = await start_tunnel(redis_url=redis_server.url, target=a.target, **settings)
+    return a, b
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "msgpack"])
+async def test_client_of_one_relay_reaches_the_connector_of_the_other(
+    start_tunnel: StartTunnel, redis_server: RedisServer, binary: bool
+) -> None:
+    a, b = await two_relays(start_tunnel, redis_server)
+    connector = await b.connect(binary=binary)
+    await eventually(lambda: b.dialect.bridge is not None and "ACME" in b.dialect.bridge._consumers)
+    async with a.client() as client:
+        for method in ("GET", "POST", "PUT", "DELETE"):
+            reply = await client.request(method, "/relay/acme/app/echo/x?y=1", content=b"hi")
+            assert (reply.status_code, reply.content) == (200, b"hi")
+            assert reply.headers["x-method"] == method
+        for size in (0, 16 * 1024 + 1, 10 << 20):
+            up = await client.post("/relay/acme/app/echo", content=pattern(size))
+            assert up.content == pattern(size)
+            down = await client.get(f"/relay/acme/app/bytes/{size}")
+            assert down.content == pattern(size)
+        assert (await client.post("/queue/acme/app/sha", content=b"q")).status_code == 202
+        await eventually(lambda: "POST /sha" in a.target.calls)
+    assert len(connector.received) == 4 + 6 + 1
+    # every body file was cleaned up by one relay or the other
+    await eventually(lambda: a.dialect.store.count() == 0 and b.dialect.store.count() == 0)
+    assert not list((a.dialect.store.directory).iterdir())
+
+
+async def test_ttl_holds_across_relays(
+    start_tunnel: StartTunnel, redis_server: RedisServer
+) -> None:
+    a, b = await two_relays(start_tunnel, redis_server, request_ttl=0.3)
+    async with a.client() as client:
+        reply = await client.post("/relay/acme/app/sha", content=pattern(40_000))
+        assert reply.status_code == 408
+        connector = await b.connect()
+        await eventually(
+            lambda: b.dialect.bridge is not None and "ACME" in b.dialect.bridge._consumers
+        )
+        assert (await client.get("/relay/acme/$ping/")).status_code == 200
+    assert a.target.calls == []
+    assert len(connector.received) == 1
+
+
+async def test_local_connector_is_used_directly(
+    start_tunnel: StartTunnel, redis_server: RedisServer
+) -> None:
+    a, b = await two_relays(start_tunnel, redis_server, require_connection=True)
+    on_b = await b.connect()
+    await eventually(lambda: a.dialect.hub.connectors == {} and b.dialect.hub.has_connector("ACME"))
+    async with a.client() as client:
+        await eventually(lambda: _reachable(a))
+        assert (await client.get("/relay/acme/$ping/")).status_code == 200  # via B
+        on_a = await a.connect()
+        for _ in range(4):
+            assert (await client.get("/relay/acme/$ping/")).status_code == 200
+    assert (len(on_a.received), len(on_b.received)) == (4, 1)
+
+
+async def _reachable(tunnel: Tunnel) -> bool:
+    return await tunnel.dialect.reachable("ACME")
+
+
+async def test_redis_down_is_503(start_tunnel: StartTunnel, redis_server: RedisServer) -> None:
+    a, _ = await two_relays(start_tunnel, redis_server)
+    redis_server.stop()
+    async with a.client() as client:
+        reply = await client.get("/relay/acme/app/echo")
+    assert reply.status_code == 503

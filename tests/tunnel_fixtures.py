@@ -1,0 +1,234 @@
+"""Fixtures of the tunnel tests: a real relay with the tunnel dialect on a free port, a real
+aiohttp server as the target, real connectors, httpx as the client."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp import web
+from redis.asyncio import Redis
+
+from rmb_relay.clock import Clock, monotonic_clock
+from rmb_relay.protocols.tunnel.connector import Connector
+from rmb_relay.protocols.tunnel.dialect import TunnelDialect
+from rmb_relay.protocols.tunnel.settings import TunnelSettings
+from rmb_relay.protocols.tunnel.targets import Target, WebTarget
+from rmb_relay.protocols.tunnel.tenants import Tenant, TenantStore, hash_secret
+from rmb_relay.server.listener import RelayServer
+from rmb_relay.telemetry.metrics import Registry
+from tests.conftest import WAIT, StartRelay
+
+SECRET = "correct horse battery staple"
+#: one hash shared by every test tenant: scrypt is slow on purpose
+_HASH = hash_secret(SECRET)
+
+
+@dataclass
+class TargetApp:
+    """An aiohttp server standing for the service behind the connector."""
+
+    url: str = ""
+    calls: list[str] = field(default_factory=list)
+    #: /slow waits for this
+    release: asyncio.Event = field(default_factory=asyncio.Event)
+    #: set when /slow was entered
+    entered: asyncio.Event = field(default_factory=asyncio.Event)
+    runner: web.AppRunner | None = None
+
+
+STATE = web.AppKey("state", TargetApp)
+
+
+async def _echo(request: web.Request) -> web.StreamResponse:
+    """Answers the body it got (streamed through) with the request's headers as X-Got-*."""
+    app: TargetApp = request.app[STATE]
+    app.calls.append(f"{request.method} {request.path_qs}")
+    response = web.StreamResponse(status=200)
+    for name, value in request.headers.items():
+        response.headers.add(f"X-Got-{name}", value)
+    response.headers["X-Method"] = request.method
+    response.headers["Content-Type"] = request.headers.get("Content-Type", "application/x-test")
+    if request.content_length is not None:
+        response.content_length = request.content_length
+    await response.prepare(request)
+    async for chunk in request.content.iter_any():
+        await response.write(chunk)
+    await response.write_eof()
+    return response
+
+
+async def _sha(request: web.Request) -> web.Response:
+    app: TargetApp = request.app[STATE]
+    app.calls.append(f"{request.method} {request.path_qs}")
+    digest = hashlib.sha256()
+    size = 0
+    async for chunk in request.content.iter_any():
+        digest.update(chunk)
+        size += len(chunk)
+    return web.json_response({"sha256": digest.hexdigest(), "size": size})
+
+
+async def _bytes(request: web.Request) -> web.StreamResponse:
+    """GET /bytes/{n}: n pseudo-random bytes (pattern of `pattern(n)`), streamed."""
+    app: TargetApp = request.app[STATE]
+    app.calls.append(f"{request.method} {request.path_qs}")
+    size = int(request.match_info["n"])
+    response = web.StreamResponse()
+    if "chunked" not in request.query:
+        response.content_length = size
+    await response.prepare(request)
+    block = pattern(min(size, 1 << 20))
+    sent = 0
+    while sent < size:
+        piece = block[: size - sent]
+        await response.write(piece)
+        sent += len(piece)
+    await response.write_eof()
+    return response
+
+
+async def _status(request: web.Request) -> web.Response:
+    app: TargetApp = request.app[STATE]
+    app.calls.append(f"{request.method} {request.path_qs}")
+    response = web.Response(status=int(request.match_info["code"]), text="status")
+    response.headers.add("Set-Cookie", "a=1")
+    response.headers.add("Set-Cookie", "b=2")
+    return response
+
+
+async def _slow(request: web.Request) -> web.Response:
+    app: TargetApp = request.app[STATE]
+    app.calls.append(f"{request.method} {request.path_qs}")
+    app.entered.set()
+    await app.release.wait()
+    return web.Response(text="slow done")
+
+
+def pattern(size: int) -> bytes:
+    seed = hashlib.sha256(b"tunnel").digest()
+    return (seed * (size // len(seed) + 1))[:size]
+
+
+async def start_target(stack: AsyncExitStack) -> TargetApp:
+    state = TargetApp()
+    app = web.Application(client_max_size=1 << 40)
+    app[STATE] = state
+    app.router.add_route("*", "/echo{tail:.*}", _echo)
+    app.router.add_route("*", "/sha", _sha)
+    app.router.add_get("/bytes/{n}", _bytes)
+    app.router.add_route("*", "/status/{code}", _status)
+    app.router.add_get("/slow", _slow)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    stack.push_async_callback(runner.cleanup)
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    state.url = f"http://127.0.0.1:{port}"
+    state.runner = runner
+    return state
+
+
+@dataclass
+class Tunnel:
+    relay: RelayServer
+    dialect: TunnelDialect
+    store: TenantStore
+    target: TargetApp
+    stack: AsyncExitStack
+    registry: Registry
+    connectors: list[tuple[Connector, asyncio.Task[None]]] = field(default_factory=list)
+
+    @property
+    def base(self) -> str:
+        host, port = self.relay.addresses[0]
+        return f"http://{host}:{port}"
+
+    def add_tenant(self, name: str, **fields: Any) -> Tenant:
+        fields.setdefault("secret_hash", _HASH)
+        return self.store.add(Tenant(name, **fields))
+
+    async def connect(
+        self,
+        tenant: str = "acme",
+        *,
+        targets: dict[str, Target] | None = None,
+        binary: bool = False,
+        wait: bool = True,
+        **options: Any,
+    ) -> Connector:
+        if targets is None:
+            targets = {"app": WebTarget(self.target.url, 10.0)}
+        connector = Connector(self.base, tenant, SECRET, targets, binary=binary, **options)
+        task = asyncio.get_running_loop().create_task(connector.run())
+        self.connectors.append((connector, task))
+        if wait:
+            await asyncio.wait_for(connector.connected.wait(), WAIT)
+        return connector
+
+    async def disconnect(self, connector: Connector) -> None:
+        for item in self.connectors:
+            if item[0] is connector:
+                await connector.stop()
+                await asyncio.wait_for(item[1], WAIT)
+                self.connectors.remove(item)
+                return
+
+    def client(self, **options: Any) -> httpx.AsyncClient:
+        options.setdefault("timeout", WAIT)
+        return httpx.AsyncClient(base_url=self.base, **options)
+
+    async def close(self) -> None:
+        for connector, task in self.connectors:
+            await connector.stop()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+
+StartTunnel = Callable[..., Awaitable[Tunnel]]
+
+
+@pytest.fixture
+async def start_tunnel(start_relay: StartRelay, tmp_path: Path) -> AsyncIterator[StartTunnel]:
+    """Start a relay with the tunnel (settings as keyword arguments) and the tenant `acme`."""
+    tunnels: list[Tunnel] = []
+    async with AsyncExitStack() as stack:
+
+        async def start(
+            *,
+            db: Path | None = None,
+            tenant: bool = True,
+            target: TargetApp | None = None,
+            clock: Clock = monotonic_clock,
+            redis_url: str | None = None,
+            **settings: Any,
+        ) -> Tunnel:
+            settings.setdefault("body_store", str(tmp_path / "bodies"))
+            store = TenantStore(db or tmp_path / "relay.sqlite3")
+            registry = Registry()
+            redis = None
+            if redis_url is not None:
+                redis = Redis.from_url(redis_url)
+                stack.push_async_callback(redis.aclose)
+            dialect = TunnelDialect(
+                TunnelSettings(**settings), store, registry, clock=clock, redis=redis
+            )
+            relay = await start_relay([dialect], registry)
+            app = target or await start_target(stack)
+            tunnel = Tunnel(relay, dialect, store, app, stack, registry)
+            if tenant and store.get("acme") is None:
+                tunnel.add_tenant("acme")
+            tunnels.append(tunnel)
+            return tunnel
+
+        yield start
+        for tunnel in tunnels:
+            await tunnel.close()
