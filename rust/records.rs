@@ -9,7 +9,8 @@
 //! A record is appended when the scan alone says the message will be delivered to a local
 //! connection; the dialect retracts it (by the index the routing carries) on the rare paths
 //! where it decides otherwise (the rate limiter, a connection gone since the scan). A retracted
-//! record stays in place with size -1, so indexes stay valid until the next `take`.
+//! record stays in place with size -1, so indexes stay valid until the next `take`, which
+//! leaves it out.
 //!
 //! Sans-I/O: the time of a record is the caller's clock reading passed into `feed`.
 //! Addresses are integers: RMB twin ids as they are, SBD keys interned here (`key_id`), the
@@ -30,6 +31,8 @@ pub struct Records {
     keys: Vec<[u8; 32]>,
     /// keys already handed over by `take`
     keys_taken: usize,
+    /// records in `rows` marked retracted (dropped by `take`)
+    retracted: usize,
     /// added to the caller's clock reading: the scanners' clock may be monotonic, records are
     /// in wall time (the caller sets it from its two clocks)
     pub offset: i64,
@@ -64,6 +67,7 @@ impl Records {
         match self.rows.get_mut(slot) {
             Some(size) if *size >= 0 => {
                 *size = -1;
+                self.retracted += 1;
                 true
             }
             _ => false,
@@ -91,10 +95,22 @@ impl Records {
         self.rows.is_empty()
     }
 
-    /// The rows so far and the keys interned since the last take; the buffer starts over.
+    /// The rows so far without the retracted ones, and the keys interned since the last
+    /// take; the buffer starts over.
     pub fn take(&mut self) -> (Vec<i64>, &[[u8; 32]]) {
-        let rows = std::mem::take(&mut self.rows);
+        let mut rows = std::mem::take(&mut self.rows);
         self.base += (rows.len() / FIELDS) as u64;
+        if self.retracted > 0 {
+            let mut kept = 0;
+            for i in (0..rows.len()).step_by(FIELDS) {
+                if rows[i + 3] >= 0 {
+                    rows.copy_within(i..i + FIELDS, kept);
+                    kept += FIELDS;
+                }
+            }
+            rows.truncate(kept);
+            self.retracted = 0;
+        }
         let new = &self.keys[self.keys_taken..];
         self.keys_taken = self.keys.len();
         (rows, new)
@@ -129,7 +145,8 @@ mod tests {
         assert!(!r.retract(5));
         assert!(r.retract(index));
         assert!(!r.retract(index)); // once
-        assert_eq!(r.take().0, vec![2, 2, 2, -1]);
+        r.push(3, 3, 3, 30);
+        assert_eq!(r.take().0, vec![3, 3, 3, 30]);
     }
 
     #[test]
@@ -195,8 +212,9 @@ pub mod py {
             self.inner.retract(index)
         }
 
-        /// (rows, keys): the records as native-endian int64 quadruples (time_ns, src, dst,
-        /// size) in one `bytes`, and the SBD keys interned since the last take, in id order.
+        /// (rows, keys): the records (retracted ones left out) as native-endian int64
+        /// quadruples (time_ns, src, dst, size) in one `bytes`, and the SBD keys interned
+        /// since the last take, in id order.
         fn take<'py>(
             &mut self,
             py: Python<'py>,

@@ -638,8 +638,8 @@ class RecordBuffer:
         """Mark the record at `index` as not delivered (its size becomes -1); False if no such
         record is buffered (taken already, retracted already, or never appended)."""
     def take(self) -> tuple[bytes, list[bytes]]:
-        """(rows, keys): every record since the last take as native-endian int64 quadruples
-        (time_ns, src, dst, size) in one bytes object (retracted ones with size -1), and the
+        """(rows, keys): every record since the last take but the retracted ones, as
+        native-endian int64 quadruples (time_ns, src, dst, size) in one bytes object, and the
         SBD keys first used since the last take, in id order. The buffer starts over; record
         indexes keep counting."""
     def __len__(self) -> int: ...

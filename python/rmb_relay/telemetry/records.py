@@ -98,6 +98,18 @@ SCHEMA = pa.schema(
     metadata={SCHEMA_KEY: str(SCHEMA_VERSION).encode()},
 )
 
+#: text columns as the writer holds them: dictionary-encoded already (a batch's constant
+#: columns are one value and a run of zero indexes, addresses one string per distinct id), so
+#: Parquet writes the dictionaries as given instead of hashing every row of every text column
+_TEXT = pa.dictionary(pa.int32(), pa.string())
+TEXT_COLUMNS = [field.name for field in SCHEMA if field.type == pa.string()]
+#: `SCHEMA` as the writer's tables carry it; the files hold no Arrow schema (`store_schema`
+#: off), so every reader, pyarrow and Spark alike, sees the Parquet types: `SCHEMA`
+WRITE_SCHEMA = pa.schema(
+    [pa.field(f.name, _TEXT, f.nullable) if f.type == pa.string() else f for f in SCHEMA],
+    metadata=SCHEMA.metadata,
+)
+
 #: a hot-path record: (time_ns, src, dst, size), delivered to a local connection; src and dst
 #: are twin ids or `Channel.name_id`s
 LocalRecord = tuple[int, int, int, int]
@@ -202,13 +214,15 @@ class Channel:
         return local, full
 
     def _native_rows(self, rows: bytes) -> bytes:
-        """The scanners' rows without the retracted ones, sampled, SBD key ids as `name_id`s
-        (all numpy: no loop over records on the event loop)."""
+        """The scanners' rows sampled, SBD key ids as `name_id`s (numpy, no loop over records
+        on the event loop; RMB rows unsampled pass as they are)."""
+        if self.sample >= 1.0 and not self._key_ids:
+            return rows
         grid = np.frombuffer(rows, dtype=np.int64).reshape(-1, 4)
-        keep = grid[:, 3] >= 0
         if self.sample < 1.0:
-            keep &= np.random.default_rng().random(len(grid)) < self.sample
-        grid = grid[keep]
+            grid = grid[np.random.default_rng().random(len(grid)) < self.sample]
+        else:
+            grid = grid.copy()
         if self._key_ids:
             ids = np.asarray(self._key_ids, dtype=np.int64)
             grid[:, 1] = ids[grid[:, 1]]
@@ -367,32 +381,39 @@ def _times(nanos: pa.Array) -> pa.Array:
 
 
 def _local_table(batch: _Batch, instance: str) -> pa.Table:
-    """The hot-path records: columns cut from one numpy view of the buffer (no Python loop)."""
+    """The hot-path records: columns cut from one numpy view of the buffer (no Python loop),
+    text as dictionaries (`WRITE_SCHEMA`)."""
     grid = np.frombuffer(batch.local, dtype=np.int64).reshape(-1, 4)
     n = len(grid)
+    zeros = pa.array(np.zeros(n, dtype=np.int32))
+
+    def const(value: str) -> pa.Array:
+        return pa.DictionaryArray.from_arrays(zeros, pa.array([value], pa.string()))
 
     def address(column: int) -> pa.Array:
         ids = pa.array(grid[:, column])
         if batch.names:
             names = pa.array(batch.names, pa.string())
-            return pa.DictionaryArray.from_arrays(ids.cast(pa.int32()), names).cast(pa.string())
-        return pc.cast(ids, pa.string())
+            return pa.DictionaryArray.from_arrays(ids.cast(pa.int32()), names)
+        found = pc.dictionary_encode(ids)  # few distinct twins: one string each
+        return pa.DictionaryArray.from_arrays(found.indices, pc.cast(found.dictionary, pa.string()))
 
+    nulls = pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()), pa.array([], pa.string()))
     columns = [
         _times(pa.array(grid[:, 0])),
-        pa.repeat(pa.scalar(instance), n),
-        pa.repeat(pa.scalar(batch.dialect), n),
+        const(instance),
+        const(batch.dialect),
         address(1),
         address(2),
         pa.array(grid[:, 3]),
-        pa.repeat(pa.scalar("local"), n),
-        pa.repeat(pa.scalar("delivered"), n),
-        pa.nulls(n, pa.string()),
-        pa.repeat(pa.scalar(0, pa.int64()), n),
-        pa.nulls(n, pa.string()),
-        pa.repeat(pa.scalar(batch.weight), n),
+        const("local"),
+        const("delivered"),
+        nulls,
+        pa.array(np.zeros(n, dtype=np.int64)),
+        nulls,
+        pa.array(np.full(n, batch.weight)),
     ]
-    return pa.Table.from_arrays(columns, schema=SCHEMA)
+    return pa.Table.from_arrays(columns, schema=WRITE_SCHEMA)
 
 
 def _full_table(batch: _Batch, instance: str) -> pa.Table:
@@ -413,11 +434,16 @@ def _full_table(batch: _Batch, instance: str) -> pa.Table:
         pa.array(far, pa.string()),
         pa.repeat(pa.scalar(batch.weight), n),
     ]
-    return pa.Table.from_arrays(columns, schema=SCHEMA)
+    table = pa.Table.from_arrays(columns, schema=SCHEMA)
+    for name in TEXT_COLUMNS:
+        index = table.schema.get_field_index(name)
+        encoded = pc.dictionary_encode(table.column(index))
+        table = table.set_column(index, WRITE_SCHEMA.field(name), encoded)
+    return table
 
 
 def to_table(batch: _Batch, instance: str) -> pa.Table:
-    """One batch as a table of `SCHEMA` (both kinds of record)."""
+    """One batch as a table of `WRITE_SCHEMA` (both kinds of record)."""
     parts = []
     if batch.local:
         parts.append(_local_table(batch, instance))
@@ -472,13 +498,16 @@ class _PartitionWriter:
             hidden, final = folder / f".{name}", folder / name
             writer = pq.ParquetWriter(
                 hidden,
-                SCHEMA,
+                WRITE_SCHEMA,
                 compression=COMPRESSION,
-                # a dictionary of unique timestamps and min/max of every text column cost more
-                # than the rest of the write; `time` keeps its statistics (readers prune on it)
-                use_dictionary=[name for name in SCHEMA.names if name != "time"],
+                # a dictionary of unique timestamps, of the numbers, and min/max of every text
+                # column cost more than the rest of the write; `time` keeps its statistics
+                # (readers prune on it); the text columns arrive as dictionaries
+                use_dictionary=TEXT_COLUMNS,
                 write_statistics=["time"],
+                store_schema=False,  # readers see the Parquet types: `SCHEMA`, not dictionaries
             )
+            writer.add_key_value_metadata({SCHEMA_KEY: str(SCHEMA_VERSION).encode()})
             entry = (writer, hidden, final, self.monotonic())
             self._open[hour] = entry
         entry[0].write_table(table)
