@@ -23,7 +23,9 @@ cost the forwarding path next to nothing and must never make it wait:
   queue. A full queue (the writer fell behind) sheds the batch and counts it
   (`rmb_relay_records_shed_total`): forwarding never blocks on recording.
 - One writer thread turns batches into Arrow columns (the per-column conversion runs in
-  pyarrow's C++), and appends them to one Parquet file per hour partition
+  pyarrow's C++; text columns dictionary-encoded in memory, so a batch's constant columns
+  cost nothing per row and Parquet does not hash them again), and appends them to one Parquet
+  file per hour partition
   (`DIR/date=YYYY-MM-DD/hour=HH/`, hive style, so Spark prunes by time). A file is written under a
   hidden name (`.` prefix, which Spark and pyarrow skip) and renamed when it is closed, at the
   latest every `ROLL_SECONDS`, so a reader never sees a half-written file.
