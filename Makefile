@@ -120,4 +120,6 @@ fuzz: $(BUILD_STAMP) proto ## cargo fuzz each Rust target for FUZZ_RUNS inputs, 
 	  cargo +nightly fuzz run $$target $(CURDIR)/fuzz/work/$$target $(CURDIR)/fuzz/corpus/$$target \
 	    -- -runs=$(FUZZ_RUNS) -print_final_stats=1 || exit 1; \
 	done
-	RMB_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest tests/test_fuzz_sockets.py -q -p no:randomly
+	RMB_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) RMB_FUZZ_REPORT=fuzz/work/sockets.txt \
+	  $(PY) -m pytest tests/test_fuzz_sockets.py -q -p no:randomly --timeout=0 \
+	  --hypothesis-show-statistics

@@ -183,10 +183,10 @@ def test_help_lists_the_sbd_flags_with_their_defaults() -> None:
 def test_no_sbd_leaves_sbd_out_of_the_banner() -> None:
     process, banner = start_relay_process()
     try:
-        assert "dialects: rmb, sbd" in banner
+        assert "dialects: rmb, sbd, singyeong" in banner
     finally:
         stop(process)
-    process, banner = start_relay_process("--no-sbd")
+    process, banner = start_relay_process("--no-sbd", "--no-singyeong")
     try:
         assert "sbd" not in banner.split("dialects:")[1]
         assert "rmb" in banner.split("dialects:")[1]

@@ -55,6 +55,26 @@ async def test_link_pings_when_idle_and_drops_a_silent_relay(
     await link.close()
 
 
+async def test_link_that_keeps_writing_still_pings_when_nothing_arrives(
+    start_relay: StartRelay, tmp_path: Path
+) -> None:
+    """Before: only an idle writer pinged, so a link that only sends heard nothing for 40 s
+    and dropped itself (rmb-load's senders reconnected every 40 s under load)."""
+    relay = await start_rmb_relay(start_relay, tmp_path)
+    clock = Monotonic()
+    client = RmbClient(1, key_for(1))
+    link = RelayLink(relay.url, client.login_token, lambda m: None, clock=clock)
+    await link.connect()
+    ws = link.ws
+    assert ws is not None
+    clock.now += 20 * NS
+    ws.last_sent = clock.now  # it has just written something
+    link.keepalive()
+    await eventually(lambda: ws.last_received == clock.now)  # pinged, and the pong counts
+    assert link.connected
+    await link.close()
+
+
 async def two_relays(start_relay: StartRelay, tmp_path: Path) -> tuple[RmbRelay, RmbRelay]:
     first = await start_rmb_relay(start_relay, tmp_path, db_name="a.sqlite3")
     second = await start_rmb_relay(start_relay, tmp_path, db_name="b.sqlite3")

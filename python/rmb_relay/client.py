@@ -238,8 +238,8 @@ class RelayLink:
 
     def keepalive(self) -> None:
         """Drop a connection nothing has arrived on for `dead_after` (the reconnect follows);
-        ping one nothing has been written to for `ping_after`, so the relay and any proxy
-        between see traffic and the pong proves the relay alive."""
+        ping one nothing has been written to or received on for `ping_after`, so the relay and
+        any proxy between see traffic and the pong proves the relay alive."""
         ws = self.ws
         if ws is None or not ws.is_open:
             return
@@ -249,7 +249,9 @@ class RelayLink:
                 "relay %s silent for %ds: reconnecting", self.url, (now - ws.last_received) // NS
             )
             ws.abort()
-        elif now - ws.last_sent >= self.ping_after:
+        elif now - ws.last_sent >= self.ping_after or now - ws.last_received >= self.ping_after:
+            # also when we keep writing: a link that only sends (a load generator, a peer
+            # pushing replies) hears nothing back otherwise and would drop itself as dead
             ws.send_ping()
 
     async def close(self) -> None:

@@ -16,7 +16,9 @@ the switch keeps
 `deliver(address, frame)` answers with an `Outcome`: delivered to a local connection, queued
 in the mailbox, or no route. The cluster (another instance holds the address) and federation
 (another relay serves it) plug in here as further routes; a dialect never needs to know which
-one carried its message.
+one carried its message. Federation is `federate(frame, twin)`: the `federation` route
+(`federation/`) queues the envelope for one of the twin's relays and answers FEDERATED; with
+no route set the relay does not federate and the caller gets a FederationError.
 
 Route records (`--records`): `records` is the process's `Recorder` or None. Each dialect takes
 its `Channel` from it and records where it decides a route: the local fast path appends one
@@ -30,11 +32,13 @@ import logging
 from typing import TYPE_CHECKING, Protocol
 
 from rmb_relay._core import RouteTable
+from rmb_relay.errors import FederationError
 from rmb_relay.mailbox import Mailbox, MemoryMailbox, SessionKey
 
 if TYPE_CHECKING:
     from rmb_relay.protocols.base import Peer
     from rmb_relay.telemetry.records import Channel, Recorder
+    from rmb_relay.twins import Twin
 
 log = logging.getLogger("rmb_relay.switch")
 
@@ -46,6 +50,7 @@ class Outcome(enum.Enum):
     DELIVERED = "delivered"
     QUEUED = "queued"
     NO_ROUTE = "no route"
+    FEDERATED = "federated"
 
 
 class Endpoint(Protocol):
@@ -62,6 +67,13 @@ class Endpoint(Protocol):
         while the message was being stored): deliver the mailbox."""
 
 
+class FederationRoute(Protocol):
+    """Delivery through another relay (`federation.Federation`)."""
+
+    async def forward(self, envelope: bytes, twin: Twin) -> None:
+        """Accept the raw envelope for one of `twin.relays`; raise FederationError."""
+
+
 class Switch:
     """Route tables, presence and mailbox of one relay process; see the module docstring."""
 
@@ -69,6 +81,8 @@ class Switch:
         self.routes = RouteTable()
         self.endpoints: dict[int, Endpoint] = {}
         self.mailbox: Mailbox = mailbox if mailbox is not None else MemoryMailbox()
+        #: the route to other relays; None: this relay does not federate
+        self.federation: FederationRoute | None = None
         #: route records of this process (off: None)
         self.records: Recorder | None = None
 
@@ -148,6 +162,17 @@ class Switch:
         if endpoint is not None:
             endpoint.mail_waiting()
         return Outcome.QUEUED
+
+    async def federate(self, frame: bytes, twin: Twin) -> Outcome:
+        """Hand an envelope for a twin served by other relays to the federation route."""
+        if self.federation is None:
+            relays = ", ".join(sorted(twin.relays or ())) or "none"
+            raise FederationError(
+                f"destination twin {twin.id} is served by relay(s) {relays}; "
+                "this relay does not federate to other relays"
+            )
+        await self.federation.forward(frame, twin)
+        return Outcome.FEDERATED
 
     @property
     def session_count(self) -> int:

@@ -127,6 +127,11 @@ class Peer(Protocol):
         run outside a socket read (mailbox drains, stream consumers) await it before each batch;
         senders inside a read are paused by the listener instead."""
 
+    def hold_reading(self, held: bool) -> None:
+        """Stop (True) or restart (False) reading this peer's socket, for the dialect's own
+        backpressure: e.g. while too much of what it sent waits for a slow dependency. Reading
+        restarts only when neither the dialect nor a congested receiver holds it."""
+
 
 class HttpClient(Protocol):
     """The connection of a plain HTTP request, as a route handler sees it."""

@@ -7,12 +7,13 @@ when the listener starts (`protocols/paths.py`).
 
 from __future__ import annotations
 
-from rmb_relay.protocols import rmb, sbd, tunnel
+from rmb_relay.protocols import rmb, sbd, singyeong, tunnel
 from rmb_relay.protocols.base import DialectEntry
 
 _ENTRIES: list[DialectEntry] = [
     rmb.ENTRY,
     sbd.ENTRY,
+    singyeong.ENTRY,
     tunnel.ENTRY,
 ]
 

@@ -50,13 +50,22 @@ from rmb_relay.errors import (
     MailboxUnavailable,
     TwinLookupError,
 )
-from rmb_relay.federation import Federation, FederationDisabled
+from rmb_relay.federation import Federation
+from rmb_relay.federation import setup as federation_setup
 from rmb_relay.identity import DEFAULT_MAX_TOKEN_LIFETIME, parse_jwt, verify_jwt_signature
 from rmb_relay.mailbox import Mailbox, MemoryMailbox, SessionKey
-from rmb_relay.protocols.base import CloseCode, Dialect, DialectEntry, Peer, WebSocketHandler
+from rmb_relay.protocols.base import (
+    CloseCode,
+    Dialect,
+    DialectEntry,
+    Peer,
+    Routes,
+    WebSocketHandler,
+)
 from rmb_relay.switch import Outcome, Switch
 
 if TYPE_CHECKING:
+    from rmb_relay.federation.inbound import InboundFederation
     from rmb_relay.services import Services
     from rmb_relay.telemetry.metrics import Registry
     from rmb_relay.twins import Twin, TwinDirectory
@@ -68,10 +77,12 @@ ERROR_ENVELOPE_TTL = 300
 #: a drained mailbox is written this many envelopes at a time, waiting for the socket between
 DRAIN_BATCH = 256
 #: envelopes of one session waiting for the slow path (lookup, mailbox, federation), in bytes:
-#: beyond it the sender is refused at once ("relay busy"), so a stalled dependency (a Redis
-#: that stopped answering) cannot pile a sender's traffic up in the heap
+#: beyond it the relay stops reading the sender's socket until half of it has been routed, so
+#: a slow or stalled dependency (a Redis that stopped answering) pushes back on the sender
+#: instead of piling its traffic up in the heap
 SLOW_SESSION_BYTES = 8 << 20
-#: the same for all sessions together
+#: the same for all sessions together; beyond it a message is refused at once ("relay busy"),
+#: so many senders together cannot do what one cannot
 SLOW_TOTAL_BYTES = 64 << 20
 #: a mailbox that could not be read is tried again after this long, doubling up to the max
 DRAIN_RETRY = 1.0
@@ -226,6 +237,7 @@ class RmbDialect(Dialect):
         switch: Switch | None = None,
         mailbox: Mailbox | None = None,
         federation: Federation | None = None,
+        inbound: InboundFederation | None = None,
         max_message: int = 1 << 20,
         clock: Clock = wall_clock,
     ) -> None:
@@ -238,7 +250,11 @@ class RmbDialect(Dialect):
         if switch is None:
             switch = Switch(mailbox if mailbox is not None else MemoryMailbox(clock=clock))
         self.switch = switch
-        self.federation = federation if federation is not None else FederationDisabled()
+        #: outbound (the switch's federation route) and inbound `POST /`; None: not served
+        self.federation = federation
+        self.inbound = inbound
+        if federation is not None:
+            switch.federation = federation
         self.max_message = max_message
         self.clock = clock
         #: this dialect's connections by id (the switch routes; this counts and closes)
@@ -347,7 +363,7 @@ class RmbDialect(Dialect):
         if not self.is_ours(twin):
             remote = min(twin.relays) if twin.relays else None
             try:
-                await self.federation.forward(data, twin)
+                await self.switch.federate(data, twin)
             except FederationError as err:
                 sender.fail(env, str(err), "federation", size, received, remote=remote)
                 return
@@ -386,6 +402,11 @@ class RmbDialect(Dialect):
             if records is not None:
                 records.add(sender.twin, dest, size, "local", "delivered", received=received)
 
+    def add_routes(self, router: Routes) -> None:
+        """Federation inbound: other relays POST envelopes for our twins to `/`."""
+        if self.inbound is not None:
+            router.add("POST", "/", self.inbound.handle)
+
     # ---- lifecycle -------------------------------------------------------------------------
 
     def _schedule_maintenance(self) -> None:
@@ -403,7 +424,8 @@ class RmbDialect(Dialect):
     async def close(self) -> None:
         if self._maintenance is not None:
             self._maintenance.cancel()
-        await self.federation.close()
+        if self.federation is not None:
+            await self.federation.close()
         if self._owns_shared:
             await self.switch.close()
             await self.directory.close()
@@ -428,6 +450,7 @@ class RmbSession(WebSocketHandler):
         records = dialect.records
         self._record_clock = dialect.clock if records is None else records.clock
         self._slow_bytes = 0
+        self._slow_held = False
         self._slow_task: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[None] | None = None
         self._drain_retry: asyncio.TimerHandle | None = None
@@ -535,16 +558,16 @@ class RmbSession(WebSocketHandler):
                 dialect.records.retract(env.record)
         size = len(data)
         settings = dialect.settings
-        if (
-            self._slow_bytes + size > settings.slow_session_bytes
-            or dialect.slow_bytes + size > settings.slow_total_bytes
-        ):
+        if dialect.slow_bytes + size > settings.slow_total_bytes:
             self.fail(env, "relay busy: too many messages waiting to be routed", "relay busy", size)
             return
         self._slow_bytes += size
         dialect.slow_bytes += size
         if dialect.slow_bytes > dialect.slow_bytes_peak:
             dialect.slow_bytes_peak = dialect.slow_bytes
+        if self._slow_bytes > settings.slow_session_bytes and not self._slow_held:
+            self._slow_held = True
+            self.peer.hold_reading(True)  # until _run_slow has routed half of it
         self._slow.append((env, data, self._record_clock()))
         if self._slow_task is None:
             self._slow_task = asyncio.get_running_loop().create_task(self._run_slow())
@@ -608,11 +631,15 @@ class RmbSession(WebSocketHandler):
 
     async def _run_slow(self) -> None:
         slow = self._slow
+        settings = self.dialect.settings
         try:
             while slow:
                 env, data, received = slow.popleft()
                 self._slow_bytes -= len(data)
                 self.dialect.slow_bytes -= len(data)
+                if self._slow_held and self._slow_bytes <= settings.slow_session_bytes // 2:
+                    self._slow_held = False
+                    self.peer.hold_reading(False)
                 try:
                     await self.dialect.route_slow(self, env, data, received)
                 except Exception:
@@ -742,15 +769,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="refuse a login JWT still valid for longer than this (exp - now); rmb-peer's "
         "tokens live 300 s",
     )
-    rmb.add_argument(
-        "-p",
-        "--ranker-period",
-        type=int,
-        default=None,
-        metavar="SECONDS",
-        help="rmb-rs's federation ranker window; accepted so rmb-rs launch lines work, but this "
-        "relay does not federate yet, so it has no effect (a warning says so)",
-    )
+    federation_setup.add_arguments(parser)
 
 
 async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
@@ -761,8 +780,6 @@ async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
         raise ConfigError("--limit-window must be positive")
     if args.max_token_lifetime <= 0:
         raise ConfigError("--max-token-lifetime must be positive")
-    if args.ranker_period is not None:
-        log.warning("--ranker-period has no effect: this relay does not federate yet")
     settings = RmbSettings(
         domains=frozenset(args.domain),
         limit_count=args.limit[0] if args.limit else None,
@@ -770,13 +787,15 @@ async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
         limit_window=args.limit_window,
         max_token_lifetime=args.max_token_lifetime,
     )
-    return RmbDialect(
-        settings,
-        services.twin_directory(),
-        services.metrics,
-        switch=services.switch,
-        max_message=args.max_message,
+    directory = services.twin_directory()
+    dialect = RmbDialect(
+        settings, directory, services.metrics, switch=services.switch, max_message=args.max_message
     )
+    outbound, inbound = federation_setup.build(args, services, directory, dialect.is_ours)
+    dialect.federation = services.switch.federation = outbound
+    dialect.inbound = inbound
+    outbound.start()  # with Redis: take over what a crashed instance left queued
+    return dialect
 
 
 ENTRY = DialectEntry(

@@ -197,6 +197,8 @@ class Connection(asyncio.Protocol):
         self._waiting_senders: set[Connection] = set()
         self._blocked_on = 0
         self._reading_paused = False
+        #: the dialect holds reading (`hold_reading`), whatever the receivers' state
+        self._held_by_dialect = False
         self._writable: asyncio.Future[None] | None = None
         self.closed = asyncio.get_running_loop().create_future()
         #: admitted over the connection cap: served /health and /metrics only (server/limits.py)
@@ -473,6 +475,18 @@ class Connection(asyncio.Protocol):
             self.transport.pause_reading()
             self.server.metrics.backpressure_pauses.inc(1, self.dialect_name)
 
+    def hold_reading(self, held: bool) -> None:
+        self._held_by_dialect = held
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if held and not self._reading_paused:
+            self._reading_paused = True
+            transport.pause_reading()
+        elif not held and self._reading_paused and self._blocked_on == 0:
+            self._reading_paused = False
+            transport.resume_reading()
+
     def _release_waiting_senders(self) -> None:
         waiting = self._waiting_senders
         if not waiting:
@@ -480,7 +494,7 @@ class Connection(asyncio.Protocol):
         self._waiting_senders = set()
         for sender in waiting:
             sender._blocked_on -= 1
-            if sender._blocked_on == 0 and sender._reading_paused:
+            if sender._blocked_on == 0 and sender._reading_paused and not sender._held_by_dialect:
                 sender._reading_paused = False
                 if sender.transport is not None and not sender.transport.is_closing():
                     sender.transport.resume_reading()

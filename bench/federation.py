@@ -1,0 +1,249 @@
+"""Federated throughput between two relay processes, beside local routing on one of them.
+
+    .venv/bin/python -m bench.federation                # 10 pairs x 1 KiB, 10 s each
+    .venv/bin/python -m bench.federation --pairs 1 --size 64 --duration 5
+
+Relay A (127.0.0.2) and relay B (127.0.0.3) run as `python -m rmb_relay` processes with their
+own domains; senders log in at A, receivers at B, so every message is posted from A to B over
+HTTP (`--federation-url-template http://{domain}:PORT/`). The same generator
+(`rmb_relay.load.rmb`, one process) then runs with both ends on A (local routing) for the
+comparison. Both relays' CPU is read from /proc so a reader can tell which side saturated.
+Results are printed and appended to bench/results/federation-*.json with the commit id.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from rmb_relay._core import WsMessage
+from rmb_relay.client import RelayLink, RmbClient
+from rmb_relay.load.rmb import STAMP, LoadPlan, Pair, PairSpec, load_key, run_pairs
+from rmb_relay.load.stats import summary as stats_summary
+from rmb_relay.twins import Twin
+from rmb_relay.twins.local import SqliteTwinDirectory
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+A, B = "127.0.0.2", "127.0.0.3"
+SENDERS, RECEIVERS = 10_000, 20_000
+#: envelopes that arrived after a later one of the same pair (federated runs)
+REORDERED = [0]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class RelayProcess:
+    def __init__(self, domain: str, port: int, twins: Path, *extra: str) -> None:
+        self.domain, self.port = domain, port
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "rmb_relay",
+                "-l",
+                f"{domain}:{port}",
+                "--twins",
+                f"sqlite:{twins}",
+                "-m",
+                domain,
+                "--federation-url-template",
+                f"http://{{domain}}:{port}/",
+                "--no-sbd",
+                *extra,
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        assert self.process.stdout is not None
+        if not self.process.stdout.readline():
+            raise RuntimeError(f"relay {domain} did not start")
+
+    @property
+    def url(self) -> str:
+        return f"ws://{self.domain}:{self.port}/"
+
+    def cpu_seconds(self) -> float:
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def provision(path: Path, pairs: int, sender_domain: str, receiver_domain: str) -> None:
+    directory = SqliteTwinDirectory(path)
+    twins = []
+    for i in range(pairs):
+        for twin, domain in ((SENDERS + i, sender_domain), (RECEIVERS + i, receiver_domain)):
+            twins.append(Twin(twin, load_key(twin).public_key, frozenset({domain})))
+    directory.add_many(twins)
+    asyncio.run(directory.close())
+
+
+def pair_class(receiver_url: str) -> type[Pair]:
+    """Pairs whose receiver logs in at another relay than the sender (`plan.url`)."""
+
+    class CrossPair(Pair):
+        """Also counts envelopes that arrive out of order (federation posts in parallel and
+        keeps no order between envelopes, as rmb-rs) as delivered, not as duplicates."""
+
+        seen: set[int]
+
+        def on_receive(self, message: WsMessage) -> None:
+            data = message.data
+            now = time.time_ns()
+            seq, sent_ns = STAMP.unpack_from(data, self.stamp_offset(data))
+            seen = self.__dict__.setdefault("seen", set())
+            if seq in seen:
+                self.stats.duplicated += 1
+                return
+            seen.add(seq)
+            if seq < self.next_seq:
+                REORDERED[0] += 1
+            self.next_seq = max(self.next_seq, seq + 1)
+            self.delivered += 1
+            run = self.run
+            if run.measuring:
+                stats = self.stats
+                stats.measured += 1
+                stats.bytes_delivered += self.plan.size
+                stats.latencies_ns.append(now - sent_ns)
+            if self.sent - self.delivered <= self.plan.window // 2:
+                self.wakeup.set()
+
+        async def connect(self) -> None:
+            spec, plan = self.spec, self.plan
+            for role, twin, url in (
+                ("receiver", spec.receiver, receiver_url),
+                ("sender", spec.sender, plan.url),
+            ):
+                client = RmbClient(twin, plan.key(twin), sid=self.sid)
+                on_message = self.on_receive if role == "receiver" else self.on_sender_message
+                link = RelayLink(url, client.login_token, on_message)
+                await link.connect()
+                self.links.append(link)
+                setattr(self, role, link.ws)
+
+    return CrossPair
+
+
+def measure(
+    relays: list[RelayProcess], url: str, receiver_url: str | None, args: argparse.Namespace
+) -> dict[str, Any]:
+    plan = LoadPlan(
+        url=url,
+        size=args.size,
+        rate=0,
+        window=args.window,
+        duration=args.duration,
+        count=None,
+        warmup=1.0,
+    )
+    specs = [PairSpec(i, SENDERS + i, RECEIVERS + i) for i in range(args.pairs)]
+    cpu0 = [r.cpu_seconds() for r in relays]
+    wall0 = time.perf_counter()
+    make = pair_class(receiver_url) if receiver_url else None
+    stats, _ = asyncio.run(run_pairs(plan, specs, pair_class=make))
+    wall = time.perf_counter() - wall0
+    summary = stats_summary(stats, {})
+    used = [r.cpu_seconds() - c for r, c in zip(relays, cpu0, strict=True)]
+    delivered = max(1, summary["delivered"])
+    return {
+        "msgs_per_s": round(summary["throughput_msgs_per_s"]),
+        "p50_ms": summary["latency_ms"]["p50"],
+        "p99_ms": summary["latency_ms"]["p99"],
+        "lost": summary["lost"],
+        "duplicated": summary["duplicated"],
+        "reordered": REORDERED[0],
+        "errors": summary["errors"],
+        # per relay: share of one core over the run, and CPU microseconds per message (the
+        # figure that survives a host shared with other work)
+        "relay_cpu": [round(u / wall, 2) for u in used],
+        "relay_us_per_msg": [round(u / delivered * 1e6, 1) for u in used],
+        "generator_cpu": round(summary["generator_cpu_share"], 2),
+    }
+
+
+def federation_metrics(relay: RelayProcess) -> dict[str, float]:
+    """The relay's rmb_relay_federation_* samples (posts, failures, retries) after a run."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://{relay.domain}:{relay.port}/metrics") as response:
+        text = response.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line.startswith("rmb_relay_federation_") and "ranker" not in line:
+            name, _, value = line.rpartition(" ")
+            samples[name] = float(value)
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--pairs", type=int, default=10)
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--window", type=int, default=256)
+    parser.add_argument("--duration", type=float, default=10.0)
+    parser.add_argument(
+        "--relay-arg", action="append", default=[], help="extra flag for relay A (repeatable)"
+    )
+    parser.add_argument("--no-local", action="store_true", help="skip the local comparison")
+    args = parser.parse_args()
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="rmb-fed-bench-") as tmp:
+        twins = Path(tmp) / "twins.sqlite3"
+        local_twins = Path(tmp) / "local.sqlite3"
+        provision(twins, args.pairs, A, B)
+        provision(local_twins, args.pairs, A, A)
+        rows = []
+        relay_a = RelayProcess(A, port, twins, *args.relay_arg)
+        relay_b = RelayProcess(B, port, twins)
+        try:
+            row = measure([relay_a, relay_b], relay_a.url, relay_b.url, args)
+            row["federation_metrics_a"] = federation_metrics(relay_a)
+            rows.append({"scenario": "federated A -> B", **row})
+        finally:
+            relay_a.stop()
+            relay_b.stop()
+        if not args.no_local:
+            local = RelayProcess(A, port, local_twins)
+            try:
+                rows.append({"scenario": "local on A", **measure([local], local.url, None, args)})
+            finally:
+                local.stop()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    for row in rows:
+        print(json.dumps(row))
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / f"federation-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    out.write_text(
+        json.dumps({"commit": commit, "params": vars(args), "rows": rows}, indent=2) + "\n"
+    )
+
+
+if __name__ == "__main__":
+    main()

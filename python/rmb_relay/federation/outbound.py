@@ -1,0 +1,215 @@
+"""Outbound federation: from "this envelope is for a twin served elsewhere" to a 202 from one of
+the twin's relays, or an error envelope to the sender (spec/rmb.md §3.3, decision 5).
+
+Theory of operation
+-------------------
+`forward` only queues the raw bytes (`queue.py`): the sender's connection never waits for a
+remote relay. Workers take items from the queue and, per item:
+
+1. read the routing fields (Rust scanner); an envelope whose deadline (timestamp + expiration)
+   has passed is not posted: a request's sender gets "message has expired";
+2. look the destination twin up (cached directory) for its relay domains;
+3. try the domains in the ranker's order (`ranker.py`), one POST each (`sender.py`):
+   202 -> done; 4xx -> permanent, the sender of a request gets
+   "remote relay rejected permanently: <reason>"; anything else -> downvote, next domain;
+4. all failed -> retry the whole round after a backoff (100 ms doubling to `max_backoff`, with
+   jitter, never past the envelope's deadline), until it is accepted, refused, or expires.
+
+Errors go to the sender through the switch (its connection here, or its mailbox), as rmb-rs
+pushes them to the sender's stream; responses and errors that fail are dropped and counted,
+because rmb-rs never answers an answer.
+
+The wall clock (envelope deadlines) is injected; backoff delays are event-loop timers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from typing import TYPE_CHECKING
+
+from rmb_relay._core import MSG_REQUEST, EnvelopeRouting, build_error_envelope, scan_envelope
+from rmb_relay.clock import Clock, seconds, wall_clock
+from rmb_relay.errors import EnvelopeError, MailboxUnavailable, TwinLookupError
+from rmb_relay.federation import Federation
+from rmb_relay.federation.queue import Item, OutboundQueue
+from rmb_relay.federation.sender import PostOutcome, Sender
+
+if TYPE_CHECKING:
+    from rmb_relay.federation.ranker import Ranker
+    from rmb_relay.switch import Switch
+    from rmb_relay.twins import Twin, TwinDirectory
+
+log = logging.getLogger("rmb_relay.federation")
+
+#: relay error envelopes live this long (rmb-rs build_error_envelope)
+ERROR_ENVELOPE_TTL = 300
+#: first retry delay after a round in which every relay failed; doubles per round
+FIRST_BACKOFF = 0.1
+DEFAULT_MAX_BACKOFF = 5.0
+#: items posted concurrently by one process (each remote is bounded by the sender too)
+DEFAULT_WORKERS = 256
+
+
+class FederationStats:
+    """Plain ints bumped per message, read at scrape (metrics.py's hot-counter convention)."""
+
+    __slots__ = ("accepted", "dropped", "expired", "failed_posts", "rejected", "retries")
+
+    def __init__(self) -> None:
+        self.accepted = 0
+        self.rejected = 0
+        self.expired = 0
+        self.dropped = 0
+        self.retries = 0
+        self.failed_posts = 0
+
+
+class OutboundFederation(Federation):
+    """See the module docstring."""
+
+    def __init__(
+        self,
+        queue: OutboundQueue,
+        sender: Sender,
+        ranker: Ranker,
+        directory: TwinDirectory,
+        switch: Switch,
+        *,
+        workers: int = DEFAULT_WORKERS,
+        max_backoff: float = DEFAULT_MAX_BACKOFF,
+        clock: Clock = wall_clock,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.queue = queue
+        self.sender = sender
+        self.ranker = ranker
+        self.directory = directory
+        self.switch = switch
+        self.workers = workers
+        self.max_backoff = max_backoff
+        self.clock = clock
+        self.stats = FederationStats()
+        self._rng = rng or random.Random()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        """Start the workers and the queue's background work (idempotent)."""
+        if self._tasks:
+            return
+        self.queue.start()
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._work(), name=f"federation-worker-{n}")
+            for n in range(self.workers)
+        ]
+
+    async def forward(self, envelope: bytes, twin: Twin) -> None:
+        """Accept the envelope for delivery to one of `twin.relays`; FederationError when the
+        queue cannot take it (full, or Redis down)."""
+        self.start()
+        await self.queue.put(envelope)
+
+    # ---- the workers -------------------------------------------------------------------------
+
+    async def _work(self) -> None:
+        queue = self.queue
+        while True:
+            item = await queue.get()
+            try:
+                finished = await self.process(item)
+            except Exception:
+                log.exception("federating an envelope failed; dropped")
+                self.stats.dropped += 1
+                finished = True
+            if finished:
+                await queue.done(item)
+
+    async def process(self, item: Item) -> bool:
+        """One round for one item; True when it is finished, False when a retry is scheduled."""
+        stats = self.stats
+        try:
+            env = scan_envelope(item.data)
+        except EnvelopeError as err:
+            log.warning("dropping a queued federation entry that is not an envelope: %s", err)
+            stats.dropped += 1
+            return True
+        now = seconds(self.clock())
+        deadline = env.timestamp + env.expiration
+        if deadline <= now:
+            stats.expired += 1
+            await self._fail(env, "message has expired", now)
+            return True
+        domains = await self._domains(env, now)
+        if domains is None:
+            return True
+        if not domains:
+            return self._again(item, deadline, now)
+        for domain in self.ranker.rank(domains):
+            result = await self.sender.post(domain, item.data)
+            if result.outcome is PostOutcome.ACCEPTED:
+                stats.accepted += 1
+                return True
+            if result.outcome is PostOutcome.REJECTED:
+                stats.rejected += 1
+                log.info("relay %s refused envelope %s: %s", domain, env.uid, result.detail)
+                reason = f"remote relay rejected permanently: {result.detail}"
+                await self._fail(env, reason, seconds(self.clock()))
+                return True
+            stats.failed_posts += 1
+            log.debug("relay %s failed for envelope %s: %s", domain, env.uid, result.detail)
+            self.ranker.downvote(domain)
+        return self._again(item, deadline, seconds(self.clock()))
+
+    async def _domains(self, env: EnvelopeRouting, now: int) -> frozenset[str] | None:
+        """The destination's relays; None when the envelope is finished (answered with an
+        error), an empty set when the directory failed (try again later)."""
+        try:
+            twin = await self.directory.get(env.dest_twin)
+        except TwinLookupError as err:
+            log.warning("twin lookup for federation failed, will retry: %s", err)
+            return frozenset()
+        if twin is None:
+            await self._fail(env, "unknown twin destination", now)
+            return None
+        if not twin.relays:
+            await self._fail(env, "relay info is not set for this twin", now)
+            return None
+        return twin.relays
+
+    def _again(self, item: Item, deadline: int, now: int) -> bool:
+        """Schedule the next round, or finish now if the deadline would pass first (the
+        next round then reports the expiry)."""
+        item.attempts += 1
+        self.stats.retries += 1
+        delay = min(FIRST_BACKOFF * 2 ** min(item.attempts - 1, 30), self.max_backoff)
+        delay *= 0.75 + self._rng.random() / 2
+        # wake up just after the deadline at the latest, to tell the sender it expired
+        delay = max(0.0, min(delay, deadline - now + 0.05))
+        self.queue.retry(item, delay)
+        return False
+
+    async def _fail(self, env: EnvelopeRouting, reason: str, now: int) -> None:
+        """Tell the sender of a request why its envelope will not arrive."""
+        if env.kind != MSG_REQUEST or env.source_twin == 0:
+            self.stats.dropped += 1
+            return
+        sender = (env.source_twin, env.source_connection)
+        error = build_error_envelope(env.uid, reason, now, *sender)
+        deadline = self.switch.mailbox.deadline(now, ERROR_ENVELOPE_TTL)
+        try:
+            await self.switch.deliver(sender, error, deadline=deadline)
+        except MailboxUnavailable as err:
+            log.warning("could not store a federation error for %s: %s", sender, err)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        await self.queue.close()
+        await self.sender.close()

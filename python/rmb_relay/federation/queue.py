@@ -1,0 +1,345 @@
+"""The outbound federation queue: envelopes accepted for another relay, until they are posted,
+refused for good, or expire.
+
+Theory of operation
+-------------------
+An item is *held* from `put` until `done`: ready (waiting for a worker), in flight (a worker is
+posting it) or waiting out a retry backoff (`retry` puts it back after a delay without holding
+a worker). Workers call `get`, then `done` or `retry`.
+
+`MemoryQueue` (no Redis): a bounded deque; `put` refuses when `max_held` items are held, so a
+remote that is down cannot eat the relay's memory (the sender gets an error envelope). A
+process that dies loses what it held.
+
+`RedisQueue` (`--redis`): rmb-rs's stream `relay.federation.stream` (entry field `msg` = the raw
+envelope) read through the consumer group `federation`, one consumer per relay instance. What
+an instance reads stays in the group's pending list (PEL) under its name until it is done with
+it (then `XACK` + `XDEL`: unlike rmb-rs the stream does not grow forever). Two loops keep
+ownership right:
+
+- while an instance holds an entry (in flight or waiting to retry) it re-claims it for itself
+  every `claim_idle / 3` (`XCLAIM ... JUSTID`, which does not count as a delivery), so its idle
+  time stays low and nobody else takes it;
+- every instance runs `XAUTOCLAIM` for entries idle longer than `claim_idle`: those belong to a
+  consumer that stopped refreshing them, i.e. an instance that crashed or hangs. The claimer
+  processes them as new. An entry can thus be posted twice (the hung instance wakes up): at
+  least once, never lost while Redis keeps it.
+
+Consumers that hold nothing and have been idle for a long time (dead instances) are removed
+from the group by the claim loop, so the group does not collect names forever.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from rmb_relay.errors import FederationError
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+log = logging.getLogger("rmb_relay.federation")
+
+#: rmb-rs's names (spec/rmb.md §3.3), so a relay can share a Redis with rmb-rs relays
+STREAM_KEY = "relay.federation.stream"
+GROUP = "federation"
+FIELD = b"msg"
+#: without Redis, at most this many envelopes are held for other relays
+DEFAULT_MAX_HELD = 100_000
+#: an entry a consumer has not refreshed for this long is taken over by another instance
+DEFAULT_CLAIM_IDLE = 30.0
+#: entries read from the stream per XREADGROUP / XAUTOCLAIM
+READ_COUNT = 100
+#: a consumer with nothing pending and idle this many claim periods is removed from the group
+DEAD_CONSUMER_PERIODS = 20
+
+
+@dataclass(slots=True)
+class Item:
+    """One envelope held by the queue."""
+
+    data: bytes
+    #: the stream entry id (Redis only)
+    id: bytes | None = None
+    #: posting rounds that failed so far (drives the backoff)
+    attempts: int = 0
+
+
+class OutboundQueue(abc.ABC):
+    """See the module docstring."""
+
+    def __init__(self) -> None:
+        self._ready: deque[Item] = deque()
+        #: workers waiting for an item, each woken alone (not every worker per item)
+        self._waiters: deque[asyncio.Future[Item]] = deque()
+        self._timers: set[asyncio.TimerHandle] = set()
+        self.closed = False
+        #: entries taken over from a stalled or dead instance (Redis only)
+        self.claimed = 0
+
+    @abc.abstractmethod
+    async def put(self, data: bytes) -> None:
+        """Hold one envelope; raises FederationError when it cannot (full, Redis down)."""
+
+    async def get(self) -> Item:
+        """The next item to post (waits for one)."""
+        if self._ready:
+            return self._ready.popleft()
+        waiter: asyncio.Future[Item] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():
+                self._ready.appendleft(waiter.result())  # handed over as we were cancelled
+            else:
+                self._waiters.remove(waiter)
+            raise
+
+    def ready(self) -> int:
+        """Items waiting for a worker."""
+        return len(self._ready)
+
+    def _push(self, item: Item) -> None:
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(item)
+                return
+        self._ready.append(item)
+
+    def retry(self, item: Item, delay: float) -> None:
+        """Make `item` ready again after `delay` seconds; it stays held meanwhile."""
+        loop = asyncio.get_running_loop()
+
+        def again() -> None:
+            self._timers.discard(handle)
+            if not self.closed:
+                self._push(item)
+
+        handle = loop.call_later(delay, again)
+        self._timers.add(handle)
+
+    @abc.abstractmethod
+    async def done(self, item: Item) -> None:
+        """The item is finished (posted, refused for good, or expired): forget it."""
+
+    @abc.abstractmethod
+    def depth(self) -> int:
+        """Items held by this process."""
+
+    def start(self) -> None:  # noqa: B027 - optional hook
+        """Start background work (on the running loop)."""
+
+    async def close(self) -> None:
+        self.closed = True
+        for handle in self._timers:
+            handle.cancel()
+        self._timers.clear()
+
+
+class MemoryQueue(OutboundQueue):
+    """In-process and bounded; see the module docstring."""
+
+    def __init__(self, max_held: int = DEFAULT_MAX_HELD) -> None:
+        super().__init__()
+        if max_held < 1:
+            raise FederationError("the federation queue must hold at least 1 envelope")
+        self.max_held = max_held
+        self.held = 0
+
+    async def put(self, data: bytes) -> None:
+        if self.held >= self.max_held:
+            raise FederationError(
+                f"federation queue full ({self.max_held} envelopes waiting for other relays)"
+            )
+        self.held += 1
+        self._push(Item(data))
+
+    async def done(self, item: Item) -> None:
+        self.held -= 1
+
+    def depth(self) -> int:
+        return self.held
+
+
+def consumer_name() -> str:
+    """Unique per process and start: a restarted instance must not inherit a dead one's name
+    blindly (its entries are claimed through the idle rule instead)."""
+    return f"{socket.gethostname()}-{os.getpid()}-{os.urandom(3).hex()}"
+
+
+class RedisQueue(OutboundQueue):
+    """A Redis stream read through a consumer group; see the module docstring."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        consumer: str | None = None,
+        claim_idle: float = DEFAULT_CLAIM_IDLE,
+        prefetch: int = 1000,
+        key: str = STREAM_KEY,
+    ) -> None:
+        super().__init__()
+        if not claim_idle > 0:
+            raise FederationError("--federation-claim-idle must be positive")
+        self.redis = redis
+        self.key = key
+        self.consumer = consumer or consumer_name()
+        self.claim_idle_ms = max(1, int(claim_idle * 1000))
+        self.prefetch = prefetch
+        #: entry id -> item, for everything this instance holds
+        self.held: dict[bytes, Item] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def start(self) -> None:
+        if self._tasks:
+            return
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._read_loop(), name="federation-read"),
+            loop.create_task(self._claim_loop(), name="federation-claim"),
+        ]
+
+    async def put(self, data: bytes) -> None:
+        from redis.exceptions import RedisError
+
+        try:
+            await self.redis.xadd(self.key, {FIELD: data})
+        except (RedisError, OSError) as err:
+            raise FederationError(f"federation queue unavailable: {err}") from None
+
+    async def done(self, item: Item) -> None:
+        from redis.exceptions import RedisError
+
+        assert item.id is not None
+        self.held.pop(item.id, None)
+        if len(self.held) < self.prefetch:
+            self._room.set()
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.xack(self.key, GROUP, item.id)
+                pipe.xdel(self.key, item.id)
+                await pipe.execute()
+        except (RedisError, OSError) as err:
+            # still pending: another instance (or this one) will claim and post it again
+            log.warning("could not acknowledge federation entry %r: %s", item.id, err)
+
+    def depth(self) -> int:
+        return len(self.held)
+
+    def _take(self, entries: list[Any]) -> int:
+        """Hold and queue entries read or claimed (id, {field: value}); returns how many."""
+        taken = 0
+        for entry_id, fields in entries:
+            if entry_id in self.held or not fields:
+                continue  # already ours, or deleted meanwhile
+            data = fields.get(FIELD)
+            if data is None:
+                log.warning("federation entry %r has no %r field; dropped", entry_id, FIELD)
+                continue
+            item = Item(data, entry_id)
+            self.held[entry_id] = item
+            self._push(item)
+            taken += 1
+        if len(self.held) >= self.prefetch:
+            self._room.clear()
+        return taken
+
+    async def _ensure_group(self) -> None:
+        from redis.exceptions import ResponseError
+
+        try:
+            await self.redis.xgroup_create(self.key, GROUP, id="0", mkstream=True)
+        except ResponseError as err:
+            if "BUSYGROUP" not in str(err):
+                raise
+
+    async def _read_loop(self) -> None:
+        from redis.exceptions import RedisError, ResponseError
+
+        while not self.closed:
+            try:
+                await self._ensure_group()
+                while not self.closed:
+                    await self._room.wait()
+                    reply: Any = await self.redis.xreadgroup(
+                        GROUP, self.consumer, {self.key: ">"}, count=READ_COUNT, block=1000
+                    )
+                    for _, entries in reply or ():
+                        self._take(entries)
+            except ResponseError as err:
+                if "NOGROUP" not in str(err):
+                    log.warning("federation stream read failed: %s", err)
+                    await asyncio.sleep(1.0)
+            except (RedisError, OSError) as err:
+                log.warning("federation stream read failed: %s", err)
+                await asyncio.sleep(1.0)
+
+    async def _claim_loop(self) -> None:
+        from redis.exceptions import RedisError
+
+        period = self.claim_idle_ms / 3000
+        while not self.closed:
+            await asyncio.sleep(period)
+            try:
+                await self._ensure_group()
+                await self._refresh()
+                await self._claim()
+                await self._forget_dead(period)
+            except (RedisError, OSError) as err:
+                log.warning("federation claim loop: %s", err)
+
+    async def _refresh(self) -> None:
+        """Re-claim what we hold so its idle time stays under claim_idle."""
+        ids: list[Any] = list(self.held)
+        for start in range(0, len(ids), 500):
+            await self.redis.xclaim(
+                self.key, GROUP, self.consumer, 0, ids[start : start + 500], justid=True
+            )
+
+    async def _claim(self) -> None:
+        """Take over entries another consumer stopped refreshing (a dead instance's)."""
+        cursor: bytes | str = "0-0"
+        while not self.closed and len(self.held) < self.prefetch:
+            reply: Any = await self.redis.xautoclaim(
+                self.key, GROUP, self.consumer, self.claim_idle_ms, cursor, count=READ_COUNT
+            )
+            cursor, entries = reply[0], reply[1]
+            taken = self._take(entries)
+            if taken:
+                self.claimed += taken
+                log.info("claimed %d federation entries of a stalled instance", taken)
+            if cursor in (b"0-0", "0-0"):
+                break
+
+    async def _forget_dead(self, period: float) -> None:
+        dead_ms = int(period * 1000 * DEAD_CONSUMER_PERIODS) + self.claim_idle_ms
+        for info in await self.redis.xinfo_consumers(self.key, GROUP):
+            raw = info.get("name")
+            name = raw.decode() if isinstance(raw, bytes) else str(raw)
+            if name == self.consumer or info.get("pending", 0) or info.get("idle", 0) < dead_ms:
+                continue
+            await self.redis.xgroup_delconsumer(self.key, GROUP, name)
+
+    async def close(self) -> None:
+        await super().close()
+        self._room.set()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []

@@ -1,0 +1,111 @@
+"""The three encodings of the gateway socket (decision 1): frames as Python values both ways.
+
+| encoding | frames | library |
+|---|---|---|
+| json | text | the standard library (`ensure_ascii=False`, compact separators) |
+| msgpack | binary | `msgpack` (str keys only, no ext types) |
+| etf | binary | `etf.py` (restricted term set; refused for restricted clients) |
+
+Decoding returns any value (the frame checks in `frames.py` say what a frame must look like);
+every failure is a `DecodeError` whose text becomes the `decode: ...` of an op 8 error.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Any
+
+import msgpack
+
+from rmb_relay.protocols.singyeong import etf
+
+#: msgpack containers larger than this are refused before allocation (a 1 MiB frame cannot
+#: hold more elements than bytes anyway; the bound keeps a hostile header from reserving more)
+_MSGPACK_LIMIT = 1 << 20
+
+
+class DecodeError(ValueError):
+    """A frame that could not be decoded in the socket's encoding."""
+
+
+class Encoding(enum.Enum):
+    JSON = "json"
+    MSGPACK = "msgpack"
+    ETF = "etf"
+
+    @property
+    def text_frames(self) -> bool:
+        return self is Encoding.JSON
+
+    @classmethod
+    def parse(cls, text: str | None) -> Encoding:
+        """`?encoding=` of the upgrade URL (absent: json); ValueError names the choices."""
+        if text is None or text == "":
+            return cls.JSON
+        try:
+            return cls(text)
+        except ValueError:
+            raise ValueError(f"unsupported encoding {text!r}: use json, msgpack or etf") from None
+
+
+def _json_default(value: Any) -> Any:
+    # msgpack bin and ETF never produce other types; bytes reach JSON only from a msgpack bin
+    if isinstance(value, bytes | bytearray):
+        return value.decode(errors="replace")
+    raise TypeError(f"cannot encode {type(value).__name__} as JSON")
+
+
+_JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), default=_json_default)
+_json_encode = _JSON.encode
+_json_decode = json.JSONDecoder().decode
+_packb = msgpack.Packer(use_bin_type=True, datetime=False).pack
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise DecodeError(f"msgpack extension type {code} is not supported")
+
+
+def encode(encoding: Encoding, value: Any) -> bytes:
+    """`value` in `encoding` (UTF-8 for json). Raises TypeError for values it cannot carry."""
+    if encoding is Encoding.JSON:
+        return _json_encode(value).encode()
+    if encoding is Encoding.MSGPACK:
+        try:
+            return bytes(_packb(value))
+        except (TypeError, ValueError, OverflowError) as err:
+            raise TypeError(f"cannot encode as msgpack: {err}") from None
+    return etf.encode(value)
+
+
+def decode(encoding: Encoding, data: bytes) -> Any:
+    """One frame's value; raises DecodeError with a message fit for the client."""
+    if encoding is Encoding.JSON:
+        try:
+            return _json_decode(data.decode())
+        except UnicodeDecodeError:
+            raise DecodeError("payload is not UTF-8") from None
+        except ValueError as err:
+            raise DecodeError(f"invalid json: {err}") from None
+        except RecursionError:
+            raise DecodeError("invalid json: nested too deeply") from None
+    if encoding is Encoding.MSGPACK:
+        try:
+            return msgpack.unpackb(
+                data,
+                raw=False,
+                strict_map_key=True,
+                ext_hook=_refuse_ext,
+                max_bin_len=_MSGPACK_LIMIT,
+                max_str_len=_MSGPACK_LIMIT,
+                max_array_len=_MSGPACK_LIMIT,
+                max_map_len=_MSGPACK_LIMIT,
+            )
+        except DecodeError:
+            raise
+        except (ValueError, TypeError, msgpack.UnpackException) as err:
+            raise DecodeError(f"invalid msgpack: {err or type(err).__name__}") from None
+    try:
+        return etf.decode(data)
+    except etf.EtfError as err:
+        raise DecodeError(f"invalid etf: {err}") from None

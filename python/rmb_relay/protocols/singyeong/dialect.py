@@ -1,0 +1,462 @@
+"""The 신경 gateway on the shared listener: `GET /gateway/websocket?encoding=json|msgpack|etf`.
+
+Theory of operation (spec/singyeong.md, the decisions at its top)
+-----------------------------------------------------------------
+A connection gets op 0 hello at once; its `SgSession` (session.py) decodes frames and
+identifies the client, which then lives in the `ClientIndex` (clients.py) until the socket
+closes. Dispatches are routed here:
+
+- SEND / BROADCAST: the target query (query.py) is matched against the index, then narrowed
+  by the selector, by `key` (rendezvous hashing) or at random (SEND); each receiver's frame
+  is encoded once per encoding and written to its connection. No receiver: op 3 `no_route`
+  unless the query is droppable.
+- QUEUE*: queues.py; the confirmation goes out only once the message is stored.
+- UPDATE_METADATA: validated at once, applied at up to `--sg-metadata-rate` per client per
+  second (session.py), the rest merged and applied when the rate allows.
+
+Time: `clock` (monotonic ns) drives heartbeat timeouts, ack timeouts and the metadata rate;
+`wall_clock` only stamps `ts` and `last_heartbeat_time`. A periodic `sweep(now)` closes
+silent clients and retries expired deliveries; tests call it with a fake clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from rmb_relay.clock import Clock, monotonic_clock, wall_clock
+from rmb_relay.errors import HttpReject
+from rmb_relay.protocols.base import Dialect, Peer, Routes, WebSocketHandler
+from rmb_relay.protocols.singyeong import frames
+from rmb_relay.protocols.singyeong.clients import Client, ClientIndex
+from rmb_relay.protocols.singyeong.cluster import SgCluster
+from rmb_relay.protocols.singyeong.codec import Encoding, encode
+from rmb_relay.protocols.singyeong.metrics import SgMetrics
+from rmb_relay.protocols.singyeong.proxy import Proxy
+from rmb_relay.protocols.singyeong.query import (
+    Query,
+    QueryError,
+    parse,
+    rendezvous,
+    select,
+)
+from rmb_relay.protocols.singyeong.queues import MAX_QUEUE_NAME, Message, Queues
+from rmb_relay.protocols.singyeong.redis_queues import RedisQueues
+from rmb_relay.protocols.singyeong.session import SgSession
+from rmb_relay.protocols.singyeong.settings import SgSettings
+
+if TYPE_CHECKING:
+    from redis.asyncio import Redis
+
+    from rmb_relay._core import HttpRequest
+    from rmb_relay.telemetry.metrics import Registry
+
+log = logging.getLogger("rmb_relay.singyeong")
+
+#: the longest pause between sweeps (heartbeat and ack-timeout checks), seconds
+MAX_SWEEP_INTERVAL = 0.25
+
+
+def _query_param(query: str | None, name: str) -> str | None:
+    if not query:
+        return None
+    for part in query.split("&"):
+        key, _, value = part.partition("=")
+        if key == name:
+            return value
+    return None
+
+
+class SingyeongDialect(Dialect):
+    name = "singyeong"
+    paths = ("/gateway/websocket",)
+
+    def __init__(
+        self,
+        settings: SgSettings,
+        registry: Registry,
+        clock: Clock = monotonic_clock,
+        wall: Clock = wall_clock,
+        *,
+        rng: random.Random | None = None,
+        redis: Redis | None = None,
+    ) -> None:
+        """With `redis`, queues live there (shared by every instance on it, surviving
+        restarts); it must be called on the running loop then."""
+        self.settings = settings
+        self.clock = clock
+        self.wall = wall
+        self.rng = rng if rng is not None else random.Random()
+        self.index = ClientIndex()
+        self.sessions: dict[int, SgSession] = {}
+        #: non-restricted clients that asked for CLIENT_CONNECTED/DISCONNECTED
+        self.update_listeners: set[SgSession] = set()
+        self.queues: Queues | RedisQueues
+        if redis is None:
+            self.queues = Queues(
+                ack_timeout_ns=int(settings.ack_timeout * 1e9),
+                max_attempts=settings.max_attempts,
+                clock=clock,
+                wall_ms=self.now_ms,
+            )
+        else:
+            self.queues = RedisQueues(
+                redis,
+                node=settings.node,
+                ack_timeout_ns=int(settings.ack_timeout * 1e9),
+                max_attempts=settings.max_attempts,
+                wall_ms=self.now_ms,
+            )
+            self.queues.start()
+        self.cluster: SgCluster | None = None
+        if redis is not None:
+            self.cluster = SgCluster(
+                redis, settings.node, self.index, self.deliver_local, self.now_ms
+            )
+            self.cluster.start()
+        self.metrics = SgMetrics(registry, lambda: self.index, lambda: self.queues)
+        self._sweeper: asyncio.TimerHandle | None = None
+        self._metadata_due: dict[SgSession, int] = {}
+        self._metadata_timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self.proxy = Proxy(self)
+
+    def now_ms(self) -> int:
+        return self.wall() // 1_000_000
+
+    # ---- upgrade ---------------------------------------------------------------------------
+
+    async def accept(self, request: HttpRequest, peer: Peer) -> WebSocketHandler:
+        try:
+            encoding = Encoding.parse(_query_param(request.query, "encoding"))
+        except ValueError as err:
+            raise HttpReject(400, str(err)) from None
+        return SgSession(peer, self, encoding)
+
+    def add_routes(self, router: Routes) -> None:
+        from rmb_relay.protocols.singyeong.api import SgApi
+
+        SgApi(self).add_routes(router)
+
+    # ---- client lifecycle ------------------------------------------------------------------
+
+    def client_ready(self, session: SgSession, client: Client) -> None:
+        self.index.add(client)
+        if self.cluster is not None:
+            self.cluster.joined(client)
+        if client.receive_updates:
+            self.update_listeners.add(session)
+        self._client_update("CLIENT_CONNECTED", client)
+
+    def session_closed(self, session: SgSession) -> None:
+        self.sessions.pop(session.peer.id, None)
+        self._metadata_due.pop(session, None)
+        self.update_listeners.discard(session)
+        client = session.client
+        if client is None:
+            return
+        if self.index.get(client.app_id, client.client_id) is client:
+            self.index.remove(client)
+            if self.cluster is not None:
+                self.cluster.left(client)
+            self.queues.consumer_gone(session)
+            self._client_update("CLIENT_DISCONNECTED", client)
+
+    def _client_update(self, event: str, client: Client) -> None:
+        if not self.update_listeners:
+            return
+        frame = frames.dispatch(event, {"app": client.app_id}, self.now_ms())
+        self._send_all(list(self.update_listeners), frame)
+
+    # ---- time ------------------------------------------------------------------------------
+
+    def ensure_sweeper(self) -> None:
+        if self._sweeper is None:
+            interval = min(
+                MAX_SWEEP_INTERVAL, self.settings.heartbeat_ms / 4000, self.settings.ack_timeout / 4
+            )
+            self._sweeper = asyncio.get_running_loop().call_later(interval, self._tick)
+
+    def _tick(self) -> None:
+        self._sweeper = None
+        try:
+            self.sweep(self.clock())
+        finally:
+            if self.sessions or self.queues.busy:
+                self.ensure_sweeper()
+
+    def sweep(self, now: int) -> None:
+        """Close clients silent for 1.5 heartbeat intervals (decision 7); retry deliveries whose
+        ack timed out (decision 11)."""
+        limit = self.settings.heartbeat_timeout_ns
+        for session in list(self.sessions.values()):
+            if not session.closing and now - session.last_heartbeat > limit:
+                self.metrics.heartbeat_closed.inc()
+                session.fatal("heartbeat took too long")
+        self.queues.sweep(now)
+
+    def metadata_waiting(self, session: SgSession, due: int) -> None:
+        self._metadata_due[session] = due
+        self._arm_metadata_timer()
+
+    def _arm_metadata_timer(self) -> None:
+        if self._metadata_timer is not None or not self._metadata_due:
+            return
+        delay = max(0, min(self._metadata_due.values()) - self.clock()) / 1e9
+        self._metadata_timer = asyncio.get_running_loop().call_later(delay, self._metadata_tick)
+
+    def _metadata_tick(self) -> None:
+        self._metadata_timer = None
+        self.flush_metadata(self.clock())
+        self._arm_metadata_timer()
+
+    def flush_metadata(self, now: int) -> None:
+        """Apply every pending metadata update whose time has come."""
+        for session, due in list(self._metadata_due.items()):
+            if due > now:
+                continue
+            later = session.flush_metadata(now)
+            if later is None:
+                del self._metadata_due[session]
+            else:
+                self._metadata_due[session] = later
+
+    def metadata_applied(self, client: Client) -> None:
+        """The other instances' replicas of this client follow, and queues it waits on
+        look again (it may match messages it did not before)."""
+        if self.cluster is not None:
+            self.cluster.changed(client)
+        for name in client.queues:
+            self.queues.pump(name)
+
+    # ---- dispatches ------------------------------------------------------------------------
+
+    def dispatch(self, session: SgSession, client: Client, t: Any, d: Any) -> None:
+        hot = self.metrics.hot
+        if not isinstance(t, str):
+            hot.dispatch("other", "invalid")
+            session.invalid("a dispatch needs a string t")
+            return
+        if client.restricted and t != "UPDATE_METADATA":
+            hot.dispatch(t, "refused")
+            session.invalid(f"invalid dispatch type {t} (are you restricted?)")
+            return
+        handler = self._handlers.get(t)
+        if handler is None:
+            hot.dispatch(t, "invalid")
+            session.invalid("invalid dispatch payload", {"t": t})
+            return
+        handler(self, session, client, t, d)
+
+    def _update_metadata(self, session: SgSession, client: Client, t: str, d: Any) -> None:
+        self.metrics.hot.dispatch(t, "ok")
+        session.update_metadata(d)
+
+    def _parse_target(self, session: SgSession, t: str, target: Any) -> Query | None:
+        try:
+            return parse(target)
+        except QueryError as err:
+            self.metrics.hot.dispatch(t, "invalid")
+            session.invalid("invalid query", str(err))
+            return None
+
+    def _send(self, session: SgSession, client: Client, t: str, d: Any) -> None:
+        if not isinstance(d, dict) or "target" not in d or "payload" not in d:
+            self.metrics.hot.dispatch(t, "invalid")
+            session.invalid(f"{t} needs target and payload", d)
+            return
+        query = self._parse_target(session, t, d["target"])
+        if query is None:
+            return
+        receivers = self.resolve(query, broadcast=t == "BROADCAST")
+        if not receivers:
+            if query.droppable:
+                self.metrics.hot.dispatch(t, "dropped")
+                return
+            self.metrics.hot.dispatch(t, "no_route")
+            original = {"op": frames.Op.DISPATCH, "d": d, "t": t, "ts": self.now_ms()}
+            session.invalid("no_route", original)
+            return
+        self.metrics.hot.dispatch(t, "delivered")
+        local = [r for r in receivers if r.node is None]
+        if len(local) != len(receivers):
+            assert self.cluster is not None
+            remote = [r for r in receivers if r.node is not None]
+            self.cluster.forward(remote, t, d["payload"], d.get("nonce"))
+        if local:
+            self.deliver_local(local, t, d["payload"], d.get("nonce"))
+
+    def deliver_local(self, receivers: list[Client], t: str, payload: Any, nonce: Any) -> None:
+        """A dispatch to clients connected here (from a local sender or another instance)."""
+        frame = frames.dispatch(t, payload, self.now_ms(), nonce)
+        self._send_all([r.session for r in receivers], frame)
+
+    def resolve(self, query: Query, *, broadcast: bool) -> list[Client]:
+        """The receivers of a SEND (one) or BROADCAST (all), per decisions 5 and 6."""
+        matches = self.matching(query)
+        if not matches and query.optional:
+            matches = self.matching(query.fallback())
+        if not matches:
+            return []
+        if broadcast:
+            return matches
+        if query.key is not None:
+            return [rendezvous(query.key, matches)]
+        return [matches[self.rng.randrange(len(matches))]]
+
+    def matching(self, query: Query) -> list[Client]:
+        matches = self.index.match(query)
+        if query.selector is not None and matches:
+            kind, key = query.selector
+            chosen = select(kind, key, [(c.metadata.get(key), c) for c in matches])
+            return [chosen] if chosen is not None else []
+        return matches
+
+    def _send_all(self, sessions: list[Any], frame: Any) -> None:
+        """One encode per encoding, whatever the number of receivers."""
+        encoded: dict[Encoding, bytes] = {}
+        for session in sessions:
+            if session is None or session.closing:
+                continue
+            data = encoded.get(session.encoding)
+            if data is None:
+                data = encoded[session.encoding] = encode(session.encoding, frame)
+            session.send_encoded(data)
+        self.metrics.hot.frames_out += len(sessions)
+
+    def _query_nodes(self, session: SgSession, client: Client, t: str, d: Any) -> None:
+        query = self._parse_target(session, t, d)
+        if query is None:
+            return
+        self.metrics.hot.dispatch(t, "ok")
+        nodes: dict[str, list[dict[str, Any]]] = {}
+        for found in self.index.match(query):
+            nodes.setdefault(found.node or self.settings.node, []).append(found.describe())
+        nonce = d.get("nonce") if isinstance(d, dict) else None
+        session.send(frames.dispatch(t, {"nodes": nodes}, self.now_ms(), nonce, nodes=nodes))
+
+    # ---- queues ----------------------------------------------------------------------------
+
+    def _queue_name(self, session: SgSession, t: str, d: Any) -> str | None:
+        name = d.get("queue") if isinstance(d, dict) else None
+        if not isinstance(name, str) or not name or len(name) > MAX_QUEUE_NAME:
+            self.metrics.hot.dispatch(t, "invalid")
+            session.invalid(f"{t} needs a queue name of 1 to {MAX_QUEUE_NAME} characters", d)
+            return None
+        return name
+
+    def _queue(self, session: SgSession, client: Client, t: str, d: Any) -> None:
+        name = self._queue_name(session, t, d)
+        if name is None:
+            return
+        if "target" not in d or "payload" not in d:
+            self.metrics.hot.dispatch(t, "invalid")
+            session.invalid("QUEUE needs queue, target and payload", d)
+            return
+        query = self._parse_target(session, t, d["target"])
+        if query is None:
+            return
+        message = Message(
+            Queues.new_id(), name, d.get("nonce"), d["target"], d["payload"], query=query
+        )
+        self.metrics.hot.dispatch(t, "stored")
+        self.store_message(session, message)
+
+    def store_message(self, session: SgSession, message: Message) -> None:
+        """Confirm once stored: memory at once (confirm, then deliver), Redis after its write."""
+        queues = self.queues
+        if not queues.durable:
+            self.confirm(session, message)
+            queues.stored(message)
+            return
+        task = asyncio.get_running_loop().create_task(self._store_durably(session, message))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _store_durably(self, session: SgSession, message: Message) -> None:
+        try:
+            await self.queues.store(message)
+        except Exception as err:
+            log.warning("singyeong: queue %s: could not store: %s", message.queue, err)
+            self.metrics.hot.dispatch("QUEUE", "unavailable")
+            if not session.closing:
+                session.invalid("queue unavailable: the message was not stored", message.queue)
+            return
+        if not session.closing:
+            self.confirm(session, message)
+        self.queues.stored(message)
+
+    def confirm(self, session: SgSession, message: Message) -> None:
+        name = message.queue
+        session.send(
+            frames.dispatch(
+                "QUEUE_CONFIRM", {"queue": name}, self.now_ms(), message.nonce, queue=name
+            )
+        )
+
+    def _queue_request(self, session: SgSession, client: Client, t: str, d: Any) -> None:
+        name = self._queue_name(session, t, d)
+        if name is None:
+            return
+        client.queues.add(name)
+        if not self.queues.request(name, session):
+            self.metrics.hot.dispatch(t, "refused")
+            session.invalid("too many outstanding QUEUE_REQUESTs", {"queue": name})
+            return
+        self.metrics.hot.dispatch(t, "ok")
+
+    def _queue_cancel(self, session: SgSession, client: Client, t: str, d: Any) -> None:
+        name = self._queue_name(session, t, d)
+        if name is None:
+            return
+        client.queues.discard(name)
+        self.queues.cancel(name, session)
+        self.metrics.hot.dispatch(t, "ok")
+
+    def _queue_ack(self, session: SgSession, client: Client, t: str, d: Any) -> None:
+        name = self._queue_name(session, t, d)
+        if name is None:
+            return
+        message_id = d.get("id")
+        if not isinstance(message_id, str):
+            self.metrics.hot.dispatch(t, "invalid")
+            session.invalid("QUEUE_ACK needs queue and id", d)
+            return
+        acked = self.queues.ack(name, message_id)
+        self.metrics.hot.dispatch(t, "ok" if acked else "unknown")
+
+    _handlers: ClassVar[
+        dict[str, Callable[[SingyeongDialect, SgSession, Client, str, Any], None]]
+    ] = {
+        "UPDATE_METADATA": _update_metadata,
+        "SEND": _send,
+        "BROADCAST": _send,
+        "QUERY_NODES": _query_nodes,
+        "QUEUE": _queue,
+        "QUEUE_REQUEST": _queue_request,
+        "QUEUE_REQUEST_CANCEL": _queue_cancel,
+        "QUEUE_ACK": _queue_ack,
+    }
+
+    # ---- shutdown --------------------------------------------------------------------------
+
+    async def close(self) -> None:
+        """Once (the listener and a test may both call it): a second close must not reopen
+        Redis connections the owner has already closed."""
+        if self._closed:
+            return
+        self._closed = True
+        for handle in (self._sweeper, self._metadata_timer):
+            if handle is not None:
+                handle.cancel()
+        self._sweeper = self._metadata_timer = None
+        for task in list(self._tasks):
+            task.cancel()
+        await self.queues.close()
+        await self.proxy.close()
+        if self.cluster is not None:
+            await self.cluster.close()

@@ -1,0 +1,116 @@
+"""Gateway metrics (issue #12 point 9): clients by application, dispatches by type and outcome,
+queue depth, unacked and dead letters, heartbeat closes, decode errors.
+
+Label values are bounded: dispatch types and outcomes come from fixed sets (an unknown `t` is
+counted as `other`), and applications beyond the `MAX_APP_LABELS` largest are summed as
+`other`, since application ids come from clients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rmb_relay.protocols.singyeong.clients import ClientIndex
+    from rmb_relay.protocols.singyeong.queues import Queues
+    from rmb_relay.protocols.singyeong.redis_queues import RedisQueues
+    from rmb_relay.telemetry.metrics import Registry
+
+#: applications shown by name in `rmb_relay_sg_clients`; the rest are `other`
+MAX_APP_LABELS = 50
+
+DISPATCH_TYPES = frozenset(
+    (
+        "UPDATE_METADATA",
+        "SEND",
+        "BROADCAST",
+        "QUERY_NODES",
+        "QUEUE",
+        "QUEUE_REQUEST",
+        "QUEUE_REQUEST_CANCEL",
+        "QUEUE_ACK",
+    )
+)
+
+
+class HotCounters:
+    """Bumped per frame: plain ints (see telemetry/metrics.py for why)."""
+
+    __slots__ = ("dispatches", "frames_in", "frames_out")
+
+    def __init__(self) -> None:
+        self.frames_in = 0
+        self.frames_out = 0
+        #: (type, outcome) -> count
+        self.dispatches: dict[tuple[str, str], int] = {}
+
+    def dispatch(self, kind: object, outcome: str) -> None:
+        key = (kind if isinstance(kind, str) and kind in DISPATCH_TYPES else "other", outcome)
+        self.dispatches[key] = self.dispatches.get(key, 0) + 1
+
+
+class SgMetrics:
+    def __init__(
+        self,
+        registry: Registry,
+        index: Callable[[], ClientIndex],
+        queues: Callable[[], Queues | RedisQueues],
+    ) -> None:
+        hot = self.hot = HotCounters()
+        sg = {"dialect": "singyeong"}
+        registry.counter_of(
+            "rmb_relay_messages_in_total",
+            "Messages received from clients, by dialect",
+            lambda: [((), hot.frames_in)],
+            const=sg,
+        )
+        registry.counter_of(
+            "rmb_relay_sg_dispatches_total",
+            "singyeong dispatches by type and outcome (delivered, no_route, dropped, invalid, ...)",
+            lambda: [(key, count) for key, count in list(hot.dispatches.items())],
+            ("type", "outcome"),
+        )
+
+        def clients_by_app() -> list[tuple[tuple[str, ...], float]]:
+            sizes = sorted(
+                ((len(members), app) for app, members in index().by_app.items()), reverse=True
+            )
+            out: list[tuple[tuple[str, ...], float]] = [
+                ((app,), count) for count, app in sizes[:MAX_APP_LABELS]
+            ]
+            rest = sum(count for count, _ in sizes[MAX_APP_LABELS:])
+            if rest:
+                out.append((("other",), rest))
+            return out
+
+        registry.gauge(
+            "rmb_relay_sg_clients",
+            "Identified singyeong clients on this instance, by application",
+            ("application",),
+            read=clients_by_app,
+        )
+        registry.gauge(
+            "rmb_relay_sessions",
+            "Sessions a dialect holds (RMB: logged in; SBD: handshaking and ready)",
+            read=lambda: [((), len(index()))],
+            const=sg,
+        )
+        registry.gauge(
+            "rmb_relay_sg_queue_messages",
+            "singyeong queued messages by state (waiting, unacked, dead)",
+            ("state",),
+            read=lambda: list(
+                zip((("waiting",), ("unacked",), ("dead",)), queues().depth(), strict=True)
+            ),
+        )
+        closed = "rmb_relay_connections_closed_total"
+        closed_help = "Connections the relay closed on its own initiative, by dialect and reason"
+        self.heartbeat_closed = registry.counter(
+            closed, closed_help, const={**sg, "reason": "heartbeat"}
+        )
+        self.decode_errors = registry.counter(
+            "rmb_relay_sg_decode_errors_total",
+            "singyeong frames that could not be decoded, by encoding",
+            ("encoding",),
+        )

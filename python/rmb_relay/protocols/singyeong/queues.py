@@ -1,0 +1,359 @@
+"""Queues that never lose a message (decision 11), in memory; `redis_queues.py` persists them.
+
+Theory of operation
+-------------------
+```text
+QUEUE ──store──▶ QUEUE_CONFIRM         (only once the message is stored)
+          │
+          ▼
+      waiting (FIFO) ──a QUEUE_REQUEST from a client its target matches──▶ unacked
+          ▲                                                                   │
+          │◀──ack timeout / consumer gone (attempt < max)─────────────────────┤
+                                                                              │ QUEUE_ACK
+      dead letters ◀──ack timeout / consumer gone (attempt = max)─────────────┘──▶ done
+          │ POST /api/v1/queues/requeue
+          └──────────────────────────▶ waiting (attempts reset)
+```
+A message goes only to a client that asked (one message per QUEUE_REQUEST) and that its
+target query matches; a message no waiting client matches stays where it is, behind nothing:
+later messages for other consumers pass it. Every delivery counts an attempt (sent to the
+consumer as `attempt`). Time comes in as `now` (monotonic ns) from the dialect's sweep.
+"""
+
+from __future__ import annotations
+
+import heapq
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rmb_relay.protocols.singyeong.query import Query, parse
+
+#: queue names longer than this are refused (they key memory and Redis)
+MAX_QUEUE_NAME = 256
+#: outstanding QUEUE_REQUESTs one client may have on one queue
+MAX_REQUESTS_PER_CLIENT = 10_000
+
+
+class Consumer(Protocol):
+    """A session as the queues see it."""
+
+    def matches(self, query: Query) -> bool: ...
+
+    def deliver_queued(self, message: Message) -> None: ...
+
+
+@dataclass(slots=True)
+class Message:
+    id: str
+    queue: str
+    nonce: Any
+    target: Any
+    payload: Any
+    attempts: int = 0
+    query: Query | None = None
+
+    def parsed(self) -> Query:
+        if self.query is None:
+            self.query = parse(self.target)
+        return self.query
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "queue": self.queue,
+            "nonce": self.nonce,
+            "target": self.target,
+            "payload": self.payload,
+            "attempts": self.attempts,
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> Message:
+        return cls(
+            record["id"],
+            record["queue"],
+            record.get("nonce"),
+            record["target"],
+            record.get("payload"),
+            int(record.get("attempts", 0)),
+        )
+
+
+@dataclass(slots=True)
+class DeadLetter:
+    message: Message
+    reason: str
+    dead_at_ms: int
+
+    def record(self) -> dict[str, Any]:
+        return {**self.message.record(), "reason": self.reason, "dead_at": self.dead_at_ms}
+
+
+@dataclass(slots=True)
+class Unacked:
+    message: Message
+    consumer: Consumer
+    deadline: int
+
+
+@dataclass
+class Queue:
+    name: str
+    waiting: deque[Message] = field(default_factory=deque)
+    #: outstanding requests in arrival order (a consumer appears once per request)
+    requests: deque[Consumer] = field(default_factory=deque)
+    unacked: dict[str, Unacked] = field(default_factory=dict)
+    dead: dict[str, DeadLetter] = field(default_factory=dict)
+
+    @property
+    def idle(self) -> bool:
+        return not (self.waiting or self.requests or self.unacked or self.dead)
+
+
+class QueueEvents(Protocol):
+    """What the queues tell the persistence layer (memory: nothing; Redis: every move)."""
+
+    def delivered(self, message: Message, deadline: int) -> None: ...
+
+    def acked(self, message: Message) -> None: ...
+
+    def requeued(self, message: Message) -> None: ...
+
+    def dead(self, letter: DeadLetter) -> None: ...
+
+
+class _NoEvents:
+    def delivered(self, message: Message, deadline: int) -> None:
+        pass
+
+    def acked(self, message: Message) -> None:
+        pass
+
+    def requeued(self, message: Message) -> None:
+        pass
+
+    def dead(self, letter: DeadLetter) -> None:
+        pass
+
+
+class Queues:
+    """Every queue of this gateway; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        ack_timeout_ns: int,
+        max_attempts: int,
+        clock: Callable[[], int],
+        wall_ms: Callable[[], int],
+        events: QueueEvents | None = None,
+    ) -> None:
+        self.ack_timeout_ns = ack_timeout_ns
+        self.max_attempts = max_attempts
+        self.clock = clock
+        self.wall_ms = wall_ms
+        self.events: QueueEvents = events if events is not None else _NoEvents()
+        self.queues: dict[str, Queue] = {}
+        self._deadlines: list[tuple[int, str, str]] = []  # (deadline, queue, id)
+
+    @staticmethod
+    def new_id() -> str:
+        return str(uuid.uuid4())
+
+    def queue(self, name: str) -> Queue:
+        queue = self.queues.get(name)
+        if queue is None:
+            queue = self.queues[name] = Queue(name)
+        return queue
+
+    def _tidy(self, queue: Queue) -> None:
+        if queue.idle:
+            self.queues.pop(queue.name, None)
+
+    # ---- the client's operations -----------------------------------------------------------
+
+    def stored(self, message: Message) -> None:
+        """A message that is stored (so it was confirmed) goes to a waiting request it
+        matches, else joins its queue's waiting line."""
+        self._offer(self.queue(message.queue), message)
+
+    def request(self, name: str, consumer: Consumer) -> bool:
+        """One more message for `consumer`: the oldest waiting one it matches, else the
+        request waits. False when it has too many requests outstanding."""
+        queue = self.queue(name)
+        if queue.requests.count(consumer) >= MAX_REQUESTS_PER_CLIENT:
+            return False
+        for index, message in enumerate(queue.waiting):
+            query = self._query(message)
+            if query is not None and consumer.matches(query):
+                del queue.waiting[index]
+                self._deliver(queue, message, consumer)
+                return True
+        queue.requests.append(consumer)
+        return True
+
+    def cancel(self, name: str, consumer: Consumer) -> None:
+        queue = self.queues.get(name)
+        if queue is None:
+            return
+        queue.requests = deque(c for c in queue.requests if c is not consumer)
+        self._tidy(queue)
+
+    def ack(self, name: str, message_id: str) -> bool:
+        queue = self.queues.get(name)
+        if queue is None:
+            return False
+        entry = queue.unacked.pop(message_id, None)
+        if entry is None:
+            return False
+        self.events.acked(entry.message)
+        self._tidy(queue)
+        return True
+
+    def consumer_gone(self, consumer: Consumer) -> None:
+        """Its requests are withdrawn and what it holds unacked goes back (an attempt spent)."""
+        for queue in list(self.queues.values()):
+            if consumer in queue.requests:
+                queue.requests = deque(c for c in queue.requests if c is not consumer)
+            held = [m_id for m_id, entry in queue.unacked.items() if entry.consumer is consumer]
+            for message_id in held:
+                entry = queue.unacked.pop(message_id)
+                self._retry(queue, entry.message, "consumer disconnected")
+            self._tidy(queue)
+
+    # ---- delivery --------------------------------------------------------------------------
+
+    def _offer(self, queue: Queue, message: Message, *, front: bool = False) -> None:
+        consumer = self._consumer_for(queue, message)
+        if consumer is not None:
+            self._deliver(queue, message, consumer)
+        elif front:
+            queue.waiting.appendleft(message)
+        else:
+            queue.waiting.append(message)
+
+    @staticmethod
+    def _query(message: Message) -> Query | None:
+        try:
+            return message.parsed()
+        except ValueError:
+            return None  # checked when queued; a stored record from elsewhere may still be bad
+
+    def pump(self, name: str) -> None:
+        """Give waiting messages to matching outstanding requests, oldest message first: the
+        full pass, for when a consumer's metadata changed. (Arrivals of messages and requests
+        keep the invariant "no waiting message matches an outstanding request" cheaply: a new
+        message is tried against the requests, a new request against the waiting messages.)"""
+        queue = self.queues.get(name)
+        if queue is None:
+            return
+        if queue.requests and queue.waiting:
+            kept: deque[Message] = deque()
+            waiting = queue.waiting
+            while waiting and queue.requests:
+                message = waiting.popleft()
+                consumer = self._consumer_for(queue, message)
+                if consumer is None:
+                    kept.append(message)
+                    continue
+                self._deliver(queue, message, consumer)
+            kept.extend(waiting)
+            queue.waiting = kept
+        self._tidy(queue)
+
+    def _consumer_for(self, queue: Queue, message: Message) -> Consumer | None:
+        query = self._query(message)
+        if query is None:
+            return None
+        for index, consumer in enumerate(queue.requests):
+            if consumer.matches(query):
+                del queue.requests[index]
+                return consumer
+        return None
+
+    def _deliver(self, queue: Queue, message: Message, consumer: Consumer) -> None:
+        message.attempts += 1
+        deadline = self.clock() + self.ack_timeout_ns
+        queue.unacked[message.id] = Unacked(message, consumer, deadline)
+        heapq.heappush(self._deadlines, (deadline, queue.name, message.id))
+        self.events.delivered(message, deadline)
+        consumer.deliver_queued(message)
+
+    def _retry(self, queue: Queue, message: Message, reason: str) -> None:
+        if message.attempts >= self.max_attempts:
+            letter = DeadLetter(message, reason, self.wall_ms())
+            queue.dead[message.id] = letter
+            self.events.dead(letter)
+            return
+        self.events.requeued(message)
+        self._offer(queue, message, front=True)
+
+    def sweep(self, now: int) -> None:
+        """Ack timeouts: each expired delivery is retried or becomes a dead letter."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            deadline, name, message_id = heapq.heappop(deadlines)
+            queue = self.queues.get(name)
+            if queue is None:
+                continue
+            entry = queue.unacked.get(message_id)
+            if entry is None or entry.deadline != deadline:
+                continue  # acked, or delivered again since
+            del queue.unacked[message_id]
+            self._retry(queue, entry.message, "ack timeout")
+            self._tidy(queue)
+
+    # ---- dead letters ----------------------------------------------------------------------
+
+    def dead_letters(self, name: str | None = None) -> Iterator[DeadLetter]:
+        for queue in list(self.queues.values()):
+            if name is None or queue.name == name:
+                yield from queue.dead.values()
+
+    def requeue(self, name: str, ids: list[str] | None = None) -> int:
+        """Dead letters back into their queue with a fresh attempt count; how many moved."""
+        queue = self.queues.get(name)
+        if queue is None:
+            return 0
+        chosen = list(queue.dead) if ids is None else [i for i in ids if i in queue.dead]
+        for message_id in chosen:
+            message = queue.dead.pop(message_id).message
+            message.attempts = 0
+            self.events.requeued(message)
+            self._offer(queue, message)
+        self._tidy(queue)
+        return len(chosen)
+
+    def depth(self) -> tuple[int, int, int]:
+        """(waiting, unacked, dead letters) over every queue, for the metrics."""
+        waiting = unacked = dead = 0
+        for queue in self.queues.values():
+            waiting += len(queue.waiting)
+            unacked += len(queue.unacked)
+            dead += len(queue.dead)
+        return waiting, unacked, dead
+
+    # ---- the interface the dialect and the HTTP API share with `RedisQueues` --------------
+
+    #: memory stores synchronously: the dialect confirms and queues in one step
+    durable = False
+
+    @property
+    def busy(self) -> bool:
+        """Something may time out: the dialect's sweep must keep running."""
+        return bool(self.queues)
+
+    async def store(self, message: Message) -> None:
+        self.stored(message)
+
+    async def list_dead(self, name: str | None) -> list[dict[str, Any]]:
+        return [letter.record() for letter in self.dead_letters(name)]
+
+    async def requeue_dead(self, name: str, ids: list[str] | None) -> int:
+        return self.requeue(name, ids)
+
+    async def close(self) -> None:
+        pass

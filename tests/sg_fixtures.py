@@ -1,0 +1,94 @@
+"""Fixtures for the 신경 gateway tests: a gateway on a free port with a hand-moved clock."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from rmb_relay.clock import monotonic_clock
+from rmb_relay.protocols.singyeong import SgSettings, SingyeongDialect
+from rmb_relay.server.listener import RelayServer
+from rmb_relay.telemetry.metrics import Registry
+from tests.conftest import StartRelay
+from tests.sg_client import SgClient
+
+
+class FakeClock:
+    """Monotonic nanoseconds the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000_000_000
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += int(seconds * 1e9)
+
+
+@dataclass
+class Gateway:
+    server: RelayServer
+    dialect: SingyeongDialect
+    clock: Callable[[], int]
+    registry: Registry
+    clients: list[SgClient] = field(default_factory=list)
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self.server.addresses[0]
+        return host, port
+
+    async def connect(self, encoding: str = "json") -> SgClient:
+        client = await SgClient.connect(*self.address, encoding)
+        self.clients.append(client)
+        return client
+
+    async def stop(self) -> None:
+        """Shut this instance down (its clients see 1001), as a restart's first half."""
+        await self.server.shutdown()
+
+    async def client(
+        self, client_id: str, app_id: str = "app", encoding: str = "json", **extra: Any
+    ) -> SgClient:
+        """Connected and identified."""
+        client = await self.connect(encoding)
+        await client.identify(client_id, app_id, **extra)
+        return client
+
+
+MakeGateway = Callable[..., Awaitable[Gateway]]
+
+
+@pytest.fixture
+async def make_gateway(start_relay: StartRelay) -> AsyncIterator[MakeGateway]:
+    made: list[Gateway] = []
+
+    redises: list[Redis] = []
+
+    async def make(
+        *, fake_clock: bool = False, redis_url: str | None = None, **settings: Any
+    ) -> Gateway:
+        clock: Callable[[], int] = FakeClock() if fake_clock else monotonic_clock
+        registry = Registry()
+        redis = None
+        if redis_url is not None:
+            redis = Redis.from_url(redis_url)
+            redises.append(redis)
+        dialect = SingyeongDialect(SgSettings(**settings), registry, clock=clock, redis=redis)
+        server = await start_relay([dialect], registry=registry)
+        gateway = Gateway(server, dialect, clock, registry)
+        made.append(gateway)
+        return gateway
+
+    yield make
+    for gateway in made:
+        for client in gateway.clients:
+            await client.close()
+        await gateway.dialect.close()
+    for redis in redises:
+        await redis.aclose()
