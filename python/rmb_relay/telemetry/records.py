@@ -394,8 +394,8 @@ def _local_table(batch: _Batch, instance: str) -> pa.Table:
     n = len(grid)
     zeros = pa.array(np.zeros(n, dtype=np.int32))
 
-    def const(value: Any, kind: pa.DataType = pa.string()) -> pa.Array:
-        return pa.DictionaryArray.from_arrays(zeros, pa.array([value], kind))
+    def const(value: Any, kind: pa.DataType | None = None) -> pa.Array:
+        return pa.DictionaryArray.from_arrays(zeros, pa.array([value], kind or pa.string()))
 
     def address(column: int) -> pa.Array:
         ids = pa.array(grid[:, column])
