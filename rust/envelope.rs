@@ -802,6 +802,9 @@ pub mod py {
         /// scanned by an `RmbScanner`: the local connection holding the destination
         #[pyo3(get)]
         dest_conn_id: Option<u64>,
+        /// index of this message's route record in the scanner's `RecordBuffer` (-1: none)
+        #[pyo3(get)]
+        pub record: i64,
     }
 
     /// Where `text` (a slice of `base`, or an empty default) sits in `base`.
@@ -832,6 +835,7 @@ pub mod py {
             Self {
                 from_session,
                 dest_conn_id,
+                record: -1,
                 uid: span(bytes, r.uid),
                 tags_span: r.tags.map(|t| span(bytes, t)),
                 source_span: r.source_connection.map(|t| span(bytes, t)),

@@ -14,6 +14,7 @@ pub mod error;
 pub mod fuzzing;
 pub mod http;
 pub mod limiter;
+pub mod records;
 pub mod routes;
 pub mod sbd;
 pub mod scan;
@@ -30,5 +31,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     scan::py::register(m)?;
     routes::py::register(m)?;
     crypto::py::register(m)?;
+    records::py::register(m)?;
     Ok(())
 }

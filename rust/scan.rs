@@ -552,8 +552,10 @@ pub mod py {
 
     use super::{scan_rmb, write_forward, RmbSession, SbdKind};
     use crate::envelope::py::EnvelopeRouting;
+    use crate::envelope::Kind;
     use crate::error::Error;
     use crate::limiter::py::ByteNanosLimiter;
+    use crate::records::py::RecordBuffer;
     use crate::routes::py::RouteTable;
     use crate::sbd::HEADER_LEN;
     use crate::ws::py::payload_bytes;
@@ -583,14 +585,31 @@ pub mod py {
         twin: u32,
         #[pyo3(get)]
         sid: Option<String>,
+        /// route records of the messages the scan routes to a local connection (or None)
+        records: Option<Py<RecordBuffer>>,
     }
 
     #[pymethods]
     impl RmbScanner {
         #[new]
-        #[pyo3(signature = (routes, twin, sid))]
-        fn new(routes: Py<RouteTable>, twin: u32, sid: Option<String>) -> Self {
-            RmbScanner { routes, twin, sid }
+        #[pyo3(signature = (routes, twin, sid, records = None))]
+        fn new(
+            routes: Py<RouteTable>,
+            twin: u32,
+            sid: Option<String>,
+            records: Option<Py<RecordBuffer>>,
+        ) -> Self {
+            RmbScanner {
+                routes,
+                twin,
+                sid,
+                records,
+            }
+        }
+
+        #[getter]
+        fn records(&self, py: Python<'_>) -> Option<Py<RecordBuffer>> {
+            self.records.as_ref().map(|r| r.clone_ref(py))
         }
 
         #[getter]
@@ -609,20 +628,25 @@ pub mod py {
         routes: Py<RouteTable>,
         limiter: Option<Py<ByteNanosLimiter>>,
         inner: super::SbdScanner,
+        /// route records of the forwards the scan routes to a local connection (or None)
+        records: Option<Py<RecordBuffer>>,
+        /// this connection's key in `records` (interned on its first record)
+        record_id: Option<i64>,
     }
 
     #[pymethods]
     impl SbdScanner {
         #[new]
         #[pyo3(
-            signature = (routes, pubkey, limiter = None, ip = String::new()),
-            text_signature = "(routes, pubkey, limiter=None, ip='')"
+            signature = (routes, pubkey, limiter = None, ip = String::new(), records = None),
+            text_signature = "(routes, pubkey, limiter=None, ip='', records=None)"
         )]
         fn new(
             routes: Py<RouteTable>,
             pubkey: &[u8],
             limiter: Option<Py<ByteNanosLimiter>>,
             ip: String,
+            records: Option<Py<RecordBuffer>>,
         ) -> PyResult<Self> {
             let pubkey: [u8; HEADER_LEN] = pubkey.try_into().map_err(|_| {
                 Error::InvalidArgument(format!(
@@ -634,7 +658,14 @@ pub mod py {
                 routes,
                 limiter,
                 inner: super::SbdScanner::new(pubkey, ip),
+                records,
+                record_id: None,
             })
+        }
+
+        #[getter]
+        fn records(&self, py: Python<'_>) -> Option<Py<RecordBuffer>> {
+            self.records.as_ref().map(|r| r.clone_ref(py))
         }
 
         #[getter]
@@ -688,6 +719,9 @@ pub mod py {
         routing: super::SbdRouting,
         /// a command's whole message: its payload is read from here when asked
         command: Option<Py<PyBytes>>,
+        /// index of this message's route record in the scanner's `RecordBuffer` (-1: none)
+        #[pyo3(get)]
+        record: i64,
     }
 
     #[pymethods]
@@ -784,6 +818,10 @@ pub mod py {
                         routes: s.routes.bind(py).try_borrow()?,
                         twin: s.twin,
                         sid: s.sid.as_deref(),
+                        records: match &s.records {
+                            Some(r) => Some(r.bind(py).try_borrow_mut()?),
+                            None => None,
+                        },
                     }
                 }
                 Scanner::Sbd(s) => {
@@ -793,10 +831,15 @@ pub mod py {
                         Some(l) => Some(l.bind(py).try_borrow_mut()?),
                         None => None,
                     };
+                    let records = match &scanner.records {
+                        Some(r) => Some(r.bind(py).try_borrow_mut()?),
+                        None => None,
+                    };
                     Feed::Sbd {
                         scanner,
                         routes,
                         limiter,
+                        records,
                     }
                 }
             })
@@ -810,11 +853,13 @@ pub mod py {
             routes: PyRef<'py, RouteTable>,
             twin: u32,
             sid: Option<&'a str>,
+            records: Option<PyRefMut<'py, RecordBuffer>>,
         },
         Sbd {
             scanner: PyRefMut<'py, SbdScanner>,
             routes: PyRef<'py, RouteTable>,
             limiter: Option<PyRefMut<'py, ByteNanosLimiter>>,
+            records: Option<PyRefMut<'py, RecordBuffer>>,
         },
     }
 
@@ -823,7 +868,7 @@ pub mod py {
 
     impl Feed<'_, '_> {
         /// Copy one message out of the frame (exactly once) and scan it. `now` is the caller's
-        /// clock in nanoseconds, for the limiter.
+        /// clock in nanoseconds, for the limiter and the route records.
         pub fn message(
             &mut self,
             py: Python<'_>,
@@ -832,19 +877,26 @@ pub mod py {
             now: u64,
         ) -> PyResult<Scanned> {
             match self {
-                Feed::Envelope => envelope_message(py, is_text, payload, None),
-                Feed::Rmb { routes, twin, sid } => {
+                Feed::Envelope => envelope_message(py, is_text, payload, None, None),
+                Feed::Rmb {
+                    routes,
+                    twin,
+                    sid,
+                    records,
+                } => {
                     let session = RmbSession {
                         routes: &routes.inner,
                         twin: *twin,
                         sid: *sid,
                     };
-                    envelope_message(py, is_text, payload, Some(&session))
+                    let records = records.as_mut().map(|r| (&mut r.inner, now));
+                    envelope_message(py, is_text, payload, Some(&session), records)
                 }
                 Feed::Sbd {
                     scanner,
                     routes,
                     limiter,
+                    records,
                 } => {
                     let limiter = limiter.as_mut().map(|l| &mut l.inner);
                     // text frames count as their UTF-8 bytes (spec/sbd.md §1.2)
@@ -855,6 +907,27 @@ pub mod py {
                         }
                         Ok(routing) => routing,
                     };
+                    let mut record = -1;
+                    if let (
+                        Some(records),
+                        SbdKind::Forward {
+                            peer,
+                            dest_conn_id: Some(_),
+                        },
+                    ) = (records.as_mut(), &routing.kind)
+                    {
+                        let records = &mut records.inner;
+                        let src = match scanner.record_id {
+                            Some(id) => id,
+                            None => {
+                                let id = records.key_id(&scanner.inner.pubkey);
+                                scanner.record_id = Some(id);
+                                id
+                            }
+                        };
+                        let dst = records.key_id(peer);
+                        record = records.push(now, src, dst, payload.len());
+                    }
                     let (data, command) = match routing.kind {
                         SbdKind::Forward { .. } => {
                             let sender = &scanner.inner.pubkey;
@@ -870,7 +943,14 @@ pub mod py {
                             (data, Some(command))
                         }
                     };
-                    let routing = Py::new(py, SbdRouting { routing, command })?;
+                    let routing = Py::new(
+                        py,
+                        SbdRouting {
+                            routing,
+                            command,
+                            record,
+                        },
+                    )?;
                     Ok((data, Some(routing.into_any()), None))
                 }
             }
@@ -878,11 +958,14 @@ pub mod py {
     }
 
     /// Binary messages are envelopes; text ones are passed on unscanned (RMB has none).
+    /// With `records` (and a session), a message the session may send to a local connection
+    /// (its own source, not a ping, a destination found) gets its route record at `now`.
     fn envelope_message(
         py: Python<'_>,
         is_text: bool,
         payload: Payload<'_>,
         session: Option<&RmbSession<'_>>,
+        records: Option<(&mut crate::records::Records, u64)>,
     ) -> PyResult<Scanned> {
         let data = payload_bytes(py, payload)?;
         if is_text {
@@ -891,8 +974,23 @@ pub mod py {
         let bound = data.bind(py);
         match scan_rmb(bound.as_bytes(), session) {
             Ok(r) => {
-                let routing =
+                let mut routing =
                     EnvelopeRouting::new(bound, &r.fields, r.from_session, r.dest_conn_id);
+                if let (Some((records, now)), Some(s)) = (records, session) {
+                    let f = &r.fields;
+                    if r.from_session
+                        && r.dest_conn_id.is_some()
+                        && f.kind != Kind::Ping
+                        && f.dest_twin != 0
+                    {
+                        routing.record = records.push(
+                            now,
+                            i64::from(s.twin),
+                            i64::from(f.dest_twin),
+                            bound.as_bytes().len(),
+                        );
+                    }
+                }
                 let routing = Py::new(py, routing)?.into_any();
                 Ok((data, Some(routing), None))
             }

@@ -17,6 +17,8 @@ from rmb_relay.telemetry.metrics import Registry
 from rmb_relay.telemetry.record_flags import add_record_arguments, recorder_from_args
 from rmb_relay.telemetry.records import SCHEMA_KEY, SCHEMA_VERSION, Recorder
 from tests.helpers import eventually
+from tests.tunnel_fixtures import StartTunnel
+from tests.tunnel_fixtures import start_tunnel as start_tunnel
 
 #: 2023-11-14 22:59:59 UTC, one second before an hour boundary
 T0 = 1_700_002_799 * 1_000_000_000
@@ -182,3 +184,24 @@ async def test_mailbox_reports_expiry_and_overflow_losses() -> None:
     clock.now += 200 * 1_000_000_000
     assert mailbox.sweep() == 2
     assert lost[1:] == [((5, None), 20, "expired"), ((5, None), 30, "expired")]
+
+
+async def test_tunnel_requests_are_recorded(start_tunnel: StartTunnel, tmp_path: Path) -> None:
+    """The tunnel dialect records each request where it is answered: delivered through a
+    local connector, refused for an unknown tenant, with the body size and the exchange time."""
+    tunnel = await start_tunnel()
+    recorder = Recorder(tmp_path / "records", "t")
+    recorder.start()
+    tunnel.dialect.records = recorder.channel("tunnel")
+    await tunnel.connect()
+    async with tunnel.client() as client:
+        assert (await client.post("/relay/acme/app/echo", content=b"x" * 300)).status_code == 200
+        assert (await client.get("/relay/nobody/app/echo")).status_code == 404
+    await recorder.close()
+    rows = pq.read_table(tmp_path / "records").sort_by("time").to_pylist()
+    assert [(r["dialect"], r["dst"], r["size"], r["route"], r["outcome"]) for r in rows] == [
+        ("tunnel", "acme/app", 300, "local", "delivered"),
+        ("tunnel", None, 0, "none", "rejected"),
+    ]
+    assert rows[0]["relay_us"] > 0
+    assert rows[1]["reason"] == "unknown tenant"

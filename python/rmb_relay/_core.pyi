@@ -378,6 +378,11 @@ class EnvelopeRouting:
     def dest_conn_id(self) -> int | None:
         """Scanned by an RmbScanner: the connection holding the destination at scan time, if
         it is connected to this process (else None)."""
+    @property
+    def record(self) -> int:
+        """Index of this message's route record in the scanner's RecordBuffer: appended when
+        the session sent it (`from_session`), it is not a ping and `dest_conn_id` is set;
+        -1 otherwise. Retract it if the message is not delivered after all."""
 
 def scan_envelope(data: bytes) -> EnvelopeRouting:
     """Raises EnvelopeError for bytes that are not a valid Envelope."""
@@ -488,9 +493,19 @@ class RmbScanner:
     exactly (twin, sid); an absent and an empty sid differ) and `dest_conn_id` (the connection
     holding the destination in `routes` at scan time). Text messages are not scanned."""
 
-    def __new__(cls, routes: RouteTable, twin: int, sid: str | None) -> RmbScanner: ...
+    def __new__(
+        cls,
+        routes: RouteTable,
+        twin: int,
+        sid: str | None,
+        records: RecordBuffer | None = None,
+    ) -> RmbScanner: ...
     @property
     def routes(self) -> RouteTable: ...
+    @property
+    def records(self) -> RecordBuffer | None:
+        """Where the scan appends a route record (time, twin, dest_twin, size) for each
+        message routed to a local connection (see EnvelopeRouting.record)."""
     @property
     def twin(self) -> int: ...
     @property
@@ -512,6 +527,7 @@ class SbdScanner:
         pubkey: bytes,
         limiter: ByteNanosLimiter | None = None,
         ip: str = "",
+        records: RecordBuffer | None = None,
     ) -> SbdScanner: ...
     @property
     def ready(self) -> bool:
@@ -530,6 +546,10 @@ class SbdScanner:
     def routes(self) -> RouteTable: ...
     @property
     def limiter(self) -> ByteNanosLimiter | None: ...
+    @property
+    def records(self) -> RecordBuffer | None:
+        """Where the scan appends a route record (time, key id of `pubkey`, key id of the
+        destination, size) for each forward routed to a local connection."""
 
 @final
 class SbdRouting:
@@ -560,6 +580,10 @@ class SbdRouting:
     def over_limit(self) -> bool:
         """The limiter refused this message (or an earlier one of this connection): drop the
         connection and block the IP."""
+    @property
+    def record(self) -> int:
+        """Index of this forward's route record in the scanner's RecordBuffer (set when
+        `dest_conn_id` is); -1 otherwise."""
 
 Scanner = EnvelopeScanner | RmbScanner | SbdScanner
 
@@ -595,3 +619,27 @@ class SigningKey:
         """65-byte RMB form: type prefix then signature."""
 
 # ---- end crypto.rs --------------------------------------------------------------------------
+
+# ---- records.rs -----------------------------------------------------------------------------
+
+@final
+class RecordBuffer:
+    """Route records of the fast path, appended by the scanners that hold this buffer inside
+    `WsDecoder.feed` at the `now` passed to it (plus `offset`). Addresses are integers: RMB
+    twin ids, SBD keys interned in order of first use. Python takes them once per flush."""
+
+    def __new__(cls) -> RecordBuffer: ...
+    @property
+    def offset(self) -> int:
+        """Nanoseconds added to `now` (the wall clock minus the scan clock)."""
+    @offset.setter
+    def offset(self, value: int) -> None: ...
+    def retract(self, index: int) -> bool:
+        """Mark the record at `index` as not delivered (its size becomes -1); False if no such
+        record is buffered (taken already, retracted already, or never appended)."""
+    def take(self) -> tuple[bytes, list[bytes]]:
+        """(rows, keys): every record since the last take but the retracted ones, as
+        native-endian int64 quadruples (time_ns, src, dst, size) in one bytes object, and the
+        SBD keys first used since the last take, in id order. The buffer starts over; record
+        indexes keep counting."""
+    def __len__(self) -> int: ...

@@ -209,6 +209,10 @@ class WebSocketHandler(abc.ABC):
         """The connection's frame decoder exists; give it this dialect's scanner (before
         `on_open`), so routing fields are read in the same call that decodes the frames."""
 
+    def on_discarded(self, message: WsMessage) -> None:  # noqa: B027 - optional hook
+        """A message decoded in the same read as others but never passed to `on_message` (the
+        connection started closing first): undo what its scan did (e.g. a route record)."""
+
     def on_pong(self, data: bytes) -> None:  # noqa: B027 - optional hook
         """A websocket pong arrived (pings are answered by the listener)."""
 

@@ -273,6 +273,8 @@ class RmbDialect(Dialect):
         self.records = switch.record_channel("rmb")
         if self.records is not None:
             self.mailbox.on_loss = self._record_loss
+            # the scanners append the hot path's records inside `feed`, at this reading
+            self.scan_clock = self.records.clock
 
     def _record_loss(self, key: SessionKey, size: int, reason: str) -> None:
         assert self.records is not None
@@ -465,9 +467,8 @@ class RmbSession(WebSocketHandler):
         self._drain_again = False
         self._held: list[bytes] = []
         self._slow: deque[tuple[EnvelopeRouting, bytes, int]] = deque()
-        #: the hot path's route-record call (None: recording off)
+        #: route records: the scanner records the hot path; this is the arrival time of the rest
         records = dialect.records
-        self._record_local = None if records is None else records.local
         self._record_clock = dialect.clock if records is None else records.clock
         self._slow_bytes = 0
         self._slow_held = False
@@ -478,7 +479,17 @@ class RmbSession(WebSocketHandler):
 
     def bind_decoder(self, decoder: WsDecoder) -> None:
         # the source check and the destination lookup happen in the codec's feed
-        decoder.set_scanner(RmbScanner(self.dialect.switch.routes, self.twin, self.sid))
+        # and, with --records, the route record of each message it finds a local destination for
+        records = self.dialect.records
+        buffer = None if records is None else records.scanner_buffer(records.clock)
+        decoder.set_scanner(RmbScanner(self.dialect.switch.routes, self.twin, self.sid, buffer))
+
+    def on_discarded(self, message: WsMessage) -> None:
+        """A message read but never handled (the connection was closing): it was not delivered."""
+        records = self.dialect.records
+        env = message.routing
+        if records is not None and isinstance(env, EnvelopeRouting):
+            records.retract(env.record)
 
     def __repr__(self) -> str:
         return f"<RmbSession {self.twin}{'' if self.sid is None else ':' + self.sid}>"
@@ -543,6 +554,8 @@ class RmbSession(WebSocketHandler):
             self.twin, len(data), seconds(dialect.clock())
         ):
             metrics.limited.inc()
+            if dialect.records is not None:
+                dialect.records.retract(env.record)  # the scan recorded it as delivered
             self.fail(env, "exceeded rate limits, dropping message", "rate limited", len(data))
             return
         if not env.from_session:
@@ -559,12 +572,11 @@ class RmbSession(WebSocketHandler):
         if conn_id is not None:
             target = dialect.switch.endpoints.get(conn_id)
             if target is not None:
-                target.deliver(data)
+                target.deliver(data)  # its route record was appended by the scan (--records)
                 hot.local += 1
-                record = self._record_local
-                if record is not None:  # route records: four integers appended, nothing else
-                    record((self._record_clock(), self.twin, dest, len(data)))
                 return
+            if dialect.records is not None:  # gone since the scan: the slow path records it
+                dialect.records.retract(env.record)
         size = len(data)
         settings = dialect.settings
         if dialect.slow_bytes + size > settings.slow_total_bytes:

@@ -319,11 +319,14 @@ class Connection(asyncio.Protocol):
     def _on_ws_events(self, events: list[WsEvent]) -> None:
         handler = self.handler
         assert handler is not None
-        for event in events:
+        remaining = iter(events)
+        for event in remaining:
             kind = type(event)
             if kind is WsMessage:
                 if self.state is not State.WEBSOCKET:
-                    continue  # closing: data after our close frame is discarded (RFC 6455 §5.5.1)
+                    # closing: data after our close frame is discarded (RFC 6455 §5.5.1)
+                    handler.on_discarded(event)  # type: ignore[arg-type]
+                    continue
                 try:
                     handler.on_message(event)  # type: ignore[arg-type]
                 except Exception:
@@ -333,6 +336,9 @@ class Connection(asyncio.Protocol):
                         self.peer_host,
                     )
                     self.close(CloseCode.INTERNAL, "internal error")
+                    for rest in remaining:
+                        if type(rest) is WsMessage:
+                            handler.on_discarded(rest)
                     return
             elif kind is WsPing:
                 if self.state is State.WEBSOCKET:

@@ -6,18 +6,26 @@ The relay forwards hundreds of thousands of messages a second on one core, so re
 cost the forwarding path next to nothing and must never make it wait:
 
 - The hot path (a message delivered to a local connection inside the read that decoded it)
-  only extends a flat `array('q')` by four integers `(time_ns, src, dst, size)`
-  (`Channel.local`, one per dialect); the route and outcome are implied by the buffer. Addresses
-  are integers there: RMB twin ids as they are, SBD keys as an index into the channel's name
-  table (`Channel.name_id`, once per connection). The writer takes the buffer as one numpy
-  view, so turning a million hot-path records into Arrow columns costs milliseconds of C, not
-  a second of the relay's GIL. Everything else (mailbox, federation, drops, expiry) is rarer
-  and calls `Channel.add` with every field.
+  costs Python nothing: the connection's scanner, which reads source, destination and size of
+  every message inside the one `feed` call per read, appends four integers
+  `(time_ns, src, dst, size)` to the channel's Rust `RecordBuffer` (`Channel.native`, one per
+  dialect) at the clock reading passed into `feed`. The dialect retracts a record on the rare
+  paths where it does not deliver after all (`Channel.retract`: the rate limiter, a
+  connection gone since the scan, a message discarded after a close). Appending from Python
+  instead (`Channel.local`, kept for callers without a scanner) cost ~230 ns a message, half
+  of what forwarding it costs. The route and outcome are implied by the buffer. Addresses are
+  integers there: RMB twin ids as they are, SBD keys as an index into the channel's name table
+  (`Channel.name_id`; the Rust buffer's own key ids are mapped onto it when taken). The
+  writer takes the rows as one numpy view, so turning a million hot-path records into Arrow
+  columns costs milliseconds of C, not a second of the relay's GIL. Everything else (mailbox,
+  federation, drops, expiry) is rarer and calls `Channel.add` with every field.
 - Every `FLUSH_INTERVAL` the event loop swaps the lists out and puts the batch on a bounded
   queue. A full queue (the writer fell behind) sheds the batch and counts it
   (`rmb_relay_records_shed_total`): forwarding never blocks on recording.
 - One writer thread turns batches into Arrow columns (the per-column conversion runs in
-  pyarrow's C++), and appends them to one Parquet file per hour partition
+  pyarrow's C++; text columns dictionary-encoded in memory, so a batch's constant columns
+  cost nothing per row and Parquet does not hash them again), and appends them to one Parquet
+  file per hour partition
   (`DIR/date=YYYY-MM-DD/hour=HH/`, hive style, so Spark prunes by time). A file is written under a
   hidden name (`.` prefix, which Spark and pyarrow skip) and renamed when it is closed, at the
   latest every `ROLL_SECONDS`, so a reader never sees a half-written file.
@@ -32,7 +40,7 @@ that federate or cluster write the same files.
 
 from __future__ import annotations
 
-import contextlib
+import base64
 import logging
 import os
 import queue
@@ -51,6 +59,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from rmb_relay._core import RecordBuffer
 from rmb_relay.clock import Clock, wall_clock
 
 log = logging.getLogger("rmb_relay.records")
@@ -70,8 +79,6 @@ FLUSH_INTERVAL = 0.5
 MAX_PENDING_BATCHES = 64
 #: a Parquet file is closed (made visible) at the latest this long after it was opened
 ROLL_SECONDS = 60.0
-#: the writer thread's nice value (forwarding keeps the default 0)
-WRITER_NICE = 10
 #: Parquet page compression: lz4 writes ~2x faster than snappy here at the same size
 COMPRESSION = "lz4"
 
@@ -93,6 +100,23 @@ SCHEMA = pa.schema(
     metadata={SCHEMA_KEY: str(SCHEMA_VERSION).encode()},
 )
 
+#: columns the writer holds dictionary-encoded already: the text ones and the hot path's
+#: constant numbers (a batch's constant columns are one value and a run of zero indexes,
+#: addresses one string per distinct id), so Parquet writes the dictionaries as given instead
+#: of hashing (or compressing) every row of them; this halved the Parquet write
+DICT_COLUMNS = [f.name for f in SCHEMA if f.type == pa.string()] + ["relay_us", "weight"]
+#: `SCHEMA` as the writer's tables carry it; the files hold no Arrow schema (`store_schema`
+#: off), so every reader, pyarrow and Spark alike, sees the Parquet types: `SCHEMA`
+WRITE_SCHEMA = pa.schema(
+    [
+        pa.field(f.name, pa.dictionary(pa.int32(), f.type), f.nullable)
+        if f.name in DICT_COLUMNS
+        else f
+        for f in SCHEMA
+    ],
+    metadata=SCHEMA.metadata,
+)
+
 #: a hot-path record: (time_ns, src, dst, size), delivered to a local connection; src and dst
 #: are twin ids or `Channel.name_id`s
 LocalRecord = tuple[int, int, int, int]
@@ -101,10 +125,22 @@ FullRecord = tuple[int, Any, Any, int, str, str, str | None, int | None, str | N
 
 
 class Channel:
-    """One dialect's buffers. `local` is the hot path's record call (the caller None-checks
-    its copy once per message, so a relay without records pays one attribute test)."""
+    """One dialect's buffers. `native` is what the dialect's scanners append the hot path's
+    records to (see the module docstring); `local` the same record appended from Python."""
 
-    __slots__ = ("_full", "_ids", "_local", "clock", "dialect", "local", "names", "sample")
+    __slots__ = (
+        "_full",
+        "_ids",
+        "_key_ids",
+        "_local",
+        "_scan_clock",
+        "clock",
+        "dialect",
+        "local",
+        "names",
+        "native",
+        "sample",
+    )
 
     def __init__(self, dialect: str, sample: float, clock: Clock) -> None:
         self.dialect = dialect
@@ -115,11 +151,32 @@ class Channel:
         #: text addresses of the hot path by id (`name_id`); empty: addresses are integers
         self.names: list[str] = []
         self._ids: dict[str, int] = {}
+        #: the scanners' buffer; its SBD key ids map onto `names` through `_key_ids`
+        self.native = RecordBuffer()
+        self._key_ids: list[int] = []
+        self._scan_clock: Clock = clock
         self.local: Callable[[LocalRecord], None]
         if sample >= 1.0:
             self.local = self._local.extend
         else:
             self.local = _sampler(self._local.extend, sample)
+
+    def scanner_buffer(self, scan_clock: Clock) -> RecordBuffer:
+        """The buffer a scanner appends to, stamping records with `scan_clock` (the reading
+        the connection passes into `feed`); records are kept in this channel's clock, the
+        difference is re-read at every take."""
+        self._scan_clock = scan_clock
+        self._sync_offset()
+        return self.native
+
+    def _sync_offset(self) -> None:
+        scan = self._scan_clock
+        self.native.offset = 0 if scan is self.clock else self.clock() - scan()
+
+    def retract(self, index: int) -> None:
+        """The message whose scan appended record `index` was not delivered after all."""
+        if index >= 0:
+            self.native.retract(index)
 
     def name_id(self, name: str) -> int:
         """The integer a text address (an SBD key) is recorded as on the hot path."""
@@ -151,11 +208,33 @@ class Channel:
 
     def take(self) -> tuple[array[int], list[FullRecord]]:
         """The records so far; the buffers stay the same objects (the hot path holds a bound
-        `extend` of `_local`)."""
+        `extend` of `_local`, the scanners hold `native`)."""
         local, full = array("q", self._local), self._full[:]
         del self._local[:]
         self._full.clear()
+        rows, keys = self.native.take()
+        self._sync_offset()
+        for key in keys:
+            self._key_ids.append(self.name_id(base64.urlsafe_b64encode(key).rstrip(b"=").decode()))
+        if rows:
+            local.frombytes(self._native_rows(rows))
         return local, full
+
+    def _native_rows(self, rows: bytes) -> bytes:
+        """The scanners' rows sampled, SBD key ids as `name_id`s (numpy, no loop over records
+        on the event loop; RMB rows unsampled pass as they are)."""
+        if self.sample >= 1.0 and not self._key_ids:
+            return rows
+        grid = np.frombuffer(rows, dtype=np.int64).reshape(-1, 4)
+        if self.sample < 1.0:
+            grid = grid[np.random.default_rng().random(len(grid)) < self.sample]
+        else:
+            grid = grid.copy()
+        if self._key_ids:
+            ids = np.asarray(self._key_ids, dtype=np.int64)
+            grid[:, 1] = ids[grid[:, 1]]
+            grid[:, 2] = ids[grid[:, 2]]
+        return grid.tobytes()
 
 
 def _sampler(extend: Callable[[LocalRecord], None], rate: float) -> Callable[[LocalRecord], None]:
@@ -276,10 +355,7 @@ class Recorder:
         self._thread.join()
 
     def _run(self) -> None:
-        # Linux schedules threads one by one: the writer yields the CPU to forwarding when
-        # both want it (a relay at saturation sheds records, counted, rather than messages)
-        with contextlib.suppress(OSError, AttributeError):
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WRITER_NICE)
+        # not niced: a low-priority thread holding the GIL would stall forwarding behind it
         writer = self._writer
         while True:
             try:
@@ -312,32 +388,39 @@ def _times(nanos: pa.Array) -> pa.Array:
 
 
 def _local_table(batch: _Batch, instance: str) -> pa.Table:
-    """The hot-path records: columns cut from one numpy view of the buffer (no Python loop)."""
+    """The hot-path records: columns cut from one numpy view of the buffer (no Python loop),
+    text as dictionaries (`WRITE_SCHEMA`)."""
     grid = np.frombuffer(batch.local, dtype=np.int64).reshape(-1, 4)
     n = len(grid)
+    zeros = pa.array(np.zeros(n, dtype=np.int32))
+
+    def const(value: Any, kind: pa.DataType | None = None) -> pa.Array:
+        return pa.DictionaryArray.from_arrays(zeros, pa.array([value], kind or pa.string()))
 
     def address(column: int) -> pa.Array:
         ids = pa.array(grid[:, column])
         if batch.names:
             names = pa.array(batch.names, pa.string())
-            return pa.DictionaryArray.from_arrays(ids.cast(pa.int32()), names).cast(pa.string())
-        return pc.cast(ids, pa.string())
+            return pa.DictionaryArray.from_arrays(ids.cast(pa.int32()), names)
+        found = pc.dictionary_encode(ids)  # few distinct twins: one string each
+        return pa.DictionaryArray.from_arrays(found.indices, pc.cast(found.dictionary, pa.string()))
 
+    nulls = pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()), pa.array([], pa.string()))
     columns = [
         _times(pa.array(grid[:, 0])),
-        pa.repeat(pa.scalar(instance), n),
-        pa.repeat(pa.scalar(batch.dialect), n),
+        const(instance),
+        const(batch.dialect),
         address(1),
         address(2),
         pa.array(grid[:, 3]),
-        pa.repeat(pa.scalar("local"), n),
-        pa.repeat(pa.scalar("delivered"), n),
-        pa.nulls(n, pa.string()),
-        pa.repeat(pa.scalar(0, pa.int64()), n),
-        pa.nulls(n, pa.string()),
-        pa.repeat(pa.scalar(batch.weight), n),
+        const("local"),
+        const("delivered"),
+        nulls,
+        const(0, pa.int64()),
+        nulls,
+        const(batch.weight, pa.float64()),
     ]
-    return pa.Table.from_arrays(columns, schema=SCHEMA)
+    return pa.Table.from_arrays(columns, schema=WRITE_SCHEMA)
 
 
 def _full_table(batch: _Batch, instance: str) -> pa.Table:
@@ -358,11 +441,16 @@ def _full_table(batch: _Batch, instance: str) -> pa.Table:
         pa.array(far, pa.string()),
         pa.repeat(pa.scalar(batch.weight), n),
     ]
-    return pa.Table.from_arrays(columns, schema=SCHEMA)
+    table = pa.Table.from_arrays(columns, schema=SCHEMA)
+    for name in DICT_COLUMNS:
+        index = table.schema.get_field_index(name)
+        encoded = pc.dictionary_encode(table.column(index))
+        table = table.set_column(index, WRITE_SCHEMA.field(name), encoded)
+    return table
 
 
 def to_table(batch: _Batch, instance: str) -> pa.Table:
-    """One batch as a table of `SCHEMA` (both kinds of record)."""
+    """One batch as a table of `WRITE_SCHEMA` (both kinds of record)."""
     parts = []
     if batch.local:
         parts.append(_local_table(batch, instance))
@@ -417,13 +505,16 @@ class _PartitionWriter:
             hidden, final = folder / f".{name}", folder / name
             writer = pq.ParquetWriter(
                 hidden,
-                SCHEMA,
+                WRITE_SCHEMA,
                 compression=COMPRESSION,
-                # a dictionary of unique timestamps and min/max of every text column cost more
-                # than the rest of the write; `time` keeps its statistics (readers prune on it)
-                use_dictionary=[name for name in SCHEMA.names if name != "time"],
+                # a dictionary of unique timestamps, of the numbers, and min/max of every text
+                # column cost more than the rest of the write; `time` keeps its statistics
+                # (readers prune on it); the others arrive as dictionaries
+                use_dictionary=DICT_COLUMNS,
                 write_statistics=["time"],
+                store_schema=False,  # readers see the Parquet types: `SCHEMA`, not dictionaries
             )
+            writer.add_key_value_metadata({SCHEMA_KEY: str(SCHEMA_VERSION).encode()})
             entry = (writer, hidden, final, self.monotonic())
             self._open[hour] = entry
         entry[0].write_table(table)

@@ -47,12 +47,9 @@ class SbdSession(WebSocketHandler):
         self.ready = False
         self.open = False
         self.last_activity = dialect.clock()
-        #: route records (--records): this key as text, and the hot path's append (or None)
+        #: route records (--records): this key as text (the scanner records the hot path)
         self.records = dialect.switch.record_channel("sbd")
         self.record_key = self.key_text if self.records is not None else ""
-        self.record_id = 0 if self.records is None else self.records.name_id(self.record_key)
-        self._record_local = None if self.records is None else self.records.local
-        self._record_clock = dialect.clock if self.records is None else self.records.clock
         #: counted in the dialect's handshaking connections of this IP
         self.handshaking = False
         #: the lbrt value this connection was last told (None: not yet)
@@ -94,7 +91,10 @@ class SbdSession(WebSocketHandler):
         forward's destination and rewrites its header, all inside the one `feed` per read."""
         dialect = self.dialect
         limiter = None if dialect.settings.disable_rate_limit else dialect.limiter
-        self.scanner = SbdScanner(dialect.switch.routes, self.pubkey, limiter, self.ip)
+        records = self.records
+        # with --records the scan also appends the route record of each forward it routes
+        buffer = None if records is None else records.scanner_buffer(dialect.clock)
+        self.scanner = SbdScanner(dialect.switch.routes, self.pubkey, limiter, self.ip, buffer)
         decoder.set_scanner(self.scanner)
 
     def on_message(self, message: WsMessage) -> None:
@@ -136,6 +136,7 @@ class SbdSession(WebSocketHandler):
                     return
                 hot.forward_drops += 1
                 if self.records is not None:
+                    self.records.retract(routing.record)  # gone since the scan recorded it
                     dst = base64.urlsafe_b64encode(routing.peer).rstrip(b"=").decode()
                     self.records.add(
                         self.record_key, dst, len(data), "none", "rejected", "no route"
@@ -143,15 +144,17 @@ class SbdSession(WebSocketHandler):
                 return
             target.deliver(data)
             hot.forwards += 1
-            hot.bytes_out += len(data)
-            record = self._record_local
-            if record is not None:  # route records: one tuple appended, nothing else
-                dst_id = target.record_id  # type: ignore[attr-defined]
-                record((self._record_clock(), self.record_id, dst_id, len(data)))
+            hot.bytes_out += len(data)  # its route record was appended by the scan (--records)
             return
         if routing.tag == CMD_ARES:
             self._on_ares(data, routing.payload)
         # keep, none and any other command: ignored (but charged by the scanner)
+
+    def on_discarded(self, message: WsMessage) -> None:
+        """A forward read but never handled (the connection was closing) was not delivered."""
+        routing = message.routing
+        if self.records is not None and isinstance(routing, SbdRouting):
+            self.records.retract(routing.record)
 
     def _record_drop(self, size: int, outcome: str, reason: str) -> None:
         if self.records is not None:

@@ -75,6 +75,26 @@ def _status(status: int, reason: str) -> HttpResponse:
     return HttpResponse(status, reason.encode() + b"\n")
 
 
+class _Record:
+    """The route record of one tunnelled request (`--records`): destination `tenant/target`,
+    no source (clients are anonymous), `relay_us` the whole exchange (connector included)."""
+
+    __slots__ = ("channel", "dst", "route", "size", "started")
+
+    def __init__(self, dialect: TunnelDialect) -> None:
+        self.channel = dialect.records
+        self.started = self.channel.clock() if self.channel is not None else None
+        self.dst: str | None = None
+        self.route = "none"
+        self.size = 0
+
+    def __call__(self, outcome: str, reason: str | None = None) -> None:
+        if self.channel is not None:
+            self.channel.add(
+                None, self.dst, self.size, self.route, outcome, reason, received=self.started
+            )
+
+
 async def handle(
     dialect: TunnelDialect, request: HttpRequest, body: RequestBody, client: HttpClient
 ) -> HttpResponse:
@@ -84,12 +104,16 @@ async def handle(
     tenant_part = unquote(parts[2]) if len(parts) > 2 else ""
     target = unquote(parts[3]) if len(parts) > 3 else ""
     metrics = dialect.metrics
+    record = _Record(dialect)
     if mode not in MODES or not tenant_part or not target:
+        record("rejected", "bad path")
         return _status(404, "expected /{relay|queue|trace}/{tenant}/{target}/{path}")
     tenant = dialect.tenants.get(tenant_part)
     if tenant is None:
+        record("rejected", "unknown tenant")
         return _status(404, f"unknown tenant {tenant_part}")
     name = tenant.name
+    record.dst = f"{name}/{target}"
     if tenant.require_authentication:
         token = bearer(request.header("authorization"))
         try:
@@ -100,10 +124,12 @@ async def handle(
         except AuthError as err:
             metrics.auth_failures.inc(1, "client")
             metrics.requests.inc(1, name, "-", "401")
+            record("rejected", "unauthorized")
             return HttpResponse(401, f"{err}\n".encode(), headers=(("WWW-Authenticate", "Bearer"),))
     hub = dialect.hub
     if dialect.settings.require_connection and not await dialect.reachable(tenant.normalized):
         metrics.requests.inc(1, name, "-", "503")
+        record("rejected", "no connector")
         return _status(503, f"no connector of tenant {name} is connected")
     request_id = str(uuid.uuid4())
     url = parts[4] if len(parts) > 4 else ""
@@ -132,14 +158,17 @@ async def handle(
     if request.has_body:
         await _read_body(dialect, request, body, job)
     wire.original_body_size = wire.body_size
+    record.size = wire.body_size or 0
     try:
-        await dialect.submit(job)
+        record.route = await dialect.submit(job)
     except RedisError as err:
         log.warning("tunnel: cannot hand request %s to the other relays: %s", request_id, err)
         metrics.requests.inc(1, name, "-", "503")
+        record("rejected", "transport failure")
         return _status(503, "transport failure")
     if job.future is None:
         metrics.requests.inc(1, name, target, "202")
+        record("queued")
         return HttpResponse(202)
     try:
         async with asyncio.timeout(
@@ -149,6 +178,7 @@ async def handle(
     except TimeoutError:
         hub.abandon(job)
         metrics.requests.inc(1, name, "-", "504")
+        record("expired", "no answer in time")
         return _status(504, "the connector did not answer in time")
     except asyncio.CancelledError:
         hub.abandon(job)  # the client went away
@@ -158,9 +188,11 @@ async def handle(
         reason = {408: "request expired before a connector took it"}.get(
             outcome, "connector unavailable"
         )
+        record("expired" if outcome == 408 else "rejected", reason)
         return _status(outcome, reason)
     status = outcome.http_status_code
     metrics.requests.inc(1, name, target if status != 404 else "-", str(status))
+    record("delivered")
     headers = response_headers(outcome)
     if wire.enable_tracing:
         headers += [

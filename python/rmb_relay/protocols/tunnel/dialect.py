@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
     from rmb_relay.protocols.base import HttpClient, RequestBody
     from rmb_relay.telemetry.metrics import Registry
+    from rmb_relay.telemetry.records import Channel
 
 log = logging.getLogger("rmb_relay.tunnel")
 
@@ -117,6 +118,8 @@ class TunnelDialect(Dialect):
             clock=clock,
         )
         self._sweeper: asyncio.Task[None] | None = None
+        #: route records (--records; set by `build`), or None
+        self.records: Channel | None = None
         self.bridge: RedisBridge | None = None
         if redis is not None:
             self.bridge = RedisBridge(redis, self.hub, self.store, request_ttl=settings.request_ttl)
@@ -131,15 +134,17 @@ class TunnelDialect(Dialect):
             return True
         return self.bridge is not None and await self.bridge.reachable(tenant)
 
-    async def submit(self, job: Job) -> None:
+    async def submit(self, job: Job) -> str:
         """Serve the job here when a connector of its tenant is (or no other relay can),
-        else hand it to the relays on Redis. Raises RedisError."""
+        else hand it to the relays on Redis; returns the route taken (`local`, `cluster`, as
+        route records name them). Raises RedisError."""
         self._start_sweeper()
         local = self.hub.has_connector(job.tenant) and self.settings.shortcut
         if self.bridge is None or local:
             self.hub.submit(job)
-        else:
-            await self.bridge.publish(job)
+            return "local"
+        await self.bridge.publish(job)
+        return "cluster"
 
     # ---- connectors ------------------------------------------------------------------------
 

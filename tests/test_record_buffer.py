@@ -1,0 +1,187 @@
+"""Route records appended by the scanners inside `WsDecoder.feed` (rust/records.rs).
+
+The relay's hot path records a delivered message without any Python per message: the scanner
+appends (time, src, dst, size) to a `RecordBuffer` for each message it routes to a local
+connection, and the dialect retracts the few it then does not deliver. These tests hold the
+scanners to exactly which messages get a record, and `Channel` to turning the buffer into the
+same rows the Python path writes (retracted ones dropped, SBD keys as name ids, wall time).
+"""
+
+from __future__ import annotations
+
+import base64
+
+import numpy as np
+import pytest
+
+from rmb_relay._core import (
+    MSG_PING,
+    MSG_REQUEST,
+    ClientFrameEncoder,
+    Envelope,
+    EnvelopeRouting,
+    RecordBuffer,
+    RmbScanner,
+    RouteTable,
+    SbdRouting,
+    SbdScanner,
+    WsDecoder,
+    WsMessage,
+)
+from rmb_relay.telemetry.records import Channel
+
+SENDER = bytes([2]) * 32
+DEST = bytes([1]) * 32
+NOW = 1_700_000_000_000_000_000
+
+
+def frames(*payloads: bytes) -> bytes:
+    return ClientFrameEncoder(bytes(32)).binary_batch(list(payloads))
+
+
+def feed(decoder: WsDecoder, data: bytes, now: int = NOW) -> list[WsMessage]:
+    events = decoder.feed(data, now)
+    assert all(isinstance(e, WsMessage) for e in events)
+    return events  # type: ignore[return-value]
+
+
+def envelope(source: tuple[int, str | None], dest: tuple[int, str | None], kind: int) -> bytes:
+    env = Envelope("u")
+    env.source_twin, env.source_connection = source
+    env.dest_twin, env.dest_connection = dest
+    env.kind = kind
+    if kind == MSG_REQUEST:
+        env.command = "c"
+    return env.encode()
+
+
+def rows(buffer: RecordBuffer) -> list[list[int]]:
+    data, _ = buffer.take()
+    return np.frombuffer(data, dtype=np.int64).reshape(-1, 4).tolist()  # type: ignore[no-any-return]
+
+
+def test_rmb_scan_records_exactly_the_messages_it_routes_locally() -> None:
+    routes = RouteTable()
+    routes.register_session(9, "svc", 42)
+    buffer = RecordBuffer()
+    decoder = WsDecoder(scanner=RmbScanner(routes, 7, "app", buffer))
+    routed = envelope((7, "app"), (9, "svc"), MSG_REQUEST)
+    not_routed = [
+        envelope((7, "other"), (9, "svc"), MSG_REQUEST),  # not this session's source
+        envelope((7, "app"), (9, "absent"), MSG_REQUEST),  # no local destination
+        envelope((7, "app"), (9, "svc"), MSG_PING),  # answered by the relay
+        envelope((7, "app"), (0, None), MSG_REQUEST),  # no destination
+    ]
+    messages = feed(decoder, frames(routed, *not_routed, routed))
+    records = [m.routing.record for m in messages if isinstance(m.routing, EnvelopeRouting)]
+    assert records == [0, -1, -1, -1, -1, 1]
+    assert len(buffer) == 2
+    assert rows(buffer) == [[NOW, 7, 9, len(routed)], [NOW, 7, 9, len(routed)]]
+
+
+def test_without_a_buffer_nothing_is_recorded() -> None:
+    routes = RouteTable()
+    routes.register_session(9, None, 42)
+    scanner = RmbScanner(routes, 7, None)
+    assert scanner.records is None
+    (message,) = feed(WsDecoder(scanner=scanner), frames(envelope((7, None), (9, None), 1)))
+    assert isinstance(message.routing, EnvelopeRouting)
+    assert message.routing.record == -1
+
+
+def test_retracted_records_keep_their_place_until_taken() -> None:
+    routes = RouteTable()
+    routes.register_session(9, None, 42)
+    buffer = RecordBuffer()
+    decoder = WsDecoder(scanner=RmbScanner(routes, 7, None, buffer))
+    data = envelope((7, None), (9, None), MSG_REQUEST)
+    feed(decoder, frames(data, data, data))
+    assert buffer.retract(1)
+    assert not buffer.retract(1)
+    assert not buffer.retract(3)
+    assert [r[3] for r in rows(buffer)] == [len(data), len(data)]  # the retracted one left out
+    (late,) = feed(decoder, frames(data))
+    assert isinstance(late.routing, EnvelopeRouting)
+    assert late.routing.record == 3  # indexes keep counting across takes
+    assert not buffer.retract(0)
+
+
+def test_sbd_scan_records_routed_forwards_with_interned_keys() -> None:
+    routes = RouteTable()
+    routes.register_pubkey(DEST, 5)
+    buffer = RecordBuffer()
+    buffer.offset = 1_000
+    scanner = SbdScanner(routes, SENDER, None, "10.0.0.1", buffer)
+    scanner.ready = True
+    decoder = WsDecoder(max_message=20_000, scanner=scanner)
+    forward = DEST + b"x" * 100
+    unknown = bytes([3]) * 32 + b"y"
+    command = bytes(28) + b"keep"
+    messages = feed(decoder, frames(forward, unknown, command, forward), now=50)
+    records = [m.routing.record for m in messages if isinstance(m.routing, SbdRouting)]
+    assert records == [0, -1, -1, 1]
+    data, keys = buffer.take()
+    assert keys == [SENDER, DEST]  # id 0 the sender (first used), id 1 the destination
+    grid = np.frombuffer(data, dtype=np.int64).reshape(-1, 4).tolist()
+    assert grid == [[1_050, 0, 1, len(forward)], [1_050, 0, 1, len(forward)]]
+    feed(decoder, frames(forward), now=60)
+    data, keys = buffer.take()
+    assert keys == []  # handed over once
+    assert np.frombuffer(data, dtype=np.int64).tolist() == [1_060, 0, 1, len(forward)]
+
+
+def test_sbd_scan_of_a_sender_not_ready_records_nothing() -> None:
+    routes = RouteTable()
+    routes.register_pubkey(DEST, 5)
+    buffer = RecordBuffer()
+    decoder = WsDecoder(scanner=SbdScanner(routes, SENDER, None, "", buffer))
+    (message,) = feed(decoder, frames(DEST + b"x"))
+    assert isinstance(message.routing, SbdRouting)
+    assert message.routing.record == -1
+    assert len(buffer) == 0
+
+
+def _key(key: bytes) -> str:
+    return base64.urlsafe_b64encode(key).rstrip(b"=").decode()
+
+
+def test_channel_takes_the_scanners_rows_as_local_records() -> None:
+    now = [NOW]
+    channel = Channel("sbd", 1.0, lambda: now[0])
+    channel.name_id("earlier")  # a name the Python path knew first: ids must not collide
+    scan_now = [10]
+    buffer = channel.scanner_buffer(lambda: scan_now[0])
+    assert buffer.offset == NOW - 10
+    routes = RouteTable()
+    routes.register_pubkey(DEST, 5)
+    scanner = SbdScanner(routes, SENDER, None, "", buffer)
+    scanner.ready = True
+    messages = feed(WsDecoder(scanner=scanner), frames(DEST + b"a", DEST + b"bb"), now=12)
+    second = messages[1].routing
+    assert isinstance(second, SbdRouting)
+    channel.retract(second.record)
+    channel.retract(-1)  # no record: nothing happens
+    local, full = channel.take()
+    assert full == []
+    assert list(local) == [NOW + 2, 1, 2, 33]
+    assert channel.names == ["earlier", _key(SENDER), _key(DEST)]
+
+
+def test_channel_samples_the_scanners_rows() -> None:
+    channel = Channel("rmb", 0.25, lambda: NOW)
+    buffer = channel.scanner_buffer(channel.clock)
+    assert buffer.offset == 0
+    routes = RouteTable()
+    routes.register_session(9, None, 42)
+    decoder = WsDecoder(scanner=RmbScanner(routes, 7, None, buffer))
+    data = envelope((7, None), (9, None), MSG_REQUEST)
+    feed(decoder, frames(*[data] * 4000))
+    local, _ = channel.take()
+    kept = len(local) // 4
+    assert 800 < kept < 1200  # 1000 expected; the bounds are > 7 standard deviations away
+    assert set(local[3::4]) == {len(data)}
+
+
+@pytest.mark.parametrize("index", [-5, 0, 10**12])
+def test_retracting_what_is_not_buffered_is_false(index: int) -> None:
+    assert not RecordBuffer().retract(index)
