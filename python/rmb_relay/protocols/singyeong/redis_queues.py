@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from rmb_relay.protocols.singyeong.queues import Consumer, Message
 
 if TYPE_CHECKING:
-    from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
+    from redis.asyncio import Redis
 
 log = logging.getLogger("rmb_relay.singyeong")
 
