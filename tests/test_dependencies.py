@@ -8,6 +8,7 @@ import ast
 import importlib.metadata
 import importlib.util
 import re
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -69,6 +70,37 @@ def test_rich_is_imported_by_the_load_harness_only() -> None:
     users = imports()["rich"]
     assert users
     assert all(path.startswith("load/") for path in users), sorted(users)
+
+
+def test_a_relay_without_records_loads_no_arrow_or_numpy(tmp_path: Path) -> None:
+    """pyarrow and numpy are for --records and the analytics plane; a plain relay (every dialect,
+    every flag's wiring) must not pay their ~50 MiB of RSS."""
+    probe = (
+        "import sys, asyncio\n"
+        "from rmb_relay.commands.serve import build_server, parser\n"
+        "args = parser('rmb-relay').parse_args(sys.argv[1:])\n"
+        "async def main():\n"
+        "    server, services = await build_server(args)\n"
+        "    await services.close()\n"
+        "asyncio.run(main())\n"
+        "print(sorted(m for m in ('pyarrow', 'numpy') if m in sys.modules))\n"
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            probe,
+            "-l",
+            "127.0.0.1:0",
+            "--twins",
+            f"sqlite:{tmp_path / 't.db'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stderr
 
 
 def test_parquet_samples_are_written_with_the_declared_pyarrow(tmp_path: Path) -> None:

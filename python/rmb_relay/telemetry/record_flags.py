@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rmb_relay.errors import ConfigError
-from rmb_relay.telemetry.records import Recorder
 
 if TYPE_CHECKING:
     from rmb_relay.telemetry.metrics import Registry
+    from rmb_relay.telemetry.records import Recorder
 
 
 def _sample(text: str) -> float:
@@ -54,6 +54,10 @@ def recorder_from_args(args: argparse.Namespace, metrics: Registry) -> Recorder 
     """The started recorder the flags ask for, or None; must run on the relay's loop."""
     if args.records is None:
         return None
+    # pyarrow and numpy cost a relay ~60 MiB of RSS and a fifth of a second to start: only a
+    # relay that records loads them
+    from rmb_relay.telemetry.records import Recorder
+
     instance = args.records_instance or _default_instance(args.listen)
     directory = Path(args.records)
     if directory.exists() and not directory.is_dir():
