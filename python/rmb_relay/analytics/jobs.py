@@ -173,11 +173,12 @@ def latency_cdf(records: DataFrame, window: int) -> DataFrame:
     ).withColumn("percentile", F.col("percentile") + 1)
 
 
-def federation_health(records: DataFrame, window: int) -> DataFrame:
+def _federation_failures(records: DataFrame, *by: Column) -> DataFrame:
+    """Attempts, failures and failure rate of federated sends, grouped `by` (then the remote)."""
     attempts = records.where((F.col("route") == "federation") & F.col("remote").isNotNull())
     failed = F.col("outcome") != "delivered"
     return (
-        attempts.groupBy(_window(window), "remote")
+        attempts.groupBy(*by, "remote")
         .agg(
             _messages().alias("attempts"),
             F.round(F.sum(F.when(failed, F.col("weight")).otherwise(0)))
@@ -185,26 +186,17 @@ def federation_health(records: DataFrame, window: int) -> DataFrame:
             .alias("failures"),
         )
         .withColumn("failure_rate", F.col("failures") / F.col("attempts"))
-        .orderBy("window_start", "remote")
     )
+
+
+def federation_health(records: DataFrame, window: int) -> DataFrame:
+    return _federation_failures(records, _window(window)).orderBy("window_start", "remote")
 
 
 def federation_priors(records: DataFrame, window: int) -> DataFrame:
     """Failure rate per remote relay over the whole range: `priors.json` for the ranker."""
     del window
-    failed = F.col("outcome") != "delivered"
-    return (
-        records.where((F.col("route") == "federation") & F.col("remote").isNotNull())
-        .groupBy("remote")
-        .agg(
-            _messages().alias("attempts"),
-            F.round(F.sum(F.when(failed, F.col("weight")).otherwise(0)))
-            .cast("long")
-            .alias("failures"),
-        )
-        .withColumn("failure_rate", F.col("failures") / F.col("attempts"))
-        .orderBy("remote")
-    )
+    return _federation_failures(records).orderBy("remote")
 
 
 def mailbox(records: DataFrame, window: int) -> DataFrame:
