@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -32,20 +31,14 @@ from rmb_relay.load.stats import summary as stats_summary
 from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
 
+from .procstat import cpu_seconds, free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 A, B = "127.0.0.2", "127.0.0.3"
 SENDERS, RECEIVERS = 10_000, 20_000
 #: envelopes that arrived after a later one of the same pair (federated runs)
 REORDERED = [0]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class RelayProcess:
@@ -81,8 +74,7 @@ class RelayProcess:
         return f"ws://{self.domain}:{self.port}/"
 
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.process.pid)
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)

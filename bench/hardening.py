@@ -24,7 +24,6 @@ import base64
 import json
 import os
 import random
-import shutil
 import signal
 import string
 import subprocess
@@ -36,13 +35,15 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers import RawWebSocket
+from tests.redis_process import start_redis
 from tests.rmb_fixtures import key_for
 
 from rmb_relay.client import RmbClient
 from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
 
-from .scenarios import free_port, raise_fd_limit
+from .procstat import cpu_seconds, free_port, rss_bytes
+from .scenarios import raise_fd_limit
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
@@ -69,15 +70,10 @@ class RelayProcess:
         return f"ws://127.0.0.1:{self.port}/"
 
     def rss(self) -> int:
-        status = Path(f"/proc/{self.process.pid}/status").read_text()
-        return (
-            int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1])
-            * 1024
-        )
+        return rss_bytes(self.process.pid)
 
     def cpu(self) -> float:
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.process.pid)
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)
@@ -222,32 +218,12 @@ async def scenario_sbd(directory: Path, relay_path: str | None) -> dict[str, Any
 async def scenario_redis(directory: Path, relay_path: str | None) -> dict[str, Any]:
     redis_dir = directory / "redis"
     redis_dir.mkdir()
-    port = free_port()
-    redis = subprocess.Popen(  # noqa: ASYNC220 - a bench; the loop has nothing else to do yet
-        [
-            shutil.which("redis-server") or "redis-server",
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--dir",
-            str(redis_dir),
-            "--save",
-            "",
-        ],
-        stdout=subprocess.DEVNULL,
-    )
+    redis = start_redis(str(redis_dir), durable=False)
     try:
-        for _ in range(100):
-            try:
-                await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 1)
-                break
-            except OSError:
-                await asyncio.sleep(0.05)
-        relay = RelayProcess(directory, relay_path, "--redis", f"redis://127.0.0.1:{port}/0")
+        relay = RelayProcess(directory, relay_path, "--redis", redis.url)
         try:
             before = relay.rss()
-            redis.send_signal(signal.SIGSTOP)
+            redis.process.send_signal(signal.SIGSTOP)
             stopped = time.monotonic()
             client = await RmbClient.connect(relay.url, 1, key_for(1))
             payload = os.urandom(1_000_000)
@@ -267,7 +243,7 @@ async def scenario_redis(directory: Path, relay_path: str | None) -> dict[str, A
             await carol.open(relay.url)
             live = await client.request(3, "live", timeout=30, raise_on_error=False)
             live_ok = live.error is None
-            redis.send_signal(signal.SIGCONT)
+            redis.process.send_signal(signal.SIGCONT)
             await asyncio.sleep(2)
             for future in futures:
                 future.cancel()
@@ -283,9 +259,8 @@ async def scenario_redis(directory: Path, relay_path: str | None) -> dict[str, A
         finally:
             relay.stop()
     finally:
-        redis.send_signal(signal.SIGCONT)
-        redis.terminate()
-        redis.wait(10)
+        redis.process.send_signal(signal.SIGCONT)
+        redis.stop()
 
 
 async def scenario_methods(directory: Path, relay_path: str | None) -> dict[str, Any]:

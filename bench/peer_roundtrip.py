@@ -43,9 +43,10 @@ from tests.peer_fixtures import (
 from bench.scenarios import RESULTS, commit
 from rmb_relay.peer.resp import RespClient
 
+from .procstat import cpu_seconds
+
 COMMAND = "bench.echo"
 PAYLOAD = b"x" * 100
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def start_redis(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -63,11 +64,6 @@ def start_redis(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
         if b"Ready to accept connections" in line:
             break
     return process, f"redis://127.0.0.1:{port}"
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
 
 
 async def service(url: str) -> None:

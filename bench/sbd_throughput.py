@@ -27,9 +27,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.scenarios import PY, ROOT, commit, free_port
+from bench.scenarios import PY, ROOT, commit
 from rmb_relay.load.cli import _parser as load_parser
 from rmb_relay.load.cli import run_load
+
+from .procstat import cpu_seconds, free_port
 
 SBD_SERVERD = ROOT / ".tools" / "sbd-server" / "bin" / "sbd-serverd"
 TARGET = Path.home() / ".cache" / "rmb-relay" / "sbd-tester-target"
@@ -70,8 +72,7 @@ class Server:
             raise RuntimeError(f"{name} did not start")
 
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.process.pid)
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)

@@ -16,10 +16,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,15 +30,11 @@ from typing import Any
 from rmb_relay.load.cli import _parser as load_parser
 from rmb_relay.load.cli import run_load
 
+from .procstat import cpu_seconds, free_port, rss_bytes
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 PY = sys.executable
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def commit() -> str:
@@ -90,14 +84,10 @@ class Relay:
         return f"ws://127.0.0.1:{self.port}/"
 
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.process.pid)
 
     def rss_bytes(self) -> int:
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        return 0
+        return rss_bytes(self.process.pid)
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)

@@ -20,7 +20,6 @@ import json
 import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,8 @@ from typing import Any
 
 from rmb_relay._core import ClientFrameEncoder, WsDecoder, WsMessage
 
+from .procstat import cpu_seconds, free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 SCENARIOS = ("send_eq", "send_range", "broadcast", "queue")
@@ -36,19 +37,8 @@ GROUP = 1000  # clients per broadcast group
 CONSUMERS = 20
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def now_us() -> int:
     return time.monotonic_ns() // 1000
-
-
-def proc_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def own_cpu() -> float:
@@ -270,7 +260,7 @@ async def LOAD(
         now = time.monotonic()
         if mark is None and now >= warm_until:
             stats.latencies.clear()
-            mark = (now, stats.received, proc_cpu(gateway.process.pid), own_cpu())
+            mark = (now, stats.received, cpu_seconds(gateway.process.pid), own_cpu())
         if now >= end:
             break
         if sent * fanout - stats.received < window:
@@ -294,7 +284,7 @@ async def LOAD(
         "rate": round(delivered / elapsed),
         "p50_ms": round(lat[len(lat) // 2] / 1000, 2),
         "p99_ms": round(lat[int(len(lat) * 0.99)] / 1000, 2),
-        "gw_cpu": round((proc_cpu(gateway.process.pid) - mark[2]) / elapsed, 2),
+        "gw_cpu": round((cpu_seconds(gateway.process.pid) - mark[2]) / elapsed, 2),
         "gen_cpu": round((own_cpu() - mark[3]) / elapsed, 2),
     }
 
@@ -326,7 +316,7 @@ async def QUEUE(
     while True:
         now = time.monotonic()
         if mark is None and now >= warm_until:
-            mark = (now, stats.acked, proc_cpu(gateway.process.pid), own_cpu())
+            mark = (now, stats.acked, cpu_seconds(gateway.process.pid), own_cpu())
         if now >= end:
             break
         if produced - stats.acked < 2000:
@@ -345,7 +335,7 @@ async def QUEUE(
         "rate": round((stats.acked - mark[1]) / elapsed),
         "p50_ms": None,
         "p99_ms": None,
-        "gw_cpu": round((proc_cpu(gateway.process.pid) - mark[2]) / elapsed, 2),
+        "gw_cpu": round((cpu_seconds(gateway.process.pid) - mark[2]) / elapsed, 2),
         "gen_cpu": round((own_cpu() - mark[3]) / elapsed, 2),
     }
 

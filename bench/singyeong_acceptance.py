@@ -17,8 +17,6 @@ import asyncio
 import json
 import os
 import random
-import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,17 +27,12 @@ from typing import Any
 
 import msgpack
 import websockets
+from tests.redis_process import free_port, start_redis
 
 ROOT = Path(__file__).resolve().parent.parent
 CLIENTS = 1000
 MESSAGES = 10_000
 REGIONS = ("eu", "us", "ap")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class Client:
@@ -249,28 +242,11 @@ async def queues(api: list[str], consumers: list[Client], producer: Client) -> N
 
 
 def main() -> int:
-    redis_exe = shutil.which("redis-server")
-    assert redis_exe, "redis-server is not installed"
     with tempfile.TemporaryDirectory() as directory:
-        redis_port = free_port()
-        redis = subprocess.Popen(
-            [
-                redis_exe,
-                "--port",
-                str(redis_port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                directory,
-                "--save",
-                "",
-            ],
-            stdout=subprocess.DEVNULL,
-        )
+        redis = start_redis(directory, durable=False)
         gateways = []
         urls = []
         try:
-            time.sleep(0.5)  # a script, not a test: redis-server is up well within this
             for node in ("a", "b"):
                 port = free_port()
                 gateways.append(
@@ -282,7 +258,7 @@ def main() -> int:
                             "-l",
                             f"127.0.0.1:{port}",
                             "--redis",
-                            f"redis://127.0.0.1:{redis_port}/0",
+                            redis.url,
                             "--sg-node",
                             node,
                             "--max-connections-per-ip",
@@ -297,9 +273,10 @@ def main() -> int:
                 urls.append(f"ws://127.0.0.1:{port}")
             asyncio.run(routing(urls, [u.replace("ws://", "http://") for u in urls]))
         finally:
-            for process in (*gateways, redis):
+            for process in gateways:
                 process.terminate()
                 process.wait(20)
+            redis.stop()
     return 0
 
 

@@ -22,7 +22,6 @@ import argparse
 import asyncio
 import contextlib
 import json
-import shutil
 import signal
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.redis_process import start_redis
 from tests.rmb_fixtures import key_for
 
 from rmb_relay.client import IncomingRequest, RmbClient
@@ -39,7 +39,7 @@ from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
 
 from .hardening import RelayProcess
-from .scenarios import ROOT, commit, free_port, raise_fd_limit
+from .scenarios import ROOT, commit, raise_fd_limit
 
 RESULTS = ROOT / "bench" / "results"
 MIB = 1 << 20
@@ -49,51 +49,25 @@ STALL_SECONDS = 8.0
 
 
 class Redis:
+    """The soak's redis-server, stalled (SIGSTOP) and restarted on the same port and directory
+    mid-run; append-only, so the restart keeps what it acknowledged."""
+
     def __init__(self, directory: Path) -> None:
         self.directory = directory
-        self.port = free_port()
-        self.process: subprocess.Popen[bytes] | None = None
-        self.start()
+        self.server = start_redis(str(directory))
+        self.port = self.server.port
+
+    @property
+    def process(self) -> subprocess.Popen[bytes]:
+        return self.server.process
 
     def start(self) -> None:
-        exe = shutil.which("redis-server") or "redis-server"
-        self.process = subprocess.Popen(
-            [
-                exe,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--dir",
-                str(self.directory),
-                "--save",
-                "",
-                "--appendonly",
-                "yes",
-                "--appendfsync",
-                "always",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        assert self.process.stdout is not None
-        for line in iter(self.process.stdout.readline, b""):
-            if b"Ready to accept connections" in line:
-                break
-        threading_drain(self.process)
+        self.server = start_redis(str(self.directory), self.port)
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
+        if self.process.poll() is None:
             self.process.send_signal(signal.SIGCONT)
-            self.process.terminate()
-            self.process.wait(30)
-
-
-def threading_drain(process: subprocess.Popen[bytes]) -> None:
-    import threading
-    from collections import deque
-
-    threading.Thread(target=lambda: deque(process.stdout or [], maxlen=0), daemon=True).start()
+        self.server.stop()
 
 
 def load_cmd(

@@ -20,7 +20,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,20 +31,10 @@ from typing import Any
 import uvloop
 from aiohttp import web
 
+from .procstat import cpu_seconds, free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "bench-secret-0123456789"
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICK
 
 
 # ---- the target server ------------------------------------------------------------------------

@@ -1,0 +1,26 @@
+"""What every benchmark reads about the processes it runs: a free port to start them on, and
+their CPU time and resident memory from /proc (so a figure is the process's own, not the
+machine's)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tests.redis_process import free_port as free_port
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU the process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory now (VmRSS); 0 when the kernel does not say."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
