@@ -1,4 +1,5 @@
-"""Small test utilities: bounded waits and a raw websocket client over a plain socket."""
+"""Small test utilities: bounded waits, a hand-moved clock and a raw websocket client over a plain
+socket."""
 
 from __future__ import annotations
 
@@ -7,6 +8,9 @@ import base64
 import inspect
 import os
 from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
+
+from aiohttp import web
 
 from rmb_relay._core import (
     ClientFrameEncoder,
@@ -17,6 +21,20 @@ from rmb_relay._core import (
 )
 
 WAIT = 10.0
+
+
+class FakeClock:
+    """Integer nanoseconds (`rmb_relay.clock`) the test moves by hand: by `advance(seconds)` or
+    by setting `now`. Starts at 1,000 s unless told otherwise."""
+
+    def __init__(self, now: int = 1_000_000_000_000) -> None:
+        self.now = now
+
+    def __call__(self) -> int:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += int(seconds * 1_000_000_000)
 
 
 async def eventually(
@@ -124,3 +142,14 @@ async def http_exchange(host: str, port: int, raw: bytes) -> bytes:
     data = await asyncio.wait_for(reader.read(), WAIT)
     writer.close()
     return data
+
+
+async def serve_app(stack: AsyncExitStack, app: web.Application) -> int:
+    """Serve an aiohttp app (a test's HTTP target, key server, ...) on a free loopback port until
+    `stack` closes; returns the port."""
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    stack.push_async_callback(runner.cleanup)
+    return int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]

@@ -19,6 +19,7 @@ from rmb_relay.twins import Twin
 from rmb_relay.twins.cache import CachedTwinDirectory
 from rmb_relay.twins.local import SqliteTwinDirectory
 from tests.conftest import StartRelay
+from tests.helpers import FakeClock as HandClock
 
 
 def key_for(twin: int, key_type: str = "sr25519") -> SigningKey:
@@ -27,18 +28,12 @@ def key_for(twin: int, key_type: str = "sr25519") -> SigningKey:
     return SigningKey.sr25519(seed) if key_type == "sr25519" else SigningKey.ed25519(seed)
 
 
-class FakeClock:
-    """Unix time in nanoseconds (`rmb_relay.clock`) the test moves by hand; starts at the real
-    time, on a whole second, so JWTs look normal."""
+class FakeClock(HandClock):
+    """Unix time in nanoseconds the test moves by hand; starts at the real time, on a whole
+    second, so JWTs look normal."""
 
     def __init__(self) -> None:
-        self.now = int(time.time()) * 1_000_000_000
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += int(seconds * 1_000_000_000)
+        super().__init__(int(time.time()) * 1_000_000_000)
 
 
 @dataclass

@@ -14,20 +14,8 @@ from rmb_relay.protocols.singyeong import SgSettings, SingyeongDialect
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.telemetry.metrics import Registry
 from tests.conftest import StartRelay
+from tests.helpers import FakeClock
 from tests.sg_client import SgClient
-
-
-class FakeClock:
-    """Monotonic nanoseconds the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000_000_000
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += int(seconds * 1e9)
 
 
 @dataclass

@@ -29,6 +29,7 @@ from rmb_relay.analytics.cli import main
 from rmb_relay.analytics.pipeline import Plan, Progress, check, run
 from rmb_relay.telemetry.records import SCHEMA_KEY, Recorder
 from tests.conftest import WAIT, free_port
+from tests.helpers import FakeClock
 
 pyspark = pytest.importorskip("pyspark")
 if shutil.which("java") is None:
@@ -54,17 +55,9 @@ def spark() -> Iterator[SparkSession]:
     spark.stop()
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = T0
-
-    def __call__(self) -> int:
-        return self.now
-
-
 async def _known_records(root: Path) -> None:
     """Two 60 s windows of traffic whose every count the tests below know."""
-    clock = Clock()
+    clock = FakeClock(T0)
     recorder = Recorder(root, "relay-a:8080", clock=clock)
     recorder.start()
     rmb, sbd = recorder.channel("rmb"), recorder.channel("sbd")

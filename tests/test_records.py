@@ -16,20 +16,12 @@ from rmb_relay.mailbox import MemoryMailbox
 from rmb_relay.telemetry.metrics import Registry
 from rmb_relay.telemetry.record_flags import add_record_arguments, recorder_from_args
 from rmb_relay.telemetry.records import SCHEMA_KEY, SCHEMA_VERSION, Recorder
-from tests.helpers import eventually
+from tests.helpers import FakeClock, eventually
 from tests.tunnel_fixtures import StartTunnel
 from tests.tunnel_fixtures import start_tunnel as start_tunnel
 
 #: 2023-11-14 22:59:59 UTC, one second before an hour boundary
 T0 = 1_700_002_799 * 1_000_000_000
-
-
-class Clock:
-    def __init__(self, now: int = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
 
 
 def visible(root: Path) -> list[Path]:
@@ -41,7 +33,7 @@ def hidden(root: Path) -> list[Path]:
 
 
 async def test_records_land_in_hour_partitions_with_every_field(tmp_path: Path) -> None:
-    clock = Clock()
+    clock = FakeClock(T0)
     recorder = Recorder(tmp_path, "relay-a:8080", clock=clock)
     recorder.start()
     rmb = recorder.channel("rmb")
@@ -86,7 +78,7 @@ async def test_records_land_in_hour_partitions_with_every_field(tmp_path: Path) 
 async def test_a_full_queue_sheds_and_counts_instead_of_blocking(tmp_path: Path) -> None:
     """The writer is not running (as if it had fallen behind): the first batch waits in the
     queue, the next ones are shed and counted, and the hot path never blocks."""
-    recorder = Recorder(tmp_path, "r", clock=Clock(), max_pending=1)
+    recorder = Recorder(tmp_path, "r", clock=FakeClock(T0), max_pending=1)
     channel = recorder.channel("rmb")
     for _ in range(10):
         channel.local((T0, 1, 2, 3))
@@ -101,7 +93,7 @@ async def test_a_full_queue_sheds_and_counts_instead_of_blocking(tmp_path: Path)
 
 
 async def test_open_files_are_hidden_until_rolled(tmp_path: Path) -> None:
-    recorder = Recorder(tmp_path, "r", clock=Clock(), flush_interval=0.01, roll_seconds=3600)
+    recorder = Recorder(tmp_path, "r", clock=FakeClock(T0), flush_interval=0.01, roll_seconds=3600)
     recorder.start()
     recorder.channel("rmb").local((T0, 1, 2, 3))
     recorder.flush()
@@ -114,7 +106,7 @@ async def test_open_files_are_hidden_until_rolled(tmp_path: Path) -> None:
 
 
 async def test_sampled_records_carry_their_weight(tmp_path: Path) -> None:
-    recorder = Recorder(tmp_path, "r", clock=Clock(), sample=0.25)
+    recorder = Recorder(tmp_path, "r", clock=FakeClock(T0), sample=0.25)
     recorder.start()
     channel = recorder.channel("rmb")
     for _ in range(4000):
@@ -172,7 +164,7 @@ async def test_records_flags_name_the_instance_and_register_metrics(tmp_path: Pa
 
 
 async def test_mailbox_reports_expiry_and_overflow_losses() -> None:
-    clock = Clock()
+    clock = FakeClock(T0)
     mailbox = MemoryMailbox(ttl=60, max_per_session=2, clock=clock)
     lost: list[tuple[tuple[int, str | None], int, str]] = []
     mailbox.on_loss = lambda key, size, reason: lost.append((key, size, reason))

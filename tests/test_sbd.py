@@ -23,22 +23,9 @@ from rmb_relay.protocols.sbd import SbdDialect, SbdSettings, ip_key
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.telemetry.metrics import Registry
 from tests.conftest import WAIT, StartRelay
-from tests.helpers import eventually, http_exchange
+from tests.helpers import FakeClock, eventually, http_exchange
 from tests.sbd_client import SbdClient, key_path
 from tests.scrape import scrape
-
-
-class FakeClock:
-    """Monotonic nanoseconds the test moves by hand."""
-
-    def __init__(self) -> None:
-        self.now = 1_000_000_000_000
-
-    def __call__(self) -> int:
-        return self.now
-
-    def advance(self, seconds: float) -> None:
-        self.now += int(seconds * 1e9)
 
 
 @dataclass

@@ -15,20 +15,24 @@ import hashlib
 import os
 import random
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
 
 import httpx
 import pytest
 
 from tests.conftest import WAIT, RedisServer
 from tests.conftest import redis_server as redis_server
-from tests.helpers import eventually
 from tests.tunnel_fixtures import TargetApp, start_target
+from tests.tunnel_processes import (
+    add_tenant,
+    spawn_connector,
+    spawn_relay,
+    stop,
+    wait_for_connector,
+)
 
 SECRET = "acceptance-secret"
 METHODS = ("GET", "POST", "PUT", "DELETE")
@@ -45,18 +49,6 @@ class Cluster:
     b: str
     target: TargetApp
     connector: subprocess.Popen[str]
-
-
-def _popen(args: list[str], **options: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen(args, **options)
-
-
-def _stop(process: subprocess.Popen[str]) -> int:
-    process.terminate()
-    code = process.wait(WAIT)
-    if process.stdout is not None:
-        process.stdout.close()
-    return code
 
 
 def _random_file(path: Path, size: int, seed: int) -> str:
@@ -81,92 +73,34 @@ def _sha256_file(path: Path) -> str:
     return digest.hexdigest()
 
 
-async def _relay(
-    args: list[str], env: dict[str, str], log: IO[str]
-) -> tuple[subprocess.Popen[str], str]:
-    """Start `rmb-relay` on a free port; returns the process and its base URL (from the banner)."""
-    process = await asyncio.to_thread(
-        _popen,
-        [sys.executable, "-m", "rmb_relay", "-l", "127.0.0.1:0", *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=log,
-        text=True,
-    )
-    assert process.stdout is not None
-    banner = await asyncio.to_thread(process.stdout.readline)
-    assert "tunnel" in banner, banner
-    return process, f"http://{banner.split()[3].rstrip(';')}"
-
-
 @pytest.fixture
 async def cluster(tmp_path: Path, redis_server: RedisServer) -> AsyncIterator[Cluster]:
     db = f"sqlite:{tmp_path / 'relay.sqlite3'}"
     env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
-    await asyncio.to_thread(
-        subprocess.run,
-        [
-            sys.executable,
-            "-m",
-            "rmb_relay",
-            "tenants",
-            "--twins",
-            db,
-            "add",
-            "acme",
-            "--secret",
-            SECRET,
-        ],
-        check=True,
-        env=env,
-        capture_output=True,
-    )
+    await add_tenant(db, env, "acme", SECRET)
     # one tenant database and one body store for both relays, as the scale-out docs require
     shared = ["--twins", db, "--redis", redis_server.url, "--no-sbd"]
     shared += ["--tunnel-body-store", str(tmp_path / "bodies"), "--tunnel-require-connection"]
     with (tmp_path / "relays.log").open("w") as log:
         processes: list[subprocess.Popen[str]] = []
         try:
-            relay_a, a = await _relay(shared, env, log)
+            relay_a, a = await spawn_relay(shared, env, log)
             processes.append(relay_a)
-            relay_b, b = await _relay(shared, env, log)
+            relay_b, b = await spawn_relay(shared, env, log)
             processes.append(relay_b)
             async with AsyncExitStack() as stack:
                 target = await start_target(stack)
-                connector = await asyncio.to_thread(
-                    _popen,
-                    [
-                        sys.executable,
-                        "-m",
-                        "rmb_relay",
-                        "connector",
-                        "--server",
-                        a,
-                        "--tenant",
-                        "acme",
-                        "--secret",
-                        SECRET,
-                        "--target",
-                        f"app={target.url}",
-                    ],
-                    env=env,
-                    stdout=subprocess.DEVNULL,
-                    stderr=log,
-                    text=True,
+                connector = await spawn_connector(
+                    a, "acme", SECRET, target.url, env, stdout=subprocess.DEVNULL, stderr=log
                 )
                 processes.append(connector)
-                async with httpx.AsyncClient(base_url=b, timeout=WAIT) as client:
-
-                    async def ready() -> bool:
-                        return (await client.get("/relay/acme/$ping/")).status_code == 200
-
-                    # B answers 503 until A has published the connector's presence in Redis
-                    await eventually(ready, timeout=30)
+                # B answers 503 until A has published the connector's presence in Redis
+                await wait_for_connector(b, "acme")
                 yield Cluster(a, b, target, connector)
-                assert _stop(processes.pop()) == 0  # the connector, while the target is up
+                assert stop(processes.pop()) == 0  # the connector, while the target is up
         finally:
             for process in reversed(processes):
-                assert _stop(process) == 0
+                assert stop(process) == 0
 
 
 async def curl(*args: str) -> tuple[bytes, bytes]:

@@ -22,6 +22,7 @@ from rmb_relay.protocols.tunnel.tenants_cli import main as tenants_main
 from rmb_relay.protocols.tunnel.tokens import LEEWAY, OidcVerifier, TokenAuthority
 from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
+from tests.helpers import serve_app
 from tests.tunnel_fixtures import StartTunnel
 from tests.tunnel_fixtures import start_tunnel as start_tunnel
 
@@ -142,12 +143,7 @@ async def _jwks_server(stack: AsyncExitStack, public: dict[str, Any]) -> str:
 
     app.router.add_get("/.well-known/openid-configuration", discovery)
     app.router.add_get("/jwks", jwks)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    stack.push_async_callback(runner.cleanup)
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    port = await serve_app(stack, app)
     base.append(f"http://127.0.0.1:{port}")
     return base[0]
 

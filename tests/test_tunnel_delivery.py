@@ -14,19 +14,11 @@ import pytest
 from rmb_relay.clock import NS
 from rmb_relay.protocols.tunnel.bodystore import FileBodyStore
 from tests.conftest import WAIT
-from tests.helpers import eventually
+from tests.helpers import FakeClock, eventually
 from tests.tunnel_fixtures import StartTunnel, pattern
 from tests.tunnel_fixtures import start_tunnel as start_tunnel
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1_000 * NS
-
-    def __call__(self) -> int:
-        return self.now
 
 
 async def test_request_queued_past_its_ttl_is_408_and_never_executed(

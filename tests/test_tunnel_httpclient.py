@@ -13,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from rmb_relay.protocols.tunnel.httpclient import HttpClientPool, TargetError
+from tests.helpers import serve_app
 from tests.tunnel_fixtures import pattern
 
 pytestmark = pytest.mark.timeout(30)
@@ -51,12 +52,7 @@ async def aiohttp_target(stack: AsyncExitStack) -> int:
     app.router.add_get("/status/{code}", empty)
     app.router.add_get("/big", big)
     app.router.add_post("/echo", echo)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    stack.push_async_callback(runner.cleanup)
-    return int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
+    return await serve_app(stack, app)
 
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]

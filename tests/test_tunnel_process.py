@@ -8,19 +8,21 @@ import asyncio
 import hashlib
 import os
 import subprocess
-import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 
-from tests.conftest import WAIT
-from tests.helpers import eventually
 from tests.tunnel_fixtures import TargetApp, pattern, start_target
+from tests.tunnel_processes import (
+    add_tenant,
+    spawn_connector,
+    spawn_relay,
+    stop,
+    wait_for_connector,
+)
 
 SECRET = "process-secret"
 
@@ -41,95 +43,21 @@ def _relay_rss_peak(pid: int) -> int:
     raise AssertionError("no VmHWM")
 
 
-def _popen(args: list[str], **options: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen(args, **options)
-
-
-def stop(process: subprocess.Popen[str]) -> int:
-    process.terminate()
-    code = process.wait(WAIT)
-    for stream in (process.stdout, process.stderr):
-        if stream is not None:
-            stream.close()
-    return code
-
-
 @pytest.fixture
 async def processes(tmp_path: Path) -> AsyncIterator[Processes]:
     db = f"sqlite:{tmp_path / 'relay.sqlite3'}"
     env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
-    await asyncio.to_thread(
-        subprocess.run,
-        [
-            sys.executable,
-            "-m",
-            "rmb_relay",
-            "tenants",
-            "--twins",
-            db,
-            "add",
-            "acme",
-            "--secret",
-            SECRET,
-        ],
-        check=True,
-        env=env,
-        capture_output=True,
-    )
-    relay = await asyncio.to_thread(
-        _popen,
-        [
-            sys.executable,
-            "-m",
-            "rmb_relay",
-            "-l",
-            "127.0.0.1:0",
-            "--twins",
-            db,
-            "--tunnel-body-store",
-            str(tmp_path / "bodies"),
-            "--tunnel-require-connection",
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert relay.stdout is not None
-    banner = relay.stdout.readline()
-    assert "tunnel" in banner, banner
-    address = banner.split()[3].rstrip(";")
-    base = f"http://{address}"
+    await add_tenant(db, env, "acme", SECRET)
+    args = ["--twins", db, "--tunnel-body-store", str(tmp_path / "bodies")]
+    args.append("--tunnel-require-connection")
+    relay, base = await spawn_relay(args, env, stderr=subprocess.PIPE)
     async with AsyncExitStack() as stack:
         target = await start_target(stack)
-        connector = await asyncio.to_thread(
-            _popen,
-            [
-                sys.executable,
-                "-m",
-                "rmb_relay",
-                "connector",
-                "--server",
-                base,
-                "--tenant",
-                "acme",
-                "--secret",
-                SECRET,
-                "--target",
-                f"app={target.url}",
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+        connector = await spawn_connector(
+            base, "acme", SECRET, target.url, env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
         try:
-            async with httpx.AsyncClient(base_url=base, timeout=WAIT) as client:
-
-                async def ready() -> bool:
-                    return (await client.get("/relay/acme/$ping/")).status_code == 200
-
-                await eventually(ready, timeout=30)
+            await wait_for_connector(base, "acme")
             yield Processes(relay, connector, base, target)
         finally:
             assert stop(connector) == 0

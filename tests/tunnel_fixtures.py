@@ -25,6 +25,7 @@ from rmb_relay.protocols.tunnel.tenants import Tenant, TenantStore, hash_secret
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.telemetry.metrics import Registry
 from tests.conftest import WAIT, StartRelay
+from tests.helpers import serve_app
 
 SECRET = "correct horse battery staple"
 #: one hash shared by every test tenant: scrypt is slow on purpose
@@ -41,7 +42,6 @@ class TargetApp:
     release: asyncio.Event = field(default_factory=asyncio.Event)
     #: set when /slow was entered
     entered: asyncio.Event = field(default_factory=asyncio.Event)
-    runner: web.AppRunner | None = None
 
 
 STATE = web.AppKey("state", TargetApp)
@@ -126,14 +126,7 @@ async def start_target(stack: AsyncExitStack) -> TargetApp:
     app.router.add_get("/bytes/{n}", _bytes)
     app.router.add_route("*", "/status/{code}", _status)
     app.router.add_get("/slow", _slow)
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    stack.push_async_callback(runner.cleanup)
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    state.url = f"http://127.0.0.1:{port}"
-    state.runner = runner
+    state.url = f"http://127.0.0.1:{await serve_app(stack, app)}"
     return state
 
 
