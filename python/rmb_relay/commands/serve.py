@@ -15,6 +15,7 @@ from collections.abc import Sequence
 
 from rmb_relay import __version__
 from rmb_relay.cli import HelpFormatter, run, setup_logging
+from rmb_relay.cluster import workers
 from rmb_relay.config import (
     DEFAULT_HTTP_IDLE_TIMEOUT,
     DEFAULT_HTTP_REQUEST_TIMEOUT,
@@ -63,6 +64,14 @@ def parser(prog: str = "rmb-relay serve", epilog: str | None = None) -> argparse
         "--reuse-port",
         action="store_true",
         help="set SO_REUSEPORT so several relay processes can share the port",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N relay processes sharing the port (SO_REUSEPORT) and, through --redis, "
+        "each other's sessions (docs/cluster.md)",
     )
     parser.add_argument(
         "--max-message",
@@ -174,8 +183,11 @@ def main(argv: Sequence[str], prog: str = "rmb-relay serve", epilog: str | None 
     args = parser(prog, epilog).parse_args(argv)
     setup_logging(args.debug)
     try:
-        listener_config(args)
+        config = listener_config(args)
+        workers.check(args.workers, args.redis, config.port)
     except ConfigError as err:
         raise SystemExit(f"rmb-relay: {err}") from None
+    if args.workers > 1:
+        return workers.run_workers(argv, args.workers, args.instance_id or workers.default_base())
     run(serve(args))
     return 0

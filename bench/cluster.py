@@ -1,0 +1,83 @@
+"""Cross-instance routing beside local routing, same generator, one run:
+
+    .venv/bin/python -m bench.cluster [--pairs 10] [--size 1024] [--duration 5]
+
+Starts a redis-server and two `rmb-relay` instances joined through it. `local`: sender and
+receiver on instance A. `cross`: sender on A, receiver on B (every message goes A -> Redis
+stream -> B). Prints throughput and latency percentiles of both and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.scenarios import PY, ROOT, free_port, raise_fd_limit
+from rmb_relay.load.cli import _parser as load_parser
+from rmb_relay.load.cli import run_load
+
+
+def start_relay(port: int, twins: Path, redis: str) -> subprocess.Popen[str]:
+    process = subprocess.Popen(
+        [PY, "-m", "rmb_relay", "-l", f"127.0.0.1:{port}", "--twins", f"sqlite:{twins}",
+         "--redis", redis],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )  # fmt: skip
+    assert process.stdout is not None
+    if not process.stdout.readline().startswith("rmb-relay listening"):
+        raise RuntimeError("relay did not start")
+    return process
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--pairs", type=int, default=10)
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--duration", type=float, default=5)
+    args = parser.parse_args()
+    raise_fd_limit()
+    exe = shutil.which("redis-server")
+    assert exe, "redis-server is not installed"
+    with tempfile.TemporaryDirectory(prefix="rmb-bench-cluster-") as tmp:
+        twins = Path(tmp) / "twins.sqlite3"
+        redis_port = free_port()
+        redis = subprocess.Popen(
+            [exe, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--dir", tmp],
+            stdout=subprocess.DEVNULL,
+        )
+        time.sleep(0.5)  # a benchmark, not a test: redis is up long before this
+        url = f"redis://127.0.0.1:{redis_port}/0"
+        ports = free_port(), free_port()
+        relays = [start_relay(port, twins, url) for port in ports]
+        results: dict[str, Any] = {}
+        try:
+            for name, receiver in (("local", ports[0]), ("cross", ports[1])):
+                argv = ["rmb", "--url", f"ws://127.0.0.1:{ports[0]}/", "--quiet",
+                        "--receiver-url", f"ws://127.0.0.1:{receiver}/",
+                        "--twins", f"sqlite:{twins}", "--pairs", str(args.pairs),
+                        "--size", str(args.size), "--duration", str(args.duration),
+                        "--warmup", "1"]  # fmt: skip
+                results[name] = run_load(load_parser().parse_args(argv))
+        finally:
+            for relay in relays:
+                relay.terminate()
+                relay.wait(15)
+            redis.terminate()
+            redis.wait(15)
+    for name, result in results.items():
+        latency = result["latency_ms"]
+        print(
+            f"{name:>6}: {result['throughput_msgs_per_s']:>9,.0f} msg/s  p50 {latency['p50']:.2f} "
+            f"ms  p99 {latency['p99']:.2f} ms  lost {result['lost']}"
+        )
+    ratio = results["cross"]["throughput_msgs_per_s"] / results["local"]["throughput_msgs_per_s"]
+    print(f"cross-instance / local throughput: {ratio:.0%}")
+
+
+if __name__ == "__main__":
+    main()

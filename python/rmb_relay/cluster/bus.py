@@ -1,0 +1,258 @@
+"""The bus: each instance's Redis stream, how others write to it and how it is read.
+
+Writing (group commit). `send(instance, record)` queues the encoded record and returns a
+future. One flush runs at a time; it takes everything queued, packs the records for each
+instance into stream entries of at most `ENTRY_RECORDS` records / `ENTRY_BYTES` bytes and
+sends every XADD in one pipeline. What is queued while a flush waits for Redis goes in the
+next flush, so a busy relay pays one round trip per batch, not per message, and a quiet one
+adds no delay. The future says whether the entry was accepted: True once Redis stored it,
+False when the destination's stream no longer exists (XADD NOMKSTREAM: the instance left or
+was reaped, the caller routes the message another way), `ClusterUnavailable` when Redis
+failed (the message was not accepted).
+
+Reading. Every stream has one consumer group (`keys.GROUP`). The owner reads new entries
+with XREADGROUP BLOCK, hands their records to its handler in order, then acknowledges and
+deletes them (XACK + XDEL in one pipeline). An entry read but not acknowledged stays pending:
+if the owner dies before it finished, a reaper on another instance claims it (XAUTOCLAIM) and
+reroutes its records. So an accepted message is handed on at least once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+from redis.exceptions import RedisError
+
+from rmb_relay.cluster import keys, wire
+from rmb_relay.cluster.connect import RedisClient
+from rmb_relay.errors import ClusterUnavailable, MailboxUnavailable
+
+log = logging.getLogger("rmb_relay.cluster")
+
+#: records and bytes per stream entry: big enough to amortise a round trip, small enough that
+#: one entry never makes a reader hold much memory
+ENTRY_RECORDS = 512
+ENTRY_BYTES = 1 << 20
+#: entries per XREADGROUP
+READ_COUNT = 64
+#: how long one XREADGROUP blocks before it is repeated (also bounds how long close() waits)
+READ_BLOCK_MS = 1000
+#: pause after a failed read before the next try, so a Redis outage is not a busy loop
+RETRY_DELAY = 0.5
+
+Entry = tuple[bytes, list[wire.Record]]
+Handler = Callable[[list[wire.Record]], Awaitable[None]]
+
+
+#: what a failed Redis call raises (redis-py's errors; a refused or reset socket)
+REDIS_ERRORS = (RedisError, OSError)
+#: ... and what a failed hand-over raises above it (a mailbox in the same Redis)
+FAILURES = (RedisError, OSError, MailboxUnavailable)
+
+
+class Bus:
+    """This instance's end of the bus; see the module docstring."""
+
+    def __init__(self, redis: RedisClient, me: str, handler: Handler) -> None:
+        self.redis = redis
+        self.me = me
+        self.handler = handler
+        self._queued: dict[str, list[tuple[bytes, asyncio.Future[bool]]]] = {}
+        self._flusher: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        #: called with the error when a read fails and with None when reading works again
+        self.on_health: Callable[[BaseException | None], None] = lambda err: None
+        self.sent_entries = 0
+        self.bad_entries = 0
+
+    # ---- writing ---------------------------------------------------------------------------
+
+    def send(self, instance: str, record: bytes) -> asyncio.Future[bool]:
+        """Queue an encoded record for `instance`'s stream; see the module docstring."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[bool] = loop.create_future()
+        self._queued.setdefault(instance, []).append((record, future))
+        if self._flusher is None:
+            self._flusher = loop.create_task(self._flush())
+        return future
+
+    async def _flush(self) -> None:
+        try:
+            while self._queued:
+                queued, self._queued = self._queued, {}
+                await self._write(queued)
+        finally:
+            self._flusher = None
+
+    async def _write(self, queued: dict[str, list[tuple[bytes, asyncio.Future[bool]]]]) -> None:
+        batches: list[list[asyncio.Future[bool]]] = []
+        pipe = self.redis.pipeline(transaction=False)
+        for instance, items in queued.items():
+            stream = keys.bus_key(instance)
+            parts: list[bytes] = []
+            futures: list[asyncio.Future[bool]] = []
+            size = 0
+            for record, future in items:
+                if parts and (len(parts) >= ENTRY_RECORDS or size + len(record) > ENTRY_BYTES):
+                    pipe.xadd(stream, {b"m": b"".join(parts)}, nomkstream=True)
+                    batches.append(futures)
+                    parts, futures, size = [], [], 0
+                parts.append(record)
+                futures.append(future)
+                size += len(record)
+            pipe.xadd(stream, {b"m": b"".join(parts)}, nomkstream=True)
+            batches.append(futures)
+        try:
+            results = await pipe.execute()
+        except REDIS_ERRORS as err:
+            failure = ClusterUnavailable(f"redis: {err}")
+            for futures in batches:
+                for future in futures:
+                    if not future.done():
+                        future.set_exception(failure)
+            return
+        self.sent_entries += len(batches)
+        for futures, result in zip(batches, results, strict=True):
+            for future in futures:
+                if not future.done():
+                    future.set_result(result is not None)
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    async def create(self) -> None:
+        """This instance's stream and group (MKSTREAM), and its entry in the instance set."""
+        await self.ensure_group(self.me)
+        await self.redis.sadd(keys.INSTANCES_KEY, self.me)
+
+    async def ensure_group(self, instance: str) -> None:
+        from redis.exceptions import ResponseError
+
+        try:
+            await self.redis.xgroup_create(keys.bus_key(instance), keys.GROUP, "0", mkstream=True)
+        except ResponseError as err:
+            if "BUSYGROUP" not in str(err):
+                raise
+
+    def start(self) -> None:
+        self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+
+    async def _read_loop(self) -> None:
+        from redis.exceptions import ResponseError
+
+        stream = keys.bus_key(self.me)
+        healthy = True
+        # after a failure, entries we read but could not acknowledge are still pending for us
+        # (XREADGROUP ">" never returns them again): hand them on first, then read new ones
+        recover = False
+        while True:
+            try:
+                if recover:
+                    entries = await self.read(stream, pending=True)
+                    recover = bool(entries)
+                else:
+                    entries = await self.read(stream, block=READ_BLOCK_MS)
+                if not healthy:
+                    healthy = True
+                    self.on_health(None)
+                if entries:
+                    await self._handle(stream, entries)
+            except asyncio.CancelledError:
+                raise
+            except ResponseError as err:
+                if "NOGROUP" in str(err):  # reaped while we were stalled: start over
+                    log.warning("cluster: our bus stream %s was gone; recreating it", stream)
+                    await self._retry(self.create)
+                    continue
+                healthy = await self._failed(err, healthy)
+                recover = True
+            except FAILURES as err:
+                # not acknowledged: handed on again once Redis answers (at least once)
+                healthy = await self._failed(err, healthy)
+                recover = True
+            except Exception:
+                log.exception("cluster: handling bus entries failed")
+                await asyncio.sleep(RETRY_DELAY)
+
+    async def _failed(self, err: BaseException, healthy: bool) -> bool:
+        """Report the first failure of an outage; pause so an outage is not a busy loop."""
+        if healthy:
+            self.on_health(err)
+        await asyncio.sleep(RETRY_DELAY)
+        return False
+
+    async def _retry(self, action: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await action()
+        except REDIS_ERRORS as err:
+            self.on_health(err)
+            await asyncio.sleep(RETRY_DELAY)
+
+    async def read(
+        self, stream: str, *, block: int | None = None, pending: bool = False
+    ) -> list[Entry]:
+        """New entries of `stream` for this instance's consumer, or with `pending` those it
+        read before and has not acknowledged (raises Redis errors)."""
+        raw = await self.redis.xreadgroup(
+            keys.GROUP,
+            self.me,
+            {stream: "0" if pending else ">"},
+            count=READ_COUNT,
+            block=None if pending else block,
+        )
+        if not raw:
+            return []
+        # without decode_responses: [[stream, [(id, {field: value})]]] (RESP2) or a dict (RESP3)
+        streams = raw.items() if isinstance(raw, dict) else raw
+        out: list[Entry] = []
+        for _name, items in streams:
+            for entry_id, fields in cast(list[tuple[bytes, dict[bytes, bytes]]], items):
+                out.append((entry_id, self._decode(stream, entry_id, fields)))
+        return out
+
+    async def claim_stale(self, stream: str, min_idle_ms: int) -> list[Entry]:
+        """Entries another consumer read but never acknowledged (it died), now ours."""
+        raw: list[Any] = await self.redis.xautoclaim(
+            stream, keys.GROUP, self.me, min_idle_ms, "0-0", count=READ_COUNT
+        )
+        items = cast(list[tuple[bytes, dict[bytes, bytes] | None]], raw[1])
+        return [
+            (entry_id, self._decode(stream, entry_id, fields or {})) for entry_id, fields in items
+        ]
+
+    def _decode(
+        self, stream: str, entry_id: bytes, fields: dict[bytes, bytes]
+    ) -> list[wire.Record]:
+        try:
+            return wire.decode(fields.get(b"m", b""))
+        except wire.BusFormatError as err:
+            self.bad_entries += 1
+            log.error("cluster: skipping malformed bus entry %s of %s: %s", entry_id, stream, err)
+            return []
+
+    async def _handle(self, stream: str, entries: list[Entry]) -> None:
+        for _entry_id, records in entries:
+            if records:
+                await self.handler(records)
+        await self.ack(stream, [entry_id for entry_id, _ in entries])
+
+    async def ack(self, stream: str, ids: list[bytes]) -> None:
+        """Acknowledge and delete handled entries (one round trip)."""
+        if not ids:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xack(stream, keys.GROUP, *ids)
+        pipe.xdel(stream, *ids)
+        await pipe.execute()
+
+    async def close(self) -> None:
+        """Stop reading; wait for what is being written."""
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+            self._reader = None
+        flusher = self._flusher
+        if flusher is not None:
+            await asyncio.gather(flusher, return_exceptions=True)
