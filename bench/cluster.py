@@ -10,12 +10,12 @@ stream -> B). Prints throughput and latency percentiles of both and their ratio.
 from __future__ import annotations
 
 import argparse
-import shutil
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
+
+from tests.redis_process import start_redis
 
 from bench.scenarios import PY, ROOT, free_port, raise_fd_limit
 from rmb_relay.load.cli import _parser as load_parser
@@ -41,17 +41,10 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5)
     args = parser.parse_args()
     raise_fd_limit()
-    exe = shutil.which("redis-server")
-    assert exe, "redis-server is not installed"
     with tempfile.TemporaryDirectory(prefix="rmb-bench-cluster-") as tmp:
         twins = Path(tmp) / "twins.sqlite3"
-        redis_port = free_port()
-        redis = subprocess.Popen(
-            [exe, "--port", str(redis_port), "--bind", "127.0.0.1", "--save", "", "--dir", tmp],
-            stdout=subprocess.DEVNULL,
-        )
-        time.sleep(0.5)  # a benchmark, not a test: redis is up long before this
-        url = f"redis://127.0.0.1:{redis_port}/0"
+        redis = start_redis(tmp, durable=False)
+        url = redis.url
         ports = free_port(), free_port()
         relays = [start_relay(port, twins, url) for port in ports]
         results: dict[str, Any] = {}
@@ -67,8 +60,7 @@ def main() -> None:
             for relay in relays:
                 relay.terminate()
                 relay.wait(15)
-            redis.terminate()
-            redis.wait(15)
+            redis.stop()
     for name, result in results.items():
         latency = result["latency_ms"]
         print(

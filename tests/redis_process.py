@@ -9,6 +9,7 @@ import socket
 import subprocess
 import threading
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 #: bounded waits: a redis-server that does not stop is a failure, not a stuck run
@@ -42,11 +43,14 @@ class RedisServer:
             self.process.stdout.close()
 
 
-def start_redis(directory: str, port: int | None = None, *, durable: bool = True) -> RedisServer:
+def start_redis(
+    directory: str, port: int | None = None, *, durable: bool = True, extra: Sequence[str] = ()
+) -> RedisServer:
     """A real redis-server on loopback; returns once it logs that it accepts connections.
     `durable`: an append-only file synced on every write, so a restart on the same directory and
-    port keeps what it acknowledged (benchmarks that measure throughput turn it off). Raises
-    RuntimeError when it is not installed or exits early."""
+    port keeps what it acknowledged (benchmarks that measure throughput turn it off). `extra`:
+    more options (a Redis Cluster node's). Raises RuntimeError when it is not installed or
+    exits early."""
     exe = shutil.which("redis-server")
     if exe is None:
         raise RuntimeError("redis-server is not installed: run `make test`, which installs it")
@@ -65,6 +69,7 @@ def start_redis(directory: str, port: int | None = None, *, durable: bool = True
             *(("--appendonly", "yes", "--appendfsync", "always") if durable else ()),
             "--loglevel",
             "notice",
+            *extra,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -9,10 +9,9 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import threading
 import time
-from collections import deque
 from collections.abc import Iterator
+from contextlib import ExitStack
 
 import pytest
 
@@ -21,7 +20,7 @@ from tests.cluster_fixtures import (  # noqa: F401 - the fixture is used by name
     MakeInstance,
     make_instance_fixture,
 )
-from tests.conftest import WAIT, free_port
+from tests.conftest import WAIT, free_port, start_redis
 from tests.helpers import eventually
 
 MASTERS = 3
@@ -39,34 +38,6 @@ def _cluster_port() -> int:
             except OSError:
                 continue
         return port
-
-
-def _start_node(directory: str, port: int) -> subprocess.Popen[bytes]:
-    process = subprocess.Popen(
-        [
-            "redis-server",
-            "--port", str(port),
-            "--bind", "127.0.0.1",
-            "--dir", directory,
-            "--cluster-enabled", "yes",
-            "--cluster-config-file", f"nodes-{port}.conf",
-            "--save", "",
-            "--appendonly", "no",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    assert process.stdout is not None
-    seen = []
-    for line in iter(process.stdout.readline, b""):
-        seen.append(line)
-        if b"Ready to accept connections" in line:
-            break
-    else:
-        pytest.fail("redis-server exited early:\n" + b"".join(seen).decode(errors="replace"))
-    # keep reading its log so a full pipe never blocks it
-    threading.Thread(target=lambda: deque(process.stdout, maxlen=0), daemon=True).start()
-    return process
 
 
 def _wait_until_ok(ports: list[int]) -> None:
@@ -93,27 +64,29 @@ def redis_cluster() -> Iterator[str]:
     """A 3-master Redis Cluster on loopback; yields the URL of one node."""
     if shutil.which("redis-cli") is None or shutil.which("redis-server") is None:
         pytest.skip("redis-cli/redis-server are not installed: no local Redis Cluster to test")
-    with tempfile.TemporaryDirectory(prefix="rmb-redis-cluster-") as directory:
+    with (
+        tempfile.TemporaryDirectory(prefix="rmb-redis-cluster-") as directory,
+        ExitStack() as stack,
+    ):
         ports = [_cluster_port() for _ in range(MASTERS)]
-        nodes = [_start_node(directory, port) for port in ports]
-        try:
-            subprocess.run(
-                ["redis-cli", "--cluster", "create"]
-                + [f"127.0.0.1:{port}" for port in ports]
-                + ["--cluster-replicas", "0", "--cluster-yes"],
-                check=True,
-                capture_output=True,
-                timeout=WAIT * 3,
+        for port in ports:
+            node = start_redis(
+                directory,
+                port,
+                durable=False,
+                extra=("--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"),
             )
-            _wait_until_ok(ports)
-            yield f"redis://127.0.0.1:{ports[0]}/0"
-        finally:
-            for node in nodes:
-                node.terminate()
-            for node in nodes:
-                node.wait(WAIT)
-                if node.stdout is not None:
-                    node.stdout.close()
+            stack.callback(node.stop)
+        subprocess.run(
+            ["redis-cli", "--cluster", "create"]
+            + [f"127.0.0.1:{port}" for port in ports]
+            + ["--cluster-replicas", "0", "--cluster-yes"],
+            check=True,
+            capture_output=True,
+            timeout=WAIT * 3,
+        )
+        _wait_until_ok(ports)
+        yield f"redis://127.0.0.1:{ports[0]}/0"
 
 
 async def test_rmb_sbd_and_mailbox_across_instances_on_redis_cluster(
