@@ -241,17 +241,18 @@ async def test_presence_is_renewed_restored_and_given_up_by_tick(
     carol = await a.client(3)
     await a.cluster.claimed((3, None))
     key = keys.presence_key("r:3")
-    assert await probe.get(key) == a.cluster.me.encode()
+    claim = await probe.get(key)
+    assert claim == f"{a.cluster.me}/1".encode()  # the instance and its claim's number
     await probe.pexpire(key, 1000)
     await a.cluster.tick()  # renewed to the full TTL
     assert await probe.pttl(key) > 20_000
     await probe.delete(key)  # expired during an outage: set again
     await a.cluster.tick()
-    assert await probe.get(key) == a.cluster.me.encode()
-    await probe.set(key, b"someone-else")  # a newer login elsewhere whose notice was lost
+    assert await probe.get(key) == claim
+    await probe.set(key, b"someone-else/1")  # a newer login elsewhere whose notice was lost
     await a.cluster.tick()
     await eventually(lambda: not carol.connected)
-    assert await probe.get(key) == b"someone-else"
+    assert await probe.get(key) == b"someone-else/1"
     await probe.aclose()
 
 
@@ -292,6 +293,96 @@ async def test_a_dead_instance_is_reaped_and_nothing_it_held_back_is_lost(
     await eventually(lambda: got == [b"read, never acknowledged", b"never read"])
     await probe.aclose()
     await redis.aclose()
+
+
+@pytest.mark.parametrize("reaper", ["the instance she logged in on", "another instance"])
+async def test_taking_over_a_dead_instance_spares_the_session_that_just_logged_in(
+    redis_server: RedisServer, make_instance: MakeInstance, reaper: str
+) -> None:
+    """The race of the kill test, in a fixed order: carol was on an instance that died; she
+    logs in on C before anyone noticed, so C's claim replaces the dead one's and C sends the
+    dead one a notice to close its (long gone) connection, into the dead one's stream. Then a
+    live instance takes that stream over: the notice names the dead claim, so it must not close
+    carol's new session, and what waited for her is delivered once."""
+    clock = FakeClock()
+    c = await make_instance(redis_server.url, ttl=30.0, clock=clock)
+    b = await make_instance(redis_server.url, ttl=30.0, clock=clock)
+    redis = Redis.from_url(redis_server.url)
+    dead = Cluster(redis, Switch(RedisMailbox(redis)), instance_id="dead")
+    await dead.bus.create()  # joined, then died: no liveness key
+    assert await dead.presence.claim("r:3") is None  # carol's presence still names it
+    sender = await c.client(1)
+    deadline = c.switch.mailbox.deadline(0, 60)
+
+    def message(text: bytes) -> bytes:
+        _, envelope = sender.request_envelope(3, "m", text)
+        return wire.encode(wire.Record(wire.MESSAGE, "r:3", envelope, deadline))
+
+    stream = keys.bus_key("dead")
+    await redis.xadd(stream, {b"m": message(b"read, never acknowledged")})
+    assert await dead.bus.read(stream)  # pending for the dead one
+    await redis.xadd(stream, {b"m": message(b"never read")})
+
+    got: list[bytes] = []
+    carol = await c.client(3, handlers={"m": recorder(got)})
+    await c.cluster.claimed((3, None))
+    # C's claim replaced the dead one's: the notice for it lands in the dead one's stream
+    await eventually(lambda: _stream_length(redis, stream, 3))
+    claim = await redis.get(keys.presence_key("r:3"))
+
+    await (c if reaper == "the instance she logged in on" else b).cluster.tick()
+
+    assert carol.connected
+    assert (await carol.ping()).data == b"hello world"
+    await eventually(lambda: sorted(got) == [b"never read", b"read, never acknowledged"])
+    assert "r:3" in c.cluster.presence.held
+    assert await redis.get(keys.presence_key("r:3")) == claim
+    await c.cluster.tick()  # her next renewal finds her claim in place: nothing to close
+    assert carol.connected
+    assert (await carol.ping()).data == b"hello world"
+    assert len(got) == 2  # once each
+    await redis.aclose()
+
+
+async def _stream_length(redis: Redis, stream: str, length: int) -> bool:
+    return int(await redis.xlen(stream)) == length
+
+
+async def test_a_late_notice_naming_an_older_claim_does_not_close_the_newer_session(
+    redis_server: RedisServer, make_instance: MakeInstance
+) -> None:
+    """Carol left A for B and came back to A; B's notice to close her first connection on A
+    arrives after that: it names her first claim, so her current session stays."""
+    a = await make_instance(redis_server.url)
+    b = await make_instance(redis_server.url)
+    probe = Redis.from_url(redis_server.url)
+    first = await a.client(3)
+    await a.cluster.claimed((3, None))
+    first_claim = await probe.get(keys.presence_key("r:3"))
+    await first.close()
+    await eventually(lambda: "r:3" not in a.cluster.presence.held)
+    got: list[bytes] = []
+    again = await a.client(3, handlers={"m": recorder(got)})
+    await a.cluster.claimed((3, None))
+    current = await probe.get(keys.presence_key("r:3"))
+    sender = await b.client(1)
+    _, envelope = sender.request_envelope(3, "m", b"after the late notice")
+    deadline = a.switch.mailbox.deadline(0, 60)
+    late = wire.Record(wire.DISPLACED, "r:3", first_claim)
+    after = wire.Record(wire.MESSAGE, "r:3", envelope, deadline)
+    # one batch, read in order: when the message arrives the notice was handled
+    sent = [b.cluster.bus.send(a.cluster.me, wire.encode(record)) for record in (late, after)]
+    assert await asyncio.gather(*sent) == [True, True]
+    await eventually(lambda: got == [b"after the late notice"])
+    assert again.connected
+    assert "r:3" in a.cluster.presence.held
+    assert current != first_claim  # each claim is told apart from the ones before it
+    # a notice naming her current claim does close it
+    notice = wire.Record(wire.DISPLACED, "r:3", current)
+    assert await b.cluster.bus.send(a.cluster.me, wire.encode(notice))
+    await eventually(lambda: not again.connected)
+    assert "r:3" not in a.cluster.presence.held
+    await probe.aclose()
 
 
 # ---- Redis going away ------------------------------------------------------------------------

@@ -14,8 +14,11 @@ Races are closed by checking again on the far side, never by locks:
 - after a message is stored in a mailbox, presence is read again: when the address was
   claimed meanwhile, its holder is told to drain the mailbox (a `MAIL` record). The holder
   claims before it drains (`claimed`), so one of the two always sees the other;
-- a newer login elsewhere makes the claim answer the previous holder, which is told to close
-  its connection (a `DISPLACED` record), as one process does for a duplicate login.
+- a newer login elsewhere makes the claim answer the previous claim, whose instance is told
+  to close its connection (a `DISPLACED` record naming that claim), as one process does for a
+  duplicate login. It does so only while that claim is still its current one (`handle`): the
+  notice may arrive after the address was claimed again (a reconnect), or be read from a dead
+  instance's stream by the instance taking it over, which may hold the address itself now.
 
 An instance that dies stops renewing its keys. Its presence entries expire after `ttl`, so its
 clients' next messages go to the mailbox or to wherever they reconnect; every tick each live
@@ -45,7 +48,7 @@ from rmb_relay.clock import Clock, monotonic_clock, nanos, seconds, wall_clock
 from rmb_relay.cluster import keys, wire
 from rmb_relay.cluster.bus import FAILURES, Bus
 from rmb_relay.cluster.connect import RedisClient
-from rmb_relay.cluster.presence import Presence
+from rmb_relay.cluster.presence import Presence, claim_instance
 from rmb_relay.errors import ClusterUnavailable
 from rmb_relay.protocols.base import CloseCode
 
@@ -246,8 +249,13 @@ class Cluster:
             log.warning("cluster: could not claim %s: %s", name, err)
             return
         previous = future.result()
-        if previous is not None and previous not in self.presence.dead:
-            notice = self.bus.send(previous, wire.encode(wire.Record(wire.DISPLACED, name)))
+        if previous is None:
+            return
+        holder = claim_instance(previous)
+        if holder not in self.presence.dead:
+            # names the claim it ends: see `handle`
+            record = wire.Record(wire.DISPLACED, name, previous.encode())
+            notice = self.bus.send(holder, wire.encode(record))
             notice.add_done_callback(_ignore_result)
 
     # ---- the bus's side --------------------------------------------------------------------
@@ -282,6 +290,12 @@ class Cluster:
             else:
                 await self._pass_on(record)
         elif record.kind == wire.DISPLACED:
+            # only when the claim it ends is still our current one: a notice that waited (in
+            # our stream, or in a dead instance's stream we are taking over) must not close a
+            # connection that claimed the address after it, here or anywhere
+            if not self.presence.holds(record.name, record.frame.decode(errors="replace")):
+                log.debug("cluster: ignoring a stale notice for %s", record.name)
+                return
             self.presence.forget(record.name)
             if endpoint is not None:
                 code = CloseCode.NORMAL if record.name.startswith("s:") else CloseCode.POLICY

@@ -14,7 +14,8 @@ and not per message. A record is a fixed 16-byte header then the name and the fr
 | n | frame | the bytes to write to the receiver, as the sender's dialect made them |
 
 Kinds: `MESSAGE` (deliver `frame` to `name`), `DISPLACED` (a newer connection on another
-instance holds `name`: close ours), `MAIL` (`name`'s mailbox got a message: drain it).
+instance holds `name`: close ours if `frame`, a presence claim in UTF-8, is still our claim of
+it), `MAIL` (`name`'s mailbox got a message: drain it).
 Big-endian, as network formats are. Anything else in an entry is a `BusFormatError`: the
 reader logs it, counts it and acknowledges the entry (a poisoned entry must not block the bus).
 """
