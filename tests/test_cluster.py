@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 
 from rmb_relay.client import IncomingRequest
 from rmb_relay.cluster import keys, wire
+from rmb_relay.cluster.bus import Bus
 from rmb_relay.cluster.node import Cluster
 from rmb_relay.errors import RemoteError
 from rmb_relay.mailbox import RedisMailbox, stream_key
@@ -293,6 +294,57 @@ async def test_a_dead_instance_is_reaped_and_nothing_it_held_back_is_lost(
     await eventually(lambda: got == [b"read, never acknowledged", b"never read"])
     await probe.aclose()
     await redis.aclose()
+
+
+async def test_a_reaper_never_takes_what_a_live_instance_is_working_on(
+    redis_server: RedisServer, make_instance: MakeInstance
+) -> None:
+    """Of a dead instance's stream, B takes what the dead one read and never acknowledged and
+    what nobody read, but not an entry another live reaper is still handling (taking it would
+    deliver it twice); once that reaper dies too, B takes its entry. The stream is deleted
+    only when nothing is left in it."""
+    clock = FakeClock()
+    b = await make_instance(redis_server.url, ttl=30.0, clock=clock)
+    redis = Redis.from_url(redis_server.url)
+    dead = Cluster(redis, Switch(RedisMailbox(redis)), instance_id="dead")
+    await dead.bus.create()
+    other = Bus(redis, "other", _never_called)  # a live reaper, mid-way through an entry
+    await redis.set(keys.alive_key("other"), b"1")
+    sender = await b.client(1)
+    deadline = b.switch.mailbox.deadline(0, 60)
+
+    def message(text: bytes) -> dict[bytes, bytes]:
+        _, envelope = sender.request_envelope(3, "m", text)
+        return {b"m": wire.encode(wire.Record(wire.MESSAGE, "r:3", envelope, deadline))}
+
+    stream = keys.bus_key("dead")
+    await redis.xadd(stream, message(b"read by the dead one"))
+    assert await dead.bus.read(stream)
+    await redis.xadd(stream, message(b"being handled by a live reaper"))
+    assert await other.read(stream)
+    await redis.xadd(stream, message(b"never read"))
+    got: list[bytes] = []
+    carol = await b.client(3, handlers={"m": recorder(got)})
+    await b.cluster.claimed((3, None))
+
+    await b.cluster.tick()
+    await eventually(lambda: sorted(got) == [b"never read", b"read by the dead one"])
+    assert (await carol.ping()).data == b"hello world"  # anything more would be here by now
+    assert len(got) == 2
+    clock.advance(61)
+    await b.cluster.tick()
+    assert await redis.xlen(stream) == 1  # kept: the live reaper's entry is still in it
+
+    await redis.delete(keys.alive_key("other"))  # that reaper died before it finished
+    await b.cluster.tick()
+    await eventually(lambda: len(got) == 3)
+    assert got[2] == b"being handled by a live reaper"
+    assert not await redis.exists(stream)
+    await redis.aclose()
+
+
+async def _never_called(records: list[wire.Record]) -> None:
+    raise AssertionError("this bus is only read from by hand")
 
 
 @pytest.mark.parametrize("reaper", ["the instance she logged in on", "another instance"])

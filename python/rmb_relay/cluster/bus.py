@@ -13,8 +13,8 @@ failed (the message was not accepted).
 Reading. Every stream has one consumer group (`keys.GROUP`). The owner reads new entries
 with XREADGROUP BLOCK, hands their records to its handler in order, then acknowledges and
 deletes them (XACK + XDEL in one pipeline). An entry read but not acknowledged stays pending:
-if the owner dies before it finished, a reaper on another instance claims it (XAUTOCLAIM) and
-reroutes its records. So an accepted message is handed on at least once.
+if the owner dies before it finished, a reaper on another instance claims it (`claim_pending`,
+XCLAIM) and reroutes its records. So an accepted message is handed on at least once.
 """
 
 from __future__ import annotations
@@ -212,12 +212,36 @@ class Bus:
                 out.append((entry_id, self._decode(stream, entry_id, fields)))
         return out
 
-    async def claim_stale(self, stream: str, min_idle_ms: int) -> list[Entry]:
-        """Entries another consumer read but never acknowledged (it died), now ours."""
-        raw: list[Any] = await self.redis.xautoclaim(
-            stream, keys.GROUP, self.me, min_idle_ms, "0-0", count=READ_COUNT
+    async def orphaned_consumers(self, stream: str) -> list[str]:
+        """Consumers other than this instance with entries of `stream` read but not
+        acknowledged (candidates for `claim_pending`; the caller checks which are dead)."""
+        summary: Any = await self.redis.xpending(stream, keys.GROUP)
+        names = []
+        for consumer in summary.get("consumers") or ():
+            name = consumer["name"]
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            if name != self.me and int(consumer["pending"]):
+                names.append(name)
+        return names
+
+    async def claim_pending(self, stream: str, consumer: str) -> list[Entry]:
+        """Entries `consumer` (a dead instance) read and never acknowledged, now ours.
+
+        Only a dead consumer's: a live one may still be handling them (a slow reaper), and
+        taking them would deliver them twice. Two reapers racing for the same entries: XCLAIM
+        with the least idle time we saw is a compare-and-set (the first claim resets an
+        entry's idle time, so the second finds it too fresh and skips it)."""
+        pending: Any = await self.redis.xpending_range(
+            stream, keys.GROUP, min="-", max="+", count=READ_COUNT, consumername=consumer
         )
-        items = cast(list[tuple[bytes, dict[bytes, bytes] | None]], raw[1])
+        if not pending:
+            return []
+        ids = [item["message_id"] for item in pending]
+        min_idle = min(int(item["time_since_delivered"]) for item in pending)
+        raw: Any = await self.redis.xclaim(
+            stream, keys.GROUP, self.me, min_idle_time=min_idle, message_ids=ids
+        )
+        items = cast(list[tuple[bytes, dict[bytes, bytes] | None]], raw or [])
         return [
             (entry_id, self._decode(stream, entry_id, fields or {})) for entry_id, fields in items
         ]

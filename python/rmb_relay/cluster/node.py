@@ -23,9 +23,9 @@ Races are closed by checking again on the far side, never by locks:
 An instance that dies stops renewing its keys. Its presence entries expire after `ttl`, so its
 clients' next messages go to the mailbox or to wherever they reconnect; every tick each live
 instance looks for instances whose liveness key is gone and *reaps* their streams: entries
-nobody read and entries read but never acknowledged (XAUTOCLAIM) are routed again like any
-message, then the stream is deleted once it has stayed empty for two TTLs (senders never
-recreate it: XADD NOMKSTREAM). Nothing accepted into Redis is lost; see docs/cluster.md for
+nobody read and entries a dead consumer read but never acknowledged (XCLAIM) are routed again
+like any message, then the stream is deleted once it has stayed empty for two TTLs (senders
+never recreate it: XADD NOMKSTREAM). Nothing accepted into Redis is lost; see docs/cluster.md for
 what can be delivered twice.
 
 Other dialects (the gateway, the tunnel) whose receivers are not in the switch's route table
@@ -66,6 +66,17 @@ DEFAULT_CACHE_TTL = 1.0
 REAP_ROUNDS = 100
 
 Resolver = Callable[[str], "Endpoint | None"]
+
+#: delete a reaped stream only if it is (still) empty, in one step
+_DELETE_IF_EMPTY = """
+if redis.call('XLEN', KEYS[1]) == 0 then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+#: give the reaper lock back only if it is still ours (it may have expired and been taken)
+_RELEASE_LOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 
 
 def default_instance_id() -> str:
@@ -380,8 +391,12 @@ class Cluster:
         """Route again every entry of a dead instance's stream; delete the stream once it has
         stayed empty for two TTLs (or at once when we are the one `leaving`).
 
-        One reaper at a time per dead instance (a lock key with the TTL), so it may claim
-        every pending entry at once: nobody else is working on them."""
+        Each round takes: entries we read from it before and did not finish (a round that
+        failed), entries its dead consumers read and never acknowledged (the instance itself,
+        or a reaper that died), and unread entries. Never a live consumer's: another live
+        reaper may be working on them, and taking them would deliver them twice. A lock key
+        with the TTL keeps a second reaper from doing the same work meanwhile; correctness
+        does not rest on it (consumer groups hand each entry to one reader)."""
         from redis.exceptions import ResponseError
 
         now = self.clock()
@@ -394,8 +409,11 @@ class Cluster:
         if not await self.redis.set(lock, self.me, px=int(self.ttl * 1000), nx=True):
             return  # another instance is reaping it
         try:
+            orphans = await self._dead_consumers(stream)
             for _ in range(REAP_ROUNDS):
-                entries = await self.bus.claim_stale(stream, 0)
+                entries = await self.bus.read(stream, pending=True)
+                for consumer in orphans:
+                    entries += await self.bus.claim_pending(stream, consumer)
                 entries += await self.bus.read(stream)
                 if not entries:
                     break
@@ -404,8 +422,8 @@ class Cluster:
                         await self.handle(record)
                 await self.bus.ack(stream, [entry_id for entry_id, _ in entries])
             expired = leaving or now - first >= nanos(2 * self.ttl)
-            if expired and not await self.redis.xlen(stream):
-                await self.redis.delete(stream)
+            # one script: a writer's XADD between a check and a DEL would be lost with it
+            if expired and await self.redis.eval(_DELETE_IF_EMPTY, 1, stream):
                 await self.redis.srem(keys.INSTANCES_KEY, instance)
                 self._dead_since.pop(instance, None)
         except ResponseError as err:
@@ -413,7 +431,18 @@ class Cluster:
                 raise
             await self.redis.srem(keys.INSTANCES_KEY, instance)  # already deleted
         finally:
-            await self.redis.delete(lock)
+            await self.redis.eval(_RELEASE_LOCK, 1, lock, self.me)
+
+    async def _dead_consumers(self, stream: str) -> list[str]:
+        """The consumers of `stream` holding unacknowledged entries whose instance is dead."""
+        consumers = await self.bus.orphaned_consumers(stream)
+        if not consumers:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for consumer in consumers:
+            pipe.exists(keys.alive_key(consumer))
+        alive = await pipe.execute()
+        return [name for name, flag in zip(consumers, alive, strict=True) if not flag]
 
     def _health(self, err: BaseException | None) -> None:
         if err is None:
