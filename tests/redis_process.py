@@ -12,6 +12,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tests.processes import stop_processes
+
 #: bounded waits: a redis-server that does not stop is a failure, not a stuck run
 WAIT = 10.0
 
@@ -34,9 +36,8 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(WAIT)
+        """SIGTERM; SIGKILL after `processes.GRACE` (a stuck server must not hang the run)."""
+        stop_processes([self.process], close_pipes=False)
         if self.drain is not None:
             self.drain.join(WAIT)
         if self.process.stdout is not None:
