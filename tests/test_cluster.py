@@ -437,6 +437,39 @@ async def test_a_late_notice_naming_an_older_claim_does_not_close_the_newer_sess
     await probe.aclose()
 
 
+# ---- shutdown ----------------------------------------------------------------------------------
+
+
+async def test_closing_the_bus_stops_a_reader_that_lost_its_cancellation(
+    redis_server: RedisServer,
+) -> None:
+    """The relay that did not exit on SIGTERM: its bus reader was cancelled while a command
+    it sent for a record completed, and on Python 3.11 redis-py's `wait_for` swallowed the
+    cancellation (tests/test_tasks.py); the reader read on and `close` waited for ever. Here
+    the handler swallows it the same way, at the same place."""
+    redis = Redis.from_url(redis_server.url)
+    handling = asyncio.Event()
+    lost: list[bool] = []
+
+    async def handle(records: list[wire.Record]) -> None:
+        handling.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            lost.append(True)  # carries on, as if the command had just completed
+
+    bus = Bus(redis, "closing", handle)
+    await bus.create()
+    bus.start()
+    assert await bus.send("closing", wire.encode(wire.Record(wire.MESSAGE, "r:1", b"x")))
+    await asyncio.wait_for(handling.wait(), WAIT)
+    closing = asyncio.get_running_loop().create_task(bus.close())
+    done, _ = await asyncio.wait([closing], timeout=WAIT)
+    assert closing in done, "close() still waits for the reader"
+    assert lost == [True]
+    await redis.aclose()
+
+
 # ---- Redis going away ------------------------------------------------------------------------
 
 

@@ -29,6 +29,7 @@ from redis.exceptions import RedisError
 from rmb_relay.cluster import keys, wire
 from rmb_relay.cluster.connect import RedisClient
 from rmb_relay.errors import ClusterUnavailable, MailboxUnavailable
+from rmb_relay.tasks import cancel_and_wait
 
 log = logging.getLogger("rmb_relay.cluster")
 
@@ -42,6 +43,8 @@ READ_COUNT = 64
 READ_BLOCK_MS = 1000
 #: pause after a failed read before the next try, so a Redis outage is not a busy loop
 RETRY_DELAY = 0.5
+#: how long `close` waits for the reader to stop and for what is being written
+CLOSE_TIMEOUT = 2.0
 
 Entry = tuple[bytes, list[wire.Record]]
 Handler = Callable[[list[wire.Record]], Awaitable[None]]
@@ -63,6 +66,8 @@ class Bus:
         self._queued: dict[str, list[tuple[bytes, asyncio.Future[bool]]]] = {}
         self._flusher: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
+        #: set by `close`: the reader stops at its next turn even if it lost its cancellation
+        self._closing = False
         #: called with the error when a read fails and with None when reading works again
         self.on_health: Callable[[BaseException | None], None] = lambda err: None
         self.sent_entries = 0
@@ -147,7 +152,7 @@ class Bus:
         # after a failure, entries we read but could not acknowledge are still pending for us
         # (XREADGROUP ">" never returns them again): hand them on first, then read new ones
         recover = False
-        while True:
+        while not self._closing:
             try:
                 if recover:
                     entries = await self.read(stream, pending=True)
@@ -272,11 +277,11 @@ class Bus:
         await pipe.execute()
 
     async def close(self) -> None:
-        """Stop reading; wait for what is being written."""
-        if self._reader is not None:
-            self._reader.cancel()
-            await asyncio.gather(self._reader, return_exceptions=True)
-            self._reader = None
+        """Stop reading; wait for what is being written. Both bounded by `CLOSE_TIMEOUT`
+        (a cancelled reader can lose its cancellation inside redis-py: `tasks.py`)."""
+        self._closing = True
+        await cancel_and_wait(self._reader, CLOSE_TIMEOUT)
+        self._reader = None
         flusher = self._flusher
         if flusher is not None:
-            await asyncio.gather(flusher, return_exceptions=True)
+            await asyncio.wait([flusher], timeout=CLOSE_TIMEOUT)

@@ -46,11 +46,12 @@ from typing import TYPE_CHECKING
 
 from rmb_relay.clock import Clock, monotonic_clock, nanos, seconds, wall_clock
 from rmb_relay.cluster import keys, wire
-from rmb_relay.cluster.bus import FAILURES, Bus
+from rmb_relay.cluster.bus import CLOSE_TIMEOUT, FAILURES, Bus
 from rmb_relay.cluster.connect import RedisClient
 from rmb_relay.cluster.presence import Presence, claim_instance
 from rmb_relay.errors import ClusterUnavailable
 from rmb_relay.protocols.base import CloseCode
+from rmb_relay.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from rmb_relay.switch import Address, Endpoint, Switch
@@ -64,6 +65,10 @@ DEFAULT_TTL = 15.0
 DEFAULT_CACHE_TTL = 1.0
 #: batches of entries one tick takes from a dead instance (the rest at the next tick)
 REAP_ROUNDS = 100
+#: how long a clean leave may take (releasing presence, handing our stream's entries on):
+#: what it does not finish, the others do once our keys expire, so a relay that stops never
+#: waits longer on a slow Redis
+LEAVE_TIMEOUT = 2.0
 
 Resolver = Callable[[str], "Endpoint | None"]
 
@@ -127,6 +132,8 @@ class Cluster:
         #: instance -> when (clock) we first saw it dead
         self._dead_since: dict[str, int] = {}
         self._ticker: asyncio.Task[None] | None = None
+        #: set by `close`: the ticker stops at its next turn even if it lost its cancellation
+        self._closing = False
         self._redis_down = False
         self.live_instances = 1
         self._soon: deque[tuple[Address, bytes]] = deque()
@@ -147,11 +154,26 @@ class Cluster:
 
     async def close(self) -> None:
         """Leave: stop ticking and reading, give up presence, hand our unread entries on and
-        delete our keys, so nothing waits for a TTL after a clean shutdown."""
-        if self._ticker is not None:
-            self._ticker.cancel()
-            await asyncio.gather(self._ticker, return_exceptions=True)
+        delete our keys, so nothing waits for a TTL after a clean shutdown. Bounded: every
+        step has a time limit (`bus.CLOSE_TIMEOUT`, `LEAVE_TIMEOUT`), and a task that lost
+        its cancellation is cancelled again (`tasks.py`)."""
+        self._closing = True
+        await cancel_and_wait(self._ticker, CLOSE_TIMEOUT)
+        soon = self._soon_task
+        if soon is not None and not (await asyncio.wait([soon], timeout=CLOSE_TIMEOUT))[0]:
+            await cancel_and_wait(soon, CLOSE_TIMEOUT)
         await self.bus.close()
+        leave = asyncio.get_running_loop().create_task(self._leave())
+        if not (await asyncio.wait([leave], timeout=LEAVE_TIMEOUT))[0]:
+            log.warning(
+                "cluster: leaving took over %.1f s; the others take over the rest once our "
+                "keys expire",
+                LEAVE_TIMEOUT,
+            )
+            await cancel_and_wait(leave, CLOSE_TIMEOUT)
+        log.info("cluster: instance %s left", self.me)
+
+    async def _leave(self) -> None:
         for name in list(self.presence.held):
             self.presence.release(name)
         await self.presence.close()
@@ -161,7 +183,6 @@ class Cluster:
             await self.reap(self.me, leaving=True)
         except FAILURES as err:
             log.warning("cluster: could not leave cleanly (others reap us later): %s", err)
-        log.info("cluster: instance %s left", self.me)
 
     # ---- the switch's side -----------------------------------------------------------------
 
@@ -344,8 +365,10 @@ class Cluster:
 
     async def _tick_loop(self) -> None:
         interval = self.ttl / 3
-        while True:
+        while not self._closing:
             await asyncio.sleep(interval)
+            if self._closing:
+                break
             try:
                 await self.tick()
             except FAILURES as err:

@@ -112,6 +112,8 @@ class RelayServer:
             dialect.add_routes(self.router)
         self._servers: list[asyncio.Server] = []
         self._stopping = False
+        #: set when a shutdown starts (a signal, or a call), and when it is done
+        self.stopping = asyncio.Event()
         self.stopped = asyncio.Event()
         self.addresses: list[tuple[str, int]] = []
 
@@ -170,6 +172,7 @@ class RelayServer:
             await self.stopped.wait()
             return
         self._stopping = True
+        self.stopping.set()
         for server in self._servers:
             server.close()
         conns = list(self.connections.values())
