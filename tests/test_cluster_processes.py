@@ -100,11 +100,20 @@ class Relays:
                 await asyncio.wait_for(client.close(), WAIT)
 
     def stop(self) -> None:
+        running = [process for process in self.processes if process.poll() is None]
         killed = stop_processes(self.processes)
         if killed:
             pytest.fail(
                 f"{len(killed)} relay(s) did not exit within {GRACE:.0f} s of SIGTERM (killed)"
                 + "".join(self.log(process) for process in killed),
+                pytrace=False,
+            )
+        unclean = [process for process in running if process.returncode != 0]
+        if unclean:
+            pytest.fail(
+                f"{len(unclean)} relay(s) did not stop cleanly on SIGTERM (exit status "
+                f"{', '.join(str(process.returncode) for process in unclean)})"
+                + "".join(self.log(process) for process in unclean),
                 pytrace=False,
             )
 
