@@ -75,13 +75,14 @@ class Instance:
         if self.stopped:
             return
         self.stopped = True
-        for client in self.rmb_clients:
-            await client.close()
+        for client in self.rmb_clients:  # bounded: a stuck close is a failure, not a hang
+            await asyncio.wait_for(client.close(), WAIT)
         for sbd in self.sbd_clients:
             sbd.ws.close()
         await asyncio.wait_for(self.server.shutdown(), WAIT)
         await self.rmb.directory.close()
-        await self.switch.close()  # the cluster leaves, then the mailbox closes the client
+        # the cluster leaves, then the mailbox closes the client
+        await asyncio.wait_for(self.switch.close(), WAIT)
 
 
 MakeInstance = Callable[..., Awaitable[Instance]]
@@ -138,5 +139,11 @@ async def make_instance_fixture(
         return instance
 
     yield make
-    for instance in made:
-        await instance.stop()
+    failed: list[Exception] = []
+    for instance in made:  # every one, even after one failed to stop
+        try:
+            await instance.stop()
+        except Exception as err:
+            failed.append(err)
+    if failed:
+        raise failed[0]
