@@ -204,6 +204,10 @@ async def test_a_message_for_an_address_that_moved_is_passed_on_then_stored(
     # held nowhere: B stores it in the mailbox, where carol finds it at her next login
     await carol.close()
     await eventually(lambda: not c.rmb.sessions)
+    # (her release reaches Redis after the session is gone: until then B would pass it on)
+    probe = Redis.from_url(redis_server.url)
+    await eventually(lambda: _absent(probe, keys.presence_key("r:3")))
+    await probe.aclose()
     _, envelope = alice.request_envelope(3, "m", b"stored")
     record = wire.Record(wire.MESSAGE, "r:3", envelope, a.switch.mailbox.deadline(0, 60))
     assert await a.cluster.bus.send(b.cluster.me, wire.encode(record))
@@ -211,6 +215,10 @@ async def test_a_message_for_an_address_that_moved_is_passed_on_then_stored(
     got.clear()
     await a.client(3, handlers={"m": recorder(got)})
     await eventually(lambda: got == [b"stored"])
+
+
+async def _absent(redis: Redis, key: str) -> bool:
+    return not await redis.exists(key)
 
 
 async def test_a_malformed_entry_is_skipped_and_the_bus_goes_on(
