@@ -66,6 +66,11 @@ def test_every_key_carries_a_hash_tag() -> None:
     assert keys.bus_key("i").split("}")[0] == keys.alive_key("i").split("}")[0]
 
 
+def test_a_message_encoded_without_a_record_is_the_same_bytes() -> None:
+    record = wire.Record(wire.MESSAGE, "r:7:sid", b"frame", 1234)
+    assert wire.encode_message("r:7:sid", b"frame", 1234) == wire.encode(record)
+
+
 def test_records_round_trip_in_one_entry() -> None:
     records = [
         wire.Record(wire.MESSAGE, "r:1:x", b"frame", 1234, 2),
@@ -219,6 +224,29 @@ async def test_a_message_for_an_address_that_moved_is_passed_on_then_stored(
 
 async def _absent(redis: Redis, key: str) -> bool:
     return not await redis.exists(key)
+
+
+async def test_a_message_queued_for_an_instance_that_left_is_routed_again(
+    redis_server: RedisServer, make_instance: MakeInstance
+) -> None:
+    """A forwards without waiting for Redis; when the batch finds B's stream gone (B left),
+    the message is routed again, to where carol is now."""
+    a = await make_instance(redis_server.url, clock=FakeClock())  # its presence cache holds
+    b = await make_instance(redis_server.url)
+    c = await make_instance(redis_server.url)
+    carol = await b.client(3)
+    carol.handle("m", lambda request: b"on b")
+    await b.cluster.claimed((3, None))
+    alice = await a.client(1)
+    assert (await alice.request(3, "m", timeout=WAIT)).data == b"on b"  # A now caches "B"
+    await b.stop()  # B leaves: its stream is deleted
+    got: list[bytes] = []
+    await c.client(3, handlers={"m": recorder(got)})
+    await c.cluster.claimed((3, None))
+    alice.send_request(3, "m", b"after B left")
+    await eventually(lambda: got == [b"after B left"])
+    assert a.cluster.counters.passed_on == 1
+    assert b.cluster.me in a.cluster.presence.dead
 
 
 async def test_a_malformed_entry_is_skipped_and_the_bus_goes_on(

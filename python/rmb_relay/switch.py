@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from rmb_relay._core import RouteTable
@@ -80,7 +81,13 @@ class ClusterRoute(Protocol):
 
     async def claimed(self, address: Address) -> None: ...
 
-    async def forward(self, address: Address, frame: bytes, deadline: int | None) -> bool: ...
+    async def forward(
+        self,
+        address: Address,
+        frame: bytes,
+        deadline: int | None,
+        on_refused: Callable[[BaseException], None] | None = None,
+    ) -> bool: ...
 
     def forward_soon(self, address: Address, frame: bytes) -> None: ...
 
@@ -182,12 +189,15 @@ class Switch:
         *,
         deadline: int | None = None,
         store: bool = True,
+        on_refused: Callable[[BaseException], None] | None = None,
     ) -> Outcome:
         """Local connection first; else the instance holding it (cluster); else, for a session
         address with a `deadline` (unix seconds) and `store`, the mailbox. The deadline also
         travels with a forwarded message, for the far instance to store it if its holder left
         meanwhile. Raises `MailboxUnavailable` (or its `ClusterUnavailable`) when Redis cannot
-        take the message.
+        take the message. With `on_refused`, a message for another instance is only queued
+        for its stream (FORWARDED at once; `Cluster.forward`), and `on_refused(error)` is
+        called if Redis then refuses it.
 
         This is the path of producers outside a socket read (slow-path tasks, stream
         consumers): a congested receiver is waited for (`Peer.writable`) instead of having its
@@ -202,7 +212,7 @@ class Switch:
                 endpoint.deliver(frame)
                 return Outcome.DELIVERED
         cluster = self.cluster
-        if cluster is not None and await cluster.forward(address, frame, deadline):
+        if cluster is not None and await cluster.forward(address, frame, deadline, on_refused):
             return Outcome.FORWARDED
         if deadline is None or not store or isinstance(address, bytes):
             return Outcome.NO_ROUTE

@@ -8,7 +8,8 @@ next flush, so a busy relay pays one round trip per batch, not per message, and 
 adds no delay. The future says whether the entry was accepted: True once Redis stored it,
 False when the destination's stream no longer exists (XADD NOMKSTREAM: the instance left or
 was reaped, the caller routes the message another way), `ClusterUnavailable` when Redis
-failed (the message was not accepted).
+failed (the message was not accepted). A busy sender that keeps no future per message uses
+`send_nowait` with a callback instead, and `room` bounds what it may queue.
 
 Reading. Every stream has one consumer group (`keys.GROUP`). The owner reads new entries
 with XREADGROUP BLOCK, hands their records to its handler in order, then acknowledges and
@@ -45,9 +46,29 @@ READ_BLOCK_MS = 1000
 RETRY_DELAY = 0.5
 #: how long `close` waits for the reader to stop and for what is being written
 CLOSE_TIMEOUT = 2.0
+#: bytes queued for other instances' streams (or on their way) above which a sender that
+#: does not wait for Redis waits for room (`room`): memory stays bounded when Redis is slow
+QUEUE_LIMIT = 8 << 20
 
 Entry = tuple[bytes, list[wire.Record]]
 Handler = Callable[[list[wire.Record]], Awaitable[None]]
+#: what a queued record's sender hears once its batch was written (`Bus.send_nowait`)
+Notify = Callable[[bool | ClusterUnavailable], None] | asyncio.Future[bool]
+
+
+def _settle(notify: Notify, outcome: bool | ClusterUnavailable) -> None:
+    if isinstance(notify, asyncio.Future):
+        if notify.done():
+            return
+        if isinstance(outcome, bool):
+            notify.set_result(outcome)
+        else:
+            notify.set_exception(outcome)
+        return
+    try:
+        notify(outcome)
+    except Exception:  # one sender's bug must not cost the others their outcome
+        log.exception("cluster: a bus sender failed to take its outcome")
 
 
 #: what a failed Redis call raises (redis-py's errors; a refused or reset socket)
@@ -63,7 +84,11 @@ class Bus:
         self.redis = redis
         self.me = me
         self.handler = handler
-        self._queued: dict[str, list[tuple[bytes, asyncio.Future[bool]]]] = {}
+        self._queued: dict[str, list[tuple[bytes, Notify]]] = {}
+        #: bytes of records queued or being written, and the event senders wait on for room
+        self._queued_bytes = 0
+        self._room = asyncio.Event()
+        self._room.set()
         self._flusher: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
         #: set by `close`: the reader stops at its next turn even if it lost its cancellation
@@ -77,53 +102,72 @@ class Bus:
 
     def send(self, instance: str, record: bytes) -> asyncio.Future[bool]:
         """Queue an encoded record for `instance`'s stream; see the module docstring."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[bool] = loop.create_future()
-        self._queued.setdefault(instance, []).append((record, future))
-        if self._flusher is None:
-            self._flusher = loop.create_task(self._flush())
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.send_nowait(instance, record, future)
         return future
+
+    def send_nowait(self, instance: str, record: bytes, notify: Notify) -> None:
+        """`send` for a caller that keeps no future per record: `notify(outcome)` is called
+        once its batch was written, with True (stored), False (that stream is gone) or the
+        `ClusterUnavailable` Redis failed with. (A future is also accepted, and settled.)"""
+        self._queued.setdefault(instance, []).append((record, notify))
+        self._queued_bytes += len(record)
+        if self._queued_bytes > QUEUE_LIMIT:
+            self._room.clear()
+        if self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+
+    async def room(self) -> None:
+        """Wait while more than `QUEUE_LIMIT` bytes are queued or being written."""
+        if not self._room.is_set():
+            await self._room.wait()
 
     async def _flush(self) -> None:
         try:
             while self._queued:
                 queued, self._queued = self._queued, {}
-                await self._write(queued)
+                try:
+                    await self._write(queued)
+                finally:
+                    self._queued_bytes -= sum(
+                        len(record) for items in queued.values() for record, _ in items
+                    )
+                    if self._queued_bytes <= QUEUE_LIMIT:
+                        self._room.set()
         finally:
             self._flusher = None
 
-    async def _write(self, queued: dict[str, list[tuple[bytes, asyncio.Future[bool]]]]) -> None:
-        batches: list[list[asyncio.Future[bool]]] = []
+    async def _write(self, queued: dict[str, list[tuple[bytes, Notify]]]) -> None:
+        batches: list[list[Notify]] = []
         pipe = self.redis.pipeline(transaction=False)
         for instance, items in queued.items():
             stream = keys.bus_key(instance)
             parts: list[bytes] = []
-            futures: list[asyncio.Future[bool]] = []
+            waiting: list[Notify] = []
             size = 0
-            for record, future in items:
+            for record, notify in items:
                 if parts and (len(parts) >= ENTRY_RECORDS or size + len(record) > ENTRY_BYTES):
                     pipe.xadd(stream, {b"m": b"".join(parts)}, nomkstream=True)
-                    batches.append(futures)
-                    parts, futures, size = [], [], 0
+                    batches.append(waiting)
+                    parts, waiting, size = [], [], 0
                 parts.append(record)
-                futures.append(future)
+                waiting.append(notify)
                 size += len(record)
             pipe.xadd(stream, {b"m": b"".join(parts)}, nomkstream=True)
-            batches.append(futures)
+            batches.append(waiting)
         try:
             results = await pipe.execute()
         except REDIS_ERRORS as err:
             failure = ClusterUnavailable(f"redis: {err}")
-            for futures in batches:
-                for future in futures:
-                    if not future.done():
-                        future.set_exception(failure)
+            for waiting in batches:
+                for notify in waiting:
+                    _settle(notify, failure)
             return
         self.sent_entries += len(batches)
-        for futures, result in zip(batches, results, strict=True):
-            for future in futures:
-                if not future.done():
-                    future.set_result(result is not None)
+        for waiting, result in zip(batches, results, strict=True):
+            stored = result is not None
+            for notify in waiting:
+                _settle(notify, stored)
 
     # ---- reading ---------------------------------------------------------------------------
 
@@ -262,9 +306,9 @@ class Bus:
             return []
 
     async def _handle(self, stream: str, entries: list[Entry]) -> None:
-        for _entry_id, records in entries:
-            if records:
-                await self.handler(records)
+        records = [record for _entry_id, entry in entries for record in entry]
+        if records:  # one call for the whole read: its messages go out in as few writes
+            await self.handler(records)
         await self.ack(stream, [entry_id for entry_id, _ in entries])
 
     async def ack(self, stream: str, ids: list[bytes]) -> None:

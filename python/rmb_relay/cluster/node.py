@@ -35,20 +35,22 @@ use the same machinery through `register_kind` and the `*_name` methods (docs/cl
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import os
 import socket
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rmb_relay.clock import Clock, monotonic_clock, nanos, seconds, wall_clock
 from rmb_relay.cluster import keys, wire
 from rmb_relay.cluster.bus import CLOSE_TIMEOUT, FAILURES, Bus
 from rmb_relay.cluster.connect import RedisClient
-from rmb_relay.cluster.presence import Presence, claim_instance
+from rmb_relay.cluster.presence import CACHE_MAX, MISSING, Presence, claim_instance
 from rmb_relay.errors import ClusterUnavailable
 from rmb_relay.protocols.base import CloseCode
 from rmb_relay.tasks import cancel_and_wait
@@ -65,6 +67,9 @@ DEFAULT_TTL = 15.0
 DEFAULT_CACHE_TTL = 1.0
 #: batches of entries one tick takes from a dead instance (the rest at the next tick)
 REAP_ROUNDS = 100
+#: bytes of messages written to local connections in one output batch before their
+#: congestion is looked at again (`_deliver_run`)
+RUN_BYTES = 1 << 20
 #: how long a clean leave may take (releasing presence, handing our stream's entries on):
 #: what it does not finish, the others do once our keys expire, so a relay that stops never
 #: waits longer on a slow Redis
@@ -138,6 +143,10 @@ class Cluster:
         self.live_instances = 1
         self._soon: deque[tuple[Address, bytes]] = deque()
         self._soon_task: asyncio.Task[None] | None = None
+        #: parsed address names (a busy receiver sees the same few again and again)
+        self._addresses: dict[str, Address] = {}
+        #: work started by callbacks (`_spawn`)
+        self._tasks: set[asyncio.Task[None]] = set()
         if registry is not None:
             self._register_metrics(registry)
 
@@ -163,6 +172,8 @@ class Cluster:
         if soon is not None and not (await asyncio.wait([soon], timeout=CLOSE_TIMEOUT))[0]:
             await cancel_and_wait(soon, CLOSE_TIMEOUT)
         await self.bus.close()
+        for task in list(self._tasks):
+            await cancel_and_wait(task, CLOSE_TIMEOUT)
         leave = asyncio.get_running_loop().create_task(self._leave())
         if not (await asyncio.wait([leave], timeout=LEAVE_TIMEOUT))[0]:
             log.warning(
@@ -198,10 +209,69 @@ class Cluster:
         """Wait until our claim of `address` is in Redis (before reading its mailbox)."""
         await self.presence.claimed(keys.address_name(address))
 
-    async def forward(self, address: Address, frame: bytes, deadline: int | None) -> bool:
+    async def forward(
+        self,
+        address: Address,
+        frame: bytes,
+        deadline: int | None,
+        on_refused: Callable[[BaseException], None] | None = None,
+    ) -> bool:
         """Hand `frame` to the instance holding `address`; False when none does (raises
-        ClusterUnavailable: not accepted)."""
-        return await self.send_name(keys.address_name(address), frame, deadline)
+        ClusterUnavailable when presence cannot be read: not accepted).
+
+        Without `on_refused`, True means Redis took it. With it, True means it is queued for
+        that instance's stream, written with the next batch: the caller goes on at once (one
+        XADD carries what many senders queued meanwhile, where waiting for each would cost a
+        round trip per message), and waits only while the bus holds too much (`Bus.room`).
+        If the batch then finds that instance's stream gone, the message is routed again
+        (`_pass_on`); if Redis refused it, `on_refused(error)` says so."""
+        name = keys.address_name(address)
+        if on_refused is None:
+            return await self.send_name(name, frame, deadline)
+        owner = self.presence.cached_owner(name)
+        if owner is MISSING:
+            owner = await self.presence.owner(name)
+        if owner is None:
+            return False
+        record = wire.encode_message(name, frame, deadline or 0)
+        self.bus.send_nowait(
+            owner, record, functools.partial(self._queued, owner, name, frame, deadline, on_refused)
+        )
+        await self.bus.room()
+        return True
+
+    def _queued(
+        self,
+        owner: str,
+        name: str,
+        frame: bytes,
+        deadline: int | None,
+        on_refused: Callable[[BaseException], None],
+        outcome: bool | ClusterUnavailable,
+    ) -> None:
+        """The batch that carried a `forward` with `on_refused` was written (or not)."""
+        if outcome is True:
+            self.counters.sent += 1
+        elif outcome is False:  # its stream is gone: it left or was reaped
+            self.presence.instance_gone(owner)
+            record = wire.Record(wire.MESSAGE, name, frame, deadline or 0)
+            self._spawn(self._route_again(record, on_refused))
+        else:
+            on_refused(outcome)
+
+    async def _route_again(
+        self, record: wire.Record, on_refused: Callable[[BaseException], None]
+    ) -> None:
+        try:
+            await self._pass_on(record)
+        except FAILURES as err:
+            on_refused(err)
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` on its own; kept referenced until it ends."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def forward_soon(self, address: Address, frame: bytes) -> None:
         """`forward` for a sender inside a socket read (SBD): queued in order, never stored
@@ -294,15 +364,53 @@ class Cluster:
 
     def resolve(self, name: str) -> Endpoint | None:
         """The local endpoint holding `name` (raises ValueError for a malformed name)."""
-        kind = keys.name_kind(name)
-        custom = self._kinds.get(kind)
-        if custom is not None:
-            return custom(name)
-        return self.switch.lookup(keys.parse_address_name(name))
+        address = self._addresses.get(name)
+        if address is None:
+            custom = self._kinds.get(keys.name_kind(name))
+            if custom is not None:
+                return custom(name)
+            address = keys.parse_address_name(name)
+            if len(self._addresses) >= CACHE_MAX:  # names churn: start again
+                self._addresses.clear()
+            self._addresses[name] = address
+        return self.switch.lookup(address)
 
     async def _on_records(self, records: list[wire.Record]) -> None:
-        for record in records:
-            await self.handle(record)
+        """The records of one bus read, in order. Runs of messages for local connections that
+        can take them now are delivered without waiting, in one output batch (`_deliver_run`);
+        the rest (a congested receiver, an address not held here, a notice) go through
+        `handle`, which may wait."""
+        index, count = 0, len(records)
+        while index < count:
+            index = self._deliver_run(records, index)
+            if index < count:
+                await self.handle(records[index])
+                index += 1
+
+    def _deliver_run(self, records: list[wire.Record], index: int) -> int:
+        """Deliver `records[index:]` while each is a message for a local endpoint that is not
+        congested, at most `RUN_BYTES` of them, each connection written once at the end (its
+        congestion is only known then); returns the index of the first record left."""
+        count = len(records)
+        size = 0
+        with contextlib.ExitStack() as batch:
+            while index < count and size < RUN_BYTES:
+                record = records[index]
+                if record.kind != wire.MESSAGE:
+                    break
+                try:
+                    endpoint = self.resolve(record.name)
+                except ValueError:
+                    break  # `handle` counts and logs it
+                if endpoint is None or endpoint.peer.congested:
+                    break
+                if not size:
+                    batch.enter_context(endpoint.peer.batch())
+                endpoint.deliver(record.frame)
+                self.counters.received += 1
+                size += len(record.frame) + 1
+                index += 1
+        return index
 
     async def handle(self, record: wire.Record) -> None:
         """One record from a bus stream (ours, or a dead instance's being reaped)."""

@@ -61,6 +61,15 @@ def encode(record: Record) -> bytes:
     return head + name + record.frame
 
 
+def encode_message(name: str, frame: bytes, deadline: int) -> bytes:
+    """`encode(Record(MESSAGE, name, frame, deadline))` without the Record (the sender's hot
+    path)."""
+    raw = name.encode()
+    if len(raw) > 0xFFFF:
+        raise BusFormatError(f"address name of {len(raw)} bytes is over 65535")
+    return _HEADER.pack(MESSAGE, 0, deadline, len(raw), len(frame)) + raw + frame
+
+
 def decode(data: bytes) -> list[Record]:
     """Every record of one entry; raises BusFormatError on anything malformed."""
     records = []

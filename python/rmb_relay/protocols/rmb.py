@@ -358,14 +358,22 @@ class RmbDialect(Dialect):
         # connected meanwhile, here or on another instance of this relay (cluster); the
         # deadline lets that instance store it if the session left before it got there
         deadline = None if env.fail_fast else self.mailbox.deadline(env.timestamp, env.expiration)
-        try:
-            outcome = await self.switch.deliver(key, data, deadline=deadline, store=False)
-        except MailboxUnavailable as err:
+
+        def refused(err: BaseException) -> None:
             log.warning("redis unavailable, refusing envelope for %s: %s", key, err)
             sender.fail(
                 env, "destination unreachable: the relay's redis is unavailable", "redis down",
                 size, received,
             )  # fmt: skip
+
+        try:
+            # for another instance: queued, not waited for (a refusal comes back later; the
+            # route record then holds both the forward and the failure)
+            outcome = await self.switch.deliver(
+                key, data, deadline=deadline, store=False, on_refused=refused
+            )
+        except MailboxUnavailable as err:
+            refused(err)
             return
         if outcome is Outcome.DELIVERED:
             self.metrics.hot.local += 1
