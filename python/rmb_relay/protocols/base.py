@@ -21,6 +21,7 @@ import abc
 import argparse
 import enum
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -126,6 +127,16 @@ class Peer(Protocol):
         """Resolves when this peer's socket is under its write high-water mark. Producers that
         run outside a socket read (mailbox drains, stream consumers) await it before each batch;
         senders inside a read are paused by the listener instead."""
+
+    @property
+    def congested(self) -> bool:
+        """Over its write high-water mark (`writable()` would wait)."""
+
+    def batch(self) -> AbstractContextManager[None]:
+        """Defer the sends to every connection made inside the block and write each touched
+        connection once when it ends, as the listener does for a socket read: for a producer
+        outside a read that hands out many messages at once. The block must not await (other
+        connections' writes wait for it)."""
 
     def hold_reading(self, held: bool) -> None:
         """Stop (True) or restart (False) reading this peer's socket, for the dialect's own

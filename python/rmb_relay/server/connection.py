@@ -35,10 +35,11 @@ the narrow `ConnectionHost` below.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import itertools
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from typing import TYPE_CHECKING, Protocol, cast
 
 from rmb_relay._core import (
@@ -377,6 +378,18 @@ class Connection(asyncio.Protocol):
         self.state = State.CLOSING
         if self.transport is not None:
             self.transport.close()  # the server closes TCP first (RFC 6455 §7.1.1)
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """See `Peer.batch`: the listener's batcher, as during a socket read."""
+        batcher = self._batcher
+        batcher.depth += 1
+        try:
+            yield
+        finally:
+            batcher.depth -= 1
+            if batcher.depth == 0:
+                batcher.flush()
 
     def send(self, payload: bytes) -> None:
         """Queue one binary message; written with the rest of this batch in one write."""
