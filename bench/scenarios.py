@@ -372,12 +372,20 @@ def records_scenario(twins: Path, seconds: float, rounds: int) -> list[dict[str,
             recording.stop()
         written = sum(1 for _ in Path(records).rglob("part-*.parquet"))
         shed = counters.get("rmb_relay_records_shed_total", 0.0)
+        records_written = counters.get("rmb_relay_records_written_total", 0.0)
+        # the writer thread's own CPU per record (absent before it was exported): the part of
+        # the cost that is measured directly rather than as a difference of two noisy runs
+        writer_cpu = counters.get("rmb_relay_records_writer_cpu_seconds_total")
+        writer_ns = None if writer_cpu is None else writer_cpu / max(records_written, 1) * 1e9
         print(
-            f"(recording relay: {counters.get('rmb_relay_records_written_total', 0.0):.0f} "
-            f"records written, {shed:.0f} shed, {written} Parquet files)"
+            f"(recording relay: {records_written:.0f} records written, {shed:.0f} shed, "
+            f"{written} Parquet files"
+            + ("" if writer_ns is None else f", writer thread {writer_ns:.1f} ns CPU per record")
+            + ")"
         )
         for r in rows:
             r["records_shed"] = shed
+            r["writer_ns_per_record"] = None if writer_ns is None else round(writer_ns, 1)
     return rows
 
 

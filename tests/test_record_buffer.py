@@ -157,6 +157,24 @@ def test_taken_columns_are_read_only_views_that_outlive_the_buffer() -> None:
     assert values[999] == 999
 
 
+def test_sbd_records_name_each_destination_when_a_sender_alternates() -> None:
+    """The scanner remembers the last destination's id (cheaper than hashing the key again);
+    a sender switching between peers still gets each one's own id."""
+    other = bytes([4]) * 32
+    routes = RouteTable()
+    routes.register_pubkey(DEST, 5)
+    routes.register_pubkey(other, 6)
+    buffer = RecordBuffer()
+    scanner = SbdScanner(routes, SENDER, None, "", buffer)
+    scanner.ready = True
+    decoder = WsDecoder(scanner=scanner)
+    feed(decoder, frames(DEST + b"a", DEST + b"b", other + b"c", DEST + b"d", other + b"e"))
+    _, src, dst, _, keys = buffer.take()
+    assert keys == [SENDER, DEST, other]
+    assert np.frombuffer(src, dtype=np.int64).tolist() == [0] * 5
+    assert np.frombuffer(dst, dtype=np.int64).tolist() == [1, 1, 2, 1, 2]
+
+
 def test_sbd_scan_of_a_sender_not_ready_records_nothing() -> None:
     routes = RouteTable()
     routes.register_pubkey(DEST, 5)
