@@ -67,6 +67,9 @@ class Relay:
                 "600000",
                 "--sbd-limit-clients",
                 "100000",
+                # every generator connection comes from 127.0.0.1
+                "--max-connections-per-ip",
+                "1000000",
                 *extra,
             ]
         else:

@@ -186,6 +186,9 @@ class Connection(asyncio.Protocol):
         self._http_paused = False
         self._decoder: WsDecoder | None = None
         self._scan_clock: Clock | None = None
+        # what this read queued for this connection: encoded frames in order (text and control
+        # frames), then binary payloads not yet framed (framed together at flush)
+        self._frames: list[bytes] = []
         self._pending: list[bytes] = []
         self._queued = False
         self._peer_close_code: int | None = None
@@ -282,6 +285,7 @@ class Connection(asyncio.Protocol):
                 timer.cancel()
         if self._task is not None and not self._task.done():
             self._task.cancel()
+        self._frames.clear()
         self._pending.clear()
         self._release_waiting_senders()
         self._wake_writable()
@@ -382,13 +386,7 @@ class Connection(asyncio.Protocol):
         self._pending.append(payload)
         batcher = self._batcher
         if batcher.depth:
-            if not self._queued:
-                self._queued = True
-                batcher.dirty.append(self)
-            if self.congested:
-                reader = batcher.reader
-                if reader is not None and reader is not self:
-                    reader._block_on(self)
+            self._queue_in(batcher)
         else:
             self.flush()
 
@@ -400,15 +398,20 @@ class Connection(asyncio.Protocol):
         self._pending.extend(payloads)
         batcher = self._batcher
         if batcher.depth:
-            if not self._queued:
-                self._queued = True
-                batcher.dirty.append(self)
-            if self.congested:
-                reader = batcher.reader
-                if reader is not None and reader is not self:
-                    reader._block_on(self)
+            self._queue_in(batcher)
         else:
             self.flush()
+
+    def _queue_in(self, batcher: OutputBatcher) -> None:
+        """Have the read being processed flush us once at its end, and pause its sender while
+        we are congested."""
+        if not self._queued:
+            self._queued = True
+            batcher.dirty.append(self)
+        if self.congested:
+            reader = batcher.reader
+            if reader is not None and reader is not self:
+                reader._block_on(self)
 
     def send_text(self, text: bytes) -> None:
         """Write one text message after whatever is queued (keeps order)."""
@@ -418,20 +421,39 @@ class Connection(asyncio.Protocol):
         self.send_frame(encode_frame(OP_TEXT, text))
 
     def send_frame(self, frame: bytes) -> None:
-        """Write an already-encoded frame after whatever is queued (keeps order)."""
+        """Queue an already-encoded frame after whatever is queued (keeps order); inside a read
+        it goes out with the rest of the batch in one write (a 신경 JSON gateway sends text)."""
         if self.state is State.CLOSED:
             return
-        self.flush()
-        self._write(frame)
+        batcher = self._batcher
+        if batcher.depth:
+            pending = self._pending
+            if pending:
+                self._frames.append(self._frame_pending(pending))
+            self._frames.append(frame)
+            self._queue_in(batcher)
+        else:
+            self.flush()
+            self._write(frame)
+
+    @staticmethod
+    def _frame_pending(pending: list[bytes]) -> bytes:
+        data = encode_binary(pending[0]) if len(pending) == 1 else encode_binary_batch(pending)
+        pending.clear()
+        return data
 
     def flush(self) -> None:
         self._queued = False
         pending = self._pending
-        if not pending:
-            return
-        data = encode_binary(pending[0]) if len(pending) == 1 else encode_binary_batch(pending)
-        pending.clear()
-        self._write(data)
+        frames = self._frames
+        if frames:
+            if pending:
+                frames.append(self._frame_pending(pending))
+            data = frames[0] if len(frames) == 1 else b"".join(frames)
+            frames.clear()
+            self._write(data)
+        elif pending:
+            self._write(self._frame_pending(pending))
 
     def _write(self, data: bytes) -> None:
         transport = self.transport
@@ -459,6 +481,7 @@ class Connection(asyncio.Protocol):
     def abort(self) -> None:
         """Drop the connection without a close frame (SBD violations demand exactly this)."""
         self.state = State.CLOSING
+        self._frames.clear()
         self._pending.clear()
         if self.transport is not None:
             self.transport.abort()

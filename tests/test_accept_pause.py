@@ -1,0 +1,135 @@
+"""Accepting pauses near the file-descriptor limit (issue 9, "connection caps"): a relay whose
+connection cap is set above its descriptor limit stops accepting with one log line and a metric,
+clients that arrive meanwhile wait in the listen backlog and are served once descriptors free
+up. Before, uvloop's libuv accepted and at once reset every waiting client, silently."""
+
+from __future__ import annotations
+
+import os
+import queue
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from tests.conftest import WAIT
+
+LIMIT = 128
+
+
+def _low_fd_limit() -> None:
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (LIMIT, hard))
+
+
+class Relay:
+    """`python -m rmb_relay` in a process whose soft descriptor limit is LIMIT; its log lines
+    arrive on `lines` (a reader thread, so a test waits on a line with a timeout)."""
+
+    def __init__(self, *args: str) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "rmb_relay", "-l", "127.0.0.1:0", *args],
+            env={**os.environ, "XDG_DATA_HOME": tempfile.mkdtemp(prefix="rmb-fd-")},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_low_fd_limit,
+        )
+        assert self.process.stdout is not None
+        assert self.process.stderr is not None
+        banner = self.process.stdout.readline()
+        assert banner.startswith("rmb-relay listening on 127.0.0.1:"), banner
+        self.port = int(banner.split()[3].rstrip(";").rsplit(":", 1)[1])
+        self.log: list[str] = []
+        self.lines: queue.Queue[str] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, args=(self.process.stderr,))
+        self._reader.start()
+
+    def _read(self, stream: object) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            self.log.append(line)
+            self.lines.put(line)
+
+    def wait_for_line(self, text: str) -> str:
+        while True:
+            try:
+                line = self.lines.get(timeout=WAIT)
+            except queue.Empty:
+                pytest.fail(f"no log line with {text!r}; log so far: {''.join(self.log)}")
+            if text in line:
+                return line
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            return self.process.wait(WAIT)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(WAIT)
+        self._reader.join(WAIT)
+        for stream in (self.process.stdout, self.process.stderr):
+            if stream is not None:
+                stream.close()
+
+
+@pytest.fixture
+def relay() -> Iterator[Relay]:
+    started = Relay("--max-connections", "1000", "--max-connections-per-ip", "1000")
+    try:
+        yield started
+    finally:
+        started.close()
+
+
+def request(port: str | int, path: str) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", int(port)), timeout=WAIT)
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n".encode())
+    return sock
+
+
+def answer(sock: socket.socket) -> bytes:
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    sock.close()
+    return b"".join(chunks)
+
+
+def test_accepting_pauses_near_the_descriptor_limit_and_nobody_waiting_is_reset(
+    relay: Relay,
+) -> None:
+    idle = [socket.create_connection(("127.0.0.1", relay.port)) for _ in range(LIMIT + 20)]
+    try:
+        line = relay.wait_for_line("accepting paused")
+        assert f"file-descriptor limit {LIMIT}" in line
+        # arrives while paused: waits in the backlog (connect succeeds in the kernel)
+        waiting = request(relay.port, "/health")
+    finally:
+        for sock in idle:
+            sock.close()
+    assert answer(waiting).startswith(b"HTTP/1.1 200 ")
+    relay.wait_for_line("accepting normally again")
+    page = answer(request(relay.port, "/metrics")).decode()
+    assert "\nrmb_relay_accept_pauses_total " in page
+    pauses = next(
+        float(row.split()[1])
+        for row in page.splitlines()
+        if row.startswith("rmb_relay_accept_pauses_total ")
+    )
+    assert pauses >= 1
+    assert "\nrmb_relay_accept_paused 0.0" in page
+    assert relay.stop() == 0
+    assert "Traceback" not in "".join(relay.log)
+    # one line per episode, not one per refused socket
+    assert sum("accepting paused" in line for line in relay.log) == 1
