@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -21,6 +23,8 @@ from rmb_relay.telemetry.record_schema import (
     SCHEMA,
     SCHEMA_KEY,
     SCHEMA_VERSION,
+    RecordFileError,
+    layout,
     read_table,
 )
 from rmb_relay.telemetry.records import Recorder
@@ -137,6 +141,42 @@ async def test_version_1_files_are_read_alongside_version_2(tmp_path: Path) -> N
         ("relay-v1", "1", "2", 10),
         ("new", "3", "4", 20),
     ]
+
+
+def _v2_file(path: Path, columns: dict[str, pa.Array], constants: bytes) -> pq.FileMetaData:
+    with pq.ParquetWriter(path, pa.table(columns).schema) as writer:
+        writer.add_key_value_metadata({SCHEMA_KEY: b"2", CONSTANTS_KEY: constants})
+        writer.write_table(pa.table(columns))
+    return pq.read_metadata(path)
+
+
+@pytest.mark.parametrize(
+    ("constants", "message"),
+    [
+        (b"{", "not JSON"),
+        (b"[]", "not a JSON object"),
+        (b'{"colour": "red"}', "no such constant column 'colour'"),
+        (b'{"time": 0}', "no such constant column 'time'"),
+        (b'{"relay_us": "fast"}', "'fast' is not int64"),
+        (b'{"instance": null}', "cannot be null"),
+        (b'{"size": 3}', "'size' is both stored and constant"),
+        (b'{"instance": "r", "weight": 1.0}', "column 'dialect' (string) missing"),
+    ],
+)
+def test_a_version_2_file_that_does_not_add_up_is_refused(
+    tmp_path: Path, constants: bytes, message: str
+) -> None:
+    """The reader checks what a file's metadata claims against the schema, so a bad file is
+    one clear error (rmb-analytics prints it as one line) and not a wrong table."""
+    stored = {
+        "time": pa.array([T0 // 1000], pa.timestamp("us", tz="UTC")),
+        "src": pa.array([1]),
+        "dst": pa.array([2]),
+        "size": pa.array([3]),
+    }
+    meta = _v2_file(tmp_path / "bad.parquet", stored, constants)
+    with pytest.raises(RecordFileError, match=re.escape(message)):
+        layout(meta)
 
 
 async def test_a_full_queue_sheds_and_counts_instead_of_blocking(tmp_path: Path) -> None:

@@ -108,11 +108,12 @@ def layout(meta: pq.FileMetaData) -> Layout:
         )
     constants = _constants(kv.get(CONSTANTS_KEY)) if version >= 2 else {}
     schema = meta.schema.to_arrow_schema()
+    for name in constants:
+        if name in schema.names:
+            raise RecordFileError(f"column {name!r} is both stored and constant")
     integer = set()
     for field in SCHEMA:
         if field.name in constants:
-            if field.name in schema.names:
-                raise RecordFileError(f"column {field.name!r} is both stored and constant")
             continue
         index = schema.get_field_index(field.name)
         kind = schema.field(index).type if index >= 0 else None
