@@ -30,7 +30,7 @@ from typing import Any
 from rmb_relay.load.cli import _parser as load_parser
 from rmb_relay.load.cli import run_load
 
-from .procstat import cpu_seconds, free_port, rss_bytes
+from .procstat import free_port, rss_bytes, tree_cpu_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -87,7 +87,8 @@ class Relay:
         return f"ws://127.0.0.1:{self.port}/"
 
     def cpu_seconds(self) -> float:
-        return cpu_seconds(self.process.pid)
+        # with its children: the relay's route-record writer is a child process
+        return tree_cpu_seconds(self.process.pid)
 
     def rss_bytes(self) -> int:
         return rss_bytes(self.process.pid)
@@ -376,14 +377,14 @@ def records_scenario(twins: Path, seconds: float, rounds: int) -> list[dict[str,
         written = sum(1 for _ in Path(records).rglob("part-*.parquet"))
         shed = counters.get("rmb_relay_records_shed_total", 0.0)
         records_written = counters.get("rmb_relay_records_written_total", 0.0)
-        # the writer thread's own CPU per record (absent before it was exported): the part of
-        # the cost that is measured directly rather than as a difference of two noisy runs
+        # the writer's own CPU per record (absent before it was exported): the part of the cost
+        # that is measured directly rather than as a difference of two noisy runs
         writer_cpu = counters.get("rmb_relay_records_writer_cpu_seconds_total")
         writer_ns = None if writer_cpu is None else writer_cpu / max(records_written, 1) * 1e9
         print(
             f"(recording relay: {records_written:.0f} records written, {shed:.0f} shed, "
             f"{written} Parquet files"
-            + ("" if writer_ns is None else f", writer thread {writer_ns:.1f} ns CPU per record")
+            + ("" if writer_ns is None else f", writer {writer_ns:.1f} ns CPU per record")
             + ")"
         )
         for r in rows:

@@ -3,8 +3,9 @@ as it was before schema version 2) in the same run: `make bench` prints the rati
 
 - the RMB read path (decode + scan 100 x 64 B envelopes, what the relay does per read) with the
   scanner appending a record per message, against the same path without a record buffer;
-- the writer thread's work on one flush of 100,000 hot-path records (take the columns, build
-  Arrow arrays, write Parquet), against the version-1 writer on the same records.
+- the writer's work on one flush of 100,000 hot-path records (take the columns, build Arrow
+  arrays, write Parquet; the pipe to the writer process is left out), against the version-1
+  writer on the same records.
 
 Every benchmark checks its result, so one that silently does nothing fails instead.
 """
@@ -33,7 +34,8 @@ from rmb_relay._core import (
     WsDecoder,
 )
 from rmb_relay.clock import wall_clock
-from rmb_relay.telemetry.records import Channel, RecordStats, _PartitionWriter
+from rmb_relay.telemetry.record_writer import WriterStats, _PartitionWriter, make_batch
+from rmb_relay.telemetry.records import Channel
 
 Bench = Callable[..., Any]
 
@@ -105,7 +107,7 @@ def folder() -> Iterator[Path]:
 @pytest.mark.benchmark(group="route records: writer, one flush of 100,000 hot-path records")
 def test_writer_measured(benchmark: Bench, folder: Path) -> None:
     time_ns, src, dst = (c.tolist() for c in _columns())
-    stats = RecordStats()
+    stats = WriterStats()
 
     def setup() -> tuple[tuple[Channel], dict[str, Any]]:
         channel = Channel("rmb", 1.0, wall_clock)
@@ -115,8 +117,10 @@ def test_writer_measured(benchmark: Bench, folder: Path) -> None:
         return (channel,), {}
 
     def write(channel: Channel) -> int:
-        batch = channel.take(1.0)
-        assert batch is not None
+        taken = channel.take(1.0)
+        assert taken is not None
+        assert taken.columns is not None
+        batch = make_batch("rmb", 1.0, 1.0, list(taken.columns), [], None)
         writer = _PartitionWriter(folder, "relay:8080", 60.0, stats)
         writer.write(batch)
         writer.close()

@@ -208,13 +208,26 @@ def test_channel_takes_the_scanners_rows_as_local_records() -> None:
     batch = channel.take(1.0)
     assert batch is not None
     assert batch.full == []
-    assert batch.local is not None
-    assert [c.tolist() for c in batch.local] == [[NOW_US + 2], [0], [1], [33]]
-    assert channel.names.to_pylist() == [_key(SENDER), _key(DEST)]
+    assert batch.columns is not None
+    assert batch.rows == 1
+    assert [np.frombuffer(c, dtype=np.int64).tolist() for c in batch.columns] == [
+        [NOW_US + 2],
+        [0],
+        [1],
+        [33],
+    ]
+    assert (batch.names_offset, batch.names) == (0, [_key(SENDER), _key(DEST)])
+    channel.names_sent = 2  # the writer has them now
     assert channel.take(1.0) is None  # nothing since
+    feed(WsDecoder(scanner=scanner), frames(DEST + b"c"), now=13_000)
+    later = channel.take(1.0)
+    assert later is not None
+    assert (later.names_offset, later.names) == (2, [])  # names go to the writer once
 
 
-def test_channel_samples_the_scanners_rows() -> None:
+def test_the_writer_samples_the_hot_paths_columns() -> None:
+    from rmb_relay.telemetry.record_writer import make_batch
+
     channel = Channel("rmb", 0.25, lambda: NOW)
     buffer = channel.scanner_buffer(channel.clock)
     assert buffer.offset == 0
@@ -223,8 +236,11 @@ def test_channel_samples_the_scanners_rows() -> None:
     decoder = WsDecoder(scanner=RmbScanner(routes, 7, None, buffer))
     data = envelope((7, None), (9, None), MSG_REQUEST)
     feed(decoder, frames(*[data] * 4000))
-    batch = channel.take(4.0)
-    assert batch is not None
+    taken = channel.take(4.0)
+    assert taken is not None
+    assert taken.columns is not None
+    assert (taken.rows, taken.sample, taken.weight) == (4000, 0.25, 4.0)
+    batch = make_batch("rmb", 4.0, 0.25, list(taken.columns), [], None)
     assert batch.local is not None
     kept = len(batch.local[0])
     assert 800 < kept < 1200  # 1000 expected; the bounds are > 7 standard deviations away

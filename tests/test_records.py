@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
+import signal
 from pathlib import Path
 
 import pyarrow as pa
@@ -193,6 +195,31 @@ async def test_a_full_queue_sheds_and_counts_instead_of_blocking(tmp_path: Path)
     recorder.flush()
     assert recorder.stats.shed == 26
     assert channel.take(1.0) is None
+
+
+async def test_a_writer_that_dies_is_restarted_and_recording_goes_on(tmp_path: Path) -> None:
+    """The writer is a child process (the relay stays single-threaded): if it dies, the relay
+    notices at its next flush, counts what it had not taken as shed and starts a new one, which
+    gets the SBD key names again."""
+    recorder = Recorder(
+        tmp_path, "r", clock=FakeClock(T0), flush_interval=0.01, restart_seconds=0
+    )
+    recorder.start()
+    sbd = recorder.channel("sbd")
+    a, b = sbd.native.key_id(KEY_A), sbd.native.key_id(KEY_B)
+    sbd.native.push(T0, a, b, 10)
+    await eventually(lambda: recorder.stats.written == 1)
+    first = recorder.writer_pid
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    await eventually(lambda: recorder.writer_pid not in (first, None))
+    sbd.native.push(T0 + 1000, b, a, 20)
+    await recorder.close()
+    rows = read_table(tmp_path).sort_by("time").to_pylist()
+    # the first writer died with its file open (hidden, never renamed): its row is lost
+    assert [(r["src"], r["dst"], r["size"]) for r in rows] == [(NAME_B, NAME_A, 20)]
+    assert recorder.stats.written == 2  # counted by both writers
+    assert recorder.writer_pid is None
 
 
 async def test_open_files_are_hidden_until_rolled(tmp_path: Path) -> None:

@@ -76,7 +76,7 @@ def recorder_from_args(args: argparse.Namespace, metrics: Registry) -> Recorder 
     )
     metrics.counter_of(
         "rmb_relay_records_writer_cpu_seconds_total",
-        "CPU time of the route-record writer thread (Arrow and Parquet work)",
+        "CPU time of the route-record writer process (Arrow and Parquet work)",
         lambda: [((), stats.writer_cpu_ns / 1e9)],
     )
     try:

@@ -14,65 +14,51 @@ cost the forwarding path next to nothing and must never make it wait:
   discarded after a close). The route and outcome are implied by the buffer. Addresses are
   integers there: RMB twin ids as they are, SBD keys as the buffer's key ids, whose names
   (base64url) the channel keeps in id order (`Channel.names`).
-- Everything else (mailbox, federation, drops, expiry, the tunnel) is rarer and calls
+- Everything else (mailbox, federation outcomes, drops, expiry, the tunnel) is rarer and calls
   `Channel.add` with every field.
 - Every `FLUSH_INTERVAL` the event loop takes the buffers (the Rust columns move out without a
-  copy) and puts the batch on a bounded queue. A full queue (the writer fell behind) sheds the
-  batch and counts it (`rmb_relay_records_shed_total`): forwarding never blocks on recording.
-- One writer thread turns a batch into Arrow arrays and appends them to Parquet files, one per
-  hour partition and *stream* (`DIR/date=YYYY-MM-DD/hour=HH/`, hive style, so Spark prunes by
-  time). A file is written under a hidden name (`.` prefix, which Spark and pyarrow skip) and
-  renamed when it is closed, at the latest every `ROLL_SECONDS`, so a reader never sees a
-  half-written file.
+  copy) and queues them, as one frame, for the writer process. The loop writes frames into the
+  writer's stdin pipe only as fast as the pipe takes them (non-blocking); a batch that finds
+  `max_pending` batches still waiting (the writer fell behind), or no writer running (it died
+  and is not restarted yet), is shed
+  and counted (`rmb_relay_records_shed_total`): forwarding never blocks on recording. Once a
+  batch's columns are in the pipe, their memory goes back to the Rust buffer for the scanners
+  to append into.
+- The writer is a child process (`record_writer.py`: Arrow, Parquet, the file layout), not a
+  thread, so that the relay stays single-threaded and never imports pyarrow or numpy: a second
+  thread of any kind made every allocation of a 1 KiB message take glibc's arena lock, ~40 ns a
+  message (measured), more than the writer's own work. It reports what it wrote (and its CPU
+  time) on its stdout; it is restarted if it dies, at most every `RESTART_SECONDS`.
 
-What the writer costs is what recording costs (the hot path's append is a few ns), so the files
-are laid out for the writer (record schema version 2, record_schema.py). The hot path of each
-dialect has its own stream, whose files hold only the four columns that vary per row (time,
-src, dst, size) straight from the Rust columns (viewed, not copied, by numpy and Arrow); the
-eight that do not (instance, dialect, route `local`, outcome `delivered`, ...) are written once
-into the file's metadata. Per row that leaves a delta-encoded time, dictionary indexes for the
-addresses and the size. The other records share one stream per hour with every column but the
-instance and the weight. `writer_cpu_ns` (`rmb_relay_records_writer_cpu_seconds_total`) counts
-the writer thread's CPU, so the cost per record can be read off a running relay.
+`--records-sample R` keeps a random fraction R of the records (the writer samples the hot
+path's columns, `add` samples the rest); each row counts for `weight` = 1/R so the analytics
+jobs estimate totals from a sample.
 
-`--records-sample R` keeps a random fraction R of the records (the hot path's when its columns
-are taken, with numpy); each row counts for `weight` = 1/R so the analytics jobs estimate
-totals from a sample.
-
-Route values `cluster` and `federation` are in the schema since version 1, so instances that
-federate or cluster write the same files.
+Route values `cluster` and `federation` are in the record schema since version 1, so instances
+that federate or cluster write the same files.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import logging
 import os
-import queue
+import pickle
 import random
-import threading
+import struct
+import subprocess
+import sys
 import time
-import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-
-from rmb_relay._core import RecordBuffer
+from rmb_relay._core import Column, RecordBuffer
 from rmb_relay.clock import Clock, wall_clock
-from rmb_relay.telemetry.record_schema import (
-    SCHEMA,
-    SCHEMA_KEY,
-    SCHEMA_VERSION,
-    file_metadata,
-)
-
-__all__ = ["SCHEMA", "SCHEMA_KEY", "SCHEMA_VERSION", "Channel", "RecordStats", "Recorder"]
 
 log = logging.getLogger("rmb_relay.records")
 
@@ -83,27 +69,19 @@ OUTCOMES = ("delivered", "queued", "expired", "rate-limited", "rejected")
 
 #: how often the event loop hands the buffers to the writer (seconds): bounds buffer memory
 FLUSH_INTERVAL = 0.5
-#: batches waiting for the writer; beyond this they are shed (about 32 s of backlog)
+#: batches waiting to go into the writer's pipe; beyond this they are shed (~32 s of backlog)
 MAX_PENDING_BATCHES = 64
 #: a Parquet file is closed (made visible) at the latest this long after it was opened
 ROLL_SECONDS = 60.0
-#: Parquet page compression: lz4 writes ~2x faster than snappy here at the same size
-COMPRESSION = "lz4"
-HOUR_US = 3_600_000_000
-
-TIME = pa.timestamp("us", tz="UTC")
-#: the hot path's files: the columns that vary per row (the rest are file constants)
-LOCAL_COLUMNS = ("time", "src", "dst", "size")
-#: the other records' files: all but the process's constants (instance, weight)
-FULL_COLUMNS = tuple(name for name in SCHEMA.names if name not in ("instance", "weight"))
-#: what a hot-path record says besides its four columns
-LOCAL_CONSTANTS = {
-    "route": "local",
-    "outcome": "delivered",
-    "reason": None,
-    "relay_us": 0,
-    "remote": None,
-}
+#: the writer's pipe is asked to hold this much (Linux caps it at fs.pipe-max-size, 1 MiB by
+#: default): a batch of a few MB goes in a few writes instead of one per 64 KiB
+PIPE_SIZE = 1 << 20
+#: a writer that died is started again at most this often (its batches meanwhile are shed)
+RESTART_SECONDS = 5.0
+#: how long `close` waits for the writer to take what is queued and finish its files
+CLOSE_TIMEOUT = 60.0
+#: a frame's lengths (header, payload): see record_writer.py
+FRAME = struct.Struct("<II")
 
 #: any record but the hot path's: (time_ns, src, dst, size, route, outcome, reason, relay_ns,
 #: remote)
@@ -114,7 +92,16 @@ class Channel:
     """One dialect's buffers. `native` is what the dialect's scanners append the hot path's
     records to (see the module docstring); `add` records everything else."""
 
-    __slots__ = ("_full", "_scan_clock", "clock", "dialect", "names", "native", "sample")
+    __slots__ = (
+        "_full",
+        "_scan_clock",
+        "clock",
+        "dialect",
+        "names",
+        "names_sent",
+        "native",
+        "sample",
+    )
 
     def __init__(self, dialect: str, sample: float, clock: Clock) -> None:
         self.dialect = dialect
@@ -123,9 +110,10 @@ class Channel:
         self._full: list[FullRecord] = []
         #: the scanners' buffer
         self.native = RecordBuffer()
-        #: the names (base64url) of the SBD keys `native` interned, by key id; an immutable
-        #: Arrow array, so a batch may share it with the writer thread
-        self.names: pa.StringArray = pa.array([], pa.string())
+        #: the names (base64url) of the SBD keys `native` interned, by key id
+        self.names: list[str] = []
+        #: names the writer has (a batch carries the ones after these)
+        self.names_sent = 0
         self._scan_clock: Clock = clock
 
     def scanner_buffer(self, scan_clock: Clock) -> RecordBuffer:
@@ -165,47 +153,61 @@ class Channel:
         relay_ns = None if received is None else max(0, now - received)
         self._full.append((now, src, dst, size, route, outcome, reason, relay_ns, remote))
 
-    def take(self, weight: float) -> _Batch | None:
-        """The records so far as one batch (None if there are none); the buffers start over."""
+    def take(self, weight: float) -> Batch | None:
+        """The records so far as one batch (None if there are none); the buffers start over.
+        The batch carries the key names the writer does not have yet (`names_sent`)."""
         time_us, src, dst, size, keys = self.native.take()
         self._sync_offset()
-        if keys:
-            new = [base64.urlsafe_b64encode(key).rstrip(b"=").decode() for key in keys]
-            self.names = pa.concat_arrays([self.names, pa.array(new, pa.string())])
+        self.names += [base64.urlsafe_b64encode(key).rstrip(b"=").decode() for key in keys]
         full, self._full = self._full, []
-        local: tuple[np.ndarray, ...] | None = None
-        if len(time_us):
-            # views of the Rust columns (no copy), or the sample's rows
-            local = tuple(
-                np.frombuffer(memoryview(c), dtype=np.int64) for c in (time_us, src, dst, size)
-            )
-            if self.sample < 1.0:
-                keep = np.random.default_rng().random(len(local[0])) < self.sample
-                local = tuple(column[keep] for column in local)
-            if not len(local[0]):
-                local = None
-        if local is None and not full:
+        rows = len(time_us)
+        if not rows and not full:
             return None
-        names = self.names if local is not None and len(self.names) else None
-        return _Batch(self.dialect, weight, local, full, names)
+        columns = (time_us, src, dst, size) if rows else None
+        new = self.names[self.names_sent :]
+        return Batch(self.dialect, weight, self.sample, rows, columns, full, self.names_sent, new)
 
 
 @dataclass(slots=True)
-class _Batch:
+class Batch:
+    """One flush of one channel, as the writer process is sent it."""
+
     dialect: str
     weight: float
-    #: the hot path's columns (time_us, src, dst, size), int64 each, or None
-    local: tuple[np.ndarray, ...] | None
+    sample: float
+    #: hot-path records in `columns`
+    rows: int
+    #: the hot path's columns (time_us, src, dst, size), or None
+    columns: tuple[Column, Column, Column, Column] | None
     full: list[FullRecord]
-    #: SBD key names by id when the hot path's addresses are key ids, else None
-    names: pa.StringArray | None
+    #: SBD key names from id `names_offset` on, which the writer does not have yet
+    names_offset: int
+    names: list[str]
 
     def __len__(self) -> int:
-        return (0 if self.local is None else len(self.local[0])) + len(self.full)
+        return self.rows + len(self.full)
+
+    def frame(self) -> list[memoryview]:
+        """The batch as the writer reads it (record_writer.py): lengths, header, columns."""
+        header = pickle.dumps(
+            (
+                self.dialect,
+                self.weight,
+                self.sample,
+                self.rows,
+                self.full,
+                self.names_offset,
+                self.names,
+            ),
+            protocol=pickle.HIGHEST_PROTOCOL,
+        )
+        columns = [memoryview(column) for column in self.columns or ()]
+        lengths = FRAME.pack(len(header), sum(len(c) for c in columns))
+        return [memoryview(lengths), memoryview(header), *columns]
 
 
 class RecordStats:
-    """Counters read by /metrics (plain ints: bumped by the loop and the writer thread)."""
+    """Counters read by /metrics (plain ints, bumped on the event loop)."""
 
     __slots__ = ("files", "shed", "writer_cpu_ns", "written")
 
@@ -213,12 +215,12 @@ class RecordStats:
         self.written = 0
         self.shed = 0
         self.files = 0
-        #: CPU time of the writer thread (what recording costs besides the hot path's append)
+        #: CPU time of the writer process (what recording costs besides the scanners' append)
         self.writer_cpu_ns = 0
 
 
 class Recorder:
-    """Channels, the flush timer and the writer thread; see the module docstring.
+    """Channels, the flush timer and the writer process; see the module docstring.
 
     `start()` on the running loop, `await close()` at shutdown (writes what is buffered)."""
 
@@ -232,6 +234,8 @@ class Recorder:
         flush_interval: float = FLUSH_INTERVAL,
         max_pending: int = MAX_PENDING_BATCHES,
         roll_seconds: float = ROLL_SECONDS,
+        restart_seconds: float = RESTART_SECONDS,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if not 0.0 < sample <= 1.0:
             raise ValueError(f"records sample must be in (0, 1], got {sample}")
@@ -240,13 +244,12 @@ class Recorder:
         self.sample = sample
         self.clock = clock
         self.flush_interval = flush_interval
+        self.roll_seconds = roll_seconds
         self.stats = RecordStats()
         self.channels: dict[str, Channel] = {}
-        self._queue: queue.Queue[_Batch | None] = queue.Queue(maxsize=max_pending)
-        self._writer = _PartitionWriter(directory, instance, roll_seconds, self.stats)
-        self._thread: threading.Thread | None = None
-        self._timer: Any = None
-        self._loop: Any = None
+        self._writer = _WriterProcess(self, max_pending, restart_seconds, monotonic)
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def channel(self, dialect: str) -> Channel:
         """The buffers of one dialect (made on first use)."""
@@ -255,264 +258,253 @@ class Recorder:
             channel = self.channels[dialect] = Channel(dialect, self.sample, self.clock)
         return channel
 
-    def start(self) -> None:
-        import asyncio
+    @property
+    def writer_pid(self) -> int | None:
+        """The writer process's id (None before `start` and after `close`)."""
+        return self._writer.pid
 
+    def start(self) -> None:
+        """Start the writer process and the flush timer; OSError if DIR cannot be made."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="rmb-records", daemon=True)
-        self._thread.start()
+        self._writer.start(self._loop)
         self._timer = self._loop.call_later(self.flush_interval, self._tick)
 
     def _tick(self) -> None:
+        self._writer.check()
         self.flush()
+        assert self._loop is not None
         self._timer = self._loop.call_later(self.flush_interval, self._tick)
 
     def flush(self) -> None:
-        """Hand what the channels hold to the writer; shed it (counted) if the queue is full."""
+        """Queue what the channels hold for the writer; shed it (counted) if too much waits."""
         weight = 1.0 / self.sample
         for channel in self.channels.values():
             batch = channel.take(weight)
             if batch is None:
                 continue
-            try:
-                self._queue.put_nowait(batch)
-            except queue.Full:
+            if self._writer.send(batch):
+                channel.names_sent = batch.names_offset + len(batch.names)
+            else:
                 self.stats.shed += len(batch)
 
     async def close(self) -> None:
         """Write everything buffered and stop the writer."""
-        import asyncio
-
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self.flush()
-        if self._thread is not None:
-            await asyncio.to_thread(self._stop_writer)
-            self._thread = None
-
-    def _stop_writer(self) -> None:
-        self._queue.put(None)  # blocking here is fine: this is shutdown, off the loop
-        assert self._thread is not None
-        self._thread.join()
-
-    def _run(self) -> None:
-        # not niced: a low-priority thread holding the GIL would stall forwarding behind it
-        writer, stats = self._writer, self.stats
-        while True:
-            try:
-                batch = self._queue.get(timeout=writer.roll_seconds / 4)
-            except queue.Empty:
-                writer.roll_if_due()
-                continue
-            if batch is None:
-                break
-            started = time.thread_time_ns()
-            try:
-                writer.write(batch)
-            except Exception:  # a full disk must not end recording for good, nor the relay
-                log.exception("could not write %d route records", len(batch))
-                stats.shed += len(batch)
-            stats.writer_cpu_ns += time.thread_time_ns() - started
-        writer.close()
+        await self._writer.close()
 
 
-# ---- batches to Arrow ------------------------------------------------------------------------
-
-
-def _int64s(values: np.ndarray, kind: pa.DataType | None = None) -> pa.Array:
-    """An int64-wide Arrow array (int64 or `kind`) over `values`' memory (no copy)."""
-    return pa.Array.from_buffers(kind or pa.int64(), len(values), [None, pa.py_buffer(values)])
-
-
-def _key_names(src: np.ndarray, dst: np.ndarray, names: pa.StringArray) -> list[pa.Array]:
-    """SBD key ids as dictionary arrays over the names the batch uses (not every key the
-    channel ever saw: the dictionary is written into every row group)."""
-    used = np.zeros(len(names), dtype=bool)
-    used[src] = True
-    used[dst] = True
-    keep = np.flatnonzero(used)
-    index = np.zeros(len(names), dtype=np.int32)
-    index[keep] = np.arange(len(keep), dtype=np.int32)
-    dictionary = names.take(pa.array(keep))
-    return [pa.DictionaryArray.from_arrays(pa.array(index[ids]), dictionary) for ids in (src, dst)]
-
-
-def local_table(batch: _Batch) -> pa.Table:
-    """The hot path's columns as a table of its files' schema (`local_schema`)."""
-    assert batch.local is not None
-    time_us, src, dst, size = batch.local
-    if batch.names is not None:
-        addresses = _key_names(src, dst, batch.names)
-    else:
-        addresses = [_int64s(src), _int64s(dst)]
-    columns = [_int64s(time_us, TIME), *addresses, _int64s(size)]
-    return pa.Table.from_arrays(columns, schema=local_schema(batch.names is not None))
-
-
-def local_schema(keys: bool) -> pa.Schema:
-    """The hot path's file schema: addresses as key names (SBD) or twin ids (RMB)."""
-    address = pa.dictionary(pa.int32(), pa.string()) if keys else pa.int64()
-    return pa.schema(
-        [
-            pa.field("time", TIME, nullable=False),
-            pa.field("src", address, nullable=False),
-            pa.field("dst", address, nullable=False),
-            pa.field("size", pa.int64(), nullable=False),
-        ]
-    )
-
-
-FULL_SCHEMA = pa.schema([SCHEMA.field(name) for name in FULL_COLUMNS])
-
-
-def _address(values: list[Any]) -> pa.Array:
-    """Addresses as text: RMB twin ids arrive as ints, SBD keys as text; None stays null."""
-    array = pa.array(values)
-    if pa.types.is_string(array.type):
-        return array
-    if pa.types.is_null(array.type):
-        return pa.nulls(len(values), pa.string())
-    return pc.cast(array, pa.string())
-
-
-def full_table(batch: _Batch) -> pa.Table:
-    """The other records (few): converted field by field."""
-    n = len(batch.full)
-    t, s, d, z, r, o, why, dur, far = (list(c) for c in zip(*batch.full, strict=True))
-    columns = [
-        pc.divide(pa.array(t, pa.int64()), 1000).cast(TIME),
-        pa.repeat(pa.scalar(batch.dialect), n),
-        _address(s),
-        _address(d),
-        pa.array(z, pa.int64()),
-        pa.array(r, pa.string()),
-        pa.array(o, pa.string()),
-        pa.array(why, pa.string()),
-        pc.divide(pa.array(dur, pa.int64()), 1000),
-        pa.array(far, pa.string()),
-    ]
-    return pa.Table.from_arrays(columns, schema=FULL_SCHEMA)
-
-
-# ---- Parquet files ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Stream:
-    """Rows that share their files: a file's schema, constants and encodings. `name` is
-    unique per process (instance and weight are the process's) and part of the file name."""
-
-    name: str
-    schema: pa.Schema
-    constants: dict[str, Any]
-    options: dict[str, Any]
-
-
-def local_stream(dialect: str, instance: str, weight: float, keys: bool) -> _Stream:
-    constants = {"instance": instance, "dialect": dialect, **LOCAL_CONSTANTS, "weight": weight}
-    options = {
-        # measured per record on 200k-row batches: time delta-encoded ~5 ns (plain would be
-        # 8 bytes a row to compress); the addresses and the size as dictionaries ~6 ns each
-        # (few distinct values; pyarrow falls back to plain for a column that has many);
-        # statistics on `time` only (readers prune on it, nothing filters on the others)
-        "use_dictionary": ["src", "dst", "size"],
-        "column_encoding": {"time": "DELTA_BINARY_PACKED"},
-        "write_statistics": ["time"],
-    }
-    return _Stream(f"{dialect}-local", local_schema(keys), constants, options)
-
-
-def full_stream(instance: str, weight: float) -> _Stream:
-    constants = {"instance": instance, "weight": weight}
-    options = {"use_dictionary": True, "write_statistics": ["time"]}
-    return _Stream("full", FULL_SCHEMA, constants, options)
-
-
-class _PartitionWriter:
-    """Open Parquet files by hour partition and stream; hidden while open, renamed when
-    closed."""
+class _WriterProcess:
+    """The child process that writes Parquet (record_writer.py), the non-blocking pipe to it
+    and the counters it reports back."""
 
     def __init__(
         self,
-        directory: Path,
-        instance: str,
-        roll_seconds: float,
-        stats: RecordStats,
-        monotonic: Callable[[], float] = time.monotonic,
+        recorder: Recorder,
+        max_pending: int,
+        restart_seconds: float,
+        monotonic: Callable[[], float],
     ) -> None:
+        self.recorder = recorder
+        self.stats = recorder.stats
+        self.max_pending = max_pending
+        self.restart_seconds = restart_seconds
         self.monotonic = monotonic
-        self.directory = directory
-        self.instance = instance
-        self.roll_seconds = roll_seconds
-        self.stats = stats
-        self._tag = _safe(instance)
-        #: (hour in unix hours, stream name) -> (writer, hidden path, final path, opened at)
-        self._open: dict[tuple[int, str], tuple[pq.ParquetWriter, Path, Path, float]] = {}
+        #: frames not yet wholly in the pipe (the first one maybe in part): (records, chunks)
+        self._pending: deque[tuple[int, deque[memoryview]]] = deque()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pipe = -1
+        self._report = -1
+        self._report_tail = b""
+        #: (written, failed, files, cpu_ns) of the writers that ended, and of the running one
+        self._ended = (0, 0, 0, 0)
+        self._running = (0, 0, 0, 0)
+        #: records the writers failed to write, already counted as shed
+        self._failed_counted = 0
+        self._started_at: float | None = None
+        self._drained: asyncio.Future[None] | None = None
+        self._finished: asyncio.Future[None] | None = None
 
-    def write(self, batch: _Batch) -> None:
-        if batch.local is not None:
-            keys = batch.names is not None
-            stream = local_stream(batch.dialect, self.instance, batch.weight, keys)
-            self._split(stream, batch.local[0], local_table(batch))
-        if batch.full:
-            table = full_table(batch)
-            micros = table.column("time").cast(pa.int64()).to_numpy()
-            self._split(full_stream(self.instance, batch.weight), micros, table)
-        self.stats.written += len(batch)
-        self.roll_if_due()
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
 
-    def _split(self, stream: _Stream, micros: np.ndarray, table: pa.Table) -> None:
-        """Append `table` to the files of the hours its rows (`micros`) fall in."""
-        low, high = int(micros.min()) // HOUR_US, int(micros.max()) // HOUR_US
-        if low == high:
-            self._append(low, stream, table)
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._spawn()
+
+    def _spawn(self) -> None:
+        assert self._loop is not None
+        self._started_at = self.monotonic()
+        recorder = self.recorder
+        command = [
+            sys.executable,
+            "-m",
+            "rmb_relay.telemetry.record_writer",
+            str(recorder.directory),
+            recorder.instance,
+            repr(recorder.roll_seconds),
+        ]
+        # its own session: a Ctrl-C to the relay's terminal must not kill it before the relay
+        # has handed it the last records (it ends when its stdin closes)
+        self._process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+        )
+        assert self._process.stdin is not None
+        assert self._process.stdout is not None
+        self._pipe = self._process.stdin.fileno()
+        self._report = self._process.stdout.fileno()
+        os.set_blocking(self._pipe, False)
+        os.set_blocking(self._report, False)
+        with contextlib.suppress(OSError, AttributeError):
+            import fcntl
+
+            fcntl.fcntl(self._pipe, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+        self._report_tail = b""
+        self._running = (0, 0, 0, 0)
+        self._loop.add_reader(self._report, self._on_report)
+        for channel in recorder.channels.values():
+            channel.names_sent = 0  # a new writer knows no key names
+
+    def send(self, batch: Batch) -> bool:
+        """Queue a batch for the pipe; False (shed) when `max_pending` batches wait already,
+        or the writer died and is not running again yet."""
+        if len(self._pending) >= self.max_pending:
+            return False
+        if self._loop is not None and self._pipe < 0:
+            return False
+        was_idle = not self._pending
+        self._pending.append((len(batch), deque(batch.frame())))
+        if was_idle and self._pipe >= 0:
+            self._drain()
+            if self._pending and self._loop is not None:
+                self._loop.add_writer(self._pipe, self._drain)
+        return True
+
+    def _drain(self) -> None:
+        """Write into the pipe what it takes now (called again when it has room)."""
+        pending = self._pending
+        try:
+            while pending:
+                _, chunks = pending[0]
+                while chunks:
+                    chunk = chunks[0]
+                    written = os.write(self._pipe, chunk)
+                    if written < len(chunk):
+                        chunks[0] = chunk[written:]
+                        return
+                    chunks.popleft()
+                pending.popleft()  # its columns go back to the scanners' buffer
+        except BlockingIOError:
             return
-        hours = micros // HOUR_US
-        for hour in range(low, high + 1):
-            part = table.filter(pa.array(hours == hour))
-            if part.num_rows:
-                self._append(hour, stream, part)
+        except OSError as err:  # BrokenPipeError: the writer died; `check` restarts it
+            log.warning("route-record writer pipe: %s", err)
+            self._stop_writing()
+            return
+        self._stop_writing()
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
 
-    def _append(self, hour: int, stream: _Stream, table: pa.Table) -> None:
-        entry = self._open.get((hour, stream.name))
-        if entry is None:
-            stamp = time.gmtime(hour * 3600)
-            folder = (
-                self.directory / f"date={time.strftime('%Y-%m-%d', stamp)}/hour={stamp.tm_hour:02d}"
-            )
-            folder.mkdir(parents=True, exist_ok=True)
-            name = f"part-{self._tag}-{stream.name}-{uuid.uuid4().hex[:12]}.parquet"
-            hidden, final = folder / f".{name}", folder / name
-            writer = pq.ParquetWriter(
-                hidden,
-                stream.schema,
-                compression=COMPRESSION,
-                store_schema=False,  # readers see the Parquet types, not Arrow dictionaries
-                **stream.options,
-            )
-            writer.add_key_value_metadata(file_metadata(stream.constants))
-            entry = (writer, hidden, final, self.monotonic())
-            self._open[(hour, stream.name)] = entry
-        entry[0].write_table(table)
+    def _stop_writing(self) -> None:
+        if self._loop is not None and self._pipe >= 0:
+            self._loop.remove_writer(self._pipe)
 
-    def roll_if_due(self) -> None:
-        now = self.monotonic()
-        for key, (_, _, _, opened) in list(self._open.items()):
-            if now - opened >= self.roll_seconds:
-                self._finish(key)
+    def _on_report(self) -> None:
+        """The writer's counter lines (cumulative for its life): the last whole one counts."""
+        try:
+            data = os.read(self._report, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # the writer closed its stdout: it is ending
+            assert self._loop is not None
+            self._loop.remove_reader(self._report)
+            if self._finished is not None and not self._finished.done():
+                self._finished.set_result(None)
+            return
+        lines = (self._report_tail + data).split(b"\n")
+        self._report_tail = lines.pop()
+        if lines:
+            written, failed, files, cpu_ns = (int(v) for v in lines[-1].split())
+            self._running = (written, failed, files, cpu_ns)
+            self._publish()
 
-    def _finish(self, key: tuple[int, str]) -> None:
-        writer, hidden, final, _ = self._open.pop(key)
-        writer.close()
-        os.replace(hidden, final)
-        self.stats.files += 1
+    def _publish(self) -> None:
+        ended, running = self._ended, self._running
+        stats = self.stats
+        stats.written = ended[0] + running[0]
+        stats.files = ended[2] + running[2]
+        stats.writer_cpu_ns = ended[3] + running[3]
+        failed = ended[1] + running[1]
+        stats.shed += failed - self._failed_counted
+        self._failed_counted = failed
 
-    def close(self) -> None:
-        for key in list(self._open):
-            self._finish(key)
+    def check(self) -> None:
+        """Start the writer again if it died (at most every RESTART_SECONDS); what it had
+        not taken is shed."""
+        process = self._process
+        if process is None or process.poll() is None:
+            return
+        if self._pipe >= 0:
+            log.error("route-record writer exited with %s; restarting it", process.returncode)
+            self._close_pipes()
+            self.stats.shed += sum(records for records, _ in self._pending)
+            self._pending.clear()
+        started = self._started_at
+        if started is None or self.monotonic() - started >= self.restart_seconds:
+            self._spawn()
 
+    def _close_pipes(self) -> None:
+        assert self._loop is not None
+        assert self._process is not None
+        self._stop_writing()
+        self._loop.remove_reader(self._report)
+        ended, running = self._ended, self._running
+        self._ended = (
+            ended[0] + running[0],
+            ended[1] + running[1],
+            ended[2] + running[2],
+            ended[3] + running[3],
+        )
+        self._running = (0, 0, 0, 0)
+        for stream in (self._process.stdin, self._process.stdout):
+            if stream is not None:
+                stream.close()
+        self._pipe = self._report = -1
 
-def _safe(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in text)[:48] or "relay"
+    async def close(self) -> None:
+        """Hand the writer what is queued, let it finish its files, and wait for it."""
+        process, loop = self._process, self._loop
+        if process is None or loop is None:
+            self.stats.shed += sum(records for records, _ in self._pending)
+            self._pending.clear()
+            return
+        self.check()
+        try:
+            if self._pending and self._pipe >= 0:
+                self._drained = loop.create_future()
+                await asyncio.wait_for(self._drained, CLOSE_TIMEOUT)
+            if self._pipe >= 0:
+                self._finished = loop.create_future()
+                self._stop_writing()
+                assert process.stdin is not None
+                process.stdin.close()  # end of batches: the writer closes its files and exits
+                self._pipe = -1
+                await asyncio.wait_for(self._finished, CLOSE_TIMEOUT)
+        except TimeoutError:
+            log.error("route-record writer did not finish in %.0f s; killed", CLOSE_TIMEOUT)
+            process.kill()
+        finally:
+            self.stats.shed += sum(records for records, _ in self._pending)
+            self._pending.clear()
+            process.wait(CLOSE_TIMEOUT)  # it closed its stdout: it is exiting
+            if process.stdout is not None:
+                process.stdout.close()
+            if process.stdin is not None:
+                process.stdin.close()
+            self._process = None
