@@ -201,9 +201,7 @@ async def test_a_writer_that_dies_is_restarted_and_recording_goes_on(tmp_path: P
     """The writer is a child process (the relay stays single-threaded): if it dies, the relay
     notices at its next flush, counts what it had not taken as shed and starts a new one, which
     gets the SBD key names again."""
-    recorder = Recorder(
-        tmp_path, "r", clock=FakeClock(T0), flush_interval=0.01, restart_seconds=0
-    )
+    recorder = Recorder(tmp_path, "r", clock=FakeClock(T0), flush_interval=0.01, restart_seconds=0)
     recorder.start()
     sbd = recorder.channel("sbd")
     a, b = sbd.native.key_id(KEY_A), sbd.native.key_id(KEY_B)
