@@ -19,6 +19,12 @@ Errors go to the sender through the switch (its connection here, or its mailbox)
 pushes them to the sender's stream; responses and errors that fail are dropped and counted,
 because rmb-rs never answers an answer.
 
+Route records (`--records`): the worker writes an envelope's record when its outcome is known,
+through the same channel as the rest of RMB (`switch.record_channel("rmb")`): `delivered` with
+the remote relay that accepted it, `rejected` with the one that refused it (or none, when the
+twin has no relays), `expired` with the one tried last. Queuing it is not an outcome, and the
+twin's first relay is not necessarily the one that took it.
+
 The wall clock (envelope deadlines) is injected; backoff delays are event-loop timers.
 """
 
@@ -110,7 +116,8 @@ class OutboundFederation(Federation):
         """Accept the envelope for delivery to one of `twin.relays`; FederationError when the
         queue cannot take it (full, or Redis down)."""
         self.start()
-        await self.queue.put(envelope)
+        records = self.switch.record_channel("rmb")
+        await self.queue.put(envelope, None if records is None else records.clock())
 
     # ---- the workers -------------------------------------------------------------------------
 
@@ -140,21 +147,25 @@ class OutboundFederation(Federation):
         deadline = env.timestamp + env.expiration
         if deadline <= now:
             stats.expired += 1
+            self._record(env, item, "expired", "federation expired", item.remote)
             await self._fail(env, "message has expired", now)
             return True
-        domains = await self._domains(env, now)
+        domains = await self._domains(env, item, now)
         if domains is None:
             return True
         if not domains:
             return self._again(item, deadline, now)
         for domain in self.ranker.rank(domains):
+            item.remote = domain
             result = await self.sender.post(domain, item.data)
             if result.outcome is PostOutcome.ACCEPTED:
                 stats.accepted += 1
+                self._record(env, item, "delivered", None, domain)
                 return True
             if result.outcome is PostOutcome.REJECTED:
                 stats.rejected += 1
                 log.info("relay %s refused envelope %s: %s", domain, env.uid, result.detail)
+                self._record(env, item, "rejected", "remote rejected", domain)
                 reason = f"remote relay rejected permanently: {result.detail}"
                 await self._fail(env, reason, seconds(self.clock()))
                 return True
@@ -163,7 +174,7 @@ class OutboundFederation(Federation):
             self.ranker.downvote(domain)
         return self._again(item, deadline, seconds(self.clock()))
 
-    async def _domains(self, env: EnvelopeRouting, now: int) -> frozenset[str] | None:
+    async def _domains(self, env: EnvelopeRouting, item: Item, now: int) -> frozenset[str] | None:
         """The destination's relays; None when the envelope is finished (answered with an
         error), an empty set when the directory failed (try again later)."""
         try:
@@ -172,12 +183,31 @@ class OutboundFederation(Federation):
             log.warning("twin lookup for federation failed, will retry: %s", err)
             return frozenset()
         if twin is None:
+            self._record(env, item, "rejected", "unknown twin", None)
             await self._fail(env, "unknown twin destination", now)
             return None
         if not twin.relays:
+            self._record(env, item, "rejected", "no relay info", None)
             await self._fail(env, "relay info is not set for this twin", now)
             return None
         return twin.relays
+
+    def _record(
+        self, env: EnvelopeRouting, item: Item, outcome: str, reason: str | None, remote: str | None
+    ) -> None:
+        """The envelope's route record, now that its outcome is known (see the module doc)."""
+        records = self.switch.record_channel("rmb")
+        if records is not None:
+            records.add(
+                env.source_twin or None,
+                env.dest_twin or None,
+                len(item.data),
+                "federation",
+                outcome,
+                reason,
+                received=item.queued,
+                remote=remote,
+            )
 
     def _again(self, item: Item, deadline: int, now: int) -> bool:
         """Schedule the next round, or finish now if the deadline would pass first (the
