@@ -39,6 +39,7 @@ from rmb_relay.switch import Outcome
 
 if TYPE_CHECKING:
     from rmb_relay._core import EnvelopeRouting, HttpRequest
+    from rmb_relay.mailbox import SessionKey
     from rmb_relay.protocols.base import HttpClient
     from rmb_relay.switch import Switch
     from rmb_relay.twins import Twin, TwinDirectory
@@ -48,6 +49,17 @@ log = logging.getLogger("rmb_relay.federation")
 #: (status, reason) of one envelope
 Answer = tuple[int, bytes]
 ACCEPTED: Answer = (202, b"")
+
+
+class _Route:
+    """Where an accepted envelope goes: its destination session, and the deadline it may wait
+    in the mailbox until (None: `fail-fast`, a connected session or nothing)."""
+
+    __slots__ = ("deadline", "key")
+
+    def __init__(self, key: SessionKey, deadline: int | None) -> None:
+        self.key = key
+        self.deadline = deadline
 
 
 class InboundStats:
@@ -88,17 +100,42 @@ class InboundFederation:
         return HttpResponse(status, reason, headers=self._headers)
 
     async def _handle_batch(self, body: bytes, client: HttpClient) -> HttpResponse:
+        """Every envelope is checked first; those for a connected, uncongested session are then
+        written in one pass (one socket write per receiving connection, not one per
+        envelope); the rest (offline: mailbox; congested: wait) go the single POST's way, in
+        order per destination."""
         try:
             envelopes = decode_batch(body)
         except EnvelopeError as err:
             reason = f"bad request: {err}".encode()
             self._count(400, reason, client)
             return HttpResponse(400, reason, headers=self._headers)
-        answers = []
-        for envelope in envelopes:
-            status, reason = await self._handle(envelope)
+        answers: list[Answer] = []
+        routes: list[tuple[int, bytes, _Route]] = []
+        for index, envelope in enumerate(envelopes):
+            checked = await self._check(envelope)
+            if isinstance(checked, _Route):
+                routes.append((index, envelope, checked))
+                checked = ACCEPTED
+            answers.append(checked)
+        later = []
+        if routes:
+            waiting: set[SessionKey] = set()  # keys that go the slow way from here on
+            lookup = self.switch.lookup
+            with client.batched_writes():
+                for item in routes:
+                    key = item[2].key
+                    if key not in waiting:
+                        endpoint = lookup(key)
+                        if endpoint is not None and not endpoint.peer.congested:
+                            endpoint.deliver(item[1])
+                            continue
+                        waiting.add(key)
+                    later.append(item)
+        for index, envelope, route in later:
+            answers[index] = await self._deliver(envelope, route)
+        for status, reason in answers:
             self._count(status, reason, client)
-            answers.append((status, reason))
         return HttpResponse(
             200, encode_statuses(answers), content_type=STATUS_TYPE, headers=self._headers
         )
@@ -114,6 +151,13 @@ class InboundFederation:
             )
 
     async def _handle(self, body: bytes) -> Answer:
+        checked = await self._check(body)
+        if isinstance(checked, _Route):
+            return await self._deliver(body, checked)
+        return checked
+
+    async def _check(self, body: bytes) -> Answer | _Route:
+        """The refusal, or where the envelope goes."""
         try:
             env = scan_envelope(body)
         except EnvelopeError as err:
@@ -132,13 +176,17 @@ class InboundFederation:
                 return refusal
         key = (env.dest_twin, env.dest_connection)
         if env.fail_fast:
-            # only a connected destination will do (no deadline: never the mailbox)
-            if await self.switch.deliver(key, body) is Outcome.DELIVERED:
+            return _Route(key, None)
+        return _Route(key, self.switch.mailbox.deadline(env.timestamp, env.expiration))
+
+    async def _deliver(self, body: bytes, route: _Route) -> Answer:
+        if route.deadline is None:
+            # fail-fast: only a connected destination will do (never the mailbox)
+            if await self.switch.deliver(route.key, body) is Outcome.DELIVERED:
                 return ACCEPTED
             return _refuse(404, "destination offline")
-        deadline = self.switch.mailbox.deadline(env.timestamp, env.expiration)
         try:
-            await self.switch.deliver(key, body, deadline=deadline)
+            await self.switch.deliver(route.key, body, deadline=route.deadline)
         except MailboxUnavailable as err:
             return _refuse(500, f"switch error: {err}")
         return ACCEPTED

@@ -21,6 +21,7 @@ import abc
 import argparse
 import enum
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -122,6 +123,10 @@ class Peer(Protocol):
     def abort(self) -> None:
         """Drop the connection at once without a close frame."""
 
+    @property
+    def congested(self) -> bool:
+        """Over its write high-water mark: a producer outside a read awaits `writable()`."""
+
     def writable(self) -> Awaitable[None]:
         """Resolves when this peer's socket is under its write high-water mark. Producers that
         run outside a socket read (mailbox drains, stream consumers) await it before each batch;
@@ -141,6 +146,11 @@ class HttpClient(Protocol):
 
     @property
     def peer_port(self) -> int: ...
+
+    def batched_writes(self) -> AbstractContextManager[None]:
+        """Sends to websocket peers inside the block go out once per peer at its end, as inside
+        a socket read. The block must not await (every connection's writes wait for it) and
+        must skip `congested` peers (no sender is paused for them)."""
 
 
 class RequestBody(Protocol):
