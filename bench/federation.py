@@ -33,7 +33,7 @@ from rmb_relay.load.stats import summary as stats_summary
 from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
 
-from .procstat import cpu_seconds, free_port, wait_seconds
+from .procstat import cpu_seconds, free_port, system_seconds, wait_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -77,6 +77,9 @@ class RelayProcess:
 
     def cpu_seconds(self) -> float:
         return cpu_seconds(self.process.pid)
+
+    def system_seconds(self) -> float:
+        return system_seconds(self.process.pid)
 
     def wait_seconds(self) -> float:
         return wait_seconds(self.process.pid)
@@ -161,6 +164,7 @@ def measure(
     specs = [PairSpec(i, SENDERS + i, RECEIVERS + i) for i in range(args.pairs)]
     REORDERED[0] = 0
     cpu0 = [r.cpu_seconds() for r in relays]
+    sys0 = [r.system_seconds() for r in relays]
     wait0 = [r.wait_seconds() for r in relays]
     own_wait0 = wait_seconds(os.getpid())
     wall0 = time.perf_counter()
@@ -169,6 +173,7 @@ def measure(
     wall = time.perf_counter() - wall0
     summary = stats_summary(stats, {})
     used = [r.cpu_seconds() - c for r, c in zip(relays, cpu0, strict=True)]
+    kernel = [r.system_seconds() - c for r, c in zip(relays, sys0, strict=True)]
     waited = [r.wait_seconds() - w for r, w in zip(relays, wait0, strict=True)]
     own_waited = wait_seconds(os.getpid()) - own_wait0
     delivered = max(1, summary["delivered"])
@@ -184,6 +189,8 @@ def measure(
         # figure that survives a host shared with other work)
         "relay_cpu": [round(u / wall, 2) for u in used],
         "relay_us_per_msg": [round(u / delivered * 1e6, 1) for u in used],
+        # the kernel's part of it (syscalls, the loopback TCP stack)
+        "relay_sys_us_per_msg": [round(k / delivered * 1e6, 1) for k in kernel],
         "generator_cpu": round(summary["generator_cpu_share"], 2),
         # share of the run each event loop spent runnable but waiting for a core: high means
         # the host's other work, not the relay, set the pace
@@ -244,6 +251,9 @@ def main() -> None:
         help="run the scenarios this many times, alternating, and add a median row for each "
         "(the host is shared: one run says little)",
     )
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS, help="directory the JSON results go to"
+    )
     args = parser.parse_args()
     port = free_port()
     runs: dict[str, list[dict[str, Any]]] = {}
@@ -279,11 +289,10 @@ def main() -> None:
     ).stdout.strip()
     for row in rows:
         print(json.dumps(row))
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"federation-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.write_text(
-        json.dumps({"commit": commit, "params": vars(args), "rows": rows}, indent=2) + "\n"
-    )
+    args.results.mkdir(exist_ok=True)
+    out = args.results / f"federation-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    params = {**vars(args), "results": str(args.results)}
+    out.write_text(json.dumps({"commit": commit, "params": params, "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
+def system_seconds(pid: int) -> float:
+    """The kernel's part of `cpu_seconds` (syscalls, and the loopback network stack)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[12]) / TICKS
+
+
 def wait_seconds(pid: int) -> float:
     """Time the process's main thread spent runnable but not running (waiting for a core,
     /proc/PID/schedstat): on a host shared with other work it tells a process that was

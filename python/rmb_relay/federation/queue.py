@@ -5,7 +5,8 @@ Theory of operation
 -------------------
 An item is *held* from `put` until `done`: ready (waiting for a worker), in flight (a worker is
 posting it) or waiting out a retry backoff (`retry` puts it back after a delay without holding
-a worker). Workers call `get`, then `done` or `retry`.
+a worker). Workers call `get_many` (every ready item, up to a limit), then `done(_many)` or
+`retry` for each.
 
 `MemoryQueue` (no Redis): a bounded deque; `put` refuses when `max_held` items are held, so a
 remote that is down cannot eat the relay's memory (the sender gets an error envelope). A
@@ -78,8 +79,10 @@ class OutboundQueue(abc.ABC):
 
     def __init__(self) -> None:
         self._ready: deque[Item] = deque()
-        #: workers waiting for an item, each woken alone (not every worker per item)
-        self._waiters: deque[asyncio.Future[Item]] = deque()
+        #: workers waiting for items, woken one at a time (`get_many`)
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        #: a worker was woken and has not taken its items yet
+        self._waking = False
         self._timers: set[asyncio.TimerHandle] = set()
         self.closed = False
         #: entries taken over from a stalled or dead instance (Redis only)
@@ -91,31 +94,55 @@ class OutboundQueue(abc.ABC):
 
     async def get(self) -> Item:
         """The next item to post (waits for one)."""
-        if self._ready:
-            return self._ready.popleft()
-        waiter: asyncio.Future[Item] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            return await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():
-                self._ready.appendleft(waiter.result())  # handed over as we were cancelled
-            else:
-                self._waiters.remove(waiter)
-            raise
+        return (await self.get_many(1))[0]
+
+    async def get_many(self, limit: int) -> list[Item]:
+        """Every item ready now, up to `limit`; waits for the first one only.
+
+        One waiting worker at a time is woken, and it runs a loop iteration later: what
+        arrives meanwhile (a socket read's worth of envelopes) is taken by that worker in one
+        go instead of one envelope per woken worker. What it leaves wakes the next one."""
+        ready = self._ready
+        while not ready:
+            waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(waiter)
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._waking = False
+                    self._wake()  # woken as we were cancelled: pass it on
+                else:
+                    self._waiters.remove(waiter)
+                raise
+            self._waking = False
+        if len(ready) <= limit:
+            items = list(ready)
+            ready.clear()
+        else:
+            items = [ready.popleft() for _ in range(limit)]
+            self._wake()
+        return items
 
     def ready(self) -> int:
         """Items waiting for a worker."""
         return len(self._ready)
 
     def _push(self, item: Item) -> None:
+        self._ready.append(item)
+        self._wake()
+
+    def _wake(self) -> None:
+        """Wake one waiting worker, unless one is woken already and has not run yet."""
+        if self._waking:
+            return
         waiters = self._waiters
         while waiters:
             waiter = waiters.popleft()
             if not waiter.done():
-                waiter.set_result(item)
+                waiter.set_result(None)
+                self._waking = True
                 return
-        self._ready.append(item)
 
     def retry(self, item: Item, delay: float) -> None:
         """Make `item` ready again after `delay` seconds; it stays held meanwhile."""
@@ -132,6 +159,11 @@ class OutboundQueue(abc.ABC):
     @abc.abstractmethod
     async def done(self, item: Item) -> None:
         """The item is finished (posted, refused for good, or expired): forget it."""
+
+    async def done_many(self, items: list[Item]) -> None:
+        """`done` for each of `items`."""
+        for item in items:
+            await self.done(item)
 
     @abc.abstractmethod
     def depth(self) -> int:
@@ -167,6 +199,9 @@ class MemoryQueue(OutboundQueue):
 
     async def done(self, item: Item) -> None:
         self.held -= 1
+
+    async def done_many(self, items: list[Item]) -> None:
+        self.held -= len(items)
 
     def depth(self) -> int:
         return self.held
@@ -236,6 +271,28 @@ class RedisQueue(OutboundQueue):
         except (RedisError, OSError) as err:
             # still pending: another instance (or this one) will claim and post it again
             log.warning("could not acknowledge federation entry %r: %s", item.id, err)
+
+    async def done_many(self, items: list[Item]) -> None:
+        """One round trip for all of them (XACK and XDEL take many ids)."""
+        from redis.exceptions import RedisError
+
+        ids = []
+        for item in items:
+            assert item.id is not None
+            self.held.pop(item.id, None)
+            ids.append(item.id)
+        if len(self.held) < self.prefetch:
+            self._room.set()
+        if not ids:
+            return
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.xack(self.key, GROUP, *ids)
+                pipe.xdel(self.key, *ids)
+                await pipe.execute()
+        except (RedisError, OSError) as err:
+            # still pending: another instance (or this one) will claim and post them again
+            log.warning("could not acknowledge %d federation entries: %s", len(ids), err)
 
     def depth(self) -> int:
         return len(self.held)
