@@ -52,14 +52,13 @@ ACCEPTED: Answer = (202, b"")
 
 
 class _Route:
-    """Where an accepted envelope goes: its destination session, and the deadline it may wait
-    in the mailbox until (None: `fail-fast`, a connected session or nothing)."""
+    """An envelope that passed the checks, and its destination session."""
 
-    __slots__ = ("deadline", "key")
+    __slots__ = ("env", "key")
 
-    def __init__(self, key: SessionKey, deadline: int | None) -> None:
-        self.key = key
-        self.deadline = deadline
+    def __init__(self, env: EnvelopeRouting) -> None:
+        self.env = env
+        self.key: SessionKey = (env.dest_twin, env.dest_connection)
 
 
 class InboundStats:
@@ -68,8 +67,8 @@ class InboundStats:
     def __init__(self) -> None:
         self.by_status: dict[str, int] = {}
 
-    def count(self, label: str) -> None:
-        self.by_status[label] = self.by_status.get(label, 0) + 1
+    def count(self, label: str, n: int = 1) -> None:
+        self.by_status[label] = self.by_status.get(label, 0) + n
 
 
 class InboundFederation:
@@ -110,14 +109,25 @@ class InboundFederation:
             reason = f"bad request: {err}".encode()
             self._count(400, reason, client)
             return HttpResponse(400, reason, headers=self._headers)
-        answers: list[Answer] = []
+        answers: list[Answer] = [ACCEPTED] * len(envelopes)
         routes: list[tuple[int, bytes, _Route]] = []
+        ours: set[int] = set()  # destination twins checked in this batch
         for index, envelope in enumerate(envelopes):
+            if not self.verify:  # the usual case: a twin already checked, nothing to await
+                try:
+                    env = scan_envelope(envelope)
+                except EnvelopeError:
+                    pass  # _check says why
+                else:
+                    if env.dest_twin in ours:
+                        routes.append((index, envelope, _Route(env)))
+                        continue
             checked = await self._check(envelope)
             if isinstance(checked, _Route):
+                ours.add(checked.env.dest_twin)
                 routes.append((index, envelope, checked))
-                checked = ACCEPTED
-            answers.append(checked)
+            else:
+                answers[index] = checked
         later = []
         if routes:
             waiting: set[SessionKey] = set()  # keys that go the slow way from here on
@@ -134,8 +144,14 @@ class InboundFederation:
                     later.append(item)
         for index, envelope, route in later:
             answers[index] = await self._deliver(envelope, route)
+        accepted = 0
         for status, reason in answers:
-            self._count(status, reason, client)
+            if status == 202:
+                accepted += 1
+            else:
+                self._count(status, reason, client)
+        if accepted:
+            self.stats.count("accepted", accepted)
         return HttpResponse(
             200, encode_statuses(answers), content_type=STATUS_TYPE, headers=self._headers
         )
@@ -174,19 +190,18 @@ class InboundFederation:
             refusal = await self._check_signature(env, body)
             if refusal is not None:
                 return refusal
-        key = (env.dest_twin, env.dest_connection)
-        if env.fail_fast:
-            return _Route(key, None)
-        return _Route(key, self.switch.mailbox.deadline(env.timestamp, env.expiration))
+        return _Route(env)
 
     async def _deliver(self, body: bytes, route: _Route) -> Answer:
-        if route.deadline is None:
-            # fail-fast: only a connected destination will do (never the mailbox)
+        env = route.env
+        if env.fail_fast:
+            # only a connected destination will do (never the mailbox)
             if await self.switch.deliver(route.key, body) is Outcome.DELIVERED:
                 return ACCEPTED
             return _refuse(404, "destination offline")
+        deadline = self.switch.mailbox.deadline(env.timestamp, env.expiration)
         try:
-            await self.switch.deliver(route.key, body, deadline=route.deadline)
+            await self.switch.deliver(route.key, body, deadline=deadline)
         except MailboxUnavailable as err:
             return _refuse(500, f"switch error: {err}")
         return ACCEPTED
