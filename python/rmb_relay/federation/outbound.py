@@ -119,6 +119,8 @@ class OutboundFederation(Federation):
         self.stats = FederationStats()
         self._rng = rng or random.Random()
         self._tasks: list[asyncio.Task[None]] = []
+        self._telling: set[asyncio.Task[None]] = set()
+        queue.on_unstored = self._unstored
 
     def start(self) -> None:
         """Start the workers and the queue's background work (idempotent)."""
@@ -136,6 +138,23 @@ class OutboundFederation(Federation):
         queue cannot take it (full, or Redis down)."""
         self.start()
         await self.queue.put(envelope)
+
+    def _unstored(self, envelopes: list[bytes], why: str) -> None:
+        """Envelopes the queue took but could not keep: their senders hear it as if
+        `forward` had failed."""
+        task = asyncio.get_running_loop().create_task(self._tell_unstored(envelopes, why))
+        self._telling.add(task)
+        task.add_done_callback(self._telling.discard)
+
+    async def _tell_unstored(self, envelopes: list[bytes], why: str) -> None:
+        now = seconds(self.clock())
+        for data in envelopes:
+            try:
+                await self._fail(scan_envelope(data), why, now)
+            except EnvelopeError:
+                self.stats.dropped += 1
+            except Exception:
+                log.exception("telling a sender its envelope was not queued failed")
 
     # ---- the workers -------------------------------------------------------------------------
 
@@ -350,4 +369,7 @@ class OutboundFederation(Federation):
                 await task
         self._tasks = []
         await self.queue.close()
+        for task in list(self._telling):
+            with contextlib.suppress(Exception):
+                await task
         await self.sender.close()
