@@ -204,7 +204,13 @@ class Connection(asyncio.Protocol):
         #: the dialect holds reading (`hold_reading`), whatever the receivers' state
         self._held_by_dialect = False
         self._writable: asyncio.Future[None] | None = None
-        self.closed = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        # what writable() answers while not congested: one done future for the connection's
+        # life instead of one per call (each costs a get_running_loop, i.e. a getpid syscall,
+        # per delivered message on the paths outside a read)
+        self._ready: asyncio.Future[None] = loop.create_future()
+        self._ready.set_result(None)
+        self.closed = loop.create_future()
         #: admitted over the connection cap: served /health and /metrics only (server/limits.py)
         self.ops_only = False
         #: the client half-closed: answer the request being served, then close
@@ -224,9 +230,7 @@ class Connection(asyncio.Protocol):
         """Resolves once the socket is under its high-water mark (at once if it is already, or
         when the connection is gone: a closed peer never blocks a producer)."""
         if not self.congested or self.state is State.CLOSED:
-            future = asyncio.get_running_loop().create_future()
-            future.set_result(None)
-            return future
+            return self._ready
         if self._writable is None or self._writable.done():
             self._writable = asyncio.get_running_loop().create_future()
         return asyncio.shield(self._writable)
@@ -381,13 +385,19 @@ class Connection(asyncio.Protocol):
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
-        """See `Peer.batch`: the listener's batcher, as during a socket read."""
+        """See `Peer.batch` and `HttpClient.batch`: sends to any connection inside the block are
+        written once per connection at its end, as inside a socket read. No sender is paused
+        for a congested receiver in the block (there is no read to pause): the producer looks
+        at `congested` itself."""
         batcher = self._batcher
+        reader = batcher.reader
+        batcher.reader = None
         batcher.depth += 1
         try:
             yield
         finally:
             batcher.depth -= 1
+            batcher.reader = reader
             if batcher.depth == 0:
                 batcher.flush()
 
