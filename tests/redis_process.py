@@ -84,6 +84,8 @@ def start_redis(
     else:
         raise RuntimeError("redis-server exited early:\n" + b"".join(seen).decode(errors="replace"))
     # keep reading its log so a full pipe never blocks redis
-    drain = threading.Thread(target=lambda: deque(process.stdout, maxlen=0), daemon=True)
+    log = process.stdout
+    assert log is not None
+    drain = threading.Thread(target=lambda: deque(log, maxlen=0), daemon=True)
     drain.start()
     return RedisServer(port, process, directory, drain)

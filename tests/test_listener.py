@@ -7,6 +7,7 @@ import asyncio
 import datetime
 import os
 import random
+import socket
 import ssl
 import string
 import struct
@@ -222,6 +223,25 @@ async def test_head_health_is_200_with_no_body(start_relay: StartRelay) -> None:
     assert reply.endswith(b"Content-Length: 3\r\nConnection: close\r\n\r\n")
 
 
+@pytest.mark.skipif(not socket.has_ipv6, reason="no IPv6 on this host")
+async def test_the_unspecified_v6_address_serves_ipv4_clients_too(start_relay: StartRelay) -> None:
+    """`[::]:PORT` (the default listen address, as in rmb-rs) is dual-stack."""
+    server = await start_relay([], host="::")
+    _, port = server.addresses[0]
+    for host in ("127.0.0.1", "::1"):
+        reply = await http_exchange(
+            host, port, b"GET /health HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n"
+        )
+        assert reply.startswith(b"HTTP/1.1 200 "), host
+
+
+async def test_an_address_in_use_is_a_clear_error(start_relay: StartRelay) -> None:
+    server = await start_relay([])
+    _, port = server.addresses[0]
+    with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}: Address already in use"):
+        await start_relay([], port=port)
+
+
 async def test_health_and_metrics(start_relay: StartRelay) -> None:
     server = await start_relay([EchoDialect()])
     host, port = server.addresses[0]
@@ -255,6 +275,8 @@ async def test_metrics_page_is_prometheus_text_with_the_listener_families(
         "rmb_relay_messages_dropped": "counter",
         "rmb_relay_backpressure_pauses": "counter",
         "rmb_relay_connections_refused": "counter",
+        "rmb_relay_accept_pauses": "counter",
+        "rmb_relay_accept_paused": "gauge",
     }
     assert page.value("rmb_relay_http_requests_total", method="GET", status="200") == 1
     assert page.value("rmb_relay_connections", dialect="echo") == 0

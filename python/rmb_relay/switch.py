@@ -24,8 +24,10 @@ Federation is `federate(frame, twin)`: the `federation` route
 no route set the relay does not federate and the caller gets a FederationError.
 
 Route records (`--records`): `records` is the process's `Recorder` or None. Each dialect takes
-its `Channel` from it and records where it decides a route: the local fast path appends one
-tuple, the other routes and every drop call `Channel.add` (telemetry/records.py).
+its `Channel` from it and records where it decides a route: on the local fast path the scanner
+appends the record inside `feed`, the other routes and every drop call `Channel.add`, and the
+federation worker calls it when a remote relay's answer decides the outcome
+(telemetry/records.py).
 """
 
 from __future__ import annotations

@@ -28,6 +28,7 @@ from rmb_relay.config import (
     parse_listen,
 )
 from rmb_relay.errors import ConfigError
+from rmb_relay.gc_tuning import tune_for_serving
 from rmb_relay.protocols import registry
 from rmb_relay.protocols.base import Dialect
 from rmb_relay.server.listener import RelayServer
@@ -219,6 +220,7 @@ async def serve(args: argparse.Namespace, deadline: ShutdownDeadline | None = No
     try:
         await server.start()
         server.install_signal_handlers()
+        tune_for_serving()
         print(server.banner(), flush=True)
         await server.stopping.wait()
     finally:

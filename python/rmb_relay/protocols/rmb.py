@@ -422,18 +422,13 @@ class RmbDialect(Dialect):
                 records.add(sender.twin, dest, size, "cluster", "delivered", received=received)
             return
         if not self.is_ours(twin):
-            remote = min(twin.relays) if twin.relays else None
             try:
                 await self.switch.federate(data, twin)
-            except FederationError as err:
-                sender.fail(env, str(err), "federation", size, received, remote=remote)
+            except FederationError as err:  # not queued: no remote relay was tried
+                sender.fail(env, str(err), "federation", size, received)
                 return
+            # its route record is written by the federation worker once the outcome is known
             self.metrics.routed_slow["federation"] += 1
-            if records is not None:
-                records.add(
-                    sender.twin, dest, size, "federation", "delivered", received=received,
-                    remote=remote,
-                )  # fmt: skip
             return
         if env.fail_fast:
             sender.fail(env, "destination offline", "destination offline", size, received)
@@ -654,8 +649,6 @@ class RmbSession(WebSocketHandler):
         label: str,
         size: int = 0,
         received: int | None = None,
-        *,
-        remote: str | None = None,
     ) -> None:
         """Report a routing failure to the sender, as rmb-rs does: only for requests.
         `size` and `received` (clock reading on arrival) go to the route record."""
@@ -670,7 +663,6 @@ class RmbSession(WebSocketHandler):
                 "rate-limited" if label == "rate limited" else "rejected",
                 label,
                 received=received,
-                remote=remote,
             )
         if env.kind != MSG_REQUEST:
             metrics.drops.inc(1, label)

@@ -187,6 +187,9 @@ class Connection(asyncio.Protocol):
         self._http_paused = False
         self._decoder: WsDecoder | None = None
         self._scan_clock: Clock | None = None
+        # what this read queued for this connection: encoded frames in order (text and control
+        # frames), then binary payloads not yet framed (framed together at flush)
+        self._frames: list[bytes] = []
         self._pending: list[bytes] = []
         self._queued = False
         self._peer_close_code: int | None = None
@@ -201,7 +204,13 @@ class Connection(asyncio.Protocol):
         #: the dialect holds reading (`hold_reading`), whatever the receivers' state
         self._held_by_dialect = False
         self._writable: asyncio.Future[None] | None = None
-        self.closed = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        # what writable() answers while not congested: one done future for the connection's
+        # life instead of one per call (each costs a get_running_loop, i.e. a getpid syscall,
+        # per delivered message on the paths outside a read)
+        self._ready: asyncio.Future[None] = loop.create_future()
+        self._ready.set_result(None)
+        self.closed = loop.create_future()
         #: admitted over the connection cap: served /health and /metrics only (server/limits.py)
         self.ops_only = False
         #: the client half-closed: answer the request being served, then close
@@ -221,9 +230,7 @@ class Connection(asyncio.Protocol):
         """Resolves once the socket is under its high-water mark (at once if it is already, or
         when the connection is gone: a closed peer never blocks a producer)."""
         if not self.congested or self.state is State.CLOSED:
-            future = asyncio.get_running_loop().create_future()
-            future.set_result(None)
-            return future
+            return self._ready
         if self._writable is None or self._writable.done():
             self._writable = asyncio.get_running_loop().create_future()
         return asyncio.shield(self._writable)
@@ -283,6 +290,7 @@ class Connection(asyncio.Protocol):
                 timer.cancel()
         if self._task is not None and not self._task.done():
             self._task.cancel()
+        self._frames.clear()
         self._pending.clear()
         self._release_waiting_senders()
         self._wake_writable()
@@ -377,13 +385,19 @@ class Connection(asyncio.Protocol):
 
     @contextlib.contextmanager
     def batch(self) -> Iterator[None]:
-        """See `Peer.batch`: the listener's batcher, as during a socket read."""
+        """See `Peer.batch` and `HttpClient.batch`: sends to any connection inside the block are
+        written once per connection at its end, as inside a socket read. No sender is paused
+        for a congested receiver in the block (there is no read to pause): the producer looks
+        at `congested` itself."""
         batcher = self._batcher
+        reader = batcher.reader
+        batcher.reader = None
         batcher.depth += 1
         try:
             yield
         finally:
             batcher.depth -= 1
+            batcher.reader = reader
             if batcher.depth == 0:
                 batcher.flush()
 
@@ -395,13 +409,7 @@ class Connection(asyncio.Protocol):
         self._pending.append(payload)
         batcher = self._batcher
         if batcher.depth:
-            if not self._queued:
-                self._queued = True
-                batcher.dirty.append(self)
-            if self.congested:
-                reader = batcher.reader
-                if reader is not None and reader is not self:
-                    reader._block_on(self)
+            self._queue_in(batcher)
         else:
             self.flush()
 
@@ -413,15 +421,20 @@ class Connection(asyncio.Protocol):
         self._pending.extend(payloads)
         batcher = self._batcher
         if batcher.depth:
-            if not self._queued:
-                self._queued = True
-                batcher.dirty.append(self)
-            if self.congested:
-                reader = batcher.reader
-                if reader is not None and reader is not self:
-                    reader._block_on(self)
+            self._queue_in(batcher)
         else:
             self.flush()
+
+    def _queue_in(self, batcher: OutputBatcher) -> None:
+        """Have the read being processed flush us once at its end, and pause its sender while
+        we are congested."""
+        if not self._queued:
+            self._queued = True
+            batcher.dirty.append(self)
+        if self.congested:
+            reader = batcher.reader
+            if reader is not None and reader is not self:
+                reader._block_on(self)
 
     def send_text(self, text: bytes) -> None:
         """Write one text message after whatever is queued (keeps order)."""
@@ -431,20 +444,39 @@ class Connection(asyncio.Protocol):
         self.send_frame(encode_frame(OP_TEXT, text))
 
     def send_frame(self, frame: bytes) -> None:
-        """Write an already-encoded frame after whatever is queued (keeps order)."""
+        """Queue an already-encoded frame after whatever is queued (keeps order); inside a read
+        it goes out with the rest of the batch in one write (a 신경 JSON gateway sends text)."""
         if self.state is State.CLOSED:
             return
-        self.flush()
-        self._write(frame)
+        batcher = self._batcher
+        if batcher.depth:
+            pending = self._pending
+            if pending:
+                self._frames.append(self._frame_pending(pending))
+            self._frames.append(frame)
+            self._queue_in(batcher)
+        else:
+            self.flush()
+            self._write(frame)
+
+    @staticmethod
+    def _frame_pending(pending: list[bytes]) -> bytes:
+        data = encode_binary(pending[0]) if len(pending) == 1 else encode_binary_batch(pending)
+        pending.clear()
+        return data
 
     def flush(self) -> None:
         self._queued = False
         pending = self._pending
-        if not pending:
-            return
-        data = encode_binary(pending[0]) if len(pending) == 1 else encode_binary_batch(pending)
-        pending.clear()
-        self._write(data)
+        frames = self._frames
+        if frames:
+            if pending:
+                frames.append(self._frame_pending(pending))
+            data = frames[0] if len(frames) == 1 else b"".join(frames)
+            frames.clear()
+            self._write(data)
+        elif pending:
+            self._write(self._frame_pending(pending))
 
     def _write(self, data: bytes) -> None:
         transport = self.transport
@@ -472,6 +504,7 @@ class Connection(asyncio.Protocol):
     def abort(self) -> None:
         """Drop the connection without a close frame (SBD violations demand exactly this)."""
         self.state = State.CLOSING
+        self._frames.clear()
         self._pending.clear()
         if self.transport is not None:
             self.transport.abort()

@@ -20,6 +20,7 @@ from rmb_relay.config import ListenerConfig
 from rmb_relay.errors import ConfigError
 from rmb_relay.protocols.base import CloseCode, HttpResponse
 from rmb_relay.protocols.paths import PathTable
+from rmb_relay.server.acceptor import Acceptor, bind_sockets
 from rmb_relay.server.connection import Connection, OutputBatcher, State
 from rmb_relay.server.http import Router
 from rmb_relay.server.limits import Admission, ConnectionLimits, default_max_connections
@@ -76,6 +77,18 @@ class ServerMetrics:
             lambda: [((reason,), n) for reason, n in server.limits.refused.items()],
             ("reason",),
         )
+        registry.counter_of(
+            "rmb_relay_accept_pauses_total",
+            "Times accepting new connections paused because the process neared its "
+            "file-descriptor limit (clients wait in the listen backlog)",
+            lambda: [((), sum(a.pauses for a in server.acceptors))],
+        )
+        registry.gauge(
+            "rmb_relay_accept_paused",
+            "1 while accepting is paused near the file-descriptor limit",
+            (),
+            lambda: [((), float(any(a.paused for a in server.acceptors)))],
+        )
         self.backpressure_pauses = registry.counter(
             "rmb_relay_backpressure_pauses_total",
             "Times a sender was paused because a receiver was over its write high-water mark",
@@ -110,7 +123,7 @@ class RelayServer:
         self.router.add("GET", "/metrics", self._metrics)
         for dialect in self.dialects:
             dialect.add_routes(self.router)
-        self._servers: list[asyncio.Server] = []
+        self.acceptors: list[Acceptor] = []
         self._stopping = False
         #: set when a shutdown starts (a signal, or a call), and when it is done
         self.stopping = asyncio.Event()
@@ -121,18 +134,13 @@ class RelayServer:
 
     async def start(self) -> list[tuple[str, int]]:
         """Bind and start accepting; returns the bound (host, port) pairs (port 0 resolved)."""
-        loop = asyncio.get_running_loop()
-        ssl_context = self._ssl_context()
-        server = await loop.create_server(
-            lambda: Connection(self),
-            host=self.config.host,
-            port=self.config.port,
-            ssl=ssl_context,
-            reuse_port=self.config.reuse_port or None,
-            backlog=4096,
+        sockets = bind_sockets(
+            self.config.host, self.config.port, reuse_port=self.config.reuse_port
         )
-        self._servers.append(server)
-        self.addresses = [sock.getsockname()[:2] for sock in server.sockets]
+        acceptor = Acceptor(sockets, lambda: Connection(self), ssl_context=self._ssl_context())
+        acceptor.start()
+        self.acceptors.append(acceptor)
+        self.addresses = [sock.getsockname()[:2] for sock in sockets]
         return self.addresses
 
     @property
@@ -173,8 +181,8 @@ class RelayServer:
             return
         self._stopping = True
         self.stopping.set()
-        for server in self._servers:
-            server.close()
+        for acceptor in self.acceptors:
+            acceptor.close()
         conns = list(self.connections.values())
         for conn in conns:
             if conn.state is State.WEBSOCKET:
@@ -194,8 +202,6 @@ class RelayServer:
                 await dialect.close()
             except Exception:
                 log.exception("dialect %s failed to close", dialect.name)
-        for server in self._servers:
-            await server.wait_closed()
         self.stopped.set()
 
     # ---- connection bookkeeping ------------------------------------------------------------
@@ -215,6 +221,8 @@ class RelayServer:
     def connection_closed(self, conn: Connection) -> None:
         if self.connections.pop(conn.conn_id, None) is not None:
             self.limits.release(conn.peer_host)
+            for acceptor in self.acceptors:
+                acceptor.resume()
 
     def websocket_opened(self, conn: Connection) -> None:
         if self._stopping:
