@@ -122,7 +122,8 @@ fuzz: $(BUILD_STAMP) proto ## cargo fuzz each Rust target for FUZZ_RUNS inputs, 
 	done
 	$(MAKE) fuzz-sockets
 
-# 4 tests x FUZZ_EXAMPLES examples; 250000 (1,000,000 inputs) takes about 35 min on one core
+# 4 tests x FUZZ_EXAMPLES examples against one relay process, in chunks of 25,000 (Hypothesis
+# restarts, the relay does not); 250000 (1,000,000 inputs) takes about half an hour
 fuzz-sockets: $(BUILD_STAMP) proto ## the socket fuzzer alone, FUZZ_EXAMPLES examples per test
 	mkdir -p fuzz/work
 	RMB_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) RMB_FUZZ_REPORT=fuzz/work/sockets.txt \

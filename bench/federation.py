@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,7 +33,7 @@ from rmb_relay.load.stats import summary as stats_summary
 from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
 
-from .procstat import cpu_seconds, free_port
+from .procstat import cpu_seconds, free_port, system_seconds, wait_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -75,6 +77,12 @@ class RelayProcess:
 
     def cpu_seconds(self) -> float:
         return cpu_seconds(self.process.pid)
+
+    def system_seconds(self) -> float:
+        return system_seconds(self.process.pid)
+
+    def wait_seconds(self) -> float:
+        return wait_seconds(self.process.pid)
 
     def stop(self) -> None:
         self.process.send_signal(signal.SIGTERM)
@@ -154,13 +162,20 @@ def measure(
         warmup=1.0,
     )
     specs = [PairSpec(i, SENDERS + i, RECEIVERS + i) for i in range(args.pairs)]
+    REORDERED[0] = 0
     cpu0 = [r.cpu_seconds() for r in relays]
+    sys0 = [r.system_seconds() for r in relays]
+    wait0 = [r.wait_seconds() for r in relays]
+    own_wait0 = wait_seconds(os.getpid())
     wall0 = time.perf_counter()
     make = pair_class(receiver_url) if receiver_url else None
     stats, _ = asyncio.run(run_pairs(plan, specs, pair_class=make))
     wall = time.perf_counter() - wall0
     summary = stats_summary(stats, {})
     used = [r.cpu_seconds() - c for r, c in zip(relays, cpu0, strict=True)]
+    kernel = [r.system_seconds() - c for r, c in zip(relays, sys0, strict=True)]
+    waited = [r.wait_seconds() - w for r, w in zip(relays, wait0, strict=True)]
+    own_waited = wait_seconds(os.getpid()) - own_wait0
     delivered = max(1, summary["delivered"])
     return {
         "msgs_per_s": round(summary["throughput_msgs_per_s"]),
@@ -174,7 +189,13 @@ def measure(
         # figure that survives a host shared with other work)
         "relay_cpu": [round(u / wall, 2) for u in used],
         "relay_us_per_msg": [round(u / delivered * 1e6, 1) for u in used],
+        # the kernel's part of it (syscalls, the loopback TCP stack)
+        "relay_sys_us_per_msg": [round(k / delivered * 1e6, 1) for k in kernel],
         "generator_cpu": round(summary["generator_cpu_share"], 2),
+        # share of the run each event loop spent runnable but waiting for a core: high means
+        # the host's other work, not the relay, set the pace
+        "relay_wait": [round(w / wall, 2) for w in waited],
+        "generator_wait": round(own_waited / wall, 2),
     }
 
 
@@ -192,6 +213,27 @@ def federation_metrics(relay: RelayProcess) -> dict[str, float]:
     return samples
 
 
+def median(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per figure, the median over runs (lists element-wise); losses, errors and the relay's
+    counters summed, so a loss in any run shows."""
+    out: dict[str, Any] = {}
+    for key, value in rows[0].items():
+        values = [row[key] for row in rows]
+        if key in ("lost", "duplicated", "reordered"):
+            out[key] = sum(values)
+        elif isinstance(value, (int, float)):
+            out[key] = round(statistics.median(values), 2)
+        elif isinstance(value, list):
+            out[key] = [round(statistics.median(column), 2) for column in zip(*values, strict=True)]
+        elif isinstance(value, dict):
+            total: dict[str, Any] = {}
+            for counts in values:
+                for name, count in counts.items():
+                    total[name] = total.get(name, 0) + count
+            out[key] = total
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--pairs", type=int, default=10)
@@ -202,39 +244,55 @@ def main() -> None:
         "--relay-arg", action="append", default=[], help="extra flag for relay A (repeatable)"
     )
     parser.add_argument("--no-local", action="store_true", help="skip the local comparison")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run the scenarios this many times, alternating, and add a median row for each "
+        "(the host is shared: one run says little)",
+    )
+    parser.add_argument(
+        "--results", type=Path, default=RESULTS, help="directory the JSON results go to"
+    )
     args = parser.parse_args()
     port = free_port()
+    runs: dict[str, list[dict[str, Any]]] = {}
     with tempfile.TemporaryDirectory(prefix="rmb-fed-bench-") as tmp:
         twins = Path(tmp) / "twins.sqlite3"
         local_twins = Path(tmp) / "local.sqlite3"
         provision(twins, args.pairs, A, B)
         provision(local_twins, args.pairs, A, A)
-        rows = []
-        relay_a = RelayProcess(A, port, twins, *args.relay_arg)
-        relay_b = RelayProcess(B, port, twins)
-        try:
-            row = measure([relay_a, relay_b], relay_a.url, relay_b.url, args)
-            row["federation_metrics_a"] = federation_metrics(relay_a)
-            rows.append({"scenario": "federated A -> B", **row})
-        finally:
-            relay_a.stop()
-            relay_b.stop()
-        if not args.no_local:
-            local = RelayProcess(A, port, local_twins)
+        for _ in range(args.rounds):
+            relay_a = RelayProcess(A, port, twins, *args.relay_arg)
+            relay_b = RelayProcess(B, port, twins)
             try:
-                rows.append({"scenario": "local on A", **measure([local], local.url, None, args)})
+                row = measure([relay_a, relay_b], relay_a.url, relay_b.url, args)
+                row["federation_metrics_a"] = federation_metrics(relay_a)
+                runs.setdefault("federated A -> B", []).append(row)
             finally:
-                local.stop()
+                relay_a.stop()
+                relay_b.stop()
+            if not args.no_local:
+                local = RelayProcess(A, port, local_twins)
+                try:
+                    row = measure([local], local.url, None, args)
+                    runs.setdefault("local on A", []).append(row)
+                finally:
+                    local.stop()
+    rows = []
+    for scenario, results in runs.items():
+        rows.extend({"scenario": scenario, **row} for row in results)
+        if len(results) > 1:
+            rows.append({"scenario": f"{scenario} (median of {len(results)})", **median(results)})
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
     for row in rows:
         print(json.dumps(row))
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"federation-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    out.write_text(
-        json.dumps({"commit": commit, "params": vars(args), "rows": rows}, indent=2) + "\n"
-    )
+    args.results.mkdir(exist_ok=True)
+    out = args.results / f"federation-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    params = {**vars(args), "results": str(args.results)}
+    out.write_text(json.dumps({"commit": commit, "params": params, "rows": rows}, indent=2) + "\n")
 
 
 if __name__ == "__main__":

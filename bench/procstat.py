@@ -44,6 +44,22 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
+def system_seconds(pid: int) -> float:
+    """The kernel's part of `cpu_seconds` (syscalls, and the loopback network stack)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[12]) / TICKS
+
+
+def wait_seconds(pid: int) -> float:
+    """Time the process's main thread spent runnable but not running (waiting for a core,
+    /proc/PID/schedstat): on a host shared with other work it tells a process that was
+    starved of CPU from one that was idle; 0 when the kernel does not say."""
+    try:
+        return int(Path(f"/proc/{pid}/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def rss_bytes(pid: int) -> int:
     """Resident memory now (VmRSS); 0 when the kernel does not say."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -228,6 +228,38 @@ async def test_a_batch_gets_one_answer_per_envelope(inbound: Inbound) -> None:
     await bob.close()
 
 
+async def test_a_batch_reaches_connected_sessions_in_order_and_offline_ones_later(
+    inbound: Inbound,
+) -> None:
+    """The connected session's envelopes are written in one pass, the offline one goes to its
+    mailbox: all answered 202, none lost, the connected ones in batch order."""
+    bob = await RmbClient.connect(inbound.ws_url, 2, key_for(2))
+    got: list[bytes] = []
+    all_in = asyncio.get_running_loop().create_future()
+
+    def on_request(request: IncomingRequest) -> bytes:
+        got.append(request.data)
+        if len(got) == 20 and not all_in.done():
+            all_in.set_result(None)
+        return b""
+
+    bob.handle_all(on_request)
+    sender = remote_sender()
+    live = [sender.request_envelope(2, "n", b"%d" % i)[1] for i in range(20)]
+    offline = sender.request_envelope(2, "n", b"kept", dest_sid="later")[1]
+    status, body, _ = await post_batch(inbound, [*live[:10], offline, *live[10:]])
+    assert status == 200
+    assert [code for code, _ in decode_statuses(body, 21)] == [202] * 21
+    await asyncio.wait_for(all_in, WAIT)
+    assert got == [b"%d" % i for i in range(20)]
+    later = RmbClient(2, key_for(2), sid="later")
+    waiting = next_request(later)
+    await later.open(inbound.ws_url)
+    assert await waiting == b"kept"
+    await later.close()
+    await bob.close()
+
+
 async def test_a_batch_with_broken_framing_is_refused_whole(inbound: Inbound) -> None:
     url = inbound.server.url.replace("ws://", "http://") + "/"
     truncated = encode_batch([b"abcdef"])[:-2]

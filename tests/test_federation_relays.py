@@ -280,3 +280,21 @@ async def test_redis_queue_survives_an_instance_crash(
 
 async def _stream_empty(redis: Redis) -> bool:
     return int(await redis.xlen("relay.federation.stream")) == 0
+
+
+async def test_an_envelope_the_redis_queue_could_not_take_reaches_its_sender_as_an_error(
+    redis_server: RedisServer, network: Network, tmp_path: Path
+) -> None:
+    """`put` returns before the XADD (the pipeline of the next round trip): when Redis is gone
+    by then, the sender of a request still hears that its envelope was not queued."""
+    twins = await provision(tmp_path / "twins.sqlite3", {1: [A], 2: [B]})
+    relay_a = network.relay(A, twins, "--redis", redis_server.url, "--redis-timeout", "1")
+    alice = await client(relay_a.url, 1)
+    redis_server.stop()
+    with pytest.raises(RemoteError) as caught:
+        await alice.request(2, "lost", b"x", timeout=WAIT)
+    reply = caught.value.reply
+    assert reply.from_relay
+    assert reply.error is not None
+    assert reply.error[1].startswith("federation queue unavailable")
+    await alice.close()

@@ -39,6 +39,7 @@ from rmb_relay.switch import Outcome
 
 if TYPE_CHECKING:
     from rmb_relay._core import EnvelopeRouting, HttpRequest
+    from rmb_relay.mailbox import SessionKey
     from rmb_relay.protocols.base import HttpClient
     from rmb_relay.switch import Switch
     from rmb_relay.twins import Twin, TwinDirectory
@@ -50,14 +51,24 @@ Answer = tuple[int, bytes]
 ACCEPTED: Answer = (202, b"")
 
 
+class _Route:
+    """An envelope that passed the checks, and its destination session."""
+
+    __slots__ = ("env", "key")
+
+    def __init__(self, env: EnvelopeRouting) -> None:
+        self.env = env
+        self.key: SessionKey = (env.dest_twin, env.dest_connection)
+
+
 class InboundStats:
     """Requests by answer, read at scrape."""
 
     def __init__(self) -> None:
         self.by_status: dict[str, int] = {}
 
-    def count(self, label: str) -> None:
-        self.by_status[label] = self.by_status.get(label, 0) + 1
+    def count(self, label: str, n: int = 1) -> None:
+        self.by_status[label] = self.by_status.get(label, 0) + n
 
 
 class InboundFederation:
@@ -88,17 +99,59 @@ class InboundFederation:
         return HttpResponse(status, reason, headers=self._headers)
 
     async def _handle_batch(self, body: bytes, client: HttpClient) -> HttpResponse:
+        """Every envelope is checked first; those for a connected, uncongested session are then
+        written in one pass (one socket write per receiving connection, not one per
+        envelope); the rest (offline: mailbox; congested: wait) go the single POST's way, in
+        order per destination."""
         try:
             envelopes = decode_batch(body)
         except EnvelopeError as err:
             reason = f"bad request: {err}".encode()
             self._count(400, reason, client)
             return HttpResponse(400, reason, headers=self._headers)
-        answers = []
-        for envelope in envelopes:
-            status, reason = await self._handle(envelope)
-            self._count(status, reason, client)
-            answers.append((status, reason))
+        answers: list[Answer] = [ACCEPTED] * len(envelopes)
+        routes: list[tuple[int, bytes, _Route]] = []
+        ours: set[int] = set()  # destination twins checked in this batch
+        for index, envelope in enumerate(envelopes):
+            if not self.verify:  # the usual case: a twin already checked, nothing to await
+                try:
+                    env = scan_envelope(envelope)
+                except EnvelopeError:
+                    pass  # _check says why
+                else:
+                    if env.dest_twin in ours:
+                        routes.append((index, envelope, _Route(env)))
+                        continue
+            checked = await self._check(envelope)
+            if isinstance(checked, _Route):
+                ours.add(checked.env.dest_twin)
+                routes.append((index, envelope, checked))
+            else:
+                answers[index] = checked
+        later = []
+        if routes:
+            waiting: set[SessionKey] = set()  # keys that go the slow way from here on
+            lookup = self.switch.lookup
+            with client.batch():
+                for item in routes:
+                    key = item[2].key
+                    if key not in waiting:
+                        endpoint = lookup(key)
+                        if endpoint is not None and not endpoint.peer.congested:
+                            endpoint.deliver(item[1])
+                            continue
+                        waiting.add(key)
+                    later.append(item)
+        for index, envelope, route in later:
+            answers[index] = await self._deliver(envelope, route)
+        accepted = 0
+        for status, reason in answers:
+            if status == 202:
+                accepted += 1
+            else:
+                self._count(status, reason, client)
+        if accepted:
+            self.stats.count("accepted", accepted)
         return HttpResponse(
             200, encode_statuses(answers), content_type=STATUS_TYPE, headers=self._headers
         )
@@ -114,6 +167,13 @@ class InboundFederation:
             )
 
     async def _handle(self, body: bytes) -> Answer:
+        checked = await self._check(body)
+        if isinstance(checked, _Route):
+            return await self._deliver(body, checked)
+        return checked
+
+    async def _check(self, body: bytes) -> Answer | _Route:
+        """The refusal, or where the envelope goes."""
         try:
             env = scan_envelope(body)
         except EnvelopeError as err:
@@ -130,15 +190,18 @@ class InboundFederation:
             refusal = await self._check_signature(env, body)
             if refusal is not None:
                 return refusal
-        key = (env.dest_twin, env.dest_connection)
+        return _Route(env)
+
+    async def _deliver(self, body: bytes, route: _Route) -> Answer:
+        env = route.env
         if env.fail_fast:
-            # only a connected destination will do (no deadline: never the mailbox)
-            if await self.switch.deliver(key, body) is Outcome.DELIVERED:
+            # only a connected destination will do (never the mailbox)
+            if await self.switch.deliver(route.key, body) is Outcome.DELIVERED:
                 return ACCEPTED
             return _refuse(404, "destination offline")
         deadline = self.switch.mailbox.deadline(env.timestamp, env.expiration)
         try:
-            await self.switch.deliver(key, body, deadline=deadline)
+            await self.switch.deliver(route.key, body, deadline=deadline)
         except MailboxUnavailable as err:
             return _refuse(500, f"switch error: {err}")
         return ACCEPTED

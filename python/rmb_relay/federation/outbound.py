@@ -4,7 +4,8 @@ the twin's relays, or an error envelope to the sender (spec/rmb.md §3.3, decisi
 Theory of operation
 -------------------
 `forward` only queues the raw bytes (`queue.py`): the sender's connection never waits for a
-remote relay. Workers take items from the queue and, per item:
+remote relay. A worker takes every item ready in the queue at once (up to `TAKE`) and, per
+item:
 
 1. read the routing fields (Rust scanner); an envelope whose deadline (timestamp + expiration)
    has passed is not posted: a request's sender gets "message has expired";
@@ -14,6 +15,13 @@ remote relay. Workers take items from the queue and, per item:
    "remote relay rejected permanently: <reason>"; anything else -> downvote, next domain;
 4. all failed -> retry the whole round after a backoff (100 ms doubling to `max_backoff`, with
    jitter, never past the envelope's deadline), until it is accepted, refused, or expires.
+
+The items a worker took go together, grouped by the relay they try next: one
+`Sender.post_many` per relay (a batch to a relay that takes them, one POST per envelope
+otherwise), the twin looked up and its relays ranked once per worker round rather than per
+envelope, a failing relay downvoted once per round, and one `done_many` for the finished
+ones. Per envelope this leaves a scan and a few dict operations: no task, future or wake-up
+each, which is what bounded federated throughput on a busy host.
 
 Errors go to the sender through the switch (its connection here, or its mailbox), as rmb-rs
 pushes them to the sender's stream; responses and errors that fail are dropped and counted,
@@ -34,14 +42,16 @@ import asyncio
 import contextlib
 import logging
 import random
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rmb_relay._core import MSG_REQUEST, EnvelopeRouting, build_error_envelope, scan_envelope
 from rmb_relay.clock import Clock, seconds, wall_clock
 from rmb_relay.errors import EnvelopeError, MailboxUnavailable, TwinLookupError
 from rmb_relay.federation import Federation
+from rmb_relay.federation.batch import MAX_BATCH_ITEMS
 from rmb_relay.federation.queue import Item, OutboundQueue
-from rmb_relay.federation.sender import PostOutcome, Sender
+from rmb_relay.federation.sender import PostOutcome, PostResult, Sender
 
 if TYPE_CHECKING:
     from rmb_relay.federation.ranker import Ranker
@@ -55,8 +65,10 @@ ERROR_ENVELOPE_TTL = 300
 #: first retry delay after a round in which every relay failed; doubles per round
 FIRST_BACKOFF = 0.1
 DEFAULT_MAX_BACKOFF = 5.0
-#: items posted concurrently by one process (each remote is bounded by the sender too)
+#: tasks posting at once in one process (each remote is bounded by the sender too)
 DEFAULT_WORKERS = 256
+#: items a worker takes from the queue at once: those ready, never waiting for more
+TAKE = MAX_BATCH_ITEMS
 
 
 class FederationStats:
@@ -71,6 +83,19 @@ class FederationStats:
         self.dropped = 0
         self.retries = 0
         self.failed_posts = 0
+
+
+@dataclass(slots=True)
+class _Round:
+    """One item's round over its twin's relays."""
+
+    item: Item
+    env: EnvelopeRouting
+    #: unix seconds after which it is not posted
+    deadline: int
+    #: the twin's relays in the ranker's order, and how many of them failed this round
+    relays: list[str]
+    tried: int = 0
 
 
 class OutboundFederation(Federation):
@@ -100,6 +125,8 @@ class OutboundFederation(Federation):
         self.stats = FederationStats()
         self._rng = rng or random.Random()
         self._tasks: list[asyncio.Task[None]] = []
+        self._telling: set[asyncio.Task[None]] = set()
+        queue.on_unstored = self._unstored
 
     def start(self) -> None:
         """Start the workers and the queue's background work (idempotent)."""
@@ -119,60 +146,194 @@ class OutboundFederation(Federation):
         records = self.switch.record_channel("rmb")
         await self.queue.put(envelope, None if records is None else records.clock())
 
+    def _unstored(self, envelopes: list[bytes], why: str) -> None:
+        """Envelopes the queue took but could not keep: their senders hear it as if
+        `forward` had failed."""
+        task = asyncio.get_running_loop().create_task(self._tell_unstored(envelopes, why))
+        self._telling.add(task)
+        task.add_done_callback(self._telling.discard)
+
+    async def _tell_unstored(self, envelopes: list[bytes], why: str) -> None:
+        now = seconds(self.clock())
+        for data in envelopes:
+            try:
+                await self._fail(scan_envelope(data), why, now)
+            except EnvelopeError:
+                self.stats.dropped += 1
+            except Exception:
+                log.exception("telling a sender its envelope was not queued failed")
+
     # ---- the workers -------------------------------------------------------------------------
 
     async def _work(self) -> None:
         queue = self.queue
         while True:
-            item = await queue.get()
+            items = await queue.get_many(TAKE)
             try:
-                finished = await self.process(item)
-            except Exception:
-                log.exception("federating an envelope failed; dropped")
-                self.stats.dropped += 1
-                finished = True
-            if finished:
-                await queue.done(item)
+                await self.process_many(items)
+            except Exception:  # each step catches its own; this is a bug in them
+                log.exception("federating %d envelopes failed", len(items))
+            # not kept while waiting for the next ones: every idle worker would hold its last
+            # batch of envelopes (and the garbage collector would walk them all)
+            del items
 
     async def process(self, item: Item) -> bool:
         """One round for one item; True when it is finished, False when a retry is scheduled."""
-        stats = self.stats
+        finished: list[Item] = []
+        await self._rounds([item], finished)
+        return bool(finished)
+
+    async def process_many(self, items: list[Item]) -> None:
+        """One round for each item: finished ones are done in the queue, the others are
+        scheduled for a retry."""
+        finished: list[Item] = []
+        try:
+            await self._rounds(items, finished)
+        finally:
+            if finished:
+                await self.queue.done_many(finished)
+
+    async def _rounds(self, items: list[Item], finished: list[Item]) -> None:
+        """Items go to `finished`, or are scheduled for a retry (`_again`)."""
+        rounds: list[_Round] = []
+        orders: dict[int, list[str]] = {}  # per call: a twin's relays looked up and ranked once
+        ranked: dict[frozenset[str], list[str]] = {}  # (the same relays, the same order)
+        now = seconds(self.clock())
+        for item in items:
+            try:
+                env = scan_envelope(item.data)
+            except EnvelopeError:
+                pass  # _prepare says why
+            else:
+                order = orders.get(env.dest_twin)
+                deadline = env.timestamp + env.expiration
+                if order is not None and deadline > now:  # the usual case: nothing to await
+                    rounds.append(_Round(item, env, deadline, order))
+                    continue
+            try:
+                prepared = await self._prepare(item, now, orders, ranked)
+            except Exception:
+                log.exception("federating a queued envelope failed; dropped")
+                self.stats.dropped += 1
+                prepared = True
+            if prepared is True:
+                finished.append(item)
+            elif prepared is not False:
+                rounds.append(prepared)
+        while rounds:
+            rounds = await self._post(rounds, finished)
+
+    async def _prepare(
+        self,
+        item: Item,
+        now: int,
+        orders: dict[int, list[str]],
+        ranked: dict[frozenset[str], list[str]],
+    ) -> _Round | bool:
+        """The item's round (its relays in the ranker's order), or True when it is finished
+        already, False when a retry is scheduled (the directory failed)."""
         try:
             env = scan_envelope(item.data)
         except EnvelopeError as err:
             log.warning("dropping a queued federation entry that is not an envelope: %s", err)
-            stats.dropped += 1
+            self.stats.dropped += 1
             return True
-        now = seconds(self.clock())
         deadline = env.timestamp + env.expiration
         if deadline <= now:
-            stats.expired += 1
+            self.stats.expired += 1
             self._record(env, item, "expired", "federation expired", item.remote)
             await self._fail(env, "message has expired", now)
             return True
-        domains = await self._domains(env, item, now)
-        if domains is None:
+        order = orders.get(env.dest_twin)
+        if order is None:
+            domains = await self._domains(env, item, now)
+            if domains is None:
+                return True
+            if not domains:
+                return self._again(item, deadline, now)
+            order = ranked.get(domains)
+            if order is None:
+                order = ranked[domains] = self.ranker.rank(domains)
+            orders[env.dest_twin] = order
+        return _Round(item, env, deadline, order)
+
+    async def _post(self, rounds: list[_Round], finished: list[Item]) -> list[_Round]:
+        """Post each round to its next relay (`Sender.post_many`: one batch per relay that
+        takes them); returns the rounds to try on their next relay. A relay that failed is
+        downvoted once per call, not once per envelope."""
+        groups: dict[str, list[_Round]] = {}
+        for rnd in rounds:
+            domain = rnd.relays[rnd.tried]
+            rnd.item.remote = domain  # the relay tried last, for an expiry's route record
+            groups.setdefault(domain, []).append(rnd)
+        posts = [self.sender.post_many(d, [r.item.data for r in g]) for d, g in groups.items()]
+        answers: list[list[PostResult] | BaseException]
+        if len(posts) == 1:
+            try:
+                answers = [await posts[0]]
+            except Exception as err:
+                answers = [err]
+        else:
+            answers = await asyncio.gather(*posts, return_exceptions=True)
+        stats = self.stats
+        again = []
+        for (domain, group), results in zip(groups.items(), answers, strict=True):
+            if isinstance(results, BaseException):  # the sender never raises: a bug
+                log.error(
+                    "posting to %s failed; %d envelopes dropped",
+                    domain,
+                    len(group),
+                    exc_info=results,
+                )
+                stats.dropped += len(group)
+                finished.extend(rnd.item for rnd in group)
+                continue
+            failed = False
+            for rnd, result in zip(group, results, strict=True):
+                if result.outcome is PostOutcome.ACCEPTED:  # the hot path, without a call
+                    stats.accepted += 1
+                    self._record(rnd.env, rnd.item, "delivered", None, domain)
+                    finished.append(rnd.item)
+                    continue
+                try:
+                    if await self._outcome(rnd.env, rnd.item, domain, result):
+                        finished.append(rnd.item)
+                        continue
+                except Exception:
+                    log.exception("federating envelope %s failed; dropped", rnd.env.uid)
+                    stats.dropped += 1
+                    finished.append(rnd.item)
+                    continue
+                failed = True
+                rnd.tried += 1
+                if rnd.tried < len(rnd.relays):
+                    again.append(rnd)
+                else:
+                    self._again(rnd.item, rnd.deadline, seconds(self.clock()))
+            if failed:
+                self.ranker.downvote(domain)
+        return again
+
+    async def _outcome(
+        self, env: EnvelopeRouting, item: Item, domain: str, result: PostResult
+    ) -> bool:
+        """Act on one relay's answer for one envelope: True when the envelope is finished
+        (accepted, or refused for good and the sender told), False when that relay failed.
+        (`_post` counts the accepted ones itself: that is the path every envelope takes.)"""
+        if result.outcome is PostOutcome.ACCEPTED:
+            self.stats.accepted += 1
+            self._record(env, item, "delivered", None, domain)
             return True
-        if not domains:
-            return self._again(item, deadline, now)
-        for domain in self.ranker.rank(domains):
-            item.remote = domain
-            result = await self.sender.post(domain, item.data)
-            if result.outcome is PostOutcome.ACCEPTED:
-                stats.accepted += 1
-                self._record(env, item, "delivered", None, domain)
-                return True
-            if result.outcome is PostOutcome.REJECTED:
-                stats.rejected += 1
-                log.info("relay %s refused envelope %s: %s", domain, env.uid, result.detail)
-                self._record(env, item, "rejected", "remote rejected", domain)
-                reason = f"remote relay rejected permanently: {result.detail}"
-                await self._fail(env, reason, seconds(self.clock()))
-                return True
-            stats.failed_posts += 1
-            log.debug("relay %s failed for envelope %s: %s", domain, env.uid, result.detail)
-            self.ranker.downvote(domain)
-        return self._again(item, deadline, seconds(self.clock()))
+        if result.outcome is PostOutcome.REJECTED:
+            self.stats.rejected += 1
+            log.info("relay %s refused envelope %s: %s", domain, env.uid, result.detail)
+            self._record(env, item, "rejected", "remote rejected", domain)
+            reason = f"remote relay rejected permanently: {result.detail}"
+            await self._fail(env, reason, seconds(self.clock()))
+            return True
+        self.stats.failed_posts += 1
+        log.debug("relay %s failed for envelope %s: %s", domain, env.uid, result.detail)
+        return False
 
     async def _domains(self, env: EnvelopeRouting, item: Item, now: int) -> frozenset[str] | None:
         """The destination's relays; None when the envelope is finished (answered with an
@@ -242,4 +403,7 @@ class OutboundFederation(Federation):
                 await task
         self._tasks = []
         await self.queue.close()
+        for task in list(self._telling):
+            with contextlib.suppress(Exception):
+                await task
         await self.sender.close()

@@ -21,6 +21,7 @@ import abc
 import argparse
 import enum
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -122,10 +123,21 @@ class Peer(Protocol):
     def abort(self) -> None:
         """Drop the connection at once without a close frame."""
 
+    @property
+    def congested(self) -> bool:
+        """Over its write high-water mark: a producer outside a read awaits `writable()`."""
+
     def writable(self) -> Awaitable[None]:
         """Resolves when this peer's socket is under its write high-water mark. Producers that
         run outside a socket read (mailbox drains, stream consumers) await it before each batch;
         senders inside a read are paused by the listener instead."""
+
+    def batch(self) -> AbstractContextManager[None]:
+        """Defer the sends to every connection made inside the block and write each touched
+        connection once when it ends, as the listener does for a socket read: for a producer
+        outside a read that hands out many messages at once. The block must not await (other
+        connections' writes wait for it); no sender is paused for a congested receiver in it,
+        so the producer looks at `congested` itself."""
 
     def hold_reading(self, held: bool) -> None:
         """Stop (True) or restart (False) reading this peer's socket, for the dialect's own
@@ -141,6 +153,11 @@ class HttpClient(Protocol):
 
     @property
     def peer_port(self) -> int: ...
+
+    def batch(self) -> AbstractContextManager[None]:
+        """The same block as `Peer.batch`, for an HTTP handler delivering many messages (a
+        federation batch): sends to websocket peers inside go out once per peer at its end. The
+        block must not await and must skip `congested` peers (no sender is paused for them)."""
 
 
 class RequestBody(Protocol):

@@ -150,7 +150,7 @@ class RmbMetrics:
             lambda: [((), hot.bytes_out)],
             const=rmb,
         )
-        self.routed_slow: dict[str, int] = {"mailbox": 0, "federation": 0}
+        self.routed_slow: dict[str, int] = {"mailbox": 0, "federation": 0, "cluster": 0}
         registry.counter_of(
             "rmb_relay_messages_routed_total",
             "Messages routed, by dialect and path (local, mailbox, federation)",
@@ -355,10 +355,35 @@ class RmbDialect(Dialect):
             return
         key: SessionKey = (dest, dest_sid)
         records = self.records
-        if await self.switch.deliver(key, data) is Outcome.DELIVERED:  # connected meanwhile
+        # connected meanwhile, here or on another instance of this relay (cluster); the
+        # deadline lets that instance store it if the session left before it got there
+        deadline = None if env.fail_fast else self.mailbox.deadline(env.timestamp, env.expiration)
+
+        def refused(err: BaseException) -> None:
+            log.warning("redis unavailable, refusing envelope for %s: %s", key, err)
+            sender.fail(
+                env, "destination unreachable: the relay's redis is unavailable", "redis down",
+                size, received,
+            )  # fmt: skip
+
+        try:
+            # for another instance: queued, not waited for (a refusal comes back later; the
+            # route record then holds both the forward and the failure)
+            outcome = await self.switch.deliver(
+                key, data, deadline=deadline, store=False, on_refused=refused
+            )
+        except MailboxUnavailable as err:
+            refused(err)
+            return
+        if outcome is Outcome.DELIVERED:
             self.metrics.hot.local += 1
             if records is not None:
                 records.add(sender.twin, dest, size, "local", "delivered", received=received)
+            return
+        if outcome is Outcome.FORWARDED:
+            self.metrics.routed_slow["cluster"] += 1
+            if records is not None:
+                records.add(sender.twin, dest, size, "cluster", "delivered", received=received)
             return
         if not self.is_ours(twin):
             try:
@@ -392,6 +417,10 @@ class RmbDialect(Dialect):
             self.metrics.routed_slow["mailbox"] += 1
             if records is not None:
                 records.add(sender.twin, dest, size, "mailbox", "queued", received=received)
+        elif outcome is Outcome.FORWARDED:
+            self.metrics.routed_slow["cluster"] += 1
+            if records is not None:
+                records.add(sender.twin, dest, size, "cluster", "delivered", received=received)
         else:
             self.metrics.hot.local += 1
             if records is not None:
@@ -660,6 +689,10 @@ class RmbSession(WebSocketHandler):
         mailbox = self.dialect.mailbox
         failed = False
         try:
+            try:  # read only once the cluster knows we hold the session (switch.claimed)
+                await self.dialect.switch.claimed(self.key)
+            except MailboxUnavailable as err:
+                log.warning("could not announce %r to the cluster: %s", self, err)
             while True:
                 self._drain_again = False
                 try:

@@ -35,10 +35,11 @@ the narrow `ConnectionHost` below.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 import itertools
 import logging
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
 from typing import TYPE_CHECKING, Protocol, cast
 
 from rmb_relay._core import (
@@ -203,7 +204,13 @@ class Connection(asyncio.Protocol):
         #: the dialect holds reading (`hold_reading`), whatever the receivers' state
         self._held_by_dialect = False
         self._writable: asyncio.Future[None] | None = None
-        self.closed = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        # what writable() answers while not congested: one done future for the connection's
+        # life instead of one per call (each costs a get_running_loop, i.e. a getpid syscall,
+        # per delivered message on the paths outside a read)
+        self._ready: asyncio.Future[None] = loop.create_future()
+        self._ready.set_result(None)
+        self.closed = loop.create_future()
         #: admitted over the connection cap: served /health and /metrics only (server/limits.py)
         self.ops_only = False
         #: the client half-closed: answer the request being served, then close
@@ -223,9 +230,7 @@ class Connection(asyncio.Protocol):
         """Resolves once the socket is under its high-water mark (at once if it is already, or
         when the connection is gone: a closed peer never blocks a producer)."""
         if not self.congested or self.state is State.CLOSED:
-            future = asyncio.get_running_loop().create_future()
-            future.set_result(None)
-            return future
+            return self._ready
         if self._writable is None or self._writable.done():
             self._writable = asyncio.get_running_loop().create_future()
         return asyncio.shield(self._writable)
@@ -377,6 +382,24 @@ class Connection(asyncio.Protocol):
         self.state = State.CLOSING
         if self.transport is not None:
             self.transport.close()  # the server closes TCP first (RFC 6455 §7.1.1)
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """See `Peer.batch` and `HttpClient.batch`: sends to any connection inside the block are
+        written once per connection at its end, as inside a socket read. No sender is paused
+        for a congested receiver in the block (there is no read to pause): the producer looks
+        at `congested` itself."""
+        batcher = self._batcher
+        reader = batcher.reader
+        batcher.reader = None
+        batcher.depth += 1
+        try:
+            yield
+        finally:
+            batcher.depth -= 1
+            batcher.reader = reader
+            if batcher.depth == 0:
+                batcher.flush()
 
     def send(self, payload: bytes) -> None:
         """Queue one binary message; written with the rest of this batch in one write."""
