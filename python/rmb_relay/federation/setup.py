@@ -75,14 +75,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_CONCURRENCY,
         metavar="N",
-        help="requests in flight (and pooled keep-alive connections) per remote relay",
+        help="requests in flight (and pooled keep-alive connections) per remote relay; "
+        "batches to another rmb-relay: at most 4 of them in flight",
     )
     group.add_argument(
         "--federation-workers",
         type=int,
         default=DEFAULT_WORKERS,
         metavar="N",
-        help="envelopes posted concurrently by this process, over all remote relays",
+        help="posting tasks of this process, over all remote relays; each takes every "
+        "envelope ready (up to 1024) and posts them as batches or one POST each",
     )
     group.add_argument(
         "--federation-queue-max",
