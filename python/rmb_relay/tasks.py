@@ -23,6 +23,9 @@ log = logging.getLogger("rmb_relay.tasks")
 
 #: how long a cancelled task gets before it is cancelled again (a lost cancellation costs this)
 RECANCEL_INTERVAL = 0.1
+#: how long a service's close waits for each of its background tasks (the relay's own shutdown
+#: deadline, `serve.ShutdownDeadline`, is the backstop behind it)
+STOP_TIMEOUT = 2.0
 
 
 async def cancel_and_wait(task: asyncio.Task[Any] | None, timeout: float) -> bool:

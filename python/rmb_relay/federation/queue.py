@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import contextlib
 import logging
 import os
 import socket
@@ -56,6 +55,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rmb_relay.errors import FederationError
+from rmb_relay.tasks import STOP_TIMEOUT, cancel_and_wait
 
 if TYPE_CHECKING:
     from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
@@ -490,9 +490,6 @@ class RedisQueue(OutboundQueue):
             # what was put goes into the stream still (another instance posts it), or its
             # senders hear that it failed (Redis bounds each try with its socket timeout)
             await self._adder
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # cancelled until they end: redis-py can swallow a cancellation (rmb_relay/tasks.py)
+        await asyncio.gather(*(cancel_and_wait(task, STOP_TIMEOUT) for task in self._tasks))
         self._tasks = []

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rmb_relay.protocols.singyeong.clients import Client
+from rmb_relay.tasks import STOP_TIMEOUT, cancel_and_wait
 
 if TYPE_CHECKING:
     from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
@@ -152,10 +153,9 @@ class SgCluster:
                 pipe.delete(f"sg:clients:{self.node}")
                 pipe.publish(EVENTS, json.dumps({"node": self.node, "kind": "gone"}))
                 await pipe.execute()
-        for task in (self._main, self._beat, *self._tasks):
-            if task is not None:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        # cancelled until they end: redis-py can swallow a cancellation (rmb_relay/tasks.py)
+        tasks = (self._main, self._beat, *self._tasks)
+        await asyncio.gather(*(cancel_and_wait(task, STOP_TIMEOUT) for task in tasks))
 
     # ---- local changes out -----------------------------------------------------------------
 

@@ -25,7 +25,6 @@ its deliveries retried at once by its own instance.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import uuid
@@ -34,6 +33,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rmb_relay.protocols.singyeong.queues import Consumer, Message
+from rmb_relay.tasks import STOP_TIMEOUT, cancel_and_wait
 
 if TYPE_CHECKING:
     from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
@@ -454,10 +454,6 @@ class RedisQueues:
         return moved
 
     async def close(self) -> None:
-        for task in (self._listener, self._sweeper, *self._tasks):
-            if task is not None:
-                task.cancel()
-        for task in (self._listener, self._sweeper, *self._tasks):
-            if task is not None:
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
+        # cancelled until they end: redis-py can swallow a cancellation (rmb_relay/tasks.py)
+        tasks = (self._listener, self._sweeper, *self._tasks)
+        await asyncio.gather(*(cancel_and_wait(task, STOP_TIMEOUT) for task in tasks))

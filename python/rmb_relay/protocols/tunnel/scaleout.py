@@ -36,6 +36,7 @@ from redis.exceptions import RedisError, ResponseError
 from rmb_relay.clock import NS, Clock, wall_clock
 from rmb_relay.protocols.tunnel.hub import Hub, Job, Outcome
 from rmb_relay.protocols.tunnel.wire import ClientRequest, TargetResponse, WireError, decode, encode
+from rmb_relay.tasks import STOP_TIMEOUT, cancel_and_wait
 
 if TYPE_CHECKING:
     from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
@@ -296,14 +297,16 @@ class RedisBridge:
             log.warning("tunnel: writing to %s failed: %s", stream, err)
 
     async def close(self) -> None:
+        consumers = list(self._consumers.values())
         for tenant in list(self._consumers):
             self.tenant_left(tenant)
         # let the presence removals out before stopping the writer (bounded)
         if self._tasks:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._outbox.join(), 2.0)
-        for task in self._tasks:
-            task.cancel()
+        # cancelled until they end: redis-py can swallow a cancellation (rmb_relay/tasks.py)
+        tasks = [*consumers, *self._tasks]
+        await asyncio.gather(*(cancel_and_wait(task, STOP_TIMEOUT) for task in tasks))
         for job in list(self.remote.values()):
             self._finish(job, 503)
         self.remote.clear()
