@@ -72,44 +72,10 @@ def test_rich_is_imported_by_the_load_harness_only() -> None:
     assert all(path.startswith("load/") for path in users), sorted(users)
 
 
-def test_a_relay_without_records_loads_no_arrow_or_numpy(tmp_path: Path) -> None:
-    """pyarrow and numpy are for --records and the analytics plane; a plain relay (every dialect,
-    every flag's wiring) must not pay their ~50 MiB of RSS."""
-    probe = (
-        "import sys, asyncio\n"
-        "from rmb_relay.commands.serve import build_server, parser\n"
-        "args = parser('rmb-relay').parse_args(sys.argv[1:])\n"
-        "async def main():\n"
-        "    server, services = await build_server(args)\n"
-        "    await services.close()\n"
-        "asyncio.run(main())\n"
-        "print(sorted(m for m in ('pyarrow', 'numpy') if m in sys.modules))\n"
-    )
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            probe,
-            "-l",
-            "127.0.0.1:0",
-            "--twins",
-            f"sqlite:{tmp_path / 't.db'}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    )
-    assert out.stdout.strip().splitlines()[-1] == "[]", out.stderr
-
-
-def test_a_recording_relay_loads_no_arrow_or_numpy_and_stays_single_threaded(
-    tmp_path: Path,
-) -> None:
-    """With --records the Parquet writer is a child process: the relay itself imports neither
-    pyarrow nor numpy (whose imports start threads) and runs no second thread, because any
-    second thread makes glibc lock its malloc arena on every large allocation, which cost every
-    1 KiB message ~40 ns (docs/analytics.md)."""
+def built_relay(tmp_path: Path, *flags: str) -> str:
+    """What a relay built by `rmb-relay serve`'s own code with `flags` (every dialect, every
+    flag's wiring) holds once built, printed by a fresh interpreter: which of pyarrow and numpy
+    it imported, and how many threads it runs."""
     probe = (
         "import os, sys, asyncio\n"
         "from rmb_relay.commands.serve import build_server, parser\n"
@@ -122,24 +88,32 @@ def test_a_recording_relay_loads_no_arrow_or_numpy_and_stays_single_threaded(
         "threads = asyncio.run(main())\n"
         "print(sorted(m for m in ('pyarrow', 'numpy') if m in sys.modules), threads)\n"
     )
+    twins = f"sqlite:{tmp_path / 't.db'}"
     out = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            probe,
-            "-l",
-            "127.0.0.1:0",
-            "--twins",
-            f"sqlite:{tmp_path / 't.db'}",
-            "--records",
-            str(tmp_path / "records"),
-        ],
+        [sys.executable, "-c", probe, "-l", "127.0.0.1:0", "--twins", twins, *flags],
         capture_output=True,
         text=True,
         timeout=60,
         check=True,
     )
-    assert out.stdout.strip().splitlines()[-1] == "[] 1", out.stderr
+    assert out.stdout, out.stderr
+    return out.stdout.strip().splitlines()[-1]
+
+
+def test_a_relay_without_records_loads_no_arrow_or_numpy(tmp_path: Path) -> None:
+    """pyarrow and numpy are for --records and the analytics plane; a plain relay must not pay
+    their ~50 MiB of RSS."""
+    assert built_relay(tmp_path).startswith("[] ")
+
+
+def test_a_recording_relay_loads_no_arrow_or_numpy_and_stays_single_threaded(
+    tmp_path: Path,
+) -> None:
+    """With --records the Parquet writer is a child process: the relay itself imports neither
+    pyarrow nor numpy (whose imports start threads) and runs no second thread, because any
+    second thread makes glibc lock its malloc arena on every large allocation, which cost every
+    1 KiB message ~40 ns (docs/analytics.md)."""
+    assert built_relay(tmp_path, "--records", str(tmp_path / "records")) == "[] 1"
 
 
 def test_parquet_samples_are_written_with_the_declared_pyarrow(tmp_path: Path) -> None:
