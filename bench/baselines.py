@@ -106,3 +106,71 @@ class PyRouteTable:
 
     def lookup_session(self, twin: int, sid: str | None) -> int | None:
         return self.sessions.get((twin, sid))
+
+
+def write_records_v1(rows: bytes, instance: str, dialect: str, path: str) -> int:
+    """The route-record writer before schema version 2 (commit b8ac2ac), for the hot path's
+    records: the scanners' rows arrive as one row-major `bytes` of (time_ns, src, dst, size),
+    copied into an `array` as `Channel.take` did, cut into twelve columns (the constant ones as
+    dictionaries of one value) and written with the options of then. Returns the rows written.
+    """
+    from array import array
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    from rmb_relay.telemetry.record_schema import SCHEMA, SCHEMA_KEY
+
+    local = array("q")
+    local.frombytes(rows)
+    grid = np.frombuffer(local, dtype=np.int64).reshape(-1, 4)
+    n = len(grid)
+    zeros = pa.array(np.zeros(n, dtype=np.int32))
+
+    def const(value: object, kind: pa.DataType | None = None) -> pa.Array:
+        return pa.DictionaryArray.from_arrays(zeros, pa.array([value], kind or pa.string()))
+
+    def address(column: int) -> pa.Array:
+        found = pc.dictionary_encode(pa.array(grid[:, column]))
+        return pa.DictionaryArray.from_arrays(found.indices, pc.cast(found.dictionary, pa.string()))
+
+    dict_columns = [f.name for f in SCHEMA if f.type == pa.string()] + ["relay_us", "weight"]
+    write_schema = pa.schema(
+        [
+            pa.field(f.name, pa.dictionary(pa.int32(), f.type), f.nullable)
+            if f.name in dict_columns
+            else f
+            for f in SCHEMA
+        ]
+    )
+    nulls = pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()), pa.array([], pa.string()))
+    times = pc.divide(pa.array(grid[:, 0]), 1000).cast(pa.timestamp("us", tz="UTC"))
+    columns = [
+        times,
+        const(instance),
+        const(dialect),
+        address(1),
+        address(2),
+        pa.array(grid[:, 3]),
+        const("local"),
+        const("delivered"),
+        nulls,
+        const(0, pa.int64()),
+        nulls,
+        const(1.0, pa.float64()),
+    ]
+    table = pa.Table.from_arrays(columns, schema=write_schema)
+    writer = pq.ParquetWriter(
+        path,
+        write_schema,
+        compression="lz4",
+        use_dictionary=dict_columns,
+        write_statistics=["time"],
+        store_schema=False,
+    )
+    writer.add_key_value_metadata({SCHEMA_KEY: b"1"})
+    writer.write_table(table)
+    writer.close()
+    return n

@@ -4,6 +4,7 @@ machine's)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -16,6 +17,31 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU the process has used so far."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def children(pid: int) -> list[int]:
+    """The live child processes of `pid`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:  # ended meanwhile
+            continue
+        if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            found.append(int(entry.name))
+    return found
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU of the process and of its live children (a relay's route-record writer is one):
+    what the process costs, whatever it handed to a helper process."""
+    total = cpu_seconds(pid)
+    for child in children(pid):
+        with contextlib.suppress(OSError):  # ended meanwhile
+            total += cpu_seconds(child)
+    return total
 
 
 def system_seconds(pid: int) -> float:

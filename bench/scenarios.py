@@ -30,7 +30,7 @@ from typing import Any
 from rmb_relay.load.cli import _parser as load_parser
 from rmb_relay.load.cli import run_load
 
-from .procstat import cpu_seconds, free_port, rss_bytes
+from .procstat import free_port, rss_bytes, tree_cpu_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -87,7 +87,8 @@ class Relay:
         return f"ws://127.0.0.1:{self.port}/"
 
     def cpu_seconds(self) -> float:
-        return cpu_seconds(self.process.pid)
+        # with its children: the relay's route-record writer is a child process
+        return tree_cpu_seconds(self.process.pid)
 
     def rss_bytes(self) -> int:
         return rss_bytes(self.process.pid)
@@ -319,10 +320,14 @@ def save(name: str, rows: list[dict[str, Any]]) -> None:
 
 
 def records_scenario(twins: Path, seconds: float, rounds: int) -> list[dict[str, Any]]:
-    """The cost of `--records`: rmb-relay without and with route records, alternating in the
-    same run (rounds x each) so drift on a shared machine hits both alike. Throughput is what
-    the generator got; `relay_us_per_msg` (relay CPU per delivered message) is the cost even
-    when the generator is the bottleneck."""
+    """The cost of `--records`: rmb-relay without and with route records, interleaved in the
+    same run (`rounds` of each, in A-B-B-A order) so drift on a shared machine hits both alike.
+    Figures are medians over the rounds. Throughput is what the generator got;
+    `relay_us_per_msg` (relay CPU per delivered message, all its threads) is the cost even
+    when the generator is the bottleneck. The recording relay's written and shed counters are
+    read at the end: a shed record would make recording look cheaper than it is."""
+    import statistics
+
     rows = []
     with tempfile.TemporaryDirectory(prefix="rmb-records-") as records:
         plain = Relay("rmb-relay", twins)
@@ -332,41 +337,74 @@ def records_scenario(twins: Path, seconds: float, rounds: int) -> list[dict[str,
                 opts = ["--pairs", str(pairs), "--size", str(size)]
                 opts += ["--duration", str(seconds), "--warmup", "1"]
                 runs: dict[str, list[dict[str, Any]]] = {"off": [], "on": []}
-                for _ in range(rounds):
-                    runs["off"].append(load(plain, dialect, twins, *opts))
-                    runs["on"].append(load(recording, dialect, twins, *opts))
+                for round_ in range(rounds):
+                    order = (("off", plain), ("on", recording))
+                    for side, relay in order if round_ % 2 == 0 else order[::-1]:
+                        runs[side].append(load(relay, dialect, twins, *opts))
 
-                def mean(
+                def median(
                     key: str, side: str, runs: dict[str, list[dict[str, Any]]] = runs
                 ) -> float:
-                    return sum(r[key] for r in runs[side]) / len(runs[side])
+                    return statistics.median(r[key] for r in runs[side])
 
-                off_rate, on_rate = (
-                    mean("throughput_msgs_per_s", "off"),
-                    mean("throughput_msgs_per_s", "on"),
-                )
-                off_us, on_us = mean("relay_us_per_msg", "off"), mean("relay_us_per_msg", "on")
+                off_rate = median("throughput_msgs_per_s", "off")
+                on_rate = median("throughput_msgs_per_s", "on")
+                off_us, on_us = median("relay_us_per_msg", "off"), median("relay_us_per_msg", "on")
+                per_round = [
+                    round((on["relay_us_per_msg"] / off["relay_us_per_msg"] - 1) * 100, 1)
+                    for off, on in zip(runs["off"], runs["on"], strict=True)
+                ]
                 rows.append(
                     {
                         "scenario": f"{dialect} {pairs} pairs x {size} B",
                         "off_msgs_per_s": round(off_rate),
                         "on_msgs_per_s": round(on_rate),
                         "throughput_change_pct": round((on_rate / off_rate - 1) * 100, 1),
-                        "off_relay_us_per_msg": round(off_us, 2),
-                        "on_relay_us_per_msg": round(on_us, 2),
+                        "off_relay_us_per_msg": round(off_us, 3),
+                        "on_relay_us_per_msg": round(on_us, 3),
                         "cpu_cost_pct": round((on_us / off_us - 1) * 100, 1),
-                        "off_relay_cpu": round(mean("relay_cpu_share", "off"), 2),
-                        "on_relay_cpu": round(mean("relay_cpu_share", "on"), 2),
-                        "generator_cpu": round(mean("generator_cpu_share", "on"), 2),
+                        "cpu_cost_pct_per_round": per_round,
+                        "off_relay_cpu": round(median("relay_cpu_share", "off"), 2),
+                        "on_relay_cpu": round(median("relay_cpu_share", "on"), 2),
+                        "generator_cpu": round(median("generator_cpu_share", "on"), 2),
                     }
                 )
                 print_rows(rows[-1:], header=len(rows) == 1)
+            counters = read_metrics(recording.port)
         finally:
             plain.stop()
             recording.stop()
         written = sum(1 for _ in Path(records).rglob("part-*.parquet"))
-        print(f"(recording relay left {written} Parquet files)")
+        shed = counters.get("rmb_relay_records_shed_total", 0.0)
+        records_written = counters.get("rmb_relay_records_written_total", 0.0)
+        # the writer's own CPU per record (absent before it was exported): the part of the cost
+        # that is measured directly rather than as a difference of two noisy runs
+        writer_cpu = counters.get("rmb_relay_records_writer_cpu_seconds_total")
+        writer_ns = None if writer_cpu is None else writer_cpu / max(records_written, 1) * 1e9
+        print(
+            f"(recording relay: {records_written:.0f} records written, {shed:.0f} shed, "
+            f"{written} Parquet files"
+            + ("" if writer_ns is None else f", writer {writer_ns:.1f} ns CPU per record")
+            + ")"
+        )
+        for r in rows:
+            r["records_shed"] = shed
+            r["writer_ns_per_record"] = None if writer_ns is None else round(writer_ns, 1)
     return rows
+
+
+def read_metrics(port: int) -> dict[str, float]:
+    """The relay's unlabelled /metrics samples."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        page = response.read().decode()
+    found = {}
+    for line in page.splitlines():
+        name, _, value = line.partition(" ")
+        if line and not line.startswith("#") and "{" not in name:
+            found[name] = float(value)
+    return found
 
 
 SCENARIOS: dict[str, Callable[[Path, bool], list[dict[str, Any]]]] = {
@@ -381,15 +419,32 @@ SCENARIOS: dict[str, Callable[[Path, bool], list[dict[str, Any]]]] = {
     ),
     "idle": lambda twins, quick: idle_scenario(twins, 1000 if quick else 10_000),
     "mailbox": lambda twins, quick: mailbox_scenario(twins, 2000 if quick else 10_000),
-    "records": lambda twins, quick: records_scenario(twins, 2 if quick else 4, 1 if quick else 3),
+    "records": lambda twins, quick: records_scenario(
+        twins, 2 if quick else RECORDS_RUN["seconds"], 1 if quick else int(RECORDS_RUN["rounds"])
+    ),
 }
+#: `records`: seconds per load run and interleaved rounds (medians); --seconds, --rounds
+RECORDS_RUN = {"seconds": 4.0, "rounds": 3}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("names", nargs="*", help=f"scenarios to run: {', '.join(SCENARIOS)}")
     parser.add_argument("--quick", action="store_true", help="shorter runs, fewer connections")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=int(RECORDS_RUN["rounds"]),
+        help="records: interleaved off/on rounds per case (medians are reported)",
+    )
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=RECORDS_RUN["seconds"],
+        help="records: seconds of load per run (after 1 s of warm-up)",
+    )
     args = parser.parse_args()
+    RECORDS_RUN.update(rounds=args.rounds, seconds=args.seconds)
     unknown = set(args.names) - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown scenarios: {', '.join(sorted(unknown))}")

@@ -10,12 +10,12 @@ from contextlib import AsyncExitStack
 from typing import Any
 
 import pytest
-import uvloop
 
 from rmb_relay.config import ListenerConfig
 from rmb_relay.protocols.base import Dialect
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.telemetry.metrics import Registry
+from tests import hang_guard
 from tests.redis_process import RedisServer as RedisServer
 from tests.redis_process import free_port as free_port
 from tests.redis_process import start_redis as start_redis
@@ -24,11 +24,18 @@ from tests.redis_process import start_redis as start_redis
 WAIT = 10.0
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # a failing or stuck test fails; it never hangs the run (why pytest-timeout is not enough:
+    # tests/hang_guard.py)
+    config.pluginmanager.register(hang_guard, "rmb-relay-hang-guard")
+
+
 def pytest_asyncio_loop_factories(
     config: pytest.Config, item: pytest.Item
 ) -> Mapping[str, Callable[[], asyncio.AbstractEventLoop]]:
-    """Every async test runs on uvloop, the loop the relay runs on in production."""
-    return {"uvloop": uvloop.new_event_loop}
+    """Every async test runs on uvloop, the loop the relay runs on in production (closing it
+    cannot hang: `hang_guard.new_event_loop`)."""
+    return {"uvloop": hang_guard.new_event_loop}
 
 
 StartRelay = Callable[..., Awaitable[RelayServer]]

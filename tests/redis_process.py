@@ -9,7 +9,10 @@ import socket
 import subprocess
 import threading
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+from tests.processes import stop_processes
 
 #: bounded waits: a redis-server that does not stop is a failure, not a stuck run
 WAIT = 10.0
@@ -33,20 +36,22 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(WAIT)
+        """SIGTERM; SIGKILL after `processes.GRACE` (a stuck server must not hang the run)."""
+        stop_processes([self.process], close_pipes=False)
         if self.drain is not None:
             self.drain.join(WAIT)
         if self.process.stdout is not None:
             self.process.stdout.close()
 
 
-def start_redis(directory: str, port: int | None = None, *, durable: bool = True) -> RedisServer:
+def start_redis(
+    directory: str, port: int | None = None, *, durable: bool = True, extra: Sequence[str] = ()
+) -> RedisServer:
     """A real redis-server on loopback; returns once it logs that it accepts connections.
     `durable`: an append-only file synced on every write, so a restart on the same directory and
-    port keeps what it acknowledged (benchmarks that measure throughput turn it off). Raises
-    RuntimeError when it is not installed or exits early."""
+    port keeps what it acknowledged (benchmarks that measure throughput turn it off). `extra`:
+    more options (a Redis Cluster node's). Raises RuntimeError when it is not installed or
+    exits early."""
     exe = shutil.which("redis-server")
     if exe is None:
         raise RuntimeError("redis-server is not installed: run `make test`, which installs it")
@@ -65,6 +70,7 @@ def start_redis(directory: str, port: int | None = None, *, durable: bool = True
             *(("--appendonly", "yes", "--appendfsync", "always") if durable else ()),
             "--loglevel",
             "notice",
+            *extra,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -5,20 +5,14 @@ up. Before, uvloop's libuv accepted and at once reset every waiting client, sile
 
 from __future__ import annotations
 
-import os
-import queue
 import resource
-import signal
 import socket
-import subprocess
-import sys
-import tempfile
-import threading
 from collections.abc import Iterator
 
 import pytest
 
 from tests.conftest import WAIT
+from tests.relay_process import RelayProcess
 
 LIMIT = 128
 
@@ -28,64 +22,11 @@ def _low_fd_limit() -> None:
     resource.setrlimit(resource.RLIMIT_NOFILE, (LIMIT, hard))
 
 
-class Relay:
-    """`python -m rmb_relay` in a process whose soft descriptor limit is LIMIT; its log lines
-    arrive on `lines` (a reader thread, so a test waits on a line with a timeout)."""
-
-    def __init__(self, *args: str) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "rmb_relay", "-l", "127.0.0.1:0", *args],
-            env={**os.environ, "XDG_DATA_HOME": tempfile.mkdtemp(prefix="rmb-fd-")},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            preexec_fn=_low_fd_limit,
-        )
-        assert self.process.stdout is not None
-        assert self.process.stderr is not None
-        banner = self.process.stdout.readline()
-        assert banner.startswith("rmb-relay listening on 127.0.0.1:"), banner
-        self.port = int(banner.split()[3].rstrip(";").rsplit(":", 1)[1])
-        self.log: list[str] = []
-        self.lines: queue.Queue[str] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, args=(self.process.stderr,))
-        self._reader.start()
-
-    def _read(self, stream: object) -> None:
-        for line in stream:  # type: ignore[attr-defined]
-            self.log.append(line)
-            self.lines.put(line)
-
-    def wait_for_line(self, text: str) -> str:
-        while True:
-            try:
-                line = self.lines.get(timeout=WAIT)
-            except queue.Empty:
-                pytest.fail(f"no log line with {text!r}; log so far: {''.join(self.log)}")
-            if text in line:
-                return line
-
-    def stop(self) -> int:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            return self.process.wait(WAIT)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            raise
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(WAIT)
-        self._reader.join(WAIT)
-        for stream in (self.process.stdout, self.process.stderr):
-            if stream is not None:
-                stream.close()
-
-
 @pytest.fixture
-def relay() -> Iterator[Relay]:
-    started = Relay("--max-connections", "1000", "--max-connections-per-ip", "1000")
+def relay() -> Iterator[RelayProcess]:
+    started = RelayProcess(
+        "--max-connections", "1000", "--max-connections-per-ip", "1000", preexec_fn=_low_fd_limit
+    )
     try:
         yield started
     finally:
@@ -107,7 +48,7 @@ def answer(sock: socket.socket) -> bytes:
 
 
 def test_accepting_pauses_near_the_descriptor_limit_and_nobody_waiting_is_reset(
-    relay: Relay,
+    relay: RelayProcess,
 ) -> None:
     idle = [socket.create_connection(("127.0.0.1", relay.port)) for _ in range(LIMIT + 20)]
     try:

@@ -27,9 +27,11 @@ import pytest
 
 from rmb_relay.analytics.cli import main
 from rmb_relay.analytics.pipeline import Plan, Progress, check, run
-from rmb_relay.telemetry.records import SCHEMA_KEY, Recorder
+from rmb_relay.telemetry.record_schema import SCHEMA_KEY, SCHEMA_VERSION
+from rmb_relay.telemetry.records import Recorder
 from tests.conftest import WAIT, free_port
 from tests.helpers import FakeClock
+from tests.record_files import write_v1
 
 pyspark = pytest.importorskip("pyspark")
 if shutil.which("java") is None:
@@ -44,6 +46,9 @@ pytestmark = pytest.mark.timeout(300)
 #: 2023-11-14 22:13:00 UTC: the start of a 60 s window
 T0 = 1_699_999_980 * 1_000_000_000
 S = 1_000_000_000
+#: two SBD keys and their names in the records (base64url)
+KEY_A, KEY_B = bytes([0]) * 32, bytes([0xFF]) * 32
+A, B = "A" * 43, "_" * 42 + "8"
 
 
 @pytest.fixture(scope="module")
@@ -63,12 +68,12 @@ async def _known_records(root: Path) -> None:
     rmb, sbd = recorder.channel("rmb"), recorder.channel("sbd")
     # window 1: twin 1 -> 2 x 300 (100 B), twin 3 -> 4 x 100 (1000 B); sbd A -> B x 50
     for i in range(300):
-        rmb.local((T0 + i * 1000, 1, 2, 100))
+        rmb.native.push(T0 + i * 1000, 1, 2, 100)  # as the scanners append the hot path
     for i in range(100):
-        rmb.local((T0 + i * 1000, 3, 4, 1000))
-    a, b = sbd.name_id("A"), sbd.name_id("B")
+        rmb.native.push(T0 + i * 1000, 3, 4, 1000)
+    a, b = sbd.native.key_id(KEY_A), sbd.native.key_id(KEY_B)
     for i in range(50):
-        sbd.local((T0 + i * 1000, a, b, 10))
+        sbd.native.push(T0 + i * 1000, a, b, 10)
     # mailbox: 5 queued with relay time 1..5 ms; 2 delivered; 2 expired; 1 lost to a full box
     for i in range(1, 6):
         clock.now = T0 + 10 * S
@@ -91,10 +96,12 @@ async def _known_records(root: Path) -> None:
     clock.now = T0 + 70 * S
     for _ in range(4):
         rmb.add(1, 21, 100, "federation", "delivered", remote="b.example", received=clock.now)
-    # window 2: twin 2 -> 1 x 20
-    for i in range(20):
-        rmb.local((T0 + 70 * S + i, 2, 1, 100))
     await recorder.close()
+    # window 2: twin 2 -> 1 x 20, in a file of record schema version 1 (read alongside)
+    rows = [
+        {"time": (T0 + 70 * S) // 1000 + i, "src": "2", "dst": "1", "size": 100} for i in range(20)
+    ]
+    write_v1(root / "date=2023-11-14" / "hour=22" / "part-v1.parquet", rows)
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +155,7 @@ def test_traffic_per_twin_and_pair(tables: Path) -> None:
     pairs = {(r["src"], r["dst"]): r["messages"] for r in rows(tables, "traffic_pair")}
     assert pairs[("1", "2")] == 300
     assert pairs[("3", "4")] == 107  # 100 delivered + 7 rate-limited attempts
-    assert pairs[("A", "B")] == 50
+    assert pairs[(A, B)] == 50
 
 
 def test_top_talkers_rank_senders(tables: Path) -> None:
@@ -156,7 +163,7 @@ def test_top_talkers_rank_senders(tables: Path) -> None:
     assert [(r["rank"], r["twin"], r["messages"]) for r in top[:3]] == [
         (1, "1", 319),
         (2, "3", 107),
-        (3, "A", 50),
+        (3, A, 50),
     ]
     assert sum(r["share"] for r in top) == pytest.approx(1.0)
 
@@ -271,12 +278,12 @@ def test_newer_schema_is_one_line(
 ) -> None:
     source = next(p for p in records.rglob("*.parquet") if not p.name.startswith("."))
     table = pq.read_table(source)
-    newer = table.replace_schema_metadata({SCHEMA_KEY: b"2"})
+    newer = table.replace_schema_metadata({SCHEMA_KEY: str(SCHEMA_VERSION + 1).encode()})
     pq.write_table(newer, tmp_path / "newer.parquet")
     err = _bad(
         ["--input", str(tmp_path / "newer.parquet"), "--output", str(tmp_path / "o")], capsys
     )
-    assert "schema version 2 is newer" in err
+    assert f"schema version {SCHEMA_VERSION + 1} is newer" in err
 
 
 def test_empty_window_is_one_line(

@@ -103,6 +103,45 @@ def test_a_relay_without_records_loads_no_arrow_or_numpy(tmp_path: Path) -> None
     assert out.stdout.strip().splitlines()[-1] == "[]", out.stderr
 
 
+def test_a_recording_relay_loads_no_arrow_or_numpy_and_stays_single_threaded(
+    tmp_path: Path,
+) -> None:
+    """With --records the Parquet writer is a child process: the relay itself imports neither
+    pyarrow nor numpy (whose imports start threads) and runs no second thread, because any
+    second thread makes glibc lock its malloc arena on every large allocation, which cost every
+    1 KiB message ~40 ns (docs/analytics.md)."""
+    probe = (
+        "import os, sys, asyncio\n"
+        "from rmb_relay.commands.serve import build_server, parser\n"
+        "args = parser('rmb-relay').parse_args(sys.argv[1:])\n"
+        "async def main():\n"
+        "    server, services = await build_server(args)\n"
+        "    threads = len(os.listdir('/proc/self/task'))\n"
+        "    await services.close()\n"
+        "    return threads\n"
+        "threads = asyncio.run(main())\n"
+        "print(sorted(m for m in ('pyarrow', 'numpy') if m in sys.modules), threads)\n"
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            probe,
+            "-l",
+            "127.0.0.1:0",
+            "--twins",
+            f"sqlite:{tmp_path / 't.db'}",
+            "--records",
+            str(tmp_path / "records"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert out.stdout.strip().splitlines()[-1] == "[] 1", out.stderr
+
+
 def test_parquet_samples_are_written_with_the_declared_pyarrow(tmp_path: Path) -> None:
     from array import array
 

@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 
 from rmb_relay.client import IncomingRequest, RmbClient
 from rmb_relay.errors import RemoteError
+from rmb_relay.telemetry.record_schema import read_table
 from tests.conftest import WAIT, RedisServer
 from tests.federation_fixtures import (
     Network,
@@ -149,6 +150,46 @@ async def test_an_envelope_expiring_during_retries_is_reported_to_its_sender(
     assert page.value("rmb_relay_federation_out_total", outcome="expired") == 1
     assert page.value("rmb_relay_federation_retries_total") >= 2
     await alice.close()
+
+
+async def test_route_records_name_the_remote_that_decided_each_outcome(
+    network: Network, tmp_path: Path
+) -> None:
+    """With --records, the federation worker records each envelope when its outcome is known,
+    with the remote relay actually used: twin 3 lists B (answers 503) and C, so its request is
+    delivered through C, not through B (its first relay); C refuses a fail-fast request for its
+    offline twin 4; twin 5's only relay is B, so its request expires retrying B."""
+    records = tmp_path / "records"
+    twins = await provision(tmp_path / "twins.sqlite3", {1: [A], 3: [B, C], 4: [C], 5: [B]})
+    relay_a = network.relay(A, twins, "--records", str(records), "--federation-max-backoff", "0.2")
+    relay_c = network.relay(C, twins)
+    await network.bad_remote(B, "503")
+    alice, carol = await client(relay_a.url, 1), await client(relay_c.url, 3)
+    carol.handle("echo", lambda r: r.data)
+
+    assert (await alice.request(3, "echo", b"hi", timeout=WAIT * 2)).data == b"hi"
+    with pytest.raises(RemoteError, match="rejected permanently"):
+        await alice.request(4, "echo", b"x", tags="fail-fast", timeout=WAIT)
+    uid, wire = alice.request_envelope(5, "echo", b"x" * 10, expiration=2)
+    expired = alice.expect(uid, deadline=int(time.time() + WAIT))
+    alice.send(wire)
+    assert (await asyncio.wait_for(expired, WAIT)).error == (0, "message has expired")
+    await alice.close()
+    await carol.close()
+    relay_a.stop()  # writes what it buffered
+
+    rows = [r for r in read_table(records).to_pylist() if r["route"] == "federation"]
+    assert sorted((r["dst"], r["outcome"], r["reason"], r["remote"]) for r in rows) == [
+        ("3", "delivered", None, C),
+        ("4", "rejected", "remote rejected", C),
+        ("5", "expired", "federation expired", B),
+    ]
+    assert {r["src"] for r in rows} == {"1"}
+    assert all(r["size"] > 0 for r in rows)
+    # the time from queuing to the outcome: 2 s of retries for the one that expired
+    times = {r["dst"]: r["relay_us"] for r in rows}
+    assert times["5"] >= 1_000_000
+    assert 0 < times["3"] < times["5"]
 
 
 async def test_tls_to_the_remote_is_verified_against_the_given_ca(

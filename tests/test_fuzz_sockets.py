@@ -1,6 +1,7 @@
 """A Hypothesis-driven fuzzer for the Python dialect layer, over real sockets (issue 9).
 
-One relay serves RMB (in-memory mailbox) and SBD on one listener, as `rmb-relay serve` does.
+One `rmb-relay` process serves every dialect on one listener (RMB with an in-memory mailbox,
+SBD without rate limits), as users run it, for the whole module; its RSS is measured from /proc.
 Each example opens a connection and sends what Hypothesis makes of it: HTTP heads built from
 the grammar's parts and from the seed corpus (`fuzz/corpus/http_request`), websocket frames
 with any header bits after a real RMB login, RMB envelopes with any routing fields (and raw
@@ -10,18 +11,18 @@ and reads until the relay closes.
 What must hold, for every input: the relay answers or closes (no hang), never logs an error
 or a traceback, keeps no connection or session behind once the client is gone, and still
 answers `/health`. The budget keeps `make test` fast (RMB_FUZZ_EXAMPLES examples per test,
-default 60); `make fuzz` runs the same tests with many more (docs/hardening.md has figures).
+default 60); `make fuzz-sockets` runs the same tests with many more, in chunks of 25,000
+(docs/hardening.md has figures).
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import logging
 import os
 import string
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,26 +33,27 @@ from hypothesis import strategies as st
 from rmb_relay._core import ClientFrameEncoder, SigningKey, sbd_encode_command
 from rmb_relay.envelope import Envelope
 from rmb_relay.identity import make_jwt
-from rmb_relay.mailbox import MailboxBudget, MemoryMailbox
-from rmb_relay.protocols.rmb import RmbDialect, RmbSettings
-from rmb_relay.protocols.sbd import SbdDialect, SbdSettings
-from rmb_relay.server.listener import RelayServer
-from rmb_relay.telemetry.metrics import Registry
 from rmb_relay.twins import Twin
-from rmb_relay.twins.cache import CachedTwinDirectory
 from rmb_relay.twins.local import SqliteTwinDirectory
-from tests.conftest import WAIT, StartRelay
+from tests.conftest import WAIT
 from tests.helpers import RawWebSocket, eventually, http_exchange
+from tests.relay_process import RelayProcess
 from tests.rmb_fixtures import key_for
 from tests.sbd_client import SbdClient, key_path
+from tests.scrape import scrape
 
 EXAMPLES = int(os.environ.get("RMB_FUZZ_EXAMPLES", "60"))
+#: a long run is cut into chunks (a parametrized test each) so that Hypothesis's own memory,
+#: which grows with the examples of one run, starts afresh; the relay process runs through all
+CHUNK = 25_000
+CHUNKS = max(1, -(-EXAMPLES // CHUNK))
 FUZZ = settings(
-    max_examples=EXAMPLES,
+    max_examples=-(-EXAMPLES // CHUNKS),
     deadline=None,
     database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+chunks = pytest.mark.parametrize("chunk", range(CHUNKS))
 CORPUS = Path(__file__).parent.parent / "fuzz" / "corpus"
 
 
@@ -63,115 +65,116 @@ def corpus(target: str, cut: bool) -> list[bytes]:
 
 @dataclass
 class FuzzRelay:
-    server: RelayServer
-    rmb: RmbDialect
-    sbd: SbdDialect
-
-    @property
-    def address(self) -> tuple[str, int]:
-        host, port = self.server.addresses[0]
-        return host, port
-
-
-class ErrorRecords(logging.Handler):
-    """Keeps the relay's error records and tracebacks only: pytest's `caplog` keeps every
-    record, and the INFO line each malformed request logs would grow it by millions over a
-    `make fuzz` run (memory that is the test's, not the relay's, in the RSS figure)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.errors: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.ERROR or record.exc_info:
-            self.errors.append(record)
+    address: tuple[str, int]
 
 
 class Progress:
-    """Examples run by this process so far, and the RSS after the first tenth of the current
-    test's budget (after warm-up: Hypothesis's structures and the relay's caches exist by then,
-    so what grows after it is what a long run would keep growing)."""
+    """Examples sent so far and the relay's RSS along the run: at the start, after the first
+    tenth (warm-up: its caches and pools exist by then, so what grows after it is what a
+    longer run would keep growing) and now."""
 
     def __init__(self) -> None:
         self.examples = 0
-        self.start = 0
-        self.warm_rss: float | None = None
+        self.relay: RelayProcess | None = None
+        self.rss_start = 0.0
+        self.rss_warm: float | None = None
+        self.last_rss = 0.0
 
-    def begin(self) -> None:
-        self.start = self.examples
-        self.warm_rss = None
+    def begin(self, relay: RelayProcess) -> None:
+        self.relay = relay
+        self.rss_start = relay.rss_mib()
 
     def count(self) -> None:
         self.examples += 1
-        if self.warm_rss is None and self.examples - self.start >= max(1, EXAMPLES // 10):
-            self.warm_rss = rss_mib()
+        if (
+            self.rss_warm is None
+            and self.relay is not None
+            and self.examples >= max(1, 4 * EXAMPLES // 10)
+        ):
+            self.rss_warm = self.relay.rss_mib()
 
 
 PROGRESS = Progress()
 
 
-@pytest.fixture
-async def relay(start_relay: StartRelay, tmp_path: Path) -> AsyncIterator[FuzzRelay]:
-    directory = SqliteTwinDirectory(tmp_path / "twins.sqlite3")
-    for twin_id in (1, 2, 3):
-        directory.add(Twin(twin_id, key_for(twin_id).public_key, frozenset({"relay.test"}), None))
-    registry = Registry()
-    mailbox = MemoryMailbox(budget=MailboxBudget(twin_bytes=1 << 20, total_bytes=4 << 20))
-    rmb = RmbDialect(
-        RmbSettings(),
-        CachedTwinDirectory(directory, ttl=60.0),
-        registry,
-        mailbox=mailbox,
-        max_message=64 << 10,
+@pytest.fixture(scope="module")
+def relay_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
+    """One `rmb-relay` process serving every dialect for the whole module, as users run it
+    (RMB with an in-memory mailbox and small budgets, SBD without rate limits), so that its
+    RSS is its own and is followed across every example of every test."""
+    path = tmp_path_factory.mktemp("fuzz") / "twins.sqlite3"
+    with SqliteTwinDirectory(path) as directory:
+        for twin_id in (1, 2, 3):
+            directory.add(
+                Twin(twin_id, key_for(twin_id).public_key, frozenset({"relay.test"}), None)
+            )
+    relay = RelayProcess(
+        "--twins",
+        f"sqlite:{path}",
+        "--mailbox-twin-bytes",
+        str(1 << 20),
+        "--mailbox-total-bytes",
+        str(4 << 20),
+        "--max-message",
+        str(64 << 10),
+        "--http-idle-timeout",
+        str(WAIT),
+        "--sbd-disable-rate-limit",
+        "--max-connections-per-ip",
+        "100000",
+        keep_log=False,
     )
-    sbd = SbdDialect(SbdSettings(disable_rate_limit=True), registry)
-    server = await start_relay(
-        [rmb, sbd], registry=registry, http_idle_timeout=WAIT, max_message=64 << 10
-    )
-    rss_before = rss_mib()
-    PROGRESS.begin()
-    collector = ErrorRecords()
-    logger = logging.getLogger("rmb_relay")
-    level = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(collector)
+    PROGRESS.begin(relay)
     try:
-        yield FuzzRelay(server, rmb, sbd)
-        # the relay is whole: no errors logged, nothing left behind, still serving
-        errors = collector.errors
-        assert not errors, [r.getMessage() for r in errors]
-        await eventually(lambda: not server.connections)
-        assert not rmb.sessions
-        assert not sbd.sessions
-        host, port = server.addresses[0]
-        health = await http_exchange(
-            host, port, b"GET /health HTTP/1.1\r\nHost: r\r\nConnection: close\r\n\r\n"
-        )
-        assert health.startswith(b"HTTP/1.1 200 ")
+        yield relay
+        assert relay.stop() == 0
+        assert not relay.problems, relay.problems
+        report = os.environ.get("RMB_FUZZ_REPORT")
+        if report:  # `make fuzz`: how the relay's memory moved over the run
+            warm = PROGRESS.rss_warm
+            append(
+                report,
+                f"{PROGRESS.examples} examples through the sockets, 0 errors or tracebacks in "
+                f"the relay's log; relay RSS {PROGRESS.rss_start:.1f} MiB at the start, "
+                f"{'n/a' if warm is None else f'{warm:.1f}'} after {4 * EXAMPLES // 10} "
+                f"examples, {PROGRESS.last_rss:.1f} MiB at the end\n",
+            )
     finally:
-        logger.removeHandler(collector)
-        logger.setLevel(level)
-    report = os.environ.get("RMB_FUZZ_REPORT")
-    if report:  # `make fuzz`: how the process's memory moved over the run
-        ran = PROGRESS.examples - PROGRESS.start
-        warm = PROGRESS.warm_rss
-        after_warmup = "n/a" if warm is None else f"{warm:.1f}"
-        append(
-            report,
-            f"{ran} examples, 0 errors: RSS {rss_before:.1f} at start, {after_warmup} after "
-            f"{EXAMPLES // 10} examples, {rss_mib():.1f} MiB at the end\n",
-        )
+        relay.close()
+
+
+async def idle(relay: RelayProcess) -> bool:
+    """No websocket connection or session left, and only our own scrape connected."""
+    page = await scrape(*relay.address)
+    open_ws = sum(
+        page.value("rmb_relay_connections", **labels)
+        for labels in page.series("rmb_relay_connections")
+        if labels["dialect"] != "http"
+    )
+    sessions = sum(
+        page.value("rmb_relay_sessions", **labels) for labels in page.series("rmb_relay_sessions")
+    )
+    return open_ws == 0 and sessions == 0
+
+
+@pytest.fixture
+async def relay(relay_process: RelayProcess) -> AsyncIterator[FuzzRelay]:
+    """The shared relay, checked after each test: no error or traceback logged, nothing left
+    behind once every client is gone, still serving."""
+    problems = len(relay_process.problems)
+    yield FuzzRelay(relay_process.address)
+    assert relay_process.problems[problems:] == []
+    await eventually(lambda: idle(relay_process))
+    health = await http_exchange(
+        *relay_process.address, b"GET /health HTTP/1.1\r\nHost: r\r\nConnection: close\r\n\r\n"
+    )
+    assert health.startswith(b"HTTP/1.1 200 ")
+    PROGRESS.last_rss = relay_process.rss_mib()
 
 
 def append(path: str, line: str) -> None:
     with open(path, "a") as out:
         out.write(line)
-
-
-def rss_mib() -> float:
-    """This process's resident memory (the relay runs in it)."""
-    status = Path("/proc/self/status").read_text().splitlines()
-    return int(next(line for line in status if line.startswith("VmRSS")).split()[1]) / 1024
 
 
 async def send_and_read_to_eof(
@@ -252,6 +255,7 @@ def http_heads(draw: st.DrawFn) -> bytes:
     return head + draw(st.binary(max_size=64))
 
 
+@chunks
 @FUZZ
 @given(
     data=http_heads()
@@ -261,7 +265,9 @@ def http_heads(draw: st.DrawFn) -> bytes:
         lambda pair: pair[0][: len(pair[1]) * 4] + pair[1]
     )
 )
-async def test_any_http_head_is_answered_or_closed(relay: FuzzRelay, data: bytes) -> None:
+async def test_any_http_head_is_answered_or_closed(
+    relay: FuzzRelay, data: bytes, chunk: int
+) -> None:
     reader, writer = await asyncio.open_connection(*relay.address)
     answer = await send_and_read_to_eof(reader, writer, data)
     assert not answer or answer.startswith(b"HTTP/1.1 ")
@@ -302,9 +308,12 @@ async def rmb_login(relay: FuzzRelay, twin: int = 1) -> RawWebSocket:
     return await RawWebSocket.connect(*relay.address, f"/?{token}")
 
 
+@chunks
 @FUZZ
 @given(frames=st.lists(ws_frames(), min_size=1, max_size=4) | st.lists(st.binary(), max_size=3))
-async def test_any_frames_after_an_rmb_login(relay: FuzzRelay, frames: list[bytes]) -> None:
+async def test_any_frames_after_an_rmb_login(
+    relay: FuzzRelay, frames: list[bytes], chunk: int
+) -> None:
     ws = await rmb_login(relay)
     await send_and_read_to_eof(ws.reader, ws.writer, b"".join(frames))
 
@@ -343,6 +352,7 @@ def envelopes(draw: st.DrawFn) -> bytes:
     return wire if draw(st.booleans()) else wire[:cut] + draw(st.binary(max_size=16))
 
 
+@chunks
 @FUZZ
 @given(
     messages=st.lists(
@@ -351,7 +361,9 @@ def envelopes(draw: st.DrawFn) -> bytes:
         max_size=6,
     )
 )
-async def test_any_envelope_from_a_logged_in_twin(relay: FuzzRelay, messages: list[bytes]) -> None:
+async def test_any_envelope_from_a_logged_in_twin(
+    relay: FuzzRelay, messages: list[bytes], chunk: int
+) -> None:
     ws = await rmb_login(relay)
     data = b"".join(ws.encoder.binary(message) for message in messages)
     await send_and_read_to_eof(ws.reader, ws.writer, data)
@@ -362,6 +374,7 @@ async def test_any_envelope_from_a_logged_in_twin(relay: FuzzRelay, messages: li
 TAGS = st.sampled_from([b"lbrt", b"lidl", b"areq", b"ares", b"srdy", b"keep", b"none"])
 
 
+@chunks
 @FUZZ
 @given(
     messages=st.lists(
@@ -374,7 +387,7 @@ TAGS = st.sampled_from([b"lbrt", b"lidl", b"areq", b"ares", b"srdy", b"keep", b"
     to_self=st.booleans(),
 )
 async def test_any_sbd_messages_after_a_handshake(
-    relay: FuzzRelay, messages: list[bytes], to_self: bool
+    relay: FuzzRelay, messages: list[bytes], to_self: bool, chunk: int
 ) -> None:
     client = await SbdClient.connect(*relay.address)
     if to_self:

@@ -1,10 +1,11 @@
 """Route records appended by the scanners inside `WsDecoder.feed` (rust/records.rs).
 
 The relay's hot path records a delivered message without any Python per message: the scanner
-appends (time, src, dst, size) to a `RecordBuffer` for each message it routes to a local
-connection, and the dialect retracts the few it then does not deliver. These tests hold the
-scanners to exactly which messages get a record, and `Channel` to turning the buffer into the
-same rows the Python path writes (retracted ones dropped, SBD keys as name ids, wall time).
+appends (time, src, dst, size) to the four columns of a `RecordBuffer` for each message it
+routes to a local connection, and the dialect retracts the few it then does not deliver. These
+tests hold the scanners to exactly which messages get a record, the columns to what Python
+views without a copy, and `Channel` to turning the buffer into a batch (retracted rows dropped,
+SBD keys named, wall time in microseconds, sampling).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from rmb_relay.telemetry.records import Channel
 SENDER = bytes([2]) * 32
 DEST = bytes([1]) * 32
 NOW = 1_700_000_000_000_000_000
+NOW_US = NOW // 1000
 
 
 def frames(*payloads: bytes) -> bytes:
@@ -56,8 +58,9 @@ def envelope(source: tuple[int, str | None], dest: tuple[int, str | None], kind:
 
 
 def rows(buffer: RecordBuffer) -> list[list[int]]:
-    data, _ = buffer.take()
-    return np.frombuffer(data, dtype=np.int64).reshape(-1, 4).tolist()  # type: ignore[no-any-return]
+    *columns, _ = buffer.take()
+    views = [np.frombuffer(column, dtype=np.int64) for column in columns]
+    return np.stack(views, axis=1).tolist()  # type: ignore[no-any-return]
 
 
 def test_rmb_scan_records_exactly_the_messages_it_routes_locally() -> None:
@@ -76,7 +79,7 @@ def test_rmb_scan_records_exactly_the_messages_it_routes_locally() -> None:
     records = [m.routing.record for m in messages if isinstance(m.routing, EnvelopeRouting)]
     assert records == [0, -1, -1, -1, -1, 1]
     assert len(buffer) == 2
-    assert rows(buffer) == [[NOW, 7, 9, len(routed)], [NOW, 7, 9, len(routed)]]
+    assert rows(buffer) == [[NOW_US, 7, 9, len(routed)], [NOW_US, 7, 9, len(routed)]]
 
 
 def test_without_a_buffer_nothing_is_recorded() -> None:
@@ -110,24 +113,66 @@ def test_sbd_scan_records_routed_forwards_with_interned_keys() -> None:
     routes = RouteTable()
     routes.register_pubkey(DEST, 5)
     buffer = RecordBuffer()
-    buffer.offset = 1_000
+    buffer.offset = 1_000_000
     scanner = SbdScanner(routes, SENDER, None, "10.0.0.1", buffer)
     scanner.ready = True
     decoder = WsDecoder(max_message=20_000, scanner=scanner)
     forward = DEST + b"x" * 100
     unknown = bytes([3]) * 32 + b"y"
     command = bytes(28) + b"keep"
-    messages = feed(decoder, frames(forward, unknown, command, forward), now=50)
+    messages = feed(decoder, frames(forward, unknown, command, forward), now=50_000)
     records = [m.routing.record for m in messages if isinstance(m.routing, SbdRouting)]
     assert records == [0, -1, -1, 1]
-    data, keys = buffer.take()
+    *columns, keys = buffer.take()
     assert keys == [SENDER, DEST]  # id 0 the sender (first used), id 1 the destination
-    grid = np.frombuffer(data, dtype=np.int64).reshape(-1, 4).tolist()
+    grid = np.stack([np.frombuffer(c, dtype=np.int64) for c in columns], axis=1).tolist()
     assert grid == [[1_050, 0, 1, len(forward)], [1_050, 0, 1, len(forward)]]
-    feed(decoder, frames(forward), now=60)
-    data, keys = buffer.take()
+    feed(decoder, frames(forward), now=60_000)
+    time_us, src, dst, size, keys = buffer.take()
     assert keys == []  # handed over once
-    assert np.frombuffer(data, dtype=np.int64).tolist() == [1_060, 0, 1, len(forward)]
+    assert [np.frombuffer(c, dtype=np.int64).tolist() for c in (time_us, src, dst, size)] == [
+        [1_060],
+        [0],
+        [1],
+        [len(forward)],
+    ]
+
+
+def test_taken_columns_are_read_only_views_that_outlive_the_buffer() -> None:
+    buffer = RecordBuffer()
+    for i in range(1000):
+        buffer.push(i * 1000, i, -i, 3)
+    time_us, src, *_ = buffer.take()
+    del buffer
+    assert len(time_us) == 1000
+    view = memoryview(src)
+    assert (view.readonly, view.nbytes, view.format) == (True, 8000, "B")
+    assert np.frombuffer(src, dtype=np.int64)[-1] == 999
+    assert np.frombuffer(time_us, dtype=np.int64).tolist() == list(range(1000))
+    with pytest.raises(ValueError, match="read-only"):
+        np.frombuffer(src, dtype=np.int64)[0] = 1
+    # the numpy view keeps the column (and its memory) alive after the column object is gone
+    values = np.frombuffer(src, dtype=np.int64)
+    del src, view
+    assert values[999] == 999
+
+
+def test_sbd_records_name_each_destination_when_a_sender_alternates() -> None:
+    """The scanner remembers the last destination's id (cheaper than hashing the key again);
+    a sender switching between peers still gets each one's own id."""
+    other = bytes([4]) * 32
+    routes = RouteTable()
+    routes.register_pubkey(DEST, 5)
+    routes.register_pubkey(other, 6)
+    buffer = RecordBuffer()
+    scanner = SbdScanner(routes, SENDER, None, "", buffer)
+    scanner.ready = True
+    decoder = WsDecoder(scanner=scanner)
+    feed(decoder, frames(DEST + b"a", DEST + b"b", other + b"c", DEST + b"d", other + b"e"))
+    _, src, dst, _, keys = buffer.take()
+    assert keys == [SENDER, DEST, other]
+    assert np.frombuffer(src, dtype=np.int64).tolist() == [0] * 5
+    assert np.frombuffer(dst, dtype=np.int64).tolist() == [1, 1, 2, 1, 2]
 
 
 def test_sbd_scan_of_a_sender_not_ready_records_nothing() -> None:
@@ -148,26 +193,41 @@ def _key(key: bytes) -> str:
 def test_channel_takes_the_scanners_rows_as_local_records() -> None:
     now = [NOW]
     channel = Channel("sbd", 1.0, lambda: now[0])
-    channel.name_id("earlier")  # a name the Python path knew first: ids must not collide
-    scan_now = [10]
+    scan_now = [10_000]
     buffer = channel.scanner_buffer(lambda: scan_now[0])
-    assert buffer.offset == NOW - 10
+    assert buffer.offset == NOW - 10_000
     routes = RouteTable()
     routes.register_pubkey(DEST, 5)
     scanner = SbdScanner(routes, SENDER, None, "", buffer)
     scanner.ready = True
-    messages = feed(WsDecoder(scanner=scanner), frames(DEST + b"a", DEST + b"bb"), now=12)
+    messages = feed(WsDecoder(scanner=scanner), frames(DEST + b"a", DEST + b"bb"), now=12_000)
     second = messages[1].routing
     assert isinstance(second, SbdRouting)
     channel.retract(second.record)
     channel.retract(-1)  # no record: nothing happens
-    local, full = channel.take()
-    assert full == []
-    assert list(local) == [NOW + 2, 1, 2, 33]
-    assert channel.names == ["earlier", _key(SENDER), _key(DEST)]
+    batch = channel.take(1.0)
+    assert batch is not None
+    assert batch.full == []
+    assert batch.columns is not None
+    assert batch.rows == 1
+    assert [np.frombuffer(c, dtype=np.int64).tolist() for c in batch.columns] == [
+        [NOW_US + 2],
+        [0],
+        [1],
+        [33],
+    ]
+    assert (batch.names_offset, batch.names) == (0, [_key(SENDER), _key(DEST)])
+    channel.names_sent = 2  # the writer has them now
+    assert channel.take(1.0) is None  # nothing since
+    feed(WsDecoder(scanner=scanner), frames(DEST + b"c"), now=13_000)
+    later = channel.take(1.0)
+    assert later is not None
+    assert (later.names_offset, later.names) == (2, [])  # names go to the writer once
 
 
-def test_channel_samples_the_scanners_rows() -> None:
+def test_the_writer_samples_the_hot_paths_columns() -> None:
+    from rmb_relay.telemetry.record_writer import make_batch
+
     channel = Channel("rmb", 0.25, lambda: NOW)
     buffer = channel.scanner_buffer(channel.clock)
     assert buffer.offset == 0
@@ -176,10 +236,16 @@ def test_channel_samples_the_scanners_rows() -> None:
     decoder = WsDecoder(scanner=RmbScanner(routes, 7, None, buffer))
     data = envelope((7, None), (9, None), MSG_REQUEST)
     feed(decoder, frames(*[data] * 4000))
-    local, _ = channel.take()
-    kept = len(local) // 4
+    taken = channel.take(4.0)
+    assert taken is not None
+    assert taken.columns is not None
+    assert (taken.rows, taken.sample, taken.weight) == (4000, 0.25, 4.0)
+    batch = make_batch("rmb", 4.0, 0.25, list(taken.columns), [], None)
+    assert batch.local is not None
+    kept = len(batch.local[0])
     assert 800 < kept < 1200  # 1000 expected; the bounds are > 7 standard deviations away
-    assert set(local[3::4]) == {len(data)}
+    assert set(batch.local[3].tolist()) == {len(data)}
+    assert set(batch.local[1].tolist()) == {7}
 
 
 @pytest.mark.parametrize("index", [-5, 0, 10**12])

@@ -623,10 +623,21 @@ class SigningKey:
 # ---- records.rs -----------------------------------------------------------------------------
 
 @final
+class Column:
+    """One column of route records taken from a RecordBuffer: native-endian int64 values
+    behind a read-only buffer (`numpy.frombuffer(column, numpy.int64)`, `pyarrow.py_buffer`),
+    viewed without a copy."""
+
+    def __len__(self) -> int:
+        """Values (not bytes)."""
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+
+@final
 class RecordBuffer:
     """Route records of the fast path, appended by the scanners that hold this buffer inside
-    `WsDecoder.feed` at the `now` passed to it (plus `offset`). Addresses are integers: RMB
-    twin ids, SBD keys interned in order of first use. Python takes them once per flush."""
+    `WsDecoder.feed` at the `now` passed to it (plus `offset`), kept as four int64 columns
+    (time in microseconds, source, destination, size). Addresses are integers: RMB twin ids,
+    SBD keys interned in order of first use. Python takes them once per flush."""
 
     def __new__(cls) -> RecordBuffer: ...
     @property
@@ -634,12 +645,15 @@ class RecordBuffer:
         """Nanoseconds added to `now` (the wall clock minus the scan clock)."""
     @offset.setter
     def offset(self, value: int) -> None: ...
+    def push(self, time: int, src: int, dst: int, size: int) -> int:
+        """Append one record as a scanner does (`time`: ns of the scan clock); its index."""
+    def key_id(self, key: bytes) -> int:
+        """The id a 32-byte SBD key is recorded as (interned as the scanner does)."""
     def retract(self, index: int) -> bool:
         """Mark the record at `index` as not delivered (its size becomes -1); False if no such
         record is buffered (taken already, retracted already, or never appended)."""
-    def take(self) -> tuple[bytes, list[bytes]]:
-        """(rows, keys): every record since the last take but the retracted ones, as
-        native-endian int64 quadruples (time_ns, src, dst, size) in one bytes object, and the
-        SBD keys first used since the last take, in id order. The buffer starts over; record
-        indexes keep counting."""
+    def take(self) -> tuple[Column, Column, Column, Column, list[bytes]]:
+        """(time_us, src, dst, size, keys): every record since the last take but the
+        retracted ones, as four columns, and the SBD keys first used since the last take, in
+        id order. The buffer starts over; record indexes keep counting."""
     def __len__(self) -> int: ...

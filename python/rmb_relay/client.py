@@ -241,18 +241,9 @@ class RelayLink:
         ping one nothing has been written to or received on for `ping_after`, so the relay and
         any proxy between see traffic and the pong proves the relay alive."""
         ws = self.ws
-        if ws is None or not ws.is_open:
-            return
-        now = self.clock()
-        if now - ws.last_received > self.dead_after:
-            log.warning(
-                "relay %s silent for %ds: reconnecting", self.url, (now - ws.last_received) // NS
-            )
-            ws.abort()
-        elif now - ws.last_sent >= self.ping_after or now - ws.last_received >= self.ping_after:
-            # also when we keep writing: a link that only sends (a load generator, a peer
-            # pushing replies) hears nothing back otherwise and would drop itself as dead
-            ws.send_ping()
+        if ws is not None and not ws.keepalive(self.ping_after, self.dead_after):
+            silent = (self.clock() - ws.last_received) // NS
+            log.warning("relay %s silent for %ds: reconnecting", self.url, silent)
 
     async def close(self) -> None:
         self.closing = True

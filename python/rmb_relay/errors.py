@@ -17,6 +17,7 @@ Exception
      │       ├─ NodeError          one node failed or answered nonsense; the client fails over
      │       └─ ExtrinsicRejected  the chain refused or failed an extrinsic (e.g. update_twin)
      ├─ MailboxUnavailable         the mailbox backend (Redis) could not store or read
+     │   ├─ ClusterUnavailable     Redis failed while handing a message to another instance
      │   └─ MailboxFull            a mailbox memory budget (bytes, sessions) is reached
      ├─ FederationError            an envelope could not be handed to another relay
      └─ ClientError                the SDK client could not do what was asked
@@ -57,6 +58,7 @@ __all__ = [
     "BadMessage",
     "ChainError",
     "ClientError",
+    "ClusterUnavailable",
     "ConfigError",
     "ConnectionClosed",
     "CoreError",
@@ -138,6 +140,12 @@ class ExtrinsicRejected(ChainError):
 class MailboxUnavailable(RelayError):
     """The mailbox backend failed (Redis down or stalled): the message could not be stored or
     read. The sender of a request gets an error envelope; nothing is silently dropped."""
+
+
+class ClusterUnavailable(MailboxUnavailable):
+    """Redis failed while looking up where an address is or handing a message to the instance
+    holding it: the message was not accepted (the sender of a request gets an error envelope).
+    A `MailboxUnavailable`, so every caller that handles a failed mailbox handles this too."""
 
 
 class MailboxFull(MailboxUnavailable):

@@ -30,7 +30,7 @@ from rmb_relay.clock import Clock, monotonic_clock, nanos, seconds, wall_clock
 from rmb_relay.errors import MailboxFull, MailboxUnavailable
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
+    from rmb_relay.cluster.connect import RedisClient
 
 SessionKey = tuple[int, str | None]
 
@@ -319,7 +319,7 @@ class RedisMailbox(Mailbox):
 
     def __init__(
         self,
-        redis: Redis,
+        redis: RedisClient,
         ttl: int = DEFAULT_MAILBOX_TTL,
         max_per_session: int = DEFAULT_MAILBOX_MAX,
         clock: Clock = wall_clock,

@@ -13,6 +13,8 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from rmb_relay.cluster import options as cluster_options
+from rmb_relay.cluster.connect import connect_redis
 from rmb_relay.errors import ConfigError
 from rmb_relay.mailbox import (
     DEFAULT_MAILBOX_MAX,
@@ -36,8 +38,7 @@ from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from redis.asyncio import Redis
-
+    from rmb_relay.cluster.connect import RedisClient
     from rmb_relay.twins import TwinDirectory
     from rmb_relay.twins.events import TwinEventListener
     from rmb_relay.twins.substrate import SubstrateClient
@@ -149,6 +150,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how long a twin lookup is cached",
     )
     add_record_arguments(parser)
+    cluster_options.add_arguments(parser)
 
 
 class Services:
@@ -161,7 +163,7 @@ class Services:
         *,
         twins: str | None = None,
         twin_cache_ttl: float = DEFAULT_TWIN_CACHE_TTL,
-        redis: Redis | None = None,
+        redis: RedisClient | None = None,
         substrate: list[str] | None = None,
         substrate_timeout: float = DEFAULT_SUBSTRATE_TIMEOUT,
         catchup_threshold: int = DEFAULT_CATCHUP_THRESHOLD,
@@ -247,7 +249,13 @@ class Services:
             ) from None
         if not args.redis_timeout > 0 or args.redis_inflight_bytes <= 0:
             raise ConfigError("--redis-timeout and --redis-inflight-bytes must be positive")
-        redis = await _connect_redis(args.redis, args.redis_timeout) if args.redis else None
+        redis = None
+        if args.redis:
+            redis = await connect_redis(
+                args.redis, cluster=args.redis_cluster, timeout=args.redis_timeout
+            )
+        elif args.redis_cluster:
+            raise ConfigError("--redis-cluster needs --redis URL (a node of the cluster)")
         mailbox: Mailbox
         if redis is None:
             mailbox = MemoryMailbox(
@@ -271,10 +279,13 @@ class Services:
             substrate_timeout=args.substrate_timeout,
             catchup_threshold=args.catchup_threshold,
         )
-        # route records (--records): the switch carries the recorder to every dialect
+        # route records (--records): the switch carries the recorder to every dialect; with
+        # Redis, the other instances sharing it (cluster/)
         try:
             services.switch.records = recorder_from_args(args, services.metrics)
-        except ConfigError:
+            if redis is not None:
+                await cluster_options.start_cluster(args, redis, services.switch, services.metrics)
+        except BaseException:
             await services.close()
             raise
         return services
@@ -316,18 +327,3 @@ class Services:
             await self.switch.records.close()
         if self._directory is not None:
             await self._directory.close()
-
-
-async def _connect_redis(url: str, timeout: float = DEFAULT_REDIS_TIMEOUT) -> Redis:
-    """A client whose every socket operation is bounded: without timeouts a Redis that stops
-    answering (stopped, not dead) would hold each caller forever."""
-    from redis.asyncio import Redis
-    from redis.exceptions import RedisError
-
-    redis = Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
-    try:
-        await redis.ping()
-    except (RedisError, OSError) as err:
-        await redis.aclose()
-        raise ConfigError(f"cannot reach redis at {url}: {err}") from None
-    return redis

@@ -13,22 +13,28 @@ the switch keeps
 - the mailbox (messages for offline sessions, in memory or Redis), drained through
   `Endpoint.deliver` when the session connects.
 
-`deliver(address, frame)` answers with an `Outcome`: delivered to a local connection, queued
-in the mailbox, or no route. The cluster (another instance holds the address) and federation
-(another relay serves it) plug in here as further routes; a dialect never needs to know which
-one carried its message. Federation is `federate(frame, twin)`: the `federation` route
+`deliver(address, frame)` answers with an `Outcome`: delivered to a local connection, forwarded
+to the instance of this relay service that holds it (the cluster, `cluster/`, when relay
+processes share Redis), queued in the mailbox, or no route. Federation (another relay serves
+it) plugs in as a further route; a dialect never needs to know which one carried its message.
+With a cluster, registering and unregistering an address also claims and releases it in the
+shared presence.
+Federation is `federate(frame, twin)`: the `federation` route
 (`federation/`) queues the envelope for one of the twin's relays and answers FEDERATED; with
 no route set the relay does not federate and the caller gets a FederationError.
 
 Route records (`--records`): `records` is the process's `Recorder` or None. Each dialect takes
-its `Channel` from it and records where it decides a route: the local fast path appends one
-tuple, the other routes and every drop call `Channel.add` (telemetry/records.py).
+its `Channel` from it and records where it decides a route: on the local fast path the scanner
+appends the record inside `feed`, the other routes and every drop call `Channel.add`, and the
+federation worker calls it when a remote relay's answer decides the outcome
+(telemetry/records.py).
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from rmb_relay._core import RouteTable
@@ -48,6 +54,7 @@ Address = SessionKey | bytes
 
 class Outcome(enum.Enum):
     DELIVERED = "delivered"
+    FORWARDED = "forwarded"
     QUEUED = "queued"
     NO_ROUTE = "no route"
     FEDERATED = "federated"
@@ -67,6 +74,30 @@ class Endpoint(Protocol):
         while the message was being stored): deliver the mailbox."""
 
 
+class ClusterRoute(Protocol):
+    """The switch's view of `cluster.Cluster` (other instances sharing Redis)."""
+
+    def claim(self, address: Address) -> None: ...
+
+    def release(self, address: Address) -> None: ...
+
+    async def claimed(self, address: Address) -> None: ...
+
+    async def forward(
+        self,
+        address: Address,
+        frame: bytes,
+        deadline: int | None,
+        on_refused: Callable[[BaseException], None] | None = None,
+    ) -> bool: ...
+
+    def forward_soon(self, address: Address, frame: bytes) -> None: ...
+
+    async def mail_stored(self, address: Address) -> None: ...
+
+    async def close(self) -> None: ...
+
+
 class FederationRoute(Protocol):
     """Delivery through another relay (`federation.Federation`)."""
 
@@ -81,6 +112,8 @@ class Switch:
         self.routes = RouteTable()
         self.endpoints: dict[int, Endpoint] = {}
         self.mailbox: Mailbox = mailbox if mailbox is not None else MemoryMailbox()
+        #: other instances of this relay service, when they share Redis (set by Services)
+        self.cluster: ClusterRoute | None = None
         #: the route to other relays; None: this relay does not federate
         self.federation: FederationRoute | None = None
         #: route records of this process (off: None)
@@ -107,19 +140,27 @@ class Switch:
     def register_session(self, key: SessionKey, endpoint: Endpoint) -> Endpoint | None:
         """Route `key` to this connection; returns the endpoint it displaced, if any."""
         displaced = self.routes.register_session(key[0], key[1], endpoint.peer.id)
+        if self.cluster is not None:
+            self.cluster.claim(key)
         return self.endpoint(displaced)
 
     def unregister_session(self, key: SessionKey, endpoint: Endpoint) -> None:
         """Only if `key` still routes to this connection: a replaced connection must not evict
         its successor."""
         self.routes.unregister_session(key[0], key[1], endpoint.peer.id)
+        if self.cluster is not None and self.routes.lookup_session(key[0], key[1]) is None:
+            self.cluster.release(key)
 
     def register_key(self, pubkey: bytes, endpoint: Endpoint) -> Endpoint | None:
         displaced = self.routes.register_pubkey(pubkey, endpoint.peer.id)
+        if self.cluster is not None:
+            self.cluster.claim(pubkey)
         return self.endpoint(displaced)
 
     def unregister_key(self, pubkey: bytes, endpoint: Endpoint) -> None:
         self.routes.unregister_pubkey(pubkey, endpoint.peer.id)
+        if self.cluster is not None and self.routes.lookup_pubkey(pubkey) is None:
+            self.cluster.release(pubkey)
 
     def lookup(self, address: Address) -> Endpoint | None:
         """The local endpoint holding the address, if it is connected to this process."""
@@ -136,11 +177,29 @@ class Switch:
         endpoint.deliver(frame)
         return True
 
+    async def claimed(self, address: Address) -> None:
+        """Wait until the cluster knows this instance holds `address` (at once without a
+        cluster): a mailbox is read only after that, so a message stored meanwhile by another
+        instance is announced to us. Raises `ClusterUnavailable`."""
+        if self.cluster is not None:
+            await self.cluster.claimed(address)
+
     async def deliver(
-        self, address: Address, frame: bytes, *, deadline: int | None = None
+        self,
+        address: Address,
+        frame: bytes,
+        *,
+        deadline: int | None = None,
+        store: bool = True,
+        on_refused: Callable[[BaseException], None] | None = None,
     ) -> Outcome:
-        """Local connection first; else, for a session address with a `deadline` (unix
-        seconds), the mailbox. Raises `MailboxUnavailable` when the mailbox cannot store it.
+        """Local connection first; else the instance holding it (cluster); else, for a session
+        address with a `deadline` (unix seconds) and `store`, the mailbox. The deadline also
+        travels with a forwarded message, for the far instance to store it if its holder left
+        meanwhile. Raises `MailboxUnavailable` (or its `ClusterUnavailable`) when Redis cannot
+        take the message. With `on_refused`, a message for another instance is only queued
+        for its stream (FORWARDED at once; `Cluster.forward`), and `on_refused(error)` is
+        called if Redis then refuses it.
 
         This is the path of producers outside a socket read (slow-path tasks, stream
         consumers): a congested receiver is waited for (`Peer.writable`) instead of having its
@@ -154,13 +213,18 @@ class Switch:
             if endpoint is not None:
                 endpoint.deliver(frame)
                 return Outcome.DELIVERED
-        if deadline is None or isinstance(address, bytes):
+        cluster = self.cluster
+        if cluster is not None and await cluster.forward(address, frame, deadline, on_refused):
+            return Outcome.FORWARDED
+        if deadline is None or not store or isinstance(address, bytes):
             return Outcome.NO_ROUTE
         await self.mailbox.put(address, frame, deadline)
         # the session may have connected (and drained) while we were storing
         endpoint = self.lookup(address)
         if endpoint is not None:
             endpoint.mail_waiting()
+        elif cluster is not None:  # ... here or on another instance
+            await cluster.mail_stored(address)
         return Outcome.QUEUED
 
     async def federate(self, frame: bytes, twin: Twin) -> Outcome:
@@ -179,4 +243,6 @@ class Switch:
         return self.routes.session_count
 
     async def close(self) -> None:
+        if self.cluster is not None:
+            await self.cluster.close()
         await self.mailbox.close()

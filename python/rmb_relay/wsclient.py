@@ -215,6 +215,23 @@ class WebSocketClient:
         """Wait while the socket's write buffer is over its high-water mark."""
         await self._writable.wait()
 
+    def keepalive(self, ping_after: int, dead_after: int) -> bool:
+        """One keepalive step (nanoseconds, on this client's clock): drop the connection when
+        nothing has arrived for `dead_after` and return False; ping when nothing has been
+        written or received for `ping_after`, also while we keep writing: a link that only
+        sends (a load generator, a peer pushing replies, a connector answering) hears nothing
+        back otherwise and would take the server for dead. Every client of ours (RelayLink,
+        the tunnel connector) keeps its connection alive with this."""
+        if not self.is_open:
+            return True
+        now = self.clock()
+        if now - self.last_received > dead_after:
+            self.abort()
+            return False
+        if now - self.last_sent >= ping_after or now - self.last_received >= ping_after:
+            self.send_ping()
+        return True
+
     # ---- receiving -------------------------------------------------------------------------
 
     def _on_events(self, events: list[WsEvent]) -> None:

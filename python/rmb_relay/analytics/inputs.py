@@ -4,19 +4,20 @@ A Spark job over a corrupt or foreign Parquet file fails deep inside an executor
 stack trace. Every file's footer is cheap to read with pyarrow (no data pages), so each input
 file is checked here first: it is Parquet, it carries the route-record columns, and its schema
 version is one this program understands. A problem becomes one `InputError` line naming the file.
+The footers also give each file's layout (telemetry/record_schema.py), which the Spark loader
+needs to put the columns a version-2 file stores once back on its rows.
 """
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rmb_relay.telemetry.records import SCHEMA, SCHEMA_KEY, SCHEMA_VERSION
+from rmb_relay.telemetry.record_schema import Layout, RecordFileError, layout, visible_files
 
 #: the columns of `rmb-load --samples FILE.parquet`
 SAMPLE_COLUMNS = {
@@ -37,24 +38,16 @@ class Inputs:
 
     files: list[Path]
     rows: int
+    #: route records only: each file's layout, in the order of `files`
+    layouts: list[Layout] = field(default_factory=list)
 
 
 def parquet_files(root: Path) -> list[Path]:
     """The visible Parquet files under `root` (a file or a directory tree); hidden and `_`
     files are skipped as Spark skips them (files still being written are hidden)."""
-    if root.is_file():
-        return [root]
-    if not root.is_dir():
+    if not root.exists():
         raise InputError(f"{root}: no such file or directory")
-    found = []
-    for folder, dirs, names in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
-        found += [
-            Path(folder) / name
-            for name in sorted(names)
-            if not name.startswith((".", "_")) and not name.endswith(".crc")
-        ]
-    return found
+    return visible_files(root)
 
 
 def _footer(path: Path) -> pq.FileMetaData:
@@ -69,29 +62,16 @@ def check_records(root: Path) -> Inputs:
     files = parquet_files(root)
     if not files:
         raise InputError(f"{root}: no route-record files (Parquet) found")
-    wanted = {field.name: field.type for field in SCHEMA}
     rows = 0
+    layouts = []
     for path in files:
         meta = _footer(path)
-        version = (meta.metadata or {}).get(SCHEMA_KEY)
-        if version is None:
-            raise InputError(f"{path}: not an rmb-relay route-record file (no schema version)")
         try:
-            number = int(version)
-        except ValueError:
-            raise InputError(f"{path}: unreadable schema version {version!r}") from None
-        if number > SCHEMA_VERSION:
-            raise InputError(
-                f"{path}: record schema version {number} is newer than this rmb-analytics "
-                f"understands ({SCHEMA_VERSION}); upgrade rmb-analytics"
-            )
-        schema = meta.schema.to_arrow_schema()
-        for name, kind in wanted.items():
-            index = schema.get_field_index(name)
-            if index < 0 or schema.field(index).type != kind:
-                raise InputError(f"{path}: column {name!r} ({kind}) missing or of another type")
+            layouts.append(layout(meta))
+        except RecordFileError as err:
+            raise InputError(f"{path}: {err}") from None
         rows += meta.num_rows
-    return Inputs(files, rows)
+    return Inputs(files, rows, layouts)
 
 
 def check_samples(root: Path) -> Inputs:

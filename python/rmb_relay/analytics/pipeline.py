@@ -29,6 +29,7 @@ from rmb_relay.analytics.inputs import (
 )
 from rmb_relay.analytics.jobs import RECORD_JOBS, SAMPLE_JOBS, Job
 from rmb_relay.clock import Clock, monotonic_clock
+from rmb_relay.telemetry.record_schema import SCHEMA, Layout
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -92,14 +93,55 @@ def _cut(frame: DataFrame, plan: Plan) -> DataFrame:
     return frame
 
 
-def read_records(spark: SparkSession, root: Path, plan: Plan) -> DataFrame:
-    reader = spark.read.option("basePath", str(root)) if root.is_dir() else spark.read
-    frame = reader.parquet(str(root))
+def read_records(
+    spark: SparkSession, root: Path, plan: Plan, found: Inputs | None = None
+) -> DataFrame:
+    """The route records under `root` as one DataFrame of the record schema (`SCHEMA`, plus
+    the `date`/`hour` partition columns), cut to the plan's range: the one loader every job
+    reads through. Files are read in groups of equal layout (`found`: the checked inputs; read
+    from the footers when not given), each group's constant columns put back as literals and
+    integer addresses cast to text, so version-1 and version-2 files read alike."""
+    import functools
+
+    from pyspark.sql import DataFrame
+
+    found = found if found is not None else check_records(root)
+    groups: dict[Layout, list[str]] = {}
+    for path, layout in zip(found.files, found.layouts, strict=True):
+        groups.setdefault(layout, []).append(str(path))
+    frames = []
+    for layout, paths in groups.items():
+        reader = spark.read.option("basePath", str(root)) if root.is_dir() else spark.read
+        frames.append(_as_schema(reader.parquet(*paths), layout))
+    frame = functools.reduce(DataFrame.unionByName, frames)
     if "date" not in frame.columns:  # a single file or a flat folder: no partitions to prune
         from pyspark.sql import functions as F
 
         frame = frame.withColumn("date", F.to_date("time"))
     return _cut(frame, plan)
+
+
+def _as_schema(frame: DataFrame, layout: Layout) -> DataFrame:
+    """One group's columns as `SCHEMA` (and the partition columns Spark found)."""
+    from pyspark.sql import functions as F
+
+    constants = dict(layout.constants)
+    columns = []
+    for column in SCHEMA:
+        name = column.name
+        if name in constants:
+            kind = _SPARK_TYPE[str(column.type)]
+            columns.append(F.lit(constants[name]).cast(kind).alias(name))
+        elif name in layout.integer:
+            columns.append(F.col(name).cast("string").alias(name))
+        else:
+            columns.append(F.col(name))
+    partitions = [name for name in frame.columns if name not in SCHEMA.names]
+    return frame.select(*columns, *partitions)
+
+
+#: Spark's names of the record schema's types that a constant column may have
+_SPARK_TYPE = {"string": "string", "int64": "bigint", "double": "double"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,7 +202,7 @@ def run(
         found = checked.records
         summary["record_files"] = len(found.files)
         summary["record_rows_in_files"] = found.rows
-        records = read_records(spark, plan.records, plan).drop("date", "hour").cache()
+        records = read_records(spark, plan.records, plan, found).drop("date", "hour").cache()
         selected = progress.step(
             "records", f"{len(found.files)} files, {found.rows} rows", records.count
         )

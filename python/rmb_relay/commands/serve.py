@@ -9,12 +9,16 @@ brings its flags without editing this file.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import os
 import textwrap
+import threading
 from collections.abc import Sequence
 
 from rmb_relay import __version__
 from rmb_relay.cli import HelpFormatter, run, setup_logging
+from rmb_relay.cluster import workers
 from rmb_relay.config import (
     DEFAULT_HTTP_IDLE_TIMEOUT,
     DEFAULT_HTTP_REQUEST_TIMEOUT,
@@ -64,6 +68,14 @@ def parser(prog: str = "rmb-relay serve", epilog: str | None = None) -> argparse
         "--reuse-port",
         action="store_true",
         help="set SO_REUSEPORT so several relay processes can share the port",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        metavar="N",
+        help="run N relay processes sharing the port (SO_REUSEPORT) and, through --redis, "
+        "each other's sessions (docs/cluster.md)",
     )
     parser.add_argument(
         "--max-message",
@@ -155,7 +167,52 @@ async def build_server(args: argparse.Namespace) -> tuple[RelayServer, Services]
     return server, services
 
 
-async def serve(args: argparse.Namespace) -> None:
+class ShutdownDeadline:
+    """A relay exits within `limit` seconds of being told to stop, whatever is stuck.
+
+    Every step of a shutdown has a bound of its own (the listener's `shutdown_timeout`, each
+    service's), but a step that waits on a task which lost its cancellation (`tasks.py`), or a
+    loop blocked in a call, would still hold the process forever, and a supervisor's SIGKILL
+    comes without a word. So a thread, independent of the event loop, logs what is still
+    running once `limit` has passed and ends the process with status 1."""
+
+    def __init__(self, limit: float) -> None:
+        self.limit = limit
+        self._timer: threading.Timer | None = None
+
+    def arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._timer is None:
+            self._timer = threading.Timer(self.limit, self._overdue, (loop,))
+            self._timer.daemon = True
+            self._timer.start()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _overdue(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:  # best effort from another thread: the loop is stuck or busy
+            running = sorted(repr(task) for task in asyncio.all_tasks(loop))
+        except RuntimeError:
+            running = ["(could not list the tasks)"]
+        log.error(
+            "shutdown did not finish within %.0f s; exiting with %d task(s) still running:\n%s",
+            self.limit,
+            len(running),
+            "\n".join(running),
+        )
+        logging.shutdown()
+        os._exit(1)
+
+
+#: what the services (cluster, mailbox, federation, ...) get to close after the listener's
+#: `shutdown_timeout`, before `ShutdownDeadline` ends the process
+SERVICES_CLOSE_TIME = 3.0
+
+
+async def serve(args: argparse.Namespace, deadline: ShutdownDeadline | None = None) -> None:
+    """Serve until a signal (or a call) stops the listener, then close everything. With
+    `deadline`, armed when stopping starts, the process exits within its limit."""
     try:
         server, services = await build_server(args)
     except ConfigError as err:
@@ -165,8 +222,10 @@ async def serve(args: argparse.Namespace) -> None:
         server.install_signal_handlers()
         tune_for_serving()
         print(server.banner(), flush=True)
-        await server.stopped.wait()
+        await server.stopping.wait()
     finally:
+        if deadline is not None:
+            deadline.arm(asyncio.get_running_loop())
         await server.shutdown()
         await services.close()
     log.info("rmb-relay stopped")
@@ -176,8 +235,15 @@ def main(argv: Sequence[str], prog: str = "rmb-relay serve", epilog: str | None 
     args = parser(prog, epilog).parse_args(argv)
     setup_logging(args.debug)
     try:
-        listener_config(args)
+        config = listener_config(args)
+        workers.check(args.workers, args.redis, config.port)
     except ConfigError as err:
         raise SystemExit(f"rmb-relay: {err}") from None
-    run(serve(args))
+    if args.workers > 1:
+        return workers.run_workers(argv, args.workers, args.instance_id or workers.default_base())
+    deadline = ShutdownDeadline(config.shutdown_timeout + SERVICES_CLOSE_TIME)
+    try:
+        run(serve(args, deadline))  # (the loop's own close, after serve, is covered too)
+    finally:
+        deadline.cancel()
     return 0

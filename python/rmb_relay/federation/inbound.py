@@ -132,7 +132,7 @@ class InboundFederation:
         if routes:
             waiting: set[SessionKey] = set()  # keys that go the slow way from here on
             lookup = self.switch.lookup
-            with client.batched_writes():
+            with client.batch():
                 for item in routes:
                     key = item[2].key
                     if key not in waiting:

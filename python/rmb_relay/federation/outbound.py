@@ -27,6 +27,12 @@ Errors go to the sender through the switch (its connection here, or its mailbox)
 pushes them to the sender's stream; responses and errors that fail are dropped and counted,
 because rmb-rs never answers an answer.
 
+Route records (`--records`): the worker writes an envelope's record when its outcome is known,
+through the same channel as the rest of RMB (`switch.record_channel("rmb")`): `delivered` with
+the remote relay that accepted it, `rejected` with the one that refused it (or none, when the
+twin has no relays), `expired` with the one tried last. Queuing it is not an outcome, and the
+twin's first relay is not necessarily the one that took it.
+
 The wall clock (envelope deadlines) is injected; backoff delays are event-loop timers.
 """
 
@@ -137,7 +143,8 @@ class OutboundFederation(Federation):
         """Accept the envelope for delivery to one of `twin.relays`; FederationError when the
         queue cannot take it (full, or Redis down)."""
         self.start()
-        await self.queue.put(envelope)
+        records = self.switch.record_channel("rmb")
+        await self.queue.put(envelope, None if records is None else records.clock())
 
     def _unstored(self, envelopes: list[bytes], why: str) -> None:
         """Envelopes the queue took but could not keep: their senders hear it as if
@@ -234,11 +241,12 @@ class OutboundFederation(Federation):
         deadline = env.timestamp + env.expiration
         if deadline <= now:
             self.stats.expired += 1
+            self._record(env, item, "expired", "federation expired", item.remote)
             await self._fail(env, "message has expired", now)
             return True
         order = orders.get(env.dest_twin)
         if order is None:
-            domains = await self._domains(env, now)
+            domains = await self._domains(env, item, now)
             if domains is None:
                 return True
             if not domains:
@@ -255,7 +263,9 @@ class OutboundFederation(Federation):
         downvoted once per call, not once per envelope."""
         groups: dict[str, list[_Round]] = {}
         for rnd in rounds:
-            groups.setdefault(rnd.relays[rnd.tried], []).append(rnd)
+            domain = rnd.relays[rnd.tried]
+            rnd.item.remote = domain  # the relay tried last, for an expiry's route record
+            groups.setdefault(domain, []).append(rnd)
         posts = [self.sender.post_many(d, [r.item.data for r in g]) for d, g in groups.items()]
         answers: list[list[PostResult] | BaseException]
         if len(posts) == 1:
@@ -282,10 +292,11 @@ class OutboundFederation(Federation):
             for rnd, result in zip(group, results, strict=True):
                 if result.outcome is PostOutcome.ACCEPTED:  # the hot path, without a call
                     stats.accepted += 1
+                    self._record(rnd.env, rnd.item, "delivered", None, domain)
                     finished.append(rnd.item)
                     continue
                 try:
-                    if await self._outcome(rnd.env, domain, result):
+                    if await self._outcome(rnd.env, rnd.item, domain, result):
                         finished.append(rnd.item)
                         continue
                 except Exception:
@@ -303,16 +314,20 @@ class OutboundFederation(Federation):
                 self.ranker.downvote(domain)
         return again
 
-    async def _outcome(self, env: EnvelopeRouting, domain: str, result: PostResult) -> bool:
+    async def _outcome(
+        self, env: EnvelopeRouting, item: Item, domain: str, result: PostResult
+    ) -> bool:
         """Act on one relay's answer for one envelope: True when the envelope is finished
         (accepted, or refused for good and the sender told), False when that relay failed.
         (`_post` counts the accepted ones itself: that is the path every envelope takes.)"""
         if result.outcome is PostOutcome.ACCEPTED:
             self.stats.accepted += 1
+            self._record(env, item, "delivered", None, domain)
             return True
         if result.outcome is PostOutcome.REJECTED:
             self.stats.rejected += 1
             log.info("relay %s refused envelope %s: %s", domain, env.uid, result.detail)
+            self._record(env, item, "rejected", "remote rejected", domain)
             reason = f"remote relay rejected permanently: {result.detail}"
             await self._fail(env, reason, seconds(self.clock()))
             return True
@@ -320,7 +335,7 @@ class OutboundFederation(Federation):
         log.debug("relay %s failed for envelope %s: %s", domain, env.uid, result.detail)
         return False
 
-    async def _domains(self, env: EnvelopeRouting, now: int) -> frozenset[str] | None:
+    async def _domains(self, env: EnvelopeRouting, item: Item, now: int) -> frozenset[str] | None:
         """The destination's relays; None when the envelope is finished (answered with an
         error), an empty set when the directory failed (try again later)."""
         try:
@@ -329,12 +344,31 @@ class OutboundFederation(Federation):
             log.warning("twin lookup for federation failed, will retry: %s", err)
             return frozenset()
         if twin is None:
+            self._record(env, item, "rejected", "unknown twin", None)
             await self._fail(env, "unknown twin destination", now)
             return None
         if not twin.relays:
+            self._record(env, item, "rejected", "no relay info", None)
             await self._fail(env, "relay info is not set for this twin", now)
             return None
         return twin.relays
+
+    def _record(
+        self, env: EnvelopeRouting, item: Item, outcome: str, reason: str | None, remote: str | None
+    ) -> None:
+        """The envelope's route record, now that its outcome is known (see the module doc)."""
+        records = self.switch.record_channel("rmb")
+        if records is not None:
+            records.add(
+                env.source_twin or None,
+                env.dest_twin or None,
+                len(item.data),
+                "federation",
+                outcome,
+                reason,
+                received=item.queued,
+                remote=remote,
+            )
 
     def _again(self, item: Item, deadline: int, now: int) -> bool:
         """Schedule the next round, or finish now if the deadline would pass first (the

@@ -58,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 from rmb_relay.errors import FederationError
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
+    from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
 
 log = logging.getLogger("rmb_relay.federation")
 
@@ -99,6 +99,11 @@ class Item:
     id: bytes | None = None
     #: posting rounds that failed so far (drives the backoff)
     attempts: int = 0
+    #: when it was queued (wall clock, ns), for its route record's time inside the relay;
+    #: a Redis entry's id holds the time Redis added it (ms)
+    queued: int | None = None
+    #: the remote relay posted to last (its route record's `remote` if it expires)
+    remote: str | None = None
 
 
 class OutboundQueue(abc.ABC):
@@ -118,8 +123,9 @@ class OutboundQueue(abc.ABC):
         self.on_unstored: Callable[[list[bytes], str], None] | None = None
 
     @abc.abstractmethod
-    async def put(self, data: bytes) -> None:
-        """Hold one envelope; raises FederationError when it cannot (full, Redis down)."""
+    async def put(self, data: bytes, queued: int | None = None) -> None:
+        """Hold one envelope (`queued`: the wall clock now, for route records); raises
+        FederationError when it cannot (full, Redis down)."""
 
     async def get(self) -> Item:
         """The next item to post (waits for one)."""
@@ -218,13 +224,13 @@ class MemoryQueue(OutboundQueue):
         self.max_held = max_held
         self.held = 0
 
-    async def put(self, data: bytes) -> None:
+    async def put(self, data: bytes, queued: int | None = None) -> None:
         if self.held >= self.max_held:
             raise FederationError(
                 f"federation queue full ({self.max_held} envelopes waiting for other relays)"
             )
         self.held += 1
-        self._push(Item(data))
+        self._push(Item(data, queued=queued))
 
     async def done(self, item: Item) -> None:
         self.held -= 1
@@ -234,6 +240,15 @@ class MemoryQueue(OutboundQueue):
 
     def depth(self) -> int:
         return self.held
+
+
+def _entry_time(entry_id: bytes | str) -> int | None:
+    """When Redis added a stream entry (ns since the epoch): its id is `<ms>-<sequence>`."""
+    text = entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+    try:
+        return int(text.split("-", 1)[0]) * 1_000_000
+    except ValueError:
+        return None
 
 
 def consumer_name() -> str:
@@ -282,9 +297,11 @@ class RedisQueue(OutboundQueue):
             loop.create_task(self._claim_loop(), name="federation-claim"),
         ]
 
-    async def put(self, data: bytes) -> None:
+    async def put(self, data: bytes, queued: int | None = None) -> None:
         """Queue the envelope for the next batch of XADDs (see the module docstring); waits for
-        it only while `ADD_AHEAD` are waiting already."""
+        it only while `ADD_AHEAD` are waiting already. `queued` is not kept: the entry id holds
+        the time (Redis's clock), whichever instance posts it."""
+        del queued
         if self.closed:
             raise FederationError("federation queue closed")
         loop = asyncio.get_running_loop()
@@ -382,7 +399,7 @@ class RedisQueue(OutboundQueue):
             if data is None:
                 log.warning("federation entry %r has no %r field; dropped", entry_id, FIELD)
                 continue
-            item = Item(data, entry_id)
+            item = Item(data, entry_id, queued=_entry_time(entry_id))
             self.held[entry_id] = item
             self._push(item)
             taken += 1

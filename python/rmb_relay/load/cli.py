@@ -48,6 +48,10 @@ def _parser() -> argparse.ArgumentParser:
         help="provision the pairs' twins in this directory (default: the relay's default file)",
     )
     rmb.add_argument(
+        "--receiver-url",
+        help="receivers connect here instead of --url (another instance of a cluster)",
+    )
+    rmb.add_argument(
         "--twin-base", type=int, default=DEFAULT_TWIN_BASE, help="first twin id to provision"
     )
     rmb.add_argument(
@@ -181,6 +185,7 @@ def run_load(args: argparse.Namespace) -> dict[str, Any]:
         count=args.count,
         warmup=args.warmup,
         record_samples=args.samples is not None,
+        receiver_url=getattr(args, "receiver_url", None),
     )
     identities: tuple[tuple[int, str, bytes], ...] = ()
     if args.dialect == "rmb" and args.identities is not None:

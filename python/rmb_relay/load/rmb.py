@@ -61,6 +61,8 @@ class LoadPlan:
     record_samples: bool = False
     #: (twin, key type, 32 secret bytes) of identities taken from a file; others use load_key
     identities: tuple[tuple[int, str, bytes], ...] = ()
+    #: receivers connect here instead of `url` (another instance of a cluster)
+    receiver_url: str | None = None
 
     def key(self, twin: int) -> SigningKey:
         for known, key_type, secret in self.identities:
@@ -107,8 +109,11 @@ class Pair:
     async def connect(self) -> None:
         for role, twin in (("receiver", self.spec.receiver), ("sender", self.spec.sender)):
             client = RmbClient(twin, self.plan.key(twin), sid=self.sid)
+            url = self.plan.url
+            if role == "receiver" and self.plan.receiver_url:
+                url = self.plan.receiver_url
             link = RelayLink(
-                self.plan.url,
+                url,
                 client.login_token,
                 self.on_receive if role == "receiver" else self.on_sender_message,
             )

@@ -132,6 +132,13 @@ class Peer(Protocol):
         run outside a socket read (mailbox drains, stream consumers) await it before each batch;
         senders inside a read are paused by the listener instead."""
 
+    def batch(self) -> AbstractContextManager[None]:
+        """Defer the sends to every connection made inside the block and write each touched
+        connection once when it ends, as the listener does for a socket read: for a producer
+        outside a read that hands out many messages at once. The block must not await (other
+        connections' writes wait for it); no sender is paused for a congested receiver in it,
+        so the producer looks at `congested` itself."""
+
     def hold_reading(self, held: bool) -> None:
         """Stop (True) or restart (False) reading this peer's socket, for the dialect's own
         backpressure: e.g. while too much of what it sent waits for a slow dependency. Reading
@@ -147,10 +154,10 @@ class HttpClient(Protocol):
     @property
     def peer_port(self) -> int: ...
 
-    def batched_writes(self) -> AbstractContextManager[None]:
-        """Sends to websocket peers inside the block go out once per peer at its end, as inside
-        a socket read. The block must not await (every connection's writes wait for it) and
-        must skip `congested` peers (no sender is paused for them)."""
+    def batch(self) -> AbstractContextManager[None]:
+        """The same block as `Peer.batch`, for an HTTP handler delivering many messages (a
+        federation batch): sends to websocket peers inside go out once per peer at its end. The
+        block must not await and must skip `congested` peers (no sender is paused for them)."""
 
 
 class RequestBody(Protocol):

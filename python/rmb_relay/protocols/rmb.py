@@ -150,7 +150,7 @@ class RmbMetrics:
             lambda: [((), hot.bytes_out)],
             const=rmb,
         )
-        self.routed_slow: dict[str, int] = {"mailbox": 0, "federation": 0}
+        self.routed_slow: dict[str, int] = {"mailbox": 0, "federation": 0, "cluster": 0}
         registry.counter_of(
             "rmb_relay_messages_routed_total",
             "Messages routed, by dialect and path (local, mailbox, federation)",
@@ -355,24 +355,44 @@ class RmbDialect(Dialect):
             return
         key: SessionKey = (dest, dest_sid)
         records = self.records
-        if await self.switch.deliver(key, data) is Outcome.DELIVERED:  # connected meanwhile
+        # connected meanwhile, here or on another instance of this relay (cluster); the
+        # deadline lets that instance store it if the session left before it got there
+        deadline = None if env.fail_fast else self.mailbox.deadline(env.timestamp, env.expiration)
+
+        def refused(err: BaseException) -> None:
+            log.warning("redis unavailable, refusing envelope for %s: %s", key, err)
+            sender.fail(
+                env, "destination unreachable: the relay's redis is unavailable", "redis down",
+                size, received,
+            )  # fmt: skip
+
+        try:
+            # for another instance: queued, not waited for (a refusal comes back later; the
+            # route record then holds both the forward and the failure)
+            outcome = await self.switch.deliver(
+                key, data, deadline=deadline, store=False, on_refused=refused
+            )
+        except MailboxUnavailable as err:
+            refused(err)
+            return
+        if outcome is Outcome.DELIVERED:
             self.metrics.hot.local += 1
             if records is not None:
                 records.add(sender.twin, dest, size, "local", "delivered", received=received)
             return
+        if outcome is Outcome.FORWARDED:
+            self.metrics.routed_slow["cluster"] += 1
+            if records is not None:
+                records.add(sender.twin, dest, size, "cluster", "delivered", received=received)
+            return
         if not self.is_ours(twin):
-            remote = min(twin.relays) if twin.relays else None
             try:
                 await self.switch.federate(data, twin)
-            except FederationError as err:
-                sender.fail(env, str(err), "federation", size, received, remote=remote)
+            except FederationError as err:  # not queued: no remote relay was tried
+                sender.fail(env, str(err), "federation", size, received)
                 return
+            # its route record is written by the federation worker once the outcome is known
             self.metrics.routed_slow["federation"] += 1
-            if records is not None:
-                records.add(
-                    sender.twin, dest, size, "federation", "delivered", received=received,
-                    remote=remote,
-                )  # fmt: skip
             return
         if env.fail_fast:
             sender.fail(env, "destination offline", "destination offline", size, received)
@@ -397,6 +417,10 @@ class RmbDialect(Dialect):
             self.metrics.routed_slow["mailbox"] += 1
             if records is not None:
                 records.add(sender.twin, dest, size, "mailbox", "queued", received=received)
+        elif outcome is Outcome.FORWARDED:
+            self.metrics.routed_slow["cluster"] += 1
+            if records is not None:
+                records.add(sender.twin, dest, size, "cluster", "delivered", received=received)
         else:
             self.metrics.hot.local += 1
             if records is not None:
@@ -589,8 +613,6 @@ class RmbSession(WebSocketHandler):
         label: str,
         size: int = 0,
         received: int | None = None,
-        *,
-        remote: str | None = None,
     ) -> None:
         """Report a routing failure to the sender, as rmb-rs does: only for requests.
         `size` and `received` (clock reading on arrival) go to the route record."""
@@ -605,7 +627,6 @@ class RmbSession(WebSocketHandler):
                 "rate-limited" if label == "rate limited" else "rejected",
                 label,
                 received=received,
-                remote=remote,
             )
         if env.kind != MSG_REQUEST:
             metrics.drops.inc(1, label)
@@ -668,6 +689,10 @@ class RmbSession(WebSocketHandler):
         mailbox = self.dialect.mailbox
         failed = False
         try:
+            try:  # read only once the cluster knows we hold the session (switch.claimed)
+                await self.dialect.switch.claimed(self.key)
+            except MailboxUnavailable as err:
+                log.warning("could not announce %r to the cluster: %s", self, err)
             while True:
                 self._drain_again = False
                 try:

@@ -383,6 +383,24 @@ class Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()  # the server closes TCP first (RFC 6455 §7.1.1)
 
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """See `Peer.batch` and `HttpClient.batch`: sends to any connection inside the block are
+        written once per connection at its end, as inside a socket read. No sender is paused
+        for a congested receiver in the block (there is no read to pause): the producer looks
+        at `congested` itself."""
+        batcher = self._batcher
+        reader = batcher.reader
+        batcher.reader = None
+        batcher.depth += 1
+        try:
+            yield
+        finally:
+            batcher.depth -= 1
+            batcher.reader = reader
+            if batcher.depth == 0:
+                batcher.flush()
+
     def send(self, payload: bytes) -> None:
         """Queue one binary message; written with the rest of this batch in one write."""
         if self.state is not State.WEBSOCKET:
@@ -482,24 +500,6 @@ class Connection(asyncio.Protocol):
             )
         else:
             transport.close()
-
-    @contextlib.contextmanager
-    def batched_writes(self) -> Iterator[None]:
-        """Sends to websocket peers inside the block are written once per peer at its end, as
-        inside a socket read (an HTTP handler delivering many messages, e.g. a federation
-        batch). The block must not await: while it is open every connection's writes wait. No
-        sender is paused for a congested receiver here: the caller checks `congested`."""
-        batcher = self._batcher
-        reader = batcher.reader
-        batcher.reader = None
-        batcher.depth += 1
-        try:
-            yield
-        finally:
-            batcher.depth -= 1
-            batcher.reader = reader
-            if batcher.depth == 0:
-                batcher.flush()
 
     def abort(self) -> None:
         """Drop the connection without a close frame (SBD violations demand exactly this)."""

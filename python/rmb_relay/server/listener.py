@@ -125,6 +125,8 @@ class RelayServer:
             dialect.add_routes(self.router)
         self.acceptors: list[Acceptor] = []
         self._stopping = False
+        #: set when a shutdown starts (a signal, or a call), and when it is done
+        self.stopping = asyncio.Event()
         self.stopped = asyncio.Event()
         self.addresses: list[tuple[str, int]] = []
 
@@ -178,6 +180,7 @@ class RelayServer:
             await self.stopped.wait()
             return
         self._stopping = True
+        self.stopping.set()
         for acceptor in self.acceptors:
             acceptor.close()
         conns = list(self.connections.values())

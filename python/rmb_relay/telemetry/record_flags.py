@@ -74,6 +74,11 @@ def recorder_from_args(args: argparse.Namespace, metrics: Registry) -> Recorder 
         "Route records dropped because the writer fell behind (never blocks forwarding)",
         lambda: [((), stats.shed)],
     )
+    metrics.counter_of(
+        "rmb_relay_records_writer_cpu_seconds_total",
+        "CPU time of the route-record writer process (Arrow and Parquet work)",
+        lambda: [((), stats.writer_cpu_ns / 1e9)],
+    )
     try:
         recorder.start()
     except OSError as err:

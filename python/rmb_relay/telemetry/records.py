@@ -7,66 +7,60 @@ cost the forwarding path next to nothing and must never make it wait:
 
 - The hot path (a message delivered to a local connection inside the read that decoded it)
   costs Python nothing: the connection's scanner, which reads source, destination and size of
-  every message inside the one `feed` call per read, appends four integers
-  `(time_ns, src, dst, size)` to the channel's Rust `RecordBuffer` (`Channel.native`, one per
-  dialect) at the clock reading passed into `feed`. The dialect retracts a record on the rare
-  paths where it does not deliver after all (`Channel.retract`: the rate limiter, a
-  connection gone since the scan, a message discarded after a close). Appending from Python
-  instead (`Channel.local`, kept for callers without a scanner) cost ~230 ns a message, half
-  of what forwarding it costs. The route and outcome are implied by the buffer. Addresses are
-  integers there: RMB twin ids as they are, SBD keys as an index into the channel's name table
-  (`Channel.name_id`; the Rust buffer's own key ids are mapped onto it when taken). The
-  writer takes the rows as one numpy view, so turning a million hot-path records into Arrow
-  columns costs milliseconds of C, not a second of the relay's GIL. Everything else (mailbox,
-  federation, drops, expiry) is rarer and calls `Channel.add` with every field.
-- Every `FLUSH_INTERVAL` the event loop swaps the lists out and puts the batch on a bounded
-  queue. A full queue (the writer fell behind) sheds the batch and counts it
-  (`rmb_relay_records_shed_total`): forwarding never blocks on recording.
-- One writer thread turns batches into Arrow columns (the per-column conversion runs in
-  pyarrow's C++; text columns dictionary-encoded in memory, so a batch's constant columns
-  cost nothing per row and Parquet does not hash them again), and appends them to one Parquet
-  file per hour partition
-  (`DIR/date=YYYY-MM-DD/hour=HH/`, hive style, so Spark prunes by time). A file is written under a
-  hidden name (`.` prefix, which Spark and pyarrow skip) and renamed when it is closed, at the
-  latest every `ROLL_SECONDS`, so a reader never sees a half-written file.
+  every message inside the one `feed` call per read, appends them with the clock reading passed
+  into `feed` to the channel's Rust `RecordBuffer` (`Channel.native`, one per dialect), four
+  int64 columns. The dialect retracts a record on the rare paths where it does not deliver
+  after all (`Channel.retract`: the rate limiter, a connection gone since the scan, a message
+  discarded after a close). The route and outcome are implied by the buffer. Addresses are
+  integers there: RMB twin ids as they are, SBD keys as the buffer's key ids, whose names
+  (base64url) the channel keeps in id order (`Channel.names`).
+- Everything else (mailbox, federation outcomes, drops, expiry, the tunnel) is rarer and calls
+  `Channel.add` with every field.
+- Every `FLUSH_INTERVAL` the event loop takes the buffers (the Rust columns move out without a
+  copy) and queues them, as one frame, for the writer process. The loop writes frames into the
+  writer's stdin pipe only as fast as the pipe takes them (non-blocking); a batch that finds
+  `max_pending` batches still waiting (the writer fell behind), or no writer running (it died
+  and is not restarted yet), is shed
+  and counted (`rmb_relay_records_shed_total`): forwarding never blocks on recording. Once a
+  batch's columns are in the pipe, their memory goes back to the Rust buffer for the scanners
+  to append into.
+- The writer is a child process (`record_writer.py`: Arrow, Parquet, the file layout), not a
+  thread, so that the relay stays single-threaded and never imports pyarrow or numpy: a second
+  thread of any kind made every allocation of a 1 KiB message take glibc's arena lock, ~40 ns a
+  message (measured), more than the writer's own work. It reports what it wrote (and its CPU
+  time) on its stdout; it is restarted if it dies, at most every `RESTART_SECONDS`.
 
-`--records-sample R` keeps a random fraction R of the records; each row carries its `weight`
-(1/R) so the analytics jobs estimate totals from a sample.
+`--records-sample R` keeps a random fraction R of the records (the writer samples the hot
+path's columns, `add` samples the rest); each row counts for `weight` = 1/R so the analytics
+jobs estimate totals from a sample.
 
-The schema is versioned (`SCHEMA_VERSION`, in every file's metadata); docs/analytics.md is its
-reference. Route values `cluster` and `federation` are part of version 1 already, so instances
+Route values `cluster` and `federation` are in the record schema since version 1, so instances
 that federate or cluster write the same files.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import logging
 import os
-import queue
+import pickle
 import random
-import threading
+import struct
+import subprocess
+import sys
 import time
-import uuid
-from array import array
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
-
-from rmb_relay._core import RecordBuffer
+from rmb_relay._core import Column, RecordBuffer
 from rmb_relay.clock import Clock, wall_clock
 
 log = logging.getLogger("rmb_relay.records")
-
-#: the record schema's version, in every file's key-value metadata under `SCHEMA_KEY`
-SCHEMA_VERSION = 1
-SCHEMA_KEY = b"rmb.records.schema_version"
 
 #: where a message went; `cluster` and `federation` are reserved for instances that have them
 ROUTES = ("local", "mailbox", "cluster", "federation", "none")
@@ -75,69 +69,36 @@ OUTCOMES = ("delivered", "queued", "expired", "rate-limited", "rejected")
 
 #: how often the event loop hands the buffers to the writer (seconds): bounds buffer memory
 FLUSH_INTERVAL = 0.5
-#: batches waiting for the writer; beyond this they are shed (about 32 s of backlog)
+#: batches waiting to go into the writer's pipe; beyond this they are shed (~32 s of backlog)
 MAX_PENDING_BATCHES = 64
 #: a Parquet file is closed (made visible) at the latest this long after it was opened
 ROLL_SECONDS = 60.0
-#: Parquet page compression: lz4 writes ~2x faster than snappy here at the same size
-COMPRESSION = "lz4"
+#: the writer's pipe is asked to hold this much (Linux caps it at fs.pipe-max-size, 1 MiB by
+#: default): a batch of a few MB goes in a few writes instead of one per 64 KiB
+PIPE_SIZE = 1 << 20
+#: a writer that died is started again at most this often (its batches meanwhile are shed)
+RESTART_SECONDS = 5.0
+#: how long `close` waits for the writer to take what is queued and finish its files
+CLOSE_TIMEOUT = 60.0
+#: a frame's lengths (header, payload): see record_writer.py
+FRAME = struct.Struct("<II")
 
-SCHEMA = pa.schema(
-    [
-        pa.field("time", pa.timestamp("us", tz="UTC"), nullable=False),
-        pa.field("instance", pa.string(), nullable=False),
-        pa.field("dialect", pa.string(), nullable=False),
-        pa.field("src", pa.string()),
-        pa.field("dst", pa.string()),
-        pa.field("size", pa.int64(), nullable=False),
-        pa.field("route", pa.string(), nullable=False),
-        pa.field("outcome", pa.string(), nullable=False),
-        pa.field("reason", pa.string()),
-        pa.field("relay_us", pa.int64()),
-        pa.field("remote", pa.string()),
-        pa.field("weight", pa.float64(), nullable=False),
-    ],
-    metadata={SCHEMA_KEY: str(SCHEMA_VERSION).encode()},
-)
-
-#: columns the writer holds dictionary-encoded already: the text ones and the hot path's
-#: constant numbers (a batch's constant columns are one value and a run of zero indexes,
-#: addresses one string per distinct id), so Parquet writes the dictionaries as given instead
-#: of hashing (or compressing) every row of them; this halved the Parquet write
-DICT_COLUMNS = [f.name for f in SCHEMA if f.type == pa.string()] + ["relay_us", "weight"]
-#: `SCHEMA` as the writer's tables carry it; the files hold no Arrow schema (`store_schema`
-#: off), so every reader, pyarrow and Spark alike, sees the Parquet types: `SCHEMA`
-WRITE_SCHEMA = pa.schema(
-    [
-        pa.field(f.name, pa.dictionary(pa.int32(), f.type), f.nullable)
-        if f.name in DICT_COLUMNS
-        else f
-        for f in SCHEMA
-    ],
-    metadata=SCHEMA.metadata,
-)
-
-#: a hot-path record: (time_ns, src, dst, size), delivered to a local connection; src and dst
-#: are twin ids or `Channel.name_id`s
-LocalRecord = tuple[int, int, int, int]
-#: any other record: (time_ns, src, dst, size, route, outcome, reason, relay_ns, remote)
+#: any record but the hot path's: (time_ns, src, dst, size, route, outcome, reason, relay_ns,
+#: remote)
 FullRecord = tuple[int, Any, Any, int, str, str, str | None, int | None, str | None]
 
 
 class Channel:
     """One dialect's buffers. `native` is what the dialect's scanners append the hot path's
-    records to (see the module docstring); `local` the same record appended from Python."""
+    records to (see the module docstring); `add` records everything else."""
 
     __slots__ = (
         "_full",
-        "_ids",
-        "_key_ids",
-        "_local",
         "_scan_clock",
         "clock",
         "dialect",
-        "local",
         "names",
+        "names_sent",
         "native",
         "sample",
     )
@@ -146,20 +107,14 @@ class Channel:
         self.dialect = dialect
         self.sample = sample
         self.clock = clock
-        self._local = array("q")
         self._full: list[FullRecord] = []
-        #: text addresses of the hot path by id (`name_id`); empty: addresses are integers
-        self.names: list[str] = []
-        self._ids: dict[str, int] = {}
-        #: the scanners' buffer; its SBD key ids map onto `names` through `_key_ids`
+        #: the scanners' buffer
         self.native = RecordBuffer()
-        self._key_ids: list[int] = []
+        #: the names (base64url) of the SBD keys `native` interned, by key id
+        self.names: list[str] = []
+        #: names the writer has (a batch carries the ones after these)
+        self.names_sent = 0
         self._scan_clock: Clock = clock
-        self.local: Callable[[LocalRecord], None]
-        if sample >= 1.0:
-            self.local = self._local.extend
-        else:
-            self.local = _sampler(self._local.extend, sample)
 
     def scanner_buffer(self, scan_clock: Clock) -> RecordBuffer:
         """The buffer a scanner appends to, stamping records with `scan_clock` (the reading
@@ -177,14 +132,6 @@ class Channel:
         """The message whose scan appended record `index` was not delivered after all."""
         if index >= 0:
             self.native.retract(index)
-
-    def name_id(self, name: str) -> int:
-        """The integer a text address (an SBD key) is recorded as on the hot path."""
-        found = self._ids.get(name)
-        if found is None:
-            found = self._ids[name] = len(self.names)
-            self.names.append(name)
-        return found
 
     def add(
         self,
@@ -206,74 +153,74 @@ class Channel:
         relay_ns = None if received is None else max(0, now - received)
         self._full.append((now, src, dst, size, route, outcome, reason, relay_ns, remote))
 
-    def take(self) -> tuple[array[int], list[FullRecord]]:
-        """The records so far; the buffers stay the same objects (the hot path holds a bound
-        `extend` of `_local`, the scanners hold `native`)."""
-        local, full = array("q", self._local), self._full[:]
-        del self._local[:]
-        self._full.clear()
-        rows, keys = self.native.take()
+    def take(self, weight: float) -> Batch | None:
+        """The records so far as one batch (None if there are none); the buffers start over.
+        The batch carries the key names the writer does not have yet (`names_sent`)."""
+        time_us, src, dst, size, keys = self.native.take()
         self._sync_offset()
-        for key in keys:
-            self._key_ids.append(self.name_id(base64.urlsafe_b64encode(key).rstrip(b"=").decode()))
-        if rows:
-            local.frombytes(self._native_rows(rows))
-        return local, full
-
-    def _native_rows(self, rows: bytes) -> bytes:
-        """The scanners' rows sampled, SBD key ids as `name_id`s (numpy, no loop over records
-        on the event loop; RMB rows unsampled pass as they are)."""
-        if self.sample >= 1.0 and not self._key_ids:
-            return rows
-        grid = np.frombuffer(rows, dtype=np.int64).reshape(-1, 4)
-        if self.sample < 1.0:
-            grid = grid[np.random.default_rng().random(len(grid)) < self.sample]
-        else:
-            grid = grid.copy()
-        if self._key_ids:
-            ids = np.asarray(self._key_ids, dtype=np.int64)
-            grid[:, 1] = ids[grid[:, 1]]
-            grid[:, 2] = ids[grid[:, 2]]
-        return grid.tobytes()
-
-
-def _sampler(extend: Callable[[LocalRecord], None], rate: float) -> Callable[[LocalRecord], None]:
-    rand = random.random
-
-    def sampled(record: LocalRecord) -> None:
-        if rand() < rate:
-            extend(record)
-
-    return sampled
+        self.names += [base64.urlsafe_b64encode(key).rstrip(b"=").decode() for key in keys]
+        full, self._full = self._full, []
+        rows = len(time_us)
+        if not rows and not full:
+            return None
+        columns = (time_us, src, dst, size) if rows else None
+        new = self.names[self.names_sent :]
+        return Batch(self.dialect, weight, self.sample, rows, columns, full, self.names_sent, new)
 
 
 @dataclass(slots=True)
-class _Batch:
+class Batch:
+    """One flush of one channel, as the writer process is sent it."""
+
     dialect: str
     weight: float
-    #: hot-path records, four integers each
-    local: array[int]
+    sample: float
+    #: hot-path records in `columns`
+    rows: int
+    #: the hot path's columns (time_us, src, dst, size), or None
+    columns: tuple[Column, Column, Column, Column] | None
     full: list[FullRecord]
-    #: the channel's name table when its hot-path addresses are ids (a snapshot: append-only)
+    #: SBD key names from id `names_offset` on, which the writer does not have yet
+    names_offset: int
     names: list[str]
 
     def __len__(self) -> int:
-        return len(self.local) // 4 + len(self.full)
+        return self.rows + len(self.full)
+
+    def frame(self) -> list[memoryview]:
+        """The batch as the writer reads it (record_writer.py): lengths, header, columns."""
+        header = pickle.dumps(
+            (
+                self.dialect,
+                self.weight,
+                self.sample,
+                self.rows,
+                self.full,
+                self.names_offset,
+                self.names,
+            ),
+            protocol=pickle.HIGHEST_PROTOCOL,
+        )
+        columns = [memoryview(column) for column in self.columns or ()]
+        lengths = FRAME.pack(len(header), sum(len(c) for c in columns))
+        return [memoryview(lengths), memoryview(header), *columns]
 
 
 class RecordStats:
-    """Counters read by /metrics (plain ints: bumped by the loop and the writer thread)."""
+    """Counters read by /metrics (plain ints, bumped on the event loop)."""
 
-    __slots__ = ("files", "shed", "written")
+    __slots__ = ("files", "shed", "writer_cpu_ns", "written")
 
     def __init__(self) -> None:
         self.written = 0
         self.shed = 0
         self.files = 0
+        #: CPU time of the writer process (what recording costs besides the scanners' append)
+        self.writer_cpu_ns = 0
 
 
 class Recorder:
-    """Channels, the flush timer and the writer thread; see the module docstring.
+    """Channels, the flush timer and the writer process; see the module docstring.
 
     `start()` on the running loop, `await close()` at shutdown (writes what is buffered)."""
 
@@ -287,6 +234,8 @@ class Recorder:
         flush_interval: float = FLUSH_INTERVAL,
         max_pending: int = MAX_PENDING_BATCHES,
         roll_seconds: float = ROLL_SECONDS,
+        restart_seconds: float = RESTART_SECONDS,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         if not 0.0 < sample <= 1.0:
             raise ValueError(f"records sample must be in (0, 1], got {sample}")
@@ -295,13 +244,12 @@ class Recorder:
         self.sample = sample
         self.clock = clock
         self.flush_interval = flush_interval
+        self.roll_seconds = roll_seconds
         self.stats = RecordStats()
         self.channels: dict[str, Channel] = {}
-        self._queue: queue.Queue[_Batch | None] = queue.Queue(maxsize=max_pending)
-        self._writer = _PartitionWriter(directory, instance, roll_seconds, self.stats)
-        self._thread: threading.Thread | None = None
-        self._timer: Any = None
-        self._loop: Any = None
+        self._writer = _WriterProcess(self, max_pending, restart_seconds, monotonic)
+        self._timer: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def channel(self, dialect: str) -> Channel:
         """The buffers of one dialect (made on first use)."""
@@ -310,231 +258,253 @@ class Recorder:
             channel = self.channels[dialect] = Channel(dialect, self.sample, self.clock)
         return channel
 
-    def start(self) -> None:
-        import asyncio
+    @property
+    def writer_pid(self) -> int | None:
+        """The writer process's id (None before `start` and after `close`)."""
+        return self._writer.pid
 
+    def start(self) -> None:
+        """Start the writer process and the flush timer; OSError if DIR cannot be made."""
         self.directory.mkdir(parents=True, exist_ok=True)
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="rmb-records", daemon=True)
-        self._thread.start()
+        self._writer.start(self._loop)
         self._timer = self._loop.call_later(self.flush_interval, self._tick)
 
     def _tick(self) -> None:
+        self._writer.check()
         self.flush()
+        assert self._loop is not None
         self._timer = self._loop.call_later(self.flush_interval, self._tick)
 
     def flush(self) -> None:
-        """Hand what the channels hold to the writer; shed it (counted) if the queue is full."""
+        """Queue what the channels hold for the writer; shed it (counted) if too much waits."""
         weight = 1.0 / self.sample
         for channel in self.channels.values():
-            local, full = channel.take()
-            if not local and not full:
+            batch = channel.take(weight)
+            if batch is None:
                 continue
-            names = channel.names[:] if channel.names else []
-            batch = _Batch(channel.dialect, weight, local, full, names)
-            try:
-                self._queue.put_nowait(batch)
-            except queue.Full:
+            if self._writer.send(batch):
+                channel.names_sent = batch.names_offset + len(batch.names)
+            else:
                 self.stats.shed += len(batch)
 
     async def close(self) -> None:
         """Write everything buffered and stop the writer."""
-        import asyncio
-
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self.flush()
-        if self._thread is not None:
-            await asyncio.to_thread(self._stop_writer)
-            self._thread = None
-
-    def _stop_writer(self) -> None:
-        self._queue.put(None)  # blocking here is fine: this is shutdown, off the loop
-        assert self._thread is not None
-        self._thread.join()
-
-    def _run(self) -> None:
-        # not niced: a low-priority thread holding the GIL would stall forwarding behind it
-        writer = self._writer
-        while True:
-            try:
-                batch = self._queue.get(timeout=writer.roll_seconds / 4)
-            except queue.Empty:
-                writer.roll_if_due()
-                continue
-            if batch is None:
-                break
-            try:
-                writer.write(batch)
-            except Exception:  # a full disk must not end recording for good, nor the relay
-                log.exception("could not write %d route records", len(batch))
-                self.stats.shed += len(batch)
-        writer.close()
+        await self._writer.close()
 
 
-def _column(values: list[Any]) -> pa.Array:
-    """Addresses as text: RMB twin ids arrive as ints, SBD keys as text; None stays null."""
-    array = pa.array(values)
-    if pa.types.is_string(array.type):
-        return array
-    if pa.types.is_null(array.type):
-        return pa.nulls(len(values), pa.string())
-    return pc.cast(array, pa.string())
-
-
-def _times(nanos: pa.Array) -> pa.Array:
-    return pc.divide(nanos, 1000).cast(pa.timestamp("us", tz="UTC"))
-
-
-def _local_table(batch: _Batch, instance: str) -> pa.Table:
-    """The hot-path records: columns cut from one numpy view of the buffer (no Python loop),
-    text as dictionaries (`WRITE_SCHEMA`)."""
-    grid = np.frombuffer(batch.local, dtype=np.int64).reshape(-1, 4)
-    n = len(grid)
-    zeros = pa.array(np.zeros(n, dtype=np.int32))
-
-    def const(value: Any, kind: pa.DataType | None = None) -> pa.Array:
-        return pa.DictionaryArray.from_arrays(zeros, pa.array([value], kind or pa.string()))
-
-    def address(column: int) -> pa.Array:
-        ids = pa.array(grid[:, column])
-        if batch.names:
-            names = pa.array(batch.names, pa.string())
-            return pa.DictionaryArray.from_arrays(ids.cast(pa.int32()), names)
-        found = pc.dictionary_encode(ids)  # few distinct twins: one string each
-        return pa.DictionaryArray.from_arrays(found.indices, pc.cast(found.dictionary, pa.string()))
-
-    nulls = pa.DictionaryArray.from_arrays(pa.nulls(n, pa.int32()), pa.array([], pa.string()))
-    columns = [
-        _times(pa.array(grid[:, 0])),
-        const(instance),
-        const(batch.dialect),
-        address(1),
-        address(2),
-        pa.array(grid[:, 3]),
-        const("local"),
-        const("delivered"),
-        nulls,
-        const(0, pa.int64()),
-        nulls,
-        const(batch.weight, pa.float64()),
-    ]
-    return pa.Table.from_arrays(columns, schema=WRITE_SCHEMA)
-
-
-def _full_table(batch: _Batch, instance: str) -> pa.Table:
-    """The other records (few): converted field by field."""
-    n = len(batch.full)
-    t, s, d, z, r, o, why, dur, far = (list(c) for c in zip(*batch.full, strict=True))
-    columns = [
-        _times(pa.array(t, pa.int64())),
-        pa.repeat(pa.scalar(instance), n),
-        pa.repeat(pa.scalar(batch.dialect), n),
-        _column(s),
-        _column(d),
-        pa.array(z, pa.int64()),
-        pa.array(r, pa.string()),
-        pa.array(o, pa.string()),
-        pa.array(why, pa.string()),
-        pc.divide(pa.array(dur, pa.int64()), 1000),
-        pa.array(far, pa.string()),
-        pa.repeat(pa.scalar(batch.weight), n),
-    ]
-    table = pa.Table.from_arrays(columns, schema=SCHEMA)
-    for name in DICT_COLUMNS:
-        index = table.schema.get_field_index(name)
-        encoded = pc.dictionary_encode(table.column(index))
-        table = table.set_column(index, WRITE_SCHEMA.field(name), encoded)
-    return table
-
-
-def to_table(batch: _Batch, instance: str) -> pa.Table:
-    """One batch as a table of `WRITE_SCHEMA` (both kinds of record)."""
-    parts = []
-    if batch.local:
-        parts.append(_local_table(batch, instance))
-    if batch.full:
-        parts.append(_full_table(batch, instance))
-    return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-
-
-class _PartitionWriter:
-    """Open Parquet files by hour partition; hidden while open, renamed when closed."""
+class _WriterProcess:
+    """The child process that writes Parquet (record_writer.py), the non-blocking pipe to it
+    and the counters it reports back."""
 
     def __init__(
         self,
-        directory: Path,
-        instance: str,
-        roll_seconds: float,
-        stats: RecordStats,
-        monotonic: Callable[[], float] = time.monotonic,
+        recorder: Recorder,
+        max_pending: int,
+        restart_seconds: float,
+        monotonic: Callable[[], float],
     ) -> None:
+        self.recorder = recorder
+        self.stats = recorder.stats
+        self.max_pending = max_pending
+        self.restart_seconds = restart_seconds
         self.monotonic = monotonic
-        self.directory = directory
-        self.instance = instance
-        self.roll_seconds = roll_seconds
-        self.stats = stats
-        self._tag = _safe(instance)
-        #: hour (unix hours) -> (writer, hidden path, final path, opened at monotonic s)
-        self._open: dict[int, tuple[pq.ParquetWriter, Path, Path, float]] = {}
+        #: frames not yet wholly in the pipe (the first one maybe in part): (records, chunks)
+        self._pending: deque[tuple[int, deque[memoryview]]] = deque()
+        self._process: subprocess.Popen[bytes] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._pipe = -1
+        self._report = -1
+        self._report_tail = b""
+        #: (written, failed, files, cpu_ns) of the writers that ended, and of the running one
+        self._ended = (0, 0, 0, 0)
+        self._running = (0, 0, 0, 0)
+        #: records the writers failed to write, already counted as shed
+        self._failed_counted = 0
+        self._started_at: float | None = None
+        self._drained: asyncio.Future[None] | None = None
+        self._finished: asyncio.Future[None] | None = None
 
-    def write(self, batch: _Batch) -> None:
-        table = to_table(batch, self.instance)
-        hours = pc.divide(table.column("time").cast(pa.int64()), 3_600_000_000)
-        low, high = pc.min(hours).as_py(), pc.max(hours).as_py()
-        if low == high:
-            self._append(low, table)
-        else:
-            for hour in range(low, high + 1):
-                part = table.filter(pc.equal(hours, hour))
-                if part.num_rows:
-                    self._append(hour, part)
-        self.stats.written += table.num_rows
-        self.roll_if_due()
+    @property
+    def pid(self) -> int | None:
+        return None if self._process is None else self._process.pid
 
-    def _append(self, hour: int, table: pa.Table) -> None:
-        entry = self._open.get(hour)
-        if entry is None:
-            stamp = time.gmtime(hour * 3600)
-            folder = (
-                self.directory / f"date={time.strftime('%Y-%m-%d', stamp)}/hour={stamp.tm_hour:02d}"
-            )
-            folder.mkdir(parents=True, exist_ok=True)
-            name = f"part-{self._tag}-{uuid.uuid4().hex[:12]}.parquet"
-            hidden, final = folder / f".{name}", folder / name
-            writer = pq.ParquetWriter(
-                hidden,
-                WRITE_SCHEMA,
-                compression=COMPRESSION,
-                # a dictionary of unique timestamps, of the numbers, and min/max of every text
-                # column cost more than the rest of the write; `time` keeps its statistics
-                # (readers prune on it); the others arrive as dictionaries
-                use_dictionary=DICT_COLUMNS,
-                write_statistics=["time"],
-                store_schema=False,  # readers see the Parquet types: `SCHEMA`, not dictionaries
-            )
-            writer.add_key_value_metadata({SCHEMA_KEY: str(SCHEMA_VERSION).encode()})
-            entry = (writer, hidden, final, self.monotonic())
-            self._open[hour] = entry
-        entry[0].write_table(table)
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._spawn()
 
-    def roll_if_due(self) -> None:
-        now = self.monotonic()
-        for hour, (_, _, _, opened) in list(self._open.items()):
-            if now - opened >= self.roll_seconds:
-                self._finish(hour)
+    def _spawn(self) -> None:
+        assert self._loop is not None
+        self._started_at = self.monotonic()
+        recorder = self.recorder
+        command = [
+            sys.executable,
+            "-m",
+            "rmb_relay.telemetry.record_writer",
+            str(recorder.directory),
+            recorder.instance,
+            repr(recorder.roll_seconds),
+        ]
+        # its own session: a Ctrl-C to the relay's terminal must not kill it before the relay
+        # has handed it the last records (it ends when its stdin closes)
+        self._process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+        )
+        assert self._process.stdin is not None
+        assert self._process.stdout is not None
+        self._pipe = self._process.stdin.fileno()
+        self._report = self._process.stdout.fileno()
+        os.set_blocking(self._pipe, False)
+        os.set_blocking(self._report, False)
+        with contextlib.suppress(OSError, AttributeError):
+            import fcntl
 
-    def _finish(self, hour: int) -> None:
-        writer, hidden, final, _ = self._open.pop(hour)
-        writer.close()
-        os.replace(hidden, final)
-        self.stats.files += 1
+            fcntl.fcntl(self._pipe, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+        self._report_tail = b""
+        self._running = (0, 0, 0, 0)
+        self._loop.add_reader(self._report, self._on_report)
+        for channel in recorder.channels.values():
+            channel.names_sent = 0  # a new writer knows no key names
 
-    def close(self) -> None:
-        for hour in list(self._open):
-            self._finish(hour)
+    def send(self, batch: Batch) -> bool:
+        """Queue a batch for the pipe; False (shed) when `max_pending` batches wait already,
+        or the writer died and is not running again yet."""
+        if len(self._pending) >= self.max_pending:
+            return False
+        if self._loop is not None and self._pipe < 0:
+            return False
+        was_idle = not self._pending
+        self._pending.append((len(batch), deque(batch.frame())))
+        if was_idle and self._pipe >= 0:
+            self._drain()
+            if self._pending and self._loop is not None:
+                self._loop.add_writer(self._pipe, self._drain)
+        return True
 
+    def _drain(self) -> None:
+        """Write into the pipe what it takes now (called again when it has room)."""
+        pending = self._pending
+        try:
+            while pending:
+                _, chunks = pending[0]
+                while chunks:
+                    chunk = chunks[0]
+                    written = os.write(self._pipe, chunk)
+                    if written < len(chunk):
+                        chunks[0] = chunk[written:]
+                        return
+                    chunks.popleft()
+                pending.popleft()  # its columns go back to the scanners' buffer
+        except BlockingIOError:
+            return
+        except OSError as err:  # BrokenPipeError: the writer died; `check` restarts it
+            log.warning("route-record writer pipe: %s", err)
+            self._stop_writing()
+            return
+        self._stop_writing()
+        if self._drained is not None and not self._drained.done():
+            self._drained.set_result(None)
 
-def _safe(text: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in text)[:48] or "relay"
+    def _stop_writing(self) -> None:
+        if self._loop is not None and self._pipe >= 0:
+            self._loop.remove_writer(self._pipe)
+
+    def _on_report(self) -> None:
+        """The writer's counter lines (cumulative for its life): the last whole one counts."""
+        try:
+            data = os.read(self._report, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # the writer closed its stdout: it is ending
+            assert self._loop is not None
+            self._loop.remove_reader(self._report)
+            if self._finished is not None and not self._finished.done():
+                self._finished.set_result(None)
+            return
+        lines = (self._report_tail + data).split(b"\n")
+        self._report_tail = lines.pop()
+        if lines:
+            written, failed, files, cpu_ns = (int(v) for v in lines[-1].split())
+            self._running = (written, failed, files, cpu_ns)
+            self._publish()
+
+    def _publish(self) -> None:
+        ended, running = self._ended, self._running
+        stats = self.stats
+        stats.written = ended[0] + running[0]
+        stats.files = ended[2] + running[2]
+        stats.writer_cpu_ns = ended[3] + running[3]
+        failed = ended[1] + running[1]
+        stats.shed += failed - self._failed_counted
+        self._failed_counted = failed
+
+    def check(self) -> None:
+        """Start the writer again if it died (at most every RESTART_SECONDS); what it had
+        not taken is shed."""
+        process = self._process
+        if process is None or process.poll() is None:
+            return
+        if self._pipe >= 0:
+            log.error("route-record writer exited with %s; restarting it", process.returncode)
+            self._close_pipes()
+            self.stats.shed += sum(records for records, _ in self._pending)
+            self._pending.clear()
+        started = self._started_at
+        if started is None or self.monotonic() - started >= self.restart_seconds:
+            self._spawn()
+
+    def _close_pipes(self) -> None:
+        assert self._loop is not None
+        assert self._process is not None
+        self._stop_writing()
+        self._loop.remove_reader(self._report)
+        ended, running = self._ended, self._running
+        self._ended = (
+            ended[0] + running[0],
+            ended[1] + running[1],
+            ended[2] + running[2],
+            ended[3] + running[3],
+        )
+        self._running = (0, 0, 0, 0)
+        for stream in (self._process.stdin, self._process.stdout):
+            if stream is not None:
+                stream.close()
+        self._pipe = self._report = -1
+
+    async def close(self) -> None:
+        """Hand the writer what is queued, let it finish its files, and wait for it."""
+        process, loop = self._process, self._loop
+        if process is None or loop is None:
+            self.stats.shed += sum(records for records, _ in self._pending)
+            self._pending.clear()
+            return
+        self.check()
+        try:
+            if self._pending and self._pipe >= 0:
+                self._drained = loop.create_future()
+                await asyncio.wait_for(self._drained, CLOSE_TIMEOUT)
+            if self._pipe >= 0:
+                self._finished = loop.create_future()
+                self._stop_writing()
+                assert process.stdin is not None
+                process.stdin.close()  # end of batches: the writer closes its files and exits
+                self._pipe = -1
+                await asyncio.wait_for(self._finished, CLOSE_TIMEOUT)
+        except TimeoutError:
+            log.error("route-record writer did not finish in %.0f s; killed", CLOSE_TIMEOUT)
+            process.kill()
+        finally:
+            self.stats.shed += sum(records for records, _ in self._pending)
+            self._pending.clear()
+            process.wait(CLOSE_TIMEOUT)  # it closed its stdout: it is exiting
+            if process.stdout is not None:
+                process.stdout.close()
+            if process.stdin is not None:
+                process.stdin.close()
+            self._process = None

@@ -130,6 +130,10 @@ class SbdSession(WebSocketHandler):
             else:  # became ready earlier in this same read: the scan could not look it up
                 target = dialect.switch.lookup(routing.peer)
             if target is None:
+                cluster = dialect.switch.cluster
+                if cluster is not None:  # another instance may hold the key
+                    cluster.forward_soon(routing.peer, data)
+                    return
                 hot.forward_drops += 1
                 if self.records is not None:
                     self.records.retract(routing.record)  # gone since the scan recorded it

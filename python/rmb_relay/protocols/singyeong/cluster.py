@@ -34,8 +34,7 @@ from typing import TYPE_CHECKING, Any
 from rmb_relay.protocols.singyeong.clients import Client
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
-
+    from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
     from rmb_relay.protocols.singyeong.clients import ClientIndex
 
 log = logging.getLogger("rmb_relay.singyeong")

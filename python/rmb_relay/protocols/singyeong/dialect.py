@@ -49,9 +49,8 @@ from rmb_relay.protocols.singyeong.session import SgSession
 from rmb_relay.protocols.singyeong.settings import SgSettings
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
-
     from rmb_relay._core import HttpRequest
+    from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
     from rmb_relay.telemetry.metrics import Registry
 
 log = logging.getLogger("rmb_relay.singyeong")

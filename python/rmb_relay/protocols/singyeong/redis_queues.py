@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from rmb_relay.protocols.singyeong.queues import Consumer, Message
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
+    from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
 
 log = logging.getLogger("rmb_relay.singyeong")
 

@@ -4,7 +4,10 @@ runs the requests it receives against local targets.
 Loop: get a token (`POST /tunnel/token`, client credentials), open `GET /tunnel/connector`,
 serve until the socket closes, then reconnect: at once the first time, then after a random
 delay in [min, max] (RelayServer's thundering-herd protection; the relay's `Configure` message
-sets the range). Keep-alive is websocket pings (aiohttp's heartbeat).
+sets the range). The websocket is our own client (`wsclient.py`, frames built by the Rust
+core), kept alive as every client of ours is: a ping after 15 s of silence either way, the
+connection dropped (and the reconnect begun) after 45 s with nothing heard. HTTP to the relay
+(token, body side channels) goes through one aiohttp session.
 
 Each `RequestTarget` runs as its own task (spec §6): refuse it when its `expiresIn` ran out,
 find the target (404 when there is none), fetch an outsourced body from the relay while the
@@ -25,6 +28,9 @@ from typing import Any
 
 import aiohttp
 
+from rmb_relay._core import WsMessage
+from rmb_relay.clock import nanos
+from rmb_relay.errors import ConnectionClosed, HandshakeError
 from rmb_relay.protocols.tunnel.settings import INLINE_LIMIT
 from rmb_relay.protocols.tunnel.targets import Body, EchoTarget, PingTarget, Reply, Target
 from rmb_relay.protocols.tunnel.wire import (
@@ -37,12 +43,17 @@ from rmb_relay.protocols.tunnel.wire import (
     decode,
     encode,
 )
+from rmb_relay.wsclient import WebSocketClient
 
 log = logging.getLogger("rmb_relay.connector")
 
 #: RelayServer's default target timeout (seconds)
 DEFAULT_TARGET_TIMEOUT = 100.0
 CHUNK = 256 * 1024
+#: ping the relay after this much silence either way; give it up after this long unheard
+PING_AFTER = 15.0
+DEAD_AFTER = 45.0
+KEEPALIVE_TICK = 5.0
 
 
 def reconnect_delay(attempt: int, low: float, high: float, rng: random.Random) -> float:
@@ -80,7 +91,7 @@ class Connector:
         self.received: list[str] = []
         self._token: str | None = None
         self._session: aiohttp.ClientSession | None = None
-        self._ws: aiohttp.ClientWebSocketResponse | None = None
+        self._ws: WebSocketClient | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
 
@@ -95,7 +106,13 @@ class Connector:
                 try:
                     await self._connect_and_serve()
                     attempt = 0
-                except (aiohttp.ClientError, OSError, WireError) as err:
+                except (
+                    aiohttp.ClientError,
+                    OSError,
+                    WireError,
+                    HandshakeError,
+                    ConnectionClosed,
+                ) as err:
                     log.warning("connector: %s", err)
                     attempt += 1
                 if self._stopping:
@@ -136,29 +153,34 @@ class Connector:
     async def _connect_and_serve(self) -> None:
         assert self._session is not None
         self._token = await self._fetch_token()
-        url = f"{self.server}/tunnel/connector"
+        url = "ws" + self.server.removeprefix("http") + "/tunnel/connector"
         if self.binary:
             url += "?protocol=msgpack"
-        async with self._session.ws_connect(
+        ws = await WebSocketClient.connect(
             url,
-            headers={"Authorization": f"Bearer {self._token}"},
-            heartbeat=15.0,
-            max_msg_size=1 << 20,
-        ) as ws:
-            self._ws = ws
-            self.connected.set()
-            try:
-                async for message in ws:
-                    if message.type in (aiohttp.WSMsgType.TEXT, aiohttp.WSMsgType.BINARY):
-                        data = (
-                            message.data
-                            if isinstance(message.data, bytes)
-                            else message.data.encode()
-                        )
-                        self._on_message(data)
-            finally:
-                self.connected.clear()
-                self._ws = None
+            headers=[("Authorization", f"Bearer {self._token}")],
+            max_message=1 << 20,
+            on_message=self._on_ws_message,
+        )
+        self._ws = ws
+        self.connected.set()
+        keepalive = asyncio.get_running_loop().create_task(self._keepalive(ws))
+        try:
+            await ws.closed
+        finally:
+            keepalive.cancel()
+            self.connected.clear()
+            self._ws = None
+
+    async def _keepalive(self, ws: WebSocketClient) -> None:
+        while True:
+            await asyncio.sleep(KEEPALIVE_TICK)
+            if not ws.keepalive(nanos(PING_AFTER), nanos(DEAD_AFTER)):
+                log.warning("connector: relay silent for %.0f s: reconnecting", DEAD_AFTER)
+                return
+
+    def _on_ws_message(self, message: WsMessage) -> None:
+        self._on_message(message.data)
 
     def _on_message(self, data: bytes) -> None:
         try:
@@ -178,13 +200,17 @@ class Connector:
 
     async def _send(self, message: TargetResponse | AcknowledgeRequest) -> None:
         ws = self._ws
-        if ws is None or ws.closed:
+        if ws is None or not ws.is_open:
             return
         data = encode(message, self.binary)
-        if self.binary:
-            await ws.send_bytes(data)
-        else:
-            await ws.send_str(data.decode())
+        try:
+            if self.binary:
+                ws.send_binary(data)
+            else:
+                ws.send_text(data.decode())
+            await ws.drain()
+        except ConnectionClosed:
+            pass  # the reconnect follows; the relay redelivers what was not acknowledged
 
     # ---- requests --------------------------------------------------------------------------
 

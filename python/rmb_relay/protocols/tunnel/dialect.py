@@ -29,9 +29,8 @@ from rmb_relay.protocols.tunnel.tokens import OidcVerifier, TokenAuthority, bear
 from rmb_relay.protocols.tunnel.wire import TenantConfig
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
-
     from rmb_relay._core import HttpRequest
+    from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
     from rmb_relay.protocols.base import HttpClient, RequestBody
     from rmb_relay.telemetry.metrics import Registry
     from rmb_relay.telemetry.records import Channel

@@ -38,8 +38,7 @@ from rmb_relay.protocols.tunnel.hub import Hub, Job, Outcome
 from rmb_relay.protocols.tunnel.wire import ClientRequest, TargetResponse, WireError, decode, encode
 
 if TYPE_CHECKING:
-    from redis.asyncio import Redis
-
+    from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
     from rmb_relay.protocols.tunnel.bodystore import FileBodyStore
 
 log = logging.getLogger("rmb_relay.tunnel")

@@ -1,0 +1,331 @@
+"""The bus: each instance's Redis stream, how others write to it and how it is read.
+
+Writing (group commit). `send(instance, record)` queues the encoded record and returns a
+future. One flush runs at a time; it takes everything queued, packs the records for each
+instance into stream entries of at most `ENTRY_RECORDS` records / `ENTRY_BYTES` bytes and
+sends every XADD in one pipeline. What is queued while a flush waits for Redis goes in the
+next flush, so a busy relay pays one round trip per batch, not per message, and a quiet one
+adds no delay. The future says whether the entry was accepted: True once Redis stored it,
+False when the destination's stream no longer exists (XADD NOMKSTREAM: the instance left or
+was reaped, the caller routes the message another way), `ClusterUnavailable` when Redis
+failed (the message was not accepted). A busy sender that keeps no future per message uses
+`send_nowait` with a callback instead, and `room` bounds what it may queue.
+
+Reading. Every stream has one consumer group (`keys.GROUP`). The owner reads new entries
+with XREADGROUP BLOCK, hands their records to its handler in order, then acknowledges and
+deletes them (XACK + XDEL in one pipeline). An entry read but not acknowledged stays pending:
+if the owner dies before it finished, a reaper on another instance claims it (`claim_pending`,
+XCLAIM) and reroutes its records. So an accepted message is handed on at least once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+
+from redis.exceptions import RedisError
+
+from rmb_relay.cluster import keys, wire
+from rmb_relay.cluster.connect import RedisClient
+from rmb_relay.errors import ClusterUnavailable, MailboxUnavailable
+from rmb_relay.tasks import cancel_and_wait
+
+log = logging.getLogger("rmb_relay.cluster")
+
+#: records and bytes per stream entry: big enough to amortise a round trip, small enough that
+#: one entry never makes a reader hold much memory
+ENTRY_RECORDS = 512
+ENTRY_BYTES = 1 << 20
+#: entries per XREADGROUP
+READ_COUNT = 64
+#: how long one XREADGROUP blocks before it is repeated (also bounds how long close() waits)
+READ_BLOCK_MS = 1000
+#: pause after a failed read before the next try, so a Redis outage is not a busy loop
+RETRY_DELAY = 0.5
+#: how long `close` waits for the reader to stop and for what is being written
+CLOSE_TIMEOUT = 2.0
+#: bytes queued for other instances' streams (or on their way) above which a sender that
+#: does not wait for Redis waits for room (`room`): memory stays bounded when Redis is slow
+QUEUE_LIMIT = 8 << 20
+
+Entry = tuple[bytes, list[wire.Record]]
+Handler = Callable[[list[wire.Record]], Awaitable[None]]
+#: what a queued record's sender hears once its batch was written (`Bus.send_nowait`)
+Notify = Callable[[bool | ClusterUnavailable], None] | asyncio.Future[bool]
+
+
+def _settle(notify: Notify, outcome: bool | ClusterUnavailable) -> None:
+    if isinstance(notify, asyncio.Future):
+        if notify.done():
+            return
+        if isinstance(outcome, bool):
+            notify.set_result(outcome)
+        else:
+            notify.set_exception(outcome)
+        return
+    try:
+        notify(outcome)
+    except Exception:  # one sender's bug must not cost the others their outcome
+        log.exception("cluster: a bus sender failed to take its outcome")
+
+
+#: what a failed Redis call raises (redis-py's errors; a refused or reset socket)
+REDIS_ERRORS = (RedisError, OSError)
+#: ... and what a failed hand-over raises above it (a mailbox in the same Redis)
+FAILURES = (RedisError, OSError, MailboxUnavailable)
+
+
+class Bus:
+    """This instance's end of the bus; see the module docstring."""
+
+    def __init__(self, redis: RedisClient, me: str, handler: Handler) -> None:
+        self.redis = redis
+        self.me = me
+        self.handler = handler
+        self._queued: dict[str, list[tuple[bytes, Notify]]] = {}
+        #: bytes of records queued or being written, and the event senders wait on for room
+        self._queued_bytes = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        self._flusher: asyncio.Task[None] | None = None
+        self._reader: asyncio.Task[None] | None = None
+        #: set by `close`: the reader stops at its next turn even if it lost its cancellation
+        self._closing = False
+        #: called with the error when a read fails and with None when reading works again
+        self.on_health: Callable[[BaseException | None], None] = lambda err: None
+        self.sent_entries = 0
+        self.bad_entries = 0
+
+    # ---- writing ---------------------------------------------------------------------------
+
+    def send(self, instance: str, record: bytes) -> asyncio.Future[bool]:
+        """Queue an encoded record for `instance`'s stream; see the module docstring."""
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.send_nowait(instance, record, future)
+        return future
+
+    def send_nowait(self, instance: str, record: bytes, notify: Notify) -> None:
+        """`send` for a caller that keeps no future per record: `notify(outcome)` is called
+        once its batch was written, with True (stored), False (that stream is gone) or the
+        `ClusterUnavailable` Redis failed with. (A future is also accepted, and settled.)"""
+        self._queued.setdefault(instance, []).append((record, notify))
+        self._queued_bytes += len(record)
+        if self._queued_bytes > QUEUE_LIMIT:
+            self._room.clear()
+        if self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+
+    async def room(self) -> None:
+        """Wait while more than `QUEUE_LIMIT` bytes are queued or being written."""
+        if not self._room.is_set():
+            await self._room.wait()
+
+    async def _flush(self) -> None:
+        try:
+            while self._queued:
+                queued, self._queued = self._queued, {}
+                try:
+                    await self._write(queued)
+                finally:
+                    self._queued_bytes -= sum(
+                        len(record) for items in queued.values() for record, _ in items
+                    )
+                    if self._queued_bytes <= QUEUE_LIMIT:
+                        self._room.set()
+        finally:
+            self._flusher = None
+
+    async def _write(self, queued: dict[str, list[tuple[bytes, Notify]]]) -> None:
+        batches: list[list[Notify]] = []
+        pipe = self.redis.pipeline(transaction=False)
+        for instance, items in queued.items():
+            stream = keys.bus_key(instance)
+            parts: list[bytes] = []
+            waiting: list[Notify] = []
+            size = 0
+            for record, notify in items:
+                if parts and (len(parts) >= ENTRY_RECORDS or size + len(record) > ENTRY_BYTES):
+                    pipe.xadd(stream, {b"m": b"".join(parts)}, nomkstream=True)
+                    batches.append(waiting)
+                    parts, waiting, size = [], [], 0
+                parts.append(record)
+                waiting.append(notify)
+                size += len(record)
+            pipe.xadd(stream, {b"m": b"".join(parts)}, nomkstream=True)
+            batches.append(waiting)
+        try:
+            results = await pipe.execute()
+        except REDIS_ERRORS as err:
+            failure = ClusterUnavailable(f"redis: {err}")
+            for waiting in batches:
+                for notify in waiting:
+                    _settle(notify, failure)
+            return
+        self.sent_entries += len(batches)
+        for waiting, result in zip(batches, results, strict=True):
+            stored = result is not None
+            for notify in waiting:
+                _settle(notify, stored)
+
+    # ---- reading ---------------------------------------------------------------------------
+
+    async def create(self) -> None:
+        """This instance's stream and group (MKSTREAM), and its entry in the instance set."""
+        await self.ensure_group(self.me)
+        await self.redis.sadd(keys.INSTANCES_KEY, self.me)
+
+    async def ensure_group(self, instance: str) -> None:
+        from redis.exceptions import ResponseError
+
+        try:
+            await self.redis.xgroup_create(keys.bus_key(instance), keys.GROUP, "0", mkstream=True)
+        except ResponseError as err:
+            if "BUSYGROUP" not in str(err):
+                raise
+
+    def start(self) -> None:
+        self._reader = asyncio.get_running_loop().create_task(self._read_loop())
+
+    async def _read_loop(self) -> None:
+        from redis.exceptions import ResponseError
+
+        stream = keys.bus_key(self.me)
+        healthy = True
+        # after a failure, entries we read but could not acknowledge are still pending for us
+        # (XREADGROUP ">" never returns them again): hand them on first, then read new ones
+        recover = False
+        while not self._closing:
+            try:
+                if recover:
+                    entries = await self.read(stream, pending=True)
+                    recover = bool(entries)
+                else:
+                    entries = await self.read(stream, block=READ_BLOCK_MS)
+                if not healthy:
+                    healthy = True
+                    self.on_health(None)
+                if entries:
+                    await self._handle(stream, entries)
+            except asyncio.CancelledError:
+                raise
+            except ResponseError as err:
+                if "NOGROUP" in str(err):  # reaped while we were stalled: start over
+                    log.warning("cluster: our bus stream %s was gone; recreating it", stream)
+                    await self._retry(self.create)
+                    continue
+                healthy = await self._failed(err, healthy)
+                recover = True
+            except FAILURES as err:
+                # not acknowledged: handed on again once Redis answers (at least once)
+                healthy = await self._failed(err, healthy)
+                recover = True
+            except Exception:
+                log.exception("cluster: handling bus entries failed")
+                await asyncio.sleep(RETRY_DELAY)
+
+    async def _failed(self, err: BaseException, healthy: bool) -> bool:
+        """Report the first failure of an outage; pause so an outage is not a busy loop."""
+        if healthy:
+            self.on_health(err)
+        await asyncio.sleep(RETRY_DELAY)
+        return False
+
+    async def _retry(self, action: Callable[[], Awaitable[None]]) -> None:
+        try:
+            await action()
+        except REDIS_ERRORS as err:
+            self.on_health(err)
+            await asyncio.sleep(RETRY_DELAY)
+
+    async def read(
+        self, stream: str, *, block: int | None = None, pending: bool = False
+    ) -> list[Entry]:
+        """New entries of `stream` for this instance's consumer, or with `pending` those it
+        read before and has not acknowledged (raises Redis errors)."""
+        raw = await self.redis.xreadgroup(
+            keys.GROUP,
+            self.me,
+            {stream: "0" if pending else ">"},
+            count=READ_COUNT,
+            block=None if pending else block,
+        )
+        if not raw:
+            return []
+        # without decode_responses: [[stream, [(id, {field: value})]]] (RESP2) or a dict (RESP3)
+        streams = raw.items() if isinstance(raw, dict) else raw
+        out: list[Entry] = []
+        for _name, items in streams:
+            for entry_id, fields in cast(list[tuple[bytes, dict[bytes, bytes]]], items):
+                out.append((entry_id, self._decode(stream, entry_id, fields)))
+        return out
+
+    async def orphaned_consumers(self, stream: str) -> list[str]:
+        """Consumers other than this instance with entries of `stream` read but not
+        acknowledged (candidates for `claim_pending`; the caller checks which are dead)."""
+        summary: Any = await self.redis.xpending(stream, keys.GROUP)
+        names = []
+        for consumer in summary.get("consumers") or ():
+            name = consumer["name"]
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            if name != self.me and int(consumer["pending"]):
+                names.append(name)
+        return names
+
+    async def claim_pending(self, stream: str, consumer: str) -> list[Entry]:
+        """Entries `consumer` (a dead instance) read and never acknowledged, now ours.
+
+        Only a dead consumer's: a live one may still be handling them (a slow reaper), and
+        taking them would deliver them twice. Two reapers racing for the same entries: XCLAIM
+        with the least idle time we saw is a compare-and-set (the first claim resets an
+        entry's idle time, so the second finds it too fresh and skips it)."""
+        pending: Any = await self.redis.xpending_range(
+            stream, keys.GROUP, min="-", max="+", count=READ_COUNT, consumername=consumer
+        )
+        if not pending:
+            return []
+        ids = [item["message_id"] for item in pending]
+        min_idle = min(int(item["time_since_delivered"]) for item in pending)
+        raw: Any = await self.redis.xclaim(
+            stream, keys.GROUP, self.me, min_idle_time=min_idle, message_ids=ids
+        )
+        items = cast(list[tuple[bytes, dict[bytes, bytes] | None]], raw or [])
+        return [
+            (entry_id, self._decode(stream, entry_id, fields or {})) for entry_id, fields in items
+        ]
+
+    def _decode(
+        self, stream: str, entry_id: bytes, fields: dict[bytes, bytes]
+    ) -> list[wire.Record]:
+        try:
+            return wire.decode(fields.get(b"m", b""))
+        except wire.BusFormatError as err:
+            self.bad_entries += 1
+            log.error("cluster: skipping malformed bus entry %s of %s: %s", entry_id, stream, err)
+            return []
+
+    async def _handle(self, stream: str, entries: list[Entry]) -> None:
+        records = [record for _entry_id, entry in entries for record in entry]
+        if records:  # one call for the whole read: its messages go out in as few writes
+            await self.handler(records)
+        await self.ack(stream, [entry_id for entry_id, _ in entries])
+
+    async def ack(self, stream: str, ids: list[bytes]) -> None:
+        """Acknowledge and delete handled entries (one round trip)."""
+        if not ids:
+            return
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xack(stream, keys.GROUP, *ids)
+        pipe.xdel(stream, *ids)
+        await pipe.execute()
+
+    async def close(self) -> None:
+        """Stop reading; wait for what is being written. Both bounded by `CLOSE_TIMEOUT`
+        (a cancelled reader can lose its cancellation inside redis-py: `tasks.py`)."""
+        self._closing = True
+        await cancel_and_wait(self._reader, CLOSE_TIMEOUT)
+        self._reader = None
+        flusher = self._flusher
+        if flusher is not None:
+            await asyncio.wait([flusher], timeout=CLOSE_TIMEOUT)

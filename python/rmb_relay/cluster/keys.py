@@ -1,0 +1,88 @@
+"""Names in Redis: address names, and the keys of presence, instance liveness and bus streams.
+
+Every key carries a hash tag (`{...}`) so the same commands run on one Redis server and on
+Redis Cluster: a key's slot is decided by its tag alone, and the keys one instance uses
+together (its bus stream and its liveness key) share a tag, so they share a slot.
+
+| key | type | what |
+|---|---|---|
+| `rmb:{a:<name>}:at` | string, TTL | presence: id of the instance holding address `<name>` |
+| `rmb:{i:<id>}:alive` | string, TTL | instance `<id>` is alive (refreshed every TTL/3) |
+| `rmb:{i:<id>}:bus` | stream | messages other instances hand to instance `<id>` |
+| `rmb:{i:<id>}:reaper` | string, TTL | the live instance taking over dead `<id>`'s stream |
+| `rmb:{cluster}:instances` | set | every instance id that has a bus stream (for the reaper) |
+
+The mailbox keeps rmb-rs's names (`stream:<twin>[:<sid>]`, `mailbox.py`): each is used alone,
+one key per command or transaction, which Redis Cluster accepts without a tag.
+
+An *address name* is the text form of a switch address: `r:<twin>` or `r:<twin>:<sid>` for an
+RMB session, `s:<base64url key>` for an SBD key, `<kind>:<anything>` for a kind another dialect
+registers with `Cluster.register_kind` (docs/cluster.md).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+
+from rmb_relay.mailbox import SessionKey
+
+#: the consumer group every bus stream is read through (owner and reapers alike)
+GROUP = "relay"
+INSTANCES_KEY = "rmb:{cluster}:instances"
+
+#: RMB sessions and SBD keys, the kinds the switch's route table holds
+KIND_RMB = "r"
+KIND_SBD = "s"
+#: an SBD address is an ed25519 public key
+SBD_KEY_BYTES = 32
+
+
+def presence_key(name: str) -> str:
+    return f"rmb:{{a:{name}}}:at"
+
+
+def alive_key(instance: str) -> str:
+    return f"rmb:{{i:{instance}}}:alive"
+
+
+def reaper_key(instance: str) -> str:
+    return f"rmb:{{i:{instance}}}:reaper"
+
+
+def bus_key(instance: str) -> str:
+    return f"rmb:{{i:{instance}}}:bus"
+
+
+def address_name(address: SessionKey | bytes) -> str:
+    """The name of a switch address (RMB session or SBD key)."""
+    if isinstance(address, bytes):
+        return KIND_SBD + ":" + base64.urlsafe_b64encode(address).rstrip(b"=").decode()
+    twin, sid = address
+    return f"{KIND_RMB}:{twin}" if sid is None else f"{KIND_RMB}:{twin}:{sid}"
+
+
+def parse_address_name(name: str) -> SessionKey | bytes:
+    """The switch address of an RMB or SBD name; raises ValueError saying what is wrong."""
+    kind, sep, rest = name.partition(":")
+    if not sep:
+        raise ValueError(f"address name {name!r} has no kind prefix")
+    if kind == KIND_RMB:
+        twin_text, has_sid, sid = rest.partition(":")
+        if not twin_text.isdigit() or not 0 < int(twin_text) < 1 << 32:
+            raise ValueError(f"address name {name!r}: twin must be a number 1..2^32-1")
+        return int(twin_text), sid if has_sid else None
+    if kind == KIND_SBD:
+        try:
+            padded = rest + "=" * (-len(rest) % 4)
+            key = base64.b64decode(padded, altchars=b"-_", validate=True)
+        except (binascii.Error, ValueError):
+            raise ValueError(f"address name {name!r}: key is not base64url") from None
+        if len(key) != SBD_KEY_BYTES:
+            raise ValueError(f"address name {name!r}: key must be {SBD_KEY_BYTES} bytes")
+        return key
+    raise ValueError(f"address name {name!r}: unknown kind {kind!r}")
+
+
+def name_kind(name: str) -> str:
+    return name.partition(":")[0]

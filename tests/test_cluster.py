@@ -1,0 +1,542 @@
+"""The cluster with in-process relay instances on one real redis-server: RMB and SBD across
+instances, mailboxes shared, duplicate logins, presence renewal and expiry (injected clock),
+reaping a dead instance's stream, bad records, Redis going away."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from rmb_relay.client import IncomingRequest
+from rmb_relay.cluster import keys, wire
+from rmb_relay.cluster.bus import Bus
+from rmb_relay.cluster.node import Cluster
+from rmb_relay.errors import RemoteError
+from rmb_relay.mailbox import RedisMailbox, stream_key
+from rmb_relay.switch import Switch
+from tests.cluster_fixtures import (  # noqa: F401 - the fixture is used by name
+    MakeInstance,
+    make_instance_fixture,
+    recorder,
+)
+from tests.conftest import WAIT, RedisServer, start_redis
+from tests.helpers import eventually
+from tests.rmb_fixtures import FakeClock
+
+# ---- names and records -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "address", [(7, None), (7, "sid"), (7, ""), (7, "a:b}{c"), bytes(range(32))]
+)
+def test_address_names_round_trip(address: tuple[int, str | None] | bytes) -> None:
+    assert keys.parse_address_name(keys.address_name(address)) == address
+
+
+@pytest.mark.parametrize(
+    ("name", "why"),
+    [
+        ("nokind", "no kind prefix"),
+        ("r:x", "twin must be a number"),
+        ("r:0", "twin must be a number"),
+        ("s:AAAA", "must be 32 bytes"),
+        ("s:***", "not base64url"),
+        ("q:1", "unknown kind"),
+    ],
+)
+def test_bad_address_names_say_what_is_wrong(name: str, why: str) -> None:
+    with pytest.raises(ValueError, match=why):
+        keys.parse_address_name(name)
+
+
+def test_every_key_carries_a_hash_tag() -> None:
+    for key in (
+        keys.presence_key("r:1"),
+        keys.bus_key("i"),
+        keys.alive_key("i"),
+        keys.INSTANCES_KEY,
+    ):
+        assert key.index("{") < key.index("}")
+    # an instance's stream and liveness key share a slot
+    assert keys.bus_key("i").split("}")[0] == keys.alive_key("i").split("}")[0]
+
+
+def test_a_message_encoded_without_a_record_is_the_same_bytes() -> None:
+    record = wire.Record(wire.MESSAGE, "r:7:sid", b"frame", 1234)
+    assert wire.encode_message("r:7:sid", b"frame", 1234) == wire.encode(record)
+
+
+def test_records_round_trip_in_one_entry() -> None:
+    records = [
+        wire.Record(wire.MESSAGE, "r:1:x", b"frame", 1234, 2),
+        wire.Record(wire.DISPLACED, "s:" + "A" * 43),
+        wire.Record(wire.MAIL, "r:9"),
+    ]
+    assert wire.decode(b"".join(map(wire.encode, records))) == records
+
+
+@pytest.mark.parametrize(
+    ("data", "why"),
+    [
+        (b"\x00" * 5, "truncated"),
+        (wire.encode(wire.Record(wire.MESSAGE, "r:1", b"abc"))[:-1], "runs past"),
+        (b"\x09" + wire.encode(wire.Record(wire.MESSAGE, "r:1"))[1:], "unknown record kind"),
+        (wire.encode(wire.Record(wire.MESSAGE, "r:1")).replace(b"r:1", b"\xff\xfe1"), "UTF-8"),
+    ],
+)
+def test_malformed_entries_are_refused(data: bytes, why: str) -> None:
+    with pytest.raises(wire.BusFormatError, match=why):
+        wire.decode(data)
+
+
+# ---- across instances ------------------------------------------------------------------------
+
+
+async def test_rmb_request_and_reply_cross_instances(
+    redis_server: RedisServer, make_instance: MakeInstance
+) -> None:
+    a = await make_instance(redis_server.url)
+    b = await make_instance(redis_server.url)
+    alice = await a.client(1, sid="alice")
+    bob = await b.client(2, sid="bob")
+    bob.handle("echo", lambda request: request.data[::-1])
+    for i in range(20):
+        reply = await alice.request(2, "echo", f"hello {i}".encode(), dest_sid="bob", timeout=WAIT)
+        assert reply.data == f"hello {i}".encode()[::-1]
+    # (a reply can overtake the callback that counts its request as sent)
+    await eventually(lambda: a.cluster.counters.sent == b.cluster.counters.sent == 20)
+    assert a.cluster.counters.received == b.cluster.counters.received == 20
+    assert a.rmb.metrics.routed_slow["cluster"] >= 20
+
+
+async def test_sbd_forwards_between_instances_through_the_same_bus(
+    redis_server: RedisServer, make_instance: MakeInstance
+) -> None:
+    a = await make_instance(redis_server.url)
+    b = await make_instance(redis_server.url)
+    one = await a.sbd_client()
+    two = await b.sbd_client()
+    await a.cluster.claimed(one.pubkey)
+    await b.cluster.claimed(two.pubkey)
+    for i in range(10):  # per-sender order is kept across instances
+        one.forward(two.pubkey, b"ping %d" % i)
+    for i in range(10):
+        assert await two.receive_forward() == (one.pubkey, b"ping %d" % i)
+    two.forward(one.pubkey, b"pong")
+    assert await one.receive_forward() == (two.pubkey, b"pong")
+    # to a key nobody holds: dropped (SBD keeps no mailbox) and counted
+    one.forward(os.urandom(32), b"nobody")
+    await eventually(lambda: a.cluster.counters.dropped == 1)
+
+
+async def test_offline_twin_gets_its_mail_on_whichever_instance_it_reaches(
+    redis_server: RedisServer, make_instance: MakeInstance
+) -> None:
+    a = await make_instance(redis_server.url)
+    b = await make_instance(redis_server.url)
+    alice = await a.client(1)
+    for i in range(5):
+        alice.send_request(3, "m", f"queued {i}".encode())
+    await eventually(lambda: a.rmb.mailbox.stats.stored == 5)
+    received: list[bytes] = []
+    done = asyncio.Event()
+
+    def record(request: IncomingRequest) -> bytes:
+        received.append(request.data)
+        if len(received) == 5:
+            done.set()
+        return b"ok"
+
+    await b.client(3, handlers={"m": record})
+    await asyncio.wait_for(done.wait(), WAIT)
+    assert received == [f"queued {i}".encode() for i in range(5)]
+
+
+async def test_mail_stored_while_the_twin_logs_in_elsewhere_is_announced(
+    redis_server: RedisServer, make_instance: MakeInstance
+) -> None:
+    a = await make_instance(redis_server.url)
+    b = await make_instance(redis_server.url)
+    carol = await b.client(3)
+    got = asyncio.Event()
+    carol.handle("m", lambda request: (got.set(), b"ok")[1])
+    await b.cluster.claimed((3, None))
+    # as if A had found nobody holding carol and stored the message: it then tells B
+    alice = await a.client(1)
+    _, envelope = alice.request_envelope(3, "m", b"late")
+    await a.switch.mailbox.put((3, None), envelope, a.switch.mailbox.deadline(0, 60))
+    await a.cluster.mail_stored((3, None))
+    await asyncio.wait_for(got.wait(), WAIT)
+
+
+async def test_login_on_another_instance_closes_the_older_connection(
+    redis_server: RedisServer, make_instance: MakeInstance
+) -> None:
+    a = await make_instance(redis_server.url)
+    b = await make_instance(redis_server.url)
+    old = await a.client(3, sid="s")
+    await a.cluster.claimed((3, "s"))
+    new = await b.client(3, sid="s")
+    await eventually(lambda: not old.connected and not a.rmb.sessions)
+    new.handle("m", lambda request: b"from the new one")
+    alice = await a.client(1)
+    reply = await alice.request(3, "m", dest_sid="s", timeout=WAIT)
+    assert reply.data == b"from the new one"
+
+
+async def test_a_message_for_an_address_that_moved_is_passed_on_then_stored(
+    redis_server: RedisServer, make_instance: MakeInstance
+) -> None:
+    a = await make_instance(redis_server.url)
+    b = await make_instance(redis_server.url)
+    c = await make_instance(redis_server.url)
+    alice = await a.client(1)
+    carol = await c.client(3)
+    got: list[bytes] = []
+    carol.handle("m", recorder(got))
+    await c.cluster.claimed((3, None))
+    # a stale sender hands B a message for carol, whom B never held: B passes it on to C
+    _, envelope = alice.request_envelope(3, "m", b"moved")
+    record = wire.Record(wire.MESSAGE, "r:3", envelope, a.switch.mailbox.deadline(0, 60))
+    assert await a.cluster.bus.send(b.cluster.me, wire.encode(record))
+    # (the counter moves once the bus took it, which can be after carol already got it)
+    await eventually(lambda: got == [b"moved"] and b.cluster.counters.passed_on == 1)
+    # held nowhere: B stores it in the mailbox, where carol finds it at her next login
+    await carol.close()
+    await eventually(lambda: not c.rmb.sessions)
+    # (her release reaches Redis after the session is gone: until then B would pass it on)
+    probe = Redis.from_url(redis_server.url)
+    await eventually(lambda: _absent(probe, keys.presence_key("r:3")))
+    await probe.aclose()
+    _, envelope = alice.request_envelope(3, "m", b"stored")
+    record = wire.Record(wire.MESSAGE, "r:3", envelope, a.switch.mailbox.deadline(0, 60))
+    assert await a.cluster.bus.send(b.cluster.me, wire.encode(record))
+    await eventually(lambda: b.cluster.counters.stored == 1)
+    got.clear()
+    await a.client(3, handlers={"m": recorder(got)})
+    await eventually(lambda: got == [b"stored"])
+
+
+async def _absent(redis: Redis, key: str) -> bool:
+    return not await redis.exists(key)
+
+
+async def test_a_message_queued_for_an_instance_that_left_is_routed_again(
+    redis_server: RedisServer, make_instance: MakeInstance
+) -> None:
+    """A forwards without waiting for Redis; when the batch finds B's stream gone (B left),
+    the message is routed again, to where carol is now."""
+    a = await make_instance(redis_server.url, clock=FakeClock())  # its presence cache holds
+    b = await make_instance(redis_server.url)
+    c = await make_instance(redis_server.url)
+    carol = await b.client(3)
+    carol.handle("m", lambda request: b"on b")
+    await b.cluster.claimed((3, None))
+    alice = await a.client(1)
+    assert (await alice.request(3, "m", timeout=WAIT)).data == b"on b"  # A now caches "B"
+    await b.stop()  # B leaves: its stream is deleted
+    got: list[bytes] = []
+    await c.client(3, handlers={"m": recorder(got)})
+    await c.cluster.claimed((3, None))
+    alice.send_request(3, "m", b"after B left")
+    await eventually(lambda: got == [b"after B left"])
+    assert a.cluster.counters.passed_on == 1
+    assert b.cluster.me in a.cluster.presence.dead
+
+
+async def test_a_malformed_entry_is_skipped_and_the_bus_goes_on(
+    redis_server: RedisServer, make_instance: MakeInstance, caplog: pytest.LogCaptureFixture
+) -> None:
+    a = await make_instance(redis_server.url)
+    b = await make_instance(redis_server.url)
+    probe = Redis.from_url(redis_server.url)
+    await probe.xadd(keys.bus_key(b.cluster.me), {b"m": b"\x00garbage"})
+    one = await a.sbd_client()
+    two = await b.sbd_client()
+    await b.cluster.claimed(two.pubkey)
+    one.forward(two.pubkey, b"after the garbage")
+    assert await two.receive_forward() == (one.pubkey, b"after the garbage")
+    assert b.cluster.bus.bad_entries == 1
+    assert "malformed bus entry" in caplog.text
+    await probe.aclose()
+
+
+# ---- presence with an injected clock, and reaping ----------------------------------------------
+
+
+async def test_presence_is_renewed_restored_and_given_up_by_tick(
+    redis_server: RedisServer, make_instance: MakeInstance
+) -> None:
+    clock = FakeClock()
+    a = await make_instance(redis_server.url, ttl=30.0, clock=clock)
+    probe = Redis.from_url(redis_server.url)
+    carol = await a.client(3)
+    await a.cluster.claimed((3, None))
+    key = keys.presence_key("r:3")
+    claim = await probe.get(key)
+    assert claim == f"{a.cluster.me}/1".encode()  # the instance and its claim's number
+    await probe.pexpire(key, 1000)
+    await a.cluster.tick()  # renewed to the full TTL
+    assert await probe.pttl(key) > 20_000
+    await probe.delete(key)  # expired during an outage: set again
+    await a.cluster.tick()
+    assert await probe.get(key) == claim
+    await probe.set(key, b"someone-else/1")  # a newer login elsewhere whose notice was lost
+    await a.cluster.tick()
+    await eventually(lambda: not carol.connected)
+    assert await probe.get(key) == b"someone-else/1"
+    await probe.aclose()
+
+
+async def test_a_dead_instance_is_reaped_and_nothing_it_held_back_is_lost(
+    redis_server: RedisServer, make_instance: MakeInstance
+) -> None:
+    clock = FakeClock()
+    b = await make_instance(redis_server.url, ttl=30.0, clock=clock)
+    # the dead one: an instance that joined, read one entry without acknowledging it, and died
+    redis = Redis.from_url(redis_server.url)
+    dead = Cluster(redis, Switch(RedisMailbox(redis)), instance_id="dead")
+    await dead.bus.create()
+    sender = await b.client(1)
+    deadline = b.switch.mailbox.deadline(0, 60)
+
+    def message(text: bytes) -> bytes:
+        _, envelope = sender.request_envelope(3, "m", text)
+        return wire.encode(wire.Record(wire.MESSAGE, "r:3", envelope, deadline))
+
+    stream = keys.bus_key("dead")
+    await redis.xadd(stream, {b"m": message(b"read, never acknowledged")})
+    assert await dead.bus.read(stream)  # pending now
+    await redis.xadd(stream, {b"m": message(b"never read")})
+    # its liveness key is gone (expired): B's next tick takes both over
+    await b.cluster.tick()
+    assert "dead" in b.cluster.presence.dead
+    probe = Redis.from_url(redis_server.url)
+    assert await probe.xlen(stream_key((3, None))) == 2  # both in carol's mailbox
+    assert await probe.exists(stream)  # kept for two TTLs: a late sender must not fail
+    clock.advance(61)
+    await b.cluster.tick()
+    assert not await probe.exists(stream)
+    assert b"dead" not in await probe.smembers(keys.INSTANCES_KEY)
+    # senders never recreate a reaped stream
+    assert not await b.cluster.bus.send("dead", message(b"late"))
+    got: list[bytes] = []
+    await b.client(3, handlers={"m": recorder(got)})
+    await eventually(lambda: got == [b"read, never acknowledged", b"never read"])
+    await probe.aclose()
+    await redis.aclose()
+
+
+async def test_a_reaper_never_takes_what_a_live_instance_is_working_on(
+    redis_server: RedisServer, make_instance: MakeInstance
+) -> None:
+    """Of a dead instance's stream, B takes what the dead one read and never acknowledged and
+    what nobody read, but not an entry another live reaper is still handling (taking it would
+    deliver it twice); once that reaper dies too, B takes its entry. The stream is deleted
+    only when nothing is left in it."""
+    clock = FakeClock()
+    b = await make_instance(redis_server.url, ttl=30.0, clock=clock)
+    redis = Redis.from_url(redis_server.url)
+    dead = Cluster(redis, Switch(RedisMailbox(redis)), instance_id="dead")
+    await dead.bus.create()
+    other = Bus(redis, "other", _never_called)  # a live reaper, mid-way through an entry
+    await redis.set(keys.alive_key("other"), b"1")
+    sender = await b.client(1)
+    deadline = b.switch.mailbox.deadline(0, 60)
+
+    def message(text: bytes) -> dict[bytes, bytes]:
+        _, envelope = sender.request_envelope(3, "m", text)
+        return {b"m": wire.encode(wire.Record(wire.MESSAGE, "r:3", envelope, deadline))}
+
+    stream = keys.bus_key("dead")
+    await redis.xadd(stream, message(b"read by the dead one"))
+    assert await dead.bus.read(stream)
+    await redis.xadd(stream, message(b"being handled by a live reaper"))
+    assert await other.read(stream)
+    await redis.xadd(stream, message(b"never read"))
+    got: list[bytes] = []
+    carol = await b.client(3, handlers={"m": recorder(got)})
+    await b.cluster.claimed((3, None))
+
+    await b.cluster.tick()
+    await eventually(lambda: sorted(got) == [b"never read", b"read by the dead one"])
+    assert (await carol.ping()).data == b"hello world"  # anything more would be here by now
+    assert len(got) == 2
+    clock.advance(61)
+    await b.cluster.tick()
+    assert await redis.xlen(stream) == 1  # kept: the live reaper's entry is still in it
+
+    await redis.delete(keys.alive_key("other"))  # that reaper died before it finished
+    await b.cluster.tick()
+    await eventually(lambda: len(got) == 3)
+    assert got[2] == b"being handled by a live reaper"
+    assert not await redis.exists(stream)
+    await redis.aclose()
+
+
+async def _never_called(records: list[wire.Record]) -> None:
+    raise AssertionError("this bus is only read from by hand")
+
+
+@pytest.mark.parametrize("reaper", ["the instance she logged in on", "another instance"])
+async def test_taking_over_a_dead_instance_spares_the_session_that_just_logged_in(
+    redis_server: RedisServer, make_instance: MakeInstance, reaper: str
+) -> None:
+    """The race of the kill test, in a fixed order: carol was on an instance that died; she
+    logs in on C before anyone noticed, so C's claim replaces the dead one's and C sends the
+    dead one a notice to close its (long gone) connection, into the dead one's stream. Then a
+    live instance takes that stream over: the notice names the dead claim, so it must not close
+    carol's new session, and what waited for her is delivered once."""
+    clock = FakeClock()
+    c = await make_instance(redis_server.url, ttl=30.0, clock=clock)
+    b = await make_instance(redis_server.url, ttl=30.0, clock=clock)
+    redis = Redis.from_url(redis_server.url)
+    dead = Cluster(redis, Switch(RedisMailbox(redis)), instance_id="dead")
+    await dead.bus.create()  # joined, then died: no liveness key
+    assert await dead.presence.claim("r:3") is None  # carol's presence still names it
+    sender = await c.client(1)
+    deadline = c.switch.mailbox.deadline(0, 60)
+
+    def message(text: bytes) -> bytes:
+        _, envelope = sender.request_envelope(3, "m", text)
+        return wire.encode(wire.Record(wire.MESSAGE, "r:3", envelope, deadline))
+
+    stream = keys.bus_key("dead")
+    await redis.xadd(stream, {b"m": message(b"read, never acknowledged")})
+    assert await dead.bus.read(stream)  # pending for the dead one
+    await redis.xadd(stream, {b"m": message(b"never read")})
+
+    got: list[bytes] = []
+    carol = await c.client(3, handlers={"m": recorder(got)})
+    await c.cluster.claimed((3, None))
+    # C's claim replaced the dead one's: the notice for it lands in the dead one's stream
+    await eventually(lambda: _stream_length(redis, stream, 3))
+    claim = await redis.get(keys.presence_key("r:3"))
+
+    await (c if reaper == "the instance she logged in on" else b).cluster.tick()
+
+    assert carol.connected
+    assert (await carol.ping()).data == b"hello world"
+    await eventually(lambda: sorted(got) == [b"never read", b"read, never acknowledged"])
+    assert "r:3" in c.cluster.presence.held
+    assert await redis.get(keys.presence_key("r:3")) == claim
+    await c.cluster.tick()  # her next renewal finds her claim in place: nothing to close
+    assert carol.connected
+    assert (await carol.ping()).data == b"hello world"
+    assert len(got) == 2  # once each
+    await redis.aclose()
+
+
+async def _stream_length(redis: Redis, stream: str, length: int) -> bool:
+    return int(await redis.xlen(stream)) == length
+
+
+async def test_a_late_notice_naming_an_older_claim_does_not_close_the_newer_session(
+    redis_server: RedisServer, make_instance: MakeInstance
+) -> None:
+    """Carol left A for B and came back to A; B's notice to close her first connection on A
+    arrives after that: it names her first claim, so her current session stays."""
+    a = await make_instance(redis_server.url)
+    b = await make_instance(redis_server.url)
+    probe = Redis.from_url(redis_server.url)
+    first = await a.client(3)
+    await a.cluster.claimed((3, None))
+    first_claim = await probe.get(keys.presence_key("r:3"))
+    await first.close()
+    await eventually(lambda: "r:3" not in a.cluster.presence.held)
+    got: list[bytes] = []
+    again = await a.client(3, handlers={"m": recorder(got)})
+    await a.cluster.claimed((3, None))
+    current = await probe.get(keys.presence_key("r:3"))
+    sender = await b.client(1)
+    _, envelope = sender.request_envelope(3, "m", b"after the late notice")
+    deadline = a.switch.mailbox.deadline(0, 60)
+    late = wire.Record(wire.DISPLACED, "r:3", first_claim)
+    after = wire.Record(wire.MESSAGE, "r:3", envelope, deadline)
+    # one batch, read in order: when the message arrives the notice was handled
+    sent = [b.cluster.bus.send(a.cluster.me, wire.encode(record)) for record in (late, after)]
+    assert await asyncio.gather(*sent) == [True, True]
+    await eventually(lambda: got == [b"after the late notice"])
+    assert again.connected
+    assert "r:3" in a.cluster.presence.held
+    assert current != first_claim  # each claim is told apart from the ones before it
+    # a notice naming her current claim does close it
+    notice = wire.Record(wire.DISPLACED, "r:3", current)
+    assert await b.cluster.bus.send(a.cluster.me, wire.encode(notice))
+    await eventually(lambda: not again.connected)
+    assert "r:3" not in a.cluster.presence.held
+    await probe.aclose()
+
+
+# ---- shutdown ----------------------------------------------------------------------------------
+
+
+async def test_closing_the_bus_stops_a_reader_that_lost_its_cancellation(
+    redis_server: RedisServer,
+) -> None:
+    """The relay that did not exit on SIGTERM: its bus reader was cancelled while a command
+    it sent for a record completed, and on Python 3.11 redis-py's `wait_for` swallowed the
+    cancellation (tests/test_tasks.py); the reader read on and `close` waited for ever. Here
+    the handler swallows it the same way, at the same place."""
+    redis = Redis.from_url(redis_server.url)
+    handling = asyncio.Event()
+    lost: list[bool] = []
+
+    async def handle(records: list[wire.Record]) -> None:
+        handling.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            lost.append(True)  # carries on, as if the command had just completed
+
+    bus = Bus(redis, "closing", handle)
+    await bus.create()
+    bus.start()
+    assert await bus.send("closing", wire.encode(wire.Record(wire.MESSAGE, "r:1", b"x")))
+    await asyncio.wait_for(handling.wait(), WAIT)
+    closing = asyncio.get_running_loop().create_task(bus.close())
+    done, _ = await asyncio.wait([closing], timeout=WAIT)
+    assert closing in done, "close() still waits for the reader"
+    assert lost == [True]
+    await redis.aclose()
+
+
+# ---- Redis going away ------------------------------------------------------------------------
+
+
+async def test_redis_down_mid_run_refuses_with_an_error_and_loses_nothing_accepted(
+    make_instance: MakeInstance, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    redis_dir = tmp_path / "redis"
+    redis_dir.mkdir()
+    server = start_redis(str(redis_dir))
+    try:
+        a = await make_instance(server.url)
+        b = await make_instance(server.url)
+        alice = await a.client(1)
+        bob = await b.client(2)
+        bob.handle("echo", lambda request: request.data)
+        assert (await alice.request(2, "echo", b"up", timeout=WAIT)).data == b"up"
+        for i in range(5):  # accepted: in carol's mailbox, in Redis (appendfsync always)
+            alice.send_request(3, "m", f"kept {i}".encode())
+        await eventually(lambda: a.rmb.mailbox.stats.stored == 5)
+        caplog.set_level(logging.WARNING, "rmb_relay")
+        server.stop()
+        with pytest.raises(RemoteError, match="destination unreachable: the relay's redis is"):
+            await alice.request(2, "echo", b"down", timeout=WAIT)
+        await eventually(lambda: "cluster: redis unavailable" in caplog.text)
+        assert (await alice.ping()).data == b"hello world"  # still connected
+
+        server = start_redis(str(redis_dir), port=server.port)
+        await eventually(lambda: "redis is reachable again" in caplog.text)
+        assert (await alice.request(2, "echo", b"back", timeout=WAIT)).data == b"back"
+        got: list[bytes] = []
+        await b.client(3, handlers={"m": recorder(got)})
+        await eventually(lambda: got == [f"kept {i}".encode() for i in range(5)])
+    finally:
+        server.stop()
