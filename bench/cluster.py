@@ -78,6 +78,7 @@ def main() -> None:
             f"{name:>6}: {result['throughput_msgs_per_s']:>9,.0f} msg/s  p50 {latency['p50']:.2f} "
             f"ms  p99 {latency['p99']:.2f} ms  lost {result['lost']}  CPU us/msg: "
             + ", ".join(f"{who} {us:.1f}" for who, us in cpu[name].items())
+            + f"; generator {result['generator_cpu_share']:.0%} of a core"
         )
     ratio = results["cross"]["throughput_msgs_per_s"] / results["local"]["throughput_msgs_per_s"]
     print(f"cross-instance / local throughput: {ratio:.0%}")

@@ -114,6 +114,36 @@ async def test_rmb_request_and_reply_cross_instances(
     assert a.rmb.metrics.routed_slow["cluster"] >= 20
 
 
+async def test_a_burst_to_another_instance_goes_out_in_a_few_stream_entries(
+    redis_server: RedisServer, make_instance: MakeInstance
+) -> None:
+    """The sender's slow path does not wait for Redis per message: what one read brings in is
+    queued and written together (one XADD per batch, not per message), in order."""
+    a = await make_instance(redis_server.url)
+    b = await make_instance(redis_server.url)
+    got: list[bytes] = []
+    done = asyncio.Event()
+
+    def record(request: IncomingRequest) -> bytes:
+        got.append(request.data)
+        if len(got) == 200:
+            done.set()
+        return b"ok"
+
+    await b.client(3, handlers={"m": record})
+    await b.cluster.claimed((3, None))
+    alice = await a.client(1)
+    assert (await alice.request(3, "m", b"warm", timeout=WAIT)).data == b"ok"  # presence cached
+    got.clear()
+    entries = a.cluster.bus.sent_entries
+    for i in range(200):
+        alice.send_request(3, "m", b"burst %d" % i)
+    await asyncio.wait_for(done.wait(), WAIT)
+    assert got == [b"burst %d" % i for i in range(200)]
+    # a few batches (as many as the reads that brought them in), never one per message
+    assert a.cluster.bus.sent_entries - entries < 50
+
+
 async def test_sbd_forwards_between_instances_through_the_same_bus(
     redis_server: RedisServer, make_instance: MakeInstance
 ) -> None:

@@ -296,5 +296,9 @@ async def test_an_envelope_the_redis_queue_could_not_take_reaches_its_sender_as_
     reply = caught.value.reply
     assert reply.from_relay
     assert reply.error is not None
-    assert reply.error[1].startswith("federation queue unavailable")
+    # with Redis gone before the send, the cluster's presence lookup (which runs first with
+    # --redis) may be what fails; either way the sender hears that the relay's Redis is down
+    assert reply.error[1].startswith(
+        ("federation queue unavailable", "destination unreachable: the relay's redis")
+    ), reply.error
     await alice.close()

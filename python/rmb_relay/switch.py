@@ -91,6 +91,14 @@ class ClusterRoute(Protocol):
         on_refused: Callable[[BaseException], None] | None = None,
     ) -> bool: ...
 
+    def forward_nowait(
+        self,
+        address: Address,
+        frame: bytes,
+        deadline: int | None,
+        on_refused: Callable[[BaseException], None],
+    ) -> bool: ...
+
     def forward_soon(self, address: Address, frame: bytes) -> None: ...
 
     async def mail_stored(self, address: Address) -> None: ...

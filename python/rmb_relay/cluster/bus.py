@@ -117,6 +117,11 @@ class Bus:
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
 
+    @property
+    def full(self) -> bool:
+        """More than `QUEUE_LIMIT` bytes are queued or being written (`room` would wait)."""
+        return not self._room.is_set()
+
     async def room(self) -> None:
         """Wait while more than `QUEUE_LIMIT` bytes are queued or being written."""
         if not self._room.is_set():

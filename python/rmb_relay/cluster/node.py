@@ -228,17 +228,44 @@ class Cluster:
         name = keys.address_name(address)
         if on_refused is None:
             return await self.send_name(name, frame, deadline)
-        owner = self.presence.cached_owner(name)
-        if owner is MISSING:
-            owner = await self.presence.owner(name)
+        if self.forward_nowait(address, frame, deadline, on_refused):
+            return True
+        await self.bus.room()
+        owner = await self.presence.owner(name)
         if owner is None:
             return False
+        self._queue(owner, name, frame, deadline, on_refused)
+        return True
+
+    def forward_nowait(
+        self,
+        address: Address,
+        frame: bytes,
+        deadline: int | None,
+        on_refused: Callable[[BaseException], None],
+    ) -> bool:
+        """`forward` with `on_refused` when it needs no await: the holder's answer is cached
+        and the bus has room. False: not queued, call `forward` (the caller's per-message path
+        saves its coroutines in the common case)."""
+        name = keys.address_name(address)
+        owner = self.presence.cached_owner(name)
+        if owner is MISSING or owner is None or self.bus.full:
+            return False
+        self._queue(owner, name, frame, deadline, on_refused)
+        return True
+
+    def _queue(
+        self,
+        owner: str,
+        name: str,
+        frame: bytes,
+        deadline: int | None,
+        on_refused: Callable[[BaseException], None],
+    ) -> None:
         record = wire.encode_message(name, frame, deadline or 0)
         self.bus.send_nowait(
             owner, record, functools.partial(self._queued, owner, name, frame, deadline, on_refused)
         )
-        await self.bus.room()
-        return True
 
     def _queued(
         self,

@@ -5,16 +5,19 @@ threads pyarrow and numpy start when imported) makes glibc's malloc lock its are
 allocation above the thread cache's 1032 bytes, which is every message of 1 KiB or more: a
 relay with one idle extra thread spent ~40 ns (3.5%) more per 1000-byte SBD forward (measured),
 more than the writer itself. So the Arrow and Parquet work runs here, in a child process the
-relay starts (`records.Recorder`), reading frames from its stdin:
+relay starts (`record_process.WriterProcess`), reading frames from its stdin:
 
     u32 header length, u32 payload length (little-endian)
-    header   pickle of (dialect, weight, sample, rows, full records, names offset, new names)
-    payload  the hot path's four int64 columns, `rows` values each: time (µs), src, dst, size
+    header   pickle of (dialect, weight, sample, rows, full records, names offset, new names,
+             arena offset)
+    payload  the hot path's four int64 columns, `rows` values each: time (µs), src, dst, size;
+             empty when they are in the arena (shared memory) at the header's offset
 
 and reporting after each batch, on its stdout, one line of cumulative counters:
-`written failed files cpu_ns` (cpu_ns: the CPU it spent on batches, not on starting or
-waiting). It exits when its stdin closes (the relay closed it, or died), after closing
-(renaming) its files.
+`written failed files cpu_ns released` (cpu_ns: the CPU it spent on batches, not on starting
+or waiting; released: the arena batches it is done with, whose memory the relay reuses;
+record_process.py). It exits when its stdin closes (the relay closed it, or died), after
+closing (renaming) its files.
 
 Files (record schema version 2, record_schema.py): what the writer costs is what recording
 costs, so they are laid out for the writer. The hot path of each dialect has its own stream,
@@ -31,8 +34,10 @@ half-written file.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
+import mmap
 import os
 import pickle
 import select
@@ -363,8 +368,17 @@ def _read_exactly(fd: int, size: int) -> bytes | None:
     return b"".join(parts)
 
 
-def serve(directory: Path, instance: str, roll_seconds: float, fd_in: int, out: Any) -> None:
+def serve(
+    directory: Path,
+    instance: str,
+    roll_seconds: float,
+    fd_in: int,
+    out: Any,
+    arena: mmap.mmap | None = None,
+) -> None:
     """Write the frames read from `fd_in` until it closes; counters to `out` (see above)."""
+    shared = memoryview(arena) if arena is not None else None
+    released = 0
     stats = WriterStats()
     writer = _PartitionWriter(directory, instance, roll_seconds, stats)
     columns_in = _Reader(fd_in)
@@ -374,7 +388,7 @@ def serve(directory: Path, instance: str, roll_seconds: float, fd_in: int, out: 
     busy_ns = 0
 
     def report() -> None:
-        out.write(f"{stats.written} {stats.failed} {stats.files} {busy_ns}\n")
+        out.write(f"{stats.written} {stats.failed} {stats.files} {busy_ns} {released}\n")
         out.flush()
 
     try:
@@ -392,11 +406,15 @@ def serve(directory: Path, instance: str, roll_seconds: float, fd_in: int, out: 
             if header is None:
                 log.error("route records: the relay closed the pipe inside a batch")
                 break
-            dialect, weight, sample, rows, full, offset, new = pickle.loads(header)
-            payload = columns_in.read(payload_size)
-            if payload is None:
-                log.error("route records: the relay closed the pipe inside a batch")
-                break
+            dialect, weight, sample, rows, full, offset, new, at = pickle.loads(header)
+            if at is None:
+                payload = columns_in.read(payload_size)
+                if payload is None:
+                    log.error("route records: the relay closed the pipe inside a batch")
+                    break
+            else:
+                assert shared is not None, "a batch in the arena, but no arena"
+                payload = shared[at : at + rows * 32]
             table = names.get(dialect, pa.array([], pa.string()))
             if new:
                 known = table[:offset]
@@ -414,23 +432,32 @@ def serve(directory: Path, instance: str, roll_seconds: float, fd_in: int, out: 
             except Exception:  # a full disk must not end recording for good
                 log.exception("could not write %d route records", len(batch))
                 stats.failed += len(batch)
-            del batch, columns, payload  # views of the reader's buffer, which the next read reuses
+            # views of the reader's buffer or of the arena, which are reused once reported
+            del batch, columns, payload
+            if at is not None:
+                released += 1
             busy_ns += time.process_time_ns() - started
             report()
     finally:
         writer.close()
         report()
+        if shared is not None:
+            with contextlib.suppress(BufferError):  # a batch's view, if it ended in one
+                shared.release()
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m rmb_relay.telemetry.record_writer DIR INSTANCE ROLL_SECONDS` (the relay
-    starts it; see the module docstring)."""
-    directory, instance, roll = argv if argv is not None else sys.argv[1:]
+    """`python -m rmb_relay.telemetry.record_writer DIR INSTANCE ROLL_SECONDS [ARENA_FD
+    ARENA_BYTES]` (the relay starts it; see the module docstring)."""
+    directory, instance, roll, *shared = argv if argv is not None else sys.argv[1:]
+    arena = None
+    if shared:
+        arena = mmap.mmap(int(shared[0]), int(shared[1]), access=mmap.ACCESS_READ)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     # what the imports left (pyarrow, numpy: ~100k objects) is never garbage; without this
     # the cyclic collector kept walking it, a third of the writer's CPU (measured)
     gc.freeze()
-    serve(Path(directory), instance, float(roll), sys.stdin.fileno(), sys.stdout)
+    serve(Path(directory), instance, float(roll), sys.stdin.fileno(), sys.stdout, arena)
 
 
 if __name__ == "__main__":
