@@ -228,7 +228,7 @@ class Cluster:
         name = keys.address_name(address)
         if on_refused is None:
             return await self.send_name(name, frame, deadline)
-        if self.forward_nowait(address, frame, deadline, on_refused):
+        if self._queue_if_known(name, frame, deadline, on_refused):
             return True
         await self.bus.room()
         owner = await self.presence.owner(name)
@@ -247,7 +247,15 @@ class Cluster:
         """`forward` with `on_refused` when it needs no await: the holder's answer is cached
         and the bus has room. False: not queued, call `forward` (the caller's per-message path
         saves its coroutines in the common case)."""
-        name = keys.address_name(address)
+        return self._queue_if_known(keys.address_name(address), frame, deadline, on_refused)
+
+    def _queue_if_known(
+        self,
+        name: str,
+        frame: bytes,
+        deadline: int | None,
+        on_refused: Callable[[BaseException], None],
+    ) -> bool:
         owner = self.presence.cached_owner(name)
         if owner is MISSING or owner is None or self.bus.full:
             return False
