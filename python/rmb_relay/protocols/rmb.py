@@ -346,8 +346,8 @@ class RmbDialect(Dialect):
         if cluster is None or not isinstance(directory, CachedTwinDirectory):
             return False
         hit, twin = directory.peek(env.dest_twin)
-        if not hit or twin is None or (twin.relays is None and not self.settings.standalone):
-            return False
+        if not hit or twin is None or not self.is_ours(twin):
+            return False  # unknown, no relay info, or another relay's twin: route_slow decides
         key: SessionKey = (env.dest_twin, env.dest_connection)
         if self.switch.lookup(key) is not None:
             return False
