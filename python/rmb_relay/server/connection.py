@@ -847,14 +847,8 @@ class Connection(asyncio.Protocol):
         handler.bind_decoder(self._decoder)
         self.state = State.WEBSOCKET
         self.server.websocket_opened(self)
-        batcher = self._batcher
-        batcher.depth += 1
-        try:
+        with self.batch():
             handler.on_open()
-        finally:
-            batcher.depth -= 1
-            if batcher.depth == 0:
-                batcher.flush()
         if rest:
             self.data_received(rest)
         self._resume_http()
