@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import IO
 
 from tests.conftest import WAIT
+from tests.processes import stop_processes
 
 #: what in a log line means the relay failed where it must not
 PROBLEMS = (" ERROR ", " CRITICAL ", "Traceback")
@@ -93,10 +94,9 @@ class RelayProcess:
             raise
 
     def close(self) -> None:
-        """Whatever state it is in: gone, its pipes closed (for fixture teardown)."""
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait(WAIT)
+        """Whatever state it is in: gone (SIGTERM, SIGKILL after the grace), its pipes closed
+        once the log reader is done with them (for fixture teardown)."""
+        stop_processes([self.process], close_pipes=False)
         self._reader.join(WAIT)
         for stream in (self.process.stdout, self.process.stderr):
             if stream is not None:

@@ -13,6 +13,7 @@ import httpx
 
 from tests.conftest import WAIT
 from tests.helpers import eventually
+from tests.processes import stop_processes
 
 #: where a process's stdout or stderr goes (a file, subprocess.PIPE or subprocess.DEVNULL)
 Sink = IO[str] | int
@@ -82,10 +83,7 @@ async def wait_for_connector(base: str, tenant: str) -> None:
 
 
 def stop(process: subprocess.Popen[str]) -> int:
-    """SIGTERM, wait, close its pipes; returns the exit code."""
-    process.terminate()
-    code = process.wait(WAIT)
-    for stream in (process.stdout, process.stderr):
-        if stream is not None:
-            stream.close()
-    return code
+    """SIGTERM, wait (SIGKILL after the grace: a hang fails the caller's exit-code check
+    instead of the run), close its pipes; returns the exit code."""
+    stop_processes([process])
+    return process.returncode
