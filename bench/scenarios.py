@@ -148,6 +148,9 @@ def throughput_scenario(
     dialect: str, matrix: list[tuple[int, int]], twins: Path, seconds: float
 ) -> list[dict[str, Any]]:
     rows = []
+    cases = THROUGHPUT_RUN["cases"]
+    if cases:
+        matrix = [case for case in matrix if f"{case[0]}x{case[1]}" in cases]
     with relays(twins) as running:
         for pairs, size in matrix:
             opts = [
@@ -159,6 +162,8 @@ def throughput_scenario(
                 str(seconds),
                 "--warmup",
                 "1",
+                "--procs",
+                str(THROUGHPUT_RUN["procs"]),
             ]
             results = {kind: load(relay, dialect, twins, *opts) for kind, relay in running.items()}
             rows.append(
@@ -425,6 +430,9 @@ SCENARIOS: dict[str, Callable[[Path, bool], list[dict[str, Any]]]] = {
 }
 #: `records`: seconds per load run and interleaved rounds (medians); --seconds, --rounds
 RECORDS_RUN = {"seconds": 4.0, "rounds": 3}
+#: `rmb` / `sbd`: generator processes (a pair stays in one process, so at most one per pair)
+#: and the "PAIRSxSIZE" cases to run (empty: all); --procs, --cases
+THROUGHPUT_RUN: dict[str, Any] = {"procs": 1, "cases": []}
 
 
 def main() -> None:
@@ -443,8 +451,20 @@ def main() -> None:
         default=RECORDS_RUN["seconds"],
         help="records: seconds of load per run (after 1 s of warm-up)",
     )
+    parser.add_argument(
+        "--procs",
+        type=int,
+        default=1,
+        help="rmb, sbd: generator processes (so that the relay, not the generator, is the limit)",
+    )
+    parser.add_argument(
+        "--cases",
+        default="",
+        help="rmb, sbd: only these PAIRSxSIZE cases, comma-separated (e.g. 1x1024,10x16384)",
+    )
     args = parser.parse_args()
     RECORDS_RUN.update(rounds=args.rounds, seconds=args.seconds)
+    THROUGHPUT_RUN.update(procs=args.procs, cases=[c for c in args.cases.split(",") if c])
     unknown = set(args.names) - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown scenarios: {', '.join(sorted(unknown))}")

@@ -19,12 +19,52 @@
 //! to itself, and a flush takes everything buffered, fast-path frames included, in order.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use crate::routes::ConnId;
 use crate::ws::{frame_len, OP_BINARY};
 
-/// A buffer that grew past this for a burst is given back after it is taken.
+/// A buffer that grew past this for a burst is not kept for reuse after it is written.
 const KEEP_CAPACITY: usize = 1 << 20;
+
+/// Buffers taken for writing come back here once written (the Python object that lends them
+/// to the transport is dropped), so appending goes into memory already mapped and big enough.
+/// Shared with those objects, which may be dropped on any thread holding the GIL.
+#[derive(Debug, Default, Clone)]
+pub struct Spares(Arc<Mutex<Vec<Vec<u8>>>>);
+
+impl Spares {
+    /// buffers kept at most: one per connection written to in a read is plenty
+    const KEEP: usize = 64;
+
+    /// Keep `buffer` (emptied) for a later take, unless it is big or enough are kept.
+    pub fn give(&self, mut buffer: Vec<u8>) {
+        if buffer.capacity() > KEEP_CAPACITY {
+            return;
+        }
+        buffer.clear();
+        let mut spares = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if spares.len() < Self::KEEP {
+            spares.push(buffer);
+        }
+    }
+
+    fn get(&self) -> Vec<u8> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
+            .unwrap_or_default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
 
 /// Messages and bytes forwarded by the fast path (what `/metrics` adds to Python's counters).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -68,6 +108,8 @@ pub struct Outboxes {
     dirty: Vec<ConnId>,
     /// an RMB envelope is unmasked here when no destination can be guessed
     scratch: Vec<u8>,
+    /// emptied buffers to take the place of those handed out for writing
+    pub spares: Spares,
     pub rmb: Count,
     pub sbd: Count,
 }
@@ -201,30 +243,28 @@ impl Outboxes {
         }
     }
 
-    /// Call `f` with the bytes buffered for `id` (if any), then empty the buffer.
-    pub fn take_with<R>(&mut self, id: ConnId, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+    /// The bytes buffered for `id` (None: nothing); a spare buffer takes their place. Give
+    /// the buffer back to [`spares`](Self::spares) once it is written.
+    pub fn take(&mut self, id: ConnId) -> Option<Vec<u8>> {
         let b = self.boxes.get_mut(&id)?;
         if b.buf.is_empty() {
             return None;
         }
-        let out = f(&b.buf);
-        b.buf.clear();
-        if b.buf.capacity() > KEEP_CAPACITY {
-            b.buf = Vec::new();
-        }
-        Some(out)
+        Some(std::mem::replace(&mut b.buf, self.spares.get()))
     }
 
     /// The connections the fast path appended to since the last drain, each once, with
-    /// `f` called on the bytes still buffered for it (a connection flushed meanwhile by
-    /// Python is skipped).
-    pub fn drain(&mut self, mut f: impl FnMut(ConnId, &[u8])) {
+    /// `f` given the bytes still buffered for it (a connection flushed meanwhile by Python is
+    /// skipped).
+    pub fn drain(&mut self, mut f: impl FnMut(ConnId, Vec<u8>)) {
         let dirty = std::mem::take(&mut self.dirty);
         for &id in &dirty {
             if let Some(b) = self.boxes.get_mut(&id) {
                 b.queued = false;
             }
-            self.take_with(id, |bytes| f(id, bytes));
+            if let Some(bytes) = self.take(id) {
+                f(id, bytes);
+            }
         }
         // keep the list's allocation
         self.dirty = dirty;
@@ -317,13 +357,35 @@ mod tests {
     use crate::ws::encode_frame;
 
     fn taken(o: &mut Outboxes, id: ConnId) -> Vec<u8> {
-        o.take_with(id, <[u8]>::to_vec).unwrap_or_default()
+        o.take(id).unwrap_or_default()
     }
 
     fn drained(o: &mut Outboxes) -> Vec<(ConnId, Vec<u8>)> {
         let mut out = Vec::new();
-        o.drain(|id, b| out.push((id, b.to_vec())));
+        o.drain(|id, b| out.push((id, b)));
         out
+    }
+
+    #[test]
+    fn written_buffers_are_reused() {
+        let mut o = Outboxes::new();
+        o.open(1);
+        o.push(1, &[7; 1000]);
+        let first = o.take(1).unwrap();
+        o.spares.give(first);
+        assert_eq!(o.spares.len(), 1);
+        o.push(1, b"x");
+        assert_eq!(o.spares.len(), 1, "the outbox had a buffer already");
+        let second = o.take(1).unwrap();
+        assert_eq!(o.spares.len(), 0, "the spare replaced the buffer taken");
+        assert_eq!(second.len(), 3);
+        o.push(1, b"y");
+        assert!(
+            taken(&mut o, 1).capacity() >= 1000,
+            "appended into the reused buffer"
+        );
+        o.spares.give(vec![0; KEEP_CAPACITY + 1]);
+        assert!(o.spares.is_empty(), "big buffers are not kept");
     }
 
     #[test]
@@ -445,10 +507,104 @@ mod tests {
 pub mod py {
     use std::collections::HashMap;
 
-    use pyo3::prelude::*;
-    use pyo3::types::{PyBytes, PyList, PyTuple};
+    use std::ffi::{c_char, c_int, c_void};
 
+    use pyo3::exceptions::PyBufferError;
+    use pyo3::ffi;
+    use pyo3::prelude::*;
+    use pyo3::types::{PyBytes, PyList, PyMemoryView, PyTuple};
+
+    use super::Spares;
     use crate::routes::ConnId;
+
+    /// A taken outbox's bytes, lent to the transport through the buffer protocol (no copy);
+    /// the buffer goes back to the outboxes' spares when the transport lets go of it.
+    #[pyclass(module = "rmb_relay._core", frozen)]
+    pub struct OutBytes {
+        bytes: Vec<u8>,
+        spares: Spares,
+    }
+
+    impl Drop for OutBytes {
+        fn drop(&mut self) {
+            self.spares.give(std::mem::take(&mut self.bytes));
+        }
+    }
+
+    static FORMAT: &std::ffi::CStr = c"B";
+
+    #[pymethods]
+    impl OutBytes {
+        fn __len__(&self) -> usize {
+            self.bytes.len()
+        }
+
+        /// The bytes, read-only, for as long as a view holds them.
+        unsafe fn __getbuffer__(
+            slf: Bound<'_, Self>,
+            view: *mut ffi::Py_buffer,
+            flags: c_int,
+        ) -> PyResult<()> {
+            if view.is_null() {
+                return Err(PyBufferError::new_err("no view to fill"));
+            }
+            if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
+                return Err(PyBufferError::new_err("outbox bytes are read-only"));
+            }
+            let bytes = &slf.get().bytes;
+            // SAFETY: `view` is the non-null Py_buffer the caller asks us to fill. The data
+            // pointer stays valid while the view lives: the view owns a reference to this
+            // object (`obj`), which is frozen (nothing changes `bytes`, so the Vec is never
+            // reallocated) and dropped only after the view is released. `shape` and `strides`
+            // point into the view itself, `format` to a static string.
+            unsafe {
+                (*view).obj = slf.clone().into_any().into_ptr();
+                (*view).buf = bytes.as_ptr() as *mut c_void;
+                (*view).len = bytes.len() as ffi::Py_ssize_t;
+                (*view).readonly = 1;
+                (*view).itemsize = 1;
+                (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
+                    FORMAT.as_ptr() as *mut c_char
+                } else {
+                    std::ptr::null_mut()
+                };
+                (*view).ndim = 1;
+                (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
+                    &mut (*view).len
+                } else {
+                    std::ptr::null_mut()
+                };
+                (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
+                    &mut (*view).itemsize
+                } else {
+                    std::ptr::null_mut()
+                };
+                (*view).suboffsets = std::ptr::null_mut();
+                (*view).internal = std::ptr::null_mut();
+            }
+            Ok(())
+        }
+
+        fn __repr__(&self) -> String {
+            format!("OutBytes(len={})", self.bytes.len())
+        }
+    }
+
+    /// `bytes` as a memoryview over an `OutBytes` (what every transport's `write` takes).
+    fn lend<'py>(
+        py: Python<'py>,
+        bytes: Vec<u8>,
+        spares: &Spares,
+    ) -> PyResult<Bound<'py, PyMemoryView>> {
+        let owner = Bound::new(
+            py,
+            OutBytes {
+                bytes,
+                spares: spares.clone(),
+            },
+        )?;
+        PyMemoryView::from(owner.as_any())
+    }
 
     /// The pending output of every RMB and SBD connection of a switch (see the module docs of
     /// `forward.rs`): the decoders forward into it during `feed`, Python takes and writes it.
@@ -524,10 +680,16 @@ pub mod py {
             self.inner.push_raw(conn_id, frame);
         }
 
-        /// Everything buffered for the connection as one bytes object (None: nothing).
-        fn take<'py>(&mut self, py: Python<'py>, conn_id: ConnId) -> Option<Bound<'py, PyBytes>> {
-            self.inner
-                .take_with(conn_id, |bytes| PyBytes::new(py, bytes))
+        /// Everything buffered for the connection, lent without a copy (None: nothing).
+        fn take<'py>(
+            &mut self,
+            py: Python<'py>,
+            conn_id: ConnId,
+        ) -> PyResult<Option<Bound<'py, PyMemoryView>>> {
+            match self.inner.take(conn_id) {
+                Some(bytes) => Ok(Some(lend(py, bytes, &self.inner.spares)?)),
+                None => Ok(None),
+            }
         }
 
         /// (connection, bytes) for every connection the fast path forwarded to since the last
@@ -535,16 +697,19 @@ pub mod py {
         fn drain<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
             let out = PyList::empty(py);
             let conns = &self.conns;
+            let spares = self.inner.spares.clone();
             let mut result = Ok(());
-            self.inner.drain(|id, bytes| {
-                if let (Some(conn), Ok(())) = (conns.get(&id), &result) {
-                    let item = PyTuple::new(
-                        py,
-                        [conn.bind(py).clone(), PyBytes::new(py, bytes).into_any()],
-                    );
-                    result = item.and_then(|t| out.append(t));
-                }
-            });
+            self.inner
+                .drain(|id, bytes| match (conns.get(&id), &result) {
+                    (Some(conn), Ok(())) => {
+                        result = lend(py, bytes, &spares)
+                            .and_then(|view| {
+                                PyTuple::new(py, [conn.bind(py).clone(), view.into_any()])
+                            })
+                            .and_then(|t| out.append(t));
+                    }
+                    _ => spares.give(bytes),
+                });
             result.map(|()| out)
         }
 
@@ -576,6 +741,7 @@ pub mod py {
     }
 
     pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-        m.add_class::<Outboxes>()
+        m.add_class::<Outboxes>()?;
+        m.add_class::<OutBytes>()
     }
 }

@@ -491,11 +491,12 @@ class Outboxes:
     def push_many(self, conn_id: int, payloads: list[bytes]) -> None: ...
     def push_raw(self, conn_id: int, frame: bytes) -> None:
         """An encoded frame (text, control) after what is buffered."""
-    def take(self, conn_id: int) -> bytes | None:
-        """Everything buffered for the connection (None: nothing); the buffer starts over."""
-    def drain(self) -> list[tuple[Any, bytes]]:
+    def take(self, conn_id: int) -> memoryview | None:
+        """Everything buffered for the connection (None: nothing), lent without a copy (a view
+        of an `OutBytes`); the outbox starts over in a spare buffer."""
+    def drain(self) -> list[tuple[Any, memoryview]]:
         """(conn, bytes) for each connection the fast path forwarded to since the last drain
-        and that still has bytes buffered."""
+        and that still has bytes buffered (as `take`)."""
     @property
     def rmb_forwards(self) -> int:
         """RMB envelopes the fast path forwarded (each one message in, one out, routed locally)."""
@@ -506,6 +507,15 @@ class Outboxes:
         """SBD forwards the fast path relayed."""
     @property
     def sbd_bytes(self) -> int: ...
+    def __repr__(self) -> str: ...
+
+@final
+class OutBytes:
+    """A taken outbox's bytes behind a read-only buffer: the transport writes them without a
+    copy, and the buffer is reused for later output once the last view of it is gone."""
+
+    def __len__(self) -> int: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
     def __repr__(self) -> str: ...
 
 # ---- routes.rs ------------------------------------------------------------------------------

@@ -521,9 +521,9 @@ class Connection(asyncio.Protocol):
         self._queued = False
         outboxes = self._outboxes
         if outboxes is not None:
-            data = outboxes.take(self.conn_id)
-            if data is not None:
-                self._write(data)
+            taken = outboxes.take(self.conn_id)
+            if taken is not None:
+                self._write(taken)
             return
         pending = self._pending
         frames = self._frames
@@ -536,7 +536,7 @@ class Connection(asyncio.Protocol):
         elif pending:
             self._write(self._frame_pending(pending))
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes | memoryview) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing():
             transport.write(data)
