@@ -954,7 +954,28 @@ pub mod py {
         /// destination's outbox (None: nothing for Python); else copy it out of the frame
         /// (exactly once) for Python with its routing. `now` is the caller's clock in
         /// nanoseconds, for the limiters and the route records.
+        ///
+        /// Once a message of this feed goes to Python, the later ones do too: Python handles
+        /// them after it, in order, and may close the connection over it (a text frame, an
+        /// invalid envelope), after which what follows must not have been forwarded.
         pub fn message(
+            &mut self,
+            py: Python<'_>,
+            is_text: bool,
+            payload: Payload<'_>,
+            now: u64,
+        ) -> PyResult<Option<Scanned>> {
+            let scanned = self.scan_message(py, is_text, payload, now)?;
+            if scanned.is_some() {
+                match self {
+                    Feed::Envelope => {}
+                    Feed::Rmb { outboxes, .. } | Feed::Sbd { outboxes, .. } => *outboxes = None,
+                }
+            }
+            Ok(scanned)
+        }
+
+        fn scan_message(
             &mut self,
             py: Python<'_>,
             is_text: bool,

@@ -196,6 +196,18 @@ def test_rmb_messages_that_need_python_still_arrive_as_events(data: bytes, why: 
     assert outboxes.rmb_forwards == 0
 
 
+def test_after_a_message_for_python_the_rest_of_the_read_goes_to_python_too() -> None:
+    """The dialect may close the connection over it (here a text frame): what follows in the
+    same read must not have been forwarded already."""
+    decoder, outboxes, _, _ = rmb_setup()
+    encoder = ClientFrameEncoder(bytes(32))
+    first, text, after = envelope(body=b"1"), b"hi", envelope(body=b"2")
+    events = decoder.feed(encoder.binary(first) + encoder.text("hi") + encoder.binary(after))
+    assert [e.data for e in events if isinstance(e, WsMessage)] == [text, after]
+    assert drained(outboxes) == {"2": encode_binary(first)}
+    assert decoder.feed(frames(after)) == [], "the next read takes the fast path again"
+
+
 def test_text_and_invalid_messages_reach_python() -> None:
     decoder, outboxes, _, _ = rmb_setup()
     encoder = ClientFrameEncoder(bytes(32))
@@ -289,7 +301,7 @@ def test_sbd_forward_is_rewritten_straight_into_the_destination() -> None:
     decoder, scanner, outboxes = sbd_setup()
     scanner.ready = True
     keep = sbd_encode_command(b"keep")
-    events = decoder.feed(frames(DEST + b"hello", keep, DEST + b"again"), 42)
+    events = decoder.feed(frames(DEST + b"hello", DEST + b"again", keep), 42)
     (command,) = events
     assert isinstance(command, WsMessage)
     assert isinstance(command.routing, SbdRouting)
