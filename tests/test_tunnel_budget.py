@@ -6,11 +6,14 @@ once a connector comes; the bytes are given back and shown on /metrics."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 
 import pytest
 
 from rmb_relay.errors import ConfigError
 from rmb_relay.protocols.tunnel.settings import TunnelSettings, add_arguments
+from tests.conftest import WAIT, RedisServer
+from tests.conftest import redis_server as redis_server
 from tests.helpers import eventually
 from tests.scrape import scrape
 from tests.tunnel_fixtures import StartTunnel, pattern
@@ -67,6 +70,32 @@ async def test_total_budget_spans_tenants(start_tunnel: StartTunnel) -> None:
     assert "all tenants" in refused.text
     assert "--tunnel-total-bytes" in refused.text
     assert tunnel.dialect.hub.budget.refused["total"] == 1
+
+
+async def test_request_from_another_relay_over_the_budget_is_503_and_never_runs(
+    start_tunnel: StartTunnel, redis_server: RedisServer
+) -> None:
+    """The budget is the one of the relay holding the connector: a request reaching it over
+    Redis that does not fit is answered 503 there, and the client hears it through its own."""
+    a = await start_tunnel(redis_url=redis_server.url)
+    b = await start_tunnel(
+        redis_url=redis_server.url, target=a.target, max_concurrent=1, tenant_bytes=15_000
+    )
+    await b.connect()
+    await eventually(lambda: b.dialect.bridge is not None and "ACME" in b.dialect.bridge._consumers)
+    async with a.client() as client:
+        slow = asyncio.ensure_future(client.get("/relay/acme/app/slow"))
+        await asyncio.wait_for(a.target.entered.wait(), WAIT)
+        waiting = asyncio.ensure_future(client.post("/relay/acme/app/sha?n=1", content=BODY))
+        await eventually(lambda: len(b.dialect.hub.pending.get("ACME", ())) == 1)
+        refused = await client.post("/relay/acme/app/sha?n=2", content=BODY)
+        assert refused.status_code == 503
+        assert b.dialect.hub.budget.refused["key"] == 1
+        a.target.release.set()
+        assert (await slow).status_code == 200
+        assert (await waiting).status_code == 200
+    assert a.target.calls == ["GET /slow", "POST /sha?n=1"]
+    await eventually(lambda: b.dialect.hub.budget.held == 0)
 
 
 def test_budget_flags_parse_and_must_be_positive() -> None:

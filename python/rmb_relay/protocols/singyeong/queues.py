@@ -423,7 +423,9 @@ class Queues:
         return bool(self.queues)
 
     async def store(self, message: Message) -> None:
-        self.stored(message)
+        """Memory's "store" is the budget's charge (BudgetExceeded when full); `stored` then
+        offers the message, as after a Redis write."""
+        self.admit(message)
 
     async def list_dead(self, name: str | None) -> list[dict[str, Any]]:
         return [letter.record() for letter in self.dead_letters(name)]
