@@ -45,7 +45,12 @@ from rmb_relay.protocols.singyeong.query import (
     rendezvous,
     select,
 )
-from rmb_relay.protocols.singyeong.queues import MAX_QUEUE_NAME, Message, Queues
+from rmb_relay.protocols.singyeong.queues import (
+    MAX_QUEUE_NAME,
+    MESSAGE_OVERHEAD,
+    Message,
+    Queues,
+)
 from rmb_relay.protocols.singyeong.redis_queues import RedisQueues
 from rmb_relay.protocols.singyeong.session import SgSession
 from rmb_relay.protocols.singyeong.settings import SgSettings
@@ -372,7 +377,7 @@ class SingyeongDialect(Dialect):
             d["target"],
             d["payload"],
             query=query,
-            size=session.frame_bytes,
+            size=session.frame_bytes + MESSAGE_OVERHEAD,
         )
         self.store_message(session, message)
 
