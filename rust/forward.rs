@@ -26,17 +26,19 @@ use crate::routes::ConnId;
 use crate::ws::{frame_len, OP_BINARY};
 
 /// A buffer that grew past this for a burst is not kept for reuse after it is written.
-const KEEP_CAPACITY: usize = 1 << 20;
+const KEEP_CAPACITY: usize = 256 << 10;
 
 /// Buffers taken for writing come back here once written (the Python object that lends them
-/// to the transport is dropped), so appending goes into memory already mapped and big enough.
-/// Shared with those objects, which may be dropped on any thread holding the GIL.
+/// to the transport is dropped), and an outbox that has nothing buffered takes one when it
+/// is next appended to: appending goes into memory already mapped and big enough, and an idle
+/// connection holds no buffer at all. At most `KEEP` buffers of at most `KEEP_CAPACITY` are
+/// kept (8 MiB). Shared with those objects, which may be dropped on any thread holding the GIL.
 #[derive(Debug, Default, Clone)]
 pub struct Spares(Arc<Mutex<Vec<Vec<u8>>>>);
 
 impl Spares {
     /// buffers kept at most: one per connection written to in a read is plenty
-    const KEEP: usize = 64;
+    const KEEP: usize = 32;
 
     /// Keep `buffer` (emptied) for a later take, unless it is big or enough are kept.
     pub fn give(&self, mut buffer: Vec<u8>) {
@@ -160,6 +162,14 @@ fn write_binary_header(out: &mut [u8], len: usize) -> usize {
     }
 }
 
+/// An outbox's buffer about to be appended to: a spare one if it has none.
+fn ready<'b>(buf: &'b mut Vec<u8>, spares: &Spares) -> &'b mut Vec<u8> {
+    if buf.capacity() == 0 {
+        *buf = spares.get();
+    }
+    buf
+}
+
 /// Append one binary frame of `len` payload bytes to `buf`, the payload written by `fill`;
 /// the range of the payload.
 fn append_frame(buf: &mut Vec<u8>, len: usize, fill: impl FnOnce(&mut [u8])) -> (usize, usize) {
@@ -244,7 +254,7 @@ impl Outboxes {
     pub fn forward(&mut self, id: ConnId, len: usize, fill: impl FnOnce(&mut [u8])) -> bool {
         match self.boxes.get_mut(&id) {
             Some(b) if b.open && !b.congested && !b.held => {
-                append_frame(&mut b.buf, len, fill);
+                append_frame(ready(&mut b.buf, &self.spares), len, fill);
                 self.mark(id);
                 true
             }
@@ -255,7 +265,7 @@ impl Outboxes {
     /// Python's send: one binary frame of `payload` (ignored for an unknown connection).
     pub fn push(&mut self, id: ConnId, payload: &[u8]) {
         if let Some(b) = self.boxes.get_mut(&id) {
-            append_frame(&mut b.buf, payload.len(), |out| {
+            append_frame(ready(&mut b.buf, &self.spares), payload.len(), |out| {
                 out.copy_from_slice(payload)
             });
         }
@@ -264,18 +274,18 @@ impl Outboxes {
     /// Python's send of an already-encoded frame (text, control), after what is queued.
     pub fn push_raw(&mut self, id: ConnId, frame: &[u8]) {
         if let Some(b) = self.boxes.get_mut(&id) {
-            b.buf.extend_from_slice(frame);
+            ready(&mut b.buf, &self.spares).extend_from_slice(frame);
         }
     }
 
-    /// The bytes buffered for `id` (None: nothing); a spare buffer takes their place. Give
-    /// the buffer back to [`spares`](Self::spares) once it is written.
+    /// The bytes buffered for `id` (None: nothing); the outbox is left without a buffer until
+    /// it is next appended to. Give the buffer back to [`spares`](Self::spares) once written.
     pub fn take(&mut self, id: ConnId) -> Option<Vec<u8>> {
         let b = self.boxes.get_mut(&id)?;
         if b.buf.is_empty() {
             return None;
         }
-        Some(std::mem::replace(&mut b.buf, self.spares.get()))
+        Some(std::mem::take(&mut b.buf))
     }
 
     /// The connections the fast path appended to since the last drain, each once, with
@@ -308,7 +318,7 @@ impl Outboxes {
     ) -> Staged {
         let at = guess.filter(|id| self.accepts(*id));
         let buf = match at.and_then(|id| self.boxes.get_mut(&id)) {
-            Some(b) => &mut b.buf,
+            Some(b) => ready(&mut b.buf, &self.spares),
             None => &mut self.scratch,
         };
         let (frame_start, payload_start) = append_frame(buf, len, fill);
@@ -350,13 +360,13 @@ impl Outboxes {
             None => {
                 let frame = &self.scratch[s.frame_start..s.end];
                 if let Some(b) = self.boxes.get_mut(&dest) {
-                    b.buf.extend_from_slice(frame);
+                    ready(&mut b.buf, &self.spares).extend_from_slice(frame);
                 }
             }
             Some(_) => {
                 let frame = self.staged_buf(&s)[s.frame_start..s.end].to_vec();
                 if let Some(b) = self.boxes.get_mut(&dest) {
-                    b.buf.extend_from_slice(&frame);
+                    ready(&mut b.buf, &self.spares).extend_from_slice(&frame);
                 }
             }
         }
@@ -399,16 +409,18 @@ mod tests {
         let first = o.take(1).unwrap();
         o.spares.give(first);
         assert_eq!(o.spares.len(), 1);
+        assert_eq!(o.pending(1), 0);
         o.push(1, b"x");
-        assert_eq!(o.spares.len(), 1, "the outbox had a buffer already");
-        let second = o.take(1).unwrap();
-        assert_eq!(o.spares.len(), 0, "the spare replaced the buffer taken");
-        assert_eq!(second.len(), 3);
-        o.push(1, b"y");
-        assert!(
-            taken(&mut o, 1).capacity() >= 1000,
-            "appended into the reused buffer"
+        assert_eq!(
+            o.spares.len(),
+            0,
+            "the outbox took the spare when appended to"
         );
+        let second = o.take(1).unwrap();
+        assert_eq!(second.len(), 3);
+        assert!(second.capacity() >= 1000, "appended into the reused buffer");
+        o.push(1, b"y");
+        assert_eq!(taken(&mut o, 1).len(), 3, "no spare left: a new buffer");
         o.spares.give(vec![0; KEEP_CAPACITY + 1]);
         assert!(o.spares.is_empty(), "big buffers are not kept");
     }
