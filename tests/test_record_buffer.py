@@ -225,7 +225,9 @@ def test_channel_takes_the_scanners_rows_as_local_records() -> None:
     assert (later.names_offset, later.names) == (2, [])  # names go to the writer once
 
 
-def test_the_writer_samples_the_hot_paths_columns() -> None:
+def test_the_relay_samples_the_hot_paths_columns_before_handing_them_over() -> None:
+    """`--records-sample`: `take` keeps a Bernoulli sample of the scanned rows, whole rows
+    (the four columns stay aligned), so the writer is handed only what it writes."""
     from rmb_relay.telemetry.record_writer import make_batch
 
     channel = Channel("rmb", 0.25, lambda: NOW)
@@ -239,13 +241,29 @@ def test_the_writer_samples_the_hot_paths_columns() -> None:
     taken = channel.take(4.0)
     assert taken is not None
     assert taken.columns is not None
-    assert (taken.rows, taken.sample, taken.weight) == (4000, 0.25, 4.0)
-    batch = make_batch("rmb", 4.0, 0.25, list(taken.columns), [], None)
+    assert 800 < taken.rows < 1200  # 1000 expected; the bounds are > 7 standard deviations away
+    assert taken.weight == 4.0
+    batch = make_batch("rmb", 4.0, list(taken.columns), [], None)
     assert batch.local is not None
-    kept = len(batch.local[0])
-    assert 800 < kept < 1200  # 1000 expected; the bounds are > 7 standard deviations away
+    assert len(batch.local[0]) == taken.rows
     assert set(batch.local[3].tolist()) == {len(data)}
     assert set(batch.local[1].tolist()) == {7}
+    assert set(batch.local[2].tolist()) == {9}
+
+
+def test_sampled_rows_are_whole_rows_in_order() -> None:
+    """`sample_rows` keeps rows at the drawn positions: with draws fixed, rows 0 and 3 of five
+    (the gaps before them are 0 and 2 at rate 0.5), all four columns alike."""
+    from array import array
+
+    from rmb_relay.telemetry.records import sample_rows
+
+    columns = [memoryview(array("q", [c * 10 + r for r in range(5)])).cast("B") for c in range(4)]
+    draws = iter([0.4, 0.8, 0.9])  # gaps floor(log(1-u)/log(0.5)): 0, 2, 3 (past the end)
+    kept = sample_rows(columns, 5, 0.5, lambda: next(draws))
+    assert kept is not None
+    assert [list(memoryview(c).cast("q")) for c in kept] == [[0, 3], [10, 13], [20, 23], [30, 33]]
+    assert sample_rows(columns, 5, 0.01, lambda: 0.5) is None
 
 
 @pytest.mark.parametrize("index", [-5, 0, 10**12])
