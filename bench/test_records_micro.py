@@ -120,7 +120,7 @@ def test_writer_measured(benchmark: Bench, folder: Path) -> None:
         taken = channel.take(1.0)
         assert taken is not None
         assert taken.columns is not None
-        batch = make_batch("rmb", 1.0, list(taken.columns), [], None)
+        batch = make_batch("rmb", 1.0, 1.0, list(taken.columns), [], None)
         writer = _PartitionWriter(folder, "relay:8080", 60.0, stats)
         writer.write(batch)
         writer.close()

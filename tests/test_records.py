@@ -278,17 +278,19 @@ async def test_open_files_are_hidden_until_rolled(tmp_path: Path) -> None:
     assert len(visible(tmp_path)) == 1
 
 
-async def test_sampled_records_carry_their_weight(tmp_path: Path) -> None:
-    recorder = Recorder(tmp_path, "r", clock=FakeClock(T0), sample=0.25)
+@pytest.mark.parametrize("rate", [0.25, 0.05])  # sampled by the writer, by the relay
+async def test_sampled_records_carry_their_weight(tmp_path: Path, rate: float) -> None:
+    recorder = Recorder(tmp_path, "r", clock=FakeClock(T0), sample=rate)
     recorder.start()
     channel = recorder.channel("rmb")
     for _ in range(4000):
         channel.native.push(T0, 1, 2, 3)
-    channel.add(1, 2, 3, "none", "rejected", "unknown twin")  # kept or not: weight 4 if kept
+    channel.add(1, 2, 3, "none", "rejected", "unknown twin")  # kept or not: weight 1/R if kept
     await recorder.close()
     table = read_table(tmp_path)
-    assert 600 < table.num_rows < 1400  # ~1000 expected; bounds are > 9 sigma wide
-    assert set(table.column("weight").to_pylist()) == {4.0}
+    expected, sigma = 4000 * rate, (4000 * rate * (1 - rate)) ** 0.5
+    assert abs(table.num_rows - expected) < 6 * sigma + 1
+    assert set(table.column("weight").to_pylist()) == {1 / rate}
 
 
 def test_sample_outside_zero_one_is_refused() -> None:

@@ -22,9 +22,10 @@ Route records (`--records`): one record per envelope, once its answer is decided
 RMB channel: the route it took here (`local`, `cluster` for a session held by another instance,
 `mailbox` stored, `delivered` or `queued`) or `none`/`rejected` with the refusal's label as
 reason (`bad request`, `not served here`, `bad signature`, `destination offline`, `twin lookup
-failed`, `mailbox down`). `remote` is the relay that posted it, as its `RMB-Relay-Domain`
-header says (rmb-relays send it; rmb-rs does not: null), and `relay_us` runs from the
-request's arrival. A 413 is answered by the router before this handler sees the body: no record.
+failed`, `mailbox full`, `mailbox down`, `redis down`). `remote` is the relay that posted it,
+as its `RMB-Relay-Domain` header says (rmb-relays send it; rmb-rs does not: null), and
+`relay_us` runs from the request's arrival. A 413 is answered by the router before this
+handler sees the body: no record.
 """
 
 from __future__ import annotations
@@ -34,7 +35,13 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rmb_relay._core import Envelope, SignatureError, scan_envelope, verify_prefixed
-from rmb_relay.errors import EnvelopeError, MailboxUnavailable, TwinLookupError
+from rmb_relay.errors import (
+    ClusterUnavailable,
+    EnvelopeError,
+    MailboxFull,
+    MailboxUnavailable,
+    TwinLookupError,
+)
 from rmb_relay.federation.batch import (
     BATCH_HEADER,
     BATCH_TYPE,
@@ -66,6 +73,12 @@ _ROUTED = {
     Outcome.DELIVERED: ("local", "delivered"),
     Outcome.FORWARDED: ("cluster", "delivered"),
     Outcome.QUEUED: ("mailbox", "queued"),
+}
+
+#: route-record label of an envelope the switch could not take, as the RMB dialect labels it
+_UNAVAILABLE: dict[type[MailboxUnavailable], str] = {
+    MailboxFull: "mailbox full",
+    ClusterUnavailable: "redis down",
 }
 
 
@@ -260,7 +273,8 @@ class InboundFederation:
             try:
                 outcome = await self.switch.deliver(route.key, body, deadline=deadline)
             except MailboxUnavailable as err:
-                refusal = _Refusal(500, f"switch error: {err}", "mailbox down", env)
+                label = _UNAVAILABLE.get(type(err), "mailbox down")
+                refusal = _Refusal(500, f"switch error: {err}", label, env)
                 return self._refused(refusal, len(body), origin)
         if origin is not None:
             where, what = _ROUTED.get(outcome, ("none", "rejected"))

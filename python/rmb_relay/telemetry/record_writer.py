@@ -8,8 +8,9 @@ more than the writer itself. So the Arrow and Parquet work runs here, in a child
 relay starts (`record_process.WriterProcess`), reading frames from its stdin:
 
     u32 header length, u32 payload length (little-endian)
-    header   pickle of (dialect, weight, rows, full records, names offset, new names, arena
-             offset); the relay sampled the rows already (`--records-sample`, records.py)
+    header   pickle of (dialect, weight, sample, rows, full records, names offset, new names,
+             arena offset); `sample` < 1: the rate this writer samples the rows at (the relay
+             samples small rates itself and sends 1; records.RELAY_SAMPLE_MAX)
     payload  the hot path's four int64 columns, `rows` values each: time (µs), src, dst, size;
              empty when they are in the arena (shared memory) at the header's offset
 
@@ -110,14 +111,19 @@ class Batch:
 def make_batch(
     dialect: str,
     weight: float,
+    sample: float,
     columns: list[Any] | None,
     full: list[tuple[Any, ...]],
     names: pa.StringArray | None,
 ) -> Batch:
-    """A batch from the hot path's four column buffers (viewed, not copied)."""
+    """A batch from the hot path's four column buffers (viewed, not copied), sampled at
+    `sample` (1: as they are)."""
     local: tuple[np.ndarray, ...] | None = None
     if columns is not None:
         local = tuple(np.frombuffer(column, dtype=np.int64) for column in columns)
+        if sample < 1.0:
+            keep = np.random.default_rng().random(len(local[0])) < sample
+            local = tuple(column[keep] for column in local)
         if not len(local[0]):
             local = None
     keys = names if local is not None and names is not None and len(names) else None
@@ -488,7 +494,7 @@ def serve(
             if header is None:
                 log.error("route records: the relay closed the pipe inside a batch")
                 break
-            dialect, weight, rows, full, offset, new, at = pickle.loads(header)
+            dialect, weight, sample, rows, full, offset, new, at = pickle.loads(header)
             if at is None:
                 payload = columns_in.read(payload_size)
                 if payload is None:
@@ -508,7 +514,7 @@ def serve(
             columns = None
             if rows:
                 columns = [payload[i * rows * 8 : (i + 1) * rows * 8] for i in range(4)]
-            batch = make_batch(dialect, weight, columns, full, table)
+            batch = make_batch(dialect, weight, sample, columns, full, table)
             try:
                 writer.write(batch)
             except Exception:  # a full disk must not end recording for good

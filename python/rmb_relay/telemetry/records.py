@@ -15,7 +15,8 @@ cost the forwarding path next to nothing and must never make it wait:
   integers there: RMB twin ids as they are, SBD keys as the buffer's key ids, whose names
   (base64url) the channel keeps in id order (`Channel.names`).
 - Everything else (mailbox, federation outcomes, drops, expiry, the tunnel) is rarer and calls
-  `Channel.add` with every field.
+  `Channel.add` with every field, once the message's outcome is known: a forward queued for
+  another instance's Redis stream is held (`Channel.hold`) until Redis answers.
 - Every `FLUSH_INTERVAL` the event loop takes the buffers (the Rust columns move out without a
   copy) and hands them to the writer process (record_process.py): the columns are copied into
   shared memory the writer maps, a small frame saying where goes down its stdin pipe
@@ -29,11 +30,14 @@ cost the forwarding path next to nothing and must never make it wait:
   message (measured), more than the writer's own work. It reports what it wrote (and its CPU
   time) on its stdout; it is restarted if it dies, at most every `RESTART_SECONDS`.
 
-`--records-sample R` keeps a random fraction R of the records, decided in the relay before
-anything is handed over: `add` draws per record, and `take` keeps a Bernoulli sample of the
-hot path's columns (`sample_rows`: the gaps between kept rows are drawn, so the Python work is
-per kept row, not per row), so neither the shared-memory copy nor the writer sees a dropped
-record. Each row counts for `weight` = 1/R so the analytics jobs estimate totals from a sample.
+`--records-sample R` keeps a random fraction R of the records. `add` draws per record. The hot
+path's columns are sampled where it costs least (measured, bench/README.md): at R up to
+`RELAY_SAMPLE_MAX` by `take`, before anything is handed over (record_sample.py: the gaps between
+kept rows are drawn from a table, so the Python work is per kept row), and neither the
+shared-memory copy nor the writer sees a dropped row; above it by the writer (numpy), since
+keeping most rows costs Python more per row than handing them over and dropping the rest
+there. Each row counts for `weight` = 1/R so the analytics jobs estimate totals from a
+sample.
 
 Route values `cluster` and `federation` are in the record schema since version 1, so instances
 that federate or cluster write the same files.
@@ -43,12 +47,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import math
-import operator
 import pickle
 import random
 import time
-from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,6 +58,7 @@ from typing import Any
 from rmb_relay._core import Column, RecordBuffer
 from rmb_relay.clock import Clock, wall_clock
 from rmb_relay.telemetry.record_process import ARENA_BYTES, RESTART_SECONDS, WriterProcess
+from rmb_relay.telemetry.record_sample import RowSampler
 
 #: where a message went; `cluster` and `federation` are reserved for instances that have them
 ROUTES = ("local", "mailbox", "cluster", "federation", "none")
@@ -69,6 +71,10 @@ FLUSH_INTERVAL = 0.5
 MAX_PENDING_BATCHES = 64
 #: a Parquet file is closed (made visible) at the latest this long after it was opened
 ROLL_SECONDS = 60.0
+#: --records-sample at or below this: the relay samples the hot path's rows before handing
+#: them over; above it the writer does. Per row taken, sampling in the relay cost the event loop
+#: ~2-4 ns at R = 0.01, ~12-15 at 0.1 and ~80 at 0.5, and saved the writer ~15 ns (measured)
+RELAY_SAMPLE_MAX = 0.05
 
 #: any record but the hot path's: (time_ns, src, dst, size, route, outcome, reason, relay_ns,
 #: remote)
@@ -82,6 +88,7 @@ class Channel:
     __slots__ = (
         "_full",
         "_hold",
+        "_sampler",
         "_scan_clock",
         "clock",
         "dialect",
@@ -89,6 +96,7 @@ class Channel:
         "names_sent",
         "native",
         "sample",
+        "writer_sample",
     )
 
     def __init__(self, dialect: str, sample: float, clock: Clock) -> None:
@@ -105,6 +113,10 @@ class Channel:
         self._scan_clock: Clock = clock
         #: where the next `add` goes instead of the buffer, if it is that message's (`hold`)
         self._hold: HeldRecord | None = None
+        #: samples the hot path's rows at `take` (R <= RELAY_SAMPLE_MAX), else None
+        self._sampler = RowSampler(sample) if sample <= RELAY_SAMPLE_MAX else None
+        #: the rate the writer samples the hot path's rows at (1: not at all)
+        self.writer_sample = 1.0 if self._sampler is not None else sample
 
     def scanner_buffer(self, scan_clock: Clock) -> RecordBuffer:
         """The buffer a scanner appends to, stamping records with `scan_clock` (the reading
@@ -173,44 +185,17 @@ class Channel:
         full, self._full = self._full, []
         rows = len(time_us)
         columns: Sequence[Column | memoryview] | None = None
-        if rows and self.sample < 1.0:
-            columns = sample_rows((time_us, src, dst, size), rows, self.sample)
+        if rows and self._sampler is not None:
+            columns = self._sampler.sample((time_us, src, dst, size), rows)
             rows = 0 if columns is None else len(columns[0]) // 8
         elif rows:
             columns = (time_us, src, dst, size)
         if not rows and not full:
             return None
         new = self.names[self.names_sent :]
-        return Batch(self.dialect, weight, rows, columns, full, self.names_sent, new)
-
-
-def sample_rows(
-    columns: Sequence[Column | memoryview],
-    rows: int,
-    rate: float,
-    draw: Callable[[], float] = random.random,
-) -> tuple[memoryview, ...] | None:
-    """A Bernoulli sample (each row kept with probability `rate`) of `rows` rows of int64
-    `columns`, as new columns (bytes), or None when no row is kept. The gap before each kept
-    row is drawn from its geometric distribution, so the work is per kept row: at R = 0.01 it
-    costs the event loop ~3 ns per row taken, less than handing the row to the writer for it
-    to sample (measured; bench/README.md)."""
-    scale = 1.0 / math.log(1.0 - rate)
-    log = math.log
-    picks = []
-    index = int(log(1.0 - draw()) * scale)
-    while index < rows:
-        picks.append(index)
-        index += int(log(1.0 - draw()) * scale) + 1
-    if not picks:
-        return None
-    pick = operator.itemgetter(*picks)
-    sampled = []
-    for column in columns:
-        values = pick(memoryview(column).cast("q"))
-        kept = array("q", values if len(picks) > 1 else (values,))
-        sampled.append(memoryview(kept).cast("B"))
-    return tuple(sampled)
+        return Batch(
+            self.dialect, weight, self.writer_sample, rows, columns, full, self.names_sent, new
+        )
 
 
 class HeldRecord:
@@ -244,7 +229,9 @@ class Batch:
 
     dialect: str
     weight: float
-    #: hot-path records in `columns` (sampled already)
+    #: the rate the writer samples `columns` at (1: sampled here already, or not sampling)
+    sample: float
+    #: hot-path records in `columns`
     rows: int
     #: the hot path's columns (time_us, src, dst, size; int64 bytes), or None
     columns: Sequence[Column | memoryview] | None
@@ -263,6 +250,7 @@ class Batch:
             (
                 self.dialect,
                 self.weight,
+                self.sample,
                 self.rows,
                 self.full,
                 self.names_offset,
