@@ -580,3 +580,19 @@ def test_a_real_relays_records_through_the_pipeline(
     page = tmp_path / "report.html"
     assert main(["report", "--input", str(out), "--output", str(page)]) == 0
     assert "Load harness" in page.read_text()
+
+
+def test_report_names_its_time_span_and_routes_with_nothing_to_draw() -> None:
+    """Without --since/--until the header gives the traffic's own span; a route whose every
+    record says 0 µs (the hot path) gets a sentence, not a vertical line at 0."""
+    from datetime import datetime
+
+    from rmb_relay.analytics.report import _latency, _span
+
+    starts = [datetime(2026, 11, 23, 15, 54), datetime(2026, 11, 23, 16, 53)]
+    span = _span({"since": None, "until": None}, [{"window_start": t} for t in starts], 60)
+    assert span == "2026-11-23 15:54 → 2026-11-23 16:54 UTC (60 min of traffic)"
+    cdf = [{"dialect": "rmb", "route": "local", "relay_us": 0, "percentile": p} for p in (50, 99)]
+    page = _latency(cdf, [])
+    assert "rmb local: every message left the relay within the read" in page
+    assert "<img" not in page

@@ -132,6 +132,20 @@ def _latency(cdf: Rows | None, table: Rows | None) -> str:
     curves: dict[str, list[tuple[float, int]]] = defaultdict(list)
     for row in cdf:
         curves[f"{row['dialect']} {row['route']}"].append((row["relay_us"], row["percentile"]))
+    columns = ["dialect", "route", "messages", "p50_us", "p90_us", "p99_us", "max_us"]
+    # a route whose every message left within the read that brought it (the hot path reads
+    # the clock once per read) has nothing to draw: say so instead of a line at 0
+    instant = sorted(label for label, points in curves.items() if not any(p[0] for p in points))
+    note = (
+        f"<p class=note>{html.escape(', '.join(instant))}: every message left the relay within "
+        "the read that brought it in (recorded as 0 µs: the time is read once per read).</p>"
+        if instant
+        else ""
+    )
+    for label in instant:
+        del curves[label]
+    if not curves:
+        return _section("Latency inside the relay", note, _html_table(table or [], columns))
     figure, axes = plt.subplots(figsize=(11, 3.6))
     for label, points in sorted(curves.items()):
         points.sort(key=lambda p: p[1])
@@ -146,8 +160,7 @@ def _latency(cdf: Rows | None, table: Rows | None) -> str:
     axes.set_ylabel("fraction of messages")
     axes.grid(alpha=0.3, which="both")
     axes.legend(fontsize=8)
-    columns = ["dialect", "route", "messages", "p50_us", "p90_us", "p99_us", "max_us"]
-    return _section("Latency CDF per route", _png(figure), _html_table(table or [], columns))
+    return _section("Latency CDF per route", _png(figure), note, _html_table(table or [], columns))
 
 
 def _bars(rows: Rows, label: Any, value: str, title: str, color: str) -> str:
@@ -289,6 +302,20 @@ def _cards(summary: dict[str, Any], throughput: Rows | None, drops: Rows | None)
     ) + "</div>"  # fmt: skip
 
 
+def _span(summary: dict[str, Any], throughput: Rows | None, window: int) -> str:
+    """The time range the page covers: the run's --since/--until, else the first and last
+    window that had traffic (so a reader sees when, and how long, without the plot)."""
+    since, until = summary.get("since"), summary.get("until")
+    if (since is None or until is None) and throughput:
+        starts = [row["window_start"] for row in throughput]
+        first, last = min(starts), max(starts) + timedelta(seconds=window)
+        minutes = (last - first).total_seconds() / 60
+        since = since or first.strftime("%Y-%m-%d %H:%M")
+        until = until or last.strftime("%Y-%m-%d %H:%M")
+        return f"{since} → {until} UTC ({minutes:,.0f} min of traffic)"
+    return f"{since or 'start'} → {until or 'end'}"
+
+
 def write_report(tables: Path, target: Path) -> None:
     """Read the tables of `rmb-analytics run --output TABLES` and write the HTML page."""
     import matplotlib
@@ -300,7 +327,7 @@ def write_report(tables: Path, target: Path) -> None:
     summary = json.loads(summary_path.read_text())
     window = int(summary.get("window_seconds", 60))
     read = {name: _table(tables, name) for name in summary.get("tables", {})}
-    span = f"{summary.get('since') or 'start'} → {summary.get('until') or 'end'}"
+    span = _span(summary, read.get("throughput"), window)
     body = [
         _cards(summary, read.get("throughput"), read.get("drop_reasons")),
         _throughput(read.get("throughput"), window),
