@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 
 from rmb_relay.clock import monotonic_clock
 from rmb_relay.cluster import Cluster
+from rmb_relay.cluster.connect import RedisClient, connect_redis
 from rmb_relay.mailbox import MemoryMailbox
 from rmb_relay.protocols.singyeong import SgSettings, SingyeongDialect
 from rmb_relay.server.listener import RelayServer
@@ -61,7 +61,7 @@ MakeGateway = Callable[..., Awaitable[Gateway]]
 async def make_gateway(start_relay: StartRelay) -> AsyncIterator[MakeGateway]:
     made: list[Gateway] = []
 
-    redises: list[Redis] = []
+    redises: list[RedisClient] = []
 
     async def make(
         *,
@@ -77,7 +77,7 @@ async def make_gateway(start_relay: StartRelay) -> AsyncIterator[MakeGateway]:
         redis = None
         cluster = None
         if redis_url is not None:
-            redis = Redis.from_url(redis_url)
+            redis = await connect_redis(redis_url)  # as rmb-relay connects
             redises.append(redis)
             switch = Switch(MemoryMailbox())
             cluster = Cluster(

@@ -14,10 +14,10 @@ from typing import Any
 import httpx
 import pytest
 from aiohttp import web
-from redis.asyncio import Redis
 
 from rmb_relay.clock import Clock, monotonic_clock
 from rmb_relay.cluster import Cluster
+from rmb_relay.cluster.connect import connect_redis
 from rmb_relay.mailbox import MemoryMailbox
 from rmb_relay.protocols.tunnel.connector import Connector
 from rmb_relay.protocols.tunnel.dialect import TunnelDialect
@@ -219,7 +219,7 @@ async def start_tunnel(start_relay: StartRelay, tmp_path: Path) -> AsyncIterator
             registry = Registry()
             cluster = None
             if redis_url is not None:
-                redis = Redis.from_url(redis_url)
+                redis = await connect_redis(redis_url)  # as rmb-relay connects
                 stack.push_async_callback(redis.aclose)
                 switch = Switch(MemoryMailbox())
                 cluster = Cluster(redis, switch, ttl=cluster_ttl, registry=registry)
