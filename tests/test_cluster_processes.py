@@ -1,6 +1,7 @@
 """The cluster as operators run it: real `rmb-relay` processes on one real Redis. Three
 instances with clients spread over them, one killed with SIGKILL mid-run (its clients
-reconnect elsewhere and get what waited for them), and `--workers 2` serving one port."""
+reconnect elsewhere and get what waited for them; its gateway clients leave the others'
+replicas), and `--workers 2` serving one port."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import contextlib
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 
+import httpx
 import pytest
 from redis.asyncio import Redis
 
@@ -23,6 +25,7 @@ from tests.conftest import WAIT, RedisServer, free_port
 from tests.helpers import eventually
 from tests.processes import GRACE, stop_processes
 from tests.rmb_fixtures import key_for
+from tests.sg_client import SgClient
 
 #: short, so a killed instance is given up within seconds
 TTL = "1.5"
@@ -170,6 +173,48 @@ async def test_killed_instance_its_clients_reconnect_and_nothing_accepted_is_los
 
 async def _empty(redis: Redis, stream: str) -> bool:
     return not await redis.xlen(stream)
+
+
+async def test_a_killed_instances_gateway_clients_leave_the_others_replicas(
+    relays: Relays, redis_server: RedisServer
+) -> None:
+    """The 신경 gateway on the cluster's liveness: SIGKILL one relay and the other drops its
+    clients (HTTP query, QUERY_NODES, SEND see them no more) once the cluster gives it up."""
+    a, b = relays.start(), relays.start()
+    ports = [int(url.rstrip("/").rsplit(":", 1)[1]) for url in (a, b)]
+    clients: list[SgClient] = []
+    try:
+        for name, port in (("a0", ports[0]), ("b0", ports[1]), ("b1", ports[1])):
+            client = await SgClient.connect("127.0.0.1", port)
+            clients.append(client)
+            await client.identify(name, "api")
+
+        async def seen_by_a() -> list[str]:
+            async with httpx.AsyncClient(timeout=WAIT) as http:
+                reply = await http.post(
+                    f"http://127.0.0.1:{ports[0]}/api/v1/query", json={"application": "api"}
+                )
+            return sorted(found["client_id"] for found in reply.json())
+
+        await eventually(lambda: _equals(seen_by_a(), ["a0", "b0", "b1"]))
+        relays.processes[1].kill()
+        relays.processes[1].wait(WAIT)
+        await eventually(lambda: _equals(seen_by_a(), ["a0"]), timeout=30)
+        async with Redis.from_url(redis_server.url) as probe:
+            gone = keys.table_key("sg", relays.instance_id(1))
+            await eventually(lambda: _missing(probe, gone))
+    finally:
+        for client in clients:
+            with contextlib.suppress(Exception):
+                await client.close()
+
+
+async def _equals(value: Awaitable[list[str]], expected: list[str]) -> bool:
+    return await value == expected
+
+
+async def _missing(redis: Redis, key: str) -> bool:
+    return not await redis.exists(key)
 
 
 async def test_a_relay_whose_redis_froze_still_exits_soon_after_sigterm(
