@@ -68,16 +68,18 @@ async def make_gateway(start_relay: StartRelay) -> AsyncIterator[MakeGateway]:
         fake_clock: bool = False,
         redis_url: str | None = None,
         cluster_ttl: float = 15.0,
+        cluster_mode: bool = False,
         **settings: Any,
     ) -> Gateway:
         """With `redis_url`, queues live in that Redis and the gateway joins the cluster
-        there, as `rmb-relay --redis` does (instance id = `node`, when given)."""
+        there, as `rmb-relay --redis` does (instance id = `node`, when given); `cluster_mode`:
+        the URL names a Redis Cluster node (`--redis-cluster`)."""
         clock: Callable[[], int] = FakeClock() if fake_clock else monotonic_clock
         registry = Registry()
         redis = None
         cluster = None
         if redis_url is not None:
-            redis = await connect_redis(redis_url)  # as rmb-relay connects
+            redis = await connect_redis(redis_url, cluster=cluster_mode)  # as rmb-relay does
             redises.append(redis)
             switch = Switch(MemoryMailbox())
             cluster = Cluster(

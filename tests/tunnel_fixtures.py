@@ -211,15 +211,17 @@ async def start_tunnel(start_relay: StartRelay, tmp_path: Path) -> AsyncIterator
             clock: Clock = monotonic_clock,
             redis_url: str | None = None,
             cluster_ttl: float = 15.0,
+            cluster_mode: bool = False,
             **settings: Any,
         ) -> Tunnel:
-            """With `redis_url`, the relay joins the cluster there, as `rmb-relay --redis`."""
+            """With `redis_url`, the relay joins the cluster there, as `rmb-relay --redis`
+            (`cluster_mode`: a Redis Cluster node, `--redis-cluster`)."""
             settings.setdefault("body_store", str(tmp_path / "bodies"))
             store = TenantStore(db or tmp_path / "relay.sqlite3")
             registry = Registry()
             cluster = None
             if redis_url is not None:
-                redis = await connect_redis(redis_url)  # as rmb-relay connects
+                redis = await connect_redis(redis_url, cluster=cluster_mode)  # as rmb-relay does
                 stack.push_async_callback(redis.aclose)
                 switch = Switch(MemoryMailbox())
                 cluster = Cluster(redis, switch, ttl=cluster_ttl, registry=registry)
