@@ -123,6 +123,29 @@ async def test_query_nodes_and_http_query_see_both(
     assert json.dumps(found)
 
 
+async def test_an_instance_that_joins_later_loads_the_others_then_follows_them(
+    redis_server: RedisServer, make_gateway: MakeGateway
+) -> None:
+    """The snapshot and the log position it belongs to come in one step: nothing is missed,
+    nothing goes back to an older state."""
+    a, b = await pair(make_gateway, redis_server)
+    workers = await spread(a, b, 4)
+    await workers[1].update(n=("integer", 10))  # changed after it joined: the newest counts
+    await eventually(
+        lambda: getattr(a.dialect.index.get("api", "w1"), "metadata", {}).get("n") == 10
+    )
+    c = await make_gateway(redis_url=redis_server.url, node="c")
+    assert c.dialect.cluster is not None
+    await asyncio.wait_for(c.dialect.cluster.ready.wait(), WAIT)
+    await eventually(lambda: _replicated(c, 4))
+    assert c.dialect.index.get("api", "w1").metadata["n"] == 10  # type: ignore[union-attr]
+    await workers[0].close()  # a change after the snapshot reaches it through the log
+    await eventually(lambda: c.dialect.index.get("api", "w0") is None)
+    on_c = await c.client("w9", "api")
+    await on_c.update(n=("integer", 9))
+    await eventually(lambda: _replicated(a, 4) and _replicated(b, 4))
+
+
 async def test_clients_of_a_stopped_instance_leave_the_other(
     redis_server: RedisServer, make_gateway: MakeGateway
 ) -> None:

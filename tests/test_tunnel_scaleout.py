@@ -122,3 +122,8 @@ async def test_a_request_taken_by_a_relay_that_dies_is_answered_503(
         assert reply.status_code == 503
         assert bridge.remote == {}
         a.target.release.set()
+    # nobody else holds the tenant's connectors: the dead relay is no holder any more
+    assert not await a.dialect.reachable("ACME")
+    probe = Redis.from_url(redis_server.url)
+    assert not await probe.smembers(keys.work_holders_key("tunnel", "ACME"))
+    await probe.aclose()
