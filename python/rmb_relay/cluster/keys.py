@@ -24,6 +24,11 @@ position it belongs to in one step. A work queue's keys share a tag of their own
 Topics in use: `sg` (the 신경 gateway's clients); work queues `tunnel:<TENANT>` (the HTTP
 tunnel's requests). Dialects build their keys here and nowhere else.
 
+The 신경 gateway's queues (`protocols/singyeong/redis_queues.py`) are a store of its own, not
+routing: `sgq:{<queue>}:msgs|waiting|unacked|owner|attempts|dead` (one tag per queue),
+`sgq:names` and the pub/sub channel `sgq:events`. Their names are kept from before the cluster
+layer, so messages queued by a running deployment survive an upgrade.
+
 The mailbox keeps rmb-rs's names (`stream:<twin>[:<sid>]`, `mailbox.py`): each is used alone,
 one key per command or transaction, which Redis Cluster accepts without a tag.
 
@@ -93,6 +98,17 @@ def work_key(topic: str, name: str) -> str:
 
 def work_holders_key(topic: str, name: str) -> str:
     return f"rmb:{{q:{topic}:{name}}}:holders"
+
+
+#: the 신경 queues' names (a set) and their wake-up channel (pub/sub)
+SG_QUEUE_NAMES = "sgq:names"
+SG_QUEUE_EVENTS = "sgq:events"
+
+
+def sg_queue_keys(queue: str) -> dict[str, str]:
+    """One 신경 queue's keys by role (one hash tag: its scripts touch them together)."""
+    base = f"sgq:{{{queue}}}:"
+    return {k: base + k for k in ("msgs", "waiting", "unacked", "owner", "attempts", "dead")}
 
 
 def address_name(address: SessionKey | bytes) -> str:
