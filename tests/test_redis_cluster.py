@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
-import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
-from contextlib import ExitStack
 
 import pytest
 
@@ -21,47 +17,13 @@ from tests.cluster_fixtures import (  # noqa: F401 - the fixture is used by name
     MakeInstance,
     make_instance_fixture,
 )
-from tests.conftest import WAIT, free_port, start_redis
+from tests.conftest import WAIT
 from tests.helpers import eventually
+from tests.redis_process import start_redis_cluster
 from tests.sg_fixtures import MakeGateway
 from tests.sg_fixtures import make_gateway as make_gateway
 from tests.tunnel_fixtures import StartTunnel
 from tests.tunnel_fixtures import start_tunnel as start_tunnel
-
-MASTERS = 3
-
-
-def _cluster_port() -> int:
-    """A free port whose cluster bus port (port + 10000) is free too."""
-    while True:
-        port = free_port()
-        if port + 10000 > 65535:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
-
-
-def _wait_until_ok(ports: list[int]) -> None:
-    """Until every node reports `cluster_state:ok` (after `create` the nodes still gossip
-    for a moment; until then commands answer CLUSTERDOWN)."""
-    deadline = time.monotonic() + WAIT * 3
-    pending = list(ports)
-    while pending:
-        info = subprocess.run(
-            ["redis-cli", "-p", str(pending[0]), "cluster", "info"],
-            capture_output=True,
-            timeout=WAIT,
-        ).stdout
-        if b"cluster_state:ok" in info:
-            pending.pop(0)
-            continue
-        if time.monotonic() > deadline:
-            pytest.fail(f"redis cluster node {pending[0]} not ok in time:\n{info.decode()}")
-        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -69,29 +31,12 @@ def redis_cluster() -> Iterator[str]:
     """A 3-master Redis Cluster on loopback; yields the URL of one node."""
     if shutil.which("redis-cli") is None or shutil.which("redis-server") is None:
         pytest.skip("redis-cli/redis-server are not installed: no local Redis Cluster to test")
-    with (
-        tempfile.TemporaryDirectory(prefix="rmb-redis-cluster-") as directory,
-        ExitStack() as stack,
-    ):
-        ports = [_cluster_port() for _ in range(MASTERS)]
-        for port in ports:
-            node = start_redis(
-                directory,
-                port,
-                durable=False,
-                extra=("--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{port}.conf"),
-            )
-            stack.callback(node.stop)
-        subprocess.run(
-            ["redis-cli", "--cluster", "create"]
-            + [f"127.0.0.1:{port}" for port in ports]
-            + ["--cluster-replicas", "0", "--cluster-yes"],
-            check=True,
-            capture_output=True,
-            timeout=WAIT * 3,
-        )
-        _wait_until_ok(ports)
-        yield f"redis://127.0.0.1:{ports[0]}/0"
+    with tempfile.TemporaryDirectory(prefix="rmb-redis-cluster-") as directory:
+        cluster = start_redis_cluster(directory)
+        try:
+            yield cluster.url
+        finally:
+            cluster.stop()
 
 
 async def test_rmb_sbd_and_mailbox_across_instances_on_redis_cluster(
