@@ -140,11 +140,16 @@ class RedisBridge:
         kind, body = frame[:1], frame[1:]
         job = self.remote.get(request_id)
         if kind == TAKEN:
-            if job is not None:
-                self.taken_by[request_id] = body.decode(errors="replace")
-                if job.timer is not None:
-                    job.timer.cancel()
-                    job.timer = None
+            if job is None:
+                return
+            if job.future is None:  # queue mode: nobody waits for more; let go of it now
+                del self.remote[request_id]
+                self._finish(job, 202)
+                return
+            self.taken_by[request_id] = body.decode(errors="replace")
+            if job.timer is not None:
+                job.timer.cancel()
+                job.timer = None
             return
         self.remote.pop(request_id, None)
         self.taken_by.pop(request_id, None)
