@@ -301,6 +301,8 @@ class ReplicatedTable:
 
     def instance_gone(self, instance: str) -> None:
         """`Cluster.on_instance_gone`: drop its entries here now, and in Redis."""
+        if self._closing:  # the cluster ticks on for a moment after the dialects closed
+            return
         self._replace(instance, {})
         task = asyncio.get_running_loop().create_task(self._forget_quietly(instance))
         self._gone_tasks.add(task)
