@@ -174,7 +174,8 @@ async def test_send_to_another_instance_while_redis_refuses_is_an_error_not_a_lo
     make_gateway: MakeGateway, tmp_path: Path
 ) -> None:
     """The frame for a client elsewhere goes through the cluster's bus: when Redis refuses
-    it the sender hears so (op 3), and once Redis is back the same SEND arrives."""
+    it the sender hears so (op 3), and once Redis is back the same SEND arrives; a replica
+    change that could not be published meanwhile is published then."""
     redis_dir = tmp_path / "redis"
     redis_dir.mkdir()
     server = start_redis(str(redis_dir))
@@ -192,6 +193,7 @@ async def test_send_to_another_instance_while_redis_refuses_is_an_error_not_a_lo
         refused = await sender.expect(3)
         assert "redis is unavailable" in refused["d"]["error"], refused
         assert refused["d"]["extra_info"] == {"t": "SEND", "nonce": "while down"}
+        await workers[1].update(m=("integer", 5))  # b cannot publish this now
 
         server = start_redis(str(redis_dir), port=server.port)
         for gateway in (a, b):
@@ -200,6 +202,10 @@ async def test_send_to_another_instance_while_redis_refuses_is_an_error_not_a_lo
         await sender.dispatch("SEND", {**send, "nonce": "back"})
         got = await workers[1].expect(4, "SEND")
         assert got["d"]["nonce"] == "back"
+        # b's failed write is made good once Redis answers (its whole table, written again)
+        await eventually(
+            lambda: getattr(a.dialect.index.get("api", "w1"), "metadata", {}).get("m") == 5
+        )
     finally:
         server.stop()
 
