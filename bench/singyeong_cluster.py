@@ -3,7 +3,7 @@ senders on instance A, so every message crosses the cluster. Prints delivered me
 second and the CPU each process (A, B, redis-server) spent per delivered message, the figure
 that holds on a shared host.
 
-    .venv/bin/python -m bench.singyeong_cluster --duration 5
+    .venv/bin/python -m bench.singyeong_cluster --duration 5 [--broadcast]
     # another checkout's Python code against the same build (e.g. before a change):
     .venv/bin/python -m bench.singyeong_cluster --pythonpath /path/to/other/python
 
@@ -112,15 +112,20 @@ async def run(args: argparse.Namespace, a: str, b: str) -> tuple[int, float]:
     async def send(ws: Any, index: int) -> None:
         nonlocal sent
         count = 0
+        payload = "x" * args.size
         while not stop:
             if sent - received >= WINDOW:
                 room.clear()
                 await room.wait()
                 continue
-            target = {"application": "api", "ops": [{"n": {"$eq": count % args.receivers}}]}
-            frame = {"op": 4, "t": "SEND", "d": {"target": target, "payload": "x" * args.size}}
+            if args.broadcast:  # every receiver gets each one
+                target: dict[str, Any] = {"application": "api"}
+                frame = {"op": 4, "t": "BROADCAST", "d": {"target": target, "payload": payload}}
+            else:
+                target = {"application": "api", "ops": [{"n": {"$eq": count % args.receivers}}]}
+                frame = {"op": 4, "t": "SEND", "d": {"target": target, "payload": payload}}
             await ws.send(json.dumps(frame))
-            sent += 1
+            sent += args.receivers if args.broadcast else 1
             count += 1
 
     readers = [asyncio.create_task(receive(ws)) for ws in receivers]
@@ -148,6 +153,9 @@ def main() -> int:
     parser.add_argument("--senders", type=int, default=10)
     parser.add_argument("--receivers", type=int, default=10)
     parser.add_argument("--size", type=int, default=100, help="payload characters")
+    parser.add_argument(
+        "--broadcast", action="store_true", help="BROADCAST to every receiver instead of SEND"
+    )
     parser.add_argument("--pythonpath", help="run the relays from this python/ directory")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as directory:
@@ -167,7 +175,8 @@ def main() -> int:
             redis.stop()
     per = [args.cpu[pid] / max(delivered, 1) * 1e6 for pid in args.pids]
     print(
-        f"{delivered / elapsed:,.0f} msg/s cross-instance SEND; CPU us/msg: relay A "
+        f"{delivered / elapsed:,.0f} msg/s delivered across instances "
+        f"({'BROADCAST' if args.broadcast else 'SEND'}); CPU us/msg: relay A "
         f"{per[0]:.1f} / relay B {per[1]:.1f} / redis {per[2]:.1f}"
     )
     return 0

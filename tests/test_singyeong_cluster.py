@@ -75,9 +75,12 @@ async def test_broadcast_selectors_and_key_span_both(
     a, b = await pair(make_gateway, redis_server)
     workers = await spread(a, b, 6)
     sender = await b.client("s", "caller")
+    assert b.cluster is not None
+    records = b.cluster.counters.sent
     await sender.dispatch("BROADCAST", {"target": {"application": "api"}, "payload": "all"})
     for worker in workers:
         assert (await worker.expect(4, "BROADCAST"))["d"]["payload"] == "all"
+    assert b.cluster.counters.sent - records == 1  # a's three receivers: one bus record
     # global selectors: one winner over both instances
     for selector, winner in (("$min", 0), ("$max", 5), ("$avg", 2)):
         target = {"application": "api", "selector": {selector: "n"}}

@@ -34,8 +34,8 @@ one key per command or transaction, which Redis Cluster accepts without a tag.
 
 An *address name* is the text form of a switch address: `r:<twin>` or `r:<twin>:<sid>` for an
 RMB session, `s:<base64url key>` for an SBD key, `<kind>:<anything>` for a kind another dialect
-registers with `Cluster.register_kind` (docs/cluster.md): `g` (신경 clients), `t` (tunnel
-response waiters).
+registers with `Cluster.register_kind` (docs/cluster.md): `g` (신경 clients), `gm` (a 신경
+frame for several clients of one instance), `t` (tunnel response waiters).
 """
 
 from __future__ import annotations
@@ -52,8 +52,10 @@ INSTANCES_KEY = "rmb:{cluster}:instances"
 #: RMB sessions and SBD keys, the kinds the switch's route table holds
 KIND_RMB = "r"
 KIND_SBD = "s"
-#: the 신경 gateway's clients and the tunnel's response waiters (`Cluster.register_kind`)
+#: the 신경 gateway's clients, its frames for several clients of one instance, and the
+#: tunnel's response waiters (`Cluster.register_kind`)
 KIND_GATEWAY = "g"
+KIND_GATEWAY_MANY = "gm"
 KIND_TUNNEL = "t"
 #: an SBD address is an ed25519 public key
 SBD_KEY_BYTES = 32

@@ -12,23 +12,28 @@ What the gateway uses of the cluster
 - **Liveness**: the cluster's instance id names the node (QUERY_NODES, delivery tokens), and
   its "instance gone" detection (`Cluster.on_instance_gone`, within `--cluster-ttl`) removes
   a dead instance's clients from every replica.
-- **Frames to a client elsewhere**: one bus record per receiver, name `g:<app>/<client>`
+- **Frames to a client elsewhere**: a bus record named `g:<len(app)>:<app><client>`
   (`gateway_name`), sent to the instance the replica names (`Cluster.send_to_nowait`): batched
   with everything else for that instance, at least once, kept in Redis while the receiving
   instance's reader is down, and reaped if it dies (then passed on to whoever holds the name,
   or dropped: its client is gone). Each client's name is claimed in presence so that a
-  record for a client that moved follows it. When Redis refuses the record, the sender gets
-  op 3 `invalid` saying so: never a silent loss.
+  record for a client that moved follows it. Several receivers on one instance (a BROADCAST)
+  share one record, `gm:<instance>`, whose frame lists them (`_ManyEndpoint`): one record, not
+  one per receiver. When Redis refuses a record, the sender gets op 3 `invalid` saying so:
+  never a silent loss.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, cast
 
 from rmb_relay.cluster import keys
+from rmb_relay.cluster.endpoint import NoPeer
 from rmb_relay.cluster.fanout import ReplicatedTable
 from rmb_relay.errors import ClusterUnavailable
 from rmb_relay.protocols.singyeong.clients import Client
@@ -105,6 +110,54 @@ class _ClientEndpoint:
         return None
 
 
+class _BatchingPeer(NoPeer):
+    """The peer of `_ManyEndpoint`: never congested (its receivers are written to as a local
+    BROADCAST's are, without waiting for any one of them), but its batch defers the writes
+    as a connection's does (`Peer.batch` covers every connection), so each receiver is
+    written once per run of records."""
+
+    __slots__ = ("gateway",)
+
+    def __init__(self, gateway: SgCluster) -> None:
+        self.gateway = gateway
+
+    def batch(self) -> AbstractContextManager[None]:  # type: ignore[override]
+        for client in self.gateway.index.clients.values():
+            if client.node is None and client.session is not None:
+                return cast("AbstractContextManager[None]", client.session.peer.batch())
+        return contextlib.nullcontext()
+
+
+class _ManyEndpoint:
+    """Several local clients named in one frame (a BROADCAST's receivers on this instance).
+    Resolved on whichever instance reads the record (its own, or one taking over a dead
+    one's stream): the listed clients connected there get it, the others are gone."""
+
+    __slots__ = ("_peer", "gateway")
+
+    def __init__(self, gateway: SgCluster) -> None:
+        self.gateway = gateway
+        self._peer = _BatchingPeer(gateway)
+
+    @property
+    def peer(self) -> _BatchingPeer:
+        return self._peer
+
+    def deliver(self, frame: bytes) -> None:
+        gateway = self.gateway
+        t, payload, nonce = gateway.decode_frame(frame)
+        receivers = []
+        for app_id, client_id in json.loads(frame).get("to", ()):
+            client = gateway.index.get(app_id, client_id)
+            if client is not None and client.node is None and client.session is not None:
+                receivers.append(client)
+        if receivers:
+            gateway.deliver_local(receivers, t, payload, nonce)
+
+    def mail_waiting(self) -> None:
+        return None
+
+
 class SgCluster:
     def __init__(self, cluster: Cluster, index: ClientIndex, deliver_local: DeliverLocal) -> None:
         self.cluster = cluster
@@ -116,6 +169,8 @@ class SgCluster:
         #: the last frame decoded on the receiving side (a BROADCAST brings one per receiver)
         self._decoded: tuple[bytes, tuple[str, Any, Any]] | None = None
         cluster.register_kind(keys.KIND_GATEWAY, self._resolve)
+        self._many = _ManyEndpoint(self)
+        cluster.register_kind(keys.KIND_GATEWAY_MANY, lambda name: self._many)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -145,9 +200,14 @@ class SgCluster:
     def forward(
         self, receivers: list[Client], t: str, payload: Any, nonce: Any, failed: Failed
     ) -> None:
-        """Frames for clients held by other instances: one bus record per receiver, the
-        frame encoded once. `failed(reason)` is called once if any was not accepted."""
-        frame = json.dumps({"t": t, "p": payload, "n": nonce}, separators=(",", ":")).encode()
+        """Frames for clients held by other instances: one bus record per instance (per
+        receiver when it holds one: its name follows it if it moves). `failed(reason)` is
+        called once if any was not accepted."""
+        by_node: dict[str, list[Client]] = {}
+        for client in receivers:
+            assert client.node is not None
+            by_node.setdefault(client.node, []).append(client)
+        frame = b""
         told = False
 
         def outcome(result: bool | ClusterUnavailable) -> None:
@@ -162,10 +222,19 @@ class SgCluster:
                     "unreachable: the gateway's redis is unavailable; the message was not delivered"
                 )
 
-        for client in receivers:
-            assert client.node is not None
-            name = gateway_name(client.app_id, client.client_id)
-            self.cluster.send_to_nowait(client.node, name, frame, outcome)
+        for node, clients in by_node.items():
+            if len(clients) == 1:
+                if not frame:  # encoded once for every single-receiver record
+                    body = {"t": t, "p": payload, "n": nonce}
+                    frame = json.dumps(body, separators=(",", ":")).encode()
+                client = clients[0]
+                name = gateway_name(client.app_id, client.client_id)
+                self.cluster.send_to_nowait(node, name, frame, outcome)
+                continue
+            to = [[client.app_id, client.client_id] for client in clients]
+            many = json.dumps({"t": t, "p": payload, "n": nonce, "to": to}, separators=(",", ":"))
+            name = f"{keys.KIND_GATEWAY_MANY}:{node}"
+            self.cluster.send_to_nowait(node, name, many.encode(), outcome)
 
     # ---- remote changes and frames in ------------------------------------------------------
 
