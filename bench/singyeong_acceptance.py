@@ -259,7 +259,7 @@ def main() -> int:
                             f"127.0.0.1:{port}",
                             "--redis",
                             redis.url,
-                            "--sg-node",
+                            "--instance-id",  # the gateway's node name in a cluster
                             node,
                             "--max-connections-per-ip",
                             "100000",

@@ -7,11 +7,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 
 from rmb_relay.clock import monotonic_clock
+from rmb_relay.cluster import Cluster
+from rmb_relay.cluster.connect import RedisClient, connect_redis
+from rmb_relay.mailbox import MemoryMailbox
 from rmb_relay.protocols.singyeong import SgSettings, SingyeongDialect
 from rmb_relay.server.listener import RelayServer
+from rmb_relay.switch import Switch
 from rmb_relay.telemetry.metrics import Registry
 from tests.conftest import StartRelay
 from tests.helpers import FakeClock
@@ -24,6 +27,8 @@ class Gateway:
     dialect: SingyeongDialect
     clock: Callable[[], int]
     registry: Registry
+    #: the instance's membership of the cluster (with `redis_url`)
+    cluster: Cluster | None = None
     clients: list[SgClient] = field(default_factory=list)
 
     @property
@@ -56,20 +61,37 @@ MakeGateway = Callable[..., Awaitable[Gateway]]
 async def make_gateway(start_relay: StartRelay) -> AsyncIterator[MakeGateway]:
     made: list[Gateway] = []
 
-    redises: list[Redis] = []
+    redises: list[RedisClient] = []
 
     async def make(
-        *, fake_clock: bool = False, redis_url: str | None = None, **settings: Any
+        *,
+        fake_clock: bool = False,
+        redis_url: str | None = None,
+        cluster_ttl: float = 15.0,
+        cluster_mode: bool = False,
+        **settings: Any,
     ) -> Gateway:
+        """With `redis_url`, queues live in that Redis and the gateway joins the cluster
+        there, as `rmb-relay --redis` does (instance id = `node`, when given); `cluster_mode`:
+        the URL names a Redis Cluster node (`--redis-cluster`)."""
         clock: Callable[[], int] = FakeClock() if fake_clock else monotonic_clock
         registry = Registry()
         redis = None
+        cluster = None
         if redis_url is not None:
-            redis = Redis.from_url(redis_url)
+            redis = await connect_redis(redis_url, cluster=cluster_mode)  # as rmb-relay does
             redises.append(redis)
-        dialect = SingyeongDialect(SgSettings(**settings), registry, clock=clock, redis=redis)
+            switch = Switch(MemoryMailbox())
+            cluster = Cluster(
+                redis, switch, instance_id=settings.get("node"), ttl=cluster_ttl, registry=registry
+            )
+            await cluster.start()
+            switch.cluster = cluster
+        dialect = SingyeongDialect(
+            SgSettings(**settings), registry, clock=clock, redis=redis, cluster=cluster
+        )
         server = await start_relay([dialect], registry=registry)
-        gateway = Gateway(server, dialect, clock, registry)
+        gateway = Gateway(server, dialect, clock, registry, cluster)
         made.append(gateway)
         return gateway
 
@@ -78,5 +100,7 @@ async def make_gateway(start_relay: StartRelay) -> AsyncIterator[MakeGateway]:
         for client in gateway.clients:
             await client.close()
         await gateway.dialect.close()
+        if gateway.cluster is not None:
+            await gateway.cluster.close()
     for redis in redises:
         await redis.aclose()

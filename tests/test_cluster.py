@@ -62,10 +62,23 @@ def test_every_key_carries_a_hash_tag() -> None:
         keys.bus_key("i"),
         keys.alive_key("i"),
         keys.INSTANCES_KEY,
+        keys.table_key("sg", "i"),
+        keys.table_log_key("sg"),
+        keys.table_members_key("sg"),
+        keys.work_key("tunnel", "ACME"),
+        keys.work_holders_key("tunnel", "ACME"),
     ):
         assert key.index("{") < key.index("}")
     # an instance's stream and liveness key share a slot
     assert keys.bus_key("i").split("}")[0] == keys.alive_key("i").split("}")[0]
+    # a replicated table's keys share one (one script touches them together), and so do a
+    # work queue's
+    tags = {key.split("}")[0] for key in (keys.table_key("sg", "i"), keys.table_log_key("sg"))}
+    assert tags == {keys.table_members_key("sg").split("}")[0]}
+    assert (
+        keys.work_key("tunnel", "A").split("}")[0]
+        == keys.work_holders_key("tunnel", "A").split("}")[0]
+    )
 
 
 def test_a_message_encoded_without_a_record_is_the_same_bytes() -> None:

@@ -1,17 +1,21 @@
 """The cluster as operators run it: real `rmb-relay` processes on one real Redis. Three
 instances with clients spread over them, one killed with SIGKILL mid-run (its clients
-reconnect elsewhere and get what waited for them), and `--workers 2` serving one port."""
+reconnect elsewhere and get what waited for them; its gateway clients leave the others'
+replicas), and `--workers 2` serving one port."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import AsyncExitStack
 from pathlib import Path
 
+import httpx
 import pytest
 from redis.asyncio import Redis
 
@@ -23,9 +27,13 @@ from tests.conftest import WAIT, RedisServer, free_port
 from tests.helpers import eventually
 from tests.processes import GRACE, stop_processes
 from tests.rmb_fixtures import key_for
+from tests.sg_client import SgClient
+from tests.tunnel_fixtures import start_target
+from tests.tunnel_processes import add_tenant, spawn_connector, spawn_relay, wait_for_connector
 
 #: short, so a killed instance is given up within seconds
 TTL = "1.5"
+TUNNEL_SECRET = "cluster-process-secret"
 
 
 class Relays:
@@ -172,6 +180,48 @@ async def _empty(redis: Redis, stream: str) -> bool:
     return not await redis.xlen(stream)
 
 
+async def test_a_killed_instances_gateway_clients_leave_the_others_replicas(
+    relays: Relays, redis_server: RedisServer
+) -> None:
+    """The 신경 gateway on the cluster's liveness: SIGKILL one relay and the other drops its
+    clients (HTTP query, QUERY_NODES, SEND see them no more) once the cluster gives it up."""
+    a, b = relays.start(), relays.start()
+    ports = [int(url.rstrip("/").rsplit(":", 1)[1]) for url in (a, b)]
+    clients: list[SgClient] = []
+    try:
+        for name, port in (("a0", ports[0]), ("b0", ports[1]), ("b1", ports[1])):
+            client = await SgClient.connect("127.0.0.1", port)
+            clients.append(client)
+            await client.identify(name, "api")
+
+        async def seen_by_a() -> list[str]:
+            async with httpx.AsyncClient(timeout=WAIT) as http:
+                reply = await http.post(
+                    f"http://127.0.0.1:{ports[0]}/api/v1/query", json={"application": "api"}
+                )
+            return sorted(found["client_id"] for found in reply.json())
+
+        await eventually(lambda: _equals(seen_by_a(), ["a0", "b0", "b1"]))
+        relays.processes[1].kill()
+        relays.processes[1].wait(WAIT)
+        await eventually(lambda: _equals(seen_by_a(), ["a0"]), timeout=30)
+        async with Redis.from_url(redis_server.url) as probe:
+            gone = keys.table_key("sg", relays.instance_id(1))
+            await eventually(lambda: _missing(probe, gone))
+    finally:
+        for client in clients:
+            with contextlib.suppress(Exception):
+                await client.close()
+
+
+async def _equals(value: Awaitable[list[str]], expected: list[str]) -> bool:
+    return await value == expected
+
+
+async def _missing(redis: Redis, key: str) -> bool:
+    return not await redis.exists(key)
+
+
 async def test_a_relay_whose_redis_froze_still_exits_soon_after_sigterm(
     relays: Relays, redis_server: RedisServer
 ) -> None:
@@ -236,3 +286,58 @@ def test_workers_need_redis_and_a_fixed_port(tmp_path: Path) -> None:
         )
         assert run.returncode != 0
         assert why in run.stderr, run.stderr
+
+
+async def test_a_tunnel_request_taken_by_a_killed_relay_is_answered_503(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Relay B's connector runs a request of relay A's client; SIGKILL B: A hears of it from
+    the cluster (B's liveness expires) and answers 503, not a 504 after the response timeout."""
+    db = f"sqlite:{tmp_path / 'relay.sqlite3'}"
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
+    await add_tenant(db, env, "acme", TUNNEL_SECRET)
+    shared = ["--twins", db, "--redis", redis_server.url, "--no-sbd", "--cluster-ttl", TTL]
+    shared += ["--tunnel-body-store", str(tmp_path / "bodies")]
+    processes: list[subprocess.Popen[str]] = []
+    with (tmp_path / "relays.log").open("w") as log:
+        try:
+            relay_a, a = await spawn_relay([*shared, "--instance-id", "tunnel-a"], env, log)
+            processes.append(relay_a)
+            relay_b, b = await spawn_relay([*shared, "--instance-id", "tunnel-b"], env, log)
+            processes.append(relay_b)
+            async with AsyncExitStack() as stack:
+                target = await start_target(stack)
+                connector = await spawn_connector(
+                    b, "acme", TUNNEL_SECRET, target.url, env, stdout=subprocess.DEVNULL, stderr=log
+                )
+                processes.append(connector)
+                await wait_for_connector(a, "acme")  # through B, over the cluster
+                async with Redis.from_url(redis_server.url) as probe:
+                    before = await _entries_read(probe, "tunnel-a")
+                    async with httpx.AsyncClient(base_url=a, timeout=WAIT * 3) as client:
+                        waiting = asyncio.get_running_loop().create_task(
+                            client.get("/relay/acme/app/slow")
+                        )
+                        await asyncio.wait_for(target.entered.wait(), WAIT)
+                        # B's `taken` reached A's bus stream and was read
+                        await eventually(lambda: _more(_entries_read(probe, "tunnel-a"), before))
+                        relay_b.kill()
+                        relay_b.wait(WAIT)
+                        reply = await asyncio.wait_for(waiting, WAIT * 2)
+                assert reply.status_code == 503
+                target.release.set()
+        finally:
+            # in reverse: the connector first, while relay A is up; every pipe closed (the
+            # connector, waiting to reconnect to B, ends on SIGTERM too)
+            killed = stop_processes(reversed(processes))
+        assert not killed, (tmp_path / "relays.log").read_text()
+        assert relay_a.returncode == 0, (tmp_path / "relays.log").read_text()
+
+
+async def _entries_read(probe: Redis, instance: str) -> int:
+    groups = await probe.xinfo_groups(keys.bus_key(instance))
+    return int(groups[0]["entries-read"] or 0)
+
+
+async def _more(value: Awaitable[int], than: int) -> bool:
+    return await value > than

@@ -1,6 +1,7 @@
 """The cluster on a real 3-master Redis Cluster started here: the same code as on one server
 (the keys' hash tags keep what one command touches in one slot), RMB and SBD across two
-instances and the shared mailbox, with keys spread over the three masters."""
+instances and the shared mailbox, the 신경 gateway's replicas and SEND, and the tunnel's work
+queue, with keys spread over the three masters."""
 
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ from tests.cluster_fixtures import (  # noqa: F401 - the fixture is used by name
 from tests.conftest import WAIT
 from tests.helpers import eventually
 from tests.redis_process import start_redis_cluster
+from tests.sg_fixtures import MakeGateway
+from tests.sg_fixtures import make_gateway as make_gateway
+from tests.tunnel_fixtures import StartTunnel
+from tests.tunnel_fixtures import start_tunnel as start_tunnel
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +77,38 @@ async def test_rmb_sbd_and_mailbox_across_instances_on_redis_cluster(
     await b.client(3, handlers={"m": record})
     await asyncio.wait_for(done.wait(), WAIT)
     assert received == [f"queued {i}".encode() for i in range(3)]
+
+
+async def test_gateway_replicas_and_send_across_instances_on_redis_cluster(
+    redis_cluster: str, make_gateway: MakeGateway
+) -> None:
+    """The 신경 gateway's replicated table (scripts over one slot) and its frames over the bus
+    on Redis Cluster; a stopped instance's clients leave the other."""
+    a = await make_gateway(redis_url=redis_cluster, cluster_mode=True, node="sg-a")
+    b = await make_gateway(redis_url=redis_cluster, cluster_mode=True, node="sg-b")
+    for gateway in (a, b):
+        assert gateway.dialect.cluster is not None
+        await asyncio.wait_for(gateway.dialect.cluster.ready.wait(), WAIT)
+    worker = await b.client("w", "api")
+    await worker.update(n=("integer", 1))
+    await eventually(lambda: "n" in getattr(a.dialect.index.get("api", "w"), "metadata", {}))
+    sender = await a.client("s", "caller")
+    target = {"application": "api", "ops": [{"n": {"$eq": 1}}]}
+    await sender.dispatch("SEND", {"target": target, "nonce": 1, "payload": "over"})
+    assert (await worker.expect(4, "SEND"))["d"]["payload"] == "over"
+    await b.stop()  # closes its dialect: it leaves the table
+    await eventually(lambda: a.dialect.index.get("api", "w") is None)
+
+
+async def test_tunnel_across_relays_on_redis_cluster(
+    redis_cluster: str, start_tunnel: StartTunnel
+) -> None:
+    """The tunnel's work queue and answers over the bus on Redis Cluster."""
+    a = await start_tunnel(redis_url=redis_cluster, cluster_mode=True)
+    b = await start_tunnel(redis_url=redis_cluster, cluster_mode=True, target=a.target)
+    await b.connect()
+    await eventually(lambda: b.dialect.bridge is not None and b.dialect.bridge.consuming("ACME"))
+    async with a.client() as client:
+        reply = await client.post("/relay/acme/app/echo", content=b"across")
+        assert (reply.status_code, reply.content) == (200, b"across")
+        assert await a.dialect.reachable("ACME")

@@ -1,13 +1,20 @@
-"""Two gateway instances on one real Redis form one gateway (decision 12): SEND, BROADCAST,
-selectors, `key`, QUERY_NODES and the HTTP query span both; a leaving node's clients leave."""
+"""Two gateway instances in one cluster on a real Redis form one gateway (decision 12): SEND,
+BROADCAST, selectors, `key`, QUERY_NODES and the HTTP query span both; a leaving or dead
+instance's clients leave; a SEND that Redis refused is reported, not lost."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
-from tests.conftest import WAIT, RedisServer
+import msgpack
+from redis.asyncio import Redis
+
+from rmb_relay.cluster import keys
+from rmb_relay.tasks import cancel_and_wait
+from tests.conftest import WAIT, RedisServer, start_redis
 from tests.helpers import eventually
 from tests.sg_client import SgClient
 from tests.sg_fixtures import Gateway, MakeGateway, make_gateway
@@ -68,9 +75,15 @@ async def test_broadcast_selectors_and_key_span_both(
     a, b = await pair(make_gateway, redis_server)
     workers = await spread(a, b, 6)
     sender = await b.client("s", "caller")
+    assert b.cluster is not None
+    records = b.cluster.counters.sent
     await sender.dispatch("BROADCAST", {"target": {"application": "api"}, "payload": "all"})
     for worker in workers:
         assert (await worker.expect(4, "BROADCAST"))["d"]["payload"] == "all"
+    # a's three receivers got one bus record (counted once b has read Redis's answer, which
+    # may come after a delivered it)
+    cluster = b.cluster
+    await eventually(lambda: cluster.counters.sent - records == 1)
     # global selectors: one winner over both instances
     for selector, winner in (("$min", 0), ("$max", 5), ("$avg", 2)):
         target = {"application": "api", "selector": {selector: "n"}}
@@ -116,6 +129,29 @@ async def test_query_nodes_and_http_query_see_both(
     assert json.dumps(found)
 
 
+async def test_an_instance_that_joins_later_loads_the_others_then_follows_them(
+    redis_server: RedisServer, make_gateway: MakeGateway
+) -> None:
+    """The snapshot and the log position it belongs to come in one step: nothing is missed,
+    nothing goes back to an older state."""
+    a, b = await pair(make_gateway, redis_server)
+    workers = await spread(a, b, 4)
+    await workers[1].update(n=("integer", 10))  # changed after it joined: the newest counts
+    await eventually(
+        lambda: getattr(a.dialect.index.get("api", "w1"), "metadata", {}).get("n") == 10
+    )
+    c = await make_gateway(redis_url=redis_server.url, node="c")
+    assert c.dialect.cluster is not None
+    await asyncio.wait_for(c.dialect.cluster.ready.wait(), WAIT)
+    await eventually(lambda: _replicated(c, 4))
+    assert c.dialect.index.get("api", "w1").metadata["n"] == 10  # type: ignore[union-attr]
+    await workers[0].close()  # a change after the snapshot reaches it through the log
+    await eventually(lambda: c.dialect.index.get("api", "w0") is None)
+    on_c = await c.client("w9", "api")
+    await on_c.update(n=("integer", 9))
+    await eventually(lambda: _replicated(a, 4) and _replicated(b, 4))
+
+
 async def test_clients_of_a_stopped_instance_leave_the_other(
     redis_server: RedisServer, make_gateway: MakeGateway
 ) -> None:
@@ -138,3 +174,101 @@ async def test_a_client_id_is_unique_across_instances(
     await again.send(1, {"client_id": "only", "application_id": "api"})
     frame: Any = await again.expect(3)
     assert frame["d"]["error"] == "only: already registered for app api"
+
+
+async def test_send_to_another_instance_while_redis_refuses_is_an_error_not_a_loss(
+    make_gateway: MakeGateway, tmp_path: Path
+) -> None:
+    """The frame for a client elsewhere goes through the cluster's bus: when Redis refuses
+    it the sender hears so (op 3), and once Redis is back the same SEND arrives; a replica
+    change that could not be published meanwhile is published then."""
+    redis_dir = tmp_path / "redis"
+    redis_dir.mkdir()
+    server = start_redis(str(redis_dir))
+    try:
+        a = await make_gateway(redis_url=server.url, node="a")
+        b = await make_gateway(redis_url=server.url, node="b")
+        for gateway in (a, b):
+            assert gateway.dialect.cluster is not None
+            await asyncio.wait_for(gateway.dialect.cluster.ready.wait(), WAIT)
+        workers = await spread(a, b, 2)  # w1 is on b
+        sender = await a.client("s", "caller")
+        send = {"target": {"application": "api", "ops": [{"n": {"$eq": 1}}]}, "payload": "p"}
+        server.stop()
+        await sender.dispatch("SEND", {**send, "nonce": "while down"})
+        refused = await sender.expect(3)
+        assert "redis is unavailable" in refused["d"]["error"], refused
+        assert refused["d"]["extra_info"] == {"t": "SEND", "nonce": "while down"}
+        await workers[1].update(m=("integer", 5))  # b cannot publish this now
+
+        server = start_redis(str(redis_dir), port=server.port)
+        for gateway in (a, b):
+            assert gateway.dialect.cluster is not None
+            await asyncio.wait_for(gateway.dialect.cluster.ready.wait(), WAIT)
+        await sender.dispatch("SEND", {**send, "nonce": "back"})
+        got = await workers[1].expect(4, "SEND")
+        assert got["d"]["nonce"] == "back"
+        # b's failed write is made good once Redis answers (its whole table, written again)
+        await eventually(
+            lambda: getattr(a.dialect.index.get("api", "w1"), "metadata", {}).get("m") == 5
+        )
+    finally:
+        server.stop()
+
+
+async def test_a_dead_instance_is_dropped_from_the_replicas_by_the_clusters_tick(
+    redis_server: RedisServer, make_gateway: MakeGateway
+) -> None:
+    """The cluster's liveness, not a gateway beat of its own: once an instance's liveness key
+    is gone, the next tick of another instance drops its clients there and its entries in
+    Redis. (tests/test_cluster_processes.py kills a real process.)"""
+    a, b = await pair(make_gateway, redis_server)
+    await spread(a, b, 4)
+    assert a.cluster is not None
+    assert b.cluster is not None
+    b_id = b.cluster.me
+    probe = Redis.from_url(redis_server.url)
+    try:
+        assert await probe.exists(keys.table_key("sg", b_id))
+        # b stops renewing and reading without leaving, as a killed process does (were it
+        # still reading, it would find itself taken for dead and publish its clients again)
+        assert b.dialect.cluster is not None
+        await cancel_and_wait(b.cluster._ticker, WAIT)
+        await cancel_and_wait(b.dialect.cluster.table._reader, WAIT)
+        await probe.delete(keys.alive_key(b_id))
+        await a.cluster.tick()
+        assert sorted(c.client_id for c in a.dialect.index.by_app["api"]) == ["w0", "w2"]
+        await eventually(lambda: _gone(probe, b_id))
+    finally:
+        await probe.aclose()
+
+
+async def _gone(probe: Redis, instance: str) -> bool:
+    return not await probe.exists(keys.table_key("sg", instance)) and not await probe.sismember(
+        keys.table_members_key("sg"), instance
+    )
+
+
+async def test_an_instance_taken_for_dead_while_alive_publishes_its_clients_again(
+    redis_server: RedisServer, make_gateway: MakeGateway
+) -> None:
+    """Its liveness key expired (it was cut off from Redis for longer than the TTL) and the
+    others dropped its clients; it sees that in the table's log and writes them again."""
+    a, b = await pair(make_gateway, redis_server)
+    await spread(a, b, 4)
+    assert a.cluster is not None
+    assert b.cluster is not None
+    probe = Redis.from_url(redis_server.url)
+    try:
+        await probe.delete(keys.alive_key(b.cluster.me))
+        await a.cluster.tick()  # drops b's clients (b may already be writing them again)
+        await eventually(lambda: _replicated(a, 4))
+        ops = [
+            op
+            for _, fields in await probe.xrange(keys.table_log_key("sg"))
+            if fields[b"i"] == b.cluster.me.encode()
+            for op, _, _ in msgpack.unpackb(fields[b"b"], raw=False)
+        ]
+        assert ops[-2:] == ["g", "r"]  # taken for dead, then its whole table again
+    finally:
+        await probe.aclose()

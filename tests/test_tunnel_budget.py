@@ -82,7 +82,7 @@ async def test_request_from_another_relay_over_the_budget_is_503_and_never_runs(
         redis_url=redis_server.url, target=a.target, max_concurrent=1, tenant_bytes=15_000
     )
     await b.connect()
-    await eventually(lambda: b.dialect.bridge is not None and "ACME" in b.dialect.bridge._consumers)
+    await eventually(lambda: b.dialect.bridge is not None and b.dialect.bridge.consuming("ACME"))
     async with a.client() as client:
         slow = asyncio.ensure_future(client.get("/relay/acme/app/slow"))
         await asyncio.wait_for(a.target.entered.wait(), WAIT)

@@ -1,12 +1,17 @@
-"""Two relays on one real Redis: a client of relay A reaches a connector of relay B (requests
-over the tenant's stream, responses over A's), bodies of every size byte for byte, the TTL
-across relays, and the local shortcut."""
+"""Two relays in one cluster on a real Redis: a client of relay A reaches a connector of relay B
+(requests over the tenant's work queue, answers over A's bus stream), bodies of every size byte
+for byte, the TTL across relays, the local shortcut, and a relay that dies with a request."""
 
 from __future__ import annotations
 
-import pytest
+import asyncio
 
-from tests.conftest import RedisServer
+import pytest
+from redis.asyncio import Redis
+
+from rmb_relay.cluster import keys
+from rmb_relay.tasks import cancel_and_wait
+from tests.conftest import WAIT, RedisServer
 from tests.conftest import redis_server as redis_server
 from tests.helpers import eventually
 from tests.tunnel_fixtures import StartTunnel, Tunnel, pattern
@@ -29,7 +34,7 @@ async def test_client_of_one_relay_reaches_the_connector_of_the_other(
 ) -> None:
     a, b = await two_relays(start_tunnel, redis_server)
     connector = await b.connect(binary=binary)
-    await eventually(lambda: b.dialect.bridge is not None and "ACME" in b.dialect.bridge._consumers)
+    await eventually(lambda: b.dialect.bridge is not None and b.dialect.bridge.consuming("ACME"))
     async with a.client() as client:
         for method in ("GET", "POST", "PUT", "DELETE"):
             reply = await client.request(method, "/relay/acme/app/echo/x?y=1", content=b"hi")
@@ -42,6 +47,8 @@ async def test_client_of_one_relay_reaches_the_connector_of_the_other(
             assert down.content == pattern(size)
         assert (await client.post("/queue/acme/app/sha", content=b"q")).status_code == 202
         await eventually(lambda: "POST /sha" in a.target.calls)
+        # the origin let go of every request, the queued one (nobody waits for it) too
+        await eventually(lambda: a.dialect.bridge is not None and not a.dialect.bridge.remote)
     assert len(connector.received) == 4 + 6 + 1
     # every body file was cleaned up by one relay or the other
     await eventually(lambda: a.dialect.store.count() == 0 and b.dialect.store.count() == 0)
@@ -57,7 +64,7 @@ async def test_ttl_holds_across_relays(
         assert reply.status_code == 408
         connector = await b.connect()
         await eventually(
-            lambda: b.dialect.bridge is not None and "ACME" in b.dialect.bridge._consumers
+            lambda: b.dialect.bridge is not None and b.dialect.bridge.consuming("ACME")
         )
         assert (await client.get("/relay/acme/$ping/")).status_code == 200
     assert a.target.calls == []
@@ -89,3 +96,36 @@ async def test_redis_down_is_503(start_tunnel: StartTunnel, redis_server: RedisS
     async with a.client() as client:
         reply = await client.get("/relay/acme/app/echo")
     assert reply.status_code == 503
+
+
+async def test_a_request_taken_by_a_relay_that_dies_is_answered_503(
+    start_tunnel: StartTunnel, redis_server: RedisServer
+) -> None:
+    """B took A's request (its connector is running it) and dies: the cluster's liveness
+    tells A, which answers 503 at once instead of letting the client wait for the response
+    timeout. (B's death: it stops renewing its liveness key, as a killed process does.)"""
+    a, b = await two_relays(start_tunnel, redis_server)
+    await b.connect()
+    assert a.dialect.bridge is not None
+    assert a.cluster is not None
+    assert b.cluster is not None
+    await eventually(lambda: b.dialect.bridge is not None and b.dialect.bridge.consuming("ACME"))
+    async with a.client() as client:
+        waiting = asyncio.get_running_loop().create_task(client.get("/relay/acme/app/slow"))
+        await asyncio.wait_for(a.target.entered.wait(), WAIT)
+        bridge = a.dialect.bridge
+        await eventually(lambda: b.cluster is not None and b.cluster.me in bridge.taken_by.values())
+        await cancel_and_wait(b.cluster._ticker, WAIT)
+        probe = Redis.from_url(redis_server.url)
+        await probe.delete(keys.alive_key(b.cluster.me))
+        await probe.aclose()
+        await a.cluster.tick()
+        reply = await asyncio.wait_for(waiting, WAIT)
+        assert reply.status_code == 503
+        assert bridge.remote == {}
+        a.target.release.set()
+    # nobody else holds the tenant's connectors: the dead relay is no holder any more
+    assert not await a.dialect.reachable("ACME")
+    probe = Redis.from_url(redis_server.url)
+    assert not await probe.smembers(keys.work_holders_key("tunnel", "ACME"))
+    await probe.aclose()

@@ -14,15 +14,18 @@ from typing import Any
 import httpx
 import pytest
 from aiohttp import web
-from redis.asyncio import Redis
 
 from rmb_relay.clock import Clock, monotonic_clock
+from rmb_relay.cluster import Cluster
+from rmb_relay.cluster.connect import connect_redis
+from rmb_relay.mailbox import MemoryMailbox
 from rmb_relay.protocols.tunnel.connector import Connector
 from rmb_relay.protocols.tunnel.dialect import TunnelDialect
 from rmb_relay.protocols.tunnel.settings import TunnelSettings
 from rmb_relay.protocols.tunnel.targets import Target, WebTarget
 from rmb_relay.protocols.tunnel.tenants import Tenant, TenantStore, hash_secret
 from rmb_relay.server.listener import RelayServer
+from rmb_relay.switch import Switch
 from rmb_relay.telemetry.metrics import Registry
 from tests.conftest import WAIT, StartRelay
 from tests.helpers import serve_app
@@ -138,6 +141,8 @@ class Tunnel:
     target: TargetApp
     stack: AsyncExitStack
     registry: Registry
+    #: the relay's membership of the cluster (with `redis_url`)
+    cluster: Cluster | None = None
     connectors: list[tuple[Connector, asyncio.Task[None]]] = field(default_factory=list)
 
     @property
@@ -184,6 +189,9 @@ class Tunnel:
             await connector.stop()
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        if self.cluster is not None:  # the dialect leaves first, then the cluster
+            await self.dialect.close()
+            await self.cluster.close()
 
 
 StartTunnel = Callable[..., Awaitable[Tunnel]]
@@ -202,21 +210,29 @@ async def start_tunnel(start_relay: StartRelay, tmp_path: Path) -> AsyncIterator
             target: TargetApp | None = None,
             clock: Clock = monotonic_clock,
             redis_url: str | None = None,
+            cluster_ttl: float = 15.0,
+            cluster_mode: bool = False,
             **settings: Any,
         ) -> Tunnel:
+            """With `redis_url`, the relay joins the cluster there, as `rmb-relay --redis`
+            (`cluster_mode`: a Redis Cluster node, `--redis-cluster`)."""
             settings.setdefault("body_store", str(tmp_path / "bodies"))
             store = TenantStore(db or tmp_path / "relay.sqlite3")
             registry = Registry()
-            redis = None
+            cluster = None
             if redis_url is not None:
-                redis = Redis.from_url(redis_url)
+                redis = await connect_redis(redis_url, cluster=cluster_mode)  # as rmb-relay does
                 stack.push_async_callback(redis.aclose)
+                switch = Switch(MemoryMailbox())
+                cluster = Cluster(redis, switch, ttl=cluster_ttl, registry=registry)
+                await cluster.start()
+                switch.cluster = cluster
             dialect = TunnelDialect(
-                TunnelSettings(**settings), store, registry, clock=clock, redis=redis
+                TunnelSettings(**settings), store, registry, clock=clock, cluster=cluster
             )
             relay = await start_relay([dialect], registry)
             app = target or await start_target(stack)
-            tunnel = Tunnel(relay, dialect, store, app, stack, registry)
+            tunnel = Tunnel(relay, dialect, store, app, stack, registry, cluster)
             if tenant and store.get("acme") is None:
                 tunnel.add_tenant("acme")
             tunnels.append(tunnel)

@@ -38,6 +38,7 @@ from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from rmb_relay.cluster import Cluster
     from rmb_relay.cluster.connect import RedisClient
     from rmb_relay.twins import TwinDirectory
     from rmb_relay.twins.events import TwinEventListener
@@ -171,6 +172,10 @@ class Services:
         self.metrics = metrics
         self.switch = switch
         self.redis = redis
+        #: this instance's membership of the cluster (`--redis` without `--no-cluster`), the
+        #: one every dialect uses: RMB and SBD through the switch, the gateway and the tunnel
+        #: directly (docs/cluster.md, "Using it from another dialect")
+        self.cluster: Cluster | None = None
         self._twins_url = twins
         self._twin_cache_ttl = twin_cache_ttl
         self._directory: CachedTwinDirectory | None = None
@@ -284,7 +289,9 @@ class Services:
         try:
             services.switch.records = recorder_from_args(args, services.metrics)
             if redis is not None:
-                await cluster_options.start_cluster(args, redis, services.switch, services.metrics)
+                services.cluster = await cluster_options.start_cluster(
+                    args, redis, services.switch, services.metrics
+                )
         except BaseException:
             await services.close()
             raise

@@ -7,6 +7,9 @@
 | `bus.py` | each instance's stream: batched writes, reads through a consumer group |
 | `presence.py` | which instance holds which address, with a TTL |
 | `node.py` | `Cluster`: the switch's route to other instances, liveness, reaping dead ones |
+| `endpoint.py` | a bus receiver that is not a connection (the tunnel's waiters) |
+| `fanout.py` | replicated tables: every instance's entries everywhere (the 신경 gateway) |
+| `workqueue.py` | work queues read by the instances holding X (the HTTP tunnel) |
 | `connect.py` | one Redis client type for a server and for Redis Cluster |
 | `options.py` | the flags and building a `Cluster` from them |
 | `workers.py` | `rmb-relay --workers N`: N processes on one port (SO_REUSEPORT) |

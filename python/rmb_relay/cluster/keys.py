@@ -11,13 +11,31 @@ together (its bus stream and its liveness key) share a tag, so they share a slot
 | `rmb:{i:<id>}:bus` | stream | messages other instances hand to instance `<id>` |
 | `rmb:{i:<id>}:reaper` | string, TTL | the live instance taking over dead `<id>`'s stream |
 | `rmb:{cluster}:instances` | set | every instance id that has a bus stream (for the reaper) |
+| `rmb:{f:<topic>}:log` | stream | changes to a replicated table (`fanout.py`), read by all |
+| `rmb:{f:<topic>}:members` | set | instances with entries in that table |
+| `rmb:{f:<topic>}:i:<id>` | hash | instance `<id>`'s entries of that table (a snapshot) |
+| `rmb:{q:<topic>:<name>}:work` | stream | a work queue (`workqueue.py`), one consumer group |
+| `rmb:{q:<topic>:<name>}:holders` | set | instances consuming that queue |
+
+A replicated table's keys share one tag, so one script can change an instance's entries and
+append the change to the log atomically, and a newcomer reads the snapshot and the log
+position it belongs to in one step. A work queue's keys share a tag of their own.
+
+Topics in use: `sg` (the 신경 gateway's clients); work queues `tunnel:<TENANT>` (the HTTP
+tunnel's requests). Dialects build their keys here and nowhere else.
+
+The 신경 gateway's queues (`protocols/singyeong/redis_queues.py`) are a store of its own, not
+routing: `sgq:{<queue>}:msgs|waiting|unacked|owner|attempts|dead` (one tag per queue),
+`sgq:names` and the pub/sub channel `sgq:events`. Their names are kept from before the cluster
+layer, so messages queued by a running deployment survive an upgrade.
 
 The mailbox keeps rmb-rs's names (`stream:<twin>[:<sid>]`, `mailbox.py`): each is used alone,
 one key per command or transaction, which Redis Cluster accepts without a tag.
 
 An *address name* is the text form of a switch address: `r:<twin>` or `r:<twin>:<sid>` for an
 RMB session, `s:<base64url key>` for an SBD key, `<kind>:<anything>` for a kind another dialect
-registers with `Cluster.register_kind` (docs/cluster.md).
+registers with `Cluster.register_kind` (docs/cluster.md): `g` (신경 clients), `gm` (a 신경
+frame for several clients of one instance), `t` (tunnel response waiters).
 """
 
 from __future__ import annotations
@@ -34,6 +52,11 @@ INSTANCES_KEY = "rmb:{cluster}:instances"
 #: RMB sessions and SBD keys, the kinds the switch's route table holds
 KIND_RMB = "r"
 KIND_SBD = "s"
+#: the 신경 gateway's clients, its frames for several clients of one instance, and the
+#: tunnel's response waiters (`Cluster.register_kind`)
+KIND_GATEWAY = "g"
+KIND_GATEWAY_MANY = "gm"
+KIND_TUNNEL = "t"
 #: an SBD address is an ed25519 public key
 SBD_KEY_BYTES = 32
 
@@ -52,6 +75,42 @@ def reaper_key(instance: str) -> str:
 
 def bus_key(instance: str) -> str:
     return f"rmb:{{i:{instance}}}:bus"
+
+
+def table_log_key(topic: str) -> str:
+    return f"rmb:{{f:{topic}}}:log"
+
+
+def table_members_key(topic: str) -> str:
+    return f"rmb:{{f:{topic}}}:members"
+
+
+def table_prefix(topic: str) -> str:
+    """What an instance's id is appended to for its hash of `topic` (scripts build it)."""
+    return f"rmb:{{f:{topic}}}:i:"
+
+
+def table_key(topic: str, instance: str) -> str:
+    return table_prefix(topic) + instance
+
+
+def work_key(topic: str, name: str) -> str:
+    return f"rmb:{{q:{topic}:{name}}}:work"
+
+
+def work_holders_key(topic: str, name: str) -> str:
+    return f"rmb:{{q:{topic}:{name}}}:holders"
+
+
+#: the 신경 queues' names (a set) and their wake-up channel (pub/sub)
+SG_QUEUE_NAMES = "sgq:names"
+SG_QUEUE_EVENTS = "sgq:events"
+
+
+def sg_queue_keys(queue: str) -> dict[str, str]:
+    """One 신경 queue's keys by role (one hash tag: its scripts touch them together)."""
+    base = f"sgq:{{{queue}}}:"
+    return {k: base + k for k in ("msgs", "waiting", "unacked", "owner", "attempts", "dead")}
 
 
 def address_name(address: SessionKey | bytes) -> str:

@@ -29,7 +29,8 @@ never recreate it: XADD NOMKSTREAM). Nothing accepted into Redis is lost; see do
 what can be delivered twice.
 
 Other dialects (the gateway, the tunnel) whose receivers are not in the switch's route table
-use the same machinery through `register_kind` and the `*_name` methods (docs/cluster.md).
+use the same machinery through `register_kind`, the `*_name` methods, `send_to_nowait` and
+`on_instance_gone` (docs/cluster.md); `fanout.py` and `workqueue.py` are built on it for them.
 """
 
 from __future__ import annotations
@@ -77,6 +78,11 @@ RUN_BYTES = 1 << 20
 LEAVE_TIMEOUT = 2.0
 
 Resolver = Callable[[str], "Endpoint | None"]
+#: told the id of an instance found dead (`Cluster.on_instance_gone`)
+GoneListener = Callable[[str], None]
+#: what a `send_to_nowait` sender hears once the batch was written: True (stored), False (that
+#: instance's stream is gone: it left or was reaped) or the `ClusterUnavailable` Redis raised
+SendOutcome = Callable[[bool | ClusterUnavailable], None]
 #: a held route record's (route, outcome, reason) by where `_pass_on` took its message
 _SETTLED = {
     "passed": ("cluster", "delivered", None),
@@ -154,6 +160,9 @@ class Cluster:
         self._addresses: dict[str, Address] = {}
         #: work started by callbacks (`_spawn`)
         self._tasks: set[asyncio.Task[None]] = set()
+        self._gone_listeners: list[GoneListener] = []
+        #: dead instances the listeners were told about (told once per death)
+        self._gone_told: set[str] = set()
         if registry is not None:
             self._register_metrics(registry)
 
@@ -381,6 +390,33 @@ class Cluster:
 
     # ---- the generic API (docs/cluster.md) -------------------------------------------------
 
+    def on_instance_gone(self, listener: GoneListener) -> None:
+        """Call `listener(instance)` once when a tick finds that another instance died (its
+        liveness key expired), before its stream is taken over. Not called for an instance
+        that left cleanly (it cleaned up after itself) nor for this one. The dialects drop
+        what they kept about it: the gateway its clients, the tunnel the requests it took."""
+        self._gone_listeners.append(listener)
+
+    def _tell_gone(self, instance: str) -> None:
+        if instance == self.me or instance in self._gone_told:
+            return
+        self._gone_told.add(instance)
+        for listener in list(self._gone_listeners):
+            try:
+                listener(instance)
+            except Exception:  # one dialect's bug must not stop the reaping
+                log.exception("cluster: an instance-gone listener failed")
+
+    async def alive(self, instances: list[str]) -> set[str]:
+        """Which of `instances` are alive now (this one always is). Raises Redis errors."""
+        others = [i for i in instances if i != self.me]
+        pipe = self.redis.pipeline(transaction=False)
+        for other in others:
+            pipe.exists(keys.alive_key(other))
+        flags = await pipe.execute() if others else []
+        live = {i for i, flag in zip(others, flags, strict=True) if flag}
+        return live | ({self.me} & set(instances))
+
     def register_kind(self, kind: str, resolve: Resolver) -> None:
         """Route names `<kind>:...` to `resolve(name)`, the local endpoint holding it or None."""
         if kind in (keys.KIND_RMB, keys.KIND_SBD) or not kind.isalnum():
@@ -406,6 +442,28 @@ class Cluster:
             return True
         self.presence.instance_gone(owner)  # its stream is gone: it left or was reaped
         return False
+
+    def send_to_nowait(
+        self, instance: str, name: str, frame: bytes, outcome: SendOutcome | None = None
+    ) -> None:
+        """Queue `frame` for `name` on a known `instance` (the dialect knows where the receiver
+        is: the gateway from its replicas, the tunnel from the request), for its stream's next
+        batch, without a presence lookup. `outcome` hears how the batch went; without it a
+        failure is only counted. On the far side `resolve(name)` finds the receiver; when it
+        does not, the message is passed on to whoever claims `name` or dropped."""
+        record = wire.encode_message(name, frame, 0)
+
+        def settled(result: bool | ClusterUnavailable) -> None:
+            if result is True:
+                self.counters.sent += 1
+            else:
+                self.counters.dropped += 1
+                if result is False:
+                    self.presence.instance_gone(instance)  # it left or was reaped
+            if outcome is not None:
+                outcome(result)
+
+        self.bus.send_nowait(instance, record, settled)
 
     def _claim_answered(self, name: str, future: asyncio.Future[str | None]) -> None:
         if future.cancelled():
@@ -582,6 +640,7 @@ class Cluster:
             if flag:
                 self.presence.dead.discard(other)
                 self._dead_since.pop(other, None)
+                self._gone_told.discard(other)  # back (it was only cut off): told again next time
             else:
                 await self.reap(other)
 
@@ -602,6 +661,8 @@ class Cluster:
         if instance not in self.presence.dead:
             log.warning("cluster: instance %s is gone; taking over its pending messages", instance)
             self.presence.instance_gone(instance)
+        if not leaving:
+            self._tell_gone(instance)
         stream = keys.bus_key(instance)
         lock = keys.reaper_key(instance)
         if not await self.redis.set(lock, self.me, px=int(self.ttl * 1000), nx=True):

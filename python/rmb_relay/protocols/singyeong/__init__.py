@@ -34,7 +34,12 @@ async def build(args: argparse.Namespace, services: Services) -> SingyeongDialec
     """The gateway the flags ask for, or None with `--no-singyeong`. Raises ConfigError."""
     if args.no_singyeong:
         return None
-    return SingyeongDialect(SgSettings.from_args(args), services.metrics, redis=services.redis)
+    return SingyeongDialect(
+        SgSettings.from_args(args),
+        services.metrics,
+        redis=services.redis,
+        cluster=services.cluster,
+    )
 
 
 ENTRY = DialectEntry(

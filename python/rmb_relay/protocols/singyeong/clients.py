@@ -70,7 +70,8 @@ class Client:
         self.queues: set[str] = set()
         #: the instance holding it (None: this one); remote clients are replicas (cluster.py)
         self.node: str | None = None
-        #: bumped at every change this instance publishes, so replicas keep the newest
+        #: bumped at every change this instance publishes (the replicas' order comes from the
+        #: cluster's log, cluster/fanout.py)
         self.version = 0
 
     def describe(self) -> dict[str, Any]:

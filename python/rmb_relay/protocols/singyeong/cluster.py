@@ -1,259 +1,273 @@
-"""Several instances on one Redis form one gateway (decision 12): every instance keeps a
-replica of every other instance's clients, so SEND, BROADCAST, selectors, `key` and the HTTP
-query run locally over all clients, and a frame for a client held elsewhere goes to its
-instance's channel.
+"""Several instances in one cluster form one gateway (decision 12), on the cluster layer
+(`cluster/`): every instance keeps a replica of every other instance's clients, so SEND,
+BROADCAST, selectors, `key`, QUERY_NODES and the HTTP query run locally over all clients, and
+a frame for a client held elsewhere goes to its instance's bus stream.
 
-Kept small and isolated so it can move onto a shared cluster layer (presence and per-instance
-streams) when the relay has one: the dialect calls `joined`, `changed`, `left` and
-`forward`, and reads remote clients from the same `ClientIndex` (their `node` is set).
-
-Redis
------
-```text
-sg:nodes              zset  node -> last beat (unix ms); a node silent for NODE_TIMEOUT is gone
-sg:clients:NODE       hash  "app\\0client" -> client state (JSON), the snapshot a new node loads
-sg:events             pub/sub: {"node", "kind": join|update|leave|gone, "client": state}
-sg:deliver:NODE       pub/sub: {"t", "nonce", "payload", "to": [[app, client], ...]}
-```
-Each state carries a per-client `version`; a replica ignores anything older than what it
-holds, so the snapshot and the live events can arrive in any order. Heartbeat times are not
-replicated (they would cost a message per heartbeat). Pub/sub is at-most-once: a frame sent
-while an instance's subscription is down is lost, like the public server's "at-least-zero"
-SEND; queues (redis_queues.py) are the path that loses nothing.
+What the gateway uses of the cluster
+------------------------------------
+- **Replicas**: a replicated table (`cluster/fanout.py`, topic `sg`) whose entries are this
+  instance's clients (key `app\\0client`, value the client's state in JSON). Keys:
+  `rmb:{f:sg}:i:<instance>` (hash), `rmb:{f:sg}:members`, `rmb:{f:sg}:log` (`cluster/keys.py`).
+  The table's log orders every change, so a replica needs no versions.
+- **Liveness**: the cluster's instance id names the node (QUERY_NODES, delivery tokens), and
+  its "instance gone" detection (`Cluster.on_instance_gone`, within `--cluster-ttl`) removes
+  a dead instance's clients from every replica.
+- **Frames to a client elsewhere**: a bus record named `g:<len(app)>:<app><client>`
+  (`gateway_name`), sent to the instance the replica names (`Cluster.send_to_nowait`): batched
+  with everything else for that instance, at least once, kept in Redis while the receiving
+  instance's reader is down, and reaped if it dies (then passed on to whoever holds the name,
+  or dropped: its client is gone). Each client's name is claimed in presence so that a
+  record for a client that moved follows it. Several receivers on one instance (a BROADCAST)
+  share one record, `gm:<instance>`, whose frame lists them (`_ManyEndpoint`): one record, not
+  one per receiver. When Redis refuses a record, the sender gets op 3 `invalid` saying so:
+  never a silent loss.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, cast
 
+from rmb_relay.cluster import keys
+from rmb_relay.cluster.endpoint import NoPeer
+from rmb_relay.cluster.fanout import ReplicatedTable
+from rmb_relay.errors import ClusterUnavailable
 from rmb_relay.protocols.singyeong.clients import Client
-from rmb_relay.tasks import STOP_TIMEOUT, cancel_and_wait
 
 if TYPE_CHECKING:
-    from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
+    from rmb_relay.cluster.node import Cluster
+    from rmb_relay.protocols.base import Peer
     from rmb_relay.protocols.singyeong.clients import ClientIndex
 
 log = logging.getLogger("rmb_relay.singyeong")
 
-NODES = "sg:nodes"
-EVENTS = "sg:events"
-#: how often a node says it is alive (seconds)
-BEAT_INTERVAL = 2.0
-#: a node silent this long (ms) is taken for gone: its clients leave every replica
-NODE_TIMEOUT_MS = 10_000
+#: the replicated table's topic (`keys.table_key`)
+TOPIC = "sg"
+
+#: `deliver_local(receivers, t, payload, nonce)`
+DeliverLocal = Callable[[list[Client], str, Any, Any], None]
+#: `failed(error)`: a frame for a client elsewhere was not accepted (told once per SEND)
+Failed = Callable[[str], None]
 
 
-def _client_key(app_id: str, client_id: str) -> str:
+def client_key(app_id: str, client_id: str) -> str:
     return f"{app_id}\0{client_id}"
 
 
-def _state(client: Client) -> dict[str, Any]:
-    return {
-        "app_id": client.app_id,
-        "client_id": client.client_id,
-        "restricted": client.restricted,
-        "encoding": client.encoding,
-        "socket_ip": client.socket_ip,
-        "metadata": client.metadata,
-        "types": client.types,
-        "queues": sorted(client.queues),
-        "version": client.version,
-    }
+def gateway_name(app_id: str, client_id: str) -> str:
+    """The bus name of a client: the application's length first, so any characters work."""
+    return f"{keys.KIND_GATEWAY}:{len(app_id)}:{app_id}{client_id}"
+
+
+def parse_gateway_name(name: str) -> tuple[str, str]:
+    """(app, client) of a `gateway_name`; raises ValueError."""
+    rest = name.partition(":")[2]
+    length, sep, ids = rest.partition(":")
+    if not sep or not length.isdigit() or int(length) > len(ids):
+        raise ValueError(f"bad gateway client name {name!r}")
+    return ids[: int(length)], ids[int(length) :]
+
+
+def _state(client: Client) -> bytes:
+    return json.dumps(
+        {
+            "app_id": client.app_id,
+            "client_id": client.client_id,
+            "restricted": client.restricted,
+            "encoding": client.encoding,
+            "socket_ip": client.socket_ip,
+            "metadata": client.metadata,
+            "types": client.types,
+            "queues": sorted(client.queues),
+        },
+        separators=(",", ":"),
+    ).encode()
+
+
+class _ClientEndpoint:
+    """A local client as the bus reader sees it (`switch.Endpoint`)."""
+
+    __slots__ = ("client", "gateway")
+
+    def __init__(self, gateway: SgCluster, client: Client) -> None:
+        self.gateway = gateway
+        self.client = client
+
+    @property
+    def peer(self) -> Peer:
+        peer: Peer = self.client.session.peer
+        return peer
+
+    def deliver(self, frame: bytes) -> None:
+        t, payload, nonce = self.gateway.decode_frame(frame)
+        self.gateway.deliver_local([self.client], t, payload, nonce)
+
+    def mail_waiting(self) -> None:
+        return None
+
+
+class _BatchingPeer(NoPeer):
+    """The peer of `_ManyEndpoint`: never congested (its receivers are written to as a local
+    BROADCAST's are, without waiting for any one of them), but its batch defers the writes
+    as a connection's does (`Peer.batch` covers every connection), so each receiver is
+    written once per run of records."""
+
+    __slots__ = ("gateway",)
+
+    def __init__(self, gateway: SgCluster) -> None:
+        self.gateway = gateway
+
+    def batch(self) -> AbstractContextManager[None]:  # type: ignore[override]
+        for client in self.gateway.index.clients.values():
+            if client.node is None and client.session is not None:
+                return cast("AbstractContextManager[None]", client.session.peer.batch())
+        return contextlib.nullcontext()
+
+
+class _ManyEndpoint:
+    """Several local clients named in one frame (a BROADCAST's receivers on this instance).
+    Resolved on whichever instance reads the record (its own, or one taking over a dead
+    one's stream): the listed clients connected there get it, the others are gone."""
+
+    __slots__ = ("_peer", "gateway")
+
+    def __init__(self, gateway: SgCluster) -> None:
+        self.gateway = gateway
+        self._peer = _BatchingPeer(gateway)
+
+    @property
+    def peer(self) -> _BatchingPeer:
+        return self._peer
+
+    def deliver(self, frame: bytes) -> None:
+        gateway = self.gateway
+        t, payload, nonce = gateway.decode_frame(frame)
+        receivers = []
+        for app_id, client_id in json.loads(frame).get("to", ()):
+            client = gateway.index.get(app_id, client_id)
+            if client is not None and client.node is None and client.session is not None:
+                receivers.append(client)
+        if receivers:
+            gateway.deliver_local(receivers, t, payload, nonce)
+
+    def mail_waiting(self) -> None:
+        return None
 
 
 class SgCluster:
-    def __init__(
-        self,
-        redis: Redis,
-        node: str,
-        index: ClientIndex,
-        deliver_local: Callable[[list[Client], str, Any, Any], None],
-        wall_ms: Callable[[], int],
-    ) -> None:
-        self.redis = redis
-        self.node = node
+    def __init__(self, cluster: Cluster, index: ClientIndex, deliver_local: DeliverLocal) -> None:
+        self.cluster = cluster
+        self.node = cluster.me
         self.index = index
         self.deliver_local = deliver_local
-        self.wall_ms = wall_ms
-        self.ready = asyncio.Event()
-        self._tasks: set[asyncio.Task[Any]] = set()
-        self._main: asyncio.Task[None] | None = None
-        self._beat: asyncio.Task[None] | None = None
-        self._outbox: list[tuple[str, str]] = []  # (channel, message) written in order
-        self._flushing = False
+        self.table = ReplicatedTable(cluster, TOPIC, self._on_change)
+        self.ready = self.table.ready
+        #: the last frame decoded on the receiving side (a BROADCAST brings one per receiver)
+        self._decoded: tuple[bytes, tuple[str, Any, Any]] | None = None
+        cluster.register_kind(keys.KIND_GATEWAY, self._resolve)
+        self._many = _ManyEndpoint(self)
+        cluster.register_kind(keys.KIND_GATEWAY_MANY, lambda name: self._many)
 
     # ---- lifecycle -------------------------------------------------------------------------
 
     def start(self) -> None:
-        loop = asyncio.get_running_loop()
-        self._main = loop.create_task(self._run())
-        self._beat = loop.create_task(self._beat_loop())
-
-    async def _run(self) -> None:
-        while True:
-            pubsub = self.redis.pubsub()
-            try:
-                await pubsub.subscribe(EVENTS, f"sg:deliver:{self.node}")
-                await self._load_snapshot()
-                self.ready.set()
-                async for item in pubsub.listen():
-                    if item.get("type") == "message":
-                        self._on_message(item["channel"], item["data"])
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:
-                self.ready.clear()
-                log.warning("singyeong cluster: %s; resubscribing", err)
-                await asyncio.sleep(0.5)
-            finally:
-                with contextlib.suppress(Exception):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]
-
-    async def _load_snapshot(self) -> None:
-        now = self.wall_ms()
-        entries: Any = await self.redis.zrange(NODES, 0, -1, withscores=True)
-        for raw_node, beat in entries:
-            node = raw_node.decode() if isinstance(raw_node, bytes) else str(raw_node)
-            if node == self.node or now - beat > NODE_TIMEOUT_MS:
-                continue
-            for raw in (await self.redis.hgetall(f"sg:clients:{node}")).values():
-                self._apply(node, json.loads(raw))
-
-    async def _beat_loop(self) -> None:
-        while True:
-            try:
-                now = self.wall_ms()
-                await self.redis.zadd(NODES, {self.node: now})
-                for raw_node in await self.redis.zrangebyscore(
-                    NODES, "-inf", now - NODE_TIMEOUT_MS
-                ):
-                    node = raw_node.decode() if isinstance(raw_node, bytes) else str(raw_node)
-                    await self.redis.zrem(NODES, node)
-                    await self.redis.delete(f"sg:clients:{node}")
-                    self._forget_node(node)
-            except asyncio.CancelledError:
-                raise
-            except Exception as err:
-                log.warning("singyeong cluster beat: %s", err)
-            await asyncio.sleep(BEAT_INTERVAL)
+        self.table.start()
 
     async def close(self) -> None:
-        for task in (self._main, self._beat):
-            if task is not None:
-                task.cancel()
-        with contextlib.suppress(Exception):
-            await self._flush()
-            async with self.redis.pipeline(transaction=True) as pipe:
-                pipe.zrem(NODES, self.node)
-                pipe.delete(f"sg:clients:{self.node}")
-                pipe.publish(EVENTS, json.dumps({"node": self.node, "kind": "gone"}))
-                await pipe.execute()
-        # cancelled until they end: redis-py can swallow a cancellation (rmb_relay/tasks.py)
-        tasks = (self._main, self._beat, *self._tasks)
-        await asyncio.gather(*(cancel_and_wait(task, STOP_TIMEOUT) for task in tasks))
+        """Leave the table (the others drop our clients at once); the cluster gives up our
+        presence claims when it leaves, after the dialects closed."""
+        await self.table.close()
 
     # ---- local changes out -----------------------------------------------------------------
 
-    def _publish_state(self, kind: str, client: Client) -> None:
-        client.version += 1
-        state = _state(client)
-        self._send(EVENTS, json.dumps({"node": self.node, "kind": kind, "client": state}))
-        key = _client_key(client.app_id, client.client_id)
-        if kind == "leave":
-            self._outbox.append(("hdel", key))
-        else:
-            self._outbox.append(("hset", key + "\n" + json.dumps(state)))
-        self._kick()
-
     def joined(self, client: Client) -> None:
-        self._publish_state("join", client)
+        client.version += 1
+        self.table.set(client_key(client.app_id, client.client_id), _state(client))
+        self.cluster.claim_name(gateway_name(client.app_id, client.client_id))
 
     def changed(self, client: Client) -> None:
-        self._publish_state("update", client)
+        client.version += 1
+        self.table.set(client_key(client.app_id, client.client_id), _state(client))
 
     def left(self, client: Client) -> None:
-        self._publish_state("leave", client)
+        self.table.delete(client_key(client.app_id, client.client_id))
+        self.cluster.release_name(gateway_name(client.app_id, client.client_id))
 
-    def forward(self, receivers: list[Client], t: str, payload: Any, nonce: Any) -> None:
-        """Frames for clients held by other instances, one message per instance."""
-        by_node: dict[str, list[list[str]]] = {}
+    def forward(
+        self, receivers: list[Client], t: str, payload: Any, nonce: Any, failed: Failed
+    ) -> None:
+        """Frames for clients held by other instances: one bus record per instance (per
+        receiver when it holds one: its name follows it if it moves). `failed(reason)` is
+        called once if any was not accepted."""
+        by_node: dict[str, list[Client]] = {}
         for client in receivers:
             assert client.node is not None
-            by_node.setdefault(client.node, []).append([client.app_id, client.client_id])
-        for node, targets in by_node.items():
-            body = {"t": t, "nonce": nonce, "payload": payload, "to": targets}
-            self._send(f"sg:deliver:{node}", json.dumps(body, separators=(",", ":")))
+            by_node.setdefault(client.node, []).append(client)
+        frame = b""
+        told = False
 
-    def _send(self, channel: str, message: str) -> None:
-        self._outbox.append((channel, message))
-        self._kick()
-
-    def _kick(self) -> None:
-        if not self._flushing:
-            self._flushing = True
-            task = asyncio.get_running_loop().create_task(self._flush())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
-
-    async def _flush(self) -> None:
-        """Everything queued in this loop turn, in order, in one pipeline."""
-        try:
-            while self._outbox:
-                batch, self._outbox = self._outbox, []
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    for channel, message in batch:
-                        if channel == "hset":
-                            key, _, state = message.partition("\n")
-                            pipe.hset(f"sg:clients:{self.node}", key, state)
-                        elif channel == "hdel":
-                            pipe.hdel(f"sg:clients:{self.node}", message)
-                        else:
-                            pipe.publish(channel, message)
-                    await pipe.execute()
-        except Exception as err:
-            log.warning("singyeong cluster: publishing failed: %s", err)
-        finally:
-            self._flushing = False
-
-    # ---- remote changes in -----------------------------------------------------------------
-
-    def _on_message(self, channel: Any, data: Any) -> None:
-        name = channel.decode() if isinstance(channel, bytes) else str(channel)
-        try:
-            body = json.loads(data)
-        except ValueError:
-            return
-        if name == EVENTS:
-            node = body.get("node")
-            if node == self.node or not isinstance(node, str):
+        def outcome(result: bool | ClusterUnavailable) -> None:
+            nonlocal told
+            if result is True or told:
                 return
-            kind = body.get("kind")
-            if kind == "gone":
-                self._forget_node(node)
-            elif kind == "leave":
-                self._remove(node, body["client"])
+            told = True
+            if result is False:
+                failed("unreachable: the receiver's instance left; the message was not delivered")
             else:
-                self._apply(node, body["client"])
-            return
-        receivers = [
-            client
-            for app_id, client_id in body.get("to", ())
-            if (client := self.index.get(app_id, client_id)) is not None and client.node is None
-        ]
-        if receivers:
-            self.deliver_local(receivers, body["t"], body.get("payload"), body.get("nonce"))
+                failed(
+                    "unreachable: the gateway's redis is unavailable; the message was not delivered"
+                )
 
-    def _apply(self, node: str, state: dict[str, Any]) -> None:
-        existing = self.index.get(state["app_id"], state["client_id"])
+        for node, clients in by_node.items():
+            if len(clients) == 1:
+                if not frame:  # encoded once for every single-receiver record
+                    body = {"t": t, "p": payload, "n": nonce}
+                    frame = json.dumps(body, separators=(",", ":")).encode()
+                client = clients[0]
+                name = gateway_name(client.app_id, client.client_id)
+                self.cluster.send_to_nowait(node, name, frame, outcome)
+                continue
+            to = [[client.app_id, client.client_id] for client in clients]
+            many = json.dumps({"t": t, "p": payload, "n": nonce, "to": to}, separators=(",", ":"))
+            name = f"{keys.KIND_GATEWAY_MANY}:{node}"
+            self.cluster.send_to_nowait(node, name, many.encode(), outcome)
+
+    # ---- remote changes and frames in ------------------------------------------------------
+
+    def decode_frame(self, frame: bytes) -> tuple[str, Any, Any]:
+        cached = self._decoded
+        if cached is not None and cached[0] == frame:
+            return cached[1]
+        body = json.loads(frame)
+        decoded = (str(body["t"]), body.get("p"), body.get("n"))
+        self._decoded = (frame, decoded)
+        return decoded
+
+    def _resolve(self, name: str) -> _ClientEndpoint | None:
+        app_id, client_id = parse_gateway_name(name)
+        client = self.index.get(app_id, client_id)
+        if client is None or client.node is not None or client.session is None:
+            return None
+        if client.session.closing:
+            return None
+        return _ClientEndpoint(self, client)
+
+    def _on_change(self, node: str, key: str, value: bytes | None) -> None:
+        app_id, _, client_id = key.partition("\0")
+        existing = self.index.get(app_id, client_id)
+        if value is None:
+            if existing is not None and existing.node == node:
+                self.index.remove(existing)
+            return
         if existing is not None:
-            if existing.node != node or existing.version >= state["version"]:
-                return  # ours, another node's, or older than what we hold
+            if existing.node != node:
+                return  # ours, or another instance's (a duplicate being refused)
             self.index.remove(existing)
+        state = json.loads(value)
         client = Client(
             state["app_id"],
             state["client_id"],
@@ -262,17 +276,7 @@ class SgCluster:
             socket_ip=state["socket_ip"],
         )
         client.node = node
-        client.version = state["version"]
         client.types.update(state["types"])
         client.metadata.update(state["metadata"])
         client.queues.update(state["queues"])
         self.index.add(client)
-
-    def _remove(self, node: str, state: dict[str, Any]) -> None:
-        existing = self.index.get(state["app_id"], state["client_id"])
-        if existing is not None and existing.node == node:
-            self.index.remove(existing)
-
-    def _forget_node(self, node: str) -> None:
-        for client in [c for c in self.index.clients.values() if c.node == node]:
-            self.index.remove(client)

@@ -58,6 +58,7 @@ from rmb_relay.protocols.singyeong.settings import SgSettings
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest
     from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
+    from rmb_relay.cluster.node import Cluster
     from rmb_relay.telemetry.metrics import Registry
 
 log = logging.getLogger("rmb_relay.singyeong")
@@ -89,10 +90,15 @@ class SingyeongDialect(Dialect):
         *,
         rng: random.Random | None = None,
         redis: Redis | None = None,
+        cluster: Cluster | None = None,
     ) -> None:
         """With `redis`, queues live there (shared by every instance on it, surviving
-        restarts); it must be called on the running loop then."""
+        restarts); with `cluster`, the instances in it form one gateway (cluster.py), and
+        the node's name is the cluster's instance id. Either must be called on the running
+        loop."""
         self.settings = settings
+        #: this instance's name in QUERY_NODES and delivery tokens
+        self.node = cluster.me if cluster is not None else settings.node
         self.clock = clock
         self.wall = wall
         self.rng = rng if rng is not None else random.Random()
@@ -115,17 +121,15 @@ class SingyeongDialect(Dialect):
         else:
             self.queues = RedisQueues(
                 redis,
-                node=settings.node,
+                node=self.node,
                 ack_timeout_ns=int(settings.ack_timeout * 1e9),
                 max_attempts=settings.max_attempts,
                 wall_ms=self.now_ms,
             )
             self.queues.start()
         self.cluster: SgCluster | None = None
-        if redis is not None:
-            self.cluster = SgCluster(
-                redis, settings.node, self.index, self.deliver_local, self.now_ms
-            )
+        if cluster is not None:
+            self.cluster = SgCluster(cluster, self.index, self.deliver_local)
             self.cluster.start()
         self.metrics = SgMetrics(registry, lambda: self.index, lambda: self.queues)
         self._sweeper: asyncio.TimerHandle | None = None
@@ -296,7 +300,14 @@ class SingyeongDialect(Dialect):
         if len(local) != len(receivers):
             assert self.cluster is not None
             remote = [r for r in receivers if r.node is not None]
-            self.cluster.forward(remote, t, d["payload"], d.get("nonce"))
+            nonce = d.get("nonce")
+
+            def failed(reason: str) -> None:
+                self.metrics.hot.dispatch(t, "unavailable")
+                if not session.closing:
+                    session.invalid(reason, {"t": t, "nonce": nonce})
+
+            self.cluster.forward(remote, t, d["payload"], nonce, failed)
         if local:
             self.deliver_local(local, t, d["payload"], d.get("nonce"))
 
@@ -345,7 +356,7 @@ class SingyeongDialect(Dialect):
         self.metrics.hot.dispatch(t, "ok")
         nodes: dict[str, list[dict[str, Any]]] = {}
         for found in self.index.match(query):
-            nodes.setdefault(found.node or self.settings.node, []).append(found.describe())
+            nodes.setdefault(found.node or self.node, []).append(found.describe())
         nonce = d.get("nonce") if isinstance(d, dict) else None
         session.send(frames.dispatch(t, {"nodes": nodes}, self.now_ms(), nonce, nodes=nodes))
 

@@ -1,8 +1,8 @@
 """Queues kept in Redis (decision 11 with `--redis`): stored before QUEUE_CONFIRM, shared by
 every instance on that Redis, surviving a gateway restart.
 
-Keys (the braces keep one queue's keys in one Redis Cluster slot)
-----------------------------------------------------------------
+Keys (built in `cluster/keys.py`; the braces keep one queue's keys in one Redis Cluster slot)
+------------------------------------------------------------------------------------------
 ```text
 sgq:{NAME}:msgs       hash  id -> message record (JSON: queue, nonce, target, payload)
 sgq:{NAME}:waiting    list  ids in FIFO order
@@ -32,6 +32,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from rmb_relay.cluster import keys as cluster_keys
 from rmb_relay.protocols.singyeong.queues import Consumer, Message
 from rmb_relay.tasks import STOP_TIMEOUT, cancel_and_wait
 
@@ -43,8 +44,8 @@ log = logging.getLogger("rmb_relay.singyeong")
 #: waiting ids looked at per pump; a message further back than this behind messages no local
 #: consumer matches waits until the head moves (documented limit)
 SCAN_WINDOW = 256
-NAMES = "sgq:names"
-EVENTS = "sgq:events"
+NAMES = cluster_keys.SG_QUEUE_NAMES
+EVENTS = cluster_keys.SG_QUEUE_EVENTS
 #: Redis operations in flight at once (acks, retries, pumps, store batches)
 MAX_CONCURRENT = 16
 #: how often the sweep looks for expired deliveries when the ack timeout is long (seconds)
@@ -99,9 +100,7 @@ return 0
 """
 
 
-def _keys(name: str) -> dict[str, str]:
-    base = f"sgq:{{{name}}}:"
-    return {k: base + k for k in ("msgs", "waiting", "unacked", "owner", "attempts", "dead")}
+_keys = cluster_keys.sg_queue_keys
 
 
 class RedisQueues:

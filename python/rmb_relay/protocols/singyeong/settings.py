@@ -174,5 +174,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sg.add_argument(
         "--sg-node",
         metavar="NAME",
-        help="this instance's name in QUERY_NODES and across Redis (default: host:pid)",
+        help="this instance's name in QUERY_NODES and queue delivery tokens (default: "
+        "host:pid); in a cluster (--redis) the cluster's --instance-id is used instead",
     )

@@ -38,7 +38,7 @@ async def build(args: argparse.Namespace, services: Services) -> TunnelDialect |
         return None
     settings = TunnelSettings.from_args(args)
     store = TenantStore(services.twins_path())
-    dialect = TunnelDialect(settings, store, services.metrics, redis=services.redis)
+    dialect = TunnelDialect(settings, store, services.metrics, cluster=services.cluster)
     dialect.records = services.switch.record_channel("tunnel")  # --records
     return dialect
 

@@ -24,7 +24,7 @@ from urllib.parse import unquote
 from redis.exceptions import RedisError
 
 from rmb_relay import __version__
-from rmb_relay.errors import AuthError, BudgetExceeded
+from rmb_relay.errors import AuthError, BudgetExceeded, ClusterUnavailable
 from rmb_relay.protocols.base import HttpResponse
 from rmb_relay.protocols.tunnel.hub import Job, refusal_reason
 from rmb_relay.protocols.tunnel.tokens import bearer
@@ -162,7 +162,7 @@ async def handle(
     record.size = wire.body_size or 0
     try:
         record.route = await dialect.submit(job)
-    except RedisError as err:
+    except (RedisError, ClusterUnavailable) as err:
         log.warning("tunnel: cannot hand request %s to the other relays: %s", request_id, err)
         metrics.requests.inc(1, name, "-", "503")
         record("rejected", "transport failure")

@@ -94,6 +94,8 @@ class Connector:
         self._ws: WebSocketClient | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
+        #: set by `stop`: ends the wait between reconnects at once
+        self._stop = asyncio.Event()
 
     # ---- connection ------------------------------------------------------------------------
 
@@ -120,7 +122,10 @@ class Connector:
                 low, high = self.reconnect
                 delay = reconnect_delay(attempt, low, high, self.rng)
                 log.info("connector: reconnecting in %.1f s", delay)
-                await asyncio.sleep(delay)
+                # not a plain sleep: a SIGTERM during the delay (up to the reconnect maximum)
+                # must end the connector now, not when the delay is over
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), delay)
                 attempt = max(attempt, 1)
         finally:
             for task in list(self._tasks):
@@ -131,6 +136,7 @@ class Connector:
 
     async def stop(self) -> None:
         self._stopping = True
+        self._stop.set()
         if self._ws is not None:
             await self._ws.close()
 

@@ -17,7 +17,7 @@ from urllib.parse import parse_qs
 
 from rmb_relay.budget import ByteBudget
 from rmb_relay.clock import Clock, monotonic_clock, nanos
-from rmb_relay.errors import AuthError, HttpReject
+from rmb_relay.errors import AuthError, ClusterUnavailable, HttpReject
 from rmb_relay.protocols.base import Dialect, HttpResponse, Peer, Routes, WebSocketHandler
 from rmb_relay.protocols.tunnel import client, endpoints, management
 from rmb_relay.protocols.tunnel.bodystore import FileBodyStore
@@ -31,7 +31,7 @@ from rmb_relay.protocols.tunnel.wire import TenantConfig
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest
-    from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
+    from rmb_relay.cluster.node import Cluster
     from rmb_relay.protocols.base import HttpClient, RequestBody
     from rmb_relay.telemetry.metrics import Registry
     from rmb_relay.telemetry.records import Channel
@@ -80,10 +80,11 @@ class TunnelDialect(Dialect):
         registry: Registry,
         *,
         tokens: TokenAuthority | None = None,
-        redis: Redis | None = None,
+        cluster: Cluster | None = None,
         clock: Clock = monotonic_clock,
     ) -> None:
-        """`redis`: share requests with the other relays on it (scaleout.py)."""
+        """`cluster`: share requests with the other relays in it (scaleout.py); None (no
+        `--redis`, or `--no-cluster`): this relay serves its own connectors only."""
         self.settings = settings
         self.store_of_tenants = tenants
         self.tenants = TenantCache(tenants, settings.tenant_cache_ttl, clock)
@@ -128,11 +129,14 @@ class TunnelDialect(Dialect):
             budget=ByteBudget(key_bytes=settings.tenant_bytes, total_bytes=settings.total_bytes),
         )
         self._sweeper: asyncio.Task[None] | None = None
+        self._closed = False
         #: route records (--records; set by `build`), or None
         self.records: Channel | None = None
         self.bridge: RedisBridge | None = None
-        if redis is not None:
-            self.bridge = RedisBridge(redis, self.hub, self.store, request_ttl=settings.request_ttl)
+        if cluster is not None:
+            self.bridge = RedisBridge(
+                cluster, self.hub, self.store, request_ttl=settings.request_ttl
+            )
             self.hub.on_tenant_joined = self.bridge.tenant_joined
             self.hub.on_tenant_left = self.bridge.tenant_left
 
@@ -142,13 +146,19 @@ class TunnelDialect(Dialect):
         """A connector of the tenant is connected here or, with Redis, to another relay."""
         if self.hub.has_connector(tenant):
             return True
-        return self.bridge is not None and await self.bridge.reachable(tenant)
+        if self.bridge is None:
+            return False
+        try:
+            return await self.bridge.reachable(tenant)
+        except ClusterUnavailable as err:  # the client gets 503, as for no connector
+            log.warning("tunnel: cannot ask the other relays about %s: %s", tenant, err)
+            return False
 
     async def submit(self, job: Job) -> str:
         """Serve the job here when a connector of its tenant is (or no other relay can),
         else hand it to the relays on Redis; returns the route taken (`local`, `cluster`, as
-        route records name them). Raises RedisError, or BudgetExceeded when this relay would
-        keep it and its memory budget is full (nothing is kept then)."""
+        route records name them). Raises ClusterUnavailable, or BudgetExceeded when this relay
+        would keep it and its memory budget is full (nothing is kept then)."""
         self._start_sweeper()
         local = self.hub.has_connector(job.tenant) and self.settings.shortcut
         if self.bridge is None or local:
@@ -244,6 +254,10 @@ class TunnelDialect(Dialect):
         return removed
 
     async def close(self) -> None:
+        """Once (the listener and a test may both call it)."""
+        if self._closed:
+            return
+        self._closed = True
         if self._sweeper is not None:
             self._sweeper.cancel()
         if self.bridge is not None:

@@ -1,119 +1,111 @@
-"""Several relays on one Redis (decision 8): Redis streams in the role RabbitMQ plays for
-RelayServer.
+"""Several relays sharing Redis (decision 8), on the cluster layer (`cluster/`): what RabbitMQ
+does for RelayServer.
 
 ```text
-relay A (client here)                    Redis                         relay B (connector here)
- no local connector of T ── XADD ──▶ tunnel:req:{T} ── XREADGROUP ──▶ hub.submit(job)
-                                     (group "tunnel", one consumer       │ RequestTarget
-                                      per relay holding T's connectors)  ▼
- future ◀── XREAD ── tunnel:res:{A} ◀── XADD "taken", then "res" ── Deliver
+relay A (client here)                     Redis                        relay B (connector here)
+ no local connector of T ── XADD ──▶ rmb:{q:tunnel:T}:work ── XREADGROUP ──▶ hub.submit(job)
+                                     (cluster/workqueue.py: one          │ RequestTarget
+                                      consumer per relay holding T's      ▼
+                                      connectors)                       Deliver
+ future ◀── A's bus stream ◀── cluster.send_to_nowait(A, "t:<id>", taken, then the response)
 ```
 
 - A relay with a connector of the tenant serves the request itself (the "shortcut", on by
-  default); only otherwise is it published to the tenant's stream, read by every relay that
-  holds connectors of that tenant through one consumer group, so each request goes to one.
+  default); only otherwise does the request go to the tenant's work queue, read by every relay
+  holding that tenant's connectors through one consumer group, so each request goes to one.
+- The answers (`taken`, then the response or a status) go to the origin relay's bus stream
+  (`cluster/bus.py`), named `t:<request id>`: batched with everything else for that relay,
+  at least once, in order, and reaped like any bus entry if the origin dies (then dropped:
+  its client went with it; a response body file it would have adopted is swept later).
 - The pickup deadline travels as unix milliseconds: the consuming relay drops a request whose
   deadline has passed, and the origin answers 408 at the deadline unless it was told `taken`.
   So a request is never started after its client got 408, up to the clock skew between hosts.
+- A relay that took a request and died: the cluster tells the origin (`on_instance_gone`,
+  within `--cluster-ttl`), which answers 503 to every request that relay had taken. A request
+  it read but had not yet reported taken is lost with it and answered 408 at its deadline.
 - Bodies over the inline limit stay in the body store, which must be one directory shared by
   the relays (RelayServer needs a shared volume too); the relay that reads a file takes over
   its bookkeeping (`adopt`), the one that handed it on lets go (`release`).
-- Each relay writes to Redis from one task, so `taken` always precedes `res` for a request.
 
-Not covered (docs/tunnel.md): a relay that dies with requests it consumed loses them (entries
-are acknowledged when consumed); manual acknowledge URLs must reach the relay that issued them.
+Not covered (docs/tunnel.md): manual acknowledge URLs must reach the relay that issued them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
-
-from redis.exceptions import RedisError, ResponseError
+from typing import TYPE_CHECKING
 
 from rmb_relay.clock import NS, Clock, wall_clock
+from rmb_relay.cluster import keys
+from rmb_relay.cluster.endpoint import CallbackEndpoint
+from rmb_relay.cluster.workqueue import WorkQueues
+from rmb_relay.errors import ClusterUnavailable
 from rmb_relay.protocols.tunnel.hub import Hub, Job, Outcome
 from rmb_relay.protocols.tunnel.wire import ClientRequest, TargetResponse, WireError, decode, encode
-from rmb_relay.tasks import STOP_TIMEOUT, cancel_and_wait
 
 if TYPE_CHECKING:
-    from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
+    from rmb_relay.cluster.node import Cluster
     from rmb_relay.protocols.tunnel.bodystore import FileBodyStore
 
 log = logging.getLogger("rmb_relay.tunnel")
 
-GROUP = "tunnel"
-#: entries kept per tenant stream at most (approximately): a bound on what waits for connectors
-STREAM_MAX = 100_000
-#: XREAD/XREADGROUP block this long (ms) so that cancellation is noticed
-BLOCK_MS = 1000
-#: a relay's response stream outlives it by this long (s), then Redis drops it
-RESPONSE_STREAM_TTL = 3600
+#: the work queues' topic (`keys.work_key`)
+TOPIC = "tunnel"
+#: the first byte of an answer on the bus: the rest is the taker's instance id, the response
+#: (msgpack), or the status in ASCII
+TAKEN, RESPONSE, STATUS = b"k", b"r", b"s"
 
 
-def request_stream(tenant: str) -> str:
-    return f"tunnel:req:{tenant}"
-
-
-def response_stream(origin: str) -> str:
-    return f"tunnel:res:{origin}"
-
-
-def presence_key(tenant: str) -> str:
-    return f"tunnel:connected:{tenant}"
+def waiter_name(request_id: str) -> str:
+    """The bus name of the origin's waiter for a request (`Cluster.register_kind`)."""
+    return f"{keys.KIND_TUNNEL}:{request_id}"
 
 
 class RedisBridge:
     def __init__(
         self,
-        redis: Redis,
+        cluster: Cluster,
         hub: Hub,
         store: FileBodyStore,
         *,
         request_ttl: float,
         wall: Clock = wall_clock,
     ) -> None:
-        self.redis = redis
+        self.cluster = cluster
+        self.me = cluster.me
         self.hub = hub
         self.store = store
-        self.origin = hub.origin_id
         self.ttl = request_ttl
         self.wall = wall
-        #: this relay's clients' jobs handed to Redis, by request id
+        self.queues = WorkQueues(cluster, TOPIC)
+        #: this relay's clients' jobs handed to other relays, by request id
         self.remote: dict[str, Job] = {}
-        self._consumers: dict[str, asyncio.Task[None]] = {}
-        self._outbox: asyncio.Queue[tuple[str, dict[str, bytes | str], int | None]] = (
-            asyncio.Queue()
-        )
-        self._tasks: list[asyncio.Task[None]] = []
-
-    def start(self) -> None:
-        if not self._tasks:
-            loop = asyncio.get_running_loop()
-            self._tasks = [loop.create_task(self._read()), loop.create_task(self._write())]
+        #: request id -> the relay that took it (told by its `taken`)
+        self.taken_by: dict[str, str] = {}
+        cluster.register_kind(keys.KIND_TUNNEL, self._resolve)
+        cluster.on_instance_gone(self._instance_gone)
 
     # ---- origin side -----------------------------------------------------------------------
 
     async def reachable(self, tenant: str) -> bool:
-        return bool(await self.redis.scard(presence_key(tenant)))
+        """A live relay consumes the tenant's queue (raises ClusterUnavailable)."""
+        return await self.queues.has_consumers(tenant)
 
     async def publish(self, job: Job) -> None:
-        """Hand a job to whichever relay holds a connector of its tenant. Raises RedisError."""
-        self.start()
+        """Hand a job to whichever relay holds a connector of its tenant. Raises
+        ClusterUnavailable (not accepted)."""
         deadline_ms = (self.wall() + (job.deadline - self.hub.clock())) // 1_000_000
-        fields: dict[Any, Any] = {
+        fields: dict[str, bytes | str] = {
             "req": encode(job.request, True),
             "deadline": str(deadline_ms),
             "limit": str(job.limit),
             "body": job.body_name or "",
+            "from": self.me,
         }
         self.remote[job.request_id] = job
         try:
-            await self.redis.xadd(
-                request_stream(job.tenant), fields, maxlen=STREAM_MAX, approximate=True
-            )
+            await self.queues.put(job.tenant, fields)
         except BaseException:
             self.remote.pop(job.request_id, None)
             raise
@@ -123,6 +115,7 @@ class RedisBridge:
     def _expire(self, job: Job) -> None:
         job.timer = None
         if job.connector is None and self.remote.pop(job.request_id, None) is job:
+            self.taken_by.pop(job.request_id, None)
             self.hub.metrics.expired.inc()
             self._finish(job, 408)
 
@@ -137,94 +130,81 @@ class RedisBridge:
         if job.body_name is not None:
             self.store.release(job.body_name)  # the consuming relay removes it
 
-    async def _read(self) -> None:
-        stream = response_stream(self.origin)
-        # from the start, not "$": the stream is this process's own (its origin id is new), and
-        # "$" would miss an answer written before this task's first XREAD reached Redis (the
-        # first request after start-up, when the consuming relay is quick and this one loaded)
-        last = "0-0"
-        while True:
-            try:
-                replies: Any = await self.redis.xread({stream: last}, count=256, block=BLOCK_MS)
-            except RedisError as err:
-                log.warning("tunnel: reading %s failed: %s", stream, err)
-                await asyncio.sleep(1.0)
-                continue
-            for _, entries in replies or ():
-                for entry_id, fields in entries:
-                    last = entry_id
-                    self._on_reply(fields)
+    def _resolve(self, name: str) -> CallbackEndpoint:
+        """Every `t:` name resolves, here and on a relay reaping our stream: an answer for a
+        request nobody waits for any more still has its response body file removed."""
+        request_id = name.partition(":")[2]
+        return CallbackEndpoint(lambda frame: self._on_reply(request_id, frame))
 
-    def _on_reply(self, fields: dict[bytes, bytes]) -> None:
-        kind = fields.get(b"kind")
-        request_id = fields.get(b"id", b"").decode()
+    def _on_reply(self, request_id: str, frame: bytes) -> None:
+        kind, body = frame[:1], frame[1:]
         job = self.remote.get(request_id)
-        if kind == b"taken":
-            if job is not None and job.timer is not None:
+        if kind == TAKEN:
+            if job is None:
+                return
+            if job.future is None:  # queue mode: nobody waits for more; let go of it now
+                del self.remote[request_id]
+                self._finish(job, 202)
+                return
+            self.taken_by[request_id] = body.decode(errors="replace")
+            if job.timer is not None:
                 job.timer.cancel()
                 job.timer = None
             return
         self.remote.pop(request_id, None)
+        self.taken_by.pop(request_id, None)
         outcome: Outcome
-        if kind == b"res":
+        if kind == RESPONSE:
             try:
-                outcome = decode(fields[b"data"], True, (TargetResponse,))
-            except (WireError, KeyError) as err:
+                outcome = decode(body, True, (TargetResponse,))
+            except WireError as err:
                 log.warning("tunnel: malformed response on the bus: %s", err)
                 return
             if outcome.outsourced:
                 self.store.adopt(self.store.name("res", request_id), outcome.body_size)
         else:
-            outcome = int(fields.get(b"status", b"503"))
+            try:
+                outcome = int(body or b"503")
+            except ValueError:
+                outcome = 503
         if job is None:
             if isinstance(outcome, TargetResponse) and outcome.outsourced:
                 self.store.remove(self.store.name("res", request_id))
             return
         self._finish(job, outcome)
 
+    def _instance_gone(self, instance: str) -> None:
+        """The relay that took these requests died: their clients get 503 now rather than
+        waiting for the response timeout."""
+        for request_id, taker in list(self.taken_by.items()):
+            if taker != instance:
+                continue
+            del self.taken_by[request_id]
+            job = self.remote.pop(request_id, None)
+            if job is not None:
+                log.warning(
+                    "tunnel: relay %s died with request %s; answering 503", taker, request_id
+                )
+                self._finish(job, 503)
+
     # ---- consuming side --------------------------------------------------------------------
 
+    def consuming(self, tenant: str) -> bool:
+        return self.queues.consuming(tenant)
+
     def tenant_joined(self, tenant: str) -> None:
-        """The first connector of `tenant` on this relay: consume its stream."""
-        self.start()
-        if tenant not in self._consumers:
-            loop = asyncio.get_running_loop()
-            self._consumers[tenant] = loop.create_task(self._consume(tenant))
-        self._outbox.put_nowait(("+presence", {"tenant": tenant}, None))
+        """The first connector of `tenant` on this relay: consume its queue."""
+        self.queues.consume(tenant, lambda fields: self._take(tenant, fields))
 
     def tenant_left(self, tenant: str) -> None:
-        task = self._consumers.pop(tenant, None)
-        if task is not None:
-            task.cancel()
-        self._outbox.put_nowait(("-presence", {"tenant": tenant}, None))
-
-    async def _consume(self, tenant: str) -> None:
-        stream = request_stream(tenant)
-        while True:
-            try:
-                with contextlib.suppress(ResponseError):  # BUSYGROUP: it exists
-                    await self.redis.xgroup_create(stream, GROUP, id="0", mkstream=True)
-                while True:
-                    replies: Any = await self.redis.xreadgroup(
-                        GROUP, self.origin, {stream: ">"}, count=64, block=BLOCK_MS
-                    )
-                    for _, entries in replies or ():
-                        ids = [entry_id for entry_id, _ in entries]
-                        async with self.redis.pipeline(transaction=False) as pipe:
-                            pipe.xack(stream, GROUP, *ids)
-                            pipe.xdel(stream, *ids)
-                            await pipe.execute()
-                        for _, fields in entries:
-                            self._take(tenant, fields)
-            except RedisError as err:
-                log.warning("tunnel: consuming %s failed: %s", stream, err)
-                await asyncio.sleep(1.0)
+        self.queues.stop(tenant)
 
     def _take(self, tenant: str, fields: dict[bytes, bytes]) -> None:
         try:
             request = decode(fields[b"req"], True, (ClientRequest,))
             deadline_ms = int(fields[b"deadline"])
             limit = int(fields.get(b"limit", b"0"))
+            origin = fields[b"from"].decode()
         except (WireError, KeyError, ValueError) as err:
             log.warning("tunnel: malformed request on the bus: %s", err)
             return
@@ -236,10 +216,10 @@ class RedisBridge:
             return
         if body is not None:
             self.store.adopt(body, request.body_size)
-        origin = request.request_origin_id
         future: asyncio.Future[Outcome] | None = None
         if not request.discard_connector_response:
             future = asyncio.get_running_loop().create_future()
+        request_id = request.request_id
         job = Job(
             request,
             tenant,
@@ -247,10 +227,10 @@ class RedisBridge:
             future,
             limit=limit,
             body_name=body,
-            on_sent=lambda j: self._tell(origin, {"kind": "taken", "id": j.request_id}),
+            on_sent=lambda j: self._tell(origin, request_id, TAKEN + self.me.encode()),
         )
         if future is not None:
-            future.add_done_callback(lambda f: self._reply(origin, request.request_id, f))
+            future.add_done_callback(lambda f: self._reply(origin, request_id, f))
         self.hub.submit(job)
 
     def _reply(self, origin: str, request_id: str, future: asyncio.Future[Outcome]) -> None:
@@ -260,53 +240,26 @@ class RedisBridge:
         if isinstance(outcome, TargetResponse):
             if outcome.outsourced:
                 self.store.release(self.store.name("res", request_id))
-            self._tell(origin, {"kind": "res", "id": request_id, "data": encode(outcome, True)})
+            self._tell(origin, request_id, RESPONSE + encode(outcome, True))
         else:
-            self._tell(origin, {"kind": "status", "id": request_id, "status": str(outcome)})
+            self._tell(origin, request_id, STATUS + str(outcome).encode())
 
-    def _tell(self, origin: str, fields: dict[str, bytes | str]) -> None:
-        self._outbox.put_nowait((response_stream(origin), fields, RESPONSE_STREAM_TTL))
+    def _tell(self, origin: str, request_id: str, frame: bytes) -> None:
+        """To the origin's bus, in order with everything else for it (`taken` first)."""
 
-    async def _write(self) -> None:
-        """The one writer: keeps this relay's messages to Redis in order."""
-        while True:
-            stream, fields, ttl = await self._outbox.get()
-            try:
-                await self._write_one(stream, fields, ttl)
-            finally:
-                self._outbox.task_done()
+        def outcome(result: bool | ClusterUnavailable) -> None:
+            if result is not True:
+                why = "its relay is gone" if result is False else str(result)
+                log.warning("tunnel: the answer to request %s was not sent: %s", request_id, why)
 
-    async def _write_one(
-        self, stream: str, fields: dict[str, bytes | str], ttl: int | None
-    ) -> None:
-        try:
-            if stream in ("+presence", "-presence"):
-                key = presence_key(str(fields["tenant"]))
-                if stream == "+presence":
-                    await self.redis.sadd(key, self.origin)
-                else:
-                    await self.redis.srem(key, self.origin)
-            else:
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    entry: dict[Any, Any] = dict(fields)
-                    pipe.xadd(stream, entry)
-                    if ttl is not None:
-                        pipe.expire(stream, ttl)
-                    await pipe.execute()
-        except RedisError as err:
-            log.warning("tunnel: writing to %s failed: %s", stream, err)
+        self.cluster.send_to_nowait(origin, waiter_name(request_id), frame, outcome)
 
     async def close(self) -> None:
-        consumers = list(self._consumers.values())
-        for tenant in list(self._consumers):
-            self.tenant_left(tenant)
-        # let the presence removals out before stopping the writer (bounded)
-        if self._tasks:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._outbox.join(), 2.0)
-        # cancelled until they end: redis-py can swallow a cancellation (rmb_relay/tasks.py)
-        tasks = [*consumers, *self._tasks]
-        await asyncio.gather(*(cancel_and_wait(task, STOP_TIMEOUT) for task in tasks))
+        await self.queues.close()
         for job in list(self.remote.values()):
             self._finish(job, 503)
         self.remote.clear()
+        self.taken_by.clear()
+
+
+__all__ = ["TOPIC", "RedisBridge", "waiter_name"]

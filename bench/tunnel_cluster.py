@@ -1,0 +1,97 @@
+"""The HTTP tunnel across two relays sharing one Redis: the client on relay A, the connector on
+relay B, so every request goes through the tenant's work queue and every answer back to A.
+Prints requests per second and the CPU each relay and redis-server spent per request (the
+figure that holds on a shared host).
+
+    .venv/bin/python -m bench.tunnel_cluster --seconds 5
+    # another checkout's Python code against the same build (e.g. before a change):
+    .venv/bin/python -m bench.tunnel_cluster --pythonpath /path/to/other/python
+
+CPU per request counts the 0.5 s warm-up too (the requests counted do not): the same for
+every run, so runs compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from tests.redis_process import start_redis
+
+from .procstat import cpu_seconds, free_port
+from .tunnel import SECRET, _popen, _run_sync, measure, spawn, wait_ready
+
+
+async def run(args: argparse.Namespace) -> None:
+    tmp = Path(tempfile.mkdtemp(prefix="tunnel-cluster-bench-"))
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp)}
+    relay_env = dict(env)
+    if args.pythonpath:
+        relay_env["PYTHONPATH"] = args.pythonpath
+    py = sys.executable
+    db = f"sqlite:{tmp / 'relay.sqlite3'}"
+    _run_sync(
+        [py, "-m", "rmb_relay", "tenants", "--twins", db, "add", "acme", "--secret", SECRET],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    redis = start_redis(str(tmp), durable=False)
+    target_port, a_port, b_port = free_port(), free_port(), free_port()
+    processes: dict[str, subprocess.Popen[str]] = {}
+    try:
+        processes["target"] = spawn(
+            [py, "-m", "bench.tunnel", "target", "--port", str(target_port)], env
+        )
+        for name, port in (("a", a_port), ("b", b_port)):
+            processes[name] = spawn(
+                [py, "-m", "rmb_relay", "-l", f"127.0.0.1:{port}", "--twins", db, "--no-sbd",
+                 "--tunnel-body-store", str(tmp / "bodies"), "--redis", redis.url,
+                 "--instance-id", name],
+                relay_env,
+            )  # fmt: skip
+        processes["connector"] = _popen(
+            [py, "-m", "rmb_relay", "connector", "--server", f"http://127.0.0.1:{b_port}",
+             "--tenant", "acme", "--secret", SECRET,
+             "--target", f"app=http://127.0.0.1:{target_port}"],
+            env=relay_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        await wait_ready(b_port, "/relay/acme/app/echo")
+        await wait_ready(a_port, "/relay/acme/app/echo")
+        pids = {"a": processes["a"].pid, "b": processes["b"].pid, "redis": redis.process.pid}
+        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+        n, rps, p50, p99, _ = await measure(
+            a_port, "/relay/acme/app/echo", args.size, args.clients, args.seconds, {}
+        )
+        per = {
+            name: (cpu_seconds(pid) - before[name]) / max(n, 1) * 1e6 for name, pid in pids.items()
+        }
+        print(
+            f"{rps:,.0f} req/s ({args.size} B x {args.clients} clients, A -> B's connector) "
+            f"p50 {p50:.2f} ms p99 {p99:.2f} ms; CPU us/req: relay A {per['a']:.0f} / relay B "
+            f"{per['b']:.0f} / redis {per['redis']:.0f}"
+        )
+    finally:
+        for process in processes.values():
+            process.terminate()
+        for process in processes.values():
+            process.wait(10)
+        redis.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--pythonpath", help="run the relays from this python/ directory")
+    asyncio.run(run(parser.parse_args()))
+
+
+if __name__ == "__main__":
+    main()

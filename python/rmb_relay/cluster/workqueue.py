@@ -1,0 +1,186 @@
+"""Work queues: named Redis streams, each read through one consumer group by the instances that
+can do its work, so each entry goes to exactly one of them.
+
+Used by the HTTP tunnel (`protocols/tunnel/scaleout.py`, decision 8): one queue per tenant,
+read by the relays holding that tenant's connectors. The answers do not come back this way:
+they go to the origin instance's bus (`Cluster.send_to_nowait`).
+
+Keys (`keys.py`; one hash tag per queue)
+---------------------------------------
+```text
+rmb:{q:<topic>:<name>}:work      stream  the entries; group `keys.GROUP`, one consumer per instance
+rmb:{q:<topic>:<name>}:holders   set     instances consuming it (`has_consumers`)
+```
+
+Delivery is at most once: an entry is acknowledged (and deleted) as it is read, before it is
+handed on, so an instance that dies with entries it read loses them. The tunnel wants that: its
+origin answers every request it did not hear back about (408 at the pickup deadline, 503 when
+the instance that took it dies), and a request must never run twice unasked. A holder that
+died stays in the set until `has_consumers` finds its liveness key gone and removes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import ResponseError
+
+from rmb_relay.cluster import keys
+from rmb_relay.cluster.bus import READ_BLOCK_MS, REDIS_ERRORS, RETRY_DELAY
+from rmb_relay.errors import ClusterUnavailable
+from rmb_relay.tasks import STOP_TIMEOUT, cancel_and_wait
+
+if TYPE_CHECKING:
+    from rmb_relay.cluster.node import Cluster
+
+log = logging.getLogger("rmb_relay.cluster")
+
+#: entries kept per queue at most (approximately): a bound on what waits for a consumer
+QUEUE_MAX = 100_000
+#: entries per XREADGROUP
+READ_COUNT = 64
+#: how long closing may wait for the holder sets to be updated
+LEAVE_TIMEOUT = 2.0
+
+Fields = dict[bytes, bytes]
+Handler = Callable[[Fields], None]
+
+
+class WorkQueues:
+    """The work queues of one topic on this instance; see the module docstring."""
+
+    def __init__(self, cluster: Cluster, topic: str) -> None:
+        self.cluster = cluster
+        self.redis = cluster.redis
+        self.me = cluster.me
+        self.topic = topic
+        self._consumers: dict[str, asyncio.Task[None]] = {}
+        #: holder-set updates, written in order by one task: (name, joined)
+        self._holders: list[tuple[str, bool]] = []
+        self._writer: asyncio.Task[None] | None = None
+        self._stopped: set[asyncio.Task[None]] = set()
+
+    # ---- producing -------------------------------------------------------------------------
+
+    async def put(self, name: str, fields: dict[str, bytes | str]) -> None:
+        """Append one entry to queue `name` (raises ClusterUnavailable: not accepted)."""
+        entry: dict[Any, Any] = fields
+        try:
+            await self.redis.xadd(
+                keys.work_key(self.topic, name), entry, maxlen=QUEUE_MAX, approximate=True
+            )
+        except REDIS_ERRORS as err:
+            raise ClusterUnavailable(f"redis: {err}") from err
+
+    async def has_consumers(self, name: str) -> bool:
+        """Whether a live instance consumes `name` (raises ClusterUnavailable). Holders found
+        dead are removed on the way."""
+        if name in self._consumers:
+            return True
+        key = keys.work_holders_key(self.topic, name)
+        try:
+            holders = [
+                member.decode() if isinstance(member, bytes) else str(member)
+                for member in await self.redis.smembers(key)
+            ]
+            if not holders:
+                return False
+            live = await self.cluster.alive(holders)
+            dead = [holder for holder in holders if holder not in live]
+            if dead:
+                await self.redis.srem(key, *dead)
+        except REDIS_ERRORS as err:
+            raise ClusterUnavailable(f"redis: {err}") from err
+        return bool(live)
+
+    # ---- consuming -------------------------------------------------------------------------
+
+    def consuming(self, name: str) -> bool:
+        return name in self._consumers
+
+    def consume(self, name: str, handler: Handler) -> None:
+        """Start reading queue `name`, handing each entry to `handler` (in order)."""
+        if name in self._consumers:
+            return
+        loop = asyncio.get_running_loop()
+        self._consumers[name] = loop.create_task(self._consume(name, handler))
+        self._update_holders(name, True)
+
+    def stop(self, name: str) -> None:
+        """Stop reading queue `name` (what was read is handled; the rest waits for others)."""
+        task = self._consumers.pop(name, None)
+        if task is None:
+            return
+        task.cancel()
+        self._stopped.add(task)
+        task.add_done_callback(self._stopped.discard)
+        self._update_holders(name, False)
+
+    async def _consume(self, name: str, handler: Handler) -> None:
+        stream = keys.work_key(self.topic, name)
+        while True:
+            try:
+                try:
+                    await self.redis.xgroup_create(stream, keys.GROUP, id="0", mkstream=True)
+                except ResponseError as err:
+                    if "BUSYGROUP" not in str(err):
+                        raise
+                while True:
+                    replies: Any = await self.redis.xreadgroup(
+                        keys.GROUP, self.me, {stream: ">"}, count=READ_COUNT, block=READ_BLOCK_MS
+                    )
+                    streams = replies.items() if isinstance(replies, dict) else replies or ()
+                    for _, entries in streams:
+                        ids = [entry_id for entry_id, _ in entries]
+                        pipe = self.redis.pipeline(transaction=False)
+                        pipe.xack(stream, keys.GROUP, *ids)
+                        pipe.xdel(stream, *ids)
+                        await pipe.execute()  # at most once: see the module docstring
+                        for _, fields in entries:
+                            try:
+                                handler(fields)
+                            except Exception:
+                                log.exception("cluster: work queue %s: handling failed", stream)
+            except REDIS_ERRORS as err:
+                log.warning("cluster: work queue %s: reading failed: %s", stream, err)
+                await asyncio.sleep(RETRY_DELAY)
+
+    def _update_holders(self, name: str, joined: bool) -> None:
+        self._holders.append((name, joined))
+        if self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(self._write_holders())
+
+    async def _write_holders(self) -> None:
+        try:
+            while self._holders:
+                updates, self._holders = self._holders, []
+                pipe = self.redis.pipeline(transaction=False)
+                for name, joined in updates:
+                    key = keys.work_holders_key(self.topic, name)
+                    if joined:
+                        pipe.sadd(key, self.me)
+                    else:
+                        pipe.srem(key, self.me)
+                try:
+                    await pipe.execute()
+                except REDIS_ERRORS as err:
+                    # a holder missing from the set makes a `require_connection` check fail
+                    # early; a stale one is removed once it is found dead
+                    log.warning(
+                        "cluster: work queues %s: updating holders failed: %s", self.topic, err
+                    )
+        finally:
+            self._writer = None
+
+    async def close(self) -> None:
+        """Stop every consumer and leave the holder sets (bounded)."""
+        for name in list(self._consumers):
+            self.stop(name)
+        for task in list(self._stopped):
+            await cancel_and_wait(task, STOP_TIMEOUT)
+        writer = self._writer
+        if writer is not None and not (await asyncio.wait([writer], timeout=LEAVE_TIMEOUT))[0]:
+            await cancel_and_wait(writer, STOP_TIMEOUT)
