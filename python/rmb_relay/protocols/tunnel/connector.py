@@ -92,6 +92,8 @@ class Connector:
         self._token: str | None = None
         self._session: aiohttp.ClientSession | None = None
         self._ws: WebSocketClient | None = None
+        #: messages to the relay queued in this loop turn (`_send`)
+        self._outbox: list[bytes] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
 
@@ -199,18 +201,28 @@ class Connector:
             log.warning("connector: the relay refused a message: %s", message.message)
 
     async def _send(self, message: TargetResponse | AcknowledgeRequest) -> None:
+        """Queue the message for this loop turn's write (all the `Deliver`s and `Acknowledge`s
+        of a turn go out in one syscall, in order), and wait while the socket is congested."""
         ws = self._ws
         if ws is None or not ws.is_open:
             return
-        data = encode(message, self.binary)
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush, ws)
+        self._outbox.append(encode(message, self.binary))
+        if ws.congested:
+            await ws.drain()
+
+    def _flush(self, ws: WebSocketClient) -> None:
+        outbox, self._outbox = self._outbox, []
+        if ws is not self._ws or not ws.is_open:
+            return  # the reconnect follows; the relay redelivers what was not acknowledged
         try:
             if self.binary:
-                ws.send_binary(data)
+                ws.send_binaries(outbox)
             else:
-                ws.send_text(data.decode())
-            await ws.drain()
+                ws.send_texts([data.decode() for data in outbox])
         except ConnectionClosed:
-            pass  # the reconnect follows; the relay redelivers what was not acknowledged
+            pass
 
     # ---- requests --------------------------------------------------------------------------
 
