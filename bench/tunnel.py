@@ -245,7 +245,7 @@ async def measure(
                 protocol.transport.close()
     mark("end")
     ((cpu0, io0), done0, t0), ((cpu1, io1), done1, t1) = marks["warm"], marks["end"]
-    elapsed = t1 - t0
+    elapsed = max(t1 - t0, 1e-6)  # uvloop's clock is per loop turn: a tiny run can read 0
     answered = max(1, done1 - done0)
     cpu = {name: round((cpu1[name] - cpu0[name]) / elapsed, 2) for name in cpu1}
     per_request = {name: round((cpu1[name] - cpu0[name]) * 1e6 / answered, 1) for name in cpu1}

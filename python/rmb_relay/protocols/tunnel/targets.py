@@ -143,8 +143,13 @@ class WebTarget(Target):
         length: int,
     ) -> Reply:
         target = f"{self._prefix}/{url}"
-        reply = await pool.request(method, target, headers, body if length else b"", length)
+        reply = await pool.request(
+            method, target, headers, body if length else b"", length, whole_limit=INLINE_LIMIT
+        )
         reply_headers = [(k, v.decode("latin-1")) for k, v in reply.headers]
+        if reply.body is not None:
+            reply.release()
+            return Reply(reply.status, reply_headers, reply.body, len(reply.body))
         known = reply.content_length
         if known is not None and known <= INLINE_LIMIT:
             content = await reply.read()
