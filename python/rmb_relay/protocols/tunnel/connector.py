@@ -102,6 +102,7 @@ class Connector:
         self._outbox: list[bytes] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
+        self._stop_requested = asyncio.Event()
 
     # ---- connection ------------------------------------------------------------------------
 
@@ -128,7 +129,10 @@ class Connector:
                 low, high = self.reconnect
                 delay = reconnect_delay(attempt, low, high, self.rng)
                 log.info("connector: reconnecting in %.1f s", delay)
-                await asyncio.sleep(delay)
+                # the wait ends early on stop(): a stopped connector must not sit out a
+                # reconnect delay of up to `high` seconds before it exits
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop_requested.wait(), delay)
                 attempt = max(attempt, 1)
         finally:
             for task in list(self._tasks):
@@ -139,6 +143,7 @@ class Connector:
 
     async def stop(self) -> None:
         self._stopping = True
+        self._stop_requested.set()
         if self._ws is not None:
             await self._ws.close()
 
@@ -171,6 +176,9 @@ class Connector:
             on_message=self._on_ws_message,
         )
         self._ws = ws
+        if self._stopping:  # stop() came while we connected
+            await ws.close()
+            return
         self.connected.set()
         keepalive = asyncio.get_running_loop().create_task(self._keepalive(ws))
         try:
