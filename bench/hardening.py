@@ -14,6 +14,11 @@ always this tree's. Scenarios (each with a fresh relay and twin directory):
 - sbd-flood: 2,000 websocket upgrades from one IP that never handshake
 - redis-stall: Redis stopped (SIGSTOP) for 8 s while 200 requests of 1 MB go to an offline twin
 - methods: 3,030 requests with random methods, then the size of /metrics
+- sg-queue-flood: 100,000 singyeong QUEUE frames of ~1.1 KB to one queue nobody consumes
+- tunnel-queue-flood: 20,000 queue-mode tunnel requests of 10 KB to a tenant with no connector
+
+`--relay-flag=--FLAG=VALUE` (repeatable) passes a flag to every relay, e.g. huge byte budgets
+(`--relay-flag=--sg-queue-bytes=1099511627776`) to measure the stores unbounded.
 """
 
 from __future__ import annotations
@@ -47,6 +52,8 @@ from .scenarios import raise_fd_limit
 
 ROOT = Path(__file__).resolve().parent.parent
 MIB = 1 << 20
+#: flags every relay of this run gets (`--relay-flag`)
+EXTRA_FLAGS: list[str] = []
 
 
 class RelayProcess:
@@ -56,7 +63,7 @@ class RelayProcess:
         if relay_path:
             env["PYTHONPATH"] = relay_path
         cmd = [sys.executable, "-m", "rmb_relay", "serve", "-l", f"127.0.0.1:{self.port}"]
-        cmd += ["--twins", f"sqlite:{directory / 'twins.sqlite3'}", *flags]
+        cmd += ["--twins", f"sqlite:{directory / 'twins.sqlite3'}", *flags, *EXTRA_FLAGS]
         self.process = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
         )
@@ -286,6 +293,83 @@ async def scenario_methods(directory: Path, relay_path: str | None) -> dict[str,
         relay.stop()
 
 
+async def scenario_sg_queue_flood(directory: Path, relay_path: str | None) -> dict[str, Any]:
+    """QUEUE frames to a queue nobody consumes: confirmed (kept) or refused (queue_full)."""
+    import websockets
+
+    relay = RelayProcess(directory, relay_path)
+    total, batch = 100_000, 1_000
+    outcomes: dict[str, int] = {}
+    try:
+        before, cpu_before = relay.rss(), relay.cpu()
+        uri = f"ws://127.0.0.1:{relay.port}/gateway/websocket?encoding=json"
+        async with websockets.connect(uri, max_size=None) as ws:
+            await ws.recv()  # hello
+            await ws.send(json.dumps({"op": 1, "d": {"client_id": "p", "application_id": "a"}}))
+            await ws.recv()  # ready
+            frame = {
+                "op": 4,
+                "t": "QUEUE",
+                "d": {"queue": "jobs", "target": {"application": "w"}, "nonce": None},
+            }
+            for start in range(0, total, batch):
+                for n in range(start, start + batch):
+                    frame["d"]["payload"] = f"{n:08d}" + "x" * 992
+                    await ws.send(json.dumps(frame))
+                for _ in range(batch):
+                    reply = json.loads(await ws.recv())
+                    key = reply["t"] if reply["op"] == 4 else reply["d"]["error"]
+                    outcomes[key] = outcomes.get(key, 0) + 1
+        cpu = relay.cpu() - cpu_before
+        return {
+            "outcomes": outcomes,
+            "held_mib": await metric(relay.port, 'rmb_relay_sg_queue_bytes{state="all"}') / MIB,
+            "rss_before_mib": before / MIB,
+            "rss_after_mib": relay.rss() / MIB,
+            "cpu_us_per_frame": cpu / total * 1e6,
+        }
+    finally:
+        relay.stop()
+
+
+async def scenario_tunnel_queue_flood(directory: Path, relay_path: str | None) -> dict[str, Any]:
+    """Queue-mode requests for a tenant whose connector is away: 202 (held) or 503 (refused)."""
+    import httpx
+
+    from rmb_relay.protocols.tunnel.tenants import Tenant, TenantStore
+
+    with TenantStore(directory / "twins.sqlite3") as store:
+        store.add(Tenant("acme"))
+    relay = RelayProcess(directory, relay_path)
+    total = 20_000
+    statuses: dict[int, int] = {}
+    body = os.urandom(10_000)
+    gate = asyncio.Semaphore(32)
+    try:
+        before, cpu_before = relay.rss(), relay.cpu()
+        limits = httpx.Limits(max_connections=32)
+        async with httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{relay.port}", limits=limits, timeout=60
+        ) as client:
+
+            async def one(n: int) -> None:
+                async with gate:
+                    reply = await client.post(f"/queue/acme/app/x?n={n}", content=body)
+                statuses[reply.status_code] = statuses.get(reply.status_code, 0) + 1
+
+            await asyncio.gather(*(one(n) for n in range(total)))
+        cpu = relay.cpu() - cpu_before
+        return {
+            "statuses": statuses,
+            "held_mib": await metric(relay.port, "rmb_relay_tunnel_held_bytes") / MIB,
+            "rss_before_mib": before / MIB,
+            "rss_after_mib": relay.rss() / MIB,
+            "cpu_us_per_request": cpu / total * 1e6,
+        }
+    finally:
+        relay.stop()
+
+
 SCENARIOS: dict[str, Callable[[Path, str | None], Awaitable[dict[str, Any]]]] = {
     "mailbox-bytes": lambda d, p: scenario_mailbox(d, p, 400, 1_000_000, False),
     "mailbox-sids": lambda d, p: scenario_mailbox(d, p, 20_000, 10_000, True),
@@ -293,6 +377,8 @@ SCENARIOS: dict[str, Callable[[Path, str | None], Awaitable[dict[str, Any]]]] = 
     "sbd-flood": scenario_sbd,
     "redis-stall": scenario_redis,
     "methods": scenario_methods,
+    "sg-queue-flood": scenario_sg_queue_flood,
+    "tunnel-queue-flood": scenario_tunnel_queue_flood,
 }
 
 
@@ -300,7 +386,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("scenarios", nargs="*", choices=[*SCENARIOS, []], default=[])
     parser.add_argument("--relay-path", help="run the relay from this python/ directory")
+    parser.add_argument(
+        "--relay-flag", action="append", default=[], help="a flag for every relay (repeatable)"
+    )
     args = parser.parse_args()
+    EXTRA_FLAGS.extend(args.relay_flag)
     raise_fd_limit()
     results = {}
     for name in args.scenarios or SCENARIOS:

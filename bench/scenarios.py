@@ -319,7 +319,9 @@ def save(name: str, rows: list[dict[str, Any]]) -> None:
     )
 
 
-def records_scenario(twins: Path, seconds: float, rounds: int) -> list[dict[str, Any]]:
+def records_scenario(
+    twins: Path, seconds: float, rounds: int, sample: float = 1.0
+) -> list[dict[str, Any]]:
     """The cost of `--records`: rmb-relay without and with route records, interleaved in the
     same run (`rounds` of each, in A-B-B-A order) so drift on a shared machine hits both alike.
     Figures are medians over the rounds. Throughput is what the generator got;
@@ -331,7 +333,9 @@ def records_scenario(twins: Path, seconds: float, rounds: int) -> list[dict[str,
     rows = []
     with tempfile.TemporaryDirectory(prefix="rmb-records-") as records:
         plain = Relay("rmb-relay", twins)
-        recording = Relay("rmb-relay", twins, ("--records", records))
+        recording = Relay(
+            "rmb-relay", twins, ("--records", records, "--records-sample", repr(sample))
+        )
         try:
             for dialect, pairs, size in (("rmb", 1, 64), ("rmb", 10, 1024), ("sbd", 1, 1000)):
                 opts = ["--pairs", str(pairs), "--size", str(size)]
@@ -357,6 +361,7 @@ def records_scenario(twins: Path, seconds: float, rounds: int) -> list[dict[str,
                 rows.append(
                     {
                         "scenario": f"{dialect} {pairs} pairs x {size} B",
+                        "records_sample": sample,
                         "off_msgs_per_s": round(off_rate),
                         "on_msgs_per_s": round(on_rate),
                         "throughput_change_pct": round((on_rate / off_rate - 1) * 100, 1),
@@ -420,11 +425,14 @@ SCENARIOS: dict[str, Callable[[Path, bool], list[dict[str, Any]]]] = {
     "idle": lambda twins, quick: idle_scenario(twins, 1000 if quick else 10_000),
     "mailbox": lambda twins, quick: mailbox_scenario(twins, 2000 if quick else 10_000),
     "records": lambda twins, quick: records_scenario(
-        twins, 2 if quick else RECORDS_RUN["seconds"], 1 if quick else int(RECORDS_RUN["rounds"])
+        twins,
+        2 if quick else RECORDS_RUN["seconds"],
+        1 if quick else int(RECORDS_RUN["rounds"]),
+        RECORDS_RUN["sample"],
     ),
 }
 #: `records`: seconds per load run and interleaved rounds (medians); --seconds, --rounds
-RECORDS_RUN = {"seconds": 4.0, "rounds": 3}
+RECORDS_RUN = {"seconds": 4.0, "rounds": 3, "sample": 1.0}
 
 
 def main() -> None:
@@ -443,8 +451,14 @@ def main() -> None:
         default=RECORDS_RUN["seconds"],
         help="records: seconds of load per run (after 1 s of warm-up)",
     )
+    parser.add_argument(
+        "--sample",
+        type=float,
+        default=RECORDS_RUN["sample"],
+        help="records: the recording relay's --records-sample R",
+    )
     args = parser.parse_args()
-    RECORDS_RUN.update(rounds=args.rounds, seconds=args.seconds)
+    RECORDS_RUN.update(rounds=args.rounds, seconds=args.seconds, sample=args.sample)
     unknown = set(args.names) - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown scenarios: {', '.join(sorted(unknown))}")

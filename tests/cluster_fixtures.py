@@ -21,6 +21,7 @@ from rmb_relay.protocols.sbd import SbdDialect, SbdSettings
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.switch import Switch
 from rmb_relay.telemetry.metrics import Registry
+from rmb_relay.telemetry.records import Recorder
 from rmb_relay.twins import Twin
 from rmb_relay.twins.cache import CachedTwinDirectory
 from rmb_relay.twins.local import SqliteTwinDirectory
@@ -111,8 +112,9 @@ def twin_directory(path: Path) -> SqliteTwinDirectory:
 async def make_instance_fixture(
     start_relay: StartRelay, tmp_path: Path
 ) -> AsyncIterator[MakeInstance]:
-    """`await make_instance(redis_url, cluster_mode=False, clock=..., **cluster_kwargs)`: a
-    new instance; `clock` is the RMB dialect's and the cluster's."""
+    """`await make_instance(redis_url, cluster_mode=False, clock=..., records=None,
+    **cluster_kwargs)`: a new instance; `clock` is the RMB dialect's and the cluster's,
+    `records` the switch's route-record `Recorder` (the caller starts and closes it)."""
     made: list[Instance] = []
     path = tmp_path / "twins.sqlite3"
     twin_directory(path)
@@ -122,10 +124,12 @@ async def make_instance_fixture(
         *,
         cluster_mode: bool = False,
         clock: Callable[[], int] = time.time_ns,
+        records: Recorder | None = None,
         **kwargs: Any,
     ) -> Instance:
         redis = await connect_redis(url, cluster=cluster_mode)
         switch = Switch(RedisMailbox(redis))
+        switch.records = records
         registry = Registry()
         cluster = Cluster(redis, switch, registry=registry, clock=clock, **kwargs)
         await cluster.start()

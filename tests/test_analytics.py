@@ -273,6 +273,19 @@ def test_foreign_parquet_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "not an rmb-relay route-record file" in err
 
 
+def test_a_hidden_file_is_never_read(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A records file is hidden while the relay writes it (or when a killed writer left it
+    without its footer): named directly it is refused in one line, in a folder it is skipped."""
+    folder = tmp_path / "in" / "date=2026-11-23" / "hour=10"
+    folder.mkdir(parents=True)
+    partial = folder / ".part-r-full-0123456789ab.parquet"
+    partial.write_bytes(b"PAR1 and no footer")
+    err = _bad(["--input", str(partial), "--output", str(tmp_path / "o")], capsys)
+    assert "a hidden file, never read" in err
+    err = _bad(["--input", str(tmp_path / "in"), "--output", str(tmp_path / "o")], capsys)
+    assert "no route-record files (Parquet) found" in err
+
+
 def test_newer_schema_is_one_line(
     records: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

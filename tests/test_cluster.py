@@ -19,6 +19,8 @@ from rmb_relay.cluster.node import Cluster
 from rmb_relay.errors import RemoteError
 from rmb_relay.mailbox import RedisMailbox, stream_key
 from rmb_relay.switch import Switch
+from rmb_relay.telemetry.record_schema import read_table
+from rmb_relay.telemetry.records import Recorder
 from tests.cluster_fixtures import (  # noqa: F401 - the fixture is used by name
     MakeInstance,
     make_instance_fixture,
@@ -571,3 +573,37 @@ async def test_redis_down_mid_run_refuses_with_an_error_and_loses_nothing_accept
         await eventually(lambda: got == [f"kept {i}".encode() for i in range(5)])
     finally:
         server.stop()
+
+
+async def test_a_forward_redis_refuses_after_queuing_it_has_one_route_record(
+    make_instance: MakeInstance, tmp_path: Path
+) -> None:
+    """A message for a session on another instance is queued for the next Redis batch and its
+    sender goes on; its route record waits for the batch's outcome: `cluster delivered` once
+    Redis took it, or only the refusal (`redis down`) when Redis refused it, never both."""
+    redis_dir = tmp_path / "redis"
+    redis_dir.mkdir()
+    server = start_redis(str(redis_dir))
+    records = Recorder(tmp_path / "records", "a")
+    records.start()
+    try:
+        # the holder's answer stays cached: the forward is queued without asking Redis
+        a = await make_instance(server.url, records=records, cache_ttl=3600.0)
+        b = await make_instance(server.url)
+        alice = await a.client(1)
+        bob = await b.client(2)
+        bob.handle("echo", lambda request: request.data)
+        assert (await alice.request(2, "echo", b"up", timeout=WAIT)).data == b"up"
+        server.stop()
+        with pytest.raises(RemoteError, match="destination unreachable: the relay's redis is"):
+            await alice.request(2, "echo", b"down!", timeout=WAIT)
+    finally:
+        server.stop()
+        await records.close()
+    rows = read_table(tmp_path / "records").sort_by("time").to_pylist()
+    found = [(r["src"], r["dst"], r["route"], r["outcome"], r["reason"]) for r in rows]
+    assert found == [
+        ("1", "2", "cluster", "delivered", None),
+        ("1", "2", "none", "rejected", "redis down"),
+    ]
+    assert rows[0]["relay_us"] >= 0

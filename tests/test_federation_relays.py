@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 from redis.asyncio import Redis
 
@@ -190,6 +191,67 @@ async def test_route_records_name_the_remote_that_decided_each_outcome(
     times = {r["dst"]: r["relay_us"] for r in rows}
     assert times["5"] >= 1_000_000
     assert 0 < times["3"] < times["5"]
+
+
+async def test_the_receiving_relay_records_each_inbound_envelope_where_it_landed(
+    network: Network, tmp_path: Path
+) -> None:
+    """With --records on the receiving relay B, every envelope POSTed to it gets one record
+    once its answer is decided, naming the relay that posted it: A's request to bob delivered
+    to his connection, A's envelope for offline twin 4 queued in its mailbox, a fail-fast one
+    for twin 4 refused (404); a direct POST for a twin B does not serve refused (403) with the
+    domain its header claims, and a body that is no envelope refused (400), with none."""
+    records = tmp_path / "records"
+    twins = await provision(tmp_path / "twins.sqlite3", {1: [A], 2: [B], 4: [B]})
+    relay_a = network.relay(A, twins)
+    relay_b = network.relay(B, twins, "--records", str(records))
+    alice, bob = await client(relay_a.url, 1), await client(relay_b.url, 2)
+    bob.handle("echo", lambda r: r.data)
+
+    assert (await alice.request(2, "echo", b"hi", timeout=WAIT)).data == b"hi"
+    _, stored = alice.request_envelope(4, "echo", b"for later" * 10, expiration=600)
+    alice.send(stored)
+    with pytest.raises(RemoteError, match="rejected permanently"):
+        await alice.request(4, "echo", b"x", tags="fail-fast", timeout=WAIT)
+    await wait_metric(relay_b, "rmb_relay_federation_in_total", 2, status="accepted")
+    _, foreign = bob.request_envelope(1, "echo", b"not yours")
+    url = f"http://{B}:{relay_b.port}/"
+    origin = {"RMB-Relay-Domain": "Other.Example"}
+    async with aiohttp.ClientSession() as http:
+        async with http.post(url, data=foreign, headers=origin) as r:
+            assert r.status == 403
+        async with http.post(url, data=b"\xff not an envelope") as r:
+            assert r.status == 400
+    await alice.close()
+    await bob.close()
+    relay_b.stop()  # writes what it buffered
+
+    rows = [r for r in read_table(records).to_pylist() if r["route"] != "federation"]
+    found = sorted(
+        ((r["src"], r["dst"], r["route"], r["outcome"], r["reason"], r["remote"]) for r in rows),
+        key=repr,
+    )
+    assert found == sorted(
+        [
+            (None, None, "none", "rejected", "bad request", None),
+            ("1", "2", "local", "delivered", None, A),
+            ("1", "4", "mailbox", "queued", None, A),
+            ("1", "4", "none", "rejected", "destination offline", A),
+            ("2", "1", "none", "rejected", "not served here", "other.example"),
+        ],
+        key=repr,
+    )
+    assert all(r["dialect"] == "rmb" and r["relay_us"] >= 0 for r in rows)
+    sizes = {(r["dst"], r["route"]): r["size"] for r in rows}
+    assert sizes[("4", "mailbox")] == len(stored)
+    # bob's answer went back to A through B's outbound federation: recorded there, once
+    [answer] = [r for r in read_table(records).to_pylist() if r["route"] == "federation"]
+    assert (answer["src"], answer["dst"], answer["outcome"], answer["remote"]) == (
+        "2",
+        "1",
+        "delivered",
+        A,
+    )
 
 
 async def test_tls_to_the_remote_is_verified_against_the_given_ca(

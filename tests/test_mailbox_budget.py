@@ -89,8 +89,8 @@ async def test_expiry_is_swept_without_a_rate_limit_and_memory_is_returned(
     assert mailbox.held_bytes() == 0
     assert mailbox.stats.expired == 50
     assert not mailbox._boxes
-    assert not mailbox._twin_bytes
-    assert not mailbox._twin_sessions
+    assert not mailbox.books.holders()
+    assert mailbox.books.held == 0
     await relay.close_clients()
 
 

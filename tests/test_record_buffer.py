@@ -225,10 +225,16 @@ def test_channel_takes_the_scanners_rows_as_local_records() -> None:
     assert (later.names_offset, later.names) == (2, [])  # names go to the writer once
 
 
-def test_the_writer_samples_the_hot_paths_columns() -> None:
+@pytest.mark.parametrize(("rate", "in_relay"), [(0.05, True), (0.25, False)])
+def test_the_hot_paths_columns_are_sampled_in_the_relay_or_by_the_writer(
+    rate: float, in_relay: bool
+) -> None:
+    """`--records-sample R`: up to RELAY_SAMPLE_MAX, `take` keeps a Bernoulli sample of the
+    scanned rows (whole rows: the four columns stay aligned) and the writer is handed only
+    those; above it the writer samples what it is handed (where that costs less)."""
     from rmb_relay.telemetry.record_writer import make_batch
 
-    channel = Channel("rmb", 0.25, lambda: NOW)
+    channel = Channel("rmb", rate, lambda: NOW)
     buffer = channel.scanner_buffer(channel.clock)
     assert buffer.offset == 0
     routes = RouteTable()
@@ -236,16 +242,66 @@ def test_the_writer_samples_the_hot_paths_columns() -> None:
     decoder = WsDecoder(scanner=RmbScanner(routes, 7, None, buffer))
     data = envelope((7, None), (9, None), MSG_REQUEST)
     feed(decoder, frames(*[data] * 4000))
-    taken = channel.take(4.0)
+    taken = channel.take(1 / rate)
     assert taken is not None
     assert taken.columns is not None
-    assert (taken.rows, taken.sample, taken.weight) == (4000, 0.25, 4.0)
-    batch = make_batch("rmb", 4.0, 0.25, list(taken.columns), [], None)
+    assert taken.weight == 1 / rate
+    expected, sigma = 4000 * rate, (4000 * rate * (1 - rate)) ** 0.5
+    if in_relay:
+        assert abs(taken.rows - expected) < 6 * sigma
+        assert taken.sample == 1.0
+    else:
+        assert (taken.rows, taken.sample) == (4000, rate)
+    batch = make_batch("rmb", 1 / rate, taken.sample, list(taken.columns), [], None)
     assert batch.local is not None
-    kept = len(batch.local[0])
-    assert 800 < kept < 1200  # 1000 expected; the bounds are > 7 standard deviations away
+    assert abs(len(batch.local[0]) - expected) < 6 * sigma
     assert set(batch.local[3].tolist()) == {len(data)}
     assert set(batch.local[1].tolist()) == {7}
+    assert set(batch.local[2].tolist()) == {9}
+
+
+def test_sampled_rows_are_whole_rows_in_order() -> None:
+    """`RowSampler.sample` keeps the rows `picks` draws, all four columns alike."""
+    from array import array
+    from random import Random
+
+    from rmb_relay.telemetry.record_sample import RowSampler
+
+    rows = 1000
+    columns = [
+        memoryview(array("q", [c * 10**6 + r for r in range(rows)])).cast("B") for c in range(4)
+    ]
+    picks = RowSampler(0.1, Random(7)).picks(rows)
+    kept = RowSampler(0.1, Random(7)).sample(columns, rows)
+    assert kept is not None
+    assert [list(memoryview(c).cast("q")) for c in kept] == [
+        [c * 10**6 + r for r in picks] for c in range(4)
+    ]
+    assert picks == sorted(set(picks))
+    assert picks[0] >= 0
+    assert picks[-1] < rows
+    assert RowSampler(1e-9, Random(7)).sample(columns, rows) is None
+
+
+@pytest.mark.parametrize("rate", [0.5, 0.1, 0.01])
+def test_the_row_sampler_is_an_exact_bernoulli_sample(rate: float) -> None:
+    """The table of gaps (record_sample.py) changes nothing about the distribution: the rows
+    kept and the gaps between them are what independent coin flips give (bounds 6 standard
+    deviations wide)."""
+    from itertools import pairwise
+    from random import Random
+
+    from rmb_relay.telemetry.record_sample import RowSampler
+
+    rows = 400_000
+    picks = RowSampler(rate, Random(11)).picks(rows)
+    expected = rows * rate
+    assert abs(len(picks) - expected) < 6 * (expected * (1 - rate)) ** 0.5
+    gaps = [b - a - 1 for a, b in pairwise(picks)]
+    for gap in (0, 3, round(4 / rate)):  # P(G >= g) = (1 - rate)^g, into the tail
+        share = sum(1 for g in gaps if g >= gap) / len(gaps)
+        p = (1 - rate) ** gap
+        assert abs(share - p) < 6 * (p * (1 - p) / len(gaps)) ** 0.5 + 1e-9
 
 
 @pytest.mark.parametrize("index", [-5, 0, 10**12])

@@ -6,6 +6,7 @@ clock so partitions and times are exact."""
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import re
@@ -197,20 +198,25 @@ async def test_a_full_queue_sheds_and_counts_instead_of_blocking(tmp_path: Path)
     assert channel.take(1.0) is None
 
 
-async def test_a_writer_that_dies_is_restarted_and_recording_goes_on(tmp_path: Path) -> None:
+async def test_a_writer_that_dies_is_restarted_and_recording_goes_on(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     """The writer is a child process (the relay stays single-threaded): if it dies, the relay
     notices at its next flush, counts what it had not taken as shed and starts a new one, which
-    gets the SBD key names again."""
+    gets the SBD key names again. The dead writer's open file has no footer: the new writer
+    removes it at start and says so on stderr, naming the file."""
     recorder = Recorder(tmp_path, "r", clock=FakeClock(T0), flush_interval=0.01, restart_seconds=0)
     recorder.start()
     sbd = recorder.channel("sbd")
     a, b = sbd.native.key_id(KEY_A), sbd.native.key_id(KEY_B)
     sbd.native.push(T0, a, b, 10)
     await eventually(lambda: recorder.stats.written == 1)
+    [partial] = hidden(tmp_path)
     first = recorder.writer_pid
     assert first is not None
     os.kill(first, signal.SIGKILL)
     await eventually(lambda: recorder.writer_pid not in (first, None))
+    await eventually(lambda: not partial.exists())
     sbd.native.push(T0 + 1000, b, a, 20)
     await recorder.close()
     rows = read_table(tmp_path).sort_by("time").to_pylist()
@@ -218,6 +224,45 @@ async def test_a_writer_that_dies_is_restarted_and_recording_goes_on(tmp_path: P
     assert [(r["src"], r["dst"], r["size"]) for r in rows] == [(NAME_B, NAME_A, 20)]
     assert recorder.stats.written == 2  # counted by both writers
     assert recorder.writer_pid is None
+    assert hidden(tmp_path) == []
+    err = capfd.readouterr().err
+    assert f"removed {partial}" in err
+    assert "no Parquet footer, so its records" in err
+
+
+async def test_a_starting_writer_renames_complete_leftovers_and_spares_live_files(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Leftovers of writers that died: one complete (killed between closing and renaming) is
+    renamed into view, one cut short is removed. A hidden file someone holds locked is a live
+    writer's (another instance sharing the directory): it is left alone."""
+    source = Recorder(tmp_path / "source", "r", clock=FakeClock(T0))
+    source.start()
+    source.channel("rmb").native.push(T0, 1, 2, 3)
+    await source.close()
+    [complete] = visible(tmp_path / "source")
+    data = complete.read_bytes()
+    folder = tmp_path / "records" / complete.parent.relative_to(tmp_path / "source")
+    folder.mkdir(parents=True)
+    finished = folder / ".part-r-rmb-local-00000000000a.parquet"
+    finished.write_bytes(data)
+    cut = folder / ".part-r-rmb-local-00000000000b.parquet"
+    cut.write_bytes(data[: len(data) // 2])
+    live = folder / ".part-other-full-00000000000c.parquet"
+    live.write_bytes(data[:4])
+    with live.open("rb") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        recorder = Recorder(tmp_path / "records", "r", clock=FakeClock(T0))
+        recorder.start()
+        await eventually(lambda: not cut.exists() and not finished.exists())
+        await recorder.close()
+        assert live.exists()
+    assert visible(tmp_path / "records") == [folder / finished.name[1:]]
+    assert read_table(tmp_path / "records").num_rows == 1
+    err = capfd.readouterr().err
+    assert f"removed {cut}" in err
+    assert f"{finished} was complete (1 records)" in err
+    assert str(live) not in err
 
 
 async def test_open_files_are_hidden_until_rolled(tmp_path: Path) -> None:
@@ -233,17 +278,19 @@ async def test_open_files_are_hidden_until_rolled(tmp_path: Path) -> None:
     assert len(visible(tmp_path)) == 1
 
 
-async def test_sampled_records_carry_their_weight(tmp_path: Path) -> None:
-    recorder = Recorder(tmp_path, "r", clock=FakeClock(T0), sample=0.25)
+@pytest.mark.parametrize("rate", [0.25, 0.05])  # sampled by the writer, by the relay
+async def test_sampled_records_carry_their_weight(tmp_path: Path, rate: float) -> None:
+    recorder = Recorder(tmp_path, "r", clock=FakeClock(T0), sample=rate)
     recorder.start()
     channel = recorder.channel("rmb")
     for _ in range(4000):
         channel.native.push(T0, 1, 2, 3)
-    channel.add(1, 2, 3, "none", "rejected", "unknown twin")  # kept or not: weight 4 if kept
+    channel.add(1, 2, 3, "none", "rejected", "unknown twin")  # kept or not: weight 1/R if kept
     await recorder.close()
     table = read_table(tmp_path)
-    assert 600 < table.num_rows < 1400  # ~1000 expected; bounds are > 9 sigma wide
-    assert set(table.column("weight").to_pylist()) == {4.0}
+    expected, sigma = 4000 * rate, (4000 * rate * (1 - rate)) ** 0.5
+    assert abs(table.num_rows - expected) < 6 * sigma + 1
+    assert set(table.column("weight").to_pylist()) == {1 / rate}
 
 
 def test_sample_outside_zero_one_is_refused() -> None:
@@ -327,3 +374,34 @@ async def test_tunnel_requests_are_recorded(start_tunnel: StartTunnel, tmp_path:
     ]
     assert rows[0]["relay_us"] > 0
     assert rows[1]["reason"] == "unknown tenant"
+
+
+async def test_a_held_record_is_written_once_at_its_outcome(tmp_path: Path) -> None:
+    """`Channel.hold`: the next `add`, if it is the held message's, waits for `settle` (and is
+    then written with the outcome's time); any other `add` is recorded as usual and ends the
+    hold, so a hold never catches a later message's record."""
+    clock = FakeClock(T0)
+    recorder = Recorder(tmp_path, "r", clock=clock)
+    recorder.start()
+    rmb = recorder.channel("rmb")
+    held = rmb.hold(2, 10)
+    rmb.add(1, 2, 10, "cluster", "delivered", received=T0)
+    refused = rmb.hold(2, 10)
+    rmb.add(1, 2, 10, "cluster", "delivered", received=T0)
+    rmb.add(1, 2, 10, "none", "rejected", "redis down", received=T0)  # `refused` not settled
+    other = rmb.hold(3, 10)
+    rmb.add(1, 4, 10, "local", "delivered", received=T0)  # not the held message's: recorded
+    rmb.add(1, 3, 10, "cluster", "delivered", received=T0)  # the hold ended: recorded
+    clock.now += 2_000_000_000
+    held.settle("cluster", "delivered")
+    other.settle("cluster", "delivered")  # nothing was held: nothing written
+    del refused
+    await recorder.close()
+    rows = read_table(tmp_path).sort_by("time").to_pylist()
+    found = [(r["dst"], r["route"], r["outcome"], r["reason"], r["relay_us"]) for r in rows]
+    assert found == [
+        ("2", "none", "rejected", "redis down", 0),
+        ("4", "local", "delivered", None, 0),
+        ("3", "cluster", "delivered", None, 0),
+        ("2", "cluster", "delivered", None, 2_000_000),
+    ]

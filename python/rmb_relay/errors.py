@@ -16,6 +16,7 @@ Exception
      │   └─ ChainError             tfchain could not answer: every node failed (twins/substrate.py)
      │       ├─ NodeError          one node failed or answered nonsense; the client fails over
      │       └─ ExtrinsicRejected  the chain refused or failed an extrinsic (e.g. update_twin)
+     ├─ BudgetExceeded             a byte budget of an in-memory store (budget.py) refused a message
      ├─ MailboxUnavailable         the mailbox backend (Redis) could not store or read
      │   ├─ ClusterUnavailable     Redis failed while handing a message to another instance
      │   └─ MailboxFull            a mailbox memory budget (bytes, sessions) is reached
@@ -37,7 +38,8 @@ Whose fault: `CoreError` subclasses, `HttpReject` and `AuthError` are the peer's
 and `RedisUnavailable` are a dependency's (chain, Redis, another relay); `ClientError` is
 reported to the application using the SDK; `BadMessage` is the local msgbus client's (it gets
 an error reply when its return queue can be read), `EnvelopeRejected` the remote twin's (it
-gets an error envelope when it sent a request).
+gets an error envelope when it sent a request). `BudgetExceeded` is the sender's load, not a
+fault: the message is refused with a clear reason and nothing already stored is displaced.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ from rmb_relay._core import (
 __all__ = [
     "AuthError",
     "BadMessage",
+    "BudgetExceeded",
     "ChainError",
     "ClientError",
     "ClusterUnavailable",
@@ -135,6 +138,26 @@ class NodeError(ChainError):
 
 class ExtrinsicRejected(ChainError):
     """The chain refused an extrinsic (bad signature, stale nonce) or it failed on chain."""
+
+
+class BudgetExceeded(RelayError):
+    """Keeping a message would take an in-memory store over a limit of its `ByteBudget`
+    (budget.py). `limit` says which: "count" (items per key), "key" (bytes per key) or
+    "total" (bytes in all); `allowed` is that limit, `held` what was held against it, `size`
+    what was asked for (items for "count", else bytes). Each store turns it into its own
+    protocol's refusal."""
+
+    def __init__(self, limit: str, *, key: object, size: int, held: int, allowed: int) -> None:
+        unit = "items" if limit == "count" else "bytes"
+        whose = "in all" if limit == "total" else f"for {key!r}"
+        super().__init__(
+            f"{limit} budget: {held} {unit} held {whose}, {size} more asked, {allowed} allowed"
+        )
+        self.limit = limit
+        self.key = key
+        self.size = size
+        self.held = held
+        self.allowed = allowed
 
 
 class MailboxUnavailable(RelayError):

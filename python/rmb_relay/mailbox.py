@@ -9,7 +9,9 @@ be able to fill it): at most `MailboxBudget.twin_bytes` per destination twin acr
 sessions, `total_bytes` in all, and `sessions_per_twin` distinct sessions (sids) per twin. An
 envelope over a budget is refused with `MailboxFull` (the sender of a request gets an error
 envelope) instead of displacing older mail; the per-session count cap keeps rmb-rs's
-drop-oldest. Expired envelopes are swept on a timer of their own, whatever else is configured.
+drop-oldest. The books are a `ByteBudget` (budget.py, the mechanism every in-memory store
+shares) keyed by twin, counting sessions as its items. Expired envelopes are swept on a timer
+of their own, whatever else is configured.
 
 Two implementations behind one interface: `MemoryMailbox` (no Redis: a relay restart loses
 it) and `RedisMailbox` (Redis streams under rmb-rs's key names `stream:<twin>[:<sid>]`, entry
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
+from rmb_relay.budget import BudgetExceeded, ByteBudget
 from rmb_relay.clock import Clock, monotonic_clock, nanos, seconds, wall_clock
 from rmb_relay.errors import MailboxFull, MailboxUnavailable
 
@@ -170,10 +173,12 @@ class MemoryMailbox(Mailbox):
         self.sweep_interval = sweep_interval
         self._boxes: dict[SessionKey, deque[tuple[int, bytes]]] = {}
         self._depth = 0
-        self._bytes = 0
-        #: per destination twin: bytes stored and sessions with a mailbox
-        self._twin_bytes: dict[int, int] = {}
-        self._twin_sessions: dict[int, int] = {}
+        #: per destination twin: bytes stored and sessions with a mailbox (its items)
+        self.books = ByteBudget(
+            key_bytes=self.budget.twin_bytes,
+            total_bytes=self.budget.total_bytes,
+            key_count=self.budget.sessions_per_twin,
+        )
         self._sweeper: asyncio.TimerHandle | None = None
 
     async def put(self, key: SessionKey, envelope: bytes, deadline: int) -> None:
@@ -183,28 +188,25 @@ class MemoryMailbox(Mailbox):
         if box is not None:
             self._expire(key, box)
         budget = self.budget
-        if box is None and self._twin_sessions.get(twin, 0) >= budget.sessions_per_twin:
+        try:
+            self.books.take(twin, size, 1 if box is None else 0)
+        except BudgetExceeded as err:
             self.stats.refused += 1
-            raise MailboxFull(
-                f"twin {twin} has mail waiting for {budget.sessions_per_twin} sessions"
-            )
-        if self._twin_bytes.get(twin, 0) + size > budget.twin_bytes:
-            self.stats.refused += 1
-            raise MailboxFull(f"mailbox of twin {twin} is over {budget.twin_bytes} bytes")
-        if self._bytes + size > budget.total_bytes:
-            self.stats.refused += 1
-            raise MailboxFull(f"mailboxes are over {budget.total_bytes} bytes in all")
+            if err.limit == "count":
+                text = f"twin {twin} has mail waiting for {budget.sessions_per_twin} sessions"
+            elif err.limit == "key":
+                text = f"mailbox of twin {twin} is over {budget.twin_bytes} bytes"
+            else:
+                text = f"mailboxes are over {budget.total_bytes} bytes in all"
+            raise MailboxFull(text) from err
         if box is None:
             box = self._boxes[key] = deque()
-            self._twin_sessions[twin] = self._twin_sessions.get(twin, 0) + 1
         if len(box) >= self.max_per_session:
             lost = self._pop_oldest(twin, box)
             self.stats.dropped_full += 1
             self._lost(key, lost, "full")
         box.append((deadline, envelope))
         self._depth += 1
-        self._bytes += size
-        self._twin_bytes[twin] = self._twin_bytes.get(twin, 0) + size
         self.stats.stored += 1
         self._ensure_sweeper()
 
@@ -227,25 +229,14 @@ class MemoryMailbox(Mailbox):
         """Drop the oldest envelope; returns its size."""
         _, envelope = box.popleft()
         self._depth -= 1
-        self._bytes -= len(envelope)
-        self._twin_bytes[twin] -= len(envelope)
+        self.books.release(twin, len(envelope))
         return len(envelope)
 
     def _forget(self, key: SessionKey, box: deque[tuple[int, bytes]]) -> None:
         """Remove a whole session's mailbox from the books."""
-        twin = key[0]
         del self._boxes[key]
-        size = sum(len(envelope) for _, envelope in box)
         self._depth -= len(box)
-        self._bytes -= size
-        left = self._twin_bytes[twin] - size
-        sessions = self._twin_sessions[twin] - 1
-        if sessions:
-            self._twin_bytes[twin] = left
-            self._twin_sessions[twin] = sessions
-        else:
-            del self._twin_bytes[twin]
-            del self._twin_sessions[twin]
+        self.books.release(key[0], sum(len(envelope) for _, envelope in box), 1)
         if not self._boxes:
             # a dict never shrinks by deleting: start over so a burst's table is freed too
             self._boxes = {}
@@ -264,21 +255,19 @@ class MemoryMailbox(Mailbox):
         for key, box in list(self._boxes.items()):
             if box and all(deadline > now for deadline, _ in box):
                 continue
-            self._forget(key, box)
-            kept = [item for item in box if item[0] > now]
+            kept = deque(item for item in box if item[0] > now)
+            if not kept:
+                self._forget(key, box)
+            else:
+                # the session keeps its mailbox (and its place in the sessions count)
+                self._boxes[key] = kept
+                self._depth -= len(box) - len(kept)
+                self.books.release(key[0], sum(len(e) for d, e in box if d <= now))
             dropped += len(box) - len(kept)
             if self.on_loss is not None:
                 for deadline, envelope in box:
                     if deadline <= now:
                         self.on_loss(key, len(envelope), "expired")
-            if kept:
-                twin = key[0]
-                self._boxes[key] = deque(kept)
-                size = sum(len(envelope) for _, envelope in kept)
-                self._depth += len(kept)
-                self._bytes += size
-                self._twin_bytes[twin] = self._twin_bytes.get(twin, 0) + size
-                self._twin_sessions[twin] = self._twin_sessions.get(twin, 0) + 1
         self.stats.expired += dropped
         return dropped
 
@@ -297,7 +286,7 @@ class MemoryMailbox(Mailbox):
         return self._depth
 
     def held_bytes(self) -> int:
-        return self._bytes
+        return self.books.held
 
     async def close(self) -> None:
         if self._sweeper is not None:

@@ -17,7 +17,13 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rmb_relay.telemetry.record_schema import Layout, RecordFileError, layout, visible_files
+from rmb_relay.telemetry.record_schema import (
+    Layout,
+    RecordFileError,
+    is_hidden,
+    layout,
+    visible_files,
+)
 
 #: the columns of `rmb-load --samples FILE.parquet`
 SAMPLE_COLUMNS = {
@@ -47,6 +53,12 @@ def parquet_files(root: Path) -> list[Path]:
     files are skipped as Spark skips them (files still being written are hidden)."""
     if not root.exists():
         raise InputError(f"{root}: no such file or directory")
+    if root.is_file() and is_hidden(root):
+        raise InputError(
+            f"{root}: a hidden file, never read (rmb-relay writes a records file under a "
+            "hidden name and renames it when complete; a killed writer's leftover is renamed "
+            "or removed when the writer starts again)"
+        )
     return visible_files(root)
 
 

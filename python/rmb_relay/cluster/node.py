@@ -58,6 +58,7 @@ from rmb_relay.tasks import cancel_and_wait
 if TYPE_CHECKING:
     from rmb_relay.switch import Address, Endpoint, Switch
     from rmb_relay.telemetry.metrics import Registry
+    from rmb_relay.telemetry.records import HeldRecord
 
 log = logging.getLogger("rmb_relay.cluster")
 
@@ -76,6 +77,12 @@ RUN_BYTES = 1 << 20
 LEAVE_TIMEOUT = 2.0
 
 Resolver = Callable[[str], "Endpoint | None"]
+#: a held route record's (route, outcome, reason) by where `_pass_on` took its message
+_SETTLED = {
+    "passed": ("cluster", "delivered", None),
+    "stored": ("mailbox", "queued", None),
+    "dropped": ("none", "rejected", "no route"),
+}
 
 #: delete a reaped stream only if it is (still) empty, in one step
 _DELETE_IF_EMPTY = """
@@ -271,9 +278,23 @@ class Cluster:
         on_refused: Callable[[BaseException], None],
     ) -> None:
         record = wire.encode_message(name, frame, deadline or 0)
+        held = self._hold_record(name, frame)
         self.bus.send_nowait(
-            owner, record, functools.partial(self._queued, owner, name, frame, deadline, on_refused)
+            owner,
+            record,
+            functools.partial(self._queued, owner, name, frame, deadline, on_refused, held),
         )
+
+    def _hold_record(self, name: str, frame: bytes) -> HeldRecord | None:
+        """With route records on, the record the RMB caller adds for this queued message is
+        held until the batch's outcome (`Channel.hold`): one record per message, written at
+        its outcome, never a `cluster delivered` followed by the caller's refusal."""
+        if self.switch.records is None or keys.name_kind(name) != keys.KIND_RMB:
+            return None
+        address = self._addresses.get(name) or keys.parse_address_name(name)
+        assert not isinstance(address, bytes)
+        channel = self.switch.records.channel("rmb")
+        return channel.hold(address[0], len(frame))
 
     def _queued(
         self,
@@ -282,25 +303,34 @@ class Cluster:
         frame: bytes,
         deadline: int | None,
         on_refused: Callable[[BaseException], None],
+        held: HeldRecord | None,
         outcome: bool | ClusterUnavailable,
     ) -> None:
         """The batch that carried a `forward` with `on_refused` was written (or not)."""
         if outcome is True:
             self.counters.sent += 1
+            if held is not None:
+                held.settle("cluster", "delivered")
         elif outcome is False:  # its stream is gone: it left or was reaped
             self.presence.instance_gone(owner)
             record = wire.Record(wire.MESSAGE, name, frame, deadline or 0)
-            self._spawn(self._route_again(record, on_refused))
+            self._spawn(self._route_again(record, on_refused, held))
         else:
-            on_refused(outcome)
+            on_refused(outcome)  # records the refusal: the held record is dropped
 
     async def _route_again(
-        self, record: wire.Record, on_refused: Callable[[BaseException], None]
+        self,
+        record: wire.Record,
+        on_refused: Callable[[BaseException], None],
+        held: HeldRecord | None,
     ) -> None:
         try:
-            await self._pass_on(record)
+            where = await self._pass_on(record)
         except FAILURES as err:
             on_refused(err)
+            return
+        if held is not None:
+            held.settle(*_SETTLED[where])
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` on its own; kept referenced until it ends."""
@@ -479,8 +509,9 @@ class Cluster:
         elif endpoint is not None:  # MAIL
             endpoint.mail_waiting()
 
-    async def _pass_on(self, record: wire.Record) -> None:
-        """A message for an address not held here: to its holder, else its mailbox."""
+    async def _pass_on(self, record: wire.Record) -> str:
+        """A message for an address not held here: to its holder, else its mailbox. Returns
+        where it went: `passed` (another instance), `stored` (the mailbox) or `dropped`."""
         name = record.name
         if record.hops < wire.MAX_HOPS:
             owner = await self.presence.owner(name, fresh=True)
@@ -488,7 +519,7 @@ class Cluster:
                 passed = replace(record, hops=record.hops + 1)
                 if await self.bus.send(owner, wire.encode(passed)):
                     self.counters.passed_on += 1
-                    return
+                    return "passed"
                 self.presence.instance_gone(owner)
         if record.deadline > seconds(self.wall()) and keys.name_kind(name) == keys.KIND_RMB:
             address = keys.parse_address_name(name)
@@ -500,9 +531,10 @@ class Cluster:
                 endpoint.mail_waiting()
             else:
                 await self.mail_stored(address)
-            return
+            return "stored"
         self.counters.dropped += 1
         log.debug("cluster: %s is held nowhere; dropping a message for it", name)
+        return "dropped"
 
     # ---- liveness and reaping --------------------------------------------------------------
 

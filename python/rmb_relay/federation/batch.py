@@ -28,6 +28,9 @@ from rmb_relay.errors import EnvelopeError
 
 #: announces batch support and the remote's body limit (bytes) on answers to POST /
 BATCH_HEADER = "RMB-Batch-Max"
+#: the posting relay's domain on every POST / from an rmb-relay (single or batch): the
+#: receiver's route records name it as `remote` (rmb-rs neither sends nor reads it)
+ORIGIN_HEADER = "RMB-Relay-Domain"
 BATCH_TYPE = "application/x-rmb-envelope-batch"
 STATUS_TYPE = "application/x-rmb-batch-status"
 #: envelopes per batch at most, whatever the byte limit allows

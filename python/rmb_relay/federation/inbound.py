@@ -17,6 +17,15 @@ permanent there, anything else is retried):
 Accepted: delivered to the destination's connection or stored in its mailbox, then 202 with an
 empty body, as rmb-rs. Every answer carries `RMB-Batch-Max`: other rmb-relays then post batches
 of envelopes (`batch.py`), each envelope answered as if it had been posted alone.
+
+Route records (`--records`): one record per envelope, once its answer is decided, through the
+RMB channel: the route it took here (`local`, `cluster` for a session held by another instance,
+`mailbox` stored, `delivered` or `queued`) or `none`/`rejected` with the refusal's label as
+reason (`bad request`, `not served here`, `bad signature`, `destination offline`, `twin lookup
+failed`, `mailbox full`, `mailbox down`, `redis down`). `remote` is the relay that posted it,
+as its `RMB-Relay-Domain` header says (rmb-relays send it; rmb-rs does not: null), and
+`relay_us` runs from the request's arrival. A 413 is answered by the router before this
+handler sees the body: no record.
 """
 
 from __future__ import annotations
@@ -26,10 +35,17 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rmb_relay._core import Envelope, SignatureError, scan_envelope, verify_prefixed
-from rmb_relay.errors import EnvelopeError, MailboxUnavailable, TwinLookupError
+from rmb_relay.errors import (
+    ClusterUnavailable,
+    EnvelopeError,
+    MailboxFull,
+    MailboxUnavailable,
+    TwinLookupError,
+)
 from rmb_relay.federation.batch import (
     BATCH_HEADER,
     BATCH_TYPE,
+    ORIGIN_HEADER,
     STATUS_TYPE,
     decode_batch,
     encode_statuses,
@@ -42,6 +58,7 @@ if TYPE_CHECKING:
     from rmb_relay.mailbox import SessionKey
     from rmb_relay.protocols.base import HttpClient
     from rmb_relay.switch import Switch
+    from rmb_relay.telemetry.records import Channel
     from rmb_relay.twins import Twin, TwinDirectory
 
 log = logging.getLogger("rmb_relay.federation")
@@ -49,6 +66,20 @@ log = logging.getLogger("rmb_relay.federation")
 #: (status, reason) of one envelope
 Answer = tuple[int, bytes]
 ACCEPTED: Answer = (202, b"")
+#: longest domain name (RFC 1035); a longer header is not recorded
+MAX_DOMAIN = 253
+#: route record (route, outcome) of an accepted envelope, by what the switch did with it
+_ROUTED = {
+    Outcome.DELIVERED: ("local", "delivered"),
+    Outcome.FORWARDED: ("cluster", "delivered"),
+    Outcome.QUEUED: ("mailbox", "queued"),
+}
+
+#: route-record label of an envelope the switch could not take, as the RMB dialect labels it
+_UNAVAILABLE: dict[type[MailboxUnavailable], str] = {
+    MailboxFull: "mailbox full",
+    ClusterUnavailable: "redis down",
+}
 
 
 class _Route:
@@ -59,6 +90,28 @@ class _Route:
     def __init__(self, env: EnvelopeRouting) -> None:
         self.env = env
         self.key: SessionKey = (env.dest_twin, env.dest_connection)
+
+
+class _Refusal:
+    """An envelope's refusal: the answer, its route-record label and what was parsed of it."""
+
+    __slots__ = ("answer", "env", "label")
+
+    def __init__(self, status: int, reason: str, label: str, env: EnvelopeRouting | None) -> None:
+        self.answer: Answer = (status, reason.encode())
+        self.label = label
+        self.env = env
+
+
+class _Request:
+    """What one `POST /` says about the envelopes it carries, for their route records: when it
+    arrived (the records' clock) and the relay that sent it."""
+
+    __slots__ = ("received", "remote")
+
+    def __init__(self, received: int | None, remote: str | None) -> None:
+        self.received = received
+        self.remote = remote
 
 
 class InboundStats:
@@ -89,16 +142,24 @@ class InboundFederation:
         self.verify = verify
         self.stats = InboundStats()
         self._headers = ((BATCH_HEADER, str(max_body)),)
+        #: route records (--records), or None
+        self.records: Channel | None = switch.record_channel("rmb")
 
     async def handle(self, request: HttpRequest, client: HttpClient) -> HttpResponse:
+        records = self.records
+        origin = None
+        if records is not None:
+            origin = _Request(records.clock(), _origin(request.header(ORIGIN_HEADER)))
         content_type = request.header("content-type")
         if content_type is not None and content_type.split(b";")[0].strip() == BATCH_TYPE.encode():
-            return await self._handle_batch(request.body, client)
-        status, reason = await self._handle(request.body)
+            return await self._handle_batch(request.body, client, origin)
+        status, reason = await self._handle(request.body, origin)
         self._count(status, reason, client)
         return HttpResponse(status, reason, headers=self._headers)
 
-    async def _handle_batch(self, body: bytes, client: HttpClient) -> HttpResponse:
+    async def _handle_batch(
+        self, body: bytes, client: HttpClient, origin: _Request | None
+    ) -> HttpResponse:
         """Every envelope is checked first; those for a connected, uncongested session are then
         written in one pass (one socket write per receiving connection, not one per
         envelope); the rest (offline: mailbox; congested: wait) go the single POST's way, in
@@ -108,6 +169,8 @@ class InboundFederation:
         except EnvelopeError as err:
             reason = f"bad request: {err}".encode()
             self._count(400, reason, client)
+            if origin is not None:  # one record: its envelopes cannot be told apart
+                self._record(None, len(body), "none", "rejected", "bad request", origin)
             return HttpResponse(400, reason, headers=self._headers)
         answers: list[Answer] = [ACCEPTED] * len(envelopes)
         routes: list[tuple[int, bytes, _Route]] = []
@@ -127,7 +190,7 @@ class InboundFederation:
                 ours.add(checked.env.dest_twin)
                 routes.append((index, envelope, checked))
             else:
-                answers[index] = checked
+                answers[index] = self._refused(checked, len(envelope), origin)
         later = []
         if routes:
             waiting: set[SessionKey] = set()  # keys that go the slow way from here on
@@ -139,11 +202,14 @@ class InboundFederation:
                         endpoint = lookup(key)
                         if endpoint is not None and not endpoint.peer.congested:
                             endpoint.deliver(item[1])
+                            if origin is not None:
+                                env = item[2].env
+                                self._record(env, len(item[1]), "local", "delivered", None, origin)
                             continue
                         waiting.add(key)
                     later.append(item)
         for index, envelope, route in later:
-            answers[index] = await self._deliver(envelope, route)
+            answers[index] = await self._deliver(envelope, route, origin)
         accepted = 0
         for status, reason in answers:
             if status == 202:
@@ -166,67 +232,111 @@ class InboundFederation:
                 reason.decode(errors="replace"),
             )
 
-    async def _handle(self, body: bytes) -> Answer:
+    async def _handle(self, body: bytes, origin: _Request | None) -> Answer:
         checked = await self._check(body)
         if isinstance(checked, _Route):
-            return await self._deliver(body, checked)
-        return checked
+            return await self._deliver(body, checked, origin)
+        return self._refused(checked, len(body), origin)
 
-    async def _check(self, body: bytes) -> Answer | _Route:
+    async def _check(self, body: bytes) -> _Refusal | _Route:
         """The refusal, or where the envelope goes."""
         try:
             env = scan_envelope(body)
         except EnvelopeError as err:
-            return _refuse(400, f"bad request: {err}")
+            return _Refusal(400, f"bad request: {err}", "bad request", None)
         if env.dest_twin == 0:
-            return _refuse(400, "bad request: message with missing destination")
+            reason = "bad request: message with missing destination"
+            return _Refusal(400, reason, "bad request", env)
         try:
             twin = await self.directory.get(env.dest_twin)
         except TwinLookupError as err:
-            return _refuse(500, f"failed to get twin: {err}")
+            return _Refusal(500, f"failed to get twin: {err}", "twin lookup failed", env)
         if twin is None or not self.is_ours(twin):
-            return _refuse(403, f"twin {env.dest_twin} is not served by this relay")
+            reason = f"twin {env.dest_twin} is not served by this relay"
+            return _Refusal(403, reason, "not served here", env)
         if self.verify:
             refusal = await self._check_signature(env, body)
             if refusal is not None:
                 return refusal
         return _Route(env)
 
-    async def _deliver(self, body: bytes, route: _Route) -> Answer:
+    async def _deliver(self, body: bytes, route: _Route, origin: _Request | None) -> Answer:
         env = route.env
         if env.fail_fast:
             # only a connected destination will do (never the mailbox)
-            if await self.switch.deliver(route.key, body) is Outcome.DELIVERED:
-                return ACCEPTED
-            return _refuse(404, "destination offline")
-        deadline = self.switch.mailbox.deadline(env.timestamp, env.expiration)
-        try:
-            await self.switch.deliver(route.key, body, deadline=deadline)
-        except MailboxUnavailable as err:
-            return _refuse(500, f"switch error: {err}")
+            outcome = await self.switch.deliver(route.key, body)
+            if outcome is not Outcome.DELIVERED:
+                refusal = _Refusal(404, "destination offline", "destination offline", env)
+                return self._refused(refusal, len(body), origin)
+        else:
+            deadline = self.switch.mailbox.deadline(env.timestamp, env.expiration)
+            try:
+                outcome = await self.switch.deliver(route.key, body, deadline=deadline)
+            except MailboxUnavailable as err:
+                label = _UNAVAILABLE.get(type(err), "mailbox down")
+                refusal = _Refusal(500, f"switch error: {err}", label, env)
+                return self._refused(refusal, len(body), origin)
+        if origin is not None:
+            where, what = _ROUTED.get(outcome, ("none", "rejected"))
+            self._record(env, len(body), where, what, None, origin)
         return ACCEPTED
 
-    async def _check_signature(self, env: EnvelopeRouting, body: bytes) -> Answer | None:
+    def _refused(self, refusal: _Refusal, size: int, origin: _Request | None) -> Answer:
+        """The answer of a refused envelope, after its route record."""
+        if origin is not None:
+            self._record(refusal.env, size, "none", "rejected", refusal.label, origin)
+        return refusal.answer
+
+    def _record(
+        self,
+        env: EnvelopeRouting | None,
+        size: int,
+        route: str,
+        outcome: str,
+        reason: str | None,
+        origin: _Request,
+    ) -> None:
+        assert self.records is not None
+        src = dst = None
+        if env is not None:
+            src, dst = env.source_twin or None, env.dest_twin or None
+        self.records.add(
+            src, dst, size, route, outcome, reason, received=origin.received, remote=origin.remote
+        )
+
+    async def _check_signature(self, env: EnvelopeRouting, body: bytes) -> _Refusal | None:
         """`--verify-federated`: the envelope must be signed by its source twin's account."""
         if env.source_twin == 0:
-            return _refuse(403, "unsigned envelope (no source twin)")
+            return _Refusal(403, "unsigned envelope (no source twin)", "bad signature", env)
         try:
             source = await self.directory.get(env.source_twin)
         except TwinLookupError as err:
-            return _refuse(500, f"failed to get twin: {err}")
+            return _Refusal(500, f"failed to get twin: {err}", "twin lookup failed", env)
         if source is None:
-            return _refuse(403, f"unknown source twin {env.source_twin}")
+            reason = f"unknown source twin {env.source_twin}"
+            return _Refusal(403, reason, "bad signature", env)
         decoded = Envelope.decode(body)
         if decoded.signature is None:
-            return _refuse(403, "envelope is not signed")
+            return _Refusal(403, "envelope is not signed", "bad signature", env)
         try:
             ok = verify_prefixed(source.account, decoded.challenge(), decoded.signature)
         except SignatureError as err:
-            return _refuse(403, f"invalid envelope signature: {err}")
+            reason = f"invalid envelope signature: {err}"
+            return _Refusal(403, reason, "bad signature", env)
         if not ok:
-            return _refuse(403, "invalid envelope signature")
+            return _Refusal(403, "invalid envelope signature", "bad signature", env)
         return None
 
 
-def _refuse(status: int, reason: str) -> Answer:
-    return status, reason.encode()
+def _origin(header: bytes | None) -> str | None:
+    """The posting relay's domain from its header, if it is a plausible one (it is what the
+    sender claims: a label for analytics, never used to decide anything)."""
+    if header is None or not 0 < len(header) <= MAX_DOMAIN:
+        return None
+    try:
+        text = header.decode("ascii").strip().lower()
+    except UnicodeDecodeError:
+        return None
+    if not text or not all(c.isalnum() or c in ".-:_[]" for c in text):
+        return None
+    return text

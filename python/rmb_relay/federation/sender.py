@@ -39,6 +39,7 @@ from rmb_relay.federation.batch import (
     BATCH_TYPE,
     FRAME,
     MAX_BATCH_ITEMS,
+    ORIGIN_HEADER,
     decode_statuses,
     encode_batch,
 )
@@ -106,6 +107,7 @@ class Sender:
         concurrency: int = DEFAULT_CONCURRENCY,
         pipeline: int = DEFAULT_PIPELINE,
         cafile: str | None = None,
+        origin: str | None = None,
     ) -> None:
         if concurrency < 1:
             raise ConfigError("--federation-concurrency must be at least 1")
@@ -113,6 +115,9 @@ class Sender:
             raise ConfigError("--federation-timeout must be a positive number of seconds")
         self.url_template = check_url_template(url_template)
         self.concurrency = concurrency
+        #: this relay's domain, sent with every POST (`inbound.ORIGIN_HEADER`): the receiving
+        #: relay's route records name it
+        self.origin = origin
         self._tls = client_tls(cafile)
         self._timeout = aiohttp.ClientTimeout(total=timeout, connect=min(CONNECT_TIMEOUT, timeout))
         self._session: aiohttp.ClientSession | None = None
@@ -139,10 +144,13 @@ class Sender:
                 keepalive_timeout=KEEPALIVE_SECONDS,
                 ssl=self._tls,
             )
+            headers = {"User-Agent": f"rmb-relay/{__version__}"}
+            if self.origin is not None:
+                headers[ORIGIN_HEADER] = self.origin
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 timeout=self._timeout,
-                headers={"User-Agent": f"rmb-relay/{__version__}"},
+                headers=headers,
                 auto_decompress=False,
             )
         return self._session

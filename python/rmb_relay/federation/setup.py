@@ -137,6 +137,8 @@ def build(
         timeout=args.federation_timeout,
         concurrency=args.federation_concurrency,
         cafile=args.federation_ca,
+        # the first --domain names this relay in the receiver's route records
+        origin=args.domain[0] if getattr(args, "domain", None) else None,
     )
     queue: OutboundQueue
     if services.redis is None:

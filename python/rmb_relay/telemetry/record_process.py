@@ -71,7 +71,7 @@ class Arena:
         #: (start, end) of each region the writer has not released, oldest first
         self._regions: deque[tuple[int, int]] = deque()
 
-    def place(self, columns: Sequence[Column]) -> int | None:
+    def place(self, columns: Sequence[Column | memoryview]) -> int | None:
         """Copy the columns one after the other into a free region; its offset, or None if
         no region of that size is free."""
         views = [memoryview(column) for column in columns]

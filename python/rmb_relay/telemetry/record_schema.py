@@ -171,9 +171,10 @@ def to_schema(table: pa.Table, found: Layout) -> pa.Table:
 
 def visible_files(root: Path) -> list[Path]:
     """The Parquet files under `root` a reader may read: hidden and `_` files are skipped, as
-    Spark skips them (a file the relay is still writing is hidden)."""
+    Spark skips them (a file the relay is still writing is hidden, and so is one a killed
+    writer left without its footer), even when `root` names one."""
     if root.is_file():
-        return [root]
+        return [] if is_hidden(root) else [root]
     found = []
     for folder, dirs, names in os.walk(root):
         dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
@@ -183,6 +184,11 @@ def visible_files(root: Path) -> list[Path]:
             if not name.startswith((".", "_")) and not name.endswith(".crc")
         ]
     return found
+
+
+def is_hidden(path: Path) -> bool:
+    """A name readers skip (`.` or `_` first), as Spark and pyarrow datasets do."""
+    return path.name.startswith((".", "_"))
 
 
 def read_table(root: Path) -> pa.Table:

@@ -9,7 +9,8 @@ relay starts (`record_process.WriterProcess`), reading frames from its stdin:
 
     u32 header length, u32 payload length (little-endian)
     header   pickle of (dialect, weight, sample, rows, full records, names offset, new names,
-             arena offset)
+             arena offset); `sample` < 1: the rate this writer samples the rows at (the relay
+             samples small rates itself and sends 1; records.RELAY_SAMPLE_MAX)
     payload  the hot path's four int64 columns, `rows` values each: time (µs), src, dst, size;
              empty when they are in the arena (shared memory) at the header's offset
 
@@ -30,11 +31,20 @@ per hour partition and stream (`DIR/date=YYYY-MM-DD/hour=HH/`, hive style, so Sp
 time), written under a hidden name (`.` prefix, which Spark and pyarrow skip) and renamed when
 closed, at the latest `roll_seconds` after it was opened, so a reader never sees a
 half-written file.
+
+A writer that is killed (SIGKILL, OOM, power loss) leaves its open files hidden and without a
+Parquet footer, so nothing can read them. Each file is therefore created under an exclusive
+`flock` held until it is renamed: the kernel drops the lock when its process dies, however it
+dies. At start a writer looks for hidden files under DIR that nobody holds locked (`recover`):
+one whose footer is complete (killed between closing and renaming) is renamed into view, any
+other is removed, each with a log line naming the file and what was lost. A lock held means a
+live writer (of this relay or another instance sharing DIR), whose file is left alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import gc
 import logging
 import mmap
@@ -106,7 +116,8 @@ def make_batch(
     full: list[tuple[Any, ...]],
     names: pa.StringArray | None,
 ) -> Batch:
-    """A batch from the hot path's four column buffers (viewed, not copied), sampled."""
+    """A batch from the hot path's four column buffers (viewed, not copied), sampled at
+    `sample` (1: as they are)."""
     local: tuple[np.ndarray, ...] | None = None
     if columns is not None:
         local = tuple(np.frombuffer(column, dtype=np.int64) for column in columns)
@@ -260,8 +271,9 @@ class _PartitionWriter:
         self.roll_seconds = roll_seconds
         self.stats = stats
         self._tag = _safe(instance)
-        #: (hour in unix hours, stream name) -> (writer, hidden path, final path, opened at)
-        self._open: dict[tuple[int, str], tuple[pq.ParquetWriter, Path, Path, float]] = {}
+        #: (hour in unix hours, stream name) -> (writer, hidden path, final path, opened at,
+        #: the fd holding the file's lock)
+        self._open: dict[tuple[int, str], tuple[pq.ParquetWriter, Path, Path, float, int]] = {}
 
     def write(self, batch: Batch) -> None:
         if batch.local is not None:
@@ -297,6 +309,7 @@ class _PartitionWriter:
             folder.mkdir(parents=True, exist_ok=True)
             name = f"part-{self._tag}-{stream.name}-{uuid.uuid4().hex[:12]}.parquet"
             hidden, final = folder / f".{name}", folder / name
+            lock = _create_locked(hidden)
             writer = pq.ParquetWriter(
                 hidden,
                 stream.schema,
@@ -305,25 +318,99 @@ class _PartitionWriter:
                 **stream.options,
             )
             writer.add_key_value_metadata(file_metadata(stream.constants))
-            entry = (writer, hidden, final, self.monotonic())
+            entry = (writer, hidden, final, self.monotonic(), lock)
             self._open[(hour, stream.name)] = entry
         entry[0].write_table(table)
 
     def roll_if_due(self) -> None:
         now = self.monotonic()
-        for key, (_, _, _, opened) in list(self._open.items()):
+        for key, (_, _, _, opened, _) in list(self._open.items()):
             if now - opened >= self.roll_seconds:
                 self._finish(key)
 
     def _finish(self, key: tuple[int, str]) -> None:
-        writer, hidden, final, _ = self._open.pop(key)
-        writer.close()
-        os.replace(hidden, final)
+        writer, hidden, final, _, lock = self._open.pop(key)
+        try:
+            writer.close()
+            os.replace(hidden, final)
+        finally:
+            os.close(lock)  # unlocked only once renamed: `recover` never sees it half done
         self.stats.files += 1
 
     def close(self) -> None:
         for key in list(self._open):
             self._finish(key)
+
+
+def _create_locked(path: Path) -> int:
+    """Create `path` and lock it (`flock`, exclusive) for as long as the returned fd is open.
+    A `recover` running in another writer may have removed the file between our create and
+    our lock (it was not locked yet): then the lock is on a file that is gone, so start again."""
+    while True:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)  # waits only while a `recover` looks at it
+        try:
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+
+
+def _hidden_parts(directory: Path) -> list[Path]:
+    """Hidden route-record files under `directory` (open, or left by a writer that died)."""
+    return sorted(p for p in directory.glob("date=*/hour=*/.part-*.parquet") if p.is_file())
+
+
+def recover(directory: Path, roll_seconds: float) -> tuple[int, int]:
+    """Deal with the hidden files under `directory` that no live writer holds (see the module
+    docstring): rename the complete ones into view, remove the rest (a file holds at most
+    `roll_seconds` of its stream, which the log line says). Returns (renamed, removed); logs
+    one line per file."""
+    renamed = removed = 0
+    for path in _hidden_parts(directory):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            continue  # renamed or removed meanwhile
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                continue  # a live writer's open file
+            if not os.path.exists(path) or os.stat(path).st_ino != os.fstat(fd).st_ino:
+                continue  # renamed (closed) between our listing and our lock
+            final = path.with_name(path.name[1:])
+            status = os.fstat(fd)
+            size = status.st_size
+            if not size and time.time() - status.st_mtime < roll_seconds:
+                continue  # maybe a live writer's, between creating it and locking it
+            try:
+                rows = pq.read_metadata(path).num_rows
+            except (OSError, pa.ArrowException):
+                os.unlink(path)
+                removed += 1
+                log.warning(
+                    "route records: removed %s (%d bytes), left unfinished by a record writer "
+                    "that was killed: it has no Parquet footer, so its records (up to %.0f s "
+                    "of this stream) are lost",
+                    path,
+                    size,
+                    roll_seconds,
+                )
+                continue
+            os.replace(path, final)
+            renamed += 1
+            log.warning(
+                "route records: %s was complete (%d records) but never renamed by the writer "
+                "that was killed; renamed to %s",
+                path,
+                rows,
+                final.name,
+            )
+        finally:
+            os.close(fd)
+    return renamed, removed
 
 
 def _safe(text: str) -> str:
@@ -377,6 +464,7 @@ def serve(
     arena: mmap.mmap | None = None,
 ) -> None:
     """Write the frames read from `fd_in` until it closes; counters to `out` (see above)."""
+    recover(directory, roll_seconds)
     shared = memoryview(arena) if arena is not None else None
     released = 0
     stats = WriterStats()

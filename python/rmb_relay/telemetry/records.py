@@ -15,7 +15,8 @@ cost the forwarding path next to nothing and must never make it wait:
   integers there: RMB twin ids as they are, SBD keys as the buffer's key ids, whose names
   (base64url) the channel keeps in id order (`Channel.names`).
 - Everything else (mailbox, federation outcomes, drops, expiry, the tunnel) is rarer and calls
-  `Channel.add` with every field.
+  `Channel.add` with every field, once the message's outcome is known: a forward queued for
+  another instance's Redis stream is held (`Channel.hold`) until Redis answers.
 - Every `FLUSH_INTERVAL` the event loop takes the buffers (the Rust columns move out without a
   copy) and hands them to the writer process (record_process.py): the columns are copied into
   shared memory the writer maps, a small frame saying where goes down its stdin pipe
@@ -29,9 +30,14 @@ cost the forwarding path next to nothing and must never make it wait:
   message (measured), more than the writer's own work. It reports what it wrote (and its CPU
   time) on its stdout; it is restarted if it dies, at most every `RESTART_SECONDS`.
 
-`--records-sample R` keeps a random fraction R of the records (the writer samples the hot
-path's columns, `add` samples the rest); each row counts for `weight` = 1/R so the analytics
-jobs estimate totals from a sample.
+`--records-sample R` keeps a random fraction R of the records. `add` draws per record. The hot
+path's columns are sampled where it costs least (measured, bench/README.md): at R up to
+`RELAY_SAMPLE_MAX` by `take`, before anything is handed over (record_sample.py: the gaps between
+kept rows are drawn from a table, so the Python work is per kept row), and neither the
+shared-memory copy nor the writer sees a dropped row; above it by the writer (numpy), since
+keeping most rows costs Python more per row than handing them over and dropping the rest
+there. Each row counts for `weight` = 1/R so the analytics jobs estimate totals from a
+sample.
 
 Route values `cluster` and `federation` are in the record schema since version 1, so instances
 that federate or cluster write the same files.
@@ -44,7 +50,7 @@ import base64
 import pickle
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,6 +58,7 @@ from typing import Any
 from rmb_relay._core import Column, RecordBuffer
 from rmb_relay.clock import Clock, wall_clock
 from rmb_relay.telemetry.record_process import ARENA_BYTES, RESTART_SECONDS, WriterProcess
+from rmb_relay.telemetry.record_sample import RowSampler
 
 #: where a message went; `cluster` and `federation` are reserved for instances that have them
 ROUTES = ("local", "mailbox", "cluster", "federation", "none")
@@ -64,6 +71,10 @@ FLUSH_INTERVAL = 0.5
 MAX_PENDING_BATCHES = 64
 #: a Parquet file is closed (made visible) at the latest this long after it was opened
 ROLL_SECONDS = 60.0
+#: --records-sample at or below this: the relay samples the hot path's rows before handing
+#: them over; above it the writer does. Per row taken, sampling in the relay cost the event loop
+#: ~2-4 ns at R = 0.01, ~12-15 at 0.1 and ~80 at 0.5, and saved the writer ~15 ns (measured)
+RELAY_SAMPLE_MAX = 0.05
 
 #: any record but the hot path's: (time_ns, src, dst, size, route, outcome, reason, relay_ns,
 #: remote)
@@ -76,6 +87,8 @@ class Channel:
 
     __slots__ = (
         "_full",
+        "_hold",
+        "_sampler",
         "_scan_clock",
         "clock",
         "dialect",
@@ -83,6 +96,7 @@ class Channel:
         "names_sent",
         "native",
         "sample",
+        "writer_sample",
     )
 
     def __init__(self, dialect: str, sample: float, clock: Clock) -> None:
@@ -97,6 +111,12 @@ class Channel:
         #: names the writer has (a batch carries the ones after these)
         self.names_sent = 0
         self._scan_clock: Clock = clock
+        #: where the next `add` goes instead of the buffer, if it is that message's (`hold`)
+        self._hold: HeldRecord | None = None
+        #: samples the hot path's rows at `take` (R <= RELAY_SAMPLE_MAX), else None
+        self._sampler = RowSampler(sample) if sample <= RELAY_SAMPLE_MAX else None
+        #: the rate the writer samples the hot path's rows at (1: not at all)
+        self.writer_sample = 1.0 if self._sampler is not None else sample
 
     def scanner_buffer(self, scan_clock: Clock) -> RecordBuffer:
         """The buffer a scanner appends to, stamping records with `scan_clock` (the reading
@@ -129,11 +149,32 @@ class Channel:
     ) -> None:
         """Record a message that did not take the hot path. `received` is the clock reading
         when the relay got it (for the time spent inside the relay)."""
+        hold = self._hold
+        if hold is not None:
+            self._hold = None
+            if route == "cluster" and dst == hold.dst and size == hold.size:
+                if self.sample >= 1.0 or random.random() < self.sample:
+                    hold.record = (src, dst, size, received)
+                return
         if self.sample < 1.0 and random.random() >= self.sample:
             return
         now = self.clock()
         relay_ns = None if received is None else max(0, now - received)
         self._full.append((now, src, dst, size, route, outcome, reason, relay_ns, remote))
+
+    def hold(self, dst: Any, size: int) -> HeldRecord:
+        """The record the caller is about to `add` (route `cluster`, to `dst`, `size` bytes)
+        for a message only queued so far: kept out of the buffer until its outcome is known
+        (`HeldRecord.settle`), so a message has one record, written at its outcome. Only the
+        very next `add` is taken, and only if it is that message's.
+
+        Why this way round: the cluster queues a forward for the next Redis batch and its
+        caller (protocols/rmb.py) records it as soon as it is queued; if Redis then refuses
+        the batch, the caller's refusal path records the refusal too. The cluster calls this
+        before its caller adds, and settles the record when the batch's outcome arrives (or
+        drops it on a refusal, whose record the caller writes)."""
+        held = self._hold = HeldRecord(self, dst, size)
+        return held
 
     def take(self, weight: float) -> Batch | None:
         """The records so far as one batch (None if there are none); the buffers start over.
@@ -143,11 +184,43 @@ class Channel:
         self.names += [base64.urlsafe_b64encode(key).rstrip(b"=").decode() for key in keys]
         full, self._full = self._full, []
         rows = len(time_us)
+        columns: Sequence[Column | memoryview] | None = None
+        if rows and self._sampler is not None:
+            columns = self._sampler.sample((time_us, src, dst, size), rows)
+            rows = 0 if columns is None else len(columns[0]) // 8
+        elif rows:
+            columns = (time_us, src, dst, size)
         if not rows and not full:
             return None
-        columns = (time_us, src, dst, size) if rows else None
         new = self.names[self.names_sent :]
-        return Batch(self.dialect, weight, self.sample, rows, columns, full, self.names_sent, new)
+        return Batch(
+            self.dialect, weight, self.writer_sample, rows, columns, full, self.names_sent, new
+        )
+
+
+class HeldRecord:
+    """A record kept back until its message's outcome is known (`Channel.hold`)."""
+
+    __slots__ = ("channel", "dst", "record", "size")
+
+    def __init__(self, channel: Channel, dst: Any, size: int) -> None:
+        self.channel = channel
+        self.dst = dst
+        self.size = size
+        #: (src, dst, size, received) once added; None: not added (or sampled out)
+        self.record: tuple[Any, Any, int, int | None] | None = None
+
+    def settle(self, route: str, outcome: str, reason: str | None = None) -> None:
+        """Write the record now, with the route and outcome the message ended with."""
+        record = self.record
+        if record is None:
+            return
+        self.record = None
+        src, dst, size, received = record
+        channel = self.channel
+        now = channel.clock()
+        relay_ns = None if received is None else max(0, now - received)
+        channel._full.append((now, src, dst, size, route, outcome, reason, relay_ns, None))
 
 
 @dataclass(slots=True)
@@ -156,11 +229,12 @@ class Batch:
 
     dialect: str
     weight: float
+    #: the rate the writer samples `columns` at (1: sampled here already, or not sampling)
     sample: float
     #: hot-path records in `columns`
     rows: int
-    #: the hot path's columns (time_us, src, dst, size), or None
-    columns: tuple[Column, Column, Column, Column] | None
+    #: the hot path's columns (time_us, src, dst, size; int64 bytes), or None
+    columns: Sequence[Column | memoryview] | None
     full: list[FullRecord]
     #: SBD key names from id `names_offset` on, which the writer does not have yet
     names_offset: int

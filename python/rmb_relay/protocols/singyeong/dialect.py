@@ -10,7 +10,8 @@ closes. Dispatches are routed here:
   by the selector, by `key` (rendezvous hashing) or at random (SEND); each receiver's frame
   is encoded once per encoding and written to its connection. No receiver: op 3 `no_route`
   unless the query is droppable.
-- QUEUE*: queues.py; the confirmation goes out only once the message is stored.
+- QUEUE*: queues.py; the confirmation goes out only once the message is stored; a message
+  over the in-memory queues' byte budget is refused with op 3 `queue_full`, never dropped.
 - UPDATE_METADATA: validated at once, applied at up to `--sg-metadata-rate` per client per
   second (session.py), the rest merged and applied when the rate allows.
 
@@ -27,8 +28,9 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from rmb_relay.budget import ByteBudget
 from rmb_relay.clock import Clock, monotonic_clock, wall_clock
-from rmb_relay.errors import HttpReject
+from rmb_relay.errors import BudgetExceeded, HttpReject
 from rmb_relay.protocols.base import Dialect, Peer, Routes, WebSocketHandler
 from rmb_relay.protocols.singyeong import frames
 from rmb_relay.protocols.singyeong.clients import Client, ClientIndex
@@ -43,7 +45,12 @@ from rmb_relay.protocols.singyeong.query import (
     rendezvous,
     select,
 )
-from rmb_relay.protocols.singyeong.queues import MAX_QUEUE_NAME, Message, Queues
+from rmb_relay.protocols.singyeong.queues import (
+    MAX_QUEUE_NAME,
+    MESSAGE_OVERHEAD,
+    Message,
+    Queues,
+)
 from rmb_relay.protocols.singyeong.redis_queues import RedisQueues
 from rmb_relay.protocols.singyeong.session import SgSession
 from rmb_relay.protocols.singyeong.settings import SgSettings
@@ -100,6 +107,10 @@ class SingyeongDialect(Dialect):
                 max_attempts=settings.max_attempts,
                 clock=clock,
                 wall_ms=self.now_ms,
+                budget=ByteBudget(
+                    key_bytes=settings.queue_bytes, total_bytes=settings.queue_total_bytes
+                ),
+                dead_letter_bytes=settings.dead_letter_bytes,
             )
         else:
             self.queues = RedisQueues(
@@ -360,18 +371,40 @@ class SingyeongDialect(Dialect):
         if query is None:
             return
         message = Message(
-            Queues.new_id(), name, d.get("nonce"), d["target"], d["payload"], query=query
+            Queues.new_id(),
+            name,
+            d.get("nonce"),
+            d["target"],
+            d["payload"],
+            query=query,
+            size=session.frame_bytes + MESSAGE_OVERHEAD,
         )
-        self.metrics.hot.dispatch(t, "stored")
         self.store_message(session, message)
 
     def store_message(self, session: SgSession, message: Message) -> None:
-        """Confirm once stored: memory at once (confirm, then deliver), Redis after its write."""
+        """Confirm once stored: memory at once (confirm, then deliver) when the budget has
+        room, else op 3 `queue_full` and nothing kept; Redis after its write."""
         queues = self.queues
-        if not queues.durable:
+        if isinstance(queues, Queues):
+            try:
+                queues.admit(message)
+            except BudgetExceeded as err:
+                self.metrics.hot.dispatch("QUEUE", "full")
+                session.invalid(
+                    "queue_full",
+                    {
+                        "queue": message.queue,
+                        "nonce": message.nonce,
+                        "limit": err.limit,
+                        "reason": f"the message was not stored: {err}",
+                    },
+                )
+                return
+            self.metrics.hot.dispatch("QUEUE", "stored")
             self.confirm(session, message)
             queues.stored(message)
             return
+        self.metrics.hot.dispatch("QUEUE", "stored")
         task = asyncio.get_running_loop().create_task(self._store_durably(session, message))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -104,6 +104,22 @@ class SgMetrics:
                 zip((("waiting",), ("unacked",), ("dead",)), queues().depth(), strict=True)
             ),
         )
+        registry.gauge(
+            "rmb_relay_sg_queue_bytes",
+            "Bytes the in-memory singyeong queues hold (all: every state, bounded by "
+            "--sg-queue-total-bytes; dead: of them in dead letters, by --sg-dead-letter-bytes)",
+            ("state",),
+            read=lambda: list(zip((("all",), ("dead",)), queues().held_bytes(), strict=True)),
+        )
+
+        registry.counter_of(
+            "rmb_relay_sg_queue_refused_total",
+            "singyeong in-memory queue refusals by budget: key (--sg-queue-bytes) and total "
+            "(--sg-queue-total-bytes) refuse a QUEUE (op 3 queue_full); dead_letters counts "
+            "messages kept in their queue because the dead letters were full",
+            lambda: [((limit,), n) for limit, n in queues().refusals().items()],
+            ("limit",),
+        )
         closed = "rmb_relay_connections_closed_total"
         closed_help = "Connections the relay closed on its own initiative, by dialect and reason"
         self.heartbeat_closed = registry.counter(

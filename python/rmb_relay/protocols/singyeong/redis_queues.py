@@ -292,6 +292,14 @@ class RedisQueues:
     def depth(self) -> tuple[int, int, int]:
         return self._depth
 
+    def held_bytes(self) -> tuple[int, int]:
+        """Nothing held in this process's heap: the messages are in Redis."""
+        return 0, 0
+
+    def refusals(self) -> dict[str, int]:
+        """No memory budget: Redis is the store (its own maxmemory bounds it)."""
+        return {}
+
     # ---- moves -----------------------------------------------------------------------------
 
     async def _retry_one(

@@ -52,6 +52,8 @@ class SgSession(WebSocketHandler):
         #: updates waiting for the rate limit, merged (later wins per key)
         self.metadata_pending: dict[str, Any] = {}
         self.metadata_pending_types: dict[str, str] = {}
+        #: the size of the frame being handled (what a QUEUE costs the queues' memory budget)
+        self.frame_bytes = 0
 
     # ---- sending ---------------------------------------------------------------------------
 
@@ -114,6 +116,7 @@ class SgSession(WebSocketHandler):
             dialect.metrics.decode_errors.inc(1, self.encoding.value)
             self.fatal(f"decode: {err}")
             return
+        self.frame_bytes = len(message.data)
         try:
             self.handle(payload)
         except Exception:

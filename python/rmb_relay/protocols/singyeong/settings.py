@@ -8,6 +8,11 @@ import os
 from dataclasses import dataclass, field
 
 from rmb_relay.errors import ConfigError
+from rmb_relay.protocols.singyeong.queues import (
+    DEFAULT_DEAD_LETTER_BYTES,
+    DEFAULT_QUEUE_BYTES,
+    DEFAULT_QUEUE_TOTAL_BYTES,
+)
 
 #: the public server's advertised interval (spec §3, op 0)
 DEFAULT_HEARTBEAT_MS = 45_000
@@ -33,6 +38,11 @@ class SgSettings:
     metadata_rate: int = DEFAULT_METADATA_RATE
     ack_timeout: float = DEFAULT_ACK_TIMEOUT
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    #: memory budget of the in-memory queues (queues.py): bytes per queue, in all, and of
+    #: dead letters (all queues); a QUEUE over it gets op 3 queue_full
+    queue_bytes: int = DEFAULT_QUEUE_BYTES
+    queue_total_bytes: int = DEFAULT_QUEUE_TOTAL_BYTES
+    dead_letter_bytes: int = DEFAULT_DEAD_LETTER_BYTES
     proxy_allow: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = field(default=())
     proxy_timeout: float = DEFAULT_PROXY_TIMEOUT
     #: this instance's name in QUERY_NODES answers and Redis presence
@@ -49,6 +59,13 @@ class SgSettings:
             raise ConfigError("--sg-max-attempts must be positive")
         if self.proxy_timeout <= 0:
             raise ConfigError("--sg-proxy-timeout must be positive")
+        for flag, value in (
+            ("--sg-queue-bytes", self.queue_bytes),
+            ("--sg-queue-total-bytes", self.queue_total_bytes),
+            ("--sg-dead-letter-bytes", self.dead_letter_bytes),
+        ):
+            if value <= 0:
+                raise ConfigError(f"{flag} must be positive")
 
     @property
     def heartbeat_timeout_ns(self) -> int:
@@ -69,6 +86,9 @@ class SgSettings:
             metadata_rate=args.sg_metadata_rate,
             ack_timeout=args.sg_ack_timeout,
             max_attempts=args.sg_max_attempts,
+            queue_bytes=args.sg_queue_bytes,
+            queue_total_bytes=args.sg_queue_total_bytes,
+            dead_letter_bytes=args.sg_dead_letter_bytes,
             proxy_allow=tuple(networks),
             proxy_timeout=args.sg_proxy_timeout,
             node=args.sg_node or f"{os.uname().nodename}:{os.getpid()}",
@@ -113,6 +133,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.max_attempts,
         metavar="N",
         help="deliveries of a queued message before it becomes a dead letter",
+    )
+    sg.add_argument(
+        "--sg-queue-bytes",
+        type=int,
+        default=d.queue_bytes,
+        metavar="BYTES",
+        help="in-memory queues (no Redis): bytes one queue may hold, waiting, unacked and dead "
+        "letters together; a QUEUE beyond it is refused with op 3 queue_full",
+    )
+    sg.add_argument(
+        "--sg-queue-total-bytes",
+        type=int,
+        default=d.queue_total_bytes,
+        metavar="BYTES",
+        help="in-memory queues: bytes all queues may hold together (op 3 queue_full beyond)",
+    )
+    sg.add_argument(
+        "--sg-dead-letter-bytes",
+        type=int,
+        default=d.dead_letter_bytes,
+        metavar="BYTES",
+        help="in-memory queues: bytes of dead letters (all queues); beyond it a message at its "
+        "last attempt stays in its queue instead (logged, counted), never dropped",
     )
     sg.add_argument(
         "--sg-proxy-allow",

@@ -6,8 +6,9 @@ requires one (401), its body read (inline up to 16 KiB, else streamed into the b
 body of any size costs one chunk of memory), and handed to the hub as a job. `queue` answers
 202 right away and discards the connector's answer; `relay` and `trace` wait for it. Statuses
 the relay produces itself: 404 unknown tenant or empty target, 401, 503 (no connector with
-`--tunnel-require-connection`, connector lost), 408 (not taken within the TTL), 504 (no answer
-within `--tunnel-response-timeout`). The connector's own are 404 (unknown target), 502 (target
+`--tunnel-require-connection`, connector lost, over the memory budget of waiting requests:
+nothing is queued then), 408 (not taken within the TTL), 504 (no answer within
+`--tunnel-response-timeout`). The connector's own are 404 (unknown target), 502 (target
 failed) and 504 (target timeout).
 """
 
@@ -23,9 +24,9 @@ from urllib.parse import unquote
 from redis.exceptions import RedisError
 
 from rmb_relay import __version__
-from rmb_relay.errors import AuthError
+from rmb_relay.errors import AuthError, BudgetExceeded
 from rmb_relay.protocols.base import HttpResponse
-from rmb_relay.protocols.tunnel.hub import Job, Outcome
+from rmb_relay.protocols.tunnel.hub import Job, Outcome, refusal_reason
 from rmb_relay.protocols.tunnel.ids import request_id as new_request_id
 from rmb_relay.protocols.tunnel.tokens import bearer
 from rmb_relay.protocols.tunnel.wire import ClientRequest, TargetResponse
@@ -172,6 +173,12 @@ async def handle(
         metrics.requests.inc(1, name, "-", "503")
         record("rejected", "transport failure")
         return _status(503, "transport failure")
+    except BudgetExceeded as err:
+        if job.body_name is not None:
+            dialect.store.remove(job.body_name)  # nobody will fetch it
+        metrics.requests.inc(1, name, "-", "503")
+        record("rejected", "relay busy")
+        return _status(503, refusal_reason(err, name))
     if job.future is None:
         metrics.requests.inc(1, name, target, "202")
         record("queued")

@@ -15,6 +15,7 @@ import uuid
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
+from rmb_relay.budget import ByteBudget
 from rmb_relay.clock import Clock, monotonic_clock, nanos
 from rmb_relay.errors import AuthError, HttpReject
 from rmb_relay.protocols.base import Dialect, HttpResponse, Peer, Routes, WebSocketHandler
@@ -102,6 +103,14 @@ class TunnelDialect(Dialect):
             queued=lambda: [((t,), len(q)) for t, q in self.hub.pending.items()],
             connectors=lambda: [((t,), len(g)) for t, g in self.hub.connectors.items()],
             body_bytes=lambda: [((), self.store.bytes)],
+            held_bytes=lambda: [
+                ((str(t),), self.hub.budget.held_by(t)) for t in self.hub.budget.holders()
+            ],
+            refused=lambda: [
+                (({"key": "tenant"}.get(k, k),), n)
+                for k, n in self.hub.budget.refused.items()
+                if k != "count"
+            ],
         )
         self.hub = Hub(
             origin_id=str(uuid.uuid4()),
@@ -116,6 +125,7 @@ class TunnelDialect(Dialect):
                 reconnect_maximum_delay=settings.reconnect_max,
             ),
             clock=clock,
+            budget=ByteBudget(key_bytes=settings.tenant_bytes, total_bytes=settings.total_bytes),
         )
         self._sweeper: asyncio.Task[None] | None = None
         #: route records (--records; set by `build`), or None
@@ -137,10 +147,12 @@ class TunnelDialect(Dialect):
     async def submit(self, job: Job) -> str:
         """Serve the job here when a connector of its tenant is (or no other relay can),
         else hand it to the relays on Redis; returns the route taken (`local`, `cluster`, as
-        route records name them). Raises RedisError."""
+        route records name them). Raises RedisError, or BudgetExceeded when this relay would
+        keep it and its memory budget is full (nothing is kept then)."""
         self._start_sweeper()
         local = self.hub.has_connector(job.tenant) and self.settings.shortcut
         if self.bridge is None or local:
+            self.hub.admit(job)
             self.hub.submit(job)
             return "local"
         await self.bridge.publish(job)

@@ -24,6 +24,8 @@ class TunnelMetrics:
         queued: Samples,
         connectors: Samples,
         body_bytes: Samples,
+        held_bytes: Samples,
+        refused: Samples,
     ) -> None:
         const = {"dialect": "tunnel"}
         self.requests = registry.counter(
@@ -77,6 +79,22 @@ class TunnelMetrics:
             "Connected tunnel connectors, by tenant",
             ("tenant",),
             read=connectors,
+            const=const,
+        )
+        registry.gauge(
+            "rmb_relay_tunnel_held_bytes",
+            "In-memory bytes (inline body, URL, headers) of tunnel requests this relay holds "
+            "until answered, by tenant; bounded by --tunnel-tenant-bytes and --tunnel-total-bytes",
+            ("tenant",),
+            read=held_bytes,
+            const=const,
+        )
+        registry.counter_of(
+            "rmb_relay_tunnel_refused_total",
+            "Tunnel requests refused with 503 at the memory budget, by the limit hit "
+            "(tenant: --tunnel-tenant-bytes, total: --tunnel-total-bytes)",
+            refused,
+            ("limit",),
             const=const,
         )
         registry.gauge(

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rmb_relay.errors import ConfigError
+from rmb_relay.protocols.tunnel.hub import DEFAULT_TENANT_BYTES, DEFAULT_TOTAL_BYTES
 from rmb_relay.protocols.tunnel.tenants import ACK_MODES
 
 #: bodies up to this size travel inside the websocket message (RelayServer's SignalR threshold)
@@ -46,11 +47,17 @@ class TunnelSettings:
     tenant_cache_ttl: float = 10.0
     #: answer a request from a connector of this relay when there is one (scale-out shortcut)
     shortcut: bool = True
+    #: in-memory bytes of requests held until answered, per tenant and in all (hub.py); a
+    #: request beyond them is answered 503 and never executed
+    tenant_bytes: int = DEFAULT_TENANT_BYTES
+    total_bytes: int = DEFAULT_TOTAL_BYTES
 
     def __post_init__(self) -> None:
         for name in ("request_ttl", "response_timeout", "token_ttl", "keep_alive"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--tunnel-{name.replace('_', '-')} must be positive")
+        if self.tenant_bytes <= 0 or self.total_bytes <= 0:
+            raise ConfigError("--tunnel-tenant-bytes and --tunnel-total-bytes must be positive")
         if self.max_concurrent < 0:
             raise ConfigError("--tunnel-max-concurrent must not be negative")
         if self.ack_mode not in ACK_MODES.values():
@@ -83,6 +90,8 @@ class TunnelSettings:
             management_key=args.management_key,
             reconnect_min=low,
             reconnect_max=high,
+            tenant_bytes=args.tunnel_tenant_bytes,
+            total_bytes=args.tunnel_total_bytes,
         )
 
 
@@ -122,6 +131,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="requests of one tenant in flight at once on this relay, 0 = unlimited (a tenant's "
         "maximumConcurrentConnectorRequests wins)",
+    )
+    group.add_argument(
+        "--tunnel-tenant-bytes",
+        type=int,
+        default=d.tenant_bytes,
+        metavar="BYTES",
+        help="in-memory bytes (inline bodies, URLs, headers) of one tenant's requests held "
+        "until answered; beyond it a request gets 503 at once and is never executed",
+    )
+    group.add_argument(
+        "--tunnel-total-bytes",
+        type=int,
+        default=d.total_bytes,
+        metavar="BYTES",
+        help="the same, for all tenants together",
     )
     group.add_argument(
         "--tunnel-ack-mode",
