@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import cast
 
 from rmb_relay._core import HttpParseError, encode_request, parse_response_head
@@ -25,6 +25,8 @@ __all__ = ["HttpClientPool", "TargetError", "TargetReply"]
 #: a response head as the connection hands it over: status, headers, and the whole body when
 #: it was small enough to be read with the head (else None: read it from the connection)
 Head = tuple[int, list[tuple[str, bytes]], bytes | None]
+#: `HttpClientPool.try_send`'s callback: the head (with the whole body when small), or the error
+OnHead = Callable[["_Connection", Head | None, Exception | None], None]
 
 #: unread response bytes above which the connection stops reading (and under half resumes)
 BUFFER_LIMIT = 256 * 1024
@@ -67,6 +69,8 @@ class _Connection(asyncio.Protocol):
         self._writable.set()
         #: the task streaming the current request's body, if any
         self.sender: asyncio.Task[None] | None = None
+        #: told the head instead of `head` (a request sent with `try_send`)
+        self.on_head: OnHead | None = None
 
     # ---- asyncio -------------------------------------------------------------------------
 
@@ -101,8 +105,12 @@ class _Connection(asyncio.Protocol):
 
     # ---- response parsing ----------------------------------------------------------------
 
-    def start(self, method: str, whole_limit: int = 0) -> asyncio.Future[Head]:
-        self.head = asyncio.get_running_loop().create_future()
+    def start(
+        self, method: str, whole_limit: int = 0, on_head: OnHead | None = None
+    ) -> asyncio.Future[Head] | None:
+        """Expect a response: its head resolves the returned future, or goes to `on_head`."""
+        self.on_head = on_head
+        self.head = None if on_head is not None else asyncio.get_running_loop().create_future()
         self.state = "head"
         self.whole_limit = whole_limit
         self.no_body = method == "HEAD"
@@ -133,8 +141,8 @@ class _Connection(asyncio.Protocol):
                     # a small body: hand it over with the head (no stream, no waiter)
                     self.held = (status, headers)
                     self.state = "whole"
-                elif self.head is not None and not self.head.done():
-                    self.head.set_result((status, headers, None))
+                else:
+                    self._head_ready((status, headers, None))
             elif state == "whole":
                 if len(buffer) < self.remaining:
                     return
@@ -144,8 +152,8 @@ class _Connection(asyncio.Protocol):
                 self.state = "idle"
                 self.done = True
                 held, self.held = self.held, None
-                if held is not None and self.head is not None and not self.head.done():
-                    self.head.set_result((held[0], held[1], body))
+                if held is not None:
+                    self._head_ready((held[0], held[1], body))
             elif state == "length":
                 take = min(len(buffer), self.remaining)
                 self._push(bytes(buffer[:take]))
@@ -198,6 +206,13 @@ class _Connection(asyncio.Protocol):
             else:  # idle: bytes nobody asked for
                 raise TargetError("target sent data without a request")
 
+    def _head_ready(self, head: Head) -> None:
+        on_head, self.on_head = self.on_head, None
+        if on_head is not None:
+            on_head(self, head, None)
+        elif self.head is not None and not self.head.done():
+            self.head.set_result(head)
+
     def _framing(self, status: int, headers: list[tuple[str, bytes]]) -> None:
         keep = True
         chunked = False
@@ -244,7 +259,10 @@ class _Connection(asyncio.Protocol):
     def _fail(self, err: Exception) -> None:
         self.error = err
         self.reusable = False
-        if self.head is not None and not self.head.done():
+        on_head, self.on_head = self.on_head, None
+        if on_head is not None:
+            on_head(self, None, err)
+        elif self.head is not None and not self.head.done():
             self.head.set_exception(err)
         self._wake()
         if self.transport is not None:
@@ -392,6 +410,37 @@ class HttpClientPool:
         elif conn.transport is not None:
             conn.transport.close()
 
+    def try_send(
+        self,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        whole_limit: int,
+        on_head: OnHead,
+    ) -> _Connection | None:
+        """The callback form of `request` for a body in hand, on a kept-alive connection:
+        sends at once and returns the connection, whose `on_head` is called from
+        `data_received` with the head (and the whole body up to `whole_limit`) or the error;
+        no task or future per exchange. None when no idle connection is at hand (use
+        `request`). The caller puts the connection back (`put_back`) once it has the body,
+        and retries with `request` an error on a connection that had received nothing (a
+        kept-alive connection the target had closed)."""
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
+            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
+                break
+            conn.abandon()  # the target closed it while it was idle
+        else:
+            return None
+        conn.start(method, whole_limit, on_head)
+        assert conn.transport is not None
+        conn.transport.write(
+            encode_request(method, target, [("Host", self.host_header), *headers], body)
+        )
+        return conn
+
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
         _, protocol = await loop.create_connection(_Connection, self.host, self.port)
@@ -415,6 +464,7 @@ class HttpClientPool:
             fresh = not self._idle
             conn = self._idle.pop() if self._idle else await self._connect()
             head = conn.start(method, whole_limit)
+            assert head is not None
             transport = conn.transport
             assert transport is not None
             try:
