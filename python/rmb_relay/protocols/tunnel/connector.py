@@ -13,7 +13,11 @@ Each `RequestTarget` runs as its own task (spec §6): refuse it when its `expire
 find the target (404 when there is none), fetch an outsourced body from the relay while the
 target reads it, run the target within `target_timeout` (504) catching its failures (502),
 answer inline up to 16 KiB or upload the body with `POST /tunnel/body/response/{id}`, and
-`Deliver`. Acknowledgements follow the request's mode (hub.py).
+`Deliver`. Acknowledgements follow the request's mode (hub.py). The common small request
+(mode 0, no tracing, a body in hand, a web target with an idle kept-alive connection) skips
+the task: it is sent from the websocket callback and delivered from the target connection's
+callback (`_start_fast`), with the same outcomes. The `Deliver`s and `Acknowledge`s of a loop
+turn go out in one websocket write.
 """
 
 from __future__ import annotations
