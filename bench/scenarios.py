@@ -30,7 +30,7 @@ from typing import Any
 from rmb_relay.load.cli import _parser as load_parser
 from rmb_relay.load.cli import run_load
 
-from .procstat import free_port, rss_bytes, tree_cpu_seconds
+from .procstat import free_port, rss_bytes, system_seconds, tree_cpu_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -118,12 +118,16 @@ def load(relay: Relay, dialect: str, twins: Path, *options: str) -> dict[str, An
     if dialect == "rmb":
         argv += ["--twins", f"sqlite:{twins}"]
     cpu0, wall0 = relay.cpu_seconds(), time.monotonic()
+    sys0 = system_seconds(relay.process.pid)
     result = run_load(load_parser().parse_args(argv))
     cpu = relay.cpu_seconds() - cpu0
+    kernel = system_seconds(relay.process.pid) - sys0
     result["relay_cpu_share"] = cpu / (time.monotonic() - wall0)
     # relay CPU per message it delivered in the run (warm-up included, as the CPU is): what a
-    # message costs the relay, whether or not the generator was the bottleneck
+    # message costs the relay, whether or not the generator was the bottleneck; and the
+    # kernel's part of it (reads, writes, the loopback network stack)
     result["relay_us_per_msg"] = cpu / max(result["delivered"], 1) * 1e6
+    result["relay_sys_us_per_msg"] = kernel / max(result["delivered"], 1) * 1e6
     return result
 
 
@@ -140,6 +144,8 @@ def row(name: str, ours: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]
         "lost": ours["lost"],
         "relay_cpu": round(ours["relay_cpu_share"], 2),
         "relay_us_per_msg": round(ours["relay_us_per_msg"], 2),
+        "relay_sys_us_per_msg": round(ours["relay_sys_us_per_msg"], 2),
+        "baseline_us_per_msg": round(base["relay_us_per_msg"], 2),
         "generator_cpu": round(ours["generator_cpu_share"], 2),
     }
 
@@ -148,6 +154,9 @@ def throughput_scenario(
     dialect: str, matrix: list[tuple[int, int]], twins: Path, seconds: float
 ) -> list[dict[str, Any]]:
     rows = []
+    cases = THROUGHPUT_RUN["cases"]
+    if cases:
+        matrix = [case for case in matrix if f"{case[0]}x{case[1]}" in cases]
     with relays(twins) as running:
         for pairs, size in matrix:
             opts = [
@@ -159,6 +168,8 @@ def throughput_scenario(
                 str(seconds),
                 "--warmup",
                 "1",
+                "--procs",
+                str(THROUGHPUT_RUN["procs"]),
             ]
             results = {kind: load(relay, dialect, twins, *opts) for kind, relay in running.items()}
             rows.append(
@@ -433,6 +444,9 @@ SCENARIOS: dict[str, Callable[[Path, bool], list[dict[str, Any]]]] = {
 }
 #: `records`: seconds per load run and interleaved rounds (medians); --seconds, --rounds
 RECORDS_RUN = {"seconds": 4.0, "rounds": 3, "sample": 1.0}
+#: `rmb` / `sbd`: generator processes (a pair stays in one process, so at most one per pair)
+#: and the "PAIRSxSIZE" cases to run (empty: all); --procs, --cases
+THROUGHPUT_RUN: dict[str, Any] = {"procs": 1, "cases": []}
 
 
 def main() -> None:
@@ -457,8 +471,20 @@ def main() -> None:
         default=RECORDS_RUN["sample"],
         help="records: the recording relay's --records-sample R",
     )
+    parser.add_argument(
+        "--procs",
+        type=int,
+        default=1,
+        help="rmb, sbd: generator processes (so that the relay, not the generator, is the limit)",
+    )
+    parser.add_argument(
+        "--cases",
+        default="",
+        help="rmb, sbd: only these PAIRSxSIZE cases, comma-separated (e.g. 1x1024,10x16384)",
+    )
     args = parser.parse_args()
     RECORDS_RUN.update(rounds=args.rounds, seconds=args.seconds, sample=args.sample)
+    THROUGHPUT_RUN.update(procs=args.procs, cases=[c for c in args.cases.split(",") if c])
     unknown = set(args.names) - set(SCENARIOS)
     if unknown:
         parser.error(f"unknown scenarios: {', '.join(sorted(unknown))}")

@@ -805,6 +805,9 @@ pub mod py {
         /// index of this message's route record in the scanner's `RecordBuffer` (-1: none)
         #[pyo3(get)]
         pub record: i64,
+        /// scanned by an `RmbScanner` with a limiter: the session is over its rate limit
+        #[pyo3(get)]
+        pub limited: bool,
     }
 
     /// Where `text` (a slice of `base`, or an empty default) sits in `base`.
@@ -836,6 +839,7 @@ pub mod py {
                 from_session,
                 dest_conn_id,
                 record: -1,
+                limited: false,
                 uid: span(bytes, r.uid),
                 tags_span: r.tags.map(|t| span(bytes, t)),
                 source_span: r.source_connection.map(|t| span(bytes, t)),

@@ -10,6 +10,7 @@ use pyo3::prelude::*;
 pub mod crypto;
 pub mod envelope;
 pub mod error;
+pub mod forward;
 /// fuzz targets of the network parsers (pure Rust; `fuzz/`, `make fuzz`)
 pub mod fuzzing;
 pub mod http;
@@ -29,6 +30,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     envelope::py::register(m)?;
     limiter::py::register(m)?;
     scan::py::register(m)?;
+    forward::py::register(m)?;
     routes::py::register(m)?;
     crypto::py::register(m)?;
     records::py::register(m)?;

@@ -214,7 +214,7 @@ pub mod py {
     /// Count and byte budget per twin per window (RMB).
     #[pyclass(module = "rmb_relay._core")]
     pub struct FixedWindowLimiter {
-        inner: super::FixedWindow<u32>,
+        pub(crate) inner: super::FixedWindow<u32>,
     }
 
     #[pymethods]

@@ -550,12 +550,17 @@ pub mod py {
     use pyo3::prelude::*;
     use pyo3::types::PyBytes;
 
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
     use super::{scan_rmb, write_forward, RmbSession, SbdKind};
     use crate::envelope::py::EnvelopeRouting;
     use crate::envelope::Kind;
     use crate::error::Error;
-    use crate::limiter::py::ByteNanosLimiter;
+    use crate::forward::py::Outboxes;
+    use crate::limiter::py::{ByteNanosLimiter, FixedWindowLimiter};
+    use crate::limiter::FixedWindow;
     use crate::records::py::RecordBuffer;
+    use crate::records::Records;
     use crate::routes::py::RouteTable;
     use crate::sbd::HEADER_LEN;
     use crate::ws::py::payload_bytes;
@@ -587,24 +592,51 @@ pub mod py {
         sid: Option<String>,
         /// route records of the messages the scan routes to a local connection (or None)
         records: Option<Py<RecordBuffer>>,
+        /// the session's rate limit, checked once per envelope inside `feed` (or None)
+        limiter: Option<Py<FixedWindowLimiter>>,
+        /// with `outboxes`, local forwards are made inside `feed` (the fast path)
+        outboxes: Option<Py<Outboxes>>,
+        /// this connection's outbox
+        #[pyo3(get)]
+        conn_id: u64,
+        /// the destination of the last forward (u64::MAX: none): the next envelope is
+        /// unmasked straight into its outbox
+        last_dest: AtomicU64,
     }
 
     #[pymethods]
     impl RmbScanner {
         #[new]
-        #[pyo3(signature = (routes, twin, sid, records = None))]
+        #[pyo3(signature = (routes, twin, sid, records = None, limiter = None, outboxes = None, conn_id = 0))]
         fn new(
             routes: Py<RouteTable>,
             twin: u32,
             sid: Option<String>,
             records: Option<Py<RecordBuffer>>,
+            limiter: Option<Py<FixedWindowLimiter>>,
+            outboxes: Option<Py<Outboxes>>,
+            conn_id: u64,
         ) -> Self {
             RmbScanner {
                 routes,
                 twin,
                 sid,
                 records,
+                limiter,
+                outboxes,
+                conn_id,
+                last_dest: AtomicU64::new(u64::MAX),
             }
+        }
+
+        #[getter]
+        fn outboxes(&self, py: Python<'_>) -> Option<Py<Outboxes>> {
+            self.outboxes.as_ref().map(|o| o.clone_ref(py))
+        }
+
+        #[getter]
+        fn limiter(&self, py: Python<'_>) -> Option<Py<FixedWindowLimiter>> {
+            self.limiter.as_ref().map(|l| l.clone_ref(py))
         }
 
         #[getter]
@@ -635,14 +667,23 @@ pub mod py {
         /// the last destination key recorded and its id: a connection mostly sends to the
         /// same peer, and comparing 32 bytes costs less than hashing them (~25 ns a forward)
         record_peer: Option<([u8; HEADER_LEN], i64)>,
+        /// with `outboxes`, forwards to local keys are made inside `feed` (the fast path)
+        outboxes: Option<Py<Outboxes>>,
+        /// this connection's outbox
+        #[pyo3(get)]
+        conn_id: u64,
+        /// the clock reading of the last forward made by the fast path (0: none): activity
+        /// Python did not see message by message (the idle timeout reads it)
+        #[pyo3(get)]
+        active_at: u64,
     }
 
     #[pymethods]
     impl SbdScanner {
         #[new]
         #[pyo3(
-            signature = (routes, pubkey, limiter = None, ip = String::new(), records = None),
-            text_signature = "(routes, pubkey, limiter=None, ip='', records=None)"
+            signature = (routes, pubkey, limiter = None, ip = String::new(), records = None, outboxes = None, conn_id = 0),
+            text_signature = "(routes, pubkey, limiter=None, ip='', records=None, outboxes=None, conn_id=0)"
         )]
         fn new(
             routes: Py<RouteTable>,
@@ -650,6 +691,8 @@ pub mod py {
             limiter: Option<Py<ByteNanosLimiter>>,
             ip: String,
             records: Option<Py<RecordBuffer>>,
+            outboxes: Option<Py<Outboxes>>,
+            conn_id: u64,
         ) -> PyResult<Self> {
             let pubkey: [u8; HEADER_LEN] = pubkey.try_into().map_err(|_| {
                 Error::InvalidArgument(format!(
@@ -664,7 +707,15 @@ pub mod py {
                 records,
                 record_id: None,
                 record_peer: None,
+                outboxes,
+                conn_id,
+                active_at: 0,
             })
+        }
+
+        #[getter]
+        fn outboxes(&self, py: Python<'_>) -> Option<Py<Outboxes>> {
+            self.outboxes.as_ref().map(|o| o.clone_ref(py))
         }
 
         #[getter]
@@ -826,6 +877,12 @@ pub mod py {
                             Some(r) => Some(r.bind(py).try_borrow_mut()?),
                             None => None,
                         },
+                        limiter: match &s.limiter {
+                            Some(l) => Some(l.bind(py).try_borrow_mut()?),
+                            None => None,
+                        },
+                        outboxes: open_outboxes(py, s.outboxes.as_ref(), s.conn_id)?,
+                        last_dest: &s.last_dest,
                     }
                 }
                 Scanner::Sbd(s) => {
@@ -839,14 +896,32 @@ pub mod py {
                         Some(r) => Some(r.bind(py).try_borrow_mut()?),
                         None => None,
                     };
+                    let outboxes = open_outboxes(py, scanner.outboxes.as_ref(), scanner.conn_id)?;
                     Feed::Sbd {
                         scanner,
                         routes,
                         limiter,
                         records,
+                        outboxes,
                     }
                 }
             })
+        }
+    }
+
+    /// The outboxes, borrowed for one `feed`, when the fast path may forward this connection's
+    /// messages: it has them and it is open (data after our close frame is only discarded).
+    fn open_outboxes<'py>(
+        py: Python<'py>,
+        outboxes: Option<&Py<Outboxes>>,
+        conn_id: u64,
+    ) -> PyResult<Option<PyRefMut<'py, Outboxes>>> {
+        match outboxes {
+            Some(o) => {
+                let o = o.bind(py).try_borrow_mut()?;
+                Ok(o.inner.is_open(conn_id).then_some(o))
+            }
+            None => Ok(None),
         }
     }
 
@@ -858,12 +933,16 @@ pub mod py {
             twin: u32,
             sid: Option<&'a str>,
             records: Option<PyRefMut<'py, RecordBuffer>>,
+            limiter: Option<PyRefMut<'py, FixedWindowLimiter>>,
+            outboxes: Option<PyRefMut<'py, Outboxes>>,
+            last_dest: &'a AtomicU64,
         },
         Sbd {
             scanner: PyRefMut<'py, SbdScanner>,
             routes: PyRef<'py, RouteTable>,
             limiter: Option<PyRefMut<'py, ByteNanosLimiter>>,
             records: Option<PyRefMut<'py, RecordBuffer>>,
+            outboxes: Option<PyRefMut<'py, Outboxes>>,
         },
     }
 
@@ -871,43 +950,127 @@ pub mod py {
     pub type Scanned = (Py<PyBytes>, Option<Py<PyAny>>, Option<String>);
 
     impl Feed<'_, '_> {
-        /// Copy one message out of the frame (exactly once) and scan it. `now` is the caller's
-        /// clock in nanoseconds, for the limiter and the route records.
+        /// Scan one message and, when the fast path takes it, forward it into its
+        /// destination's outbox (None: nothing for Python); else copy it out of the frame
+        /// (exactly once) for Python with its routing. `now` is the caller's clock in
+        /// nanoseconds, for the limiters and the route records.
+        ///
+        /// Once a message of this feed goes to Python, the later ones do too: Python handles
+        /// them after it, in order, and may close the connection over it (a text frame, an
+        /// invalid envelope), after which what follows must not have been forwarded.
         pub fn message(
             &mut self,
             py: Python<'_>,
             is_text: bool,
             payload: Payload<'_>,
             now: u64,
-        ) -> PyResult<Scanned> {
+        ) -> PyResult<Option<Scanned>> {
+            let scanned = self.scan_message(py, is_text, payload, now)?;
+            if scanned.is_some() {
+                match self {
+                    Feed::Envelope => {}
+                    Feed::Rmb { outboxes, .. } | Feed::Sbd { outboxes, .. } => *outboxes = None,
+                }
+            }
+            Ok(scanned)
+        }
+
+        fn scan_message(
+            &mut self,
+            py: Python<'_>,
+            is_text: bool,
+            payload: Payload<'_>,
+            now: u64,
+        ) -> PyResult<Option<Scanned>> {
             match self {
-                Feed::Envelope => envelope_message(py, is_text, payload, None, None),
+                Feed::Envelope => envelope_message(py, is_text, payload).map(Some),
                 Feed::Rmb {
                     routes,
                     twin,
                     sid,
                     records,
+                    limiter,
+                    outboxes,
+                    last_dest,
                 } => {
+                    if is_text {
+                        // RMB has no text messages: Python closes the connection
+                        return Ok(Some((payload_bytes(py, payload)?, None, None)));
+                    }
                     let session = RmbSession {
                         routes: &routes.inner,
                         twin: *twin,
                         sid: *sid,
                     };
-                    let records = records.as_mut().map(|r| (&mut r.inner, now));
-                    envelope_message(py, is_text, payload, Some(&session), records)
+                    let mut limiter = limiter.as_mut().map(|l| &mut l.inner);
+                    let records = records.as_mut().map(|r| &mut r.inner);
+                    let Some(outboxes) = outboxes.as_mut() else {
+                        let data = payload_bytes(py, payload)?.into_bound(py);
+                        return rmb_python(py, data, &session, None, limiter, records, now)
+                            .map(Some);
+                    };
+                    let ob = &mut outboxes.inner;
+                    // unmasked into the outbox of this sender's last destination (most
+                    // senders keep to one): when that is where it goes, copied once
+                    let guess = match last_dest.load(Relaxed) {
+                        u64::MAX => None,
+                        id => Some(id),
+                    };
+                    let staged = ob.stage(guess, payload.len(), |out| payload.copy_to(out));
+                    let size = payload.len();
+                    // None: not an envelope; Some((limited, fast destination))
+                    let decision = {
+                        let data = ob.staged(&staged);
+                        scan_rmb(data, Some(&session)).ok().map(|r| {
+                            let limited = limiter
+                                .as_mut()
+                                .is_some_and(|l| !l.check(session.twin, size as u64, seconds(now)));
+                            let f = &r.fields;
+                            let fast = if limited
+                                || !r.from_session
+                                || f.kind == Kind::Ping
+                                || f.dest_twin == 0
+                            {
+                                None
+                            } else {
+                                r.dest_conn_id
+                                    .filter(|d| ob.accepts(*d))
+                                    .map(|d| (d, f.dest_twin))
+                            };
+                            (limited, fast)
+                        })
+                    };
+                    if let Some((_, Some((dest, dest_twin)))) = decision {
+                        if let Some(records) = records {
+                            records.push(now, i64::from(session.twin), i64::from(dest_twin), size);
+                        }
+                        ob.commit(staged, dest);
+                        ob.rmb.add(size);
+                        last_dest.store(dest, Relaxed);
+                        return Ok(None);
+                    }
+                    let data = PyBytes::new(py, ob.staged(&staged));
+                    ob.release(staged);
+                    let limited = decision.map(|(limited, _)| limited);
+                    rmb_python(py, data, &session, limited, limiter, records, now).map(Some)
                 }
                 Feed::Sbd {
                     scanner,
                     routes,
                     limiter,
                     records,
+                    outboxes,
                 } => {
                     let limiter = limiter.as_mut().map(|l| &mut l.inner);
                     // text frames count as their UTF-8 bytes (spec/sbd.md §1.2)
                     let scanned = scanner.inner.scan(payload, &routes.inner, limiter, now);
                     let routing = match scanned {
                         Err(err) => {
-                            return Ok((payload_bytes(py, payload)?, None, Some(err.to_string())))
+                            return Ok(Some((
+                                payload_bytes(py, payload)?,
+                                None,
+                                Some(err.to_string()),
+                            )))
                         }
                         Ok(routing) => routing,
                     };
@@ -939,6 +1102,26 @@ pub mod py {
                         };
                         record = records.push(now, src, dst, payload.len());
                     }
+                    // the fast path: a forward from a ready sender within its budget (only
+                    // those were looked up) to a key connected here
+                    if let (
+                        Some(outboxes),
+                        SbdKind::Forward {
+                            dest_conn_id: Some(dest),
+                            ..
+                        },
+                    ) = (outboxes.as_mut(), &routing.kind)
+                    {
+                        let sender = &scanner.inner.pubkey;
+                        let ob = &mut outboxes.inner;
+                        if ob.forward(*dest, payload.len(), |out| {
+                            write_forward(out, payload, sender)
+                        }) {
+                            ob.sbd.add(payload.len());
+                            scanner.active_at = now;
+                            return Ok(None);
+                        }
+                    }
                     let (data, command) = match routing.kind {
                         SbdKind::Forward { .. } => {
                             let sender = &scanner.inner.pubkey;
@@ -962,50 +1145,78 @@ pub mod py {
                             record,
                         },
                     )?;
-                    Ok((data, Some(routing.into_any()), None))
+                    Ok(Some((data, Some(routing.into_any()), None)))
                 }
             }
         }
     }
 
-    /// Binary messages are envelopes; text ones are passed on unscanned (RMB has none).
-    /// With `records` (and a session), a message the session may send to a local connection
-    /// (its own source, not a ping, a destination found) gets its route record at `now`.
-    fn envelope_message(
-        py: Python<'_>,
-        is_text: bool,
-        payload: Payload<'_>,
-        session: Option<&RmbSession<'_>>,
-        records: Option<(&mut crate::records::Records, u64)>,
-    ) -> PyResult<Scanned> {
+    /// Whole seconds of a nanosecond clock reading (RMB's limiter counts in windows of seconds).
+    fn seconds(now: u64) -> u64 {
+        now / 1_000_000_000
+    }
+
+    /// Binary messages are envelopes; text ones are passed on unscanned. No session: no
+    /// source check, no lookup.
+    fn envelope_message(py: Python<'_>, is_text: bool, payload: Payload<'_>) -> PyResult<Scanned> {
         let data = payload_bytes(py, payload)?;
         if is_text {
             return Ok((data, None, None));
         }
         let bound = data.bind(py);
-        match scan_rmb(bound.as_bytes(), session) {
+        match scan_rmb(bound.as_bytes(), None) {
             Ok(r) => {
+                let routing = EnvelopeRouting::new(bound, &r.fields, false, None);
+                Ok((data, Some(Py::new(py, routing)?.into_any()), None))
+            }
+            Err(err) => Ok((data, None, Some(err.to_string()))),
+        }
+    }
+
+    /// An RMB session's envelope for Python: `data` scanned with the session, the limiter's
+    /// answer (`limited`, when the fast path asked it already; else asked here, once per
+    /// envelope as in rmb-rs) and, with `records`, the route record of a message the session
+    /// may send to a local connection (its own source, within its limit, not a ping, a
+    /// destination found) at `now`: Python retracts it if the destination is gone.
+    fn rmb_python(
+        py: Python<'_>,
+        data: Bound<'_, PyBytes>,
+        session: &RmbSession<'_>,
+        limited: Option<bool>,
+        limiter: Option<&mut FixedWindow<u32>>,
+        records: Option<&mut Records>,
+        now: u64,
+    ) -> PyResult<Scanned> {
+        let bytes = data.as_bytes();
+        match scan_rmb(bytes, Some(session)) {
+            Ok(r) => {
+                let limited = limited.unwrap_or_else(|| {
+                    limiter
+                        .is_some_and(|l| !l.check(session.twin, bytes.len() as u64, seconds(now)))
+                });
                 let mut routing =
-                    EnvelopeRouting::new(bound, &r.fields, r.from_session, r.dest_conn_id);
-                if let (Some((records, now)), Some(s)) = (records, session) {
-                    let f = &r.fields;
-                    if r.from_session
+                    EnvelopeRouting::new(&data, &r.fields, r.from_session, r.dest_conn_id);
+                routing.limited = limited;
+                let f = &r.fields;
+                if let Some(records) = records {
+                    if !limited
+                        && r.from_session
                         && r.dest_conn_id.is_some()
                         && f.kind != Kind::Ping
                         && f.dest_twin != 0
                     {
                         routing.record = records.push(
                             now,
-                            i64::from(s.twin),
+                            i64::from(session.twin),
                             i64::from(f.dest_twin),
-                            bound.as_bytes().len(),
+                            bytes.len(),
                         );
                     }
                 }
                 let routing = Py::new(py, routing)?.into_any();
-                Ok((data, Some(routing), None))
+                Ok((data.unbind(), Some(routing), None))
             }
-            Err(err) => Ok((data, None, Some(err.to_string()))),
+            Err(err) => Ok((data.unbind(), None, Some(err.to_string()))),
         }
     }
 

@@ -1555,17 +1555,21 @@ pub mod py {
         Ok(bytes.unbind())
     }
 
+    /// The event for Python; None for a message the scanner's fast path forwarded itself.
     fn event_to_py(
         py: Python<'_>,
         ev: Event<'_>,
         feed: Option<&mut Feed<'_, '_>>,
         now: u64,
-    ) -> PyResult<Py<PyAny>> {
-        Ok(match ev {
+    ) -> PyResult<Option<Py<PyAny>>> {
+        Ok(Some(match ev {
             Event::Message { is_text, payload } => {
-                let (data, routing, scan_error) = match feed {
+                let scanned = match feed {
                     Some(feed) => feed.message(py, is_text, payload, now)?,
-                    None => (payload_bytes(py, payload)?, None, None),
+                    None => Some((payload_bytes(py, payload)?, None, None)),
+                };
+                let Some((data, routing, scan_error)) = scanned else {
+                    return Ok(None);
                 };
                 Py::new(
                     py,
@@ -1608,7 +1612,7 @@ pub mod py {
                 },
             )?
             .into_any(),
-        })
+        }))
     }
 
     /// Incremental RFC 6455 decoder (server mode by default), with an optional scanner that
@@ -1655,7 +1659,9 @@ pub mod py {
                 None => None,
             };
             self.inner.feed(data, |ev| {
-                events.push(event_to_py(py, ev, feed.as_mut(), now)?);
+                if let Some(event) = event_to_py(py, ev, feed.as_mut(), now)? {
+                    events.push(event);
+                }
                 Ok::<(), PyErr>(())
             })?;
             drop(feed);

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -15,20 +16,12 @@ import pytest
 from tests.conftest import WAIT
 
 
-@pytest.fixture
-def relay_url(tmp_path: Path) -> Iterator[tuple[str, str]]:
+@contextmanager
+def running_relay(tmp_path: Path, *flags: str) -> Iterator[tuple[str, str]]:
+    """A relay process with `flags`; yields its websocket URL and twin directory."""
     twins = f"sqlite:{tmp_path / 'twins.sqlite3'}"
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "rmb_relay",
-            "-l",
-            "127.0.0.1:0",
-            "--twins",
-            twins,
-            "--sbd-disable-rate-limit",
-        ],
+        [sys.executable, "-m", "rmb_relay", "-l", "127.0.0.1:0", "--twins", twins, *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -41,6 +34,12 @@ def relay_url(tmp_path: Path) -> Iterator[tuple[str, str]]:
         process.send_signal(signal.SIGTERM)
         process.wait(WAIT)
         process.stdout.close()
+
+
+@pytest.fixture
+def relay_url(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    with running_relay(tmp_path, "--sbd-disable-rate-limit") as found:
+        yield found
 
 
 @pytest.mark.parametrize("dialect", ["rmb", "sbd"])
@@ -163,3 +162,26 @@ def test_identities_file_uses_existing_twins(relay_url: tuple[str, str], tmp_pat
     assert data["config"]["pairs"] == 1
     assert data["delivered"] == 200
     assert data["lost"] == 0
+
+
+def test_refused_messages_leave_the_window(tmp_path: Path) -> None:
+    """A relay that refuses most messages (rate limit) answers each with an error envelope;
+    the harness counts them and keeps sending instead of waiting for ever on a window full of
+    messages that will never arrive."""
+    with running_relay(tmp_path, "--limit", "50", "100000000", "--limit-window", "3600") as (
+        url,
+        twins,
+    ):
+        summary = tmp_path / "summary.json"
+        result = subprocess.run(
+            [sys.executable, "-m", "rmb_relay.load.cli", "rmb", "--url", url, "--twins", twins,
+             "--count", "400", "--window", "16", "--warmup", "0", "--json", str(summary)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "COLUMNS": "160"},
+        )  # fmt: skip
+    data = json.loads(summary.read_text())
+    assert data["sent"] == 400
+    assert data["delivered"] == 50
+    assert data["errors"] == {"exceeded rate limits, dropping message": 350}, result.stdout

@@ -3,7 +3,7 @@
 Each section below belongs to one Rust file; keep it in step with that file.
 """
 
-from typing import Final, final
+from typing import Any, Final, final
 
 # ---- error.rs -------------------------------------------------------------------------------
 
@@ -381,8 +381,12 @@ class EnvelopeRouting:
     @property
     def record(self) -> int:
         """Index of this message's route record in the scanner's RecordBuffer: appended when
-        the session sent it (`from_session`), it is not a ping and `dest_conn_id` is set;
-        -1 otherwise. Retract it if the message is not delivered after all."""
+        the session sent it (`from_session`), within its limit, it is not a ping and
+        `dest_conn_id` is set; -1 otherwise. Retract it if the message is not delivered."""
+    @property
+    def limited(self) -> bool:
+        """Scanned by an RmbScanner with a limiter: the limiter refused this envelope (it was
+        counted once, inside `feed`)."""
 
 def scan_envelope(data: bytes) -> EnvelopeRouting:
     """Raises EnvelopeError for bytes that are not a valid Envelope."""
@@ -456,6 +460,64 @@ class ByteNanosLimiter:
 
 # ---- end limiter.rs -------------------------------------------------------------------------
 
+# ---- forward.rs -----------------------------------------------------------------------------
+@final
+class Outboxes:
+    """The pending output of every RMB and SBD connection of a switch, by connection id.
+
+    The decoders' scanners forward local messages into it during `feed` (binary frames,
+    payload unmasked straight into the destination's buffer) and count them; Python appends
+    everything else a connection sends (`push`, `push_many`, `push_raw`, in order with the
+    forwards) and writes each connection's bytes once: `take` one connection, or `drain`
+    every connection the fast path forwarded to since the last drain. The fast path appends
+    only to an outbox that `accepts`: open, not congested, not held."""
+
+    def __new__(cls) -> Outboxes: ...
+    def open(self, conn_id: int, conn: object) -> None:
+        """`conn` carries messages from now on (`drain` hands it back with its bytes)."""
+    def close(self, conn_id: int) -> None:
+        """Closing: no more forwards from it or to it."""
+    def remove(self, conn_id: int) -> None:
+        """Gone: its outbox and what it held are dropped."""
+    def set_congested(self, conn_id: int, congested: bool) -> None: ...
+    def set_held(self, conn_id: int, held: bool) -> None:
+        """The dialect holds the fast path back from this connection."""
+    def accepts(self, conn_id: int) -> bool: ...
+    def pending(self, conn_id: int) -> int:
+        """Bytes buffered for the connection."""
+    def __len__(self) -> int: ...
+    def push(self, conn_id: int, payload: bytes) -> None:
+        """One binary frame of `payload` after what is buffered (an unknown id: ignored)."""
+    def push_many(self, conn_id: int, payloads: list[bytes]) -> None: ...
+    def push_raw(self, conn_id: int, frame: bytes) -> None:
+        """An encoded frame (text, control) after what is buffered."""
+    def take(self, conn_id: int) -> memoryview | None:
+        """Everything buffered for the connection (None: nothing), lent without a copy (a view
+        of an `OutBytes`); the outbox starts over in a spare buffer."""
+    def drain(self) -> list[tuple[Any, memoryview]]:
+        """(conn, bytes) for each connection the fast path forwarded to since the last drain
+        and that still has bytes buffered (as `take`)."""
+    @property
+    def rmb_forwards(self) -> int:
+        """RMB envelopes the fast path forwarded (each one message in, one out, routed locally)."""
+    @property
+    def rmb_bytes(self) -> int: ...
+    @property
+    def sbd_forwards(self) -> int:
+        """SBD forwards the fast path relayed."""
+    @property
+    def sbd_bytes(self) -> int: ...
+    def __repr__(self) -> str: ...
+
+@final
+class OutBytes:
+    """A taken outbox's bytes behind a read-only buffer: the transport writes them without a
+    copy, and the buffer is reused for later output once the last view of it is gone."""
+
+    def __len__(self) -> int: ...
+    def __buffer__(self, flags: int, /) -> memoryview: ...
+    def __repr__(self) -> str: ...
+
 # ---- routes.rs ------------------------------------------------------------------------------
 @final
 class RouteTable:
@@ -491,7 +553,13 @@ class EnvelopeScanner:
 class RmbScanner:
     """Scan binary messages as RMB envelopes for one session: `from_session` (the source is
     exactly (twin, sid); an absent and an empty sid differ) and `dest_conn_id` (the connection
-    holding the destination in `routes` at scan time). Text messages are not scanned."""
+    holding the destination in `routes` at scan time). Text messages are not scanned.
+
+    With `limiter`, each envelope is counted against the session's twin at the `now` passed
+    to `feed` (whole seconds of it) and `EnvelopeRouting.limited` says the answer. With
+    `outboxes` (and this connection's `conn_id` open in them), an envelope within the limit,
+    from the session, not a ping, for a local connection whose outbox accepts it is framed into
+    that outbox and produces no event (the fast path); the rest reach Python as before."""
 
     def __new__(
         cls,
@@ -499,9 +567,18 @@ class RmbScanner:
         twin: int,
         sid: str | None,
         records: RecordBuffer | None = None,
+        limiter: FixedWindowLimiter | None = None,
+        outboxes: Outboxes | None = None,
+        conn_id: int = 0,
     ) -> RmbScanner: ...
     @property
     def routes(self) -> RouteTable: ...
+    @property
+    def limiter(self) -> FixedWindowLimiter | None: ...
+    @property
+    def outboxes(self) -> Outboxes | None: ...
+    @property
+    def conn_id(self) -> int: ...
     @property
     def records(self) -> RecordBuffer | None:
         """Where the scan appends a route record (time, twin, dest_twin, size) for each
@@ -519,7 +596,11 @@ class SbdScanner:
     classify it, and for a forward from a ready sender within budget look up the destination
     key in `routes`. A forward's `WsMessage.data` is the rewritten message (`pubkey` in place
     of the destination key), built in the one copy that unmasks it. A message shorter than
-    the 32-byte header has no routing, only a `scan_error` (it is charged all the same)."""
+    the 32-byte header has no routing, only a `scan_error` (it is charged all the same).
+
+    With `outboxes` (and this connection's `conn_id` open in them), a forward that found its
+    destination is written, rewritten, straight into that connection's outbox when it accepts
+    it, and produces no event (the fast path; `active_at` notes when)."""
 
     def __new__(
         cls,
@@ -528,7 +609,16 @@ class SbdScanner:
         limiter: ByteNanosLimiter | None = None,
         ip: str = "",
         records: RecordBuffer | None = None,
+        outboxes: Outboxes | None = None,
+        conn_id: int = 0,
     ) -> SbdScanner: ...
+    @property
+    def outboxes(self) -> Outboxes | None: ...
+    @property
+    def conn_id(self) -> int: ...
+    @property
+    def active_at(self) -> int:
+        """The `now` of the last forward the fast path made for this connection (0: none)."""
     @property
     def ready(self) -> bool:
         """Set when the handshake completes: only then are forwards routed."""

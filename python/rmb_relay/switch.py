@@ -10,6 +10,10 @@ the switch keeps
   each connection's scanner, so the decoder looks destinations up inside `feed` and the fast
   path needs no Python lookup at all;
 - presence (connection id -> `Endpoint`, the dialect's per-connection handler);
+- the outboxes (Rust `Outboxes`: connection id -> pending output). The scanners of RMB and SBD
+  connections hold them too, so a message for a local connection that may take it is framed
+  straight into its outbox inside `feed` (the fast path, counted in `Outboxes`); anything else
+  (offline, another instance, a receiver that is congested or held) reaches the dialect;
 - the mailbox (messages for offline sessions, in memory or Redis), drained through
   `Endpoint.deliver` when the session connects.
 
@@ -37,7 +41,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
-from rmb_relay._core import RouteTable
+from rmb_relay._core import Outboxes, RouteTable
 from rmb_relay.errors import FederationError
 from rmb_relay.mailbox import Mailbox, MemoryMailbox, SessionKey
 
@@ -118,6 +122,7 @@ class Switch:
 
     def __init__(self, mailbox: Mailbox | None = None) -> None:
         self.routes = RouteTable()
+        self.outboxes = Outboxes()
         self.endpoints: dict[int, Endpoint] = {}
         self.mailbox: Mailbox = mailbox if mailbox is not None else MemoryMailbox()
         #: other instances of this relay service, when they share Redis (set by Services)

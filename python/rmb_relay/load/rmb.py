@@ -83,6 +83,9 @@ class Pair:
         self.run = run
         self.sent = 0
         self.delivered = 0
+        #: messages the relay refused with an error envelope (rate limit, unknown twin...):
+        #: they will never arrive, so they leave the window like delivered ones
+        self.refused = 0
         self.next_seq = 0
         self.wakeup = asyncio.Event()
         self.sender: WebSocketClient | None = None
@@ -143,7 +146,10 @@ class Pair:
             stats.timeline[second] = stats.timeline.get(second, 0) + 1
             if run.samples is not None:
                 run.samples.extend((sent_ns, self.spec.index, latency))
-        if self.sent - self.delivered <= self.plan.window // 2:
+        self._settled()
+
+    def _settled(self) -> None:
+        if self.sent - self.delivered - self.refused <= self.plan.window // 2:
             self.wakeup.set()
 
     def stamp_offset(self, data: bytes) -> int:
@@ -156,6 +162,10 @@ class Pair:
             self.stats.error(env.error_message or "unexpected message")
         except ValueError:
             self.stats.error("undecodable message")
+            return
+        # without this, a window's worth of refused messages stalled the pair for good
+        self.refused += 1
+        self._settled()
 
     async def send_loop(self, per_pair_rate: float) -> None:
         sender = self.sender
@@ -167,7 +177,7 @@ class Pair:
         while not self.run.stopping:
             if plan.count is not None and self.sent >= plan.count:
                 break
-            allowed = plan.window - (self.sent - self.delivered)
+            allowed = plan.window - (self.sent - self.delivered - self.refused)
             if per_pair_rate > 0:
                 due = int((loop.time() - started) * per_pair_rate) - self.sent
                 if due <= 0:

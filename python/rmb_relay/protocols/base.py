@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 from rmb_relay.errors import HttpReject
 
 if TYPE_CHECKING:
-    from rmb_relay._core import HttpRequest, WsDecoder, WsMessage
+    from rmb_relay._core import HttpRequest, Outboxes, WsDecoder, WsMessage
     from rmb_relay.clock import Clock
     from rmb_relay.services import Services
 
@@ -211,6 +211,10 @@ class Routes(Protocol):
 
 class WebSocketHandler(abc.ABC):
     """Per-connection state of one dialect. Methods run on the event loop and must not block."""
+
+    #: set by `bind_decoder` when the dialect's scanner forwards local messages itself (the
+    #: switch's outboxes): the listener then queues all of this connection's output there
+    outboxes: Outboxes | None = None
 
     def __init__(self, peer: Peer) -> None:
         self.peer = peer

@@ -127,29 +127,32 @@ class RmbMetrics:
 
     def __init__(self, registry: Registry, dialect: RmbDialect) -> None:
         hot = self.hot = HotCounters()
+        # each envelope the Rust fast path forwards is one message in, one out and one routed
+        # locally; `fast` counts them (switch.py)
+        fast = dialect.switch.outboxes
         rmb = {"dialect": "rmb"}
         registry.counter_of(
             "rmb_relay_messages_in_total",
             "Messages received from clients, by dialect",
-            lambda: [((), hot.messages_in)],
+            lambda: [((), hot.messages_in + fast.rmb_forwards)],
             const=rmb,
         )
         registry.counter_of(
             "rmb_relay_bytes_in_total",
             "Message bytes received from clients, by dialect",
-            lambda: [((), hot.bytes_in)],
+            lambda: [((), hot.bytes_in + fast.rmb_bytes)],
             const=rmb,
         )
         registry.counter_of(
             "rmb_relay_messages_out_total",
             "Messages written to clients (RMB: incl. error envelopes and mailbox), by dialect",
-            lambda: [((), hot.messages_out)],
+            lambda: [((), hot.messages_out + fast.rmb_forwards)],
             const=rmb,
         )
         registry.counter_of(
             "rmb_relay_bytes_out_total",
             "Message bytes written to clients, by dialect",
-            lambda: [((), hot.bytes_out)],
+            lambda: [((), hot.bytes_out + fast.rmb_bytes)],
             const=rmb,
         )
         self.routed_slow: dict[str, int] = {"mailbox": 0, "federation": 0, "cluster": 0}
@@ -157,7 +160,8 @@ class RmbMetrics:
             "rmb_relay_messages_routed_total",
             "Messages routed, by dialect and path (local, mailbox, federation)",
             lambda: (
-                [(("local",), hot.local)] + [((path,), n) for path, n in self.routed_slow.items()]
+                [(("local",), hot.local + fast.rmb_forwards)]
+                + [((path,), n) for path, n in self.routed_slow.items()]
             ),
             ("path",),
             const=rmb,
@@ -273,10 +277,11 @@ class RmbDialect(Dialect):
         self._maintenance: asyncio.TimerHandle | None = None
         #: route records (--records), or None
         self.records = switch.record_channel("rmb")
+        # the scanners check the rate limit and append the hot path's records inside `feed`,
+        # at this reading
+        self.scan_clock = clock
         if self.records is not None:
             self.mailbox.on_loss = self._record_loss
-            # the scanners append the hot path's records inside `feed`, at this reading
-            self.scan_clock = self.records.clock
 
     def _record_loss(self, key: SessionKey, size: int, reason: str) -> None:
         assert self.records is not None
@@ -535,11 +540,25 @@ class RmbSession(WebSocketHandler):
         self._drain_delay = DRAIN_RETRY
 
     def bind_decoder(self, decoder: WsDecoder) -> None:
-        # the source check and the destination lookup happen in the codec's feed
-        # and, with --records, the route record of each message it finds a local destination for
-        records = self.dialect.records
-        buffer = None if records is None else records.scanner_buffer(records.clock)
-        decoder.set_scanner(RmbScanner(self.dialect.switch.routes, self.twin, self.sid, buffer))
+        # the rate limit, the source check and the destination lookup happen in the codec's
+        # feed, which forwards an envelope for a local session that may take it itself (the
+        # switch's outboxes); with --records it appends the route record of each message it
+        # finds a local destination for
+        dialect = self.dialect
+        records = dialect.records
+        buffer = None if records is None else records.scanner_buffer(dialect.clock)
+        self.outboxes = outboxes = dialect.switch.outboxes
+        decoder.set_scanner(
+            RmbScanner(
+                dialect.switch.routes,
+                self.twin,
+                self.sid,
+                buffer,
+                dialect.limiter,
+                outboxes,
+                self.peer.id,
+            )
+        )
 
     def on_discarded(self, message: WsMessage) -> None:
         """A message read but never handled (the connection was closing): it was not delivered."""
@@ -606,10 +625,7 @@ class RmbSession(WebSocketHandler):
             log.info("closing %r: invalid envelope: %s", self, message.scan_error)
             self.peer.close(CloseCode.INVALID_PAYLOAD, "invalid envelope")
             return
-        limiter = dialect.limiter
-        if limiter is not None and not limiter.check(
-            self.twin, len(data), seconds(dialect.clock())
-        ):
+        if env.limited:  # checked by the scanner (the dialect's limiter), once per envelope
             metrics.limited.inc()
             if dialect.records is not None:
                 dialect.records.retract(env.record)  # the scan recorded it as delivered
@@ -735,6 +751,7 @@ class RmbSession(WebSocketHandler):
             self._drain_again = True
             return
         self._draining = True
+        self._hold_fast(True)  # live traffic waits behind the mailbox (`deliver`)
         self._drain_task = asyncio.get_running_loop().create_task(self._drain())
 
     async def _drain(self) -> None:
@@ -769,10 +786,16 @@ class RmbSession(WebSocketHandler):
             held, self._held = self._held, []
             if held and self.open:
                 self._write_all(held)
+            self._hold_fast(False)
         if failed and self.open:
             self._retry_drain()
         else:
             self._drain_delay = DRAIN_RETRY
+
+    def _hold_fast(self, held: bool) -> None:
+        """Keep the fast path from forwarding to this session (its messages reach `deliver`)."""
+        if self.outboxes is not None:
+            self.outboxes.set_held(self.peer.id, held)
 
     def _record_drained(self, envelopes: list[bytes]) -> None:
         records = self.dialect.records

@@ -24,6 +24,15 @@ Output is batched: while a connection processes one read, whatever any handler s
 connection is queued per destination and written with a single `transport.write` when the
 read is done (`OutputBatcher`). Outside a read (timers, tasks) a send is written at once.
 
+The fast path: an RMB or SBD connection's output lives in the switch's Rust `Outboxes` (its
+handler names them), and its decoder forwards local messages into other connections' outboxes
+inside `feed`, without an event for Python. Everything else a handler sends to such a
+connection is appended to the same outbox, so the order of what it receives is kept; after the
+read, each connection the fast path touched is written once (`Outboxes.drain`). The listener
+keeps the outbox's state current: open until the close starts, congested while the transport
+is over its high-water mark (the fast path then hands the message to Python, which pauses the
+sender as below).
+
 Backpressure: when a destination's transport goes over its high-water mark, every connection
 that sends to it during a read pauses reading until the destination drains (`resume_writing`);
 producers outside a read (mailbox drains, stream consumers) await `writable()` instead.
@@ -74,7 +83,7 @@ from rmb_relay.server.http import BODY_BUFFER_LIMIT, IncomingBody
 from rmb_relay.server.limits import OPS_PATHS
 
 if TYPE_CHECKING:
-    from rmb_relay._core import WsEvent
+    from rmb_relay._core import Outboxes, WsEvent
     from rmb_relay.clock import Clock
     from rmb_relay.config import ListenerConfig
     from rmb_relay.protocols.base import Dialect, HttpClient, RequestBody, WebSocketHandler
@@ -101,20 +110,27 @@ class OutputBatcher:
     `reader` is the connection whose read is being processed (the one to pause when it sends
     to a congested destination)."""
 
-    __slots__ = ("depth", "dirty", "reader")
+    __slots__ = ("depth", "dirty", "reader", "touched")
 
     def __init__(self) -> None:
         self.depth = 0
         self.dirty: list[Connection] = []
         self.reader: Connection | None = None
+        #: outboxes the fast path may have forwarded into during this batch's reads
+        self.touched: list[Outboxes] = []
 
     def flush(self) -> None:
         dirty = self.dirty
-        if not dirty:
-            return
-        self.dirty = []
-        for conn in dirty:
-            conn.flush()
+        if dirty:
+            self.dirty = []
+            for conn in dirty:
+                conn.flush()
+        touched = self.touched
+        if touched:
+            self.touched = []
+            for outboxes in touched:
+                for conn, data in outboxes.drain():
+                    conn._write(data)
 
 
 class ConnectionMetrics(Protocol):
@@ -187,6 +203,9 @@ class Connection(asyncio.Protocol):
         self._http_paused = False
         self._decoder: WsDecoder | None = None
         self._scan_clock: Clock | None = None
+        #: the switch's outboxes when the handler uses the fast path: this connection's output
+        #: is queued there instead of in `_frames` / `_pending`
+        self._outboxes: Outboxes | None = None
         # what this read queued for this connection: encoded frames in order (text and control
         # frames), then binary payloads not yet framed (framed together at flush)
         self._frames: list[bytes] = []
@@ -253,14 +272,17 @@ class Connection(asyncio.Protocol):
             previous_reader = batcher.reader
             batcher.reader = self
             batcher.depth += 1
+            outboxes = self._outboxes
             try:
                 clock = self._scan_clock
-                self._on_ws_events(
-                    decoder.feed(data) if clock is None else decoder.feed(data, clock())
-                )
+                events = decoder.feed(data) if clock is None else decoder.feed(data, clock())
+                if events:
+                    self._on_ws_events(events)
             finally:
                 batcher.depth -= 1
                 batcher.reader = previous_reader
+                if outboxes is not None and outboxes not in batcher.touched:
+                    batcher.touched.append(outboxes)
                 if batcher.depth == 0:
                     batcher.flush()
         elif self.state is State.HTTP:
@@ -292,6 +314,9 @@ class Connection(asyncio.Protocol):
             self._task.cancel()
         self._frames.clear()
         self._pending.clear()
+        outboxes = self._outboxes
+        if outboxes is not None:
+            outboxes.remove(self.conn_id)
         self._release_waiting_senders()
         self._wake_writable()
         handler = self.handler
@@ -306,9 +331,13 @@ class Connection(asyncio.Protocol):
 
     def pause_writing(self) -> None:
         self.congested = True
+        if self._outboxes is not None:
+            self._outboxes.set_congested(self.conn_id, True)
 
     def resume_writing(self) -> None:
         self.congested = False
+        if self._outboxes is not None:
+            self._outboxes.set_congested(self.conn_id, False)
         self._release_waiting_senders()
         self._wake_writable()
 
@@ -379,7 +408,7 @@ class Connection(asyncio.Protocol):
             # echo the peer's code (RFC 6455 §5.5.1); a close without a code is answered with 1000
             self.flush()
             self._write(encode_close(event.code if event.code is not None else CloseCode.NORMAL))
-        self.state = State.CLOSING
+        self._closing()
         if self.transport is not None:
             self.transport.close()  # the server closes TCP first (RFC 6455 §7.1.1)
 
@@ -401,12 +430,23 @@ class Connection(asyncio.Protocol):
             if batcher.depth == 0:
                 batcher.flush()
 
+    def _closing(self) -> None:
+        """No more messages from or to this connection (a close frame went, or none will)."""
+        if self.state is not State.CLOSED:
+            self.state = State.CLOSING
+        if self._outboxes is not None:
+            self._outboxes.close(self.conn_id)
+
     def send(self, payload: bytes) -> None:
         """Queue one binary message; written with the rest of this batch in one write."""
         if self.state is not State.WEBSOCKET:
             self.server.metrics.dropped.inc(1, self.dialect_name, "connection closing")
             return
-        self._pending.append(payload)
+        outboxes = self._outboxes
+        if outboxes is not None:
+            outboxes.push(self.conn_id, payload)
+        else:
+            self._pending.append(payload)
         batcher = self._batcher
         if batcher.depth:
             self._queue_in(batcher)
@@ -418,7 +458,11 @@ class Connection(asyncio.Protocol):
         if self.state is not State.WEBSOCKET:
             self.server.metrics.dropped.inc(len(payloads), self.dialect_name, "connection closing")
             return
-        self._pending.extend(payloads)
+        outboxes = self._outboxes
+        if outboxes is not None:
+            outboxes.push_many(self.conn_id, payloads)
+        else:
+            self._pending.extend(payloads)
         batcher = self._batcher
         if batcher.depth:
             self._queue_in(batcher)
@@ -449,6 +493,14 @@ class Connection(asyncio.Protocol):
         if self.state is State.CLOSED:
             return
         batcher = self._batcher
+        outboxes = self._outboxes
+        if outboxes is not None:
+            outboxes.push_raw(self.conn_id, frame)
+            if batcher.depth:
+                self._queue_in(batcher)
+            else:
+                self.flush()
+            return
         if batcher.depth:
             pending = self._pending
             if pending:
@@ -467,6 +519,12 @@ class Connection(asyncio.Protocol):
 
     def flush(self) -> None:
         self._queued = False
+        outboxes = self._outboxes
+        if outboxes is not None:
+            taken = outboxes.take(self.conn_id)
+            if taken is not None:
+                self._write(taken)
+            return
         pending = self._pending
         frames = self._frames
         if frames:
@@ -478,7 +536,7 @@ class Connection(asyncio.Protocol):
         elif pending:
             self._write(self._frame_pending(pending))
 
-    def _write(self, data: bytes) -> None:
+    def _write(self, data: bytes | memoryview) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing():
             transport.write(data)
@@ -491,7 +549,7 @@ class Connection(asyncio.Protocol):
         if self.state is State.WEBSOCKET:
             self.flush()
             self._write(encode_close(code, reason))
-        self.state = State.CLOSING
+        self._closing()
         if transport is None:
             return
         if wait:
@@ -503,9 +561,11 @@ class Connection(asyncio.Protocol):
 
     def abort(self) -> None:
         """Drop the connection without a close frame (SBD violations demand exactly this)."""
-        self.state = State.CLOSING
+        self._closing()
         self._frames.clear()
         self._pending.clear()
+        if self._outboxes is not None:
+            self._outboxes.take(self.conn_id)
         if self.transport is not None:
             self.transport.abort()
 
@@ -845,6 +905,11 @@ class Connection(asyncio.Protocol):
         self._scan_clock = dialect.scan_clock
         self.handler = handler
         handler.bind_decoder(self._decoder)
+        outboxes = handler.outboxes
+        if outboxes is not None:
+            outboxes.open(self.conn_id, self)
+            outboxes.set_congested(self.conn_id, self.congested)
+            self._outboxes = outboxes
         self.state = State.WEBSOCKET
         self.server.websocket_opened(self)
         with self.batch():

@@ -100,8 +100,8 @@ class SbdDialect(Dialect):
         self.clock = clock
         # the decoder's scanner charges the rate limiter at this clock's reading, once per read
         self.scan_clock = clock
-        self.metrics = SbdMetrics(registry)
         self.switch = switch if switch is not None else Switch()
+        self.metrics = SbdMetrics(registry, self.switch.outboxes)
         self.limiter = ByteNanosLimiter(settings.nanos_per_byte, settings.burst)
         #: every SBD connection, handshaking or ready, by connection id
         self.sessions: dict[int, SbdSession] = {}
@@ -187,13 +187,24 @@ class SbdDialect(Dialect):
 
     def _token_alive(self, token: str, now: int) -> bool:
         last = self.tokens.get(token)
-        if last is None or now - last >= self.settings.idle_ms * 1_000_000:
+        idle_ns = self.settings.idle_ms * 1_000_000
+        if last is not None and now - last >= idle_ns:
+            last = self._token_used(token, last)
+        if last is None or now - last >= idle_ns:
             self.tokens.pop(token, None)
             return False
         self.tokens[token] = now
         return True
 
     # ---- per-IP bookkeeping ----------------------------------------------------------------
+
+    def _token_used(self, token: str, last: int) -> int:
+        """The last use of `token`: its connections' fast-path forwards count too (they do not
+        refresh `tokens` message by message)."""
+        for session in self.sessions.values():
+            if session.token == token:
+                last = max(last, session.scanner.active_at)
+        return last
 
     def lbrt_value(self, ip: str) -> int:
         if self.settings.disable_rate_limit:
@@ -274,7 +285,7 @@ class SbdDialect(Dialect):
         """Drop idle connections, expired blocks, idle rate buckets and stale tokens."""
         idle_ns = self.settings.idle_ms * 1_000_000
         for session in list(self.sessions.values()):
-            if now - session.last_activity >= idle_ns:
+            if now - session.active_at >= idle_ns:
                 self.metrics.idle_closed.inc()
                 session.drop("idle")
         for ip, until in list(self.blocked.items()):
@@ -285,6 +296,11 @@ class SbdDialect(Dialect):
             if ip not in self.by_ip and now - at >= interval:
                 del self._lbrt_at[ip]
         self.limiter.prune(now, LIMITER_IDLE_NS)
+        for session in self.sessions.values():
+            # a token is in use while its connection sends, the fast path's forwards included
+            token = session.token
+            if token is not None and session.scanner.active_at > self.tokens.get(token, 0):
+                self.tokens[token] = session.scanner.active_at
         for token, last in list(self.tokens.items()):
             if now - last >= idle_ns:
                 del self.tokens[token]

@@ -1,10 +1,12 @@
-"""SBD metrics: plain-int counters on the hot path, the rest through the registry."""
+"""SBD metrics: plain-int counters on the hot path, the rest through the registry. Forwards the
+Rust fast path makes are counted in the switch's `Outboxes` and added in when read."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from rmb_relay._core import Outboxes
     from rmb_relay.telemetry.metrics import Registry
 
 
@@ -29,38 +31,38 @@ class SbdMetrics:
     those drops are one family, `rmb_relay_connections_closed_total`, by the reason passed to
     `drop`: `rate` and `idle` from the handles here, the protocol violations from `violations`."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, registry: Registry, fast: Outboxes) -> None:
         hot = self.hot = HotCounters()
         sbd = {"dialect": "sbd"}
         registry.counter_of(
             "rmb_relay_messages_in_total",
             "Messages received from clients, by dialect",
-            lambda: [((), hot.messages_in)],
+            lambda: [((), hot.messages_in + fast.sbd_forwards)],
             const=sbd,
         )
         registry.counter_of(
             "rmb_relay_bytes_in_total",
             "Message bytes received from clients, by dialect",
-            lambda: [((), hot.bytes_in)],
+            lambda: [((), hot.bytes_in + fast.sbd_bytes)],
             const=sbd,
         )
         # every relayed forward is one message written to its (local) destination
         registry.counter_of(
             "rmb_relay_messages_out_total",
             "Messages written to clients (RMB: incl. error envelopes and mailbox), by dialect",
-            lambda: [((), hot.forwards)],
+            lambda: [((), hot.forwards + fast.sbd_forwards)],
             const=sbd,
         )
         registry.counter_of(
             "rmb_relay_bytes_out_total",
             "Message bytes written to clients, by dialect",
-            lambda: [((), hot.bytes_out)],
+            lambda: [((), hot.bytes_out + fast.sbd_bytes)],
             const=sbd,
         )
         registry.counter_of(
             "rmb_relay_messages_routed_total",
             "Messages routed, by dialect and path (local, mailbox, federation)",
-            lambda: [(("local",), hot.forwards)],
+            lambda: [(("local",), hot.forwards + fast.sbd_forwards)],
             ("path",),
             const=sbd,
         )

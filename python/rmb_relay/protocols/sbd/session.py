@@ -94,8 +94,17 @@ class SbdSession(WebSocketHandler):
         records = self.records
         # with --records the scan also appends the route record of each forward it routes
         buffer = None if records is None else records.scanner_buffer(dialect.clock)
-        self.scanner = SbdScanner(dialect.switch.routes, self.pubkey, limiter, self.ip, buffer)
+        # and forwards to a key connected here straight into its connection's outbox
+        self.outboxes = outboxes = dialect.switch.outboxes
+        self.scanner = SbdScanner(
+            dialect.switch.routes, self.pubkey, limiter, self.ip, buffer, outboxes, self.peer.id
+        )
         decoder.set_scanner(self.scanner)
+
+    @property
+    def active_at(self) -> int:
+        """When this connection last sent a message (the fast path's forwards included)."""
+        return max(self.last_activity, self.scanner.active_at)
 
     def on_message(self, message: WsMessage) -> None:
         dialect = self.dialect

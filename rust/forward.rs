@@ -1,0 +1,782 @@
+//! Outboxes: the pending output of every websocket connection of a switch, so that the decoder
+//! of one connection can forward a message into another connection's output inside `feed`.
+//!
+//! Theory of operation: each RMB or SBD connection has one outbox here, keyed by the same
+//! `ConnId` the route table maps addresses to. Everything the connection is to write goes into
+//! it in order: frames the Rust fast path forwards (header + payload unmasked straight off the
+//! wire, one copy) and whatever Python sends it (`push`, `push_raw`). Python takes a
+//! connection's bytes and writes them (one `transport.write` per destination per read); nothing
+//! here touches a socket.
+//!
+//! The fast path may append to an outbox only while it [`accepts`](Outboxes::accepts): the
+//! connection is open, its transport is not over its high-water mark (`congested`: the message
+//! goes to Python, which pauses the sender, as for any congested receiver) and its dialect does
+//! not hold it (`held`: e.g. an RMB session whose mailbox is being delivered first). A message
+//! the fast path does not take goes to Python as before, so policy stays there.
+//!
+//! The fast path marks the outboxes it appended to (`dirty`, once each until the next
+//! [`drain`](Outboxes::drain)); Python's own sends do not: it flushes the connections it sent
+//! to itself, and a flush takes everything buffered, fast-path frames included, in order.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::{Arc, Mutex};
+
+use crate::routes::ConnId;
+use crate::ws::{frame_len, OP_BINARY};
+
+/// A buffer that grew past this for a burst is not kept for reuse after it is written.
+const KEEP_CAPACITY: usize = 256 << 10;
+
+/// Buffers taken for writing come back here once written (the Python object that lends them
+/// to the transport is dropped), and an outbox that has nothing buffered takes one when it
+/// is next appended to: appending goes into memory already mapped and big enough, and an idle
+/// connection holds no buffer at all. At most `KEEP` buffers of at most `KEEP_CAPACITY` are
+/// kept (8 MiB). Shared with those objects, which may be dropped on any thread holding the GIL.
+#[derive(Debug, Default, Clone)]
+pub struct Spares(Arc<Mutex<Vec<Vec<u8>>>>);
+
+impl Spares {
+    /// buffers kept at most: one per connection written to in a read is plenty
+    const KEEP: usize = 32;
+
+    /// Keep `buffer` (emptied) for a later take, unless it is big or enough are kept.
+    pub fn give(&self, mut buffer: Vec<u8>) {
+        if buffer.capacity() > KEEP_CAPACITY {
+            return;
+        }
+        buffer.clear();
+        let mut spares = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        if spares.len() < Self::KEEP {
+            spares.push(buffer);
+        }
+    }
+
+    fn get(&self) -> Vec<u8> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .pop()
+            .unwrap_or_default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Hashes a connection id with one multiplication. Ids are ours (a counter), never chosen by a
+/// peer, so the map needs no protection against crafted keys, and SipHash costs ~15 ns a
+/// lookup, three or four of which each forwarded message makes.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        self.0 = id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+type IdMap<V> = HashMap<ConnId, V, BuildHasherDefault<IdHasher>>;
+
+/// Messages and bytes forwarded by the fast path (what `/metrics` adds to Python's counters).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Count {
+    pub messages: u64,
+    pub bytes: u64,
+}
+
+impl Count {
+    #[inline]
+    pub fn add(&mut self, bytes: usize) {
+        self.messages += 1;
+        self.bytes += bytes as u64;
+    }
+}
+
+#[derive(Debug, Default)]
+struct Outbox {
+    buf: Vec<u8>,
+    open: bool,
+    congested: bool,
+    held: bool,
+    /// listed in `dirty` since the last drain
+    queued: bool,
+}
+
+/// Where a frame being received was unmasked before its destination was known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Staged {
+    /// the outbox it was written into (the destination guessed), or None: the scratch buffer
+    pub at: Option<ConnId>,
+    frame_start: usize,
+    payload_start: usize,
+    end: usize,
+}
+
+/// The outboxes of one switch's connections; see the module docs.
+#[derive(Debug, Default)]
+pub struct Outboxes {
+    boxes: IdMap<Outbox>,
+    dirty: Vec<ConnId>,
+    /// an RMB envelope is unmasked here when no destination can be guessed
+    scratch: Vec<u8>,
+    /// emptied buffers to take the place of those handed out for writing
+    pub spares: Spares,
+    pub rmb: Count,
+    pub sbd: Count,
+}
+
+/// The header of an unmasked binary frame of `len` payload bytes into `out`; its length.
+fn write_binary_header(out: &mut [u8], len: usize) -> usize {
+    out[0] = 0x80 | OP_BINARY;
+    match len {
+        0..=125 => {
+            out[1] = len as u8;
+            2
+        }
+        126..=0xFFFF => {
+            out[1] = 126;
+            out[2..4].copy_from_slice(&(len as u16).to_be_bytes());
+            4
+        }
+        _ => {
+            out[1] = 127;
+            out[2..10].copy_from_slice(&(len as u64).to_be_bytes());
+            10
+        }
+    }
+}
+
+/// An outbox's buffer about to be appended to: a spare one if it has none.
+fn ready<'b>(buf: &'b mut Vec<u8>, spares: &Spares) -> &'b mut Vec<u8> {
+    if buf.capacity() == 0 {
+        *buf = spares.get();
+    }
+    buf
+}
+
+/// Append one binary frame of `len` payload bytes to `buf`, the payload written by `fill`;
+/// the range of the payload.
+fn append_frame(buf: &mut Vec<u8>, len: usize, fill: impl FnOnce(&mut [u8])) -> (usize, usize) {
+    let start = buf.len();
+    buf.resize(start + frame_len(len, false), 0);
+    let header = write_binary_header(&mut buf[start..], len);
+    fill(&mut buf[start + header..]);
+    (start, start + header)
+}
+
+impl Outboxes {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The connection carries messages from now on (its dialect's handshake is done).
+    pub fn open(&mut self, id: ConnId) {
+        self.boxes.entry(id).or_default().open = true;
+    }
+
+    /// The connection is closing: nothing more is appended by the fast path, and what it
+    /// receives from the fast path is no longer forwarded.
+    pub fn close(&mut self, id: ConnId) {
+        if let Some(b) = self.boxes.get_mut(&id) {
+            b.open = false;
+        }
+    }
+
+    /// The connection is gone: its outbox and whatever it held.
+    pub fn remove(&mut self, id: ConnId) {
+        self.boxes.remove(&id);
+    }
+
+    pub fn set_congested(&mut self, id: ConnId, congested: bool) {
+        if let Some(b) = self.boxes.get_mut(&id) {
+            b.congested = congested;
+        }
+    }
+
+    pub fn set_held(&mut self, id: ConnId, held: bool) {
+        if let Some(b) = self.boxes.get_mut(&id) {
+            b.held = held;
+        }
+    }
+
+    pub fn is_open(&self, id: ConnId) -> bool {
+        self.boxes.get(&id).is_some_and(|b| b.open)
+    }
+
+    /// Whether the fast path may append to this connection's outbox.
+    #[inline]
+    pub fn accepts(&self, id: ConnId) -> bool {
+        self.boxes
+            .get(&id)
+            .is_some_and(|b| b.open && !b.congested && !b.held)
+    }
+
+    pub fn len(&self) -> usize {
+        self.boxes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.boxes.is_empty()
+    }
+
+    /// Bytes waiting in this connection's outbox.
+    pub fn pending(&self, id: ConnId) -> usize {
+        self.boxes.get(&id).map_or(0, |b| b.buf.len())
+    }
+
+    fn mark(&mut self, id: ConnId) {
+        if let Some(b) = self.boxes.get_mut(&id) {
+            if !b.queued {
+                b.queued = true;
+                self.dirty.push(id);
+            }
+        }
+    }
+
+    /// Fast path: one binary frame of `len` bytes (written by `fill`) for `id`, which must
+    /// [`accept`](Self::accepts) it; false (nothing written) if it does not.
+    pub fn forward(&mut self, id: ConnId, len: usize, fill: impl FnOnce(&mut [u8])) -> bool {
+        match self.boxes.get_mut(&id) {
+            Some(b) if b.open && !b.congested && !b.held => {
+                append_frame(ready(&mut b.buf, &self.spares), len, fill);
+                self.mark(id);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Python's send: one binary frame of `payload` (ignored for an unknown connection).
+    pub fn push(&mut self, id: ConnId, payload: &[u8]) {
+        if let Some(b) = self.boxes.get_mut(&id) {
+            append_frame(ready(&mut b.buf, &self.spares), payload.len(), |out| {
+                out.copy_from_slice(payload)
+            });
+        }
+    }
+
+    /// Python's send of an already-encoded frame (text, control), after what is queued.
+    pub fn push_raw(&mut self, id: ConnId, frame: &[u8]) {
+        if let Some(b) = self.boxes.get_mut(&id) {
+            ready(&mut b.buf, &self.spares).extend_from_slice(frame);
+        }
+    }
+
+    /// The bytes buffered for `id` (None: nothing); the outbox is left without a buffer until
+    /// it is next appended to. Give the buffer back to [`spares`](Self::spares) once written.
+    pub fn take(&mut self, id: ConnId) -> Option<Vec<u8>> {
+        let b = self.boxes.get_mut(&id)?;
+        if b.buf.is_empty() {
+            return None;
+        }
+        Some(std::mem::take(&mut b.buf))
+    }
+
+    /// The connections the fast path appended to since the last drain, each once, with
+    /// `f` given the bytes still buffered for it (a connection flushed meanwhile by Python is
+    /// skipped).
+    pub fn drain(&mut self, mut f: impl FnMut(ConnId, Vec<u8>)) {
+        let dirty = std::mem::take(&mut self.dirty);
+        for &id in &dirty {
+            if let Some(b) = self.boxes.get_mut(&id) {
+                b.queued = false;
+            }
+            if let Some(bytes) = self.take(id) {
+                f(id, bytes);
+            }
+        }
+        // keep the list's allocation
+        self.dirty = dirty;
+        self.dirty.clear();
+    }
+
+    /// Unmask an incoming message of `len` bytes (written by `fill`) behind a frame header,
+    /// into the outbox of the destination guessed (`guess`, if it accepts) or else the scratch
+    /// buffer, before its routing is read: when the guess is right, [`commit`](Self::commit)
+    /// leaves it there and the payload was copied once.
+    pub fn stage(
+        &mut self,
+        guess: Option<ConnId>,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Staged {
+        let at = guess.filter(|id| self.accepts(*id));
+        let buf = match at.and_then(|id| self.boxes.get_mut(&id)) {
+            Some(b) => ready(&mut b.buf, &self.spares),
+            None => &mut self.scratch,
+        };
+        let (frame_start, payload_start) = append_frame(buf, len, fill);
+        Staged {
+            at,
+            frame_start,
+            payload_start,
+            end: buf.len(),
+        }
+    }
+
+    fn staged_buf(&self, s: &Staged) -> &[u8] {
+        match s.at.and_then(|id| self.boxes.get(&id)) {
+            Some(b) => &b.buf,
+            None => &self.scratch,
+        }
+    }
+
+    fn staged_buf_mut(&mut self, s: &Staged) -> &mut Vec<u8> {
+        match s.at.and_then(|id| self.boxes.get_mut(&id)) {
+            Some(b) => &mut b.buf,
+            None => &mut self.scratch,
+        }
+    }
+
+    /// The staged message's payload (unmasked).
+    pub fn staged(&self, s: &Staged) -> &[u8] {
+        &self.staged_buf(s)[s.payload_start..s.end]
+    }
+
+    /// Forward the staged message to `dest` (which accepts): left where it is when staged in
+    /// `dest`'s outbox, else copied there. The staging space is released either way.
+    pub fn commit(&mut self, s: Staged, dest: ConnId) {
+        if s.at == Some(dest) {
+            self.mark(dest);
+            return;
+        }
+        match s.at {
+            None => {
+                let frame = &self.scratch[s.frame_start..s.end];
+                if let Some(b) = self.boxes.get_mut(&dest) {
+                    ready(&mut b.buf, &self.spares).extend_from_slice(frame);
+                }
+            }
+            Some(_) => {
+                let frame = self.staged_buf(&s)[s.frame_start..s.end].to_vec();
+                if let Some(b) = self.boxes.get_mut(&dest) {
+                    ready(&mut b.buf, &self.spares).extend_from_slice(&frame);
+                }
+            }
+        }
+        self.mark(dest);
+        self.release(s);
+    }
+
+    /// Give back the staging space of a message that is not forwarded here.
+    pub fn release(&mut self, s: Staged) {
+        let buf = self.staged_buf_mut(&s);
+        debug_assert_eq!(
+            buf.len(),
+            s.end,
+            "staged frames are released last in, first out"
+        );
+        buf.truncate(s.frame_start);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ws::encode_frame;
+
+    fn taken(o: &mut Outboxes, id: ConnId) -> Vec<u8> {
+        o.take(id).unwrap_or_default()
+    }
+
+    fn drained(o: &mut Outboxes) -> Vec<(ConnId, Vec<u8>)> {
+        let mut out = Vec::new();
+        o.drain(|id, b| out.push((id, b)));
+        out
+    }
+
+    #[test]
+    fn written_buffers_are_reused() {
+        let mut o = Outboxes::new();
+        o.open(1);
+        o.push(1, &[7; 1000]);
+        let first = o.take(1).unwrap();
+        o.spares.give(first);
+        assert_eq!(o.spares.len(), 1);
+        assert_eq!(o.pending(1), 0);
+        o.push(1, b"x");
+        assert_eq!(
+            o.spares.len(),
+            0,
+            "the outbox took the spare when appended to"
+        );
+        let second = o.take(1).unwrap();
+        assert_eq!(second.len(), 3);
+        assert!(second.capacity() >= 1000, "appended into the reused buffer");
+        o.push(1, b"y");
+        assert_eq!(taken(&mut o, 1).len(), 3, "no spare left: a new buffer");
+        o.spares.give(vec![0; KEEP_CAPACITY + 1]);
+        assert!(o.spares.is_empty(), "big buffers are not kept");
+    }
+
+    #[test]
+    fn frames_and_raw_bytes_keep_their_order() {
+        let mut o = Outboxes::new();
+        o.open(1);
+        o.push(1, b"a");
+        assert!(o.forward(1, 2, |out| out.copy_from_slice(b"bc")));
+        o.push_raw(1, b"RAW");
+        let want = [
+            encode_frame(OP_BINARY, b"a", true, None),
+            encode_frame(OP_BINARY, b"bc", true, None),
+            b"RAW".to_vec(),
+        ]
+        .concat();
+        assert_eq!(taken(&mut o, 1), want);
+        assert_eq!(o.pending(1), 0);
+    }
+
+    #[test]
+    fn headers_match_the_encoder_at_every_length_boundary() {
+        for len in [0, 125, 126, 0xFFFF, 0x10000] {
+            let mut o = Outboxes::new();
+            o.open(7);
+            let payload = vec![0xA5; len];
+            assert!(o.forward(7, len, |out| out.copy_from_slice(&payload)));
+            assert_eq!(
+                taken(&mut o, 7),
+                encode_frame(OP_BINARY, &payload, true, None),
+                "{len}"
+            );
+        }
+    }
+
+    #[test]
+    fn fast_path_appends_only_where_accepted() {
+        let mut o = Outboxes::new();
+        assert!(!o.forward(1, 0, |_| ()), "unknown connection");
+        o.open(1);
+        o.set_congested(1, true);
+        assert!(!o.accepts(1) && !o.forward(1, 0, |_| ()));
+        o.set_congested(1, false);
+        o.set_held(1, true);
+        assert!(!o.accepts(1));
+        o.set_held(1, false);
+        assert!(o.accepts(1));
+        o.close(1);
+        assert!(!o.accepts(1) && !o.is_open(1));
+        o.remove(1);
+        assert!(o.is_empty());
+    }
+
+    #[test]
+    fn drain_lists_each_fast_path_destination_once() {
+        let mut o = Outboxes::new();
+        for id in [1, 2, 3] {
+            o.open(id);
+        }
+        for id in [1, 2, 1, 1] {
+            o.forward(id, 1, |out| out[0] = id as u8);
+        }
+        o.push(3, b"python"); // Python flushes its own sends
+        let got = drained(&mut o);
+        assert_eq!(got.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(got[0].1.len(), 9);
+        assert!(drained(&mut o).is_empty());
+        // taken by a Python flush before the drain: nothing left to drain
+        o.forward(2, 1, |out| out[0] = 0);
+        taken(&mut o, 2);
+        assert!(drained(&mut o).is_empty());
+        o.forward(2, 1, |out| out[0] = 0);
+        assert_eq!(drained(&mut o).len(), 1, "listed again after a drain");
+    }
+
+    #[test]
+    fn staged_in_the_guessed_outbox_is_copied_once() {
+        let mut o = Outboxes::new();
+        o.open(1);
+        o.push(1, b"first");
+        let before = o.pending(1);
+        let s = o.stage(Some(1), 3, |out| out.copy_from_slice(b"xyz"));
+        assert_eq!(s.at, Some(1));
+        assert_eq!(o.staged(&s), b"xyz");
+        o.commit(s, 1);
+        let want = [
+            encode_frame(OP_BINARY, b"first", true, None),
+            encode_frame(OP_BINARY, b"xyz", true, None),
+        ]
+        .concat();
+        assert_eq!(o.pending(1), before + 5);
+        assert_eq!(drained(&mut o), [(1, want)]);
+    }
+
+    #[test]
+    fn staged_elsewhere_moves_to_the_destination_or_is_released() {
+        let mut o = Outboxes::new();
+        o.open(1);
+        o.open(2);
+        // guessed wrong: moved from 1's outbox to 2's, and 1's is as it was
+        let s = o.stage(Some(1), 2, |out| out.copy_from_slice(b"hi"));
+        o.commit(s, 2);
+        assert_eq!(o.pending(1), 0);
+        assert_eq!(taken(&mut o, 2), encode_frame(OP_BINARY, b"hi", true, None));
+        // no guess (or one that does not accept): the scratch buffer
+        o.set_held(1, true);
+        let s = o.stage(Some(1), 2, |out| out.copy_from_slice(b"yo"));
+        assert_eq!(s.at, None);
+        o.commit(s, 2);
+        assert_eq!(taken(&mut o, 2), encode_frame(OP_BINARY, b"yo", true, None));
+        // not forwarded at all
+        let s = o.stage(Some(2), 2, |out| out.copy_from_slice(b"no"));
+        assert_eq!(o.staged(&s), b"no");
+        o.release(s);
+        assert_eq!(o.pending(2), 0);
+        assert!(o.scratch.is_empty());
+    }
+}
+
+pub mod py {
+    use std::ffi::{c_char, c_int, c_void};
+
+    use pyo3::exceptions::PyBufferError;
+    use pyo3::ffi;
+    use pyo3::prelude::*;
+    use pyo3::types::{PyBytes, PyList, PyMemoryView, PyTuple};
+
+    use super::{IdMap, Spares};
+    use crate::routes::ConnId;
+
+    /// A taken outbox's bytes, lent to the transport through the buffer protocol (no copy);
+    /// the buffer goes back to the outboxes' spares when the transport lets go of it.
+    #[pyclass(module = "rmb_relay._core", frozen)]
+    pub struct OutBytes {
+        bytes: Vec<u8>,
+        spares: Spares,
+    }
+
+    impl Drop for OutBytes {
+        fn drop(&mut self) {
+            self.spares.give(std::mem::take(&mut self.bytes));
+        }
+    }
+
+    static FORMAT: &std::ffi::CStr = c"B";
+
+    #[pymethods]
+    impl OutBytes {
+        fn __len__(&self) -> usize {
+            self.bytes.len()
+        }
+
+        /// The bytes, read-only, for as long as a view holds them.
+        unsafe fn __getbuffer__(
+            slf: Bound<'_, Self>,
+            view: *mut ffi::Py_buffer,
+            flags: c_int,
+        ) -> PyResult<()> {
+            if view.is_null() {
+                return Err(PyBufferError::new_err("no view to fill"));
+            }
+            if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
+                return Err(PyBufferError::new_err("outbox bytes are read-only"));
+            }
+            let bytes = &slf.get().bytes;
+            // SAFETY: `view` is the non-null Py_buffer the caller asks us to fill. The data
+            // pointer stays valid while the view lives: the view owns a reference to this
+            // object (`obj`), which is frozen (nothing changes `bytes`, so the Vec is never
+            // reallocated) and dropped only after the view is released. `shape` and `strides`
+            // point into the view itself, `format` to a static string.
+            unsafe {
+                (*view).obj = slf.clone().into_any().into_ptr();
+                (*view).buf = bytes.as_ptr() as *mut c_void;
+                (*view).len = bytes.len() as ffi::Py_ssize_t;
+                (*view).readonly = 1;
+                (*view).itemsize = 1;
+                (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
+                    FORMAT.as_ptr() as *mut c_char
+                } else {
+                    std::ptr::null_mut()
+                };
+                (*view).ndim = 1;
+                (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
+                    &mut (*view).len
+                } else {
+                    std::ptr::null_mut()
+                };
+                (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
+                    &mut (*view).itemsize
+                } else {
+                    std::ptr::null_mut()
+                };
+                (*view).suboffsets = std::ptr::null_mut();
+                (*view).internal = std::ptr::null_mut();
+            }
+            Ok(())
+        }
+
+        fn __repr__(&self) -> String {
+            format!("OutBytes(len={})", self.bytes.len())
+        }
+    }
+
+    /// `bytes` as a memoryview over an `OutBytes` (what every transport's `write` takes).
+    fn lend<'py>(
+        py: Python<'py>,
+        bytes: Vec<u8>,
+        spares: &Spares,
+    ) -> PyResult<Bound<'py, PyMemoryView>> {
+        let owner = Bound::new(
+            py,
+            OutBytes {
+                bytes,
+                spares: spares.clone(),
+            },
+        )?;
+        PyMemoryView::from(owner.as_any())
+    }
+
+    /// The pending output of every RMB and SBD connection of a switch (see the module docs of
+    /// `forward.rs`): the decoders forward into it during `feed`, Python takes and writes it.
+    #[pyclass(module = "rmb_relay._core")]
+    #[derive(Default)]
+    pub struct Outboxes {
+        pub(crate) inner: super::Outboxes,
+        /// the Python connection of each outbox (what `drain` hands back to write to)
+        conns: IdMap<Py<PyAny>>,
+    }
+
+    #[pymethods]
+    impl Outboxes {
+        #[new]
+        fn new() -> Self {
+            Self::default()
+        }
+
+        /// `conn` carries messages from now on; `drain` names it when it has output.
+        fn open(&mut self, conn_id: ConnId, conn: Py<PyAny>) {
+            self.inner.open(conn_id);
+            self.conns.insert(conn_id, conn);
+        }
+
+        /// Closing: the fast path neither forwards from nor to it any more.
+        fn close(&mut self, conn_id: ConnId) {
+            self.inner.close(conn_id);
+        }
+
+        /// Gone: its outbox and what it held are dropped.
+        fn remove(&mut self, conn_id: ConnId) {
+            self.inner.remove(conn_id);
+            self.conns.remove(&conn_id);
+        }
+
+        fn set_congested(&mut self, conn_id: ConnId, congested: bool) {
+            self.inner.set_congested(conn_id, congested);
+        }
+
+        /// The dialect holds the fast path back from this connection (its messages go to Python).
+        fn set_held(&mut self, conn_id: ConnId, held: bool) {
+            self.inner.set_held(conn_id, held);
+        }
+
+        fn accepts(&self, conn_id: ConnId) -> bool {
+            self.inner.accepts(conn_id)
+        }
+
+        fn pending(&self, conn_id: ConnId) -> usize {
+            self.inner.pending(conn_id)
+        }
+
+        fn __len__(&self) -> usize {
+            self.inner.len()
+        }
+
+        /// One binary frame of `payload`, after whatever is queued.
+        fn push(&mut self, conn_id: ConnId, payload: &[u8]) {
+            self.inner.push(conn_id, payload);
+        }
+
+        /// One binary frame per payload, in order.
+        fn push_many(&mut self, conn_id: ConnId, payloads: &Bound<'_, PyList>) -> PyResult<()> {
+            for p in payloads.iter() {
+                self.inner
+                    .push(conn_id, p.downcast::<PyBytes>()?.as_bytes());
+            }
+            Ok(())
+        }
+
+        /// An encoded frame (text, control), after whatever is queued.
+        fn push_raw(&mut self, conn_id: ConnId, frame: &[u8]) {
+            self.inner.push_raw(conn_id, frame);
+        }
+
+        /// Everything buffered for the connection, lent without a copy (None: nothing).
+        fn take<'py>(
+            &mut self,
+            py: Python<'py>,
+            conn_id: ConnId,
+        ) -> PyResult<Option<Bound<'py, PyMemoryView>>> {
+            match self.inner.take(conn_id) {
+                Some(bytes) => Ok(Some(lend(py, bytes, &self.inner.spares)?)),
+                None => Ok(None),
+            }
+        }
+
+        /// (connection, bytes) for every connection the fast path forwarded to since the last
+        /// drain and whose output Python has not taken since: write each once.
+        fn drain<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+            let out = PyList::empty(py);
+            let conns = &self.conns;
+            let spares = self.inner.spares.clone();
+            let mut result = Ok(());
+            self.inner
+                .drain(|id, bytes| match (conns.get(&id), &result) {
+                    (Some(conn), Ok(())) => {
+                        result = lend(py, bytes, &spares)
+                            .and_then(|view| {
+                                PyTuple::new(py, [conn.bind(py).clone(), view.into_any()])
+                            })
+                            .and_then(|t| out.append(t));
+                    }
+                    _ => spares.give(bytes),
+                });
+            result.map(|()| out)
+        }
+
+        /// RMB envelopes forwarded by the fast path (each one message in and one out).
+        #[getter]
+        fn rmb_forwards(&self) -> u64 {
+            self.inner.rmb.messages
+        }
+
+        #[getter]
+        fn rmb_bytes(&self) -> u64 {
+            self.inner.rmb.bytes
+        }
+
+        /// SBD forwards relayed by the fast path.
+        #[getter]
+        fn sbd_forwards(&self) -> u64 {
+            self.inner.sbd.messages
+        }
+
+        #[getter]
+        fn sbd_bytes(&self) -> u64 {
+            self.inner.sbd.bytes
+        }
+
+        fn __repr__(&self) -> String {
+            format!("Outboxes(len={})", self.inner.len())
+        }
+    }
+
+    pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add_class::<Outboxes>()?;
+        m.add_class::<OutBytes>()
+    }
+}
