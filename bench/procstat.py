@@ -60,6 +60,19 @@ def wait_seconds(pid: int) -> float:
         return 0.0
 
 
+def io_syscalls(pid: int) -> tuple[int, int]:
+    """Read-like and write-like system calls the process has made so far (`syscr`, `syscw` of
+    /proc/PID/io; a socket's read/write/recv/send count there, epoll_wait does not): per
+    request, they tell how well a process batches its socket I/O. (0, 0) when unreadable."""
+    try:
+        fields = dict(
+            line.split(": ", 1) for line in Path(f"/proc/{pid}/io").read_text().splitlines()
+        )
+        return int(fields["syscr"]), int(fields["syscw"])
+    except (OSError, KeyError, ValueError):
+        return 0, 0
+
+
 def rss_bytes(pid: int) -> int:
     """Resident memory now (VmRSS); 0 when the kernel does not say."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

@@ -1,46 +1,53 @@
 """End-to-end benchmark of the HTTP tunnel (issue 13): requests/s, p50 and p99 for POST bodies
 of 1 KiB and 1 MiB (echoed back) at 1 and 64 concurrent clients, three ways to reach the same
-aiohttp server:
+echo server:
 
 - `direct`: the client talks to the server itself;
 - `tunnel`: client → rmb-relay (`/relay/acme/app/...`) → `rmb-relay connector` → server;
 - `baseline`: the same through `bench/baseline_tunnel.py` (aiohttp + websockets, ~100 lines).
 
-Every party is its own process; the generator is this process (uvloop, raw keep-alive HTTP/1.1
-connections, each response checked for status and length). `--half-load` then paces 64
+The server is aiohttp (`--target aiohttp`, the default) or the lean uvloop echo server of
+`bench/echo_target.py` (`--target lean`); every route of a run reaches the same one. Every
+party is its own process; the generator is this process (uvloop, one Protocol per keep-alive
+HTTP/1.1 connection, each response checked for status and length). Besides the rates, each
+row gives the CPU microseconds every process (relay, connector, target, generator) spent per
+request over the measured window, and the host's load average. `--half-load` then paces 64
 clients at half the tunnel's measured 1 KiB throughput, through the tunnel and directly, and
 reports the p99 difference. Results print as a table and go to bench/results/tunnel-*.json.
 
-    .venv/bin/python -m bench.tunnel [--seconds 3] [--half-load]
+    .venv/bin/python -m bench.tunnel [--seconds 3] [--half-load] [--msgpack] [--target lean]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import uvloop
 from aiohttp import web
 
-from .procstat import cpu_seconds, free_port
+from .procstat import cpu_seconds, free_port, io_syscalls
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "bench-secret-0123456789"
 
 
-# ---- the target server ------------------------------------------------------------------------
+# ---- the target servers ----------------------------------------------------------------------
 
 
 async def target(port: int) -> None:
+    """The aiohttp echo server (`--target aiohttp`); `bench/echo_target.py` is the lean one."""
+
     async def echo(request: web.Request) -> web.Response:
         return web.Response(body=await request.read(), content_type="application/octet-stream")
 
@@ -66,53 +73,130 @@ class Result:
     rps: float
     p50_ms: float
     p99_ms: float
+    #: cores each process used (CPU seconds per second) over the measured window
     cpu: dict[str, float]
+    #: CPU microseconds each process spent per request over the measured window
+    us_per_request: dict[str, float] = field(default_factory=dict)
+    #: read-like and write-like system calls each process made per request (/proc/PID/io)
+    syscalls_per_request: dict[str, tuple[float, float]] = field(default_factory=dict)
+    #: the host's 1-minute load average at the start and the end of the row
+    load: tuple[float, float] = (0.0, 0.0)
     paced_rps: float | None = None
 
 
-async def _client(
-    port: int,
-    path: str,
-    body: bytes,
-    until: float,
-    warm_until: float,
-    latencies: list[float],
-    interval: float | None,
-    offset: float,
-) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    head = (
-        f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/octet-stream\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode()
-    loop = asyncio.get_running_loop()
-    next_at = loop.time() + offset
-    try:
+class _Client(asyncio.Protocol):
+    """One keep-alive connection of the generator: writes a request, reads its answer (status
+    and length checked), writes the next, with no task or future per request, so the
+    generator's own CPU per request stays small beside the parties it measures. Paced
+    (`interval`): each request goes out at its slot on the loop's clock instead of at once."""
+
+    def __init__(self, run: _Run, offset: float) -> None:
+        self.run = run
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.remaining = -1
+        self.started = 0.0
+        self.next_at = 0.0
+        self.offset = offset
+        self.over = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)
+        self.next_at = self.run.loop.time() + self.offset
+        self._schedule()
+
+    def _schedule(self) -> None:
+        run = self.run
+        if run.interval is None:
+            self._send()
+            return
+        now = run.loop.time()
+        at, self.next_at = self.next_at, self.next_at + run.interval
+        if at > now:
+            run.loop.call_at(at, self._send)
+        else:
+            self._send()
+
+    def _send(self) -> None:
+        run = self.run
+        if run.loop.time() >= run.until or self.transport is None:
+            self._finish(None)
+            return
+        self.started = time.perf_counter()
+        self.transport.write(run.request)
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        buffer = self.buffer
+        run = self.run
         while True:
-            if interval is not None:
-                now = loop.time()
-                if next_at > now:
-                    await asyncio.sleep(next_at - now)
-                next_at += interval
-            start = time.perf_counter()
-            if loop.time() >= until:
+            if self.remaining < 0:
+                end = buffer.find(b"\r\n\r\n")
+                if end < 0:
+                    return
+                head = bytes(buffer[:end])
+                del buffer[: end + 4]
+                length = -1
+                for line in head.split(b"\r\n")[1:]:
+                    name, _, value = line.partition(b":")
+                    if name.strip().lower() == b"content-length":
+                        length = int(value)
+                if head[9:12] != b"200" or length != run.size:
+                    self._finish(RuntimeError(f"bad response {head[:200]!r}"))
+                    return
+                self.remaining = length
+            if len(buffer) < self.remaining:
                 return
-            writer.write(head)
-            writer.write(body)
-            response = await reader.readuntil(b"\r\n\r\n")
-            status = response[9:12]
-            length = -1
-            for line in response.split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            if status != b"200" or length != len(body):
-                raise RuntimeError(f"bad response {response[:200]!r}")
-            await reader.readexactly(length)
-            if loop.time() >= warm_until:
-                latencies.append(time.perf_counter() - start)
-    finally:
-        writer.close()
+            del buffer[: self.remaining]
+            self.remaining = -1
+            run.done += 1
+            if run.loop.time() >= run.warm_until:
+                run.latencies.append(time.perf_counter() - self.started)
+            self._schedule()
+            if not buffer:
+                return
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._finish(exc or ConnectionError("the server closed the connection"))
+
+    def _finish(self, error: BaseException | None) -> None:
+        if self.over:
+            return
+        self.over = True
+        if self.transport is not None:
+            self.transport.close()
+            self.transport = None
+        run = self.run
+        run.open -= 1
+        if run.finished.done():
+            return
+        if error is not None:
+            run.finished.set_exception(error)
+        elif not run.open:
+            run.finished.set_result(None)
+
+
+@dataclass(eq=False)
+class _Run:
+    loop: asyncio.AbstractEventLoop
+    request: bytes
+    size: int
+    until: float
+    warm_until: float
+    interval: float | None
+    open: int
+    finished: asyncio.Future[None]
+    latencies: list[float] = field(default_factory=list)
+    #: requests answered so far (warm-up included)
+    done: int = 0
+
+
+def _snapshot(pids: dict[str, int]) -> tuple[dict[str, float], dict[str, tuple[int, int]]]:
+    cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    cpu["generator"] = time.process_time()
+    io = {name: io_syscalls(pid) for name, pid in pids.items()}
+    io["generator"] = io_syscalls(os.getpid())
+    return cpu, io
 
 
 async def measure(
@@ -123,37 +207,63 @@ async def measure(
     seconds: float,
     pids: dict[str, int],
     rate: float | None = None,
-) -> tuple[int, float, float, float, dict[str, float]]:
+) -> Result:
+    """`clients` connections for `seconds` after a warm-up; CPU per request is counted over
+    the same window as the rate (warm-up excluded), from /proc for the parties and from this
+    process's own clock for the generator."""
     body = os.urandom(size)
     loop = asyncio.get_running_loop()
     warm = min(0.5, seconds / 4)
     start = loop.time()
-    latencies: list[float] = []
-    before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-    before["generator"] = time.process_time()
+    load_start = os.getloadavg()[0]
+    request = (
+        f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/octet-stream\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
     interval = clients / rate if rate else None
-    await asyncio.gather(
-        *(
-            _client(
-                port,
-                path,
-                body,
-                start + warm + seconds,
-                start + warm,
-                latencies,
-                interval,
-                (interval or 0) * i / clients,
-            )
-            for i in range(clients)
+    run = _Run(
+        loop, request, size, start + warm + seconds, start + warm, interval, clients,
+        loop.create_future(),
+    )  # fmt: skip
+    marks: dict[str, tuple[tuple[dict[str, float], dict[str, tuple[int, int]]], int, float]] = {}
+
+    def mark(name: str) -> None:
+        marks[name] = (_snapshot(pids), run.done, loop.time())
+
+    loop.call_at(start + warm, mark, "warm")
+    protocols: list[_Client] = []
+    for i in range(clients):
+        _, protocol = await loop.create_connection(
+            functools.partial(_Client, run, (interval or 0) * i / clients), "127.0.0.1", port
         )
-    )
-    cpu = {name: (cpu_seconds(pid) - before[name]) / (seconds + warm) for name, pid in pids.items()}
-    cpu["generator"] = (time.process_time() - before["generator"]) / (seconds + warm)
-    latencies.sort()
+        protocols.append(protocol)
+    try:
+        await run.finished
+    finally:
+        for protocol in protocols:
+            if protocol.transport is not None:
+                protocol.transport.close()
+    mark("end")
+    ((cpu0, io0), done0, t0), ((cpu1, io1), done1, t1) = marks["warm"], marks["end"]
+    elapsed = max(t1 - t0, 1e-6)  # uvloop's clock is per loop turn: a tiny run can read 0
+    answered = max(1, done1 - done0)
+    cpu = {name: round((cpu1[name] - cpu0[name]) / elapsed, 2) for name in cpu1}
+    per_request = {name: round((cpu1[name] - cpu0[name]) * 1e6 / answered, 1) for name in cpu1}
+    syscalls = {
+        name: (
+            round((io1[name][0] - io0[name][0]) / answered, 2),
+            round((io1[name][1] - io0[name][1]) / answered, 2),
+        )
+        for name in io1
+    }
+    latencies = sorted(run.latencies)
     n = len(latencies)
     p50 = latencies[n // 2] * 1000 if n else 0.0
     p99 = latencies[min(n - 1, int(n * 0.99))] * 1000 if n else 0.0
-    return n, n / seconds, p50, p99, {k: round(v, 2) for k, v in cpu.items()}
+    return Result(
+        "", size, clients, n, seconds, (done1 - done0) / elapsed, p50, p99, cpu, per_request,
+        syscalls, (round(load_start, 2), round(os.getloadavg()[0], 2)), rate,
+    )  # fmt: skip
 
 
 # ---- orchestration ----------------------------------------------------------------------------
@@ -208,8 +318,10 @@ async def run(args: argparse.Namespace) -> list[Result]:
         return ["-m", "bench.cpuprofile", f"{profile}/{name}.prof"] if profile else []
 
     connector_flags = ["--msgpack"] if args.msgpack else []
+    target_module = "bench.echo_target" if args.target == "lean" else "bench.tunnel"
+    target_role = [] if args.target == "lean" else ["target"]
     processes = {
-        "target": spawn([py, "-m", "bench.tunnel", "target", "--port", str(target_port)], env),
+        "target": spawn([py, "-m", target_module, *target_role, "--port", str(target_port)], env),
         "relay": spawn(
             [
                 py,
@@ -242,12 +354,23 @@ async def run(args: argparse.Namespace) -> list[Result]:
          f"ws://127.0.0.1:{base_port}/connect", "--target", target_url],
         env,
     )  # fmt: skip
+    print("pids " + " ".join(f"{name}={p.pid}" for name, p in processes.items()), flush=True)
     routes = {
         "direct": (target_port, "/echo", ("target",)),
         "tunnel": (relay_port, "/relay/acme/app/echo", ("relay", "connector", "target")),
         "baseline": (base_port, "/relay/echo", ("baseline", "baseline-connector", "target")),
     }
     results: list[Result] = []
+
+    def show(result: Result, label: str) -> None:
+        print(
+            f"{label:19} {result.body:>8} B x {result.clients:>2}: {result.rps:7.0f} req/s  "
+            f"p50 {result.p50_ms:7.2f} ms  p99 {result.p99_ms:7.2f} ms  "
+            f"us/req {result.us_per_request}  load {result.load[0]:.1f}-{result.load[1]:.1f}\n"
+            f"{'':19} syscalls/req (read, write) {result.syscalls_per_request}",
+            flush=True,
+        )
+
     try:
         for port, path, _ in routes.values():
             await wait_ready(port, path)
@@ -257,16 +380,12 @@ async def run(args: argparse.Namespace) -> list[Result]:
                     if route not in args.routes:
                         continue
                     pids = {name: processes[name].pid for name in parties}
-                    n, rps, p50, p99, cpu = await measure(
-                        port, path, size, clients, args.seconds, pids
+                    result = await measure(
+                        port, path, size, clients, args.seconds, pids, rate=args.rate
                     )
-                    result = Result(route, size, clients, n, args.seconds, rps, p50, p99, cpu)
+                    result.route = route
                     results.append(result)
-                    print(
-                        f"{route:9} {size:>8} B x {clients:>2}: {rps:9.0f} req/s  "
-                        f"p50 {p50:7.2f} ms  p99 {p99:7.2f} ms  cpu {cpu}",
-                        flush=True,
-                    )
+                    show(result, route)
         if args.half_load:
             full = next(
                 (r for r in results if (r.route, r.body, r.clients) == ("tunnel", 1024, 64)), None
@@ -276,16 +395,10 @@ async def run(args: argparse.Namespace) -> list[Result]:
                 for route in ("direct", "tunnel"):
                     port, path, parties = routes[route]
                     pids = {name: processes[name].pid for name in parties}
-                    n, rps, p50, p99, cpu = await measure(
-                        port, path, 1024, 64, args.seconds, pids, rate=rate
-                    )
-                    result = Result(route, 1024, 64, n, args.seconds, rps, p50, p99, cpu, rate)
+                    result = await measure(port, path, 1024, 64, args.seconds, pids, rate=rate)
+                    result.route = route
                     results.append(result)
-                    print(
-                        f"half load {route:9} {rate:7.0f}/s paced: {rps:7.0f} req/s  "
-                        f"p50 {p50:6.2f} ms  p99 {p99:6.2f} ms  cpu {cpu}",
-                        flush=True,
-                    )
+                    show(result, f"half {rate:.0f}/s {route}")
     finally:
         for process in processes.values():
             process.terminate()
@@ -304,7 +417,19 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--half-load", action="store_true")
     parser.add_argument("--msgpack", action="store_true", help="the connector speaks msgpack")
+    parser.add_argument(
+        "--rate",
+        type=float,
+        help="pace every row at this many requests/s in all (CPU per request at a fixed rate "
+        "compares two versions of the code on a busy host better than their peak rates)",
+    )
     parser.add_argument("--routes", nargs="+", default=["direct", "tunnel", "baseline"])
+    parser.add_argument(
+        "--target",
+        choices=("aiohttp", "lean"),
+        default="aiohttp",
+        help="the echo server every route reaches: aiohttp, or bench/echo_target.py",
+    )
     args = parser.parse_args()
     if args.role == "target":
         uvloop.run(target(args.port))
@@ -315,7 +440,15 @@ def main() -> None:
     ).stdout.strip()
     out = ROOT / "bench" / "results" / f"tunnel-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(
-        json.dumps({"commit": commit, "results": [asdict(r) for r in results]}, indent=1)
+        json.dumps(
+            {
+                "commit": commit,
+                "target": args.target,
+                "connector": "msgpack" if args.msgpack else "json",
+                "results": [asdict(r) for r in results],
+            },
+            indent=1,
+        )
     )
     print(f"written {out.relative_to(ROOT)}")
 

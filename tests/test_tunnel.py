@@ -127,6 +127,48 @@ async def test_target_errors_map_to_502_and_504(start_tunnel: StartTunnel) -> No
         assert (await client.get("/relay/acme/app/status/418")).status_code == 418
 
 
+async def test_kept_alive_target_connection_504_then_recovers(start_tunnel: StartTunnel) -> None:
+    """The task-less path (a kept-alive target connection at hand) keeps the statuses: a
+    target that does not answer in time is 504, and the next request gets a new connection."""
+    tunnel = await start_tunnel()
+    await tunnel.connect(targets={"app": WebTarget(tunnel.target.url, 5.0)}, target_timeout=0.5)
+    async with tunnel.client() as client:
+        assert (await client.get("/relay/acme/app/status/201")).status_code == 201  # warm
+        assert (await client.get("/relay/acme/app/slow")).status_code == 504
+        tunnel.target.release.set()
+        assert (await client.post("/relay/acme/app/echo", content=b"hi")).content == b"hi"
+
+
+async def test_target_closing_kept_alive_connections_is_retried(
+    start_tunnel: StartTunnel,
+) -> None:
+    """A target that announces keep-alive and then closes the connection: the request sent on
+    the closed connection is retried on a new one, not answered 502."""
+    served = 0
+
+    async def one_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal served
+        await reader.readuntil(b"\r\n\r\n")
+        served += 1
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(one_then_close, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        tunnel = await start_tunnel()
+        await tunnel.connect(targets={"app": WebTarget(f"http://127.0.0.1:{port}", 5.0)})
+        async with tunnel.client() as client:
+            for _ in range(3):
+                reply = await client.get("/relay/acme/app/x")
+                assert (reply.status_code, reply.content) == (200, b"ok")
+        assert served == 3
+    finally:
+        server.close()
+        await server.wait_closed()
+
+
 async def test_queue_mode_answers_202_and_the_target_runs(start_tunnel: StartTunnel) -> None:
     tunnel = await start_tunnel()
     await tunnel.connect()

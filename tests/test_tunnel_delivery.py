@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -211,6 +212,27 @@ def test_reconnect_delay_is_immediate_then_random_in_range() -> None:
     delays = [reconnect_delay(2, 30, 300, rng) for _ in range(1000)]
     assert all(30 <= d <= 300 for d in delays)
     assert max(delays) - min(delays) > 200  # spread out, not one value
+
+
+async def test_stop_ends_a_connector_waiting_to_reconnect() -> None:
+    """SIGTERM (stop) during a long reconnect delay ends the connector at once."""
+    from rmb_relay.protocols.tunnel.connector import Connector
+    from tests.redis_process import free_port
+
+    waiting = asyncio.Event()
+
+    class Rng(random.Random):
+        def uniform(self, a: float, b: float) -> float:
+            waiting.set()  # reconnect_delay draws the delay right before the wait
+            return super().uniform(a, b)
+
+    connector = Connector(
+        f"http://127.0.0.1:{free_port()}", "acme", "x", {}, reconnect=(3600, 3600), rng=Rng()
+    )
+    task = asyncio.get_running_loop().create_task(connector.run())
+    await asyncio.wait_for(waiting.wait(), WAIT)
+    await connector.stop()
+    await asyncio.wait_for(task, WAIT)
 
 
 async def test_connector_reconnects_after_the_relay_drops_it(start_tunnel: StartTunnel) -> None:

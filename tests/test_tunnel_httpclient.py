@@ -142,6 +142,45 @@ async def test_close_delimited_body_and_chunk_extensions_and_trailers() -> None:
         pool.close()
 
 
+async def test_small_bodies_come_whole_with_the_head_larger_ones_stream() -> None:
+    async with AsyncExitStack() as stack:
+        port = await aiohttp_target(stack)
+        pool = HttpClientPool("127.0.0.1", port, f"127.0.0.1:{port}")
+        small = await pool.request("GET", "/plain", [], b"", 0, whole_limit=100)
+        assert (small.body, small.content_length) == (b"x" * 100, 100)
+        assert await small.read() == b"x" * 100
+        again = await pool.request("GET", "/plain", [], b"", 0, whole_limit=100)
+        assert [chunk async for chunk in again.iter()] == [b"x" * 100]
+        assert len(pool._idle) == 1  # whole bodies leave the connection reusable
+        over = await pool.request("GET", "/plain", [], b"", 0, whole_limit=99)
+        assert (over.body, over.content_length) == (None, 100)
+        assert await over.read() == b"x" * 100
+        chunked = await pool.request("GET", "/big", [], b"", 0, whole_limit=1 << 30)
+        assert chunked.body is None  # no length: never read whole
+        total = 0
+        async for chunk in chunked.iter():
+            total += len(chunk)
+        assert total == 8 << 20
+        empty = await pool.request("GET", "/status/204", [], b"", 0, whole_limit=100)
+        assert (empty.status, await empty.read()) == (204, b"")
+        pool.close()
+
+
+async def test_a_whole_body_cut_short_is_a_target_error() -> None:
+    async def short(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort")
+        await writer.drain()
+        writer.close()
+
+    async with AsyncExitStack() as stack:
+        port = await raw_target(stack, short)
+        pool = HttpClientPool("127.0.0.1", port, "x")
+        with pytest.raises(TargetError):
+            await pool.request("GET", "/", [], b"", 0, whole_limit=100)
+        pool.close()
+
+
 async def test_stale_kept_alive_connection_is_replaced_once() -> None:
     served = 0
 

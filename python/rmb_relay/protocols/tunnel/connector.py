@@ -13,7 +13,11 @@ Each `RequestTarget` runs as its own task (spec §6): refuse it when its `expire
 find the target (404 when there is none), fetch an outsourced body from the relay while the
 target reads it, run the target within `target_timeout` (504) catching its failures (502),
 answer inline up to 16 KiB or upload the body with `POST /tunnel/body/response/{id}`, and
-`Deliver`. Acknowledgements follow the request's mode (hub.py).
+`Deliver`. Acknowledgements follow the request's mode (hub.py). The common small request
+(mode 0, no tracing, a body in hand, a web target with an idle kept-alive connection) skips
+the task: it is sent from the websocket callback and delivered from the target connection's
+callback (`_start_fast`), with the same outcomes. The `Deliver`s and `Acknowledge`s of a loop
+turn go out in one websocket write.
 """
 
 from __future__ import annotations
@@ -31,8 +35,17 @@ import aiohttp
 from rmb_relay._core import WsMessage
 from rmb_relay.clock import nanos
 from rmb_relay.errors import ConnectionClosed, HandshakeError
+from rmb_relay.protocols.tunnel.httpclient import Head, HttpClientPool, TargetReply, _Connection
 from rmb_relay.protocols.tunnel.settings import INLINE_LIMIT
-from rmb_relay.protocols.tunnel.targets import Body, EchoTarget, PingTarget, Reply, Target
+from rmb_relay.protocols.tunnel.targets import (
+    Body,
+    EchoTarget,
+    PingTarget,
+    Reply,
+    Target,
+    WebTarget,
+    reply_of,
+)
 from rmb_relay.protocols.tunnel.wire import (
     AcknowledgeRequest,
     ClientRequest,
@@ -61,6 +74,72 @@ def reconnect_delay(attempt: int, low: float, high: float, rng: random.Random) -
     random time in [low, high] so that connectors a relay lost together do not all return in
     the same second (RelayServer's DiscoveryDocumentRetryPolicy)."""
     return 0.0 if attempt <= 1 else rng.uniform(low, high)
+
+
+def _cancel_for_timeout(task: asyncio.Task[None], fired: list[bool]) -> None:
+    """The target timeout: cancel the request's task and say why (`_run` answers 504)."""
+    fired.append(True)
+    task.cancel()
+
+
+class _FastExchange:
+    """One request of `Connector._start_fast` in flight: the target connection's callback,
+    and the target timeout."""
+
+    __slots__ = ("conn", "connector", "over", "pool", "received", "request", "timer")
+
+    def __init__(self, connector: Connector, request: ClientRequest, received: float) -> None:
+        self.connector = connector
+        self.request = request
+        self.received = received
+        self.pool: HttpClientPool | None = None
+        self.conn: _Connection | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        #: answered (or timed out): a late callback is ignored
+        self.over = False
+
+    def __call__(self, conn: _Connection, head: Head | None, err: Exception | None) -> None:
+        if self.over:
+            return
+        self.over = True
+        if self.timer is not None:
+            self.timer.cancel()
+        connector, request, pool = self.connector, self.request, self.pool
+        assert pool is not None
+        if head is None:
+            if not conn.received_any:
+                # maybe a kept-alive connection the target had closed: the task path retries
+                connector._start_task(request, self.received)
+                return
+            log.info("connector: target of %s failed: %s", request.request_id, err)
+            connector._deliver_now(request, Reply(502))
+            return
+        status, raw_headers, body = head
+        headers = [(k, v.decode("latin-1")) for k, v in raw_headers]
+        if body is not None or conn.done:
+            pool.put_back(conn)
+            content = body or b""
+            connector._deliver_now(request, Reply(status, headers, content, len(content)))
+            return
+        # a large or streamed answer (or a chunked one still ending): a task reads it as
+        # WebTarget.call does, then uploads it if it is large
+        task = asyncio.get_running_loop().create_task(
+            connector._deliver_target_reply(
+                request, TargetReply(pool, conn, status, raw_headers), self.received
+            )
+        )
+        connector._tasks.add(task)
+        task.add_done_callback(connector._tasks.discard)
+
+    def time_out(self) -> None:
+        """The target took longer than `target_timeout`: 504, and the connection is dropped."""
+        if self.over:
+            return
+        self.over = True
+        if self.conn is not None:
+            self.conn.on_head = None
+            self.conn.abandon()
+        self.connector._deliver_now(self.request, Reply(504))
 
 
 class Connector:
@@ -92,6 +171,8 @@ class Connector:
         self._token: str | None = None
         self._session: aiohttp.ClientSession | None = None
         self._ws: WebSocketClient | None = None
+        #: messages to the relay queued in this loop turn (`_send`)
+        self._outbox: list[bytes] = []
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
         #: set by `stop`: ends the wait between reconnects at once
@@ -169,6 +250,9 @@ class Connector:
             on_message=self._on_ws_message,
         )
         self._ws = ws
+        if self._stopping:  # stop() came while we connected
+            await ws.close()
+            return
         self.connected.set()
         keepalive = asyncio.get_running_loop().create_task(self._keepalive(ws))
         try:
@@ -196,29 +280,107 @@ class Connector:
             return
         if isinstance(message, ClientRequest):
             self.received.append(message.request_id)
-            task = asyncio.get_running_loop().create_task(self._handle(message, time.monotonic()))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            if not self._start_fast(message):
+                self._start_task(message, time.monotonic())
         elif isinstance(message, TenantConfig):
             self.reconnect = (message.reconnect_minimum_delay, message.reconnect_maximum_delay)
         elif isinstance(message, ErrorMessage):
             log.warning("connector: the relay refused a message: %s", message.message)
 
     async def _send(self, message: TargetResponse | AcknowledgeRequest) -> None:
+        """Queue the message for this loop turn's write (all the `Deliver`s and `Acknowledge`s
+        of a turn go out in one syscall, in order), and wait while the socket is congested."""
+        ws = self._queue(message)
+        if ws is not None and ws.congested:
+            await ws.drain()
+
+    def _queue(self, message: TargetResponse | AcknowledgeRequest) -> WebSocketClient | None:
         ws = self._ws
         if ws is None or not ws.is_open:
-            return
-        data = encode(message, self.binary)
+            return None
+        if not self._outbox:
+            asyncio.get_running_loop().call_soon(self._flush, ws)
+        self._outbox.append(encode(message, self.binary))
+        return ws
+
+    def _flush(self, ws: WebSocketClient) -> None:
+        outbox, self._outbox = self._outbox, []
+        if ws is not self._ws or not ws.is_open:
+            return  # the reconnect follows; the relay redelivers what was not acknowledged
         try:
             if self.binary:
-                ws.send_binary(data)
+                ws.send_binaries(outbox)
             else:
-                ws.send_text(data.decode())
-            await ws.drain()
+                ws.send_texts([data.decode() for data in outbox])
         except ConnectionClosed:
-            pass  # the reconnect follows; the relay redelivers what was not acknowledged
+            pass
 
     # ---- requests --------------------------------------------------------------------------
+
+    def _start_task(self, request: ClientRequest, received: float) -> None:
+        task = asyncio.get_running_loop().create_task(self._handle(request, received))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _start_fast(self, request: ClientRequest) -> bool:
+        """The common small request without a task: no acknowledgement, tracing or stored
+        body, a web target with an idle kept-alive connection. The request goes out now; the
+        answer (its body read whole when small) comes back through a callback from the target
+        connection's `data_received` and is queued as `Deliver` in the same call. Anything
+        else (a large or streamed answer, a failure on a connection that had received nothing,
+        no idle connection) falls back to the task of `_handle`, with the same outcomes: 502
+        on a target failure, 504 after `target_timeout`. Returns False when not taken."""
+        if (
+            request.acknowledge_mode
+            or request.enable_tracing
+            or request.discard_connector_response
+            or request.outsourced
+        ):
+            return False
+        target = self.targets.get(request.target.upper())
+        if not isinstance(target, WebTarget):
+            return False
+        received = time.monotonic()
+        headers = [(k, v) for k, values in request.http_headers.items() for v in values]
+        exchange = _FastExchange(self, request, received)
+        started = target.try_start(
+            request.http_method, request.url, headers, request.body_content or b"", exchange
+        )
+        if started is None:
+            return False
+        exchange.pool, exchange.conn = started
+        exchange.timer = asyncio.get_running_loop().call_later(
+            self.target_timeout, exchange.time_out
+        )
+        return True
+
+    async def _deliver_target_reply(
+        self, request: ClientRequest, reply: TargetReply, started: float
+    ) -> None:
+        try:
+            await self._deliver(request, await reply_of(reply), started)
+        except Exception:
+            log.exception("connector: request %s failed", request.request_id)
+
+    def _deliver_now(self, request: ClientRequest, reply: Reply) -> None:
+        """`_deliver` for a reply whose body is in hand and inline-sized (no upload, no wait)."""
+        body = reply.body
+        assert isinstance(body, bytes)
+        response = TargetResponse(
+            request_id=request.request_id,
+            request_origin_id=request.request_origin_id,
+            http_status_code=reply.status,
+            request_failed=reply.status >= 400,
+            body_content=body or None,
+            body_size=len(body),
+            original_body_size=len(body),
+        )
+        headers: dict[str, list[str]] = {}
+        for name, value in reply.headers:
+            if name.lower() not in ("content-length", "transfer-encoding"):
+                headers.setdefault(name, []).append(value)
+        response.http_headers = headers
+        self._queue(response)
 
     def _auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"}
@@ -265,16 +427,27 @@ class Connector:
         body: Body = request.body_content or b""
         if request.outsourced:
             body = self._download(request)
+        # the target timeout is a plain timer cancelling this task (what asyncio.timeout does,
+        # at a fraction of its cost per request)
+        task = asyncio.current_task()
+        assert task is not None
+        fired: list[bool] = []
+        timer = asyncio.get_running_loop().call_later(
+            self.target_timeout, _cancel_for_timeout, task, fired
+        )
         try:
-            async with asyncio.timeout(self.target_timeout):
-                return await target.call(
-                    request.http_method, request.url, headers, body, request.body_size
-                )
-        except TimeoutError:
-            return Reply(504)
+            return await target.call(
+                request.http_method, request.url, headers, body, request.body_size
+            )
+        except asyncio.CancelledError:
+            if fired and task.uncancel() == 0:
+                return Reply(504)
+            raise
         except (aiohttp.ClientError, OSError) as err:  # TargetError is an OSError
             log.info("connector: target of %s failed: %s", request.request_id, err)
             return Reply(502)
+        finally:
+            timer.cancel()
 
     async def _download(self, request: ClientRequest) -> AsyncIterator[bytes]:
         assert self._session is not None

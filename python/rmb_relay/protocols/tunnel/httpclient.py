@@ -15,12 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import cast
 
 from rmb_relay._core import HttpParseError, encode_request, parse_response_head
 
 __all__ = ["HttpClientPool", "TargetError", "TargetReply"]
+
+#: a response head as the connection hands it over: status, headers, and the whole body when
+#: it was small enough to be read with the head (else None: read it from the connection)
+Head = tuple[int, list[tuple[str, bytes]], bytes | None]
+#: `HttpClientPool.try_send`'s callback: the head (with the whole body when small), or the error
+OnHead = Callable[["_Connection", Head | None, Exception | None], None]
 
 #: unread response bytes above which the connection stops reading (and under half resumes)
 BUFFER_LIMIT = 256 * 1024
@@ -40,13 +46,18 @@ class _Connection(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.buffer = bytearray()
-        self.head: asyncio.Future[tuple[int, list[tuple[str, bytes]]]] | None = None
+        self.head: asyncio.Future[Head] | None = None
         self.chunks: collections.deque[bytes] = collections.deque()
         self.buffered = 0
         self.paused = False
         self.waiter: asyncio.Future[None] | None = None
-        #: 'idle', 'head', 'length', 'chunk-size', 'chunk-data', 'chunk-crlf', 'trailers', 'eof'
+        #: 'idle', 'head', 'length', 'whole', 'chunk-size', 'chunk-data', 'chunk-crlf',
+        #: 'trailers', 'eof'
         self.state = "idle"
+        #: a Content-Length body up to this size is read whole before the head is handed over
+        self.whole_limit = 0
+        #: the head held back while its body is read whole
+        self.held: tuple[int, list[tuple[str, bytes]]] | None = None
         self.remaining = 0
         self.no_body = False
         self.done = False
@@ -58,6 +69,8 @@ class _Connection(asyncio.Protocol):
         self._writable.set()
         #: the task streaming the current request's body, if any
         self.sender: asyncio.Task[None] | None = None
+        #: told the head instead of `head` (a request sent with `try_send`)
+        self.on_head: OnHead | None = None
 
     # ---- asyncio -------------------------------------------------------------------------
 
@@ -92,9 +105,14 @@ class _Connection(asyncio.Protocol):
 
     # ---- response parsing ----------------------------------------------------------------
 
-    def start(self, method: str) -> asyncio.Future[tuple[int, list[tuple[str, bytes]]]]:
-        self.head = asyncio.get_running_loop().create_future()
+    def start(
+        self, method: str, whole_limit: int = 0, on_head: OnHead | None = None
+    ) -> asyncio.Future[Head] | None:
+        """Expect a response: its head resolves the returned future, or goes to `on_head`."""
+        self.on_head = on_head
+        self.head = None if on_head is not None else asyncio.get_running_loop().create_future()
         self.state = "head"
+        self.whole_limit = whole_limit
         self.no_body = method == "HEAD"
         self.done = False
         self.reusable = False
@@ -119,8 +137,23 @@ class _Connection(asyncio.Protocol):
                 if 100 <= status < 200:
                     continue  # an interim response: the real one follows
                 self._framing(status, headers)
-                if self.head is not None and not self.head.done():
-                    self.head.set_result((status, headers))
+                if self.state == "length" and self.remaining <= self.whole_limit:
+                    # a small body: hand it over with the head (no stream, no waiter)
+                    self.held = (status, headers)
+                    self.state = "whole"
+                else:
+                    self._head_ready((status, headers, None))
+            elif state == "whole":
+                if len(buffer) < self.remaining:
+                    return
+                body = bytes(buffer[: self.remaining])
+                del buffer[: self.remaining]
+                self.remaining = 0
+                self.state = "idle"
+                self.done = True
+                held, self.held = self.held, None
+                if held is not None:
+                    self._head_ready((held[0], held[1], body))
             elif state == "length":
                 take = min(len(buffer), self.remaining)
                 self._push(bytes(buffer[:take]))
@@ -173,6 +206,13 @@ class _Connection(asyncio.Protocol):
             else:  # idle: bytes nobody asked for
                 raise TargetError("target sent data without a request")
 
+    def _head_ready(self, head: Head) -> None:
+        on_head, self.on_head = self.on_head, None
+        if on_head is not None:
+            on_head(self, head, None)
+        elif self.head is not None and not self.head.done():
+            self.head.set_result(head)
+
     def _framing(self, status: int, headers: list[tuple[str, bytes]]) -> None:
         keep = True
         chunked = False
@@ -219,7 +259,10 @@ class _Connection(asyncio.Protocol):
     def _fail(self, err: Exception) -> None:
         self.error = err
         self.reusable = False
-        if self.head is not None and not self.head.done():
+        on_head, self.on_head = self.on_head, None
+        if on_head is not None:
+            on_head(self, None, err)
+        elif self.head is not None and not self.head.done():
             self.head.set_exception(err)
         self._wake()
         if self.transport is not None:
@@ -285,14 +328,19 @@ class TargetReply:
         conn: _Connection,
         status: int,
         headers: list[tuple[str, bytes]],
+        body: bytes | None = None,
     ) -> None:
         self.status = status
         self.headers = headers
+        #: the whole body when it was read with the head (`request(whole_limit=...)`)
+        self.body = body
         self._pool = pool
         self._conn: _Connection | None = conn
 
     @property
     def content_length(self) -> int | None:
+        if self.body is not None:
+            return len(self.body)
         if self._conn is not None and self._conn.done and not self._conn.chunks:
             return 0
         for name, value in self.headers:
@@ -301,10 +349,18 @@ class TargetReply:
         return None
 
     async def read(self) -> bytes:
+        if self.body is not None:
+            self.release()
+            return self.body
         parts = [chunk async for chunk in self.iter()]
         return b"".join(parts)
 
     async def iter(self) -> AsyncIterator[bytes]:
+        if self.body is not None:
+            self.release()
+            if self.body:
+                yield self.body
+            return
         conn = self._conn
         if conn is None:
             return
@@ -354,6 +410,37 @@ class HttpClientPool:
         elif conn.transport is not None:
             conn.transport.close()
 
+    def try_send(
+        self,
+        method: str,
+        target: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        whole_limit: int,
+        on_head: OnHead,
+    ) -> _Connection | None:
+        """The callback form of `request` for a body in hand, on a kept-alive connection:
+        sends at once and returns the connection, whose `on_head` is called from
+        `data_received` with the head (and the whole body up to `whole_limit`) or the error;
+        no task or future per exchange. None when no idle connection is at hand (use
+        `request`). The caller puts the connection back (`put_back`) once it has the body,
+        and retries with `request` an error on a connection that had received nothing (a
+        kept-alive connection the target had closed)."""
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
+            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
+                break
+            conn.abandon()  # the target closed it while it was idle
+        else:
+            return None
+        conn.start(method, whole_limit, on_head)
+        assert conn.transport is not None
+        conn.transport.write(
+            encode_request(method, target, [("Host", self.host_header), *headers], body)
+        )
+        return conn
+
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
         _, protocol = await loop.create_connection(_Connection, self.host, self.port)
@@ -366,14 +453,18 @@ class HttpClientPool:
         headers: list[tuple[str, str]],
         body: bytes | AsyncIterator[bytes],
         length: int,
+        whole_limit: int = 0,
     ) -> TargetReply:
-        """Send the request and wait for the response head; raises TargetError or OSError."""
+        """Send the request and wait for the response head; raises TargetError or OSError. A
+        response whose Content-Length is at most `whole_limit` is read whole first (its
+        `body`): one wake-up per small exchange instead of a head, then body chunks."""
         headers = [("Host", self.host_header), *headers]
         streamed = not isinstance(body, bytes)
         for attempt in (0, 1):
             fresh = not self._idle
             conn = self._idle.pop() if self._idle else await self._connect()
-            head = conn.start(method)
+            head = conn.start(method, whole_limit)
+            assert head is not None
             transport = conn.transport
             assert transport is not None
             try:
@@ -384,7 +475,7 @@ class HttpClientPool:
                     # reads (an echo, a proxy) must not wait for us to read its answer first
                     transport.write(_streamed_head(method, target, headers, length))
                     conn.sender = asyncio.get_running_loop().create_task(conn.send_body(body))
-                status, response_headers = await head
+                status, response_headers, whole = await head
             except TargetError:
                 # a kept-alive connection the target had closed: once more on a new one
                 if fresh or streamed or conn.received_any or attempt:
@@ -395,7 +486,7 @@ class HttpClientPool:
                 # late answer on this connection, so it must not be reused or leaked
                 conn.abandon()
                 raise
-            return TargetReply(self, conn, status, response_headers)
+            return TargetReply(self, conn, status, response_headers, whole)
         raise TargetError("unreachable")  # pragma: no cover
 
     def close(self) -> None:

@@ -151,7 +151,7 @@ class ConnectorSession(WebSocketHandler):
         self.tenant_name = tenant_name
         self.binary = binary
         self.connection_id = secrets.token_hex(8)
-        #: msgpack messages of this loop turn, written together (one syscall for many requests)
+        #: messages of this loop turn, written together (one syscall for many requests)
         self._outbox: list[bytes] = []
         #: jobs sent to this connector and not delivered yet
         self.inflight: dict[str, Job] = {}
@@ -160,18 +160,21 @@ class ConnectorSession(WebSocketHandler):
         self.open = False
 
     def send_message(self, message: ClientRequest | TenantConfig | ErrorMessage) -> None:
-        data = encode(message, self.binary)
-        if not self.binary:
-            self.peer.send_text(data)
-            return
         if not self._outbox:
             asyncio.get_running_loop().call_soon(self._flush)
-        self._outbox.append(data)
+        self._outbox.append(encode(message, self.binary))
 
     def _flush(self) -> None:
         outbox, self._outbox = self._outbox, []
-        if self.peer.is_open:
-            self.peer.send_many(outbox)
+        peer = self.peer
+        if not peer.is_open:
+            return
+        if self.binary:
+            peer.send_many(outbox)
+            return
+        with peer.batch():  # JSON text frames: one write too
+            for data in outbox:
+                peer.send_text(data)
 
     def on_open(self) -> None:
         self.open = True

@@ -17,9 +17,14 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from rmb_relay.errors import ConfigError
-from rmb_relay.protocols.tunnel.httpclient import HttpClientPool
+from rmb_relay.protocols.tunnel.httpclient import (
+    HttpClientPool,
+    OnHead,
+    TargetReply,
+    _Connection,
+)
 
-__all__ = ["EchoTarget", "PingTarget", "Reply", "Target", "WebTarget", "parse_target"]
+__all__ = ["EchoTarget", "PingTarget", "Reply", "Target", "WebTarget", "parse_target", "reply_of"]
 
 Body = bytes | AsyncIterator[bytes]
 #: bodies up to this size are read whole (they travel inline)
@@ -143,19 +148,48 @@ class WebTarget(Target):
         length: int,
     ) -> Reply:
         target = f"{self._prefix}/{url}"
-        reply = await pool.request(method, target, headers, body if length else b"", length)
-        reply_headers = [(k, v.decode("latin-1")) for k, v in reply.headers]
-        known = reply.content_length
-        if known is not None and known <= INLINE_LIMIT:
-            content = await reply.read()
-            return Reply(reply.status, reply_headers, content, len(content))
-        return Reply(reply.status, reply_headers, reply.iter(), known, closer=reply.release)
+        reply = await pool.request(
+            method, target, headers, body if length else b"", length, whole_limit=INLINE_LIMIT
+        )
+        return await reply_of(reply)
+
+    def try_start(
+        self,
+        method: str,
+        url: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        on_head: OnHead,
+    ) -> tuple[HttpClientPool, _Connection] | None:
+        """Send a request with a small body in hand on a kept-alive connection, its answer to
+        `on_head` (`HttpClientPool.try_send`); None when that is not possible here (https, no
+        idle connection): use `call`."""
+        pool = self._pool
+        if pool is None:
+            return None
+        out = [(k, v) for k, v in headers if k.lower() not in SKIP_REQUEST]
+        conn = pool.try_send(method, f"{self._prefix}/{url}", out, body, INLINE_LIMIT, on_head)
+        return None if conn is None else (pool, conn)
 
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
         if self._pool is not None:
             self._pool.close()
+
+
+async def reply_of(reply: TargetReply) -> Reply:
+    """A target response as a Reply: its body whole when it is small (read with the head, or
+    already complete, e.g. an empty chunked body), else a stream to upload."""
+    reply_headers = [(k, v.decode("latin-1")) for k, v in reply.headers]
+    if reply.body is not None:
+        reply.release()
+        return Reply(reply.status, reply_headers, reply.body, len(reply.body))
+    known = reply.content_length
+    if known is not None and known <= INLINE_LIMIT:
+        content = await reply.read()
+        return Reply(reply.status, reply_headers, content, len(content))
+    return Reply(reply.status, reply_headers, reply.iter(), known, closer=reply.release)
 
 
 def parse_target(text: str, timeout: float) -> tuple[str, Target]:

@@ -136,10 +136,14 @@ def _camel(name: str) -> str:
     return head + "".join(part.capitalize() for part in rest)
 
 
+#: exact types accepted per annotation (bool is not an int here)
+_SIMPLE: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "bool": (bool,)}
+
+
 class _Field:
     """One field's wire name and type, worked out once per class (decoding runs per message)."""
 
-    __slots__ = ("attr", "base", "optional", "required", "wire")
+    __slots__ = ("attr", "base", "optional", "required", "simple", "wire")
 
     def __init__(self, attr: str, annotation: str, required: bool) -> None:
         self.attr = attr
@@ -147,6 +151,9 @@ class _Field:
         self.optional = annotation.endswith("| None")
         self.base = annotation.removesuffix(" | None")
         self.required = required
+        #: the exact types a str/int/bool field takes as they are (checked inline by
+        #: `_from_object`, without a `_check` call per field); empty for the other kinds
+        self.simple: tuple[type, ...] = _SIMPLE.get(self.base, ())
 
 
 _FIELDS: dict[type[Any], tuple[_Field, ...]] = {
@@ -156,8 +163,6 @@ _FIELDS: dict[type[Any], tuple[_Field, ...]] = {
     )
     for cls in _TYPES.values()
 }
-#: exact types accepted per annotation (bool is not an int here)
-_SIMPLE: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "bool": (bool,)}
 
 
 def _check(cls: type[Any], spec: _Field, value: Any, binary: bool) -> Any:
@@ -176,7 +181,9 @@ def _check(cls: type[Any], spec: _Field, value: Any, binary: bool) -> Any:
             return value
         if not binary and type(value) is str:
             try:
-                return base64.b64decode(value, validate=True)
+                # strict: the alphabet, padding and nothing after it, checked in C
+                # (b64decode(validate=True) runs a regex over the text first)
+                return binascii.a2b_base64(value, strict_mode=True)
             except (binascii.Error, ValueError):
                 raise WireError(f"{cls.NAME}.{spec.wire} is not valid base64") from None
     elif base == "float":
@@ -223,7 +230,10 @@ def _from_object(cls: type[M], obj: Any, binary: bool) -> M:
             if spec.required:
                 raise WireError(f"{cls.NAME}.{spec.wire} is missing")
             continue
-        values[spec.attr] = _check(cls, spec, value, binary)
+        if type(value) in spec.simple or (value is None and spec.optional):
+            values[spec.attr] = value  # the common case, decided without a call
+        else:
+            values[spec.attr] = _check(cls, spec, value, binary)
     return cls(**values)
 
 
