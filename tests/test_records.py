@@ -374,34 +374,3 @@ async def test_tunnel_requests_are_recorded(start_tunnel: StartTunnel, tmp_path:
     ]
     assert rows[0]["relay_us"] > 0
     assert rows[1]["reason"] == "unknown tenant"
-
-
-async def test_a_held_record_is_written_once_at_its_outcome(tmp_path: Path) -> None:
-    """`Channel.hold`: the next `add`, if it is the held message's, waits for `settle` (and is
-    then written with the outcome's time); any other `add` is recorded as usual and ends the
-    hold, so a hold never catches a later message's record."""
-    clock = FakeClock(T0)
-    recorder = Recorder(tmp_path, "r", clock=clock)
-    recorder.start()
-    rmb = recorder.channel("rmb")
-    held = rmb.hold(2, 10)
-    rmb.add(1, 2, 10, "cluster", "delivered", received=T0)
-    refused = rmb.hold(2, 10)
-    rmb.add(1, 2, 10, "cluster", "delivered", received=T0)
-    rmb.add(1, 2, 10, "none", "rejected", "redis down", received=T0)  # `refused` not settled
-    other = rmb.hold(3, 10)
-    rmb.add(1, 4, 10, "local", "delivered", received=T0)  # not the held message's: recorded
-    rmb.add(1, 3, 10, "cluster", "delivered", received=T0)  # the hold ended: recorded
-    clock.now += 2_000_000_000
-    held.settle("cluster", "delivered")
-    other.settle("cluster", "delivered")  # nothing was held: nothing written
-    del refused
-    await recorder.close()
-    rows = read_table(tmp_path).sort_by("time").to_pylist()
-    found = [(r["dst"], r["route"], r["outcome"], r["reason"], r["relay_us"]) for r in rows]
-    assert found == [
-        ("2", "none", "rejected", "redis down", 0),
-        ("4", "local", "delivered", None, 0),
-        ("3", "cluster", "delivered", None, 0),
-        ("2", "cluster", "delivered", None, 2_000_000),
-    ]

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from rmb_relay._core import Outboxes, RouteTable
@@ -78,6 +77,19 @@ class Endpoint(Protocol):
         while the message was being stored): deliver the mailbox."""
 
 
+class QueuedForward(Protocol):
+    """Told how a message queued for another instance's stream ended (`Cluster.forward`
+    with `queued`): the sender went on at once, so its bookkeeping (the error envelope of a
+    refused request, the message's one route record) happens here, at the outcome."""
+
+    def settled(self, route: str, outcome: str, reason: str | None = None) -> None:
+        """It ended as route `cluster` (Redis took it), or, its holder gone, `mailbox` /
+        `none` (stored, or dropped for `reason`) after it was routed again."""
+
+    def refused(self, err: BaseException) -> None:
+        """Redis refused it: it was not accepted."""
+
+
 class ClusterRoute(Protocol):
     """The switch's view of `cluster.Cluster` (other instances sharing Redis)."""
 
@@ -92,7 +104,7 @@ class ClusterRoute(Protocol):
         address: Address,
         frame: bytes,
         deadline: int | None,
-        on_refused: Callable[[BaseException], None] | None = None,
+        queued: QueuedForward | None = None,
     ) -> bool: ...
 
     def forward_nowait(
@@ -100,7 +112,7 @@ class ClusterRoute(Protocol):
         address: Address,
         frame: bytes,
         deadline: int | None,
-        on_refused: Callable[[BaseException], None],
+        queued: QueuedForward,
     ) -> bool: ...
 
     def forward_soon(self, address: Address, frame: bytes) -> None: ...
@@ -204,15 +216,14 @@ class Switch:
         *,
         deadline: int | None = None,
         store: bool = True,
-        on_refused: Callable[[BaseException], None] | None = None,
+        queued: QueuedForward | None = None,
     ) -> Outcome:
         """Local connection first; else the instance holding it (cluster); else, for a session
         address with a `deadline` (unix seconds) and `store`, the mailbox. The deadline also
         travels with a forwarded message, for the far instance to store it if its holder left
         meanwhile. Raises `MailboxUnavailable` (or its `ClusterUnavailable`) when Redis cannot
-        take the message. With `on_refused`, a message for another instance is only queued
-        for its stream (FORWARDED at once; `Cluster.forward`), and `on_refused(error)` is
-        called if Redis then refuses it.
+        take the message. With `queued`, a message for another instance is only queued for
+        its stream (FORWARDED at once; `Cluster.forward`), and `queued` hears how it ended.
 
         This is the path of producers outside a socket read (slow-path tasks, stream
         consumers): a congested receiver is waited for (`Peer.writable`) instead of having its
@@ -227,7 +238,7 @@ class Switch:
                 endpoint.deliver(frame)
                 return Outcome.DELIVERED
         cluster = self.cluster
-        if cluster is not None and await cluster.forward(address, frame, deadline, on_refused):
+        if cluster is not None and await cluster.forward(address, frame, deadline, queued):
             return Outcome.FORWARDED
         if deadline is None or not store or isinstance(address, bytes):
             return Outcome.NO_ROUTE

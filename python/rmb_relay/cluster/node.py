@@ -57,9 +57,8 @@ from rmb_relay.protocols.base import CloseCode
 from rmb_relay.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
-    from rmb_relay.switch import Address, Endpoint, Switch
+    from rmb_relay.switch import Address, Endpoint, QueuedForward, Switch
     from rmb_relay.telemetry.metrics import Registry
-    from rmb_relay.telemetry.records import HeldRecord
 
 log = logging.getLogger("rmb_relay.cluster")
 
@@ -83,7 +82,7 @@ GoneListener = Callable[[str], None]
 #: what a `send_to_nowait` sender hears once the batch was written: True (stored), False (that
 #: instance's stream is gone: it left or was reaped) or the `ClusterUnavailable` Redis raised
 SendOutcome = Callable[[bool | ClusterUnavailable], None]
-#: a held route record's (route, outcome, reason) by where `_pass_on` took its message
+#: how a queued forward ended (route, outcome, reason) by where `_pass_on` took its message
 _SETTLED = {
     "passed": ("cluster", "delivered", None),
     "stored": ("mailbox", "queued", None),
@@ -230,27 +229,27 @@ class Cluster:
         address: Address,
         frame: bytes,
         deadline: int | None,
-        on_refused: Callable[[BaseException], None] | None = None,
+        queued: QueuedForward | None = None,
     ) -> bool:
         """Hand `frame` to the instance holding `address`; False when none does (raises
         ClusterUnavailable when presence cannot be read: not accepted).
 
-        Without `on_refused`, True means Redis took it. With it, True means it is queued for
+        Without `queued`, True means Redis took it. With it, True means it is queued for
         that instance's stream, written with the next batch: the caller goes on at once (one
         XADD carries what many senders queued meanwhile, where waiting for each would cost a
         round trip per message), and waits only while the bus holds too much (`Bus.room`).
         If the batch then finds that instance's stream gone, the message is routed again
-        (`_pass_on`); if Redis refused it, `on_refused(error)` says so."""
+        (`_pass_on`). Either way `queued` hears how it ended (`QueuedForward`)."""
         name = keys.address_name(address)
-        if on_refused is None:
+        if queued is None:
             return await self.send_name(name, frame, deadline)
-        if self._queue_if_known(name, frame, deadline, on_refused):
+        if self._queue_if_known(name, frame, deadline, queued):
             return True
         await self.bus.room()
         owner = await self.presence.owner(name)
         if owner is None:
             return False
-        self._queue(owner, name, frame, deadline, on_refused)
+        self._queue(owner, name, frame, deadline, queued)
         return True
 
     def forward_nowait(
@@ -258,52 +257,29 @@ class Cluster:
         address: Address,
         frame: bytes,
         deadline: int | None,
-        on_refused: Callable[[BaseException], None],
+        queued: QueuedForward,
     ) -> bool:
-        """`forward` with `on_refused` when it needs no await: the holder's answer is cached
+        """`forward` with `queued` when it needs no await: the holder's answer is cached
         and the bus has room. False: not queued, call `forward` (the caller's per-message path
         saves its coroutines in the common case)."""
-        return self._queue_if_known(keys.address_name(address), frame, deadline, on_refused)
+        return self._queue_if_known(keys.address_name(address), frame, deadline, queued)
 
     def _queue_if_known(
-        self,
-        name: str,
-        frame: bytes,
-        deadline: int | None,
-        on_refused: Callable[[BaseException], None],
+        self, name: str, frame: bytes, deadline: int | None, queued: QueuedForward
     ) -> bool:
         owner = self.presence.cached_owner(name)
         if owner is MISSING or owner is None or self.bus.full:
             return False
-        self._queue(owner, name, frame, deadline, on_refused)
+        self._queue(owner, name, frame, deadline, queued)
         return True
 
     def _queue(
-        self,
-        owner: str,
-        name: str,
-        frame: bytes,
-        deadline: int | None,
-        on_refused: Callable[[BaseException], None],
+        self, owner: str, name: str, frame: bytes, deadline: int | None, queued: QueuedForward
     ) -> None:
         record = wire.encode_message(name, frame, deadline or 0)
-        held = self._hold_record(name, frame)
         self.bus.send_nowait(
-            owner,
-            record,
-            functools.partial(self._queued, owner, name, frame, deadline, on_refused, held),
+            owner, record, functools.partial(self._queued, owner, name, frame, deadline, queued)
         )
-
-    def _hold_record(self, name: str, frame: bytes) -> HeldRecord | None:
-        """With route records on, the record the RMB caller adds for this queued message is
-        held until the batch's outcome (`Channel.hold`): one record per message, written at
-        its outcome, never a `cluster delivered` followed by the caller's refusal."""
-        if self.switch.records is None or keys.name_kind(name) != keys.KIND_RMB:
-            return None
-        address = self._addresses.get(name) or keys.parse_address_name(name)
-        assert not isinstance(address, bytes)
-        channel = self.switch.records.channel("rmb")
-        return channel.hold(address[0], len(frame))
 
     def _queued(
         self,
@@ -311,35 +287,27 @@ class Cluster:
         name: str,
         frame: bytes,
         deadline: int | None,
-        on_refused: Callable[[BaseException], None],
-        held: HeldRecord | None,
+        queued: QueuedForward,
         outcome: bool | ClusterUnavailable,
     ) -> None:
-        """The batch that carried a `forward` with `on_refused` was written (or not)."""
+        """The batch that carried a `forward` with `queued` was written (or not)."""
         if outcome is True:
             self.counters.sent += 1
-            if held is not None:
-                held.settle("cluster", "delivered")
+            queued.settled("cluster", "delivered")
         elif outcome is False:  # its stream is gone: it left or was reaped
             self.presence.instance_gone(owner)
             record = wire.Record(wire.MESSAGE, name, frame, deadline or 0)
-            self._spawn(self._route_again(record, on_refused, held))
+            self._spawn(self._route_again(record, queued))
         else:
-            on_refused(outcome)  # records the refusal: the held record is dropped
+            queued.refused(outcome)
 
-    async def _route_again(
-        self,
-        record: wire.Record,
-        on_refused: Callable[[BaseException], None],
-        held: HeldRecord | None,
-    ) -> None:
+    async def _route_again(self, record: wire.Record, queued: QueuedForward) -> None:
         try:
             where = await self._pass_on(record)
         except FAILURES as err:
-            on_refused(err)
+            queued.refused(err)
             return
-        if held is not None:
-            held.settle(*_SETTLED[where])
+        queued.settled(*_SETTLED[where])
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Run `work` on its own; kept referenced until it ends."""

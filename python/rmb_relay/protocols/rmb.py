@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import logging
 import secrets
 from collections import deque
@@ -230,6 +229,45 @@ class RmbMetrics:
         )
 
 
+class ClusterForward:
+    """An envelope queued for another instance's stream (`switch.QueuedForward`): its route
+    record is written when Redis answered, once, with how it ended; a refusal goes to the
+    sender as an error envelope (and is that one record)."""
+
+    __slots__ = ("dialect", "env", "received", "sender", "size")
+
+    def __init__(
+        self,
+        dialect: RmbDialect,
+        sender: RmbSession,
+        env: EnvelopeRouting,
+        data: bytes,
+        received: int | None,
+    ) -> None:
+        self.dialect = dialect
+        self.sender = sender
+        self.env = env
+        self.size = len(data)
+        self.received = received
+
+    def settled(self, route: str, outcome: str, reason: str | None = None) -> None:
+        records = self.dialect.records
+        if records is not None:
+            env = self.env
+            records.add(
+                self.sender.twin, env.dest_twin, self.size, route, outcome, reason,
+                received=self.received,
+            )  # fmt: skip
+
+    def refused(self, err: BaseException) -> None:
+        env = self.env
+        log.warning("redis unavailable, refusing envelope for %s: %s", env.dest_twin, err)
+        self.sender.fail(
+            env, "destination unreachable: the relay's redis is unavailable", "redis down",
+            self.size, self.received,
+        )  # fmt: skip
+
+
 class RmbDialect(Dialect):
     name = "rmb"
     paths = ("/",)
@@ -357,28 +395,11 @@ class RmbDialect(Dialect):
         if self.switch.lookup(key) is not None:
             return False
         deadline = None if env.fail_fast else self.mailbox.deadline(env.timestamp, env.expiration)
-        size = len(data)
-        refused = functools.partial(self._redis_refused, sender, env, size, received)
-        if not cluster.forward_nowait(key, data, deadline, refused):
+        queued = ClusterForward(self, sender, env, data, received)
+        if not cluster.forward_nowait(key, data, deadline, queued):
             return False
         self.metrics.routed_slow["cluster"] += 1
-        if self.records is not None:
-            self.records.add(sender.twin, key[0], size, "cluster", "delivered", received=received)
         return True
-
-    def _redis_refused(
-        self,
-        sender: RmbSession,
-        env: EnvelopeRouting,
-        size: int,
-        received: int | None,
-        err: BaseException,
-    ) -> None:
-        log.warning("redis unavailable, refusing envelope for %s: %s", env.dest_twin, err)
-        sender.fail(
-            env, "destination unreachable: the relay's redis is unavailable", "redis down", size,
-            received,
-        )  # fmt: skip
 
     async def _federate(
         self,
@@ -430,25 +451,23 @@ class RmbDialect(Dialect):
         # connected meanwhile, here or on another instance of this relay (cluster); the
         # deadline lets that instance store it if the session left before it got there
         deadline = None if env.fail_fast else self.mailbox.deadline(env.timestamp, env.expiration)
-        refused = functools.partial(self._redis_refused, sender, env, size, received)
+        queued = ClusterForward(self, sender, env, data, received)
         try:
-            # for another instance: queued, not waited for (a refusal comes back later; the
-            # route record then holds both the forward and the failure)
+            # for another instance: queued, not waited for (`queued` records how it ended, and
+            # tells the sender of a request if Redis refused it)
             outcome = await self.switch.deliver(
-                key, data, deadline=deadline, store=False, on_refused=refused
+                key, data, deadline=deadline, store=False, queued=queued
             )
         except MailboxUnavailable as err:
-            refused(err)
+            queued.refused(err)
             return
         if outcome is Outcome.DELIVERED:
             self.metrics.hot.local += 1
             if records is not None:
                 records.add(sender.twin, dest, size, "local", "delivered", received=received)
             return
-        if outcome is Outcome.FORWARDED:
+        if outcome is Outcome.FORWARDED:  # recorded by `queued` once Redis answered
             self.metrics.routed_slow["cluster"] += 1
-            if records is not None:
-                records.add(sender.twin, dest, size, "cluster", "delivered", received=received)
             return
         if not self.is_ours(twin):
             await self._federate(sender, env, data, twin, size, received)

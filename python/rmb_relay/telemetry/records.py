@@ -16,7 +16,7 @@ cost the forwarding path next to nothing and must never make it wait:
   (base64url) the channel keeps in id order (`Channel.names`).
 - Everything else (mailbox, federation outcomes, drops, expiry, the tunnel) is rarer and calls
   `Channel.add` with every field, once the message's outcome is known: a forward queued for
-  another instance's Redis stream is held (`Channel.hold`) until Redis answers.
+  another instance's Redis stream is recorded when Redis answered (`switch.QueuedForward`).
 - Every `FLUSH_INTERVAL` the event loop takes the buffers (the Rust columns move out without a
   copy) and hands them to the writer process (record_process.py): the columns are copied into
   shared memory the writer maps, a small frame saying where goes down its stdin pipe
@@ -87,7 +87,6 @@ class Channel:
 
     __slots__ = (
         "_full",
-        "_hold",
         "_sampler",
         "_scan_clock",
         "clock",
@@ -111,8 +110,6 @@ class Channel:
         #: names the writer has (a batch carries the ones after these)
         self.names_sent = 0
         self._scan_clock: Clock = clock
-        #: where the next `add` goes instead of the buffer, if it is that message's (`hold`)
-        self._hold: HeldRecord | None = None
         #: samples the hot path's rows at `take` (R <= RELAY_SAMPLE_MAX), else None
         self._sampler = RowSampler(sample) if sample <= RELAY_SAMPLE_MAX else None
         #: the rate the writer samples the hot path's rows at (1: not at all)
@@ -149,32 +146,11 @@ class Channel:
     ) -> None:
         """Record a message that did not take the hot path. `received` is the clock reading
         when the relay got it (for the time spent inside the relay)."""
-        hold = self._hold
-        if hold is not None:
-            self._hold = None
-            if route == "cluster" and dst == hold.dst and size == hold.size:
-                if self.sample >= 1.0 or random.random() < self.sample:
-                    hold.record = (src, dst, size, received)
-                return
         if self.sample < 1.0 and random.random() >= self.sample:
             return
         now = self.clock()
         relay_ns = None if received is None else max(0, now - received)
         self._full.append((now, src, dst, size, route, outcome, reason, relay_ns, remote))
-
-    def hold(self, dst: Any, size: int) -> HeldRecord:
-        """The record the caller is about to `add` (route `cluster`, to `dst`, `size` bytes)
-        for a message only queued so far: kept out of the buffer until its outcome is known
-        (`HeldRecord.settle`), so a message has one record, written at its outcome. Only the
-        very next `add` is taken, and only if it is that message's.
-
-        Why this way round: the cluster queues a forward for the next Redis batch and its
-        caller (protocols/rmb.py) records it as soon as it is queued; if Redis then refuses
-        the batch, the caller's refusal path records the refusal too. The cluster calls this
-        before its caller adds, and settles the record when the batch's outcome arrives (or
-        drops it on a refusal, whose record the caller writes)."""
-        held = self._hold = HeldRecord(self, dst, size)
-        return held
 
     def take(self, weight: float) -> Batch | None:
         """The records so far as one batch (None if there are none); the buffers start over.
@@ -196,31 +172,6 @@ class Channel:
         return Batch(
             self.dialect, weight, self.writer_sample, rows, columns, full, self.names_sent, new
         )
-
-
-class HeldRecord:
-    """A record kept back until its message's outcome is known (`Channel.hold`)."""
-
-    __slots__ = ("channel", "dst", "record", "size")
-
-    def __init__(self, channel: Channel, dst: Any, size: int) -> None:
-        self.channel = channel
-        self.dst = dst
-        self.size = size
-        #: (src, dst, size, received) once added; None: not added (or sampled out)
-        self.record: tuple[Any, Any, int, int | None] | None = None
-
-    def settle(self, route: str, outcome: str, reason: str | None = None) -> None:
-        """Write the record now, with the route and outcome the message ended with."""
-        record = self.record
-        if record is None:
-            return
-        self.record = None
-        src, dst, size, received = record
-        channel = self.channel
-        now = channel.clock()
-        relay_ns = None if received is None else max(0, now - received)
-        channel._full.append((now, src, dst, size, route, outcome, reason, relay_ns, None))
 
 
 @dataclass(slots=True)
