@@ -20,7 +20,6 @@
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::sync::{Arc, Mutex};
 
 use crate::routes::ConnId;
 use crate::ws::{frame_len, OP_BINARY};
@@ -31,43 +30,9 @@ const KEEP_CAPACITY: usize = 256 << 10;
 /// Buffers taken for writing come back here once written (the Python object that lends them
 /// to the transport is dropped), and an outbox that has nothing buffered takes one when it
 /// is next appended to: appending goes into memory already mapped and big enough, and an idle
-/// connection holds no buffer at all. At most `KEEP` buffers of at most `KEEP_CAPACITY` are
-/// kept (8 MiB). Shared with those objects, which may be dropped on any thread holding the GIL.
-#[derive(Debug, Default, Clone)]
-pub struct Spares(Arc<Mutex<Vec<Vec<u8>>>>);
-
-impl Spares {
-    /// buffers kept at most: one per connection written to in a read is plenty
-    const KEEP: usize = 32;
-
-    /// Keep `buffer` (emptied) for a later take, unless it is big or enough are kept.
-    pub fn give(&self, mut buffer: Vec<u8>) {
-        if buffer.capacity() > KEEP_CAPACITY {
-            return;
-        }
-        buffer.clear();
-        let mut spares = self.0.lock().unwrap_or_else(|p| p.into_inner());
-        if spares.len() < Self::KEEP {
-            spares.push(buffer);
-        }
-    }
-
-    fn get(&self) -> Vec<u8> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop()
-            .unwrap_or_default()
-    }
-
-    pub fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
+/// connection holds no buffer at all. At most 32 buffers (one per connection written to in a
+/// read is plenty) of at most `KEEP_CAPACITY` are kept (8 MiB).
+pub type Spares = crate::lent::Spares<u8, 32, KEEP_CAPACITY>;
 
 /// Hashes a connection id with one multiplication. Ids are ours (a counter), never chosen by a
 /// peer, so the map needs no protection against crafted keys, and SipHash costs ~15 ns a
@@ -165,7 +130,7 @@ fn write_binary_header(out: &mut [u8], len: usize) -> usize {
 /// An outbox's buffer about to be appended to: a spare one if it has none.
 fn ready<'b>(buf: &'b mut Vec<u8>, spares: &Spares) -> &'b mut Vec<u8> {
     if buf.capacity() == 0 {
-        *buf = spares.get();
+        *buf = spares.get(0);
     }
     buf
 }
@@ -542,14 +507,14 @@ mod tests {
 }
 
 pub mod py {
-    use std::ffi::{c_char, c_int, c_void};
+    use std::ffi::c_int;
 
-    use pyo3::exceptions::PyBufferError;
     use pyo3::ffi;
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyList, PyMemoryView, PyTuple};
 
     use super::{IdMap, Spares};
+    use crate::lent::py::fill_read_only_view;
     use crate::routes::ConnId;
 
     /// A taken outbox's bytes, lent to the transport through the buffer protocol (no copy);
@@ -566,8 +531,6 @@ pub mod py {
         }
     }
 
-    static FORMAT: &std::ffi::CStr = c"B";
-
     #[pymethods]
     impl OutBytes {
         fn __len__(&self) -> usize {
@@ -580,44 +543,10 @@ pub mod py {
             view: *mut ffi::Py_buffer,
             flags: c_int,
         ) -> PyResult<()> {
-            if view.is_null() {
-                return Err(PyBufferError::new_err("no view to fill"));
-            }
-            if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
-                return Err(PyBufferError::new_err("outbox bytes are read-only"));
-            }
-            let bytes = &slf.get().bytes;
-            // SAFETY: `view` is the non-null Py_buffer the caller asks us to fill. The data
-            // pointer stays valid while the view lives: the view owns a reference to this
-            // object (`obj`), which is frozen (nothing changes `bytes`, so the Vec is never
-            // reallocated) and dropped only after the view is released. `shape` and `strides`
-            // point into the view itself, `format` to a static string.
-            unsafe {
-                (*view).obj = slf.clone().into_any().into_ptr();
-                (*view).buf = bytes.as_ptr() as *mut c_void;
-                (*view).len = bytes.len() as ffi::Py_ssize_t;
-                (*view).readonly = 1;
-                (*view).itemsize = 1;
-                (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
-                    FORMAT.as_ptr() as *mut c_char
-                } else {
-                    std::ptr::null_mut()
-                };
-                (*view).ndim = 1;
-                (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
-                    &mut (*view).len
-                } else {
-                    std::ptr::null_mut()
-                };
-                (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
-                    &mut (*view).itemsize
-                } else {
-                    std::ptr::null_mut()
-                };
-                (*view).suboffsets = std::ptr::null_mut();
-                (*view).internal = std::ptr::null_mut();
-            }
-            Ok(())
+            let (data, len) = (slf.get().bytes.as_ptr(), slf.get().bytes.len());
+            // SAFETY: the object is frozen (nothing changes `bytes`, so the Vec is never
+            // reallocated) and owns the bytes until the view lets go of it.
+            unsafe { fill_read_only_view(slf.into_any(), view, flags, data, len, "outbox bytes") }
         }
 
         fn __repr__(&self) -> String {

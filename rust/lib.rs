@@ -14,6 +14,8 @@ pub mod forward;
 /// fuzz targets of the network parsers (pure Rust; `fuzz/`, `make fuzz`)
 pub mod fuzzing;
 pub mod http;
+/// buffers lent to Python without a copy, and their pool
+pub mod lent;
 pub mod limiter;
 pub mod records;
 pub mod routes;

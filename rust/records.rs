@@ -23,7 +23,6 @@
 //! new keys handed over with the columns.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 
 /// Column buffers Python has finished with, for the next `take` to append into.
 ///
@@ -32,44 +31,7 @@ use std::sync::{Arc, Mutex};
 /// page fault, all on the event loop. A `Column` hands its buffer back here when Python drops
 /// it (after the writer thread wrote it), so the scanners append into memory already mapped
 /// and already big enough. Shared with the `Column`s, which may be dropped on another thread.
-#[derive(Debug, Default, Clone)]
-pub struct Spares(Arc<Mutex<Vec<Vec<i64>>>>);
-
-impl Spares {
-    /// buffers kept at most: a batch being written and the next one (four columns each)
-    const KEEP: usize = 8;
-
-    /// Keep `buffer` (emptied) for a later take, unless enough are kept already.
-    pub fn give(&self, mut buffer: Vec<i64>) {
-        buffer.clear();
-        let mut spares = self
-            .0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        if spares.len() < Self::KEEP {
-            spares.push(buffer);
-        }
-    }
-
-    /// A buffer to append into: a spare one, else a new one of `capacity`.
-    fn get(&self, capacity: usize) -> Vec<i64> {
-        let spare = self
-            .0
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .pop();
-        spare.unwrap_or_else(|| Vec::with_capacity(capacity))
-    }
-
-    /// Buffers kept.
-    pub fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
+pub type Spares = crate::lent::Spares<i64, 8, { usize::MAX }>;
 
 /// The record columns taken at once: time (µs), source, destination, size (bytes).
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -310,12 +272,13 @@ mod tests {
 }
 
 pub mod py {
-    use std::os::raw::{c_char, c_int, c_void};
+    use std::os::raw::c_int;
 
-    use pyo3::exceptions::PyBufferError;
     use pyo3::ffi;
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyList};
+
+    use crate::lent::py::fill_read_only_view;
 
     /// One record column taken from a `RecordBuffer`: native-endian int64 values behind a
     /// read-only buffer (`numpy.frombuffer(column, numpy.int64)`, `pyarrow.py_buffer`), so
@@ -333,9 +296,6 @@ pub mod py {
         }
     }
 
-    /// The buffer's format: unsigned bytes (the reader says what the bytes hold)
-    static FORMAT: &std::ffi::CStr = c"B";
-
     #[pymethods]
     impl Column {
         /// Values (not bytes) in the column.
@@ -349,44 +309,16 @@ pub mod py {
             view: *mut ffi::Py_buffer,
             flags: c_int,
         ) -> PyResult<()> {
-            if view.is_null() {
-                return Err(PyBufferError::new_err("no view to fill"));
-            }
-            if flags & ffi::PyBUF_WRITABLE == ffi::PyBUF_WRITABLE {
-                return Err(PyBufferError::new_err("a record column is read-only"));
-            }
             let values = &slf.get().values;
-            // SAFETY: `view` is the non-null Py_buffer the caller asks us to fill. The data
-            // pointer stays valid while the view lives: the view owns a reference to this
-            // object (`obj`), which is frozen (no method changes `values`, so the Vec is never
-            // reallocated), and it is dropped only after the view is released. `shape` and
-            // `strides` point into the view itself, `format` to a static string.
+            let (data, len) = (
+                values.as_ptr() as *const u8,
+                std::mem::size_of_val(&values[..]),
+            );
+            // SAFETY: the object is frozen (no method changes `values`, so the Vec is never
+            // reallocated) and owns the values until the view lets go of it.
             unsafe {
-                (*view).obj = slf.clone().into_any().into_ptr();
-                (*view).buf = values.as_ptr() as *mut c_void;
-                (*view).len = (values.len() * std::mem::size_of::<i64>()) as ffi::Py_ssize_t;
-                (*view).readonly = 1;
-                (*view).itemsize = 1;
-                (*view).format = if flags & ffi::PyBUF_FORMAT == ffi::PyBUF_FORMAT {
-                    FORMAT.as_ptr() as *mut c_char
-                } else {
-                    std::ptr::null_mut()
-                };
-                (*view).ndim = 1;
-                (*view).shape = if flags & ffi::PyBUF_ND == ffi::PyBUF_ND {
-                    &mut (*view).len
-                } else {
-                    std::ptr::null_mut()
-                };
-                (*view).strides = if flags & ffi::PyBUF_STRIDES == ffi::PyBUF_STRIDES {
-                    &mut (*view).itemsize
-                } else {
-                    std::ptr::null_mut()
-                };
-                (*view).suboffsets = std::ptr::null_mut();
-                (*view).internal = std::ptr::null_mut();
+                fill_read_only_view(slf.into_any(), view, flags, data, len, "a record column")
             }
-            Ok(())
         }
 
         fn __repr__(&self) -> String {
