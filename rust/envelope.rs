@@ -834,7 +834,20 @@ pub mod py {
             from_session: bool,
             dest_conn_id: Option<u64>,
         ) -> Self {
-            let bytes = data.as_bytes();
+            Self::with_base(data, data.as_bytes(), r, from_session, dest_conn_id)
+        }
+
+        /// `new` for a scan `r` of `base`, a buffer holding the same bytes as `data` (the
+        /// fast path scans the staged copy in an outbox, Python gets a `bytes` copy of it):
+        /// the fields' positions are the same in both.
+        pub fn with_base(
+            data: &Bound<'_, PyBytes>,
+            bytes: &[u8],
+            r: &Routing<'_>,
+            from_session: bool,
+            dest_conn_id: Option<u64>,
+        ) -> Self {
+            debug_assert_eq!(data.as_bytes(), bytes);
             Self {
                 from_session,
                 dest_conn_id,

@@ -552,7 +552,7 @@ pub mod py {
 
     use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-    use super::{scan_rmb, write_forward, RmbSession, SbdKind};
+    use super::{scan_rmb, write_forward, RmbRouting, RmbSession, SbdKind};
     use crate::envelope::py::EnvelopeRouting;
     use crate::envelope::Kind;
     use crate::error::Error;
@@ -562,6 +562,7 @@ pub mod py {
     use crate::records::py::RecordBuffer;
     use crate::records::Records;
     use crate::routes::py::RouteTable;
+    use crate::routes::ConnId;
     use crate::sbd::HEADER_LEN;
     use crate::ws::py::payload_bytes;
     use crate::ws::Payload;
@@ -1002,12 +1003,22 @@ pub mod py {
                         twin: *twin,
                         sid: *sid,
                     };
-                    let mut limiter = limiter.as_mut().map(|l| &mut l.inner);
+                    let limiter = limiter.as_mut().map(|l| &mut l.inner);
                     let records = records.as_mut().map(|r| &mut r.inner);
                     let Some(outboxes) = outboxes.as_mut() else {
                         let data = payload_bytes(py, payload)?.into_bound(py);
-                        return rmb_python(py, data, &session, None, limiter, records, now)
-                            .map(Some);
+                        let bytes = data.as_bytes();
+                        return Ok(Some(match scan_rmb(bytes, Some(&session)) {
+                            Err(err) => (data.clone().unbind(), None, Some(err.to_string())),
+                            Ok(r) => {
+                                let limited = over_limit(limiter, &session, bytes.len(), now);
+                                let local = local_destination(&r, limited);
+                                let twin = session.twin;
+                                rmb_python(
+                                    py, &data, bytes, &r, limited, local, records, twin, now,
+                                )?
+                            }
+                        }));
                     };
                     let ob = &mut outboxes.inner;
                     // unmasked into the outbox of this sender's last destination (most
@@ -1018,41 +1029,50 @@ pub mod py {
                     };
                     let staged = ob.stage(guess, payload.len(), |out| payload.copy_to(out));
                     let size = payload.len();
-                    // None: not an envelope; Some((limited, fast destination))
-                    let decision = {
+                    // scanned once: either forwarded here, or handed to Python with what the
+                    // scan found (a copy of the staged bytes, the routing view of them)
+                    let for_python = {
                         let data = ob.staged(&staged);
-                        scan_rmb(data, Some(&session)).ok().map(|r| {
-                            let limited = limiter
-                                .as_mut()
-                                .is_some_and(|l| !l.check(session.twin, size as u64, seconds(now)));
-                            let f = &r.fields;
-                            let fast = if limited
-                                || !r.from_session
-                                || f.kind == Kind::Ping
-                                || f.dest_twin == 0
-                            {
-                                None
-                            } else {
-                                r.dest_conn_id
-                                    .filter(|d| ob.accepts(*d))
-                                    .map(|d| (d, f.dest_twin))
-                            };
-                            (limited, fast)
-                        })
-                    };
-                    if let Some((_, Some((dest, dest_twin)))) = decision {
-                        if let Some(records) = records {
-                            records.push(now, i64::from(session.twin), i64::from(dest_twin), size);
+                        match scan_rmb(data, Some(&session)) {
+                            Err(err) => {
+                                Some((PyBytes::new(py, data).unbind(), None, Some(err.to_string())))
+                            }
+                            Ok(r) => {
+                                let limited = over_limit(limiter, &session, size, now);
+                                let local = local_destination(&r, limited);
+                                match local.filter(|(dest, _)| ob.accepts(*dest)) {
+                                    Some((dest, dest_twin)) => {
+                                        if let Some(records) = records {
+                                            let (src, dst) = (session.twin, dest_twin);
+                                            records.push(now, i64::from(src), i64::from(dst), size);
+                                        }
+                                        last_dest.store(dest, Relaxed);
+                                        None
+                                    }
+                                    None => {
+                                        let bytes = PyBytes::new(py, data);
+                                        let twin = session.twin;
+                                        Some(rmb_python(
+                                            py, &bytes, data, &r, limited, local, records, twin,
+                                            now,
+                                        )?)
+                                    }
+                                }
+                            }
                         }
-                        ob.commit(staged, dest);
-                        ob.rmb.add(size);
-                        last_dest.store(dest, Relaxed);
-                        return Ok(None);
+                    };
+                    match for_python {
+                        Some(scanned) => {
+                            ob.release(staged);
+                            Ok(Some(scanned))
+                        }
+                        None => {
+                            let dest = last_dest.load(Relaxed);
+                            ob.commit(staged, dest);
+                            ob.rmb.add(size);
+                            Ok(None)
+                        }
                     }
-                    let data = PyBytes::new(py, ob.staged(&staged));
-                    ob.release(staged);
-                    let limited = decision.map(|(limited, _)| limited);
-                    rmb_python(py, data, &session, limited, limiter, records, now).map(Some)
                 }
                 Feed::Sbd {
                     scanner,
@@ -1173,51 +1193,53 @@ pub mod py {
         }
     }
 
-    /// An RMB session's envelope for Python: `data` scanned with the session, the limiter's
-    /// answer (`limited`, when the fast path asked it already; else asked here, once per
-    /// envelope as in rmb-rs) and, with `records`, the route record of a message the session
-    /// may send to a local connection (its own source, within its limit, not a ping, a
-    /// destination found) at `now`: Python retracts it if the destination is gone.
+    /// Whether the session is over its rate limit with this envelope (asked once per
+    /// envelope, as rmb-rs does; never without a limiter).
+    fn over_limit(
+        limiter: Option<&mut FixedWindow<u32>>,
+        session: &RmbSession<'_>,
+        size: usize,
+        now: u64,
+    ) -> bool {
+        limiter.is_some_and(|l| !l.check(session.twin, size as u64, seconds(now)))
+    }
+
+    /// The local connection (and its twin) a scanned envelope may be forwarded to by the
+    /// session that sent it: its own source, within its limit, not a ping, a destination given
+    /// and found in the route table. The fast path forwards to it when it takes the message;
+    /// otherwise Python does, and the route record is written here for it either way.
+    fn local_destination(r: &RmbRouting<'_>, limited: bool) -> Option<(ConnId, u32)> {
+        let f = &r.fields;
+        if limited || !r.from_session || f.kind == Kind::Ping || f.dest_twin == 0 {
+            return None;
+        }
+        r.dest_conn_id.map(|dest| (dest, f.dest_twin))
+    }
+
+    /// An RMB session's envelope for Python: `data` (the bytes `base` was scanned from, or a
+    /// copy of them), the routing view of scan `r` with the limiter's answer and, with
+    /// `records` and a `local` destination, the route record at `now` (Python retracts it if
+    /// the destination is gone by the time it routes the message).
+    #[allow(clippy::too_many_arguments)]
     fn rmb_python(
         py: Python<'_>,
-        data: Bound<'_, PyBytes>,
-        session: &RmbSession<'_>,
-        limited: Option<bool>,
-        limiter: Option<&mut FixedWindow<u32>>,
+        data: &Bound<'_, PyBytes>,
+        base: &[u8],
+        r: &RmbRouting<'_>,
+        limited: bool,
+        local: Option<(ConnId, u32)>,
         records: Option<&mut Records>,
+        twin: u32,
         now: u64,
     ) -> PyResult<Scanned> {
-        let bytes = data.as_bytes();
-        match scan_rmb(bytes, Some(session)) {
-            Ok(r) => {
-                let limited = limited.unwrap_or_else(|| {
-                    limiter
-                        .is_some_and(|l| !l.check(session.twin, bytes.len() as u64, seconds(now)))
-                });
-                let mut routing =
-                    EnvelopeRouting::new(&data, &r.fields, r.from_session, r.dest_conn_id);
-                routing.limited = limited;
-                let f = &r.fields;
-                if let Some(records) = records {
-                    if !limited
-                        && r.from_session
-                        && r.dest_conn_id.is_some()
-                        && f.kind != Kind::Ping
-                        && f.dest_twin != 0
-                    {
-                        routing.record = records.push(
-                            now,
-                            i64::from(session.twin),
-                            i64::from(f.dest_twin),
-                            bytes.len(),
-                        );
-                    }
-                }
-                let routing = Py::new(py, routing)?.into_any();
-                Ok((data.unbind(), Some(routing), None))
-            }
-            Err(err) => Ok((data.unbind(), None, Some(err.to_string()))),
+        let mut routing =
+            EnvelopeRouting::with_base(data, base, &r.fields, r.from_session, r.dest_conn_id);
+        routing.limited = limited;
+        if let (Some(records), Some((_, dest_twin))) = (records, local) {
+            routing.record = records.push(now, i64::from(twin), i64::from(dest_twin), base.len());
         }
+        let routing = Py::new(py, routing)?.into_any();
+        Ok((data.clone().unbind(), Some(routing), None))
     }
 
     pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
