@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::routes::ConnId;
-use crate::ws::{frame_len, OP_BINARY};
+use crate::ws::{frame_len, write_header, OP_BINARY};
 
 /// A buffer that grew past this for a burst is not kept for reuse after it is written.
 const KEEP_CAPACITY: usize = 256 << 10;
@@ -83,6 +83,14 @@ struct Outbox {
     queued: bool,
 }
 
+impl Outbox {
+    /// Whether the fast path may append to it: open, not congested, not held by Python.
+    #[inline]
+    fn accepts(&self) -> bool {
+        self.open && !self.congested && !self.held
+    }
+}
+
 /// Where a frame being received was unmasked before its destination was known.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Staged {
@@ -106,27 +114,6 @@ pub struct Outboxes {
     pub sbd: Count,
 }
 
-/// The header of an unmasked binary frame of `len` payload bytes into `out`; its length.
-fn write_binary_header(out: &mut [u8], len: usize) -> usize {
-    out[0] = 0x80 | OP_BINARY;
-    match len {
-        0..=125 => {
-            out[1] = len as u8;
-            2
-        }
-        126..=0xFFFF => {
-            out[1] = 126;
-            out[2..4].copy_from_slice(&(len as u16).to_be_bytes());
-            4
-        }
-        _ => {
-            out[1] = 127;
-            out[2..10].copy_from_slice(&(len as u64).to_be_bytes());
-            10
-        }
-    }
-}
-
 /// An outbox's buffer about to be appended to: a spare one if it has none.
 fn ready<'b>(buf: &'b mut Vec<u8>, spares: &Spares) -> &'b mut Vec<u8> {
     if buf.capacity() == 0 {
@@ -140,7 +127,7 @@ fn ready<'b>(buf: &'b mut Vec<u8>, spares: &Spares) -> &'b mut Vec<u8> {
 fn append_frame(buf: &mut Vec<u8>, len: usize, fill: impl FnOnce(&mut [u8])) -> (usize, usize) {
     let start = buf.len();
     buf.resize(start + frame_len(len, false), 0);
-    let header = write_binary_header(&mut buf[start..], len);
+    let header = write_header(&mut buf[start..], OP_BINARY, true, len, false);
     fill(&mut buf[start + header..]);
     (start, start + header)
 }
@@ -187,9 +174,7 @@ impl Outboxes {
     /// Whether the fast path may append to this connection's outbox.
     #[inline]
     pub fn accepts(&self, id: ConnId) -> bool {
-        self.boxes
-            .get(&id)
-            .is_some_and(|b| b.open && !b.congested && !b.held)
+        self.boxes.get(&id).is_some_and(Outbox::accepts)
     }
 
     pub fn len(&self) -> usize {
@@ -218,7 +203,7 @@ impl Outboxes {
     /// [`accept`](Self::accepts) it; false (nothing written) if it does not.
     pub fn forward(&mut self, id: ConnId, len: usize, fill: impl FnOnce(&mut [u8])) -> bool {
         match self.boxes.get_mut(&id) {
-            Some(b) if b.open && !b.congested && !b.held => {
+            Some(b) if b.accepts() => {
                 append_frame(ready(&mut b.buf, &self.spares), len, fill);
                 self.mark(id);
                 true
@@ -321,22 +306,20 @@ impl Outboxes {
             self.mark(dest);
             return;
         }
-        match s.at {
-            None => {
-                let frame = &self.scratch[s.frame_start..s.end];
-                if let Some(b) = self.boxes.get_mut(&dest) {
-                    ready(&mut b.buf, &self.spares).extend_from_slice(frame);
-                }
-            }
-            Some(_) => {
-                let frame = self.staged_buf(&s)[s.frame_start..s.end].to_vec();
-                if let Some(b) = self.boxes.get_mut(&dest) {
-                    ready(&mut b.buf, &self.spares).extend_from_slice(&frame);
-                }
-            }
+        // the staging buffer (scratch, or the outbox guessed) is moved out while the frame is
+        // appended to `dest`'s outbox, then put back without the frame: no copy of its own
+        let mut source = std::mem::take(self.staged_buf_mut(&s));
+        debug_assert_eq!(
+            source.len(),
+            s.end,
+            "staged frames are committed last in, first out"
+        );
+        if let Some(b) = self.boxes.get_mut(&dest) {
+            ready(&mut b.buf, &self.spares).extend_from_slice(&source[s.frame_start..s.end]);
         }
+        source.truncate(s.frame_start);
+        *self.staged_buf_mut(&s) = source;
         self.mark(dest);
-        self.release(s);
     }
 
     /// Give back the staging space of a message that is not forwarded here.

@@ -603,6 +603,32 @@ pub fn frame_len(payload_len: usize, masked: bool) -> usize {
     2 + ext + if masked { 4 } else { 0 } + payload_len
 }
 
+/// Write a frame header (without the masking key) for `len` payload bytes into the start of
+/// `out`; returns its length (2, 4 or 10). The outboxes write headers in front of payloads
+/// they copy in themselves.
+#[inline]
+pub fn write_header(out: &mut [u8], opcode: u8, fin: bool, len: usize, masked: bool) -> usize {
+    debug_assert!(opcode <= 0x0f);
+    let masked_bit = if masked { 0x80 } else { 0 };
+    out[0] = if fin { 0x80 } else { 0 } | (opcode & 0x0f);
+    match len {
+        0..=125 => {
+            out[1] = masked_bit | len as u8;
+            2
+        }
+        126..=0xFFFF => {
+            out[1] = masked_bit | 126;
+            out[2..4].copy_from_slice(&(len as u16).to_be_bytes());
+            4
+        }
+        _ => {
+            out[1] = masked_bit | 127;
+            out[2..10].copy_from_slice(&(len as u64).to_be_bytes());
+            10
+        }
+    }
+}
+
 /// Write one frame into the start of `out` (at least `frame_len` bytes); returns its length.
 /// No protocol checks beyond the 4-bit opcode: callers that build control frames keep them
 /// within 125 bytes (the named encoders do).
@@ -613,23 +639,7 @@ pub fn write_frame(
     payload: &[u8],
     mask: Option<[u8; 4]>,
 ) -> usize {
-    debug_assert!(opcode <= 0x0f);
-    let masked_bit = if mask.is_some() { 0x80 } else { 0 };
-    out[0] = if fin { 0x80 } else { 0 } | (opcode & 0x0f);
-    let mut at = 2;
-    match payload.len() {
-        n @ 0..=125 => out[1] = masked_bit | n as u8,
-        n @ 126..=0xFFFF => {
-            out[1] = masked_bit | 126;
-            out[2..4].copy_from_slice(&(n as u16).to_be_bytes());
-            at = 4;
-        }
-        n => {
-            out[1] = masked_bit | 127;
-            out[2..10].copy_from_slice(&(n as u64).to_be_bytes());
-            at = 10;
-        }
-    }
+    let at = write_header(out, opcode, fin, payload.len(), mask.is_some());
     let end = at + mask.map_or(0, |_| 4) + payload.len();
     match mask {
         Some(m) => {
