@@ -46,3 +46,12 @@ async def cancel_and_wait(task: asyncio.Task[Any] | None, timeout: float) -> boo
     if not task.cancelled() and task.exception() is not None:
         log.error("task %s ended with an error", task, exc_info=task.exception())
     return True
+
+
+async def finish_or_cancel(task: asyncio.Task[Any] | None, grace: float, timeout: float) -> bool:
+    """Let `task` finish on its own for up to `grace` seconds (work worth completing, such as
+    a last write), then `cancel_and_wait` it; True when it finished within the grace."""
+    if task is None or (await asyncio.wait([task], timeout=grace))[0]:
+        return True
+    await cancel_and_wait(task, timeout)
+    return False

@@ -77,6 +77,35 @@ REDIS_ERRORS = (RedisError, OSError)
 FAILURES = (RedisError, OSError, MailboxUnavailable)
 
 
+async def ensure_group(redis: RedisClient, stream: str) -> None:
+    """`stream` and its consumer group (`keys.GROUP`), created if missing (MKSTREAM)."""
+    from redis.exceptions import ResponseError
+
+    try:
+        await redis.xgroup_create(stream, keys.GROUP, "0", mkstream=True)
+    except ResponseError as err:
+        if "BUSYGROUP" not in str(err):
+            raise
+
+
+async def ack_delete(redis: RedisClient, stream: str, ids: list[bytes]) -> None:
+    """Acknowledge and delete entries of `stream` read through `keys.GROUP` (one round trip)."""
+    if not ids:
+        return
+    pipe = redis.pipeline(transaction=False)
+    pipe.xack(stream, keys.GROUP, *ids)
+    pipe.xdel(stream, *ids)
+    await pipe.execute()
+
+
+def stream_entries(raw: Any) -> list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]]:
+    """An XREAD/XREADGROUP reply as (stream, entries) pairs, whichever protocol answered
+    (without decode_responses: a list of pairs with RESP2, a dict with RESP3; None: nothing)."""
+    if not raw:
+        return []
+    return list(raw.items() if isinstance(raw, dict) else raw)
+
+
 class Bus:
     """This instance's end of the bus; see the module docstring."""
 
@@ -182,13 +211,7 @@ class Bus:
         await self.redis.sadd(keys.INSTANCES_KEY, self.me)
 
     async def ensure_group(self, instance: str) -> None:
-        from redis.exceptions import ResponseError
-
-        try:
-            await self.redis.xgroup_create(keys.bus_key(instance), keys.GROUP, "0", mkstream=True)
-        except ResponseError as err:
-            if "BUSYGROUP" not in str(err):
-                raise
+        await ensure_group(self.redis, keys.bus_key(instance))
 
     def start(self) -> None:
         self._reader = asyncio.get_running_loop().create_task(self._read_loop())
@@ -256,13 +279,9 @@ class Bus:
             count=READ_COUNT,
             block=None if pending else block,
         )
-        if not raw:
-            return []
-        # without decode_responses: [[stream, [(id, {field: value})]]] (RESP2) or a dict (RESP3)
-        streams = raw.items() if isinstance(raw, dict) else raw
         out: list[Entry] = []
-        for _name, items in streams:
-            for entry_id, fields in cast(list[tuple[bytes, dict[bytes, bytes]]], items):
+        for _name, items in stream_entries(raw):
+            for entry_id, fields in items:
                 out.append((entry_id, self._decode(stream, entry_id, fields)))
         return out
 
@@ -318,12 +337,7 @@ class Bus:
 
     async def ack(self, stream: str, ids: list[bytes]) -> None:
         """Acknowledge and delete handled entries (one round trip)."""
-        if not ids:
-            return
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.xack(stream, keys.GROUP, *ids)
-        pipe.xdel(stream, *ids)
-        await pipe.execute()
+        await ack_delete(self.redis, stream, ids)
 
     async def close(self) -> None:
         """Stop reading; wait for what is being written. Both bounded by `CLOSE_TIMEOUT`

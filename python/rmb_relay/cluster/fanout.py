@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from rmb_relay.cluster import keys
-from rmb_relay.cluster.bus import READ_BLOCK_MS, REDIS_ERRORS, RETRY_DELAY
+from rmb_relay.cluster.bus import READ_BLOCK_MS, REDIS_ERRORS, RETRY_DELAY, stream_entries
 from rmb_relay.tasks import STOP_TIMEOUT, cancel_and_wait
 
 if TYPE_CHECKING:
@@ -244,8 +244,7 @@ class ReplicatedTable:
                 if failing:
                     failing = False
                     log.warning("cluster: table %s: reading again", self.topic)
-                streams = replies.items() if isinstance(replies, dict) else replies or ()
-                for _name, entries in streams:
+                for _name, entries in stream_entries(replies):
                     for entry_id, fields in entries:
                         self._last = _text(entry_id)
                         self._apply(fields)

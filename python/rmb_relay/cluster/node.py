@@ -54,7 +54,7 @@ from rmb_relay.cluster.connect import RedisClient
 from rmb_relay.cluster.presence import CACHE_MAX, MISSING, Presence, claim_instance
 from rmb_relay.errors import ClusterUnavailable
 from rmb_relay.protocols.base import CloseCode
-from rmb_relay.tasks import cancel_and_wait
+from rmb_relay.tasks import cancel_and_wait, finish_or_cancel
 
 if TYPE_CHECKING:
     from rmb_relay.switch import Address, Endpoint, QueuedForward, Switch
@@ -183,20 +183,17 @@ class Cluster:
         its cancellation is cancelled again (`tasks.py`)."""
         self._closing = True
         await cancel_and_wait(self._ticker, CLOSE_TIMEOUT)
-        soon = self._soon_task
-        if soon is not None and not (await asyncio.wait([soon], timeout=CLOSE_TIMEOUT))[0]:
-            await cancel_and_wait(soon, CLOSE_TIMEOUT)
+        await finish_or_cancel(self._soon_task, CLOSE_TIMEOUT, CLOSE_TIMEOUT)
         await self.bus.close()
         for task in list(self._tasks):
             await cancel_and_wait(task, CLOSE_TIMEOUT)
         leave = asyncio.get_running_loop().create_task(self._leave())
-        if not (await asyncio.wait([leave], timeout=LEAVE_TIMEOUT))[0]:
+        if not await finish_or_cancel(leave, LEAVE_TIMEOUT, CLOSE_TIMEOUT):
             log.warning(
                 "cluster: leaving took over %.1f s; the others take over the rest once our "
                 "keys expire",
                 LEAVE_TIMEOUT,
             )
-            await cancel_and_wait(leave, CLOSE_TIMEOUT)
         log.info("cluster: instance %s left", self.me)
 
     async def _leave(self) -> None:
@@ -599,13 +596,10 @@ class Cluster:
             for member in await self.redis.smembers(keys.INSTANCES_KEY)
         ]
         others = [member for member in members if member != self.me]
-        pipe = self.redis.pipeline(transaction=False)
+        live = await self.alive(others)
+        self.live_instances = 1 + len(live)
         for other in others:
-            pipe.exists(keys.alive_key(other))
-        alive = await pipe.execute() if others else []
-        self.live_instances = 1 + sum(1 for flag in alive if flag)
-        for other, flag in zip(others, alive, strict=True):
-            if flag:
+            if other in live:
                 self.presence.dead.discard(other)
                 self._dead_since.pop(other, None)
                 self._gone_told.discard(other)  # back (it was only cut off): told again next time
@@ -665,11 +659,8 @@ class Cluster:
         consumers = await self.bus.orphaned_consumers(stream)
         if not consumers:
             return []
-        pipe = self.redis.pipeline(transaction=False)
-        for consumer in consumers:
-            pipe.exists(keys.alive_key(consumer))
-        alive = await pipe.execute()
-        return [name for name, flag in zip(consumers, alive, strict=True) if not flag]
+        live = await self.alive(consumers)
+        return [name for name in consumers if name not in live]
 
     def _health(self, err: BaseException | None) -> None:
         if err is None:

@@ -226,11 +226,11 @@ class Presence:
     async def owner(self, name: str, *, fresh: bool = False) -> str | None:
         """The live instance other than this one holding `name`, if any (raises
         ClusterUnavailable)."""
-        now = self.clock()
         if not fresh:
-            cached = self._cache.get(name)
-            if cached is not None and cached[1] > now:
-                return cached[0]
+            cached = self.cached_owner(name)
+            if cached is not MISSING:
+                return cached
+        now = self.clock()
         try:
             value = await self.redis.get(keys.presence_key(name))
         except REDIS_ERRORS as err:

@@ -26,12 +26,18 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import ResponseError
-
 from rmb_relay.cluster import keys
-from rmb_relay.cluster.bus import READ_BLOCK_MS, REDIS_ERRORS, RETRY_DELAY
+from rmb_relay.cluster.bus import (
+    READ_BLOCK_MS,
+    READ_COUNT,
+    REDIS_ERRORS,
+    RETRY_DELAY,
+    ack_delete,
+    ensure_group,
+    stream_entries,
+)
 from rmb_relay.errors import ClusterUnavailable
-from rmb_relay.tasks import STOP_TIMEOUT, cancel_and_wait
+from rmb_relay.tasks import STOP_TIMEOUT, cancel_and_wait, finish_or_cancel
 
 if TYPE_CHECKING:
     from rmb_relay.cluster.node import Cluster
@@ -40,8 +46,6 @@ log = logging.getLogger("rmb_relay.cluster")
 
 #: entries kept per queue at most (approximately): a bound on what waits for a consumer
 QUEUE_MAX = 100_000
-#: entries per XREADGROUP
-READ_COUNT = 64
 #: how long closing may wait for the holder sets to be updated
 LEAVE_TIMEOUT = 2.0
 
@@ -123,22 +127,14 @@ class WorkQueues:
         stream = keys.work_key(self.topic, name)
         while True:
             try:
-                try:
-                    await self.redis.xgroup_create(stream, keys.GROUP, id="0", mkstream=True)
-                except ResponseError as err:
-                    if "BUSYGROUP" not in str(err):
-                        raise
+                await ensure_group(self.redis, stream)
                 while True:
                     replies: Any = await self.redis.xreadgroup(
                         keys.GROUP, self.me, {stream: ">"}, count=READ_COUNT, block=READ_BLOCK_MS
                     )
-                    streams = replies.items() if isinstance(replies, dict) else replies or ()
-                    for _, entries in streams:
-                        ids = [entry_id for entry_id, _ in entries]
-                        pipe = self.redis.pipeline(transaction=False)
-                        pipe.xack(stream, keys.GROUP, *ids)
-                        pipe.xdel(stream, *ids)
-                        await pipe.execute()  # at most once: see the module docstring
+                    for _, entries in stream_entries(replies):
+                        # at most once: see the module docstring
+                        await ack_delete(self.redis, stream, [entry_id for entry_id, _ in entries])
                         for _, fields in entries:
                             try:
                                 handler(fields)
@@ -181,6 +177,4 @@ class WorkQueues:
             self.stop(name)
         for task in list(self._stopped):
             await cancel_and_wait(task, STOP_TIMEOUT)
-        writer = self._writer
-        if writer is not None and not (await asyncio.wait([writer], timeout=LEAVE_TIMEOUT))[0]:
-            await cancel_and_wait(writer, STOP_TIMEOUT)
+        await finish_or_cancel(self._writer, LEAVE_TIMEOUT, STOP_TIMEOUT)
