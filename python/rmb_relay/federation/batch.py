@@ -51,11 +51,6 @@ def encode_batch(envelopes: list[bytes]) -> bytes:
     return b"".join(parts)
 
 
-def batch_size(envelope: bytes) -> int:
-    """Bytes one envelope takes in a batch."""
-    return FRAME + len(envelope)
-
-
 def decode_batch(body: bytes) -> list[bytes]:
     """The envelopes of a batch body; EnvelopeError when the framing is broken."""
     envelopes = []

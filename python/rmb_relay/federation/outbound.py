@@ -177,12 +177,6 @@ class OutboundFederation(Federation):
             # batch of envelopes (and the garbage collector would walk them all)
             del items
 
-    async def process(self, item: Item) -> bool:
-        """One round for one item; True when it is finished, False when a retry is scheduled."""
-        finished: list[Item] = []
-        await self._rounds([item], finished)
-        return bool(finished)
-
     async def process_many(self, items: list[Item]) -> None:
         """One round for each item: finished ones are done in the queue, the others are
         scheduled for a retry."""
@@ -200,18 +194,19 @@ class OutboundFederation(Federation):
         ranked: dict[frozenset[str], list[str]] = {}  # (the same relays, the same order)
         now = seconds(self.clock())
         for item in items:
+            env: EnvelopeRouting | EnvelopeError
             try:
                 env = scan_envelope(item.data)
-            except EnvelopeError:
-                pass  # _prepare says why
-            else:
+            except EnvelopeError as err:
+                env = err  # _prepare says why
+            if not isinstance(env, EnvelopeError):
                 order = orders.get(env.dest_twin)
                 deadline = env.timestamp + env.expiration
                 if order is not None and deadline > now:  # the usual case: nothing to await
                     rounds.append(_Round(item, env, deadline, order))
                     continue
             try:
-                prepared = await self._prepare(item, now, orders, ranked)
+                prepared = await self._prepare(item, env, now, orders, ranked)
             except Exception:
                 log.exception("federating a queued envelope failed; dropped")
                 self.stats.dropped += 1
@@ -226,16 +221,16 @@ class OutboundFederation(Federation):
     async def _prepare(
         self,
         item: Item,
+        env: EnvelopeRouting | EnvelopeError,
         now: int,
         orders: dict[int, list[str]],
         ranked: dict[frozenset[str], list[str]],
     ) -> _Round | bool:
         """The item's round (its relays in the ranker's order), or True when it is finished
-        already, False when a retry is scheduled (the directory failed)."""
-        try:
-            env = scan_envelope(item.data)
-        except EnvelopeError as err:
-            log.warning("dropping a queued federation entry that is not an envelope: %s", err)
+        already, False when a retry is scheduled (the directory failed). `env` is the item's
+        scan, or why it is not an envelope."""
+        if isinstance(env, EnvelopeError):
+            log.warning("dropping a queued federation entry that is not an envelope: %s", env)
             self.stats.dropped += 1
             return True
         deadline = env.timestamp + env.expiration
@@ -317,13 +312,9 @@ class OutboundFederation(Federation):
     async def _outcome(
         self, env: EnvelopeRouting, item: Item, domain: str, result: PostResult
     ) -> bool:
-        """Act on one relay's answer for one envelope: True when the envelope is finished
-        (accepted, or refused for good and the sender told), False when that relay failed.
-        (`_post` counts the accepted ones itself: that is the path every envelope takes.)"""
-        if result.outcome is PostOutcome.ACCEPTED:
-            self.stats.accepted += 1
-            self._record(env, item, "delivered", None, domain)
-            return True
+        """Act on one relay's answer other than accepted (`_post` handles those itself: that
+        is the path every envelope takes): True when the envelope is finished (refused for good
+        and the sender told), False when that relay failed."""
         if result.outcome is PostOutcome.REJECTED:
             self.stats.rejected += 1
             log.info("relay %s refused envelope %s: %s", domain, env.uid, result.detail)

@@ -127,10 +127,6 @@ class OutboundQueue(abc.ABC):
         """Hold one envelope (`queued`: the wall clock now, for route records); raises
         FederationError when it cannot (full, Redis down)."""
 
-    async def get(self) -> Item:
-        """The next item to post (waits for one)."""
-        return (await self.get_many(1))[0]
-
     async def get_many(self, limit: int) -> list[Item]:
         """Every item ready now, up to `limit`; waits for the first one only.
 
@@ -192,13 +188,8 @@ class OutboundQueue(abc.ABC):
         self._timers.add(handle)
 
     @abc.abstractmethod
-    async def done(self, item: Item) -> None:
-        """The item is finished (posted, refused for good, or expired): forget it."""
-
     async def done_many(self, items: list[Item]) -> None:
-        """`done` for each of `items`."""
-        for item in items:
-            await self.done(item)
+        """The items are finished (posted, refused for good, or expired): forget them."""
 
     @abc.abstractmethod
     def depth(self) -> int:
@@ -231,9 +222,6 @@ class MemoryQueue(OutboundQueue):
             )
         self.held += 1
         self._push(Item(data, queued=queued))
-
-    async def done(self, item: Item) -> None:
-        self.held -= 1
 
     async def done_many(self, items: list[Item]) -> None:
         self.held -= len(items)
@@ -347,22 +335,6 @@ class RedisQueue(OutboundQueue):
                 added.set_exception(error)
         if untold and self.on_unstored is not None:
             self.on_unstored(untold, why)
-
-    async def done(self, item: Item) -> None:
-        from redis.exceptions import RedisError
-
-        assert item.id is not None
-        self.held.pop(item.id, None)
-        if len(self.held) < self.prefetch:
-            self._room.set()
-        try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.xack(self.key, GROUP, item.id)
-                pipe.xdel(self.key, item.id)
-                await pipe.execute()
-        except (RedisError, OSError) as err:
-            # still pending: another instance (or this one) will claim and post it again
-            log.warning("could not acknowledge federation entry %r: %s", item.id, err)
 
     async def done_many(self, items: list[Item]) -> None:
         """One round trip for all of them (XACK and XDEL take many ids)."""

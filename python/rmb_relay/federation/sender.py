@@ -161,10 +161,6 @@ class Sender:
             url = self._urls[domain] = self.url_template.format(domain=domain)
         return url
 
-    async def post(self, domain: str, envelope: bytes) -> PostResult:
-        """One attempt; never raises for anything the remote or the network does."""
-        return (await self.post_many(domain, [envelope]))[0]
-
     async def post_many(self, domain: str, envelopes: list[bytes]) -> list[PostResult]:
         """One attempt for each envelope, answers in order: in batches to a remote that takes
         them, else one POST each (concurrently, within the remote's bound). Never raises for
