@@ -377,6 +377,11 @@ class RmbDialect(Dialect):
             return True
         return bool(twin.relays and twin.relays & self.settings.domains)
 
+    def store_deadline(self, env: EnvelopeRouting) -> int | None:
+        """Until when the envelope may wait in a mailbox (unix seconds); None for a fail-fast
+        one, which is never stored."""
+        return None if env.fail_fast else self.mailbox.deadline(env.timestamp, env.expiration)
+
     def forward_now(
         self, sender: RmbSession, env: EnvelopeRouting, data: bytes, received: int | None
     ) -> bool:
@@ -394,7 +399,7 @@ class RmbDialect(Dialect):
         key: SessionKey = (env.dest_twin, env.dest_connection)
         if self.switch.lookup(key) is not None:
             return False
-        deadline = None if env.fail_fast else self.mailbox.deadline(env.timestamp, env.expiration)
+        deadline = self.store_deadline(env)
         queued = ClusterForward(self, sender, env, data, received)
         if not cluster.forward_nowait(key, data, deadline, queued):
             return False
@@ -450,7 +455,7 @@ class RmbDialect(Dialect):
             return
         # connected meanwhile, here or on another instance of this relay (cluster); the
         # deadline lets that instance store it if the session left before it got there
-        deadline = None if env.fail_fast else self.mailbox.deadline(env.timestamp, env.expiration)
+        deadline = self.store_deadline(env)
         queued = ClusterForward(self, sender, env, data, received)
         try:
             # for another instance: queued, not waited for (`queued` records how it ended, and
@@ -472,10 +477,9 @@ class RmbDialect(Dialect):
         if not self.is_ours(twin):
             await self._federate(sender, env, data, twin, size, received)
             return
-        if env.fail_fast:
+        if deadline is None:  # fail-fast: never stored
             sender.fail(env, "destination offline", "destination offline", size, received)
             return
-        deadline = self.mailbox.deadline(env.timestamp, env.expiration)
         try:
             outcome = await self.switch.deliver(key, data, deadline=deadline)
         except MailboxFull as err:
