@@ -189,7 +189,8 @@ class SbdDialect(Dialect):
         last = self.tokens.get(token)
         idle_ns = self.settings.idle_ms * 1_000_000
         if last is not None and now - last >= idle_ns:
-            last = self._token_used(token, last)
+            self._sync_tokens()
+            last = self.tokens.get(token, last)
         if last is None or now - last >= idle_ns:
             self.tokens.pop(token, None)
             return False
@@ -198,13 +199,13 @@ class SbdDialect(Dialect):
 
     # ---- per-IP bookkeeping ----------------------------------------------------------------
 
-    def _token_used(self, token: str, last: int) -> int:
-        """The last use of `token`: its connections' fast-path forwards count too (they do not
-        refresh `tokens` message by message)."""
+    def _sync_tokens(self) -> None:
+        """Bring each token's last use up to its connections' last message: the fast path's
+        forwards count too (they do not refresh `tokens` message by message)."""
         for session in self.sessions.values():
-            if session.token == token:
-                last = max(last, session.scanner.active_at)
-        return last
+            token = session.token
+            if token is not None and session.scanner.active_at > self.tokens.get(token, 0):
+                self.tokens[token] = session.scanner.active_at
 
     def lbrt_value(self, ip: str) -> int:
         if self.settings.disable_rate_limit:
@@ -296,11 +297,7 @@ class SbdDialect(Dialect):
             if ip not in self.by_ip and now - at >= interval:
                 del self._lbrt_at[ip]
         self.limiter.prune(now, LIMITER_IDLE_NS)
-        for session in self.sessions.values():
-            # a token is in use while its connection sends, the fast path's forwards included
-            token = session.token
-            if token is not None and session.scanner.active_at > self.tokens.get(token, 0):
-                self.tokens[token] = session.scanner.active_at
+        self._sync_tokens()
         for token, last in list(self.tokens.items()):
             if now - last >= idle_ns:
                 del self.tokens[token]
