@@ -43,7 +43,6 @@ class Client:
         "socket_ip",
         "sort_key",
         "types",
-        "version",
     )
 
     def __init__(
@@ -70,9 +69,6 @@ class Client:
         self.queues: set[str] = set()
         #: the instance holding it (None: this one); remote clients are replicas (cluster.py)
         self.node: str | None = None
-        #: bumped at every change this instance publishes (the replicas' order comes from the
-        #: cluster's log, cluster/fanout.py)
-        self.version = 0
 
     def describe(self) -> dict[str, Any]:
         """The JSON shape of `/api/v1/query` and QUERY_NODES."""

@@ -145,14 +145,14 @@ class _ManyEndpoint:
 
     def deliver(self, frame: bytes) -> None:
         gateway = self.gateway
-        t, payload, nonce = gateway.decode_frame(frame)
+        body = gateway.frame_body(frame)
         receivers = []
-        for app_id, client_id in json.loads(frame).get("to", ()):
+        for app_id, client_id in body.get("to", ()):
             client = gateway.index.get(app_id, client_id)
             if client is not None and client.node is None and client.session is not None:
                 receivers.append(client)
         if receivers:
-            gateway.deliver_local(receivers, t, payload, nonce)
+            gateway.deliver_local(receivers, str(body["t"]), body.get("p"), body.get("n"))
 
     def mail_waiting(self) -> None:
         return None
@@ -167,7 +167,7 @@ class SgCluster:
         self.table = ReplicatedTable(cluster, TOPIC, self._on_change)
         self.ready = self.table.ready
         #: the last frame decoded on the receiving side (a BROADCAST brings one per receiver)
-        self._decoded: tuple[bytes, tuple[str, Any, Any]] | None = None
+        self._decoded: tuple[bytes, dict[str, Any]] | None = None
         cluster.register_kind(keys.KIND_GATEWAY, self._resolve)
         self._many = _ManyEndpoint(self)
         cluster.register_kind(keys.KIND_GATEWAY_MANY, lambda name: self._many)
@@ -185,12 +185,10 @@ class SgCluster:
     # ---- local changes out -----------------------------------------------------------------
 
     def joined(self, client: Client) -> None:
-        client.version += 1
         self.table.set(client_key(client.app_id, client.client_id), _state(client))
         self.cluster.claim_name(gateway_name(client.app_id, client.client_id))
 
     def changed(self, client: Client) -> None:
-        client.version += 1
         self.table.set(client_key(client.app_id, client.client_id), _state(client))
 
     def left(self, client: Client) -> None:
@@ -238,14 +236,19 @@ class SgCluster:
 
     # ---- remote changes and frames in ------------------------------------------------------
 
-    def decode_frame(self, frame: bytes) -> tuple[str, Any, Any]:
+    def frame_body(self, frame: bytes) -> dict[str, Any]:
+        """The bus frame parsed (the last one is kept: a SEND to several clients of one
+        instance hands the same frame to each)."""
         cached = self._decoded
         if cached is not None and cached[0] == frame:
             return cached[1]
-        body = json.loads(frame)
-        decoded = (str(body["t"]), body.get("p"), body.get("n"))
-        self._decoded = (frame, decoded)
-        return decoded
+        body: dict[str, Any] = json.loads(frame)
+        self._decoded = (frame, body)
+        return body
+
+    def decode_frame(self, frame: bytes) -> tuple[str, Any, Any]:
+        body = self.frame_body(frame)
+        return str(body["t"]), body.get("p"), body.get("n")
 
     def _resolve(self, name: str) -> _ClientEndpoint | None:
         app_id, client_id = parse_gateway_name(name)

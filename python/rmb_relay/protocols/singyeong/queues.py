@@ -419,9 +419,6 @@ class Queues:
 
     # ---- the interface the dialect and the HTTP API share with `RedisQueues` --------------
 
-    #: memory stores synchronously: the dialect confirms and queues in one step
-    durable = False
-
     @property
     def busy(self) -> bool:
         """Something may time out: the dialect's sweep must keep running."""

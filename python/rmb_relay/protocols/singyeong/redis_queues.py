@@ -106,7 +106,6 @@ _keys = cluster_keys.sg_queue_keys
 class RedisQueues:
     """The Redis twin of `queues.Queues` (same methods the dialect calls)."""
 
-    durable = True
     #: expired deliveries are found by this class's own loop, not the dialect's sweep
     busy = False
 
