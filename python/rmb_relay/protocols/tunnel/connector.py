@@ -366,20 +366,9 @@ class Connector:
         """`_deliver` for a reply whose body is in hand and inline-sized (no upload, no wait)."""
         body = reply.body
         assert isinstance(body, bytes)
-        response = TargetResponse(
-            request_id=request.request_id,
-            request_origin_id=request.request_origin_id,
-            http_status_code=reply.status,
-            request_failed=reply.status >= 400,
-            body_content=body or None,
-            body_size=len(body),
-            original_body_size=len(body),
-        )
-        headers: dict[str, list[str]] = {}
-        for name, value in reply.headers:
-            if name.lower() not in ("content-length", "transfer-encoding"):
-                headers.setdefault(name, []).append(value)
-        response.http_headers = headers
+        response = _response(request, reply)
+        response.body_content = body or None
+        response.body_size = response.original_body_size = len(body)
         self._queue(response)
 
     def _auth(self) -> dict[str, str]:
@@ -460,15 +449,7 @@ class Connector:
                 yield chunk
 
     async def _deliver(self, request: ClientRequest, reply: Reply, started: float) -> None:
-        response = TargetResponse(
-            request_id=request.request_id,
-            request_origin_id=request.request_origin_id,
-            http_status_code=reply.status,
-            request_failed=reply.status >= 400,
-        )
-        headers: dict[str, list[str]] = {}
-        for name, value in reply.headers:
-            headers.setdefault(name, []).append(value)
+        response = _response(request, reply)
         try:
             body = reply.body
             if request.discard_connector_response:
@@ -484,14 +465,8 @@ class Connector:
                     response = TargetResponse(
                         request.request_id, request.request_origin_id, 502, request_failed=True
                     )
-                    headers = {}
         finally:
             reply.done()
-        response.http_headers = {
-            k: v
-            for k, v in headers.items()
-            if k.lower() not in ("content-length", "transfer-encoding")
-        }
         response.original_body_size = response.body_size
         if request.enable_tracing:
             response.http_headers["RelayServer-TargetDuration"] = [
@@ -508,3 +483,19 @@ class Connector:
             if reply.status != 200:
                 raise aiohttp.ClientError(f"response body refused ({reply.status}): {text}")
             return int(text)
+
+
+def _response(request: ClientRequest, reply: Reply) -> TargetResponse:
+    """The answer to `request` with the target's status and headers (less the framing ones,
+    which the relay sets for the body it sends); the body is the caller's to fill in."""
+    headers: dict[str, list[str]] = {}
+    for name, value in reply.headers:
+        if name.lower() not in ("content-length", "transfer-encoding"):
+            headers.setdefault(name, []).append(value)
+    return TargetResponse(
+        request_id=request.request_id,
+        request_origin_id=request.request_origin_id,
+        http_status_code=reply.status,
+        request_failed=reply.status >= 400,
+        http_headers=headers,
+    )
