@@ -316,10 +316,14 @@ class WriterProcess:
             ended[3] + running[3],
         )
         self._running = (0, 0, 0, 0, 0)
-        for stream in (self._process.stdin, self._process.stdout):
+        self._pipe = self._report = -1
+        self._release(self._process)
+
+    def _release(self, process: subprocess.Popen[bytes]) -> None:
+        """Close our ends of the writer's pipes and our map of the arena."""
+        for stream in (process.stdin, process.stdout):
             if stream is not None:
                 stream.close()
-        self._pipe = self._report = -1
         if self._arena is not None:
             self._arena.close()
             self._arena = None
@@ -348,10 +352,5 @@ class WriterProcess:
         finally:
             self._shed_pending()
             process.wait(CLOSE_TIMEOUT)  # it closed its stdout: it is exiting
-            for stream in (process.stdout, process.stdin):
-                if stream is not None:
-                    stream.close()
-            if self._arena is not None:
-                self._arena.close()
-                self._arena = None
+            self._release(process)
             self._process = None
