@@ -298,17 +298,25 @@ async def wait_ready(port: int, path: str) -> None:
     raise SystemExit(f"nothing answers {path} on {port}")
 
 
-async def run(args: argparse.Namespace) -> list[Result]:
-    tmp = Path(tempfile.mkdtemp(prefix="tunnel-bench-"))
+def tenant_home(prefix: str) -> tuple[Path, dict[str, str], str]:
+    """A fresh directory (the processes' XDG_DATA_HOME) with tenant `acme` (secret `SECRET`)
+    in its twin/tenant database: the directory, the environment and the `--twins` value."""
+    tmp = Path(tempfile.mkdtemp(prefix=prefix))
     env = {**os.environ, "XDG_DATA_HOME": str(tmp)}
-    py = sys.executable
     db = f"sqlite:{tmp / 'relay.sqlite3'}"
     _run_sync(
-        [py, "-m", "rmb_relay", "tenants", "--twins", db, "add", "acme", "--secret", SECRET],
+        [sys.executable, "-m", "rmb_relay", "tenants", "--twins", db,
+         "add", "acme", "--secret", SECRET],
         check=True,
         env=env,
         capture_output=True,
-    )
+    )  # fmt: skip
+    return tmp, env, db
+
+
+async def run(args: argparse.Namespace) -> list[Result]:
+    tmp, env, db = tenant_home("tunnel-bench-")
+    py = sys.executable
     target_port, relay_port, base_port = free_port(), free_port(), free_port()
     target_url = f"http://127.0.0.1:{target_port}"
     profile = os.environ.get("BENCH_PROFILE")  # a directory: cProfile relay and connector

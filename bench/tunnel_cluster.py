@@ -15,32 +15,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
+from tests.processes import stop_processes
 from tests.redis_process import start_redis
 
-from .procstat import cpu_seconds, free_port
-from .tunnel import SECRET, _popen, _run_sync, measure, spawn, wait_ready
+from .procstat import free_port
+from .tunnel import SECRET, _popen, measure, spawn, tenant_home, wait_ready
 
 
 async def run(args: argparse.Namespace) -> None:
-    tmp = Path(tempfile.mkdtemp(prefix="tunnel-cluster-bench-"))
-    env = {**os.environ, "XDG_DATA_HOME": str(tmp)}
+    tmp, env, db = tenant_home("tunnel-cluster-bench-")
     relay_env = dict(env)
     if args.pythonpath:
         relay_env["PYTHONPATH"] = args.pythonpath
     py = sys.executable
-    db = f"sqlite:{tmp / 'relay.sqlite3'}"
-    _run_sync(
-        [py, "-m", "rmb_relay", "tenants", "--twins", db, "add", "acme", "--secret", SECRET],
-        check=True,
-        env=env,
-        capture_output=True,
-    )
     redis = start_redis(str(tmp), durable=False)
     target_port, a_port, b_port = free_port(), free_port(), free_port()
     processes: dict[str, subprocess.Popen[str]] = {}
@@ -64,23 +54,18 @@ async def run(args: argparse.Namespace) -> None:
         await wait_ready(b_port, "/relay/acme/app/echo")
         await wait_ready(a_port, "/relay/acme/app/echo")
         pids = {"a": processes["a"].pid, "b": processes["b"].pid, "redis": redis.process.pid}
-        before = {name: cpu_seconds(pid) for name, pid in pids.items()}
-        n, rps, p50, p99, _ = await measure(
-            a_port, "/relay/acme/app/echo", args.size, args.clients, args.seconds, {}
+        # `measure` reads each process's CPU over the measured window
+        result = await measure(
+            a_port, "/relay/acme/app/echo", args.size, args.clients, args.seconds, pids
         )
-        per = {
-            name: (cpu_seconds(pid) - before[name]) / max(n, 1) * 1e6 for name, pid in pids.items()
-        }
+        per = result.us_per_request
         print(
-            f"{rps:,.0f} req/s ({args.size} B x {args.clients} clients, A -> B's connector) "
-            f"p50 {p50:.2f} ms p99 {p99:.2f} ms; CPU us/req: relay A {per['a']:.0f} / relay B "
-            f"{per['b']:.0f} / redis {per['redis']:.0f}"
+            f"{result.rps:,.0f} req/s ({args.size} B x {args.clients} clients, A -> B's "
+            f"connector) p50 {result.p50_ms:.2f} ms p99 {result.p99_ms:.2f} ms; CPU us/req: "
+            f"relay A {per['a']:.0f} / relay B {per['b']:.0f} / redis {per['redis']:.0f}"
         )
     finally:
-        for process in processes.values():
-            process.terminate()
-        for process in processes.values():
-            process.wait(10)
+        stop_processes(processes.values())
         redis.stop()
 
 
