@@ -89,11 +89,20 @@ class Instance:
 MakeInstance = Callable[..., Awaitable[Instance]]
 
 
-def recorder(into: list[bytes], reply: bytes = b"ok") -> Handler:
-    """A request handler that appends each request's payload to `into`."""
+def recorder(
+    into: list[bytes],
+    reply: bytes = b"ok",
+    *,
+    done: asyncio.Event | None = None,
+    expect: int = 0,
+) -> Handler:
+    """A request handler that appends each request's payload to `into`, and sets `done` once
+    `into` holds `expect` payloads."""
 
     def handle(request: IncomingRequest) -> bytes:
         into.append(request.data)
+        if done is not None and len(into) == expect:
+            done.set()
         return reply
 
     return handle

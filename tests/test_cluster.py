@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from rmb_relay.client import IncomingRequest
 from rmb_relay.cluster import keys, wire
 from rmb_relay.cluster.bus import Bus
 from rmb_relay.cluster.node import Cluster
@@ -139,13 +138,7 @@ async def test_a_burst_to_another_instance_goes_out_in_a_few_stream_entries(
     got: list[bytes] = []
     done = asyncio.Event()
 
-    def record(request: IncomingRequest) -> bytes:
-        got.append(request.data)
-        if len(got) == 200:
-            done.set()
-        return b"ok"
-
-    await b.client(3, handlers={"m": record})
+    await b.client(3, handlers={"m": recorder(got, done=done, expect=200)})
     await b.cluster.claimed((3, None))
     alice = await a.client(1)
     assert (await alice.request(3, "m", b"warm", timeout=WAIT)).data == b"ok"  # presence cached
@@ -192,13 +185,7 @@ async def test_offline_twin_gets_its_mail_on_whichever_instance_it_reaches(
     received: list[bytes] = []
     done = asyncio.Event()
 
-    def record(request: IncomingRequest) -> bytes:
-        received.append(request.data)
-        if len(received) == 5:
-            done.set()
-        return b"ok"
-
-    await b.client(3, handlers={"m": record})
+    await b.client(3, handlers={"m": recorder(received, done=done, expect=5)})
     await asyncio.wait_for(done.wait(), WAIT)
     assert received == [f"queued {i}".encode() for i in range(5)]
 

@@ -19,10 +19,8 @@ import pytest
 
 from rmb_relay._core import (
     MSG_PING,
-    MSG_REQUEST,
     OP_TEXT,
     ClientFrameEncoder,
-    Envelope,
     EnvelopeRouting,
     FixedWindowLimiter,
     Outboxes,
@@ -42,32 +40,11 @@ from rmb_relay.protocols.rmb import RmbSettings
 from tests.conftest import WAIT, StartRelay
 from tests.helpers import RawWebSocket, eventually
 from tests.rmb_fixtures import RmbRelay, key_for, start_rmb_relay
+from tests.scan_helpers import DEST, SENDER, envelope, frames
 from tests.scrape import scrape
 
 SENDER_CONN, DEST_CONN, OTHER_CONN = 1, 2, 3
-SENDER = bytes([2]) * 32
-DEST = bytes([1]) * 32
 NOW = 1_700_000_000 * 1_000_000_000
-
-
-def frames(*payloads: bytes) -> bytes:
-    return ClientFrameEncoder(bytes(32)).binary_batch(list(payloads))
-
-
-def envelope(
-    dest: tuple[int, str | None] = (9, "svc"),
-    source: tuple[int, str | None] = (7, "app"),
-    kind: int = MSG_REQUEST,
-    body: bytes = b"",
-) -> bytes:
-    env = Envelope("u")
-    env.source_twin, env.source_connection = source
-    env.dest_twin, env.dest_connection = dest
-    env.kind = kind
-    if kind == MSG_REQUEST:
-        env.command = "c"
-    env.plain = body
-    return env.encode()
 
 
 class Conn:
@@ -154,7 +131,7 @@ def test_rmb_local_forward_is_framed_into_the_destination_without_an_event() -> 
 
 def test_rmb_forwards_to_several_destinations_each_once_per_drain() -> None:
     decoder, outboxes, _, _ = rmb_setup()
-    svc, other = envelope((9, "svc")), envelope((9, "other"), body=b"o")
+    svc, other = envelope(dest=(9, "svc")), envelope(dest=(9, "other"), body=b"o")
     # the second and later envelopes are unmasked into the last destination's outbox first
     assert decoder.feed(frames(svc, other, other, svc)) == []
     assert drained(outboxes) == {
@@ -181,9 +158,9 @@ def test_fragmented_envelopes_take_the_fast_path_too() -> None:
     ("data", "why"),
     [
         (envelope(source=(7, "else")), "not from the session"),
-        (envelope((7, "app"), kind=MSG_PING), "a ping is answered by the dialect"),
-        (envelope((0, None)), "no destination"),
-        (envelope((10, None)), "not connected here"),
+        (envelope(dest=(7, "app"), kind=MSG_PING), "a ping is answered by the dialect"),
+        (envelope(dest=(0, None)), "no destination"),
+        (envelope(dest=(10, None)), "not connected here"),
     ],
 )
 def test_rmb_messages_that_need_python_still_arrive_as_events(data: bytes, why: str) -> None:
@@ -369,7 +346,9 @@ async def test_congested_receiver_pauses_the_fast_path_sender_and_loses_nothing(
     sender = await rmb_raw(relay, 1)
     await eventually(lambda: relay.dialect.switch.routes.session_count == 2)
     count = 300  # ~18 MB: far more than loopback socket buffers hold
-    sent = [envelope((2, None), (1, None), body=os.urandom(60 * 1024)) for _ in range(count)]
+    sent = [
+        envelope(dest=(2, None), source=(1, None), body=os.urandom(60 * 1024)) for _ in range(count)
+    ]
     for data in sent:
         sender.send_binary(data)
     metric = relay.server.metrics.backpressure_pauses
@@ -392,15 +371,15 @@ async def test_a_replaced_session_is_no_longer_forwarded_to(
     first = await rmb_raw(relay, 2)
     sender = await rmb_raw(relay, 1)
     await eventually(lambda: relay.dialect.switch.routes.session_count == 2)
-    sender.send_binary(envelope((2, None), (1, None), body=b"one"))
+    sender.send_binary(envelope(dest=(2, None), source=(1, None), body=b"one"))
     assert getattr(await first.next_event(), "data", None) == envelope(
-        (2, None), (1, None), body=b"one"
+        dest=(2, None), source=(1, None), body=b"one"
     )
     second = await rmb_raw(relay, 2)
     closing = await first.next_event()
     assert getattr(closing, "code", None) == 1008
-    sender.send_binary(envelope((2, None), (1, None), body=b"two"))
+    sender.send_binary(envelope(dest=(2, None), source=(1, None), body=b"two"))
     event = await asyncio.wait_for(second.next_event(), WAIT)
-    assert getattr(event, "data", None) == envelope((2, None), (1, None), body=b"two")
+    assert getattr(event, "data", None) == envelope(dest=(2, None), source=(1, None), body=b"two")
     for ws in (first, second, sender):
         ws.close()

@@ -18,8 +18,6 @@ import pytest
 from rmb_relay._core import (
     MSG_PING,
     MSG_REQUEST,
-    ClientFrameEncoder,
-    Envelope,
     EnvelopeRouting,
     RecordBuffer,
     RmbScanner,
@@ -30,31 +28,16 @@ from rmb_relay._core import (
     WsMessage,
 )
 from rmb_relay.telemetry.records import Channel
+from tests.scan_helpers import DEST, SENDER, envelope, frames
 
-SENDER = bytes([2]) * 32
-DEST = bytes([1]) * 32
 NOW = 1_700_000_000_000_000_000
 NOW_US = NOW // 1000
-
-
-def frames(*payloads: bytes) -> bytes:
-    return ClientFrameEncoder(bytes(32)).binary_batch(list(payloads))
 
 
 def feed(decoder: WsDecoder, data: bytes, now: int = NOW) -> list[WsMessage]:
     events = decoder.feed(data, now)
     assert all(isinstance(e, WsMessage) for e in events)
     return events  # type: ignore[return-value]
-
-
-def envelope(source: tuple[int, str | None], dest: tuple[int, str | None], kind: int) -> bytes:
-    env = Envelope("u")
-    env.source_twin, env.source_connection = source
-    env.dest_twin, env.dest_connection = dest
-    env.kind = kind
-    if kind == MSG_REQUEST:
-        env.command = "c"
-    return env.encode()
 
 
 def rows(buffer: RecordBuffer) -> list[list[int]]:

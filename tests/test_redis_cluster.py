@@ -12,10 +12,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from rmb_relay.client import IncomingRequest
 from tests.cluster_fixtures import (  # noqa: F401 - the fixture is used by name
     MakeInstance,
     make_instance_fixture,
+    recorder,
 )
 from tests.conftest import WAIT
 from tests.helpers import eventually
@@ -67,14 +67,8 @@ async def test_rmb_sbd_and_mailbox_across_instances_on_redis_cluster(
     received: list[bytes] = []
     done = asyncio.Event()
 
-    def record(request: IncomingRequest) -> bytes:
-        received.append(request.data)
-        if len(received) == 3:
-            done.set()
-        return b"ok"
-
     await eventually(lambda: a.rmb.mailbox.stats.stored == 3)
-    await b.client(3, handlers={"m": record})
+    await b.client(3, handlers={"m": recorder(received, done=done, expect=3)})
     await asyncio.wait_for(done.wait(), WAIT)
     assert received == [f"queued {i}".encode() for i in range(3)]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 from redis.asyncio import Redis
 
-from rmb_relay.client import IncomingRequest
 from rmb_relay.mailbox import RedisMailbox, stream_key
+from tests.cluster_fixtures import recorder
 from tests.conftest import WAIT, RedisServer, StartRelay, start_redis
 from tests.helpers import eventually
 from tests.rmb_fixtures import RmbRelay, start_rmb_relay
@@ -35,14 +35,8 @@ async def test_mailbox_survives_a_relay_restart(
     received: list[bytes] = []
     done = asyncio.Event()
 
-    def record(request: IncomingRequest) -> bytes:
-        received.append(request.data)
-        if len(received) == 5:
-            done.set()
-        return b"ok"
-
     carol = await second.client(3)
-    carol.handle("m", record)
+    carol.handle("m", recorder(received, done=done, expect=5))
     await asyncio.wait_for(done.wait(), WAIT)
     assert received == [f"queued {i}".encode() for i in range(5)]
     await eventually(lambda: second.dialect.mailbox.depth() == 0)

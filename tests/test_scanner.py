@@ -21,7 +21,6 @@ from rmb_relay._core import (
     SBD_FORWARD,
     ByteNanosLimiter,
     ClientFrameEncoder,
-    Envelope,
     EnvelopeRouting,
     EnvelopeScanner,
     RmbScanner,
@@ -36,34 +35,20 @@ from rmb_relay._core import (
     sbd_encode_command,
     sbd_rewrite_forward,
 )
+from tests.scan_helpers import DEST, SENDER, envelope, frames
 
 MASK = bytes.fromhex("37fa213d")
 Z = bytes(28)
-SENDER = bytes([2]) * 32
-DEST = bytes([1]) * 32
 IP = "::ffff:10.0.0.1"
 
 #: uid "u", source {7, "app"}, destination {9, "svc"}, request {command "c"}
 GOLDEN_ENVELOPE = bytes.fromhex("0a0175 2a0708071203617070 3207080912037376 63 3a030a0163")
 
 
-def frames(*payloads: bytes) -> bytes:
-    return ClientFrameEncoder(bytes(32)).binary_batch(list(payloads))
-
-
 def messages(decoder: WsDecoder, data: bytes, now: int = 0) -> list[WsMessage]:
     events = decoder.feed(data, now)
     assert all(isinstance(e, WsMessage) for e in events)
     return events  # type: ignore[return-value]
-
-
-def envelope(source: tuple[int, str | None], dest: tuple[int, str | None]) -> bytes:
-    env = Envelope("u")
-    env.source_twin, env.source_connection = source
-    env.dest_twin, env.dest_connection = dest
-    env.kind = MSG_REQUEST
-    env.command = "c"
-    return env.encode()
 
 
 def envelope_routing(message: WsMessage) -> EnvelopeRouting:
