@@ -65,6 +65,8 @@ log = logging.getLogger("rmb_relay.singyeong")
 
 #: the longest pause between sweeps (heartbeat and ack-timeout checks), seconds
 MAX_SWEEP_INTERVAL = 0.25
+#: parsed QUEUE targets kept by their text (`_queue_target`); the table starts over when full
+QUEUE_TARGET_CACHE = 4096
 
 
 def _query_param(query: str | None, name: str) -> str | None:
@@ -136,6 +138,8 @@ class SingyeongDialect(Dialect):
         self._metadata_due: dict[SgSession, int] = {}
         self._metadata_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        #: repr(target) -> parsed query, for QUEUE (see `_queue_target`)
+        self._queue_targets: dict[str, Query] = {}
         self._closed = False
         self.proxy = Proxy(self)
 
@@ -378,7 +382,7 @@ class SingyeongDialect(Dialect):
             self.metrics.hot.dispatch(t, "invalid")
             session.invalid("QUEUE needs queue, target and payload", d)
             return
-        query = self._parse_target(session, t, d["target"])
+        query = self._queue_target(session, t, d["target"])
         if query is None:
             return
         message = Message(
@@ -391,6 +395,30 @@ class SingyeongDialect(Dialect):
             size=session.frame_bytes + MESSAGE_OVERHEAD,
         )
         self.store_message(session, message)
+
+    def _queue_target(self, session: SgSession, t: str, target: Any) -> Query | None:
+        """A QUEUE's target, parsed once per distinct text: producers address the same
+        consumers message after message, and parsing (compiling the predicates) cost more
+        than the rest of storing the message. The key is `repr` of the decoded value, which
+        tells apart every JSON and msgpack value (`1`, `1.0` and `True` included) at a tenth
+        of the parse; a query is immutable, so messages share it. ETF values (atoms, tuples)
+        are parsed each time."""
+        if session.encoding is Encoding.ETF:
+            return self._parse_target(session, t, target)
+        try:
+            key = repr(target)
+        except RecursionError:  # nested past any query's depth: parse says why
+            return self._parse_target(session, t, target)
+        cache = self._queue_targets
+        query = cache.get(key)
+        if query is None:
+            query = self._parse_target(session, t, target)
+            if query is None:
+                return None
+            if len(cache) >= QUEUE_TARGET_CACHE:
+                cache.clear()
+            cache[key] = query
+        return query
 
     def store_message(self, session: SgSession, message: Message) -> None:
         """Confirm once stored: memory at once (confirm, then deliver) when the budget has
