@@ -36,8 +36,8 @@ SCENARIOS = ("send_eq", "send_range", "broadcast", "queue")
 GROUP = 1000  # clients per broadcast group
 CONSUMERS = 20
 QUEUE_NAME = "bench"
-ACK = '{"op":4,"t":"QUEUE_ACK","d":{"queue":"%s","id":"%%s"}}' % QUEUE_NAME
-REQUEST = '{"op":4,"t":"QUEUE_REQUEST","d":{"queue":"%s"}}' % QUEUE_NAME
+ACK = '{"op":4,"t":"QUEUE_ACK","d":{"queue":"' + QUEUE_NAME + '","id":"%s"}}'
+REQUEST = '{"op":4,"t":"QUEUE_REQUEST","d":{"queue":"' + QUEUE_NAME + '"}}'
 
 
 def now_us() -> int:

@@ -4,6 +4,7 @@ errors as clear DecodeErrors."""
 from __future__ import annotations
 
 import contextlib
+import json
 from typing import Any
 
 import msgpack
@@ -12,8 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rmb_relay.protocols.singyeong import etf
-from rmb_relay.protocols.singyeong.codec import DecodeError, Encoding, decode, encode
+from rmb_relay.protocols.singyeong.codec import DecodeError, Encoding, decode, encode, json_text
 from rmb_relay.protocols.singyeong.frames import dispatch, hello
+from rmb_relay.protocols.singyeong.hotframes import ConfirmCache, queue_confirm, queue_dispatch
 
 #: (value, bytes) as `:erlang.term_to_binary` writes them (binaries for strings, atoms for
 #: nil/true/false)
@@ -141,3 +143,30 @@ def test_unknown_encoding_names_the_choices() -> None:
     assert Encoding.parse(None) is Encoding.JSON
     with pytest.raises(ValueError, match="use json, msgpack or etf"):
         Encoding.parse("bson")
+
+
+@settings(max_examples=200, deadline=None)
+@given(name=st.text(min_size=1), nonce=json_values, payload=json_values, attempt=st.integers(0))
+def test_hot_queue_frames_are_the_generic_json(
+    name: str, nonce: Any, payload: Any, attempt: int
+) -> None:
+    """The queue frames built from pieces (hotframes.py) are byte for byte what the generic
+    path encodes, and a cached CONFIRM is the same text as a fresh one."""
+    ts = 1_700_000_000_123
+    confirm = encode(
+        Encoding.JSON, dispatch("QUEUE_CONFIRM", {"queue": name}, ts, nonce, queue=name)
+    )
+    assert queue_confirm(name, nonce, ts) == confirm
+    cache = ConfirmCache()
+    assert cache.confirm(name, nonce, ts) == cache.confirm(name, nonce, ts) == confirm
+    body = etf.Struct(queue=name, payload=payload, id="id-1", attempt=attempt)
+    expected = encode(Encoding.JSON, dispatch("QUEUE", body, ts, nonce))
+    assert queue_dispatch(name, payload, "id-1", attempt, nonce, ts) == expected
+
+
+def test_json_text_is_the_standard_encoder() -> None:
+    value = {"a": [1, 1.5, float("nan"), -0.0, "é\n\u2028"], "b": None, 1: True}
+    assert json_text(value) == json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+    assert json_text('x"y') == json.dumps('x"y', ensure_ascii=False)
+    with pytest.raises(TypeError):
+        json_text(object())

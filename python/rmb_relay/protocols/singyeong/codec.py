@@ -62,14 +62,23 @@ def _json_default(value: Any) -> Any:
 _c_encode = json.encoder.c_make_encoder(  # type: ignore[attr-defined]
     None, _json_default, json.encoder.encode_basestring, None, ":", ",", False, False, True
 )
-_encode_str = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_encode_str = json.encoder.encode_basestring
 
 
-def _json_encode(value: Any) -> str:
-    """`json.dumps(value, ensure_ascii=False, separators=(",", ":"))`, the same text."""
+def json_text(value: Any) -> str:
+    """`json.dumps(value, ensure_ascii=False, separators=(",", ":"))`, the same text; raises
+    TypeError for values JSON cannot carry."""
     if isinstance(value, str):
-        return _encode_str(value)  # type: ignore[no-any-return]
+        return _encode_str(value)
     return "".join(_c_encode(value, 0))
+
+
+def json_text_of_str(text: str) -> str:
+    """A string as a JSON string literal (`json_text` when the value is known to be a str)."""
+    return _encode_str(text)
+
+
+_json_encode = json_text
 
 
 _json_decode = json.JSONDecoder().decode

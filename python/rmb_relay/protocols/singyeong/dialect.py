@@ -36,6 +36,7 @@ from rmb_relay.protocols.singyeong import frames
 from rmb_relay.protocols.singyeong.clients import Client, ClientIndex
 from rmb_relay.protocols.singyeong.cluster import SgCluster
 from rmb_relay.protocols.singyeong.codec import Encoding, encode
+from rmb_relay.protocols.singyeong.hotframes import ConfirmCache
 from rmb_relay.protocols.singyeong.metrics import SgMetrics
 from rmb_relay.protocols.singyeong.proxy import Proxy
 from rmb_relay.protocols.singyeong.query import (
@@ -140,6 +141,7 @@ class SingyeongDialect(Dialect):
         self._tasks: set[asyncio.Task[None]] = set()
         #: repr(target) -> parsed query, for QUEUE (see `_queue_target`)
         self._queue_targets: dict[str, Query] = {}
+        self._confirms = ConfirmCache()
         self._closed = False
         self.proxy = Proxy(self)
 
@@ -463,6 +465,9 @@ class SingyeongDialect(Dialect):
 
     def confirm(self, session: SgSession, message: Message) -> None:
         name = message.queue
+        if session.encoding is Encoding.JSON:
+            session.peer.send_text(self._confirms.confirm(name, message.nonce, self.now_ms()))
+            return
         session.send(
             frames.dispatch(
                 "QUEUE_CONFIRM", {"queue": name}, self.now_ms(), message.nonce, queue=name

@@ -25,6 +25,7 @@ from rmb_relay.protocols.singyeong.clients import Client
 from rmb_relay.protocols.singyeong.codec import DecodeError, Encoding, decode, encode
 from rmb_relay.protocols.singyeong.etf import Struct
 from rmb_relay.protocols.singyeong.frames import Op
+from rmb_relay.protocols.singyeong.hotframes import queue_dispatch
 from rmb_relay.protocols.singyeong.metadata import MetadataError, validate
 
 if TYPE_CHECKING:
@@ -83,6 +84,18 @@ class SgSession(WebSocketHandler):
         return self.client is not None and not self.closing and query.matches(self.client)
 
     def deliver_queued(self, message: Message) -> None:
+        if self.encoding is Encoding.JSON:
+            self.peer.send_text(
+                queue_dispatch(
+                    message.queue,
+                    message.payload,
+                    message.id,
+                    message.attempts,
+                    message.nonce,
+                    self.dialect.now_ms(),
+                )
+            )
+            return
         body = Struct(
             queue=message.queue, payload=message.payload, id=message.id, attempt=message.attempts
         )
