@@ -36,7 +36,6 @@ letters makes room again.
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import logging
 import os
@@ -152,8 +151,17 @@ class Queue:
     waiting: deque[Message] = field(default_factory=deque)
     #: outstanding requests in arrival order (a consumer appears once per request)
     requests: deque[Consumer] = field(default_factory=deque)
+    #: how many of `requests` each consumer has (the per-client bound without a count)
+    asked: dict[Consumer, int] = field(default_factory=dict)
+    #: in delivery order, which is deadline order (one ack timeout, a monotonic clock): the
+    #: sweep reads expired deliveries from the front, and an ack leaves nothing behind
     unacked: dict[str, Unacked] = field(default_factory=dict)
     dead: dict[str, DeadLetter] = field(default_factory=dict)
+
+    def withdraw(self, consumer: Consumer) -> None:
+        """Every outstanding request of `consumer` goes."""
+        if self.asked.pop(consumer, None) is not None:
+            self.requests = deque(c for c in self.requests if c is not consumer)
 
     @property
     def idle(self) -> bool:
@@ -206,7 +214,6 @@ class Queues:
         self.wall_ms = wall_ms
         self.events: QueueEvents = events if events is not None else _NoEvents()
         self.queues: dict[str, Queue] = {}
-        self._deadlines: list[tuple[int, str, str]] = []  # (deadline, queue, id)
         #: bytes of every message held (module docstring), keyed by queue name
         self.budget = (
             budget
@@ -252,7 +259,8 @@ class Queues:
         """One more message for `consumer`: the oldest waiting one it matches, else the
         request waits. False when it has too many requests outstanding."""
         queue = self.queue(name)
-        if queue.requests.count(consumer) >= MAX_REQUESTS_PER_CLIENT:
+        asked = queue.asked.get(consumer, 0)
+        if asked >= MAX_REQUESTS_PER_CLIENT:
             return False
         for index, message in enumerate(queue.waiting):
             query = self._query(message)
@@ -261,13 +269,14 @@ class Queues:
                 self._deliver(queue, message, consumer)
                 return True
         queue.requests.append(consumer)
+        queue.asked[consumer] = asked + 1
         return True
 
     def cancel(self, name: str, consumer: Consumer) -> None:
         queue = self.queues.get(name)
         if queue is None:
             return
-        queue.requests = deque(c for c in queue.requests if c is not consumer)
+        queue.withdraw(consumer)
         self._tidy(queue)
 
     def ack(self, name: str, message_id: str) -> bool:
@@ -285,8 +294,7 @@ class Queues:
     def consumer_gone(self, consumer: Consumer) -> None:
         """Its requests are withdrawn and what it holds unacked goes back (an attempt spent)."""
         for queue in list(self.queues.values()):
-            if consumer in queue.requests:
-                queue.requests = deque(c for c in queue.requests if c is not consumer)
+            queue.withdraw(consumer)
             held = [m_id for m_id, entry in queue.unacked.items() if entry.consumer is consumer]
             for message_id in held:
                 entry = queue.unacked.pop(message_id)
@@ -340,6 +348,12 @@ class Queues:
         for index, consumer in enumerate(queue.requests):
             if consumer.matches(query):
                 del queue.requests[index]
+                asked = queue.asked
+                left = asked[consumer] - 1
+                if left:
+                    asked[consumer] = left
+                else:
+                    del asked[consumer]
                 return consumer
         return None
 
@@ -347,7 +361,6 @@ class Queues:
         message.attempts += 1
         deadline = self.clock() + self.ack_timeout_ns
         queue.unacked[message.id] = Unacked(message, consumer, deadline)
-        heapq.heappush(self._deadlines, (deadline, queue.name, message.id))
         self.events.delivered(message, deadline)
         consumer.deliver_queued(message)
 
@@ -381,18 +394,20 @@ class Queues:
         self._offer(queue, message, front=True)
 
     def sweep(self, now: int) -> None:
-        """Ack timeouts: each expired delivery is retried or becomes a dead letter."""
-        deadlines = self._deadlines
-        while deadlines and deadlines[0][0] <= now:
-            deadline, name, message_id = heapq.heappop(deadlines)
-            queue = self.queues.get(name)
-            if queue is None:
+        """Ack timeouts: each expired delivery is retried or becomes a dead letter. A queue's
+        deliveries are in deadline order (`Queue.unacked`), so the expired ones are a prefix;
+        they are taken before any is retried (a retry may deliver again, at the end)."""
+        for queue in list(self.queues.values()):
+            unacked = queue.unacked
+            expired: list[str] = []
+            for message_id, entry in unacked.items():
+                if entry.deadline > now:
+                    break
+                expired.append(message_id)
+            if not expired:
                 continue
-            entry = queue.unacked.get(message_id)
-            if entry is None or entry.deadline != deadline:
-                continue  # acked, or delivered again since
-            del queue.unacked[message_id]
-            self._retry(queue, entry.message, "ack timeout")
+            for message_id in expired:
+                self._retry(queue, unacked.pop(message_id).message, "ack timeout")
             self._tidy(queue)
 
     # ---- dead letters ----------------------------------------------------------------------
