@@ -66,6 +66,11 @@ log = logging.getLogger("rmb_relay.singyeong")
 
 #: the longest pause between sweeps (heartbeat and ack-timeout checks), seconds
 MAX_SWEEP_INTERVAL = 0.25
+#: `HotCounters.add` keys of the queue frames' usual outcomes
+_QUEUE_STORED = ("QUEUE", "stored")
+_REQUEST_OK = ("QUEUE_REQUEST", "ok")
+_ACK_OK = ("QUEUE_ACK", "ok")
+_ACK_UNKNOWN = ("QUEUE_ACK", "unknown")
 #: parsed QUEUE targets kept by their text (`_queue_target`); the table starts over when full
 QUEUE_TARGET_CACHE = 4096
 
@@ -441,7 +446,7 @@ class SingyeongDialect(Dialect):
                     },
                 )
                 return
-            self.metrics.hot.dispatch("QUEUE", "stored")
+            self.metrics.hot.add(_QUEUE_STORED)
             self.confirm(session, message)
             queues.stored(message)
             return
@@ -483,7 +488,7 @@ class SingyeongDialect(Dialect):
             self.metrics.hot.dispatch(t, "refused")
             session.invalid("too many outstanding QUEUE_REQUESTs", {"queue": name})
             return
-        self.metrics.hot.dispatch(t, "ok")
+        self.metrics.hot.add(_REQUEST_OK)
 
     def _queue_cancel(self, session: SgSession, client: Client, t: str, d: Any) -> None:
         name = self._queue_name(session, t, d)
@@ -503,7 +508,7 @@ class SingyeongDialect(Dialect):
             session.invalid("QUEUE_ACK needs queue and id", d)
             return
         acked = self.queues.ack(name, message_id)
-        self.metrics.hot.dispatch(t, "ok" if acked else "unknown")
+        self.metrics.hot.add(_ACK_OK if acked else _ACK_UNKNOWN)
 
     _handlers: ClassVar[
         dict[str, Callable[[SingyeongDialect, SgSession, Client, str, Any], None]]

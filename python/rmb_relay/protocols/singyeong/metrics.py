@@ -49,6 +49,12 @@ class HotCounters:
         key = (kind if isinstance(kind, str) and kind in DISPATCH_TYPES else "other", outcome)
         self.dispatches[key] = self.dispatches.get(key, 0) + 1
 
+    def add(self, key: tuple[str, str]) -> None:
+        """`dispatch` with a key made once (a known type and outcome): the queue frames, three
+        per message, count without building and checking a key each."""
+        dispatches = self.dispatches
+        dispatches[key] = dispatches.get(key, 0) + 1
+
 
 class SgMetrics:
     def __init__(

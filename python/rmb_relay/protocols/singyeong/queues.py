@@ -262,10 +262,14 @@ class Queues:
         asked = queue.asked.get(consumer, 0)
         if asked >= MAX_REQUESTS_PER_CLIENT:
             return False
-        for index, message in enumerate(queue.waiting):
+        waiting = queue.waiting
+        for index, message in enumerate(waiting):
             query = self._query(message)
             if query is not None and consumer.matches(query):
-                del queue.waiting[index]
+                if index:
+                    del waiting[index]
+                else:  # the usual case: the oldest message is for anyone asking
+                    waiting.popleft()
                 self._deliver(queue, message, consumer)
                 return True
         queue.requests.append(consumer)

@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("rmb_relay.singyeong")
 
 _OP_VALUES = frozenset(int(op) for op in Op)
+# plain ints: comparing with an IntEnum member costs an attribute lookup on the enum class
+_DISPATCH, _HEARTBEAT, _IDENTIFY = int(Op.DISPATCH), int(Op.HEARTBEAT), int(Op.IDENTIFY)
 
 
 class SgSession(WebSocketHandler):
@@ -55,6 +57,9 @@ class SgSession(WebSocketHandler):
         self.metadata_pending_types: dict[str, str] = {}
         #: the size of the frame being handled (what a QUEUE costs the queues' memory budget)
         self.frame_bytes = 0
+        # looked up once, not per frame
+        self._text_frames = encoding.text_frames
+        self._hot = dialect.metrics.hot
 
     # ---- sending ---------------------------------------------------------------------------
 
@@ -119,8 +124,8 @@ class SgSession(WebSocketHandler):
         if self.closing:
             return
         dialect = self.dialect
-        dialect.metrics.hot.frames_in += 1
-        if message.is_text != self.encoding.text_frames:
+        self._hot.frames_in += 1
+        if message.is_text != self._text_frames:
             self.fatal("decode: payload: invalid websocket opcode/encoding combo")
             return
         try:
@@ -147,11 +152,11 @@ class SgSession(WebSocketHandler):
                 return
             self.identify(payload.get("d"))
             return
-        if op == Op.HEARTBEAT:
-            self.heartbeat()
-        elif op == Op.DISPATCH:
+        if op == _DISPATCH:
             self.dialect.dispatch(self, self.client, payload.get("t"), payload.get("d"))
-        elif op == Op.IDENTIFY:
+        elif op == _HEARTBEAT:
+            self.heartbeat()
+        elif op == _IDENTIFY:
             self.invalid("already identified")
         else:
             known = op in _OP_VALUES
