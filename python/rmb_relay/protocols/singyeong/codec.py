@@ -98,6 +98,8 @@ def _json_value(text: str) -> Any:
     if end != len(text):
         return _json_decode(text)
     return value
+
+
 _packb = msgpack.Packer(use_bin_type=True, datetime=False).pack
 
 
