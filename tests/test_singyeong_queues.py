@@ -129,6 +129,39 @@ async def test_ack_timeout_redelivers_with_an_attempt_count(make_gateway: MakeGa
     assert again["attempt"] == 2
 
 
+async def test_ack_timeouts_expire_in_delivery_order_and_acked_ones_never(
+    make_gateway: MakeGateway,
+) -> None:
+    """Deliveries a second apart: each comes back at its own deadline, in order, and the one
+    acked in between never does (the sweep reads expired deliveries from the front)."""
+    gateway = await make_gateway(fake_clock=True, ack_timeout=5.0, max_attempts=5)
+    clock = gateway.clock
+    assert isinstance(clock, FakeClock)
+    producer = await gateway.client("p", "producers")
+    for payload in ("a", "b", "c"):
+        await queue(producer, payload)
+    worker = await gateway.client("w", "workers")
+    taken = []
+    for _ in range(3):
+        taken.append(await take(worker))
+        clock.advance(1.0)
+    assert [m["payload"] for m in taken] == ["a", "b", "c"]
+    await worker.dispatch("QUEUE_ACK", {"queue": "jobs", "id": taken[1]["id"]})
+    for _ in range(3):
+        await worker.dispatch("QUEUE_REQUEST", {"queue": "jobs"})
+    await nothing_pending(worker)
+    clock.advance(2.5)  # "a" was delivered 5.5 s ago, "b" (acked) 4.5 s, "c" 3.5 s
+    gateway.dialect.sweep(clock())
+    again = (await worker.expect(4, "QUEUE"))["d"]["payload"]
+    assert (again["payload"], again["attempt"]) == ("a", 2)
+    await nothing_pending(worker)
+    clock.advance(2.0)
+    gateway.dialect.sweep(clock())
+    again = (await worker.expect(4, "QUEUE"))["d"]["payload"]
+    assert (again["payload"], again["attempt"]) == ("c", 2)
+    await nothing_pending(worker)
+
+
 async def test_consumer_disconnect_redelivers_to_another(make_gateway: MakeGateway) -> None:
     gateway = await make_gateway()
     producer = await gateway.client("p", "producers")
