@@ -204,6 +204,28 @@ async def test_missed_heartbeats_close_the_socket(make_gateway: MakeGateway) -> 
     assert gateway.dialect.metrics.heartbeat_closed.value() == 1
 
 
+async def test_a_beating_client_first_in_line_does_not_hide_a_silent_one(
+    make_gateway: MakeGateway,
+) -> None:
+    """The sweep reads clients in heartbeat order: one that connected first but beats moves
+    behind one that connected later and went silent."""
+    gateway = await make_gateway(fake_clock=True, heartbeat_ms=1000)
+    clock = gateway.clock
+    assert isinstance(clock, FakeClock)
+    beating = await gateway.client("beating")
+    quiet = await gateway.client("quiet")
+    for _ in range(4):
+        clock.advance(0.5)
+        await beating.send(5)
+        await beating.expect(6)
+        gateway.dialect.sweep(clock())
+    error = await quiet.expect(8)
+    assert error["d"]["error"] == "heartbeat took too long"
+    await beating.send(5)
+    await beating.expect(6)
+    assert gateway.dialect.metrics.heartbeat_closed.value() == 1
+
+
 async def test_heartbeat_timer_fires_on_its_own(make_gateway: MakeGateway) -> None:
     """No frame needed: the timer closes a silent client (decision 7)."""
     gateway = await make_gateway(heartbeat_ms=100)

@@ -111,6 +111,7 @@ class SingyeongDialect(Dialect):
         self.wall = wall
         self.rng = rng if rng is not None else random.Random()
         self.index = ClientIndex()
+        #: open sessions in the order of their last heartbeat (`heard_from`), oldest first
         self.sessions: dict[int, SgSession] = {}
         #: non-restricted clients that asked for CLIENT_CONNECTED/DISCONNECTED
         self.update_listeners: set[SgSession] = set()
@@ -216,13 +217,28 @@ class SingyeongDialect(Dialect):
 
     def sweep(self, now: int) -> None:
         """Close clients silent for 1.5 heartbeat intervals (decision 7); retry deliveries whose
-        ack timed out (decision 11)."""
+        ack timed out (decision 11). The silent clients are a prefix of `sessions` (heartbeat
+        order), so a sweep reads those and one more, not every client four times a second."""
         limit = self.settings.heartbeat_timeout_ns
-        for session in list(self.sessions.values()):
-            if not session.closing and now - session.last_heartbeat > limit:
-                self.metrics.heartbeat_closed.inc()
-                session.fatal("heartbeat took too long")
+        silent = []
+        for session in self.sessions.values():
+            if now - session.last_heartbeat <= limit:
+                break
+            if not session.closing:
+                silent.append(session)
+        for session in silent:
+            self.metrics.heartbeat_closed.inc()
+            session.fatal("heartbeat took too long")
         self.queues.sweep(now)
+
+    def heard_from(self, session: SgSession) -> None:
+        """A heartbeat (or the identify) of `session`: its time is now, and it moves to the end
+        of `sessions`, which stays in heartbeat order (a monotonic clock)."""
+        session.last_heartbeat = self.clock()
+        sessions = self.sessions
+        key = session.peer.id
+        if sessions.pop(key, None) is not None:
+            sessions[key] = session
 
     def metadata_waiting(self, session: SgSession, due: int) -> None:
         self._metadata_due[session] = due

@@ -110,6 +110,7 @@ class SgSession(WebSocketHandler):
 
     def on_open(self) -> None:
         dialect = self.dialect
+        self.last_heartbeat = dialect.clock()  # `sessions` is in heartbeat order
         dialect.sessions[self.peer.id] = self
         dialect.ensure_sweeper()
         self.send(frames.hello(dialect.settings.heartbeat_ms, dialect.now_ms()))
@@ -164,7 +165,7 @@ class SgSession(WebSocketHandler):
 
     def heartbeat(self) -> None:
         dialect = self.dialect
-        self.last_heartbeat = dialect.clock()
+        dialect.heard_from(self)
         client = self.client
         assert client is not None
         dialect.index.set_values(client, {"last_heartbeat_time": dialect.now_ms()}, {})
@@ -236,7 +237,7 @@ class SgSession(WebSocketHandler):
         client.metadata.update(update.values)
         client.metadata.update(base)  # the gateway's own keys win (spec §4)
         self.client = client
-        self.last_heartbeat = dialect.clock()
+        dialect.heard_from(self)
         self.send(frames.ready(client_id, restricted, dialect.now_ms()))
         dialect.client_ready(self, client)
 
