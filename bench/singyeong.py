@@ -10,6 +10,8 @@ group of 1,000 clients; `queue` QUEUE -> 20 consumers (REQUEST/ACK) -> acked mes
 The generator is this process (one core, uvloop, frames masked and decoded by the Rust core,
 payloads carry the send time in microseconds); the gateway is another process (the other
 core). `gw_cpu` / `gen_cpu` are each side's share of one core during the measured window.
+`SG_WINDOW` (default 4096) bounds the deliveries in flight in the SEND and BROADCAST
+scenarios (recorded in each row as `window`; docs/singyeong.md has a table over it).
 """
 
 from __future__ import annotations
@@ -292,6 +294,7 @@ async def LOAD(
     lat = sorted(stats.latencies) or [0]
     return {
         "rate": round(delivered / elapsed),
+        "window": window,
         "p50_ms": round(lat[len(lat) // 2] / 1000, 2),
         "p99_ms": round(lat[int(len(lat) * 0.99)] / 1000, 2),
         "gw_cpu": round((cpu_seconds(gateway.process.pid) - mark[2]) / elapsed, 2),
