@@ -7,6 +7,7 @@
 
 use pyo3::prelude::*;
 
+pub mod crossing;
 pub mod crypto;
 pub mod envelope;
 pub mod error;

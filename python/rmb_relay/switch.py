@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from rmb_relay._core import Outboxes, RouteTable
@@ -116,6 +117,11 @@ class ClusterRoute(Protocol):
     ) -> bool: ...
 
     def forward_soon(self, address: Address, frame: bytes) -> None: ...
+
+    #: the outcome of an envelope the scanner queued for another instance, from its bytes
+    crossing_outcome: Callable[[bytes], QueuedForward] | None
+
+    def mirror(self, address: Address, fresh_for: int, now: int) -> bool: ...
 
     async def mail_stored(self, address: Address) -> None: ...
 

@@ -122,6 +122,9 @@ class Bus:
         self._reader: asyncio.Task[None] | None = None
         #: set by `close`: the reader stops at its next turn even if it lost its cancellation
         self._closing = False
+        #: told False when `full` starts and True when it ends (a fast path that queues
+        #: without asking `full` per message stops and starts with it)
+        self.on_room: Callable[[bool], None] = lambda room: None
         #: called with the error when a read fails and with None when reading works again
         self.on_health: Callable[[BaseException | None], None] = lambda err: None
         self.sent_entries = 0
@@ -141,8 +144,9 @@ class Bus:
         `ClusterUnavailable` Redis failed with. (A future is also accepted, and settled.)"""
         self._queued.setdefault(instance, []).append((record, notify))
         self._queued_bytes += len(record)
-        if self._queued_bytes > QUEUE_LIMIT:
+        if self._queued_bytes > QUEUE_LIMIT and self._room.is_set():
             self._room.clear()
+            self.on_room(False)
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
 
@@ -166,8 +170,9 @@ class Bus:
                     self._queued_bytes -= sum(
                         len(record) for items in queued.values() for record, _ in items
                     )
-                    if self._queued_bytes <= QUEUE_LIMIT:
+                    if self._queued_bytes <= QUEUE_LIMIT and not self._room.is_set():
                         self._room.set()
+                        self.on_room(True)
         finally:
             self._flusher = None
 
