@@ -539,7 +539,9 @@ pub mod py {
     use pyo3::types::{PyBytes, PyList, PyMemoryView, PyTuple};
 
     use super::{IdMap, Spares};
+    use crate::crossing::place;
     use crate::lent::py::fill_read_only_view;
+    use crate::routes::py::RouteTable;
     use crate::routes::ConnId;
 
     /// A taken outbox's bytes, lent to the transport through the buffer protocol (no copy);
@@ -765,6 +767,32 @@ pub mod py {
         #[setter]
         fn set_mailbox_ttl(&mut self, ttl: u64) {
             self.inner.crossing.mailbox_ttl = ttl;
+        }
+
+        /// Write the messages of a bus entry (`data`, from `offset`) for RMB sessions
+        /// connected here into their outboxes, in order, until one it cannot place or
+        /// `max_bytes` were written (crossing.rs `place`); returns (the offset of the first
+        /// record left, how many it wrote). The outboxes written to are listed for `drain`.
+        fn place_records(
+            &mut self,
+            routes: PyRef<'_, RouteTable>,
+            data: &[u8],
+            offset: usize,
+            max_bytes: usize,
+        ) -> (usize, u64) {
+            let placed = place(&mut self.inner, &routes.inner, data, offset, max_bytes);
+            (placed.next, placed.records)
+        }
+
+        /// RMB envelopes from other instances `place_records` wrote (each one message out).
+        #[getter]
+        fn rmb_placed(&self) -> u64 {
+            self.inner.crossing.placed.messages
+        }
+
+        #[getter]
+        fn rmb_placed_bytes(&self) -> u64 {
+            self.inner.crossing.placed.bytes
         }
 
         /// RMB envelopes the fast path queued for other instances (each one message in).

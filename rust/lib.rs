@@ -34,6 +34,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     limiter::py::register(m)?;
     scan::py::register(m)?;
     forward::py::register(m)?;
+    crossing::py::register(m)?;
     routes::py::register(m)?;
     crypto::py::register(m)?;
     records::py::register(m)?;

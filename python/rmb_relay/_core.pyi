@@ -516,6 +516,19 @@ class Outboxes:
         """Seconds: the mailbox TTL bounding the deadline a crossing record carries."""
     @mailbox_ttl.setter
     def mailbox_ttl(self, ttl: int) -> None: ...
+    def place_records(
+        self, routes: RouteTable, data: bytes, offset: int, max_bytes: int
+    ) -> tuple[int, int]:
+        """Write the messages of a bus entry (`data`, cluster/wire.py's layout, from the record
+        at `offset`) for RMB sessions connected here (in `routes`) into their outboxes, in
+        order, until a record it does not place (not a message, not an RMB session here, an
+        outbox that does not accept) or `max_bytes` were written; returns (the offset of the
+        first record left, how many it wrote). `drain` lists the outboxes written to."""
+    @property
+    def rmb_placed(self) -> int:
+        """RMB envelopes from other instances `place_records` wrote (each one message out)."""
+    @property
+    def rmb_placed_bytes(self) -> int: ...
     @property
     def rmb_crossed(self) -> int:
         """RMB envelopes the fast path queued for other instances (each one message in)."""
@@ -541,6 +554,10 @@ class OutBytes:
     def __len__(self) -> int: ...
     def __buffer__(self, flags: int, /) -> memoryview: ...
     def __repr__(self) -> str: ...
+
+def check_bus_records(data: bytes) -> int:
+    """How many records a bus entry (cluster/wire.py's layout) holds; ValueError saying what is
+    wrong when it is malformed (wire.decode's checks)."""
 
 # ---- routes.rs ------------------------------------------------------------------------------
 @final

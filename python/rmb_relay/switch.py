@@ -201,6 +201,12 @@ class Switch:
 
     # ---- delivery --------------------------------------------------------------------------
 
+    def write_placed(self) -> None:
+        """Write out what Rust put into the outboxes outside a socket read (the cluster's
+        bus records, `Outboxes.place_records`): each connection written to once."""
+        for conn, data in self.outboxes.drain():
+            conn.write_taken(data)
+
     def deliver_local(self, address: Address, frame: bytes) -> bool:
         endpoint = self.lookup(address)
         if endpoint is None:

@@ -12,8 +12,9 @@ failed (the message was not accepted). A busy sender that keeps no future per me
 `send_nowait` with a callback instead, and `room` bounds what it may queue.
 
 Reading. Every stream has one consumer group (`keys.GROUP`). The owner reads new entries
-with XREADGROUP BLOCK, hands their records to its handler in order, then acknowledges and
-deletes them (XACK + XDEL in one pipeline). An entry read but not acknowledged stays pending:
+with XREADGROUP BLOCK, hands them to its handler in order (each entry's records as the bytes
+`wire.py` lays out, checked: the handler's fast path reads them in Rust), then acknowledges
+and deletes them (XACK + XDEL in one pipeline). An entry read but not acknowledged stays pending:
 if the owner dies before it finished, a reaper on another instance claims it (`claim_pending`,
 XCLAIM) and reroutes its records. So an accepted message is handed on at least once.
 """
@@ -27,6 +28,7 @@ from typing import Any, cast
 
 from redis.exceptions import RedisError
 
+from rmb_relay._core import check_bus_records
 from rmb_relay.cluster import keys, wire
 from rmb_relay.cluster.connect import RedisClient
 from rmb_relay.errors import ClusterUnavailable, MailboxUnavailable
@@ -51,7 +53,8 @@ CLOSE_TIMEOUT = 2.0
 QUEUE_LIMIT = 8 << 20
 
 Entry = tuple[bytes, list[wire.Record]]
-Handler = Callable[[list[wire.Record]], Awaitable[None]]
+#: told the records of each entry of one read, as their bytes (`wire.py`'s layout, checked)
+Handler = Callable[[list[bytes]], Awaitable[None]]
 #: what a queued record's sender hears once its batch was written (`Bus.send_nowait`)
 Notify = Callable[[bool | ClusterUnavailable], None] | asyncio.Future[bool]
 
@@ -115,6 +118,7 @@ class Bus:
         self.handler = handler
         self._queued: dict[str, list[tuple[bytes, Notify]]] = {}
         #: bytes of records queued or being written, and the event senders wait on for room
+        #: (a queued piece may hold many records: a crossing batch of the fast path)
         self._queued_bytes = 0
         self._room = asyncio.Event()
         self._room.set()
@@ -232,10 +236,10 @@ class Bus:
         while not self._closing:
             try:
                 if recover:
-                    entries = await self.read(stream, pending=True)
+                    entries = await self.read_raw(stream, pending=True)
                     recover = bool(entries)
                 else:
-                    entries = await self.read(stream, block=READ_BLOCK_MS)
+                    entries = await self.read_raw(stream, block=READ_BLOCK_MS)
                 if not healthy:
                     healthy = True
                     self.on_health(None)
@@ -277,6 +281,22 @@ class Bus:
     ) -> list[Entry]:
         """New entries of `stream` for this instance's consumer, or with `pending` those it
         read before and has not acknowledged (raises Redis errors)."""
+        items = await self._read(stream, block, pending)
+        return [
+            (entry_id, self._decode(stream, entry_id, fields)) for entry_id, fields in items
+        ]
+
+    async def read_raw(
+        self, stream: str, *, block: int | None = None, pending: bool = False
+    ) -> list[tuple[bytes, bytes]]:
+        """`read`, each entry's records left as their checked bytes (a malformed entry's are
+        empty: logged and counted, then acknowledged like any)."""
+        items = await self._read(stream, block, pending)
+        return [(entry_id, self._check(stream, entry_id, fields)) for entry_id, fields in items]
+
+    async def _read(
+        self, stream: str, block: int | None, pending: bool
+    ) -> list[tuple[bytes, dict[bytes, bytes]]]:
         raw = await self.redis.xreadgroup(
             keys.GROUP,
             self.me,
@@ -284,11 +304,7 @@ class Bus:
             count=READ_COUNT,
             block=None if pending else block,
         )
-        out: list[Entry] = []
-        for _name, items in stream_entries(raw):
-            for entry_id, fields in items:
-                out.append((entry_id, self._decode(stream, entry_id, fields)))
-        return out
+        return [item for _name, items in stream_entries(raw) for item in items]
 
     async def orphaned_consumers(self, stream: str) -> list[str]:
         """Consumers other than this instance with entries of `stream` read but not
@@ -334,8 +350,18 @@ class Bus:
             log.error("cluster: skipping malformed bus entry %s of %s: %s", entry_id, stream, err)
             return []
 
-    async def _handle(self, stream: str, entries: list[Entry]) -> None:
-        records = [record for _entry_id, entry in entries for record in entry]
+    def _check(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> bytes:
+        data = fields.get(b"m", b"")
+        try:
+            check_bus_records(data)
+        except ValueError as err:
+            self.bad_entries += 1
+            log.error("cluster: skipping malformed bus entry %s of %s: %s", entry_id, stream, err)
+            return b""
+        return data
+
+    async def _handle(self, stream: str, entries: list[tuple[bytes, bytes]]) -> None:
+        records = [data for _entry_id, data in entries if data]
         if records:  # one call for the whole read: its messages go out in as few writes
             await self.handler(records)
         await self.ack(stream, [entry_id for entry_id, _ in entries])

@@ -146,13 +146,13 @@ class RmbMetrics:
         registry.counter_of(
             "rmb_relay_messages_out_total",
             "Messages written to clients (RMB: incl. error envelopes and mailbox), by dialect",
-            lambda: [((), hot.messages_out + fast.rmb_forwards)],
+            lambda: [((), hot.messages_out + fast.rmb_forwards + fast.rmb_placed)],
             const=rmb,
         )
         registry.counter_of(
             "rmb_relay_bytes_out_total",
             "Message bytes written to clients, by dialect",
-            lambda: [((), hot.bytes_out + fast.rmb_bytes)],
+            lambda: [((), hot.bytes_out + fast.rmb_bytes + fast.rmb_placed_bytes)],
             const=rmb,
         )
         self.routed_slow: dict[str, int] = {"mailbox": 0, "federation": 0, "cluster": 0}
