@@ -282,9 +282,7 @@ class Bus:
         """New entries of `stream` for this instance's consumer, or with `pending` those it
         read before and has not acknowledged (raises Redis errors)."""
         items = await self._read(stream, block, pending)
-        return [
-            (entry_id, self._decode(stream, entry_id, fields)) for entry_id, fields in items
-        ]
+        return [(entry_id, self._decode(stream, entry_id, fields)) for entry_id, fields in items]
 
     async def read_raw(
         self, stream: str, *, block: int | None = None, pending: bool = False
