@@ -14,7 +14,8 @@ failed (the message was not accepted). A busy sender that keeps no future per me
 Reading. Every stream has one consumer group (`keys.GROUP`). The owner reads new entries
 with XREADGROUP BLOCK, hands them to its handler in order (each entry's records as the bytes
 `wire.py` lays out, checked: the handler's fast path reads them in Rust), then acknowledges
-and deletes them (XACK + XDEL in one pipeline). An entry read but not acknowledged stays pending:
+and deletes them (XACK + XDEL in one pipeline, sent with the next XREADGROUP: one round trip
+per read, not two). An entry read but not acknowledged stays pending:
 if the owner dies before it finished, a reaper on another instance claims it (`claim_pending`,
 XCLAIM) and reroutes its records. So an accepted message is handed on at least once.
 """
@@ -124,6 +125,8 @@ class Bus:
         self._room.set()
         self._flusher: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
+        #: entries the reader handled and has not acknowledged yet (with its next read)
+        self._handled: list[bytes] = []
         #: set by `close`: the reader stops at its next turn even if it lost its cancellation
         self._closing = False
         #: told False when `full` starts and True when it ends (a fast path that queues
@@ -236,10 +239,14 @@ class Bus:
         while not self._closing:
             try:
                 if recover:
+                    if self._handled:  # handled before the failure: not to be handed on again
+                        await self.ack(stream, self._handled)
+                        self._handled = []
                     entries = await self.read_raw(stream, pending=True)
                     recover = bool(entries)
                 else:
-                    entries = await self.read_raw(stream, block=READ_BLOCK_MS)
+                    entries = await self.read_raw(stream, block=READ_BLOCK_MS, ack=self._handled)
+                    self._handled = []
                 if not healthy:
                     healthy = True
                     self.on_health(None)
@@ -249,6 +256,7 @@ class Bus:
                 raise
             except ResponseError as err:
                 if "NOGROUP" in str(err):  # reaped while we were stalled: start over
+                    self._handled = []  # (gone with the stream)
                     log.warning("cluster: our bus stream %s was gone; recreating it", stream)
                     await self._retry(self.create)
                     continue
@@ -285,23 +293,34 @@ class Bus:
         return [(entry_id, self._decode(stream, entry_id, fields)) for entry_id, fields in items]
 
     async def read_raw(
-        self, stream: str, *, block: int | None = None, pending: bool = False
+        self,
+        stream: str,
+        *,
+        block: int | None = None,
+        pending: bool = False,
+        ack: list[bytes] | None = None,
     ) -> list[tuple[bytes, bytes]]:
         """`read`, each entry's records left as their checked bytes (a malformed entry's are
-        empty: logged and counted, then acknowledged like any)."""
-        items = await self._read(stream, block, pending)
+        empty: logged and counted, then acknowledged like any). `ack`: entries handled
+        before, acknowledged and deleted first in the same round trip."""
+        items = await self._read(stream, block, pending, ack)
         return [(entry_id, self._check(stream, entry_id, fields)) for entry_id, fields in items]
 
     async def _read(
-        self, stream: str, block: int | None, pending: bool
+        self, stream: str, block: int | None, pending: bool, ack: list[bytes] | None = None
     ) -> list[tuple[bytes, dict[bytes, bytes]]]:
-        raw = await self.redis.xreadgroup(
-            keys.GROUP,
-            self.me,
-            {stream: "0" if pending else ">"},
-            count=READ_COUNT,
-            block=None if pending else block,
-        )
+        streams: dict[Any, Any] = {stream: "0" if pending else ">"}
+        block = None if pending else block
+        if ack:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xack(stream, keys.GROUP, *ack)
+            pipe.xdel(stream, *ack)
+            pipe.xreadgroup(keys.GROUP, self.me, streams, count=READ_COUNT, block=block)
+            raw = (await pipe.execute())[-1]
+        else:
+            raw = await self.redis.xreadgroup(
+                keys.GROUP, self.me, streams, count=READ_COUNT, block=block
+            )
         return [item for _name, items in stream_entries(raw) for item in items]
 
     async def orphaned_consumers(self, stream: str) -> list[str]:
@@ -362,7 +381,8 @@ class Bus:
         records = [data for _entry_id, data in entries if data]
         if records:  # one call for the whole read: its messages go out in as few writes
             await self.handler(records)
-        await self.ack(stream, [entry_id for entry_id, _ in entries])
+        # acknowledged with the next read (or by `close`)
+        self._handled = [entry_id for entry_id, _ in entries]
 
     async def ack(self, stream: str, ids: list[bytes]) -> None:
         """Acknowledge and delete handled entries (one round trip)."""
@@ -374,6 +394,12 @@ class Bus:
         self._closing = True
         await cancel_and_wait(self._reader, CLOSE_TIMEOUT)
         self._reader = None
+        handled, self._handled = self._handled, []
+        if handled:  # (acknowledging twice is harmless: the read may have done it)
+            try:
+                await asyncio.wait_for(self.ack(keys.bus_key(self.me), handled), CLOSE_TIMEOUT)
+            except (*FAILURES, TimeoutError) as err:
+                log.warning("cluster: could not acknowledge handled entries: %s", err)
         flusher = self._flusher
         if flusher is not None:
             await asyncio.wait([flusher], timeout=CLOSE_TIMEOUT)
