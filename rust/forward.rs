@@ -732,7 +732,10 @@ pub mod py {
                 (result.map(|()| out), crossed)
             };
             if let Some((batches, Some(sink))) = crossed {
-                sink.call1(py, (crossing_list(py, batches)?,))?;
+                // the connections' bytes are taken already: a failing sink must not lose them
+                if let Err(err) = crossing_list(py, batches).and_then(|b| sink.call1(py, (b,))) {
+                    err.write_unraisable(py, Some(sink.bind(py)));
+                }
             }
             out
         }

@@ -12,6 +12,7 @@ for an instance that left is routed again; the mirrored route goes with the answ
 from __future__ import annotations
 
 import asyncio
+import sys
 from pathlib import Path
 
 import pytest
@@ -111,6 +112,24 @@ def test_the_crossing_batches_go_to_the_sink_at_the_drain() -> None:
     assert [[(i, n) for i, _, n in batches] for batches in got] == [[(4, 2)]]
     assert outboxes.drain() == []
     assert len(got) == 1, "nothing new: the sink is not called"
+
+
+def test_a_failing_sink_loses_no_connection_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    decoder, _, outboxes, routes = crossing_setup()
+    routes.register_session(9, "svc", LOCAL_CONN)
+    reported: list[BaseException | None] = []
+    monkeypatch.setattr(sys, "unraisablehook", lambda u: reported.append(u.exc_value))
+
+    def sink(batches: list[tuple[int, bytes, int]]) -> None:
+        raise RuntimeError("a bug in the sink")
+
+    outboxes.set_crossing_sink(sink)
+    local = envelope(dest=(9, "svc"))
+    assert decoder.feed(frames(local, envelope(dest=FAR)), NOW) == []
+    assert [(conn.name, bytes(data)) for conn, data in outboxes.drain()] == [
+        (str(LOCAL_CONN), encode_binary(local))
+    ]
+    assert [str(err) for err in reported] == ["a bug in the sink"]
 
 
 @pytest.mark.parametrize(
