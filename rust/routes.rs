@@ -10,7 +10,8 @@
 //! expiry so the scanner can queue a message for that instance inside `feed`
 //! (`crossing.rs`) instead of handing it to Python. Python drops a mirrored route whenever
 //! the cache entry it copies is dropped or replaced (and all routes to an instance found
-//! gone); a route past its expiry is never used, so it lives no longer than the cache entry.
+//! gone); a route is used only from when it was set until its expiry (a clock that went back
+//! past the setting ends it too), so it lives no longer than the cache entry.
 
 use std::collections::HashMap;
 
@@ -33,11 +34,13 @@ impl TwinSessions {
 }
 
 /// A session held by another instance: that instance's index (Python's numbering), its
-/// address name in the bus records (`cluster/keys.py`) and until when (the scan clock, ns).
+/// address name in the bus records (`cluster/keys.py`) and from when until when (the scan
+/// clock, ns).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Remote {
     pub instance: u32,
     pub name: Box<[u8]>,
+    pub since: u64,
     pub expires: u64,
 }
 
@@ -146,15 +149,15 @@ impl Routes {
         self.pubkeys.len()
     }
 
-    /// Route `(twin, sid)` to another instance until `expires` (replacing what was there).
-    /// The name must fit a bus record (at most 65535 bytes).
+    /// Route `(twin, sid)` to another instance from `since` until `expires` (replacing what
+    /// was there). The name must fit a bus record (at most 65535 bytes).
     pub fn set_remote(
         &mut self,
         twin: u32,
         sid: Option<&str>,
         instance: u32,
         name: &[u8],
-        expires: u64,
+        (since, expires): (u64, u64),
     ) -> Result<()> {
         if name.len() > usize::from(u16::MAX) {
             return Err(Error::InvalidArgument(format!(
@@ -165,6 +168,7 @@ impl Routes {
         let route = Remote {
             instance,
             name: name.into(),
+            since,
             expires,
         };
         let entry = self.remote.entry(twin).or_default();
@@ -178,7 +182,7 @@ impl Routes {
         Ok(())
     }
 
-    /// The remote route of `(twin, sid)` if it has not expired at `now`.
+    /// The remote route of `(twin, sid)` if `now` is within its time.
     #[inline]
     pub fn lookup_remote(&self, twin: u32, sid: Option<&str>, now: u64) -> Option<&Remote> {
         let entry = self.remote.get(&twin)?;
@@ -186,7 +190,7 @@ impl Routes {
             None => entry.bare.as_ref(),
             Some(sid) => entry.named.get(sid),
         }?;
-        (route.expires > now).then_some(route)
+        (route.since <= now && now < route.expires).then_some(route)
     }
 
     /// Drop the remote route of `(twin, sid)`; whether there was one.
@@ -303,9 +307,9 @@ mod tests {
     #[test]
     fn remote_routes_expire_and_are_forgotten() {
         let mut r = Routes::new();
-        r.set_remote(7, None, 1, b"r:7", 100).unwrap();
-        r.set_remote(7, Some("a"), 2, b"r:7:a", 100).unwrap();
-        r.set_remote(8, Some(""), 1, b"r:8:", 100).unwrap();
+        r.set_remote(7, None, 1, b"r:7", (0, 100)).unwrap();
+        r.set_remote(7, Some("a"), 2, b"r:7:a", (0, 100)).unwrap();
+        r.set_remote(8, Some(""), 1, b"r:8:", (0, 100)).unwrap();
         assert_eq!(r.remote_count(), 3);
         let at = |r: &Routes, twin, sid, now| r.lookup_remote(twin, sid, now).map(|x| x.instance);
         assert_eq!(at(&r, 7, None, 99), Some(1));
@@ -315,8 +319,13 @@ mod tests {
         assert_eq!(at(&r, 8, None, 0), None, "absent and empty sid differ");
         assert_eq!(&*r.lookup_remote(8, Some(""), 0).unwrap().name, b"r:8:");
         // replacing keeps the count
-        r.set_remote(7, None, 3, b"r:7", 200).unwrap();
+        r.set_remote(7, None, 3, b"r:7", (120, 200)).unwrap();
         assert_eq!((r.remote_count(), at(&r, 7, None, 150)), (3, Some(3)));
+        assert_eq!(
+            at(&r, 7, None, 119),
+            None,
+            "a clock gone back before it was set"
+        );
         assert_eq!(r.forget_instance(1), 1);
         assert_eq!(at(&r, 8, Some(""), 0), None);
         assert!(r.forget_remote(7, Some("a")));
@@ -324,7 +333,7 @@ mod tests {
         assert_eq!(r.remote_count(), 1);
         r.clear_remote();
         assert_eq!((r.remote_count(), at(&r, 7, None, 0)), (0, None));
-        assert!(r.set_remote(1, None, 0, &[b'x'; 65536], 1).is_err());
+        assert!(r.set_remote(1, None, 0, &[b'x'; 65536], (0, 1)).is_err());
         // local routes are apart
         assert_eq!(r.session_count(), 0);
     }
@@ -384,19 +393,22 @@ pub mod py {
             self.inner.pubkey_count()
         }
 
-        /// Route `(twin, sid)` to another instance (`instance`, Python's number of it) until
-        /// `expires` (the scan clock, ns): the scanner queues its messages in `Outboxes`'
-        /// crossing buffers. `name` is its address name in bus records.
-        #[pyo3(signature = (twin, sid, instance, name, expires))]
+        /// Route `(twin, sid)` to another instance (`instance`, Python's number of it) from
+        /// `since` until `expires` (the scan clock, ns): the scanner queues its messages in
+        /// `Outboxes`' crossing buffers. `name` is its address name in bus records.
+        #[pyo3(signature = (twin, sid, instance, name, since, expires))]
         fn set_remote(
             &mut self,
             twin: u32,
             sid: Option<&str>,
             instance: u32,
             name: &[u8],
+            since: u64,
             expires: u64,
         ) -> PyResult<()> {
-            Ok(self.inner.set_remote(twin, sid, instance, name, expires)?)
+            Ok(self
+                .inner
+                .set_remote(twin, sid, instance, name, (since, expires))?)
         }
 
         /// The instance a remote route names at `now`, or None (none, or expired).

@@ -58,7 +58,7 @@ def crossing_setup(
 ) -> tuple[WsDecoder, RmbScanner, Outboxes, RouteTable]:
     """Session 7:"app" on SENDER_CONN; 9:"far" held by instance 4 until NOW + 1 s."""
     routes = RouteTable()
-    routes.set_remote(FAR[0], FAR[1], 4, b"r:9:far", NOW + SECOND)
+    routes.set_remote(FAR[0], FAR[1], 4, b"r:9:far", NOW - SECOND, NOW + SECOND)
     outboxes = Outboxes()
     outboxes.crossing_open = True
     outboxes.mailbox_ttl = MAILBOX_TTL
@@ -133,7 +133,16 @@ def test_a_failing_sink_loses_no_connection_output(monkeypatch: pytest.MonkeyPat
 
 
 @pytest.mark.parametrize(
-    "why", ["expired", "slow path busy", "bus full", "not from the session", "ping", "limited"]
+    "why",
+    [
+        "expired",
+        "clock went back",
+        "slow path busy",
+        "bus full",
+        "not from the session",
+        "ping",
+        "limited",
+    ],
 )
 def test_what_may_not_cross_reaches_python_as_before(why: str) -> None:
     limiter = FixedWindowLimiter(0 if why == "limited" else 100, 1 << 20)
@@ -141,6 +150,8 @@ def test_what_may_not_cross_reaches_python_as_before(why: str) -> None:
     data, now = envelope(dest=FAR), NOW
     if why == "expired":
         now = NOW + SECOND
+    elif why == "clock went back":
+        now = NOW - 2 * SECOND
     elif why == "slow path busy":
         scanner.set_slow(True)
     elif why == "bus full":
@@ -175,16 +186,16 @@ def test_a_local_session_wins_over_a_remote_route() -> None:
 
 def test_remote_routes_are_forgotten_by_address_and_by_instance() -> None:
     routes = RouteTable()
-    routes.set_remote(1, None, 0, b"r:1", NOW)
-    routes.set_remote(2, "x", 1, b"r:2:x", NOW)
-    routes.set_remote(3, None, 1, b"r:3", NOW)
+    routes.set_remote(1, None, 0, b"r:1", 0, NOW)
+    routes.set_remote(2, "x", 1, b"r:2:x", 0, NOW)
+    routes.set_remote(3, None, 1, b"r:3", 0, NOW)
     assert routes.lookup_remote(2, "x", NOW - 1) == 1
     assert routes.lookup_remote(2, "x", NOW) is None
     assert routes.forget_instance(1) == 2
     assert routes.forget_remote(1, None)
     assert routes.remote_count == 0
     with pytest.raises(ValueError, match="65535"):
-        routes.set_remote(1, None, 0, b"x" * 65536, NOW)
+        routes.set_remote(1, None, 0, b"x" * 65536, 0, NOW)
 
 
 # ---- the receiving side --------------------------------------------------------------------

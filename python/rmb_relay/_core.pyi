@@ -579,13 +579,15 @@ class RouteTable:
     @property
     def pubkey_count(self) -> int: ...
     def set_remote(
-        self, twin: int, sid: str | None, instance: int, name: bytes, expires: int
+        self, twin: int, sid: str | None, instance: int, name: bytes, since: int, expires: int
     ) -> None:
         """Route the session to another instance (`instance`, the caller's number of it; `name`
-        its address name in bus records, at most 65535 bytes) until `expires` (the scan clock,
-        ns): RMB scanners queue its envelopes in `Outboxes`' crossing batches."""
+        its address name in bus records, at most 65535 bytes) from `since` until `expires`
+        (the scan clock, ns): RMB scanners queue its envelopes in `Outboxes`' crossing
+        batches."""
     def lookup_remote(self, twin: int, sid: str | None, now: int) -> int | None:
-        """The instance of the session's remote route at `now` (None: none, or expired)."""
+        """The instance of the session's remote route at `now` (None: none, or `now` is not
+        within its time)."""
     def forget_remote(self, twin: int, sid: str | None) -> bool: ...
     def forget_instance(self, instance: int) -> int:
         """Drop every remote route to `instance`; how many there were."""

@@ -306,7 +306,7 @@ class Cluster:
             number = self._instance_numbers[owner] = len(self._instances)
             self._instances.append(owner)
         twin, sid = address
-        self.switch.routes.set_remote(twin, sid, number, name.encode(), now + fresh)
+        self.switch.routes.set_remote(twin, sid, number, name.encode(), now, now + fresh)
         return True
 
     def _unmirror(self, name: str | None) -> None:
