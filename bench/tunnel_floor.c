@@ -13,11 +13,20 @@
  * relay and the connector gather the frames of one loop turn (one epoll_wait's events) and
  * write them to the shared connection in one write; `--no-batch` writes each frame at once.
  *
- * Output (JSON): requests answered per second over the measured window, and each thread's
- * user + system CPU microseconds per request (RUSAGE_THREAD), split into user and system.
+ * With RATE > 0 the client paces its connections instead of sending the next request as soon
+ * as an answer is in: each connection starts its requests at Poisson times (mean gap
+ * CLIENTS / RATE, the clients together a Poisson stream of RATE), from a timerfd, one request
+ * at a time per connection (a connection whose answer comes after its next time sends at
+ * once), as bench/tunnel.py's generator does; the latency of each request from its send to
+ * its whole answer is recorded. DIRECT=1 connects the client straight to the target (no
+ * relay, no connector): the latency the tunnel's two hops add is the difference.
+ *
+ * Output (JSON): requests answered per second over the measured window, each thread's user
+ * and system CPU microseconds per request (RUSAGE_THREAD), and the latency's p50 and p99.
  *
  * Built and run by bench/tunnel_floor.py:
- *   tunnel_floor CLIENTS TARGETS SECONDS REQ RESP FRAME_REQ FRAME_RESP TARGET_REQ TARGET_RESP BATCH
+ *   tunnel_floor CLIENTS TARGETS SECONDS REQ RESP FRAME_REQ FRAME_RESP TARGET_REQ TARGET_RESP
+ *                BATCH RATE DIRECT
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -33,14 +42,15 @@
 #include <sys/epoll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/timerfd.h>
 #include <time.h>
 #include <unistd.h>
 
 #define MAX_CONNS 4096
 #define BUF (1 << 20)
 
-static int n_clients, n_targets, batch;
-static double seconds;
+static int n_clients, n_targets, batch, direct;
+static double seconds, rate;
 /* bytes on each hop: client request/response, relay<->connector frames, connector<->target */
 static int req, resp, frame_req, frame_resp, target_req, target_resp;
 static volatile int stop;
@@ -118,21 +128,80 @@ static char zeros[BUF];
 static int *client_fds, *relay_client_fds, relay_link, connector_link, *connector_target_fds,
     *target_fds;
 
+/* latencies (seconds) of the requests answered in the measured window, paced runs only */
+static double *latencies;
+static long n_latencies, max_latencies;
+
+static int compare(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* an exponential gap of mean `mean` seconds (thread-local generator: the client's only) */
+static double exponential(double mean, unsigned *seed) {
+    double u = (rand_r(seed) + 1.0) / ((double)RAND_MAX + 2.0);
+    return -mean * __builtin_log(u);
+}
+
+static void arm(int timer, double at) {
+    struct itimerspec spec = {{0, 0}, {(time_t)at, (long)((at - (time_t)at) * 1e9)}};
+    if (spec.it_value.tv_sec == 0 && spec.it_value.tv_nsec == 0)
+        spec.it_value.tv_nsec = 1;
+    timerfd_settime(timer, TFD_TIMER_ABSTIME, &spec, NULL);
+}
+
 static void *client(void *unused) {
     (void)unused;
     static char buffer[BUF];
     long *got = calloc(n_clients, sizeof(long));
+    double *next_at = calloc(n_clients, sizeof(double)), *sent_at = calloc(n_clients, sizeof(double));
+    char *busy = calloc(n_clients, 1);
+    double mean = rate > 0 ? n_clients / rate : 0;
+    unsigned seed = 13;
     int ep = epoll_create1(0), started = 0, ended = 0;
+    int timer = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK);
     struct epoll_event events[1024];
+    double now = monotonic();
     for (int i = 0; i < n_clients; i++) {
         watch(ep, client_fds[i], i);
-        write_all(client_fds[i], zeros, req);
+        if (rate > 0) {
+            next_at[i] = now + exponential(mean, &seed);
+        } else {
+            busy[i] = 1;
+            write_all(client_fds[i], zeros, req);
+        }
     }
+    watch(ep, timer, (uint64_t)-1);
     while (!stop) {
         marks(CLIENT, &started, &ended);
+        if (rate > 0) { /* send what is due, arm the timer for the next */
+            double soonest = 0;
+            now = monotonic();
+            for (int i = 0; i < n_clients; i++) {
+                if (busy[i])
+                    continue;
+                if (next_at[i] <= now) {
+                    busy[i] = 1;
+                    sent_at[i] = now;
+                    next_at[i] += exponential(mean, &seed);
+                    write_all(client_fds[i], zeros, req);
+                } else if (!soonest || next_at[i] < soonest) {
+                    soonest = next_at[i];
+                }
+            }
+            if (soonest)
+                arm(timer, soonest);
+        }
         int n = epoll_wait(ep, events, 1024, 50);
         for (int k = 0; k < n; k++) {
-            int i = events[k].data.u64;
+            uint64_t tag = events[k].data.u64;
+            if (tag == (uint64_t)-1) {
+                uint64_t expirations;
+                if (read(timer, &expirations, sizeof expirations) < 0 && errno != EAGAIN)
+                    die("timerfd");
+                continue;
+            }
+            int i = tag;
             ssize_t r = read(client_fds[i], buffer, sizeof buffer);
             if (r <= 0)
                 continue;
@@ -140,7 +209,13 @@ static void *client(void *unused) {
             while (got[i] >= resp) { /* one request at a time per connection: never more */
                 got[i] -= resp;
                 answered++;
-                write_all(client_fds[i], zeros, req);
+                if (rate > 0) {
+                    busy[i] = 0;
+                    if (started && !ended && n_latencies < max_latencies)
+                        latencies[n_latencies++] = monotonic() - sent_at[i];
+                } else {
+                    write_all(client_fds[i], zeros, req);
+                }
             }
         }
     }
@@ -312,10 +387,10 @@ static void pair(int listener, struct sockaddr_in *address, int *a, int *b) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 11) {
+    if (argc != 13) {
         fprintf(stderr,
                 "usage: %s CLIENTS TARGETS SECONDS REQ RESP FRAME_REQ FRAME_RESP TARGET_REQ "
-                "TARGET_RESP BATCH\n",
+                "TARGET_RESP BATCH RATE DIRECT\n",
                 argv[0]);
         return 2;
     }
@@ -329,6 +404,15 @@ int main(int argc, char **argv) {
     target_req = atoi(argv[8]);
     target_resp = atoi(argv[9]);
     batch = atoi(argv[10]);
+    rate = atof(argv[11]);
+    direct = atoi(argv[12]);
+    if (direct) { /* the client's connections are the target's: it answers them itself */
+        n_targets = n_clients;
+        target_req = req;
+        target_resp = resp;
+    }
+    max_latencies = rate > 0 ? (long)(rate * seconds * 2) + 1000 : 0;
+    latencies = calloc(max_latencies + 1, sizeof(double));
     if (n_clients > MAX_CONNS || n_targets > MAX_CONNS || frame_req < 4 || frame_resp < 4) {
         fprintf(stderr, "at most %d connections; frames of at least 4 bytes\n", MAX_CONNS);
         return 2;
@@ -344,16 +428,24 @@ int main(int argc, char **argv) {
     relay_client_fds = calloc(n_clients, sizeof(int));
     connector_target_fds = calloc(n_targets, sizeof(int));
     target_fds = calloc(n_targets, sizeof(int));
-    for (int i = 0; i < n_clients; i++)
-        pair(listener, &address, &client_fds[i], &relay_client_fds[i]);
-    pair(listener, &address, &connector_link, &relay_link);
-    for (int t = 0; t < n_targets; t++)
-        pair(listener, &address, &connector_target_fds[t], &target_fds[t]);
+    if (direct) {
+        for (int i = 0; i < n_clients; i++)
+            pair(listener, &address, &client_fds[i], &target_fds[i]);
+    } else {
+        for (int i = 0; i < n_clients; i++)
+            pair(listener, &address, &client_fds[i], &relay_client_fds[i]);
+        pair(listener, &address, &connector_link, &relay_link);
+        for (int t = 0; t < n_targets; t++)
+            pair(listener, &address, &connector_target_fds[t], &target_fds[t]);
+    }
 
     pthread_t threads[PARTIES];
     void *(*bodies[PARTIES])(void *) = {client, relay, connector, target};
-    for (int p = PARTIES - 1; p >= 0; p--) /* the client last: everyone listens first */
+    for (int p = PARTIES - 1; p >= 0; p--) { /* the client last: everyone listens first */
+        if (direct && (p == RELAY || p == CONNECTOR))
+            continue;
         pthread_create(&threads[p], NULL, bodies[p], NULL);
+    }
     struct timespec warm = {0, 300 * 1000 * 1000};
     nanosleep(&warm, NULL);
     long answered0 = answered;
@@ -369,11 +461,20 @@ int main(int argc, char **argv) {
     nanosleep(&settle, NULL);
     stop = 1;
     for (int p = 0; p < PARTIES; p++)
-        pthread_join(threads[p], NULL);
+        if (!direct || (p != RELAY && p != CONNECTOR))
+            pthread_join(threads[p], NULL);
     long count = answered1 - answered0;
-    printf("{\"clients\": %d, \"targets\": %d, \"batch\": %d, \"requests\": %ld, "
-           "\"rps\": %.0f, \"short_writes\": %ld",
-           n_clients, n_targets, batch, count, count / (t1 - t0), short_writes);
+    double p50 = 0, p99 = 0;
+    if (n_latencies) {
+        qsort(latencies, n_latencies, sizeof(double), compare);
+        p50 = latencies[n_latencies / 2];
+        p99 = latencies[(long)(n_latencies * 0.99)];
+    }
+    printf("{\"clients\": %d, \"targets\": %d, \"batch\": %d, \"rate\": %.0f, \"direct\": %d, "
+           "\"requests\": %ld, \"rps\": %.0f, \"short_writes\": %ld, \"p50_ms\": %.3f, "
+           "\"p99_ms\": %.3f",
+           n_clients, n_targets, batch, rate, direct, count, count / (t1 - t0), short_writes,
+           p50 * 1e3, p99 * 1e3);
     for (int p = 0; p < PARTIES; p++)
         printf(", \"%s_user_us\": %.3f, \"%s_sys_us\": %.3f", names[p],
                (cpu_end[p][0] - cpu_start[p][0]) / count * 1e6, names[p],

@@ -2,7 +2,8 @@
 what any relay + connector, in any language, must at least spend per tunnelled request on this
 machine, and the rate that leaves on two cores.
 
-    .venv/bin/python -m bench.tunnel_floor [--clients 64] [--seconds 3] [--runs 3]
+    .venv/bin/python -m bench.tunnel_floor [--clients 1,64] [--seconds 3] [--runs 3]
+    .venv/bin/python -m bench.tunnel_floor --half-rate 7347 [--runs 5]  # paced: p50/p99
 
 Compiles `tunnel_floor.c` with the system C compiler into a temporary directory and runs it:
 four threads, each with its own epoll loop (client, relay, connector, target), doing only
@@ -17,6 +18,11 @@ target). No parsing, no copying beyond read/write.
 Reported per party: user and system CPU microseconds per request (RUSAGE_THREAD over the
 measured window), their sum, the rate reached, and the rate two fully busy cores would allow
 at that CPU per request (2e6 / total us) beside 5x the baseline's rate (`--baseline-rps`).
+
+`--half-rate R` paces the clients instead (Poisson arrivals of R requests/s in all from a
+timerfd, as `bench.tunnel --half-load` does) and runs the pattern with and without the relay
+and connector hops (`direct`: the client connected straight to the target), reporting p50 and
+p99 of each: the latency the two extra hops add when nothing but the kernel works on them.
 """
 
 from __future__ import annotations
@@ -34,7 +40,14 @@ SOURCE = Path(__file__).with_name("tunnel_floor.c")
 PARTIES = ("client", "relay", "connector", "target")
 
 
-def run_once(exe: Path, args: argparse.Namespace, clients: int, batch: bool) -> dict[str, float]:
+def run_once(
+    exe: Path,
+    args: argparse.Namespace,
+    clients: int,
+    batch: bool,
+    rate: float = 0.0,
+    direct: bool = False,
+) -> dict[str, float]:
     out = subprocess.run(
         [
             str(exe),
@@ -43,6 +56,8 @@ def run_once(exe: Path, args: argparse.Namespace, clients: int, batch: bool) -> 
             str(args.seconds),
             *(str(n) for n in args.bytes),
             "1" if batch else "0",
+            str(rate),
+            "1" if direct else "0",
         ],
         check=True,
         capture_output=True,
@@ -73,19 +88,30 @@ def main() -> None:
     parser.add_argument(
         "--baseline-rps", type=float, default=9589.0, help="the baseline tunnel's 1 KiB x 64 rate"
     )
+    parser.add_argument(
+        "--half-rate",
+        type=float,
+        help="pace 64 clients at this many requests/s (Poisson) and report p50/p99, direct and "
+        "through the two hops",
+    )
     args = parser.parse_args()
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         parser.error("no C compiler (cc/gcc) found")
     print(f"load average {os.getloadavg()[0]:.2f}; bytes per hop {args.bytes}")
-    print(
-        "clients batch  req/s (median, min-max)   "
-        + "  ".join(f"{p:>16}" for p in PARTIES)
-        + "  total us  2 cores allow  vs 5x baseline"
-    )
     with tempfile.TemporaryDirectory(prefix="rmb-bench-tunnel-floor-") as tmp:
         exe = Path(tmp) / "tunnel_floor"
-        subprocess.run([compiler, "-O2", "-pthread", "-o", str(exe), str(SOURCE)], check=True)
+        subprocess.run(
+            [compiler, "-O2", "-pthread", "-o", str(exe), str(SOURCE), "-lm"], check=True
+        )
+        if args.half_rate:
+            paced(exe, args)
+            return
+        print(
+            "clients batch  req/s (median, min-max)   "
+            + "  ".join(f"{p:>16}" for p in PARTIES)
+            + "  total us  2 cores allow  vs 5x baseline"
+        )
         for clients in (int(text) for text in args.clients.split(",")):
             for batch in (True, False) if args.no_batch else (True,):
                 rows = [run_once(exe, args, clients, batch) for _ in range(args.runs)]
@@ -105,6 +131,22 @@ def main() -> None:
                     f"  {allow:>13,.0f}  {allow / (5 * args.baseline_rps):>13.2f}x",
                     flush=True,
                 )
+    print(f"load average {os.getloadavg()[0]:.2f}")
+
+
+def paced(exe: Path, args: argparse.Namespace) -> None:
+    """Direct and tunnel rows at `--half-rate`, interleaved, `--runs` of each."""
+    print("run  route    req/s   p50 ms   p99 ms  us/req (user+sys) per party")
+    for run in range(args.runs):
+        for direct in (True, False):
+            row = run_once(exe, args, 64, True, args.half_rate, direct)
+            parties = ("client", "target") if direct else PARTIES
+            cpu = "  ".join(f"{p} {row[f'{p}_user_us'] + row[f'{p}_sys_us']:.1f}" for p in parties)
+            print(
+                f"{run:>3}  {'direct' if direct else 'tunnel':7} {row['rps']:>6,.0f}"
+                f"  {row['p50_ms']:7.3f}  {row['p99_ms']:7.3f}  {cpu}",
+                flush=True,
+            )
     print(f"load average {os.getloadavg()[0]:.2f}")
 
 
