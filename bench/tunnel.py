@@ -356,7 +356,10 @@ async def measure(
             run.pacer.close()
     mark("end")
     ((cpu0, io0, wait0), done0, t0), ((cpu1, io1, wait1), done1, t1) = marks["warm"], marks["end"]
-    elapsed = max(t1 - t0, 1e-6)  # uvloop's clock is per loop turn: a tiny run can read 0
+    # uvloop's clock is per loop turn: a tiny run can read 0. The window ends at `until`, not
+    # when the last paced client noticed it (up to a few of its gaps later with Poisson
+    # arrivals): what is answered after it was sent before it
+    elapsed = max(min(t1, run.until) - t0, 1e-6)
     answered = max(1, done1 - done0)
     cpu = {name: round((cpu1[name] - cpu0[name]) / elapsed, 2) for name in cpu1}
     per_request = {name: round((cpu1[name] - cpu0[name]) * 1e6 / answered, 1) for name in cpu1}
