@@ -466,12 +466,15 @@ async def run(args: argparse.Namespace) -> list[Result]:
         ),
     }
     # the connector prints nothing when it is up: `wait_ready` below finds out
-    processes["connector"] = _popen(
-        [py, *prof("connector"), "-m", "rmb_relay", "connector", *connector_flags,
-         "--server", f"http://127.0.0.1:{relay_port}", "--tenant", "acme", "--secret", SECRET,
-         "--target", f"app={target_url}"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
-    )  # fmt: skip
+    # `--connectors N`: the tenant's requests shared by N connector processes (hub.py)
+    connectors = ["connector"] + [f"connector{n}" for n in range(2, args.connectors + 1)]
+    for name in connectors:
+        processes[name] = _popen(
+            [py, *prof(name), "-m", "rmb_relay", "connector", *connector_flags,
+             "--server", f"http://127.0.0.1:{relay_port}", "--tenant", "acme", "--secret", SECRET,
+             "--target", f"app={target_url}"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+        )  # fmt: skip
     processes["baseline-connector"] = spawn(
         [py, "-m", "bench.baseline_tunnel", "connector", "--server",
          f"ws://127.0.0.1:{base_port}/connect", "--target", target_url],
@@ -480,7 +483,7 @@ async def run(args: argparse.Namespace) -> list[Result]:
     print("pids " + " ".join(f"{name}={p.pid}" for name, p in processes.items()), flush=True)
     routes = {
         "direct": (target_port, "/echo", ("target",)),
-        "tunnel": (relay_port, "/relay/acme/app/echo", ("relay", "connector", "target")),
+        "tunnel": (relay_port, "/relay/acme/app/echo", ("relay", *connectors, "target")),
         "baseline": (base_port, "/relay/echo", ("baseline", "baseline-connector", "target")),
     }
     results: list[Result] = []
@@ -498,6 +501,8 @@ async def run(args: argparse.Namespace) -> list[Result]:
     try:
         for port, path, _ in routes.values():
             await wait_ready(port, path)
+        if args.connectors > 1:
+            await asyncio.sleep(1.0)  # one connector answered; give the others time to join
         for size in args.sizes:
             for clients in args.clients:
                 for route, (port, path, parties) in routes.items():
@@ -545,6 +550,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--half-load", action="store_true")
     parser.add_argument("--msgpack", action="store_true", help="the connector speaks msgpack")
+    parser.add_argument(
+        "--connectors", type=int, default=1, help="connector processes sharing the tenant"
+    )
     parser.add_argument(
         "--rate",
         type=float,
