@@ -21,6 +21,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use crate::crossing::Crossing;
 use crate::routes::ConnId;
 use crate::ws::{frame_len, write_header, OP_BINARY};
 
@@ -112,6 +113,8 @@ pub struct Outboxes {
     pub spares: Spares,
     pub rmb: Count,
     pub sbd: Count,
+    /// records for other instances' bus streams (`crossing.rs`)
+    pub crossing: Crossing,
 }
 
 /// An outbox's buffer about to be appended to: a spare one if it has none.
@@ -322,6 +325,19 @@ impl Outboxes {
         self.mark(dest);
     }
 
+    /// Queue the staged message as a bus record for another instance (`crossing.rs`) and
+    /// give back its staging space.
+    pub fn cross(&mut self, s: Staged, instance: u32, name: &[u8], deadline: u64) {
+        let buf = match s.at.and_then(|id| self.boxes.get(&id)) {
+            Some(b) => &b.buf,
+            None => &self.scratch,
+        };
+        let frame = &buf[s.payload_start..s.end];
+        self.crossing.push(instance, name, deadline, frame);
+        self.crossing.rmb.add(frame.len());
+        self.release(s);
+    }
+
     /// Give back the staging space of a message that is not forwarded here.
     pub fn release(&mut self, s: Staged) {
         let buf = self.staged_buf_mut(&s);
@@ -487,6 +503,32 @@ mod tests {
         assert_eq!(o.pending(2), 0);
         assert!(o.scratch.is_empty());
     }
+
+    #[test]
+    fn crossed_messages_become_records_and_leave_the_outboxes_as_they_were() {
+        let mut o = Outboxes::new();
+        o.open(1);
+        o.push(1, b"first");
+        let before = o.pending(1);
+        for guess in [Some(1), None] {
+            let s = o.stage(guess, 3, |out| out.copy_from_slice(b"env"));
+            o.cross(s, 2, b"r:9", 7);
+        }
+        assert_eq!(o.pending(1), before);
+        assert!(o.scratch.is_empty());
+        assert_eq!(
+            o.crossing.rmb,
+            Count {
+                messages: 2,
+                bytes: 6
+            }
+        );
+        let mut want = Vec::new();
+        crate::crossing::encode_message(&mut want, b"r:9", 7, b"env");
+        crate::crossing::encode_message(&mut want, b"r:9", 7, b"env");
+        assert_eq!(o.crossing.take(), [(2, want, 2)]);
+        assert!(drained(&mut o).is_empty(), "nothing for a connection");
+    }
 }
 
 pub mod py {
@@ -497,7 +539,9 @@ pub mod py {
     use pyo3::types::{PyBytes, PyList, PyMemoryView, PyTuple};
 
     use super::{IdMap, Spares};
+    use crate::crossing::place;
     use crate::lent::py::fill_read_only_view;
+    use crate::routes::py::RouteTable;
     use crate::routes::ConnId;
 
     /// A taken outbox's bytes, lent to the transport through the buffer protocol (no copy);
@@ -537,6 +581,18 @@ pub mod py {
         }
     }
 
+    /// Crossing batches as Python gets them: [(instance, records, count)].
+    fn crossing_list(
+        py: Python<'_>,
+        batches: Vec<(u32, Vec<u8>, u32)>,
+    ) -> PyResult<Bound<'_, PyList>> {
+        let out = PyList::empty(py);
+        for (instance, records, count) in batches {
+            out.append((instance, PyBytes::new(py, &records), count))?;
+        }
+        Ok(out)
+    }
+
     /// `bytes` as a memoryview over an `OutBytes` (what every transport's `write` takes).
     fn lend<'py>(
         py: Python<'py>,
@@ -561,6 +617,8 @@ pub mod py {
         pub(crate) inner: super::Outboxes,
         /// the Python connection of each outbox (what `drain` hands back to write to)
         conns: IdMap<Py<PyAny>>,
+        /// told the crossing batches (`crossing.rs`) at each `drain`
+        crossing_sink: Option<Py<PyAny>>,
     }
 
     #[pymethods]
@@ -641,23 +699,114 @@ pub mod py {
 
         /// (connection, bytes) for every connection the fast path forwarded to since the last
         /// drain and whose output Python has not taken since: write each once.
-        fn drain<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-            let out = PyList::empty(py);
-            let conns = &self.conns;
-            let spares = self.inner.spares.clone();
-            let mut result = Ok(());
-            self.inner
-                .drain(|id, bytes| match (conns.get(&id), &result) {
-                    (Some(conn), Ok(())) => {
-                        result = lend(py, bytes, &spares)
-                            .and_then(|view| {
-                                PyTuple::new(py, [conn.bind(py).clone(), view.into_any()])
-                            })
-                            .and_then(|t| out.append(t));
-                    }
-                    _ => spares.give(bytes),
-                });
-            result.map(|()| out)
+        ///
+        /// Records the fast path queued for other instances since the last drain go to the
+        /// crossing sink first, as one list of (instance, records, count), once the outboxes
+        /// are no longer borrowed (the sink may use them).
+        fn drain<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
+            let py = slf.py();
+            let (out, crossed) = {
+                let mut this = slf.try_borrow_mut()?;
+                let this = &mut *this;
+                let crossed = if this.inner.crossing.pending() {
+                    let sink = this.crossing_sink.as_ref().map(|s| s.clone_ref(py));
+                    Some((this.inner.crossing.take(), sink))
+                } else {
+                    None
+                };
+                let out = PyList::empty(py);
+                let conns = &this.conns;
+                let spares = this.inner.spares.clone();
+                let mut result = Ok(());
+                this.inner
+                    .drain(|id, bytes| match (conns.get(&id), &result) {
+                        (Some(conn), Ok(())) => {
+                            result = lend(py, bytes, &spares)
+                                .and_then(|view| {
+                                    PyTuple::new(py, [conn.bind(py).clone(), view.into_any()])
+                                })
+                                .and_then(|t| out.append(t));
+                        }
+                        _ => spares.give(bytes),
+                    });
+                (result.map(|()| out), crossed)
+            };
+            if let Some((batches, Some(sink))) = crossed {
+                // the connections' bytes are taken already: a failing sink must not lose them
+                if let Err(err) = crossing_list(py, batches).and_then(|b| sink.call1(py, (b,))) {
+                    err.write_unraisable(py, Some(sink.bind(py)));
+                }
+            }
+            out
+        }
+
+        /// The crossing batches waiting (what `drain` hands the sink), taken.
+        fn take_crossing<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+            crossing_list(py, self.inner.crossing.take())
+        }
+
+        /// `sink(batches)` is called by `drain` with the records queued for other instances.
+        fn set_crossing_sink(&mut self, sink: Option<Py<PyAny>>) {
+            self.crossing_sink = sink;
+        }
+
+        /// Whether the fast path may queue records for other instances (the bus has room).
+        #[getter]
+        fn crossing_open(&self) -> bool {
+            self.inner.crossing.open
+        }
+
+        #[setter]
+        fn set_crossing_open(&mut self, open: bool) {
+            self.inner.crossing.open = open;
+        }
+
+        /// The mailbox TTL (seconds) that bounds the deadline crossing records carry.
+        #[getter]
+        fn mailbox_ttl(&self) -> u64 {
+            self.inner.crossing.mailbox_ttl
+        }
+
+        #[setter]
+        fn set_mailbox_ttl(&mut self, ttl: u64) {
+            self.inner.crossing.mailbox_ttl = ttl;
+        }
+
+        /// Write the messages of a bus entry (`data`, from `offset`) for RMB sessions
+        /// connected here into their outboxes, in order, until one it cannot place or
+        /// `max_bytes` were written (crossing.rs `place`); returns (the offset of the first
+        /// record left, how many it wrote). The outboxes written to are listed for `drain`.
+        fn place_records(
+            &mut self,
+            routes: PyRef<'_, RouteTable>,
+            data: &[u8],
+            offset: usize,
+            max_bytes: usize,
+        ) -> (usize, u64) {
+            let placed = place(&mut self.inner, &routes.inner, data, offset, max_bytes);
+            (placed.next, placed.records)
+        }
+
+        /// RMB envelopes from other instances `place_records` wrote (each one message out).
+        #[getter]
+        fn rmb_placed(&self) -> u64 {
+            self.inner.crossing.placed.messages
+        }
+
+        #[getter]
+        fn rmb_placed_bytes(&self) -> u64 {
+            self.inner.crossing.placed.bytes
+        }
+
+        /// RMB envelopes the fast path queued for other instances (each one message in).
+        #[getter]
+        fn rmb_crossed(&self) -> u64 {
+            self.inner.crossing.rmb.messages
+        }
+
+        #[getter]
+        fn rmb_crossed_bytes(&self) -> u64 {
+            self.inner.crossing.rmb.bytes
         }
 
         /// RMB envelopes forwarded by the fast path (each one message in and one out).

@@ -7,6 +7,7 @@
 
 use pyo3::prelude::*;
 
+pub mod crossing;
 pub mod crypto;
 pub mod envelope;
 pub mod error;
@@ -33,6 +34,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     limiter::py::register(m)?;
     scan::py::register(m)?;
     forward::py::register(m)?;
+    crossing::py::register(m)?;
     routes::py::register(m)?;
     crypto::py::register(m)?;
     records::py::register(m)?;

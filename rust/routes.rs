@@ -4,6 +4,14 @@
 //! (spec/rmb.md §1.5). Registering a key that is taken returns the displaced connection so the
 //! caller can close it; unregistering only removes a mapping that still points at the caller,
 //! so a replaced connection closing late never evicts its successor.
+//!
+//! Remote routes: a session another instance of this relay holds, as the cluster's presence
+//! cache answered it (`cluster/presence.py`), mirrored here by Python with the cache entry's
+//! expiry so the scanner can queue a message for that instance inside `feed`
+//! (`crossing.rs`) instead of handing it to Python. Python drops a mirrored route whenever
+//! the cache entry it copies is dropped or replaced (and all routes to an instance found
+//! gone); a route is used only from when it was set until its expiry (a clock that went back
+//! past the setting ends it too), so it lives no longer than the cache entry.
 
 use std::collections::HashMap;
 
@@ -25,11 +33,31 @@ impl TwinSessions {
     }
 }
 
+/// A session held by another instance: that instance's index (Python's numbering), its
+/// address name in the bus records (`cluster/keys.py`) and from when until when (the scan
+/// clock, ns).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Remote {
+    pub instance: u32,
+    pub name: Box<[u8]>,
+    pub since: u64,
+    pub expires: u64,
+}
+
+/// Per twin: the remote routes of its sid-less session and of the named ones.
+#[derive(Debug, Default)]
+struct TwinRemotes {
+    bare: Option<Remote>,
+    named: HashMap<String, Remote>,
+}
+
 #[derive(Debug, Default)]
 pub struct Routes {
     twins: HashMap<u32, TwinSessions>,
     sessions: usize,
     pubkeys: HashMap<[u8; PUBKEY_LEN], ConnId>,
+    remote: HashMap<u32, TwinRemotes>,
+    remote_count: usize,
 }
 
 impl Routes {
@@ -120,6 +148,95 @@ impl Routes {
     pub fn pubkey_count(&self) -> usize {
         self.pubkeys.len()
     }
+
+    /// Route `(twin, sid)` to another instance from `since` until `expires` (replacing what
+    /// was there). The name must fit a bus record (at most 65535 bytes).
+    pub fn set_remote(
+        &mut self,
+        twin: u32,
+        sid: Option<&str>,
+        instance: u32,
+        name: &[u8],
+        (since, expires): (u64, u64),
+    ) -> Result<()> {
+        if name.len() > usize::from(u16::MAX) {
+            return Err(Error::InvalidArgument(format!(
+                "address name of {} bytes is over 65535",
+                name.len()
+            )));
+        }
+        let route = Remote {
+            instance,
+            name: name.into(),
+            since,
+            expires,
+        };
+        let entry = self.remote.entry(twin).or_default();
+        let previous = match sid {
+            None => entry.bare.replace(route),
+            Some(sid) => entry.named.insert(sid.to_owned(), route),
+        };
+        if previous.is_none() {
+            self.remote_count += 1;
+        }
+        Ok(())
+    }
+
+    /// The remote route of `(twin, sid)` if `now` is within its time.
+    #[inline]
+    pub fn lookup_remote(&self, twin: u32, sid: Option<&str>, now: u64) -> Option<&Remote> {
+        let entry = self.remote.get(&twin)?;
+        let route = match sid {
+            None => entry.bare.as_ref(),
+            Some(sid) => entry.named.get(sid),
+        }?;
+        (route.since <= now && now < route.expires).then_some(route)
+    }
+
+    /// Drop the remote route of `(twin, sid)`; whether there was one.
+    pub fn forget_remote(&mut self, twin: u32, sid: Option<&str>) -> bool {
+        let Some(entry) = self.remote.get_mut(&twin) else {
+            return false;
+        };
+        let removed = match sid {
+            None => entry.bare.take().is_some(),
+            Some(sid) => entry.named.remove(sid).is_some(),
+        };
+        if removed {
+            self.remote_count -= 1;
+            if entry.bare.is_none() && entry.named.is_empty() {
+                self.remote.remove(&twin);
+            }
+        }
+        removed
+    }
+
+    /// Drop every remote route to `instance` (it left, was reaped, or refused a write).
+    pub fn forget_instance(&mut self, instance: u32) -> usize {
+        let mut removed = 0;
+        self.remote.retain(|_, entry| {
+            if entry.bare.as_ref().is_some_and(|r| r.instance == instance) {
+                entry.bare = None;
+                removed += 1;
+            }
+            let before = entry.named.len();
+            entry.named.retain(|_, r| r.instance != instance);
+            removed += before - entry.named.len();
+            entry.bare.is_some() || !entry.named.is_empty()
+        });
+        self.remote_count -= removed;
+        removed
+    }
+
+    /// Drop every remote route.
+    pub fn clear_remote(&mut self) {
+        self.remote.clear();
+        self.remote_count = 0;
+    }
+
+    pub fn remote_count(&self) -> usize {
+        self.remote_count
+    }
 }
 
 fn pubkey_array(pubkey: &[u8]) -> Result<[u8; PUBKEY_LEN]> {
@@ -186,6 +303,40 @@ mod tests {
         assert_eq!(r.pubkey_count(), 0);
         assert!(r.lookup_pubkey(&[0u8; 31]).is_err());
     }
+
+    #[test]
+    fn remote_routes_expire_and_are_forgotten() {
+        let mut r = Routes::new();
+        r.set_remote(7, None, 1, b"r:7", (0, 100)).unwrap();
+        r.set_remote(7, Some("a"), 2, b"r:7:a", (0, 100)).unwrap();
+        r.set_remote(8, Some(""), 1, b"r:8:", (0, 100)).unwrap();
+        assert_eq!(r.remote_count(), 3);
+        let at = |r: &Routes, twin, sid, now| r.lookup_remote(twin, sid, now).map(|x| x.instance);
+        assert_eq!(at(&r, 7, None, 99), Some(1));
+        assert_eq!(at(&r, 7, None, 100), None, "expired at its expiry");
+        assert_eq!(at(&r, 7, Some("a"), 0), Some(2));
+        assert_eq!(at(&r, 7, Some("b"), 0), None);
+        assert_eq!(at(&r, 8, None, 0), None, "absent and empty sid differ");
+        assert_eq!(&*r.lookup_remote(8, Some(""), 0).unwrap().name, b"r:8:");
+        // replacing keeps the count
+        r.set_remote(7, None, 3, b"r:7", (120, 200)).unwrap();
+        assert_eq!((r.remote_count(), at(&r, 7, None, 150)), (3, Some(3)));
+        assert_eq!(
+            at(&r, 7, None, 119),
+            None,
+            "a clock gone back before it was set"
+        );
+        assert_eq!(r.forget_instance(1), 1);
+        assert_eq!(at(&r, 8, Some(""), 0), None);
+        assert!(r.forget_remote(7, Some("a")));
+        assert!(!r.forget_remote(7, Some("a")));
+        assert_eq!(r.remote_count(), 1);
+        r.clear_remote();
+        assert_eq!((r.remote_count(), at(&r, 7, None, 0)), (0, None));
+        assert!(r.set_remote(1, None, 0, &[b'x'; 65536], (0, 1)).is_err());
+        // local routes are apart
+        assert_eq!(r.session_count(), 0);
+    }
 }
 
 pub mod py {
@@ -240,6 +391,48 @@ pub mod py {
         #[getter]
         fn pubkey_count(&self) -> usize {
             self.inner.pubkey_count()
+        }
+
+        /// Route `(twin, sid)` to another instance (`instance`, Python's number of it) from
+        /// `since` until `expires` (the scan clock, ns): the scanner queues its messages in
+        /// `Outboxes`' crossing buffers. `name` is its address name in bus records.
+        #[pyo3(signature = (twin, sid, instance, name, since, expires))]
+        fn set_remote(
+            &mut self,
+            twin: u32,
+            sid: Option<&str>,
+            instance: u32,
+            name: &[u8],
+            since: u64,
+            expires: u64,
+        ) -> PyResult<()> {
+            Ok(self
+                .inner
+                .set_remote(twin, sid, instance, name, (since, expires))?)
+        }
+
+        /// The instance a remote route names at `now`, or None (none, or expired).
+        #[pyo3(signature = (twin, sid, now))]
+        fn lookup_remote(&self, twin: u32, sid: Option<&str>, now: u64) -> Option<u32> {
+            self.inner.lookup_remote(twin, sid, now).map(|r| r.instance)
+        }
+
+        #[pyo3(signature = (twin, sid))]
+        fn forget_remote(&mut self, twin: u32, sid: Option<&str>) -> bool {
+            self.inner.forget_remote(twin, sid)
+        }
+
+        fn forget_instance(&mut self, instance: u32) -> usize {
+            self.inner.forget_instance(instance)
+        }
+
+        fn clear_remote(&mut self) {
+            self.inner.clear_remote();
+        }
+
+        #[getter]
+        fn remote_count(&self) -> usize {
+            self.inner.remote_count()
         }
     }
 

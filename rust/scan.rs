@@ -550,9 +550,10 @@ pub mod py {
     use pyo3::prelude::*;
     use pyo3::types::PyBytes;
 
-    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 
     use super::{scan_rmb, write_forward, RmbRouting, RmbSession, SbdKind};
+    use crate::crossing::store_deadline;
     use crate::envelope::py::EnvelopeRouting;
     use crate::envelope::Kind;
     use crate::error::Error;
@@ -562,7 +563,7 @@ pub mod py {
     use crate::records::py::RecordBuffer;
     use crate::records::Records;
     use crate::routes::py::RouteTable;
-    use crate::routes::ConnId;
+    use crate::routes::{ConnId, Remote};
     use crate::sbd::HEADER_LEN;
     use crate::ws::py::payload_bytes;
     use crate::ws::Payload;
@@ -603,6 +604,10 @@ pub mod py {
         /// the destination of the last forward (u64::MAX: none): the next envelope is
         /// unmasked straight into its outbox
         last_dest: AtomicU64,
+        /// Python is still routing earlier envelopes of this session (its slow path): none
+        /// of its envelopes is queued for another instance here meanwhile, or it would
+        /// overtake them (per-sender order)
+        slow: AtomicBool,
     }
 
     #[pymethods]
@@ -627,7 +632,18 @@ pub mod py {
                 outboxes,
                 conn_id,
                 last_dest: AtomicU64::new(u64::MAX),
+                slow: AtomicBool::new(false),
             }
+        }
+
+        /// Python's slow path holds envelopes of this session (see `slow`).
+        fn set_slow(&self, slow: bool) {
+            self.slow.store(slow, Relaxed);
+        }
+
+        #[getter]
+        fn slow(&self) -> bool {
+            self.slow.load(Relaxed)
         }
 
         #[getter]
@@ -884,6 +900,7 @@ pub mod py {
                         },
                         outboxes: open_outboxes(py, s.outboxes.as_ref(), s.conn_id)?,
                         last_dest: &s.last_dest,
+                        cross: !s.slow.load(Relaxed),
                     }
                 }
                 Scanner::Sbd(s) => {
@@ -937,6 +954,8 @@ pub mod py {
             limiter: Option<PyRefMut<'py, FixedWindowLimiter>>,
             outboxes: Option<PyRefMut<'py, Outboxes>>,
             last_dest: &'a AtomicU64,
+            /// envelopes may be queued for other instances (remote routes) in this feed
+            cross: bool,
         },
         Sbd {
             scanner: PyRefMut<'py, SbdScanner>,
@@ -993,6 +1012,7 @@ pub mod py {
                     limiter,
                     outboxes,
                     last_dest,
+                    cross,
                 } => {
                     if is_text {
                         // RMB has no text messages: Python closes the connection
@@ -1029,30 +1049,51 @@ pub mod py {
                     };
                     let staged = ob.stage(guess, payload.len(), |out| payload.copy_to(out));
                     let size = payload.len();
-                    // scanned once: either forwarded here, or handed to Python with what the
-                    // scan found (a copy of the staged bytes, the routing view of them)
-                    let for_python = {
+                    // scanned once: either forwarded here, queued for the instance holding
+                    // its destination, or handed to Python with what the scan found (a copy of
+                    // the staged bytes, the routing view of them)
+                    let cross = *cross && ob.crossing.open;
+                    let ttl = ob.crossing.mailbox_ttl;
+                    let decided = {
                         let data = ob.staged(&staged);
                         match scan_rmb(data, Some(&session)) {
-                            Err(err) => {
-                                Some((PyBytes::new(py, data).unbind(), None, Some(err.to_string())))
-                            }
+                            Err(err) => Decided::Python((
+                                PyBytes::new(py, data).unbind(),
+                                None,
+                                Some(err.to_string()),
+                            )),
                             Ok(r) => {
                                 let limited = over_limit(limiter, &session, size, now);
                                 let local = local_destination(&r, limited);
-                                match local.filter(|(dest, _)| ob.accepts(*dest)) {
-                                    Some((dest, dest_twin)) => {
+                                let remote = if cross && local.is_none() {
+                                    remote_destination(&r, limited, &session, now)
+                                } else {
+                                    None
+                                };
+                                match (local.filter(|(dest, _)| ob.accepts(*dest)), remote) {
+                                    (Some((dest, dest_twin)), _) => {
                                         if let Some(records) = records {
                                             let (src, dst) = (session.twin, dest_twin);
                                             records.push(now, i64::from(src), i64::from(dst), size);
                                         }
                                         last_dest.store(dest, Relaxed);
-                                        None
+                                        Decided::Local
                                     }
-                                    None => {
+                                    (None, Some(remote)) => {
+                                        let f = &r.fields;
+                                        let deadline = store_deadline(
+                                            f.fail_fast(),
+                                            f.timestamp,
+                                            f.expiration,
+                                            seconds(now),
+                                            ttl,
+                                        );
+                                        Decided::Cross(remote, deadline)
+                                    }
+                                    (None, None) => {
                                         let bytes = PyBytes::new(py, data);
                                         let twin = session.twin;
-                                        Some(rmb_python(
+                                        Decided::Python(rmb_python(
                                             py, &bytes, data, &r, limited, local, records, twin,
                                             now,
                                         )?)
@@ -1061,15 +1102,19 @@ pub mod py {
                             }
                         }
                     };
-                    match for_python {
-                        Some(scanned) => {
+                    match decided {
+                        Decided::Python(scanned) => {
                             ob.release(staged);
                             Ok(Some(scanned))
                         }
-                        None => {
+                        Decided::Local => {
                             let dest = last_dest.load(Relaxed);
                             ob.commit(staged, dest);
                             ob.rmb.add(size);
+                            Ok(None)
+                        }
+                        Decided::Cross(remote, deadline) => {
+                            ob.cross(staged, remote.instance, &remote.name, deadline);
                             Ok(None)
                         }
                     }
@@ -1169,6 +1214,40 @@ pub mod py {
                 }
             }
         }
+    }
+
+    /// What the fast path does with one RMB envelope.
+    enum Decided<'r> {
+        /// forwarded to a local connection
+        Local,
+        /// queued for another instance (its remote route), with the deadline it carries
+        Cross(&'r Remote, u64),
+        /// handed to Python
+        Python(Scanned),
+    }
+
+    /// The remote route an envelope may be queued on by the session that sent it: as for a
+    /// local destination (its own source, within its limit, not a ping, a destination
+    /// given), no local connection holds the destination, and another instance does (an
+    /// unexpired remote route). What Python's `RmbDialect.forward_now` would queue.
+    fn remote_destination<'r>(
+        r: &RmbRouting<'_>,
+        limited: bool,
+        session: &RmbSession<'r>,
+        now: u64,
+    ) -> Option<&'r Remote> {
+        let f = &r.fields;
+        if limited
+            || !r.from_session
+            || f.kind == Kind::Ping
+            || f.dest_twin == 0
+            || r.dest_conn_id.is_some()
+        {
+            return None;
+        }
+        session
+            .routes
+            .lookup_remote(f.dest_twin, f.dest_connection, now)
     }
 
     /// Whole seconds of a nanosecond clock reading (RMB's limiter counts in windows of seconds).

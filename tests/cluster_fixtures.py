@@ -122,8 +122,10 @@ async def make_instance_fixture(
     start_relay: StartRelay, tmp_path: Path
 ) -> AsyncIterator[MakeInstance]:
     """`await make_instance(redis_url, cluster_mode=False, clock=..., records=None,
-    **cluster_kwargs)`: a new instance; `clock` is the RMB dialect's and the cluster's,
-    `records` the switch's route-record `Recorder` (the caller starts and closes it)."""
+    twin_ttl=0.0, **cluster_kwargs)`: a new instance; `clock` is the RMB dialect's and the
+    cluster's, `records` the switch's route-record `Recorder` (the caller starts and closes
+    it), `twin_ttl` how long its twin directory caches an answer (a cached twin lets the RMB
+    slow path forward without an await, and the fast path cross to other instances)."""
     made: list[Instance] = []
     path = tmp_path / "twins.sqlite3"
     twin_directory(path)
@@ -134,6 +136,7 @@ async def make_instance_fixture(
         cluster_mode: bool = False,
         clock: Callable[[], int] = time.time_ns,
         records: Recorder | None = None,
+        twin_ttl: float = 0.0,
         **kwargs: Any,
     ) -> Instance:
         redis = await connect_redis(url, cluster=cluster_mode)
@@ -143,7 +146,7 @@ async def make_instance_fixture(
         cluster = Cluster(redis, switch, registry=registry, clock=clock, **kwargs)
         await cluster.start()
         switch.cluster = cluster
-        directory = CachedTwinDirectory(SqliteTwinDirectory(path), ttl=0.0, negative_ttl=0.0)
+        directory = CachedTwinDirectory(SqliteTwinDirectory(path), ttl=twin_ttl, negative_ttl=0.0)
         rmb = RmbDialect(RmbSettings(), directory, registry, switch=switch, clock=clock)
         sbd = SbdDialect(SbdSettings(disable_rate_limit=True), registry, switch=switch)
         server = await start_relay([rmb, sbd], registry=registry)

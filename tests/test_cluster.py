@@ -520,7 +520,7 @@ async def test_closing_the_bus_stops_a_reader_that_lost_its_cancellation(
     handling = asyncio.Event()
     lost: list[bool] = []
 
-    async def handle(records: list[wire.Record]) -> None:
+    async def handle(records: list[bytes]) -> None:
         handling.set()
         try:
             await asyncio.Event().wait()

@@ -3,6 +3,7 @@
 Each section below belongs to one Rust file; keep it in step with that file.
 """
 
+from collections.abc import Callable
 from typing import Any, Final, final
 
 # ---- error.rs -------------------------------------------------------------------------------
@@ -496,7 +497,43 @@ class Outboxes:
         of an `OutBytes`); the outbox starts over in a spare buffer."""
     def drain(self) -> list[tuple[Any, memoryview]]:
         """(conn, bytes) for each connection the fast path forwarded to since the last drain
-        and that still has bytes buffered (as `take`)."""
+        and that still has bytes buffered (as `take`). Records the fast path queued for other
+        instances meanwhile go to the crossing sink first (`set_crossing_sink`)."""
+    def take_crossing(self) -> list[tuple[int, bytes, int]]:
+        """The records the fast path queued for other instances (crossing.rs), taken: one
+        (instance, records in cluster/wire.py's layout, how many) per instance."""
+    def set_crossing_sink(
+        self, sink: Callable[[list[tuple[int, bytes, int]]], None] | None
+    ) -> None:
+        """`drain` calls `sink(batches)` (as `take_crossing` returns them) when there are any."""
+    @property
+    def crossing_open(self) -> bool:
+        """Whether the fast path may queue envelopes for other instances (remote routes)."""
+    @crossing_open.setter
+    def crossing_open(self, open: bool) -> None: ...
+    @property
+    def mailbox_ttl(self) -> int:
+        """Seconds: the mailbox TTL bounding the deadline a crossing record carries."""
+    @mailbox_ttl.setter
+    def mailbox_ttl(self, ttl: int) -> None: ...
+    def place_records(
+        self, routes: RouteTable, data: bytes, offset: int, max_bytes: int
+    ) -> tuple[int, int]:
+        """Write the messages of a bus entry (`data`, cluster/wire.py's layout, from the record
+        at `offset`) for RMB sessions connected here (in `routes`) into their outboxes, in
+        order, until a record it does not place (not a message, not an RMB session here, an
+        outbox that does not accept) or `max_bytes` were written; returns (the offset of the
+        first record left, how many it wrote). `drain` lists the outboxes written to."""
+    @property
+    def rmb_placed(self) -> int:
+        """RMB envelopes from other instances `place_records` wrote (each one message out)."""
+    @property
+    def rmb_placed_bytes(self) -> int: ...
+    @property
+    def rmb_crossed(self) -> int:
+        """RMB envelopes the fast path queued for other instances (each one message in)."""
+    @property
+    def rmb_crossed_bytes(self) -> int: ...
     @property
     def rmb_forwards(self) -> int:
         """RMB envelopes the fast path forwarded (each one message in, one out, routed locally)."""
@@ -518,6 +555,10 @@ class OutBytes:
     def __buffer__(self, flags: int, /) -> memoryview: ...
     def __repr__(self) -> str: ...
 
+def check_bus_records(data: bytes) -> int:
+    """How many records a bus entry (cluster/wire.py's layout) holds; ValueError saying what is
+    wrong when it is malformed (wire.decode's checks)."""
+
 # ---- routes.rs ------------------------------------------------------------------------------
 @final
 class RouteTable:
@@ -537,6 +578,22 @@ class RouteTable:
     def session_count(self) -> int: ...
     @property
     def pubkey_count(self) -> int: ...
+    def set_remote(
+        self, twin: int, sid: str | None, instance: int, name: bytes, since: int, expires: int
+    ) -> None:
+        """Route the session to another instance (`instance`, the caller's number of it; `name`
+        its address name in bus records, at most 65535 bytes) from `since` until `expires`
+        (the scan clock, ns): RMB scanners queue its envelopes in `Outboxes`' crossing
+        batches."""
+    def lookup_remote(self, twin: int, sid: str | None, now: int) -> int | None:
+        """The instance of the session's remote route at `now` (None: none, or `now` is not
+        within its time)."""
+    def forget_remote(self, twin: int, sid: str | None) -> bool: ...
+    def forget_instance(self, instance: int) -> int:
+        """Drop every remote route to `instance`; how many there were."""
+    def clear_remote(self) -> None: ...
+    @property
+    def remote_count(self) -> int: ...
 
 # ---- end routes.rs --------------------------------------------------------------------------
 
@@ -559,7 +616,10 @@ class RmbScanner:
     to `feed` (whole seconds of it) and `EnvelopeRouting.limited` says the answer. With
     `outboxes` (and this connection's `conn_id` open in them), an envelope within the limit,
     from the session, not a ping, for a local connection whose outbox accepts it is framed into
-    that outbox and produces no event (the fast path); the rest reach Python as before."""
+    that outbox and produces no event (the fast path); one for a session with a remote route
+    in `routes` (and no local connection) is queued as a bus record in the outboxes' crossing
+    batches, while they are open and this session's `slow` is off; the rest reach Python as
+    before."""
 
     def __new__(
         cls,
@@ -587,6 +647,11 @@ class RmbScanner:
     def twin(self) -> int: ...
     @property
     def sid(self) -> str | None: ...
+    def set_slow(self, slow: bool) -> None:
+        """Python is routing earlier envelopes of this session: none is queued for another
+        instance by the scan meanwhile (it would overtake them)."""
+    @property
+    def slow(self) -> bool: ...
 
 @final
 class SbdScanner:

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from rmb_relay._core import Outboxes, RouteTable
@@ -117,6 +118,11 @@ class ClusterRoute(Protocol):
 
     def forward_soon(self, address: Address, frame: bytes) -> None: ...
 
+    #: the outcome of an envelope the scanner queued for another instance, from its bytes
+    crossing_outcome: Callable[[bytes], QueuedForward] | None
+
+    def mirror(self, address: Address, fresh_for: int, now: int) -> bool: ...
+
     async def mail_stored(self, address: Address) -> None: ...
 
     async def close(self) -> None: ...
@@ -194,6 +200,12 @@ class Switch:
         return self.endpoint(self.routes.lookup_session(address[0], address[1]))
 
     # ---- delivery --------------------------------------------------------------------------
+
+    def write_placed(self) -> None:
+        """Write out what Rust put into the outboxes outside a socket read (the cluster's
+        bus records, `Outboxes.place_records`): each connection written to once."""
+        for conn, data in self.outboxes.drain():
+            conn.write_taken(data)
 
     def deliver_local(self, address: Address, frame: bytes) -> bool:
         endpoint = self.lookup(address)

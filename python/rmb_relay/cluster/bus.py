@@ -12,8 +12,10 @@ failed (the message was not accepted). A busy sender that keeps no future per me
 `send_nowait` with a callback instead, and `room` bounds what it may queue.
 
 Reading. Every stream has one consumer group (`keys.GROUP`). The owner reads new entries
-with XREADGROUP BLOCK, hands their records to its handler in order, then acknowledges and
-deletes them (XACK + XDEL in one pipeline). An entry read but not acknowledged stays pending:
+with XREADGROUP BLOCK, hands them to its handler in order (each entry's records as the bytes
+`wire.py` lays out, checked: the handler's fast path reads them in Rust), then acknowledges
+and deletes them (XACK + XDEL in one pipeline, sent with the next XREADGROUP: one round trip
+per read, not two). An entry read but not acknowledged stays pending:
 if the owner dies before it finished, a reaper on another instance claims it (`claim_pending`,
 XCLAIM) and reroutes its records. So an accepted message is handed on at least once.
 """
@@ -27,6 +29,7 @@ from typing import Any, cast
 
 from redis.exceptions import RedisError
 
+from rmb_relay._core import check_bus_records
 from rmb_relay.cluster import keys, wire
 from rmb_relay.cluster.connect import RedisClient
 from rmb_relay.errors import ClusterUnavailable, MailboxUnavailable
@@ -51,7 +54,8 @@ CLOSE_TIMEOUT = 2.0
 QUEUE_LIMIT = 8 << 20
 
 Entry = tuple[bytes, list[wire.Record]]
-Handler = Callable[[list[wire.Record]], Awaitable[None]]
+#: told the records of each entry of one read, as their bytes (`wire.py`'s layout, checked)
+Handler = Callable[[list[bytes]], Awaitable[None]]
 #: what a queued record's sender hears once its batch was written (`Bus.send_nowait`)
 Notify = Callable[[bool | ClusterUnavailable], None] | asyncio.Future[bool]
 
@@ -115,13 +119,19 @@ class Bus:
         self.handler = handler
         self._queued: dict[str, list[tuple[bytes, Notify]]] = {}
         #: bytes of records queued or being written, and the event senders wait on for room
+        #: (a queued piece may hold many records: a crossing batch of the fast path)
         self._queued_bytes = 0
         self._room = asyncio.Event()
         self._room.set()
         self._flusher: asyncio.Task[None] | None = None
         self._reader: asyncio.Task[None] | None = None
+        #: entries the reader handled and has not acknowledged yet (with its next read)
+        self._handled: list[bytes] = []
         #: set by `close`: the reader stops at its next turn even if it lost its cancellation
         self._closing = False
+        #: told False when `full` starts and True when it ends (a fast path that queues
+        #: without asking `full` per message stops and starts with it)
+        self.on_room: Callable[[bool], None] = lambda room: None
         #: called with the error when a read fails and with None when reading works again
         self.on_health: Callable[[BaseException | None], None] = lambda err: None
         self.sent_entries = 0
@@ -141,8 +151,9 @@ class Bus:
         `ClusterUnavailable` Redis failed with. (A future is also accepted, and settled.)"""
         self._queued.setdefault(instance, []).append((record, notify))
         self._queued_bytes += len(record)
-        if self._queued_bytes > QUEUE_LIMIT:
+        if self._queued_bytes > QUEUE_LIMIT and self._room.is_set():
             self._room.clear()
+            self.on_room(False)
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
 
@@ -166,8 +177,9 @@ class Bus:
                     self._queued_bytes -= sum(
                         len(record) for items in queued.values() for record, _ in items
                     )
-                    if self._queued_bytes <= QUEUE_LIMIT:
+                    if self._queued_bytes <= QUEUE_LIMIT and not self._room.is_set():
                         self._room.set()
+                        self.on_room(True)
         finally:
             self._flusher = None
 
@@ -227,10 +239,14 @@ class Bus:
         while not self._closing:
             try:
                 if recover:
-                    entries = await self.read(stream, pending=True)
+                    if self._handled:  # handled before the failure: not to be handed on again
+                        await self.ack(stream, self._handled)
+                        self._handled = []
+                    entries = await self.read_raw(stream, pending=True)
                     recover = bool(entries)
                 else:
-                    entries = await self.read(stream, block=READ_BLOCK_MS)
+                    entries = await self.read_raw(stream, block=READ_BLOCK_MS, ack=self._handled)
+                    self._handled = []
                 if not healthy:
                     healthy = True
                     self.on_health(None)
@@ -240,6 +256,7 @@ class Bus:
                 raise
             except ResponseError as err:
                 if "NOGROUP" in str(err):  # reaped while we were stalled: start over
+                    self._handled = []  # (gone with the stream)
                     log.warning("cluster: our bus stream %s was gone; recreating it", stream)
                     await self._retry(self.create)
                     continue
@@ -272,18 +289,39 @@ class Bus:
     ) -> list[Entry]:
         """New entries of `stream` for this instance's consumer, or with `pending` those it
         read before and has not acknowledged (raises Redis errors)."""
-        raw = await self.redis.xreadgroup(
-            keys.GROUP,
-            self.me,
-            {stream: "0" if pending else ">"},
-            count=READ_COUNT,
-            block=None if pending else block,
-        )
-        out: list[Entry] = []
-        for _name, items in stream_entries(raw):
-            for entry_id, fields in items:
-                out.append((entry_id, self._decode(stream, entry_id, fields)))
-        return out
+        items = await self._read(stream, block, pending)
+        return [(entry_id, self._decode(stream, entry_id, fields)) for entry_id, fields in items]
+
+    async def read_raw(
+        self,
+        stream: str,
+        *,
+        block: int | None = None,
+        pending: bool = False,
+        ack: list[bytes] | None = None,
+    ) -> list[tuple[bytes, bytes]]:
+        """`read`, each entry's records left as their checked bytes (a malformed entry's are
+        empty: logged and counted, then acknowledged like any). `ack`: entries handled
+        before, acknowledged and deleted first in the same round trip."""
+        items = await self._read(stream, block, pending, ack)
+        return [(entry_id, self._check(stream, entry_id, fields)) for entry_id, fields in items]
+
+    async def _read(
+        self, stream: str, block: int | None, pending: bool, ack: list[bytes] | None = None
+    ) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        streams: dict[Any, Any] = {stream: "0" if pending else ">"}
+        block = None if pending else block
+        if ack:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.xack(stream, keys.GROUP, *ack)
+            pipe.xdel(stream, *ack)
+            pipe.xreadgroup(keys.GROUP, self.me, streams, count=READ_COUNT, block=block)
+            raw = (await pipe.execute())[-1]
+        else:
+            raw = await self.redis.xreadgroup(
+                keys.GROUP, self.me, streams, count=READ_COUNT, block=block
+            )
+        return [item for _name, items in stream_entries(raw) for item in items]
 
     async def orphaned_consumers(self, stream: str) -> list[str]:
         """Consumers other than this instance with entries of `stream` read but not
@@ -329,11 +367,22 @@ class Bus:
             log.error("cluster: skipping malformed bus entry %s of %s: %s", entry_id, stream, err)
             return []
 
-    async def _handle(self, stream: str, entries: list[Entry]) -> None:
-        records = [record for _entry_id, entry in entries for record in entry]
+    def _check(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> bytes:
+        data = fields.get(b"m", b"")
+        try:
+            check_bus_records(data)
+        except ValueError as err:
+            self.bad_entries += 1
+            log.error("cluster: skipping malformed bus entry %s of %s: %s", entry_id, stream, err)
+            return b""
+        return data
+
+    async def _handle(self, stream: str, entries: list[tuple[bytes, bytes]]) -> None:
+        records = [data for _entry_id, data in entries if data]
         if records:  # one call for the whole read: its messages go out in as few writes
             await self.handler(records)
-        await self.ack(stream, [entry_id for entry_id, _ in entries])
+        # acknowledged with the next read (or by `close`)
+        self._handled = [entry_id for entry_id, _ in entries]
 
     async def ack(self, stream: str, ids: list[bytes]) -> None:
         """Acknowledge and delete handled entries (one round trip)."""
@@ -345,6 +394,12 @@ class Bus:
         self._closing = True
         await cancel_and_wait(self._reader, CLOSE_TIMEOUT)
         self._reader = None
+        handled, self._handled = self._handled, []
+        if handled:  # (acknowledging twice is harmless: the read may have done it)
+            try:
+                await asyncio.wait_for(self.ack(keys.bus_key(self.me), handled), CLOSE_TIMEOUT)
+            except (*FAILURES, TimeoutError) as err:
+                log.warning("cluster: could not acknowledge handled entries: %s", err)
         flusher = self._flusher
         if flusher is not None:
             await asyncio.wait([flusher], timeout=CLOSE_TIMEOUT)

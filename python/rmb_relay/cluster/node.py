@@ -28,6 +28,18 @@ like any message, then the stream is deleted once it has stayed empty for two TT
 never recreate it: XADD NOMKSTREAM). Nothing accepted into Redis is lost; see docs/cluster.md for
 what can be delivered twice.
 
+The fast path crosses too. A dialect that has checked everything but the holder for an
+address (RMB: the twin is ours, not connected here) asks `mirror` to copy the presence
+cache's answer into the Rust route table as a remote route. The scanner then queues that
+address's messages as bus records for the holder inside `feed` (rust/crossing.rs); after the
+read the switch's outboxes hand the batches to `_crossed_batches`, which queues each as one
+piece of that instance's next XADD and keeps its bytes until Redis answered: stored, each
+record counts as sent; refused or gone, each record is handed back to the dialect
+(`crossing_outcome(frame)`, the same `QueuedForward` a message of the slow path has) and
+refused or routed again exactly as one queued by `forward` would be. A mirrored route is
+dropped with the cache answer it copies (`Presence.on_forget`, `on_instance_gone`), stops at
+its expiry, and is not used while the bus is full (`Bus.on_room`) or the instance leaves.
+
 Other dialects (the gateway, the tunnel) whose receivers are not in the switch's route table
 use the same machinery through `register_kind`, the `*_name` methods, `send_to_nowait` and
 `on_instance_gone` (docs/cluster.md); `fanout.py` and `workqueue.py` are built on it for them.
@@ -51,7 +63,7 @@ from rmb_relay.clock import Clock, monotonic_clock, nanos, seconds, wall_clock
 from rmb_relay.cluster import keys, wire
 from rmb_relay.cluster.bus import CLOSE_TIMEOUT, FAILURES, Bus
 from rmb_relay.cluster.connect import RedisClient
-from rmb_relay.cluster.presence import CACHE_MAX, MISSING, Presence, claim_instance
+from rmb_relay.cluster.presence import CACHE_MAX, Missing, Presence, claim_instance
 from rmb_relay.errors import ClusterUnavailable
 from rmb_relay.protocols.base import CloseCode
 from rmb_relay.tasks import cancel_and_wait, finish_or_cancel
@@ -142,7 +154,7 @@ class Cluster:
         self.clock = clock
         self.wall = wall
         self.presence = Presence(redis, self.me, ttl, cache_ttl=cache_ttl, clock=clock)
-        self.bus = Bus(redis, self.me, self._on_records)
+        self.bus = Bus(redis, self.me, self._on_entries)
         self.bus.on_health = self._health
         self.counters = ClusterCounters()
         self._kinds: dict[str, Resolver] = {}
@@ -162,6 +174,16 @@ class Cluster:
         self._gone_listeners: list[GoneListener] = []
         #: dead instances the listeners were told about (told once per death)
         self._gone_told: set[str] = set()
+        #: instances numbered for the Rust route table's remote routes and crossing batches
+        self._instances: list[str] = []
+        self._instance_numbers: dict[str, int] = {}
+        #: the `QueuedForward` of a record the fast path queued (`mirror`), from its frame:
+        #: set by the dialect that mirrors routes
+        self.crossing_outcome: Callable[[bytes], QueuedForward] | None = None
+        self.presence.on_forget = self._unmirror
+        self.presence.on_instance_gone = self._unmirror_instance
+        self.bus.on_room = self._bus_room
+        switch.outboxes.set_crossing_sink(self._crossed_batches)
         if registry is not None:
             self._register_metrics(registry)
 
@@ -174,6 +196,7 @@ class Cluster:
         await self._announce()
         self.bus.start()
         self._ticker = asyncio.get_running_loop().create_task(self._tick_loop())
+        self.switch.outboxes.crossing_open = not self.bus.full
         log.info("cluster: instance %s joined (presence TTL %ss)", self.me, self.ttl)
 
     async def close(self) -> None:
@@ -182,6 +205,8 @@ class Cluster:
         step has a time limit (`bus.CLOSE_TIMEOUT`, `LEAVE_TIMEOUT`), and a task that lost
         its cancellation is cancelled again (`tasks.py`)."""
         self._closing = True
+        self.switch.outboxes.crossing_open = False
+        self.switch.routes.clear_remote()
         await cancel_and_wait(self._ticker, CLOSE_TIMEOUT)
         await finish_or_cancel(self._soon_task, CLOSE_TIMEOUT, CLOSE_TIMEOUT)
         await self.bus.close()
@@ -261,11 +286,84 @@ class Cluster:
         saves its coroutines in the common case)."""
         return self._queue_if_known(keys.address_name(address), frame, deadline, queued)
 
+    def mirror(self, address: Address, fresh_for: int, now: int) -> bool:
+        """Copy the cached "`address` is held by instance I" into the Rust route table, for
+        the scanner to queue its messages itself (module docstring). `fresh_for` (ns) bounds
+        how long the caller's own checks hold (its twin cache's answer); `now` is the scan
+        clock's reading the route's expiry is counted from. Only RMB session addresses;
+        False when nothing was mirrored."""
+        if self._closing or isinstance(address, bytes):
+            return False
+        name = keys.address_name(address)
+        owner = self.presence.cached_owner(name)
+        if not isinstance(owner, str):
+            return False
+        fresh = min(self.presence.cached_until(name), fresh_for)
+        if fresh <= 0:
+            return False
+        number = self._instance_numbers.get(owner)
+        if number is None:
+            number = self._instance_numbers[owner] = len(self._instances)
+            self._instances.append(owner)
+        twin, sid = address
+        self.switch.routes.set_remote(twin, sid, number, name.encode(), now, now + fresh)
+        return True
+
+    def _unmirror(self, name: str | None) -> None:
+        routes = self.switch.routes
+        if name is None:
+            routes.clear_remote()
+        elif name.startswith("r:"):
+            try:
+                address = keys.parse_address_name(name)
+            except ValueError:
+                return
+            if not isinstance(address, bytes):
+                routes.forget_remote(address[0], address[1])
+
+    def _unmirror_instance(self, instance: str) -> None:
+        number = self._instance_numbers.get(instance)
+        if number is not None:
+            self.switch.routes.forget_instance(number)
+
+    def _bus_room(self, room: bool) -> None:
+        self.switch.outboxes.crossing_open = room and not self._closing
+
+    def _crossed_batches(self, batches: list[tuple[int, bytes, int]]) -> None:
+        """Records the fast path queued for other instances during a read (`mirror`): each
+        batch is one piece of its instance's next XADD."""
+        for number, records, count in batches:
+            instance = self._instances[number]
+            self.bus.send_nowait(
+                instance, records, functools.partial(self._crossed, instance, records, count)
+            )
+
+    def _crossed(
+        self, instance: str, records: bytes, count: int, outcome: bool | ClusterUnavailable
+    ) -> None:
+        """The XADD that carried a crossing batch was answered: as `_queued` for each of its
+        records (stored: sent; gone: routed again; refused: its sender is told)."""
+        if outcome is True:
+            self.counters.sent += count
+            return
+        make = self.crossing_outcome
+        if outcome is False:
+            self.presence.instance_gone(instance)
+        for record in wire.decode(records):
+            if make is None:  # nobody to tell: only counted
+                self.counters.dropped += 1
+                continue
+            queued = make(record.frame)
+            if outcome is False:
+                self._spawn(self._route_again(record, queued))
+            else:
+                queued.refused(outcome)
+
     def _queue_if_known(
         self, name: str, frame: bytes, deadline: int | None, queued: QueuedForward
     ) -> bool:
         owner = self.presence.cached_owner(name)
-        if owner is MISSING or owner is None or self.bus.full:
+        if isinstance(owner, Missing) or owner is None or self.bus.full:
             return False
         self._queue(owner, name, frame, deadline, queued)
         return True
@@ -462,6 +560,27 @@ class Cluster:
                 self._addresses.clear()
             self._addresses[name] = address
         return self.switch.lookup(address)
+
+    async def _on_entries(self, entries: list[bytes]) -> None:
+        """The entries of one bus read (their records' bytes), in order. Messages for RMB
+        sessions connected here that can take them now are written by Rust straight into
+        their outboxes (`Outboxes.place_records`: no record object, no Python call per
+        message), at most `RUN_BYTES` between writes (so congestion is seen); at the first
+        record Rust does not place (a congested or held receiver, an address not held here, a
+        notice, another kind of name) the rest of that entry takes the Python path
+        (`_on_records`), as every record did before."""
+        switch = self.switch
+        outboxes, routes = switch.outboxes, switch.routes
+        for data in entries:
+            offset, end = 0, len(data)
+            while offset < end:
+                offset, placed = outboxes.place_records(routes, data, offset, RUN_BYTES)
+                if placed:
+                    self.counters.received += placed
+                    switch.write_placed()
+                    continue
+                await self._on_records(wire.decode_from(data, offset))
+                break
 
     async def _on_records(self, records: list[wire.Record]) -> None:
         """The records of one bus read, in order. Runs of messages for local connections that

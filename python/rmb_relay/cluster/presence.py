@@ -21,6 +21,12 @@ Lookups. `owner(name)` reads the key, remembering the answer for `cache_ttl` (mo
 injectable) because a busy sender asks for the same few addresses thousands of times a
 second. A stale answer is safe: an instance handed a message for an address it no longer
 holds looks again with `fresh=True` and passes the message on (or to the mailbox).
+
+Mirrors. A cached answer may be copied elsewhere (the Rust route table's remote routes, which
+let the scanner queue a message for its holder inside `feed`): `on_forget(name)` is called
+whenever the answer for `name` is dropped or replaced, `on_forget(None)` when every answer is,
+and `on_instance_gone(instance)` for every answer naming an instance found gone, so a copy
+never outlives what it copies. (An answer that expires needs no call: copies carry its expiry.)
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rmb_relay.clock import Clock, monotonic_clock, nanos
@@ -99,6 +106,10 @@ class Presence:
         self._cache: dict[str, tuple[str | None, int]] = {}
         #: instances known to be gone (set by the reaper): never an owner
         self.dead: set[str] = set()
+        #: told when a cached answer is dropped (a name) or all are (None); see the docstring
+        self.on_forget: Callable[[str | None], None] = _ignore
+        #: told when every answer naming an instance is dropped (it is gone)
+        self.on_instance_gone: Callable[[str], None] = _ignore
 
     # ---- claims and releases ---------------------------------------------------------------
 
@@ -107,7 +118,7 @@ class Presence:
         another instance's (None: nobody's, or ours) or raises ClusterUnavailable."""
         value = f"{self.me}{CLAIM_SEP}{next(self._claim_numbers)}"
         self.held[name] = value
-        self._cache.pop(name, None)
+        self._uncache(name)
         future = self._queue(name, value, claim=True)
         self._claims[name] = future
         future.add_done_callback(lambda done: self._claim_done(name, done))
@@ -120,7 +131,7 @@ class Presence:
     def release(self, name: str) -> asyncio.Future[str | None]:
         """Give up `name` (a no-op in Redis when another claim replaced ours)."""
         value = self.held.pop(name, None)
-        self._cache.pop(name, None)
+        self._uncache(name)
         if value is None:  # not held (released already, or another instance took it over)
             future: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
             future.set_result(None)
@@ -135,7 +146,11 @@ class Presence:
     def forget(self, name: str) -> None:
         """Another instance holds `name` now: stop renewing it (its key is theirs)."""
         self.held.pop(name, None)
-        self._cache.pop(name, None)
+        self._uncache(name)
+
+    def _uncache(self, name: str) -> None:
+        if self._cache.pop(name, None) is not None:
+            self.on_forget(name)
 
     async def claimed(self, name: str) -> None:
         """Wait until the latest claim of `name` reached Redis (raises ClusterUnavailable)."""
@@ -241,11 +256,22 @@ class Presence:
         if holder is not None:  # "nobody" is not remembered: a login must be seen at once
             if len(self._cache) >= CACHE_MAX:
                 self._cache.clear()
+                self.on_forget(None)
+            previous = self._cache.get(name)
             self._cache[name] = (holder, now + self.cache_ttl)
+            if previous is not None and previous[0] != holder:
+                self.on_forget(name)
+        else:
+            self._uncache(name)
         return holder
 
+    def cached_until(self, name: str) -> int:
+        """How long (ns, from now) the cached answer for `name` stays fresh; 0: none."""
+        cached = self._cache.get(name)
+        return 0 if cached is None else max(0, cached[1] - self.clock())
+
     def forget_owner(self, name: str) -> None:
-        self._cache.pop(name, None)
+        self._uncache(name)
 
     def instance_gone(self, instance: str) -> None:
         """Never route to `instance` again and drop every cached answer naming it."""
@@ -253,8 +279,13 @@ class Presence:
         for name, (holder, _) in list(self._cache.items()):
             if holder == instance:
                 del self._cache[name]
+        self.on_instance_gone(instance)
 
     async def close(self) -> None:
         worker = self._worker
         if worker is not None:
             await asyncio.gather(worker, return_exceptions=True)
+
+
+def _ignore(_: object) -> None:
+    pass

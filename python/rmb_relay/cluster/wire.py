@@ -72,9 +72,15 @@ def encode_message(name: str, frame: bytes, deadline: int) -> bytes:
 
 def decode(data: bytes) -> list[Record]:
     """Every record of one entry; raises BusFormatError on anything malformed."""
+    return decode_from(data, 0)
+
+
+def decode_from(data: bytes, offset: int) -> list[Record]:
+    """The records of one entry from byte `offset` on (where one starts); raises
+    BusFormatError on anything malformed."""
     records = []
     view = memoryview(data)
-    offset, end = 0, len(data)
+    end = len(data)
     while offset < end:
         if end - offset < HEADER_BYTES:
             raise BusFormatError(f"truncated record header at byte {offset}")

@@ -176,16 +176,16 @@ class InboundFederation:
         routes: list[tuple[int, bytes, _Route]] = []
         ours: set[int] = set()  # destination twins checked in this batch
         for index, envelope in enumerate(envelopes):
-            if not self.verify:  # the usual case: a twin already checked, nothing to await
-                try:
-                    env = scan_envelope(envelope)
-                except EnvelopeError:
-                    pass  # _check says why
-                else:
-                    if env.dest_twin in ours:
-                        routes.append((index, envelope, _Route(env)))
-                        continue
-            checked = await self._check(envelope)
+            try:
+                env = scan_envelope(envelope)
+            except EnvelopeError as err:
+                answers[index] = self._refused(_malformed(err), len(envelope), origin)
+                continue
+            if not self.verify and env.dest_twin in ours:
+                # the usual case: a twin already checked, nothing to await
+                routes.append((index, envelope, _Route(env)))
+                continue
+            checked = await self._check_scanned(env, envelope)
             if isinstance(checked, _Route):
                 ours.add(checked.env.dest_twin)
                 routes.append((index, envelope, checked))
@@ -243,7 +243,11 @@ class InboundFederation:
         try:
             env = scan_envelope(body)
         except EnvelopeError as err:
-            return _Refusal(400, f"bad request: {err}", "bad request", None)
+            return _malformed(err)
+        return await self._check_scanned(env, body)
+
+    async def _check_scanned(self, env: EnvelopeRouting, body: bytes) -> _Refusal | _Route:
+        """`_check` for an envelope already scanned (a batch scans each envelope once)."""
         if env.dest_twin == 0:
             reason = "bad request: message with missing destination"
             return _Refusal(400, reason, "bad request", env)
@@ -326,6 +330,10 @@ class InboundFederation:
         if not ok:
             return _Refusal(403, "invalid envelope signature", "bad signature", env)
         return None
+
+
+def _malformed(err: EnvelopeError) -> _Refusal:
+    return _Refusal(400, f"bad request: {err}", "bad request", None)
 
 
 def _origin(header: bytes | None) -> str | None:

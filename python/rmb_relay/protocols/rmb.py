@@ -39,6 +39,7 @@ from rmb_relay._core import (
     WsMessage,
     build_error_envelope,
     build_pong,
+    scan_envelope,
 )
 from rmb_relay.clock import Clock, seconds, wall_clock
 from rmb_relay.errors import (
@@ -133,25 +134,25 @@ class RmbMetrics:
         registry.counter_of(
             "rmb_relay_messages_in_total",
             "Messages received from clients, by dialect",
-            lambda: [((), hot.messages_in + fast.rmb_forwards)],
+            lambda: [((), hot.messages_in + fast.rmb_forwards + fast.rmb_crossed)],
             const=rmb,
         )
         registry.counter_of(
             "rmb_relay_bytes_in_total",
             "Message bytes received from clients, by dialect",
-            lambda: [((), hot.bytes_in + fast.rmb_bytes)],
+            lambda: [((), hot.bytes_in + fast.rmb_bytes + fast.rmb_crossed_bytes)],
             const=rmb,
         )
         registry.counter_of(
             "rmb_relay_messages_out_total",
             "Messages written to clients (RMB: incl. error envelopes and mailbox), by dialect",
-            lambda: [((), hot.messages_out + fast.rmb_forwards)],
+            lambda: [((), hot.messages_out + fast.rmb_forwards + fast.rmb_placed)],
             const=rmb,
         )
         registry.counter_of(
             "rmb_relay_bytes_out_total",
             "Message bytes written to clients, by dialect",
-            lambda: [((), hot.bytes_out + fast.rmb_bytes)],
+            lambda: [((), hot.bytes_out + fast.rmb_bytes + fast.rmb_placed_bytes)],
             const=rmb,
         )
         self.routed_slow: dict[str, int] = {"mailbox": 0, "federation": 0, "cluster": 0}
@@ -160,7 +161,11 @@ class RmbMetrics:
             "Messages routed, by dialect and path (local, mailbox, federation)",
             lambda: (
                 [(("local",), hot.local + fast.rmb_forwards)]
-                + [((path,), n) for path, n in self.routed_slow.items()]
+                # the fast path's envelopes for other instances (rust/crossing.rs) too
+                + [
+                    ((path,), n + (fast.rmb_crossed if path == "cluster" else 0))
+                    for path, n in self.routed_slow.items()
+                ]
             ),
             ("path",),
             const=rmb,
@@ -268,6 +273,34 @@ class ClusterForward:
         )  # fmt: skip
 
 
+class CrossedForward:
+    """An envelope the fast path queued for another instance (rust/crossing.rs), handed back
+    by the cluster with its outcome only when that was not "stored" (`Cluster._crossed`):
+    the sender is found again by the envelope's source, which the scanner checked was the
+    sending session, and told as `ClusterForward` tells it."""
+
+    __slots__ = ("data", "dialect", "env")
+
+    def __init__(self, dialect: RmbDialect, data: bytes) -> None:
+        self.dialect = dialect
+        self.data = data
+        self.env = scan_envelope(data)
+
+    def settled(self, route: str, outcome: str, reason: str | None = None) -> None:
+        records = self.dialect.records
+        if records is not None:
+            env = self.env
+            records.add(env.source_twin, env.dest_twin, len(self.data), route, outcome, reason)
+
+    def refused(self, err: BaseException) -> None:
+        env = self.env
+        log.warning("redis unavailable, refusing envelope for %s: %s", env.dest_twin, err)
+        self.dialect.fail_source(
+            env, "destination unreachable: the relay's redis is unavailable", "redis down",
+            len(self.data),
+        )  # fmt: skip
+
+
 class RmbDialect(Dialect):
     name = "rmb"
     paths = ("/",)
@@ -294,6 +327,8 @@ class RmbDialect(Dialect):
         if switch is None:
             switch = Switch(mailbox if mailbox is not None else MemoryMailbox(clock=clock))
         self.switch = switch
+        # the deadline of an envelope the scanner queues for another instance (`forward_now`)
+        switch.outboxes.mailbox_ttl = self.mailbox.ttl
         #: outbound (the switch's federation route) and inbound `POST /`; None: not served
         self.federation = federation
         self.inbound = inbound
@@ -404,7 +439,44 @@ class RmbDialect(Dialect):
         if not cluster.forward_nowait(key, data, deadline, queued):
             return False
         self.metrics.routed_slow["cluster"] += 1
+        if self.records is None:
+            # the next envelopes for it are queued by the scanner itself (rust/crossing.rs),
+            # for as long as both the holder's and the twin's cached answers hold; with route
+            # records on they keep this path, which records each at its outcome
+            if cluster.crossing_outcome is None:
+                cluster.crossing_outcome = self.crossed
+            cluster.mirror(key, directory.fresh_for(env.dest_twin), self.clock())
         return True
+
+    def crossed(self, data: bytes) -> CrossedForward:
+        """The outcome of an envelope the scanner queued for another instance (`forward_now`)."""
+        return CrossedForward(self, data)
+
+    def fail_source(self, env: EnvelopeRouting, reason: str, label: str, size: int) -> None:
+        """`RmbSession.fail` for the session that sent `env`, found by its source: the one
+        connected now, else its mailbox keeps the error for its next login."""
+        key: SessionKey = (env.source_twin, env.source_connection)
+        session = self.switch.lookup(key)
+        if isinstance(session, RmbSession):
+            session.fail(env, reason, label, size)
+            return
+        records = self.records
+        if records is not None:
+            records.add(env.source_twin, env.dest_twin or None, size, "none", "rejected", label)
+        if env.kind != MSG_REQUEST:
+            self.metrics.drops.inc(1, label)
+            return
+        self.metrics.errors_sent.inc(1, label)
+        now = seconds(self.clock())
+        error = build_error_envelope(env.uid, reason, now, key[0], key[1])
+        deadline = self.mailbox.deadline(now, ERROR_ENVELOPE_TTL)
+        asyncio.get_running_loop().create_task(self._store_error(key, error, deadline))
+
+    async def _store_error(self, key: SessionKey, error: bytes, deadline: int) -> None:
+        try:
+            await self.mailbox.put(key, error, deadline)
+        except MailboxUnavailable:
+            self.metrics.drops.inc(1, "mailbox down")
 
     async def _federate(
         self,
@@ -561,6 +633,7 @@ class RmbSession(WebSocketHandler):
         self._drain_task: asyncio.Task[None] | None = None
         self._drain_retry: asyncio.TimerHandle | None = None
         self._drain_delay = DRAIN_RETRY
+        self._scanner: RmbScanner | None = None
 
     def bind_decoder(self, decoder: WsDecoder) -> None:
         # the rate limit, the source check and the destination lookup happen in the codec's
@@ -571,17 +644,16 @@ class RmbSession(WebSocketHandler):
         records = dialect.records
         buffer = None if records is None else records.scanner_buffer(dialect.clock)
         self.outboxes = outboxes = dialect.switch.outboxes
-        decoder.set_scanner(
-            RmbScanner(
-                dialect.switch.routes,
-                self.twin,
-                self.sid,
-                buffer,
-                dialect.limiter,
-                outboxes,
-                self.peer.id,
-            )
+        self._scanner = RmbScanner(
+            dialect.switch.routes,
+            self.twin,
+            self.sid,
+            buffer,
+            dialect.limiter,
+            outboxes,
+            self.peer.id,
         )
+        decoder.set_scanner(self._scanner)
 
     def on_discarded(self, message: WsMessage) -> None:
         """A message read but never handled (the connection was closing): it was not delivered."""
@@ -687,6 +759,8 @@ class RmbSession(WebSocketHandler):
             self.peer.hold_reading(True)  # until _run_slow has routed half of it
         self._slow.append((env, data, self._record_clock()))
         if self._slow_task is None:
+            if self._scanner is not None:  # later envelopes must not overtake these
+                self._scanner.set_slow(True)
             self._slow_task = asyncio.get_running_loop().create_task(self._run_slow())
 
     def deliver(self, envelope: bytes) -> None:
@@ -762,6 +836,8 @@ class RmbSession(WebSocketHandler):
                     self.fail(env, "internal relay error", "internal error", len(data), received)
         finally:
             self._slow_task = None
+            if self._scanner is not None:
+                self._scanner.set_slow(False)
 
     # ---- mailbox ---------------------------------------------------------------------------
 

@@ -536,6 +536,11 @@ class Connection(asyncio.Protocol):
         elif pending:
             self._write(self._frame_pending(pending))
 
+    def write_taken(self, data: bytes | memoryview) -> None:
+        """Write bytes taken from this connection's outbox (`Outboxes.drain` outside a read:
+        `Switch.write_placed`)."""
+        self._write(data)
+
     def _write(self, data: bytes | memoryview) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing():

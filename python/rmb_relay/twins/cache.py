@@ -84,6 +84,12 @@ class CachedTwinDirectory(TwinDirectory):
             return True, entry[1]
         return False, None
 
+    def fresh_for(self, twin_id: int) -> int:
+        """How long (ns, from now) the cached answer for the twin stays fresh; 0: none (what
+        a copy of a decision made on `peek` may live)."""
+        entry = self._entries.get(twin_id)
+        return 0 if entry is None else max(0, int(entry[0]) - self.clock())
+
     async def get(self, twin_id: int) -> Twin | None:
         entry = self._entries.get(twin_id)
         if entry is not None:
