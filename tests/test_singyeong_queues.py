@@ -96,6 +96,27 @@ async def test_a_message_no_waiting_client_matches_stays_queued(
     assert (await take(gpu))["payload"] == "for-gpu"
 
 
+async def test_targets_equal_in_python_but_not_in_json_are_told_apart(
+    make_gateway: MakeGateway,
+) -> None:
+    """QUEUE targets are parsed once per distinct text (dialect `_queue_target`): `true`, `1`
+    and `1.0` are equal in Python, but a boolean never equals a number (decision 4), so the
+    message for `true` must not reuse the query parsed for `1`."""
+    gateway = await make_gateway()
+    producer = await gateway.client("p", "producers")
+    for payload, value in (("for-one", 1), ("for-true", True), ("for-one-again", 1.0)):
+        await queue(producer, payload, {"application": "workers", "ops": [{"v": {"$eq": value}}]})
+    number = await gateway.client("n", "workers", metadata={"v": {"type": "integer", "value": 1}})
+    boolean = await gateway.client(
+        "b", "workers", metadata={"v": {"type": "boolean", "value": True}}
+    )
+    assert (await take(boolean))["payload"] == "for-true"
+    assert (await take(number))["payload"] == "for-one"
+    assert (await take(number))["payload"] == "for-one-again"
+    await boolean.dispatch("QUEUE_REQUEST", {"queue": "jobs"})
+    await nothing_pending(boolean)
+
+
 async def test_a_waiting_consumer_whose_metadata_changes_gets_what_it_now_matches(
     make_gateway: MakeGateway,
 ) -> None:
