@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rmb_relay.protocols.singyeong.clients import Client, ClientIndex
 from rmb_relay.protocols.singyeong.query import QueryError, parse, rendezvous, select
@@ -275,6 +277,67 @@ def test_index_narrows_candidates_and_agrees_with_a_scan() -> None:
     index.remove(clients[4])
     assert clients[4] not in index.match(parse({"ops": [{"load": {"$eq": 4}}]}))
     assert clients[4] not in index.match(parse({"ops": [{"load": {"$gte": 4}}]}))
+
+
+#: values of one key across kinds that Python equality would mix up (1, 1.0, True), versions
+#: equal by precedence ("1.0.0", "1.0.0+b"), strings that are not versions, NaN, a list (a
+#: `version` value that is not semver is refused by metadata validation, so none here)
+_KINDED_VALUES = st.sampled_from(
+    [
+        ("integer", 1),
+        ("float", 1.0),
+        ("integer", 0),
+        ("boolean", True),
+        ("boolean", False),
+        ("string", "1.0.0"),
+        ("string", "x"),
+        ("version", "1.0.0"),
+        ("version", "1.0.0+b"),
+        ("version", "2.0.0"),
+        ("float", float("nan")),
+        ("list", [1]),
+    ]
+)
+_EQ_VALUES = st.sampled_from([1, 1.0, 0, True, False, "1.0.0", "1.0.0+b", "x", "1.0", "2.0.0"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    values=st.lists(_KINDED_VALUES, min_size=1, max_size=12),
+    wanted=_EQ_VALUES,
+    form=st.sampled_from(["seed", "path"]),
+    with_app=st.booleans(),
+)
+def test_an_exact_eq_query_skips_its_predicate_and_agrees_with_a_scan(
+    values: list[tuple[str, Any]], wanted: Any, form: str, with_app: bool
+) -> None:
+    """A lone top-level `$eq` is answered by the hash index alone (`Query.exact`): whatever
+    the kinds of the clients' values, the index's answer is the predicate's."""
+    index = ClientIndex()
+    clients = []
+    for n, (kind, value) in enumerate(values):
+        client = make_client(f"c{n}", f"app{n % 2}", k=(kind, value))
+        index.add(client)
+        clients.append(client)
+    raw = seed("k", "$eq", wanted) if form == "seed" else path_form("/k", "$eq", wanted)
+    if with_app:
+        raw["application"] = "app0"
+    query = parse(raw)
+    assert query.exact
+    expected = {c.client_id for c in clients if query.matches(c)}
+    assert {c.client_id for c in index.match(query)} == expected
+
+
+def test_only_a_lone_eq_is_exact() -> None:
+    assert parse(seed("k", "$eq", 1)).exact
+    assert not parse({"ops": [{"k": {"$eq": 1}}, {"j": {"$eq": 2}}]}).exact
+    assert not parse({"ops": [{"k": {"$eq": 1, "$ne": 2}}]}).exact
+    assert not parse({"ops": [{"k": {"$eq": 1}, "j": {"$eq": 2}}]}).exact
+    assert not parse(seed("k", "$in", [1])).exact
+    assert not parse(seed("/k/a", "$eq", 1)).exact
+    assert not parse({"ops": [{"$or": [{"k": {"$eq": 1}}]}]}).exact
+    assert not parse({"ops": [{"path": "/k", "op": "$eq", "to": {"path": "/j"}}]}).exact
+    assert not parse({"application": "a"}).exact
 
 
 def test_selectors() -> None:

@@ -240,17 +240,22 @@ class ClientIndex:
 
     def candidates(self, query: Query) -> Iterable[Client]:
         """The smallest set the query's application and index hints allow."""
+        return self._candidates(query)[0]
+
+    def _candidates(self, query: Query) -> tuple[Iterable[Client], bool]:
+        """`candidates`, and whether they are a hint's buckets (for `Query.exact`)."""
         best: Iterable[Client] | None = None
+        hinted = False
         size = len(self.clients)
         if query.application is not None:
             members = self.by_app.get(query.application)
             if members is None:
-                return ()
+                return (), False
             best, size = members, len(members)
         for key, values in query.hints:
             buckets = self.by_value.get(key)
             if buckets is None:
-                return ()
+                return (), False
             found: set[Client] = set()
             for value in values:
                 for bucket in lookup_keys(value):
@@ -258,27 +263,30 @@ class ClientIndex:
                     if members:
                         found = found | members if found else members
             if not found:
-                return ()
+                return (), False
             if len(found) < size:
-                best, size = found, len(found)
+                best, size, hinted = found, len(found), True
         for key, low, low_in, high, high_in in query.ranges:
             numbers = self.by_number.get(key)
             if numbers is None:
-                return ()
+                return (), False
             inside = numbers.between(low, low_in, high, high_in)
             if not inside:
-                return ()
+                return (), False
             if len(inside) < size:
-                best, size = inside, len(inside)
-        return self.clients.values() if best is None else best
+                best, size, hinted = inside, len(inside), False
+        return (self.clients.values(), False) if best is None else (best, hinted)
 
     def match(self, query: Query) -> list[Client]:
         """Every local client the query matches (restricted ones only if it asks for them)."""
         application = query.application
         restricted = query.restricted
         predicate = query.predicate
+        candidates, hinted = self._candidates(query)
+        if hinted and query.exact:
+            predicate = None
         out = []
-        for client in self.candidates(query):
+        for client in candidates:
             if application is not None and client.app_id != application:
                 continue
             if client.restricted and not restricted:

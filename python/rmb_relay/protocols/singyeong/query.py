@@ -209,6 +209,8 @@ def _number(value: Any) -> bool:
 class _Compiler:
     count: int = 0
     hints: list[Hint] = field(default_factory=list)
+    #: how many of `hints` come from `$eq` (see `Query.exact`)
+    eq_hints: int = 0
     #: key -> [low, low inclusive, high, high inclusive], narrowed by every bound seen
     ranges: dict[str, list[Any]] = field(default_factory=dict)
 
@@ -287,6 +289,7 @@ class _Compiler:
         if top and len(segments) == 1:
             if op == "$eq" and _indexable(value):
                 self.hints.append((segments[0], [value]))
+                self.eq_hints += 1
             elif op == "$in" and value and all(_indexable(v) for v in value):
                 self.hints.append((segments[0], list(value)))
             elif op in ("$gt", "$gte", "$lt", "$lte") and _number(value):
@@ -350,6 +353,11 @@ class Query:
     selector: tuple[str, str] | None = None
     #: top-level numeric intervals the matches must fall in, for the range index
     ranges: tuple[Range, ...] = ()
+    #: the predicate is one top-level `$eq` on an indexable value and nothing else: the hash
+    #: index's buckets for it hold exactly the clients it matches (`index_key` buckets by the
+    #: same kinds `_equal` compares), so `ClientIndex.match` skips it on those members; a
+    #: BROADCAST to a group of 1,000 ran it 1,000 times (~8% of the gateway's time)
+    exact: bool = False
 
     def fallback(self) -> Query:
         """`optional`: the same query without ops and selector (decision 5)."""
@@ -392,6 +400,7 @@ def parse(raw: Any) -> Query:
         tuple(compiler.hints),
         _selector(raw.get("selector")),
         tuple((key, *bounds) for key, bounds in compiler.ranges.items()),
+        compiler.count == 1 and compiler.eq_hints == 1 and not compiler.ranges,
     )
 
 
