@@ -67,7 +67,7 @@ def measure(
             "--receiver-url", f"ws://127.0.0.1:{receiver}/",
             "--twins", f"sqlite:{twins}", "--pairs", str(args.pairs),
             "--size", str(args.size), "--duration", str(args.duration),
-            "--warmup", "1"]  # fmt: skip
+            "--window", str(args.window), "--warmup", "1"]  # fmt: skip
     before = {who: tree_cpu_seconds(pid) for who, pid in pids.items()}
     result: dict[str, Any] = run_load(load_parser().parse_args(argv))
     # whole run (warm-up included) over every message delivered in it
@@ -141,6 +141,12 @@ def main() -> None:
     )
     parser.add_argument("--pairs", type=int, default=10)
     parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=256,
+        help="in-flight messages per pair (rmb-load --window), the same for every scenario",
+    )
     parser.add_argument("--duration", type=float, default=5)
     parser.add_argument(
         "--scenarios",
