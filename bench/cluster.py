@@ -82,9 +82,12 @@ def two_instances(
     args: argparse.Namespace, tmp: str, twins: Path, results: dict[str, Any], cpu: dict[str, Any]
 ) -> None:
     """`local` and `cross` on one redis-server."""
-    redis = start_redis(tmp, durable=False)
+    socket_path = f"{tmp}/redis.sock"
+    extra = ("--unixsocket", socket_path, "--unixsocketperm", "700") if args.unix else ()
+    redis = start_redis(tmp, durable=False, extra=extra)
+    url = f"unix://{socket_path}?db=0" if args.unix else redis.url
     ports = free_port(), free_port()
-    relays = [start_relay(port, twins, redis.url) for port in ports]
+    relays = [start_relay(port, twins, url) for port in ports]
     pids = {"relay A": relays[0].pid, "relay B": relays[1].pid, "redis": redis.process.pid}
     try:
         for name, receiver in (("local", ports[0]), ("cross", ports[1])):
@@ -141,6 +144,12 @@ def main() -> None:
     )
     parser.add_argument("--pairs", type=int, default=10)
     parser.add_argument("--size", type=int, default=1024)
+    parser.add_argument(
+        "--unix",
+        action="store_true",
+        help="local and cross: the relays reach redis-server over a Unix socket, not TCP "
+        "(instances on one host)",
+    )
     parser.add_argument(
         "--window",
         type=int,
