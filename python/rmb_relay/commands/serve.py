@@ -16,7 +16,7 @@ import textwrap
 import threading
 from collections.abc import Sequence
 
-from rmb_relay import __version__
+from rmb_relay import __version__, gc_tuning, malloc_tuning
 from rmb_relay.cli import HelpFormatter, run, setup_logging
 from rmb_relay.cluster import workers
 from rmb_relay.config import (
@@ -28,7 +28,6 @@ from rmb_relay.config import (
     parse_listen,
 )
 from rmb_relay.errors import ConfigError
-from rmb_relay.gc_tuning import tune_for_serving
 from rmb_relay.protocols import registry
 from rmb_relay.protocols.base import Dialect
 from rmb_relay.server.listener import RelayServer
@@ -220,7 +219,8 @@ async def serve(args: argparse.Namespace, deadline: ShutdownDeadline | None = No
     try:
         await server.start()
         server.install_signal_handlers()
-        tune_for_serving()
+        gc_tuning.tune_for_serving()
+        malloc_tuning.tune_for_serving()
         print(server.banner(), flush=True)
         await server.stopping.wait()
     finally:
