@@ -23,11 +23,10 @@ XCLAIM) and reroutes its records. So an accepted message is handed on at least o
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
-
-from redis.exceptions import RedisError
 
 from rmb_relay._core import check_bus_records
 from rmb_relay.cluster import keys, wire
@@ -75,10 +74,30 @@ def _settle(notify: Notify, outcome: bool | ClusterUnavailable) -> None:
         log.exception("cluster: a bus sender failed to take its outcome")
 
 
-#: what a failed Redis call raises (redis-py's errors; a refused or reset socket)
-REDIS_ERRORS = (RedisError, OSError)
-#: ... and what a failed hand-over raises above it (a mailbox in the same Redis)
-FAILURES = (RedisError, OSError, MailboxUnavailable)
+# redis-py is imported when an error is matched, not with this module: every relay imports
+# the cluster package (the tunnel and the 신경 gateway build on it), and redis-py costs ~7.5 MB
+# of RSS a relay without --redis does not pay (bench/README.md "Idle connections"). An
+# `except` clause evaluates its tuple only when an exception reaches it, so the hot path
+# never calls these.
+
+
+def redis_error() -> type[Exception]:
+    """redis-py's base error class."""
+    from redis.exceptions import RedisError
+
+    return RedisError
+
+
+@functools.cache
+def redis_errors() -> tuple[type[Exception], ...]:
+    """What a failed Redis call raises (redis-py's errors; a refused or reset socket)."""
+    return (redis_error(), OSError)
+
+
+@functools.cache
+def failures() -> tuple[type[Exception], ...]:
+    """... and what a failed hand-over raises above it (a mailbox in the same Redis)."""
+    return (*redis_errors(), MailboxUnavailable)
 
 
 async def ensure_group(redis: RedisClient, stream: str) -> None:
@@ -203,7 +222,7 @@ class Bus:
             batches.append(waiting)
         try:
             results = await pipe.execute()
-        except REDIS_ERRORS as err:
+        except redis_errors() as err:
             failure = ClusterUnavailable(f"redis: {err}")
             for waiting in batches:
                 for notify in waiting:
@@ -262,7 +281,7 @@ class Bus:
                     continue
                 healthy = await self._failed(err, healthy)
                 recover = True
-            except FAILURES as err:
+            except failures() as err:
                 # not acknowledged: handed on again once Redis answers (at least once)
                 healthy = await self._failed(err, healthy)
                 recover = True
@@ -280,7 +299,7 @@ class Bus:
     async def _retry(self, action: Callable[[], Awaitable[None]]) -> None:
         try:
             await action()
-        except REDIS_ERRORS as err:
+        except redis_errors() as err:
             self.on_health(err)
             await asyncio.sleep(RETRY_DELAY)
 
@@ -398,7 +417,7 @@ class Bus:
         if handled:  # (acknowledging twice is harmless: the read may have done it)
             try:
                 await asyncio.wait_for(self.ack(keys.bus_key(self.me), handled), CLOSE_TIMEOUT)
-            except (*FAILURES, TimeoutError) as err:
+            except (*failures(), TimeoutError) as err:
                 log.warning("cluster: could not acknowledge handled entries: %s", err)
         flusher = self._flusher
         if flusher is not None:

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 import msgpack
 
 from rmb_relay.cluster import keys
-from rmb_relay.cluster.bus import READ_BLOCK_MS, REDIS_ERRORS, RETRY_DELAY, stream_entries
+from rmb_relay.cluster.bus import READ_BLOCK_MS, RETRY_DELAY, redis_errors, stream_entries
 from rmb_relay.tasks import STOP_TIMEOUT, cancel_and_wait
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ class ReplicatedTable:
             await cancel_and_wait(task, STOP_TIMEOUT)
         try:
             await asyncio.wait_for(self._forget(self.me), LEAVE_TIMEOUT)
-        except (TimeoutError, *REDIS_ERRORS) as err:
+        except (TimeoutError, *redis_errors()) as err:
             log.warning("cluster: could not leave table %s cleanly: %s", self.topic, err)
 
     # ---- our entries -----------------------------------------------------------------------
@@ -196,7 +196,7 @@ class ReplicatedTable:
                             *changes,
                         ],
                     )
-                except REDIS_ERRORS as err:
+                except redis_errors() as err:
                     log.warning("cluster: table %s: writing failed (%s); retrying", self.topic, err)
                     self._dirty = True
                     await asyncio.sleep(RETRY_DELAY)
@@ -250,7 +250,7 @@ class ReplicatedTable:
                         self._apply(fields)
             except asyncio.CancelledError:
                 raise
-            except REDIS_ERRORS as err:
+            except redis_errors() as err:
                 if not failing:
                     failing = True
                     log.warning("cluster: table %s: reading failed (%s)", self.topic, err)
@@ -310,7 +310,7 @@ class ReplicatedTable:
     async def _forget_quietly(self, instance: str) -> None:
         try:
             await self._forget(instance)
-        except REDIS_ERRORS as err:  # the next newcomer's snapshot cleans up after it
+        except redis_errors() as err:  # the next newcomer's snapshot cleans up after it
             log.warning("cluster: table %s: could not drop %s: %s", self.topic, instance, err)
 
     async def _forget(self, instance: str) -> None:

@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 from rmb_relay.clock import Clock, monotonic_clock, nanos, seconds, wall_clock
 from rmb_relay.cluster import keys, wire
-from rmb_relay.cluster.bus import CLOSE_TIMEOUT, FAILURES, Bus
+from rmb_relay.cluster.bus import CLOSE_TIMEOUT, Bus, failures
 from rmb_relay.cluster.connect import RedisClient
 from rmb_relay.cluster.presence import CACHE_MAX, Missing, Presence, claim_instance
 from rmb_relay.errors import ClusterUnavailable
@@ -229,7 +229,7 @@ class Cluster:
             await self.redis.delete(keys.alive_key(self.me))
             self.presence.dead.add(self.me)  # our own entries now go elsewhere
             await self.reap(self.me, leaving=True)
-        except FAILURES as err:
+        except failures() as err:
             log.warning("cluster: could not leave cleanly (others reap us later): %s", err)
 
     # ---- the switch's side -----------------------------------------------------------------
@@ -399,7 +399,7 @@ class Cluster:
     async def _route_again(self, record: wire.Record, queued: QueuedForward) -> None:
         try:
             where = await self._pass_on(record)
-        except FAILURES as err:
+        except failures() as err:
             queued.refused(err)
             return
         queued.settled(*_SETTLED[where])
@@ -688,7 +688,7 @@ class Cluster:
                 break
             try:
                 await self.tick()
-            except FAILURES as err:
+            except failures() as err:
                 self._health(err)
             except Exception:
                 log.exception("cluster: maintenance failed")

@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 from rmb_relay.clock import Clock, monotonic_clock, nanos
 from rmb_relay.cluster import keys
-from rmb_relay.cluster.bus import REDIS_ERRORS
+from rmb_relay.cluster.bus import redis_errors
 from rmb_relay.cluster.connect import RedisClient
 from rmb_relay.errors import ClusterUnavailable
 
@@ -184,7 +184,7 @@ class Presence:
                 pipe.eval(_RELEASE, 1, key, op.value)
         try:
             results = await pipe.execute()
-        except REDIS_ERRORS as err:
+        except redis_errors() as err:
             failure = ClusterUnavailable(f"redis: {err}")
             for op in ops:
                 if not op.future.done():
@@ -218,7 +218,7 @@ class Presence:
                 for name, claim in lost:
                     pipe.set(keys.presence_key(name), claim, px=self.ttl_ms, nx=True)
                 await pipe.execute()
-        except REDIS_ERRORS as err:
+        except redis_errors() as err:
             raise ClusterUnavailable(f"redis: {err}") from err
         # a claim queued meanwhile is newer than what we read: only a name still held by the
         # claim we renewed, and holding another in Redis, was taken over
@@ -248,7 +248,7 @@ class Presence:
         now = self.clock()
         try:
             value = await self.redis.get(keys.presence_key(name))
-        except REDIS_ERRORS as err:
+        except redis_errors() as err:
             raise ClusterUnavailable(f"redis: {err}") from err
         holder = claim_instance(value.decode()) if isinstance(value, bytes) else None
         if holder == self.me or holder in self.dead:

@@ -30,10 +30,10 @@ from rmb_relay.cluster import keys
 from rmb_relay.cluster.bus import (
     READ_BLOCK_MS,
     READ_COUNT,
-    REDIS_ERRORS,
     RETRY_DELAY,
     ack_delete,
     ensure_group,
+    redis_errors,
     stream_entries,
 )
 from rmb_relay.errors import ClusterUnavailable
@@ -76,7 +76,7 @@ class WorkQueues:
             await self.redis.xadd(
                 keys.work_key(self.topic, name), entry, maxlen=QUEUE_MAX, approximate=True
             )
-        except REDIS_ERRORS as err:
+        except redis_errors() as err:
             raise ClusterUnavailable(f"redis: {err}") from err
 
     async def has_consumers(self, name: str) -> bool:
@@ -96,7 +96,7 @@ class WorkQueues:
             dead = [holder for holder in holders if holder not in live]
             if dead:
                 await self.redis.srem(key, *dead)
-        except REDIS_ERRORS as err:
+        except redis_errors() as err:
             raise ClusterUnavailable(f"redis: {err}") from err
         return bool(live)
 
@@ -140,7 +140,7 @@ class WorkQueues:
                                 handler(fields)
                             except Exception:
                                 log.exception("cluster: work queue %s: handling failed", stream)
-            except REDIS_ERRORS as err:
+            except redis_errors() as err:
                 log.warning("cluster: work queue %s: reading failed: %s", stream, err)
                 await asyncio.sleep(RETRY_DELAY)
 
@@ -162,7 +162,7 @@ class WorkQueues:
                         pipe.srem(key, self.me)
                 try:
                     await pipe.execute()
-                except REDIS_ERRORS as err:
+                except redis_errors() as err:
                     # a holder missing from the set makes a `require_connection` check fail
                     # early; a stale one is removed once it is found dead
                     log.warning(

@@ -7,17 +7,24 @@ import argparse
 import asyncio
 import signal
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from rmb_relay.cli import HelpFormatter, run, setup_logging
 from rmb_relay.errors import ConfigError
-from rmb_relay.protocols.tunnel.connector import DEFAULT_TARGET_TIMEOUT, Connector
-from rmb_relay.protocols.tunnel.targets import Target, parse_target
+
+if TYPE_CHECKING:
+    # imported when this command runs, not when `rmb-relay` lists its commands: the
+    # connector's aiohttp costs ~11 MB of RSS a relay would carry for nothing (as devchain)
+    from rmb_relay.protocols.tunnel.connector import Connector
+    from rmb_relay.protocols.tunnel.targets import Target
 
 NAME = "connector"
 HELP = "run an HTTP tunnel connector: carry requests from a relay to local HTTP servers"
 
 
 def parser(prog: str) -> argparse.ArgumentParser:
+    from rmb_relay.protocols.tunnel.connector import DEFAULT_TARGET_TIMEOUT
+
     p = argparse.ArgumentParser(
         prog=prog,
         description="Hold an outbound websocket to a relay and answer the requests sent to "
@@ -54,6 +61,9 @@ async def _serve(connector: Connector) -> None:
 
 
 def main(argv: Sequence[str], prog: str) -> int:
+    from rmb_relay.protocols.tunnel.connector import Connector
+    from rmb_relay.protocols.tunnel.targets import parse_target
+
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug)
     if not args.server.startswith(("http://", "https://")):

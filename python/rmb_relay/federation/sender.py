@@ -28,8 +28,7 @@ import ssl
 from collections import deque
 from dataclasses import dataclass
 from itertools import accumulate
-
-import aiohttp
+from typing import TYPE_CHECKING
 
 from rmb_relay import __version__
 from rmb_relay.errors import ConfigError, EnvelopeError
@@ -43,6 +42,11 @@ from rmb_relay.federation.batch import (
     decode_statuses,
     encode_batch,
 )
+
+if TYPE_CHECKING:
+    # imported on the first POST (`Sender._client`), not at startup: aiohttp costs ~11 MB of
+    # RSS, and most relays never federate a message (bench/README.md "Idle connections")
+    import aiohttp
 
 #: rmb-rs: per-request timeout 3 s, connect 2 s
 DEFAULT_TIMEOUT = 3.0
@@ -119,7 +123,7 @@ class Sender:
         #: relay's route records name it
         self.origin = origin
         self._tls = client_tls(cafile)
-        self._timeout = aiohttp.ClientTimeout(total=timeout, connect=min(CONNECT_TIMEOUT, timeout))
+        self._timeout = timeout
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._slots: dict[str, asyncio.Semaphore] = {}
@@ -138,6 +142,8 @@ class Sender:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None:
+            import aiohttp
+
             connector = aiohttp.TCPConnector(
                 limit=0,
                 limit_per_host=self.concurrency,
@@ -149,7 +155,9 @@ class Sender:
                 headers[ORIGIN_HEADER] = self.origin
             self._session = aiohttp.ClientSession(
                 connector=connector,
-                timeout=self._timeout,
+                timeout=aiohttp.ClientTimeout(
+                    total=self._timeout, connect=min(CONNECT_TIMEOUT, self._timeout)
+                ),
                 headers=headers,
                 auto_decompress=False,
             )
@@ -205,6 +213,8 @@ class Sender:
 
     async def _post_one(self, domain: str, envelope: bytes) -> PostResult:
         """A single POST of one envelope, within the remote's bound."""
+        import aiohttp  # for its errors; loaded on the first call of _client
+
         slots = self._slots.get(domain)
         if slots is None:
             slots = self._slots[domain] = asyncio.Semaphore(self.concurrency)
@@ -282,6 +292,8 @@ class Sender:
             self._batchers[domain] -= 1
 
     async def _post_batch(self, domain: str, envelopes: list[bytes]) -> list[PostResult]:
+        import aiohttp  # for its errors; loaded on the first call of _client
+
         self.batches += 1
         try:
             async with self._client().post(

@@ -23,11 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
-import aiohttp
-
 from rmb_relay.protocols.sbd.settings import AUTH_HOOK_MAX_RESPONSE, AUTH_HOOK_TIMEOUT
+
+if TYPE_CHECKING:
+    # imported when a session is made (`new_session`), not with the SBD dialect: aiohttp costs
+    # ~11 MB of RSS a relay without --sbd-auth-hook does not pay (bench/README.md "Idle
+    # connections")
+    import aiohttp
 
 #: the answer is read in pieces of this size, so the cap is checked before much is buffered
 _READ_CHUNK = 4096

@@ -21,9 +21,8 @@ import secrets
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
-from redis.exceptions import RedisError
-
 from rmb_relay import __version__
+from rmb_relay.cluster.bus import redis_error
 from rmb_relay.errors import AuthError, BudgetExceeded, ClusterUnavailable
 from rmb_relay.protocols.base import HttpResponse
 from rmb_relay.protocols.tunnel.hub import Job, Outcome, refusal_reason
@@ -168,7 +167,7 @@ async def handle(
     record.size = wire.body_size or 0
     try:
         record.route = await dialect.submit(job)
-    except (RedisError, ClusterUnavailable) as err:
+    except (redis_error(), ClusterUnavailable) as err:
         log.warning("tunnel: cannot hand request %s to the other relays: %s", request_id, err)
         metrics.requests.inc(1, name, "-", "503")
         record("rejected", "transport failure")

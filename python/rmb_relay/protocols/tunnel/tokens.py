@@ -18,13 +18,17 @@ import asyncio
 import json
 import secrets
 import urllib.request
-from typing import Any
-
-import jwt
-import jwt.types
+from typing import TYPE_CHECKING, Any
 
 from rmb_relay.clock import Clock, seconds, wall_clock
 from rmb_relay.errors import AuthError, ConfigError
+
+if TYPE_CHECKING:
+    # PyJWT (and the cryptography x509 modules it loads) is imported by the methods that sign
+    # or check a token, not with the tunnel: ~11 MB of RSS a relay that never sees a tunnel
+    # token does not pay (bench/README.md "Idle connections")
+    import jwt
+    import jwt.types
 
 __all__ = ["EMBEDDED_ISSUER", "OidcVerifier", "TokenAuthority"]
 
@@ -85,6 +89,8 @@ class OidcVerifier:
         self._lock = asyncio.Lock()
 
     def _discover(self) -> jwt.PyJWKClient:
+        import jwt
+
         url = f"{self.issuer}/.well-known/openid-configuration"
         with urllib.request.urlopen(url, timeout=10) as reply:
             document = json.loads(reply.read())
@@ -95,6 +101,8 @@ class OidcVerifier:
 
     async def verify(self, token: str) -> str:
         """The tenant the token is for; AuthError when it is not valid."""
+        import jwt
+
         try:
             async with self._lock:
                 if self._jwks is None:
@@ -134,6 +142,8 @@ class TokenAuthority:
         self.oidc = oidc
 
     def issue(self, tenant: str) -> str:
+        import jwt
+
         now = seconds(self.clock())
         claims = {
             "iss": EMBEDDED_ISSUER,
@@ -148,6 +158,8 @@ class TokenAuthority:
 
     async def verify(self, token: str) -> str:
         """The tenant name the token is for; AuthError otherwise."""
+        import jwt
+
         try:
             unverified = jwt.decode(token, options={"verify_signature": False})
         except jwt.PyJWTError as err:
