@@ -182,6 +182,48 @@ class ConnectionHost(Protocol):
 class Connection(asyncio.Protocol):
     """A TCP connection of the listener and a dialect's `Peer`; see the module docstring."""
 
+    # Slots, not an instance dict: an idle relay holds one of these per connection. Past 30
+    # attributes CPython stops sharing a class's instance-dict keys, and each connection paid
+    # ~1.6 KB for a dict of its own (bench/README.md "Idle connections"). A new attribute
+    # goes here too.
+    __slots__ = (
+        "_batcher",
+        "_blocked_on",
+        "_body",
+        "_client_done",
+        "_close_timer",
+        "_continue_sent",
+        "_decoder",
+        "_frames",
+        "_held_by_dialect",
+        "_http_paused",
+        "_http_timer",
+        "_outboxes",
+        "_parser",
+        "_peer_close_code",
+        "_pending",
+        "_queued",
+        "_reading_paused",
+        "_ready",
+        "_request",
+        "_response_started",
+        "_scan_clock",
+        "_task",
+        "_waiting_senders",
+        "_writable",
+        "closed",
+        "congested",
+        "conn_id",
+        "dialect",
+        "handler",
+        "ops_only",
+        "peer_host",
+        "peer_port",
+        "server",
+        "state",
+        "transport",
+    )
+
     def __init__(self, server: ConnectionHost) -> None:
         self.server = server
         self.conn_id = next(_ids)
