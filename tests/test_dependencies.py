@@ -72,13 +72,18 @@ def test_rich_is_imported_by_the_load_harness_only() -> None:
     assert all(path.startswith("load/") for path in users), sorted(users)
 
 
-def built_relay(tmp_path: Path, *flags: str) -> str:
+def built_relay(
+    tmp_path: Path, *flags: str, modules: tuple[str, ...] = ("pyarrow", "numpy")
+) -> str:
     """What a relay built by `rmb-relay serve`'s own code with `flags` (every dialect, every
-    flag's wiring) holds once built, printed by a fresh interpreter: which of pyarrow and numpy
-    it imported, and how many threads it runs."""
+    flag's wiring) holds once built, printed by a fresh interpreter: which of `modules` it
+    imported (with what `rmb-relay` imports to list its commands), and how many threads it
+    runs."""
     probe = (
         "import os, sys, asyncio\n"
+        "from rmb_relay.commands import commands\n"
         "from rmb_relay.commands.serve import build_server, parser\n"
+        "commands()\n"
         "args = parser('rmb-relay').parse_args(sys.argv[1:])\n"
         "async def main():\n"
         "    server, services = await build_server(args)\n"
@@ -86,7 +91,7 @@ def built_relay(tmp_path: Path, *flags: str) -> str:
         "    await services.close()\n"
         "    return threads\n"
         "threads = asyncio.run(main())\n"
-        "print(sorted(m for m in ('pyarrow', 'numpy') if m in sys.modules), threads)\n"
+        f"print(sorted(m for m in {modules!r} if m in sys.modules), threads)\n"
     )
     twins = f"sqlite:{tmp_path / 't.db'}"
     out = subprocess.run(
@@ -104,6 +109,14 @@ def test_a_relay_without_records_loads_no_arrow_or_numpy(tmp_path: Path) -> None
     """pyarrow and numpy are for --records and the analytics plane; a plain relay must not pay
     their ~50 MiB of RSS."""
     assert built_relay(tmp_path).startswith("[] ")
+
+
+def test_a_relay_on_defaults_loads_no_client_library_it_does_not_use(tmp_path: Path) -> None:
+    """aiohttp (federation, the SBD auth hook, the connector), PyJWT (tunnel tokens) and
+    redis-py (--redis) are imported when first used: together ~29 MB of RSS that a relay on
+    embedded defaults must not pay (bench/README.md "Idle connections")."""
+    loaded = built_relay(tmp_path, modules=("aiohttp", "jwt", "redis", "cryptography"))
+    assert loaded.startswith("[] "), loaded
 
 
 def test_a_recording_relay_loads_no_arrow_or_numpy_and_stays_single_threaded(

@@ -623,7 +623,10 @@ class RmbSession(WebSocketHandler):
         self._draining = False
         self._drain_again = False
         self._held: list[bytes] = []
-        self._slow: deque[tuple[EnvelopeRouting, bytes, int]] = deque()
+        # envelopes waiting for the slow path; made by the first one: an empty deque is ~600
+        # bytes (a 64-slot block), and most sessions never send one (bench/README.md "Idle
+        # connections")
+        self._slow: deque[tuple[EnvelopeRouting, bytes, int]] | None = None
         #: route records: the scanner records the hot path; this is the arrival time of the rest
         records = dialect.records
         self._record_clock = dialect.clock if records is None else records.clock
@@ -695,7 +698,8 @@ class RmbSession(WebSocketHandler):
             self._drain_retry = None
         dialect.slow_bytes -= self._slow_bytes
         self._slow_bytes = 0
-        self._slow.clear()
+        if self._slow is not None:
+            self._slow.clear()
         if self._held:
             dialect.metrics.drops.inc(len(self._held), "session closed during mailbox delivery")
             self._held.clear()
@@ -757,7 +761,10 @@ class RmbSession(WebSocketHandler):
         if self._slow_bytes > settings.slow_session_bytes and not self._slow_held:
             self._slow_held = True
             self.peer.hold_reading(True)  # until _run_slow has routed half of it
-        self._slow.append((env, data, self._record_clock()))
+        slow = self._slow
+        if slow is None:
+            slow = self._slow = deque()
+        slow.append((env, data, self._record_clock()))
         if self._slow_task is None:
             if self._scanner is not None:  # later envelopes must not overtake these
                 self._scanner.set_slow(True)
@@ -819,6 +826,7 @@ class RmbSession(WebSocketHandler):
 
     async def _run_slow(self) -> None:
         slow = self._slow
+        assert slow is not None  # made before this task is started
         settings = self.dialect.settings
         try:
             while slow:

@@ -757,6 +757,11 @@ class Connection(asyncio.Protocol):
                 self._abort_http()  # a half-sent response: the client sees it cut
             else:
                 self._respond(HttpResponse(500, b"internal server error"), close=True)
+        finally:
+            # let the finished task go: after an upgrade the connection lives on for hours,
+            # and a done task keeps its coroutine and context (~580 bytes per websocket)
+            if self._task is asyncio.current_task():
+                self._task = None
 
     async def _answer(self, request: HttpRequest, body: IncomingBody) -> HttpResponse | None:
         """The handler's response, within the request deadline (None once upgraded)."""
