@@ -417,7 +417,7 @@ class Bus:
         if handled:  # (acknowledging twice is harmless: the read may have done it)
             try:
                 await asyncio.wait_for(self.ack(keys.bus_key(self.me), handled), CLOSE_TIMEOUT)
-            except (*failures(), TimeoutError) as err:
+            except failures() as err:  # (wait_for's TimeoutError is an OSError)
                 log.warning("cluster: could not acknowledge handled entries: %s", err)
         flusher = self._flusher
         if flusher is not None:

@@ -153,7 +153,7 @@ class ReplicatedTable:
             await cancel_and_wait(task, STOP_TIMEOUT)
         try:
             await asyncio.wait_for(self._forget(self.me), LEAVE_TIMEOUT)
-        except (TimeoutError, *redis_errors()) as err:
+        except redis_errors() as err:  # (wait_for's TimeoutError is an OSError)
             log.warning("cluster: could not leave table %s cleanly: %s", self.topic, err)
 
     # ---- our entries -----------------------------------------------------------------------

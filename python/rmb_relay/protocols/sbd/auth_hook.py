@@ -43,6 +43,8 @@ def new_session() -> aiohttp.ClientSession:
 
     No session-wide timeout (each call sets its own) and no `Accept-Encoding`, with automatic
     decompression off, so a compressed answer cannot expand past the size cap."""
+    import aiohttp
+
     return aiohttp.ClientSession(
         timeout=aiohttp.ClientTimeout(total=None),
         auto_decompress=False,
@@ -61,6 +63,8 @@ async def call_auth_hook(
 
     `session` is the caller's long-lived one (connections to the hook are reused); without it
     a session is made for this one call. Raises as the module docstring's table says."""
+    import aiohttp  # for its errors
+
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"auth hook must be an http(s) URL, got {url!r}")
