@@ -22,6 +22,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "floor_net.h"
+
 static int n_conns;
 static long n_messages;
 static int size;
@@ -106,12 +108,9 @@ int main(int argc, char **argv) {
                 2 * n_conns + 16, (long)limit.rlim_cur);
         return 2;
     }
-    int listener = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in address = {.sin_family = AF_INET, .sin_port = 0};
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof address;
-    if (bind(listener, (void *)&address, sizeof address) || listen(listener, 4096) ||
-        getsockname(listener, (void *)&address, &length)) {
+    struct sockaddr_in address;
+    int listener = floor_listen(&address);
+    if (listener < 0) {
         perror("listen");
         return 1;
     }

@@ -46,6 +46,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "floor_net.h"
+
 #define MAX_CONNS 4096
 #define BUF (1 << 20)
 
@@ -417,12 +419,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "at most %d connections; frames of at least 4 bytes\n", MAX_CONNS);
         return 2;
     }
-    int listener = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in address = {.sin_family = AF_INET, .sin_port = 0};
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t length = sizeof address;
-    if (bind(listener, (void *)&address, sizeof address) || listen(listener, 4096) ||
-        getsockname(listener, (void *)&address, &length))
+    struct sockaddr_in address;
+    int listener = floor_listen(&address);
+    if (listener < 0)
         die("listen");
     client_fds = calloc(n_clients, sizeof(int));
     relay_client_fds = calloc(n_clients, sizeof(int));
