@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import logging
 import os
+import sys
 import textwrap
 import threading
 from collections.abc import Sequence
@@ -221,7 +222,11 @@ async def serve(args: argparse.Namespace, deadline: ShutdownDeadline | None = No
         server.install_signal_handlers()
         gc_tuning.tune_for_serving()
         malloc_tuning.tune_for_serving()
-        print(server.banner(), flush=True)
+        # one write for the whole line: `--workers` children share the parent's stdout, and
+        # print() writes the text and its newline separately when stdout is unbuffered
+        # (PYTHONUNBUFFERED), so two banners could interleave ("...A...B\n\n")
+        sys.stdout.write(server.banner() + "\n")
+        sys.stdout.flush()
         await server.stopping.wait()
     finally:
         if deadline is not None:
