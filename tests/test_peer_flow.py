@@ -69,8 +69,16 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture
 async def redis_a(cluster: Cluster) -> AsyncIterator[Redis]:
-    async with Redis.from_url(cluster.a.redis.url) as redis:
+    async with blocking_redis(cluster.a.redis.url) as redis:
         yield redis
+
+
+def blocking_redis(url: str) -> Redis:
+    """A client for the tests' BLPOP/BRPOP with `timeout=WAIT`. redis-py 8 bounds every read by
+    its default `socket_timeout` of 5 s, a blocking pop's too, so such a pop failed with
+    "Timeout reading from ..." after 5 s instead of waiting WAIT: on a loaded machine the peer's
+    Redis-restart test lost that race (once in three full runs). The server bounds the wait."""
+    return Redis.from_url(url, socket_timeout=None)
 
 
 def request(dst: list[int], cmd: str, data: bytes = b"", **fields: Any) -> dict[str, Any]:
@@ -103,7 +111,7 @@ async def ask(redis: Redis, message: dict[str, Any], replies: int = 1) -> list[d
 async def serve_once(peer: Peer, cmd: str, answer: Any = None) -> dict[str, Any]:
     """Pop one request from msgbus.<cmd> on the peer's Redis and answer it the way real
     services do: no `err` key, the request's keys copied in (spec §6)."""
-    async with Redis.from_url(peer.redis.url) as redis:
+    async with blocking_redis(peer.redis.url) as redis:
         popped = await redis.brpop([f"msgbus.{cmd}"], timeout=WAIT)
         assert popped is not None, f"nothing on msgbus.{cmd}"
         incoming = json.loads(popped[1])
@@ -288,7 +296,7 @@ async def test_request_that_expires_waiting_for_a_relay_gets_500(
     e = start_peer(6, cluster.twins, redis, [down], connected=False)
     try:
         e.output.wait_for("cannot connect to relay")
-        async with Redis.from_url(redis.url) as client:
+        async with blocking_redis(redis.url) as client:
             # a `now` ahead of the peer's clock is replaced by it: a full second left at intake
             ahead = int(time.time()) + 60
             (reply,) = await ask(client, request([2], "test.x", exp=1, now=ahead))
@@ -318,7 +326,7 @@ async def test_backlog_lives_while_the_request_waits_and_goes_with_the_reply(
 
     message = request([2], "test.backlog", exp=120)
     await redis_a.lpush("msgbus.system.local", json.dumps(message))
-    async with Redis.from_url(cluster.b.redis.url) as redis_b:
+    async with blocking_redis(cluster.b.redis.url) as redis_b:
         popped = await redis_b.brpop(["msgbus.test.backlog"], timeout=WAIT)
         assert popped is not None
         incoming = json.loads(popped[1])
@@ -341,7 +349,7 @@ async def test_backlog_lives_while_the_request_waits_and_goes_with_the_reply(
 
 
 async def test_command_queue_is_capped_at_ten_thousand(cluster: Cluster, redis_a: Redis) -> None:
-    async with Redis.from_url(cluster.b.redis.url) as redis_b:
+    async with blocking_redis(cluster.b.redis.url) as redis_b:
         await redis_b.lpush("msgbus.test.cap", *[b"old"] * 10_000)
         message = request([2], "test.cap", b"newest")
         await redis_a.lpush("msgbus.system.local", json.dumps(message))
