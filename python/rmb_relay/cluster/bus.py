@@ -32,6 +32,7 @@ from rmb_relay._core import check_bus_records
 from rmb_relay.cluster import keys, wire
 from rmb_relay.cluster.connect import RedisClient
 from rmb_relay.errors import ClusterUnavailable, MailboxUnavailable
+from rmb_relay.lazy_errors import redis_error
 from rmb_relay.tasks import cancel_and_wait
 
 log = logging.getLogger("rmb_relay.cluster")
@@ -72,20 +73,6 @@ def _settle(notify: Notify, outcome: bool | ClusterUnavailable) -> None:
         notify(outcome)
     except Exception:  # one sender's bug must not cost the others their outcome
         log.exception("cluster: a bus sender failed to take its outcome")
-
-
-# redis-py is imported when an error is matched, not with this module: every relay imports
-# the cluster package (the tunnel and the 신경 gateway build on it), and redis-py costs ~7.5 MB
-# of RSS a relay without --redis does not pay (bench/README.md "Idle connections"). An
-# `except` clause evaluates its tuple only when an exception reaches it, so the hot path
-# never calls these.
-
-
-def redis_error() -> type[Exception]:
-    """redis-py's base error class."""
-    from redis.exceptions import RedisError
-
-    return RedisError
 
 
 @functools.cache
@@ -379,14 +366,12 @@ class Bus:
     def _decode(
         self, stream: str, entry_id: bytes, fields: dict[bytes, bytes]
     ) -> list[wire.Record]:
-        try:
-            return wire.decode(fields.get(b"m", b""))
-        except wire.BusFormatError as err:
-            self.bad_entries += 1
-            log.error("cluster: skipping malformed bus entry %s of %s: %s", entry_id, stream, err)
-            return []
+        # an entry the Rust check passed decodes; a malformed one is b"" (no records)
+        return wire.decode(self._check(stream, entry_id, fields))
 
     def _check(self, stream: str, entry_id: bytes, fields: dict[bytes, bytes]) -> bytes:
+        """The entry's records, or b"" (counted and logged) when they are malformed: checked
+        whole in Rust, as `wire.decode` would refuse them."""
         data = fields.get(b"m", b"")
         try:
             check_bus_records(data)
