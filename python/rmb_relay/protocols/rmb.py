@@ -470,9 +470,10 @@ class RmbDialect(Dialect):
         now = seconds(self.clock())
         error = build_error_envelope(env.uid, reason, now, key[0], key[1])
         deadline = self.mailbox.deadline(now, ERROR_ENVELOPE_TTL)
-        asyncio.get_running_loop().create_task(self._store_error(key, error, deadline))
+        asyncio.get_running_loop().create_task(self.store_error(key, error, deadline))
 
-    async def _store_error(self, key: SessionKey, error: bytes, deadline: int) -> None:
+    async def store_error(self, key: SessionKey, error: bytes, deadline: int) -> None:
+        """Keep an error envelope for a sender that is not connected, for its next login."""
         try:
             await self.mailbox.put(key, error, deadline)
         except MailboxUnavailable:
@@ -814,13 +815,7 @@ class RmbSession(WebSocketHandler):
         else:  # the sender left while we were routing: keep the error for its next login
             dialect = self.dialect
             deadline = dialect.mailbox.deadline(seconds(dialect.clock()), ERROR_ENVELOPE_TTL)
-            asyncio.get_running_loop().create_task(self._store_error(error, deadline))
-
-    async def _store_error(self, error: bytes, deadline: int) -> None:
-        try:
-            await self.dialect.mailbox.put(self.key, error, deadline)
-        except MailboxUnavailable:
-            self.dialect.metrics.drops.inc(1, "mailbox down")
+            asyncio.get_running_loop().create_task(dialect.store_error(self.key, error, deadline))
 
     # ---- the slow path ---------------------------------------------------------------------
 
