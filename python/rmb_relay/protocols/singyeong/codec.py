@@ -73,12 +73,9 @@ def json_text(value: Any) -> str:
     return "".join(_c_encode(value, 0))
 
 
-def json_text_of_str(text: str) -> str:
-    """A string as a JSON string literal (`json_text` when the value is known to be a str)."""
-    return _encode_str(text)
-
-
-_json_encode = json_text
+#: a string as a JSON string literal (`json_text` when the value is known to be a str): the C
+#: function itself, no Python frame around it
+json_text_of_str = _encode_str
 
 
 _json_decode = json.JSONDecoder().decode
@@ -110,7 +107,7 @@ def _refuse_ext(code: int, data: bytes) -> Any:
 def encode(encoding: Encoding, value: Any) -> bytes:
     """`value` in `encoding` (UTF-8 for json). Raises TypeError for values it cannot carry."""
     if encoding is Encoding.JSON:
-        return _json_encode(value).encode()
+        return json_text(value).encode()
     if encoding is Encoding.MSGPACK:
         try:
             return bytes(_packb(value))
