@@ -311,8 +311,14 @@ def encode(message: Message, binary: bool) -> bytes:
     """One websocket message: msgpack when `binary`, else UTF-8 JSON."""
     invocation = {"target": message.NAME, "arguments": [_to_object(message, binary)]}
     if binary:
-        return msgpack.packb(invocation, use_bin_type=True)  # type: ignore[no-any-return]
-    return json.dumps(invocation, separators=(",", ":")).encode()
+        return _pack(invocation)  # type: ignore[no-any-return]
+    return _dump_json(invocation).encode()
+
+
+#: one packer and one JSON encoder for every message (packb and dumps(separators=) build
+#: theirs on each call); the same bytes as `msgpack.packb(use_bin_type=True)` and compact JSON
+_pack = msgpack.Packer(use_bin_type=True).pack
+_dump_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def decode(data: bytes, binary: bool, expected: tuple[type[M], ...]) -> M:
