@@ -42,6 +42,7 @@ from rmb_relay.federation.batch import (
     decode_statuses,
     encode_batch,
 )
+from rmb_relay.lazy_errors import aiohttp_client_error
 
 if TYPE_CHECKING:
     # imported on the first POST (`Sender._client`), not at startup: aiohttp costs ~11 MB of
@@ -216,8 +217,6 @@ class Sender:
 
     async def _post_one(self, domain: str, envelope: bytes) -> PostResult:
         """A single POST of one envelope, within the remote's bound."""
-        import aiohttp  # for its errors; loaded on the first call of _client
-
         slots = self._slots.get(domain)
         if slots is None:
             slots = self._slots[domain] = asyncio.Semaphore(self.concurrency)
@@ -231,7 +230,7 @@ class Sender:
                     status = response.status
                     self._learn(domain, response.headers.get(BATCH_HEADER))
                     body = await response.content.read(MAX_REASON)
-            except (aiohttp.ClientError, OSError) as err:
+            except (aiohttp_client_error(), OSError) as err:
                 return PostResult(PostOutcome.FAILED, f"{type(err).__name__}: {err}")
             except TimeoutError:
                 return PostResult(PostOutcome.FAILED, "timed out")
@@ -295,8 +294,6 @@ class Sender:
             self._batchers[domain] -= 1
 
     async def _post_batch(self, domain: str, envelopes: list[bytes]) -> list[PostResult]:
-        import aiohttp  # for its errors; loaded on the first call of _client
-
         self.batches += 1
         try:
             async with self._client().post(
@@ -307,7 +304,7 @@ class Sender:
                 status = response.status
                 self._learn(domain, response.headers.get(BATCH_HEADER))
                 body = await response.read()
-        except (aiohttp.ClientError, OSError) as err:
+        except (aiohttp_client_error(), OSError) as err:
             return [PostResult(PostOutcome.FAILED, f"{type(err).__name__}: {err}")] * len(envelopes)
         except TimeoutError:
             return [PostResult(PostOutcome.FAILED, "timed out")] * len(envelopes)

@@ -26,6 +26,7 @@ import json
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from rmb_relay.lazy_errors import aiohttp_client_error
 from rmb_relay.protocols.sbd.settings import AUTH_HOOK_MAX_RESPONSE, AUTH_HOOK_TIMEOUT
 
 if TYPE_CHECKING:
@@ -63,8 +64,6 @@ async def call_auth_hook(
 
     `session` is the caller's long-lived one (connections to the hook are reused); without it
     a session is made for this one call. Raises as the module docstring's table says."""
-    import aiohttp  # for its errors
-
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ValueError(f"auth hook must be an http(s) URL, got {url!r}")
@@ -76,7 +75,7 @@ async def call_auth_hook(
             status, answer = await _put(session, url, body)
     except (TimeoutError, OSError):
         raise  # aiohttp's connection errors are OSErrors: unreachable, refused, reset
-    except aiohttp.ClientError as err:  # disconnected mid-answer, malformed, truncated
+    except aiohttp_client_error() as err:  # disconnected mid-answer, malformed, truncated
         raise ValueError(f"auth hook answer unusable: {err!r}") from None
     if status == 401:
         raise PermissionError("auth hook refused")

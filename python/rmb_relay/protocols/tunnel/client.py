@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from rmb_relay import __version__
-from rmb_relay.cluster.bus import redis_error
 from rmb_relay.errors import AuthError, BudgetExceeded, ClusterUnavailable
+from rmb_relay.lazy_errors import redis_error
 from rmb_relay.protocols.base import HttpResponse
 from rmb_relay.protocols.tunnel.hub import Job, Outcome, refusal_reason
 from rmb_relay.protocols.tunnel.ids import request_id as new_request_id
