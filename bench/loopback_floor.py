@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
+
+from .floor_build import compiled
 
 SOURCE = Path(__file__).with_name("loopback_floor.c")
 
@@ -31,12 +31,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--size", type=int, default=120, help="bytes per message")
     args = parser.parse_args()
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        parser.error("no C compiler (cc/gcc) found")
-    with tempfile.TemporaryDirectory(prefix="rmb-bench-floor-") as tmp:
-        exe = Path(tmp) / "loopback_floor"
-        subprocess.run([compiler, "-O2", "-pthread", "-o", str(exe), str(SOURCE)], check=True)
+    with compiled(SOURCE) as exe:
         print("connections  messages/s written  writer us/msg  reader us/msg  would block")
         for count in (int(text) for text in args.connections.split(",")):
             out = subprocess.run(

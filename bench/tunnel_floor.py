@@ -30,11 +30,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
-import tempfile
 from pathlib import Path
+
+from .floor_build import compiled
 
 SOURCE = Path(__file__).with_name("tunnel_floor.c")
 PARTIES = ("client", "relay", "connector", "target")
@@ -95,15 +95,8 @@ def main() -> None:
         "through the two hops",
     )
     args = parser.parse_args()
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        parser.error("no C compiler (cc/gcc) found")
     print(f"load average {os.getloadavg()[0]:.2f}; bytes per hop {args.bytes}")
-    with tempfile.TemporaryDirectory(prefix="rmb-bench-tunnel-floor-") as tmp:
-        exe = Path(tmp) / "tunnel_floor"
-        subprocess.run(
-            [compiler, "-O2", "-pthread", "-o", str(exe), str(SOURCE), "-lm"], check=True
-        )
+    with compiled(SOURCE, "-lm") as exe:
         if args.half_rate:
             paced(exe, args)
             return
