@@ -20,7 +20,7 @@ from rmb_relay.protocols.tunnel.wire import (
 )
 from tests.conftest import WAIT
 from tests.helpers import eventually
-from tests.tunnel_fixtures import SECRET, StartTunnel, pattern
+from tests.tunnel_fixtures import SECRET, KeepAliveThenClose, StartTunnel, pattern
 from tests.tunnel_fixtures import start_tunnel as start_tunnel
 
 pytestmark = pytest.mark.timeout(60)
@@ -144,17 +144,8 @@ async def test_target_closing_kept_alive_connections_is_retried(
 ) -> None:
     """A target that announces keep-alive and then closes the connection: the request sent on
     the closed connection is retried on a new one, not answered 502."""
-    served = 0
-
-    async def one_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal served
-        await reader.readuntil(b"\r\n\r\n")
-        served += 1
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        await writer.drain()
-        writer.close()
-
-    server = await asyncio.start_server(one_then_close, "127.0.0.1", 0)
+    target = KeepAliveThenClose()
+    server = await asyncio.start_server(target, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     try:
         tunnel = await start_tunnel()
@@ -163,7 +154,7 @@ async def test_target_closing_kept_alive_connections_is_retried(
             for _ in range(3):
                 reply = await client.get("/relay/acme/app/x")
                 assert (reply.status_code, reply.content) == (200, b"ok")
-        assert served == 3
+        assert target.served == 3
     finally:
         server.close()
         await server.wait_closed()

@@ -14,7 +14,7 @@ from aiohttp import web
 
 from rmb_relay.protocols.tunnel.httpclient import HttpClientPool, TargetError
 from tests.helpers import serve_app
-from tests.tunnel_fixtures import pattern
+from tests.tunnel_fixtures import KeepAliveThenClose, pattern
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -182,23 +182,14 @@ async def test_a_whole_body_cut_short_is_a_target_error() -> None:
 
 
 async def test_stale_kept_alive_connection_is_replaced_once() -> None:
-    served = 0
-
-    async def one_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal served
-        await reader.readuntil(b"\r\n\r\n")
-        served += 1
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
-        await writer.drain()
-        writer.close()  # keep-alive announced, then dropped
-
+    target = KeepAliveThenClose()
     async with AsyncExitStack() as stack:
-        port = await raw_target(stack, one_then_close)
+        port = await raw_target(stack, target)
         pool = HttpClientPool("127.0.0.1", port, "x")
         for _ in range(3):
             reply = await pool.request("GET", "/", [], b"", 0)
             assert await reply.read() == b"ok"
-        assert served == 3
+        assert target.served == 3
         pool.close()
 
 

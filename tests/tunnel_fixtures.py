@@ -241,3 +241,19 @@ async def start_tunnel(start_relay: StartRelay, tmp_path: Path) -> AsyncIterator
         yield start
         for tunnel in tunnels:
             await tunnel.close()
+
+
+class KeepAliveThenClose:
+    """A raw HTTP target that answers each request `200 ok` with keep-alive announced, then drops
+    the connection: the tunnel's HTTP client must retry the next request on a new one. `served`
+    counts the requests answered. Use as an `asyncio.start_server` handler."""
+
+    def __init__(self) -> None:
+        self.served = 0
+
+    async def __call__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        self.served += 1
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+        await writer.drain()
+        writer.close()
