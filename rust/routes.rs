@@ -20,16 +20,48 @@ use crate::error::{Error, Result};
 pub type ConnId = u64;
 pub const PUBKEY_LEN: usize = 32;
 
-/// Per twin: the sid-less session and the named ones (lookups borrow the sid, no allocation).
-#[derive(Debug, Default)]
-struct TwinSessions {
-    bare: Option<ConnId>,
-    named: HashMap<String, ConnId>,
+/// Per twin, something for its sid-less session and for each named one: the local connection
+/// (`twins`) or the remote route (`remote`). Lookups borrow the sid, no allocation.
+#[derive(Debug)]
+struct BySid<T> {
+    bare: Option<T>,
+    named: HashMap<String, T>,
 }
 
-impl TwinSessions {
+impl<T> Default for BySid<T> {
+    fn default() -> Self {
+        Self {
+            bare: None,
+            named: HashMap::new(),
+        }
+    }
+}
+
+impl<T> BySid<T> {
     fn is_empty(&self) -> bool {
         self.bare.is_none() && self.named.is_empty()
+    }
+
+    fn get(&self, sid: Option<&str>) -> Option<&T> {
+        match sid {
+            None => self.bare.as_ref(),
+            Some(sid) => self.named.get(sid),
+        }
+    }
+
+    /// The previous value, if any.
+    fn insert(&mut self, sid: Option<&str>, value: T) -> Option<T> {
+        match sid {
+            None => self.bare.replace(value),
+            Some(sid) => self.named.insert(sid.to_owned(), value),
+        }
+    }
+
+    fn remove(&mut self, sid: Option<&str>) -> Option<T> {
+        match sid {
+            None => self.bare.take(),
+            Some(sid) => self.named.remove(sid),
+        }
     }
 }
 
@@ -44,19 +76,12 @@ pub struct Remote {
     pub expires: u64,
 }
 
-/// Per twin: the remote routes of its sid-less session and of the named ones.
-#[derive(Debug, Default)]
-struct TwinRemotes {
-    bare: Option<Remote>,
-    named: HashMap<String, Remote>,
-}
-
 #[derive(Debug, Default)]
 pub struct Routes {
-    twins: HashMap<u32, TwinSessions>,
+    twins: HashMap<u32, BySid<ConnId>>,
     sessions: usize,
     pubkeys: HashMap<[u8; PUBKEY_LEN], ConnId>,
-    remote: HashMap<u32, TwinRemotes>,
+    remote: HashMap<u32, BySid<Remote>>,
     remote_count: usize,
 }
 
@@ -71,12 +96,7 @@ impl Routes {
         sid: Option<&str>,
         conn: ConnId,
     ) -> Option<ConnId> {
-        let entry = self.twins.entry(twin).or_default();
-        let previous = match sid {
-            None => entry.bare.replace(conn),
-            Some(sid) => entry.named.insert(sid.to_owned(), conn),
-        };
-        match previous {
+        match self.twins.entry(twin).or_default().insert(sid, conn) {
             None => {
                 self.sessions += 1;
                 None
@@ -87,29 +107,16 @@ impl Routes {
     }
 
     pub fn lookup_session(&self, twin: u32, sid: Option<&str>) -> Option<ConnId> {
-        let entry = self.twins.get(&twin)?;
-        match sid {
-            None => entry.bare,
-            Some(sid) => entry.named.get(sid).copied(),
-        }
+        self.twins.get(&twin)?.get(sid).copied()
     }
 
     pub fn unregister_session(&mut self, twin: u32, sid: Option<&str>, conn: ConnId) -> bool {
         let Some(entry) = self.twins.get_mut(&twin) else {
             return false;
         };
-        let removed = match sid {
-            None if entry.bare == Some(conn) => {
-                entry.bare = None;
-                true
-            }
-            Some(sid) if entry.named.get(sid) == Some(&conn) => {
-                entry.named.remove(sid);
-                true
-            }
-            _ => false,
-        };
+        let removed = entry.get(sid) == Some(&conn);
         if removed {
+            entry.remove(sid);
             self.sessions -= 1;
             if entry.is_empty() {
                 self.twins.remove(&twin);
@@ -171,12 +178,13 @@ impl Routes {
             since,
             expires,
         };
-        let entry = self.remote.entry(twin).or_default();
-        let previous = match sid {
-            None => entry.bare.replace(route),
-            Some(sid) => entry.named.insert(sid.to_owned(), route),
-        };
-        if previous.is_none() {
+        if self
+            .remote
+            .entry(twin)
+            .or_default()
+            .insert(sid, route)
+            .is_none()
+        {
             self.remote_count += 1;
         }
         Ok(())
@@ -185,11 +193,7 @@ impl Routes {
     /// The remote route of `(twin, sid)` if `now` is within its time.
     #[inline]
     pub fn lookup_remote(&self, twin: u32, sid: Option<&str>, now: u64) -> Option<&Remote> {
-        let entry = self.remote.get(&twin)?;
-        let route = match sid {
-            None => entry.bare.as_ref(),
-            Some(sid) => entry.named.get(sid),
-        }?;
+        let route = self.remote.get(&twin)?.get(sid)?;
         (route.since <= now && now < route.expires).then_some(route)
     }
 
@@ -198,13 +202,10 @@ impl Routes {
         let Some(entry) = self.remote.get_mut(&twin) else {
             return false;
         };
-        let removed = match sid {
-            None => entry.bare.take().is_some(),
-            Some(sid) => entry.named.remove(sid).is_some(),
-        };
+        let removed = entry.remove(sid).is_some();
         if removed {
             self.remote_count -= 1;
-            if entry.bare.is_none() && entry.named.is_empty() {
+            if entry.is_empty() {
                 self.remote.remove(&twin);
             }
         }
@@ -222,7 +223,7 @@ impl Routes {
             let before = entry.named.len();
             entry.named.retain(|_, r| r.instance != instance);
             removed += before - entry.named.len();
-            entry.bare.is_some() || !entry.named.is_empty()
+            !entry.is_empty()
         });
         self.remote_count -= removed;
         removed
