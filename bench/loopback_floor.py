@@ -9,12 +9,16 @@ once per connection count: a writer thread writes `--size`-byte messages round-r
 connections, a reader thread reads them through epoll, no other work. The CPU each thread
 spends per message is the floor under any relay's cost per delivered message on this machine
 (and under its generator's receiving side), whatever language the relay is written in.
+The last column is what that floor allows on this machine when the relay and its clients
+share its cores: `os.cpu_count()` cores over writer + reader CPU per message, with no user-space
+work at all (issue 12's BROADCAST goal is measured against it in docs/singyeong.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -32,7 +36,11 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=120, help="bytes per message")
     args = parser.parse_args()
     with compiled(SOURCE) as exe:
-        print("connections  messages/s written  writer us/msg  reader us/msg  would block")
+        cores = os.cpu_count() or 1
+        print(
+            "connections  messages/s written  writer us/msg  reader us/msg  would block"
+            f"  ceiling/s on {cores} cores"
+        )
         for count in (int(text) for text in args.connections.split(",")):
             out = subprocess.run(
                 [str(exe), str(count), str(args.messages), str(args.size)],
@@ -41,9 +49,10 @@ def main() -> None:
                 text=True,
             ).stdout
             row = json.loads(out)
+            ceiling = cores / (row["writer_us_per_msg"] + row["reader_us_per_msg"]) * 1e6
             print(
                 f"{count:>11,}  {row['written_per_s']:>18,.0f}  {row['writer_us_per_msg']:>13.2f}"
-                f"  {row['reader_us_per_msg']:>13.2f}  {row['would_block']:>11,}"
+                f"  {row['reader_us_per_msg']:>13.2f}  {row['would_block']:>11,}  {ceiling:>20,.0f}"
             )
 
 
