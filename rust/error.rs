@@ -4,6 +4,7 @@
 //! ```text
 //! CoreError                       anything the core rejects
 //!  ├─ HttpParseError              malformed or over-limit HTTP head/body; args = (message, status)
+//!  ├─ HttpResponseError           a response (of a server we are the client of) that is not HTTP/1.1
 //!  ├─ WebSocketProtocolError      a frame the peer had no right to send; args = (message, close_code)
 //!  ├─ EnvelopeError               RMB envelope bytes that are not a valid protobuf Envelope
 //!  ├─ SbdError                    an SBD message that breaks the SBD framing rules
@@ -25,6 +26,12 @@ create_exception!(
     HttpParseError,
     CoreError,
     "Malformed or over-limit HTTP request; args are (message, status)."
+);
+create_exception!(
+    _core,
+    HttpResponseError,
+    CoreError,
+    "A response from a server we are the client of (a tunnel target) that breaks HTTP/1.1; args = (message,)."
 );
 create_exception!(
     _core,
@@ -57,6 +64,8 @@ create_exception!(
 pub enum Error {
     #[error("{reason}")]
     Http { status: u16, reason: String },
+    #[error("{0}")]
+    HttpResponse(String),
     #[error("{reason}")]
     WebSocket { code: u16, reason: String },
     #[error("{0}")]
@@ -75,6 +84,7 @@ impl From<Error> for PyErr {
     fn from(err: Error) -> PyErr {
         match err {
             Error::Http { status, reason } => HttpParseError::new_err((reason, status)),
+            Error::HttpResponse(msg) => HttpResponseError::new_err(msg),
             Error::WebSocket { code, reason } => WebSocketProtocolError::new_err((reason, code)),
             Error::Envelope(msg) => EnvelopeError::new_err(msg),
             Error::Sbd(msg) => SbdError::new_err(msg),
@@ -88,6 +98,7 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add("CoreError", py.get_type::<CoreError>())?;
     m.add("HttpParseError", py.get_type::<HttpParseError>())?;
+    m.add("HttpResponseError", py.get_type::<HttpResponseError>())?;
     m.add(
         "WebSocketProtocolError",
         py.get_type::<WebSocketProtocolError>(),

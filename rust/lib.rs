@@ -15,6 +15,8 @@ pub mod forward;
 /// fuzz targets of the network parsers (pure Rust; `fuzz/`, `make fuzz`)
 pub mod fuzzing;
 pub mod http;
+pub mod http_client;
+pub mod http_response;
 /// buffers lent to Python without a copy, and their pool
 pub mod lent;
 pub mod limiter;
@@ -28,6 +30,8 @@ pub mod ws;
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     error::register(m)?;
     http::py::register(m)?;
+    http_client::py::register(m)?;
+    http_response::py::register(m)?;
     ws::py::register(m)?;
     sbd::py::register(m)?;
     envelope::py::register(m)?;

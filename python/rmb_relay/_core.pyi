@@ -10,6 +10,7 @@ from typing import Any, Final, final
 
 class CoreError(Exception): ...
 class HttpParseError(CoreError): ...
+class HttpResponseError(CoreError): ...
 class WebSocketProtocolError(CoreError): ...
 class EnvelopeError(CoreError): ...
 class SbdError(CoreError): ...
@@ -182,6 +183,53 @@ def parse_response_head(data: bytes) -> tuple[int, list[tuple[str, bytes]], int]
     """Client side: (status, headers, head length) once the head is complete, else None."""
 
 # ---- end http.rs ----------------------------------------------------------------------------
+
+# ---- http_client.rs -------------------------------------------------------------------------
+
+def encode_target_request(
+    method: str,
+    target: str,
+    host: str,
+    headers: dict[str, list[str]],
+    extra: list[tuple[str, str]],
+    body: bytes,
+    length: int | None = None,
+) -> bytes:
+    """A tunnelled request for its target: `Host`, the message's `{name: [values]}` fields
+    less the hop-by-hop ones (host, content-length, transfer-encoding, connection, expect),
+    `extra` (not filtered), Content-Length for the body (or `length` for a body streamed
+    after this head). ValueError for a field with CR/LF/NUL or a bad method/target."""
+
+# ---- http_response.rs -----------------------------------------------------------------------
+
+@final
+class HttpResponseParser:
+    """The responses of one client connection, one per `start`. `feed` returns the events of
+    the bytes given: a head `(status, [(name, value)], body)` (names lower-case, values
+    latin-1 text, repeated fields in order; `body` is the whole body when it was gathered
+    with the head, and then nothing follows for that response, else None and the body comes
+    as bytes pieces), bytes (body pieces), None (the response is complete). Raises
+    HttpResponseError for a malformed response (and again on every later call), ValueError
+    for bytes while no response is expected."""
+
+    def __new__(cls) -> HttpResponseParser: ...
+    def start(self, head_request: bool, whole_limit: int) -> None:
+        """Expect the response to a request just sent (HEAD: no body); a Content-Length body
+        up to `whole_limit` comes whole with its head. ValueError while one is unfinished."""
+    def feed(
+        self, data: bytes
+    ) -> list[tuple[int, list[tuple[str, str]], bytes | None] | bytes | None]: ...
+    def feed_eof(self) -> bool:
+        """The peer closed: True when that ended a close-delimited response, False when none
+        was under way; HttpResponseError when one was cut short."""
+    @property
+    def idle(self) -> bool: ...
+    @property
+    def keep_alive(self) -> bool: ...
+    @property
+    def buffered(self) -> int: ...
+
+# ---- end http_response.rs -------------------------------------------------------------------
 
 # ---- ws.rs ----------------------------------------------------------------------------------
 OP_CONTINUATION: Final[int]

@@ -4,6 +4,7 @@
 Exception
  ├─ CoreError                      raised by the Rust core (`rmb_relay._core`)
  │   ├─ HttpParseError             malformed/over-limit HTTP request; args = (message, status)
+ │   ├─ HttpResponseError          a target's response that breaks HTTP/1.1 (the connector's client)
  │   ├─ WebSocketProtocolError     frame the peer had no right to send; args = (message, close_code)
  │   ├─ EnvelopeError              bytes that are not a valid RMB Envelope
  │   ├─ SbdError                   an SBD message breaking SBD framing
@@ -50,6 +51,7 @@ from rmb_relay._core import (
     CoreError,
     EnvelopeError,
     HttpParseError,
+    HttpResponseError,
     SbdError,
     SignatureError,
     WebSocketProtocolError,
@@ -72,6 +74,7 @@ __all__ = [
     "FederationError",
     "HandshakeError",
     "HttpParseError",
+    "HttpResponseError",
     "HttpReject",
     "MailboxFull",
     "MailboxUnavailable",
