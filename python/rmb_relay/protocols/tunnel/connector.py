@@ -35,7 +35,13 @@ import aiohttp
 from rmb_relay._core import WsMessage
 from rmb_relay.clock import nanos
 from rmb_relay.errors import ConnectionClosed, HandshakeError
-from rmb_relay.protocols.tunnel.httpclient import Head, HttpClientPool, TargetReply, _Connection
+from rmb_relay.protocols.tunnel.httpclient import (
+    Head,
+    HttpClientPool,
+    TargetError,
+    TargetReply,
+    _Connection,
+)
 from rmb_relay.protocols.tunnel.settings import INLINE_LIMIT
 from rmb_relay.protocols.tunnel.targets import (
     Body,
@@ -83,18 +89,20 @@ def _cancel_for_timeout(task: asyncio.Task[None], fired: list[bool]) -> None:
 
 
 class _FastExchange:
-    """One request of `Connector._start_fast` in flight: the target connection's callback,
-    and the target timeout."""
+    """One request of `Connector._start_fast` in flight: the target connection's callback.
+    Its target timeout is a deadline checked by the connector's sweep (`_sweep_fast`), not a
+    timer of its own: arming and cancelling a loop timer per request cost more than the rest
+    of the callback."""
 
-    __slots__ = ("conn", "connector", "over", "pool", "received", "request", "timer")
+    __slots__ = ("conn", "connector", "deadline", "over", "pool", "received", "request")
 
     def __init__(self, connector: Connector, request: ClientRequest, received: float) -> None:
         self.connector = connector
         self.request = request
         self.received = received
+        self.deadline = received + connector.target_timeout
         self.pool: HttpClientPool | None = None
         self.conn: _Connection | None = None
-        self.timer: asyncio.TimerHandle | None = None
         #: answered (or timed out): a late callback is ignored
         self.over = False
 
@@ -102,9 +110,8 @@ class _FastExchange:
         if self.over:
             return
         self.over = True
-        if self.timer is not None:
-            self.timer.cancel()
         connector, request, pool = self.connector, self.request, self.pool
+        connector._fast.discard(self)
         assert pool is not None
         if head is None:
             if not conn.received_any:
@@ -114,18 +121,16 @@ class _FastExchange:
             log.info("connector: target of %s failed: %s", request.request_id, err)
             connector._deliver_now(request, Reply(502))
             return
-        status, raw_headers, body = head
-        headers = [(k, v.decode("latin-1")) for k, v in raw_headers]
-        if body is not None or conn.done:
+        status, headers, body = head
+        if body is not None:
             pool.put_back(conn)
-            content = body or b""
-            connector._deliver_now(request, Reply(status, headers, content, len(content)))
+            connector._deliver_small(request, status, headers, body)
             return
-        # a large or streamed answer (or a chunked one still ending): a task reads it as
-        # WebTarget.call does, then uploads it if it is large
+        # a large or streamed answer: a task reads it as WebTarget.call does, then uploads
+        # it if it is large
         task = asyncio.get_running_loop().create_task(
             connector._deliver_target_reply(
-                request, TargetReply(pool, conn, status, raw_headers), self.received
+                request, TargetReply(pool, conn, status, headers), self.received
             )
         )
         connector._tasks.add(task)
@@ -136,6 +141,7 @@ class _FastExchange:
         if self.over:
             return
         self.over = True
+        self.connector._fast.discard(self)
         if self.conn is not None:
             self.conn.on_head = None
             self.conn.abandon()
@@ -174,6 +180,8 @@ class Connector:
         #: messages to the relay queued in this loop turn (`_send`)
         self._outbox: list[bytes] = []
         self._tasks: set[asyncio.Task[None]] = set()
+        #: requests of the task-less path in flight (their deadlines: `_sweep_fast`)
+        self._fast: set[_FastExchange] = set()
         self._stopping = False
         #: set by `stop`: ends the wait between reconnects at once
         self._stop = asyncio.Event()
@@ -183,6 +191,7 @@ class Connector:
     async def run(self) -> None:
         """Connect and serve until `stop()`; reconnects on its own."""
         self._session = aiohttp.ClientSession(auto_decompress=False)
+        sweep = asyncio.get_running_loop().create_task(self._sweep_fast())
         attempt = 0
         try:
             while not self._stopping:
@@ -209,6 +218,7 @@ class Connector:
                     await asyncio.wait_for(self._stop.wait(), delay)
                 attempt = max(attempt, 1)
         finally:
+            sweep.cancel()
             for task in list(self._tasks):
                 task.cancel()
             await self._session.close()
@@ -261,6 +271,18 @@ class Connector:
             keepalive.cancel()
             self.connected.clear()
             self._ws = None
+
+    async def _sweep_fast(self) -> None:
+        """Answer 504 for task-less requests past their target timeout. Checked a tenth of the
+        timeout apart (at most 1 s, at least 10 ms): a request times out up to that much late,
+        and no timer is armed per request."""
+        tick = min(1.0, max(0.01, self.target_timeout / 10))
+        while True:
+            await asyncio.sleep(tick)
+            if self._fast:
+                now = time.monotonic()
+                for exchange in [x for x in self._fast if x.deadline <= now]:
+                    exchange.time_out()
 
     async def _keepalive(self, ws: WebSocketClient) -> None:
         while True:
@@ -341,17 +363,23 @@ class Connector:
         if not isinstance(target, WebTarget):
             return False
         received = time.monotonic()
-        headers = [(k, v) for k, values in request.http_headers.items() for v in values]
         exchange = _FastExchange(self, request, received)
-        started = target.try_start(
-            request.http_method, request.url, headers, request.body_content or b"", exchange
-        )
+        try:
+            started = target.try_start(
+                request.http_method,
+                request.url,
+                request.http_headers,
+                request.body_content or b"",
+                exchange,
+            )
+        except TargetError as err:
+            log.info("connector: request %s cannot be sent: %s", request.request_id, err)
+            self._deliver_now(request, Reply(502))
+            return True
         if started is None:
             return False
         exchange.pool, exchange.conn = started
-        exchange.timer = asyncio.get_running_loop().call_later(
-            self.target_timeout, exchange.time_out
-        )
+        self._fast.add(exchange)
         return True
 
     async def _deliver_target_reply(
@@ -370,6 +398,33 @@ class Connector:
         response.body_content = body or None
         response.body_size = response.original_body_size = len(body)
         self._queue(response)
+
+    def _deliver_small(
+        self, request: ClientRequest, status: int, headers: list[tuple[str, str]], body: bytes
+    ) -> None:
+        """`_deliver_now` for a target's answer read whole with its head: the `Deliver` is
+        built from the parsed head as it is (names already lower-case), without a Reply."""
+        fields: dict[str, list[str]] = {}
+        for name, value in headers:
+            if name != "content-length" and name != "transfer-encoding":
+                known = fields.get(name)
+                if known is None:
+                    fields[name] = [value]
+                else:
+                    known.append(value)
+        size = len(body)
+        self._queue(
+            TargetResponse(
+                request.request_id,
+                request.request_origin_id,
+                status,
+                fields,
+                size,
+                size,
+                body or None,
+                status >= 400,
+            )
+        )
 
     def _auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"}

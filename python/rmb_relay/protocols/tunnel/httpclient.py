@@ -1,6 +1,6 @@
 """A lean HTTP/1.1 client for the connector's web targets: keep-alive connections per target,
-request heads encoded and response heads parsed in Rust (`encode_request`,
-`parse_response_head`), bodies read as they arrive.
+requests encoded (`encode_target_request`, rust/http_client.rs) and responses parsed
+(`HttpResponseParser`, rust/http_response.rs) in Rust, bodies read as they arrive.
 
 Why not aiohttp: the connector makes one target request per tunnelled request, and aiohttp's
 client costs several times the rest of the connector's work per small request (measured with
@@ -18,20 +18,19 @@ import collections
 from collections.abc import AsyncIterator, Callable
 from typing import cast
 
-from rmb_relay._core import HttpParseError, encode_request, parse_response_head
+from rmb_relay._core import HttpResponseError, HttpResponseParser, encode_target_request
 
 __all__ = ["HttpClientPool", "TargetError", "TargetReply"]
 
-#: a response head as the connection hands it over: status, headers, and the whole body when
-#: it was small enough to be read with the head (else None: read it from the connection)
-Head = tuple[int, list[tuple[str, bytes]], bytes | None]
+#: a response head as the connection hands it over: status, headers (lower-case names,
+#: latin-1 values, repeated ones in order), and the whole body when it was small enough to be
+#: read with the head (else None: read it from the connection)
+Head = tuple[int, list[tuple[str, str]], bytes | None]
 #: `HttpClientPool.try_send`'s callback: the head (with the whole body when small), or the error
 OnHead = Callable[["_Connection", Head | None, Exception | None], None]
 
 #: unread response bytes above which the connection stops reading (and under half resumes)
 BUFFER_LIMIT = 256 * 1024
-#: a response head larger than this is refused
-MAX_HEAD = 64 * 1024
 #: idle keep-alive connections kept per target
 MAX_IDLE = 64
 
@@ -41,25 +40,18 @@ class TargetError(ConnectionError):
 
 
 class _Connection(asyncio.Protocol):
-    """One connection; reads one response at a time."""
+    """One connection; reads one response at a time, parsed by the Rust
+    `HttpResponseParser` (one call per `data_received`)."""
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
+        self.parser = HttpResponseParser()
         self.head: asyncio.Future[Head] | None = None
         self.chunks: collections.deque[bytes] = collections.deque()
         self.buffered = 0
         self.paused = False
         self.waiter: asyncio.Future[None] | None = None
-        #: 'idle', 'head', 'length', 'whole', 'chunk-size', 'chunk-data', 'chunk-crlf',
-        #: 'trailers', 'eof'
-        self.state = "idle"
-        #: a Content-Length body up to this size is read whole before the head is handed over
-        self.whole_limit = 0
-        #: the head held back while its body is read whole
-        self.held: tuple[int, list[tuple[str, bytes]]] | None = None
-        self.remaining = 0
-        self.no_body = False
+        #: the current response is complete (its last byte parsed)
         self.done = False
         self.reusable = False
         self.error: Exception | None = None
@@ -79,11 +71,21 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.received_any = True
-        self.buffer += data
         try:
-            self._process()
-        except TargetError as err:
-            self._fail(err)
+            events = self.parser.feed(data)
+        except HttpResponseError as err:
+            self._fail(TargetError(f"malformed target response: {err}"))
+            return
+        except ValueError as err:  # bytes while no request is out
+            self._fail(TargetError(str(err)))
+            return
+        for event in events:
+            if event is None:
+                self._finish()
+            elif type(event) is bytes:
+                self._push(event)
+            else:
+                self._head_ready(cast(Head, event))
 
     def eof_received(self) -> bool | None:
         return False
@@ -91,10 +93,16 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._writable.set()
-        if self.state == "eof":
-            self.done = True
-            self._wake()
-        elif not self.done:
+        if self.done and self.parser.idle:
+            return
+        try:
+            if self.parser.feed_eof():
+                self._finish()  # a body delimited by the close
+                self.reusable = False
+                return
+        except HttpResponseError:
+            pass
+        if not self.done:
             self._fail(TargetError(f"target closed the connection ({exc or 'EOF'})"))
 
     def pause_writing(self) -> None:
@@ -111,135 +119,21 @@ class _Connection(asyncio.Protocol):
         """Expect a response: its head resolves the returned future, or goes to `on_head`."""
         self.on_head = on_head
         self.head = None if on_head is not None else asyncio.get_running_loop().create_future()
-        self.state = "head"
-        self.whole_limit = whole_limit
-        self.no_body = method == "HEAD"
+        self.parser.start(method == "HEAD", whole_limit)
         self.done = False
         self.reusable = False
         self.received_any = False
         return self.head
 
-    def _process(self) -> None:
-        buffer = self.buffer
-        while buffer or self.state == "eof":
-            state = self.state
-            if state == "head":
-                try:
-                    parsed = parse_response_head(bytes(buffer))
-                except HttpParseError as err:
-                    raise TargetError(f"malformed target response: {err}") from None
-                if parsed is None:
-                    if len(buffer) > MAX_HEAD:
-                        raise TargetError("target response head too large")
-                    return
-                status, headers, length = parsed
-                del buffer[:length]
-                if 100 <= status < 200:
-                    continue  # an interim response: the real one follows
-                self._framing(status, headers)
-                if self.state == "length" and self.remaining <= self.whole_limit:
-                    # a small body: hand it over with the head (no stream, no waiter)
-                    self.held = (status, headers)
-                    self.state = "whole"
-                else:
-                    self._head_ready((status, headers, None))
-            elif state == "whole":
-                if len(buffer) < self.remaining:
-                    return
-                body = bytes(buffer[: self.remaining])
-                del buffer[: self.remaining]
-                self.remaining = 0
-                self.state = "idle"
-                self.done = True
-                held, self.held = self.held, None
-                if held is not None:
-                    self._head_ready((held[0], held[1], body))
-            elif state == "length":
-                take = min(len(buffer), self.remaining)
-                self._push(bytes(buffer[:take]))
-                del buffer[:take]
-                self.remaining -= take
-                if not self.remaining:
-                    self._finish()
-            elif state == "chunk-size":
-                end = buffer.find(b"\r\n")
-                if end < 0:
-                    if len(buffer) > 4096:
-                        raise TargetError("chunk size line too long")
-                    return
-                try:
-                    size = int(bytes(buffer[:end]).split(b";")[0].strip(), 16)
-                except ValueError:
-                    raise TargetError("malformed chunk size") from None
-                del buffer[: end + 2]
-                self.remaining = size
-                self.state = "chunk-data" if size else "trailers"
-            elif state == "chunk-data":
-                take = min(len(buffer), self.remaining)
-                self._push(bytes(buffer[:take]))
-                del buffer[:take]
-                self.remaining -= take
-                if not self.remaining:
-                    self.state = "chunk-crlf"
-            elif state == "chunk-crlf":
-                if len(buffer) < 2:
-                    return
-                if buffer[:2] != b"\r\n":
-                    raise TargetError("chunk data not followed by CRLF")
-                del buffer[:2]
-                self.state = "chunk-size"
-            elif state == "trailers":
-                if buffer[:2] == b"\r\n":
-                    del buffer[:2]
-                    self._finish()
-                else:
-                    end = buffer.find(b"\r\n\r\n")
-                    if end < 0:
-                        return
-                    del buffer[: end + 4]
-                    self._finish()
-            elif state == "eof":
-                if buffer:
-                    self._push(bytes(buffer))
-                    buffer.clear()
-                return
-            else:  # idle: bytes nobody asked for
-                raise TargetError("target sent data without a request")
-
     def _head_ready(self, head: Head) -> None:
+        if head[2] is not None:  # the whole response (the parser sends no end after it)
+            self.done = True
+            self.reusable = self.parser.keep_alive
         on_head, self.on_head = self.on_head, None
         if on_head is not None:
             on_head(self, head, None)
         elif self.head is not None and not self.head.done():
             self.head.set_result(head)
-
-    def _framing(self, status: int, headers: list[tuple[str, bytes]]) -> None:
-        keep = True
-        chunked = False
-        length: int | None = None
-        for name, value in headers:
-            if name == "content-length":
-                try:
-                    length = int(value)
-                except ValueError:
-                    raise TargetError("malformed Content-Length") from None
-            elif name == "transfer-encoding":
-                chunked = value.strip().lower().endswith(b"chunked")
-            elif name == "connection" and b"close" in value.lower():
-                keep = False
-        self.reusable = keep
-        if self.no_body or status in (204, 304):
-            self._finish()
-        elif chunked:
-            self.state = "chunk-size"
-        elif length is not None:
-            self.remaining = length
-            self.state = "length"
-            if not length:
-                self._finish()
-        else:
-            self.state = "eof"
-            self.reusable = False
 
     def _push(self, chunk: bytes) -> None:
         if not chunk:
@@ -252,8 +146,8 @@ class _Connection(asyncio.Protocol):
         self._wake()
 
     def _finish(self) -> None:
-        self.state = "idle"
         self.done = True
+        self.reusable = self.parser.keep_alive
         self._wake()
 
     def _fail(self, err: Exception) -> None:
@@ -327,7 +221,7 @@ class TargetReply:
         pool: HttpClientPool,
         conn: _Connection,
         status: int,
-        headers: list[tuple[str, bytes]],
+        headers: list[tuple[str, str]],
         body: bytes | None = None,
     ) -> None:
         self.status = status
@@ -377,16 +271,21 @@ class TargetReply:
             self._pool.put_back(conn)
 
 
-def _streamed_head(method: str, target: str, headers: list[tuple[str, str]], length: int) -> bytes:
-    """A request head for a body sent after it (`encode_request` computes Content-Length from
-    a body it holds; this one is streamed)."""
-    lines = [f"{method} {target} HTTP/1.1"]
-    for name, value in headers:
-        if "\r" in name or "\n" in name or "\r" in value or "\n" in value or ":" in name:
-            raise TargetError(f"header {name!r} cannot be sent")
-        lines.append(f"{name}: {value}")
-    lines.append(f"Content-Length: {length}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+def _encode(
+    method: str,
+    target: str,
+    host: str,
+    headers: dict[str, list[str]],
+    extra: list[tuple[str, str]],
+    body: bytes,
+    length: int | None = None,
+) -> bytes:
+    """The request bytes (Rust, `http_client.rs`), a field that cannot be sent a TargetError
+    (the exchange answers 502, as for any request the target cannot be given)."""
+    try:
+        return encode_target_request(method, target, host, headers, extra, body, length)
+    except ValueError as err:
+        raise TargetError(str(err)) from None
 
 
 class HttpClientPool:
@@ -405,7 +304,6 @@ class HttpClientPool:
             sender.cancel()  # the answer came before the whole body went: drop the connection
         usable = sent and conn.done and conn.reusable and not conn.closed and not conn.chunks
         if usable and len(self._idle) < MAX_IDLE:
-            conn.state = "idle"
             self._idle.append(conn)
         elif conn.transport is not None:
             conn.transport.close()
@@ -414,7 +312,7 @@ class HttpClientPool:
         self,
         method: str,
         target: str,
-        headers: list[tuple[str, str]],
+        headers: dict[str, list[str]],
         body: bytes,
         whole_limit: int,
         on_head: OnHead,
@@ -422,23 +320,25 @@ class HttpClientPool:
         """The callback form of `request` for a body in hand, on a kept-alive connection:
         sends at once and returns the connection, whose `on_head` is called from
         `data_received` with the head (and the whole body up to `whole_limit`) or the error;
-        no task or future per exchange. None when no idle connection is at hand (use
-        `request`). The caller puts the connection back (`put_back`) once it has the body,
-        and retries with `request` an error on a connection that had received nothing (a
-        kept-alive connection the target had closed)."""
+        no task or future per exchange. `headers` is the tunnel message's map as it came
+        (hop-by-hop fields are left out in Rust). None when no idle connection is at hand
+        (use `request`). The caller puts the connection back (`put_back`) once it has the
+        body, and retries with `request` an error on a connection that had received nothing
+        (a kept-alive connection the target had closed). Raises TargetError for a request
+        that cannot be sent (a header with CR/LF)."""
         idle = self._idle
         while idle:
-            conn = idle.pop()
+            conn = idle[-1]
             if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
                 break
-            conn.abandon()  # the target closed it while it was idle
+            idle.pop().abandon()  # the target closed it while it was idle
         else:
             return None
+        data = _encode(method, target, self.host_header, headers, [], body)
+        idle.pop()
         conn.start(method, whole_limit, on_head)
         assert conn.transport is not None
-        conn.transport.write(
-            encode_request(method, target, [("Host", self.host_header), *headers], body)
-        )
+        conn.transport.write(data)
         return conn
 
     async def _connect(self) -> _Connection:
@@ -458,8 +358,17 @@ class HttpClientPool:
         """Send the request and wait for the response head; raises TargetError or OSError. A
         response whose Content-Length is at most `whole_limit` is read whole first (its
         `body`): one wake-up per small exchange instead of a head, then body chunks."""
-        headers = [("Host", self.host_header), *headers]
         streamed = not isinstance(body, bytes)
+        # the head (and a body in hand) built once; a streamed body goes out after it
+        data = _encode(
+            method,
+            target,
+            self.host_header,
+            {},
+            headers,
+            body if isinstance(body, bytes) else b"",
+            None if isinstance(body, bytes) else length,
+        )
         for attempt in (0, 1):
             fresh = not self._idle
             conn = self._idle.pop() if self._idle else await self._connect()
@@ -468,12 +377,10 @@ class HttpClientPool:
             transport = conn.transport
             assert transport is not None
             try:
-                if isinstance(body, bytes):
-                    transport.write(encode_request(method, target, headers, body))
-                else:
+                transport.write(data)
+                if not isinstance(body, bytes):
                     # the body goes out beside the response: a target that answers while it
                     # reads (an echo, a proxy) must not wait for us to read its answer first
-                    transport.write(_streamed_head(method, target, headers, length))
                     conn.sender = asyncio.get_running_loop().create_task(conn.send_body(body))
                 status, response_headers, whole = await head
             except TargetError:

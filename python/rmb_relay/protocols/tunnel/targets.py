@@ -157,18 +157,18 @@ class WebTarget(Target):
         self,
         method: str,
         url: str,
-        headers: list[tuple[str, str]],
+        headers: dict[str, list[str]],
         body: bytes,
         on_head: OnHead,
     ) -> tuple[HttpClientPool, _Connection] | None:
         """Send a request with a small body in hand on a kept-alive connection, its answer to
-        `on_head` (`HttpClientPool.try_send`); None when that is not possible here (https, no
-        idle connection): use `call`."""
+        `on_head` (`HttpClientPool.try_send`; `headers` the message's map, hop-by-hop fields
+        left out in Rust); None when that is not possible here (https, no idle connection):
+        use `call`. Raises TargetError for a request that cannot be sent."""
         pool = self._pool
         if pool is None:
             return None
-        out = [(k, v) for k, v in headers if k.lower() not in SKIP_REQUEST]
-        conn = pool.try_send(method, f"{self._prefix}/{url}", out, body, INLINE_LIMIT, on_head)
+        conn = pool.try_send(method, f"{self._prefix}/{url}", headers, body, INLINE_LIMIT, on_head)
         return None if conn is None else (pool, conn)
 
     async def close(self) -> None:
@@ -181,7 +181,7 @@ class WebTarget(Target):
 async def reply_of(reply: TargetReply) -> Reply:
     """A target response as a Reply: its body whole when it is small (read with the head, or
     already complete, e.g. an empty chunked body), else a stream to upload."""
-    reply_headers = [(k, v.decode("latin-1")) for k, v in reply.headers]
+    reply_headers = reply.headers
     if reply.body is not None:
         reply.release()
         return Reply(reply.status, reply_headers, reply.body, len(reply.body))
