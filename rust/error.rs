@@ -8,7 +8,8 @@
 //!  ├─ WebSocketProtocolError      a frame the peer had no right to send; args = (message, close_code)
 //!  ├─ EnvelopeError               RMB envelope bytes that are not a valid protobuf Envelope
 //!  ├─ SbdError                    an SBD message that breaks the SBD framing rules
-//!  └─ SignatureError              a key or signature of the wrong shape (a wrong signature is `False`, not an error)
+//!  ├─ SignatureError              a key or signature of the wrong shape (a wrong signature is `False`, not an error)
+//!  └─ TunnelWireError             a tunnel connector message the Rust codec does not take (wire.py decides)
 //! ```
 
 use pyo3::create_exception;
@@ -58,6 +59,13 @@ create_exception!(
     "A key or signature of the wrong shape or an unknown scheme."
 );
 
+create_exception!(
+    _core,
+    TunnelWireError,
+    CoreError,
+    "A tunnel connector message (or value) the Rust codec does not take; wire.py's own codec then accepts it or says what is wrong."
+);
+
 /// Every failure the core can report. Pure-Rust code returns this; the `py` wrappers
 /// convert it with `?` into the matching Python exception.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -75,6 +83,8 @@ pub enum Error {
     #[error("{0}")]
     Signature(String),
     #[error("{0}")]
+    TunnelWire(String),
+    #[error("{0}")]
     InvalidArgument(String),
 }
 
@@ -89,6 +99,7 @@ impl From<Error> for PyErr {
             Error::Envelope(msg) => EnvelopeError::new_err(msg),
             Error::Sbd(msg) => SbdError::new_err(msg),
             Error::Signature(msg) => SignatureError::new_err(msg),
+            Error::TunnelWire(msg) => TunnelWireError::new_err(msg),
             Error::InvalidArgument(msg) => pyo3::exceptions::PyValueError::new_err(msg),
         }
     }
@@ -106,5 +117,6 @@ pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("EnvelopeError", py.get_type::<EnvelopeError>())?;
     m.add("SbdError", py.get_type::<SbdError>())?;
     m.add("SignatureError", py.get_type::<SignatureError>())?;
+    m.add("TunnelWireError", py.get_type::<TunnelWireError>())?;
     Ok(())
 }

@@ -24,6 +24,8 @@ pub mod records;
 pub mod routes;
 pub mod sbd;
 pub mod scan;
+/// the HTTP tunnel's connector messages, JSON and msgpack (wire.py's twin)
+pub mod tunnel_wire;
 pub mod ws;
 
 #[pymodule]
@@ -42,5 +44,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     routes::py::register(m)?;
     crypto::py::register(m)?;
     records::py::register(m)?;
+    tunnel_wire::py::register(m)?;
     Ok(())
 }

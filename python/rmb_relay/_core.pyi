@@ -15,6 +15,7 @@ class WebSocketProtocolError(CoreError): ...
 class EnvelopeError(CoreError): ...
 class SbdError(CoreError): ...
 class SignatureError(CoreError): ...
+class TunnelWireError(CoreError): ...
 
 # ---- http.rs --------------------------------------------------------------------------------
 # PyO3 classes cannot be subclassed (hence @final) and are built by __new__ (no __init__).
@@ -860,3 +861,13 @@ class RecordBuffer:
         retracted ones, as four columns, and the SBD keys first used since the last take, in
         id order. The buffer starts over; record indexes keep counting."""
     def __len__(self) -> int: ...
+
+# ---- tunnel_wire.rs -------------------------------------------------------------------------
+
+def tunnel_encode(message: object, binary: bool) -> bytes:
+    """A tunnel message (wire.py's dataclasses) as msgpack or compact JSON, byte for byte as
+    wire.py writes it; TunnelWireError for a value left to wire.py."""
+
+def tunnel_decode(data: bytes, binary: bool) -> tuple[str, tuple[Any, ...]]:
+    """(kind name, field values in dataclass order); TunnelWireError for anything left to
+    wire.py (which then accepts it or words the exact error)."""

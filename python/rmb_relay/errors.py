@@ -8,7 +8,8 @@ Exception
  │   ├─ WebSocketProtocolError     frame the peer had no right to send; args = (message, close_code)
  │   ├─ EnvelopeError              bytes that are not a valid RMB Envelope
  │   ├─ SbdError                   an SBD message breaking SBD framing
- │   └─ SignatureError             key/signature of the wrong shape (a wrong signature is False)
+ │   ├─ SignatureError             key/signature of the wrong shape (a wrong signature is False)
+ │   └─ TunnelWireError            a tunnel message the Rust codec leaves to wire.py (caught there)
  └─ RelayError                     raised by the Python layers
      ├─ ConfigError                a flag, env var or file the operator must fix
      ├─ HttpReject                 a request refused with an HTTP status (before any upgrade)
@@ -54,6 +55,7 @@ from rmb_relay._core import (
     HttpResponseError,
     SbdError,
     SignatureError,
+    TunnelWireError,
     WebSocketProtocolError,
 )
 
@@ -86,6 +88,7 @@ __all__ = [
     "RequestTimeout",
     "SbdError",
     "SignatureError",
+    "TunnelWireError",
     "TwinLookupError",
     "WebSocketProtocolError",
 ]

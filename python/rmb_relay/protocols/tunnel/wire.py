@@ -18,6 +18,11 @@ JSON travels in text frames with bodies base64-encoded; msgpack (asked for with
 
 Decoding validates every field's type and raises `WireError` with a message naming the field:
 a connector gets that text back in an `Error` message and its connection stays up.
+
+`encode` and `decode` run the Rust codec (`rust/tunnel_wire.rs`, the same bytes and the same
+objects, checked by tests/test_tunnel_wire_native.py); whatever it leaves alone (a value of an
+unusual type, a malformed message, anything it does not parse) goes through the Python codec
+below (`encode_py`, `decode_py`), which also words every error.
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from typing import Any, ClassVar, TypeVar
 
 import msgpack
 
+from rmb_relay._core import TunnelWireError, tunnel_decode, tunnel_encode
+
 __all__ = [
     "AcknowledgeRequest",
     "ClientRequest",
@@ -38,7 +45,9 @@ __all__ = [
     "TenantConfig",
     "WireError",
     "decode",
+    "decode_py",
     "encode",
+    "encode_py",
 ]
 
 Headers = dict[str, list[str]]
@@ -308,7 +317,29 @@ _ENCODERS: dict[type[Any], Any] = {cls: _compile_encoder(cls) for cls in _TYPES.
 
 
 def encode(message: Message, binary: bool) -> bytes:
-    """One websocket message: msgpack when `binary`, else UTF-8 JSON."""
+    """One websocket message: msgpack when `binary`, else UTF-8 JSON (Rust, else Python)."""
+    try:
+        return tunnel_encode(message, binary)
+    except TunnelWireError:
+        return encode_py(message, binary)
+
+
+def decode(data: bytes, binary: bool, expected: tuple[type[M], ...]) -> M:
+    """Parse one message; WireError unless it is one of the `expected` kinds, well formed."""
+    if type(data) is bytes:
+        try:
+            name, values = tunnel_decode(data, binary)
+        except TunnelWireError:
+            pass
+        else:
+            cls = _TYPES[name]
+            if cls in expected:
+                return cls(*values)
+    return decode_py(data, binary, expected)
+
+
+def encode_py(message: Message, binary: bool) -> bytes:
+    """`encode` in Python: the reference the Rust codec is held to."""
     invocation = {"target": message.NAME, "arguments": [_to_object(message, binary)]}
     if binary:
         return _pack(invocation)  # type: ignore[no-any-return]
@@ -321,8 +352,9 @@ _pack = msgpack.Packer(use_bin_type=True).pack
 _dump_json = json.JSONEncoder(separators=(",", ":")).encode
 
 
-def decode(data: bytes, binary: bool, expected: tuple[type[M], ...]) -> M:
-    """Parse one message; WireError unless it is one of the `expected` kinds, well formed."""
+def decode_py(data: bytes, binary: bool, expected: tuple[type[M], ...]) -> M:
+    """`decode` in Python: the reference the Rust codec is held to, and the words of every
+    WireError."""
     try:
         invocation = (
             msgpack.unpackb(data, raw=False, strict_map_key=True) if binary else json.loads(data)
