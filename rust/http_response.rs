@@ -732,7 +732,7 @@ pub mod py {
     /// Parses the responses of one client connection (see `rust/http_response.rs`).
     #[pyclass(module = "rmb_relay._core", name = "HttpResponseParser")]
     pub struct HttpResponseParser {
-        inner: ResponseParser,
+        pub(crate) inner: ResponseParser,
         events: Vec<Event>,
     }
 
@@ -771,6 +771,25 @@ pub mod py {
         })
     }
 
+    /// The events as Python values (drained from `events`); a head with its whole body is the
+    /// whole response, so no End follows it.
+    pub(crate) fn events_list<'py>(
+        py: Python<'py>,
+        events: &mut Vec<Event>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let list = PyList::empty(py);
+        let mut whole = false;
+        for event in events.drain(..) {
+            if whole && event == Event::End {
+                whole = false;
+                continue;
+            }
+            whole = matches!(event, Event::Head { body: Some(_), .. });
+            list.append(to_py(py, event)?)?;
+        }
+        Ok(list)
+    }
+
     #[pymethods]
     impl HttpResponseParser {
         #[new]
@@ -788,20 +807,10 @@ pub mod py {
         fn feed<'py>(&mut self, py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyList>> {
             let mut events = std::mem::take(&mut self.events);
             let result = self.inner.feed(data, &mut events);
-            let list = PyList::empty(py);
-            let mut whole = false;
-            for event in events.drain(..) {
-                // a head with its whole body is the whole response: no End after it
-                if whole && event == Event::End {
-                    whole = false;
-                    continue;
-                }
-                whole = matches!(event, Event::Head { body: Some(_), .. });
-                list.append(to_py(py, event)?)?;
-            }
+            let list = events_list(py, &mut events);
             self.events = events;
             result?;
-            Ok(list)
+            list
         }
 
         fn feed_eof(&mut self) -> PyResult<bool> {

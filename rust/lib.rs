@@ -24,6 +24,8 @@ pub mod records;
 pub mod routes;
 pub mod sbd;
 pub mod scan;
+/// the connector's native per-request path (RequestTarget -> target request, answer -> Deliver)
+pub mod tunnel_connector;
 /// the HTTP tunnel's connector messages, JSON and msgpack (wire.py's twin)
 pub mod tunnel_wire;
 pub mod ws;
@@ -45,5 +47,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     crypto::py::register(m)?;
     records::py::register(m)?;
     tunnel_wire::py::register(m)?;
+    tunnel_connector::py::register(m)?;
     Ok(())
 }

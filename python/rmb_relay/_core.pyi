@@ -871,3 +871,31 @@ def tunnel_encode(message: object, binary: bool) -> bytes:
 def tunnel_decode(data: bytes, binary: bool) -> tuple[str, tuple[Any, ...]]:
     """(kind name, field values in dataclass order); TunnelWireError for anything left to
     wire.py (which then accepts it or words the exact error)."""
+
+# ---- tunnel_connector.rs --------------------------------------------------------------------
+
+@final
+class TunnelConnectorCore:
+    """The connector's native per-request path for one websocket: `request` turns a common
+    `RequestTarget` (mode Disabled, no tracing, answer wanted, inline body, time left, a
+    plain-http web target given as `(NAME.upper(), Host, base path)`) into its target request;
+    `respond` feeds a target connection's bytes to its parser and, when they are one whole
+    answer, queues its `Deliver` as a masked frame (`take_output`)."""
+
+    def __new__(
+        cls, binary: bool, seed: bytes, targets: list[tuple[str, str, str]]
+    ) -> TunnelConnectorCore: ...
+    def request(self, payload: bytes) -> tuple[int, bytes, str, str, bool] | None:
+        """`(target index, request bytes, request id, origin id, is HEAD)`, or None: the
+        message is not the common case (or not valid here); the Python path takes it."""
+    def respond(
+        self, parser: HttpResponseParser, data: bytes, request_id: str, request_origin_id: str
+    ) -> list[tuple[int, list[tuple[str, str]], bytes | None] | bytes | None] | None:
+        """None when `data` completed one whole answer (its Deliver queued), else the
+        parser's events as `HttpResponseParser.feed` gives them; HttpResponseError."""
+    def take_output(self) -> bytes:
+        """The frames queued since the last call, masked, for one write."""
+    @property
+    def has_output(self) -> bool: ...
+
+# ---- end tunnel_connector.rs ----------------------------------------------------------------
