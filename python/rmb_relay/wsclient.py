@@ -183,6 +183,11 @@ class WebSocketClient:
         """All payloads as binary frames in one write."""
         self._write(self.encoder.binary_batch(payloads))
 
+    def send_frames(self, frames: bytes) -> None:
+        """Frames encoded (and masked) by the caller, in one write: the tunnel connector's
+        native path frames its messages in Rust together with their encoding."""
+        self._write(frames)
+
     def send_text(self, text: str) -> None:
         self._write(self.encoder.text(text))
 

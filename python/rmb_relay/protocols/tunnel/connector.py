@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import random
 import time
 from collections.abc import AsyncIterator
@@ -32,7 +33,7 @@ from typing import Any
 
 import aiohttp
 
-from rmb_relay._core import WsMessage
+from rmb_relay._core import TunnelConnectorCore, WsMessage
 from rmb_relay.clock import nanos
 from rmb_relay.errors import ConnectionClosed, HandshakeError
 from rmb_relay.protocols.tunnel.httpclient import (
@@ -89,29 +90,74 @@ def _cancel_for_timeout(task: asyncio.Task[None], fired: list[bool]) -> None:
 
 
 class _FastExchange:
-    """One request of `Connector._start_fast` in flight: the target connection's callback.
-    Its target timeout is a deadline checked by the connector's sweep (`_sweep_fast`), not a
-    timer of its own: arming and cancelling a loop timer per request cost more than the rest
-    of the callback."""
+    """One request of the task-less path in flight (`Connector._start_fast`, or the native
+    `_start_native`): the target connection's callback. Its target timeout is a deadline
+    checked by the connector's sweep (`_sweep_fast`), not a timer of its own: arming and
+    cancelling a loop timer per request cost more than the rest of the callback.
 
-    __slots__ = ("conn", "connector", "deadline", "over", "pool", "received", "request")
+    A native exchange keeps the message's bytes and ids instead of a decoded request: the
+    whole answer is delivered by the Rust core (`delivered`), and only the uncommon outcomes
+    (a streamed answer, a failure, the timeout) decode the message, in Python."""
 
-    def __init__(self, connector: Connector, request: ClientRequest, received: float) -> None:
+    __slots__ = (
+        "conn",
+        "connector",
+        "core",
+        "deadline",
+        "over",
+        "payload",
+        "pool",
+        "received",
+        "request",
+        "request_id",
+        "request_origin_id",
+    )
+
+    def __init__(
+        self,
+        connector: Connector,
+        request: ClientRequest | None,
+        received: float,
+        pool: HttpClientPool | None = None,
+    ) -> None:
         self.connector = connector
         self.request = request
         self.received = received
         self.deadline = received + connector.target_timeout
-        self.pool: HttpClientPool | None = None
+        self.pool = pool
         self.conn: _Connection | None = None
         #: answered (or timed out): a late callback is ignored
         self.over = False
+        # the native path's (set by `_start_native`)
+        self.core: TunnelConnectorCore
+        self.payload = b""
+        self.request_id = ""
+        self.request_origin_id = ""
+
+    def _request(self) -> ClientRequest:
+        """The request, decoded from the message when the native path took it."""
+        request = self.request
+        if request is None:
+            request = self.request = decode(self.payload, self.connector.binary, (ClientRequest,))
+        return request
+
+    def delivered(self, conn: _Connection) -> None:
+        """The native core delivered the whole answer: the connection goes back, the frame
+        out with this loop turn's write."""
+        self.over = True
+        connector = self.connector
+        connector._fast.discard(self)
+        assert self.pool is not None
+        self.pool.put_back(conn)
+        connector._schedule_flush()
 
     def __call__(self, conn: _Connection, head: Head | None, err: Exception | None) -> None:
         if self.over:
             return
         self.over = True
-        connector, request, pool = self.connector, self.request, self.pool
+        connector, pool = self.connector, self.pool
         connector._fast.discard(self)
+        request = self._request()
         assert pool is not None
         if head is None:
             if not conn.received_any:
@@ -144,8 +190,9 @@ class _FastExchange:
         self.connector._fast.discard(self)
         if self.conn is not None:
             self.conn.on_head = None
+            self.conn.native = None
             self.conn.abandon()
-        self.connector._deliver_now(self.request, Reply(504))
+        self.connector._deliver_now(self._request(), Reply(504))
 
 
 class Connector:
@@ -179,6 +226,12 @@ class Connector:
         self._ws: WebSocketClient | None = None
         #: messages to the relay queued in this loop turn (`_send`)
         self._outbox: list[bytes] = []
+        #: a `_flush` is scheduled for this loop turn
+        self._flush_pending = False
+        #: the native per-request path of the current websocket, and the pools of the web
+        #: targets it serves (by the index it gives); None while disconnected
+        self._core: TunnelConnectorCore | None = None
+        self._native_pools: list[HttpClientPool] = []
         self._tasks: set[asyncio.Task[None]] = set()
         #: requests of the task-less path in flight (their deadlines: `_sweep_fast`)
         self._fast: set[_FastExchange] = set()
@@ -260,6 +313,7 @@ class Connector:
             on_message=self._on_ws_message,
         )
         self._ws = ws
+        self._core = self._make_core()
         if self._stopping:  # stop() came while we connected
             await ws.close()
             return
@@ -271,6 +325,7 @@ class Connector:
             keepalive.cancel()
             self.connected.clear()
             self._ws = None
+            self._core = None
 
     async def _sweep_fast(self) -> None:
         """Answer 504 for task-less requests past their target timeout. Checked a tenth of the
@@ -291,8 +346,56 @@ class Connector:
                 log.warning("connector: relay silent for %.0f s: reconnecting", DEAD_AFTER)
                 return
 
+    def _make_core(self) -> TunnelConnectorCore:
+        """The native path for a new websocket: the web targets over plain HTTP it may serve
+        (by their `str.upper()` names, as the Python path matches them)."""
+        pools: list[HttpClientPool] = []
+        served: list[tuple[str, str, str]] = []
+        for name, target in self.targets.items():
+            pool = target.lean_pool if isinstance(target, WebTarget) else None
+            if isinstance(target, WebTarget) and pool is not None:
+                pools.append(pool)
+                served.append((name, pool.host_header, target.prefix))
+        self._native_pools = pools
+        return TunnelConnectorCore(self.binary, os.urandom(32), served)
+
     def _on_ws_message(self, message: WsMessage) -> None:
-        self._on_message(message.data)
+        data = message.data
+        core = self._core
+        if core is not None:
+            started = core.request(data)
+            if started is not None and self._start_native(core, started, data):
+                return
+        self._on_message(data)
+
+    def _start_native(
+        self,
+        core: TunnelConnectorCore,
+        started: tuple[int, bytes, str, str, bool],
+        payload: bytes,
+    ) -> bool:
+        """The common request, decoded and turned into its target request by the Rust core:
+        written to an idle kept-alive connection, whose bytes then go through the core (the
+        whole answer comes back as a `Deliver` frame, built in Rust). False when the target
+        has no idle connection (the Python path takes the message)."""
+        index, wire, request_id, origin_id, head = started
+        pool = self._native_pools[index]
+        conn = pool.take_idle()
+        if conn is None:
+            return False
+        self.received.append(request_id)
+        exchange = _FastExchange(self, None, time.monotonic(), pool)
+        exchange.core = core
+        exchange.payload = payload
+        exchange.request_id = request_id
+        exchange.request_origin_id = origin_id
+        exchange.conn = conn
+        conn.start("HEAD" if head else "GET", INLINE_LIMIT, exchange)
+        conn.native = exchange
+        assert conn.transport is not None
+        conn.transport.write(wire)
+        self._fast.add(exchange)
+        return True
 
     def _on_message(self, data: bytes) -> None:
         try:
@@ -320,22 +423,32 @@ class Connector:
         ws = self._ws
         if ws is None or not ws.is_open:
             return None
-        if not self._outbox:
-            asyncio.get_running_loop().call_soon(self._flush, ws)
         self._outbox.append(encode(message, self.binary))
+        self._schedule_flush()
         return ws
 
-    def _flush(self, ws: WebSocketClient) -> None:
+    def _schedule_flush(self) -> None:
+        if not self._flush_pending:
+            self._flush_pending = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """This loop turn's messages in one write: the native core's frames, then the Python
+        path's messages."""
+        self._flush_pending = False
         outbox, self._outbox = self._outbox, []
-        if ws is not self._ws or not ws.is_open:
+        ws, core = self._ws, self._core
+        if ws is None or not ws.is_open:
             return  # the reconnect follows; the relay redelivers what was not acknowledged
-        try:
+        frames = core.take_output() if core is not None and core.has_output else b""
+        if outbox:
+            encoder = ws.encoder
             if self.binary:
-                ws.send_binaries(outbox)
+                frames += encoder.binary_batch(outbox)
             else:
-                ws.send_texts([data.decode() for data in outbox])
-        except ConnectionClosed:
-            pass
+                frames += b"".join([encoder.text(data.decode()) for data in outbox])
+        with contextlib.suppress(ConnectionClosed):
+            ws.send_frames(frames)
 
     # ---- requests --------------------------------------------------------------------------
 

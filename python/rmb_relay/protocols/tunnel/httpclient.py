@@ -16,9 +16,14 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import AsyncIterator, Callable
-from typing import cast
+from typing import Protocol, cast
 
-from rmb_relay._core import HttpResponseError, HttpResponseParser, encode_target_request
+from rmb_relay._core import (
+    HttpResponseError,
+    HttpResponseParser,
+    TunnelConnectorCore,
+    encode_target_request,
+)
 
 __all__ = ["HttpClientPool", "TargetError", "TargetReply"]
 
@@ -33,6 +38,16 @@ OnHead = Callable[["_Connection", Head | None, Exception | None], None]
 BUFFER_LIMIT = 256 * 1024
 #: idle keep-alive connections kept per target
 MAX_IDLE = 64
+
+
+class NativeExchange(Protocol):
+    """The connector's native exchange on a connection (`connector._FastExchange`)."""
+
+    core: TunnelConnectorCore
+    request_id: str
+    request_origin_id: str
+
+    def delivered(self, conn: _Connection) -> None: ...
 
 
 class TargetError(ConnectionError):
@@ -63,6 +78,9 @@ class _Connection(asyncio.Protocol):
         self.sender: asyncio.Task[None] | None = None
         #: told the head instead of `head` (a request sent with `try_send`)
         self.on_head: OnHead | None = None
+        #: the connector's native path, while it serves this connection's exchange: the
+        #: bytes go through its `respond` (a whole answer is delivered in Rust)
+        self.native: NativeExchange | None = None
 
     # ---- asyncio -------------------------------------------------------------------------
 
@@ -71,8 +89,20 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.received_any = True
+        native = self.native
         try:
-            events = self.parser.feed(data)
+            if native is not None:
+                events = native.core.respond(
+                    self.parser, data, native.request_id, native.request_origin_id
+                )
+                if events is None:  # a whole answer, its Deliver queued by the core
+                    self.native = self.on_head = None
+                    self.done = True
+                    self.reusable = self.parser.keep_alive
+                    native.delivered(self)
+                    return
+            else:
+                events = self.parser.feed(data)
         except HttpResponseError as err:
             self._fail(TargetError(f"malformed target response: {err}"))
             return
@@ -118,6 +148,7 @@ class _Connection(asyncio.Protocol):
     ) -> asyncio.Future[Head] | None:
         """Expect a response: its head resolves the returned future, or goes to `on_head`."""
         self.on_head = on_head
+        self.native = None
         self.head = None if on_head is not None else asyncio.get_running_loop().create_future()
         self.parser.start(method == "HEAD", whole_limit)
         self.done = False
@@ -126,6 +157,7 @@ class _Connection(asyncio.Protocol):
         return self.head
 
     def _head_ready(self, head: Head) -> None:
+        self.native = None
         if head[2] is not None:  # the whole response (the parser sends no end after it)
             self.done = True
             self.reusable = self.parser.keep_alive
@@ -152,6 +184,7 @@ class _Connection(asyncio.Protocol):
 
     def _fail(self, err: Exception) -> None:
         self.error = err
+        self.native = None
         self.reusable = False
         on_head, self.on_head = self.on_head, None
         if on_head is not None:
@@ -307,6 +340,16 @@ class HttpClientPool:
             self._idle.append(conn)
         elif conn.transport is not None:
             conn.transport.close()
+
+    def take_idle(self) -> _Connection | None:
+        """An idle kept-alive connection that is still open, or None (closed ones dropped)."""
+        idle = self._idle
+        while idle:
+            conn = idle.pop()
+            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
+                return conn
+            conn.abandon()  # the target closed it while it was idle
+        return None
 
     def try_send(
         self,

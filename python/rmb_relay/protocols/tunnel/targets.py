@@ -171,6 +171,16 @@ class WebTarget(Target):
         conn = pool.try_send(method, f"{self._prefix}/{url}", headers, body, INLINE_LIMIT, on_head)
         return None if conn is None else (pool, conn)
 
+    @property
+    def lean_pool(self) -> HttpClientPool | None:
+        """The keep-alive pool of a plain-http target (None for https: aiohttp serves it)."""
+        return self._pool
+
+    @property
+    def prefix(self) -> str:
+        """The base URL's path, put before every request's `url`."""
+        return self._prefix
+
     async def close(self) -> None:
         if self._session is not None:
             await self._session.close()
