@@ -74,6 +74,8 @@ CHUNK = 256 * 1024
 PING_AFTER = 15.0
 DEAD_AFTER = 45.0
 KEEPALIVE_TICK = 5.0
+#: request ids kept in `Connector.received` (between this and twice this many)
+RECEIVED_KEPT = 1024
 
 
 def reconnect_delay(attempt: int, low: float, high: float, rng: random.Random) -> float:
@@ -219,7 +221,8 @@ class Connector:
         self.rng = rng or random.Random()
         #: set while a websocket is open (tests and the CLI wait on it)
         self.connected = asyncio.Event()
-        #: requests received, by id (tests read it: which requests reached this connector)
+        #: the ids of the last requests received (tests read it: which requests reached this
+        #: connector); bounded, as a connector runs for months
         self.received: list[str] = []
         self._token: str | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -228,6 +231,8 @@ class Connector:
         self._outbox: list[bytes] = []
         #: a `_flush` is scheduled for this loop turn
         self._flush_pending = False
+        #: the loop `run` runs on (`asyncio.get_running_loop()` per request was measurable)
+        self._loop: asyncio.AbstractEventLoop | None = None
         #: the native per-request path of the current websocket, and the pools of the web
         #: targets it serves (by the index it gives); None while disconnected
         self._core: TunnelConnectorCore | None = None
@@ -244,7 +249,8 @@ class Connector:
     async def run(self) -> None:
         """Connect and serve until `stop()`; reconnects on its own."""
         self._session = aiohttp.ClientSession(auto_decompress=False)
-        sweep = asyncio.get_running_loop().create_task(self._sweep_fast())
+        self._loop = loop = asyncio.get_running_loop()
+        sweep = loop.create_task(self._sweep_fast())
         attempt = 0
         try:
             while not self._stopping:
@@ -346,6 +352,12 @@ class Connector:
                 log.warning("connector: relay silent for %.0f s: reconnecting", DEAD_AFTER)
                 return
 
+    def _note_received(self, request_id: str) -> None:
+        received = self.received
+        received.append(request_id)
+        if len(received) >= 2 * RECEIVED_KEPT:
+            del received[:RECEIVED_KEPT]
+
     def _make_core(self) -> TunnelConnectorCore:
         """The native path for a new websocket: the web targets over plain HTTP it may serve
         (by their `str.upper()` names, as the Python path matches them)."""
@@ -383,15 +395,14 @@ class Connector:
         conn = pool.take_idle()
         if conn is None:
             return False
-        self.received.append(request_id)
+        self._note_received(request_id)
         exchange = _FastExchange(self, None, time.monotonic(), pool)
         exchange.core = core
         exchange.payload = payload
         exchange.request_id = request_id
         exchange.request_origin_id = origin_id
         exchange.conn = conn
-        conn.start("HEAD" if head else "GET", INLINE_LIMIT, exchange)
-        conn.native = exchange
+        conn.start_native(head, INLINE_LIMIT, exchange)
         assert conn.transport is not None
         conn.transport.write(wire)
         self._fast.add(exchange)
@@ -404,7 +415,7 @@ class Connector:
             log.warning("connector: bad message from the relay: %s", err)
             return
         if isinstance(message, ClientRequest):
-            self.received.append(message.request_id)
+            self._note_received(message.request_id)
             if not self._start_fast(message):
                 self._start_task(message, time.monotonic())
         elif isinstance(message, TenantConfig):
@@ -430,7 +441,10 @@ class Connector:
     def _schedule_flush(self) -> None:
         if not self._flush_pending:
             self._flush_pending = True
-            asyncio.get_running_loop().call_soon(self._flush)
+            loop = self._loop
+            if loop is None:
+                loop = self._loop = asyncio.get_running_loop()
+            loop.call_soon(self._flush)
 
     def _flush(self) -> None:
         """This loop turn's messages in one write: the native core's frames, then the Python

@@ -156,6 +156,15 @@ class _Connection(asyncio.Protocol):
         self.received_any = False
         return self.head
 
+    def start_native(self, head_request: bool, whole_limit: int, exchange: NativeExchange) -> None:
+        """`start` for the connector's native path: the bytes go through `exchange.core`,
+        and `exchange` (an OnHead too) hears the uncommon outcomes."""
+        self.on_head = cast(OnHead, exchange)
+        self.native = exchange
+        self.head = None
+        self.parser.start(head_request, whole_limit)
+        self.done = self.reusable = self.received_any = False
+
     def _head_ready(self, head: Head) -> None:
         self.native = None
         if head[2] is not None:  # the whole response (the parser sends no end after it)
