@@ -210,8 +210,8 @@ class HttpResponseParser:
     latin-1 text, repeated fields in order; `body` is the whole body when it was gathered
     with the head, and then nothing follows for that response, else None and the body comes
     as bytes pieces), bytes (body pieces), None (the response is complete). Raises
-    HttpResponseError for a malformed response (and again on every later call), ValueError
-    for bytes while no response is expected."""
+    HttpResponseError for a malformed response or bytes while none is expected (and again
+    on every later call)."""
 
     def __new__(cls) -> HttpResponseParser: ...
     def start(self, head_request: bool, whole_limit: int) -> None:

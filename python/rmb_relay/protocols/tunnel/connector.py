@@ -149,6 +149,7 @@ class _FastExchange:
         self.over = True
         connector = self.connector
         connector._fast.discard(self)
+        connector.native_delivered += 1
         assert self.pool is not None
         self.pool.put_back(conn)
         connector._schedule_flush()
@@ -209,6 +210,7 @@ class Connector:
         target_timeout: float = DEFAULT_TARGET_TIMEOUT,
         reconnect: tuple[float, float] = (1.0, 30.0),
         rng: random.Random | None = None,
+        native: bool = True,
     ) -> None:
         self.server = server.rstrip("/")
         self.tenant = tenant
@@ -219,6 +221,11 @@ class Connector:
         self.target_timeout = target_timeout
         self.reconnect = reconnect
         self.rng = rng or random.Random()
+        #: serve the common request through the Rust core (TunnelConnectorCore); False keeps
+        #: every request on the Python path (tests compare the two)
+        self.native = native
+        #: answers delivered by the native path (tests check it was taken)
+        self.native_delivered = 0
         #: set while a websocket is open (tests and the CLI wait on it)
         self.connected = asyncio.Event()
         #: the ids of the last requests received (tests read it: which requests reached this
@@ -319,7 +326,7 @@ class Connector:
             on_message=self._on_ws_message,
         )
         self._ws = ws
-        self._core = self._make_core()
+        self._core = self._make_core() if self.native else None
         if self._stopping:  # stop() came while we connected
             await ws.close()
             return

@@ -103,11 +103,8 @@ class _Connection(asyncio.Protocol):
                     return
             else:
                 events = self.parser.feed(data)
-        except HttpResponseError as err:
+        except HttpResponseError as err:  # also: bytes while no request is out
             self._fail(TargetError(f"malformed target response: {err}"))
-            return
-        except ValueError as err:  # bytes while no request is out
-            self._fail(TargetError(str(err)))
             return
         for event in events:
             if event is None:
