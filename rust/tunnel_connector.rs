@@ -437,7 +437,8 @@ pub mod py {
     use super::{Core, WebTarget};
     use crate::error::Error;
     use crate::http_response::py::{events_list, HttpResponseParser};
-    use crate::ws::MASK_SEED_LEN;
+    use crate::ws::py::{event_to_py, WsDecoder};
+    use crate::ws::{Event as WsEvent, MASK_SEED_LEN};
 
     /// The connector's native per-request path for one websocket (`rust/tunnel_connector.rs`).
     #[pyclass(module = "rmb_relay._core")]
@@ -483,6 +484,48 @@ pub mod py {
                 s.request_origin_id,
                 s.head,
             ))
+        }
+
+        /// A websocket read in one call: deframed with the connection's `decoder`, each
+        /// common `RequestTarget` as `(target index, request bytes, request id, origin id, is
+        /// HEAD, message)` (the message for the Python path should the exchange need it), every
+        /// other event as `WsDecoder.feed` gives it.
+        fn feed_ws<'py>(
+            &self,
+            py: Python<'py>,
+            decoder: &Bound<'py, WsDecoder>,
+            data: &[u8],
+        ) -> PyResult<Bound<'py, PyList>> {
+            let mut decoder = decoder.borrow_mut();
+            let out = PyList::empty(py);
+            decoder.inner.feed(data, |ev| {
+                if let WsEvent::Message { payload, .. } = ev {
+                    let owned;
+                    let bytes = match payload.as_unmasked() {
+                        Some(bytes) => bytes,
+                        None => {
+                            owned = payload.to_vec();
+                            &owned
+                        }
+                    };
+                    if let Some(s) = self.core.request(bytes) {
+                        let item = (
+                            s.target,
+                            PyBytes::new(py, &s.wire),
+                            s.request_id,
+                            s.request_origin_id,
+                            s.head,
+                            PyBytes::new(py, bytes),
+                        );
+                        return out.append(item);
+                    }
+                }
+                if let Some(event) = event_to_py(py, ev, None, 0)? {
+                    out.append(event)?;
+                }
+                Ok::<(), PyErr>(())
+            })?;
+            Ok(out)
         }
 
         /// Feed a target connection's bytes to its parser: None when they completed a whole

@@ -1566,7 +1566,7 @@ pub mod py {
     }
 
     /// The event for Python; None for a message the scanner's fast path forwarded itself.
-    fn event_to_py(
+    pub(crate) fn event_to_py(
         py: Python<'_>,
         ev: Event<'_>,
         feed: Option<&mut Feed<'_, '_>>,
@@ -1629,7 +1629,8 @@ pub mod py {
     /// reads each data message's routing in the same call.
     #[pyclass(module = "rmb_relay._core")]
     pub struct WsDecoder {
-        inner: Decoder,
+        /// borrowed by the tunnel connector's native path (`tunnel_connector.rs`)
+        pub(crate) inner: Decoder,
         scanner: Option<Scanner>,
     }
 

@@ -885,6 +885,12 @@ class TunnelConnectorCore:
     def __new__(
         cls, binary: bool, seed: bytes, targets: list[tuple[str, str, str]]
     ) -> TunnelConnectorCore: ...
+    def feed_ws(
+        self, decoder: WsDecoder, data: bytes
+    ) -> list[tuple[int, bytes, str, str, bool, bytes] | WsEvent]:
+        """A websocket read in one call: deframed by `decoder`, each common RequestTarget as
+        `(target index, request bytes, request id, origin id, is HEAD, message)`, every
+        other event as `WsDecoder.feed` gives it."""
     def request(self, payload: bytes) -> tuple[int, bytes, str, str, bool] | None:
         """`(target index, request bytes, request id, origin id, is HEAD)`, or None: the
         message is not the common case (or not valid here); the Python path takes it."""

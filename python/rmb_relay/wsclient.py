@@ -40,6 +40,8 @@ DEFAULT_CONNECT_TIMEOUT = 10.0
 
 
 MessageCallback = Callable[[WsMessage], None]
+#: `WebSocketClient.on_data`: (decoder, bytes read) -> the events left to the client
+DataHook = Callable[[WsDecoder, bytes], list[WsEvent]]
 
 
 class _ClientProtocol(asyncio.Protocol):
@@ -59,7 +61,10 @@ class _ClientProtocol(asyncio.Protocol):
         self.client.last_received = self.client.clock()
         decoder = self.decoder
         if decoder is not None:
-            self.client._on_events(decoder.feed(data))
+            on_data = self.client.on_data
+            self.client._on_events(
+                decoder.feed(data) if on_data is None else on_data(decoder, data)
+            )
             return
         self.buffer += data
         try:
@@ -113,6 +118,10 @@ class WebSocketClient:
     ) -> None:
         self.max_message = max_message
         self.on_message = on_message
+        #: decodes each read instead of `WsDecoder.feed` when set, and returns the events it
+        #: leaves to this client (the tunnel connector serves its common requests in the same
+        #: Rust call that deframes them)
+        self.on_data: DataHook | None = None
         self.clock = clock
         #: when anything (a message, a pong, a close) last arrived, and when we last wrote
         self.last_received = self.last_sent = clock()

@@ -29,11 +29,11 @@ import os
 import random
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 
-from rmb_relay._core import TunnelConnectorCore, WsMessage
+from rmb_relay._core import TunnelConnectorCore, WsDecoder, WsEvent, WsMessage
 from rmb_relay.clock import nanos
 from rmb_relay.errors import ConnectionClosed, HandshakeError
 from rmb_relay.protocols.tunnel.httpclient import (
@@ -326,7 +326,9 @@ class Connector:
             on_message=self._on_ws_message,
         )
         self._ws = ws
-        self._core = self._make_core() if self.native else None
+        if self.native:
+            self._core = self._make_core()
+            ws.on_data = self._on_ws_data
         if self._stopping:  # stop() came while we connected
             await ws.close()
             return
@@ -379,25 +381,33 @@ class Connector:
         return TunnelConnectorCore(self.binary, os.urandom(32), served)
 
     def _on_ws_message(self, message: WsMessage) -> None:
-        data = message.data
+        self._on_message(message.data)
+
+    def _on_ws_data(self, decoder: WsDecoder, data: bytes) -> list[WsEvent]:
+        """A websocket read (`WebSocketClient.on_data`): deframed and its common requests
+        decoded and turned into target requests in one Rust call; every other event is left
+        to the client (a message then reaches `_on_ws_message`)."""
         core = self._core
-        if core is not None:
-            started = core.request(data)
-            if started is not None and self._start_native(core, started, data):
-                return
-        self._on_message(data)
+        if core is None:
+            return decoder.feed(data)
+        items = core.feed_ws(decoder, data)
+        left: list[WsEvent] = []
+        for item in items:
+            if type(item) is tuple:
+                if not self._start_native(core, item):
+                    self._on_message(item[5])  # no idle connection: the Python path
+            else:
+                left.append(cast(WsEvent, item))
+        return left
 
     def _start_native(
-        self,
-        core: TunnelConnectorCore,
-        started: tuple[int, bytes, str, str, bool],
-        payload: bytes,
+        self, core: TunnelConnectorCore, started: tuple[int, bytes, str, str, bool, bytes]
     ) -> bool:
         """The common request, decoded and turned into its target request by the Rust core:
         written to an idle kept-alive connection, whose bytes then go through the core (the
         whole answer comes back as a `Deliver` frame, built in Rust). False when the target
         has no idle connection (the Python path takes the message)."""
-        index, wire, request_id, origin_id, head = started
+        index, wire, request_id, origin_id, head, payload = started
         pool = self._native_pools[index]
         conn = pool.take_idle()
         if conn is None:
