@@ -573,3 +573,51 @@ pub mod py {
         m.add_class::<TunnelConnectorCore>()
     }
 }
+
+#[cfg(test)]
+mod timing {
+    //! `cargo test --release --lib timing -- --ignored --nocapture`: where a request's
+    //! microseconds go (not run by default: timings are not assertions).
+    use super::*;
+
+    #[test]
+    #[ignore]
+    fn request_decode_timing() {
+        let mut headers = String::new();
+        for i in 0..5 {
+            headers.push_str(&format!(r#""h{i}":["v"],"#));
+        }
+        let json = format!(
+            r#"{{"target":"RequestTarget","arguments":[{{"requestId":"{a}","requestOriginId":"{b}","target":"app","tenantName":"acme","httpMethod":"POST","url":"echo","httpHeaders":{{{h}"z":["1"]}},"bodySize":0}}]}}"#,
+            a = "a".repeat(32),
+            b = "b".repeat(32),
+            h = headers
+        );
+        let data = json.as_bytes();
+        let n = 200_000;
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(tunnel_wire::parse(std::hint::black_box(data), false).unwrap());
+        }
+        println!("parse json {:?}/msg", t.elapsed() / n);
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(tunnel_wire::decode(std::hint::black_box(data), false).unwrap());
+        }
+        println!("decode json {:?}/msg", t.elapsed() / n);
+        let c = Core::new(
+            false,
+            &[1; 32],
+            vec![WebTarget {
+                name: "APP".into(),
+                host: "h".into(),
+                prefix: "".into(),
+            }],
+        );
+        let t = std::time::Instant::now();
+        for _ in 0..n {
+            std::hint::black_box(c.request(std::hint::black_box(data)).unwrap());
+        }
+        println!("request json {:?}/msg", t.elapsed() / n);
+    }
+}
