@@ -30,6 +30,7 @@ from rmb_relay.errors import HttpReject
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest, Outboxes, WsDecoder, WsMessage
     from rmb_relay.clock import Clock
+    from rmb_relay.server.http import ExpressHandler
     from rmb_relay.services import Services
 
 __all__ = [
@@ -203,10 +204,17 @@ class Routes(Protocol):
         same method is refused at startup. The handler gets the whole body in
         `request.body` (at most the listener's `max_message`, else the client gets 413)."""
 
-    def add_streaming(self, method: str, path: str, handler: StreamingRouteHandler) -> None:
+    def add_streaming(
+        self,
+        method: str,
+        path: str,
+        handler: StreamingRouteHandler,
+        express: ExpressHandler | None = None,
+    ) -> None:
         """Like `add`, but the handler reads the body itself, as it arrives (`RequestBody`),
         with no size limit: uploads, tunnels. Its response may stream too
-        (`HttpResponse.stream`)."""
+        (`HttpResponse.stream`). `express`: offered small whole requests first, without a
+        task (server/http.py)."""
 
 
 class WebSocketHandler(abc.ABC):

@@ -48,7 +48,7 @@ import contextlib
 import enum
 import itertools
 import logging
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Protocol, cast
 
 from rmb_relay._core import (
@@ -79,7 +79,7 @@ from rmb_relay._core import (
 )
 from rmb_relay.errors import HttpReject
 from rmb_relay.protocols.base import CloseCode, HttpResponse, reject_response
-from rmb_relay.server.http import BODY_BUFFER_LIMIT, IncomingBody
+from rmb_relay.server.http import BODY_BUFFER_LIMIT, EXPRESS_BODY_LIMIT, IncomingBody
 from rmb_relay.server.limits import OPS_PATHS
 
 if TYPE_CHECKING:
@@ -87,6 +87,7 @@ if TYPE_CHECKING:
     from rmb_relay.clock import Clock
     from rmb_relay.config import ListenerConfig
     from rmb_relay.protocols.base import Dialect, HttpClient, RequestBody, WebSocketHandler
+    from rmb_relay.server.http import ExpressHandler
     from rmb_relay.telemetry.metrics import Counter
 
 log = logging.getLogger("rmb_relay.server")
@@ -172,6 +173,9 @@ class ConnectionHost(Protocol):
     ) -> HttpResponse:
         """Answer a plain HTTP request (the router reads `body` whole or hands it over)."""
 
+    def express_for(self, method: str, path: str) -> ExpressHandler | None:
+        """The express handler of the route (server/http.py), if it has one."""
+
     def connection_opened(self, conn: Connection) -> None: ...
 
     def connection_closed(self, conn: Connection) -> None: ...
@@ -194,6 +198,8 @@ class Connection(asyncio.Protocol):
         "_close_timer",
         "_continue_sent",
         "_decoder",
+        "_express",
+        "_express_cancel",
         "_frames",
         "_held_by_dialect",
         "_http_paused",
@@ -243,6 +249,10 @@ class Connection(asyncio.Protocol):
         self._response_started = False
         self._continue_sent = False
         self._http_paused = False
+        #: the express handler offered the request being read once its end is in (http.py)
+        self._express: ExpressHandler | None = None
+        #: abandons the request an express handler took, until it answers
+        self._express_cancel: Callable[[], None] | None = None
         self._decoder: WsDecoder | None = None
         self._scan_clock: Clock | None = None
         #: the switch's outboxes when the handler uses the fast path: this connection's output
@@ -354,6 +364,7 @@ class Connection(asyncio.Protocol):
                 timer.cancel()
         if self._task is not None and not self._task.done():
             self._task.cancel()
+        self._abandon_express()
         self._frames.clear()
         self._pending.clear()
         outboxes = self._outboxes
@@ -674,10 +685,16 @@ class Connection(asyncio.Protocol):
                 assert body is not None
                 body.finish(event.trailers)  # type: ignore[union-attr]
                 self._pause_http()  # a pipelined request waits until this one is answered
+                if self._express is not None:
+                    self._run_express()
             else:
                 violation: HttpViolation = event  # type: ignore[assignment]
                 self._refuse(violation.status, violation.reason)
                 return
+        if self._express is not None:
+            # the body did not come whole in this read: the ordinary path reads the rest
+            self._express = None
+            self._start_task()
 
     def _start_request(self, request: HttpRequest) -> None:
         if self._http_timer is not None:
@@ -698,13 +715,59 @@ class Connection(asyncio.Protocol):
         self._request = request
         self._response_started = False
         self._continue_sent = False
-        self._body = body = IncomingBody(
+        self._body = IncomingBody(
             request.content_length,
             limit=config.max_message,
             idle_timeout=config.http_idle_timeout,
             on_read=self._on_body_read,
         )
+        if not request.expect_continue and (
+            not request.has_body
+            or (request.content_length is not None and request.content_length <= EXPRESS_BODY_LIMIT)
+        ):
+            self._express = self.server.express_for(request.method, request.path)
+            if self._express is not None:
+                return  # offered at its end (_run_express)
+        self._start_task()
+
+    def _start_task(self) -> None:
+        request, body = self._request, self._body
+        assert request is not None
+        assert body is not None
         self._task = asyncio.get_running_loop().create_task(self._serve(request, body))
+
+    def _run_express(self) -> None:
+        """The request ended in the read that started it: offer it to the express handler;
+        if that declines, the ordinary task serves it."""
+        express, self._express = self._express, None
+        request, body = self._request, self._body
+        assert express is not None
+        assert request is not None
+        assert body is not None
+        self._express_cancel = express(request, body.peek(), self)
+        if self._express_cancel is None:
+            self._start_task()
+
+    def express_answer(self, response: HttpResponse) -> None:
+        """The express handler's answer (server/http.py ExpressClient): written at once, as
+        `_send` would; a streamed or HEAD answer goes through `_send` in a task."""
+        self._express_cancel = None
+        request, body = self._request, self._body
+        if self.state is not State.HTTP or request is None or body is None:
+            return
+        if response.stream is not None or request.method == "HEAD":
+            self._task = asyncio.get_running_loop().create_task(
+                self._serve(request, body, response)
+            )
+            return
+        keep = request.keep_alive and response.status < 400 and not self._client_done
+        self._send_whole(request, body, response, keep)
+
+    def _abandon_express(self) -> None:
+        cancel, self._express_cancel = self._express_cancel, None
+        self._express = None
+        if cancel is not None:
+            cancel()
 
     def refuse_at_once(self, status: int, reason: str) -> None:
         """Answer a connection the caps do not admit, without reading its request, and close."""
@@ -719,6 +782,7 @@ class Connection(asyncio.Protocol):
         task = self._task
         if task is not None and not task.done():
             task.cancel()  # the request is broken: its handler's answer is moot
+        self._abandon_express()
         if self._response_started:
             self._abort_http()
         else:
@@ -741,9 +805,13 @@ class Connection(asyncio.Protocol):
         if not body.finished and body.buffered <= BODY_BUFFER_LIMIT // 2:
             self._resume_http()
 
-    async def _serve(self, request: HttpRequest, body: IncomingBody) -> None:
+    async def _serve(
+        self, request: HttpRequest, body: IncomingBody, response: HttpResponse | None = None
+    ) -> None:
+        """Answer and send (`response` given: an express handler's, to send)."""
         try:
-            response = await self._answer(request, body)
+            if response is None:
+                response = await self._answer(request, body)
             if response is not None:
                 await self._send(request, body, response)
         except asyncio.CancelledError:
@@ -801,6 +869,9 @@ class Connection(asyncio.Protocol):
         # request was read to its end; a response sent before the body was read closes it
         # (RFC 9110 §10.1.1), unless it streams (a tunnel may still be reading the body).
         keep = request.keep_alive and response.status < 400 and not self._client_done
+        if response.stream is None and request.method != "HEAD":
+            self._send_whole(request, body, response, keep)
+            return
         if response.stream is None and not body.finished:
             keep = False
         self.server.metrics.http_requests.inc(1, request.method, str(response.status))
@@ -808,7 +879,7 @@ class Connection(asyncio.Protocol):
             if response.length is None and request.version == 0:
                 keep = False  # its body ends with the connection
             await self._send_stream(request, response, close=not keep)
-        elif request.method == "HEAD":
+        else:  # HEAD
             bodyless = response.status < 200 or response.status in (204, 304)
             self._response_started = True
             self._write(
@@ -819,13 +890,22 @@ class Connection(asyncio.Protocol):
                     close=not keep,
                 )
             )
+        if keep and body.finished and self.state is State.HTTP:
+            self._next_request()
         else:
-            self._response_started = True
-            self._write(
-                encode_response(
-                    response.status, response.header_list(), response.body, close=not keep
-                )
-            )
+            self._close_http()
+
+    def _send_whole(
+        self, request: HttpRequest, body: IncomingBody, response: HttpResponse, keep: bool
+    ) -> None:
+        """A response with its body in memory, in one write; then the next request."""
+        if response.stream is None and not body.finished:
+            keep = False
+        self.server.metrics.http_requests.inc(1, request.method, str(response.status))
+        self._response_started = True
+        self._write(
+            encode_response(response.status, response.header_list(), response.body, close=not keep)
+        )
         if keep and body.finished and self.state is State.HTTP:
             self._next_request()
         else:

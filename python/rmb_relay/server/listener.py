@@ -22,7 +22,7 @@ from rmb_relay.protocols.base import CloseCode, HttpResponse
 from rmb_relay.protocols.paths import PathTable
 from rmb_relay.server.acceptor import Acceptor, bind_sockets
 from rmb_relay.server.connection import Connection, OutputBatcher, State
-from rmb_relay.server.http import Router
+from rmb_relay.server.http import ExpressHandler, Router
 from rmb_relay.server.limits import Admission, ConnectionLimits, default_max_connections
 from rmb_relay.telemetry.metrics import Registry
 
@@ -241,6 +241,9 @@ class RelayServer:
         self, request: HttpRequest, body: RequestBody, client: HttpClient
     ) -> HttpResponse:
         return await self.router.dispatch(request, body, client)
+
+    def express_for(self, method: str, path: str) -> ExpressHandler | None:
+        return self.router.express_for(method, path)
 
     # ---- operations endpoints --------------------------------------------------------------
 

@@ -152,11 +152,12 @@ async def handle(
         discard_connector_response=mode == "queue",
     )
     loop = asyncio.get_running_loop()
+    future: asyncio.Future[Outcome] | None = None if mode == "queue" else loop.create_future()
     job = Job(
         wire,
         tenant.normalized,
         hub.new_deadline(),
-        None if mode == "queue" else loop.create_future(),
+        future,
         limit=tenant.max_concurrent,
         # only the manual mode's acknowledge URL carries the token: no random bytes otherwise
         ack_token=secrets.token_urlsafe(24) if ack_mode == MANUAL else "",
@@ -178,16 +179,16 @@ async def handle(
         metrics.requests.inc(1, name, "-", "503")
         record("rejected", "relay busy")
         return _status(503, refusal_reason(err, name))
-    if job.future is None:
+    if future is None:
         metrics.requests.inc(1, name, target, "202")
         record("queued")
         return HttpResponse(202)
     # a plain timer that fails the future, not `asyncio.timeout` (~6x its cost per request)
     timer = loop.call_later(
-        dialect.settings.request_ttl + dialect.settings.response_timeout, _time_out, job.future
+        dialect.settings.request_ttl + dialect.settings.response_timeout, _time_out, future
     )
     try:
-        outcome = await job.future
+        outcome = await future
     except TimeoutError:
         hub.abandon(job)
         metrics.requests.inc(1, name, "-", "504")
@@ -198,6 +199,15 @@ async def handle(
         raise
     finally:
         timer.cancel()
+    return respond(dialect, job, outcome, record)
+
+
+def respond(dialect: TunnelDialect, job: Job, outcome: Outcome, record: _Record) -> HttpResponse:
+    """The client's answer for a job's outcome, counted in the metrics and route records (the
+    task path above and the express path, express.py, end here alike)."""
+    metrics = dialect.metrics
+    wire = job.request
+    name = wire.tenant_name
     if isinstance(outcome, int):
         metrics.requests.inc(1, name, "-", str(outcome))
         reason = {408: "request expired before a connector took it"}.get(
@@ -206,8 +216,9 @@ async def handle(
         record("expired" if outcome == 408 else "rejected", reason)
         return _status(outcome, reason)
     status = outcome.http_status_code
-    metrics.requests.inc(1, name, target if status != 404 else "-", str(status))
+    metrics.requests.inc(1, name, wire.target if status != 404 else "-", str(status))
     record("delivered")
+    request_id = wire.request_id
     headers = response_headers(outcome)
     if wire.enable_tracing:
         headers += [

@@ -49,6 +49,14 @@ class TunnelMetrics:
             "Connector messages refused as malformed or naming unknown requests",
             const=const,
         )
+        self.express = registry.counter(
+            "rmb_relay_tunnel_express_total",
+            "Relay-mode requests offered to the express path (express.py): taken, or declined "
+            "to the task path and why (mode, tenant, auth, records, no connector, queued, "
+            "limit, budget)",
+            ("outcome",),
+            const=const,
+        )
         self.swept = registry.counter(
             "rmb_relay_tunnel_body_files_swept_total",
             "Orphaned body files the sweeper removed",
