@@ -207,7 +207,7 @@ class TunnelDialect(Dialect):
                     f"/{mode}/*",
                     self._client,
                     # relay mode's common case skips the task path (express.py)
-                    express=self._express if mode == "relay" else None,
+                    express=self._express if mode == "relay" and self.settings.express else None,
                 )
         router.add("GET", "/.well-known/relayserver-configuration", self._discovery)
         router.add("POST", "/tunnel/token", self._token)

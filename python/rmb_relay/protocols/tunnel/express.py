@@ -108,7 +108,7 @@ def offer(
     parts = request.path.split("/", 4)
     metrics = dialect.metrics
     if len(parts) < 4 or parts[1] != "relay":
-        metrics.express.inc(1, "mode")
+        metrics.express.inc(1, "path")
         return None
     if dialect.records is not None:
         metrics.express.inc(1, "records")

@@ -52,7 +52,7 @@ class TunnelMetrics:
         self.express = registry.counter(
             "rmb_relay_tunnel_express_total",
             "Relay-mode requests offered to the express path (express.py): taken, or declined "
-            "to the task path and why (mode, tenant, auth, records, no connector, queued, "
+            "to the task path and why (path, tenant, auth, records, no connector, queued, "
             "limit, budget)",
             ("outcome",),
             const=const,
