@@ -16,6 +16,8 @@ from contextlib import asynccontextmanager
 import aiohttp
 import pytest
 
+from rmb_relay.protocols.base import HttpResponse
+from rmb_relay.protocols.tunnel.express import SPARE, ExpressReply
 from rmb_relay.protocols.tunnel.wire import TargetResponse, encode
 from tests.conftest import WAIT
 from tests.helpers import eventually
@@ -245,3 +247,33 @@ async def test_malformed_and_unknown_deliveries_are_refused_while_a_request_wait
     assert [v for n, v in headers if n == "x-one"] == ["a", "b"]
     assert tunnel.dialect.metrics.bad_messages.value() == len(bad)
     assert tunnel.dialect.hub.jobs == {}
+
+
+class _Answers:
+    """Collects what an express reply answers (the connection's side of ExpressClient)."""
+
+    def __init__(self) -> None:
+        self.answers: list[int] = []
+
+    def express_answer(self, response: HttpResponse) -> None:
+        self.answers.append(response.status)
+
+
+async def test_the_deadline_queue_stays_as_small_as_the_requests_in_flight(
+    start_tunnel: StartTunnel,
+) -> None:
+    """One reply that never finishes sits at the head; thousands after it finish. The queue
+    is rebuilt without them rather than growing with every request."""
+    tunnel = await start_tunnel()
+    dialect = tunnel.dialect
+    deadlines = dialect.express_deadlines
+    stuck = ExpressReply(dialect, _Answers())
+    deadlines.add(stuck)
+    for _ in range(10 * SPARE):
+        reply = ExpressReply(dialect, _Answers())
+        deadlines.add(reply)
+        reply.abandon()  # finished (a job-less reply: nothing else to do)
+        assert len(deadlines.queue) <= 2 * deadlines.live + SPARE + 1
+    assert deadlines.live == 1
+    stuck.abandon()
+    assert deadlines.live == 0

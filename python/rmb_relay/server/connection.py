@@ -94,6 +94,9 @@ log = logging.getLogger("rmb_relay.server")
 
 _ids = itertools.count(1)
 
+#: how early the idle timer may fire and still close (timers fire to the millisecond): a
+#: timer found earlier than its deadline by more waits again
+IDLE_SLACK = 0.005
 #: the interim answer to `Expect: 100-continue` (RFC 9110 §15.2.1)
 CONTINUE = encode_response_head(100, [])
 
@@ -204,6 +207,7 @@ class Connection(asyncio.Protocol):
         "_held_by_dialect",
         "_http_paused",
         "_http_timer",
+        "_idle_deadline",
         "_outboxes",
         "_parser",
         "_peer_close_code",
@@ -266,6 +270,9 @@ class Connection(asyncio.Protocol):
         self._peer_close_code: int | None = None
         self._close_timer: asyncio.TimerHandle | None = None
         self._http_timer: asyncio.TimerHandle | None = None
+        #: loop time the idle timer closes the connection at; None while a request is served
+        #: (the timer, once armed, stays: `_http_idle` re-arms it for the rest of the wait)
+        self._idle_deadline: float | None = None
         self._task: asyncio.Task[None] | None = None
         # backpressure: congested = our transport is over its high-water mark
         self.congested = False
@@ -697,9 +704,7 @@ class Connection(asyncio.Protocol):
             self._start_task()
 
     def _start_request(self, request: HttpRequest) -> None:
-        if self._http_timer is not None:
-            self._http_timer.cancel()  # the request deadline takes over from the idle timer
-            self._http_timer = None
+        self._idle_deadline = None  # the request deadline takes over from the idle timer
         if request.is_websocket_upgrade and request.has_body:
             self._refuse(400, "websocket upgrade with a body")
             return
@@ -744,9 +749,11 @@ class Connection(asyncio.Protocol):
         assert express is not None
         assert request is not None
         assert body is not None
-        self._express_cancel = express(request, body.peek(), self)
-        if self._express_cancel is None:
+        cancel = express(request, body.peek(), self)
+        if cancel is None:
             self._start_task()
+        elif self._request is request and self._express is None:
+            self._express_cancel = cancel  # (unless it was answered already)
 
     def express_answer(self, response: HttpResponse) -> None:
         """The express handler's answer (server/http.py ExpressClient): written at once, as
@@ -975,11 +982,16 @@ class Connection(asyncio.Protocol):
         self._on_http_bytes(b"")
 
     def _arm_idle_timer(self) -> None:
+        """Start the idle wait. A timer still armed from an earlier wait is kept and finds the
+        new deadline when it fires: one timer per keep-alive connection rather than a
+        call_later and a cancel per request (3.5 us of a tunnelled request's ~40 in the relay
+        went to its two timers)."""
+        loop = asyncio.get_running_loop()
+        timeout = self.server.config.http_idle_timeout
+        self._idle_deadline = loop.time() + timeout
         if self._http_timer is not None:
-            self._http_timer.cancel()
-        self._http_timer = asyncio.get_running_loop().call_later(
-            self.server.config.http_idle_timeout, self._http_idle
-        )
+            return
+        self._http_timer = loop.call_at(self._idle_deadline, self._http_idle)
 
     def _pause_http(self) -> None:
         transport = self.transport
@@ -1074,7 +1086,17 @@ class Connection(asyncio.Protocol):
     def _http_idle(self) -> None:
         """No request head (or only part of one) within the idle timeout."""
         self._http_timer = None
-        if self.state is not State.HTTP or self.transport is None or self._request is not None:
+        deadline = self._idle_deadline
+        if (
+            self.state is not State.HTTP
+            or self.transport is None
+            or self._request is not None
+            or deadline is None
+        ):
+            return
+        loop = asyncio.get_running_loop()
+        if loop.time() < deadline - IDLE_SLACK:  # a later idle wait than the one that armed it
+            self._http_timer = loop.call_at(deadline, self._http_idle)
             return
         parser = self._parser
         if parser is not None and parser.buffered:

@@ -132,6 +132,8 @@ class TunnelDialect(Dialect):
             budget=ByteBudget(key_bytes=settings.tenant_bytes, total_bytes=settings.total_bytes),
         )
         self._sweeper: asyncio.Task[None] | None = None
+        #: the response deadlines of requests on the express path (express.py)
+        self.express_deadlines = express.Deadlines(settings.request_ttl + settings.response_timeout)
         self._closed = False
         #: route records (--records; set by `build`), or None
         self.records: Channel | None = None
@@ -277,4 +279,5 @@ class TunnelDialect(Dialect):
         if self.bridge is not None:
             await self.bridge.close()
         self.hub.close()
+        self.express_deadlines.close()
         self.store_of_tenants.close()

@@ -27,6 +27,7 @@ timeout (504), and a client that goes away abandons the job (`Hub.abandon`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import secrets
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
@@ -51,39 +52,98 @@ if TYPE_CHECKING:
     from rmb_relay.server.http import ExpressClient
 
 
+#: how early the deadline timer may fire and still time a reply out (timers fire to the ms)
+SLACK = 0.005
+#: finished replies the deadline queue may hold beyond twice the live ones before it is
+#: rebuilt without them (a slow request at its head keeps later, finished ones in it)
+SPARE = 1024
+
+
+class Deadlines:
+    """The express replies' response deadlines behind one timer, instead of a call_later and
+    a cancel per request (1.8 us of the relay's ~40 per request). Each deadline is now + the
+    same span (TTL + response timeout), so they are appended in order and the timer only ever
+    waits for the oldest live one. Finished replies leave the queue from its head, or in a
+    rebuild when they outnumber the live ones (memory stays O(requests in flight))."""
+
+    __slots__ = ("live", "queue", "span", "timer")
+
+    def __init__(self, span: float) -> None:
+        self.span = span
+        self.queue: collections.deque[tuple[float, ExpressReply]] = collections.deque()
+        #: replies added and not finished
+        self.live = 0
+        self.timer: asyncio.TimerHandle | None = None
+
+    def add(self, reply: ExpressReply) -> None:
+        loop = asyncio.get_running_loop()
+        queue = self.queue
+        while queue and queue[0][1].finished:
+            queue.popleft()
+        if len(queue) > 2 * self.live + SPARE:
+            self.queue = queue = collections.deque(e for e in queue if not e[1].finished)
+        queue.append((loop.time() + self.span, reply))
+        self.live += 1
+        if self.timer is None:
+            self.timer = loop.call_at(queue[0][0], self._fire)
+
+    def _fire(self) -> None:
+        self.timer = None
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        queue = self.queue
+        while queue:
+            when, reply = queue[0]
+            if reply.finished:
+                queue.popleft()
+            elif when > now + SLACK:
+                self.timer = loop.call_at(when, self._fire)
+                return
+            else:
+                queue.popleft()
+                reply.time_out()
+
+    def close(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+
 class ExpressReply:
     """The job's waiter (hub.Waiter): writes the client's answer when the outcome is set."""
 
-    __slots__ = ("client", "dialect", "finished", "job", "timer")
+    __slots__ = ("client", "dialect", "finished", "job")
 
     def __init__(self, dialect: TunnelDialect, client: ExpressClient) -> None:
         self.dialect = dialect
         self.client = client
         self.finished = False
         self.job: Job | None = None
-        self.timer: asyncio.TimerHandle | None = None
 
     def done(self) -> bool:
         return self.finished
 
+    def _finish(self) -> Job | None:
+        """Mark it finished; the job, let go of (it points back here: no cycle for the
+        garbage collector to find)."""
+        self.finished = True
+        self.dialect.express_deadlines.live -= 1
+        job, self.job = self.job, None
+        return job
+
     def set_result(self, outcome: Outcome, /) -> None:
         if self.finished:
             return
-        self.finished = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        job = self.job
+        job = self._finish()
         assert job is not None
         self.client.express_answer(respond(self.dialect, job, outcome, _Record(self.dialect)))
 
     def time_out(self) -> None:
         """Nobody answered within TTL + response timeout (client.py's 504)."""
-        self.timer = None
-        if self.finished or self.job is None:
+        if self.finished:
             return
-        self.finished = True
-        job = self.job
+        job = self._finish()
+        assert job is not None
         self.dialect.hub.abandon(job)
         self.dialect.metrics.requests.inc(1, job.request.tenant_name, "-", "504")
         self.client.express_answer(_status(504, "the connector did not answer in time"))
@@ -93,12 +153,9 @@ class ExpressReply:
         discarded (as when the task path's task is cancelled)."""
         if self.finished:
             return
-        self.finished = True
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
-        if self.job is not None:
-            self.dialect.hub.abandon(self.job)
+        job = self._finish()
+        if job is not None:
+            self.dialect.hub.abandon(job)
 
 
 def offer(
@@ -176,10 +233,6 @@ def offer(
     reply.job = job
     metrics.express.inc(1, "taken")
     dialect.start_sweeper()
+    dialect.express_deadlines.add(reply)
     hub.submit(job)
-    if not reply.finished:
-        settings = dialect.settings
-        reply.timer = asyncio.get_running_loop().call_later(
-            settings.request_ttl + settings.response_timeout, reply.time_out
-        )
     return reply.abandon
