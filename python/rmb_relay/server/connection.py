@@ -711,7 +711,7 @@ class Connection(asyncio.Protocol):
         if self.ops_only and request.path not in OPS_PATHS:
             self._refuse(503, "connection limit reached: only /health and /metrics are served")
             return
-        hosts = sum(1 for name, _ in request.headers if name == "host")
+        hosts = request.header_count("host")
         if hosts > 1 or (hosts == 0 and request.version >= 1):
             # RFC 9112 section 3.2: exactly one Host on HTTP/1.1, at most one on 1.0
             self._refuse(400, "missing Host header" if hosts == 0 else "duplicate Host header")

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from rmb_relay import __version__
+from rmb_relay._core import TUNNEL_HOP_BY_HOP, tunnel_request_headers
 from rmb_relay.errors import AuthError, BudgetExceeded, ClusterUnavailable
 from rmb_relay.lazy_errors import redis_error
 from rmb_relay.protocols.base import HttpResponse
@@ -40,29 +41,16 @@ log = logging.getLogger("rmb_relay.tunnel")
 MODES = ("relay", "queue", "trace")
 #: the acknowledgement mode whose URL carries a random token (hub.py)
 MANUAL = 3
-#: connection-level fields: they describe one hop, not the request (RFC 9110 §7.6.1)
-HOP_BY_HOP = frozenset(
-    (
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-        "expect",
-    )
-)
+#: connection-level fields: they describe one hop, not the request (RFC 9110 §7.6.1), and the
+#: framing ones each hop sets itself; the list lives beside the Rust codec (rust/tunnel_wire.rs)
+HOP_BY_HOP = frozenset(TUNNEL_HOP_BY_HOP)
 _MACHINE = platform.node()
 
 
 def request_headers(request: HttpRequest) -> dict[str, list[str]]:
-    headers: dict[str, list[str]] = {}
-    for name, value in request.headers:
-        if name not in HOP_BY_HOP:
-            headers.setdefault(name, []).append(value.decode("latin-1"))
-    return headers
+    """The request's fields as the tunnel's `httpHeaders`, hop-by-hop ones left out (built in
+    Rust from the parsed head: no list of (name, value) tuples in between)."""
+    return tunnel_request_headers(request)
 
 
 def response_headers(response: TargetResponse) -> list[tuple[str, str]]:
