@@ -1480,7 +1480,10 @@ pub mod py {
         m.add_function(wrap_pyfunction!(tunnel_encode, m)?)?;
         m.add_function(wrap_pyfunction!(tunnel_decode, m)?)?;
         m.add_function(wrap_pyfunction!(tunnel_request_headers, m)?)?;
-        m.add("TUNNEL_HOP_BY_HOP", PyTuple::new(m.py(), super::HOP_BY_HOP)?)?;
+        m.add(
+            "TUNNEL_HOP_BY_HOP",
+            PyTuple::new(m.py(), super::HOP_BY_HOP)?,
+        )?;
         Ok(())
     }
 }
