@@ -986,7 +986,8 @@ class Connection(asyncio.Protocol):
         new deadline when it fires: one timer per keep-alive connection rather than a
         call_later and a cancel per request (3.5 us of a tunnelled request's ~40 in the relay
         went to its two timers)."""
-        loop = asyncio.get_running_loop()
+        # (the loop from a future of ours: get_running_loop costs a getpid syscall)
+        loop = self.closed.get_loop()
         timeout = self.server.config.http_idle_timeout
         self._idle_deadline = loop.time() + timeout
         if self._http_timer is not None:
@@ -1094,7 +1095,7 @@ class Connection(asyncio.Protocol):
             or deadline is None
         ):
             return
-        loop = asyncio.get_running_loop()
+        loop = self.closed.get_loop()
         if loop.time() < deadline - IDLE_SLACK:  # a later idle wait than the one that armed it
             self._http_timer = loop.call_at(deadline, self._http_idle)
             return

@@ -167,10 +167,12 @@ class ConnectorSession(WebSocketHandler):
         #: jobs sent to this connector and not acknowledged yet (modes 1-3)
         self.unacked: dict[str, Job] = {}
         self.open = False
+        #: the loop this connection lives on (asyncio.get_running_loop costs a getpid call)
+        self._loop = asyncio.get_running_loop()
 
     def send_message(self, message: ClientRequest | TenantConfig | ErrorMessage) -> None:
         if not self._outbox:
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._loop.call_soon(self._flush)
         self._outbox.append(encode(message, self.binary))
 
     def _flush(self) -> None:
