@@ -122,6 +122,9 @@ async def test_express_and_task_paths_give_identical_answers(
     taken = express.dialect.metrics.express.value("taken")
     assert len(fast) - 3 <= taken <= len(fast) - 1
     assert task.dialect.metrics.express.value("taken") == 0
+    async with express.client() as http:
+        scrape = (await http.get("/metrics")).text
+    assert f'rmb_relay_tunnel_express_total{{dialect="tunnel",outcome="taken"}} {taken}' in scrape
     for labels in [("app", "200"), ("app", "201"), ("-", "404"), ("$ping", "200")]:
         assert express.dialect.metrics.requests.value("acme", *labels) == (
             task.dialect.metrics.requests.value("acme", *labels)
