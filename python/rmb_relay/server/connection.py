@@ -5,8 +5,9 @@ Theory of operation
 A connection starts in the HTTP state: every `data_received` goes to the Rust
 `HttpStreamParser` in one call, which returns events. A request head starts a task that asks
 the router for a response; the body's events feed an `IncomingBody` that the route reads whole
-or as it arrives (reading pauses while too much of it waits unread). Once the request has
-ended, reading pauses until the response is written, so pipelined bytes wait in the parser.
+or as it arrives (reading pauses while too much of it waits unread). Bytes that arrive
+after the request's end (pipelined) wait in the parser, and reading pauses until the response
+is written (a client that waits for its answer is never paused).
 
 HTTP timers: the idle timer runs only while the connection waits for a request head (from the
 connection or the previous response on); a head that never completes is answered with 408. Once
@@ -691,7 +692,6 @@ class Connection(asyncio.Protocol):
                 body = self._body
                 assert body is not None
                 body.finish(event.trailers)  # type: ignore[union-attr]
-                self._pause_http()  # a pipelined request waits until this one is answered
                 if self._express is not None:
                     self._run_express()
             else:
@@ -702,6 +702,14 @@ class Connection(asyncio.Protocol):
             # the body did not come whole in this read: the ordinary path reads the rest
             self._express = None
             self._start_task()
+        if parser.buffered and self._request is not None:
+            body = self._body
+            if body is not None and body.finished:
+                # bytes past the request's end (pipelined) wait in the parser until it is
+                # answered, and reading stops meanwhile. Paused only then, not at every
+                # request's end: a client that waits for its answer costs no pause and
+                # resume (two epoll_ctl calls per request)
+                self._pause_http()
 
     def _start_request(self, request: HttpRequest) -> None:
         self._idle_deadline = None  # the request deadline takes over from the idle timer
