@@ -30,13 +30,14 @@ from rmb_relay.errors import HttpReject
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest, Outboxes, WsDecoder, WsMessage
     from rmb_relay.clock import Clock
-    from rmb_relay.server.http import ExpressHandler
     from rmb_relay.services import Services
 
 __all__ = [
     "CloseCode",
     "Dialect",
     "DialectEntry",
+    "ExpressClient",
+    "ExpressHandler",
     "HttpClient",
     "HttpReject",
     "HttpResponse",
@@ -193,6 +194,18 @@ class RequestBody(Protocol):
 RouteHandler = Callable[["HttpRequest", HttpClient], Awaitable[HttpResponse]]
 #: a route that reads its body as it arrives (the request's `body` is b"")
 StreamingRouteHandler = Callable[["HttpRequest", RequestBody, HttpClient], Awaitable[HttpResponse]]
+
+
+class ExpressClient(Protocol):
+    """The connection as an express handler sees it (server/http.py, "Express routes")."""
+
+    def express_answer(self, response: HttpResponse) -> None:
+        """The answer of a request the handler took (written at once unless it streams)."""
+
+
+#: (request, its whole body, the connection) -> None to decline, else the call that abandons
+#: the request when the client goes away before `express_answer`
+ExpressHandler = Callable[["HttpRequest", bytes, ExpressClient], Callable[[], None] | None]
 
 
 class Routes(Protocol):

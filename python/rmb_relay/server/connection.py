@@ -87,8 +87,13 @@ if TYPE_CHECKING:
     from rmb_relay._core import Outboxes, WsEvent
     from rmb_relay.clock import Clock
     from rmb_relay.config import ListenerConfig
-    from rmb_relay.protocols.base import Dialect, HttpClient, RequestBody, WebSocketHandler
-    from rmb_relay.server.http import ExpressHandler
+    from rmb_relay.protocols.base import (
+        Dialect,
+        ExpressHandler,
+        HttpClient,
+        RequestBody,
+        WebSocketHandler,
+    )
     from rmb_relay.telemetry.metrics import Counter
 
 log = logging.getLogger("rmb_relay.server")

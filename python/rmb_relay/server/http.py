@@ -26,10 +26,11 @@ import asyncio
 import collections
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from rmb_relay.errors import ConfigError, HttpReject
 from rmb_relay.protocols.base import (
+    ExpressHandler,
     HttpClient,
     HttpResponse,
     RequestBody,
@@ -44,17 +45,6 @@ if TYPE_CHECKING:
 #: the largest body an express route is offered (the tunnel's inline limit, spec decision 5)
 EXPRESS_BODY_LIMIT = 16 * 1024
 
-
-class ExpressClient(Protocol):
-    """The connection as an express handler sees it."""
-
-    def express_answer(self, response: HttpResponse) -> None:
-        """The answer of a request the handler took (written at once unless it streams)."""
-
-
-#: (request, its whole body, the connection) -> None to decline, else the call that abandons
-#: the request when the client goes away before `express_answer`
-ExpressHandler = Callable[["HttpRequest", bytes, ExpressClient], Callable[[], None] | None]
 
 #: unread request-body bytes above which the connection stops reading its socket (and under
 #: half of which it reads again): what one upload costs in memory, however big it is

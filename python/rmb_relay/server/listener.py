@@ -22,13 +22,13 @@ from rmb_relay.protocols.base import CloseCode, HttpResponse
 from rmb_relay.protocols.paths import PathTable
 from rmb_relay.server.acceptor import Acceptor, bind_sockets
 from rmb_relay.server.connection import Connection, OutputBatcher, State
-from rmb_relay.server.http import ExpressHandler, Router
+from rmb_relay.server.http import Router
 from rmb_relay.server.limits import Admission, ConnectionLimits, default_max_connections
 from rmb_relay.telemetry.metrics import Registry
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest
-    from rmb_relay.protocols.base import Dialect, HttpClient, RequestBody
+    from rmb_relay.protocols.base import Dialect, ExpressHandler, HttpClient, RequestBody
 
 log = logging.getLogger("rmb_relay.server")
 

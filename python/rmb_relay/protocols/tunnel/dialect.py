@@ -34,8 +34,7 @@ if TYPE_CHECKING:
 
     from rmb_relay._core import HttpRequest
     from rmb_relay.cluster.node import Cluster
-    from rmb_relay.protocols.base import HttpClient, RequestBody
-    from rmb_relay.server.http import ExpressClient
+    from rmb_relay.protocols.base import ExpressClient, HttpClient, RequestBody
     from rmb_relay.telemetry.metrics import Registry
     from rmb_relay.telemetry.records import Channel
 

@@ -48,8 +48,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from rmb_relay._core import HttpRequest
+    from rmb_relay.protocols.base import ExpressClient
     from rmb_relay.protocols.tunnel.dialect import TunnelDialect
-    from rmb_relay.server.http import ExpressClient
 
 
 #: how early the deadline timer may fire and still time a reply out (timers fire to the ms)
