@@ -458,6 +458,7 @@ async def run(args: argparse.Namespace) -> list[Result]:
                 "--no-sbd",
                 "--tunnel-body-store",
                 str(tmp / "bodies"),
+                *args.relay_flag,
             ],
             env,
         ),
@@ -577,6 +578,13 @@ def main() -> None:
         "--half-repeat", type=int, default=1, help="--half-load rows per route (interleaved)"
     )
     parser.add_argument("--routes", nargs="*", default=["direct", "tunnel", "baseline"])
+    parser.add_argument(
+        "--relay-flag",
+        action="append",
+        default=[],
+        help="one more rmb-relay flag (repeatable), e.g. --relay-flag=--no-tunnel-express to "
+        "compare the tunnel's task path with its express path",
+    )
     parser.add_argument(
         "--target",
         choices=("aiohttp", "lean"),

@@ -2395,6 +2395,13 @@ pub mod py {
         )
     }
 
+    impl HttpRequest {
+        /// The head's fields (lower-case names, raw values), for other Rust modules.
+        pub(crate) fn fields(&self) -> &Fields {
+            &self.head.headers
+        }
+    }
+
     #[pymethods]
     impl HttpRequest {
         #[getter]
@@ -2447,6 +2454,10 @@ pub mod py {
         }
         fn header<'py>(&self, py: Python<'py>, name: &str) -> Option<Bound<'py, PyBytes>> {
             self.head.header(name).map(|v| PyBytes::new(py, v))
+        }
+        /// How many fields have this (lower-case) name, without building `headers`.
+        fn header_count(&self, name: &str) -> usize {
+            self.head.headers.iter().filter(|(n, _)| n == name).count()
         }
         /// The same head with this body (for a body gathered from `HttpData` events).
         fn with_body(&self, body: Py<PyBytes>) -> HttpRequest {

@@ -385,6 +385,21 @@ impl Sink for Json {
     }
 }
 
+/// Connection-level fields: they describe one hop, not the request (RFC 9110 §7.6.1), plus
+/// the framing fields the relay and the connector set themselves (`Content-Length`,
+/// `Expect`). The tunnel carries neither way (client.py's `HOP_BY_HOP` is this list).
+pub const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "content-length",
+    "expect",
+];
+
 // ---- the RequestTarget message, from Rust data (the relay's native path) ---------------------
 
 /// The fields of a `RequestTarget` (wire.py's ClientRequest), borrowed.
@@ -1440,9 +1455,35 @@ pub mod py {
         Ok((kind, PyTuple::new(py, objects)?))
     }
 
+    /// A client request's fields as `httpHeaders`: name -> values (latin-1 text, as
+    /// `bytes.decode("latin-1")`), names in first-seen order, without `HOP_BY_HOP`.
+    #[pyfunction]
+    fn tunnel_request_headers<'py>(
+        py: Python<'py>,
+        request: PyRef<'py, crate::http::py::HttpRequest>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let headers = PyDict::new(py);
+        for (name, value) in request.fields() {
+            if super::HOP_BY_HOP.contains(&name.as_str()) {
+                continue;
+            }
+            let text: String = value.iter().map(|b| char::from(*b)).collect();
+            match headers.get_item(name)? {
+                Some(values) => values.downcast::<PyList>()?.append(text)?,
+                None => headers.set_item(name, PyList::new(py, [text])?)?,
+            }
+        }
+        Ok(headers)
+    }
+
     pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_function(wrap_pyfunction!(tunnel_encode, m)?)?;
         m.add_function(wrap_pyfunction!(tunnel_decode, m)?)?;
+        m.add_function(wrap_pyfunction!(tunnel_request_headers, m)?)?;
+        m.add(
+            "TUNNEL_HOP_BY_HOP",
+            PyTuple::new(m.py(), super::HOP_BY_HOP)?,
+        )?;
         Ok(())
     }
 }

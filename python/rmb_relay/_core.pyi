@@ -61,6 +61,8 @@ class HttpRequest:
         """`Expect: 100-continue` on an HTTP/1.1 request (ignored on 1.0, RFC 9110 10.1.1)."""
     def header(self, name: str) -> bytes | None:
         """First header of that name (case-insensitive), or None."""
+    def header_count(self, name: str) -> int:
+        """How many fields have this (lower-case) name, without building `headers`."""
     def with_body(self, body: bytes) -> HttpRequest:
         """The same head with this body (a body gathered from HttpData events)."""
 
@@ -871,6 +873,12 @@ def tunnel_encode(message: object, binary: bool) -> bytes:
 def tunnel_decode(data: bytes, binary: bool) -> tuple[str, tuple[Any, ...]]:
     """(kind name, field values in dataclass order); TunnelWireError for anything left to
     wire.py (which then accepts it or words the exact error)."""
+
+def tunnel_request_headers(request: HttpRequest) -> dict[str, list[str]]:
+    """The request's fields as `httpHeaders`: name -> values (latin-1 text), names in
+    first-seen order, without TUNNEL_HOP_BY_HOP."""
+
+TUNNEL_HOP_BY_HOP: Final[tuple[str, ...]]
 
 # ---- tunnel_connector.rs --------------------------------------------------------------------
 

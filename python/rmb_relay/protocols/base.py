@@ -36,6 +36,8 @@ __all__ = [
     "CloseCode",
     "Dialect",
     "DialectEntry",
+    "ExpressClient",
+    "ExpressHandler",
     "HttpClient",
     "HttpReject",
     "HttpResponse",
@@ -194,6 +196,18 @@ RouteHandler = Callable[["HttpRequest", HttpClient], Awaitable[HttpResponse]]
 StreamingRouteHandler = Callable[["HttpRequest", RequestBody, HttpClient], Awaitable[HttpResponse]]
 
 
+class ExpressClient(Protocol):
+    """The connection as an express handler sees it (server/http.py, "Express routes")."""
+
+    def express_answer(self, response: HttpResponse) -> None:
+        """The answer of a request the handler took (written at once unless it streams)."""
+
+
+#: (request, its whole body, the connection) -> None to decline, else the call that abandons
+#: the request when the client goes away before `express_answer`
+ExpressHandler = Callable[["HttpRequest", bytes, ExpressClient], Callable[[], None] | None]
+
+
 class Routes(Protocol):
     """Where dialects register plain HTTP routes (the listener's router implements it)."""
 
@@ -203,10 +217,17 @@ class Routes(Protocol):
         same method is refused at startup. The handler gets the whole body in
         `request.body` (at most the listener's `max_message`, else the client gets 413)."""
 
-    def add_streaming(self, method: str, path: str, handler: StreamingRouteHandler) -> None:
+    def add_streaming(
+        self,
+        method: str,
+        path: str,
+        handler: StreamingRouteHandler,
+        express: ExpressHandler | None = None,
+    ) -> None:
         """Like `add`, but the handler reads the body itself, as it arrives (`RequestBody`),
         with no size limit: uploads, tunnels. Its response may stream too
-        (`HttpResponse.stream`)."""
+        (`HttpResponse.stream`). `express`: offered small whole requests first, without a
+        task (server/http.py)."""
 
 
 class WebSocketHandler(abc.ABC):

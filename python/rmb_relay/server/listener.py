@@ -28,7 +28,7 @@ from rmb_relay.telemetry.metrics import Registry
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest
-    from rmb_relay.protocols.base import Dialect, HttpClient, RequestBody
+    from rmb_relay.protocols.base import Dialect, ExpressHandler, HttpClient, RequestBody
 
 log = logging.getLogger("rmb_relay.server")
 
@@ -241,6 +241,9 @@ class RelayServer:
         self, request: HttpRequest, body: RequestBody, client: HttpClient
     ) -> HttpResponse:
         return await self.router.dispatch(request, body, client)
+
+    def express_for(self, method: str, path: str) -> ExpressHandler | None:
+        return self.router.express_for(method, path)
 
     # ---- operations endpoints --------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from rmb_relay import __version__
+from rmb_relay._core import TUNNEL_HOP_BY_HOP, tunnel_request_headers
 from rmb_relay.errors import AuthError, BudgetExceeded, ClusterUnavailable
 from rmb_relay.lazy_errors import redis_error
 from rmb_relay.protocols.base import HttpResponse
@@ -40,29 +41,16 @@ log = logging.getLogger("rmb_relay.tunnel")
 MODES = ("relay", "queue", "trace")
 #: the acknowledgement mode whose URL carries a random token (hub.py)
 MANUAL = 3
-#: connection-level fields: they describe one hop, not the request (RFC 9110 §7.6.1)
-HOP_BY_HOP = frozenset(
-    (
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "content-length",
-        "expect",
-    )
-)
+#: connection-level fields: they describe one hop, not the request (RFC 9110 §7.6.1), and the
+#: framing ones each hop sets itself; the list lives beside the Rust codec (rust/tunnel_wire.rs)
+HOP_BY_HOP = frozenset(TUNNEL_HOP_BY_HOP)
 _MACHINE = platform.node()
 
 
 def request_headers(request: HttpRequest) -> dict[str, list[str]]:
-    headers: dict[str, list[str]] = {}
-    for name, value in request.headers:
-        if name not in HOP_BY_HOP:
-            headers.setdefault(name, []).append(value.decode("latin-1"))
-    return headers
+    """The request's fields as the tunnel's `httpHeaders`, hop-by-hop ones left out (built in
+    Rust from the parsed head: no list of (name, value) tuples in between)."""
+    return tunnel_request_headers(request)
 
 
 def response_headers(response: TargetResponse) -> list[tuple[str, str]]:
@@ -152,11 +140,12 @@ async def handle(
         discard_connector_response=mode == "queue",
     )
     loop = asyncio.get_running_loop()
+    future: asyncio.Future[Outcome] | None = None if mode == "queue" else loop.create_future()
     job = Job(
         wire,
         tenant.normalized,
         hub.new_deadline(),
-        None if mode == "queue" else loop.create_future(),
+        future,
         limit=tenant.max_concurrent,
         # only the manual mode's acknowledge URL carries the token: no random bytes otherwise
         ack_token=secrets.token_urlsafe(24) if ack_mode == MANUAL else "",
@@ -178,16 +167,16 @@ async def handle(
         metrics.requests.inc(1, name, "-", "503")
         record("rejected", "relay busy")
         return _status(503, refusal_reason(err, name))
-    if job.future is None:
+    if future is None:
         metrics.requests.inc(1, name, target, "202")
         record("queued")
         return HttpResponse(202)
     # a plain timer that fails the future, not `asyncio.timeout` (~6x its cost per request)
     timer = loop.call_later(
-        dialect.settings.request_ttl + dialect.settings.response_timeout, _time_out, job.future
+        dialect.settings.request_ttl + dialect.settings.response_timeout, _time_out, future
     )
     try:
-        outcome = await job.future
+        outcome = await future
     except TimeoutError:
         hub.abandon(job)
         metrics.requests.inc(1, name, "-", "504")
@@ -198,6 +187,15 @@ async def handle(
         raise
     finally:
         timer.cancel()
+    return respond(dialect, job, outcome, record)
+
+
+def respond(dialect: TunnelDialect, job: Job, outcome: Outcome, record: _Record) -> HttpResponse:
+    """The client's answer for a job's outcome, counted in the metrics and route records (the
+    task path above and the express path, express.py, end here alike)."""
+    metrics = dialect.metrics
+    wire = job.request
+    name = wire.tenant_name
     if isinstance(outcome, int):
         metrics.requests.inc(1, name, "-", str(outcome))
         reason = {408: "request expired before a connector took it"}.get(
@@ -206,8 +204,9 @@ async def handle(
         record("expired" if outcome == 408 else "rejected", reason)
         return _status(outcome, reason)
     status = outcome.http_status_code
-    metrics.requests.inc(1, name, target if status != 404 else "-", str(status))
+    metrics.requests.inc(1, name, wire.target if status != 404 else "-", str(status))
     record("delivered")
+    request_id = wire.request_id
     headers = response_headers(outcome)
     if wire.enable_tracing:
         headers += [

@@ -19,7 +19,7 @@ from rmb_relay.budget import ByteBudget
 from rmb_relay.clock import Clock, monotonic_clock, nanos
 from rmb_relay.errors import AuthError, ClusterUnavailable, HttpReject
 from rmb_relay.protocols.base import Dialect, HttpResponse, Peer, Routes, WebSocketHandler
-from rmb_relay.protocols.tunnel import client, endpoints, management
+from rmb_relay.protocols.tunnel import client, endpoints, express, management
 from rmb_relay.protocols.tunnel.bodystore import FileBodyStore
 from rmb_relay.protocols.tunnel.hub import ConnectorSession, Hub, Job
 from rmb_relay.protocols.tunnel.metrics import TunnelMetrics
@@ -30,9 +30,11 @@ from rmb_relay.protocols.tunnel.tokens import OidcVerifier, TokenAuthority, bear
 from rmb_relay.protocols.tunnel.wire import TenantConfig
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from rmb_relay._core import HttpRequest
     from rmb_relay.cluster.node import Cluster
-    from rmb_relay.protocols.base import HttpClient, RequestBody
+    from rmb_relay.protocols.base import ExpressClient, HttpClient, RequestBody
     from rmb_relay.telemetry.metrics import Registry
     from rmb_relay.telemetry.records import Channel
 
@@ -129,6 +131,8 @@ class TunnelDialect(Dialect):
             budget=ByteBudget(key_bytes=settings.tenant_bytes, total_bytes=settings.total_bytes),
         )
         self._sweeper: asyncio.Task[None] | None = None
+        #: the response deadlines of requests on the express path (express.py)
+        self.express_deadlines = express.Deadlines(settings.request_ttl + settings.response_timeout)
         self._closed = False
         #: route records (--records; set by `build`), or None
         self.records: Channel | None = None
@@ -159,7 +163,7 @@ class TunnelDialect(Dialect):
         else hand it to the relays on Redis; returns the route taken (`local`, `cluster`, as
         route records name them). Raises ClusterUnavailable, or BudgetExceeded when this relay
         would keep it and its memory budget is full (nothing is kept then)."""
-        self._start_sweeper()
+        self.start_sweeper()
         local = self.hub.has_connector(job.tenant) and self.settings.shortcut
         if self.bridge is None or local:
             self.hub.admit(job)
@@ -189,7 +193,7 @@ class TunnelDialect(Dialect):
         protocol = query.get("protocol", ["json"])[0].lower()
         if protocol not in ("json", "msgpack"):
             raise HttpReject(400, "protocol must be json or msgpack")
-        self._start_sweeper()
+        self.start_sweeper()
         return ConnectorSession(
             peer, self.hub, tenant.normalized, tenant.name, binary=protocol == "msgpack"
         )
@@ -199,7 +203,13 @@ class TunnelDialect(Dialect):
     def add_routes(self, router: Routes) -> None:
         for mode in client.MODES:
             for method in METHODS:
-                router.add_streaming(method, f"/{mode}/*", self._client)
+                router.add_streaming(
+                    method,
+                    f"/{mode}/*",
+                    self._client,
+                    # relay mode's common case skips the task path (express.py)
+                    express=self._express if mode == "relay" and self.settings.express else None,
+                )
         router.add("GET", "/.well-known/relayserver-configuration", self._discovery)
         router.add("POST", "/tunnel/token", self._token)
         router.add("GET", "/tunnel/body/request/*", self._request_body)
@@ -213,6 +223,11 @@ class TunnelDialect(Dialect):
         self, request: HttpRequest, body: RequestBody, client_: HttpClient
     ) -> HttpResponse:
         return await client.handle(self, request, body, client_)
+
+    def _express(
+        self, request: HttpRequest, body: bytes, client_: ExpressClient
+    ) -> Callable[[], None] | None:
+        return express.offer(self, request, body, client_)
 
     async def _discovery(self, request: HttpRequest, client_: HttpClient) -> HttpResponse:
         return await endpoints.discovery(self, request)
@@ -236,7 +251,7 @@ class TunnelDialect(Dialect):
 
     # ---- housekeeping ----------------------------------------------------------------------
 
-    def _start_sweeper(self) -> None:
+    def start_sweeper(self) -> None:
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
 
@@ -263,4 +278,5 @@ class TunnelDialect(Dialect):
         if self.bridge is not None:
             await self.bridge.close()
         self.hub.close()
+        self.express_deadlines.close()
         self.store_of_tenants.close()

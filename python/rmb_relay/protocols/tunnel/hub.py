@@ -46,7 +46,7 @@ import logging
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from rmb_relay.budget import BudgetExceeded, ByteBudget
 from rmb_relay.clock import NS, Clock, monotonic_clock, nanos
@@ -109,6 +109,15 @@ def refusal_reason(err: BudgetExceeded, tenant_name: str) -> str:
     )
 
 
+class Waiter(Protocol):
+    """Who waits for a job's outcome: the client task's future, or an express reply
+    (express.py), which writes the answer as soon as it is set."""
+
+    def done(self) -> bool: ...
+
+    def set_result(self, result: Outcome, /) -> None: ...
+
+
 @dataclass(eq=False, slots=True)
 class Job:
     request: ClientRequest
@@ -117,7 +126,7 @@ class Job:
     #: pickup deadline (hub clock, ns)
     deadline: int
     #: the client's answer; None when nobody waits (queue mode)
-    future: asyncio.Future[Outcome] | None
+    future: Waiter | None
     limit: int = 0
     #: request body file in the body store, when outsourced
     body_name: str | None = None
@@ -158,10 +167,12 @@ class ConnectorSession(WebSocketHandler):
         #: jobs sent to this connector and not acknowledged yet (modes 1-3)
         self.unacked: dict[str, Job] = {}
         self.open = False
+        #: the loop this connection lives on (asyncio.get_running_loop costs a getpid call)
+        self._loop = asyncio.get_running_loop()
 
     def send_message(self, message: ClientRequest | TenantConfig | ErrorMessage) -> None:
         if not self._outbox:
-            asyncio.get_running_loop().call_soon(self._flush)
+            self._loop.call_soon(self._flush)
         self._outbox.append(encode(message, self.binary))
 
     def _flush(self) -> None:

@@ -49,6 +49,18 @@ class TunnelMetrics:
             "Connector messages refused as malformed or naming unknown requests",
             const=const,
         )
+        #: requests the express path took: a plain int (one per request; `Counter.inc` is a
+        #: dict update with label checks), read at scrape as outcome="taken"
+        self.express_taken = 0
+        self.express = registry.counter_of(
+            "rmb_relay_tunnel_express_total",
+            "Relay-mode requests offered to the express path (express.py): taken, or declined "
+            "to the task path and why (path, tenant, auth, records, no connector, queued, "
+            "limit, budget)",
+            lambda: [(("taken",), self.express_taken)],
+            ("outcome",),
+            const=const,
+        )
         self.swept = registry.counter(
             "rmb_relay_tunnel_body_files_swept_total",
             "Orphaned body files the sweeper removed",

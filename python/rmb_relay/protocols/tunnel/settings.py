@@ -51,6 +51,9 @@ class TunnelSettings:
     #: request beyond them is answered 503 and never executed
     tenant_bytes: int = DEFAULT_TENANT_BYTES
     total_bytes: int = DEFAULT_TOTAL_BYTES
+    #: serve the common relay-mode request on the express path (express.py); off: every
+    #: request takes the task path (the same answers, more CPU)
+    express: bool = True
 
     def __post_init__(self) -> None:
         for name in ("request_ttl", "response_timeout", "token_ttl", "keep_alive"):
@@ -92,6 +95,7 @@ class TunnelSettings:
             reconnect_max=high,
             tenant_bytes=args.tunnel_tenant_bytes,
             total_bytes=args.tunnel_total_bytes,
+            express=not args.no_tunnel_express,
         )
 
 
@@ -110,6 +114,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "HTTP tunnel (/relay|queue|trace/{tenant}/{target}/..., GET /tunnel/connector)"
     )
     group.add_argument("--no-tunnel", action="store_true", help="do not serve the HTTP tunnel")
+    group.add_argument(
+        "--no-tunnel-express",
+        action="store_true",
+        help="serve every tunnel request on the task path, none on the express path",
+    )
     group.add_argument(
         "--tunnel-request-ttl",
         type=float,

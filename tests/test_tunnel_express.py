@@ -1,0 +1,282 @@
+"""The tunnel's express path (express.py) against its task path (client.py): the same answers
+byte for byte (but the Date the target stamps), the fallbacks in the documented order, the
+connector protocol's refusals, a client leaving early, the response timeout, and metrics.
+
+Requests go over raw keep-alive sockets with head and body in one write, so the relay reads
+each whole in one `data_received` (the express path's condition), as benchmarks and most HTTP
+clients send small requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aiohttp
+import pytest
+
+from rmb_relay.protocols.base import HttpResponse
+from rmb_relay.protocols.tunnel.express import SPARE, ExpressReply
+from rmb_relay.protocols.tunnel.wire import TargetResponse, encode
+from tests.conftest import WAIT
+from tests.helpers import eventually
+from tests.tunnel_fixtures import StartTunnel, Tunnel, pattern
+from tests.tunnel_fixtures import start_tunnel as start_tunnel
+
+pytestmark = pytest.mark.timeout(60)
+
+Response = tuple[int, list[tuple[str, str]], bytes]
+
+
+class RawClient:
+    """One keep-alive HTTP/1.1 connection; each request is written in one piece."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        headers: list[tuple[str, str]] | None = None,
+    ) -> Response:
+        lines = [f"{method} {path} HTTP/1.1", "Host: test"]
+        lines += [f"{name}: {value}" for name, value in headers or []]
+        if body or method in ("POST", "PUT"):
+            lines.append(f"Content-Length: {len(body)}")
+        self.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+        head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), WAIT)
+        status_line, *header_lines = head.decode("latin-1").split("\r\n")[:-2]
+        status = int(status_line.split()[1])
+        parsed = [
+            (name.lower(), value.strip())
+            for name, _, value in (line.partition(":") for line in header_lines)
+        ]
+        length = next((int(v) for n, v in parsed if n == "content-length"), 0)
+        content = b""
+        if method != "HEAD" and length:
+            content = await asyncio.wait_for(self.reader.readexactly(length), WAIT)
+        # the target's clock, not the path, decides these
+        return status, [(n, v) for n, v in parsed if n not in ("date", "server")], content
+
+
+@asynccontextmanager
+async def raw_client(tunnel: Tunnel) -> AsyncIterator[RawClient]:
+    host, port = tunnel.relay.addresses[0]
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        yield RawClient(reader, writer)
+    finally:
+        writer.close()
+
+
+async def one(tunnel: Tunnel, path: str) -> Response:
+    async with raw_client(tunnel) as client:
+        return await client.request("GET", path)
+
+
+SIZES = [0, 1, 16 * 1024 - 1, 16 * 1024, 16 * 1024 + 1]
+
+
+async def _exchanges(tunnel: Tunnel) -> list[Response]:
+    answers = []
+    async with raw_client(tunnel) as client:
+        answers.append(
+            await client.request("GET", "/relay/acme/app/status/201", headers=[("X-A", "1")])
+        )
+        answers.append(
+            await client.request(
+                "GET", "/relay/acme/app/echo?q=1", headers=[("X-Multi", "one"), ("X-Multi", "two")]
+            )
+        )
+        for size in SIZES:
+            answers.append(await client.request("POST", "/relay/acme/app/echo", pattern(size)))
+            answers.append(await client.request("GET", f"/relay/acme/app/bytes/{size}"))
+        answers.append(await client.request("HEAD", "/relay/acme/app/bytes/10"))
+        answers.append(await client.request("GET", "/relay/acme/$ping/"))
+        # (an answer of 400 or more closes the connection: last)
+        answers.append(await client.request("GET", "/relay/acme/nothere/x"))
+    return answers
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "msgpack"])
+async def test_express_and_task_paths_give_identical_answers(
+    start_tunnel: StartTunnel, binary: bool
+) -> None:
+    express = await start_tunnel()
+    await express.connect(binary=binary)
+    fast = await _exchanges(express)
+    task = await start_tunnel(express=False, target=express.target)
+    await task.connect(binary=binary)
+    slow = await _exchanges(task)
+    assert fast == slow
+    sizes = [len(body) for _, _, body in fast]
+    for size in SIZES:
+        assert sizes.count(size) >= 2  # sent and received at each size around the limit
+    assert [v for n, v in fast[0][1] if n == "set-cookie"] == ["a=1", "b=2"]
+    assert [v for n, v in fast[1][1] if n == "x-got-x-multi"] == ["one", "two"]
+    # everything but the body over 16 KiB is offered; bodyless requests always come whole
+    taken = express.dialect.metrics.express.value("taken")
+    assert len(fast) - 3 <= taken <= len(fast) - 1
+    assert task.dialect.metrics.express.value("taken") == 0
+    async with express.client() as http:
+        scrape = (await http.get("/metrics")).text
+    assert f'rmb_relay_tunnel_express_total{{dialect="tunnel",outcome="taken"}} {taken}' in scrape
+    for labels in [("app", "200"), ("app", "201"), ("-", "404"), ("$ping", "200")]:
+        assert express.dialect.metrics.requests.value("acme", *labels) == (
+            task.dialect.metrics.requests.value("acme", *labels)
+        ), labels
+    assert express.dialect.hub.jobs == {}
+
+
+async def test_fallbacks_to_the_task_path_in_order(start_tunnel: StartTunnel) -> None:
+    tunnel = await start_tunnel(request_ttl=0.3)
+    tunnel.add_tenant("secure", require_authentication=True)
+    tunnel.add_tenant("lonely")
+    tunnel.add_tenant("narrow", max_concurrent=1)
+    await tunnel.connect()
+    await tunnel.connect("narrow")
+    express = tunnel.dialect.metrics.express
+    # (each on its own connection: an answer of 400 or more closes it)
+    assert (await one(tunnel, "/relay/acme"))[0] == 404
+    assert express.value("path") == 1
+    assert (await one(tunnel, "/relay/nobody/app/x"))[0] == 404
+    assert express.value("tenant") == 1
+    # no connector either: the first failed condition is the one counted
+    assert (await one(tunnel, "/relay/secure/app/x"))[0] == 401
+    assert express.value("auth") == 1
+    assert (await one(tunnel, "/relay/lonely/app/x"))[0] == 408
+    assert express.value("no connector") == 1
+    assert (await one(tunnel, "/relay/acme/app/status/200"))[0] == 200
+    assert express.value("taken") == 1
+    async with (
+        raw_client(tunnel) as first,
+        raw_client(tunnel) as second,
+        raw_client(tunnel) as third,
+    ):
+        slow = asyncio.ensure_future(first.request("GET", "/relay/narrow/app/slow"))
+        await asyncio.wait_for(tunnel.target.entered.wait(), WAIT)
+        assert express.value("taken") == 2
+        waiting = asyncio.ensure_future(second.request("GET", "/relay/narrow/app/status/200"))
+        await eventually(lambda: express.value("limit") == 1)
+        await eventually(lambda: "NARROW" in tunnel.dialect.hub.pending)
+        queued = asyncio.ensure_future(third.request("GET", "/relay/narrow/app/status/202"))
+        await eventually(lambda: express.value("queued") == 1)
+        tunnel.target.release.set()
+        assert (await slow)[0] == 200
+        assert (await waiting)[0] == 200
+        assert (await queued)[0] == 202
+    assert tunnel.dialect.hub.jobs == {}
+
+
+async def test_over_the_memory_budget_the_task_path_refuses(start_tunnel: StartTunnel) -> None:
+    tunnel = await start_tunnel(tenant_bytes=100)
+    await tunnel.connect()
+    status, _, body = await one(tunnel, "/relay/acme/app/status/200")
+    assert status == 503
+    assert b"relay busy" in body
+    assert tunnel.dialect.metrics.express.value("budget") == 1
+
+
+async def test_a_client_leaving_early_leaves_nothing_behind(start_tunnel: StartTunnel) -> None:
+    tunnel = await start_tunnel()
+    await tunnel.connect()
+    async with raw_client(tunnel) as client:
+        pending = asyncio.ensure_future(client.request("GET", "/relay/acme/app/slow"))
+        await asyncio.wait_for(tunnel.target.entered.wait(), WAIT)
+        pending.cancel()
+    tunnel.target.release.set()  # the connector answers a job nobody waits for
+    await eventually(lambda: tunnel.dialect.hub.jobs == {})
+    async with raw_client(tunnel) as client:
+        assert (await client.request("GET", "/relay/acme/app/status/200"))[0] == 200
+    assert tunnel.dialect.metrics.bad_messages.value() == 0
+
+
+async def test_no_answer_within_the_response_timeout_is_504(start_tunnel: StartTunnel) -> None:
+    tunnel = await start_tunnel(request_ttl=0.1, response_timeout=0.2)
+    await tunnel.connect()
+    async with raw_client(tunnel) as client:
+        status, _, body = await client.request("GET", "/relay/acme/app/slow")
+    assert (status, body) == (504, b"the connector did not answer in time\n")
+    assert tunnel.dialect.metrics.express.value("taken") == 1
+    assert tunnel.dialect.metrics.requests.value("acme", "-", "504") == 1
+    tunnel.target.release.set()
+
+
+async def test_malformed_and_unknown_deliveries_are_refused_while_a_request_waits(
+    start_tunnel: StartTunnel,
+) -> None:
+    tunnel = await start_tunnel()
+    token = tunnel.dialect.tokens.issue("acme")
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(
+            tunnel.base + "/tunnel/connector", headers={"Authorization": f"Bearer {token}"}
+        ) as ws,
+        raw_client(tunnel) as client,
+    ):
+        assert json.loads(await ws.receive_str(timeout=WAIT))["target"] == "Configure"
+        answer = asyncio.ensure_future(client.request("POST", "/relay/acme/app/x", b"hi"))
+        request = json.loads(await ws.receive_str(timeout=WAIT))
+        assert request["target"] == "RequestTarget"
+        argument = request["arguments"][0]
+        assert argument["bodyContent"] == "aGk="
+        assert tunnel.dialect.metrics.express.value("taken") == 1
+        bad = [
+            "{",
+            '{"target": "Deliver", "arguments": [{"requestId": 1}]}',
+            encode(TargetResponse("unknown", "o", 200), False).decode(),
+        ]
+        for text in bad:
+            await ws.send_str(text)
+            error = json.loads(await ws.receive_str(timeout=WAIT))
+            assert error["target"] == "Error"
+            assert error["arguments"][0]["message"]
+        assert not answer.done()
+        response = TargetResponse(
+            argument["requestId"],
+            argument["requestOriginId"],
+            207,
+            {"X-One": ["a", "b"]},
+            body_size=2,
+            body_content=b"ok",
+        )
+        await ws.send_str(encode(response, False).decode())
+        status, headers, body = await answer
+    assert (status, body) == (207, b"ok")
+    assert [v for n, v in headers if n == "x-one"] == ["a", "b"]
+    assert tunnel.dialect.metrics.bad_messages.value() == len(bad)
+    assert tunnel.dialect.hub.jobs == {}
+
+
+class _Answers:
+    """Collects what an express reply answers (the connection's side of ExpressClient)."""
+
+    def __init__(self) -> None:
+        self.answers: list[int] = []
+
+    def express_answer(self, response: HttpResponse) -> None:
+        self.answers.append(response.status)
+
+
+async def test_the_deadline_queue_stays_as_small_as_the_requests_in_flight(
+    start_tunnel: StartTunnel,
+) -> None:
+    """One reply that never finishes sits at the head; thousands after it finish. The queue
+    is rebuilt without them rather than growing with every request."""
+    tunnel = await start_tunnel()
+    dialect = tunnel.dialect
+    deadlines = dialect.express_deadlines
+    stuck = ExpressReply(dialect, _Answers())
+    deadlines.add(stuck)
+    for _ in range(10 * SPARE):
+        reply = ExpressReply(dialect, _Answers())
+        deadlines.add(reply)
+        reply.abandon()  # finished (a job-less reply: nothing else to do)
+        assert len(deadlines.queue) <= 2 * deadlines.live + SPARE + 1
+    assert deadlines.live == 1
+    stuck.abandon()
+    assert deadlines.live == 0
