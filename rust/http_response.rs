@@ -104,6 +104,8 @@ pub struct ResponseParser {
     /// the head held back while its small body is gathered
     held: Option<(u16, Fields)>,
     error: Option<Error>,
+    /// events in the caller's list when this `feed` began
+    events_before: usize,
 }
 
 impl Default for ResponseParser {
@@ -122,6 +124,7 @@ impl ResponseParser {
             keep_alive: false,
             held: None,
             error: None,
+            events_before: 0,
         }
     }
 
@@ -163,6 +166,7 @@ impl ResponseParser {
         if let Some(err) = &self.error {
             return Err(err.clone());
         }
+        self.events_before = out.len();
         let result = if self.buf.is_empty() {
             // the common case: nothing held over, parse the new bytes where they are
             self.run(data, out).map(|used| {
@@ -219,7 +223,17 @@ impl ResponseParser {
                     if avail.is_empty() {
                         return Ok(i);
                     }
-                    return Err(bad("target sent data without a request"));
+                    let err = bad("target sent data without a request");
+                    if out.len() > self.events_before {
+                        // bytes past the end of an answer this read completed (a HEAD
+                        // answered with a body, say): the answer stands, the connection is
+                        // not trusted with another request (and later calls fail)
+                        self.keep_alive = false;
+                        self.state = State::Failed;
+                        self.error = Some(err);
+                        return Ok(w.len());
+                    }
+                    return Err(err);
                 }
                 State::Failed => return Ok(i),
                 State::Head => match self.head(avail, out)? {
@@ -692,6 +706,21 @@ mod tests {
     fn data_without_a_request_is_an_error() {
         let mut p = ResponseParser::new();
         assert!(feed_all(&mut p, b"HTTP/1.1 200 OK\r\n\r\n").is_err());
+    }
+
+    #[test]
+    fn bytes_past_an_answer_keep_the_answer_and_condemn_the_connection() {
+        // a HEAD answered with a body: the head is the answer, the body is not ours
+        let mut p = ResponseParser::new();
+        p.start(true, 16).unwrap();
+        let events = feed_all(&mut p, b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc").unwrap();
+        assert_eq!(
+            events,
+            vec![head(200, &[("content-length", "3")], Some(b"")), Event::End]
+        );
+        assert!(!p.keep_alive());
+        assert!(feed_all(&mut p, b"").is_err());
+        assert!(p.start(false, 16).is_err());
     }
 
     #[test]

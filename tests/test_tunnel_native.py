@@ -135,6 +135,24 @@ async def test_native_and_python_paths_answer_the_same(
         assert native[f"/size/{size}"][::2] == (200, pattern(size))
 
 
+@pytest.mark.parametrize("native", [True, False], ids=["native", "python"])
+async def test_a_head_answered_with_a_body_keeps_its_answer(
+    start_tunnel: StartTunnel, native: bool
+) -> None:
+    """Bytes past a complete answer (here the body of a HEAD answer, as some servers send)
+    leave the answer standing and the connection dropped, not a 502."""
+    async with AsyncExitStack() as stack:
+        url = await raw_target(stack)
+        tunnel = await start_tunnel()
+        await tunnel.connect(targets={"raw": WebTarget(url, 10.0)}, binary=True, native=native)
+        async with tunnel.client() as client:
+            for _ in range(3):  # warm, then on a kept-alive connection, then a fresh one
+                reply = await client.head("/relay/acme/raw/size/16383")
+                assert (reply.status_code, reply.content) == (200, b"")
+                reply = await client.get("/relay/acme/raw/repeated")
+                assert (reply.status_code, reply.content) == (200, b"ok")
+
+
 @pytest.mark.parametrize("path", sorted(MALFORMED))
 async def test_a_malformed_answer_is_502_and_the_connector_keeps_serving(
     start_tunnel: StartTunnel, path: str
