@@ -23,7 +23,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::crossing::Crossing;
 use crate::routes::ConnId;
-use crate::ws::{frame_len, write_header, OP_BINARY};
+use crate::ws::{frame_len, write_header, OP_BINARY, OP_TEXT};
 
 /// A buffer that grew past this for a burst is not kept for reuse after it is written.
 const KEEP_CAPACITY: usize = 256 << 10;
@@ -128,9 +128,19 @@ fn ready<'b>(buf: &'b mut Vec<u8>, spares: &Spares) -> &'b mut Vec<u8> {
 /// Append one binary frame of `len` payload bytes to `buf`, the payload written by `fill`;
 /// the range of the payload.
 fn append_frame(buf: &mut Vec<u8>, len: usize, fill: impl FnOnce(&mut [u8])) -> (usize, usize) {
+    append_frame_op(buf, OP_BINARY, len, fill)
+}
+
+/// [`append_frame`] with any data opcode (the 신경 JSON gateway's frames are text).
+fn append_frame_op(
+    buf: &mut Vec<u8>,
+    opcode: u8,
+    len: usize,
+    fill: impl FnOnce(&mut [u8]),
+) -> (usize, usize) {
     let start = buf.len();
     buf.resize(start + frame_len(len, false), 0);
-    let header = write_header(&mut buf[start..], OP_BINARY, true, len, false);
+    let header = write_header(&mut buf[start..], opcode, true, len, false);
     fill(&mut buf[start + header..]);
     (start, start + header)
 }
@@ -208,6 +218,24 @@ impl Outboxes {
         match self.boxes.get_mut(&id) {
             Some(b) if b.accepts() => {
                 append_frame(ready(&mut b.buf, &self.spares), len, fill);
+                self.mark(id);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Fast path of the 신경 gateway (`singyeong.rs`): one text frame of `payload` for `id`,
+    /// which must [`accept`](Self::accepts) it; false (nothing written) if it does not.
+    pub fn deliver_text(&mut self, id: ConnId, payload: &[u8]) -> bool {
+        match self.boxes.get_mut(&id) {
+            Some(b) if b.accepts() => {
+                append_frame_op(
+                    ready(&mut b.buf, &self.spares),
+                    OP_TEXT,
+                    payload.len(),
+                    |out| out.copy_from_slice(payload),
+                );
                 self.mark(id);
                 true
             }

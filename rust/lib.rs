@@ -22,6 +22,7 @@ pub mod records;
 pub mod routes;
 pub mod sbd;
 pub mod scan;
+pub mod singyeong;
 pub mod ws;
 
 #[pymodule]
@@ -36,6 +37,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     forward::py::register(m)?;
     crossing::py::register(m)?;
     routes::py::register(m)?;
+    singyeong::py::register(m)?;
     crypto::py::register(m)?;
     records::py::register(m)?;
     Ok(())

@@ -740,7 +740,43 @@ class SbdRouting:
         """Index of this forward's route record in the scanner's RecordBuffer (set when
         `dest_conn_id` is); -1 otherwise."""
 
-Scanner = EnvelopeScanner | RmbScanner | SbdScanner
+class SgIndex:
+    """The 신경 gateway's native SEND/BROADCAST index (rust/singyeong.rs): the non-restricted
+    local clients by (application, top-level key, canonical scalar). Python keeps it in step
+    on identify, metadata applied and disconnect; `SgScanner`s answer from it inside `feed`."""
+
+    def __new__(cls, seed: int | None = None) -> SgIndex: ...
+    def set(
+        self, conn_id: int, app: str, json: bool, values: list[tuple[str, bytes | None]]
+    ) -> None:
+        """The client on `conn_id` is `app` (`json`: it speaks JSON) with these top-level
+        scalars: (key, b"s"+UTF-8 | b"n"+decimal | b"b0"/b"b1", or None when a `$eq` on it must
+        be answered by Python). Replaces what the connection had."""
+    def remove(self, conn_id: int) -> None: ...
+    def __len__(self) -> int: ...
+    @property
+    def counts(self) -> tuple[int, int, int, int]:
+        """(frames_in, sends, broadcasts, frames_out) answered natively so far."""
+    def dispatch_text(self, frame: bytes, ts_ms: int) -> bytes | None:
+        """The DISPATCH text the native path writes for `frame` (None: Python's frame)."""
+    def receivers(self, frame: bytes) -> list[int] | None:
+        """The connections the native path would write `frame` to (None: Python decides)."""
+
+class SgScanner:
+    """Scanner of one JSON 신경 connection: once `ready`, its SEND/BROADCAST frames that
+    `index` can answer exactly are written into the receivers' `outboxes` inside `feed` (no
+    event); every other frame, and every later one of the same read, goes to Python. The
+    decoder's `now` must be the wall clock (ns): it stamps the frames' `ts`."""
+
+    def __new__(cls, index: SgIndex, outboxes: Outboxes, conn_id: int) -> SgScanner: ...
+    @property
+    def conn_id(self) -> int: ...
+    @property
+    def ready(self) -> bool: ...
+    @ready.setter
+    def ready(self, value: bool) -> None: ...
+
+Scanner = EnvelopeScanner | RmbScanner | SbdScanner | SgScanner
 
 # ---- end scan.rs ----------------------------------------------------------------------------
 

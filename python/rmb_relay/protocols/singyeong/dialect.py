@@ -28,6 +28,7 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from rmb_relay._core import Outboxes
 from rmb_relay.budget import ByteBudget
 from rmb_relay.clock import Clock, monotonic_clock, wall_clock
 from rmb_relay.errors import BudgetExceeded, HttpReject
@@ -38,6 +39,7 @@ from rmb_relay.protocols.singyeong.cluster import SgCluster
 from rmb_relay.protocols.singyeong.codec import Encoding, encode
 from rmb_relay.protocols.singyeong.hotframes import ConfirmCache
 from rmb_relay.protocols.singyeong.metrics import SgMetrics
+from rmb_relay.protocols.singyeong.native import NativePath
 from rmb_relay.protocols.singyeong.proxy import Proxy
 from rmb_relay.protocols.singyeong.query import (
     Query,
@@ -99,11 +101,14 @@ class SingyeongDialect(Dialect):
         rng: random.Random | None = None,
         redis: Redis | None = None,
         cluster: Cluster | None = None,
+        outboxes: Outboxes | None = None,
+        native_seed: int | None = None,
     ) -> None:
         """With `redis`, queues live there (shared by every instance on it, surviving
         restarts); with `cluster`, the instances in it form one gateway (cluster.py), and
         the node's name is the cluster's instance id. Either must be called on the running
-        loop."""
+        loop. `outboxes`: the switch's, which the native SEND/BROADCAST path (native.py)
+        writes into (a gateway of its own without it); `native_seed` fixes its SEND picks."""
         self.settings = settings
         #: this instance's name in QUERY_NODES and delivery tokens
         self.node = cluster.me if cluster is not None else settings.node
@@ -140,7 +145,21 @@ class SingyeongDialect(Dialect):
         if cluster is not None:
             self.cluster = SgCluster(cluster, self.index, self.deliver_local)
             self.cluster.start()
-        self.metrics = SgMetrics(registry, lambda: self.index, lambda: self.queues)
+        #: the native SEND/BROADCAST path: off in cluster mode (receivers may be remote)
+        self.native: NativePath | None = None
+        if cluster is None and settings.native:
+            self.native = NativePath(
+                outboxes if outboxes is not None else Outboxes(), seed=native_seed
+            )
+            # the scanner stamps `ts` from the reading the listener passes it
+            self.scan_clock = wall
+        native = self.native
+        self.metrics = SgMetrics(
+            registry,
+            lambda: self.index,
+            lambda: self.queues,
+            native.counts if native is not None else None,
+        )
         self._sweeper: asyncio.TimerHandle | None = None
         self._metadata_due: dict[SgSession, int] = {}
         self._metadata_timer: asyncio.TimerHandle | None = None
@@ -172,6 +191,8 @@ class SingyeongDialect(Dialect):
 
     def client_ready(self, session: SgSession, client: Client) -> None:
         self.index.add(client)
+        if self.native is not None:
+            self.native.joined(session, client)
         if self.cluster is not None:
             self.cluster.joined(client)
         if client.receive_updates:
@@ -182,6 +203,8 @@ class SingyeongDialect(Dialect):
         self.sessions.pop(session.peer.id, None)
         self._metadata_due.pop(session, None)
         self.update_listeners.discard(session)
+        if self.native is not None:
+            self.native.left(session)
         client = session.client
         if client is None:
             return
@@ -271,6 +294,8 @@ class SingyeongDialect(Dialect):
         look again (it may match messages it did not before)."""
         if self.cluster is not None:
             self.cluster.changed(client)
+        if self.native is not None and client.session is not None:
+            self.native.changed(client.session, client)
         for name in client.queues:
             self.queues.pump(name)
 

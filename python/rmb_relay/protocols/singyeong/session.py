@@ -18,7 +18,7 @@ import hmac
 import logging
 from typing import TYPE_CHECKING, Any
 
-from rmb_relay._core import WsMessage
+from rmb_relay._core import SgScanner, WsDecoder, WsMessage
 from rmb_relay.protocols.base import CloseCode, Peer, WebSocketHandler
 from rmb_relay.protocols.singyeong import frames
 from rmb_relay.protocols.singyeong.clients import Client
@@ -57,6 +57,8 @@ class SgSession(WebSocketHandler):
         self.metadata_pending_types: dict[str, str] = {}
         #: the size of the frame being handled (what a QUEUE costs the queues' memory budget)
         self.frame_bytes = 0
+        #: the native SEND/BROADCAST path's scanner of this connection (native.py), if any
+        self.scanner: SgScanner | None = None
         # looked up once, not per frame
         self._text_frames = encoding.text_frames
         self._hot = dialect.metrics.hot
@@ -107,6 +109,11 @@ class SgSession(WebSocketHandler):
         self.send(frames.dispatch("QUEUE", body, self.dialect.now_ms(), message.nonce))
 
     # ---- lifecycle -------------------------------------------------------------------------
+
+    def bind_decoder(self, decoder: WsDecoder) -> None:
+        native = self.dialect.native
+        if native is not None:
+            self.scanner = native.bind(self, decoder)
 
     def on_open(self) -> None:
         dialect = self.dialect

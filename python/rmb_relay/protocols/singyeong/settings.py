@@ -47,6 +47,8 @@ class SgSettings:
     proxy_timeout: float = DEFAULT_PROXY_TIMEOUT
     #: this instance's name in QUERY_NODES answers and Redis presence
     node: str = "local"
+    #: answer plain SEND/BROADCAST frames in the Rust core (native.py); False: all in Python
+    native: bool = True
 
     def __post_init__(self) -> None:
         if self.heartbeat_ms <= 0:
