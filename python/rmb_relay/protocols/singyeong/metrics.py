@@ -66,7 +66,7 @@ class SgMetrics:
     ) -> None:
         """`native`: the counts of the Rust SEND/BROADCAST path (native.py), read with the
         rest: (frames_in, sends, broadcasts, frames_out), all `delivered`."""
-        hot = self.hot = HotCounters()
+        self.hot = HotCounters()
         self.native = native
         sg = {"dialect": "singyeong"}
         registry.counter_of(

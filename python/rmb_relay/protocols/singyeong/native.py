@@ -38,7 +38,7 @@ VOLATILE_KEY = "last_heartbeat_time"
 _INT_LIMIT = 10**18
 
 
-def index_value(value: Any, kind: str | None) -> bytes | None | bool:
+def index_value(value: Any, kind: str | None) -> bytes | bool | None:
     """The canonical bytes of a metadata value for the index; None: tainted (a `$eq` on it
     must be answered by Python: floats equal integers, versions compare by semver, long
     integers); False: no scalar `$eq` can match it (lists, maps, null), so it is left out."""
