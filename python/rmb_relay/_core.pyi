@@ -740,6 +740,7 @@ class SbdRouting:
         """Index of this forward's route record in the scanner's RecordBuffer (set when
         `dest_conn_id` is); -1 otherwise."""
 
+@final
 class SgIndex:
     """The 신경 gateway's native SEND/BROADCAST index (rust/singyeong.rs): the non-restricted
     local clients by (application, top-level key, canonical scalar). Python keeps it in step
@@ -762,6 +763,7 @@ class SgIndex:
     def receivers(self, frame: bytes) -> list[int] | None:
         """The connections the native path would write `frame` to (None: Python decides)."""
 
+@final
 class SgScanner:
     """Scanner of one JSON 신경 connection: once `ready`, its SEND/BROADCAST frames that
     `index` can answer exactly are written into the receivers' `outboxes` inside `feed` (no
