@@ -566,7 +566,7 @@ pub mod py {
     use crate::routes::{ConnId, Remote};
     use crate::sbd::HEADER_LEN;
     use crate::singyeong::py::{SgIndex, SgScanner};
-    use crate::singyeong::Decision;
+    use crate::singyeong::{self, Decision, Frame, QueueFrame};
     use crate::ws::py::payload_bytes;
     use crate::ws::Payload;
 
@@ -937,6 +937,7 @@ pub mod py {
                             None
                         },
                         scratch: Vec::new(),
+                        batch: Vec::new(),
                     }
                 }
             })
@@ -987,7 +988,28 @@ pub mod py {
             outboxes: Option<PyRefMut<'py, Outboxes>>,
             /// the message unmasked, reused across the feed's messages
             scratch: Vec<u8>,
+            /// queue frames read since the last event, for Python as one batch (`take_batch`)
+            batch: Vec<Py<PyAny>>,
         },
+    }
+
+    /// A queue frame as the tuple `SgSession` acts on (see `_core.pyi`, `SgScanner`):
+    /// (0, queue, nonce text | None, target text, payload text, frame bytes), (1, queue) or
+    /// (2, queue, id).
+    fn queue_tuple(py: Python<'_>, q: &QueueFrame<'_>, size: usize) -> PyResult<Py<PyAny>> {
+        Ok(match q {
+            QueueFrame::Queue {
+                name,
+                nonce,
+                target,
+                payload,
+            } => (0u8, name, *nonce, *target, *payload, size)
+                .into_pyobject(py)?
+                .into_any()
+                .unbind(),
+            QueueFrame::Request { name } => (1u8, name).into_pyobject(py)?.into_any().unbind(),
+            QueueFrame::Ack { name, id } => (2u8, name, id).into_pyobject(py)?.into_any().unbind(),
+        })
     }
 
     /// A message's data as Python gets it, its routing, and why it has none.
@@ -1021,6 +1043,14 @@ pub mod py {
             Ok(scanned)
         }
 
+        /// Queue frames read since the last event (None: none), to go before it.
+        pub fn take_batch(&mut self) -> Option<Vec<Py<PyAny>>> {
+            match self {
+                Feed::Sg { batch, .. } if !batch.is_empty() => Some(std::mem::take(batch)),
+                _ => None,
+            }
+        }
+
         fn scan_message(
             &mut self,
             py: Python<'_>,
@@ -1034,6 +1064,7 @@ pub mod py {
                     index,
                     outboxes,
                     scratch,
+                    batch,
                 } => {
                     let Some(ob) = outboxes.as_mut().filter(|_| is_text) else {
                         return Ok(Some((payload_bytes(py, payload)?, None, None)));
@@ -1041,12 +1072,20 @@ pub mod py {
                     scratch.clear();
                     scratch.resize(payload.len(), 0);
                     payload.copy_to(scratch);
-                    // `now` is the wall clock here (the dialect's scan_clock): `ts` in ms
-                    match index.inner.route(scratch, now / 1_000_000, &mut ob.inner) {
-                        Decision::Delivered(_) => Ok(None),
-                        Decision::Python => {
-                            Ok(Some((PyBytes::new(py, scratch).unbind(), None, None)))
+                    let python = || Ok(Some((PyBytes::new(py, scratch).unbind(), None, None)));
+                    match singyeong::read(scratch) {
+                        // `now` is the wall clock here (the dialect's scan_clock): `ts` in ms
+                        Some(Frame::Route(r)) => {
+                            match index.inner.deliver(&r, now / 1_000_000, &mut ob.inner) {
+                                Decision::Delivered(_) => Ok(None),
+                                Decision::Python => python(),
+                            }
                         }
+                        Some(Frame::Queue(q)) => {
+                            batch.push(queue_tuple(py, &q, scratch.len())?);
+                            Ok(None)
+                        }
+                        None => python(),
                     }
                 }
                 Feed::Rmb {

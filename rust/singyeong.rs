@@ -52,6 +52,9 @@ const MAX_INT_DIGITS: usize = 18;
 /// Payload integers up to this many digits are copied verbatim (Python re-encodes them the
 /// same); longer ones go to Python, which applies its own `int` digit limit.
 const MAX_PAYLOAD_INT_DIGITS: usize = 300;
+/// Python's default `sys.get_int_max_str_digits()` is 4300: a longer integer fails its
+/// decode, so such frames go to Python whole, to be refused there.
+const MAX_DECODED_INT_DIGITS: usize = 4000;
 /// The gateway key whose value changes on every heartbeat: never indexed here (a query on it
 /// goes to Python), so heartbeats cost no index update.
 pub const VOLATILE_KEY: &str = "last_heartbeat_time";
@@ -264,6 +267,9 @@ impl<'a> Reader<'a> {
             _ => return None,
         }
         let digits = self.i - digits_at;
+        if digits > MAX_DECODED_INT_DIGITS {
+            return None; // Python's `int` refuses it: its error is Python's to word
+        }
         let mut kind = Kind::Int;
         if self.eat(b'.').is_some() {
             kind = Kind::Float;
@@ -438,8 +444,9 @@ fn condition(r: &mut Reader<'_>, entry: Val) -> Option<(String, Vec<u8>)> {
     Some((key, scalar(b, *value)?))
 }
 
-/// The frame, if it is a SEND/BROADCAST this module answers (see the module docs).
-pub fn routable(frame: &[u8]) -> Option<Routable<'_>> {
+/// A dispatch frame's reader (the whole frame checked to be one JSON value), its `t` text
+/// (quoted) and its `d`; None for any other frame.
+fn dispatch_parts(frame: &[u8]) -> Option<(Reader<'_>, &[u8], Val)> {
     std::str::from_utf8(frame).ok()?;
     let mut r = Reader::new(frame);
     r.ws();
@@ -454,12 +461,41 @@ pub fn routable(frame: &[u8]) -> Option<Routable<'_>> {
         return None;
     }
     let t = get(&top, b"t")?;
-    let broadcast = match &frame[t.start..t.end] {
-        b"\"SEND\"" => false,
-        b"\"BROADCAST\"" => true,
-        _ => return None,
-    };
-    let d = r.object(*get(&top, b"d")?)?;
+    let d = *get(&top, b"d")?;
+    Some((r, &frame[t.start..t.end], d))
+}
+
+/// What the native path makes of a frame it reads.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Frame<'a> {
+    Route(Routable<'a>),
+    Queue(QueueFrame<'a>),
+}
+
+/// The frame as the native path acts on it (one read of it), or None: Python's.
+pub fn read(frame: &[u8]) -> Option<Frame<'_>> {
+    let (r, t, d) = dispatch_parts(frame)?;
+    match t {
+        b"\"SEND\"" => routable_from(r, d, false).map(Frame::Route),
+        b"\"BROADCAST\"" => routable_from(r, d, true).map(Frame::Route),
+        b"\"QUEUE\"" => queue_from(r, d, 0).map(Frame::Queue),
+        b"\"QUEUE_REQUEST\"" => queue_from(r, d, 1).map(Frame::Queue),
+        b"\"QUEUE_ACK\"" => queue_from(r, d, 2).map(Frame::Queue),
+        _ => None,
+    }
+}
+
+/// The frame, if it is a SEND/BROADCAST this module answers (see the module docs).
+pub fn routable(frame: &[u8]) -> Option<Routable<'_>> {
+    match read(frame)? {
+        Frame::Route(r) => Some(r),
+        Frame::Queue(_) => None,
+    }
+}
+
+fn routable_from<'a>(mut r: Reader<'a>, d: Val, broadcast: bool) -> Option<Routable<'a>> {
+    let frame = r.b;
+    let d = r.object(d)?;
     let payload = *get(&d, b"payload")?;
     let nonce = get(&d, b"nonce").copied();
     if !r.clean(payload) || !nonce.is_none_or(|n| r.clean(n)) {
@@ -534,6 +570,73 @@ pub fn dispatch_text(out: &mut Vec<u8>, r: &Routable<'_>, ts_ms: u64) {
     });
     out.extend_from_slice(ts_ms.to_string().as_bytes());
     out.push(b'}');
+}
+
+// ---- queue frames ------------------------------------------------------------------------
+
+/// A QUEUE, QUEUE_REQUEST or QUEUE_ACK read from a JSON frame, for Python to act on without
+/// decoding the frame or walking its dispatch chain (the three frames each queued message
+/// costs). Values Python needs as values (target, payload, nonce) stay JSON text, checked
+/// valid here; Python decodes them alone (and caches targets by their text).
+#[derive(Debug, PartialEq, Eq)]
+pub enum QueueFrame<'a> {
+    Queue {
+        name: String,
+        /// the nonce's text (None: absent)
+        nonce: Option<&'a str>,
+        target: &'a str,
+        payload: &'a str,
+    },
+    Request {
+        name: String,
+    },
+    Ack {
+        name: String,
+        id: String,
+    },
+}
+
+/// The frame, if it is one of the three queue frames in the shape Python's handlers take
+/// (`d` an object with a string `queue`; QUEUE with `target` and `payload`; QUEUE_ACK with a
+/// string `id`); anything else, including every malformed frame, is Python's. Name limits
+/// are Python's to check.
+pub fn queue_frame(frame: &[u8]) -> Option<QueueFrame<'_>> {
+    match read(frame)? {
+        Frame::Queue(q) => Some(q),
+        Frame::Route(_) => None,
+    }
+}
+
+/// `kind`: 0 QUEUE, 1 QUEUE_REQUEST, 2 QUEUE_ACK.
+fn queue_from(mut r: Reader<'_>, d: Val, kind: u8) -> Option<QueueFrame<'_>> {
+    let frame = r.b;
+    let all = std::str::from_utf8(frame).ok()?;
+    let d = r.object(d)?;
+    let name = get(&d, b"queue")?;
+    if name.kind != Kind::Str || !r.clean(*name) {
+        return None;
+    }
+    let name = text(frame, *name)?;
+    let slice = |v: &Val| &all[v.start..v.end];
+    Some(match kind {
+        0 => QueueFrame::Queue {
+            name,
+            nonce: get(&d, b"nonce").map(slice),
+            target: slice(get(&d, b"target")?),
+            payload: slice(get(&d, b"payload")?),
+        },
+        1 => QueueFrame::Request { name },
+        _ => {
+            let id = get(&d, b"id")?;
+            if id.kind != Kind::Str || !r.clean(*id) {
+                return None;
+            }
+            QueueFrame::Ack {
+                name,
+                id: text(frame, *id)?,
+            }
+        }
+    })
 }
 
 // ---- the index ---------------------------------------------------------------------------
@@ -734,14 +837,20 @@ impl Index {
 
     /// Answer `frame` into the outboxes (see the module docs), or leave it to Python.
     pub fn route(&mut self, frame: &[u8], ts_ms: u64, outboxes: &mut Outboxes) -> Decision {
-        let Some(r) = routable(frame) else {
-            return Decision::Python;
-        };
-        let Some(receivers) = self.receivers(&r, |c| outboxes.accepts(c)) else {
+        match routable(frame) {
+            Some(r) => self.deliver(&r, ts_ms, outboxes),
+            None => Decision::Python,
+        }
+    }
+
+    /// Write a routable SEND/BROADCAST's DISPATCH into its receivers' outboxes, or leave it
+    /// to Python (no receiver, or one that is not JSON or does not accept).
+    pub fn deliver(&mut self, r: &Routable<'_>, ts_ms: u64, outboxes: &mut Outboxes) -> Decision {
+        let Some(receivers) = self.receivers(r, |c| outboxes.accepts(c)) else {
             return Decision::Python;
         };
         let mut text = std::mem::take(&mut self.text);
-        dispatch_text(&mut text, &r, ts_ms);
+        dispatch_text(&mut text, r, ts_ms);
         for &conn in &receivers {
             outboxes.deliver_text(conn, &text);
         }
@@ -861,6 +970,50 @@ mod tests {
         ix.remove(3);
         assert_eq!(ix.receivers(&r, |_| true), None);
         assert!(ix.buckets.keys().all(|k| !k.ends_with(b"sx")));
+    }
+
+    #[test]
+    fn queue_frames_are_read_and_odd_ones_left_to_python() {
+        let f = br#"{"op":4,"t":"QUEUE","d":{"queue":"q","target":{"ops":[]},"nonce":null,"payload":[1, 2.5]}}"#;
+        assert_eq!(
+            queue_frame(f),
+            Some(QueueFrame::Queue {
+                name: "q".into(),
+                nonce: Some("null"),
+                target: r#"{"ops":[]}"#,
+                payload: "[1, 2.5]",
+            })
+        );
+        let f = br#"{"op":4,"t":"QUEUE_ACK","d":{"queue":"q\n","id":"a-1"}}"#;
+        assert_eq!(
+            queue_frame(f),
+            Some(QueueFrame::Ack {
+                name: "q\n".into(),
+                id: "a-1".into()
+            })
+        );
+        let f = br#"{"t":"QUEUE_REQUEST","op":4,"d":{"queue":"q"}}"#;
+        assert_eq!(
+            queue_frame(f),
+            Some(QueueFrame::Request { name: "q".into() })
+        );
+        for f in [
+            r#"{"op":4,"t":"QUEUE","d":{"queue":"q","payload":1}}"#,
+            r#"{"op":4,"t":"QUEUE_ACK","d":{"queue":"q","id":5}}"#,
+            r#"{"op":4,"t":"QUEUE_ACK","d":{"queue":"\u0071","id":"x"}}"#,
+            r#"{"op":4,"t":"QUEUE_REQUEST","d":{"queue":1}}"#,
+            r#"{"op":4,"t":"QUEUE_REQUEST","d":{"queue":"q","queue":"r"}}"#,
+            r#"{"op":4,"t":"QUEUE_REQUEST","d":{"queue":"q"}"#,
+            r#"{"op":5,"t":"QUEUE_REQUEST","d":{"queue":"q"}}"#,
+            r#"{"op":4,"t":"QUEUE","d":{"queue":"q","target":{},"payload":NaN}}"#,
+        ] {
+            assert!(queue_frame(f.as_bytes()).is_none(), "{f}");
+        }
+        let long = format!(
+            r#"{{"op":4,"t":"QUEUE","d":{{"queue":"q","target":{{}},"payload":{}}}}}"#,
+            "1".repeat(MAX_DECODED_INT_DIGITS + 1)
+        );
+        assert!(queue_frame(long.as_bytes()).is_none());
     }
 
     #[test]

@@ -204,9 +204,11 @@ class WsMessage:
     # A dialect knows which scanner it installed: it annotates the routing it reads (no
     # isinstance per message on the hot path).
     @property
-    def routing(self) -> EnvelopeRouting | SbdRouting | None:
+    def routing(self) -> EnvelopeRouting | SbdRouting | list[SgQueueFrame] | None:
         """With a scanner: what it made of the message, read in the same call as the frame:
-        EnvelopeRouting (EnvelopeScanner, RmbScanner), SbdRouting (SbdScanner) or None."""
+        EnvelopeRouting (EnvelopeScanner, RmbScanner), SbdRouting (SbdScanner) or None. From
+        an SgScanner: None, or for a message with no data, the queue frames it read since the
+        previous event (`SgQueueFrame`), to be handled in order before the next one."""
     @property
     def scan_error(self) -> str | None:
         """With a scanner: why the message has no routing (not an envelope, shorter than the
@@ -763,11 +765,17 @@ class SgIndex:
     def receivers(self, frame: bytes) -> list[int] | None:
         """The connections the native path would write `frame` to (None: Python decides)."""
 
+#: a queue frame an SgScanner read: (0, queue, nonce JSON | None, target JSON, payload JSON,
+#: frame bytes) for QUEUE, (1, queue) for QUEUE_REQUEST, (2, queue, id) for QUEUE_ACK
+SgQueueFrame = tuple[Any, ...]
+
 @final
 class SgScanner:
     """Scanner of one JSON 신경 connection: once `ready`, its SEND/BROADCAST frames that
     `index` can answer exactly are written into the receivers' `outboxes` inside `feed` (no
-    event); every other frame, and every later one of the same read, goes to Python. The
+    event), and its QUEUE / QUEUE_REQUEST / QUEUE_ACK frames come as `SgQueueFrame` tuples in
+    batches (`WsMessage.routing`); every other frame, and every later one of the same read,
+    goes to Python as it came. The
     decoder's `now` must be the wall clock (ns): it stamps the frames' `ts`."""
 
     def __new__(cls, index: SgIndex, outboxes: Outboxes, conn_id: int) -> SgScanner: ...

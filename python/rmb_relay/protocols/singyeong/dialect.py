@@ -36,7 +36,7 @@ from rmb_relay.protocols.base import Dialect, Peer, Routes, WebSocketHandler
 from rmb_relay.protocols.singyeong import frames
 from rmb_relay.protocols.singyeong.clients import Client, ClientIndex
 from rmb_relay.protocols.singyeong.cluster import SgCluster
-from rmb_relay.protocols.singyeong.codec import Encoding, encode
+from rmb_relay.protocols.singyeong.codec import Encoding, encode, json_value
 from rmb_relay.protocols.singyeong.hotframes import ConfirmCache
 from rmb_relay.protocols.singyeong.metrics import SgMetrics
 from rmb_relay.protocols.singyeong.native import NativePath
@@ -59,7 +59,7 @@ from rmb_relay.protocols.singyeong.session import SgSession
 from rmb_relay.protocols.singyeong.settings import SgSettings
 
 if TYPE_CHECKING:
-    from rmb_relay._core import HttpRequest
+    from rmb_relay._core import HttpRequest, SgQueueFrame
     from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
     from rmb_relay.cluster.node import Cluster
     from rmb_relay.telemetry.metrics import Registry
@@ -166,6 +166,8 @@ class SingyeongDialect(Dialect):
         self._tasks: set[asyncio.Task[None]] = set()
         #: repr(target) -> parsed query, for QUEUE (see `_queue_target`)
         self._queue_targets: dict[str, Query] = {}
+        #: a native QUEUE's target text -> (its value, parsed query), as `_queue_targets`
+        self._queue_texts: dict[str, tuple[Any, Query]] = {}
         self._confirms = ConfirmCache()
         self._closed = False
         self.proxy = Proxy(self)
@@ -467,6 +469,72 @@ class SingyeongDialect(Dialect):
                 cache.clear()
             cache[key] = query
         return query
+
+    def queue_batch(self, session: SgSession, batch: list[SgQueueFrame]) -> None:
+        """Queue frames the native scanner read (native.py), in order: the same handling as
+        `_queue`, `_queue_request` and `_queue_ack` without decoding whole frames or walking
+        `handle` and `dispatch` per frame (three frames per queued message). A name outside
+        the limits takes the handler itself, for its op 3."""
+        client = session.client
+        assert client is not None
+        hot = self.metrics.hot
+        hot.frames_in += len(batch)
+        queues = self.queues
+        limit = MAX_QUEUE_NAME
+        for item in batch:
+            if session.closing:
+                return
+            kind, name = item[0], item[1]
+            valid = 0 < len(name) <= limit
+            if kind == 2:
+                if not valid:
+                    self._queue_ack(session, client, "QUEUE_ACK", {"queue": name, "id": item[2]})
+                    continue
+                hot.add(_ACK_OK if queues.ack(name, item[2]) else _ACK_UNKNOWN)
+            elif kind == 1:
+                if not valid:
+                    self._queue_request(session, client, "QUEUE_REQUEST", {"queue": name})
+                    continue
+                client.queues.add(name)
+                if not queues.request(name, session):
+                    hot.dispatch("QUEUE_REQUEST", "refused")
+                    session.invalid("too many outstanding QUEUE_REQUESTs", {"queue": name})
+                    continue
+                hot.add(_REQUEST_OK)
+            else:
+                self._native_queue(session, client, item)
+
+    def _native_queue(self, session: SgSession, client: Client, item: SgQueueFrame) -> None:
+        """One native QUEUE: (0, name, nonce text | None, target text, payload text, size)."""
+        _, name, nonce_text, target_text, payload_text, size = item
+        nonce = None if nonce_text is None else json_value(nonce_text)
+        payload = json_value(payload_text)
+        if not 0 < len(name) <= MAX_QUEUE_NAME:
+            d = {"queue": name, "target": json_value(target_text), "payload": payload}
+            if nonce_text is not None:
+                d["nonce"] = nonce
+            self._queue(session, client, "QUEUE", d)
+            return
+        cached = self._queue_texts.get(target_text)
+        if cached is None:
+            target = json_value(target_text)
+            query = self._parse_target(session, "QUEUE", target)
+            if query is None:
+                return
+            if len(self._queue_texts) >= QUEUE_TARGET_CACHE:
+                self._queue_texts.clear()
+            self._queue_texts[target_text] = cached = (target, query)
+        target, query = cached
+        message = Message(
+            Queues.new_id(),
+            name,
+            nonce,
+            target,
+            payload,
+            query=query,
+            size=size + MESSAGE_OVERHEAD,
+        )
+        self.store_message(session, message)
 
     def store_message(self, session: SgSession, message: Message) -> None:
         """Confirm once stored: memory at once (confirm, then deliver) when the budget has

@@ -132,6 +132,10 @@ class SgSession(WebSocketHandler):
         if self.closing:
             return
         dialect = self.dialect
+        batch = message.routing
+        if batch is not None:  # queue frames the native scanner read (native.py)
+            dialect.queue_batch(self, batch)  # type: ignore[arg-type]
+            return
         self._hot.frames_in += 1
         if message.is_text != self._text_frames:
             self.fatal("decode: payload: invalid websocket opcode/encoding combo")
