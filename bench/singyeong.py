@@ -10,7 +10,8 @@ group of 1,000 clients; `queue` QUEUE -> 20 consumers (REQUEST/ACK) -> acked mes
 The generator is this process (one core, uvloop, frames masked and decoded by the Rust core,
 payloads carry the send time in microseconds); the gateway is another process (the other
 core). `gw_cpu` / `gen_cpu` are each side's share of one core during the measured window.
-`SG_WINDOW` (default 4096) bounds the deliveries in flight in the SEND and BROADCAST
+`SG_GATEWAY_ARGS` adds flags to the rmb-relay command line (`--sg-no-native`: the Python
+path only). `SG_WINDOW` (default 4096) bounds the deliveries in flight in the SEND and BROADCAST
 scenarios (recorded in each row as `window`; docs/singyeong.md has a table over it).
 """
 
@@ -183,6 +184,8 @@ class Gateway:
                 str(16 << 20),
                 "--max-connections-per-ip",
                 "100000",  # every generator connection comes from 127.0.0.1
+                # e.g. SG_GATEWAY_ARGS=--sg-no-native: the Python path, in the same sitting
+                *os.environ.get("SG_GATEWAY_ARGS", "").split(),
             ]
         else:
             cmd = [sys.executable, "-m", "bench.singyeong_baseline", "--port", str(self.port)]
@@ -226,8 +229,12 @@ async def run_scenario(kind: str, scenario: str, clients: int, duration: float) 
         result = await (QUEUE if scenario == "queue" else LOAD)(
             scenario, gateway, stats, sender, receivers, clients, duration
         )
+        extra = os.environ.get("SG_GATEWAY_ARGS", "") if kind == "rmb-relay" else ""
         result.update(
-            gateway=kind, scenario=scenario, clients=clients, connect_s=round(connect_s, 1)
+            gateway=kind + (f" {extra}" if extra else ""),
+            scenario=scenario,
+            clients=clients,
+            connect_s=round(connect_s, 1),
         )
         for conn in (*receivers, sender):
             if conn.transport is not None:

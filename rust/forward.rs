@@ -243,6 +243,18 @@ impl Outboxes {
         }
     }
 
+    /// Python's send of one text frame of `payload` (ignored for an unknown connection).
+    pub fn push_text(&mut self, id: ConnId, payload: &[u8]) {
+        if let Some(b) = self.boxes.get_mut(&id) {
+            append_frame_op(
+                ready(&mut b.buf, &self.spares),
+                OP_TEXT,
+                payload.len(),
+                |out| out.copy_from_slice(payload),
+            );
+        }
+    }
+
     /// Python's send: one binary frame of `payload` (ignored for an unknown connection).
     pub fn push(&mut self, id: ConnId, payload: &[u8]) {
         if let Some(b) = self.boxes.get_mut(&id) {
@@ -391,6 +403,23 @@ mod tests {
         let mut out = Vec::new();
         o.drain(|id, b| out.push((id, b)));
         out
+    }
+
+    #[test]
+    fn text_frames_match_the_encoder_and_the_fast_path_needs_acceptance() {
+        let mut o = Outboxes::new();
+        o.open(1);
+        o.push_text(1, b"{\"a\":1}");
+        assert!(o.deliver_text(1, b"[2]"));
+        o.push(1, b"bin");
+        let mut want = encode_frame(OP_TEXT, b"{\"a\":1}", true, None);
+        want.extend(encode_frame(OP_TEXT, b"[2]", true, None));
+        want.extend(encode_frame(OP_BINARY, b"bin", true, None));
+        assert_eq!(taken(&mut o, 1), want);
+        o.set_congested(1, true);
+        assert!(!o.deliver_text(1, b"x"));
+        assert!(!o.deliver_text(2, b"x"), "no outbox");
+        assert_eq!(o.pending(1), 0);
     }
 
     #[test]
@@ -706,6 +735,12 @@ pub mod py {
                     .push(conn_id, p.downcast::<PyBytes>()?.as_bytes());
             }
             Ok(())
+        }
+
+        /// One text frame of `payload` (a 신경 JSON frame), after whatever is queued: framed
+        /// here, without an encoded frame object of its own.
+        fn push_text(&mut self, conn_id: ConnId, payload: &[u8]) {
+            self.inner.push_text(conn_id, payload);
         }
 
         /// An encoded frame (text, control), after whatever is queued.

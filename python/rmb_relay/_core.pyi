@@ -492,6 +492,8 @@ class Outboxes:
     def push(self, conn_id: int, payload: bytes) -> None:
         """One binary frame of `payload` after what is buffered (an unknown id: ignored)."""
     def push_many(self, conn_id: int, payloads: list[bytes]) -> None: ...
+    def push_text(self, conn_id: int, payload: bytes) -> None:
+        """One text frame of `payload`, after whatever is queued."""
     def push_raw(self, conn_id: int, frame: bytes) -> None:
         """An encoded frame (text, control) after what is buffered."""
     def take(self, conn_id: int) -> memoryview | None:

@@ -527,6 +527,15 @@ class Connection(asyncio.Protocol):
         if self.state is not State.WEBSOCKET:
             self.server.metrics.dropped.inc(1, self.dialect_name, "connection closing")
             return
+        outboxes = self._outboxes
+        if outboxes is not None:  # framed in the outbox (a 신경 gateway's frames)
+            outboxes.push_text(self.conn_id, text)
+            batcher = self._batcher
+            if batcher.depth:
+                self._queue_in(batcher)
+            else:
+                self.flush()
+            return
         self.send_frame(encode_frame(OP_TEXT, text))
 
     def send_frame(self, frame: bytes) -> None:
