@@ -391,3 +391,67 @@ async def test_without_the_native_path_python_answers_everything(make_gateway: M
     sender = await gateway.client("s", "caller")
     await sender.ws.send(send_text({"application": "api", "ops": [{"n": {"$eq": 0}}]}, "1"))
     assert (await w.expect(4, "SEND"))["d"]["payload"] == 1
+
+
+# ---- queue frames read natively ---------------------------------------------------------------
+
+QUEUE_SCRIPT = [
+    # (who, frame text) — consumer "c" (metadata n=0), producer "p"
+    ("c", '{"op":4,"t":"QUEUE_REQUEST","d":{"queue":"q"}}'),
+    (
+        "p",
+        '{"op":4,"t":"QUEUE","d":{"queue":"q","target":{"application":"api",'
+        '"ops":[{"n":{"$eq":0}}]},"nonce":"a","payload":{"x": [1, 2.5, "é"]}}}',
+    ),
+    ("p", '{"op":4,"t":"QUEUE","d":{"queue":"q","target":{"application":"api"},"payload":2}}'),
+    ("p", '{"op":4,"t":"QUEUE","d":{"queue":"' + "q" * 300 + '","target":{},"payload":3}}'),
+    ("p", '{"op":4,"t":"QUEUE","d":{"queue":"q","target":{"ops":{"n":1}},"payload":4}}'),
+    ("p", '{"op":4,"t":"QUEUE","d":{"queue":"q","target":{},"nonce":null}}'),
+    ("c", '{"op":4,"t":"QUEUE_ACK","d":{"queue":"q","id":"ID0"}}'),
+    ("c", '{"op":4,"t":"QUEUE_ACK","d":{"queue":"q","id":"nope"}}'),
+    ("c", '{"op":4,"t":"QUEUE_ACK","d":{"queue":"","id":"x"}}'),
+    ("c", '{"op":4,"t":"QUEUE_REQUEST","d":{"queue":"q"}}'),
+    ("c", '{"op":4,"t":"QUEUE_REQUEST","d":{"queue":"' + "r" * 300 + '"}}'),
+    ("c", '{"op":4,"t":"QUEUE_REQUEST_CANCEL","d":{"queue":"q"}}'),
+]
+
+
+def normalized(frame: dict[str, Any], ids: list[str]) -> dict[str, Any]:
+    """The frame without what differs between runs (`ts`, message ids)."""
+    frame = dict(frame)
+    frame.pop("ts", None)
+    d = frame.get("d")
+    if isinstance(d, dict) and isinstance(d.get("payload"), dict) and "id" in d["payload"]:
+        ids.append(d["payload"]["id"])
+        frame["d"] = {**d, "payload": {**d["payload"], "id": f"ID{len(ids) - 1}"}}
+    return frame
+
+
+async def run_queue_script(gateway: Gateway) -> tuple[list[Any], list[Any], dict[Any, int]]:
+    (consumer,) = await workers(gateway, 1)
+    producer = await gateway.client("p", "caller")
+    ids: list[str] = []
+    got: dict[str, list[Any]] = {"c": [], "p": []}
+    clients = {"c": consumer, "p": producer}
+    for who, text in QUEUE_SCRIPT:
+        for n, real in enumerate(ids):
+            text = text.replace(f"ID{n}", real)
+        await clients[who].ws.send(text)
+        for name, client in clients.items():  # settle: everything sent so far is answered
+            await client.send(5)
+            while (frame := await client.recv())["op"] != 6:
+                got[name].append(normalized(frame, ids))
+    return got["c"], got["p"], gateway.dialect.metrics.dispatches()
+
+
+async def test_queue_frames_read_natively_behave_as_python_s(make_gateway: MakeGateway) -> None:
+    native = await run_queue_script(await make_gateway())
+    python = await run_queue_script(await make_gateway(native=False))
+    assert native == python
+    consumer, producer, dispatches = native
+    assert [f["d"]["payload"]["payload"] for f in consumer if f["op"] == 4] == [
+        {"x": [1, 2.5, "é"]},
+        2,
+    ]
+    assert [f["op"] for f in producer] == [4, 4, 3, 3, 3]
+    assert dispatches[("QUEUE_ACK", "ok")] == 1
