@@ -773,43 +773,58 @@ impl Index {
     }
 
     /// The connections every condition matches (into `self.found`); false: Python decides
-    /// (a tainted key).
+    /// (a tainted key). The smallest bucket of the conditions is read; its members meet
+    /// that condition by construction, so only the others are checked on them (a lone `$eq`,
+    /// the usual target, costs two hash lookups and a copy).
     fn matching(&mut self, app: &str, conditions: &[(String, Vec<u8>)]) -> bool {
         self.found.clear();
         let mut key = std::mem::take(&mut self.key);
-        let mut smallest: Option<(usize, Vec<u8>)> = None;
-        for (k, v) in conditions {
+        let mut smallest: Option<(usize, usize)> = None;
+        for (at, (k, v)) in conditions.iter().enumerate() {
             app_key(&mut key, app, k);
-            if self.taint.contains_key(&key) {
+            if !self.taint.is_empty() && self.taint.contains_key(&key) {
                 self.key = key;
                 return false;
             }
+            if conditions.len() == 1 {
+                smallest = Some((0, 0));
+                break;
+            }
             key.extend_from_slice(v);
             let size = self.buckets.get(&key).map_or(0, Vec::len);
-            if smallest.as_ref().is_none_or(|(s, _)| size < *s) {
-                smallest = Some((size, key.clone()));
+            if smallest.is_none_or(|(s, _)| size < s) {
+                smallest = Some((size, at));
             }
         }
-        self.key = key;
-        let Some((_, bucket)) = smallest else {
+        let Some((_, chosen)) = smallest else {
+            self.key = key;
             return true;
         };
-        if let Some(members) = self.buckets.get(&bucket) {
-            for &conn in members {
-                let Some(client) = self.clients.get(&conn) else {
-                    continue;
-                };
-                let all = conditions.iter().all(|(k, v)| {
-                    client
-                        .values
-                        .iter()
-                        .any(|(ck, cv)| ck == k && cv.as_deref() == Some(v.as_slice()))
-                });
-                if all {
-                    self.found.push(conn);
+        let (k, v) = &conditions[chosen];
+        app_key(&mut key, app, k);
+        key.extend_from_slice(v);
+        if let Some(members) = self.buckets.get(&key) {
+            if conditions.len() == 1 {
+                self.found.extend_from_slice(members);
+            } else {
+                for &conn in members {
+                    let Some(client) = self.clients.get(&conn) else {
+                        continue;
+                    };
+                    let all = conditions.iter().enumerate().all(|(at, (k, v))| {
+                        at == chosen
+                            || client
+                                .values
+                                .iter()
+                                .any(|(ck, cv)| ck == k && cv.as_deref() == Some(v.as_slice()))
+                    });
+                    if all {
+                        self.found.push(conn);
+                    }
                 }
             }
         }
+        self.key = key;
         true
     }
 
