@@ -1,12 +1,12 @@
 //! Outboxes: the pending output of every websocket connection of a switch, so that the decoder
 //! of one connection can forward a message into another connection's output inside `feed`.
 //!
-//! Theory of operation: each RMB or SBD connection has one outbox here, keyed by the same
+//! Theory of operation: each RMB, SBD or 신경 connection has one outbox here, keyed by the same
 //! `ConnId` the route table maps addresses to. Everything the connection is to write goes into
 //! it in order: frames the Rust fast path forwards (header + payload unmasked straight off the
-//! wire, one copy) and whatever Python sends it (`push`, `push_raw`). Python takes a
-//! connection's bytes and writes them (one `transport.write` per destination per read); nothing
-//! here touches a socket.
+//! wire, one copy; the 신경 gateway's DISPATCH text frames, `singyeong.rs`) and whatever Python
+//! sends it (`push`, `push_text`, `push_raw`). Python takes a connection's bytes and writes
+//! them (one `transport.write` per destination per read); nothing here touches a socket.
 //!
 //! The fast path may append to an outbox only while it [`accepts`](Outboxes::accepts): the
 //! connection is open, its transport is not over its high-water mark (`congested`: the message

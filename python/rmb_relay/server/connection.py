@@ -24,8 +24,8 @@ Output is batched: while a connection processes one read, whatever any handler s
 connection is queued per destination and written with a single `transport.write` when the
 read is done (`OutputBatcher`). Outside a read (timers, tasks) a send is written at once.
 
-The fast path: an RMB or SBD connection's output lives in the switch's Rust `Outboxes` (its
-handler names them), and its decoder forwards local messages into other connections' outboxes
+The fast path: an RMB, SBD or 신경 connection's output lives in the switch's Rust `Outboxes`
+(its handler names them), and its decoder forwards local messages into other connections' outboxes
 inside `feed`, without an event for Python. Everything else a handler sends to such a
 connection is appended to the same outbox, so the order of what it receives is kept; after the
 read, each connection the fast path touched is written once (`Outboxes.drain`). The listener
