@@ -478,12 +478,12 @@ class SingyeongDialect(Dialect):
         client = session.client
         assert client is not None
         hot = self.metrics.hot
-        hot.frames_in += len(batch)
         queues = self.queues
         limit = MAX_QUEUE_NAME
         for item in batch:
-            if session.closing:
+            if session.closing:  # as `on_message`: nothing more is read from a closing client
                 return
+            hot.frames_in += 1
             kind, name = item[0], item[1]
             valid = 0 < len(name) <= limit
             if kind == 2:

@@ -134,7 +134,11 @@ class SgSession(WebSocketHandler):
         dialect = self.dialect
         batch = message.routing
         if batch is not None:  # queue frames the native scanner read (native.py)
-            dialect.queue_batch(self, batch)  # type: ignore[arg-type]
+            try:
+                dialect.queue_batch(self, batch)  # type: ignore[arg-type]
+            except Exception:
+                log.exception("singyeong: handling frames from %s failed", self.peer.peer_host)
+                self.fatal("internal server error")
             return
         self._hot.frames_in += 1
         if message.is_text != self._text_frames:
