@@ -1032,6 +1032,55 @@ mod tests {
     }
 
     #[test]
+    fn route_writes_one_text_frame_per_receiver_and_counts_it() {
+        let mut ix = index();
+        let mut ob = Outboxes::new();
+        for conn in 1..=3 {
+            ob.open(conn);
+        }
+        let f = br#"{"op":4,"t":"BROADCAST","d":{"target":{"application":"app","ops":[{"g":{"$eq":"x"}}]},"payload":[1]}}"#;
+        assert_eq!(ix.route(f, 9, &mut ob), Decision::Delivered(2));
+        let want = crate::ws::encode_frame(
+            crate::ws::OP_TEXT,
+            br#"{"op":4,"d":{"target":null,"nonce":null,"payload":[1]},"t":"BROADCAST","ts":9}"#,
+            true,
+            None,
+        );
+        assert_eq!(ob.take(2), Some(want.clone()));
+        assert_eq!(ob.take(3), Some(want));
+        assert_eq!(ob.take(1), None);
+        ob.set_congested(3, true);
+        assert_eq!(
+            ix.route(f, 9, &mut ob),
+            Decision::Python,
+            "a receiver that does not accept"
+        );
+        assert_eq!(ob.take(2), None, "nothing written when Python decides");
+        ix.set(
+            4,
+            "app".into(),
+            false,
+            vec![("id".into(), Some(b"n9".to_vec()))],
+        );
+        ob.open(4);
+        let send = br#"{"op":4,"t":"SEND","d":{"target":{"application":"app","ops":[{"id":{"$eq":9}}]},"payload":1}}"#;
+        assert_eq!(
+            ix.route(send, 9, &mut ob),
+            Decision::Python,
+            "not a JSON receiver"
+        );
+        assert_eq!(
+            ix.counts,
+            Counts {
+                frames_in: 1,
+                sends: 0,
+                broadcasts: 1,
+                frames_out: 2
+            }
+        );
+    }
+
+    #[test]
     fn escaped_strings_decode_for_the_index() {
         let f = br#"{"op":4,"t":"SEND","d":{"target":{"application":"a\"p","ops":[{"k\n":{"$eq":"\u0001\\"}}]},"payload":1}}"#;
         let r = routable(f).unwrap();
