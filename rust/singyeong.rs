@@ -296,8 +296,12 @@ impl<'a> Reader<'a> {
             }
         }
         let negative_zero = negative && &self.b[start..self.i] == b"-0";
-        if kind == Kind::Float || negative_zero || digits > MAX_PAYLOAD_INT_DIGITS {
-            // a float's text is Python's repr of it, not necessarily ours
+        let text = &self.b[start..self.i];
+        // a float is clean when its text is Python's repr of the value (what its encoder
+        // writes): `1.5`, `1e-05`, `1e+16`, not `1.50`, `1E5` or `0.1e1`
+        let float_clean = kind == Kind::Float && python_float_repr(text).as_deref() == Some(text);
+        if (kind == Kind::Float && !float_clean) || negative_zero || digits > MAX_PAYLOAD_INT_DIGITS
+        {
             self.clean = false;
         }
         Some(kind)
@@ -325,6 +329,56 @@ impl<'a> Reader<'a> {
         r.i = v.start;
         r.value(0).is_some() && r.clean
     }
+}
+
+/// Python's `repr` of the float a JSON number text denotes (None: not finite): the shortest
+/// digits that round-trip (Rust's `{:e}` gives the same shortest digits), laid out as
+/// CPython's `float_repr_style = 'short'` does: positional while the decimal point falls
+/// within -4 < point <= 16 (with `.0` added to an integral value), else `d.ddde±XX` with at
+/// least two exponent digits.
+pub fn python_float_repr(text: &[u8]) -> Option<Vec<u8>> {
+    let x: f64 = std::str::from_utf8(text).ok()?.parse().ok()?;
+    if !x.is_finite() {
+        return None;
+    }
+    let sci = format!("{:e}", x.abs());
+    let (mantissa, exp) = sci.split_once('e')?;
+    let exp: i32 = exp.parse().ok()?;
+    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
+    let point = exp + 1; // the value is 0.DIGITS x 10^point
+    let mut out = String::with_capacity(digits.len() + 8);
+    if x.is_sign_negative() {
+        out.push('-');
+    }
+    if -4 < point && point <= 16 {
+        if point <= 0 {
+            out.push_str("0.");
+            out.extend(std::iter::repeat_n('0', (-point) as usize));
+            out.push_str(&digits);
+        } else if (point as usize) < digits.len() {
+            let (int, frac) = digits.split_at(point as usize);
+            out.push_str(int);
+            out.push('.');
+            out.push_str(frac);
+        } else {
+            out.push_str(&digits);
+            out.extend(std::iter::repeat_n('0', point as usize - digits.len()));
+            out.push_str(".0");
+        }
+    } else {
+        let (first, rest) = digits.split_at(1);
+        out.push_str(first);
+        if !rest.is_empty() {
+            out.push('.');
+            out.push_str(rest);
+        }
+        out.push_str(&format!(
+            "e{}{:02}",
+            if exp < 0 { '-' } else { '+' },
+            exp.abs()
+        ));
+    }
+    Some(out.into_bytes())
 }
 
 fn get<'m>(members: &'m [Member<'_>], key: &[u8]) -> Option<&'m Val> {
@@ -943,7 +997,8 @@ mod tests {
     #[test]
     fn what_python_would_write_differently_is_not_routable() {
         for f in [
-            r#"{"op":4,"t":"SEND","d":{"target":{"application":"app","ops":[{"id":{"$eq":2}}]},"payload":1.0}}"#,
+            r#"{"op":4,"t":"SEND","d":{"target":{"application":"app","ops":[{"id":{"$eq":2}}]},"payload":1.50}}"#,
+            r#"{"op":4,"t":"SEND","d":{"target":{"application":"app","ops":[{"id":{"$eq":2}}]},"payload":1E5}}"#,
             r#"{"op":4,"t":"SEND","d":{"target":{"application":"app","ops":[{"id":{"$eq":2}}]},"payload":[1, 2]}}"#,
             r#"{"op":4,"t":"SEND","d":{"target":{"application":"app","ops":[{"id":{"$eq":2}}]},"payload":"\u0041"}}"#,
             r#"{"op":4,"t":"SEND","d":{"target":{"application":"app","ops":[{"id":{"$eq":2}}]},"payload":{"a":1,"a":2}}}"#,
@@ -1078,6 +1133,28 @@ mod tests {
                 frames_out: 2
             }
         );
+    }
+
+    #[test]
+    fn float_texts_are_clean_only_as_python_writes_them() {
+        for (text, repr) in [
+            ("1.5", "1.5"),
+            ("100.0", "100.0"),
+            ("1e2", "100.0"),
+            ("0.0001", "0.0001"),
+            ("0.00001", "1e-05"),
+            ("1e16", "1e+16"),
+            ("1e15", "1000000000000000.0"),
+            ("-0.0", "-0.0"),
+            ("0.30000000000000004", "0.30000000000000004"),
+            ("1.2345678901234568e17", "1.2345678901234568e+17"),
+            ("5e-324", "5e-324"),
+            ("1.7976931348623157e308", "1.7976931348623157e+308"),
+        ] {
+            let got = python_float_repr(text.as_bytes()).unwrap();
+            assert_eq!(String::from_utf8(got).unwrap(), repr, "{text}");
+        }
+        assert!(python_float_repr(b"1e400").is_none());
     }
 
     #[test]

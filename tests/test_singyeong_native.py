@@ -9,7 +9,9 @@ frames that fall back to Python, and a malformed frame after native ones.
 from __future__ import annotations
 
 import json
+import math
 import random
+import struct
 from typing import Any
 
 import pytest
@@ -59,6 +61,24 @@ TRICKY = [
     '{"k":[1,{"z":null,"y":false}],"é":"\\u0007"}',
 ]
 
+
+def float_texts(count: int) -> list[str]:
+    """Texts of random finite doubles (random bits): Python's repr, which the native path may
+    copy, and other spellings of the same value, which it must not."""
+    rng = random.Random(5)
+    out = []
+    while len(out) < count * 4:
+        (x,) = struct.unpack("<d", rng.getrandbits(64).to_bytes(8, "little"))
+        if not math.isfinite(x):
+            continue
+        out += [repr(x), f"{x:.17g}", f"{x:.15g}", f"{x:e}"]
+    return out
+
+
+TRICKY += ["1.50", "1E5", "0.1e1", "1e-05", "1e+16", "-0.0", "5e-324", "1.7976931348623157e308"]
+#: float texts, offered as often as the tricky texts above
+FLOATS = float_texts(100)
+
 STRINGS = ["x", "y", "é", 'q"uote', "back\\slash", "line\nbreak", "1.2.3", "", "\x07", "😀"]
 
 
@@ -93,7 +113,7 @@ def render(rng: random.Random, v: Any) -> str:
         return json.dumps(v)
     if form == 2:
         return json.dumps(v, separators=(",", ":"))
-    return rng.choice(TRICKY)
+    return rng.choice(TRICKY if rng.random() < 0.5 else FLOATS)
 
 
 def condition(rng: random.Random) -> Any:
