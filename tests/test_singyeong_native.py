@@ -66,7 +66,7 @@ def float_texts(count: int) -> list[str]:
     """Texts of random finite doubles (random bits): Python's repr, which the native path may
     copy, and other spellings of the same value, which it must not."""
     rng = random.Random(5)
-    out = []
+    out: list[str] = []
     while len(out) < count * 4:
         (x,) = struct.unpack("<d", rng.getrandbits(64).to_bytes(8, "little"))
         if not math.isfinite(x):
