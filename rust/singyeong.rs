@@ -22,14 +22,16 @@
 //!   `{"k": {"$eq": v}}` or path form `{"path": "/k", "op": "$eq", "to": {"value": v}}`), no
 //!   `key`, `selector` or true `restricted` (decisions 5, 6); `droppable`/`optional` only
 //!   matter without a match, which goes to Python;
-//! - P and N are *canonical*: the text Python's encoder (ensure_ascii=False, compact) writes for
-//!   the decoded value is the input text itself, so they are copied verbatim and the frame is
-//!   byte for byte what `encode(JSON, frames.dispatch(t, P, ts, N))` gives;
+//! - P and N are *canonical*: the text Python's encoder (ensure_ascii=False, compact, floats
+//!   as `repr`) writes for the decoded value is the input text itself, so they are copied
+//!   verbatim and the frame is byte for byte what `encode(JSON, frames.dispatch(t, P, ts, N))`
+//!   gives;
 //! - at least one receiver, every receiver speaks JSON and its outbox accepts (open, not
 //!   congested): SEND picks one uniformly at random, as `resolve` does.
 //!
-//! Anything else — other ops and events, floats, escapes the encoder would write differently,
-//! whitespace inside P or N, no match, a congested receiver, msgpack/ETF receivers — is
+//! Anything else — other ops and events, escapes or numbers the encoder would write
+//! differently, whitespace inside P or N, no match, a congested receiver, msgpack/ETF
+//! receivers — is
 //! [`Decision::Python`]: the frame goes to Python unchanged, and so does every later frame of
 //! the same read (scan.rs), so each connection's frames are still handled in order.
 
