@@ -994,8 +994,8 @@ pub mod py {
     }
 
     /// A queue frame as the tuple `SgSession` acts on (see `_core.pyi`, `SgScanner`):
-    /// (0, queue, nonce text | None, target text, payload text, frame bytes), (1, queue) or
-    /// (2, queue, id).
+    /// (0, queue, nonce text | None, target text, payload text, frame bytes, payload text is
+    /// canonical), (1, queue) or (2, queue, id).
     fn queue_tuple(py: Python<'_>, q: &QueueFrame<'_>, size: usize) -> PyResult<Py<PyAny>> {
         Ok(match q {
             QueueFrame::Queue {
@@ -1003,7 +1003,8 @@ pub mod py {
                 nonce,
                 target,
                 payload,
-            } => (0u8, name, *nonce, *target, *payload, size)
+                payload_clean,
+            } => (0u8, name, *nonce, *target, *payload, size, *payload_clean)
                 .into_pyobject(py)?
                 .into_any()
                 .unbind(),

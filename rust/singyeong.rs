@@ -642,6 +642,9 @@ pub enum QueueFrame<'a> {
         nonce: Option<&'a str>,
         target: &'a str,
         payload: &'a str,
+        /// the payload's text is what Python's encoder writes for it: the QUEUE dispatch may
+        /// copy it instead of encoding the value again
+        payload_clean: bool,
     },
     Request {
         name: String,
@@ -675,12 +678,16 @@ fn queue_from(mut r: Reader<'_>, d: Val, kind: u8) -> Option<QueueFrame<'_>> {
     let name = text(frame, *name)?;
     let slice = |v: &Val| &all[v.start..v.end];
     Some(match kind {
-        0 => QueueFrame::Queue {
-            name,
-            nonce: get(&d, b"nonce").map(slice),
-            target: slice(get(&d, b"target")?),
-            payload: slice(get(&d, b"payload")?),
-        },
+        0 => {
+            let payload = get(&d, b"payload")?;
+            QueueFrame::Queue {
+                name,
+                nonce: get(&d, b"nonce").map(slice),
+                target: slice(get(&d, b"target")?),
+                payload: slice(payload),
+                payload_clean: r.clean(*payload),
+            }
+        }
         1 => QueueFrame::Request { name },
         _ => {
             let id = get(&d, b"id")?;
@@ -1054,6 +1061,7 @@ mod tests {
                 nonce: Some("null"),
                 target: r#"{"ops":[]}"#,
                 payload: "[1, 2.5]",
+                payload_clean: false,
             })
         );
         let f = br#"{"op":4,"t":"QUEUE_ACK","d":{"queue":"q\n","id":"a-1"}}"#;

@@ -424,6 +424,12 @@ QUEUE_SCRIPT = [
         '"ops":[{"n":{"$eq":0}}]},"nonce":"a","payload":{"x": [1, 2.5, "é"]}}}',
     ),
     ("p", '{"op":4,"t":"QUEUE","d":{"queue":"q","target":{"application":"api"},"payload":2}}'),
+    (
+        "p",
+        '{"op":4,"t":"QUEUE","d":{"queue":"q","target":{"application":"api"},'
+        '"payload":{"k":[1.5,"é\\n",null]},"nonce":[1]}}',
+    ),
+    ("c", '{"op":4,"t":"QUEUE_REQUEST","d":{"queue":"q"}}'),
     ("p", '{"op":4,"t":"QUEUE","d":{"queue":"' + "q" * 300 + '","target":{},"payload":3}}'),
     ("p", '{"op":4,"t":"QUEUE","d":{"queue":"q","target":{"ops":{"n":1}},"payload":4}}'),
     ("p", '{"op":4,"t":"QUEUE","d":{"queue":"q","target":{},"nonce":null}}'),
@@ -472,6 +478,7 @@ async def test_queue_frames_read_natively_behave_as_python_s(make_gateway: MakeG
     assert [f["d"]["payload"]["payload"] for f in consumer if f["op"] == 4] == [
         {"x": [1, 2.5, "é"]},
         2,
+        {"k": [1.5, "é\n", None]},
     ]
-    assert [f["op"] for f in producer] == [4, 4, 3, 3, 3]
+    assert [f["op"] for f in producer] == [4, 4, 4, 3, 3, 3]
     assert dispatches[("QUEUE_ACK", "ok")] == 1

@@ -768,7 +768,8 @@ class SgIndex:
         """The connections the native path would write `frame` to (None: Python decides)."""
 
 #: a queue frame an SgScanner read: (0, queue, nonce JSON | None, target JSON, payload JSON,
-#: frame bytes) for QUEUE, (1, queue) for QUEUE_REQUEST, (2, queue, id) for QUEUE_ACK
+#: frame bytes, payload JSON is what Python's encoder writes) for QUEUE, (1, queue) for
+#: QUEUE_REQUEST, (2, queue, id) for QUEUE_ACK
 SgQueueFrame = tuple[Any, ...]
 
 @final

@@ -505,8 +505,9 @@ class SingyeongDialect(Dialect):
                 self._native_queue(session, client, item)
 
     def _native_queue(self, session: SgSession, client: Client, item: SgQueueFrame) -> None:
-        """One native QUEUE: (0, name, nonce text | None, target text, payload text, size)."""
-        _, name, nonce_text, target_text, payload_text, size = item
+        """One native QUEUE: (0, name, nonce text | None, target text, payload text, size,
+        payload text canonical)."""
+        _, name, nonce_text, target_text, payload_text, size, canonical = item
         nonce = None if nonce_text is None else json_value(nonce_text)
         payload = json_value(payload_text)
         if not 0 < len(name) <= MAX_QUEUE_NAME:
@@ -533,6 +534,7 @@ class SingyeongDialect(Dialect):
             payload,
             query=query,
             size=size + MESSAGE_OVERHEAD,
+            payload_json=payload_text if canonical else None,
         )
         self.store_message(session, message)
 

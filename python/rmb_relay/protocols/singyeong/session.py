@@ -100,6 +100,7 @@ class SgSession(WebSocketHandler):
                     message.attempts,
                     message.nonce,
                     self.dialect.now_ms(),
+                    message.payload_json,
                 )
             )
             return
