@@ -19,6 +19,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICKS
 
 
+def cpu_split(pid: int) -> tuple[float, float]:
+    """(user, system) CPU seconds the process has used so far: what it spent itself and what
+    the kernel spent for it (its writes, mostly)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return int(fields[11]) / TICKS, int(fields[12]) / TICKS
+
+
 def children(pid: int) -> list[int]:
     """The live child processes of `pid`."""
     found = []

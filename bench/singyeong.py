@@ -10,7 +10,8 @@ group of 1,000 clients; `queue` QUEUE -> 20 consumers (REQUEST/ACK) -> acked mes
 The generator is this process (one core, uvloop, frames masked and decoded by the Rust core,
 payloads carry the send time in microseconds); the gateway is another process (the other
 core). `gw_cpu` / `gen_cpu` are each side's share of one core during the measured window.
-`SG_WINDOW` (default 4096) bounds the deliveries in flight in the SEND and BROADCAST
+`SG_GATEWAY_ARGS` adds flags to the rmb-relay command line (`--sg-no-native`: the Python
+path only). `SG_WINDOW` (default 4096) bounds the deliveries in flight in the SEND and BROADCAST
 scenarios (recorded in each row as `window`; docs/singyeong.md has a table over it).
 """
 
@@ -30,7 +31,7 @@ from typing import Any
 
 from rmb_relay._core import ClientFrameEncoder, WsDecoder, WsMessage
 
-from .procstat import cpu_seconds, free_port
+from .procstat import cpu_seconds, cpu_split, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -183,6 +184,8 @@ class Gateway:
                 str(16 << 20),
                 "--max-connections-per-ip",
                 "100000",  # every generator connection comes from 127.0.0.1
+                # e.g. SG_GATEWAY_ARGS=--sg-no-native: the Python path, in the same sitting
+                *os.environ.get("SG_GATEWAY_ARGS", "").split(),
             ]
         else:
             cmd = [sys.executable, "-m", "bench.singyeong_baseline", "--port", str(self.port)]
@@ -226,8 +229,12 @@ async def run_scenario(kind: str, scenario: str, clients: int, duration: float) 
         result = await (QUEUE if scenario == "queue" else LOAD)(
             scenario, gateway, stats, sender, receivers, clients, duration
         )
+        extra = os.environ.get("SG_GATEWAY_ARGS", "") if kind == "rmb-relay" else ""
         result.update(
-            gateway=kind, scenario=scenario, clients=clients, connect_s=round(connect_s, 1)
+            gateway=kind + (f" {extra}" if extra else ""),
+            scenario=scenario,
+            clients=clients,
+            connect_s=round(connect_s, 1),
         )
         for conn in (*receivers, sender):
             if conn.transport is not None:
@@ -249,6 +256,19 @@ def template(scenario: str, k: int, clients: int) -> str:
     return (
         f'{{"op":4,"t":"{t}","d":{{"target":{{"application":"bench","ops":{ops}}},"payload":%d}}}}'
     )
+
+
+def us_per_message(gateway: Gateway, split: tuple[float, float], count: int) -> dict[str, float]:
+    """The gateway's user and kernel CPU per message (delivery, acked message) over the
+    measured window, in microseconds: the figure that stays put when the host is busy."""
+    user, system = cpu_split(gateway.process.pid)
+    user, system = user - split[0], system - split[1]
+    count = max(count, 1)
+    return {
+        "gw_us": round((user + system) / count * 1e6, 2),
+        "gw_user_us": round(user / count * 1e6, 2),
+        "gw_sys_us": round(system / count * 1e6, 2),
+    }
 
 
 async def LOAD(
@@ -273,6 +293,7 @@ async def LOAD(
         if mark is None and now >= warm_until:
             stats.latencies.clear()
             mark = (now, stats.received, cpu_seconds(gateway.process.pid), own_cpu())
+            split = cpu_split(gateway.process.pid)
         if now >= end:
             break
         if sent * fanout - stats.received < window:
@@ -293,6 +314,7 @@ async def LOAD(
     delivered = stats.received - mark[1]
     lat = sorted(stats.latencies) or [0]
     return {
+        **us_per_message(gateway, split, delivered),
         "rate": round(delivered / elapsed),
         "window": window,
         "p50_ms": round(lat[len(lat) // 2] / 1000, 2),
@@ -330,6 +352,7 @@ async def QUEUE(
         now = time.monotonic()
         if mark is None and now >= warm_until:
             mark = (now, stats.acked, cpu_seconds(gateway.process.pid), own_cpu())
+            split = cpu_split(gateway.process.pid)
         if now >= end:
             break
         if produced - stats.acked < 2000:
@@ -345,6 +368,7 @@ async def QUEUE(
     assert mark is not None
     elapsed = time.monotonic() - mark[0]
     return {
+        **us_per_message(gateway, split, stats.acked - mark[1]),
         "rate": round((stats.acked - mark[1]) / elapsed),
         "p50_ms": None,
         "p99_ms": None,
@@ -376,12 +400,16 @@ def main() -> None:
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"singyeong-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(json.dumps({"commit": commit, "rows": rows}, indent=1))
-    print("| scenario | gateway | rate/s | p50 ms | p99 ms | gw_cpu | gen_cpu |")
-    print("|---|---|---|---|---|---|---|")
+    print(
+        "| scenario | gateway | rate/s | p50 ms | p99 ms | gw_cpu | gen_cpu "
+        "| gw us/msg (user + kernel) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['scenario']} | {r['gateway']} | {r['rate']:,} | {r['p50_ms']} | "
-            f"{r['p99_ms']} | {r['gw_cpu']} | {r['gen_cpu']} |"
+            f"{r['p99_ms']} | {r['gw_cpu']} | {r['gen_cpu']} | "
+            f"{r['gw_us']} ({r['gw_user_us']} + {r['gw_sys_us']}) |"
         )
 
 

@@ -80,6 +80,22 @@ def envelopes() -> list[bytes]:
     return out
 
 
+#: 신경 JSON frames: what the native reader answers (SEND, BROADCAST, queue frames) and what it
+#: leaves to Python (a float payload, whitespace, another op)
+SG_FRAMES = [
+    b'{"op":4,"t":"SEND","d":{"target":{"application":"a","ops":[{"id":{"$eq":2}}]},'
+    b'"payload":{"k":[1,"\\n",true,null]},"nonce":"x"}}',
+    b'{"op":4,"t":"BROADCAST","d":{"target":{"application":"a","ops":[{"path":"/id",'
+    b'"op":"$eq","to":{"value":1}}]},"payload":"p"}}',
+    b'{ "op": 4, "t": "SEND", "d": {"payload": 1.5, "target": {"application": "a", '
+    b'"ops": [{"id": {"$eq": "\\u00e9"}}]}}}',
+    b'{"op":4,"t":"QUEUE","d":{"queue":"q","target":{"ops":[]},"nonce":null,"payload":[1,2]}}',
+    b'{"op":4,"t":"QUEUE_ACK","d":{"queue":"q","id":"abc"}}',
+    b'{"op":4,"t":"QUEUE_REQUEST","d":{"queue":"q"}}',
+    b'{"op":5,"d":null}',
+]
+
+
 def write(target: str, seeds: list[bytes], cut: bool) -> None:
     directory = CORPUS / target
     directory.mkdir(parents=True, exist_ok=True)
@@ -92,3 +108,4 @@ if __name__ == "__main__":
     write("http_request", HTTP, cut=True)
     write("ws_frames", ws_frames(), cut=True)
     write("rmb_envelope", envelopes(), cut=False)
+    write("sg_frame", SG_FRAMES, cut=False)

@@ -1,12 +1,12 @@
 //! Outboxes: the pending output of every websocket connection of a switch, so that the decoder
 //! of one connection can forward a message into another connection's output inside `feed`.
 //!
-//! Theory of operation: each RMB or SBD connection has one outbox here, keyed by the same
+//! Theory of operation: each RMB, SBD or 신경 connection has one outbox here, keyed by the same
 //! `ConnId` the route table maps addresses to. Everything the connection is to write goes into
 //! it in order: frames the Rust fast path forwards (header + payload unmasked straight off the
-//! wire, one copy) and whatever Python sends it (`push`, `push_raw`). Python takes a
-//! connection's bytes and writes them (one `transport.write` per destination per read); nothing
-//! here touches a socket.
+//! wire, one copy; the 신경 gateway's DISPATCH text frames, `singyeong.rs`) and whatever Python
+//! sends it (`push`, `push_text`, `push_raw`). Python takes a connection's bytes and writes
+//! them (one `transport.write` per destination per read); nothing here touches a socket.
 //!
 //! The fast path may append to an outbox only while it [`accepts`](Outboxes::accepts): the
 //! connection is open, its transport is not over its high-water mark (`congested`: the message
@@ -23,7 +23,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::crossing::Crossing;
 use crate::routes::ConnId;
-use crate::ws::{frame_len, write_header, OP_BINARY};
+use crate::ws::{frame_len, write_header, OP_BINARY, OP_TEXT};
 
 /// A buffer that grew past this for a burst is not kept for reuse after it is written.
 const KEEP_CAPACITY: usize = 256 << 10;
@@ -128,9 +128,19 @@ fn ready<'b>(buf: &'b mut Vec<u8>, spares: &Spares) -> &'b mut Vec<u8> {
 /// Append one binary frame of `len` payload bytes to `buf`, the payload written by `fill`;
 /// the range of the payload.
 fn append_frame(buf: &mut Vec<u8>, len: usize, fill: impl FnOnce(&mut [u8])) -> (usize, usize) {
+    append_frame_op(buf, OP_BINARY, len, fill)
+}
+
+/// [`append_frame`] with any data opcode (the 신경 JSON gateway's frames are text).
+fn append_frame_op(
+    buf: &mut Vec<u8>,
+    opcode: u8,
+    len: usize,
+    fill: impl FnOnce(&mut [u8]),
+) -> (usize, usize) {
     let start = buf.len();
     buf.resize(start + frame_len(len, false), 0);
-    let header = write_header(&mut buf[start..], OP_BINARY, true, len, false);
+    let header = write_header(&mut buf[start..], opcode, true, len, false);
     fill(&mut buf[start + header..]);
     (start, start + header)
 }
@@ -212,6 +222,36 @@ impl Outboxes {
                 true
             }
             _ => false,
+        }
+    }
+
+    /// Fast path of the 신경 gateway (`singyeong.rs`): one text frame of `payload` for `id`,
+    /// which must [`accept`](Self::accepts) it; false (nothing written) if it does not.
+    pub fn deliver_text(&mut self, id: ConnId, payload: &[u8]) -> bool {
+        match self.boxes.get_mut(&id) {
+            Some(b) if b.accepts() => {
+                append_frame_op(
+                    ready(&mut b.buf, &self.spares),
+                    OP_TEXT,
+                    payload.len(),
+                    |out| out.copy_from_slice(payload),
+                );
+                self.mark(id);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Python's send of one text frame of `payload` (ignored for an unknown connection).
+    pub fn push_text(&mut self, id: ConnId, payload: &[u8]) {
+        if let Some(b) = self.boxes.get_mut(&id) {
+            append_frame_op(
+                ready(&mut b.buf, &self.spares),
+                OP_TEXT,
+                payload.len(),
+                |out| out.copy_from_slice(payload),
+            );
         }
     }
 
@@ -363,6 +403,23 @@ mod tests {
         let mut out = Vec::new();
         o.drain(|id, b| out.push((id, b)));
         out
+    }
+
+    #[test]
+    fn text_frames_match_the_encoder_and_the_fast_path_needs_acceptance() {
+        let mut o = Outboxes::new();
+        o.open(1);
+        o.push_text(1, b"{\"a\":1}");
+        assert!(o.deliver_text(1, b"[2]"));
+        o.push(1, b"bin");
+        let mut want = encode_frame(OP_TEXT, b"{\"a\":1}", true, None);
+        want.extend(encode_frame(OP_TEXT, b"[2]", true, None));
+        want.extend(encode_frame(OP_BINARY, b"bin", true, None));
+        assert_eq!(taken(&mut o, 1), want);
+        o.set_congested(1, true);
+        assert!(!o.deliver_text(1, b"x"));
+        assert!(!o.deliver_text(2, b"x"), "no outbox");
+        assert_eq!(o.pending(1), 0);
     }
 
     #[test]
@@ -678,6 +735,12 @@ pub mod py {
                     .push(conn_id, p.downcast::<PyBytes>()?.as_bytes());
             }
             Ok(())
+        }
+
+        /// One text frame of `payload` (a 신경 JSON frame), after whatever is queued: framed
+        /// here, without an encoded frame object of its own.
+        fn push_text(&mut self, conn_id: ConnId, payload: &[u8]) {
+            self.inner.push_text(conn_id, payload);
         }
 
         /// An encoded frame (text, control), after whatever is queued.

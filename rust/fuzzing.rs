@@ -1,5 +1,5 @@
-//! Fuzz targets for the three parsers that read bytes from the network: the HTTP request
-//! parser, the websocket decoder and the RMB envelope scanner.
+//! Fuzz targets for the parsers that read bytes from the network: the HTTP request parser,
+//! the websocket decoder, the RMB envelope scanner and the 신경 native frame reader.
 //!
 //! Each target takes arbitrary bytes and checks the one contract a hostile peer relies on us
 //! keeping: every input is accepted or rejected with a documented error (an HTTP status, a
@@ -16,7 +16,9 @@
 
 use crate::envelope;
 use crate::error::Error;
+use crate::forward::Outboxes;
 use crate::http::{Event, Limits, StreamParser};
+use crate::singyeong::{self, Decision, Frame, Index};
 use crate::ws::{Decoder, OwnedEvent};
 
 /// HTTP statuses the request parser may refuse with (docs/http.md, "Limits and refusals").
@@ -130,6 +132,40 @@ pub fn rmb_envelope(data: &[u8]) {
     }
 }
 
+/// The 신경 native frame reader (`singyeong.rs`): a frame is read or left to Python, never
+/// a panic; what it copies into a DISPATCH is borrowed from the frame; routing it through a
+/// small index writes to at most the index's clients.
+pub fn sg_frame(data: &[u8]) {
+    let within = |text: &[u8]| data.as_ptr_range().contains(&text.as_ptr()) || text.is_empty();
+    match singyeong::read(data) {
+        Some(Frame::Route(r)) => {
+            assert!(within(r.payload), "a payload not borrowed from the frame");
+            assert!(
+                r.nonce == b"null" || within(r.nonce),
+                "a nonce not borrowed"
+            );
+            let mut out = Vec::new();
+            singyeong::dispatch_text(&mut out, &r, 1);
+            assert!(
+                out.len() > r.payload.len(),
+                "a dispatch without its payload"
+            );
+            let mut index = Index::new(3);
+            let mut outboxes = Outboxes::new();
+            for conn in 1..=3 {
+                outboxes.open(conn);
+                let values = vec![("id".to_owned(), Some(format!("n{conn}").into_bytes()))];
+                index.set(conn, "a".to_owned(), true, values);
+            }
+            match index.route(data, 1, &mut outboxes) {
+                Decision::Delivered(n) => assert!((1..=3).contains(&n), "{n} receivers"),
+                Decision::Python => {}
+            }
+        }
+        Some(Frame::Queue(_)) | None => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,6 +243,11 @@ mod tests {
     #[test]
     fn ws_frames_survive_their_corpus_and_mutations() {
         smoke("ws_frames", ws_frames);
+    }
+
+    #[test]
+    fn sg_frame_survives_its_corpus_and_mutations() {
+        smoke("sg_frame", sg_frame);
     }
 
     #[test]

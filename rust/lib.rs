@@ -24,6 +24,7 @@ pub mod records;
 pub mod routes;
 pub mod sbd;
 pub mod scan;
+pub mod singyeong;
 /// the connector's native per-request path (RequestTarget -> target request, answer -> Deliver)
 pub mod tunnel_connector;
 /// the HTTP tunnel's connector messages, JSON and msgpack (wire.py's twin)
@@ -44,6 +45,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     forward::py::register(m)?;
     crossing::py::register(m)?;
     routes::py::register(m)?;
+    singyeong::py::register(m)?;
     crypto::py::register(m)?;
     records::py::register(m)?;
     tunnel_wire::py::register(m)?;

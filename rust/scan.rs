@@ -565,6 +565,8 @@ pub mod py {
     use crate::routes::py::RouteTable;
     use crate::routes::{ConnId, Remote};
     use crate::sbd::HEADER_LEN;
+    use crate::singyeong::py::{SgIndex, SgScanner};
+    use crate::singyeong::{self, Decision, Frame, QueueFrame};
     use crate::ws::py::payload_bytes;
     use crate::ws::Payload;
 
@@ -869,6 +871,7 @@ pub mod py {
         Envelope(Py<EnvelopeScanner>),
         Rmb(Py<RmbScanner>),
         Sbd(Py<SbdScanner>),
+        Sg(Py<SgScanner>),
     }
 
     impl Scanner {
@@ -877,6 +880,7 @@ pub mod py {
                 Scanner::Envelope(s) => s.clone_ref(py).into_any(),
                 Scanner::Rmb(s) => s.clone_ref(py).into_any(),
                 Scanner::Sbd(s) => s.clone_ref(py).into_any(),
+                Scanner::Sg(s) => s.clone_ref(py).into_any(),
             }
         }
 
@@ -923,6 +927,19 @@ pub mod py {
                         outboxes,
                     }
                 }
+                Scanner::Sg(s) => {
+                    let s = s.get();
+                    Feed::Sg {
+                        index: s.index.bind(py).try_borrow_mut()?,
+                        outboxes: if s.ready.load(Relaxed) {
+                            open_outboxes(py, Some(&s.outboxes), s.conn_id)?
+                        } else {
+                            None
+                        },
+                        scratch: Vec::new(),
+                        batch: Vec::new(),
+                    }
+                }
             })
         }
     }
@@ -964,6 +981,36 @@ pub mod py {
             records: Option<PyRefMut<'py, RecordBuffer>>,
             outboxes: Option<PyRefMut<'py, Outboxes>>,
         },
+        /// a 신경 JSON connection: SEND/BROADCAST answered by the index (`singyeong.rs`)
+        /// while `outboxes` is set (the client is ready and nothing went to Python yet)
+        Sg {
+            index: PyRefMut<'py, SgIndex>,
+            outboxes: Option<PyRefMut<'py, Outboxes>>,
+            /// the message unmasked, reused across the feed's messages
+            scratch: Vec<u8>,
+            /// queue frames read since the last event, for Python as one batch (`take_batch`)
+            batch: Vec<Py<PyAny>>,
+        },
+    }
+
+    /// A queue frame as the tuple `SgSession` acts on (see `_core.pyi`, `SgScanner`):
+    /// (0, queue, nonce text | None, target text, payload text, frame bytes, payload text is
+    /// canonical), (1, queue) or (2, queue, id).
+    fn queue_tuple(py: Python<'_>, q: &QueueFrame<'_>, size: usize) -> PyResult<Py<PyAny>> {
+        Ok(match q {
+            QueueFrame::Queue {
+                name,
+                nonce,
+                target,
+                payload,
+                payload_clean,
+            } => (0u8, name, *nonce, *target, *payload, size, *payload_clean)
+                .into_pyobject(py)?
+                .into_any()
+                .unbind(),
+            QueueFrame::Request { name } => (1u8, name).into_pyobject(py)?.into_any().unbind(),
+            QueueFrame::Ack { name, id } => (2u8, name, id).into_pyobject(py)?.into_any().unbind(),
+        })
     }
 
     /// A message's data as Python gets it, its routing, and why it has none.
@@ -989,10 +1036,20 @@ pub mod py {
             if scanned.is_some() {
                 match self {
                     Feed::Envelope => {}
-                    Feed::Rmb { outboxes, .. } | Feed::Sbd { outboxes, .. } => *outboxes = None,
+                    Feed::Rmb { outboxes, .. }
+                    | Feed::Sbd { outboxes, .. }
+                    | Feed::Sg { outboxes, .. } => *outboxes = None,
                 }
             }
             Ok(scanned)
+        }
+
+        /// Queue frames read since the last event (None: none), to go before it.
+        pub fn take_batch(&mut self) -> Option<Vec<Py<PyAny>>> {
+            match self {
+                Feed::Sg { batch, .. } if !batch.is_empty() => Some(std::mem::take(batch)),
+                _ => None,
+            }
         }
 
         fn scan_message(
@@ -1004,6 +1061,34 @@ pub mod py {
         ) -> PyResult<Option<Scanned>> {
             match self {
                 Feed::Envelope => envelope_message(py, is_text, payload).map(Some),
+                Feed::Sg {
+                    index,
+                    outboxes,
+                    scratch,
+                    batch,
+                } => {
+                    let Some(ob) = outboxes.as_mut().filter(|_| is_text) else {
+                        return Ok(Some((payload_bytes(py, payload)?, None, None)));
+                    };
+                    scratch.clear();
+                    scratch.resize(payload.len(), 0);
+                    payload.copy_to(scratch);
+                    let python = || Ok(Some((PyBytes::new(py, scratch).unbind(), None, None)));
+                    match singyeong::read(scratch) {
+                        // `now` is the wall clock here (the dialect's scan_clock): `ts` in ms
+                        Some(Frame::Route(r)) => {
+                            match index.inner.deliver(&r, now / 1_000_000, &mut ob.inner) {
+                                Decision::Delivered(_) => Ok(None),
+                                Decision::Python => python(),
+                            }
+                        }
+                        Some(Frame::Queue(q)) => {
+                            batch.push(queue_tuple(py, &q, scratch.len())?);
+                            Ok(None)
+                        }
+                        None => python(),
+                    }
+                }
                 Feed::Rmb {
                     routes,
                     twin,
@@ -1332,7 +1417,8 @@ pub mod py {
             .get_type::<EnvelopeScanner>()
             .into_any()
             .call_method1("__or__", (py.get_type::<RmbScanner>(),))?
-            .call_method1("__or__", (py.get_type::<SbdScanner>(),))?;
+            .call_method1("__or__", (py.get_type::<SbdScanner>(),))?
+            .call_method1("__or__", (py.get_type::<SgScanner>(),))?;
         m.add("Scanner", union)?;
         Ok(())
     }

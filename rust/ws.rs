@@ -1625,6 +1625,21 @@ pub mod py {
         }))
     }
 
+    /// Queue frames an `SgScanner` read, as one text message with no data whose `routing` is
+    /// the list of their tuples (the session acts on them in order, without decoding).
+    fn batch_message(py: Python<'_>, batch: Vec<Py<PyAny>>) -> PyResult<Py<PyAny>> {
+        Ok(Py::new(
+            py,
+            WsMessage {
+                is_text: true,
+                data: PyBytes::new(py, b"").unbind(),
+                routing: Some(PyList::new(py, batch)?.into_any().unbind()),
+                scan_error: None,
+            },
+        )?
+        .into_any())
+    }
+
     /// Incremental RFC 6455 decoder (server mode by default), with an optional scanner that
     /// reads each data message's routing in the same call.
     #[pyclass(module = "rmb_relay._core")]
@@ -1671,10 +1686,17 @@ pub mod py {
             };
             self.inner.feed(data, |ev| {
                 if let Some(event) = event_to_py(py, ev, feed.as_mut(), now)? {
+                    // queue frames the scanner read before this event go first
+                    if let Some(batch) = feed.as_mut().and_then(Feed::take_batch) {
+                        events.push(batch_message(py, batch)?);
+                    }
                     events.push(event);
                 }
                 Ok::<(), PyErr>(())
             })?;
+            if let Some(batch) = feed.as_mut().and_then(Feed::take_batch) {
+                events.push(batch_message(py, batch)?);
+            }
             drop(feed);
             PyList::new(py, events)
         }

@@ -69,11 +69,13 @@ async def make_gateway(start_relay: StartRelay) -> AsyncIterator[MakeGateway]:
         redis_url: str | None = None,
         cluster_ttl: float = 15.0,
         cluster_mode: bool = False,
+        join_cluster: bool = True,
         **settings: Any,
     ) -> Gateway:
         """With `redis_url`, queues live in that Redis and the gateway joins the cluster
-        there, as `rmb-relay --redis` does (instance id = `node`, when given); `cluster_mode`:
-        the URL names a Redis Cluster node (`--redis-cluster`)."""
+        there, as `rmb-relay --redis` does (instance id = `node`, when given), or does not
+        with `join_cluster=False` (`--redis --no-cluster`: Redis queues, the native path on);
+        `cluster_mode`: the URL names a Redis Cluster node (`--redis-cluster`)."""
         clock: Callable[[], int] = FakeClock() if fake_clock else monotonic_clock
         registry = Registry()
         redis = None
@@ -81,6 +83,7 @@ async def make_gateway(start_relay: StartRelay) -> AsyncIterator[MakeGateway]:
         if redis_url is not None:
             redis = await connect_redis(redis_url, cluster=cluster_mode)  # as rmb-relay does
             redises.append(redis)
+        if redis is not None and join_cluster:
             switch = Switch(MemoryMailbox())
             cluster = Cluster(
                 redis, switch, instance_id=settings.get("node"), ttl=cluster_ttl, registry=registry

@@ -86,3 +86,32 @@ async def test_dead_letters_in_redis(redis_server: RedisServer, make_gateway: Ma
     assert (status, moved) == (200, {"requeued": 1})
     worker2 = await gateway.client("w2", "workers")
     assert (await take(worker2))["attempt"] == 1
+
+
+async def test_redis_queues_without_the_cluster_go_through_the_native_frame_reader(
+    redis_server: RedisServer, make_gateway: MakeGateway
+) -> None:
+    """`--redis --no-cluster`: the queues live in Redis while the native path (on only outside
+    the cluster) reads QUEUE/REQUEST/ACK; stored, delivered, acked, and nothing lost over a
+    restart of that gateway."""
+    first = await make_gateway(redis_url=redis_server.url, join_cluster=False, ack_timeout=0.3)
+    assert first.cluster is None
+    assert first.dialect.native is not None
+    producer = await first.client("p", "producers")
+    for n in range(3):
+        await queue(producer, n)
+    worker = await first.client("w", "workers")
+    body = await take(worker)
+    await worker.dispatch("QUEUE_ACK", {"queue": "jobs", "id": body["id"]})
+    held = await take(worker)  # delivered, never acked
+    await first.stop()
+    second = await make_gateway(redis_url=redis_server.url, join_cluster=False, ack_timeout=0.3)
+    worker2 = await second.client("w", "workers")
+    got = [body["payload"]]
+    while len(got) < 3:
+        again = await take(worker2)
+        got.append(again["payload"])
+        await worker2.dispatch("QUEUE_ACK", {"queue": "jobs", "id": again["id"]})
+    assert sorted(got) == [0, 1, 2]
+    assert got.count(held["payload"]) == 1
+    await eventually(lambda: depth_is(second, (0, 0, 0)))

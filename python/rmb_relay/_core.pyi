@@ -255,9 +255,11 @@ class WsMessage:
     # A dialect knows which scanner it installed: it annotates the routing it reads (no
     # isinstance per message on the hot path).
     @property
-    def routing(self) -> EnvelopeRouting | SbdRouting | None:
+    def routing(self) -> EnvelopeRouting | SbdRouting | list[SgQueueFrame] | None:
         """With a scanner: what it made of the message, read in the same call as the frame:
-        EnvelopeRouting (EnvelopeScanner, RmbScanner), SbdRouting (SbdScanner) or None."""
+        EnvelopeRouting (EnvelopeScanner, RmbScanner), SbdRouting (SbdScanner) or None. From
+        an SgScanner: None, or for a message with no data, the queue frames it read since the
+        previous event (`SgQueueFrame`), to be handled in order before the next one."""
     @property
     def scan_error(self) -> str | None:
         """With a scanner: why the message has no routing (not an envelope, shorter than the
@@ -541,6 +543,8 @@ class Outboxes:
     def push(self, conn_id: int, payload: bytes) -> None:
         """One binary frame of `payload` after what is buffered (an unknown id: ignored)."""
     def push_many(self, conn_id: int, payloads: list[bytes]) -> None: ...
+    def push_text(self, conn_id: int, payload: bytes) -> None:
+        """One text frame of `payload`, after whatever is queued."""
     def push_raw(self, conn_id: int, frame: bytes) -> None:
         """An encoded frame (text, control) after what is buffered."""
     def take(self, conn_id: int) -> memoryview | None:
@@ -791,7 +795,52 @@ class SbdRouting:
         """Index of this forward's route record in the scanner's RecordBuffer (set when
         `dest_conn_id` is); -1 otherwise."""
 
-Scanner = EnvelopeScanner | RmbScanner | SbdScanner
+@final
+class SgIndex:
+    """The 신경 gateway's native SEND/BROADCAST index (rust/singyeong.rs): the non-restricted
+    local clients by (application, top-level key, canonical scalar). Python keeps it in step
+    on identify, metadata applied and disconnect; `SgScanner`s answer from it inside `feed`."""
+
+    def __new__(cls, seed: int | None = None) -> SgIndex: ...
+    def set(
+        self, conn_id: int, app: str, json: bool, values: list[tuple[str, bytes | None]]
+    ) -> None:
+        """The client on `conn_id` is `app` (`json`: it speaks JSON) with these top-level
+        scalars: (key, b"s"+UTF-8 | b"n"+decimal | b"b0"/b"b1", or None when a `$eq` on it must
+        be answered by Python). Replaces what the connection had."""
+    def remove(self, conn_id: int) -> None: ...
+    def __len__(self) -> int: ...
+    @property
+    def counts(self) -> tuple[int, int, int, int]:
+        """(frames_in, sends, broadcasts, frames_out) answered natively so far."""
+    def dispatch_text(self, frame: bytes, ts_ms: int) -> bytes | None:
+        """The DISPATCH text the native path writes for `frame` (None: Python's frame)."""
+    def receivers(self, frame: bytes) -> list[int] | None:
+        """The connections the native path would write `frame` to (None: Python decides)."""
+
+#: a queue frame an SgScanner read: (0, queue, nonce JSON | None, target JSON, payload JSON,
+#: frame bytes, payload JSON is what Python's encoder writes) for QUEUE, (1, queue) for
+#: QUEUE_REQUEST, (2, queue, id) for QUEUE_ACK
+SgQueueFrame = tuple[Any, ...]
+
+@final
+class SgScanner:
+    """Scanner of one JSON 신경 connection: once `ready`, its SEND/BROADCAST frames that
+    `index` can answer exactly are written into the receivers' `outboxes` inside `feed` (no
+    event), and its QUEUE / QUEUE_REQUEST / QUEUE_ACK frames come as `SgQueueFrame` tuples in
+    batches (`WsMessage.routing`); every other frame, and every later one of the same read,
+    goes to Python as it came. The
+    decoder's `now` must be the wall clock (ns): it stamps the frames' `ts`."""
+
+    def __new__(cls, index: SgIndex, outboxes: Outboxes, conn_id: int) -> SgScanner: ...
+    @property
+    def conn_id(self) -> int: ...
+    @property
+    def ready(self) -> bool: ...
+    @ready.setter
+    def ready(self, value: bool) -> None: ...
+
+Scanner = EnvelopeScanner | RmbScanner | SbdScanner | SgScanner
 
 # ---- end scan.rs ----------------------------------------------------------------------------
 

@@ -10,10 +10,12 @@ the switch keeps
   each connection's scanner, so the decoder looks destinations up inside `feed` and the fast
   path needs no Python lookup at all;
 - presence (connection id -> `Endpoint`, the dialect's per-connection handler);
-- the outboxes (Rust `Outboxes`: connection id -> pending output). The scanners of RMB and SBD
-  connections hold them too, so a message for a local connection that may take it is framed
-  straight into its outbox inside `feed` (the fast path, counted in `Outboxes`); anything else
-  (offline, another instance, a receiver that is congested or held) reaches the dialect;
+- the outboxes (Rust `Outboxes`: connection id -> pending output). The scanners of RMB, SBD
+  and 신경 JSON connections hold them too, so a message for a local connection that may take
+  it is framed straight into its outbox inside `feed` (the fast path, counted in `Outboxes`;
+  the 신경 gateway's SEND/BROADCAST DISPATCHes, `singyeong/native.py`, counted in its
+  `SgIndex`); anything else (offline, another instance, a receiver that is congested or held)
+  reaches the dialect;
 - the mailbox (messages for offline sessions, in memory or Redis), drained through
   `Endpoint.deliver` when the session connects.
 

@@ -25,8 +25,8 @@ Output is batched: while a connection processes one read, whatever any handler s
 connection is queued per destination and written with a single `transport.write` when the
 read is done (`OutputBatcher`). Outside a read (timers, tasks) a send is written at once.
 
-The fast path: an RMB or SBD connection's output lives in the switch's Rust `Outboxes` (its
-handler names them), and its decoder forwards local messages into other connections' outboxes
+The fast path: an RMB, SBD or 신경 connection's output lives in the switch's Rust `Outboxes`
+(its handler names them), and its decoder forwards local messages into other connections' outboxes
 inside `feed`, without an event for Python. Everything else a handler sends to such a
 connection is appended to the same outbox, so the order of what it receives is kept; after the
 read, each connection the fast path touched is written once (`Outboxes.drain`). The listener
@@ -550,6 +550,15 @@ class Connection(asyncio.Protocol):
         """Write one text message after whatever is queued (keeps order)."""
         if self.state is not State.WEBSOCKET:
             self.server.metrics.dropped.inc(1, self.dialect_name, "connection closing")
+            return
+        outboxes = self._outboxes
+        if outboxes is not None:  # framed in the outbox (a 신경 gateway's frames)
+            outboxes.push_text(self.conn_id, text)
+            batcher = self._batcher
+            if batcher.depth:
+                self._queue_in(batcher)
+            else:
+                self.flush()
             return
         self.send_frame(encode_frame(OP_TEXT, text))
 

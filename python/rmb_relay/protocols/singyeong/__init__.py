@@ -8,6 +8,7 @@
 | `metadata.py` | metadata types, validation, semver |
 | `query.py` | both query forms -> predicates; selectors; rendezvous hashing |
 | `clients.py` | `Client` and the per-application / per-key indices |
+| `native.py` | the Rust SEND/BROADCAST path's index, kept in step |
 | `queues.py` | queues: confirm, request, ack, redelivery, dead letters |
 | `session.py` | `SgSession`: one connection |
 | `dialect.py` | `SingyeongDialect`: routing, timers |
@@ -39,6 +40,7 @@ async def build(args: argparse.Namespace, services: Services) -> SingyeongDialec
         services.metrics,
         redis=services.redis,
         cluster=services.cluster,
+        outboxes=services.switch.outboxes,
     )
 
 

@@ -97,6 +97,11 @@ def _json_value(text: str) -> Any:
     return value
 
 
+#: one JSON value's text -> the value (`json.loads`): the native path (native.py) hands
+#: queue frames' target, payload and nonce over as text, each decoded alone
+json_value = _json_value
+
+
 _packb = msgpack.Packer(use_bin_type=True, datetime=False).pack
 
 

@@ -28,6 +28,7 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from rmb_relay._core import Outboxes
 from rmb_relay.budget import ByteBudget
 from rmb_relay.clock import Clock, monotonic_clock, wall_clock
 from rmb_relay.errors import BudgetExceeded, HttpReject
@@ -35,9 +36,10 @@ from rmb_relay.protocols.base import Dialect, Peer, Routes, WebSocketHandler
 from rmb_relay.protocols.singyeong import frames
 from rmb_relay.protocols.singyeong.clients import Client, ClientIndex
 from rmb_relay.protocols.singyeong.cluster import SgCluster
-from rmb_relay.protocols.singyeong.codec import Encoding, encode
+from rmb_relay.protocols.singyeong.codec import Encoding, encode, json_value
 from rmb_relay.protocols.singyeong.hotframes import ConfirmCache
 from rmb_relay.protocols.singyeong.metrics import SgMetrics
+from rmb_relay.protocols.singyeong.native import NativePath
 from rmb_relay.protocols.singyeong.proxy import Proxy
 from rmb_relay.protocols.singyeong.query import (
     Query,
@@ -57,7 +59,7 @@ from rmb_relay.protocols.singyeong.session import SgSession
 from rmb_relay.protocols.singyeong.settings import SgSettings
 
 if TYPE_CHECKING:
-    from rmb_relay._core import HttpRequest
+    from rmb_relay._core import HttpRequest, SgQueueFrame
     from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
     from rmb_relay.cluster.node import Cluster
     from rmb_relay.telemetry.metrics import Registry
@@ -99,11 +101,14 @@ class SingyeongDialect(Dialect):
         rng: random.Random | None = None,
         redis: Redis | None = None,
         cluster: Cluster | None = None,
+        outboxes: Outboxes | None = None,
+        native_seed: int | None = None,
     ) -> None:
         """With `redis`, queues live there (shared by every instance on it, surviving
         restarts); with `cluster`, the instances in it form one gateway (cluster.py), and
         the node's name is the cluster's instance id. Either must be called on the running
-        loop."""
+        loop. `outboxes`: the switch's, which the native SEND/BROADCAST path (native.py)
+        writes into (a gateway of its own without it); `native_seed` fixes its SEND picks."""
         self.settings = settings
         #: this instance's name in QUERY_NODES and delivery tokens
         self.node = cluster.me if cluster is not None else settings.node
@@ -140,13 +145,29 @@ class SingyeongDialect(Dialect):
         if cluster is not None:
             self.cluster = SgCluster(cluster, self.index, self.deliver_local)
             self.cluster.start()
-        self.metrics = SgMetrics(registry, lambda: self.index, lambda: self.queues)
+        #: the native SEND/BROADCAST path: off in cluster mode (receivers may be remote)
+        self.native: NativePath | None = None
+        if cluster is None and settings.native:
+            self.native = NativePath(
+                outboxes if outboxes is not None else Outboxes(), seed=native_seed
+            )
+            # the scanner stamps `ts` from the reading the listener passes it
+            self.scan_clock = wall
+        native = self.native
+        self.metrics = SgMetrics(
+            registry,
+            lambda: self.index,
+            lambda: self.queues,
+            native.counts if native is not None else None,
+        )
         self._sweeper: asyncio.TimerHandle | None = None
         self._metadata_due: dict[SgSession, int] = {}
         self._metadata_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         #: repr(target) -> parsed query, for QUEUE (see `_queue_target`)
         self._queue_targets: dict[str, Query] = {}
+        #: a native QUEUE's target text -> (its value, parsed query), as `_queue_targets`
+        self._queue_texts: dict[str, tuple[Any, Query]] = {}
         self._confirms = ConfirmCache()
         self._closed = False
         self.proxy = Proxy(self)
@@ -172,6 +193,8 @@ class SingyeongDialect(Dialect):
 
     def client_ready(self, session: SgSession, client: Client) -> None:
         self.index.add(client)
+        if self.native is not None:
+            self.native.joined(session, client)
         if self.cluster is not None:
             self.cluster.joined(client)
         if client.receive_updates:
@@ -182,6 +205,8 @@ class SingyeongDialect(Dialect):
         self.sessions.pop(session.peer.id, None)
         self._metadata_due.pop(session, None)
         self.update_listeners.discard(session)
+        if self.native is not None:
+            self.native.left(session)
         client = session.client
         if client is None:
             return
@@ -271,6 +296,8 @@ class SingyeongDialect(Dialect):
         look again (it may match messages it did not before)."""
         if self.cluster is not None:
             self.cluster.changed(client)
+        if self.native is not None and client.session is not None:
+            self.native.changed(client.session, client)
         for name in client.queues:
             self.queues.pump(name)
 
@@ -442,6 +469,74 @@ class SingyeongDialect(Dialect):
                 cache.clear()
             cache[key] = query
         return query
+
+    def queue_batch(self, session: SgSession, batch: list[SgQueueFrame]) -> None:
+        """Queue frames the native scanner read (native.py), in order: the same handling as
+        `_queue`, `_queue_request` and `_queue_ack` without decoding whole frames or walking
+        `handle` and `dispatch` per frame (three frames per queued message). A name outside
+        the limits takes the handler itself, for its op 3."""
+        client = session.client
+        assert client is not None
+        hot = self.metrics.hot
+        queues = self.queues
+        limit = MAX_QUEUE_NAME
+        for item in batch:
+            if session.closing:  # as `on_message`: nothing more is read from a closing client
+                return
+            hot.frames_in += 1
+            kind, name = item[0], item[1]
+            valid = 0 < len(name) <= limit
+            if kind == 2:
+                if not valid:
+                    self._queue_ack(session, client, "QUEUE_ACK", {"queue": name, "id": item[2]})
+                    continue
+                hot.add(_ACK_OK if queues.ack(name, item[2]) else _ACK_UNKNOWN)
+            elif kind == 1:
+                if not valid:
+                    self._queue_request(session, client, "QUEUE_REQUEST", {"queue": name})
+                    continue
+                client.queues.add(name)
+                if not queues.request(name, session):
+                    hot.dispatch("QUEUE_REQUEST", "refused")
+                    session.invalid("too many outstanding QUEUE_REQUESTs", {"queue": name})
+                    continue
+                hot.add(_REQUEST_OK)
+            else:
+                self._native_queue(session, client, item)
+
+    def _native_queue(self, session: SgSession, client: Client, item: SgQueueFrame) -> None:
+        """One native QUEUE: (0, name, nonce text | None, target text, payload text, size,
+        payload text canonical)."""
+        _, name, nonce_text, target_text, payload_text, size, canonical = item
+        nonce = None if nonce_text is None else json_value(nonce_text)
+        payload = json_value(payload_text)
+        if not 0 < len(name) <= MAX_QUEUE_NAME:
+            d = {"queue": name, "target": json_value(target_text), "payload": payload}
+            if nonce_text is not None:
+                d["nonce"] = nonce
+            self._queue(session, client, "QUEUE", d)
+            return
+        cached = self._queue_texts.get(target_text)
+        if cached is None:
+            target = json_value(target_text)
+            query = self._parse_target(session, "QUEUE", target)
+            if query is None:
+                return
+            if len(self._queue_texts) >= QUEUE_TARGET_CACHE:
+                self._queue_texts.clear()
+            self._queue_texts[target_text] = cached = (target, query)
+        target, query = cached
+        message = Message(
+            Queues.new_id(),
+            name,
+            nonce,
+            target,
+            payload,
+            query=query,
+            size=size + MESSAGE_OVERHEAD,
+            payload_json=payload_text if canonical else None,
+        )
+        self.store_message(session, message)
 
     def store_message(self, session: SgSession, message: Message) -> None:
         """Confirm once stored: memory at once (confirm, then deliver) when the budget has

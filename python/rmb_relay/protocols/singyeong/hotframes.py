@@ -48,13 +48,20 @@ def queue_confirm(name: str, nonce: Any, ts: int) -> bytes:
 
 
 def queue_dispatch(
-    name: str, payload: Any, message_id: str, attempt: int, nonce: Any, ts: int
+    name: str,
+    payload: Any,
+    message_id: str,
+    attempt: int,
+    nonce: Any,
+    ts: int,
+    payload_json: str | None = None,
 ) -> bytes:
     """`frames.dispatch("QUEUE", Struct(queue=, payload=, id=, attempt=), ts, nonce)` as
-    JSON (session.py's `deliver_queued`)."""
+    JSON (session.py's `deliver_queued`); `payload_json`, when known, is `json_text(payload)`."""
     nonce_text = "null" if nonce is None else json_text(nonce)
+    payload_text = json_text(payload) if payload_json is None else payload_json
     return (
         f'{{"op":4,"d":{{"target":null,"nonce":{nonce_text},"payload":{{"queue":'
-        f'{json_text_of_str(name)},"payload":{json_text(payload)},"id":'
+        f'{json_text_of_str(name)},"payload":{payload_text},"id":'
         f'{json_text_of_str(message_id)},"attempt":{attempt}}}}},"t":"QUEUE","ts":{ts}}}'
     ).encode()

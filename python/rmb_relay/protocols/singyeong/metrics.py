@@ -62,19 +62,23 @@ class SgMetrics:
         registry: Registry,
         index: Callable[[], ClientIndex],
         queues: Callable[[], Queues | RedisQueues],
+        native: Callable[[], tuple[int, int, int, int]] | None = None,
     ) -> None:
-        hot = self.hot = HotCounters()
+        """`native`: the counts of the Rust SEND/BROADCAST path (native.py), read with the
+        rest: (frames_in, sends, broadcasts, frames_out), all `delivered`."""
+        self.hot = HotCounters()
+        self.native = native
         sg = {"dialect": "singyeong"}
         registry.counter_of(
             "rmb_relay_messages_in_total",
             "Messages received from clients, by dialect",
-            lambda: [((), hot.frames_in)],
+            lambda: [((), self.frames_in())],
             const=sg,
         )
         registry.counter_of(
             "rmb_relay_sg_dispatches_total",
             "singyeong dispatches by type and outcome (delivered, no_route, dropped, invalid, ...)",
-            lambda: [(key, count) for key, count in list(hot.dispatches.items())],
+            lambda: list(self.dispatches().items()),
             ("type", "outcome"),
         )
 
@@ -136,3 +140,19 @@ class SgMetrics:
             "singyeong frames that could not be decoded, by encoding",
             ("encoding",),
         )
+
+    def frames_in(self) -> int:
+        """Frames received, Python's and the native path's."""
+        native = self.native
+        return self.hot.frames_in + (native()[0] if native is not None else 0)
+
+    def dispatches(self) -> dict[tuple[str, str], int]:
+        """(type, outcome) -> count, Python's and the native path's."""
+        out = dict(self.hot.dispatches)
+        if self.native is not None:
+            _, sends, broadcasts, _ = self.native()
+            for kind, n in (("SEND", sends), ("BROADCAST", broadcasts)):
+                if n:
+                    key = (kind, "delivered")
+                    out[key] = out.get(key, 0) + n
+        return out

@@ -100,6 +100,9 @@ class Message:
     query: Query | None = None
     #: bytes charged to the memory budget (the QUEUE frame's size + MESSAGE_OVERHEAD)
     size: int = 0
+    #: the payload's JSON text when it arrived exactly as the encoder writes it (the native
+    #: path, native.py): a JSON consumer's QUEUE dispatch copies it instead of encoding again
+    payload_json: str | None = None
 
     def parsed(self) -> Query:
         if self.query is None:

@@ -18,7 +18,7 @@ import hmac
 import logging
 from typing import TYPE_CHECKING, Any
 
-from rmb_relay._core import WsMessage
+from rmb_relay._core import SgScanner, WsDecoder, WsMessage
 from rmb_relay.protocols.base import CloseCode, Peer, WebSocketHandler
 from rmb_relay.protocols.singyeong import frames
 from rmb_relay.protocols.singyeong.clients import Client
@@ -57,6 +57,8 @@ class SgSession(WebSocketHandler):
         self.metadata_pending_types: dict[str, str] = {}
         #: the size of the frame being handled (what a QUEUE costs the queues' memory budget)
         self.frame_bytes = 0
+        #: the native SEND/BROADCAST path's scanner of this connection (native.py), if any
+        self.scanner: SgScanner | None = None
         # looked up once, not per frame
         self._text_frames = encoding.text_frames
         self._hot = dialect.metrics.hot
@@ -98,6 +100,7 @@ class SgSession(WebSocketHandler):
                     message.attempts,
                     message.nonce,
                     self.dialect.now_ms(),
+                    message.payload_json,
                 )
             )
             return
@@ -107,6 +110,11 @@ class SgSession(WebSocketHandler):
         self.send(frames.dispatch("QUEUE", body, self.dialect.now_ms(), message.nonce))
 
     # ---- lifecycle -------------------------------------------------------------------------
+
+    def bind_decoder(self, decoder: WsDecoder) -> None:
+        native = self.dialect.native
+        if native is not None:
+            self.scanner = native.bind(self, decoder)
 
     def on_open(self) -> None:
         dialect = self.dialect
@@ -125,6 +133,14 @@ class SgSession(WebSocketHandler):
         if self.closing:
             return
         dialect = self.dialect
+        batch = message.routing
+        if batch is not None:  # queue frames the native scanner read (native.py)
+            try:
+                dialect.queue_batch(self, batch)  # type: ignore[arg-type]
+            except Exception:
+                log.exception("singyeong: handling frames from %s failed", self.peer.peer_host)
+                self.fatal("internal server error")
+            return
         self._hot.frames_in += 1
         if message.is_text != self._text_frames:
             self.fatal("decode: payload: invalid websocket opcode/encoding combo")

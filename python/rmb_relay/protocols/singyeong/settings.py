@@ -47,6 +47,8 @@ class SgSettings:
     proxy_timeout: float = DEFAULT_PROXY_TIMEOUT
     #: this instance's name in QUERY_NODES answers and Redis presence
     node: str = "local"
+    #: answer plain SEND/BROADCAST frames in the Rust core (native.py); False: all in Python
+    native: bool = True
 
     def __post_init__(self) -> None:
         if self.heartbeat_ms <= 0:
@@ -92,6 +94,7 @@ class SgSettings:
             proxy_allow=tuple(networks),
             proxy_timeout=args.sg_proxy_timeout,
             node=args.sg_node or f"{os.uname().nodename}:{os.getpid()}",
+            native=not args.sg_no_native,
         )
 
 
@@ -112,6 +115,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.heartbeat_ms,
         metavar="MS",
         help="advertised in hello; a client silent for 1.5x this long is closed",
+    )
+    sg.add_argument(
+        "--sg-no-native",
+        action="store_true",
+        help="answer every frame in Python: no SEND/BROADCAST/queue frames read by the Rust core "
+        "(for comparisons; the native path is on by default, off in cluster mode)",
     )
     sg.add_argument(
         "--sg-metadata-rate",

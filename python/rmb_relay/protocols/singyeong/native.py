@@ -1,0 +1,116 @@
+"""The gateway's native SEND/BROADCAST path (rust/singyeong.rs), kept in step from Python.
+
+Why: a SEND cost ~20 us of gateway CPU through Python (decode, query parse, index match,
+encode, the listener's send path), so one core routed ~48k/s where issue #12 asks 100k. The
+Rust core now answers the common case inside the decoder's `feed`: a SEND or BROADCAST whose
+target is an application plus top-level `$eq`s on scalars, with a payload and nonce whose
+JSON text Python would re-encode to the same bytes. It writes the receivers' DISPATCH frames
+into their outboxes (the switch's, shared with RMB and SBD: one output path per connection,
+so frame order holds) and Python never sees the frame. Everything else reaches the dialect
+as before, in order (scan.rs stops answering natively for the rest of a read once one frame
+goes to Python).
+
+What Python owes the index (`SgIndex`), on rare events only:
+- `joined` / `changed`: a non-restricted client identified, or its metadata was applied:
+  its application, whether it speaks JSON, and its top-level scalars as canonical bytes
+  (`index_values`). Heartbeats change `last_heartbeat_time` only, which is never indexed.
+- `left`: the socket closed.
+Restricted clients are never in the index: the default query excludes them, and a query
+asking for them (`restricted: true`) goes to Python.
+
+The native path is off in cluster mode (receivers may be on other instances and the replicas
+live in Python) and with `SgSettings.native = False`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rmb_relay._core import Outboxes, SgIndex, SgScanner, WsDecoder
+
+if TYPE_CHECKING:
+    from rmb_relay.protocols.singyeong.clients import Client
+    from rmb_relay.protocols.singyeong.session import SgSession
+
+#: the gateway key that changes on every heartbeat: not indexed (rust's VOLATILE_KEY)
+VOLATILE_KEY = "last_heartbeat_time"
+#: integers of more digits are left to Python (rust's MAX_INT_DIGITS)
+_INT_LIMIT = 10**18
+
+
+def index_value(value: Any, kind: str | None) -> bytes | bool | None:
+    """The canonical bytes of a metadata value for the index; None: tainted (a `$eq` on it
+    must be answered by Python: floats equal integers, versions compare by semver, long
+    integers); False: no scalar `$eq` can match it (lists, maps, null), so it is left out."""
+    if kind == "version":
+        return None
+    if isinstance(value, bool):
+        return b"b1" if value else b"b0"
+    if isinstance(value, int):
+        return b"n%d" % value if -_INT_LIMIT < value < _INT_LIMIT else None
+    if isinstance(value, float):
+        return None
+    if isinstance(value, str):
+        try:
+            return b"s" + value.encode()
+        except UnicodeEncodeError:  # a lone surrogate: Rust strings cannot hold it
+            return None
+    return False
+
+
+def index_values(client: Client) -> list[tuple[str, bytes | None]]:
+    """Every top-level metadata entry of `client` a scalar `$eq` could match (see
+    `index_value`)."""
+    types = client.types
+    out: list[tuple[str, bytes | None]] = []
+    for key, value in client.metadata.items():
+        if key == VOLATILE_KEY:
+            continue
+        canonical = index_value(value, types.get(key))
+        if canonical is not False:
+            out.append((key, canonical))  # type: ignore[arg-type]
+    return out
+
+
+class NativePath:
+    """The index and outboxes one gateway's JSON connections are answered from."""
+
+    __slots__ = ("index", "outboxes")
+
+    def __init__(self, outboxes: Outboxes, *, seed: int | None = None) -> None:
+        self.outboxes = outboxes
+        self.index = SgIndex(seed)
+
+    def bind(self, session: SgSession, decoder: WsDecoder) -> SgScanner | None:
+        """The session's output goes through the outboxes (the listener reads
+        `handler.outboxes`); a JSON session's decoder gets a scanner, ready once it
+        identifies."""
+        session.outboxes = self.outboxes
+        if not session.encoding.text_frames:
+            return None
+        scanner = SgScanner(self.index, self.outboxes, session.peer.id)
+        decoder.set_scanner(scanner)
+        return scanner
+
+    def joined(self, session: SgSession, client: Client) -> None:
+        if client.restricted:
+            return
+        self.changed(session, client)
+        if session.scanner is not None:
+            session.scanner.ready = True
+
+    def changed(self, session: SgSession, client: Client) -> None:
+        if client.restricted or session.closing:
+            return
+        self.index.set(
+            session.peer.id, client.app_id, session.encoding.text_frames, index_values(client)
+        )
+
+    def left(self, session: SgSession) -> None:
+        if session.scanner is not None:
+            session.scanner.ready = False
+        self.index.remove(session.peer.id)
+
+    def counts(self) -> tuple[int, int, int, int]:
+        """(frames_in, sends, broadcasts, frames_out) answered natively."""
+        return self.index.counts
