@@ -109,7 +109,7 @@ clean:
 # ---- fuzzing (issue 9): `make test` runs a short pass of every target (cargo test runs the Rust
 # targets over their seed corpus and mutations, pytest the socket fuzzer with 60 examples each);
 # `make fuzz` runs them for real. New inputs go to fuzz/work/, never into the committed corpus.
-FUZZ_TARGETS := http_request ws_frames rmb_envelope sg_frame
+FUZZ_TARGETS := http_request ws_frames rmb_envelope sg_frame http_response
 FUZZ_RUNS ?= 10000000
 FUZZ_EXAMPLES ?= 20000
 

@@ -96,6 +96,18 @@ SG_FRAMES = [
 ]
 
 
+#: target answers for the connector's response parser (rust/http_response.rs); the target
+#: reads the first byte as flags (HEAD request, whole-body limit), the second as the cut
+HTTP_RESPONSES = [
+    b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\nx-a: 2\r\n\r\nhello",
+    b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n0\r\nT: 1\r\n\r\n",
+    b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+    b"HTTP/1.0 200 OK\r\n\r\nuntil the end",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabcHTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n",
+    b"HTTP/1.1 200 OK\r\nContent-Length: 1, 1\r\nConnection: close\r\n\r\nx",
+]
+
+
 def write(target: str, seeds: list[bytes], cut: bool) -> None:
     directory = CORPUS / target
     directory.mkdir(parents=True, exist_ok=True)
@@ -109,3 +121,5 @@ if __name__ == "__main__":
     write("ws_frames", ws_frames(), cut=True)
     write("rmb_envelope", envelopes(), cut=False)
     write("sg_frame", SG_FRAMES, cut=False)
+    cut_responses = [bytes([i * 53 % 256]) + r for i, r in enumerate(HTTP_RESPONSES)]
+    write("http_response", cut_responses, cut=True)

@@ -1,5 +1,6 @@
 //! Fuzz targets for the parsers that read bytes from the network: the HTTP request parser,
-//! the websocket decoder, the RMB envelope scanner and the 신경 native frame reader.
+//! the websocket decoder, the RMB envelope scanner, the 신경 native frame reader and the tunnel
+//! connector's response parser (what a target answers).
 //!
 //! Each target takes arbitrary bytes and checks the one contract a hostile peer relies on us
 //! keeping: every input is accepted or rejected with a documented error (an HTTP status, a
@@ -18,6 +19,7 @@ use crate::envelope;
 use crate::error::Error;
 use crate::forward::Outboxes;
 use crate::http::{Event, Limits, StreamParser};
+use crate::http_response::{self, ResponseParser};
 use crate::singyeong::{self, Decision, Frame, Index};
 use crate::ws::{Decoder, OwnedEvent};
 
@@ -166,6 +168,51 @@ pub fn sg_frame(data: &[u8]) {
     }
 }
 
+/// The tunnel connector's response parser (a target's answer): events or one
+/// `HttpResponse` error, never a panic; errors stay; the bytes held stay within the head,
+/// chunk-line and trailer limits or the whole-body limit. The first byte chooses HEAD and the
+/// whole-body limit, the second where the rest is cut; two responses are read when the
+/// first ends.
+pub fn http_response(data: &[u8]) {
+    let Some((&flags, rest)) = data.split_first() else {
+        return;
+    };
+    let whole_limit = [0, 16, 16 * 1024][usize::from(flags >> 1) % 3];
+    let bound = http_response::MAX_HEAD
+        .max(http_response::MAX_TRAILERS)
+        .max(whole_limit);
+    let mut parser = ResponseParser::new();
+    parser
+        .start(flags & 1 == 1, whole_limit)
+        .expect("a fresh parser starts");
+    let (first, second) = split(rest);
+    let mut events = Vec::new();
+    for part in [first, second] {
+        match parser.feed(part, &mut events) {
+            Ok(()) => assert!(
+                parser.buffered() <= bound + part.len(),
+                "held {} bytes",
+                parser.buffered()
+            ),
+            Err(Error::HttpResponse(_)) => {
+                assert!(
+                    parser.feed(b"", &mut events).is_err(),
+                    "an error that went away"
+                );
+                return;
+            }
+            Err(other) => panic!("undocumented error {other:?}"),
+        }
+        if parser.is_idle() && parser.keep_alive() {
+            let _ = parser.start(false, whole_limit);
+        }
+    }
+    match parser.feed_eof(&mut events) {
+        Ok(_) | Err(Error::HttpResponse(_)) => {}
+        Err(other) => panic!("undocumented error at EOF {other:?}"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -248,6 +295,11 @@ mod tests {
     #[test]
     fn sg_frame_survives_its_corpus_and_mutations() {
         smoke("sg_frame", sg_frame);
+    }
+
+    #[test]
+    fn http_response_survives_its_corpus_and_mutations() {
+        smoke("http_response", http_response);
     }
 
     #[test]
