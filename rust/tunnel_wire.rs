@@ -1137,6 +1137,295 @@ pub fn decode(data: &[u8], binary: bool) -> Result<(&'static str, Vec<FieldValue
     Ok((kind, fields))
 }
 
+// ---- the connector's borrowing decoder (msgpack RequestTarget) ------------------------------
+
+/// One msgpack item as its head shows it: scalars whole, strings and binaries as slices of
+/// the message, containers as their length and the bytes after their head.
+#[derive(Debug, Clone, Copy)]
+enum Raw<'a> {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Float(f64),
+    Str(&'a str),
+    Bytes(&'a [u8]),
+    Array(usize, &'a [u8]),
+    Map(usize, &'a [u8]),
+}
+
+fn mp_take(data: &[u8], n: usize) -> Result<(&[u8], &[u8])> {
+    if data.len() < n {
+        return Err(wire_err("msgpack truncated"));
+    }
+    Ok(data.split_at(n))
+}
+
+fn mp_be(data: &[u8], n: usize) -> Result<(u64, &[u8])> {
+    let (head, rest) = mp_take(data, n)?;
+    Ok((
+        head.iter().fold(0u64, |acc, b| (acc << 8) | u64::from(*b)),
+        rest,
+    ))
+}
+
+/// The head of the item at the front of `data` and what follows it (for a container, its
+/// items); the same checks as `msgpack_value` makes at this level.
+fn mp_head(data: &[u8]) -> Result<(Raw<'_>, &[u8])> {
+    let (&tag, rest) = data
+        .split_first()
+        .ok_or_else(|| wire_err("msgpack truncated"))?;
+    Ok(match tag {
+        0x00..=0x7f => (Raw::Int(i64::from(tag)), rest),
+        0xe0..=0xff => (Raw::Int(i64::from(tag as i8)), rest),
+        0xc0 => (Raw::Null, rest),
+        0xc2 => (Raw::Bool(false), rest),
+        0xc3 => (Raw::Bool(true), rest),
+        0xa0..=0xbf | 0xd9..=0xdb => {
+            let (len, rest) = match tag {
+                0xd9 => mp_be(rest, 1)?,
+                0xda => mp_be(rest, 2)?,
+                0xdb => mp_be(rest, 4)?,
+                _ => (u64::from(tag & 0x1f), rest),
+            };
+            let (s, rest) = mp_take(rest, len as usize)?;
+            let s = std::str::from_utf8(s).map_err(|_| wire_err("msgpack str is not UTF-8"))?;
+            (Raw::Str(s), rest)
+        }
+        0xc4..=0xc6 => {
+            let (len, rest) = mp_be(rest, 1 << (tag - 0xc4))?;
+            let (b, rest) = mp_take(rest, len as usize)?;
+            (Raw::Bytes(b), rest)
+        }
+        0xcc..=0xcf => {
+            let (v, rest) = mp_be(rest, 1 << (tag - 0xcc))?;
+            let v = i64::try_from(v).map_err(|_| wire_err("integer beyond 64 bits"))?;
+            (Raw::Int(v), rest)
+        }
+        0xd0..=0xd3 => {
+            let n = 1usize << (tag - 0xd0);
+            let (v, rest) = mp_be(rest, n)?;
+            let shift = 64 - 8 * n as u32;
+            (Raw::Int(((v << shift) as i64) >> shift), rest)
+        }
+        0xca => {
+            let (v, rest) = mp_be(rest, 4)?;
+            (Raw::Float(f64::from(f32::from_bits(v as u32))), rest)
+        }
+        0xcb => {
+            let (v, rest) = mp_be(rest, 8)?;
+            (Raw::Float(f64::from_bits(v)), rest)
+        }
+        0x90..=0x9f | 0xdc | 0xdd | 0x80..=0x8f | 0xde | 0xdf => {
+            let map = matches!(tag, 0x80..=0x8f | 0xde | 0xdf);
+            let (len, rest) = match tag {
+                0xdc | 0xde => mp_be(rest, 2)?,
+                0xdd | 0xdf => mp_be(rest, 4)?,
+                _ => (u64::from(tag & 0x0f), rest),
+            };
+            if len as usize > rest.len() {
+                return Err(wire_err("msgpack truncated"));
+            }
+            if map {
+                (Raw::Map(len as usize, rest), rest)
+            } else {
+                (Raw::Array(len as usize, rest), rest)
+            }
+        }
+        _ => return Err(wire_err(format!("msgpack type 0x{tag:02x} not taken here"))),
+    })
+}
+
+/// A map key at `depth`: a str, checked as `msgpack_value` checks it.
+fn mp_key(data: &[u8], depth: usize) -> Result<(&str, &[u8])> {
+    if depth > MAX_DEPTH {
+        return Err(wire_err("msgpack nested too deep"));
+    }
+    match mp_head(data)? {
+        (Raw::Str(key), rest) => Ok((key, rest)),
+        // refused, as `msgpack_value` refuses it (after walking it: an error either way)
+        _ => Err(wire_err("msgpack map key is not a str")),
+    }
+}
+
+/// Past the item at the front of `data`, checking it as `msgpack_value` would, without
+/// building it.
+fn mp_skip(data: &[u8], depth: usize) -> Result<&[u8]> {
+    if depth > MAX_DEPTH {
+        return Err(wire_err("msgpack nested too deep"));
+    }
+    let (raw, mut rest) = mp_head(data)?;
+    match raw {
+        Raw::Array(len, _) => {
+            for _ in 0..len {
+                rest = mp_skip(rest, depth + 1)?;
+            }
+        }
+        Raw::Map(len, _) => {
+            for _ in 0..len {
+                let (_, after) = mp_key(rest, depth + 1)?;
+                rest = mp_skip(after, depth + 1)?;
+            }
+        }
+        _ => {}
+    }
+    Ok(rest)
+}
+
+/// A checked field of a borrowed `RequestTarget` (`FieldValue` without the copies).
+#[derive(Debug, Clone, PartialEq)]
+pub enum FieldRef<'a> {
+    Null,
+    Str(&'a str),
+    Int(i64),
+    Bool(bool),
+    Float(f64),
+    Bytes(&'a [u8]),
+    /// names in first-seen order, each with its (last) array of values, as checked strs
+    Headers(Vec<(&'a str, HeaderValues<'a>)>),
+}
+
+/// A header's values: a checked msgpack array of strs, read in place.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderValues<'a> {
+    len: usize,
+    items: &'a [u8],
+}
+
+impl<'a> Iterator for HeaderValues<'a> {
+    type Item = &'a str;
+    fn next(&mut self) -> Option<&'a str> {
+        if self.len == 0 {
+            return None;
+        }
+        self.len -= 1;
+        match mp_head(self.items) {
+            Ok((Raw::Str(s), rest)) => {
+                self.items = rest;
+                Some(s)
+            }
+            _ => None, // not reached: checked when the field was decoded
+        }
+    }
+}
+
+impl FieldRef<'_> {
+    /// The owned value `decode` gives (for tests and the Python path).
+    pub fn to_owned_value(&self) -> FieldValue {
+        match self {
+            FieldRef::Null => FieldValue::Null,
+            FieldRef::Str(s) => FieldValue::Str((*s).to_owned()),
+            FieldRef::Int(v) => FieldValue::Int(*v),
+            FieldRef::Bool(v) => FieldValue::Bool(*v),
+            FieldRef::Float(v) => FieldValue::Float(*v),
+            FieldRef::Bytes(b) => FieldValue::Bytes(b.to_vec()),
+            FieldRef::Headers(h) => FieldValue::Headers(
+                h.iter()
+                    .map(|(n, v)| ((*n).to_owned(), v.map(str::to_owned).collect()))
+                    .collect(),
+            ),
+        }
+    }
+}
+
+/// `check` on a field's msgpack bytes (already walked by `mp_skip`).
+fn check_ref<'a>(spec: &FieldSpec, value: Option<&'a [u8]>) -> Result<FieldRef<'a>> {
+    let Some(value) = value else {
+        return match spec.absent {
+            D::Required => Err(wire_err(format!("{} is missing", spec.wire))),
+            D::Null => Ok(FieldRef::Null),
+            D::Int(v) => Ok(FieldRef::Int(v)),
+            D::Bool(v) => Ok(FieldRef::Bool(v)),
+            D::Float(v) => Ok(FieldRef::Float(v)),
+            D::EmptyHeaders => Ok(FieldRef::Headers(Vec::new())),
+        };
+    };
+    let bad = || wire_err(format!("{} has the wrong type", spec.wire));
+    let (raw, _) = mp_head(value)?;
+    match (spec.kind, raw) {
+        (_, Raw::Null) if spec.optional => Ok(FieldRef::Null),
+        (K::Str, Raw::Str(s)) => Ok(FieldRef::Str(s)),
+        (K::Int, Raw::Int(v)) => Ok(FieldRef::Int(v)),
+        (K::Bool, Raw::Bool(v)) => Ok(FieldRef::Bool(v)),
+        (K::Float, Raw::Float(v)) => Ok(FieldRef::Float(v)),
+        (K::Float, Raw::Int(v)) => Ok(FieldRef::Float(v as f64)),
+        (K::Bytes, Raw::Bytes(b)) => Ok(FieldRef::Bytes(b)),
+        (K::Headers, Raw::Map(len, mut rest)) => {
+            let mut headers: Vec<(&str, HeaderValues<'_>)> = Vec::with_capacity(len);
+            for _ in 0..len {
+                let (name, after) = mp_key(rest, 0)?;
+                let (Raw::Array(n, items), _) = mp_head(after)? else {
+                    return Err(bad());
+                };
+                let mut at = items;
+                for _ in 0..n {
+                    let (Raw::Str(_), next) = mp_head(at)? else {
+                        return Err(bad());
+                    };
+                    at = next;
+                }
+                let list = HeaderValues { len: n, items };
+                match headers.iter_mut().find(|(h, _)| *h == name) {
+                    Some(slot) => slot.1 = list,
+                    None => headers.push((name, list)),
+                }
+                rest = at;
+            }
+            Ok(FieldRef::Headers(headers))
+        }
+        _ => Err(bad()),
+    }
+}
+
+/// A msgpack `RequestTarget`'s fields in wire.py's dataclass order, as slices of `data`:
+/// what `decode(data, true)` gives when it gives `RequestTarget`, without its value tree and
+/// copies; an error for every message it refuses or decodes as another kind (property
+/// tested against it).
+pub fn decode_request_target(data: &[u8]) -> Result<Vec<FieldRef<'_>>> {
+    let (Raw::Map(len, mut rest), _) = mp_head(data)? else {
+        mp_skip(data, 0)?;
+        return Err(wire_err("no message target"));
+    };
+    let mut target = None;
+    let mut arguments = None;
+    for _ in 0..len {
+        let (key, after) = mp_key(rest, 1)?;
+        rest = mp_skip(after, 1)?;
+        let value = &after[..after.len() - rest.len()];
+        match key {
+            "target" => target = Some(value),
+            "arguments" => arguments = Some(value),
+            _ => {}
+        }
+    }
+    if !rest.is_empty() {
+        return Err(wire_err("msgpack: extra data"));
+    }
+    match target.map(mp_head) {
+        Some(Ok((Raw::Str("RequestTarget"), _))) => {}
+        _ => return Err(wire_err("not a RequestTarget")),
+    }
+    let one_object = || wire_err("arguments must be a list of one object");
+    let Some((Raw::Array(1, item), _)) = arguments.map(mp_head).transpose()? else {
+        return Err(one_object());
+    };
+    let (Raw::Map(len, mut rest), _) = mp_head(item)? else {
+        return Err(one_object());
+    };
+    let mut found: [Option<&[u8]>; CLIENT_REQUEST.len()] = [None; CLIENT_REQUEST.len()];
+    for _ in 0..len {
+        let (key, after) = mp_key(rest, 0)?;
+        rest = mp_skip(after, 0)?;
+        if let Some(i) = CLIENT_REQUEST.iter().position(|s| s.wire == key) {
+            found[i] = Some(&after[..after.len() - rest.len()]);
+        }
+    }
+    CLIENT_REQUEST
+        .iter()
+        .zip(found)
+        .map(|(spec, value)| check_ref(spec, value))
+        .collect()
+}
+
 /// A decoded `Deliver` (wire.py's TargetResponse), for the relay's native path.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TargetResponse {
@@ -1297,6 +1586,74 @@ mod tests {
             response.http_headers,
             vec![("x".into(), vec!["2".into(), "3".into()])]
         );
+    }
+
+    /// `decode_request_target` accepts exactly what `decode` accepts as a `RequestTarget`,
+    /// with the same fields: encoded requests, then each mutated byte by byte (flips,
+    /// truncations, insertions; a fixed-seed xorshift, so a failure reproduces).
+    #[test]
+    fn borrowing_decoder_matches_decode() {
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let same = |data: &[u8]| {
+            let old = match decode(data, true) {
+                Ok(("RequestTarget", fields)) => Some(fields),
+                _ => None,
+            };
+            let new = decode_request_target(data)
+                .ok()
+                .map(|f| f.iter().map(FieldRef::to_owned_value).collect::<Vec<_>>());
+            assert_eq!(old, new, "{data:?}");
+            old.is_some()
+        };
+        let mut accepted = 0;
+        for case in 0..400 {
+            let headers: Vec<(String, Vec<String>)> = (0..case % 6)
+                .map(|i| (format!("h{}", i % 4), vec!["v".repeat(i); i % 3]))
+                .collect();
+            let body = vec![b'x'; case % 40];
+            let mut r = request(&headers, if case % 3 == 0 { None } else { Some(&body) });
+            if case % 5 == 0 {
+                r.expires_in = None;
+            }
+            let out = encode_client_request(Msgpack::default(), &r);
+            accepted += usize::from(same(&out));
+            for _ in 0..200 {
+                let mut m = out.clone();
+                let at = (next() as usize) % m.len();
+                match next() % 4 {
+                    0 => m[at] ^= 1 << (next() % 8),
+                    1 => m[at] = next() as u8,
+                    2 => m.truncate(at),
+                    _ => m.insert(at, next() as u8),
+                }
+                accepted += usize::from(same(&m));
+            }
+        }
+        let dup = {
+            // a repeated key: the last one counts, for the message and for its fields
+            let mut m = Msgpack::default();
+            m.begin_map(3);
+            m.key("target");
+            m.str("Deliver");
+            m.key("arguments");
+            m.begin_array(1);
+            m.begin_map(2);
+            m.key("requestId");
+            m.int(1);
+            m.key("requestId");
+            m.str("r");
+            m.key("target");
+            m.str("RequestTarget");
+            m.into_bytes()
+        };
+        same(&dup);
+        assert!(accepted > 400, "{accepted}");
     }
 
     #[test]
