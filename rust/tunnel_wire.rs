@@ -1306,7 +1306,12 @@ impl<'a> Iterator for HeaderValues<'a> {
             _ => None, // not reached: checked when the field was decoded
         }
     }
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.len, Some(self.len))
+    }
 }
+
+impl ExactSizeIterator for HeaderValues<'_> {}
 
 impl FieldRef<'_> {
     /// The owned value `decode` gives (for tests and the Python path).
@@ -1376,11 +1381,10 @@ fn check_ref<'a>(spec: &FieldSpec, value: Option<&'a [u8]>) -> Result<FieldRef<'
     }
 }
 
-/// A msgpack `RequestTarget`'s fields in wire.py's dataclass order, as slices of `data`:
-/// what `decode(data, true)` gives when it gives `RequestTarget`, without its value tree and
-/// copies; an error for every message it refuses or decodes as another kind (property
-/// tested against it).
-pub fn decode_request_target(data: &[u8]) -> Result<Vec<FieldRef<'_>>> {
+/// A msgpack message's kind and fields in wire.py's dataclass order, as slices of `data`:
+/// what `decode(data, true)` gives, without its value tree and copies; an error for every
+/// message it refuses (property tested against it).
+pub fn decode_ref(data: &[u8]) -> Result<(&'static str, Vec<FieldRef<'_>>)> {
     let (Raw::Map(len, mut rest), _) = mp_head(data)? else {
         mp_skip(data, 0)?;
         return Err(wire_err("no message target"));
@@ -1400,10 +1404,12 @@ pub fn decode_request_target(data: &[u8]) -> Result<Vec<FieldRef<'_>>> {
     if !rest.is_empty() {
         return Err(wire_err("msgpack: extra data"));
     }
-    match target.map(mp_head) {
-        Some(Ok((Raw::Str("RequestTarget"), _))) => {}
-        _ => return Err(wire_err("not a RequestTarget")),
-    }
+    let Some(Ok((Raw::Str(name), _))) = target.map(mp_head) else {
+        return Err(wire_err("no message target"));
+    };
+    let Some(&(kind, specs)) = KINDS.iter().find(|(k, _)| *k == name) else {
+        return Err(wire_err(format!("unknown message target {name:?}")));
+    };
     let one_object = || wire_err("arguments must be a list of one object");
     let Some((Raw::Array(1, item), _)) = arguments.map(mp_head).transpose()? else {
         return Err(one_object());
@@ -1411,19 +1417,29 @@ pub fn decode_request_target(data: &[u8]) -> Result<Vec<FieldRef<'_>>> {
     let (Raw::Map(len, mut rest), _) = mp_head(item)? else {
         return Err(one_object());
     };
+    // every kind has at most 16 fields (CLIENT_REQUEST, the largest)
     let mut found: [Option<&[u8]>; CLIENT_REQUEST.len()] = [None; CLIENT_REQUEST.len()];
     for _ in 0..len {
         let (key, after) = mp_key(rest, 0)?;
         rest = mp_skip(after, 0)?;
-        if let Some(i) = CLIENT_REQUEST.iter().position(|s| s.wire == key) {
+        if let Some(i) = specs.iter().position(|s| s.wire == key) {
             found[i] = Some(&after[..after.len() - rest.len()]);
         }
     }
-    CLIENT_REQUEST
+    let fields = specs
         .iter()
         .zip(found)
         .map(|(spec, value)| check_ref(spec, value))
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    Ok((kind, fields))
+}
+
+/// A msgpack `RequestTarget` as `decode_ref` reads it; an error for any other kind.
+pub fn decode_request_target(data: &[u8]) -> Result<Vec<FieldRef<'_>>> {
+    match decode_ref(data)? {
+        ("RequestTarget", fields) => Ok(fields),
+        (kind, _) => Err(wire_err(format!("not a RequestTarget: {kind}"))),
+    }
 }
 
 /// A decoded `Deliver` (wire.py's TargetResponse), for the relay's native path.
@@ -1609,6 +1625,14 @@ mod tests {
                 .ok()
                 .map(|f| f.iter().map(FieldRef::to_owned_value).collect::<Vec<_>>());
             assert_eq!(old, new, "{data:?}");
+            let any_old = decode(data, true).ok();
+            let any_new = decode_ref(data).ok().map(|(k, f)| {
+                (
+                    k,
+                    f.iter().map(FieldRef::to_owned_value).collect::<Vec<_>>(),
+                )
+            });
+            assert_eq!(any_old, any_new, "{data:?}");
             old.is_some()
         };
         let mut accepted = 0;
@@ -1654,6 +1678,58 @@ mod tests {
         };
         same(&dup);
         assert!(accepted > 400, "{accepted}");
+        // the other kinds, through decode_ref: a Deliver and a Configure, each mutated
+        let mut deliver = Msgpack::default();
+        deliver.begin_map(2);
+        deliver.key("target");
+        deliver.str("Deliver");
+        deliver.key("arguments");
+        deliver.begin_array(1);
+        deliver.begin_map(6);
+        deliver.key("requestId");
+        deliver.str("r");
+        deliver.key("requestOriginId");
+        deliver.str("o");
+        deliver.key("httpStatusCode");
+        deliver.int(200);
+        deliver.key("httpHeaders");
+        deliver.begin_map(1);
+        deliver.key("a");
+        deliver.begin_array(1);
+        deliver.str("b");
+        deliver.key("bodyContent");
+        deliver.body(b"hi");
+        deliver.key("requestFailed");
+        deliver.bool(false);
+        let deliver = deliver.into_bytes();
+        let mut configure = Msgpack::default();
+        configure.begin_map(2);
+        configure.key("arguments");
+        configure.begin_array(1);
+        configure.begin_map(2);
+        configure.key("keepAliveInterval");
+        configure.int(5);
+        configure.key("reconnectMinimumDelay");
+        configure.float(0.5);
+        configure.key("target");
+        configure.str("Configure");
+        let configure = configure.into_bytes();
+        let mut others = 0;
+        for out in [deliver, configure] {
+            assert!(decode_ref(&out).is_ok());
+            for _ in 0..20_000 {
+                let mut m = out.clone();
+                let at = (next() as usize) % m.len();
+                match next() % 4 {
+                    0 => m[at] ^= 1 << (next() % 8),
+                    1 => m[at] = next() as u8,
+                    2 => m.truncate(at),
+                    _ => m.insert(at, next() as u8),
+                }
+                others += usize::from(same(&m) || decode(&m, true).is_ok());
+            }
+        }
+        assert!(others > 0);
     }
 
     #[test]
@@ -1681,7 +1757,7 @@ pub mod py {
     use pyo3::prelude::*;
     use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
-    use super::{FieldValue, Json, Kind, Msgpack, Sink, KINDS};
+    use super::{FieldRef, FieldValue, Json, Kind, Msgpack, Sink, KINDS};
     use crate::error::Error;
 
     fn unsupported(what: &str) -> PyErr {
@@ -1796,6 +1872,26 @@ pub mod py {
         })
     }
 
+    /// `field_object` of a borrowed field (msgpack: Python objects made from the message's
+    /// bytes directly, no Rust copy in between).
+    fn field_ref_object<'py>(py: Python<'py>, v: &FieldRef<'_>) -> PyResult<Bound<'py, PyAny>> {
+        Ok(match v {
+            FieldRef::Null => py.None().into_bound(py),
+            FieldRef::Str(s) => PyString::new(py, s).into_any(),
+            FieldRef::Int(i) => i.into_pyobject(py)?.into_any(),
+            FieldRef::Bool(b) => PyBool::new(py, *b).to_owned().into_any(),
+            FieldRef::Float(x) => PyFloat::new(py, *x).into_any(),
+            FieldRef::Bytes(b) => PyBytes::new(py, b).into_any(),
+            FieldRef::Headers(h) => {
+                let d = PyDict::new(py);
+                for (name, values) in h {
+                    d.set_item(name, PyList::new(py, *values)?)?;
+                }
+                d.into_any()
+            }
+        })
+    }
+
     /// `(kind name, field values in wire.py's dataclass order)`; TunnelWireError for anything
     /// this decoder leaves to wire.py (which then accepts it or words the exact error).
     #[pyfunction]
@@ -1804,6 +1900,14 @@ pub mod py {
         data: &[u8],
         binary: bool,
     ) -> PyResult<(&'static str, Bound<'py, PyTuple>)> {
+        if binary {
+            let (kind, fields) = super::decode_ref(data)?;
+            let objects = fields
+                .iter()
+                .map(|v| field_ref_object(py, v))
+                .collect::<PyResult<Vec<_>>>()?;
+            return Ok((kind, PyTuple::new(py, objects)?));
+        }
         let (kind, fields) = super::decode(data, binary)?;
         let objects = fields
             .into_iter()
