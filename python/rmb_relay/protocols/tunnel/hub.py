@@ -90,7 +90,8 @@ def held_size(request: ClientRequest) -> int:
     `JOB_OVERHEAD` (an outsourced body is in the body store, on disk)."""
     size = JOB_OVERHEAD + len(request.body_content or b"") + len(request.url)
     for name, values in request.http_headers.items():
-        size += len(name) * len(values) + sum(len(value) for value in values)
+        # map, not a generator: this runs for every header of every request
+        size += len(name) * len(values) + sum(map(len, values))
     return size
 
 
