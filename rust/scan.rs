@@ -1076,6 +1076,10 @@ pub mod py {
                     let python = || Ok(Some((PyBytes::new(py, scratch).unbind(), None, None)));
                     match singyeong::read(scratch) {
                         // `now` is the wall clock here (the dialect's scan_clock): `ts` in ms
+                        // queue frames wait for Python (the batch) and go before this one:
+                        // answered here, it would overtake them (a DISPATCH before the
+                        // QUEUE_CONFIRM, or after an op 8 close over the batch)
+                        Some(Frame::Route(_)) if !batch.is_empty() => python(),
                         Some(Frame::Route(r)) => {
                             match index.inner.deliver(&r, now / 1_000_000, &mut ob.inner) {
                                 Decision::Delivered(_) => Ok(None),

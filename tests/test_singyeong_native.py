@@ -482,3 +482,50 @@ async def test_queue_frames_read_natively_behave_as_python_s(make_gateway: MakeG
     ]
     assert [f["op"] for f in producer] == [4, 4, 4, 3, 3, 3]
     assert dispatches[("QUEUE_ACK", "ok")] == 1
+
+
+async def one_write(client: SgClient, *texts: str) -> None:
+    """Send `texts` as WebSocket frames in a single TCP write, so the gateway reads them in
+    one `feed` (as a client that batches its writes does)."""
+    ws = client.ws
+    for text in texts:
+        ws.protocol.send_text(text.encode())
+    ws.transport.write(b"".join(ws.protocol.data_to_send()))
+
+
+async def run_batched(gateway: Gateway) -> list[Any]:
+    """A QUEUE and a SEND to the sender itself in one write, then a QUEUE_REQUEST and a SEND
+    to the worker itself in one write: the frames the sender, then the worker, get."""
+    (w,) = await workers(gateway, 1)
+    s = await gateway.client("s", "caller")
+    to_self = {"application": "caller", "ops": []}
+    queue = (
+        '{"op":4,"t":"QUEUE","d":{"queue":"q","target":{"application":"api"},"nonce":"a",'
+        '"payload":1}}'
+    )
+    await one_write(s, queue, send_text(to_self, "2"))
+    to_worker = {"application": "api", "ops": [{"n": {"$eq": 0}}]}
+    await one_write(w, '{"op":4,"t":"QUEUE_REQUEST","d":{"queue":"q"}}', send_text(to_worker, "3"))
+    got = []
+    ids: list[str] = []
+    for client in (s, w):  # settle: everything sent so far is answered
+        await client.send(5)
+        while (frame := await client.recv())["op"] != 6:
+            got.append(normalized(frame, ids))
+    return got
+
+
+async def test_queue_frames_and_sends_of_one_read_keep_their_order(
+    make_gateway: MakeGateway,
+) -> None:
+    """A SEND read after queue frames waits for them (they are answered by Python after the
+    read): the DISPATCH never overtakes the QUEUE_CONFIRM, nor the QUEUE's delivery."""
+    native = await run_batched(await make_gateway())
+    python = await run_batched(await make_gateway(native=False))
+    assert native == python
+    assert [(f["op"], f.get("t")) for f in native] == [
+        (4, "QUEUE_CONFIRM"),
+        (4, "SEND"),
+        (4, "QUEUE"),
+        (4, "SEND"),
+    ]
