@@ -22,6 +22,7 @@ from rmb_relay.protocols.singyeong.clients import Client, ClientIndex
 from rmb_relay.protocols.singyeong.codec import DecodeError, Encoding, decode, encode
 from rmb_relay.protocols.singyeong.native import index_values
 from rmb_relay.protocols.singyeong.query import QueryError, parse
+from tests.helpers import eventually
 from tests.sg_client import SgClient
 from tests.sg_fixtures import Gateway, MakeGateway, make_gateway
 
@@ -529,3 +530,58 @@ async def test_queue_frames_and_sends_of_one_read_keep_their_order(
         (4, "QUEUE"),
         (4, "SEND"),
     ]
+
+
+# ---- metadata Rust strings cannot hold ---------------------------------------------------------
+
+
+async def test_a_lone_surrogate_key_is_applied_and_native_sends_still_route(
+    make_gateway: MakeGateway,
+) -> None:
+    """JSON may carry "\\ud800", which metadata accepts but a Rust string cannot hold: the
+    key is left out of the native index (no native query can name it), immediately or after
+    the rate delay, and neither this client's nor others' updates stall."""
+    gateway = await make_gateway(metadata_rate=1)  # burst of one: the second update waits
+    (w, other) = await workers(gateway, 2)
+    sender = await gateway.client("s", "caller")
+    await w.update(**{"\ud800": ("string", "x"), "n": ("integer", 10)})  # waits for the rate
+    await other.update(n=("integer", 11))  # waits too
+    await w.send(5)
+    await w.expect(6)
+    stored = gateway.dialect.index.get("api", "w0")
+    other_stored = gateway.dialect.index.get("api", "w1")
+    assert stored is not None
+    assert other_stored is not None
+    await eventually(lambda: stored.metadata.get("n") == 10)
+    await eventually(lambda: other_stored.metadata.get("n") == 11)
+    assert stored.metadata["\ud800"] == "x"
+    for n, client in ((10, w), (11, other)):
+        await sender.ws.send(send_text({"application": "api", "ops": [{"n": {"$eq": n}}]}, "1"))
+        assert (await client.expect(4, "SEND"))["d"]["payload"] == 1
+    # immediately applied (a fresh client, within its burst)
+    fresh = await gateway.client("f", "api")
+    await fresh.update(**{"\udfff": ("integer", 1), "n": ("integer", 12)})
+    await fresh.send(5)
+    await fresh.expect(6)
+    await sender.ws.send(send_text({"application": "api", "ops": [{"n": {"$eq": 12}}]}, "2"))
+    assert (await fresh.expect(4, "SEND"))["d"]["payload"] == 2
+    native = gateway.dialect.native
+    assert native is not None
+    assert native.counts()[1] == 3
+
+
+async def test_a_lone_surrogate_application_is_left_to_python(make_gateway: MakeGateway) -> None:
+    gateway = await make_gateway()
+    odd = await gateway.client("o", "\ud800")
+    await odd.update(n=("integer", 1))
+    (w,) = await workers(gateway, 1)
+    await odd.send(5)
+    await odd.expect(6)
+    sender = await gateway.client("s", "caller")
+    await sender.send(4, {"target": {"application": "\ud800"}, "payload": 1}, "SEND")
+    assert (await odd.expect(4, "SEND"))["d"]["payload"] == 1
+    await sender.ws.send(send_text({"application": "api", "ops": [{"n": {"$eq": 0}}]}, "2"))
+    assert (await w.expect(4, "SEND"))["d"]["payload"] == 2
+    # the odd client sends natively itself
+    await odd.ws.send(send_text({"application": "api", "ops": [{"n": {"$eq": 0}}]}, "3"))
+    assert (await w.expect(4, "SEND"))["d"]["payload"] == 3

@@ -277,15 +277,24 @@ class SingyeongDialect(Dialect):
 
     def _metadata_tick(self) -> None:
         self._metadata_timer = None
-        self.flush_metadata(self.clock())
-        self._arm_metadata_timer()
+        try:
+            self.flush_metadata(self.clock())
+        finally:  # the other clients' updates must not stall behind one that failed
+            self._arm_metadata_timer()
 
     def flush_metadata(self, now: int) -> None:
-        """Apply every pending metadata update whose time has come."""
+        """Apply every pending metadata update whose time has come. A session whose update
+        raises (a bug) is closed and its update dropped; the others are still applied."""
         for session, due in list(self._metadata_due.items()):
             if due > now:
                 continue
-            later = session.flush_metadata(now)
+            try:
+                later = session.flush_metadata(now)
+            except Exception:
+                log.exception("singyeong: metadata of %s failed", session.peer.peer_host)
+                del self._metadata_due[session]
+                session.fatal("internal server error")
+                continue
             if later is None:
                 del self._metadata_due[session]
             else:

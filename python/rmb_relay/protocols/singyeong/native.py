@@ -58,13 +58,25 @@ def index_value(value: Any, kind: str | None) -> bytes | bool | None:
     return False
 
 
+def encodes(text: str) -> bool:
+    """Whether `text` is valid Unicode (no lone surrogate, which JSON's "\\ud800" can carry
+    and metadata accepts): only those can cross into Rust, and only those can be named by
+    a query the native path reads (its frames are UTF-8)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def index_values(client: Client) -> list[tuple[str, bytes | None]]:
     """Every top-level metadata entry of `client` a scalar `$eq` could match (see
-    `index_value`)."""
+    `index_value`). Keys that are not valid Unicode are left out: no native query names
+    them (Python answers the ones that do)."""
     types = client.types
     out: list[tuple[str, bytes | None]] = []
     for key, value in client.metadata.items():
-        if key == VOLATILE_KEY:
+        if key == VOLATILE_KEY or not encodes(key):
             continue
         canonical = index_value(value, types.get(key))
         if canonical is not False:
@@ -101,6 +113,10 @@ class NativePath:
 
     def changed(self, session: SgSession, client: Client) -> None:
         if client.restricted or session.closing:
+            return
+        if not encodes(client.app_id):
+            # no native query can name this application: Python answers those that do
+            self.index.remove(session.peer.id)
             return
         self.index.set(
             session.peer.id, client.app_id, session.encoding.text_frames, index_values(client)
