@@ -542,7 +542,8 @@ class SingyeongDialect(Dialect):
             target,
             payload,
             query=query,
-            size=size + MESSAGE_OVERHEAD,
+            # the payload's text is kept beside its value: charged too
+            size=size + MESSAGE_OVERHEAD + (len(payload_text) if canonical else 0),
             payload_json=payload_text if canonical else None,
         )
         self.store_message(session, message)

@@ -21,7 +21,8 @@ consumer as `attempt`). Time comes in as `now` (monotonic ns) from the dialect's
 
 Memory budget (issues #12, #13)
 -------------------------------
-Every message costs its QUEUE frame's size plus `MESSAGE_OVERHEAD` (`Message.size`) against a
+Every message costs its QUEUE frame's size plus `MESSAGE_OVERHEAD` (`Message.size`), plus its
+payload's JSON text when that is kept (`Message.payload_json`), against a
 `ByteBudget` from the
 moment it is admitted (before QUEUE_CONFIRM) until it is acked: waiting, unacked and dead
 letters alike, per queue (`--sg-queue-bytes`) and in all (`--sg-queue-total-bytes`). A QUEUE
@@ -98,7 +99,8 @@ class Message:
     payload: Any
     attempts: int = 0
     query: Query | None = None
-    #: bytes charged to the memory budget (the QUEUE frame's size + MESSAGE_OVERHEAD)
+    #: bytes charged to the memory budget (the QUEUE frame's size + MESSAGE_OVERHEAD, + the
+    #: length of `payload_json` when kept)
     size: int = 0
     #: the payload's JSON text when it arrived exactly as the encoder writes it (the native
     #: path, native.py): a JSON consumer's QUEUE dispatch copies it instead of encoding again
