@@ -1197,15 +1197,10 @@ pub mod py {
 
     #[pymethods]
     impl SgIndex {
-        /// `seed` fixes the SEND receiver picks (tests); by default they differ per process.
+        /// `seed` fixes the SEND receiver picks: the caller's (the dialect's rng), so that
+        /// the core stays sans-I/O (no clock or entropy of its own) and tests replay.
         #[new]
-        #[pyo3(signature = (seed = None))]
-        fn new(seed: Option<u64>) -> Self {
-            let seed = seed.unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0x9E37_79B9, |d| d.as_nanos() as u64)
-            });
+        fn new(seed: u64) -> Self {
             SgIndex {
                 inner: Index::new(seed),
             }

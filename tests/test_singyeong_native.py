@@ -269,7 +269,7 @@ def test_invalid_queries_never_take_the_native_path() -> None:
         {"application": "a", "ops": {"id": {"$eq": 1}}},
     ):
         text = json.dumps({"op": 4, "t": "SEND", "d": {"target": target, "payload": 1}})
-        assert SgIndex().dispatch_text(text.encode(), TS) is None
+        assert SgIndex(0).dispatch_text(text.encode(), TS) is None
         with pytest.raises(QueryError):
             parse(target)
 

@@ -801,7 +801,8 @@ class SgIndex:
     local clients by (application, top-level key, canonical scalar). Python keeps it in step
     on identify, metadata applied and disconnect; `SgScanner`s answer from it inside `feed`."""
 
-    def __new__(cls, seed: int | None = None) -> SgIndex: ...
+    def __new__(cls, seed: int) -> SgIndex:
+        """`seed` (64 bits) fixes the SEND receiver picks; the caller's, e.g. its rng's."""
     def set(
         self, conn_id: int, app: str, json: bool, values: list[tuple[str, bytes | None]]
     ) -> None:

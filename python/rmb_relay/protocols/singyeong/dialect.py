@@ -102,13 +102,13 @@ class SingyeongDialect(Dialect):
         redis: Redis | None = None,
         cluster: Cluster | None = None,
         outboxes: Outboxes | None = None,
-        native_seed: int | None = None,
     ) -> None:
         """With `redis`, queues live there (shared by every instance on it, surviving
         restarts); with `cluster`, the instances in it form one gateway (cluster.py), and
         the node's name is the cluster's instance id. Either must be called on the running
         loop. `outboxes`: the switch's, which the native SEND/BROADCAST path (native.py)
-        writes into (a gateway of its own without it); `native_seed` fixes its SEND picks."""
+        writes into (a gateway of its own without it). `rng` makes every random pick, the native
+        path's SEND picks included (its seed)."""
         self.settings = settings
         #: this instance's name in QUERY_NODES and delivery tokens
         self.node = cluster.me if cluster is not None else settings.node
@@ -149,7 +149,7 @@ class SingyeongDialect(Dialect):
         self.native: NativePath | None = None
         if cluster is None and settings.native:
             self.native = NativePath(
-                outboxes if outboxes is not None else Outboxes(), seed=native_seed
+                outboxes if outboxes is not None else Outboxes(), seed=self.rng.getrandbits(64)
             )
             # the scanner stamps `ts` from the reading the listener passes it
             self.scan_clock = wall

@@ -89,7 +89,9 @@ class NativePath:
 
     __slots__ = ("index", "outboxes")
 
-    def __init__(self, outboxes: Outboxes, *, seed: int | None = None) -> None:
+    def __init__(self, outboxes: Outboxes, *, seed: int) -> None:
+        """`seed`: the index's SEND receiver picks (from the dialect's rng: the core reads no
+        clock or entropy of its own)."""
         self.outboxes = outboxes
         self.index = SgIndex(seed)
 
