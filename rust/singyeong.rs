@@ -630,6 +630,10 @@ pub fn dispatch_text(out: &mut Vec<u8>, r: &Routable<'_>, ts_ms: u64) {
 
 // ---- queue frames ------------------------------------------------------------------------
 
+/// The longest queue name, in characters (queues.py's MAX_QUEUE_NAME): longer ones, and
+/// empty ones, get Python's op 3.
+pub const MAX_QUEUE_NAME: usize = 256;
+
 /// A QUEUE, QUEUE_REQUEST or QUEUE_ACK read from a JSON frame, for Python to act on without
 /// decoding the frame or walking its dispatch chain (the three frames each queued message
 /// costs). Values Python needs as values (target, payload, nonce) stay JSON text, checked
@@ -657,8 +661,8 @@ pub enum QueueFrame<'a> {
 
 /// The frame, if it is one of the three queue frames in the shape Python's handlers take
 /// (`d` an object with a string `queue`; QUEUE with `target` and `payload`; QUEUE_ACK with a
-/// string `id`); anything else, including every malformed frame, is Python's. Name limits
-/// are Python's to check.
+/// string `id`, a queue name of 1 to `MAX_QUEUE_NAME` characters); anything else, including
+/// every malformed frame, is Python's (whose op 3 quotes the frame's whole `d`).
 pub fn queue_frame(frame: &[u8]) -> Option<QueueFrame<'_>> {
     match read(frame)? {
         Frame::Queue(q) => Some(q),
@@ -676,6 +680,9 @@ fn queue_from(mut r: Reader<'_>, d: Val, kind: u8) -> Option<QueueFrame<'_>> {
         return None;
     }
     let name = text(frame, *name)?;
+    if name.is_empty() || name.chars().count() > MAX_QUEUE_NAME {
+        return None;
+    }
     let slice = |v: &Val| &all[v.start..v.end];
     Some(match kind {
         0 => {
@@ -1094,6 +1101,11 @@ mod tests {
             "1".repeat(MAX_DECODED_INT_DIGITS + 1)
         );
         assert!(queue_frame(long.as_bytes()).is_none());
+        // names Python refuses (its op 3 quotes the whole `d`), counted in characters
+        let named = |n: &str| format!(r#"{{"op":4,"t":"QUEUE_REQUEST","d":{{"queue":"{n}"}}}}"#);
+        assert!(queue_frame(named("").as_bytes()).is_none());
+        assert!(queue_frame(named(&"é".repeat(MAX_QUEUE_NAME + 1)).as_bytes()).is_none());
+        assert!(queue_frame(named(&"é".repeat(MAX_QUEUE_NAME)).as_bytes()).is_some());
     }
 
     #[test]

@@ -432,6 +432,7 @@ QUEUE_SCRIPT = [
     ),
     ("c", '{"op":4,"t":"QUEUE_REQUEST","d":{"queue":"q"}}'),
     ("p", '{"op":4,"t":"QUEUE","d":{"queue":"' + "q" * 300 + '","target":{},"payload":3}}'),
+    ("p", '{"op":4,"t":"QUEUE","d":{"queue":"","target":{},"payload":3,"more":[1]}}'),
     ("p", '{"op":4,"t":"QUEUE","d":{"queue":"q","target":{"ops":{"n":1}},"payload":4}}'),
     ("p", '{"op":4,"t":"QUEUE","d":{"queue":"q","target":{},"nonce":null}}'),
     ("c", '{"op":4,"t":"QUEUE_ACK","d":{"queue":"q","id":"ID0"}}'),
@@ -481,7 +482,7 @@ async def test_queue_frames_read_natively_behave_as_python_s(make_gateway: MakeG
         2,
         {"k": [1.5, "é\n", None]},
     ]
-    assert [f["op"] for f in producer] == [4, 4, 4, 3, 3, 3]
+    assert [f["op"] for f in producer] == [4, 4, 4, 3, 3, 3, 3]
     assert dispatches[("QUEUE_ACK", "ok")] == 1
 
 

@@ -164,10 +164,8 @@ class SingyeongDialect(Dialect):
         self._metadata_due: dict[SgSession, int] = {}
         self._metadata_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        #: repr(target) -> parsed query, for QUEUE (see `_queue_target`)
-        self._queue_targets: dict[str, Query] = {}
-        #: a native QUEUE's target text -> (its value, parsed query), as `_queue_targets`
-        self._queue_texts: dict[str, tuple[Any, Query]] = {}
+        #: QUEUE target key -> (value, parsed query), for both paths (`_cached_target`)
+        self._queue_targets: dict[str, tuple[Any, Query]] = {}
         self._confirms = ConfirmCache()
         self._closed = False
         self.proxy = Proxy(self)
@@ -444,97 +442,103 @@ class SingyeongDialect(Dialect):
         query = self._queue_target(session, t, d["target"])
         if query is None:
             return
-        message = Message(
-            Queues.new_id(),
+        self.queue_message(
+            session,
             name,
             d.get("nonce"),
             d["target"],
+            query,
+            session.frame_bytes,
+            None,
             d["payload"],
-            query=query,
-            size=session.frame_bytes + MESSAGE_OVERHEAD,
         )
-        self.store_message(session, message)
 
     def _queue_target(self, session: SgSession, t: str, target: Any) -> Query | None:
-        """A QUEUE's target, parsed once per distinct text: producers address the same
-        consumers message after message, and parsing (compiling the predicates) cost more
-        than the rest of storing the message. The key is `repr` of the decoded value, which
-        tells apart every JSON and msgpack value (`1`, `1.0` and `True` included) at a tenth
-        of the parse; a query is immutable, so messages share it. ETF values (atoms, tuples)
-        are parsed each time."""
+        """A QUEUE's target, parsed once per distinct value (`_cached_target`). The key is
+        `repr` of the decoded value, which tells apart every JSON and msgpack value (`1`,
+        `1.0` and `True` included) at a tenth of the parse. ETF values (atoms, tuples) are
+        parsed each time."""
         if session.encoding is Encoding.ETF:
             return self._parse_target(session, t, target)
         try:
             key = repr(target)
         except RecursionError:  # nested past any query's depth: parse says why
             return self._parse_target(session, t, target)
+        cached = self._cached_target(session, t, key, target)
+        return None if cached is None else cached[1]
+
+    def _cached_target(
+        self, session: SgSession, t: str, key: str, target: Any, *, text: bool = False
+    ) -> tuple[Any, Query] | None:
+        """(target value, parsed query) for `key`: producers address the same consumers
+        message after message, and parsing (compiling the predicates) cost more than the rest
+        of storing the message; a query is immutable, so messages share it. `text`: `target`
+        is the JSON text `key` itself (the native path), decoded only on a miss.
+
+        One cache for both paths: the Python path's keys are `repr`s, the native path's JSON
+        texts, and a JSON text that is also the `repr` of a value denotes that same value
+        (`1`, `1.0`, `"it's"`, `[1, 2]`; `repr` writes `True`, `None` and single quotes,
+        which JSON does not)."""
         cache = self._queue_targets
-        query = cache.get(key)
-        if query is None:
-            query = self._parse_target(session, t, target)
+        cached = cache.get(key)
+        if cached is None:
+            value = json_value(target) if text else target
+            query = self._parse_target(session, t, value)
             if query is None:
                 return None
             if len(cache) >= QUEUE_TARGET_CACHE:
                 cache.clear()
-            cache[key] = query
-        return query
+            cache[key] = cached = (value, query)
+        return cached
 
     def queue_batch(self, session: SgSession, batch: list[SgQueueFrame]) -> None:
         """Queue frames the native scanner read (native.py), in order: the same handling as
-        `_queue`, `_queue_request` and `_queue_ack` without decoding whole frames or walking
-        `handle` and `dispatch` per frame (three frames per queued message). A name outside
-        the limits takes the handler itself, for its op 3."""
+        `_queue`, `_queue_request` and `_queue_ack` (through the same `queue_message`,
+        `request_queue` and `ack_queue`) without decoding whole frames or walking `handle`
+        and `dispatch` per frame (three frames per queued message). The scanner reads only
+        frames these accept (names within the limits): the others reach `handle` whole."""
         client = session.client
         assert client is not None
         hot = self.metrics.hot
-        queues = self.queues
-        limit = MAX_QUEUE_NAME
         for item in batch:
             if session.closing:  # as `on_message`: nothing more is read from a closing client
                 return
             hot.frames_in += 1
-            kind, name = item[0], item[1]
-            valid = 0 < len(name) <= limit
-            if kind == 2:
-                if not valid:
-                    self._queue_ack(session, client, "QUEUE_ACK", {"queue": name, "id": item[2]})
-                    continue
-                hot.add(_ACK_OK if queues.ack(name, item[2]) else _ACK_UNKNOWN)
-            elif kind == 1:
-                if not valid:
-                    self._queue_request(session, client, "QUEUE_REQUEST", {"queue": name})
-                    continue
-                client.queues.add(name)
-                if not queues.request(name, session):
-                    hot.dispatch("QUEUE_REQUEST", "refused")
-                    session.invalid("too many outstanding QUEUE_REQUESTs", {"queue": name})
-                    continue
-                hot.add(_REQUEST_OK)
+            if item[0] == 2:
+                self.ack_queue(item[1], item[2])
+            elif item[0] == 1:
+                self.request_queue(session, client, "QUEUE_REQUEST", item[1])
             else:
-                self._native_queue(session, client, item)
+                _, name, nonce_text, target_text, payload_text, size, canonical = item
+                cached = self._cached_target(session, "QUEUE", target_text, target_text, text=True)
+                if cached is None:
+                    continue
+                nonce = None if nonce_text is None else json_value(nonce_text)
+                payload = json_value(payload_text)
+                self.queue_message(
+                    session,
+                    name,
+                    nonce,
+                    *cached,
+                    size,
+                    payload_text if canonical else None,
+                    payload,
+                )
 
-    def _native_queue(self, session: SgSession, client: Client, item: SgQueueFrame) -> None:
-        """One native QUEUE: (0, name, nonce text | None, target text, payload text, size,
-        payload text canonical)."""
-        _, name, nonce_text, target_text, payload_text, size, canonical = item
-        nonce = None if nonce_text is None else json_value(nonce_text)
-        payload = json_value(payload_text)
-        if not 0 < len(name) <= MAX_QUEUE_NAME:
-            d = {"queue": name, "target": json_value(target_text), "payload": payload}
-            if nonce_text is not None:
-                d["nonce"] = nonce
-            self._queue(session, client, "QUEUE", d)
-            return
-        cached = self._queue_texts.get(target_text)
-        if cached is None:
-            target = json_value(target_text)
-            query = self._parse_target(session, "QUEUE", target)
-            if query is None:
-                return
-            if len(self._queue_texts) >= QUEUE_TARGET_CACHE:
-                self._queue_texts.clear()
-            self._queue_texts[target_text] = cached = (target, query)
-        target, query = cached
+    def queue_message(
+        self,
+        session: SgSession,
+        name: str,
+        nonce: Any,
+        target: Any,
+        query: Query,
+        frame_size: int,
+        payload_json: str | None,
+        payload: Any,
+    ) -> None:
+        """Store a QUEUE's message (both paths). `payload_json`: the payload's JSON text, kept
+        for JSON consumers (the native path) and charged to the budget with the frame."""
+        extra = 0 if payload_json is None else len(payload_json)
         message = Message(
             Queues.new_id(),
             name,
@@ -542,9 +546,8 @@ class SingyeongDialect(Dialect):
             target,
             payload,
             query=query,
-            # the payload's text is kept beside its value: charged too
-            size=size + MESSAGE_OVERHEAD + (len(payload_text) if canonical else 0),
-            payload_json=payload_text if canonical else None,
+            size=frame_size + MESSAGE_OVERHEAD + extra,
+            payload_json=payload_json,
         )
         self.store_message(session, message)
 
@@ -602,8 +605,11 @@ class SingyeongDialect(Dialect):
 
     def _queue_request(self, session: SgSession, client: Client, t: str, d: Any) -> None:
         name = self._queue_name(session, t, d)
-        if name is None:
-            return
+        if name is not None:
+            self.request_queue(session, client, t, name)
+
+    def request_queue(self, session: SgSession, client: Client, t: str, name: str) -> None:
+        """A QUEUE_REQUEST with a valid name (both paths)."""
         client.queues.add(name)
         if not self.queues.request(name, session):
             self.metrics.hot.dispatch(t, "refused")
@@ -628,6 +634,10 @@ class SingyeongDialect(Dialect):
             self.metrics.hot.dispatch(t, "invalid")
             session.invalid("QUEUE_ACK needs queue and id", d)
             return
+        self.ack_queue(name, message_id)
+
+    def ack_queue(self, name: str, message_id: str) -> None:
+        """A QUEUE_ACK with a valid name and id (both paths)."""
         acked = self.queues.ack(name, message_id)
         self.metrics.hot.add(_ACK_OK if acked else _ACK_UNKNOWN)
 

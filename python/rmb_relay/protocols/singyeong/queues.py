@@ -65,7 +65,8 @@ def _new_id_prefix() -> None:
 
 os.register_at_fork(after_in_child=_new_id_prefix)
 
-#: queue names longer than this are refused (they key memory and Redis)
+#: queue names longer than this are refused (they key memory and Redis); rust/singyeong.rs's
+#: MAX_QUEUE_NAME leaves them to Python
 MAX_QUEUE_NAME = 256
 #: outstanding QUEUE_REQUESTs one client may have on one queue
 MAX_REQUESTS_PER_CLIENT = 10_000
