@@ -1268,7 +1268,7 @@ pub mod py {
                     {
                         let sender = &scanner.inner.pubkey;
                         let ob = &mut outboxes.inner;
-                        if ob.forward(*dest, payload.len(), |out| {
+                        if ob.forward(*dest, crate::ws::OP_BINARY, payload.len(), |out| {
                             write_forward(out, payload, sender)
                         }) {
                             ob.sbd.add(payload.len());

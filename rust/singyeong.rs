@@ -728,15 +728,6 @@ fn app_key(out: &mut Vec<u8>, app: &str, key: &str) {
     out.extend_from_slice(key.as_bytes());
 }
 
-/// Counters of what the native path did (Python adds them to its metrics when read).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Counts {
-    pub frames_in: u64,
-    pub sends: u64,
-    pub broadcasts: u64,
-    pub frames_out: u64,
-}
-
 /// The non-restricted local clients by (application, key, canonical value); see module docs.
 #[derive(Debug, Default)]
 pub struct Index {
@@ -747,7 +738,10 @@ pub struct Index {
     key: Vec<u8>,
     found: Vec<ConnId>,
     text: Vec<u8>,
-    pub counts: Counts,
+    /// SENDs and BROADCASTs answered here (each one frame in; the DISPATCH frames written
+    /// are the outboxes' `sg` count, as RMB's and SBD's are): Python adds them to its metrics
+    pub sends: u64,
+    pub broadcasts: u64,
 }
 
 /// What [`Index::route`] did with a frame.
@@ -937,17 +931,19 @@ impl Index {
         let mut text = std::mem::take(&mut self.text);
         dispatch_text(&mut text, r, ts_ms);
         for &conn in &receivers {
-            outboxes.deliver_text(conn, &text);
+            if outboxes.forward(conn, crate::ws::OP_TEXT, text.len(), |out| {
+                out.copy_from_slice(&text)
+            }) {
+                outboxes.sg.add(text.len());
+            }
         }
         self.text = text;
         let n = receivers.len();
         if r.broadcast {
-            self.counts.broadcasts += 1;
+            self.broadcasts += 1;
         } else {
-            self.counts.sends += 1;
+            self.sends += 1;
         }
-        self.counts.frames_in += 1;
-        self.counts.frames_out += n as u64;
         if r.broadcast {
             self.found = receivers;
         }
@@ -1146,15 +1142,8 @@ mod tests {
             Decision::Python,
             "not a JSON receiver"
         );
-        assert_eq!(
-            ix.counts,
-            Counts {
-                frames_in: 1,
-                sends: 0,
-                broadcasts: 1,
-                frames_out: 2
-            }
-        );
+        assert_eq!((ix.sends, ix.broadcasts), (0, 1));
+        assert_eq!(ob.sg.messages, 2);
     }
 
     #[test]
@@ -1197,7 +1186,7 @@ pub mod py {
     use pyo3::prelude::*;
     use pyo3::types::PyBytes;
 
-    use super::{dispatch_text, routable, Counts, Index};
+    use super::{dispatch_text, routable, Index};
     use crate::forward::py::Outboxes;
 
     /// The native SEND/BROADCAST path's index of one gateway (see `singyeong.rs`): Python
@@ -1244,16 +1233,11 @@ pub mod py {
             self.inner.len()
         }
 
-        /// (frames_in, sends, broadcasts, frames_out) answered natively so far.
+        /// (sends, broadcasts) answered natively so far (their DISPATCH frames: the
+        /// outboxes' `sg_dispatches`).
         #[getter]
-        fn counts(&self) -> (u64, u64, u64, u64) {
-            let Counts {
-                frames_in,
-                sends,
-                broadcasts,
-                frames_out,
-            } = self.inner.counts;
-            (frames_in, sends, broadcasts, frames_out)
+        fn counts(&self) -> (u64, u64) {
+            (self.inner.sends, self.inner.broadcasts)
         }
 
         /// The DISPATCH text the native path writes for `frame` at `ts_ms` (None: the frame

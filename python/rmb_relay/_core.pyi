@@ -599,6 +599,11 @@ class Outboxes:
         """SBD forwards the fast path relayed."""
     @property
     def sbd_bytes(self) -> int: ...
+    @property
+    def sg_dispatches(self) -> int:
+        """신경 DISPATCH frames the native path wrote (one per receiver)."""
+    @property
+    def sg_bytes(self) -> int: ...
     def __repr__(self) -> str: ...
 
 @final
@@ -812,8 +817,9 @@ class SgIndex:
     def remove(self, conn_id: int) -> None: ...
     def __len__(self) -> int: ...
     @property
-    def counts(self) -> tuple[int, int, int, int]:
-        """(frames_in, sends, broadcasts, frames_out) answered natively so far."""
+    def counts(self) -> tuple[int, int]:
+        """(sends, broadcasts) answered natively so far (their DISPATCH frames are
+        `Outboxes.sg_dispatches`)."""
     def dispatch_text(self, frame: bytes, ts_ms: int) -> bytes | None:
         """The DISPATCH text the native path writes for `frame` (None: Python's frame)."""
     def receivers(self, frame: bytes) -> list[int] | None:

@@ -130,5 +130,7 @@ class NativePath:
         self.index.remove(session.peer.id)
 
     def counts(self) -> tuple[int, int, int, int]:
-        """(frames_in, sends, broadcasts, frames_out) answered natively."""
-        return self.index.counts
+        """(frames_in, sends, broadcasts, frames_out) answered natively: each SEND or
+        BROADCAST is one frame in, its DISPATCH frames are the outboxes' count."""
+        sends, broadcasts = self.index.counts
+        return sends + broadcasts, sends, broadcasts, self.outboxes.sg_dispatches
