@@ -993,10 +993,12 @@ pub mod py {
         },
     }
 
-    /// A queue frame as the tuple `SgSession` acts on (see `_core.pyi`, `SgScanner`):
-    /// (0, queue, nonce text | None, target text, payload text, frame bytes, payload text is
-    /// canonical), (1, queue) or (2, queue, id).
+    /// A queue frame as the tuple `SgSession` acts on (see `_core.pyi`, `_SgQueueFrame`):
+    /// (QUEUE, queue, nonce text | None, target text, payload text, the frame's size, payload
+    /// text is canonical), (QUEUE_REQUEST, queue) or (QUEUE_ACK, queue, id), the kinds as
+    /// their numbers.
     fn queue_tuple(py: Python<'_>, q: &QueueFrame<'_>, size: usize) -> PyResult<Py<PyAny>> {
+        let kind = q.kind() as u8;
         Ok(match q {
             QueueFrame::Queue {
                 name,
@@ -1004,12 +1006,12 @@ pub mod py {
                 target,
                 payload,
                 payload_clean,
-            } => (0u8, name, *nonce, *target, *payload, size, *payload_clean)
+            } => (kind, name, *nonce, *target, *payload, size, *payload_clean)
                 .into_pyobject(py)?
                 .into_any()
                 .unbind(),
-            QueueFrame::Request { name } => (1u8, name).into_pyobject(py)?.into_any().unbind(),
-            QueueFrame::Ack { name, id } => (2u8, name, id).into_pyobject(py)?.into_any().unbind(),
+            QueueFrame::Request { name } => (kind, name).into_pyobject(py)?.into_any().unbind(),
+            QueueFrame::Ack { name, id } => (kind, name, id).into_pyobject(py)?.into_any().unbind(),
         })
     }
 

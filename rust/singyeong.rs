@@ -534,9 +534,9 @@ pub fn read(frame: &[u8]) -> Option<Frame<'_>> {
     match t {
         b"\"SEND\"" => routable_from(r, d, false).map(Frame::Route),
         b"\"BROADCAST\"" => routable_from(r, d, true).map(Frame::Route),
-        b"\"QUEUE\"" => queue_from(r, d, 0).map(Frame::Queue),
-        b"\"QUEUE_REQUEST\"" => queue_from(r, d, 1).map(Frame::Queue),
-        b"\"QUEUE_ACK\"" => queue_from(r, d, 2).map(Frame::Queue),
+        b"\"QUEUE\"" => queue_from(r, d, QueueKind::Queue).map(Frame::Queue),
+        b"\"QUEUE_REQUEST\"" => queue_from(r, d, QueueKind::Request).map(Frame::Queue),
+        b"\"QUEUE_ACK\"" => queue_from(r, d, QueueKind::Ack).map(Frame::Queue),
         _ => None,
     }
 }
@@ -659,6 +659,26 @@ pub enum QueueFrame<'a> {
     },
 }
 
+/// The three queue frames, with the numbers Python tells them apart by (the first item of
+/// the tuples `scan.rs` hands over; native.py's QUEUE, QUEUE_REQUEST, QUEUE_ACK).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum QueueKind {
+    Queue = 0,
+    Request = 1,
+    Ack = 2,
+}
+
+impl QueueFrame<'_> {
+    pub fn kind(&self) -> QueueKind {
+        match self {
+            QueueFrame::Queue { .. } => QueueKind::Queue,
+            QueueFrame::Request { .. } => QueueKind::Request,
+            QueueFrame::Ack { .. } => QueueKind::Ack,
+        }
+    }
+}
+
 /// The frame, if it is one of the three queue frames in the shape Python's handlers take
 /// (`d` an object with a string `queue`; QUEUE with `target` and `payload`; QUEUE_ACK with a
 /// string `id`, a queue name of 1 to `MAX_QUEUE_NAME` characters); anything else, including
@@ -670,8 +690,7 @@ pub fn queue_frame(frame: &[u8]) -> Option<QueueFrame<'_>> {
     }
 }
 
-/// `kind`: 0 QUEUE, 1 QUEUE_REQUEST, 2 QUEUE_ACK.
-fn queue_from(mut r: Reader<'_>, d: Val, kind: u8) -> Option<QueueFrame<'_>> {
+fn queue_from(mut r: Reader<'_>, d: Val, kind: QueueKind) -> Option<QueueFrame<'_>> {
     let frame = r.b;
     let all = std::str::from_utf8(frame).ok()?;
     let d = r.object(d)?;
@@ -685,7 +704,7 @@ fn queue_from(mut r: Reader<'_>, d: Val, kind: u8) -> Option<QueueFrame<'_>> {
     }
     let slice = |v: &Val| &all[v.start..v.end];
     Some(match kind {
-        0 => {
+        QueueKind::Queue => {
             let payload = get(&d, b"payload")?;
             QueueFrame::Queue {
                 name,
@@ -695,8 +714,8 @@ fn queue_from(mut r: Reader<'_>, d: Val, kind: u8) -> Option<QueueFrame<'_>> {
                 payload_clean: r.clean(*payload),
             }
         }
-        1 => QueueFrame::Request { name },
-        _ => {
+        QueueKind::Request => QueueFrame::Request { name },
+        QueueKind::Ack => {
             let id = get(&d, b"id")?;
             if id.kind != Kind::Str || !r.clean(*id) {
                 return None;

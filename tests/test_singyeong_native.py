@@ -23,6 +23,7 @@ from rmb_relay.protocols.singyeong.codec import DecodeError, Encoding, decode, e
 from rmb_relay.protocols.singyeong.native import index_values
 from rmb_relay.protocols.singyeong.query import QueryError, parse
 from tests.helpers import eventually
+from tests.scrape import scrape
 from tests.sg_client import SgClient
 from tests.sg_fixtures import Gateway, MakeGateway, make_gateway
 
@@ -330,6 +331,8 @@ async def test_native_send_and_broadcast_are_delivered_and_counted(
     assert dispatches[("SEND", "delivered")] == 1
     assert dispatches[("BROADCAST", "delivered")] == 1
     assert gateway.dialect.metrics.frames_in() == before + 2
+    page = await scrape(*gateway.address)
+    assert page.value("rmb_relay_messages_out_total", dialect="singyeong") == 4
 
 
 async def test_frames_that_fall_back_to_python_keep_their_order(make_gateway: MakeGateway) -> None:

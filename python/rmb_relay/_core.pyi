@@ -4,7 +4,7 @@ Each section below belongs to one Rust file; keep it in step with that file.
 """
 
 from collections.abc import Callable
-from typing import Any, Final, final
+from typing import Any, Final, Literal, final
 
 # ---- error.rs -------------------------------------------------------------------------------
 
@@ -255,11 +255,11 @@ class WsMessage:
     # A dialect knows which scanner it installed: it annotates the routing it reads (no
     # isinstance per message on the hot path).
     @property
-    def routing(self) -> EnvelopeRouting | SbdRouting | list[SgQueueFrame] | None:
+    def routing(self) -> EnvelopeRouting | SbdRouting | list[_SgQueueFrame] | None:
         """With a scanner: what it made of the message, read in the same call as the frame:
         EnvelopeRouting (EnvelopeScanner, RmbScanner), SbdRouting (SbdScanner) or None. From
         an SgScanner: None, or for a message with no data, the queue frames it read since the
-        previous event (`SgQueueFrame`), to be handled in order before the next one."""
+        previous event (`_SgQueueFrame`), to be handled in order before the next one."""
     @property
     def scan_error(self) -> str | None:
         """With a scanner: why the message has no routing (not an envelope, shorter than the
@@ -825,16 +825,23 @@ class SgIndex:
     def receivers(self, frame: bytes) -> list[int] | None:
         """The connections the native path would write `frame` to (None: Python decides)."""
 
-#: a queue frame an SgScanner read: (0, queue, nonce JSON | None, target JSON, payload JSON,
-#: frame bytes, payload JSON is what Python's encoder writes) for QUEUE, (1, queue) for
-#: QUEUE_REQUEST, (2, queue, id) for QUEUE_ACK
-SgQueueFrame = tuple[Any, ...]
+# The queue frames an SgScanner reads (rust/singyeong.rs, QueueKind; the kinds are
+# native.py's QUEUE, QUEUE_REQUEST, QUEUE_ACK). Plain tuples at run time: private here (no
+# run-time name for stubtest to find), named `SgQueueFrame` in native.py.
+#: QUEUE: (0, queue, nonce JSON | None, target JSON, payload JSON, the frame's size in bytes,
+#: the payload JSON is what Python's encoder writes)
+_SgQueue = tuple[Literal[0], str, str | None, str, str, int, bool]
+#: QUEUE_REQUEST: (1, queue)
+_SgQueueRequest = tuple[Literal[1], str]
+#: QUEUE_ACK: (2, queue, id)
+_SgQueueAck = tuple[Literal[2], str, str]
+_SgQueueFrame = _SgQueue | _SgQueueRequest | _SgQueueAck
 
 @final
 class SgScanner:
     """Scanner of one JSON 신경 connection: once `ready`, its SEND/BROADCAST frames that
     `index` can answer exactly are written into the receivers' `outboxes` inside `feed` (no
-    event), and its QUEUE / QUEUE_REQUEST / QUEUE_ACK frames come as `SgQueueFrame` tuples in
+    event), and its QUEUE / QUEUE_REQUEST / QUEUE_ACK frames come as `_SgQueueFrame` tuples in
     batches (`WsMessage.routing`); every other frame, and every later one of the same read,
     goes to Python as it came. The
     decoder's `now` must be the wall clock (ns): it stamps the frames' `ts`."""

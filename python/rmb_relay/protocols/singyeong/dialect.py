@@ -39,7 +39,7 @@ from rmb_relay.protocols.singyeong.cluster import SgCluster
 from rmb_relay.protocols.singyeong.codec import Encoding, encode, json_value
 from rmb_relay.protocols.singyeong.hotframes import ConfirmCache
 from rmb_relay.protocols.singyeong.metrics import SgMetrics
-from rmb_relay.protocols.singyeong.native import NativePath
+from rmb_relay.protocols.singyeong.native import QUEUE_ACK, QUEUE_REQUEST, NativePath
 from rmb_relay.protocols.singyeong.proxy import Proxy
 from rmb_relay.protocols.singyeong.query import (
     Query,
@@ -59,9 +59,10 @@ from rmb_relay.protocols.singyeong.session import SgSession
 from rmb_relay.protocols.singyeong.settings import SgSettings
 
 if TYPE_CHECKING:
-    from rmb_relay._core import HttpRequest, SgQueueFrame
+    from rmb_relay._core import HttpRequest
     from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
     from rmb_relay.cluster.node import Cluster
+    from rmb_relay.protocols.singyeong.native import SgQueueFrame
     from rmb_relay.telemetry.metrics import Registry
 
 log = logging.getLogger("rmb_relay.singyeong")
@@ -401,6 +402,7 @@ class SingyeongDialect(Dialect):
     def _send_all(self, sessions: list[Any], frame: Any) -> None:
         """One encode per encoding, whatever the number of receivers."""
         encoded: dict[Encoding, bytes] = {}
+        sent = 0
         for session in sessions:
             if session is None or session.closing:
                 continue
@@ -408,7 +410,8 @@ class SingyeongDialect(Dialect):
             if data is None:
                 data = encoded[session.encoding] = encode(session.encoding, frame)
             session.send_encoded(data)
-        self.metrics.hot.frames_out += len(sessions)
+            sent += 1
+        self.metrics.hot.frames_out += sent
 
     def _query_nodes(self, session: SgSession, client: Client, t: str, d: Any) -> None:
         query = self._parse_target(session, t, d)
@@ -504,9 +507,9 @@ class SingyeongDialect(Dialect):
             if session.closing:  # as `on_message`: nothing more is read from a closing client
                 return
             hot.frames_in += 1
-            if item[0] == 2:
+            if item[0] == QUEUE_ACK:
                 self.ack_queue(item[1], item[2])
-            elif item[0] == 1:
+            elif item[0] == QUEUE_REQUEST:
                 self.request_queue(session, client, "QUEUE_REQUEST", item[1])
             else:
                 _, name, nonce_text, target_text, payload_text, size, canonical = item

@@ -24,13 +24,31 @@ live in Python) and with `SgSettings.native = False`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from rmb_relay._core import Outboxes, SgIndex, SgScanner, WsDecoder
 
 if TYPE_CHECKING:
+    from rmb_relay._core import _SgQueueFrame as SgQueueFrame
     from rmb_relay.protocols.singyeong.clients import Client
     from rmb_relay.protocols.singyeong.session import SgSession
+
+#: the kinds of queue frame an SgScanner reads (`SgQueueFrame`'s first item; rust's QueueKind)
+QUEUE: Final = 0
+QUEUE_REQUEST: Final = 1
+QUEUE_ACK: Final = 2
+
+__all__ = [
+    "QUEUE",
+    "QUEUE_ACK",
+    "QUEUE_REQUEST",
+    "VOLATILE_KEY",
+    "NativePath",
+    "SgQueueFrame",
+    "encodes",
+    "index_value",
+    "index_values",
+]
 
 #: the gateway key that changes on every heartbeat: not indexed (rust's VOLATILE_KEY)
 VOLATILE_KEY = "last_heartbeat_time"
