@@ -50,7 +50,7 @@ const MAX_OPS: usize = 8;
 const MAX_KEYS: usize = 64;
 /// Integers of more digits go to Python (its `int` parse has a digit limit of its own), and
 /// index values of more digits are tainted: the canonical text must be the decimal one.
-const MAX_INT_DIGITS: usize = 18;
+pub const MAX_INT_DIGITS: usize = 18;
 /// Payload integers up to this many digits are copied verbatim (Python re-encodes them the
 /// same); longer ones go to Python, which applies its own `int` digit limit.
 const MAX_PAYLOAD_INT_DIGITS: usize = 300;
@@ -1332,6 +1332,10 @@ pub mod py {
     pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_class::<SgIndex>()?;
         m.add_class::<SgScanner>()?;
+        // the limits Python must agree with, defined here once
+        m.add("SG_VOLATILE_KEY", super::VOLATILE_KEY)?;
+        m.add("SG_MAX_INT_DIGITS", super::MAX_INT_DIGITS)?;
+        m.add("SG_MAX_QUEUE_NAME", super::MAX_QUEUE_NAME)?;
         Ok(())
     }
 }

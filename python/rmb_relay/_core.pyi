@@ -800,6 +800,13 @@ class SbdRouting:
         """Index of this forward's route record in the scanner's RecordBuffer (set when
         `dest_conn_id` is); -1 otherwise."""
 
+#: the 신경 metadata key that changes on every heartbeat: never in the native index
+SG_VOLATILE_KEY: Final[str]
+#: integers of more digits are left to Python by the native path (index values: tainted)
+SG_MAX_INT_DIGITS: Final[int]
+#: the longest queue name, in characters (longer ones are refused)
+SG_MAX_QUEUE_NAME: Final[int]
+
 @final
 class SgIndex:
     """The 신경 gateway's native SEND/BROADCAST index (rust/singyeong.rs): the non-restricted

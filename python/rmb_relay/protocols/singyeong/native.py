@@ -26,7 +26,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final
 
-from rmb_relay._core import Outboxes, SgIndex, SgScanner, WsDecoder
+from rmb_relay._core import (
+    SG_MAX_INT_DIGITS,
+    SG_VOLATILE_KEY,
+    Outboxes,
+    SgIndex,
+    SgScanner,
+    WsDecoder,
+)
+from rmb_relay.protocols.singyeong.clients import index_key
 
 if TYPE_CHECKING:
     from rmb_relay._core import _SgQueueFrame as SgQueueFrame
@@ -50,30 +58,28 @@ __all__ = [
     "index_values",
 ]
 
-#: the gateway key that changes on every heartbeat: not indexed (rust's VOLATILE_KEY)
-VOLATILE_KEY = "last_heartbeat_time"
-#: integers of more digits are left to Python (rust's MAX_INT_DIGITS)
-_INT_LIMIT = 10**18
+#: the gateway key that changes on every heartbeat: not indexed (defined in rust/singyeong.rs)
+VOLATILE_KEY = SG_VOLATILE_KEY
+#: integers of more digits are tainted (rust's MAX_INT_DIGITS)
+_INT_LIMIT = 10**SG_MAX_INT_DIGITS
 
 
 def index_value(value: Any, kind: str | None) -> bytes | bool | None:
-    """The canonical bytes of a metadata value for the index; None: tainted (a `$eq` on it
-    must be answered by Python: floats equal integers, versions compare by semver, long
-    integers); False: no scalar `$eq` can match it (lists, maps, null), so it is left out."""
+    """The canonical bytes of a metadata value for the index: Python's bucket (`index_key`)
+    as Rust spells it. None: tainted (a `$eq` on it must be answered by Python: floats equal
+    integers, versions compare by semver, long integers, strings Rust cannot hold); False: no
+    scalar `$eq` can match it (lists, maps, null, NaN), so it is left out."""
     if kind == "version":
         return None
-    if isinstance(value, bool):
-        return b"b1" if value else b"b0"
-    if isinstance(value, int):
-        return b"n%d" % value if -_INT_LIMIT < value < _INT_LIMIT else None
-    if isinstance(value, float):
-        return None
-    if isinstance(value, str):
-        try:
-            return b"s" + value.encode()
-        except UnicodeEncodeError:  # a lone surrogate: Rust strings cannot hold it
-            return None
-    return False
+    bucket = index_key(value, kind)
+    if bucket is None:
+        return False
+    tag, v = bucket
+    if tag == "b":
+        return b"b1" if v else b"b0"
+    if tag == "n":
+        return b"n%d" % v if isinstance(v, int) and -_INT_LIMIT < v < _INT_LIMIT else None
+    return b"s" + v.encode() if encodes(v) else None
 
 
 def encodes(text: str) -> bool:

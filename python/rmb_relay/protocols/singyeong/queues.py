@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rmb_relay._core import SG_MAX_QUEUE_NAME
 from rmb_relay.budget import ByteBudget
 from rmb_relay.protocols.singyeong.query import Query, parse
 
@@ -65,9 +66,9 @@ def _new_id_prefix() -> None:
 
 os.register_at_fork(after_in_child=_new_id_prefix)
 
-#: queue names longer than this are refused (they key memory and Redis); rust/singyeong.rs's
-#: MAX_QUEUE_NAME leaves them to Python
-MAX_QUEUE_NAME = 256
+#: queue names longer than this are refused (they key memory and Redis); defined in
+#: rust/singyeong.rs, whose native path leaves them to Python
+MAX_QUEUE_NAME = SG_MAX_QUEUE_NAME
 #: outstanding QUEUE_REQUESTs one client may have on one queue
 MAX_REQUESTS_PER_CLIENT = 10_000
 #: bytes of messages one queue may hold in memory (all states): one consumer's absence stops
