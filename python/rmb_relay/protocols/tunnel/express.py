@@ -4,9 +4,10 @@ Why: on the task path (client.py) most of the relay's CPU per tunnelled request 
 machinery around the request rather than to it — a task, a timeout scope, the router's
 coroutine chain, a future and the awaits through them (py-spy, issue #13). The common case
 needs none of it: a small request whose head and body came in one read, for a tenant that
-needs no token or presents one already verified, with a connector of that tenant here that has room. It is encoded (the Rust
-codec, wire.py) into that connector's outbox while the client's read is processed, and the
-connector's `Deliver` writes the client's answer at once, from inside the connector's read.
+needs no token or with a token already verified, with a connector of that tenant here that
+has room. It is encoded (the Rust codec, wire.py) into that connector's outbox while the
+client's read is processed, and the connector's `Deliver` writes the client's answer at once,
+from inside the connector's read.
 
 Taken here (`offer` returns the abandon call) only when all of these hold, else declined
 (None) and client.py serves the request as before, body untouched:
