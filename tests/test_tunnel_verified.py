@@ -36,7 +36,7 @@ def test_the_least_recently_used_token_leaves_first() -> None:
     assert len(cache) == 2
     assert cache.get("b", 0) is None
     assert (cache.get("a", 0), cache.get("c", 0)) == ("A", "C")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="at least one"):
         VerifiedTokens(0)
 
 
