@@ -40,6 +40,19 @@ async def test_echo_text_and_binary(start_relay: StartRelay) -> None:
         assert await asyncio.wait_for(ws.recv(), WAIT) == b"\x00\x01\x02"
 
 
+async def test_an_upgraded_connection_keeps_no_http_idle_timer(start_relay: StartRelay) -> None:
+    """The HTTP idle timer stays armed across keep-alive requests (one per connection, not one
+    per request); a websocket must drop it at the upgrade, or each idle websocket holds a timer
+    (~600 bytes) for the idle timeout after its upgrade (bench.scenarios idle)."""
+    server = await start_relay([EchoDialect()], http_idle_timeout=300.0)
+    async with connect(ws_url(server)) as ws:
+        await ws.send("x")
+        assert await asyncio.wait_for(ws.recv(), WAIT) == "x"
+        (conn,) = server.connections.values()
+        assert conn.is_open
+        assert conn._http_timer is None
+
+
 async def test_fragmented_message_is_reassembled(start_relay: StartRelay) -> None:
     server = await start_relay([EchoDialect()])
     async with connect(ws_url(server)) as ws:

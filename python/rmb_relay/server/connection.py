@@ -1077,6 +1077,10 @@ class Connection(asyncio.Protocol):
             outboxes.open(self.conn_id, self)
             outboxes.set_congested(self.conn_id, self.congested)
             self._outboxes = outboxes
+        timer = self._http_timer  # the keep-alive idle timer (`_arm_idle_timer`) is HTTP's:
+        if timer is not None:  # held to its deadline, it cost every idle websocket ~600 bytes
+            self._http_timer = None
+            timer.cancel()
         self.state = State.WEBSOCKET
         self.server.websocket_opened(self)
         with self.batch():
