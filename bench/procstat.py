@@ -13,17 +13,16 @@ from tests.redis_process import free_port as free_port
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU the process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS
-
-
 def cpu_split(pid: int) -> tuple[float, float]:
     """(user, system) CPU seconds the process has used so far: what it spent itself and what
     the kernel spent for it (its writes, mostly)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return int(fields[11]) / TICKS, int(fields[12]) / TICKS
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU the process has used so far."""
+    return sum(cpu_split(pid))
 
 
 def children(pid: int) -> list[int]:

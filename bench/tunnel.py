@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
+import aiohttp
 import uvloop
 from aiohttp import web
 
@@ -309,6 +310,7 @@ async def measure(
     pids: dict[str, int],
     rate: float | None = None,
     arrivals: str = "poisson",
+    token: str | None = None,
 ) -> Result:
     """`clients` connections for `seconds` after a warm-up; CPU per request is counted over
     the same window as the rate (warm-up excluded), from /proc for the parties and from this
@@ -321,7 +323,8 @@ async def measure(
     load_start = os.getloadavg()[0]
     request = (
         f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/octet-stream\r\n"
-        f"Content-Length: {len(body)}\r\n\r\n"
+        + (f"Authorization: Bearer {token}\r\n" if token else "")
+        + f"Content-Length: {len(body)}\r\n\r\n"
     ).encode() + body
     interval = clients / rate if rate else None
     run = _Run(
@@ -403,10 +406,10 @@ def spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     return process
 
 
-async def wait_ready(port: int, path: str) -> None:
+async def wait_ready(port: int, path: str, token: str | None = None) -> None:
     for _ in range(200):
         try:
-            await measure(port, path, 1, 1, 0.01, {})
+            await measure(port, path, 1, 1, 0.01, {}, token=token)
             return
         except (OSError, RuntimeError, asyncio.IncompleteReadError):
             await asyncio.sleep(0.05)
@@ -429,8 +432,30 @@ def tenant_home(prefix: str) -> tuple[Path, dict[str, str], str]:
     return tmp, env, db
 
 
+async def bearer_token(port: int) -> str:
+    """A connector token for `acme` from the relay's `POST /tunnel/token` (client credentials)."""
+    form = {"grant_type": "client_credentials", "client_id": "acme", "client_secret": SECRET}
+    for _ in range(200):  # until the relay is up
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(f"http://127.0.0.1:{port}/tunnel/token", data=form) as reply,
+            ):
+                reply.raise_for_status()
+                return str((await reply.json())["access_token"])
+        except aiohttp.ClientConnectionError:
+            await asyncio.sleep(0.05)
+    raise SystemExit(f"no token from the relay on {port}")
+
+
 async def run(args: argparse.Namespace) -> list[Result]:
     tmp, env, db = tenant_home("tunnel-bench-")
+    if args.auth:  # clients of `acme` must send a bearer token (the generator's: `--auth`)
+        _run_sync(
+            [sys.executable, "-m", "rmb_relay", "tenants", "--twins", db,
+             "set", "acme", "--require-auth", "yes"],
+            check=True, env=env, capture_output=True,
+        )  # fmt: skip
     py = sys.executable
     target_port, relay_port, base_port = free_port(), free_port(), free_port()
     target_url = f"http://127.0.0.1:{target_port}"
@@ -458,6 +483,8 @@ async def run(args: argparse.Namespace) -> list[Result]:
                 "--no-sbd",
                 "--tunnel-body-store",
                 str(tmp / "bodies"),
+                # a token that outlives the run (the generator fetches one at the start)
+                *(["--tunnel-token-ttl", "86400"] if args.auth else []),
                 *args.relay_flag,
             ],
             env,
@@ -488,6 +515,7 @@ async def run(args: argparse.Namespace) -> list[Result]:
         "baseline": (base_port, "/relay/echo", ("baseline", "baseline-connector", "target")),
     }
     results: list[Result] = []
+    token: str | None = None
 
     def show(result: Result, label: str) -> None:
         print(
@@ -500,8 +528,10 @@ async def run(args: argparse.Namespace) -> list[Result]:
         )
 
     try:
-        for port, path, _ in routes.values():
-            await wait_ready(port, path)
+        if args.auth:
+            token = await bearer_token(relay_port)
+        for route, (port, path, _) in routes.items():
+            await wait_ready(port, path, token if route == "tunnel" else None)
         if args.connectors > 1:
             await asyncio.sleep(1.0)  # one connector answered; give the others time to join
         for size in args.sizes:
@@ -511,8 +541,9 @@ async def run(args: argparse.Namespace) -> list[Result]:
                         continue
                     pids = {name: processes[name].pid for name in parties}
                     result = await measure(
-                        port, path, size, clients, args.seconds, pids, args.rate, args.arrivals
-                    )
+                        port, path, size, clients, args.seconds, pids, args.rate, args.arrivals,
+                        token if route == "tunnel" else None,
+                    )  # fmt: skip
                     result.route = route
                     results.append(result)
                     show(result, route)
@@ -528,8 +559,9 @@ async def run(args: argparse.Namespace) -> list[Result]:
                         port, path, parties = routes[route]
                         pids = {name: processes[name].pid for name in parties}
                         result = await measure(
-                            port, path, 1024, 64, args.seconds, pids, rate, args.arrivals
-                        )
+                            port, path, 1024, 64, args.seconds, pids, rate, args.arrivals,
+                            token if route == "tunnel" else None,
+                        )  # fmt: skip
                         result.route = route
                         results.append(result)
                         show(result, f"half {rate:.0f}/s {route}")
@@ -576,6 +608,12 @@ def main() -> None:
     )
     parser.add_argument(
         "--half-repeat", type=int, default=1, help="--half-load rows per route (interleaved)"
+    )
+    parser.add_argument(
+        "--auth",
+        action="store_true",
+        help="the tunnel's tenant requires a bearer token; the generator sends one from "
+        "POST /tunnel/token",
     )
     parser.add_argument("--routes", nargs="*", default=["direct", "tunnel", "baseline"])
     parser.add_argument(

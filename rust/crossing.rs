@@ -136,7 +136,9 @@ pub fn place(
             break;
         };
         let frame = record.frame;
-        if !outboxes.forward(dest, frame.len(), |out| out.copy_from_slice(frame)) {
+        if !outboxes.forward(dest, crate::ws::OP_BINARY, frame.len(), |out| {
+            out.copy_from_slice(frame)
+        }) {
             break;
         }
         outboxes.crossing.placed.add(frame.len());

@@ -23,7 +23,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 
 use crate::crossing::Crossing;
 use crate::routes::ConnId;
-use crate::ws::{frame_len, write_header, OP_BINARY, OP_TEXT};
+use crate::ws::{frame_len, write_header, OP_BINARY};
 
 /// A buffer that grew past this for a burst is not kept for reuse after it is written.
 const KEEP_CAPACITY: usize = 256 << 10;
@@ -113,6 +113,8 @@ pub struct Outboxes {
     pub spares: Spares,
     pub rmb: Count,
     pub sbd: Count,
+    /// the 신경 gateway's DISPATCH frames written by its native path (`singyeong.rs`)
+    pub sg: Count,
     /// records for other instances' bus streams (`crossing.rs`)
     pub crossing: Crossing,
 }
@@ -125,14 +127,9 @@ fn ready<'b>(buf: &'b mut Vec<u8>, spares: &Spares) -> &'b mut Vec<u8> {
     buf
 }
 
-/// Append one binary frame of `len` payload bytes to `buf`, the payload written by `fill`;
-/// the range of the payload.
-fn append_frame(buf: &mut Vec<u8>, len: usize, fill: impl FnOnce(&mut [u8])) -> (usize, usize) {
-    append_frame_op(buf, OP_BINARY, len, fill)
-}
-
-/// [`append_frame`] with any data opcode (the 신경 JSON gateway's frames are text).
-fn append_frame_op(
+/// Append one data frame (`opcode`: binary for RMB/SBD, text for the 신경 JSON gateway) of
+/// `len` payload bytes to `buf`, the payload written by `fill`; the range of the payload.
+fn append_frame(
     buf: &mut Vec<u8>,
     opcode: u8,
     len: usize,
@@ -212,12 +209,19 @@ impl Outboxes {
         }
     }
 
-    /// Fast path: one binary frame of `len` bytes (written by `fill`) for `id`, which must
-    /// [`accept`](Self::accepts) it; false (nothing written) if it does not.
-    pub fn forward(&mut self, id: ConnId, len: usize, fill: impl FnOnce(&mut [u8])) -> bool {
+    /// Fast path: one data frame of `len` bytes (written by `fill`) for `id`, which must
+    /// [`accept`](Self::accepts) it; false (nothing written) if it does not. `opcode`:
+    /// [`OP_BINARY`] (RMB, SBD) or [`OP_TEXT`] (the 신경 gateway, `singyeong.rs`).
+    pub fn forward(
+        &mut self,
+        id: ConnId,
+        opcode: u8,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]),
+    ) -> bool {
         match self.boxes.get_mut(&id) {
             Some(b) if b.accepts() => {
-                append_frame(ready(&mut b.buf, &self.spares), len, fill);
+                append_frame(ready(&mut b.buf, &self.spares), opcode, len, fill);
                 self.mark(id);
                 true
             }
@@ -225,42 +229,15 @@ impl Outboxes {
         }
     }
 
-    /// Fast path of the 신경 gateway (`singyeong.rs`): one text frame of `payload` for `id`,
-    /// which must [`accept`](Self::accepts) it; false (nothing written) if it does not.
-    pub fn deliver_text(&mut self, id: ConnId, payload: &[u8]) -> bool {
-        match self.boxes.get_mut(&id) {
-            Some(b) if b.accepts() => {
-                append_frame_op(
-                    ready(&mut b.buf, &self.spares),
-                    OP_TEXT,
-                    payload.len(),
-                    |out| out.copy_from_slice(payload),
-                );
-                self.mark(id);
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// Python's send of one text frame of `payload` (ignored for an unknown connection).
-    pub fn push_text(&mut self, id: ConnId, payload: &[u8]) {
+    /// Python's send: one data frame of `payload` (ignored for an unknown connection).
+    pub fn push(&mut self, id: ConnId, opcode: u8, payload: &[u8]) {
         if let Some(b) = self.boxes.get_mut(&id) {
-            append_frame_op(
+            append_frame(
                 ready(&mut b.buf, &self.spares),
-                OP_TEXT,
+                opcode,
                 payload.len(),
                 |out| out.copy_from_slice(payload),
             );
-        }
-    }
-
-    /// Python's send: one binary frame of `payload` (ignored for an unknown connection).
-    pub fn push(&mut self, id: ConnId, payload: &[u8]) {
-        if let Some(b) = self.boxes.get_mut(&id) {
-            append_frame(ready(&mut b.buf, &self.spares), payload.len(), |out| {
-                out.copy_from_slice(payload)
-            });
         }
     }
 
@@ -314,7 +291,7 @@ impl Outboxes {
             Some(b) => ready(&mut b.buf, &self.spares),
             None => &mut self.scratch,
         };
-        let (frame_start, payload_start) = append_frame(buf, len, fill);
+        let (frame_start, payload_start) = append_frame(buf, OP_BINARY, len, fill);
         Staged {
             at,
             frame_start,
@@ -393,7 +370,7 @@ impl Outboxes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ws::encode_frame;
+    use crate::ws::{encode_frame, OP_TEXT};
 
     fn taken(o: &mut Outboxes, id: ConnId) -> Vec<u8> {
         o.take(id).unwrap_or_default()
@@ -409,16 +386,16 @@ mod tests {
     fn text_frames_match_the_encoder_and_the_fast_path_needs_acceptance() {
         let mut o = Outboxes::new();
         o.open(1);
-        o.push_text(1, b"{\"a\":1}");
-        assert!(o.deliver_text(1, b"[2]"));
-        o.push(1, b"bin");
+        o.push(1, OP_TEXT, b"{\"a\":1}");
+        assert!(o.forward(1, OP_TEXT, 3, |out| out.copy_from_slice(b"[2]")));
+        o.push(1, OP_BINARY, b"bin");
         let mut want = encode_frame(OP_TEXT, b"{\"a\":1}", true, None);
         want.extend(encode_frame(OP_TEXT, b"[2]", true, None));
         want.extend(encode_frame(OP_BINARY, b"bin", true, None));
         assert_eq!(taken(&mut o, 1), want);
         o.set_congested(1, true);
-        assert!(!o.deliver_text(1, b"x"));
-        assert!(!o.deliver_text(2, b"x"), "no outbox");
+        assert!(!o.forward(1, OP_TEXT, 1, |out| out[0] = b'x'));
+        assert!(!o.forward(2, OP_TEXT, 1, |out| out[0] = b'x'), "no outbox");
         assert_eq!(o.pending(1), 0);
     }
 
@@ -426,12 +403,12 @@ mod tests {
     fn written_buffers_are_reused() {
         let mut o = Outboxes::new();
         o.open(1);
-        o.push(1, &[7; 1000]);
+        o.push(1, OP_BINARY, &[7; 1000]);
         let first = o.take(1).unwrap();
         o.spares.give(first);
         assert_eq!(o.spares.len(), 1);
         assert_eq!(o.pending(1), 0);
-        o.push(1, b"x");
+        o.push(1, OP_BINARY, b"x");
         assert_eq!(
             o.spares.len(),
             0,
@@ -440,7 +417,7 @@ mod tests {
         let second = o.take(1).unwrap();
         assert_eq!(second.len(), 3);
         assert!(second.capacity() >= 1000, "appended into the reused buffer");
-        o.push(1, b"y");
+        o.push(1, OP_BINARY, b"y");
         assert_eq!(taken(&mut o, 1).len(), 3, "no spare left: a new buffer");
         o.spares.give(vec![0; KEEP_CAPACITY + 1]);
         assert!(o.spares.is_empty(), "big buffers are not kept");
@@ -450,8 +427,8 @@ mod tests {
     fn frames_and_raw_bytes_keep_their_order() {
         let mut o = Outboxes::new();
         o.open(1);
-        o.push(1, b"a");
-        assert!(o.forward(1, 2, |out| out.copy_from_slice(b"bc")));
+        o.push(1, OP_BINARY, b"a");
+        assert!(o.forward(1, OP_BINARY, 2, |out| out.copy_from_slice(b"bc")));
         o.push_raw(1, b"RAW");
         let want = [
             encode_frame(OP_BINARY, b"a", true, None),
@@ -469,7 +446,7 @@ mod tests {
             let mut o = Outboxes::new();
             o.open(7);
             let payload = vec![0xA5; len];
-            assert!(o.forward(7, len, |out| out.copy_from_slice(&payload)));
+            assert!(o.forward(7, OP_BINARY, len, |out| out.copy_from_slice(&payload)));
             assert_eq!(
                 taken(&mut o, 7),
                 encode_frame(OP_BINARY, &payload, true, None),
@@ -481,10 +458,10 @@ mod tests {
     #[test]
     fn fast_path_appends_only_where_accepted() {
         let mut o = Outboxes::new();
-        assert!(!o.forward(1, 0, |_| ()), "unknown connection");
+        assert!(!o.forward(1, OP_BINARY, 0, |_| ()), "unknown connection");
         o.open(1);
         o.set_congested(1, true);
-        assert!(!o.accepts(1) && !o.forward(1, 0, |_| ()));
+        assert!(!o.accepts(1) && !o.forward(1, OP_BINARY, 0, |_| ()));
         o.set_congested(1, false);
         o.set_held(1, true);
         assert!(!o.accepts(1));
@@ -503,18 +480,18 @@ mod tests {
             o.open(id);
         }
         for id in [1, 2, 1, 1] {
-            o.forward(id, 1, |out| out[0] = id as u8);
+            o.forward(id, OP_BINARY, 1, |out| out[0] = id as u8);
         }
-        o.push(3, b"python"); // Python flushes its own sends
+        o.push(3, OP_BINARY, b"python"); // Python flushes its own sends
         let got = drained(&mut o);
         assert_eq!(got.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [1, 2]);
         assert_eq!(got[0].1.len(), 9);
         assert!(drained(&mut o).is_empty());
         // taken by a Python flush before the drain: nothing left to drain
-        o.forward(2, 1, |out| out[0] = 0);
+        o.forward(2, OP_BINARY, 1, |out| out[0] = 0);
         taken(&mut o, 2);
         assert!(drained(&mut o).is_empty());
-        o.forward(2, 1, |out| out[0] = 0);
+        o.forward(2, OP_BINARY, 1, |out| out[0] = 0);
         assert_eq!(drained(&mut o).len(), 1, "listed again after a drain");
     }
 
@@ -522,7 +499,7 @@ mod tests {
     fn staged_in_the_guessed_outbox_is_copied_once() {
         let mut o = Outboxes::new();
         o.open(1);
-        o.push(1, b"first");
+        o.push(1, OP_BINARY, b"first");
         let before = o.pending(1);
         let s = o.stage(Some(1), 3, |out| out.copy_from_slice(b"xyz"));
         assert_eq!(s.at, Some(1));
@@ -565,7 +542,7 @@ mod tests {
     fn crossed_messages_become_records_and_leave_the_outboxes_as_they_were() {
         let mut o = Outboxes::new();
         o.open(1);
-        o.push(1, b"first");
+        o.push(1, OP_BINARY, b"first");
         let before = o.pending(1);
         for guess in [Some(1), None] {
             let s = o.stage(guess, 3, |out| out.copy_from_slice(b"env"));
@@ -600,6 +577,7 @@ pub mod py {
     use crate::lent::py::fill_read_only_view;
     use crate::routes::py::RouteTable;
     use crate::routes::ConnId;
+    use crate::ws::{OP_BINARY, OP_TEXT};
 
     /// A taken outbox's bytes, lent to the transport through the buffer protocol (no copy);
     /// the buffer goes back to the outboxes' spares when the transport lets go of it.
@@ -725,14 +703,14 @@ pub mod py {
 
         /// One binary frame of `payload`, after whatever is queued.
         fn push(&mut self, conn_id: ConnId, payload: &[u8]) {
-            self.inner.push(conn_id, payload);
+            self.inner.push(conn_id, OP_BINARY, payload);
         }
 
         /// One binary frame per payload, in order.
         fn push_many(&mut self, conn_id: ConnId, payloads: &Bound<'_, PyList>) -> PyResult<()> {
             for p in payloads.iter() {
                 self.inner
-                    .push(conn_id, p.downcast::<PyBytes>()?.as_bytes());
+                    .push(conn_id, OP_BINARY, p.downcast::<PyBytes>()?.as_bytes());
             }
             Ok(())
         }
@@ -740,7 +718,7 @@ pub mod py {
         /// One text frame of `payload` (a 신경 JSON frame), after whatever is queued: framed
         /// here, without an encoded frame object of its own.
         fn push_text(&mut self, conn_id: ConnId, payload: &[u8]) {
-            self.inner.push_text(conn_id, payload);
+            self.inner.push(conn_id, OP_TEXT, payload);
         }
 
         /// An encoded frame (text, control), after whatever is queued.
@@ -892,6 +870,17 @@ pub mod py {
         #[getter]
         fn sbd_bytes(&self) -> u64 {
             self.inner.sbd.bytes
+        }
+
+        /// 신경 DISPATCH frames the native path wrote (SEND: one, BROADCAST: one per receiver).
+        #[getter]
+        fn sg_dispatches(&self) -> u64 {
+            self.inner.sg.messages
+        }
+
+        #[getter]
+        fn sg_bytes(&self) -> u64 {
+            self.inner.sg.bytes
         }
 
         fn __repr__(&self) -> String {

@@ -993,10 +993,12 @@ pub mod py {
         },
     }
 
-    /// A queue frame as the tuple `SgSession` acts on (see `_core.pyi`, `SgScanner`):
-    /// (0, queue, nonce text | None, target text, payload text, frame bytes, payload text is
-    /// canonical), (1, queue) or (2, queue, id).
+    /// A queue frame as the tuple `SgSession` acts on (see `_core.pyi`, `_SgQueueFrame`):
+    /// (QUEUE, queue, nonce text | None, target text, payload text, the frame's size, payload
+    /// text is canonical), (QUEUE_REQUEST, queue) or (QUEUE_ACK, queue, id), the kinds as
+    /// their numbers.
     fn queue_tuple(py: Python<'_>, q: &QueueFrame<'_>, size: usize) -> PyResult<Py<PyAny>> {
+        let kind = q.kind() as u8;
         Ok(match q {
             QueueFrame::Queue {
                 name,
@@ -1004,12 +1006,12 @@ pub mod py {
                 target,
                 payload,
                 payload_clean,
-            } => (0u8, name, *nonce, *target, *payload, size, *payload_clean)
+            } => (kind, name, *nonce, *target, *payload, size, *payload_clean)
                 .into_pyobject(py)?
                 .into_any()
                 .unbind(),
-            QueueFrame::Request { name } => (1u8, name).into_pyobject(py)?.into_any().unbind(),
-            QueueFrame::Ack { name, id } => (2u8, name, id).into_pyobject(py)?.into_any().unbind(),
+            QueueFrame::Request { name } => (kind, name).into_pyobject(py)?.into_any().unbind(),
+            QueueFrame::Ack { name, id } => (kind, name, id).into_pyobject(py)?.into_any().unbind(),
         })
     }
 
@@ -1076,6 +1078,10 @@ pub mod py {
                     let python = || Ok(Some((PyBytes::new(py, scratch).unbind(), None, None)));
                     match singyeong::read(scratch) {
                         // `now` is the wall clock here (the dialect's scan_clock): `ts` in ms
+                        // queue frames wait for Python (the batch) and go before this one:
+                        // answered here, it would overtake them (a DISPATCH before the
+                        // QUEUE_CONFIRM, or after an op 8 close over the batch)
+                        Some(Frame::Route(_)) if !batch.is_empty() => python(),
                         Some(Frame::Route(r)) => {
                             match index.inner.deliver(&r, now / 1_000_000, &mut ob.inner) {
                                 Decision::Delivered(_) => Ok(None),
@@ -1264,7 +1270,7 @@ pub mod py {
                     {
                         let sender = &scanner.inner.pubkey;
                         let ob = &mut outboxes.inner;
-                        if ob.forward(*dest, payload.len(), |out| {
+                        if ob.forward(*dest, crate::ws::OP_BINARY, payload.len(), |out| {
                             write_forward(out, payload, sender)
                         }) {
                             ob.sbd.add(payload.len());

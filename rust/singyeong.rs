@@ -37,7 +37,7 @@
 
 use std::collections::HashMap;
 
-use crate::forward::{IdHasher, Outboxes};
+use crate::forward::IdHasher;
 use crate::routes::ConnId;
 use std::hash::BuildHasherDefault;
 
@@ -50,7 +50,7 @@ const MAX_OPS: usize = 8;
 const MAX_KEYS: usize = 64;
 /// Integers of more digits go to Python (its `int` parse has a digit limit of its own), and
 /// index values of more digits are tainted: the canonical text must be the decimal one.
-const MAX_INT_DIGITS: usize = 18;
+pub const MAX_INT_DIGITS: usize = 18;
 /// Payload integers up to this many digits are copied verbatim (Python re-encodes them the
 /// same); longer ones go to Python, which applies its own `int` digit limit.
 const MAX_PAYLOAD_INT_DIGITS: usize = 300;
@@ -63,392 +63,9 @@ pub const VOLATILE_KEY: &str = "last_heartbeat_time";
 
 type IdMap<V> = HashMap<ConnId, V, BuildHasherDefault<IdHasher>>;
 
-// ---- JSON reading ------------------------------------------------------------------------
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Null,
-    True,
-    False,
-    Int,
-    Float,
-    Str,
-    Arr,
-    Obj,
-}
-
-/// A value's kind and its text `b[start..end]`.
-#[derive(Debug, Clone, Copy)]
-struct Val {
-    kind: Kind,
-    start: usize,
-    end: usize,
-}
-
-/// One object member: the key's raw text between the quotes (canonical, so raw bytes equal
-/// iff the keys are equal) and the value.
-type Member<'a> = (&'a [u8], Val);
-
-/// A strict reader of one JSON text. `None` from a method: not JSON, or not worth deciding
-/// here (Python decides). `clean` turns false when the text read is valid JSON that Python's
-/// encoder would write differently (whitespace, non-canonical escapes, floats, `-0`,
-/// duplicate keys): such text must not be copied into a frame.
-struct Reader<'a> {
-    b: &'a [u8],
-    i: usize,
-    clean: bool,
-}
-
-impl<'a> Reader<'a> {
-    fn new(b: &'a [u8]) -> Self {
-        Reader {
-            b,
-            i: 0,
-            clean: true,
-        }
-    }
-
-    fn ws(&mut self) {
-        while let Some(&c) = self.b.get(self.i) {
-            if !matches!(c, b' ' | b'\t' | b'\n' | b'\r') {
-                return;
-            }
-            self.clean = false;
-            self.i += 1;
-        }
-    }
-
-    fn eat(&mut self, c: u8) -> Option<()> {
-        (self.b.get(self.i) == Some(&c)).then(|| self.i += 1)
-    }
-
-    fn word(&mut self, w: &[u8]) -> Option<()> {
-        self.b[self.i..].starts_with(w).then(|| self.i += w.len())
-    }
-
-    fn value(&mut self, depth: usize) -> Option<Val> {
-        if depth > MAX_DEPTH {
-            return None;
-        }
-        let start = self.i;
-        let kind = match *self.b.get(self.i)? {
-            b'{' => {
-                self.members(depth, |_| Some(()))?;
-                Kind::Obj
-            }
-            b'[' => {
-                self.i += 1;
-                self.ws();
-                if self.eat(b']').is_none() {
-                    loop {
-                        self.value(depth + 1)?;
-                        self.ws();
-                        if self.eat(b',').is_some() {
-                            self.ws();
-                            continue;
-                        }
-                        self.eat(b']')?;
-                        break;
-                    }
-                }
-                Kind::Arr
-            }
-            b'"' => {
-                self.string()?;
-                Kind::Str
-            }
-            b't' => self.word(b"true").map(|_| Kind::True)?,
-            b'f' => self.word(b"false").map(|_| Kind::False)?,
-            b'n' => self.word(b"null").map(|_| Kind::Null)?,
-            _ => self.number()?,
-        };
-        Some(Val {
-            kind,
-            start,
-            end: self.i,
-        })
-    }
-
-    /// An object at `self.i`; `each` sees every member in order. Answers whether its keys
-    /// are distinct and clean; when not, the text is unclean too (Python keeps the last value
-    /// of a duplicate key at the first one's place). Past `MAX_KEYS` members the check would
-    /// cost more than Python's decode, so such an object is only left to Python.
-    fn members(
-        &mut self,
-        depth: usize,
-        mut each: impl FnMut(Member<'a>) -> Option<()>,
-    ) -> Option<bool> {
-        self.eat(b'{')?;
-        self.ws();
-        if self.eat(b'}').is_some() {
-            return Some(true);
-        }
-        let mut keys: Vec<&'a [u8]> = Vec::new();
-        let mut keys_ok = true;
-        loop {
-            let before = self.clean;
-            self.clean = true;
-            let (ks, ke) = self.string()?;
-            let key = &self.b[ks..ke];
-            if !self.clean || keys.len() >= MAX_KEYS || keys.contains(&key) {
-                keys_ok = false;
-            }
-            self.clean = before && keys_ok;
-            keys.push(key);
-            self.ws();
-            self.eat(b':')?;
-            self.ws();
-            let v = self.value(depth + 1)?;
-            each((key, v))?;
-            self.ws();
-            if self.eat(b',').is_some() {
-                self.ws();
-                continue;
-            }
-            self.eat(b'}')?;
-            return Some(keys_ok);
-        }
-    }
-
-    /// A string at `self.i`: the range between its quotes. Escapes other than the ones
-    /// Python's encoder writes make it unclean; raw control characters and bad escapes are
-    /// errors (Python's strict decoder refuses them too).
-    fn string(&mut self) -> Option<(usize, usize)> {
-        self.eat(b'"')?;
-        let start = self.i;
-        loop {
-            let c = *self.b.get(self.i)?;
-            match c {
-                b'"' => {
-                    self.i += 1;
-                    return Some((start, self.i - 1));
-                }
-                0..=0x1f => return None,
-                b'\\' => {
-                    let e = *self.b.get(self.i + 1)?;
-                    self.i += 2;
-                    match e {
-                        b'"' | b'\\' | b'n' | b'r' | b't' | b'b' | b'f' => {}
-                        b'/' => self.clean = false,
-                        b'u' => {
-                            let hex = self.b.get(self.i..self.i + 4)?;
-                            let text = std::str::from_utf8(hex).ok()?;
-                            if !hex.iter().all(u8::is_ascii_hexdigit) {
-                                return None;
-                            }
-                            let code = u16::from_str_radix(text, 16).ok()?;
-                            self.i += 4;
-                            // the encoder writes \u00XX (lower-case hex) for control
-                            // characters without a short escape, and nothing else
-                            let short = matches!(code, 0x08 | 0x09 | 0x0a | 0x0c | 0x0d);
-                            let canonical =
-                                code < 0x20 && !short && !hex.iter().any(u8::is_ascii_uppercase);
-                            if !canonical {
-                                self.clean = false;
-                            }
-                        }
-                        _ => return None,
-                    }
-                }
-                _ => self.i += 1,
-            }
-        }
-    }
-
-    fn number(&mut self) -> Option<Kind> {
-        let start = self.i;
-        let negative = self.eat(b'-').is_some();
-        let digits_at = self.i;
-        match *self.b.get(self.i)? {
-            b'0' => self.i += 1,
-            b'1'..=b'9' => {
-                while self.b.get(self.i).is_some_and(u8::is_ascii_digit) {
-                    self.i += 1;
-                }
-            }
-            _ => return None,
-        }
-        let digits = self.i - digits_at;
-        if digits > MAX_DECODED_INT_DIGITS {
-            return None; // Python's `int` refuses it: its error is Python's to word
-        }
-        let mut kind = Kind::Int;
-        if self.eat(b'.').is_some() {
-            kind = Kind::Float;
-            let at = self.i;
-            while self.b.get(self.i).is_some_and(u8::is_ascii_digit) {
-                self.i += 1;
-            }
-            if self.i == at {
-                return None;
-            }
-        }
-        if matches!(self.b.get(self.i), Some(b'e' | b'E')) {
-            kind = Kind::Float;
-            self.i += 1;
-            if matches!(self.b.get(self.i), Some(b'+' | b'-')) {
-                self.i += 1;
-            }
-            let at = self.i;
-            while self.b.get(self.i).is_some_and(u8::is_ascii_digit) {
-                self.i += 1;
-            }
-            if self.i == at {
-                return None;
-            }
-        }
-        let negative_zero = negative && &self.b[start..self.i] == b"-0";
-        let text = &self.b[start..self.i];
-        // a float is clean when its text is Python's repr of the value (what its encoder
-        // writes): `1.5`, `1e-05`, `1e+16`, not `1.50`, `1E5` or `0.1e1`
-        let float_clean = kind == Kind::Float && python_float_repr(text).as_deref() == Some(text);
-        if (kind == Kind::Float && !float_clean) || negative_zero || digits > MAX_PAYLOAD_INT_DIGITS
-        {
-            self.clean = false;
-        }
-        Some(kind)
-    }
-
-    /// The members of the object `v` (read again from its start), all clean keys.
-    fn object(&mut self, v: Val) -> Option<Vec<Member<'a>>> {
-        if v.kind != Kind::Obj {
-            return None;
-        }
-        let mut r = Reader::new(self.b);
-        r.i = v.start;
-        let mut out = Vec::new();
-        let keys_ok = r.members(0, |m| {
-            out.push(m);
-            Some(())
-        })?;
-        // structural objects: a duplicate key or an unclean key (an escape) goes to Python
-        keys_ok.then_some(out)
-    }
-
-    /// Whether the value's text is exactly what Python's encoder writes for it.
-    fn clean(&self, v: Val) -> bool {
-        let mut r = Reader::new(&self.b[..v.end]);
-        r.i = v.start;
-        r.value(0).is_some() && r.clean
-    }
-}
-
-/// Python's `repr` of the float a JSON number text denotes (None: not finite): the shortest
-/// digits that round-trip (Rust's `{:e}` gives the same shortest digits), laid out as
-/// CPython's `float_repr_style = 'short'` does: positional while the decimal point falls
-/// within -4 < point <= 16 (with `.0` added to an integral value), else `d.ddde±XX` with at
-/// least two exponent digits.
-pub fn python_float_repr(text: &[u8]) -> Option<Vec<u8>> {
-    let x: f64 = std::str::from_utf8(text).ok()?.parse().ok()?;
-    if !x.is_finite() {
-        return None;
-    }
-    let sci = format!("{:e}", x.abs());
-    let (mantissa, exp) = sci.split_once('e')?;
-    let exp: i32 = exp.parse().ok()?;
-    let digits: String = mantissa.chars().filter(char::is_ascii_digit).collect();
-    let point = exp + 1; // the value is 0.DIGITS x 10^point
-    let mut out = String::with_capacity(digits.len() + 8);
-    if x.is_sign_negative() {
-        out.push('-');
-    }
-    if -4 < point && point <= 16 {
-        if point <= 0 {
-            out.push_str("0.");
-            out.extend(std::iter::repeat_n('0', (-point) as usize));
-            out.push_str(&digits);
-        } else if (point as usize) < digits.len() {
-            let (int, frac) = digits.split_at(point as usize);
-            out.push_str(int);
-            out.push('.');
-            out.push_str(frac);
-        } else {
-            out.push_str(&digits);
-            out.extend(std::iter::repeat_n('0', point as usize - digits.len()));
-            out.push_str(".0");
-        }
-    } else {
-        let (first, rest) = digits.split_at(1);
-        out.push_str(first);
-        if !rest.is_empty() {
-            out.push('.');
-            out.push_str(rest);
-        }
-        out.push_str(&format!(
-            "e{}{:02}",
-            if exp < 0 { '-' } else { '+' },
-            exp.abs()
-        ));
-    }
-    Some(out.into_bytes())
-}
-
-fn get<'m>(members: &'m [Member<'_>], key: &[u8]) -> Option<&'m Val> {
-    members.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
-}
-
-/// The decoded text of a string value.
-fn text(b: &[u8], v: Val) -> Option<String> {
-    if v.kind != Kind::Str {
-        return None;
-    }
-    unescape(&b[v.start + 1..v.end - 1])
-}
-
-/// A string's raw text between its quotes with the escapes undone (None: a surrogate escape,
-/// which a Rust string cannot hold; Python decides those).
-fn unescape(raw: &[u8]) -> Option<String> {
-    let raw = std::str::from_utf8(raw).ok()?;
-    if !raw.contains('\\') {
-        return Some(raw.to_owned());
-    }
-    let mut out = String::with_capacity(raw.len());
-    let mut chars = raw.chars();
-    while let Some(c) = chars.next() {
-        if c != '\\' {
-            out.push(c);
-            continue;
-        }
-        out.push(match chars.next()? {
-            '"' => '"',
-            '\\' => '\\',
-            'n' => '\n',
-            'r' => '\r',
-            't' => '\t',
-            'b' => '\u{8}',
-            'f' => '\u{c}',
-            'u' => {
-                let hex: String = chars.by_ref().take(4).collect();
-                char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?
-            }
-            _ => return None,
-        });
-    }
-    Some(out)
-}
-
-/// The canonical index bytes of a scalar `$eq` value (None: Python decides).
-fn scalar(b: &[u8], v: Val) -> Option<Vec<u8>> {
-    match v.kind {
-        Kind::True => Some(b"b1".to_vec()),
-        Kind::False => Some(b"b0".to_vec()),
-        Kind::Int => {
-            let t = &b[v.start..v.end];
-            let digits = t.iter().filter(|c| c.is_ascii_digit()).count();
-            (digits <= MAX_INT_DIGITS && t != b"-0").then(|| [b"n", t].concat())
-        }
-        Kind::Str => {
-            let mut r = Reader::new(&b[..v.end]);
-            r.i = v.start;
-            r.string()?;
-            if !r.clean {
-                return None;
-            }
-            Some([b"s", text(b, v)?.as_bytes()].concat())
-        }
-        _ => None,
-    }
-}
+#[path = "sg_json.rs"]
+mod json;
+use json::*;
 
 // ---- reading a frame ---------------------------------------------------------------------
 
@@ -534,9 +151,9 @@ pub fn read(frame: &[u8]) -> Option<Frame<'_>> {
     match t {
         b"\"SEND\"" => routable_from(r, d, false).map(Frame::Route),
         b"\"BROADCAST\"" => routable_from(r, d, true).map(Frame::Route),
-        b"\"QUEUE\"" => queue_from(r, d, 0).map(Frame::Queue),
-        b"\"QUEUE_REQUEST\"" => queue_from(r, d, 1).map(Frame::Queue),
-        b"\"QUEUE_ACK\"" => queue_from(r, d, 2).map(Frame::Queue),
+        b"\"QUEUE\"" => queue_from(r, d, QueueKind::Queue).map(Frame::Queue),
+        b"\"QUEUE_REQUEST\"" => queue_from(r, d, QueueKind::Request).map(Frame::Queue),
+        b"\"QUEUE_ACK\"" => queue_from(r, d, QueueKind::Ack).map(Frame::Queue),
         _ => None,
     }
 }
@@ -630,6 +247,10 @@ pub fn dispatch_text(out: &mut Vec<u8>, r: &Routable<'_>, ts_ms: u64) {
 
 // ---- queue frames ------------------------------------------------------------------------
 
+/// The longest queue name, in characters (queues.py's MAX_QUEUE_NAME): longer ones, and
+/// empty ones, get Python's op 3.
+pub const MAX_QUEUE_NAME: usize = 256;
+
 /// A QUEUE, QUEUE_REQUEST or QUEUE_ACK read from a JSON frame, for Python to act on without
 /// decoding the frame or walking its dispatch chain (the three frames each queued message
 /// costs). Values Python needs as values (target, payload, nonce) stay JSON text, checked
@@ -655,10 +276,30 @@ pub enum QueueFrame<'a> {
     },
 }
 
+/// The three queue frames, with the numbers Python tells them apart by (the first item of
+/// the tuples `scan.rs` hands over; native.py's QUEUE, QUEUE_REQUEST, QUEUE_ACK).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum QueueKind {
+    Queue = 0,
+    Request = 1,
+    Ack = 2,
+}
+
+impl QueueFrame<'_> {
+    pub fn kind(&self) -> QueueKind {
+        match self {
+            QueueFrame::Queue { .. } => QueueKind::Queue,
+            QueueFrame::Request { .. } => QueueKind::Request,
+            QueueFrame::Ack { .. } => QueueKind::Ack,
+        }
+    }
+}
+
 /// The frame, if it is one of the three queue frames in the shape Python's handlers take
 /// (`d` an object with a string `queue`; QUEUE with `target` and `payload`; QUEUE_ACK with a
-/// string `id`); anything else, including every malformed frame, is Python's. Name limits
-/// are Python's to check.
+/// string `id`, a queue name of 1 to `MAX_QUEUE_NAME` characters); anything else, including
+/// every malformed frame, is Python's (whose op 3 quotes the frame's whole `d`).
 pub fn queue_frame(frame: &[u8]) -> Option<QueueFrame<'_>> {
     match read(frame)? {
         Frame::Queue(q) => Some(q),
@@ -666,8 +307,7 @@ pub fn queue_frame(frame: &[u8]) -> Option<QueueFrame<'_>> {
     }
 }
 
-/// `kind`: 0 QUEUE, 1 QUEUE_REQUEST, 2 QUEUE_ACK.
-fn queue_from(mut r: Reader<'_>, d: Val, kind: u8) -> Option<QueueFrame<'_>> {
+fn queue_from(mut r: Reader<'_>, d: Val, kind: QueueKind) -> Option<QueueFrame<'_>> {
     let frame = r.b;
     let all = std::str::from_utf8(frame).ok()?;
     let d = r.object(d)?;
@@ -676,9 +316,12 @@ fn queue_from(mut r: Reader<'_>, d: Val, kind: u8) -> Option<QueueFrame<'_>> {
         return None;
     }
     let name = text(frame, *name)?;
+    if name.is_empty() || name.chars().count() > MAX_QUEUE_NAME {
+        return None;
+    }
     let slice = |v: &Val| &all[v.start..v.end];
     Some(match kind {
-        0 => {
+        QueueKind::Queue => {
             let payload = get(&d, b"payload")?;
             QueueFrame::Queue {
                 name,
@@ -688,8 +331,8 @@ fn queue_from(mut r: Reader<'_>, d: Val, kind: u8) -> Option<QueueFrame<'_>> {
                 payload_clean: r.clean(*payload),
             }
         }
-        1 => QueueFrame::Request { name },
-        _ => {
+        QueueKind::Request => QueueFrame::Request { name },
+        QueueKind::Ack => {
             let id = get(&d, b"id")?;
             if id.kind != Kind::Str || !r.clean(*id) {
                 return None;
@@ -702,255 +345,14 @@ fn queue_from(mut r: Reader<'_>, d: Val, kind: u8) -> Option<QueueFrame<'_>> {
     })
 }
 
-// ---- the index ---------------------------------------------------------------------------
-
-#[derive(Debug)]
-struct Client {
-    app: String,
-    json: bool,
-    /// (key, canonical value; None: tainted)
-    values: Vec<(String, Option<Vec<u8>>)>,
-}
-
-/// `len(app) app len(key) key`: unambiguous for any strings.
-fn app_key(out: &mut Vec<u8>, app: &str, key: &str) {
-    out.clear();
-    out.extend_from_slice(&(app.len() as u32).to_le_bytes());
-    out.extend_from_slice(app.as_bytes());
-    out.extend_from_slice(&(key.len() as u32).to_le_bytes());
-    out.extend_from_slice(key.as_bytes());
-}
-
-/// Counters of what the native path did (Python adds them to its metrics when read).
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Counts {
-    pub frames_in: u64,
-    pub sends: u64,
-    pub broadcasts: u64,
-    pub frames_out: u64,
-}
-
-/// The non-restricted local clients by (application, key, canonical value); see module docs.
-#[derive(Debug, Default)]
-pub struct Index {
-    clients: IdMap<Client>,
-    buckets: HashMap<Vec<u8>, Vec<ConnId>>,
-    taint: HashMap<Vec<u8>, u32>,
-    rng: u64,
-    key: Vec<u8>,
-    found: Vec<ConnId>,
-    text: Vec<u8>,
-    pub counts: Counts,
-}
-
-/// What [`Index::route`] did with a frame.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
-    /// written to this many receivers' outboxes
-    Delivered(usize),
-    /// not answered here: the frame goes to Python
-    Python,
-}
-
-impl Index {
-    pub fn new(seed: u64) -> Self {
-        Index {
-            rng: seed | 1,
-            ..Index::default()
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.clients.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.clients.is_empty()
-    }
-
-    /// The client on `conn` is `app` with these values (replacing what it had).
-    pub fn set(
-        &mut self,
-        conn: ConnId,
-        app: String,
-        json: bool,
-        values: Vec<(String, Option<Vec<u8>>)>,
-    ) {
-        self.remove(conn);
-        let mut key = std::mem::take(&mut self.key);
-        for (k, v) in &values {
-            app_key(&mut key, &app, k);
-            match v {
-                None => *self.taint.entry(key.clone()).or_default() += 1,
-                Some(v) => {
-                    key.extend_from_slice(v);
-                    self.buckets.entry(key.clone()).or_default().push(conn);
-                }
-            }
-        }
-        self.key = key;
-        self.clients.insert(conn, Client { app, json, values });
-    }
-
-    /// The client on `conn` is gone (or restricted, or closing).
-    pub fn remove(&mut self, conn: ConnId) {
-        let Some(client) = self.clients.remove(&conn) else {
-            return;
-        };
-        let mut key = std::mem::take(&mut self.key);
-        for (k, v) in &client.values {
-            app_key(&mut key, &client.app, k);
-            match v {
-                None => {
-                    if let Some(n) = self.taint.get_mut(&key) {
-                        *n -= 1;
-                        if *n == 0 {
-                            self.taint.remove(&key);
-                        }
-                    }
-                }
-                Some(v) => {
-                    key.extend_from_slice(v);
-                    if let Some(members) = self.buckets.get_mut(&key) {
-                        if let Some(at) = members.iter().position(|c| *c == conn) {
-                            members.swap_remove(at);
-                        }
-                        if members.is_empty() {
-                            self.buckets.remove(&key);
-                        }
-                    }
-                }
-            }
-        }
-        self.key = key;
-    }
-
-    fn next_random(&mut self) -> u64 {
-        // xorshift64*: uniform enough to pick one receiver among the matches
-        let mut x = self.rng;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    /// The connections every condition matches (into `self.found`); false: Python decides
-    /// (a tainted key). The smallest bucket of the conditions is read; its members meet
-    /// that condition by construction, so only the others are checked on them (a lone `$eq`,
-    /// the usual target, costs two hash lookups and a copy).
-    fn matching(&mut self, app: &str, conditions: &[(String, Vec<u8>)]) -> bool {
-        self.found.clear();
-        let mut key = std::mem::take(&mut self.key);
-        let mut smallest: Option<(usize, usize)> = None;
-        for (at, (k, v)) in conditions.iter().enumerate() {
-            app_key(&mut key, app, k);
-            if !self.taint.is_empty() && self.taint.contains_key(&key) {
-                self.key = key;
-                return false;
-            }
-            if conditions.len() == 1 {
-                smallest = Some((0, 0));
-                break;
-            }
-            key.extend_from_slice(v);
-            let size = self.buckets.get(&key).map_or(0, Vec::len);
-            if smallest.is_none_or(|(s, _)| size < s) {
-                smallest = Some((size, at));
-            }
-        }
-        let Some((_, chosen)) = smallest else {
-            self.key = key;
-            return true;
-        };
-        let (k, v) = &conditions[chosen];
-        app_key(&mut key, app, k);
-        key.extend_from_slice(v);
-        if let Some(members) = self.buckets.get(&key) {
-            if conditions.len() == 1 {
-                self.found.extend_from_slice(members);
-            } else {
-                for &conn in members {
-                    let Some(client) = self.clients.get(&conn) else {
-                        continue;
-                    };
-                    let all = conditions.iter().enumerate().all(|(at, (k, v))| {
-                        at == chosen
-                            || client
-                                .values
-                                .iter()
-                                .any(|(ck, cv)| ck == k && cv.as_deref() == Some(v.as_slice()))
-                    });
-                    if all {
-                        self.found.push(conn);
-                    }
-                }
-            }
-        }
-        self.key = key;
-        true
-    }
-
-    /// The receivers of `frame` as this module would pick them (SEND: one at random), or
-    /// None when Python decides. `accepts` says whether a connection's outbox takes frames.
-    pub fn receivers(
-        &mut self,
-        r: &Routable<'_>,
-        accepts: impl Fn(ConnId) -> bool,
-    ) -> Option<Vec<ConnId>> {
-        if !self.matching(&r.application, &r.conditions) || self.found.is_empty() {
-            return None;
-        }
-        let chosen = if r.broadcast {
-            std::mem::take(&mut self.found)
-        } else {
-            let at = (self.next_random() % self.found.len() as u64) as usize;
-            vec![self.found[at]]
-        };
-        let ok = chosen
-            .iter()
-            .all(|c| self.clients.get(c).is_some_and(|cl| cl.json) && accepts(*c));
-        ok.then_some(chosen)
-    }
-
-    /// Answer `frame` into the outboxes (see the module docs), or leave it to Python.
-    pub fn route(&mut self, frame: &[u8], ts_ms: u64, outboxes: &mut Outboxes) -> Decision {
-        match routable(frame) {
-            Some(r) => self.deliver(&r, ts_ms, outboxes),
-            None => Decision::Python,
-        }
-    }
-
-    /// Write a routable SEND/BROADCAST's DISPATCH into its receivers' outboxes, or leave it
-    /// to Python (no receiver, or one that is not JSON or does not accept).
-    pub fn deliver(&mut self, r: &Routable<'_>, ts_ms: u64, outboxes: &mut Outboxes) -> Decision {
-        let Some(receivers) = self.receivers(r, |c| outboxes.accepts(c)) else {
-            return Decision::Python;
-        };
-        let mut text = std::mem::take(&mut self.text);
-        dispatch_text(&mut text, r, ts_ms);
-        for &conn in &receivers {
-            outboxes.deliver_text(conn, &text);
-        }
-        self.text = text;
-        let n = receivers.len();
-        if r.broadcast {
-            self.counts.broadcasts += 1;
-        } else {
-            self.counts.sends += 1;
-        }
-        self.counts.frames_in += 1;
-        self.counts.frames_out += n as u64;
-        if r.broadcast {
-            self.found = receivers;
-        }
-        Decision::Delivered(n)
-    }
-}
+#[path = "sg_index.rs"]
+mod index;
+pub use index::{Decision, Index};
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::forward::Outboxes;
 
     fn s(v: &str) -> Option<Vec<u8>> {
         Some([b"s", v.as_bytes()].concat())
@@ -1094,6 +496,11 @@ mod tests {
             "1".repeat(MAX_DECODED_INT_DIGITS + 1)
         );
         assert!(queue_frame(long.as_bytes()).is_none());
+        // names Python refuses (its op 3 quotes the whole `d`), counted in characters
+        let named = |n: &str| format!(r#"{{"op":4,"t":"QUEUE_REQUEST","d":{{"queue":"{n}"}}}}"#);
+        assert!(queue_frame(named("").as_bytes()).is_none());
+        assert!(queue_frame(named(&"é".repeat(MAX_QUEUE_NAME + 1)).as_bytes()).is_none());
+        assert!(queue_frame(named(&"é".repeat(MAX_QUEUE_NAME)).as_bytes()).is_some());
     }
 
     #[test]
@@ -1134,15 +541,8 @@ mod tests {
             Decision::Python,
             "not a JSON receiver"
         );
-        assert_eq!(
-            ix.counts,
-            Counts {
-                frames_in: 1,
-                sends: 0,
-                broadcasts: 1,
-                frames_out: 2
-            }
-        );
+        assert_eq!((ix.sends, ix.broadcasts), (0, 1));
+        assert_eq!(ob.sg.messages, 2);
     }
 
     #[test]
@@ -1185,7 +585,7 @@ pub mod py {
     use pyo3::prelude::*;
     use pyo3::types::PyBytes;
 
-    use super::{dispatch_text, routable, Counts, Index};
+    use super::{dispatch_text, routable, Index};
     use crate::forward::py::Outboxes;
 
     /// The native SEND/BROADCAST path's index of one gateway (see `singyeong.rs`): Python
@@ -1197,15 +597,10 @@ pub mod py {
 
     #[pymethods]
     impl SgIndex {
-        /// `seed` fixes the SEND receiver picks (tests); by default they differ per process.
+        /// `seed` fixes the SEND receiver picks: the caller's (the dialect's rng), so that
+        /// the core stays sans-I/O (no clock or entropy of its own) and tests replay.
         #[new]
-        #[pyo3(signature = (seed = None))]
-        fn new(seed: Option<u64>) -> Self {
-            let seed = seed.unwrap_or_else(|| {
-                std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map_or(0x9E37_79B9, |d| d.as_nanos() as u64)
-            });
+        fn new(seed: u64) -> Self {
             SgIndex {
                 inner: Index::new(seed),
             }
@@ -1237,16 +632,11 @@ pub mod py {
             self.inner.len()
         }
 
-        /// (frames_in, sends, broadcasts, frames_out) answered natively so far.
+        /// (sends, broadcasts) answered natively so far (their DISPATCH frames: the
+        /// outboxes' `sg_dispatches`).
         #[getter]
-        fn counts(&self) -> (u64, u64, u64, u64) {
-            let Counts {
-                frames_in,
-                sends,
-                broadcasts,
-                frames_out,
-            } = self.inner.counts;
-            (frames_in, sends, broadcasts, frames_out)
+        fn counts(&self) -> (u64, u64) {
+            (self.inner.sends, self.inner.broadcasts)
         }
 
         /// The DISPATCH text the native path writes for `frame` at `ts_ms` (None: the frame
@@ -1322,6 +712,10 @@ pub mod py {
     pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_class::<SgIndex>()?;
         m.add_class::<SgScanner>()?;
+        // the limits Python must agree with, defined here once
+        m.add("SG_VOLATILE_KEY", super::VOLATILE_KEY)?;
+        m.add("SG_MAX_INT_DIGITS", super::MAX_INT_DIGITS)?;
+        m.add("SG_MAX_QUEUE_NAME", super::MAX_QUEUE_NAME)?;
         Ok(())
     }
 }

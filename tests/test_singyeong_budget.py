@@ -6,11 +6,13 @@ while the dead letters are full stays in its queue; the held bytes are on /metri
 from __future__ import annotations
 
 import argparse
+import json
 
 import pytest
 
 from rmb_relay.errors import ConfigError
 from rmb_relay.protocols.singyeong import SgSettings
+from rmb_relay.protocols.singyeong.queues import MESSAGE_OVERHEAD
 from rmb_relay.protocols.singyeong.settings import add_arguments
 from tests.helpers import FakeClock
 from tests.scrape import scrape
@@ -21,7 +23,8 @@ from tests.test_singyeong_queues import WORKERS, nothing_pending, take
 __all__ = ["make_gateway"]
 
 #: a QUEUE frame with this payload is a little over 1 KB on the wire; with the per-message
-#: overhead a message is charged about 1,700 bytes
+#: overhead and the payload's JSON text the native path keeps, a message is charged about
+#: 2,700 bytes
 PAYLOAD = "x" * 1000
 
 
@@ -48,18 +51,18 @@ async def refused(client: SgClient, name: str = "jobs", payload: str = PAYLOAD) 
 async def test_queue_over_its_byte_budget_is_refused_not_dropped(
     make_gateway: MakeGateway,
 ) -> None:
-    gateway = await make_gateway(queue_bytes=4000)
+    gateway = await make_gateway(queue_bytes=6000)
     queues = gateway.dialect.queues
     producer = await gateway.client("p", "producers")
     await queue(producer, PAYLOAD)
     await queue(producer, PAYLOAD + "y")
     info = await refused(producer)
     assert info["limit"] == "key"
-    assert "4000 allowed" in info["reason"]
+    assert "6000 allowed" in info["reason"]
     await nothing_pending(producer)  # no QUEUE_CONFIRM followed the refusal
     assert queues.depth() == (2, 0, 0)
     held = queues.held_bytes()[0]
-    assert 3000 < held <= 4000
+    assert 4500 < held <= 6000
     # another queue has a budget of its own
     await queue(producer, PAYLOAD, name="other")
     # what was confirmed is all delivered; acks give the bytes back, and the queue takes more
@@ -69,7 +72,7 @@ async def test_queue_over_its_byte_budget_is_refused_not_dropped(
         assert body["payload"] == expected
         await worker.dispatch("QUEUE_ACK", {"queue": "jobs", "id": body["id"]})
     await nothing_pending(worker)
-    assert queues.held_bytes()[0] < 2000  # only "other" is left
+    assert queues.held_bytes()[0] < 3000  # only "other" is left
     await queue(producer, PAYLOAD)
     page = await scrape(*gateway.address)
     assert page.value("rmb_relay_sg_queue_refused_total", limit="key") == 1
@@ -78,7 +81,7 @@ async def test_queue_over_its_byte_budget_is_refused_not_dropped(
 
 
 async def test_total_budget_spans_queues(make_gateway: MakeGateway) -> None:
-    gateway = await make_gateway(queue_total_bytes=4000)
+    gateway = await make_gateway(queue_total_bytes=6000)
     producer = await gateway.client("p", "producers")
     await queue(producer, PAYLOAD, name="a")
     await queue(producer, PAYLOAD, name="b")
@@ -95,7 +98,7 @@ async def test_dead_letters_full_keeps_the_message_in_its_queue(
     is neither dead-lettered nor dropped but waits in its queue again; requeueing the dead
     letters makes room."""
     gateway = await make_gateway(
-        fake_clock=True, ack_timeout=1.0, max_attempts=1, dead_letter_bytes=2500
+        fake_clock=True, ack_timeout=1.0, max_attempts=1, dead_letter_bytes=4000
     )
     clock = gateway.clock
     assert isinstance(clock, FakeClock)
@@ -112,7 +115,7 @@ async def test_dead_letters_full_keeps_the_message_in_its_queue(
     # the first fits the dead letters; the second does not and waits in line again
     assert queues.depth() == (1, 0, 1)
     assert [letter.message.id for letter in queues.dead_letters("jobs")] == [first["id"]]
-    assert 1500 < queues.held_bytes()[1] <= 2500
+    assert 2500 < queues.held_bytes()[1] <= 4000
     again = await take(worker)
     assert (again["id"], again["attempt"]) == (second["id"], 2)
     page = await scrape(*gateway.address)
@@ -129,6 +132,32 @@ async def test_dead_letters_full_keeps_the_message_in_its_queue(
     assert queues.depth() == (0, 0, 0)
     assert queues.held_bytes() == (0, 0)
     assert not queues.budget.holders()
+
+
+async def test_a_kept_payload_text_is_charged_and_refused_at_the_budget(
+    make_gateway: MakeGateway,
+) -> None:
+    """The native path keeps a QUEUE's payload text beside its value (a JSON consumer's
+    dispatch copies it): the budget charges it, so the second message here does not fit
+    (it would without the text, as on the Python path, which keeps none)."""
+    frame = json.dumps(
+        {"op": 4, "d": {"queue": "jobs", "target": WORKERS, "nonce": "n", "payload": PAYLOAD}}
+        | {"t": "QUEUE"}
+    )
+    message = len(frame) + MESSAGE_OVERHEAD
+    text = len(json.dumps(PAYLOAD))
+    budget = 2 * message + text  # two without their text, one with it
+    for native, fits in ((True, 1), (False, 2)):
+        gateway = await make_gateway(queue_bytes=budget, native=native)
+        queues = gateway.dialect.queues
+        producer = await gateway.client("p", "producers")
+        await queue(producer, PAYLOAD)
+        assert queues.held_bytes()[0] == message + (text if native else 0)
+        if fits == 2:
+            await queue(producer, PAYLOAD)
+        info = await refused(producer)
+        assert info["limit"] == "key"
+        assert queues.depth() == (fits, 0, 0)
 
 
 def test_budget_flags_parse_and_must_be_positive() -> None:

@@ -22,6 +22,8 @@ from rmb_relay.protocols.singyeong.clients import Client, ClientIndex
 from rmb_relay.protocols.singyeong.codec import DecodeError, Encoding, decode, encode
 from rmb_relay.protocols.singyeong.native import index_values
 from rmb_relay.protocols.singyeong.query import QueryError, parse
+from tests.helpers import eventually
+from tests.scrape import scrape
 from tests.sg_client import SgClient
 from tests.sg_fixtures import Gateway, MakeGateway, make_gateway
 
@@ -268,7 +270,7 @@ def test_invalid_queries_never_take_the_native_path() -> None:
         {"application": "a", "ops": {"id": {"$eq": 1}}},
     ):
         text = json.dumps({"op": 4, "t": "SEND", "d": {"target": target, "payload": 1}})
-        assert SgIndex().dispatch_text(text.encode(), TS) is None
+        assert SgIndex(0).dispatch_text(text.encode(), TS) is None
         with pytest.raises(QueryError):
             parse(target)
 
@@ -329,6 +331,8 @@ async def test_native_send_and_broadcast_are_delivered_and_counted(
     assert dispatches[("SEND", "delivered")] == 1
     assert dispatches[("BROADCAST", "delivered")] == 1
     assert gateway.dialect.metrics.frames_in() == before + 2
+    page = await scrape(*gateway.address)
+    assert page.value("rmb_relay_messages_out_total", dialect="singyeong") == 4
 
 
 async def test_frames_that_fall_back_to_python_keep_their_order(make_gateway: MakeGateway) -> None:
@@ -431,6 +435,7 @@ QUEUE_SCRIPT = [
     ),
     ("c", '{"op":4,"t":"QUEUE_REQUEST","d":{"queue":"q"}}'),
     ("p", '{"op":4,"t":"QUEUE","d":{"queue":"' + "q" * 300 + '","target":{},"payload":3}}'),
+    ("p", '{"op":4,"t":"QUEUE","d":{"queue":"","target":{},"payload":3,"more":[1]}}'),
     ("p", '{"op":4,"t":"QUEUE","d":{"queue":"q","target":{"ops":{"n":1}},"payload":4}}'),
     ("p", '{"op":4,"t":"QUEUE","d":{"queue":"q","target":{},"nonce":null}}'),
     ("c", '{"op":4,"t":"QUEUE_ACK","d":{"queue":"q","id":"ID0"}}'),
@@ -480,5 +485,107 @@ async def test_queue_frames_read_natively_behave_as_python_s(make_gateway: MakeG
         2,
         {"k": [1.5, "é\n", None]},
     ]
-    assert [f["op"] for f in producer] == [4, 4, 4, 3, 3, 3]
+    assert [f["op"] for f in producer] == [4, 4, 4, 3, 3, 3, 3]
     assert dispatches[("QUEUE_ACK", "ok")] == 1
+
+
+async def one_write(client: SgClient, *texts: str) -> None:
+    """Send `texts` as WebSocket frames in a single TCP write, so the gateway reads them in
+    one `feed` (as a client that batches its writes does)."""
+    ws = client.ws
+    for text in texts:
+        ws.protocol.send_text(text.encode())
+    ws.transport.write(b"".join(ws.protocol.data_to_send()))
+
+
+async def run_batched(gateway: Gateway) -> list[Any]:
+    """A QUEUE and a SEND to the sender itself in one write, then a QUEUE_REQUEST and a SEND
+    to the worker itself in one write: the frames the sender, then the worker, get."""
+    (w,) = await workers(gateway, 1)
+    s = await gateway.client("s", "caller")
+    to_self = {"application": "caller", "ops": []}
+    queue = (
+        '{"op":4,"t":"QUEUE","d":{"queue":"q","target":{"application":"api"},"nonce":"a",'
+        '"payload":1}}'
+    )
+    await one_write(s, queue, send_text(to_self, "2"))
+    to_worker = {"application": "api", "ops": [{"n": {"$eq": 0}}]}
+    await one_write(w, '{"op":4,"t":"QUEUE_REQUEST","d":{"queue":"q"}}', send_text(to_worker, "3"))
+    got = []
+    ids: list[str] = []
+    for client in (s, w):  # settle: everything sent so far is answered
+        await client.send(5)
+        while (frame := await client.recv())["op"] != 6:
+            got.append(normalized(frame, ids))
+    return got
+
+
+async def test_queue_frames_and_sends_of_one_read_keep_their_order(
+    make_gateway: MakeGateway,
+) -> None:
+    """A SEND read after queue frames waits for them (they are answered by Python after the
+    read): the DISPATCH never overtakes the QUEUE_CONFIRM, nor the QUEUE's delivery."""
+    native = await run_batched(await make_gateway())
+    python = await run_batched(await make_gateway(native=False))
+    assert native == python
+    assert [(f["op"], f.get("t")) for f in native] == [
+        (4, "QUEUE_CONFIRM"),
+        (4, "SEND"),
+        (4, "QUEUE"),
+        (4, "SEND"),
+    ]
+
+
+# ---- metadata Rust strings cannot hold ---------------------------------------------------------
+
+
+async def test_a_lone_surrogate_key_is_applied_and_native_sends_still_route(
+    make_gateway: MakeGateway,
+) -> None:
+    """JSON may carry "\\ud800", which metadata accepts but a Rust string cannot hold: the
+    key is left out of the native index (no native query can name it), immediately or after
+    the rate delay, and neither this client's nor others' updates stall."""
+    gateway = await make_gateway(metadata_rate=1)  # burst of one: the second update waits
+    (w, other) = await workers(gateway, 2)
+    sender = await gateway.client("s", "caller")
+    await w.update(**{"\ud800": ("string", "x"), "n": ("integer", 10)})  # waits for the rate
+    await other.update(n=("integer", 11))  # waits too
+    await w.send(5)
+    await w.expect(6)
+    stored = gateway.dialect.index.get("api", "w0")
+    other_stored = gateway.dialect.index.get("api", "w1")
+    assert stored is not None
+    assert other_stored is not None
+    await eventually(lambda: stored.metadata.get("n") == 10)
+    await eventually(lambda: other_stored.metadata.get("n") == 11)
+    assert stored.metadata["\ud800"] == "x"
+    for n, client in ((10, w), (11, other)):
+        await sender.ws.send(send_text({"application": "api", "ops": [{"n": {"$eq": n}}]}, "1"))
+        assert (await client.expect(4, "SEND"))["d"]["payload"] == 1
+    # immediately applied (a fresh client, within its burst)
+    fresh = await gateway.client("f", "api")
+    await fresh.update(**{"\udfff": ("integer", 1), "n": ("integer", 12)})
+    await fresh.send(5)
+    await fresh.expect(6)
+    await sender.ws.send(send_text({"application": "api", "ops": [{"n": {"$eq": 12}}]}, "2"))
+    assert (await fresh.expect(4, "SEND"))["d"]["payload"] == 2
+    native = gateway.dialect.native
+    assert native is not None
+    assert native.counts()[1] == 3
+
+
+async def test_a_lone_surrogate_application_is_left_to_python(make_gateway: MakeGateway) -> None:
+    gateway = await make_gateway()
+    odd = await gateway.client("o", "\ud800")
+    await odd.update(n=("integer", 1))
+    (w,) = await workers(gateway, 1)
+    await odd.send(5)
+    await odd.expect(6)
+    sender = await gateway.client("s", "caller")
+    await sender.send(4, {"target": {"application": "\ud800"}, "payload": 1}, "SEND")
+    assert (await odd.expect(4, "SEND"))["d"]["payload"] == 1
+    await sender.ws.send(send_text({"application": "api", "ops": [{"n": {"$eq": 0}}]}, "2"))
+    assert (await w.expect(4, "SEND"))["d"]["payload"] == 2
+    # the odd client sends natively itself
+    await odd.ws.send(send_text({"application": "api", "ops": [{"n": {"$eq": 0}}]}, "3"))
+    assert (await w.expect(4, "SEND"))["d"]["payload"] == 3

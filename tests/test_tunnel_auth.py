@@ -19,7 +19,12 @@ from rmb_relay.clock import NS
 from rmb_relay.errors import AuthError, ConfigError
 from rmb_relay.protocols.tunnel.tenants import Tenant, TenantStore, hash_secret, verify_secret
 from rmb_relay.protocols.tunnel.tenants_cli import main as tenants_main
-from rmb_relay.protocols.tunnel.tokens import LEEWAY, OidcVerifier, TokenAuthority
+from rmb_relay.protocols.tunnel.tokens import (
+    JWKS_LIFESPAN,
+    LEEWAY,
+    OidcVerifier,
+    TokenAuthority,
+)
 from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
 from tests.helpers import serve_app
@@ -170,6 +175,10 @@ async def test_oidc_tokens_from_a_jwks_server(start_tunnel: StartTunnel) -> None
 
         tokens = tunnel.dialect.tokens
         assert await tokens.verify(token()) == "acme"
+        # a long-lived token's verdict is kept no longer than one JWKS lifespan
+        long = token(exp=now + 3600)
+        assert await tokens.verify(long) == "acme"
+        assert tokens.verified.entries[long][1] <= int(time.time()) + JWKS_LIFESPAN < now + 3600
         for bad, why in [
             (token(aud="other"), "(?i)audience"),
             (token(scope="profile"), "scope"),

@@ -16,8 +16,10 @@ from contextlib import asynccontextmanager
 import aiohttp
 import pytest
 
+from rmb_relay.clock import NS
 from rmb_relay.protocols.base import HttpResponse
 from rmb_relay.protocols.tunnel.express import SPARE, ExpressReply
+from rmb_relay.protocols.tunnel.tokens import LEEWAY, TokenAuthority
 from rmb_relay.protocols.tunnel.wire import TargetResponse, encode
 from tests.conftest import WAIT
 from tests.helpers import eventually
@@ -280,3 +282,100 @@ async def test_the_deadline_queue_stays_as_small_as_the_requests_in_flight(
     assert deadlines.live == 1
     stuck.abandon()
     assert deadlines.live == 0
+
+
+class WallClock:
+    """A unix-time clock the test moves (tokens are judged against the wall clock)."""
+
+    def __init__(self) -> None:
+        self.now = 1_800_000_000 * NS
+
+    def __call__(self) -> int:
+        return self.now
+
+
+async def _authenticated(tunnel: Tunnel, token: str) -> list[Response]:
+    auth = [("Authorization", f"Bearer {token}")]
+    answers = []
+    async with raw_client(tunnel) as client:
+        for _ in range(3):  # the first checks the token (task path), the next find it verified
+            answers.append(
+                await client.request("GET", "/relay/secure/app/status/201", headers=auth)
+            )
+        answers.append(
+            await client.request("POST", "/relay/secure/app/echo", pattern(100), headers=auth)
+        )
+    return answers
+
+
+async def _refused(tunnel: Tunnel, token: str) -> Response:
+    """One request with `token` on its own connection (a 401 closes it)."""
+    async with raw_client(tunnel) as client:
+        return await client.request(
+            "GET", "/relay/secure/app/status/200", headers=[("Authorization", f"Bearer {token}")]
+        )
+
+
+async def test_authenticated_requests_take_the_express_path_with_the_task_paths_checks(
+    start_tunnel: StartTunnel,
+) -> None:
+    # both relays share the tenant file, so its signing key: one token is good at both
+    express = await start_tunnel()
+    express.add_tenant("secure", require_authentication=True)
+    task = await start_tunnel(express=False, target=express.target)
+    clock = WallClock()
+    for tunnel in (express, task):
+        tunnel.dialect.tokens.clock = clock
+        await tunnel.connect("secure")
+    tokens = express.dialect.tokens
+    token = tokens.issue("secure")
+    metrics = express.dialect.metrics
+    taken = metrics.express.value("taken")
+    fast = await _authenticated(express, token)
+    assert fast == await _authenticated(task, token)
+    assert [status for status, _, _ in fast] == [201, 201, 201, 200]
+    assert fast[3][2] == pattern(100)
+    # only the first request of the token went to the task path, which verified it
+    assert metrics.express.value("auth") == 1
+    assert metrics.express.value("taken") == taken + 3
+    async with express.client() as http:
+        scrape = (await http.get("/metrics")).text
+    assert f'rmb_relay_tunnel_express_total{{dialect="tunnel",outcome="taken"}} {taken + 3}' in (
+        scrape
+    )
+    assert metrics.requests.value("secure", "app", "201") == 3
+    assert tokens.known(token) == "secure"
+
+    # badly signed, another tenant's (though verified), absent: the task path's 401, not served
+    forged = TokenAuthority(b"x" * 32, clock=clock).issue("secure")
+    other = tokens.issue("acme")
+    assert await tokens.verify(other) == "acme"
+    assert tokens.known(other) == "acme"
+    calls = len(express.target.calls)
+    failures = metrics.auth_failures.value("client")
+    for bad, why in [(forged, b"token refused"), (other, b"another tenant")]:
+        refused = await _refused(express, bad)
+        assert refused == await _refused(task, bad)
+        assert refused[0] == 401
+        assert ("www-authenticate", "Bearer") in refused[1]
+        assert why in refused[2]
+    assert tokens.known(forged) is None
+    assert metrics.express.value("taken") == taken + 3
+    assert metrics.express.value("auth") == 3
+    assert metrics.auth_failures.value("client") == failures + 2
+    assert len(express.target.calls) == calls
+
+    # still good up to exp + leeway, then refused on both paths and forgotten
+    clock.now += (tokens.ttl + LEEWAY) * NS
+    assert (await _refused(express, token))[0] == 200
+    assert metrics.express.value("taken") == taken + 4
+    clock.now += 1 * NS
+    refused = await _refused(express, token)
+    assert refused == await _refused(task, token)
+    assert refused[0] == 401
+    assert b"token expired" in refused[2]
+    assert tokens.known(token) is None
+    assert metrics.express.value("taken") == taken + 4
+    assert metrics.requests.value("secure", "-", "401") == 3
+    assert len(express.target.calls) == calls + 1
+    assert express.dialect.hub.jobs == {}

@@ -4,7 +4,7 @@ Each section below belongs to one Rust file; keep it in step with that file.
 """
 
 from collections.abc import Callable
-from typing import Any, Final, final
+from typing import Any, Final, Literal, final
 
 # ---- error.rs -------------------------------------------------------------------------------
 
@@ -255,11 +255,11 @@ class WsMessage:
     # A dialect knows which scanner it installed: it annotates the routing it reads (no
     # isinstance per message on the hot path).
     @property
-    def routing(self) -> EnvelopeRouting | SbdRouting | list[SgQueueFrame] | None:
+    def routing(self) -> EnvelopeRouting | SbdRouting | list[_SgQueueFrame] | None:
         """With a scanner: what it made of the message, read in the same call as the frame:
         EnvelopeRouting (EnvelopeScanner, RmbScanner), SbdRouting (SbdScanner) or None. From
         an SgScanner: None, or for a message with no data, the queue frames it read since the
-        previous event (`SgQueueFrame`), to be handled in order before the next one."""
+        previous event (`_SgQueueFrame`), to be handled in order before the next one."""
     @property
     def scan_error(self) -> str | None:
         """With a scanner: why the message has no routing (not an envelope, shorter than the
@@ -599,6 +599,11 @@ class Outboxes:
         """SBD forwards the fast path relayed."""
     @property
     def sbd_bytes(self) -> int: ...
+    @property
+    def sg_dispatches(self) -> int:
+        """신경 DISPATCH frames the native path wrote (one per receiver)."""
+    @property
+    def sg_bytes(self) -> int: ...
     def __repr__(self) -> str: ...
 
 @final
@@ -795,13 +800,21 @@ class SbdRouting:
         """Index of this forward's route record in the scanner's RecordBuffer (set when
         `dest_conn_id` is); -1 otherwise."""
 
+#: the 신경 metadata key that changes on every heartbeat: never in the native index
+SG_VOLATILE_KEY: Final[str]
+#: integers of more digits are left to Python by the native path (index values: tainted)
+SG_MAX_INT_DIGITS: Final[int]
+#: the longest queue name, in characters (longer ones are refused)
+SG_MAX_QUEUE_NAME: Final[int]
+
 @final
 class SgIndex:
     """The 신경 gateway's native SEND/BROADCAST index (rust/singyeong.rs): the non-restricted
     local clients by (application, top-level key, canonical scalar). Python keeps it in step
     on identify, metadata applied and disconnect; `SgScanner`s answer from it inside `feed`."""
 
-    def __new__(cls, seed: int | None = None) -> SgIndex: ...
+    def __new__(cls, seed: int) -> SgIndex:
+        """`seed` (64 bits) fixes the SEND receiver picks; the caller's, e.g. its rng's."""
     def set(
         self, conn_id: int, app: str, json: bool, values: list[tuple[str, bytes | None]]
     ) -> None:
@@ -811,23 +824,31 @@ class SgIndex:
     def remove(self, conn_id: int) -> None: ...
     def __len__(self) -> int: ...
     @property
-    def counts(self) -> tuple[int, int, int, int]:
-        """(frames_in, sends, broadcasts, frames_out) answered natively so far."""
+    def counts(self) -> tuple[int, int]:
+        """(sends, broadcasts) answered natively so far (their DISPATCH frames are
+        `Outboxes.sg_dispatches`)."""
     def dispatch_text(self, frame: bytes, ts_ms: int) -> bytes | None:
         """The DISPATCH text the native path writes for `frame` (None: Python's frame)."""
     def receivers(self, frame: bytes) -> list[int] | None:
         """The connections the native path would write `frame` to (None: Python decides)."""
 
-#: a queue frame an SgScanner read: (0, queue, nonce JSON | None, target JSON, payload JSON,
-#: frame bytes, payload JSON is what Python's encoder writes) for QUEUE, (1, queue) for
-#: QUEUE_REQUEST, (2, queue, id) for QUEUE_ACK
-SgQueueFrame = tuple[Any, ...]
+# The queue frames an SgScanner reads (rust/singyeong.rs, QueueKind; the kinds are
+# native.py's QUEUE, QUEUE_REQUEST, QUEUE_ACK). Plain tuples at run time: private here (no
+# run-time name for stubtest to find), named `SgQueueFrame` in native.py.
+#: QUEUE: (0, queue, nonce JSON | None, target JSON, payload JSON, the frame's size in bytes,
+#: the payload JSON is what Python's encoder writes)
+_SgQueue = tuple[Literal[0], str, str | None, str, str, int, bool]
+#: QUEUE_REQUEST: (1, queue)
+_SgQueueRequest = tuple[Literal[1], str]
+#: QUEUE_ACK: (2, queue, id)
+_SgQueueAck = tuple[Literal[2], str, str]
+_SgQueueFrame = _SgQueue | _SgQueueRequest | _SgQueueAck
 
 @final
 class SgScanner:
     """Scanner of one JSON 신경 connection: once `ready`, its SEND/BROADCAST frames that
     `index` can answer exactly are written into the receivers' `outboxes` inside `feed` (no
-    event), and its QUEUE / QUEUE_REQUEST / QUEUE_ACK frames come as `SgQueueFrame` tuples in
+    event), and its QUEUE / QUEUE_REQUEST / QUEUE_ACK frames come as `_SgQueueFrame` tuples in
     batches (`WsMessage.routing`); every other frame, and every later one of the same read,
     goes to Python as it came. The
     decoder's `now` must be the wall clock (ns): it stamps the frames' `ts`."""

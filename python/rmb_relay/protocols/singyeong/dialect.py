@@ -39,7 +39,7 @@ from rmb_relay.protocols.singyeong.cluster import SgCluster
 from rmb_relay.protocols.singyeong.codec import Encoding, encode, json_value
 from rmb_relay.protocols.singyeong.hotframes import ConfirmCache
 from rmb_relay.protocols.singyeong.metrics import SgMetrics
-from rmb_relay.protocols.singyeong.native import NativePath
+from rmb_relay.protocols.singyeong.native import QUEUE_ACK, QUEUE_REQUEST, NativePath
 from rmb_relay.protocols.singyeong.proxy import Proxy
 from rmb_relay.protocols.singyeong.query import (
     Query,
@@ -59,9 +59,10 @@ from rmb_relay.protocols.singyeong.session import SgSession
 from rmb_relay.protocols.singyeong.settings import SgSettings
 
 if TYPE_CHECKING:
-    from rmb_relay._core import HttpRequest, SgQueueFrame
+    from rmb_relay._core import HttpRequest
     from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
     from rmb_relay.cluster.node import Cluster
+    from rmb_relay.protocols.singyeong.native import SgQueueFrame
     from rmb_relay.telemetry.metrics import Registry
 
 log = logging.getLogger("rmb_relay.singyeong")
@@ -102,13 +103,13 @@ class SingyeongDialect(Dialect):
         redis: Redis | None = None,
         cluster: Cluster | None = None,
         outboxes: Outboxes | None = None,
-        native_seed: int | None = None,
     ) -> None:
         """With `redis`, queues live there (shared by every instance on it, surviving
         restarts); with `cluster`, the instances in it form one gateway (cluster.py), and
         the node's name is the cluster's instance id. Either must be called on the running
         loop. `outboxes`: the switch's, which the native SEND/BROADCAST path (native.py)
-        writes into (a gateway of its own without it); `native_seed` fixes its SEND picks."""
+        writes into (a gateway of its own without it). `rng` makes every random pick, the native
+        path's SEND picks included (its seed)."""
         self.settings = settings
         #: this instance's name in QUERY_NODES and delivery tokens
         self.node = cluster.me if cluster is not None else settings.node
@@ -149,7 +150,7 @@ class SingyeongDialect(Dialect):
         self.native: NativePath | None = None
         if cluster is None and settings.native:
             self.native = NativePath(
-                outboxes if outboxes is not None else Outboxes(), seed=native_seed
+                outboxes if outboxes is not None else Outboxes(), seed=self.rng.getrandbits(64)
             )
             # the scanner stamps `ts` from the reading the listener passes it
             self.scan_clock = wall
@@ -164,10 +165,8 @@ class SingyeongDialect(Dialect):
         self._metadata_due: dict[SgSession, int] = {}
         self._metadata_timer: asyncio.TimerHandle | None = None
         self._tasks: set[asyncio.Task[None]] = set()
-        #: repr(target) -> parsed query, for QUEUE (see `_queue_target`)
-        self._queue_targets: dict[str, Query] = {}
-        #: a native QUEUE's target text -> (its value, parsed query), as `_queue_targets`
-        self._queue_texts: dict[str, tuple[Any, Query]] = {}
+        #: QUEUE target key -> (value, parsed query), for both paths (`_cached_target`)
+        self._queue_targets: dict[str, tuple[Any, Query]] = {}
         self._confirms = ConfirmCache()
         self._closed = False
         self.proxy = Proxy(self)
@@ -277,15 +276,24 @@ class SingyeongDialect(Dialect):
 
     def _metadata_tick(self) -> None:
         self._metadata_timer = None
-        self.flush_metadata(self.clock())
-        self._arm_metadata_timer()
+        try:
+            self.flush_metadata(self.clock())
+        finally:  # the other clients' updates must not stall behind one that failed
+            self._arm_metadata_timer()
 
     def flush_metadata(self, now: int) -> None:
-        """Apply every pending metadata update whose time has come."""
+        """Apply every pending metadata update whose time has come. A session whose update
+        raises (a bug) is closed and its update dropped; the others are still applied."""
         for session, due in list(self._metadata_due.items()):
             if due > now:
                 continue
-            later = session.flush_metadata(now)
+            try:
+                later = session.flush_metadata(now)
+            except Exception:
+                log.exception("singyeong: metadata of %s failed", session.peer.peer_host)
+                del self._metadata_due[session]
+                session.fatal("internal server error")
+                continue
             if later is None:
                 del self._metadata_due[session]
             else:
@@ -394,6 +402,7 @@ class SingyeongDialect(Dialect):
     def _send_all(self, sessions: list[Any], frame: Any) -> None:
         """One encode per encoding, whatever the number of receivers."""
         encoded: dict[Encoding, bytes] = {}
+        sent = 0
         for session in sessions:
             if session is None or session.closing:
                 continue
@@ -401,7 +410,8 @@ class SingyeongDialect(Dialect):
             if data is None:
                 data = encoded[session.encoding] = encode(session.encoding, frame)
             session.send_encoded(data)
-        self.metrics.hot.frames_out += len(sessions)
+            sent += 1
+        self.metrics.hot.frames_out += sent
 
     def _query_nodes(self, session: SgSession, client: Client, t: str, d: Any) -> None:
         query = self._parse_target(session, t, d)
@@ -435,97 +445,103 @@ class SingyeongDialect(Dialect):
         query = self._queue_target(session, t, d["target"])
         if query is None:
             return
-        message = Message(
-            Queues.new_id(),
+        self.queue_message(
+            session,
             name,
             d.get("nonce"),
             d["target"],
+            query,
+            session.frame_bytes,
+            None,
             d["payload"],
-            query=query,
-            size=session.frame_bytes + MESSAGE_OVERHEAD,
         )
-        self.store_message(session, message)
 
     def _queue_target(self, session: SgSession, t: str, target: Any) -> Query | None:
-        """A QUEUE's target, parsed once per distinct text: producers address the same
-        consumers message after message, and parsing (compiling the predicates) cost more
-        than the rest of storing the message. The key is `repr` of the decoded value, which
-        tells apart every JSON and msgpack value (`1`, `1.0` and `True` included) at a tenth
-        of the parse; a query is immutable, so messages share it. ETF values (atoms, tuples)
-        are parsed each time."""
+        """A QUEUE's target, parsed once per distinct value (`_cached_target`). The key is
+        `repr` of the decoded value, which tells apart every JSON and msgpack value (`1`,
+        `1.0` and `True` included) at a tenth of the parse. ETF values (atoms, tuples) are
+        parsed each time."""
         if session.encoding is Encoding.ETF:
             return self._parse_target(session, t, target)
         try:
             key = repr(target)
         except RecursionError:  # nested past any query's depth: parse says why
             return self._parse_target(session, t, target)
+        cached = self._cached_target(session, t, key, target)
+        return None if cached is None else cached[1]
+
+    def _cached_target(
+        self, session: SgSession, t: str, key: str, target: Any, *, text: bool = False
+    ) -> tuple[Any, Query] | None:
+        """(target value, parsed query) for `key`: producers address the same consumers
+        message after message, and parsing (compiling the predicates) cost more than the rest
+        of storing the message; a query is immutable, so messages share it. `text`: `target`
+        is the JSON text `key` itself (the native path), decoded only on a miss.
+
+        One cache for both paths: the Python path's keys are `repr`s, the native path's JSON
+        texts, and a JSON text that is also the `repr` of a value denotes that same value
+        (`1`, `1.0`, `"it's"`, `[1, 2]`; `repr` writes `True`, `None` and single quotes,
+        which JSON does not)."""
         cache = self._queue_targets
-        query = cache.get(key)
-        if query is None:
-            query = self._parse_target(session, t, target)
+        cached = cache.get(key)
+        if cached is None:
+            value = json_value(target) if text else target
+            query = self._parse_target(session, t, value)
             if query is None:
                 return None
             if len(cache) >= QUEUE_TARGET_CACHE:
                 cache.clear()
-            cache[key] = query
-        return query
+            cache[key] = cached = (value, query)
+        return cached
 
     def queue_batch(self, session: SgSession, batch: list[SgQueueFrame]) -> None:
         """Queue frames the native scanner read (native.py), in order: the same handling as
-        `_queue`, `_queue_request` and `_queue_ack` without decoding whole frames or walking
-        `handle` and `dispatch` per frame (three frames per queued message). A name outside
-        the limits takes the handler itself, for its op 3."""
+        `_queue`, `_queue_request` and `_queue_ack` (through the same `queue_message`,
+        `request_queue` and `ack_queue`) without decoding whole frames or walking `handle`
+        and `dispatch` per frame (three frames per queued message). The scanner reads only
+        frames these accept (names within the limits): the others reach `handle` whole."""
         client = session.client
         assert client is not None
         hot = self.metrics.hot
-        queues = self.queues
-        limit = MAX_QUEUE_NAME
         for item in batch:
             if session.closing:  # as `on_message`: nothing more is read from a closing client
                 return
             hot.frames_in += 1
-            kind, name = item[0], item[1]
-            valid = 0 < len(name) <= limit
-            if kind == 2:
-                if not valid:
-                    self._queue_ack(session, client, "QUEUE_ACK", {"queue": name, "id": item[2]})
-                    continue
-                hot.add(_ACK_OK if queues.ack(name, item[2]) else _ACK_UNKNOWN)
-            elif kind == 1:
-                if not valid:
-                    self._queue_request(session, client, "QUEUE_REQUEST", {"queue": name})
-                    continue
-                client.queues.add(name)
-                if not queues.request(name, session):
-                    hot.dispatch("QUEUE_REQUEST", "refused")
-                    session.invalid("too many outstanding QUEUE_REQUESTs", {"queue": name})
-                    continue
-                hot.add(_REQUEST_OK)
+            if item[0] == QUEUE_ACK:
+                self.ack_queue(item[1], item[2])
+            elif item[0] == QUEUE_REQUEST:
+                self.request_queue(session, client, "QUEUE_REQUEST", item[1])
             else:
-                self._native_queue(session, client, item)
+                _, name, nonce_text, target_text, payload_text, size, canonical = item
+                cached = self._cached_target(session, "QUEUE", target_text, target_text, text=True)
+                if cached is None:
+                    continue
+                nonce = None if nonce_text is None else json_value(nonce_text)
+                payload = json_value(payload_text)
+                self.queue_message(
+                    session,
+                    name,
+                    nonce,
+                    *cached,
+                    size,
+                    payload_text if canonical else None,
+                    payload,
+                )
 
-    def _native_queue(self, session: SgSession, client: Client, item: SgQueueFrame) -> None:
-        """One native QUEUE: (0, name, nonce text | None, target text, payload text, size,
-        payload text canonical)."""
-        _, name, nonce_text, target_text, payload_text, size, canonical = item
-        nonce = None if nonce_text is None else json_value(nonce_text)
-        payload = json_value(payload_text)
-        if not 0 < len(name) <= MAX_QUEUE_NAME:
-            d = {"queue": name, "target": json_value(target_text), "payload": payload}
-            if nonce_text is not None:
-                d["nonce"] = nonce
-            self._queue(session, client, "QUEUE", d)
-            return
-        cached = self._queue_texts.get(target_text)
-        if cached is None:
-            target = json_value(target_text)
-            query = self._parse_target(session, "QUEUE", target)
-            if query is None:
-                return
-            if len(self._queue_texts) >= QUEUE_TARGET_CACHE:
-                self._queue_texts.clear()
-            self._queue_texts[target_text] = cached = (target, query)
-        target, query = cached
+    def queue_message(
+        self,
+        session: SgSession,
+        name: str,
+        nonce: Any,
+        target: Any,
+        query: Query,
+        frame_size: int,
+        payload_json: str | None,
+        payload: Any,
+    ) -> None:
+        """Store a QUEUE's message (both paths). `payload_json`: the payload's JSON text, kept
+        for JSON consumers (the native path) and charged to the budget with the frame."""
+        extra = 0 if payload_json is None else len(payload_json)
         message = Message(
             Queues.new_id(),
             name,
@@ -533,8 +549,8 @@ class SingyeongDialect(Dialect):
             target,
             payload,
             query=query,
-            size=size + MESSAGE_OVERHEAD,
-            payload_json=payload_text if canonical else None,
+            size=frame_size + MESSAGE_OVERHEAD + extra,
+            payload_json=payload_json,
         )
         self.store_message(session, message)
 
@@ -592,8 +608,11 @@ class SingyeongDialect(Dialect):
 
     def _queue_request(self, session: SgSession, client: Client, t: str, d: Any) -> None:
         name = self._queue_name(session, t, d)
-        if name is None:
-            return
+        if name is not None:
+            self.request_queue(session, client, t, name)
+
+    def request_queue(self, session: SgSession, client: Client, t: str, name: str) -> None:
+        """A QUEUE_REQUEST with a valid name (both paths)."""
         client.queues.add(name)
         if not self.queues.request(name, session):
             self.metrics.hot.dispatch(t, "refused")
@@ -618,6 +637,10 @@ class SingyeongDialect(Dialect):
             self.metrics.hot.dispatch(t, "invalid")
             session.invalid("QUEUE_ACK needs queue and id", d)
             return
+        self.ack_queue(name, message_id)
+
+    def ack_queue(self, name: str, message_id: str) -> None:
+        """A QUEUE_ACK with a valid name and id (both paths)."""
         acked = self.queues.ack(name, message_id)
         self.metrics.hot.add(_ACK_OK if acked else _ACK_UNKNOWN)
 

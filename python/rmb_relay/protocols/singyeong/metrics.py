@@ -76,6 +76,12 @@ class SgMetrics:
             const=sg,
         )
         registry.counter_of(
+            "rmb_relay_messages_out_total",
+            "Messages written to clients (RMB: incl. error envelopes and mailbox), by dialect",
+            lambda: [((), self.frames_out())],
+            const=sg,
+        )
+        registry.counter_of(
             "rmb_relay_sg_dispatches_total",
             "singyeong dispatches by type and outcome (delivered, no_route, dropped, invalid, ...)",
             lambda: list(self.dispatches().items()),
@@ -145,6 +151,12 @@ class SgMetrics:
         """Frames received, Python's and the native path's."""
         native = self.native
         return self.hot.frames_in + (native()[0] if native is not None else 0)
+
+    def frames_out(self) -> int:
+        """SEND, BROADCAST and QUEUE dispatches written to receivers, Python's and the native
+        path's (one per receiver)."""
+        native = self.native
+        return self.hot.frames_out + (native()[3] if native is not None else 0)
 
     def dispatches(self) -> dict[tuple[str, str], int]:
         """(type, outcome) -> count, Python's and the native path's."""

@@ -24,47 +24,83 @@ live in Python) and with `SgSettings.native = False`.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
-from rmb_relay._core import Outboxes, SgIndex, SgScanner, WsDecoder
+from rmb_relay._core import (
+    SG_MAX_INT_DIGITS,
+    SG_VOLATILE_KEY,
+    Outboxes,
+    SgIndex,
+    SgScanner,
+    WsDecoder,
+)
+from rmb_relay.protocols.singyeong.clients import index_key
 
 if TYPE_CHECKING:
+    from rmb_relay._core import _SgQueueFrame as SgQueueFrame
     from rmb_relay.protocols.singyeong.clients import Client
     from rmb_relay.protocols.singyeong.session import SgSession
 
-#: the gateway key that changes on every heartbeat: not indexed (rust's VOLATILE_KEY)
-VOLATILE_KEY = "last_heartbeat_time"
-#: integers of more digits are left to Python (rust's MAX_INT_DIGITS)
-_INT_LIMIT = 10**18
+#: the kinds of queue frame an SgScanner reads (`SgQueueFrame`'s first item; rust's QueueKind)
+QUEUE: Final = 0
+QUEUE_REQUEST: Final = 1
+QUEUE_ACK: Final = 2
+
+__all__ = [
+    "QUEUE",
+    "QUEUE_ACK",
+    "QUEUE_REQUEST",
+    "VOLATILE_KEY",
+    "NativePath",
+    "SgQueueFrame",
+    "encodes",
+    "index_value",
+    "index_values",
+]
+
+#: the gateway key that changes on every heartbeat: not indexed (defined in rust/singyeong.rs)
+VOLATILE_KEY = SG_VOLATILE_KEY
+#: integers of more digits are tainted (rust's MAX_INT_DIGITS)
+_INT_LIMIT = 10**SG_MAX_INT_DIGITS
 
 
 def index_value(value: Any, kind: str | None) -> bytes | bool | None:
-    """The canonical bytes of a metadata value for the index; None: tainted (a `$eq` on it
-    must be answered by Python: floats equal integers, versions compare by semver, long
-    integers); False: no scalar `$eq` can match it (lists, maps, null), so it is left out."""
+    """The canonical bytes of a metadata value for the index: Python's bucket (`index_key`)
+    as Rust spells it. None: tainted (a `$eq` on it must be answered by Python: floats equal
+    integers, versions compare by semver, long integers, strings Rust cannot hold); False: no
+    scalar `$eq` can match it (lists, maps, null, NaN), so it is left out."""
     if kind == "version":
         return None
-    if isinstance(value, bool):
-        return b"b1" if value else b"b0"
-    if isinstance(value, int):
-        return b"n%d" % value if -_INT_LIMIT < value < _INT_LIMIT else None
-    if isinstance(value, float):
-        return None
-    if isinstance(value, str):
-        try:
-            return b"s" + value.encode()
-        except UnicodeEncodeError:  # a lone surrogate: Rust strings cannot hold it
-            return None
-    return False
+    bucket = index_key(value, kind)
+    if bucket is None:
+        return False
+    tag, v = bucket
+    if tag == "b":
+        return b"b1" if v else b"b0"
+    if tag == "n":
+        return b"n%d" % v if isinstance(v, int) and -_INT_LIMIT < v < _INT_LIMIT else None
+    return b"s" + v.encode() if encodes(v) else None
+
+
+def encodes(text: str) -> bool:
+    """Whether `text` is valid Unicode (no lone surrogate, which JSON's "\\ud800" can carry
+    and metadata accepts): only those can cross into Rust, and only those can be named by
+    a query the native path reads (its frames are UTF-8)."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def index_values(client: Client) -> list[tuple[str, bytes | None]]:
     """Every top-level metadata entry of `client` a scalar `$eq` could match (see
-    `index_value`)."""
+    `index_value`). Keys that are not valid Unicode are left out: no native query names
+    them (Python answers the ones that do)."""
     types = client.types
     out: list[tuple[str, bytes | None]] = []
     for key, value in client.metadata.items():
-        if key == VOLATILE_KEY:
+        if key == VOLATILE_KEY or not encodes(key):
             continue
         canonical = index_value(value, types.get(key))
         if canonical is not False:
@@ -77,7 +113,9 @@ class NativePath:
 
     __slots__ = ("index", "outboxes")
 
-    def __init__(self, outboxes: Outboxes, *, seed: int | None = None) -> None:
+    def __init__(self, outboxes: Outboxes, *, seed: int) -> None:
+        """`seed`: the index's SEND receiver picks (from the dialect's rng: the core reads no
+        clock or entropy of its own)."""
         self.outboxes = outboxes
         self.index = SgIndex(seed)
 
@@ -102,6 +140,10 @@ class NativePath:
     def changed(self, session: SgSession, client: Client) -> None:
         if client.restricted or session.closing:
             return
+        if not encodes(client.app_id):
+            # no native query can name this application: Python answers those that do
+            self.index.remove(session.peer.id)
+            return
         self.index.set(
             session.peer.id, client.app_id, session.encoding.text_frames, index_values(client)
         )
@@ -112,5 +154,7 @@ class NativePath:
         self.index.remove(session.peer.id)
 
     def counts(self) -> tuple[int, int, int, int]:
-        """(frames_in, sends, broadcasts, frames_out) answered natively."""
-        return self.index.counts
+        """(frames_in, sends, broadcasts, frames_out) answered natively: each SEND or
+        BROADCAST is one frame in, its DISPATCH frames are the outboxes' count."""
+        sends, broadcasts = self.index.counts
+        return sends + broadcasts, sends, broadcasts, self.outboxes.sg_dispatches

@@ -21,7 +21,8 @@ consumer as `attempt`). Time comes in as `now` (monotonic ns) from the dialect's
 
 Memory budget (issues #12, #13)
 -------------------------------
-Every message costs its QUEUE frame's size plus `MESSAGE_OVERHEAD` (`Message.size`) against a
+Every message costs its QUEUE frame's size plus `MESSAGE_OVERHEAD` (`Message.size`), plus its
+payload's JSON text when that is kept (`Message.payload_json`), against a
 `ByteBudget` from the
 moment it is admitted (before QUEUE_CONFIRM) until it is acked: waiting, unacked and dead
 letters alike, per queue (`--sg-queue-bytes`) and in all (`--sg-queue-total-bytes`). A QUEUE
@@ -45,6 +46,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rmb_relay._core import SG_MAX_QUEUE_NAME
 from rmb_relay.budget import ByteBudget
 from rmb_relay.protocols.singyeong.query import Query, parse
 
@@ -64,8 +66,9 @@ def _new_id_prefix() -> None:
 
 os.register_at_fork(after_in_child=_new_id_prefix)
 
-#: queue names longer than this are refused (they key memory and Redis)
-MAX_QUEUE_NAME = 256
+#: queue names longer than this are refused (they key memory and Redis); defined in
+#: rust/singyeong.rs, whose native path leaves them to Python
+MAX_QUEUE_NAME = SG_MAX_QUEUE_NAME
 #: outstanding QUEUE_REQUESTs one client may have on one queue
 MAX_REQUESTS_PER_CLIENT = 10_000
 #: bytes of messages one queue may hold in memory (all states): one consumer's absence stops
@@ -98,7 +101,8 @@ class Message:
     payload: Any
     attempts: int = 0
     query: Query | None = None
-    #: bytes charged to the memory budget (the QUEUE frame's size + MESSAGE_OVERHEAD)
+    #: bytes charged to the memory budget (the QUEUE frame's size + MESSAGE_OVERHEAD, + the
+    #: length of `payload_json` when kept)
     size: int = 0
     #: the payload's JSON text when it arrived exactly as the encoder writes it (the native
     #: path, native.py): a JSON consumer's QUEUE dispatch copies it instead of encoding again

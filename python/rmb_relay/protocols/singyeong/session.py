@@ -91,6 +91,7 @@ class SgSession(WebSocketHandler):
         return self.client is not None and not self.closing and query.matches(self.client)
 
     def deliver_queued(self, message: Message) -> None:
+        self.dialect.metrics.hot.frames_out += 1
         if self.encoding is Encoding.JSON:
             self.peer.send_text(
                 queue_dispatch(

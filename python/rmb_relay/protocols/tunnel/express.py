@@ -4,15 +4,20 @@ Why: on the task path (client.py) most of the relay's CPU per tunnelled request 
 machinery around the request rather than to it — a task, a timeout scope, the router's
 coroutine chain, a future and the awaits through them (py-spy, issue #13). The common case
 needs none of it: a small request whose head and body came in one read, for a tenant that
-needs no token, with a connector of that tenant here that has room. It is encoded (the Rust
-codec, wire.py) into that connector's outbox while the client's read is processed, and the
-connector's `Deliver` writes the client's answer at once, from inside the connector's read.
+needs no token or with a token already verified, with a connector of that tenant here that
+has room. It is encoded (the Rust codec, wire.py) into that connector's outbox while the
+client's read is processed, and the connector's `Deliver` writes the client's answer at once,
+from inside the connector's read.
 
 Taken here (`offer` returns the abandon call) only when all of these hold, else declined
 (None) and client.py serves the request as before, body untouched:
 
 - mode `relay` (queue and trace stay on the task path), tenant and target segments present;
-- the tenant is known (cache) and does not require authentication;
+- the tenant is known (cache) and either does not require authentication or the request's
+  bearer token is one the relay already verified, still good and for this tenant
+  (`TokenAuthority.known`, verified.py); any other token (new, expired, badly signed, another
+  tenant's, absent) is declined, and the task path checks it fully and answers 401 itself
+  (or serves it and remembers it, so the next request with it comes here);
 - no route records (`--records`) — the task path records them;
 - a connector of the tenant is connected to this relay (shortcut on, or no Redis), none of the
   tenant's requests is queued, and the tenant is under its concurrency limit, so the job goes
@@ -42,6 +47,7 @@ from rmb_relay.protocols.tunnel.client import (
 )
 from rmb_relay.protocols.tunnel.hub import Job, Outcome
 from rmb_relay.protocols.tunnel.ids import request_id as new_request_id
+from rmb_relay.protocols.tunnel.tokens import bearer
 from rmb_relay.protocols.tunnel.wire import ClientRequest
 
 if TYPE_CHECKING:
@@ -187,8 +193,11 @@ def offer(
         metrics.express.inc(1, "tenant")
         return None
     if tenant.require_authentication:
-        metrics.express.inc(1, "auth")
-        return None
+        token = bearer(request.header("authorization"))
+        known = dialect.tokens.known(token) if token is not None else None
+        if known is None or known.upper() != tenant.normalized:
+            metrics.express.inc(1, "auth")
+            return None
     hub = dialect.hub
     key = tenant.normalized
     if not hub.connectors.get(key) or (

@@ -10,6 +10,10 @@ key rotation and `kid` lookup, rather than ours). Either way a token names its t
 
 Time: expiry is checked here against the clock passed in (PyJWT's own time checks are off), so
 tests move time instead of waiting for it.
+
+A token that passed is remembered until its end (verified.py), so a client or connector
+presenting the same token again is not checked again; `TokenAuthority.known` is that lookup
+alone, for callers that cannot await (the express path).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from rmb_relay.clock import Clock, seconds, wall_clock
 from rmb_relay.errors import AuthError, ConfigError
+from rmb_relay.protocols.tunnel.verified import SIZE, VerifiedTokens
 
 if TYPE_CHECKING:
     # PyJWT (and the cryptography x509 modules it loads) is imported by the methods that sign
@@ -63,7 +68,8 @@ def _tenant_of(claims: dict[str, Any]) -> str:
     return tenant
 
 
-def _check_time(claims: dict[str, Any], now: int) -> None:
+def _check_time(claims: dict[str, Any], now: int) -> float:
+    """The last unix second the token is good (`exp` + LEEWAY); AuthError when it is not now."""
     exp = claims.get("exp")
     if not isinstance(exp, int | float):
         raise AuthError(401, "token has no exp claim")
@@ -72,6 +78,7 @@ def _check_time(claims: dict[str, Any], now: int) -> None:
     nbf = claims.get("nbf")
     if isinstance(nbf, int | float) and now + LEEWAY < nbf:
         raise AuthError(401, "token not valid yet")
+    return exp + LEEWAY
 
 
 class OidcVerifier:
@@ -101,6 +108,12 @@ class OidcVerifier:
 
     async def verify(self, token: str) -> str:
         """The tenant the token is for; AuthError when it is not valid."""
+        return (await self.check(token))[0]
+
+    async def check(self, token: str) -> tuple[str, float]:
+        """The tenant the token is for and the last unix second the verdict may be relied on:
+        its expiry, and at most one JWKS lifespan from now (the key that verified it is
+        trusted no longer without fetching the set again); AuthError when it is not valid."""
         import jwt
 
         try:
@@ -119,8 +132,9 @@ class OidcVerifier:
             )
         except (jwt.PyJWTError, OSError, ValueError) as err:
             raise AuthError(401, f"token refused: {err}") from None
-        _check_time(claims, seconds(self.clock()))
-        return _tenant_of(claims)
+        now = seconds(self.clock())
+        until = _check_time(claims, now)
+        return _tenant_of(claims), min(until, now + JWKS_LIFESPAN)
 
 
 class TokenAuthority:
@@ -133,6 +147,7 @@ class TokenAuthority:
         ttl: int = 300,
         clock: Clock = wall_clock,
         oidc: OidcVerifier | None = None,
+        cache: int = SIZE,
     ) -> None:
         if ttl <= 0:
             raise ConfigError("--tunnel-token-ttl must be positive")
@@ -140,6 +155,13 @@ class TokenAuthority:
         self.ttl = ttl
         self.clock = clock
         self.oidc = oidc
+        #: tokens that passed `verify`, until their end (verified.py)
+        self.verified = VerifiedTokens(cache)
+
+    def known(self, token: str) -> str | None:
+        """The tenant of a token that passed `verify` and is still good, else None (then only
+        `verify` can say): no JWT work, no await."""
+        return self.verified.get(token, seconds(self.clock()))
 
     def issue(self, tenant: str) -> str:
         import jwt
@@ -157,7 +179,17 @@ class TokenAuthority:
         return jwt.encode(claims, self._key, algorithm="HS256")
 
     async def verify(self, token: str) -> str:
-        """The tenant name the token is for; AuthError otherwise."""
+        """The tenant name the token is for; AuthError otherwise. A token that passes is
+        remembered until its end, and found there the next time."""
+        tenant = self.known(token)
+        if tenant is not None:
+            return tenant
+        tenant, until = await self._check(token)
+        self.verified.put(token, tenant, until)
+        return tenant
+
+    async def _check(self, token: str) -> tuple[str, float]:
+        """The full check: the tenant and the last unix second the token is good."""
         import jwt
 
         try:
@@ -167,7 +199,7 @@ class TokenAuthority:
         issuer = unverified.get("iss")
         if issuer != EMBEDDED_ISSUER:
             if self.oidc is not None and issuer == self.oidc.issuer:
-                return await self.oidc.verify(token)
+                return await self.oidc.check(token)
             raise AuthError(401, f"token issuer {issuer!r} is not accepted")
         try:
             claims = jwt.decode(
@@ -180,8 +212,8 @@ class TokenAuthority:
             )
         except jwt.PyJWTError as err:
             raise AuthError(401, f"token refused: {err}") from None
-        _check_time(claims, seconds(self.clock()))
-        return _tenant_of(claims)
+        until = _check_time(claims, seconds(self.clock()))
+        return _tenant_of(claims), until
 
 
 def bearer(authorization: bytes | None) -> str | None:
