@@ -1018,24 +1018,31 @@ fn is_tchar(b: u8) -> bool {
     b.is_ascii_alphanumeric() || TCHAR_PUNCT.contains(&b)
 }
 
-/// A header name must be a token (RFC 9110 section 5.6.2).
-fn is_token(s: &str) -> bool {
+/// A method or header name must be a token (RFC 9110 section 5.6.2).
+pub(crate) fn is_token(s: &str) -> bool {
     !s.is_empty() && s.bytes().all(is_tchar)
 }
 
-/// Reject what would let a caller inject a header or split the message (CR, LF, NUL).
+/// Reject a field that would let a caller inject a header or split the message: a name that
+/// is no token, a value with CR, LF or NUL. Both directions' encoders check with it.
+pub(crate) fn check_field(name: &str, value: &str) -> Result<()> {
+    if !is_token(name) {
+        return Err(Error::InvalidArgument(format!(
+            "invalid header name {name:?}"
+        )));
+    }
+    if value.bytes().any(|b| matches!(b, b'\r' | b'\n' | 0)) {
+        return Err(Error::InvalidArgument(format!(
+            "invalid value for header {name:?}"
+        )));
+    }
+    Ok(())
+}
+
+/// [`check_field`] for each field, and no framing fields (they are computed here).
 fn check_headers(headers: &[(&str, &str)]) -> Result<()> {
     for (name, value) in headers {
-        if !is_token(name) {
-            return Err(Error::InvalidArgument(format!(
-                "invalid header name {name:?}"
-            )));
-        }
-        if value.bytes().any(|b| matches!(b, b'\r' | b'\n' | 0)) {
-            return Err(Error::InvalidArgument(format!(
-                "invalid value for header {name:?}"
-            )));
-        }
+        check_field(name, value)?;
         if name.eq_ignore_ascii_case("content-length")
             || name.eq_ignore_ascii_case("transfer-encoding")
         {

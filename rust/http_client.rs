@@ -8,6 +8,7 @@
 //! `Host` and `Content-Length` are ours.
 
 use crate::error::{Error, Result};
+use crate::http::{check_field, is_token};
 
 /// Request fields a connector does not pass on: they describe the client's hop to the relay
 /// (the target gets its own Host, and a Content-Length for the body we send).
@@ -21,26 +22,6 @@ pub const SKIP: [&str; 5] = [
 
 fn skipped(name: &str) -> bool {
     SKIP.iter().any(|s| s.eq_ignore_ascii_case(name))
-}
-
-fn is_token(s: &str) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
-}
-
-fn check_field(name: &str, value: &str) -> Result<()> {
-    if !is_token(name) {
-        return Err(Error::InvalidArgument(format!(
-            "header {name:?} cannot be sent"
-        )));
-    }
-    if value.bytes().any(|b| matches!(b, b'\r' | b'\n' | 0)) {
-        return Err(Error::InvalidArgument(format!(
-            "header {name:?} has a value that cannot be sent"
-        )));
-    }
-    Ok(())
 }
 
 /// Appends `name: value\r\n` after checking both (no CR, LF or NUL: no injected fields).
