@@ -254,6 +254,55 @@ async def test_malformed_and_unknown_deliveries_are_refused_while_a_request_wait
     assert tunnel.dialect.hub.jobs == {}
 
 
+@pytest.mark.parametrize(
+    ("status", "headers", "body"),
+    [
+        (204, {}, b"hi"),  # no body may follow a 204
+        (42, {}, b""),  # no such status in HTTP/1.1
+        (200, {"X-Split": ["a\r\nInjected: 1"]}, b""),  # a field that would split the head
+    ],
+)
+async def test_a_deliver_http_cannot_carry_is_a_500_and_the_connector_keeps_serving(
+    start_tunnel: StartTunnel, status: int, headers: dict[str, list[str]], body: bytes
+) -> None:
+    """Answered inside the connector's read: before, encoding it raised there, the relay
+    closed the connector (1011), the client never got an answer and the job stayed held."""
+    tunnel = await start_tunnel()
+    token = tunnel.dialect.tokens.issue("acme")
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(
+            tunnel.base + "/tunnel/connector", headers={"Authorization": f"Bearer {token}"}
+        ) as ws,
+    ):
+        assert json.loads(await ws.receive_str(timeout=WAIT))["target"] == "Configure"
+        for n, (want_status, deliver) in enumerate(
+            [(500, (status, headers, body)), (200, (200, {}, b"fine"))]
+        ):
+            async with raw_client(tunnel) as client:
+                answer = asyncio.ensure_future(client.request("POST", "/relay/acme/app/x", b"hi"))
+                argument = json.loads(await ws.receive_str(timeout=WAIT))["arguments"][0]
+                assert tunnel.dialect.metrics.express.value("taken") == n + 1
+                code, fields, content = deliver
+                await ws.send_str(
+                    encode(
+                        TargetResponse(
+                            argument["requestId"],
+                            argument["requestOriginId"],
+                            code,
+                            fields,
+                            body_size=len(content),
+                            body_content=content,
+                        ),
+                        False,
+                    ).decode()
+                )
+                got, _, _ = await answer
+                assert got == want_status
+            assert not ws.closed
+    assert tunnel.dialect.hub.jobs == {}
+
+
 class _Answers:
     """Collects what an express reply answers (the connection's side of ExpressClient)."""
 

@@ -790,7 +790,14 @@ class Connection(asyncio.Protocol):
             )
             return
         keep = request.keep_alive and response.status < 400 and not self._client_done
-        self._send_whole(request, body, response, keep)
+        try:
+            self._send_whole(request, body, response, keep)
+        except Exception:
+            # an answer that cannot be encoded (a status or a field HTTP/1.1 cannot carry,
+            # from the connector): the task path's `_serve` answers it 500, so does this; it
+            # runs inside the connector's read, which must not end for it
+            log.exception("internal error answering %s %s", request.method, request.path)
+            self._respond(HttpResponse(500, b"internal server error"), close=True)
 
     def _abandon_express(self) -> None:
         cancel, self._express_cancel = self._express_cancel, None

@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 import secrets
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
 from rmb_relay.budget import BudgetExceeded
+from rmb_relay.protocols.base import HttpResponse
 from rmb_relay.protocols.tunnel.client import (
     MANUAL,
     _Record,
@@ -57,6 +59,7 @@ if TYPE_CHECKING:
     from rmb_relay.protocols.base import ExpressClient
     from rmb_relay.protocols.tunnel.dialect import TunnelDialect
 
+log = logging.getLogger("rmb_relay.tunnel")
 
 #: how early the deadline timer may fire and still time a reply out (timers fire to the ms)
 SLACK = 0.005
@@ -148,7 +151,14 @@ class ExpressReply:
             return
         job = self._finish()
         assert job is not None
-        self.client.express_answer(respond(self.dialect, job, outcome, _Record(self.dialect)))
+        try:
+            response = respond(self.dialect, job, outcome, _Record(self.dialect))
+        except Exception:
+            # runs inside the connector's read: an answer we cannot build must cost this
+            # client a 500 (as the task path's `_serve` gives), not the connector's session
+            log.exception("tunnel: the answer to request %s could not be built", job.request_id)
+            response = HttpResponse(500, b"internal server error")
+        self.client.express_answer(response)
 
     def time_out(self) -> None:
         """Nobody answered within TTL + response timeout (client.py's 504)."""

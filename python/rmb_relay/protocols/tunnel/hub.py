@@ -427,14 +427,16 @@ class Hub:
             self._drop_response_body(response)
             raise WireError(f"Deliver: unknown request id {response.request_id!r}")
         connector.inflight.pop(job.request_id, None)
-        if job.waiting:
-            self._answer(job, response)
-        else:
-            self._drop_response_body(response)
-            job.answered = True
-        if job.acked:
-            self._forget(job)
-        self.pump(job.tenant)
+        try:
+            if job.waiting:
+                self._answer(job, response)
+            else:
+                self._drop_response_body(response)
+                job.answered = True
+        finally:  # a waiter that raised (it runs the express path's answer) leaks no job
+            if job.acked:
+                self._forget(job)
+            self.pump(job.tenant)
 
     def _drop_response_body(self, response: TargetResponse) -> None:
         if response.outsourced:
