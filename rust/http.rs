@@ -1201,13 +1201,9 @@ pub fn encode_switching_protocols(accept: &str, headers: &[(&str, &str)]) -> Res
     Ok(out)
 }
 
-/// A client request; Content-Length is added when the body is non-empty.
-pub fn encode_request(
-    method: &str,
-    target: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> Result<Vec<u8>> {
+/// A request line we may send: the method a token, the target without spaces or controls
+/// (which would split the line). Both request encoders (this file's and http_client.rs's).
+pub(crate) fn check_request_line(method: &str, target: &str) -> Result<()> {
     if !is_token(method) {
         return Err(Error::InvalidArgument(format!("invalid method {method:?}")));
     }
@@ -1216,6 +1212,17 @@ pub fn encode_request(
             "invalid request target {target:?}"
         )));
     }
+    Ok(())
+}
+
+/// A client request; Content-Length is added when the body is non-empty.
+pub fn encode_request(
+    method: &str,
+    target: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> Result<Vec<u8>> {
+    check_request_line(method, target)?;
     check_headers(headers)?;
     let mut out =
         Vec::with_capacity(64 + method.len() + target.len() + headers_len(headers) + body.len());

@@ -7,8 +7,8 @@
 //! where it is, the fields that describe the hop to the relay ([`SKIP`]) are left out, and
 //! `Host` and `Content-Length` are ours.
 
-use crate::error::{Error, Result};
-use crate::http::{check_field, is_token};
+use crate::error::Result;
+use crate::http::{check_field, check_request_line};
 
 /// Request fields a connector does not pass on: they describe the client's hop to the relay
 /// (the target gets its own Host, and a Content-Length for the body we send).
@@ -47,14 +47,7 @@ pub fn encode_target_request<'a>(
     body: &[u8],
     length: Option<u64>,
 ) -> Result<Vec<u8>> {
-    if !is_token(method) {
-        return Err(Error::InvalidArgument(format!("invalid method {method:?}")));
-    }
-    if target.is_empty() || target.bytes().any(|b| b <= b' ' || b == 0x7f) {
-        return Err(Error::InvalidArgument(format!(
-            "invalid request target {target:?}"
-        )));
-    }
+    check_request_line(method, target)?;
     let mut out = Vec::with_capacity(256 + target.len() + body.len());
     out.extend_from_slice(method.as_bytes());
     out.push(b' ');
