@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 
+import aiohttp
 import pytest
 
 from rmb_relay.protocols.tunnel.targets import WebTarget
@@ -20,7 +21,7 @@ from rmb_relay.protocols.tunnel.wire import (
 )
 from tests.conftest import WAIT
 from tests.helpers import eventually
-from tests.tunnel_fixtures import SECRET, KeepAliveThenClose, StartTunnel, pattern
+from tests.tunnel_fixtures import SECRET, KeepAliveThenClose, StartTunnel, pattern, raw_connector
 from tests.tunnel_fixtures import start_tunnel as start_tunnel
 
 pytestmark = pytest.mark.timeout(60)
@@ -275,17 +276,7 @@ async def test_malformed_connector_messages_get_an_error_and_the_connection_stay
 ) -> None:
     tunnel = await start_tunnel()
     await tunnel.connect()  # a well-behaved connector keeps serving meanwhile
-    token = tunnel.dialect.tokens.issue("acme")
-    import aiohttp
-
-    async with (
-        aiohttp.ClientSession() as session,
-        session.ws_connect(
-            tunnel.base + "/tunnel/connector", headers={"Authorization": f"Bearer {token}"}
-        ) as ws,
-    ):
-        configure = json.loads(await ws.receive_str(timeout=WAIT))
-        assert configure["target"] == "Configure"
+    async with raw_connector(tunnel) as ws:
         bad = [
             "not json",
             "[]",

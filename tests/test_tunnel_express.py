@@ -13,7 +13,6 @@ import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-import aiohttp
 import pytest
 
 from rmb_relay.clock import NS
@@ -23,7 +22,7 @@ from rmb_relay.protocols.tunnel.tokens import LEEWAY, TokenAuthority
 from rmb_relay.protocols.tunnel.wire import TargetResponse, encode
 from tests.conftest import WAIT
 from tests.helpers import eventually
-from tests.tunnel_fixtures import StartTunnel, Tunnel, pattern
+from tests.tunnel_fixtures import StartTunnel, Tunnel, pattern, raw_connector
 from tests.tunnel_fixtures import start_tunnel as start_tunnel
 
 pytestmark = pytest.mark.timeout(60)
@@ -212,15 +211,7 @@ async def test_malformed_and_unknown_deliveries_are_refused_while_a_request_wait
     start_tunnel: StartTunnel,
 ) -> None:
     tunnel = await start_tunnel()
-    token = tunnel.dialect.tokens.issue("acme")
-    async with (
-        aiohttp.ClientSession() as session,
-        session.ws_connect(
-            tunnel.base + "/tunnel/connector", headers={"Authorization": f"Bearer {token}"}
-        ) as ws,
-        raw_client(tunnel) as client,
-    ):
-        assert json.loads(await ws.receive_str(timeout=WAIT))["target"] == "Configure"
+    async with raw_connector(tunnel) as ws, raw_client(tunnel) as client:
         answer = asyncio.ensure_future(client.request("POST", "/relay/acme/app/x", b"hi"))
         request = json.loads(await ws.receive_str(timeout=WAIT))
         assert request["target"] == "RequestTarget"
@@ -268,14 +259,7 @@ async def test_a_deliver_http_cannot_carry_is_a_500_and_the_connector_keeps_serv
     """Answered inside the connector's read: before, encoding it raised there, the relay
     closed the connector (1011), the client never got an answer and the job stayed held."""
     tunnel = await start_tunnel()
-    token = tunnel.dialect.tokens.issue("acme")
-    async with (
-        aiohttp.ClientSession() as session,
-        session.ws_connect(
-            tunnel.base + "/tunnel/connector", headers={"Authorization": f"Bearer {token}"}
-        ) as ws,
-    ):
-        assert json.loads(await ws.receive_str(timeout=WAIT))["target"] == "Configure"
+    async with raw_connector(tunnel) as ws:
         for n, (want_status, deliver) in enumerate(
             [(500, (status, headers, body)), (200, (200, {}, b"fine"))]
         ):

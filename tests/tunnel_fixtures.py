@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 from aiohttp import web
@@ -257,3 +259,20 @@ class KeepAliveThenClose:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
         await writer.drain()
         writer.close()
+
+
+@asynccontextmanager
+async def raw_connector(
+    tunnel: Tunnel, tenant: str = "acme"
+) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+    """A connector the test speaks for itself (JSON): logged in with a token the relay issued,
+    its `Configure` already read."""
+    token = tunnel.dialect.tokens.issue(tenant)
+    async with (
+        aiohttp.ClientSession() as session,
+        session.ws_connect(
+            tunnel.base + "/tunnel/connector", headers={"Authorization": f"Bearer {token}"}
+        ) as ws,
+    ):
+        assert json.loads(await ws.receive_str(timeout=WAIT))["target"] == "Configure"
+        yield ws
