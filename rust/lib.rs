@@ -27,6 +27,8 @@ pub mod scan;
 pub mod singyeong;
 /// the connector's native per-request path (RequestTarget -> target request, answer -> Deliver)
 pub mod tunnel_connector;
+/// the relay's express answer: a connector's Deliver as the client's HTTP/1.1 bytes
+pub mod tunnel_express;
 /// the HTTP tunnel's connector messages, JSON and msgpack (wire.py's twin)
 pub mod tunnel_wire;
 pub mod ws;
@@ -50,5 +52,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     records::py::register(m)?;
     tunnel_wire::py::register(m)?;
     tunnel_connector::py::register(m)?;
+    tunnel_express::py::register(m)?;
     Ok(())
 }

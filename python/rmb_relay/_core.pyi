@@ -950,6 +950,12 @@ def tunnel_request_headers(request: HttpRequest) -> dict[str, list[str]]:
 
 TUNNEL_HOP_BY_HOP: Final[tuple[str, ...]]
 
+# ---- tunnel_express.rs ----------------------------------------------------------------------
+
+def tunnel_express_answer(data: bytes, binary: bool) -> tuple[str, int, bytes] | None:
+    """(request id, status, the client's HTTP/1.1 answer kept alive) for a `Deliver` the
+    express path answers natively, else None (Python's path takes the message)."""
+
 # ---- tunnel_connector.rs --------------------------------------------------------------------
 
 @final

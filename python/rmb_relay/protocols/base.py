@@ -206,6 +206,12 @@ class ExpressClient(Protocol):
     def express_answer(self, response: HttpResponse) -> None:
         """The answer of a request the handler took (written at once unless it streams)."""
 
+    def express_answer_encoded(self, status: int, data: bytes) -> bool:
+        """The answer of a request the handler took, already encoded kept alive (the tunnel's
+        native answer): written at once; False, nothing done, when this request's answer
+        must be built another way (HEAD, a status of 400 or more, a connection that closes
+        after it, no request being served)."""
+
 
 #: (request, its whole body, the connection) -> None to decline, else the call that abandons
 #: the request when the client goes away before `express_answer`

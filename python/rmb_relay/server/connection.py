@@ -799,6 +799,29 @@ class Connection(asyncio.Protocol):
             log.exception("internal error answering %s %s", request.method, request.path)
             self._respond(HttpResponse(500, b"internal server error"), close=True)
 
+    def express_answer_encoded(self, status: int, data: bytes) -> bool:
+        """A kept-alive answer encoded in the Rust core (ExpressClient): the bytes
+        `express_answer` + `_send_whole` would write for it, when they would keep the
+        connection and write the body (not HEAD); False, nothing done, otherwise."""
+        request, body = self._request, self._body
+        if (
+            self.state is not State.HTTP
+            or request is None
+            or body is None
+            or status >= 400
+            or not request.keep_alive
+            or self._client_done
+            or not body.finished
+            or request.method == "HEAD"
+        ):
+            return False
+        self._express_cancel = None
+        self.server.metrics.http_requests.inc(1, request.method, str(status))
+        self._response_started = True
+        self._write(data)
+        self._next_request()
+        return True
+
     def _abandon_express(self) -> None:
         cancel, self._express_cancel = self._express_cancel, None
         self._express = None

@@ -9,6 +9,7 @@ msgpack. Everything else about requests lives in `hub.py`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 import uuid
@@ -194,9 +195,12 @@ class TunnelDialect(Dialect):
         if protocol not in ("json", "msgpack"):
             raise HttpReject(400, "protocol must be json or msgpack")
         self.start_sweeper()
-        return ConnectorSession(
+        session = ConnectorSession(
             peer, self.hub, tenant.normalized, tenant.name, binary=protocol == "msgpack"
         )
+        if self.settings.express and self.settings.native:
+            session.native = functools.partial(express.deliver_native, self.hub)
+        return session
 
     # ---- routes ----------------------------------------------------------------------------
 

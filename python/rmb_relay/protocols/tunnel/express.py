@@ -38,6 +38,7 @@ import secrets
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
+from rmb_relay._core import tunnel_express_answer
 from rmb_relay.budget import BudgetExceeded
 from rmb_relay.protocols.base import HttpResponse
 from rmb_relay.protocols.tunnel.client import (
@@ -47,7 +48,7 @@ from rmb_relay.protocols.tunnel.client import (
     request_headers,
     respond,
 )
-from rmb_relay.protocols.tunnel.hub import Job, Outcome
+from rmb_relay.protocols.tunnel.hub import ConnectorSession, Hub, Job, Outcome
 from rmb_relay.protocols.tunnel.ids import request_id as new_request_id
 from rmb_relay.protocols.tunnel.tokens import bearer
 from rmb_relay.protocols.tunnel.wire import ClientRequest
@@ -178,6 +179,34 @@ class ExpressReply:
         job = self._finish()
         if job is not None:
             self.dialect.hub.abandon(job)
+
+
+def deliver_native(hub: Hub, connector: ConnectorSession, data: bytes) -> bool:
+    """A connector's message answered in the Rust core when it is the `Deliver` of a request
+    this path took and its answer is the common one (`tunnel_express_answer`: body inline, a
+    status and fields HTTP/1.1 carries; `express_answer_encoded`: kept alive, not HEAD):
+    the client's bytes are written, the job's bookkeeping and metrics are `Hub.deliver`'s and
+    `respond`'s. False, nothing done, for anything else: `on_message` then takes the message
+    as before (and answers, counts or refuses it)."""
+    got = tunnel_express_answer(data, connector.binary)
+    if got is None:
+        return False
+    request_id, status, answer = got
+    job = hub.jobs.get(request_id)
+    if job is None or job.tenant != connector.tenant:
+        return False
+    reply = job.future
+    if type(reply) is not ExpressReply or reply.finished:
+        return False
+    if not reply.client.express_answer_encoded(status, answer):
+        return False
+    reply._finish()
+    wire = job.request
+    metrics = hub.metrics
+    metrics.native_answers += 1
+    metrics.requests.inc(1, wire.tenant_name, wire.target if status != 404 else "-", str(status))
+    hub.delivered(connector, job)
+    return True
 
 
 def offer(

@@ -170,6 +170,9 @@ class ConnectorSession(WebSocketHandler):
         self.open = False
         #: the loop this connection lives on (asyncio.get_running_loop costs a getpid call)
         self._loop = asyncio.get_running_loop()
+        #: answers a `Deliver` of the express path natively (express.deliver_native: True
+        #: when it did); None: every message takes `on_message`'s Python path
+        self.native: Callable[[ConnectorSession, bytes], bool] | None = None
 
     def send_message(self, message: ClientRequest | TenantConfig | ErrorMessage) -> None:
         if not self._outbox:
@@ -194,6 +197,9 @@ class ConnectorSession(WebSocketHandler):
         self.hub.connector_joined(self)
 
     def on_message(self, message: WsMessage) -> None:
+        native = self.native
+        if native is not None and message.is_text != self.binary and native(self, message.data):
+            return
         try:
             if message.is_text == self.binary:
                 want = "binary (msgpack)" if self.binary else "text (JSON)"
@@ -437,6 +443,14 @@ class Hub:
             if job.acked:
                 self._forget(job)
             self.pump(job.tenant)
+
+    def delivered(self, connector: ConnectorSession, job: Job) -> None:
+        """`deliver`'s bookkeeping for a job whose waiter the native path answered."""
+        connector.inflight.pop(job.request_id, None)
+        job.answered = True
+        if job.acked:
+            self._forget(job)
+        self.pump(job.tenant)
 
     def _drop_response_body(self, response: TargetResponse) -> None:
         if response.outsourced:

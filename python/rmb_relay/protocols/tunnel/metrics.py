@@ -61,6 +61,16 @@ class TunnelMetrics:
             ("outcome",),
             const=const,
         )
+        #: express answers the Rust core built (express.deliver_native), a plain int as above
+        self.native_answers = 0
+        registry.counter_of(
+            "rmb_relay_tunnel_native_answers_total",
+            "Express-path answers built from the connector's Deliver in the Rust core "
+            "(the rest of the express path's answers are built in Python)",
+            lambda: [((), self.native_answers)],
+            (),
+            const=const,
+        )
         self.swept = registry.counter(
             "rmb_relay_tunnel_body_files_swept_total",
             "Orphaned body files the sweeper removed",

@@ -54,6 +54,9 @@ class TunnelSettings:
     #: serve the common relay-mode request on the express path (express.py); off: every
     #: request takes the task path (the same answers, more CPU)
     express: bool = True
+    #: answer the express path's `Deliver`s in the Rust core (express.deliver_native); off:
+    #: Python builds those answers (the same bytes, more CPU)
+    native: bool = True
 
     def __post_init__(self) -> None:
         for name in ("request_ttl", "response_timeout", "token_ttl", "keep_alive"):
@@ -96,6 +99,7 @@ class TunnelSettings:
             tenant_bytes=args.tunnel_tenant_bytes,
             total_bytes=args.tunnel_total_bytes,
             express=not args.no_tunnel_express,
+            native=not args.tunnel_no_native,
         )
 
 
@@ -118,6 +122,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--no-tunnel-express",
         action="store_true",
         help="serve every tunnel request on the task path, none on the express path",
+    )
+    group.add_argument(
+        "--tunnel-no-native",
+        action="store_true",
+        help="build the express path's answers in Python, not in the Rust core",
     )
     group.add_argument(
         "--tunnel-request-ttl",
