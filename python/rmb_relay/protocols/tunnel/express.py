@@ -239,7 +239,8 @@ def offer(
             return None
     hub = dialect.hub
     key = tenant.normalized
-    if not hub.connectors.get(key) or (
+    group = hub.connectors.get(key)
+    if not group or (
         dialect.bridge is not None and not dialect.settings.shortcut
     ):
         metrics.express.inc(1, "no connector")
@@ -288,5 +289,5 @@ def offer(
     metrics.express_taken += 1
     dialect.start_sweeper()
     dialect.express_deadlines.add(reply)
-    hub.submit(job)
+    hub.send_now(job, group)
     return reply.abandon

@@ -331,6 +331,13 @@ class Hub:
             delay = max(0.0, (job.deadline - self.clock()) / NS)
             job.timer = asyncio.get_running_loop().call_later(delay, self._expire_if_queued, job)
 
+    def send_now(self, job: Job, group: list[ConnectorSession]) -> None:
+        """`submit` for an admitted job its caller found room for (express.py: its tenant has
+        nothing queued, is under its limit, and `group` are its connectors here): what `pump`
+        would do with it at once, without the trip through the queue."""
+        self.jobs[job.request_id] = job
+        self._send(job, self._pick(job.tenant, group), self.clock())
+
     def new_deadline(self) -> int:
         return self.clock() + self.ttl
 
