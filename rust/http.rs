@@ -2414,6 +2414,10 @@ pub mod py {
         pub(crate) fn fields(&self) -> &Fields {
             &self.head.headers
         }
+        /// The request's method, for other Rust modules.
+        pub(crate) fn method_str(&self) -> &str {
+            &self.head.method
+        }
     }
 
     #[pymethods]

@@ -170,9 +170,90 @@ mod tests {
     }
 }
 
+/// A client request's fields as `httpHeaders` (`tunnel_request_headers`' rules: latin-1
+/// text, names in first-seen order with all their values, `HOP_BY_HOP` left out), and the
+/// characters they hold as `hub.held_size` counts them (each name once per value, the values).
+pub fn request_headers<'a>(
+    fields: impl Iterator<Item = (&'a str, &'a [u8])>,
+) -> (Vec<(String, Vec<String>)>, usize) {
+    let mut headers: Vec<(String, Vec<String>)> = Vec::new();
+    let mut size = 0;
+    for (name, value) in fields {
+        if HOP_BY_HOP.contains(&name) {
+            continue;
+        }
+        let text: String = value.iter().map(|b| char::from(*b)).collect();
+        size += name.chars().count() + value.len();
+        match headers.iter_mut().find(|(n, _)| n == name) {
+            Some((_, values)) => values.push(text),
+            None => headers.push((name.to_owned(), vec![text])),
+        }
+    }
+    (headers, size)
+}
+
 pub mod py {
     use pyo3::prelude::*;
-    use pyo3::types::{PyBytes, PyString};
+    use pyo3::types::{PyBytes, PyDict, PyList, PyString};
+
+    use crate::tunnel_wire::{encode_client_request, ClientRequestRef, Json, Msgpack};
+
+    /// The express path's request in one call: `(httpHeaders, the characters they hold for
+    /// the memory budget, the RequestTarget message)` for a relay-mode request sent at once
+    /// (no tracing, the answer wanted, acknowledged by this relay, body inline), the bytes
+    /// `wire.encode` gives the ClientRequest `Hub._send` completes.
+    #[pyfunction]
+    #[allow(clippy::too_many_arguments)]
+    fn tunnel_express_request<'py>(
+        py: Python<'py>,
+        request: PyRef<'py, crate::http::py::HttpRequest>,
+        body: &[u8],
+        request_id: &str,
+        origin_id: &str,
+        target: &str,
+        tenant_name: &str,
+        url: &str,
+        ack_mode: i64,
+        expires_in: i64,
+        ack_url: Option<&str>,
+        binary: bool,
+    ) -> PyResult<(Bound<'py, PyDict>, usize, Bound<'py, PyBytes>)> {
+        let (headers, size) = super::request_headers(
+            request
+                .fields()
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_slice())),
+        );
+        let length = body.len() as i64;
+        let fields = ClientRequestRef {
+            request_id,
+            request_origin_id: origin_id,
+            target,
+            tenant_name,
+            http_method: request.method_str(),
+            url,
+            http_headers: &headers,
+            acknowledge_mode: ack_mode,
+            acknowledge_origin_id: Some(origin_id),
+            original_body_size: length,
+            body_size: length,
+            body_content: (!body.is_empty()).then_some(body),
+            enable_tracing: false,
+            discard_connector_response: false,
+            expires_in: Some(expires_in),
+            acknowledge_url: ack_url,
+        };
+        let message = if binary {
+            encode_client_request(Msgpack::with_capacity(256 + body.len()), &fields)
+        } else {
+            encode_client_request(Json::with_capacity(384 + body.len() * 4 / 3), &fields)
+        };
+        let dict = PyDict::new(py);
+        for (name, values) in &headers {
+            dict.set_item(name, PyList::new(py, values)?)?;
+        }
+        Ok((dict, size, PyBytes::new(py, &message)))
+    }
 
     /// `(request id, status, the client's HTTP/1.1 answer kept alive)` for a `Deliver` the
     /// express path can answer natively, else None (Python's path takes the message).
@@ -192,6 +273,7 @@ pub mod py {
 
     pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_function(wrap_pyfunction!(tunnel_express_answer, m)?)?;
+        m.add_function(wrap_pyfunction!(tunnel_express_request, m)?)?;
         Ok(())
     }
 }

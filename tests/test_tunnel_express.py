@@ -15,11 +15,14 @@ from contextlib import asynccontextmanager
 
 import pytest
 
+from rmb_relay._core import HttpRequest, HttpStreamParser, tunnel_express_request
 from rmb_relay.clock import NS
 from rmb_relay.protocols.base import HttpResponse
+from rmb_relay.protocols.tunnel.client import request_headers
 from rmb_relay.protocols.tunnel.express import SPARE, ExpressReply
+from rmb_relay.protocols.tunnel.hub import JOB_OVERHEAD, held_size
 from rmb_relay.protocols.tunnel.tokens import LEEWAY, TokenAuthority
-from rmb_relay.protocols.tunnel.wire import TargetResponse, encode
+from rmb_relay.protocols.tunnel.wire import ClientRequest, TargetResponse, encode
 from tests.conftest import WAIT
 from tests.helpers import eventually
 from tests.tunnel_fixtures import StartTunnel, Tunnel, pattern, raw_connector
@@ -193,6 +196,46 @@ async def test_native_and_python_answers_are_the_same_bytes(
         assert tunnel.dialect.hub.jobs == {}
         assert tunnel.dialect.express_deadlines.live == 0
         assert tunnel.dialect.hub.budget.held_by("ACME") == 0
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "msgpack"])
+@pytest.mark.parametrize("body", [b"", b"\x00\xff" * 700])
+@pytest.mark.parametrize("ack_url", [None, "/tunnel/acknowledge/o/r/t"])
+def test_the_native_request_message_is_wire_encodes(
+    binary: bool, body: bytes, ack_url: str | None
+) -> None:
+    """`tunnel_express_request` against `request_headers`, `held_size` and `wire.encode` of
+    the ClientRequest `Hub._send` completes: the same headers, size and bytes."""
+    head = (
+        "POST /relay/acme/app/x?y=1 HTTP/1.1\r\nHost: test\r\nX-Multi: one\r\n"
+        "Connection: keep-alive\r\nX-Latin: caf\xe9\r\nX-Multi: two\r\nTE: trailers\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode("latin-1")
+    request = next(e for e in HttpStreamParser().feed(head + body) if type(e) is HttpRequest)
+    assert isinstance(request, HttpRequest)
+    headers, text, message = tunnel_express_request(
+        request,
+        body,
+        "r1",
+        "o1",
+        "app",
+        "Acme",
+        "x?y=1",
+        3 if ack_url else 0,
+        120000,
+        ack_url,
+        binary,
+    )
+    wire = ClientRequest(
+        "r1", "o1", "app", "Acme", "POST", "x?y=1", request_headers(request),
+        3 if ack_url else 0, "o1", len(body), len(body), body or None,
+        expires_in=120000, acknowledge_url=ack_url,
+    )  # fmt: skip
+    assert headers == wire.http_headers
+    assert headers["x-multi"] == ["one", "two"]
+    assert "connection" not in headers
+    assert JOB_OVERHEAD + len(body) + len(wire.url) + text == held_size(wire)
+    assert message == encode(wire, binary)
 
 
 async def test_fallbacks_to_the_task_path_in_order(start_tunnel: StartTunnel) -> None:

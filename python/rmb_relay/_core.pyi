@@ -952,6 +952,22 @@ TUNNEL_HOP_BY_HOP: Final[tuple[str, ...]]
 
 # ---- tunnel_express.rs ----------------------------------------------------------------------
 
+def tunnel_express_request(
+    request: HttpRequest,
+    body: bytes,
+    request_id: str,
+    origin_id: str,
+    target: str,
+    tenant_name: str,
+    url: str,
+    ack_mode: int,
+    expires_in: int,
+    ack_url: str | None,
+    binary: bool,
+) -> tuple[dict[str, list[str]], int, bytes]:
+    """(httpHeaders, the characters they hold for the memory budget, the RequestTarget
+    message) of an express-path request sent at once."""
+
 def tunnel_express_answer(data: bytes, binary: bool) -> tuple[str, int, bytes] | None:
     """(request id, status, the client's HTTP/1.1 answer kept alive) for a `Deliver` the
     express path answers natively, else None (Python's path takes the message)."""

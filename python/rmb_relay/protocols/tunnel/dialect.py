@@ -231,7 +231,7 @@ class TunnelDialect(Dialect):
     def _express(
         self, request: HttpRequest, body: bytes, client_: ExpressClient
     ) -> Callable[[], None] | None:
-        return express.offer(self, request, body, client_)
+        return express.offer(self, request, body, client_, self.settings.native)
 
     async def _discovery(self, request: HttpRequest, client_: HttpClient) -> HttpResponse:
         return await endpoints.discovery(self, request)

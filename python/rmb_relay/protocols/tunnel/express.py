@@ -38,7 +38,7 @@ import secrets
 from typing import TYPE_CHECKING
 from urllib.parse import unquote
 
-from rmb_relay._core import tunnel_express_answer
+from rmb_relay._core import tunnel_express_answer, tunnel_express_request
 from rmb_relay.budget import BudgetExceeded
 from rmb_relay.protocols.base import HttpResponse
 from rmb_relay.protocols.tunnel.client import (
@@ -48,7 +48,7 @@ from rmb_relay.protocols.tunnel.client import (
     request_headers,
     respond,
 )
-from rmb_relay.protocols.tunnel.hub import ConnectorSession, Hub, Job, Outcome
+from rmb_relay.protocols.tunnel.hub import JOB_OVERHEAD, ConnectorSession, Hub, Job, Outcome
 from rmb_relay.protocols.tunnel.ids import request_id as new_request_id
 from rmb_relay.protocols.tunnel.tokens import bearer
 from rmb_relay.protocols.tunnel.wire import ClientRequest
@@ -210,9 +210,15 @@ def deliver_native(hub: Hub, connector: ConnectorSession, data: bytes) -> bool:
 
 
 def offer(
-    dialect: TunnelDialect, request: HttpRequest, body: bytes, client: ExpressClient
+    dialect: TunnelDialect,
+    request: HttpRequest,
+    body: bytes,
+    client: ExpressClient,
+    native: bool = False,
 ) -> Callable[[], None] | None:
-    """Take the request (returns what abandons it) or decline it (None): module docstring."""
+    """Take the request (returns what abandons it) or decline it (None): module docstring.
+    `native`: its headers, budget size and message come from one Rust call
+    (`tunnel_express_request`), encoded for the connector it goes to."""
     parts = request.path.split("/", 4)
     metrics = dialect.metrics
     if len(parts) < 4 or parts[1] != "relay":
@@ -240,9 +246,7 @@ def offer(
     hub = dialect.hub
     key = tenant.normalized
     group = hub.connectors.get(key)
-    if not group or (
-        dialect.bridge is not None and not dialect.settings.shortcut
-    ):
+    if not group or (dialect.bridge is not None and not dialect.settings.shortcut):
         metrics.express.inc(1, "no connector")
         return None
     if key in hub.pending:
@@ -257,31 +261,53 @@ def offer(
         url += "?" + request.query
     ack_mode = tenant.ack_mode if tenant.ack_mode is not None else dialect.ack_mode
     size = len(body)
+    request_id = new_request_id()
+    origin_id = hub.origin_id
+    # only the manual mode's acknowledge URL carries the token (as client.py)
+    ack_token = secrets.token_urlsafe(24) if ack_mode == MANUAL else ""
+    # sent at once: the message `Hub._send` would encode, encoded here with the headers
+    now = hub.clock()
+    ttl = hub.ttl
+    connector = hub.pick(key, group)
+    expires_in = max(1, ttl // 1_000_000)
+    ack_url = f"/tunnel/acknowledge/{origin_id}/{request_id}/{ack_token}" if ack_token else None
+    if native:
+        headers, text, message = tunnel_express_request(
+            request,
+            body,
+            request_id,
+            origin_id,
+            target,
+            tenant.name,
+            url,
+            ack_mode,
+            expires_in,
+            ack_url,
+            connector.binary,
+        )
+    else:
+        headers, text, message = request_headers(request), None, None
     wire = ClientRequest(
-        request_id=new_request_id(),
-        request_origin_id=hub.origin_id,
-        target=target,
-        tenant_name=tenant.name,
-        http_method=request.method,
-        url=url,
-        http_headers=request_headers(request),
-        acknowledge_mode=ack_mode,
-        original_body_size=size,
-        body_size=size,
-        body_content=body or None,
+        request_id,
+        origin_id,
+        target,
+        tenant.name,
+        request.method,
+        url,
+        headers,
+        ack_mode,
+        None,
+        size,
+        size,
+        body or None,
     )
     reply = ExpressReply(dialect, client)
-    job = Job(
-        wire,
-        key,
-        hub.new_deadline(),
-        reply,
-        limit=tenant.max_concurrent,
-        # only the manual mode's acknowledge URL carries the token (as client.py)
-        ack_token=secrets.token_urlsafe(24) if ack_mode == MANUAL else "",
-    )
+    job = Job(wire, key, now + ttl, reply, tenant.max_concurrent, ack_token=ack_token)
     try:
-        hub.admit(job)
+        if text is None:
+            hub.admit(job)
+        else:
+            hub.admit_sized(job, JOB_OVERHEAD + size + len(url) + text)
     except BudgetExceeded:
         metrics.express.inc(1, "budget")
         return None  # the task path refuses it with the reason
@@ -289,5 +315,5 @@ def offer(
     metrics.express_taken += 1
     dialect.start_sweeper()
     dialect.express_deadlines.add(reply)
-    hub.send_now(job, group)
+    hub.send_now(job, connector, now, message)
     return reply.abandon

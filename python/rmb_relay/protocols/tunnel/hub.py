@@ -179,6 +179,12 @@ class ConnectorSession(WebSocketHandler):
             self._loop.call_soon(self._flush)
         self._outbox.append(encode(message, self.binary))
 
+    def send_encoded(self, data: bytes) -> None:
+        """`send_message` for a message already encoded in this connection's format."""
+        if not self._outbox:
+            self._loop.call_soon(self._flush)
+        self._outbox.append(data)
+
     def _flush(self) -> None:
         outbox, self._outbox = self._outbox, []
         peer = self.peer
@@ -298,6 +304,13 @@ class Hub:
 
     # ---- jobs ------------------------------------------------------------------------------
 
+    def admit_sized(self, job: Job, size: int) -> None:
+        """`admit` with `held_size(job.request)` worked out by the caller (the express path's
+        Rust call counts the header text as it builds the headers)."""
+        if job.held is None:
+            self.budget.take(job.tenant, size)
+            job.held = size
+
     def admit(self, job: Job) -> None:
         """Charge the job to the memory budget, or raise BudgetExceeded (nothing kept)."""
         if job.held is None:
@@ -331,12 +344,15 @@ class Hub:
             delay = max(0.0, (job.deadline - self.clock()) / NS)
             job.timer = asyncio.get_running_loop().call_later(delay, self._expire_if_queued, job)
 
-    def send_now(self, job: Job, group: list[ConnectorSession]) -> None:
+    def send_now(
+        self, job: Job, connector: ConnectorSession, now: int, message: bytes | None
+    ) -> None:
         """`submit` for an admitted job its caller found room for (express.py: its tenant has
-        nothing queued, is under its limit, and `group` are its connectors here): what `pump`
-        would do with it at once, without the trip through the queue."""
+        nothing queued and is under its limit; `connector` from `pick`): what `pump` would do
+        with it at once, without the trip through the queue. `message`: the job's request as
+        `_send` would encode it for `connector` at `now`, encoded by the caller (or None)."""
         self.jobs[job.request_id] = job
-        self._send(job, self._pick(job.tenant, group), self.clock())
+        self._send(job, connector, now, message)
 
     def new_deadline(self) -> int:
         return self.clock() + self.ttl
@@ -361,18 +377,21 @@ class Hub:
             if now >= job.deadline:
                 self._expire(job)
                 continue
-            self._send(job, self._pick(tenant, group), now)
+            self._send(job, self.pick(tenant, group), now)
         if queue is not None and not queue:
             self.pending.pop(tenant, None)
 
-    def _pick(self, tenant: str, group: list[ConnectorSession]) -> ConnectorSession:
+    def pick(self, tenant: str, group: list[ConnectorSession]) -> ConnectorSession:
+        """The connector of `group` (the tenant's here) the next job goes to."""
         if self.least_inflight:
             return min(group, key=lambda c: len(c.inflight))
         index = self._next.get(tenant, 0) % len(group)
         self._next[tenant] = index + 1
         return group[index]
 
-    def _send(self, job: Job, connector: ConnectorSession, now: int) -> None:
+    def _send(
+        self, job: Job, connector: ConnectorSession, now: int, message: bytes | None = None
+    ) -> None:
         request = job.request
         request.expires_in = max(1, (job.deadline - now) // 1_000_000)
         request.acknowledge_origin_id = self.origin_id
@@ -390,7 +409,10 @@ class Hub:
         if job.timer is not None:
             job.timer.cancel()
             job.timer = None
-        connector.send_message(request)
+        if message is None:
+            connector.send_message(request)
+        else:
+            connector.send_encoded(message)
         if job.on_sent is not None:
             job.on_sent(job)
 

@@ -54,8 +54,9 @@ class TunnelSettings:
     #: serve the common relay-mode request on the express path (express.py); off: every
     #: request takes the task path (the same answers, more CPU)
     express: bool = True
-    #: answer the express path's `Deliver`s in the Rust core (express.deliver_native); off:
-    #: Python builds those answers (the same bytes, more CPU)
+    #: the express path's request message and its `Deliver`'s answer built in the Rust core
+    #: (express.py: `tunnel_express_request`, `deliver_native`); off: in Python (the same
+    #: bytes, more CPU)
     native: bool = True
 
     def __post_init__(self) -> None:
@@ -126,7 +127,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--tunnel-no-native",
         action="store_true",
-        help="build the express path's answers in Python, not in the Rust core",
+        help="build the express path's messages and answers in Python, not in the Rust core",
     )
     group.add_argument(
         "--tunnel-request-ttl",
