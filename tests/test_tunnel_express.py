@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
+import struct
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -22,7 +24,12 @@ from rmb_relay.protocols.tunnel.client import request_headers
 from rmb_relay.protocols.tunnel.express import SPARE, ExpressReply
 from rmb_relay.protocols.tunnel.hub import JOB_OVERHEAD, held_size
 from rmb_relay.protocols.tunnel.tokens import LEEWAY, TokenAuthority
-from rmb_relay.protocols.tunnel.wire import ClientRequest, TargetResponse, encode
+from rmb_relay.protocols.tunnel.wire import (
+    AcknowledgeRequest,
+    ClientRequest,
+    TargetResponse,
+    encode,
+)
 from tests.conftest import WAIT
 from tests.helpers import eventually
 from tests.tunnel_fixtures import StartTunnel, Tunnel, pattern, raw_connector
@@ -390,6 +397,82 @@ async def test_a_deliver_http_cannot_carry_is_a_500_and_the_connector_keeps_serv
                 assert got == want_status
             assert not ws.closed
     assert tunnel.dialect.hub.jobs == {}
+
+
+def _deliver_text(argument: dict[str, str], status: int, body: bytes) -> str:
+    """The JSON `Deliver` a raw connector sends for a `RequestTarget`'s arguments."""
+    response = TargetResponse(
+        argument["requestId"],
+        argument["requestOriginId"],
+        status,
+        {"X-By": ["raw"]},
+        body_size=len(body),
+        body_content=body,
+    )
+    return encode(response, False).decode()
+
+
+@pytest.mark.parametrize(("ack_mode", "want"), [(0, 503), (1, 200)])
+async def test_a_connector_gone_mid_request_on_the_native_path(
+    start_tunnel: StartTunnel, ack_mode: int, want: int
+) -> None:
+    """Disabled: the connector took the request for good, so the client gets 503 (Python's
+    answer). ConnectorReceived, not acknowledged yet: it is redelivered to the next connector,
+    whose `Deliver` the Rust core answers."""
+    tunnel = await start_tunnel(ack_mode=ack_mode)
+    metrics = tunnel.dialect.metrics
+    async with raw_client(tunnel) as client:
+        async with raw_connector(tunnel) as first:
+            answer = asyncio.ensure_future(client.request("POST", "/relay/acme/app/x", b"hi"))
+            taken = json.loads(await first.receive_str(timeout=WAIT))["arguments"][0]
+            assert metrics.express.value("taken") == 1
+        if ack_mode:
+            async with raw_connector(tunnel) as second:
+                again = json.loads(await second.receive_str(timeout=WAIT))["arguments"][0]
+                assert again["requestId"] == taken["requestId"]
+                ack = AcknowledgeRequest(again["acknowledgeOriginId"], again["requestId"], True)
+                await second.send_str(encode(ack, False).decode())
+                await second.send_str(_deliver_text(again, 200, b"second"))
+                status, headers, body = await answer
+            assert (body, [v for n, v in headers if n == "x-by"]) == (b"second", ["raw"])
+            assert metrics.redelivered.value() == 1
+        else:
+            status, _, body = await answer
+            assert body == b"connector unavailable\n"
+        assert status == want
+    assert metrics.native_answers == (1 if ack_mode else 0)
+    assert metrics.requests.value("acme", "app" if ack_mode else "-", str(want)) == 1
+    await eventually(lambda: not tunnel.dialect.hub.jobs)
+
+
+async def test_a_deliver_for_a_client_gone_is_dropped_on_the_native_path(
+    start_tunnel: StartTunnel,
+) -> None:
+    """The client left before its answer: the Rust core declines the `Deliver` (its reply
+    is finished), Python drops it as before, and the connector keeps serving."""
+    tunnel = await start_tunnel()
+    dialect = tunnel.dialect
+    async with raw_connector(tunnel) as ws:
+        async with raw_client(tunnel) as client:
+            client.writer.write(
+                b"POST /relay/acme/app/x HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nhi"
+            )
+            argument = json.loads(await ws.receive_str(timeout=WAIT))["arguments"][0]
+            # a reset, so the relay knows it is gone (a FIN may be a half-close)
+            sock = client.writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            client.writer.transport.abort()
+        await eventually(lambda: dialect.express_deadlines.live == 0)
+        await ws.send_str(_deliver_text(argument, 200, b"late"))
+        async with raw_client(tunnel) as client:
+            answer = asyncio.ensure_future(client.request("POST", "/relay/acme/app/x", b"hi"))
+            argument = json.loads(await ws.receive_str(timeout=WAIT))["arguments"][0]
+            await ws.send_str(_deliver_text(argument, 200, b"fresh"))
+            status, _, body = await answer
+    assert (status, body) == (200, b"fresh")
+    assert dialect.metrics.native_answers == 1
+    assert dialect.metrics.bad_messages.value() == 0
+    assert dialect.hub.jobs == {}
 
 
 class _Answers:
