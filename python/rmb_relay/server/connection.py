@@ -1031,7 +1031,8 @@ class Connection(asyncio.Protocol):
         self._response_started = False
         self._arm_idle_timer()
         self._resume_http()
-        self._on_http_bytes(b"")
+        if parser.buffered:  # (nothing buffered, nothing to parse: no call per answer)
+            self._on_http_bytes(b"")
 
     def _arm_idle_timer(self) -> None:
         """Start the idle wait. A timer still armed from an earlier wait is kept and finds the
