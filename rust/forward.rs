@@ -248,6 +248,15 @@ impl Outboxes {
         }
     }
 
+    /// Bytes for `id` written whatever its state (an HTTP answer the tunnel's native table
+    /// built, tunnel_native.rs), and `id` listed for the next drain.
+    pub fn push_marked(&mut self, id: ConnId, bytes: &[u8]) {
+        if let Some(b) = self.boxes.get_mut(&id) {
+            ready(&mut b.buf, &self.spares).extend_from_slice(bytes);
+            self.mark(id);
+        }
+    }
+
     /// The bytes buffered for `id` (None: nothing); the outbox is left without a buffer until
     /// it is next appended to. Give the buffer back to [`spares`](Self::spares) once written.
     pub fn take(&mut self, id: ConnId) -> Option<Vec<u8>> {
@@ -665,6 +674,12 @@ pub mod py {
 
         /// `conn` carries messages from now on; `drain` names it when it has output.
         fn open(&mut self, conn_id: ConnId, conn: Py<PyAny>) {
+            self.inner.open(conn_id);
+            self.conns.insert(conn_id, conn);
+        }
+
+        /// `open` for Rust callers (the tunnel's native table opens its clients' outboxes).
+        pub(crate) fn open_writer(&mut self, conn_id: ConnId, conn: Py<PyAny>) {
             self.inner.open(conn_id);
             self.conns.insert(conn_id, conn);
         }

@@ -2410,6 +2410,14 @@ pub mod py {
     }
 
     impl HttpRequest {
+        /// A request of this head with no body (the tunnel's native table gives Python back
+        /// the head of a job it takes, tunnel_native.rs).
+        pub(crate) fn from_head(py: Python<'_>, head: RequestHead) -> Self {
+            HttpRequest {
+                head,
+                body: empty_bytes(py),
+            }
+        }
         /// The head's fields (lower-case names, raw values), for other Rust modules.
         pub(crate) fn fields(&self) -> &Fields {
             &self.head.headers
@@ -2547,10 +2555,68 @@ pub mod py {
         }
     }
 
+    /// A parser's output as Python events (what `HttpStreamParser.feed` returns; the tunnel's
+    /// native table hands a read it does not serve back this way, tunnel_native.rs).
+    pub(crate) fn events_list<'py>(
+        py: Python<'py>,
+        out: super::Output<'_>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let mut events: Vec<Py<PyAny>> = Vec::with_capacity(out.events.len() + 1);
+        let mut pending: Vec<&[u8]> = Vec::new();
+        let flush = |pending: &mut Vec<&[u8]>, events: &mut Vec<Py<PyAny>>| -> PyResult<()> {
+            if pending.is_empty() {
+                return Ok(());
+            }
+            let len = pending.iter().map(|s| s.len()).sum();
+            let bytes = PyBytes::new_with(py, len, |buf| {
+                let mut at = 0;
+                for s in pending.iter() {
+                    buf[at..at + s.len()].copy_from_slice(s);
+                    at += s.len();
+                }
+                Ok(())
+            })?;
+            pending.clear();
+            events.push(
+                Py::new(
+                    py,
+                    HttpData {
+                        data: bytes.unbind(),
+                    },
+                )?
+                .into_any(),
+            );
+            Ok(())
+        };
+        for event in out.events {
+            match event {
+                Event::Data(d) => pending.push(d),
+                Event::Head(head) => {
+                    flush(&mut pending, &mut events)?;
+                    let body = empty_bytes(py);
+                    events.push(Py::new(py, HttpRequest { head, body })?.into_any());
+                }
+                Event::End(trailers) => {
+                    flush(&mut pending, &mut events)?;
+                    events.push(Py::new(py, HttpEnd { trailers })?.into_any());
+                }
+            }
+        }
+        flush(&mut pending, &mut events)?;
+        match out.error {
+            Some(super::Error::Http { status, reason }) => {
+                events.push(Py::new(py, HttpViolation { status, reason })?.into_any());
+            }
+            Some(other) => return Err(other.into()),
+            None => {}
+        }
+        PyList::new(py, events)
+    }
+
     /// Incremental request parser returning events (head, body data, end).
     #[pyclass(module = "rmb_relay._core", name = "HttpStreamParser")]
     pub struct HttpStreamParser {
-        inner: StreamParser,
+        pub(crate) inner: StreamParser,
     }
 
     fn empty_bytes(py: Python<'_>) -> Py<PyBytes> {
@@ -2581,57 +2647,7 @@ pub mod py {
         /// Every event in the bytes fed so far. Adjacent body slices (the chunks of one read)
         /// come out as one HttpData, so a read costs one object however it was chunked.
         fn feed<'py>(&mut self, py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyList>> {
-            let out = self.inner.feed(data);
-            let mut events: Vec<Py<PyAny>> = Vec::with_capacity(out.events.len() + 1);
-            let mut pending: Vec<&[u8]> = Vec::new();
-            let flush = |pending: &mut Vec<&[u8]>, events: &mut Vec<Py<PyAny>>| -> PyResult<()> {
-                if pending.is_empty() {
-                    return Ok(());
-                }
-                let len = pending.iter().map(|s| s.len()).sum();
-                let bytes = PyBytes::new_with(py, len, |buf| {
-                    let mut at = 0;
-                    for s in pending.iter() {
-                        buf[at..at + s.len()].copy_from_slice(s);
-                        at += s.len();
-                    }
-                    Ok(())
-                })?;
-                pending.clear();
-                events.push(
-                    Py::new(
-                        py,
-                        HttpData {
-                            data: bytes.unbind(),
-                        },
-                    )?
-                    .into_any(),
-                );
-                Ok(())
-            };
-            for event in out.events {
-                match event {
-                    Event::Data(d) => pending.push(d),
-                    Event::Head(head) => {
-                        flush(&mut pending, &mut events)?;
-                        let body = empty_bytes(py);
-                        events.push(Py::new(py, HttpRequest { head, body })?.into_any());
-                    }
-                    Event::End(trailers) => {
-                        flush(&mut pending, &mut events)?;
-                        events.push(Py::new(py, HttpEnd { trailers })?.into_any());
-                    }
-                }
-            }
-            flush(&mut pending, &mut events)?;
-            match out.error {
-                Some(super::Error::Http { status, reason }) => {
-                    events.push(Py::new(py, HttpViolation { status, reason })?.into_any());
-                }
-                Some(other) => return Err(other.into()),
-                None => {}
-            }
-            PyList::new(py, events)
+            events_list(py, self.inner.feed(data))
         }
 
         fn start_next_cycle(&mut self) -> PyResult<()> {

@@ -29,6 +29,8 @@ pub mod singyeong;
 pub mod tunnel_connector;
 /// the relay's express answer: a connector's Deliver as the client's HTTP/1.1 bytes
 pub mod tunnel_express;
+/// the relay's native express table: the common tunnelled request with no Python object
+pub mod tunnel_native;
 /// the HTTP tunnel's connector messages, JSON and msgpack (wire.py's twin)
 pub mod tunnel_wire;
 pub mod ws;
@@ -53,5 +55,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     tunnel_wire::py::register(m)?;
     tunnel_connector::py::register(m)?;
     tunnel_express::py::register(m)?;
+    tunnel_native::py::register(m)?;
     Ok(())
 }

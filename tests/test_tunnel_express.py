@@ -12,8 +12,6 @@ import asyncio
 import json
 import socket
 import struct
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import pytest
 
@@ -23,6 +21,7 @@ from rmb_relay.protocols.base import HttpResponse
 from rmb_relay.protocols.tunnel.client import request_headers
 from rmb_relay.protocols.tunnel.express import SPARE, ExpressReply
 from rmb_relay.protocols.tunnel.hub import JOB_OVERHEAD, held_size
+from rmb_relay.protocols.tunnel.native import LEASE
 from rmb_relay.protocols.tunnel.tokens import LEEWAY, TokenAuthority
 from rmb_relay.protocols.tunnel.wire import (
     AcknowledgeRequest,
@@ -32,56 +31,18 @@ from rmb_relay.protocols.tunnel.wire import (
 )
 from tests.conftest import WAIT
 from tests.helpers import eventually
-from tests.tunnel_fixtures import StartTunnel, Tunnel, pattern, raw_connector
+from tests.tunnel_fixtures import (
+    Response,
+    StartTunnel,
+    Tunnel,
+    deliver_text,
+    pattern,
+    raw_client,
+    raw_connector,
+)
 from tests.tunnel_fixtures import start_tunnel as start_tunnel
 
 pytestmark = pytest.mark.timeout(60)
-
-Response = tuple[int, list[tuple[str, str]], bytes]
-
-
-class RawClient:
-    """One keep-alive HTTP/1.1 connection; each request is written in one piece."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-
-    async def request(
-        self,
-        method: str,
-        path: str,
-        body: bytes = b"",
-        headers: list[tuple[str, str]] | None = None,
-    ) -> Response:
-        lines = [f"{method} {path} HTTP/1.1", "Host: test"]
-        lines += [f"{name}: {value}" for name, value in headers or []]
-        if body or method in ("POST", "PUT"):
-            lines.append(f"Content-Length: {len(body)}")
-        self.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
-        head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), WAIT)
-        status_line, *header_lines = head.decode("latin-1").split("\r\n")[:-2]
-        status = int(status_line.split()[1])
-        parsed = [
-            (name.lower(), value.strip())
-            for name, _, value in (line.partition(":") for line in header_lines)
-        ]
-        length = next((int(v) for n, v in parsed if n == "content-length"), 0)
-        content = b""
-        if method != "HEAD" and length:
-            content = await asyncio.wait_for(self.reader.readexactly(length), WAIT)
-        # the target's clock, not the path, decides these
-        return status, [(n, v) for n, v in parsed if n not in ("date", "server")], content
-
-
-@asynccontextmanager
-async def raw_client(tunnel: Tunnel) -> AsyncIterator[RawClient]:
-    host, port = tunnel.relay.addresses[0]
-    reader, writer = await asyncio.open_connection(host, port)
-    try:
-        yield RawClient(reader, writer)
-    finally:
-        writer.close()
 
 
 async def one(tunnel: Tunnel, path: str) -> Response:
@@ -196,13 +157,18 @@ async def test_native_and_python_answers_are_the_same_bytes(
     assert fast == slow
     assert b"x-got-x-multi: one\r\nx-got-x-multi: two" in fast[1].lower()
     # HEAD, the 404 (it closes) and the body over 16 KiB (it took the task path) are Python's
-    assert native.dialect.metrics.native_answers >= len(fast) - 4
+    native_answers = native.registry.get("rmb_relay_tunnel_native_answers_total")
+    assert native_answers.value("tunnel") >= len(fast) - 4
     assert python.dialect.metrics.native_answers == 0
     assert native.dialect.metrics.requests.value("acme", "-", "404") == 1
     for tunnel in (native, python):
         assert tunnel.dialect.hub.jobs == {}
         assert tunnel.dialect.express_deadlines.live == 0
-        assert tunnel.dialect.hub.budget.held_by("ACME") == 0
+        # (the native table's lease of the budget is held while the tenant's connector is)
+        table = tunnel.dialect.native
+        lease = LEASE if table is not None and table.table.has_tenant("ACME") else 0
+        assert tunnel.dialect.hub.budget.held_by("ACME") == lease
+        assert table is None or table.held("ACME") == 0
 
 
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "msgpack"])
@@ -399,19 +365,6 @@ async def test_a_deliver_http_cannot_carry_is_a_500_and_the_connector_keeps_serv
     assert tunnel.dialect.hub.jobs == {}
 
 
-def _deliver_text(argument: dict[str, str], status: int, body: bytes) -> str:
-    """The JSON `Deliver` a raw connector sends for a `RequestTarget`'s arguments."""
-    response = TargetResponse(
-        argument["requestId"],
-        argument["requestOriginId"],
-        status,
-        {"X-By": ["raw"]},
-        body_size=len(body),
-        body_content=body,
-    )
-    return encode(response, False).decode()
-
-
 @pytest.mark.parametrize(("ack_mode", "want"), [(0, 503), (1, 200)])
 async def test_a_connector_gone_mid_request_on_the_native_path(
     start_tunnel: StartTunnel, ack_mode: int, want: int
@@ -432,7 +385,7 @@ async def test_a_connector_gone_mid_request_on_the_native_path(
                 assert again["requestId"] == taken["requestId"]
                 ack = AcknowledgeRequest(again["acknowledgeOriginId"], again["requestId"], True)
                 await second.send_str(encode(ack, False).decode())
-                await second.send_str(_deliver_text(again, 200, b"second"))
+                await second.send_str(deliver_text(again, 200, b"second"))
                 status, headers, body = await answer
             assert (body, [v for n, v in headers if n == "x-by"]) == (b"second", ["raw"])
             assert metrics.redelivered.value() == 1
@@ -449,8 +402,9 @@ async def test_a_deliver_for_a_client_gone_is_dropped_on_the_native_path(
     start_tunnel: StartTunnel,
 ) -> None:
     """The client left before its answer: the Rust core declines the `Deliver` (its reply
-    is finished), Python drops it as before, and the connector keeps serving."""
-    tunnel = await start_tunnel()
+    is finished), Python drops it as before, and the connector keeps serving. (The express
+    path in Python; the native table's case is in test_tunnel_native_table.py.)"""
+    tunnel = await start_tunnel(native_table=False)
     dialect = tunnel.dialect
     async with raw_connector(tunnel) as ws:
         async with raw_client(tunnel) as client:
@@ -463,11 +417,11 @@ async def test_a_deliver_for_a_client_gone_is_dropped_on_the_native_path(
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             client.writer.transport.abort()
         await eventually(lambda: dialect.express_deadlines.live == 0)
-        await ws.send_str(_deliver_text(argument, 200, b"late"))
+        await ws.send_str(deliver_text(argument, 200, b"late"))
         async with raw_client(tunnel) as client:
             answer = asyncio.ensure_future(client.request("POST", "/relay/acme/app/x", b"hi"))
             argument = json.loads(await ws.receive_str(timeout=WAIT))["arguments"][0]
-            await ws.send_str(_deliver_text(argument, 200, b"fresh"))
+            await ws.send_str(deliver_text(argument, 200, b"fresh"))
             status, _, body = await answer
     assert (status, body) == (200, b"fresh")
     assert dialect.metrics.native_answers == 1

@@ -17,6 +17,7 @@ import httpx
 import pytest
 from aiohttp import web
 
+from rmb_relay._core import Outboxes
 from rmb_relay.clock import Clock, monotonic_clock
 from rmb_relay.cluster import Cluster
 from rmb_relay.cluster.connect import connect_redis
@@ -26,6 +27,7 @@ from rmb_relay.protocols.tunnel.dialect import TunnelDialect
 from rmb_relay.protocols.tunnel.settings import TunnelSettings
 from rmb_relay.protocols.tunnel.targets import Target, WebTarget
 from rmb_relay.protocols.tunnel.tenants import Tenant, TenantStore, hash_secret
+from rmb_relay.protocols.tunnel.wire import TargetResponse, encode
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.switch import Switch
 from rmb_relay.telemetry.metrics import Registry
@@ -214,10 +216,13 @@ async def start_tunnel(start_relay: StartRelay, tmp_path: Path) -> AsyncIterator
             redis_url: str | None = None,
             cluster_ttl: float = 15.0,
             cluster_mode: bool = False,
+            native_table: bool = True,
             **settings: Any,
         ) -> Tunnel:
             """With `redis_url`, the relay joins the cluster there, as `rmb-relay --redis`
-            (`cluster_mode`: a Redis Cluster node, `--redis-cluster`)."""
+            (`cluster_mode`: a Redis Cluster node, `--redis-cluster`). `native_table`: the
+            dialect gets outboxes to write into, as `rmb-relay` gives it the switch's, so the
+            native express table (native.py) serves what it can; False: the Python paths."""
             settings.setdefault("body_store", str(tmp_path / "bodies"))
             store = TenantStore(db or tmp_path / "relay.sqlite3")
             registry = Registry()
@@ -230,7 +235,14 @@ async def start_tunnel(start_relay: StartRelay, tmp_path: Path) -> AsyncIterator
                 await cluster.start()
                 switch.cluster = cluster
             dialect = TunnelDialect(
-                TunnelSettings(**settings), store, registry, clock=clock, cluster=cluster
+                TunnelSettings(**settings),
+                store,
+                registry,
+                clock=clock,
+                cluster=cluster,
+                outboxes=(switch.outboxes if cluster is not None else Outboxes())
+                if native_table
+                else None,
             )
             relay = await start_relay([dialect], registry)
             app = target or await start_target(stack)
@@ -276,3 +288,63 @@ async def raw_connector(
     ):
         assert json.loads(await ws.receive_str(timeout=WAIT))["target"] == "Configure"
         yield ws
+
+
+Response = tuple[int, list[tuple[str, str]], bytes]
+
+
+class RawClient:
+    """One keep-alive HTTP/1.1 connection; each request is written in one piece."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes = b"",
+        headers: list[tuple[str, str]] | None = None,
+    ) -> Response:
+        lines = [f"{method} {path} HTTP/1.1", "Host: test"]
+        lines += [f"{name}: {value}" for name, value in headers or []]
+        if body or method in ("POST", "PUT"):
+            lines.append(f"Content-Length: {len(body)}")
+        self.writer.write(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+        head = await asyncio.wait_for(self.reader.readuntil(b"\r\n\r\n"), WAIT)
+        status_line, *header_lines = head.decode("latin-1").split("\r\n")[:-2]
+        status = int(status_line.split()[1])
+        parsed = [
+            (name.lower(), value.strip())
+            for name, _, value in (line.partition(":") for line in header_lines)
+        ]
+        length = next((int(v) for n, v in parsed if n == "content-length"), 0)
+        content = b""
+        if method != "HEAD" and length:
+            content = await asyncio.wait_for(self.reader.readexactly(length), WAIT)
+        # the target's clock, not the path, decides these
+        return status, [(n, v) for n, v in parsed if n not in ("date", "server")], content
+
+
+@asynccontextmanager
+async def raw_client(tunnel: Tunnel) -> AsyncIterator[RawClient]:
+    host, port = tunnel.relay.addresses[0]
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        yield RawClient(reader, writer)
+    finally:
+        writer.close()
+
+
+def deliver_text(argument: dict[str, str], status: int, body: bytes) -> str:
+    """The JSON `Deliver` a raw connector sends for a `RequestTarget`'s arguments."""
+    response = TargetResponse(
+        argument["requestId"],
+        argument["requestOriginId"],
+        status,
+        {"X-By": ["raw"]},
+        body_size=len(body),
+        body_content=body,
+    )
+    return encode(response, False).decode()

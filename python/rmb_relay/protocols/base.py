@@ -28,7 +28,18 @@ from typing import TYPE_CHECKING, Protocol
 from rmb_relay.errors import HttpReject
 
 if TYPE_CHECKING:
-    from rmb_relay._core import HttpRequest, Outboxes, WsDecoder, WsMessage
+    from typing import TypeAlias
+
+    from rmb_relay._core import (
+        HttpData,
+        HttpEnd,
+        HttpRequest,
+        HttpStreamParser,
+        HttpViolation,
+        Outboxes,
+        WsDecoder,
+        WsMessage,
+    )
     from rmb_relay.clock import Clock
     from rmb_relay.services import Services
 
@@ -39,8 +50,11 @@ __all__ = [
     "ExpressClient",
     "ExpressHandler",
     "HttpClient",
+    "HttpEvent",
     "HttpReject",
     "HttpResponse",
+    "NativeClient",
+    "NativeHttp",
     "Peer",
     "RequestBody",
     "RouteHandler",
@@ -213,6 +227,42 @@ class ExpressClient(Protocol):
         after it, no request being served)."""
 
 
+#: what an HTTP connection's parser gives for a read
+HttpEvent: TypeAlias = "HttpRequest | HttpData | HttpEnd | HttpViolation"
+
+
+class NativeClient(ExpressClient, Protocol):
+    """A client connection as a `NativeHttp` server sees it."""
+
+    #: the connection's id in the switch's outboxes (the answer is written there)
+    conn_id: int
+
+    def native_answer(self, response: HttpResponse, method: str) -> None:
+        """Python's answer to a request served natively (an error: the connection closes
+        after it)."""
+
+    def adopt_native(self, request: HttpRequest) -> bool:
+        """The request served natively is answered by Python after all: it becomes the
+        connection's request being served. False when the client is gone."""
+
+
+class NativeHttp(Protocol):
+    """Serves a client's whole request in the Rust core, from the read (the tunnel's native
+    express table, protocols/tunnel/native.py); the answer comes back through the switch's
+    outboxes."""
+
+    def feed(
+        self, conn: NativeClient, parser: HttpStreamParser, data: bytes
+    ) -> list[HttpEvent] | None:
+        """None: served; else the parser's events for the connection to act on."""
+
+    def client_done(self, conn: NativeClient) -> None:
+        """The client half-closed while its request is served there."""
+
+    def closed(self, conn: NativeClient, pending: bool) -> None:
+        """The connection is gone (`pending`: with a request served there)."""
+
+
 #: (request, its whole body, the connection) -> None to decline, else the call that abandons
 #: the request when the client goes away before `express_answer`
 ExpressHandler = Callable[["HttpRequest", bytes, ExpressClient], Callable[[], None] | None]
@@ -287,6 +337,9 @@ class Dialect(abc.ABC):
     #: a clock (`clock.py`) whose reading the listener passes to the decoder's scanner on every
     #: read, for dialects whose scanner charges a rate limiter inside `feed`
     scan_clock: Clock | None = None
+    #: serves whole HTTP requests of this dialect's routes in the Rust core from the client's
+    #: read (the tunnel's native express table), if it does
+    native_http: NativeHttp | None = None
 
     @abc.abstractmethod
     async def accept(self, request: HttpRequest, peer: Peer) -> WebSocketHandler:

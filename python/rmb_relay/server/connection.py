@@ -91,6 +91,8 @@ if TYPE_CHECKING:
         Dialect,
         ExpressHandler,
         HttpClient,
+        HttpEvent,
+        NativeHttp,
         RequestBody,
         WebSocketHandler,
     )
@@ -140,7 +142,7 @@ class OutputBatcher:
             self.touched = []
             for outboxes in touched:
                 for conn, data in outboxes.drain():
-                    conn._write(data)
+                    conn.write_taken(data)
 
 
 class ConnectionMetrics(Protocol):
@@ -185,6 +187,11 @@ class ConnectionHost(Protocol):
     def express_for(self, method: str, path: str) -> ExpressHandler | None:
         """The express handler of the route (server/http.py), if it has one."""
 
+    @property
+    def native_http(self) -> NativeHttp | None:
+        """What serves a client's read in the Rust core, if a dialect has that (the tunnel's
+        native express table, protocols/tunnel/native.py)."""
+
     def connection_opened(self, conn: Connection) -> None: ...
 
     def connection_closed(self, conn: Connection) -> None: ...
@@ -214,6 +221,8 @@ class Connection(asyncio.Protocol):
         "_http_paused",
         "_http_timer",
         "_idle_deadline",
+        "_native",
+        "_native_pending",
         "_outboxes",
         "_parser",
         "_peer_close_code",
@@ -263,6 +272,11 @@ class Connection(asyncio.Protocol):
         self._express: ExpressHandler | None = None
         #: abandons the request an express handler took, until it answers
         self._express_cancel: Callable[[], None] | None = None
+        #: serves a whole request in the Rust core from the read (`NativeHttp`), if any
+        self._native: NativeHttp | None = getattr(server, "native_http", None)
+        #: a request `_native` took is being served: its answer comes through `write_taken`
+        #: (or `native_answer`, `adopt_native`), and nothing more is parsed until then
+        self._native_pending = False
         self._decoder: WsDecoder | None = None
         self._scan_clock: Clock | None = None
         #: the switch's outboxes when the handler uses the fast path: this connection's output
@@ -351,7 +365,21 @@ class Connection(asyncio.Protocol):
                 if batcher.depth == 0:
                     batcher.flush()
         elif self.state is State.HTTP:
-            self._on_http_bytes(data)
+            native = self._native
+            if native is None or self._request is not None or self.ops_only:
+                self._on_http_bytes(data)
+            elif self._native_pending:
+                # pipelined bytes wait in the parser (it is done) until the answer is out
+                self._on_http_bytes(data)
+                self._pause_http()
+            else:
+                assert self._parser is not None
+                http_events = native.feed(self, self._parser, data)
+                if http_events is None:
+                    self._native_pending = True
+                    self._idle_deadline = None  # the table's response deadline takes over
+                else:
+                    self._on_http_events(http_events)
         # UPGRADING: the parser kept earlier bytes; a well-behaved client sends nothing until
         # the 101, and reading is paused meanwhile. CLOSING/CLOSED: nothing more is read.
 
@@ -359,6 +387,10 @@ class Connection(asyncio.Protocol):
         """The client will send nothing more. A request being served still gets its answer
         (a client may half-close after sending, as `nc -N` does); then the connection
         closes. Anything else closes at once."""
+        if self._native_pending and self._native is not None:
+            self._client_done = True
+            self._native.client_done(self)
+            return True
         if self.state is State.HTTP and self._request is not None:
             body = self._body
             if body is not None and not body.finished:
@@ -378,6 +410,10 @@ class Connection(asyncio.Protocol):
         if self._task is not None and not self._task.done():
             self._task.cancel()
         self._abandon_express()
+        native = self._native
+        if native is not None:
+            native.closed(self, self._native_pending)
+            self._native_pending = False
         self._frames.clear()
         self._pending.clear()
         outboxes = self._outboxes
@@ -612,9 +648,47 @@ class Connection(asyncio.Protocol):
             self._write(self._frame_pending(pending))
 
     def write_taken(self, data: bytes | memoryview) -> None:
-        """Write bytes taken from this connection's outbox (`Outboxes.drain` outside a read:
-        `Switch.write_placed`)."""
+        """Write bytes taken from this connection's outbox (`Outboxes.drain`). For a client
+        whose request the native table took, they are its whole answer, kept alive (the
+        table leaves every other answer to Python): the next request is read."""
         self._write(data)
+        if self._native_pending:
+            self._native_pending = False
+            if self.state is State.HTTP:
+                self._next_request()
+
+    def native_answer(self, response: HttpResponse, method: str) -> None:
+        """Python's answer to a request the native table took (503 when its connector left,
+        504 at its deadline): written whole, and the connection closes, as the express path
+        closes after an error."""
+        if not self._native_pending:
+            return
+        self._native_pending = False
+        if self.state is not State.HTTP:
+            return
+        self.server.metrics.http_requests.inc(1, method or "other", str(response.status))
+        self._respond(response, close=True)
+
+    def adopt_native(self, request: HttpRequest) -> bool:
+        """A request the native table took is answered by Python after all (the express
+        path's answer to a `Deliver` the table does not encode): it becomes this connection's
+        request being served, its body read whole. False when the client is gone."""
+        if not self._native_pending:
+            return False
+        self._native_pending = False
+        if self.state is not State.HTTP:
+            return False
+        config = self.server.config
+        body = IncomingBody(
+            0,
+            limit=config.max_message,
+            idle_timeout=config.http_idle_timeout,
+            on_read=self._on_body_read,
+        )
+        self._request = request
+        self._body = body
+        self._response_started = False
+        return True
 
     def _write(self, data: bytes | memoryview) -> None:
         transport = self.transport
@@ -690,7 +764,12 @@ class Connection(asyncio.Protocol):
     def _on_http_bytes(self, data: bytes) -> None:
         parser = self._parser
         assert parser is not None
-        for event in parser.feed(data):
+        self._on_http_events(parser.feed(data))
+
+    def _on_http_events(self, events: list[HttpEvent]) -> None:
+        parser = self._parser
+        assert parser is not None
+        for event in events:
             if self.state is not State.HTTP:
                 return  # refused: the rest of the request is not read
             kind = type(event)

@@ -28,7 +28,13 @@ from rmb_relay.telemetry.metrics import Registry
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest
-    from rmb_relay.protocols.base import Dialect, ExpressHandler, HttpClient, RequestBody
+    from rmb_relay.protocols.base import (
+        Dialect,
+        ExpressHandler,
+        HttpClient,
+        NativeHttp,
+        RequestBody,
+    )
 
 log = logging.getLogger("rmb_relay.server")
 
@@ -111,6 +117,10 @@ class RelayServer:
         )
         self.metrics = ServerMetrics(self.registry, self)
         self.batcher = OutputBatcher()
+        #: serves whole client requests in the Rust core (the tunnel's native table), if any
+        self.native_http: NativeHttp | None = next(
+            (d.native_http for d in self.dialects if d.native_http is not None), None
+        )
         self.connections: dict[int, Connection] = {}
         self.upgrades: PathTable[Dialect] = PathTable()
         for dialect in self.dialects:

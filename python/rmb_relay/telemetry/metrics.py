@@ -199,6 +199,8 @@ class Registry:
 
     def __init__(self) -> None:
         self._families: dict[str, _Family] = {}
+        #: `add_read` sources of families not registered yet, by name
+        self._waiting_reads: dict[str, list[Read]] = {}
         self._prometheus = CollectorRegistry(auto_describe=False)
         self._prometheus.register(_FamilyCollector(self._families))
 
@@ -264,6 +266,7 @@ class Registry:
         family = self._families.get(name)
         if family is None:
             family = self._families[name] = _Family(kind, name, help_text, full)
+            family.reads.extend(((), read) for read in self._waiting_reads.pop(name, ()))
         elif (family.kind, family.labels, family.help) != (kind, full, help_text):
             raise ValueError(
                 f"metric {name} registered twice with different shapes: "
@@ -277,6 +280,16 @@ class Registry:
             if family.allowed.setdefault(index, bounded) != bounded:
                 raise ValueError(f"{name}: label {label!r} bounded twice differently")
         return family, tuple(const.values())
+
+    def add_read(self, name: str, read: Read) -> None:
+        """Another source of an existing family's values (label values without its `const`
+        ones, number), read at scrape beside what is counted here: a Rust table that counts
+        what Python no longer sees (the tunnel's native express table)."""
+        family = self._families.get(name)
+        if family is None:  # registered later (the listener's families come after dialects')
+            self._waiting_reads.setdefault(name, []).append(read)
+        else:
+            family.reads.append(((), read))
 
     def get(self, name: str) -> Metric:
         """The whole family (no label fixed): `get(name).value(*all_label_values)`."""

@@ -38,7 +38,13 @@ async def build(args: argparse.Namespace, services: Services) -> TunnelDialect |
         return None
     settings = TunnelSettings.from_args(args)
     store = TenantStore(services.twins_path())
-    dialect = TunnelDialect(settings, store, services.metrics, cluster=services.cluster)
+    dialect = TunnelDialect(
+        settings,
+        store,
+        services.metrics,
+        cluster=services.cluster,
+        outboxes=services.switch.outboxes,
+    )
     dialect.records = services.switch.record_channel("tunnel")  # --records
     return dialect
 

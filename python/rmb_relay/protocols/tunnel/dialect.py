@@ -24,6 +24,7 @@ from rmb_relay.protocols.tunnel import client, endpoints, express, management
 from rmb_relay.protocols.tunnel.bodystore import FileBodyStore
 from rmb_relay.protocols.tunnel.hub import ConnectorSession, Hub, Job
 from rmb_relay.protocols.tunnel.metrics import TunnelMetrics
+from rmb_relay.protocols.tunnel.native import NativeExpress
 from rmb_relay.protocols.tunnel.scaleout import RedisBridge
 from rmb_relay.protocols.tunnel.settings import CONNECTOR_MAX_MESSAGE, TunnelSettings
 from rmb_relay.protocols.tunnel.tenants import Tenant, TenantStore, normalize
@@ -33,7 +34,7 @@ from rmb_relay.protocols.tunnel.wire import TenantConfig
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from rmb_relay._core import HttpRequest
+    from rmb_relay._core import HttpRequest, Outboxes
     from rmb_relay.cluster.node import Cluster
     from rmb_relay.protocols.base import ExpressClient, HttpClient, RequestBody
     from rmb_relay.telemetry.metrics import Registry
@@ -85,10 +86,12 @@ class TunnelDialect(Dialect):
         tokens: TokenAuthority | None = None,
         cluster: Cluster | None = None,
         clock: Clock = monotonic_clock,
+        outboxes: Outboxes | None = None,
     ) -> None:
         """`cluster`: share requests with the other relays in it (scaleout.py); None (no
         `--redis`, or `--no-cluster`): this relay serves its own connectors only."""
         self.settings = settings
+        self.registry = registry
         self.store_of_tenants = tenants
         self.tenants = TenantCache(tenants, settings.tenant_cache_ttl, clock)
         if tokens is None:
@@ -144,6 +147,14 @@ class TunnelDialect(Dialect):
             )
             self.hub.on_tenant_joined = self.bridge.tenant_joined
             self.hub.on_tenant_left = self.bridge.tenant_left
+        #: the native express table (native.py): with the express path in the Rust core
+        #: (`--tunnel-no-native` turns both off) and the switch's outboxes to write into
+        self.native: NativeExpress | None = None
+        if settings.express and settings.native and outboxes is not None:
+            self.native = NativeExpress(self, outboxes)
+            self.native_http = self.native
+            self.hub.native = self.native
+            self.tokens.on_verified = self.native.token_verified
 
     # ---- where a request goes (scale-out hooks in here) -------------------------------------
 
@@ -200,6 +211,8 @@ class TunnelDialect(Dialect):
         )
         if self.settings.express and self.settings.native:
             session.native = functools.partial(express.deliver_native, self.hub)
+        if self.native is not None:
+            session.outboxes = self.native.outboxes
         return session
 
     # ---- routes ----------------------------------------------------------------------------
@@ -281,6 +294,8 @@ class TunnelDialect(Dialect):
             self._sweeper.cancel()
         if self.bridge is not None:
             await self.bridge.close()
+        if self.native is not None:
+            self.native.close()
         self.hub.close()
         self.express_deadlines.close()
         self.store_of_tenants.close()

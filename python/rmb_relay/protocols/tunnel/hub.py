@@ -66,6 +66,7 @@ if TYPE_CHECKING:
     from rmb_relay._core import WsMessage
     from rmb_relay.protocols.tunnel.bodystore import FileBodyStore
     from rmb_relay.protocols.tunnel.metrics import TunnelMetrics
+    from rmb_relay.protocols.tunnel.native import NativeExpress
 
 log = logging.getLogger("rmb_relay.tunnel")
 
@@ -203,6 +204,13 @@ class ConnectorSession(WebSocketHandler):
         self.hub.connector_joined(self)
 
     def on_message(self, message: WsMessage) -> None:
+        table = self.hub.native
+        if (
+            table is not None
+            and message.is_text != self.binary
+            and table.deliver(self, message.data)
+        ):
+            return
         native = self.native
         if native is not None and message.is_text != self.binary and native(self, message.data):
             return
@@ -258,6 +266,8 @@ class Hub:
             if budget is not None
             else ByteBudget(key_bytes=DEFAULT_TENANT_BYTES, total_bytes=DEFAULT_TOTAL_BYTES)
         )
+        #: the native express table (native.py), whose jobs count with the hub's
+        self.native: NativeExpress | None = None
         #: told when a tenant gets its first connector here, and when it loses its last
         self.on_tenant_joined: Callable[[str], None] | None = None
         self.on_tenant_left: Callable[[str], None] | None = None
@@ -279,6 +289,8 @@ class Hub:
         if len(group) == 1 and self.on_tenant_joined is not None:
             self.on_tenant_joined(connector.tenant)
         log.info("connector %s of %s joined", connector.connection_id, connector.tenant_name)
+        if self.native is not None:
+            self.native.connector_joined(connector)
         self.pump(connector.tenant)
 
     def connector_left(self, connector: ConnectorSession) -> None:
@@ -289,6 +301,8 @@ class Hub:
         if left and self.on_tenant_left is not None:
             self.on_tenant_left(connector.tenant)
         log.info("connector %s of %s left", connector.connection_id, connector.tenant_name)
+        if self.native is not None:
+            self.native.connector_left(connector)
         redeliver = list(connector.unacked.values())
         for job in connector.inflight.values():
             if job.acked:
@@ -358,7 +372,8 @@ class Hub:
         return self.clock() + self.ttl
 
     def inflight(self, tenant: str) -> int:
-        return sum(len(c.inflight) for c in self.connectors.get(tenant, ()))
+        here = sum(len(c.inflight) for c in self.connectors.get(tenant, ()))
+        return here if self.native is None else here + self.native.inflight(tenant)
 
     def queued(self) -> int:
         return sum(len(queue) for queue in self.pending.values())
@@ -458,6 +473,8 @@ class Hub:
 
     def deliver(self, connector: ConnectorSession, response: TargetResponse) -> None:
         job = self.jobs.get(response.request_id)
+        if job is None and self.native is not None:
+            job = self.native.adopt(connector, response.request_id)
         if job is None or job.tenant != connector.tenant:
             self._drop_response_body(response)
             raise WireError(f"Deliver: unknown request id {response.request_id!r}")

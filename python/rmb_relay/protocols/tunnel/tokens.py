@@ -22,6 +22,7 @@ import asyncio
 import json
 import secrets
 import urllib.request
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rmb_relay.clock import Clock, seconds, wall_clock
@@ -157,6 +158,9 @@ class TokenAuthority:
         self.oidc = oidc
         #: tokens that passed `verify`, until their end (verified.py)
         self.verified = VerifiedTokens(cache)
+        #: told of each token that passes (token, tenant, last good unix second): the
+        #: native express table checks them itself (native.py)
+        self.on_verified: Callable[[str, str, float], None] | None = None
 
     def known(self, token: str) -> str | None:
         """The tenant of a token that passed `verify` and is still good, else None (then only
@@ -186,6 +190,8 @@ class TokenAuthority:
             return tenant
         tenant, until = await self._check(token)
         self.verified.put(token, tenant, until)
+        if self.on_verified is not None:
+            self.on_verified(token, tenant, until)
         return tenant
 
     async def _check(self, token: str) -> tuple[str, float]:

@@ -1,0 +1,276 @@
+"""The tunnel's native express table (rust/tunnel_native.rs) kept in step with the hub.
+
+Why: the express path (express.py) still spent ~14 us of the relay's user time per request in
+Python bookkeeping, and the relay is the tunnel's bottleneck. For the common case (relay mode,
+acknowledgements disabled, no concurrency limit, round robin, a connector here) the job now
+lives in the Rust table: the client's read is parsed and, when served, its `RequestTarget` is
+in the connector's outbox (the switch's, shared with RMB, SBD and the 신경 gateway) without a
+Python object per request; the connector's `Deliver` is written into the client's outbox the
+same way. What stays here are the rare events, all with the express path's answers:
+
+- a client that half-closes (its answer is then Python's) or goes away (its job runs on, the
+  answer is dropped);
+- the response deadline: a tick every `tick` seconds while the table has tenants answers 504
+  to the clients whose TTL + response timeout passed (`Deadlines` does it per request on the
+  Python path; here it is one call per tick, so a 504 may come up to one tick late);
+- a connector that leaves: its clients are answered 503 (mode Disabled: the job is not
+  redelivered, as on the Python path);
+- a `Deliver` the table does not answer (a body in the store, a status >= 400, a field HTTP/1.1
+  cannot carry): the job is taken out of the table and finished by the hub as an express job;
+- the memory budget: a tenant registered here holds a lease of `LEASE` bytes of its budget
+  (taken when its connector joins and it is eligible, given back when its last connector
+  leaves); its jobs here are admitted against the lease, and a request over it goes to Python,
+  which admits or refuses it against the rest of the budget as before;
+- tenants' settings: a tenant whose settings change (management API, or the tenant cache's
+  TTL) is checked again at the next tick, and disabled here if it is no longer eligible.
+
+Counters the table keeps (answers by tenant/target/status, HTTP answers, requests taken,
+answers written, declines by reason) are read at scrape through the same metric families.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import os
+from typing import TYPE_CHECKING
+
+from rmb_relay._core import NativeTunnel
+from rmb_relay.budget import BudgetExceeded
+from rmb_relay.clock import NS
+from rmb_relay.protocols.tunnel.client import _status
+from rmb_relay.protocols.tunnel.tenants import normalize
+
+if TYPE_CHECKING:
+    from rmb_relay._core import HttpStreamParser, Outboxes
+    from rmb_relay.protocols.base import HttpEvent, NativeClient
+    from rmb_relay.protocols.tunnel.dialect import TunnelDialect
+    from rmb_relay.protocols.tunnel.hub import ConnectorSession, Job
+    from rmb_relay.protocols.tunnel.tenants import Tenant
+
+log = logging.getLogger("rmb_relay.tunnel")
+
+#: budget bytes a tenant's native jobs may hold here (~170 requests of 1 KiB in flight)
+LEASE = 256 << 10
+#: random bytes fetched at once for request ids (16 each); fetched again below half
+ENTROPY = 16 * 4096
+#: how often the deadlines and tenants' settings are looked at (at most; seconds)
+TICK = 1.0
+
+
+class NativeExpress:
+    """The table, the outboxes it writes into, and the events it leaves to Python."""
+
+    __slots__ = (
+        "_flushing",
+        "_timer",
+        "clock",
+        "dialect",
+        "loop",
+        "outboxes",
+        "table",
+        "tick",
+        "tokens",
+    )
+
+    def __init__(self, dialect: TunnelDialect, outboxes: Outboxes) -> None:
+        settings = dialect.settings
+        hub = dialect.hub
+        span = hub.ttl + int((settings.response_timeout) * 1e9)
+        self.dialect = dialect
+        self.outboxes = outboxes
+        self.clock = hub.clock
+        self.tokens = dialect.tokens
+        self.table = NativeTunnel(hub.origin_id, hub.ttl, span)
+        self.table.refill(os.urandom(ENTROPY))
+        self.tick = min(TICK, span / 4e9)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._flushing = False
+        self._timer: asyncio.TimerHandle | None = None
+        table = self.table
+        registry = dialect.registry
+        # the families' `dialect="tunnel"` label comes first in their samples
+        registry.add_read(
+            "rmb_relay_tunnel_requests_total",
+            lambda: [(("tunnel", *k), n) for k, n in table.requests()],
+        )
+        # taken here counts as taken by the express path; a decline here is not one of the
+        # express path's (the request is offered to it next), so it has its own family
+        registry.add_read(
+            "rmb_relay_tunnel_express_total", lambda: [(("tunnel", "taken"), table.taken)]
+        )
+        registry.counter_of(
+            "rmb_relay_tunnel_native_requests_total",
+            "Client requests the native express table (Rust core) served (outcome taken), or "
+            "left to the Python express path and why (request, path, tenant, auth, "
+            "no connector, congested, budget, entropy)",
+            lambda: [(("taken",), table.taken)] + [((why,), n) for why, n in table.declined()],
+            ("outcome",),
+            const={"dialect": "tunnel"},
+        )
+        registry.add_read(
+            "rmb_relay_tunnel_native_answers_total", lambda: [(("tunnel",), table.answered)]
+        )
+        registry.add_read("rmb_relay_http_requests_total", table.http_answers)
+
+    # ---- the hot path ----------------------------------------------------------------------
+
+    def feed(
+        self, conn: NativeClient, parser: HttpStreamParser, data: bytes
+    ) -> list[HttpEvent] | None:
+        """A client's read: None when the table served it, else the parser's events."""
+        events = self.table.feed(
+            parser,
+            data,
+            conn.conn_id,
+            conn,
+            self.outboxes,
+            self.clock(),
+            self.tokens.clock() // NS,
+        )
+        if events is None and not self._flushing:
+            self._flushing = True
+            loop = self.loop
+            if loop is None:
+                loop = self.loop = asyncio.get_running_loop()
+                self._arm()
+            loop.call_soon(self._flush)
+        return events
+
+    def _flush(self) -> None:
+        """The connectors' outboxes the loop turn's requests went into, each written once."""
+        self._flushing = False
+        for conn, data in self.outboxes.drain():
+            conn.write_taken(data)
+        if self.table.ids_left < ENTROPY // 32:
+            self.table.refill(os.urandom(ENTROPY))
+
+    # ---- connectors and tenants ------------------------------------------------------------
+
+    def eligible(self, tenant: Tenant) -> bool:
+        dialect = self.dialect
+        ack = tenant.ack_mode if tenant.ack_mode is not None else dialect.ack_mode
+        return (
+            ack == 0
+            and not tenant.max_concurrent
+            and not dialect.hub.default_limit
+            and not dialect.hub.least_inflight
+            and dialect.records is None
+            and (dialect.bridge is None or dialect.settings.shortcut)
+        )
+
+    def connector_joined(self, connector: ConnectorSession) -> None:
+        tenant = self.dialect.tenants.get(connector.tenant_name)
+        if tenant is None or not self.eligible(tenant):
+            return
+        key = connector.tenant
+        if not self.table.has_tenant(key):
+            budget = self.dialect.hub.budget
+            try:
+                budget.take(key, LEASE)
+            except BudgetExceeded:
+                return  # the Python path serves the tenant (and says why it refuses)
+            self.table.set_tenant(key, tenant.name, tenant.require_authentication, LEASE)
+        self.table.add_connector(key, connector.peer.id, connector.binary)
+        self._arm()
+
+    def connector_left(self, connector: ConnectorSession) -> None:
+        conns, lease = self.table.connector_left(connector.tenant, connector.peer.id)
+        for conn, method in conns:
+            conn.native_answer(_status(503, "connector unavailable"), method)
+        if lease is not None and lease:
+            self.dialect.hub.budget.release(connector.tenant, lease)
+
+    def client_done(self, conn: NativeClient) -> None:
+        self.table.client_done(conn.conn_id)
+
+    def closed(self, conn: NativeClient, pending: bool) -> None:
+        if pending:
+            self.table.abandon(conn.conn_id)
+        self.outboxes.remove(conn.conn_id)
+
+    def inflight(self, key: str) -> int:
+        return self.table.inflight(key)
+
+    def held(self, key: str) -> int:
+        return self.table.held(key)
+
+    # ---- answers Python finishes -----------------------------------------------------------
+
+    def deliver(self, connector: ConnectorSession, data: bytes) -> bool:
+        """A connector's message answered (or dropped) by the table: True."""
+        return self.table.deliver(data, connector.binary, connector.peer.id, self.outboxes)
+
+    def adopt(self, connector: ConnectorSession, request_id: str) -> Job | None:
+        """The table's job of `request_id`, taken out as a hub job waited for by an express
+        reply (express.py), so the hub finishes it as it finishes its own; None: not ours."""
+        from rmb_relay.protocols.tunnel.express import ExpressReply
+        from rmb_relay.protocols.tunnel.hub import Job
+        from rmb_relay.protocols.tunnel.wire import ClientRequest
+
+        got = self.table.take(request_id, connector.peer.id)
+        if got is None:
+            return None
+        conn, request, key, target, deadline = got
+        dialect = self.dialect
+        hub = dialect.hub
+        reply = None
+        if conn is not None and request is not None and conn.adopt_native(request):
+            reply = ExpressReply(dialect, conn)
+            dialect.express_deadlines.live += 1  # (its `_finish` counts it out)
+        wire = ClientRequest(
+            request_id,
+            hub.origin_id,
+            target,
+            connector.tenant_name,
+            request.method if request is not None else "GET",
+            "",
+            {},
+            0,
+            hub.origin_id,
+        )
+        job = Job(wire, key, deadline, reply, 0, ack_token="")
+        if reply is not None:
+            reply.job = job
+        job.connector = connector
+        job.acked = True
+        job.attempts = 1
+        hub.jobs[request_id] = job
+        connector.inflight[request_id] = job
+        return job
+
+    # ---- deadlines, settings, shutdown -----------------------------------------------------
+
+    def _arm(self) -> None:
+        loop = self.loop
+        if self._timer is None and loop is not None:
+            self._timer = loop.call_later(self.tick, self._tick)
+
+    def _tick(self) -> None:
+        self._timer = None
+        for conn, _name, method in self.table.expired(self.clock()):
+            conn.native_answer(_status(504, "the connector did not answer in time"), method)
+        dialect = self.dialect
+        for key, group in list(dialect.hub.connectors.items()):
+            if self.table.has_tenant(key) and group:
+                tenant = dialect.tenants.get(group[0].tenant_name)
+                if tenant is None or not self.eligible(tenant):
+                    self.table.disable(key)
+                else:
+                    self.table.set_tenant(key, tenant.name, tenant.require_authentication, 0)
+        if len(self.table) or any(self.table.has_tenant(k) for k in dialect.hub.connectors):
+            self._arm()
+
+    def token_verified(self, token: str, tenant: str, until: float) -> None:
+        """`TokenAuthority`'s news of a token that passed, good up to `until` (unix s)."""
+        self.table.add_token(token, normalize(tenant), math.floor(until))
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        conns, lease = self.table.close()
+        for conn, method in conns:
+            conn.native_answer(_status(503, "connector unavailable"), method)
+        del lease  # the budget goes with the hub

@@ -1,0 +1,1019 @@
+//! The tunnel's native express table: the common relay-mode request served without a Python
+//! object of its own, from the client's read to the connector's outbox and from the
+//! connector's `Deliver` to the client's outbox.
+//!
+//! Why: with the express path (`protocols/tunnel/express.py`) each tunnelled request still cost
+//! the relay ~14 us of user time at 1 KiB x 64, spread thin over Python bookkeeping: a request
+//! id, a `ClientRequest`, a `Job`, a waiter, the memory budget, the deadline queue, counters,
+//! the HTTP connection's per-request state (py-spy, issue #13). The relay is the tunnel's
+//! bottleneck (one process, busy or waiting for a core ~95% of the time at full load), so
+//! that time is the rate. Here the job lives in this table instead: one Rust call per client
+//! read parses the request and, when it is the common case, encodes its `RequestTarget` into
+//! the connector's outbox; the connector's decoder answers the `Deliver` into the client's
+//! outbox while it decodes the read. Python keeps the rare events: a client that goes away,
+//! the response deadline (a periodic `expired`), a connector that leaves, a `Deliver` this
+//! table does not answer (it `take`s the job and Python answers as the express path does).
+//!
+//! Served here only when all of these hold, else declined (the reason counted when the path is
+//! a `/relay/` one) and the read's events go to Python as `HttpStreamParser.feed` gives them:
+//! - the whole request (head and a Content-Length body of at most `max_body`) is this read,
+//!   nothing after it; not HEAD, not an upgrade, no `Expect`, kept alive, one `Host`;
+//! - `/relay/{tenant}/{target}/...` with both segments free of `%`, the tenant registered
+//!   here (`set_tenant`: acknowledge mode disabled, no concurrency limit, round robin) with a
+//!   connector whose outbox accepts, and the bearer token, when the tenant requires one, one
+//!   the relay verified (`add_token`) for this tenant and not past its end;
+//! - the tenant's lease of the memory budget (`set_tenant`) has room for the job's size
+//!   (hub.py's `held_size`: `JOB_OVERHEAD` + body + URL + header characters);
+//! - 16 bytes of the caller's entropy are left for the request id (a version-4 UUID, as
+//!   ids.py makes them; `refill`).
+//!
+//! Sans-I/O: the time is an argument (the dialect's clock, ns), randomness comes from Python.
+
+use std::collections::HashMap;
+use std::hash::BuildHasherDefault;
+
+use crate::forward::{IdHasher, Outboxes};
+use crate::http::{Framing, RequestHead};
+use crate::routes::ConnId;
+use crate::tunnel_express::{answer, request_headers};
+use crate::tunnel_wire::{encode_client_request, ClientRequestRef, Json, Msgpack};
+use crate::ws::{OP_BINARY, OP_TEXT};
+
+type IdMap<V> = HashMap<ConnId, V, BuildHasherDefault<IdHasher>>;
+
+/// hub.py's `JOB_OVERHEAD`: what a job costs the memory budget beyond its text and body.
+pub const JOB_OVERHEAD: u64 = 1330;
+/// Bytes of entropy one request id takes.
+const ID_BYTES: usize = 16;
+/// The methods the tunnel's client routes serve (dialect.py `METHODS`), HEAD left to Python.
+const METHODS: [&str; 6] = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"];
+/// Verified tokens remembered at most (all forgotten when full: Python teaches them again).
+const TOKENS: usize = 4096;
+
+/// A connector of a registered tenant.
+#[derive(Debug, Clone)]
+pub struct Connector {
+    pub id: ConnId,
+    /// msgpack (binary frames) or JSON (text frames)
+    pub binary: bool,
+    /// jobs of this table it holds
+    pub inflight: u32,
+}
+
+/// A tenant the table serves.
+#[derive(Debug, Clone)]
+pub struct Tenant {
+    /// the tenant's name as stored (the `tenantName` sent, the metric label)
+    pub name: String,
+    pub require_auth: bool,
+    /// the budget bytes Python charged to the tenant for this table's jobs
+    pub lease: u64,
+    /// of the lease, what the jobs in flight hold
+    pub held: u64,
+    pub connectors: Vec<Connector>,
+    next: usize,
+    /// new requests are served here (false: declined, jobs in flight still answered)
+    pub enabled: bool,
+}
+
+/// A request sent to a connector and not answered yet.
+#[derive(Debug)]
+pub struct Job {
+    /// the client's connection; None once it went away or timed out (the answer is dropped)
+    pub client: Option<ConnId>,
+    /// the tenant's key (normalized name)
+    pub tenant: String,
+    pub connector: ConnId,
+    pub size: u64,
+    /// the client's answer is due by then (ns, the caller's clock): 504 after
+    pub deadline: i64,
+    pub target: String,
+    /// the client half-closed: its answer is Python's (it closes the connection)
+    pub client_done: bool,
+    /// the request's head, for Python when it answers (`take`)
+    pub head: Option<RequestHead>,
+}
+
+/// Why a request was left to Python (counted by reason).
+pub type Decline = &'static str;
+
+/// The table (module docstring).
+#[derive(Debug, Default)]
+pub struct NativeTunnel {
+    pub origin_id: String,
+    /// TTL + response timeout (ns): the client's answer is due that long after the request
+    pub span: i64,
+    /// the `expiresIn` told to connectors (ms)
+    pub expires_in: i64,
+    /// largest body served here
+    pub max_body: usize,
+    pub tenants: HashMap<String, Tenant>,
+    /// bearer token -> (tenant key, the last second it is good: the tokens' clock, unix s)
+    tokens: HashMap<String, (String, i64)>,
+    pub jobs: HashMap<String, Job>,
+    by_client: IdMap<String>,
+    entropy: Vec<u8>,
+    used: usize,
+    /// answers by (tenant name, target or "-", status): Python reads them at scrape
+    pub requests: HashMap<(String, String, u16), u64>,
+    /// HTTP answers by (method, status), as the listener counts them
+    pub http: HashMap<(String, u16), u64>,
+    pub declined: HashMap<Decline, u64>,
+    pub taken: u64,
+    pub answered: u64,
+}
+
+/// The job's request method (what the listener counts its answer under).
+fn method_of(job: &Job) -> String {
+    job.head
+        .as_ref()
+        .map_or_else(String::new, |h| h.method.clone())
+}
+
+/// `ids.py`'s text of 16 random bytes as a version-4 UUID.
+fn uuid4(raw: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    const VARIANT: &[u8; 4] = b"89ab";
+    let mut h = [0u8; 32];
+    for (i, b) in raw.iter().enumerate() {
+        h[2 * i] = HEX[(b >> 4) as usize];
+        h[2 * i + 1] = HEX[(b & 15) as usize];
+    }
+    let mut s = String::with_capacity(36);
+    let part = |s: &mut String, from: usize, to: usize| {
+        s.extend(h[from..to].iter().map(|&c| char::from(c)));
+    };
+    part(&mut s, 0, 8);
+    s.push('-');
+    part(&mut s, 8, 12);
+    s.push_str("-4");
+    part(&mut s, 13, 16);
+    s.push('-');
+    s.push(char::from(VARIANT[((raw[8] >> 4) & 3) as usize]));
+    part(&mut s, 17, 20);
+    s.push('-');
+    part(&mut s, 20, 32);
+    s
+}
+
+/// The token of an `Authorization: Bearer ...` value, as tokens.py's `bearer` reads it;
+/// None for anything else, and for values that are not plain printable ASCII (Python's
+/// whitespace rules then decide, on its path).
+fn bearer(value: &[u8]) -> Option<&str> {
+    if !value.iter().all(|b| (0x20..0x7f).contains(b)) {
+        return None;
+    }
+    let text = std::str::from_utf8(value).ok()?.trim_matches(' ');
+    let (scheme, token) = text.split_once(' ')?;
+    let token = token.trim_matches(' ');
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+impl NativeTunnel {
+    pub fn new(origin_id: String, ttl: i64, span: i64, max_body: usize) -> Self {
+        NativeTunnel {
+            origin_id,
+            span,
+            expires_in: (ttl / 1_000_000).max(1),
+            max_body,
+            ..Self::default()
+        }
+    }
+
+    /// More random bytes for request ids (what is left is kept).
+    pub fn refill(&mut self, entropy: &[u8]) {
+        self.entropy.drain(..self.used);
+        self.used = 0;
+        self.entropy.extend_from_slice(entropy);
+    }
+
+    /// Ids the entropy left makes.
+    pub fn ids_left(&self) -> usize {
+        (self.entropy.len() - self.used) / ID_BYTES
+    }
+
+    pub fn set_tenant(&mut self, key: &str, name: &str, require_auth: bool, lease: u64) {
+        let t = self
+            .tenants
+            .entry(key.to_owned())
+            .or_insert_with(|| Tenant {
+                name: name.to_owned(),
+                require_auth,
+                lease: 0,
+                held: 0,
+                connectors: Vec::new(),
+                next: 0,
+                enabled: true,
+            });
+        t.name = name.to_owned();
+        t.require_auth = require_auth;
+        t.lease += lease;
+        t.enabled = true;
+    }
+
+    /// New requests of the tenant go to Python (its settings changed); jobs in flight stay.
+    pub fn disable(&mut self, key: &str) {
+        if let Some(t) = self.tenants.get_mut(key) {
+            t.enabled = false;
+        }
+    }
+
+    pub fn add_connector(&mut self, key: &str, id: ConnId, binary: bool) {
+        if let Some(t) = self.tenants.get_mut(key) {
+            if !t.connectors.iter().any(|c| c.id == id) {
+                t.connectors.push(Connector {
+                    id,
+                    binary,
+                    inflight: 0,
+                });
+            }
+        }
+    }
+
+    /// The connector is gone: its jobs leave the table. The clients still waiting, for Python
+    /// to answer 503 (counted here), and the tenant's lease when it has no connector left
+    /// (the tenant is forgotten; Python gives the lease back to the budget).
+    pub fn connector_left(
+        &mut self,
+        key: &str,
+        id: ConnId,
+    ) -> (Vec<(ConnId, String)>, Option<u64>) {
+        let gone: Vec<String> = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.connector == id)
+            .map(|(r, _)| r.clone())
+            .collect();
+        let mut clients = Vec::new();
+        for request_id in gone {
+            if let Some(job) = self.remove(&request_id) {
+                if let Some(client) = job.client {
+                    let name = self.tenant_name(&job.tenant);
+                    *self.requests.entry((name, "-".into(), 503)).or_default() += 1;
+                    clients.push((client, method_of(&job)));
+                }
+            }
+        }
+        let mut lease = None;
+        if let Some(t) = self.tenants.get_mut(key) {
+            t.connectors.retain(|c| c.id != id);
+            if t.connectors.is_empty() && t.held == 0 {
+                lease = Some(t.lease);
+                self.tenants.remove(key);
+            }
+        }
+        (clients, lease)
+    }
+
+    /// Every tenant forgotten, every job dropped (the relay is shutting down): the clients
+    /// still waiting, and the leases to give back.
+    pub fn close(&mut self) -> (Vec<(ConnId, String)>, u64) {
+        let clients = self
+            .jobs
+            .values()
+            .filter_map(|j| j.client.map(|c| (c, method_of(j))))
+            .collect();
+        let lease = self.tenants.values().map(|t| t.lease).sum();
+        self.jobs.clear();
+        self.by_client.clear();
+        self.tenants.clear();
+        (clients, lease)
+    }
+
+    fn tenant_name(&self, key: &str) -> String {
+        self.tenants
+            .get(key)
+            .map_or_else(|| key.to_owned(), |t| t.name.clone())
+    }
+
+    /// A token Python verified for the tenant `key`, good up to the second `until` (the
+    /// tokens' clock, unix seconds).
+    pub fn add_token(&mut self, token: &str, key: &str, until: i64) {
+        if self.tokens.len() >= TOKENS {
+            self.tokens.clear();
+        }
+        self.tokens
+            .insert(token.to_owned(), (key.to_owned(), until));
+    }
+
+    fn decline(&mut self, why: Decline) -> Decline {
+        *self.declined.entry(why).or_default() += 1;
+        why
+    }
+
+    /// Serve the request (module docstring): its job is in the table and its message in the
+    /// connector's outbox; the request id. The head is the caller's to `attach`. `now`: the
+    /// hub's clock (ns) for the response deadline; `wall`: the tokens' clock (unix seconds).
+    pub fn offer(
+        &mut self,
+        head: &RequestHead,
+        body: &[u8],
+        client: ConnId,
+        (now, wall): (i64, i64),
+        outboxes: &mut Outboxes,
+    ) -> Result<String, Decline> {
+        if !head.path.starts_with("/relay/") {
+            // not a tunnel client request (the metrics, a token, a connector): not counted
+            return Err("other");
+        }
+        if !head.keep_alive
+            || head.is_websocket_upgrade
+            || head.expect_continue
+            || !METHODS.contains(&head.method.as_str())
+        {
+            return Err(self.decline("request"));
+        }
+        match head.framing {
+            Framing::Length(n) if n as usize <= self.max_body && n as usize == body.len() => {}
+            _ => return Err(self.decline("request")),
+        }
+        let hosts = head.headers.iter().filter(|(n, _)| n == "host").count();
+        if hosts != 1 && !(hosts == 0 && head.version == 0) {
+            return Err(self.decline("request"));
+        }
+        let mut parts = head.path.splitn(5, '/');
+        let (Some(""), Some("relay"), Some(tenant), Some(target)) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(self.decline("path"));
+        };
+        let rest = parts.next().unwrap_or("");
+        if tenant.is_empty() || target.is_empty() || tenant.contains('%') || target.contains('%') {
+            return Err(self.decline("path"));
+        }
+        if !tenant.is_ascii() {
+            return Err(self.decline("tenant"));
+        }
+        let key = tenant.to_ascii_uppercase();
+        let Some(t) = self.tenants.get(&key) else {
+            return Err(self.decline("tenant"));
+        };
+        if !t.enabled {
+            return Err(self.decline("tenant"));
+        }
+        if t.require_auth {
+            let good = head
+                .header("authorization")
+                .and_then(bearer)
+                .and_then(|tok| self.tokens.get(tok))
+                .is_some_and(|(k, until)| *k == key && wall <= *until);
+            if !good {
+                return Err(self.decline("auth"));
+            }
+        }
+        if t.connectors.is_empty() {
+            return Err(self.decline("no connector"));
+        }
+        let index = t.next % t.connectors.len();
+        let connector = t.connectors[index].clone();
+        if !outboxes.accepts(connector.id) {
+            return Err(self.decline("congested"));
+        }
+        let url = match &head.query {
+            Some(q) => format!("{rest}?{q}"),
+            None => rest.to_owned(),
+        };
+        let (headers, text) =
+            request_headers(head.headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())));
+        let size = JOB_OVERHEAD + (body.len() + url.chars().count() + text) as u64;
+        if t.held + size > t.lease {
+            return Err(self.decline("budget"));
+        }
+        if self.ids_left() == 0 {
+            return Err(self.decline("entropy"));
+        }
+        let request_id = uuid4(&self.entropy[self.used..self.used + ID_BYTES]);
+        self.used += ID_BYTES;
+        if self.jobs.contains_key(&request_id) {
+            return Err(self.decline("entropy"));
+        }
+        let length = body.len() as i64;
+        let fields = ClientRequestRef {
+            request_id: &request_id,
+            request_origin_id: &self.origin_id,
+            target,
+            tenant_name: &t.name,
+            http_method: &head.method,
+            url: &url,
+            http_headers: &headers,
+            acknowledge_mode: 0,
+            acknowledge_origin_id: Some(&self.origin_id),
+            original_body_size: length,
+            body_size: length,
+            body_content: (!body.is_empty()).then_some(body),
+            enable_tracing: false,
+            discard_connector_response: false,
+            expires_in: Some(self.expires_in),
+            acknowledge_url: None,
+        };
+        let (message, opcode) = if connector.binary {
+            let sink = Msgpack::with_capacity(256 + body.len());
+            (encode_client_request(sink, &fields), OP_BINARY)
+        } else {
+            let sink = Json::with_capacity(384 + body.len() * 4 / 3);
+            (encode_client_request(sink, &fields), OP_TEXT)
+        };
+        outboxes.forward(connector.id, opcode, message.len(), |out| {
+            out.copy_from_slice(&message)
+        });
+        let t = self.tenants.get_mut(&key).expect("looked up above");
+        t.next = index + 1;
+        t.held += size;
+        t.connectors[index].inflight += 1;
+        self.by_client.insert(client, request_id.clone());
+        self.jobs.insert(
+            request_id.clone(),
+            Job {
+                client: Some(client),
+                tenant: key,
+                connector: connector.id,
+                size,
+                deadline: now + self.span,
+                target: target.to_owned(),
+                client_done: false,
+                head: None,
+            },
+        );
+        self.taken += 1;
+        Ok(request_id)
+    }
+
+    /// The job's head, kept for Python (`take`).
+    pub fn attach(&mut self, request_id: &str, head: RequestHead) {
+        if let Some(job) = self.jobs.get_mut(request_id) {
+            job.head = Some(head);
+        }
+    }
+
+    /// The job leaves the table: its lease bytes and its connector's count are given back.
+    fn remove(&mut self, request_id: &str) -> Option<Job> {
+        let job = self.jobs.remove(request_id)?;
+        if let Some(client) = job.client {
+            self.by_client.remove(&client);
+        }
+        if let Some(t) = self.tenants.get_mut(&job.tenant) {
+            t.held -= job.size;
+            if let Some(c) = t.connectors.iter_mut().find(|c| c.id == job.connector) {
+                c.inflight -= 1;
+            }
+        }
+        Some(job)
+    }
+
+    /// A connector's message: when it is the `Deliver` of a job of this table sent to that
+    /// connector, for a client still waiting, with an answer `tunnel_express::answer` encodes
+    /// and the client keeps its connection for (status < 400, not half-closed), the answer goes
+    /// into the client's outbox and the job is done: the client. A `Deliver` with an inline
+    /// body for a client gone is dropped here too (None, and `true` in the second place).
+    /// Anything else: (None, false), the message is Python's (which may `take` the job).
+    pub fn deliver(
+        &mut self,
+        data: &[u8],
+        binary: bool,
+        connector: ConnId,
+        outboxes: &mut Outboxes,
+    ) -> (Option<ConnId>, bool) {
+        let Some(got) = answer(data, binary) else {
+            return (None, false);
+        };
+        let Some(job) = self.jobs.get(&got.request_id) else {
+            return (None, false);
+        };
+        if job.connector != connector {
+            return (None, false);
+        }
+        let Some(client) = job.client else {
+            self.remove(&got.request_id);
+            return (None, true);
+        };
+        if job.client_done || got.status >= 400 {
+            return (None, false);
+        }
+        let job = self.remove(&got.request_id).expect("looked up above");
+        outboxes.push_marked(client, &got.bytes);
+        let name = self.tenant_name(&job.tenant);
+        let target = if got.status == 404 {
+            "-".into()
+        } else {
+            job.target
+        };
+        *self.requests.entry((name, target, got.status)).or_default() += 1;
+        let method = job.head.map_or_else(String::new, |h| h.method);
+        *self.http.entry((method, got.status)).or_default() += 1;
+        self.answered += 1;
+        (Some(client), true)
+    }
+
+    /// The job of `request_id` sent to `connector`, out of the table for Python to finish.
+    pub fn take(&mut self, request_id: &str, connector: ConnId) -> Option<Job> {
+        if self.jobs.get(request_id)?.connector != connector {
+            return None;
+        }
+        self.remove(request_id)
+    }
+
+    /// The client went away: its job runs on, its answer will be dropped.
+    pub fn abandon(&mut self, client: ConnId) {
+        if let Some(request_id) = self.by_client.remove(&client) {
+            if let Some(job) = self.jobs.get_mut(&request_id) {
+                job.client = None;
+            }
+        }
+    }
+
+    /// The client half-closed: its answer will be Python's.
+    pub fn client_done(&mut self, client: ConnId) {
+        if let Some(request_id) = self.by_client.get(&client) {
+            if let Some(job) = self.jobs.get_mut(request_id) {
+                job.client_done = true;
+            }
+        }
+    }
+
+    /// Clients whose answer was due by `now`, detached from their jobs (which run on, as
+    /// the express path's do), each with its tenant's name: Python answers them 504.
+    pub fn expired(&mut self, now: i64) -> Vec<(ConnId, String, String)> {
+        let mut out = Vec::new();
+        for job in self.jobs.values_mut() {
+            if let Some(client) = job.client {
+                if job.deadline <= now {
+                    job.client = None;
+                    out.push((client, job.tenant.clone(), method_of(job)));
+                }
+            }
+        }
+        for (client, key, _) in &mut out {
+            self.by_client.remove(client);
+            let name = self
+                .tenants
+                .get(key.as_str())
+                .map_or_else(|| key.clone(), |t| t.name.clone());
+            *self
+                .requests
+                .entry((name.clone(), "-".into(), 504))
+                .or_default() += 1;
+            *key = name;
+        }
+        out
+    }
+
+    /// Jobs of the tenant in flight here.
+    pub fn inflight(&self, key: &str) -> u32 {
+        self.tenants
+            .get(key)
+            .map_or(0, |t| t.connectors.iter().map(|c| c.inflight).sum())
+    }
+
+    /// Jobs of one connector in flight here.
+    pub fn inflight_of(&self, key: &str, id: ConnId) -> u32 {
+        self.tenants
+            .get(key)
+            .and_then(|t| t.connectors.iter().find(|c| c.id == id))
+            .map_or(0, |c| c.inflight)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::StreamParser;
+    use crate::tunnel_wire::{decode, FieldValue};
+
+    fn head(raw: &[u8]) -> (RequestHead, Vec<u8>) {
+        let mut p = StreamParser::new(Default::default());
+        let out = p.feed(raw);
+        let mut head = None;
+        let mut body = Vec::new();
+        for ev in out.events {
+            match ev {
+                crate::http::Event::Head(h) => head = Some(h),
+                crate::http::Event::Data(d) => body.extend_from_slice(d),
+                crate::http::Event::End(_) => {}
+            }
+        }
+        (head.unwrap(), body)
+    }
+
+    fn table(outboxes: &mut Outboxes) -> NativeTunnel {
+        let mut t = NativeTunnel::new("origin".into(), 120_000_000_000, 150_000_000_000, 16384);
+        t.refill(&(0u8..64).collect::<Vec<_>>());
+        t.set_tenant("ACME", "acme", false, 1 << 20);
+        outboxes.open(9);
+        t.add_connector("ACME", 9, true);
+        t
+    }
+
+    const POST: &[u8] = b"POST /relay/acme/app/echo?x=1 HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\nX-A: 1\r\n\r\nhi";
+
+    #[test]
+    fn uuid4_is_ids_py_text() {
+        let raw: Vec<u8> = (0u8..16).collect();
+        assert_eq!(uuid4(&raw), "00010203-0405-4607-8809-0a0b0c0d0e0f");
+    }
+
+    #[test]
+    fn bearer_reads_as_tokens_py() {
+        assert_eq!(bearer(b"Bearer abc"), Some("abc"));
+        assert_eq!(bearer(b" bearer  abc "), Some("abc"));
+        assert_eq!(bearer(b"Basic abc"), None);
+        assert_eq!(bearer(b"Bearer "), None);
+        assert_eq!(bearer(b"Bearer \xa0abc"), None);
+    }
+
+    #[test]
+    fn a_request_goes_to_the_connector_and_its_deliver_to_the_client() {
+        let mut o = Outboxes::new();
+        let mut t = table(&mut o);
+        o.open(1);
+        let (h, body) = head(POST);
+        let id = t.offer(&h, &body, 1, (5, 5), &mut o).unwrap();
+        t.attach(&id, h);
+        let sent = o.take(9).unwrap();
+        // one binary frame: 2-byte header for < 126 bytes, else 4
+        let payload = if sent[1] & 127 == 126 {
+            &sent[4..]
+        } else {
+            &sent[2..]
+        };
+        let (kind, fields) = decode(payload, true).unwrap();
+        assert_eq!(kind, "RequestTarget");
+        assert_eq!(fields[0], FieldValue::Str(id.clone()));
+        assert_eq!(t.inflight("ACME"), 1);
+        let deliver = format!(
+            concat!(
+                r#"{{"target":"Deliver","arguments":[{{"requestId":"{}","requestOriginId":"o","#,
+                r#""httpStatusCode":200,"httpHeaders":{{}},"originalBodySize":2,"bodySize":2,"#,
+                r#""bodyContent":"aGk=","requestFailed":false}}]}}"#
+            ),
+            id
+        );
+        // from another connector: not this job's
+        assert_eq!(
+            t.deliver(deliver.as_bytes(), false, 8, &mut o),
+            (None, false)
+        );
+        assert_eq!(
+            t.deliver(deliver.as_bytes(), false, 9, &mut o),
+            (Some(1), true)
+        );
+        assert!(o.take(1).unwrap().starts_with(b"HTTP/1.1 200 OK\r\n"));
+        assert_eq!(t.inflight("ACME"), 0);
+        assert_eq!(t.tenants["ACME"].held, 0);
+        assert_eq!(t.requests[&("acme".into(), "app".into(), 200)], 1);
+        assert_eq!(t.http[&("POST".into(), 200)], 1);
+    }
+
+    #[test]
+    fn declines_what_python_decides() {
+        let mut o = Outboxes::new();
+        let mut t = table(&mut o);
+        let cases: [&[u8]; 6] = [
+            b"HEAD /relay/acme/app HTTP/1.1\r\nHost: h\r\n\r\n",
+            b"GET /relay/acme/app HTTP/1.1\r\n\r\n",
+            b"GET /relay/ac%6De/app HTTP/1.1\r\nHost: h\r\n\r\n",
+            b"GET /relay/other/app HTTP/1.1\r\nHost: h\r\n\r\n",
+            b"GET /queue/acme/app HTTP/1.1\r\nHost: h\r\n\r\n",
+            b"GET /relay/acme/app HTTP/1.1\r\nHost: h\r\nConnection: close\r\n\r\n",
+        ];
+        for raw in cases {
+            let (h, body) = head(raw);
+            assert!(t.offer(&h, &body, 1, (0, 0), &mut o).is_err(), "{raw:?}");
+        }
+        assert_eq!(t.taken, 0);
+    }
+
+    #[test]
+    fn tokens_budget_entropy_and_deadlines() {
+        let mut o = Outboxes::new();
+        let mut t = table(&mut o);
+        t.set_tenant("ACME", "acme", true, 0);
+        let raw = b"GET /relay/acme/app HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer tok\r\n\r\n";
+        let (h, body) = head(raw);
+        assert_eq!(t.offer(&h, &body, 1, (0, 0), &mut o), Err("auth"));
+        t.add_token("tok", "OTHER", 100);
+        assert_eq!(t.offer(&h, &body, 1, (0, 0), &mut o), Err("auth"));
+        t.add_token("tok", "ACME", 100);
+        assert_eq!(t.offer(&h, &body, 1, (101, 101), &mut o), Err("auth"));
+        assert!(t.offer(&h, &body, 1, (100, 100), &mut o).is_ok());
+        // 64 bytes of entropy: four ids
+        for client in 2..5 {
+            assert!(t.offer(&h, &body, client, (100, 100), &mut o).is_ok());
+        }
+        assert_eq!(t.offer(&h, &body, 5, (100, 100), &mut o), Err("entropy"));
+        // an id already in flight (entropy that repeats) is not used twice
+        t.refill(&(0u8..16).collect::<Vec<_>>());
+        assert_eq!(t.offer(&h, &body, 5, (100, 100), &mut o), Err("entropy"));
+        t.refill(&[1u8; 16]);
+        let mut small = Outboxes::new();
+        small.open(9);
+        let t_size = t.tenants["ACME"].held / 4;
+        t.tenants.get_mut("ACME").unwrap().lease = t.tenants["ACME"].held;
+        assert_eq!(t.offer(&h, &body, 5, (100, 100), &mut small), Err("budget"));
+        // deadlines: due at 100 + span
+        assert!(t.expired(100 + t.span - 1).is_empty());
+        let due = t.expired(100 + t.span);
+        assert_eq!(due.len(), 4);
+        assert!(due.iter().all(|(_, name, _)| name == "acme"));
+        // the jobs run on until their connector answers or leaves
+        assert_eq!(t.inflight("ACME"), 4);
+        let (clients, lease) = t.connector_left("ACME", 9);
+        assert!(clients.is_empty());
+        assert_eq!(lease, Some(4 * t_size));
+        assert!(t.tenants.is_empty());
+    }
+
+    #[test]
+    fn connector_left_names_the_waiting_clients() {
+        let mut o = Outboxes::new();
+        let mut t = table(&mut o);
+        let (h, body) = head(POST);
+        t.offer(&h, &body, 1, (0, 0), &mut o).unwrap();
+        t.offer(&h, &body, 2, (0, 0), &mut o).unwrap();
+        t.abandon(2);
+        let (clients, lease) = t.connector_left("ACME", 9);
+        assert_eq!(clients, vec![(1, String::new())]);
+        assert_eq!(lease, Some(1 << 20));
+        assert_eq!(t.requests[&("acme".into(), "-".into(), 503)], 1);
+    }
+}
+
+pub mod py {
+    use pyo3::prelude::*;
+    use pyo3::types::{PyBytes, PyList};
+
+    use super::IdMap;
+    use crate::forward::py::Outboxes;
+    use crate::http::py::{events_list, HttpRequest, HttpStreamParser};
+    use crate::http::Event;
+    use crate::routes::ConnId;
+
+    /// The native express table (module docstring) with the Python connections of its clients.
+    #[pyclass(module = "rmb_relay._core", name = "NativeTunnel")]
+    pub struct NativeTunnel {
+        pub(crate) inner: super::NativeTunnel,
+        /// client connection id -> the connection (its outbox's writer)
+        clients: IdMap<Py<PyAny>>,
+    }
+
+    #[pymethods]
+    impl NativeTunnel {
+        #[new]
+        #[pyo3(signature = (origin_id, ttl, span, *, max_body = 16384))]
+        fn new(origin_id: String, ttl: i64, span: i64, max_body: usize) -> Self {
+            NativeTunnel {
+                inner: super::NativeTunnel::new(origin_id, ttl, span, max_body),
+                clients: IdMap::default(),
+            }
+        }
+
+        /// One client read (module docstring): None when the request was served here (its
+        /// message is in the connector's outbox), else the read's events exactly as
+        /// `HttpStreamParser.feed` gives them.
+        #[allow(clippy::too_many_arguments)]
+        fn feed<'py>(
+            &mut self,
+            py: Python<'py>,
+            parser: &Bound<'py, HttpStreamParser>,
+            data: &[u8],
+            client: ConnId,
+            conn: &Bound<'py, PyAny>,
+            outboxes: &Bound<'py, Outboxes>,
+            now: i64,
+            wall: i64,
+        ) -> PyResult<Option<Bound<'py, PyList>>> {
+            let mut parser = parser.try_borrow_mut()?;
+            let inner = &mut parser.inner;
+            let mut out = inner.feed(data);
+            let whole = out.error.is_none()
+                && matches!(out.events.first(), Some(Event::Head(_)))
+                && matches!(out.events.last(), Some(Event::End(t)) if t.is_empty())
+                && out.events[1..out.events.len() - 1]
+                    .iter()
+                    .all(|e| matches!(e, Event::Data(_)));
+            if whole {
+                let body: Vec<u8>;
+                let data_events = &out.events[1..out.events.len() - 1];
+                let body_ref: &[u8] = match data_events {
+                    [] => b"",
+                    [Event::Data(d)] => d,
+                    _ => {
+                        body = data_events
+                            .iter()
+                            .flat_map(|e| match e {
+                                Event::Data(d) => d.iter().copied(),
+                                _ => [].iter().copied(),
+                            })
+                            .collect();
+                        &body
+                    }
+                };
+                let Event::Head(head) = &out.events[0] else {
+                    unreachable!("checked above")
+                };
+                let mut boxes = outboxes.try_borrow_mut()?;
+                if let Ok(request_id) =
+                    self.inner
+                        .offer(head, body_ref, client, (now, wall), &mut boxes.inner)
+                {
+                    let Event::Head(head) = out.events.swap_remove(0) else {
+                        unreachable!("checked above")
+                    };
+                    self.inner.attach(&request_id, head);
+                    boxes.open_writer(client, conn.clone().unbind());
+                    self.clients.insert(client, conn.clone().unbind());
+                    return Ok(None);
+                }
+            }
+            events_list(py, out).map(Some)
+        }
+
+        /// A connector's message (`ConnectorSession.on_message`'s first look): True when it
+        /// was answered or dropped here (module docstring), False when it is Python's.
+        fn deliver(
+            &mut self,
+            data: &[u8],
+            binary: bool,
+            connector: ConnId,
+            outboxes: &Bound<'_, Outboxes>,
+        ) -> PyResult<bool> {
+            let mut boxes = outboxes.try_borrow_mut()?;
+            let (client, done) = self
+                .inner
+                .deliver(data, binary, connector, &mut boxes.inner);
+            if let Some(client) = client {
+                self.clients.remove(&client);
+            }
+            Ok(done)
+        }
+
+        /// The job of `request_id` sent to `connector`, out of the table for Python to finish:
+        /// (client connection or None, its request, tenant key, target, deadline), or None.
+        #[allow(clippy::type_complexity)]
+        fn take(
+            &mut self,
+            py: Python<'_>,
+            request_id: &str,
+            connector: ConnId,
+        ) -> PyResult<
+            Option<(
+                Option<Py<PyAny>>,
+                Option<Py<HttpRequest>>,
+                String,
+                String,
+                i64,
+            )>,
+        > {
+            let Some(job) = self.inner.take(request_id, connector) else {
+                return Ok(None);
+            };
+            let conn = job.client.and_then(|c| self.clients.remove(&c));
+            let request = match job.head {
+                Some(head) => Some(Py::new(py, HttpRequest::from_head(py, head))?),
+                None => None,
+            };
+            Ok(Some((conn, request, job.tenant, job.target, job.deadline)))
+        }
+
+        /// The client went away (its connection is lost).
+        fn abandon(&mut self, client: ConnId) {
+            self.inner.abandon(client);
+            self.clients.remove(&client);
+        }
+
+        /// The client half-closed while its request is served here.
+        fn client_done(&mut self, client: ConnId) {
+            self.inner.client_done(client);
+        }
+
+        /// (connection, tenant name, method) of every client whose answer was due by `now`.
+        fn expired(&mut self, now: i64) -> Vec<(Py<PyAny>, String, String)> {
+            self.inner
+                .expired(now)
+                .into_iter()
+                .filter_map(|(c, name, method)| {
+                    self.clients.remove(&c).map(|conn| (conn, name, method))
+                })
+                .collect()
+        }
+
+        /// The connector left: the connections of the clients still waiting (Python answers
+        /// 503), and the tenant's lease when it has no connector left (else None).
+        #[allow(clippy::type_complexity)]
+        fn connector_left(
+            &mut self,
+            key: &str,
+            connector: ConnId,
+        ) -> (Vec<(Py<PyAny>, String)>, Option<u64>) {
+            let (clients, lease) = self.inner.connector_left(key, connector);
+            let conns = clients
+                .into_iter()
+                .filter_map(|(c, method)| self.clients.remove(&c).map(|conn| (conn, method)))
+                .collect();
+            (conns, lease)
+        }
+
+        /// Shutting down: the waiting clients' connections and the leases to give back.
+        fn close(&mut self) -> (Vec<(Py<PyAny>, String)>, u64) {
+            let (clients, lease) = self.inner.close();
+            let conns = clients
+                .into_iter()
+                .filter_map(|(c, method)| self.clients.remove(&c).map(|conn| (conn, method)))
+                .collect();
+            self.clients.clear();
+            (conns, lease)
+        }
+
+        fn set_tenant(&mut self, key: &str, name: &str, require_auth: bool, lease: u64) {
+            self.inner.set_tenant(key, name, require_auth, lease);
+        }
+
+        fn disable(&mut self, key: &str) {
+            self.inner.disable(key);
+        }
+
+        fn has_tenant(&self, key: &str) -> bool {
+            self.inner.tenants.contains_key(key)
+        }
+
+        fn add_connector(&mut self, key: &str, connector: ConnId, binary: bool) {
+            self.inner.add_connector(key, connector, binary);
+        }
+
+        fn add_token(&mut self, token: &str, key: &str, until: i64) {
+            self.inner.add_token(token, key, until);
+        }
+
+        fn refill(&mut self, entropy: &Bound<'_, PyBytes>) {
+            self.inner.refill(entropy.as_bytes());
+        }
+
+        #[getter]
+        fn ids_left(&self) -> usize {
+            self.inner.ids_left()
+        }
+
+        fn inflight(&self, key: &str) -> u32 {
+            self.inner.inflight(key)
+        }
+
+        fn inflight_of(&self, key: &str, connector: ConnId) -> u32 {
+            self.inner.inflight_of(key, connector)
+        }
+
+        /// The tenant key of a job in the table, None for an unknown request id.
+        fn tenant_of(&self, request_id: &str) -> Option<String> {
+            self.inner.jobs.get(request_id).map(|j| j.tenant.clone())
+        }
+
+        /// Budget bytes the tenant's jobs here hold (of its lease).
+        fn held(&self, key: &str) -> u64 {
+            self.inner.tenants.get(key).map_or(0, |t| t.held)
+        }
+
+        fn __len__(&self) -> usize {
+            self.inner.jobs.len()
+        }
+
+        #[getter]
+        fn taken(&self) -> u64 {
+            self.inner.taken
+        }
+
+        #[getter]
+        fn answered(&self) -> u64 {
+            self.inner.answered
+        }
+
+        /// ((tenant name, target, status), count) of the answers written here and the 503s
+        /// and 504s counted here.
+        fn requests(&self) -> Vec<((String, String, String), u64)> {
+            self.inner
+                .requests
+                .iter()
+                .map(|((t, g, s), n)| ((t.clone(), g.clone(), s.to_string()), *n))
+                .collect()
+        }
+
+        /// ((method, status), count) of the HTTP answers written here.
+        fn http_answers(&self) -> Vec<((String, String), u64)> {
+            self.inner
+                .http
+                .iter()
+                .map(|((m, s), n)| ((m.clone(), s.to_string()), *n))
+                .collect()
+        }
+
+        /// (reason, count) of the requests left to Python.
+        fn declined(&self) -> Vec<(String, u64)> {
+            self.inner
+                .declined
+                .iter()
+                .map(|(r, n)| ((*r).to_owned(), *n))
+                .collect()
+        }
+    }
+
+    pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add_class::<NativeTunnel>()
+    }
+}

@@ -1,0 +1,293 @@
+"""The native express table (rust/tunnel_native.rs, protocols/tunnel/native.py) over real
+sockets: what it serves, what it leaves to Python and why, and the rare events Python finishes
+for it (a client gone or half-closed, the response deadline, a connector that leaves, an answer
+the table does not write), each with the Python path's answer."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import socket
+import struct
+
+import pytest
+
+from rmb_relay.protocols.tunnel.native import LEASE
+from tests.conftest import WAIT
+from tests.helpers import FakeClock, eventually
+from tests.tunnel_fixtures import (
+    StartTunnel,
+    Tunnel,
+    deliver_text,
+    pattern,
+    raw_client,
+    raw_connector,
+)
+from tests.tunnel_fixtures import start_tunnel as start_tunnel
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def _scrape(tunnel: Tunnel) -> str:
+    async with tunnel.client() as http:
+        return (await http.get("/metrics")).text
+
+
+def _sample(scrape: str, family: str, **labels: str) -> float:
+    """The value of `rmb_relay_tunnel_{family}_total` with `labels` (and the dialect's), 0
+    when absent (the exposition sorts labels by name)."""
+    labels["dialect"] = "tunnel"
+    text = ",".join(f'{name}="{labels[name]}"' for name in sorted(labels))
+    prefix = f"rmb_relay_tunnel_{family}_total{{{text}}} "
+    for line in scrape.splitlines():
+        if line.startswith(prefix):
+            return float(line[len(prefix) :])
+    return 0.0
+
+
+def _native(tunnel: Tunnel) -> int:
+    native = tunnel.dialect.native
+    assert native is not None
+    return native.table.taken
+
+
+async def test_relay_requests_are_served_by_the_table_and_counted_in_metrics(
+    start_tunnel: StartTunnel,
+) -> None:
+    tunnel = await start_tunnel()
+    await tunnel.connect()
+    async with raw_client(tunnel) as client:
+        for size in (0, 1, 1024, 16 * 1024):
+            status, _, body = await client.request("POST", "/relay/acme/app/echo", pattern(size))
+            assert (status, body) == (200, pattern(size))
+        assert (await client.request("GET", "/relay/acme/app/status/201"))[0] == 201
+    assert _native(tunnel) == 5
+    native = tunnel.dialect.native
+    assert native is not None
+    assert len(native.table) == 0
+    assert tunnel.dialect.hub.jobs == {}
+    assert native.table.held("ACME") == 0
+    scrape = await _scrape(tunnel)
+    assert _sample(scrape, "native_requests", outcome="taken") == 5
+    assert _sample(scrape, "express", outcome="taken") == 5
+    assert _sample(scrape, "requests", status="200", target="app", tenant="acme") == 4
+    assert _sample(scrape, "native_answers") == 5
+    # the metrics scrape, the connector's token and websocket are not tunnel requests
+    assert _sample(scrape, "native_requests", outcome="path") == 0
+    assert _sample(scrape, "native_requests", outcome="request") == 0
+
+
+async def test_what_the_table_does_not_serve_goes_to_python_with_the_reason_counted(
+    start_tunnel: StartTunnel,
+) -> None:
+    """HEAD, a body over the inline limit, a target with an escape, an unknown tenant, a
+    tenant whose connector is not here: each is answered as before, by Python."""
+    tunnel = await start_tunnel(request_ttl=0.3)
+    tunnel.add_tenant("lonely")
+    await tunnel.connect()
+    big = pattern(16 * 1024 + 1)
+    async with raw_client(tunnel) as client:
+        assert (await client.request("HEAD", "/relay/acme/app/bytes/10"))[0] == 200
+        assert (await client.request("POST", "/relay/acme/app/echo", big))[2] == big
+        assert (await client.request("GET", "/relay/acme/a%70p/status/202"))[0] == 202
+    assert (await _one(tunnel, "/relay/nobody/app/x"))[0] == 404
+    # (no connector: it waits for one until its TTL, then 408)
+    assert (await _one(tunnel, "/relay/lonely/app/x"))[0] == 408
+    assert _native(tunnel) == 0
+    scrape = await _scrape(tunnel)
+    # (a tenant is in the table while one of its connectors is here)
+    for outcome, count in [("request", 2), ("path", 1), ("tenant", 2)]:
+        assert _sample(scrape, "native_requests", outcome=outcome) == count
+    assert tunnel.dialect.hub.jobs == {}
+
+
+async def _one(tunnel: Tunnel, path: str) -> tuple[int, bytes]:
+    async with raw_client(tunnel) as client:
+        status, _, body = await client.request("GET", path)
+        return status, body
+
+
+@pytest.mark.parametrize("settings", [{"ack_mode": 1}, {"max_concurrent": 4}])
+async def test_a_tenant_the_table_cannot_serve_is_served_by_python(
+    start_tunnel: StartTunnel, settings: dict[str, int]
+) -> None:
+    """Acknowledgements or a concurrency limit: not registered in the table, no lease taken."""
+    tunnel = await start_tunnel()
+    tunnel.add_tenant("careful", **settings)
+    await tunnel.connect("careful")
+    assert (await _one(tunnel, "/relay/careful/app/status/200"))[0] == 200
+    native = tunnel.dialect.native
+    assert native is not None
+    assert not native.table.has_tenant("CAREFUL")
+    assert tunnel.dialect.hub.budget.held_by("CAREFUL") == 0
+    assert _native(tunnel) == 0
+
+
+async def test_the_lease_is_held_while_a_connector_is_and_given_back_after_the_last(
+    start_tunnel: StartTunnel,
+) -> None:
+    tunnel = await start_tunnel(request_ttl=0.3)
+    budget = tunnel.dialect.hub.budget
+    native = tunnel.dialect.native
+    assert native is not None
+    first = await tunnel.connect()
+    second = await tunnel.connect()
+    assert budget.held_by("ACME") == LEASE
+    # round robin over both: each serves one of two requests
+    async with raw_client(tunnel) as client:
+        for _ in range(2):
+            assert (await client.request("GET", "/relay/acme/app/status/200"))[0] == 200
+    await tunnel.disconnect(first)
+    await eventually(lambda: len(tunnel.dialect.hub.connectors.get("ACME", [])) == 1)
+    assert budget.held_by("ACME") == LEASE
+    assert (await _one(tunnel, "/relay/acme/app/status/200"))[0] == 200
+    await tunnel.disconnect(second)
+    await eventually(lambda: not native.table.has_tenant("ACME"))
+    assert budget.held_by("ACME") == 0
+    # no connector: it waits for one until its TTL, on the Python path
+    assert (await _one(tunnel, "/relay/acme/app/status/200"))[0] == 408
+    assert _native(tunnel) == 3
+
+
+async def test_a_deliver_for_a_client_gone_is_dropped_and_the_connector_serves_on(
+    start_tunnel: StartTunnel,
+) -> None:
+    tunnel = await start_tunnel()
+    dialect = tunnel.dialect
+    native = dialect.native
+    assert native is not None
+    async with raw_connector(tunnel) as ws:
+        async with raw_client(tunnel) as client:
+            client.writer.write(
+                b"POST /relay/acme/app/x HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nhi"
+            )
+            argument = json.loads(await ws.receive_str(timeout=WAIT))["arguments"][0]
+            assert _native(tunnel) == 1
+            connections = len(tunnel.relay.connections)
+            # a reset, so the relay knows it is gone (a FIN may be a half-close)
+            sock = client.writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            client.writer.transport.abort()
+            await eventually(lambda: len(tunnel.relay.connections) == connections - 1)
+        await ws.send_str(deliver_text(argument, 200, b"late"))
+        async with raw_client(tunnel) as client:
+            answer = asyncio.ensure_future(client.request("POST", "/relay/acme/app/x", b"hi"))
+            argument = json.loads(await ws.receive_str(timeout=WAIT))["arguments"][0]
+            await ws.send_str(deliver_text(argument, 200, b"fresh"))
+            status, _, body = await answer
+    assert (status, body) == (200, b"fresh")
+    assert native.table.answered == 1
+    assert dialect.metrics.bad_messages.value() == 0
+    assert len(native.table) == 0
+    assert native.table.held("ACME") == 0
+
+
+async def test_a_client_that_half_closes_still_gets_its_answer(
+    start_tunnel: StartTunnel,
+) -> None:
+    """`nc -N`: the request, then a FIN. The answer comes, then the relay closes."""
+    tunnel = await start_tunnel()
+    async with raw_connector(tunnel) as ws, raw_client(tunnel) as client:
+        client.writer.write(
+            b"POST /relay/acme/app/x HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\nhi"
+        )
+        argument = json.loads(await ws.receive_str(timeout=WAIT))["arguments"][0]
+        assert argument["bodyContent"] == "aGk="
+        client.writer.write_eof()
+        native = tunnel.dialect.native
+        assert native is not None
+        await ws.send_str(deliver_text(argument, 200, b"after the fin"))
+        answer = await asyncio.wait_for(client.reader.read(), WAIT)  # up to the relay's EOF
+    assert answer.startswith(b"HTTP/1.1 200 OK\r\n")
+    assert answer.endswith(b"\r\n\r\nafter the fin")
+    assert len(native.table) == 0
+    assert tunnel.dialect.hub.jobs == {}
+
+
+async def test_no_answer_by_the_deadline_is_504_and_a_late_deliver_is_dropped(
+    start_tunnel: StartTunnel,
+) -> None:
+    """The table's tick answers the clients whose TTL + response timeout passed on the
+    dialect's clock (moved by hand here; the tick itself runs every span/4 of real time)."""
+    clock = FakeClock()
+    tunnel = await start_tunnel(clock=clock, request_ttl=0.2, response_timeout=0.2)
+    native = tunnel.dialect.native
+    assert native is not None
+    async with raw_connector(tunnel) as ws, raw_client(tunnel) as client:
+        answer = asyncio.ensure_future(client.request("GET", "/relay/acme/app/x"))
+        argument = json.loads(await ws.receive_str(timeout=WAIT))["arguments"][0]
+        assert len(native.table) == 1
+        clock.advance(0.4 + 0.001)
+        status, _, body = await answer
+        assert (status, body) == (504, b"the connector did not answer in time\n")
+        await ws.send_str(deliver_text(argument, 200, b"late"))
+    await eventually(lambda: len(native.table) == 0)
+    assert native.table.held("ACME") == 0
+    assert tunnel.dialect.metrics.bad_messages.value() == 0
+    scrape = await _scrape(tunnel)
+    assert _sample(scrape, "requests", status="504", target="-", tenant="acme") == 1
+
+
+async def test_a_connector_leaving_mid_request_is_503(start_tunnel: StartTunnel) -> None:
+    """Acknowledgements disabled: the connector took the request for good; it is not
+    redelivered (as on the Python path)."""
+    tunnel = await start_tunnel()
+    async with raw_client(tunnel) as client:
+        async with raw_connector(tunnel) as ws:
+            answer = asyncio.ensure_future(client.request("POST", "/relay/acme/app/x", b"hi"))
+            await ws.receive_str(timeout=WAIT)
+        status, _, body = await answer
+    assert (status, body) == (503, b"connector unavailable\n")
+    native = tunnel.dialect.native
+    assert native is not None
+    assert len(native.table) == 0
+    assert tunnel.dialect.hub.budget.held_by("ACME") == 0
+    scrape = await _scrape(tunnel)
+    assert _sample(scrape, "requests", status="503", target="-", tenant="acme") == 1
+
+
+async def test_answers_the_table_does_not_write_are_finished_by_python(
+    start_tunnel: StartTunnel,
+) -> None:
+    """An error status and a response body in the body store: the job is taken out of the
+    table and the hub answers it as an express job, byte for byte as before."""
+    tunnel = await start_tunnel()
+    await tunnel.connect()
+    big = 64 * 1024
+    async with raw_client(tunnel) as client:
+        status, _, body = await client.request("GET", f"/relay/acme/app/bytes/{big}")
+        assert (status, body) == (200, pattern(big))
+        status, _, body = await client.request("GET", "/relay/acme/app/status/200")
+        assert status == 200
+        status, _, _ = await client.request("GET", "/relay/acme/app/status/500")
+        assert status == 500
+    assert _native(tunnel) == 3
+    native = tunnel.dialect.native
+    assert native is not None
+    assert native.table.answered == 1
+    assert len(native.table) == 0
+    assert tunnel.dialect.hub.jobs == {}
+    assert tunnel.dialect.metrics.requests.value("acme", "app", "500") == 1
+
+
+async def test_a_tenant_whose_settings_change_is_left_to_python_at_the_next_tick(
+    start_tunnel: StartTunnel,
+) -> None:
+    tunnel = await start_tunnel(request_ttl=0.2, response_timeout=0.2, tenant_cache_ttl=0)
+    await tunnel.connect()
+    native = tunnel.dialect.native
+    assert native is not None
+    assert (await _one(tunnel, "/relay/acme/app/status/200"))[0] == 200
+    assert _native(tunnel) == 1
+    tenant = tunnel.store.get("acme")
+    assert tenant is not None
+    assert tunnel.store.update(dataclasses.replace(tenant, max_concurrent=2))
+
+    async def left_to_python() -> bool:
+        taken = _native(tunnel)
+        assert (await _one(tunnel, "/relay/acme/app/status/200"))[0] == 200
+        return _native(tunnel) == taken
+
+    await eventually(left_to_python)
+    assert native.table.has_tenant("ACME")  # its lease stays until the last connector leaves
