@@ -567,6 +567,7 @@ pub mod py {
     use crate::sbd::HEADER_LEN;
     use crate::singyeong::py::{SgIndex, SgScanner};
     use crate::singyeong::{self, Decision, Frame, QueueFrame};
+    use crate::tunnel_native::py::{NativeTunnel, TunnelScanner};
     use crate::ws::py::payload_bytes;
     use crate::ws::Payload;
 
@@ -872,6 +873,7 @@ pub mod py {
         Rmb(Py<RmbScanner>),
         Sbd(Py<SbdScanner>),
         Sg(Py<SgScanner>),
+        Tunnel(Py<TunnelScanner>),
     }
 
     impl Scanner {
@@ -881,6 +883,7 @@ pub mod py {
                 Scanner::Rmb(s) => s.clone_ref(py).into_any(),
                 Scanner::Sbd(s) => s.clone_ref(py).into_any(),
                 Scanner::Sg(s) => s.clone_ref(py).into_any(),
+                Scanner::Tunnel(s) => s.clone_ref(py).into_any(),
             }
         }
 
@@ -940,6 +943,16 @@ pub mod py {
                         batch: Vec::new(),
                     }
                 }
+                Scanner::Tunnel(s) => {
+                    let s = s.get();
+                    Feed::Tunnel {
+                        table: s.table.bind(py).try_borrow_mut()?,
+                        outboxes: open_outboxes(py, Some(&s.outboxes), s.conn_id)?,
+                        connector: s.conn_id,
+                        binary: s.binary,
+                        scratch: Vec::new(),
+                    }
+                }
             })
         }
     }
@@ -991,6 +1004,17 @@ pub mod py {
             /// queue frames read since the last event, for Python as one batch (`take_batch`)
             batch: Vec<Py<PyAny>>,
         },
+        /// a tunnel connector: its `Deliver`s answered by the native express table
+        /// (`tunnel_native.rs`) while `outboxes` is set
+        Tunnel {
+            table: PyRefMut<'py, NativeTunnel>,
+            outboxes: Option<PyRefMut<'py, Outboxes>>,
+            connector: u64,
+            /// msgpack in binary frames, else JSON in text frames
+            binary: bool,
+            /// the message unmasked, reused across the feed's messages
+            scratch: Vec<u8>,
+        },
     }
 
     /// A queue frame as the tuple `SgSession` acts on (see `_core.pyi`, `_SgQueueFrame`):
@@ -1040,7 +1064,8 @@ pub mod py {
                     Feed::Envelope => {}
                     Feed::Rmb { outboxes, .. }
                     | Feed::Sbd { outboxes, .. }
-                    | Feed::Sg { outboxes, .. } => *outboxes = None,
+                    | Feed::Sg { outboxes, .. }
+                    | Feed::Tunnel { outboxes, .. } => *outboxes = None,
                 }
             }
             Ok(scanned)
@@ -1063,6 +1088,26 @@ pub mod py {
         ) -> PyResult<Option<Scanned>> {
             match self {
                 Feed::Envelope => envelope_message(py, is_text, payload).map(Some),
+                Feed::Tunnel {
+                    table,
+                    outboxes,
+                    connector,
+                    binary,
+                    scratch,
+                } => {
+                    // a frame of the other kind is Python's (it answers the error)
+                    let Some(ob) = outboxes.as_mut().filter(|_| is_text != *binary) else {
+                        return Ok(Some((payload_bytes(py, payload)?, None, None)));
+                    };
+                    scratch.clear();
+                    scratch.resize(payload.len(), 0);
+                    payload.copy_to(scratch);
+                    if table.deliver_into(scratch, *binary, *connector, &mut ob.inner) {
+                        Ok(None)
+                    } else {
+                        Ok(Some((PyBytes::new(py, scratch).unbind(), None, None)))
+                    }
+                }
                 Feed::Sg {
                     index,
                     outboxes,
@@ -1424,7 +1469,8 @@ pub mod py {
             .into_any()
             .call_method1("__or__", (py.get_type::<RmbScanner>(),))?
             .call_method1("__or__", (py.get_type::<SbdScanner>(),))?
-            .call_method1("__or__", (py.get_type::<SgScanner>(),))?;
+            .call_method1("__or__", (py.get_type::<SgScanner>(),))?
+            .call_method1("__or__", (py.get_type::<TunnelScanner>(),))?;
         m.add("Scanner", union)?;
         Ok(())
     }

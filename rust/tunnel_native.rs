@@ -1013,7 +1013,64 @@ pub mod py {
         }
     }
 
+    impl NativeTunnel {
+        /// `deliver` with the outboxes already borrowed (the connector's scanner, scan.rs).
+        pub(crate) fn deliver_into(
+            &mut self,
+            data: &[u8],
+            binary: bool,
+            connector: ConnId,
+            outboxes: &mut crate::forward::Outboxes,
+        ) -> bool {
+            let (client, done) = self.inner.deliver(data, binary, connector, outboxes);
+            if let Some(client) = client {
+                self.clients.remove(&client);
+            }
+            done
+        }
+    }
+
+    /// The scanner of one connector's websocket: each `Deliver` the table answers is written
+    /// into its client's outbox inside the decoder's `feed` (no event, no Python call per
+    /// message); every other message, and every later one of the same read, goes to Python
+    /// as it came.
+    #[pyclass(module = "rmb_relay._core", name = "TunnelScanner", frozen)]
+    pub struct TunnelScanner {
+        pub(crate) table: Py<NativeTunnel>,
+        pub(crate) outboxes: Py<Outboxes>,
+        #[pyo3(get)]
+        pub(crate) conn_id: u64,
+        #[pyo3(get)]
+        pub(crate) binary: bool,
+    }
+
+    #[pymethods]
+    impl TunnelScanner {
+        #[new]
+        fn new(
+            table: Py<NativeTunnel>,
+            outboxes: Py<Outboxes>,
+            conn_id: u64,
+            binary: bool,
+        ) -> Self {
+            TunnelScanner {
+                table,
+                outboxes,
+                conn_id,
+                binary,
+            }
+        }
+
+        fn __repr__(&self) -> String {
+            format!(
+                "TunnelScanner(conn_id={}, binary={})",
+                self.conn_id, self.binary
+            )
+        }
+    }
+
     pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-        m.add_class::<NativeTunnel>()
+        m.add_class::<NativeTunnel>()?;
+        m.add_class::<TunnelScanner>()
     }
 }

@@ -291,3 +291,36 @@ async def test_a_tenant_whose_settings_change_is_left_to_python_at_the_next_tick
 
     await eventually(left_to_python)
     assert native.table.has_tenant("ACME")  # its lease stays until the last connector leaves
+
+
+async def test_delivers_answered_in_the_decoder_and_by_python_keep_their_answers(
+    start_tunnel: StartTunnel,
+) -> None:
+    """The connector's scanner answers the table's `Deliver`s inside the decoder's feed; one
+    it cannot answer (an error status) goes to Python, and so does every later one of the
+    same read. Sent back to back, in both orders: each client gets its own answer."""
+    tunnel = await start_tunnel()
+    native = tunnel.dialect.native
+    assert native is not None
+    async with raw_connector(tunnel) as ws:
+        for statuses in [(200, 500), (500, 200)]:
+            async with raw_client(tunnel) as first, raw_client(tunnel) as second:
+                answers = []
+                arguments = []
+                for client in (first, second):
+                    answers.append(
+                        asyncio.ensure_future(client.request("POST", "/relay/acme/app/x", b"hi"))
+                    )
+                    arguments.append(json.loads(await ws.receive_str(timeout=WAIT))["arguments"][0])
+                await asyncio.gather(
+                    *(
+                        ws.send_str(deliver_text(argument, status, str(status).encode()))
+                        for argument, status in zip(arguments, statuses, strict=True)
+                    )
+                )
+                got = [(status, body) for status, _, body in await asyncio.gather(*answers)]
+            assert got == [(status, str(status).encode()) for status in statuses]
+    assert native.table.answered == 2
+    assert len(native.table) == 0
+    assert tunnel.dialect.hub.jobs == {}
+    assert tunnel.dialect.metrics.requests.value("acme", "app", "500") == 2

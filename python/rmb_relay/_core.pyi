@@ -861,7 +861,21 @@ class SgScanner:
     @ready.setter
     def ready(self, value: bool) -> None: ...
 
-Scanner = EnvelopeScanner | RmbScanner | SbdScanner | SgScanner
+@final
+class TunnelScanner:
+    """Scanner of one tunnel connector's websocket: each `Deliver` the native express table
+    (`NativeTunnel`) answers is written into its client's outbox inside `feed` (no event);
+    every other message, and every later one of the same read, goes to Python as it came."""
+
+    def __new__(
+        cls, table: NativeTunnel, outboxes: Outboxes, conn_id: int, binary: bool
+    ) -> TunnelScanner: ...
+    @property
+    def conn_id(self) -> int: ...
+    @property
+    def binary(self) -> bool: ...
+
+Scanner = EnvelopeScanner | RmbScanner | SbdScanner | SgScanner | TunnelScanner
 
 # ---- end scan.rs ----------------------------------------------------------------------------
 

@@ -63,7 +63,7 @@ from rmb_relay.protocols.tunnel.wire import (
 )
 
 if TYPE_CHECKING:
-    from rmb_relay._core import WsMessage
+    from rmb_relay._core import WsDecoder, WsMessage
     from rmb_relay.protocols.tunnel.bodystore import FileBodyStore
     from rmb_relay.protocols.tunnel.metrics import TunnelMetrics
     from rmb_relay.protocols.tunnel.native import NativeExpress
@@ -197,6 +197,14 @@ class ConnectorSession(WebSocketHandler):
         with peer.batch():  # JSON text frames: one write too
             for data in outbox:
                 peer.send_text(data)
+
+    def bind_decoder(self, decoder: WsDecoder) -> None:
+        """With the native express table, the decoder answers this connector's `Deliver`s
+        for the table's jobs inside its `feed` (one Rust call per read, not a Python call per
+        message); the rest reach `on_message`."""
+        native = self.hub.native
+        if native is not None and self.outboxes is not None:
+            decoder.set_scanner(native.scanner(self))
 
     def on_open(self) -> None:
         self.open = True

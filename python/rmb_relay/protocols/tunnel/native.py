@@ -6,7 +6,8 @@ acknowledgements disabled, no concurrency limit, round robin, a connector here) 
 lives in the Rust table: the client's read is parsed and, when served, its `RequestTarget` is
 in the connector's outbox (the switch's, shared with RMB, SBD and the 신경 gateway) without a
 Python object per request; the connector's `Deliver` is written into the client's outbox the
-same way. What stays here are the rare events, all with the express path's answers:
+same way, by the connector websocket's scanner (`TunnelScanner`) inside the decoder's one
+`feed` per read. What stays here are the rare events, all with the express path's answers:
 
 - a client that half-closes (its answer is then Python's) or goes away (its job runs on, the
   answer is dropped);
@@ -36,7 +37,7 @@ import math
 import os
 from typing import TYPE_CHECKING
 
-from rmb_relay._core import NativeTunnel
+from rmb_relay._core import NativeTunnel, TunnelScanner
 from rmb_relay.budget import BudgetExceeded
 from rmb_relay.clock import NS
 from rmb_relay.protocols.tunnel.client import _status
@@ -201,6 +202,10 @@ class NativeExpress:
     def deliver(self, connector: ConnectorSession, data: bytes) -> bool:
         """A connector's message answered (or dropped) by the table: True."""
         return self.table.deliver(data, connector.binary, connector.peer.id, self.outboxes)
+
+    def scanner(self, connector: ConnectorSession) -> TunnelScanner:
+        """The decoder's scanner of `connector`'s websocket: `deliver` inside its `feed`."""
+        return TunnelScanner(self.table, self.outboxes, connector.peer.id, connector.binary)
 
     def adopt(self, connector: ConnectorSession, request_id: str) -> Job | None:
         """The table's job of `request_id`, taken out as a hub job waited for by an express
