@@ -10,10 +10,11 @@ import dataclasses
 import json
 import socket
 import struct
+from contextlib import AsyncExitStack
 
 import pytest
 
-from rmb_relay.protocols.tunnel.native import LEASE
+from rmb_relay.protocols.tunnel.native import LEASE, PIPELINE
 from tests.conftest import WAIT
 from tests.helpers import FakeClock, eventually
 from tests.tunnel_fixtures import (
@@ -324,3 +325,24 @@ async def test_delivers_answered_in_the_decoder_and_by_python_keep_their_answers
     assert len(native.table) == 0
     assert tunnel.dialect.hub.jobs == {}
     assert tunnel.dialect.metrics.requests.value("acme", "app", "500") == 2
+
+
+async def test_many_requests_in_one_turn_reach_the_connector_in_pipelined_writes(
+    start_tunnel: StartTunnel,
+) -> None:
+    """More than `PIPELINE` requests read in one loop turn: the connector's outbox is written
+    every `PIPELINE` of them and at the turn's end; every client gets its own answer."""
+    tunnel = await start_tunnel()
+    await tunnel.connect()
+    count = 3 * PIPELINE + 1
+    async with AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(raw_client(tunnel)) for _ in range(count)]
+        bodies = [pattern(100 + i) for i in range(count)]
+        answers = await asyncio.gather(
+            *(
+                client.request("POST", "/relay/acme/app/echo", body)
+                for client, body in zip(clients, bodies, strict=True)
+            )
+        )
+    assert [(status, body) for status, _, body in answers] == [(200, b) for b in bodies]
+    assert _native(tunnel) == count
