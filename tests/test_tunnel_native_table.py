@@ -346,3 +346,22 @@ async def test_many_requests_in_one_turn_reach_the_connector_in_pipelined_writes
         )
     assert [(status, body) for status, _, body in answers] == [(200, b) for b in bodies]
     assert _native(tunnel) == count
+
+
+async def test_a_tenant_that_becomes_eligible_while_connected_is_served_at_the_next_tick(
+    start_tunnel: StartTunnel,
+) -> None:
+    tunnel = await start_tunnel(request_ttl=0.2, response_timeout=0.2, tenant_cache_ttl=0)
+    tunnel.add_tenant("careful", ack_mode=1)
+    await tunnel.connect("careful")
+    native = tunnel.dialect.native
+    assert native is not None
+    assert (await _one(tunnel, "/relay/careful/app/status/200"))[0] == 200
+    assert not native.table.has_tenant("CAREFUL")
+    tenant = tunnel.store.get("careful")
+    assert tenant is not None
+    assert tunnel.store.update(dataclasses.replace(tenant, ack_mode=0))
+    await eventually(lambda: native.table.has_tenant("CAREFUL"))
+    assert tunnel.dialect.hub.budget.held_by("CAREFUL") == LEASE
+    assert (await _one(tunnel, "/relay/careful/app/status/200"))[0] == 200
+    assert _native(tunnel) == 1

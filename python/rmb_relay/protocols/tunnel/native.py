@@ -22,8 +22,9 @@ same way, by the connector websocket's scanner (`TunnelScanner`) inside the deco
   (taken when its connector joins and it is eligible, given back when its last connector
   leaves); its jobs here are admitted against the lease, and a request over it goes to Python,
   which admits or refuses it against the rest of the budget as before;
-- tenants' settings: a tenant whose settings change (management API, or the tenant cache's
-  TTL) is checked again at the next tick, and disabled here if it is no longer eligible.
+- tenants' settings: a connected tenant whose settings change (management API, or the
+  tenant cache's TTL) is checked again at the next tick (one runs while any connector is
+  connected): disabled here if it is no longer eligible, registered if it became eligible.
 
 Counters the table keeps (answers by tenant/target/status, HTTP answers, requests taken,
 answers written, declines by reason) are read at scrape through the same metric families.
@@ -176,6 +177,11 @@ class NativeExpress:
         )
 
     def connector_joined(self, connector: ConnectorSession) -> None:
+        """The table serves the connector's tenant when it is eligible; else the tick looks
+        again (its settings may change while it is connected)."""
+        if self.loop is None:
+            self.loop = asyncio.get_running_loop()
+        self._arm()
         tenant = self.dialect.tenants.get(connector.tenant_name)
         if tenant is None or not self.eligible(tenant):
             return
@@ -188,7 +194,6 @@ class NativeExpress:
                 return  # the Python path serves the tenant (and says why it refuses)
             self.table.set_tenant(key, tenant.name, tenant.require_authentication, LEASE)
         self.table.add_connector(key, connector.peer.id, connector.binary)
-        self._arm()
 
     def connector_left(self, connector: ConnectorSession) -> None:
         conns, lease = self.table.connector_left(connector.tenant, connector.peer.id)
@@ -271,14 +276,22 @@ class NativeExpress:
         for conn, _name, method in self.table.expired(self.clock()):
             conn.native_answer(_status(504, "the connector did not answer in time"), method)
         dialect = self.dialect
+        connected = False
         for key, group in list(dialect.hub.connectors.items()):
-            if self.table.has_tenant(key) and group:
-                tenant = dialect.tenants.get(group[0].tenant_name)
-                if tenant is None or not self.eligible(tenant):
-                    self.table.disable(key)
-                else:
-                    self.table.set_tenant(key, tenant.name, tenant.require_authentication, 0)
-        if len(self.table) or any(self.table.has_tenant(k) for k in dialect.hub.connectors):
+            if not group:
+                continue
+            connected = True
+            tenant = dialect.tenants.get(group[0].tenant_name)
+            eligible = tenant is not None and self.eligible(tenant)
+            if not self.table.has_tenant(key):
+                if eligible:  # became eligible while connected: as if its connectors joined
+                    for connector in group:
+                        self.connector_joined(connector)
+            elif tenant is None or not eligible:
+                self.table.disable(key)  # its jobs in flight are still answered here
+            else:
+                self.table.set_tenant(key, tenant.name, tenant.require_authentication, 0)
+        if len(self.table) or connected:
             self._arm()
 
     def token_verified(self, token: str, tenant: str, until: float) -> None:
