@@ -14,7 +14,7 @@ from contextlib import AsyncExitStack
 
 import pytest
 
-from rmb_relay.protocols.tunnel.native import LEASE, PIPELINE
+from rmb_relay.protocols.tunnel.native import LEASE, PIPELINE, NativeExpress
 from tests.conftest import WAIT
 from tests.helpers import FakeClock, eventually
 from tests.tunnel_fixtures import (
@@ -45,6 +45,16 @@ def _sample(scrape: str, family: str, **labels: str) -> float:
         if line.startswith(prefix):
             return float(line[len(prefix) :])
     return 0.0
+
+
+def _settled(tunnel: Tunnel) -> NativeExpress:
+    """The table with nothing left in it, nor in the hub: every job answered or dropped."""
+    native = tunnel.dialect.native
+    assert native is not None
+    assert len(native.table) == 0
+    assert native.table.held("ACME") == 0
+    assert tunnel.dialect.hub.jobs == {}
+    return native
 
 
 def _native(tunnel: Tunnel) -> int:
@@ -264,11 +274,7 @@ async def test_answers_the_table_does_not_write_are_finished_by_python(
         status, _, _ = await client.request("GET", "/relay/acme/app/status/500")
         assert status == 500
     assert _native(tunnel) == 3
-    native = tunnel.dialect.native
-    assert native is not None
-    assert native.table.answered == 1
-    assert len(native.table) == 0
-    assert tunnel.dialect.hub.jobs == {}
+    assert _settled(tunnel).table.answered == 1
     assert tunnel.dialect.metrics.requests.value("acme", "app", "500") == 1
 
 
@@ -321,9 +327,7 @@ async def test_delivers_answered_in_the_decoder_and_by_python_keep_their_answers
                 )
                 got = [(status, body) for status, _, body in await asyncio.gather(*answers)]
             assert got == [(status, str(status).encode()) for status in statuses]
-    assert native.table.answered == 2
-    assert len(native.table) == 0
-    assert tunnel.dialect.hub.jobs == {}
+    assert _settled(tunnel).table.answered == 2
     assert tunnel.dialect.metrics.requests.value("acme", "app", "500") == 2
 
 
