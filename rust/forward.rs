@@ -672,14 +672,9 @@ pub mod py {
             Self::default()
         }
 
-        /// `conn` carries messages from now on; `drain` names it when it has output.
-        fn open(&mut self, conn_id: ConnId, conn: Py<PyAny>) {
-            self.inner.open(conn_id);
-            self.conns.insert(conn_id, conn);
-        }
-
-        /// `open` for Rust callers (the tunnel's native table opens its clients' outboxes).
-        pub(crate) fn open_writer(&mut self, conn_id: ConnId, conn: Py<PyAny>) {
+        /// `conn` carries messages from now on; `drain` names it when it has output. (Rust
+        /// callers too: the tunnel's native table opens its clients' outboxes.)
+        pub(crate) fn open(&mut self, conn_id: ConnId, conn: Py<PyAny>) {
             self.inner.open(conn_id);
             self.conns.insert(conn_id, conn);
         }

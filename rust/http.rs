@@ -2593,8 +2593,7 @@ pub mod py {
                 Event::Data(d) => pending.push(d),
                 Event::Head(head) => {
                     flush(&mut pending, &mut events)?;
-                    let body = empty_bytes(py);
-                    events.push(Py::new(py, HttpRequest { head, body })?.into_any());
+                    events.push(Py::new(py, HttpRequest::from_head(py, head))?.into_any());
                 }
                 Event::End(trailers) => {
                     flush(&mut pending, &mut events)?;

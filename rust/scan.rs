@@ -567,7 +567,7 @@ pub mod py {
     use crate::sbd::HEADER_LEN;
     use crate::singyeong::py::{SgIndex, SgScanner};
     use crate::singyeong::{self, Decision, Frame, QueueFrame};
-    use crate::tunnel_native::py::{NativeTunnel, TunnelScanner};
+    use crate::tunnel_native::py::{NativeTunnel, TunnelScanner, TUNNEL_DECLINED};
     use crate::ws::py::payload_bytes;
     use crate::ws::Payload;
 
@@ -1105,7 +1105,8 @@ pub mod py {
                     if table.deliver_into(scratch, *binary, *connector, &mut ob.inner) {
                         Ok(None)
                     } else {
-                        Ok(Some((PyBytes::new(py, scratch).unbind(), None, None)))
+                        let declined = Some(TUNNEL_DECLINED.to_owned());
+                        Ok(Some((PyBytes::new(py, scratch).unbind(), None, declined)))
                     }
                 }
                 Feed::Sg {

@@ -51,13 +51,11 @@ const METHODS: [&str; 6] = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"];
 const TOKENS: usize = 4096;
 
 /// A connector of a registered tenant.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy)]
 pub struct Connector {
     pub id: ConnId,
     /// msgpack (binary frames) or JSON (text frames)
     pub binary: bool,
-    /// jobs of this table it holds
-    pub inflight: u32,
 }
 
 /// A tenant the table serves.
@@ -70,6 +68,8 @@ pub struct Tenant {
     pub lease: u64,
     /// of the lease, what the jobs in flight hold
     pub held: u64,
+    /// its jobs in flight
+    pub inflight: u32,
     pub connectors: Vec<Connector>,
     next: usize,
     /// new requests are served here (false: declined, jobs in flight still answered)
@@ -112,6 +112,9 @@ pub struct NativeTunnel {
     tokens: HashMap<String, (String, i64)>,
     pub jobs: HashMap<String, Job>,
     by_client: IdMap<String>,
+    /// jobs in flight by connector: a connector with none (one of a tenant not served here)
+    /// has nothing to `deliver`, and its messages go to Python undecoded
+    by_connector: IdMap<u32>,
     entropy: Vec<u8>,
     used: usize,
     /// answers by (tenant name, target or "-", status): Python reads them at scrape
@@ -201,6 +204,7 @@ impl NativeTunnel {
                 require_auth,
                 lease: 0,
                 held: 0,
+                inflight: 0,
                 connectors: Vec::new(),
                 next: 0,
                 enabled: true,
@@ -221,11 +225,7 @@ impl NativeTunnel {
     pub fn add_connector(&mut self, key: &str, id: ConnId, binary: bool) {
         if let Some(t) = self.tenants.get_mut(key) {
             if !t.connectors.iter().any(|c| c.id == id) {
-                t.connectors.push(Connector {
-                    id,
-                    binary,
-                    inflight: 0,
-                });
+                t.connectors.push(Connector { id, binary });
             }
         }
     }
@@ -276,6 +276,7 @@ impl NativeTunnel {
         let lease = self.tenants.values().map(|t| t.lease).sum();
         self.jobs.clear();
         self.by_client.clear();
+        self.by_connector.clear();
         self.tenants.clear();
         (clients, lease)
     }
@@ -365,7 +366,7 @@ impl NativeTunnel {
             return Err(self.decline("no connector"));
         }
         let index = t.next % t.connectors.len();
-        let connector = t.connectors[index].clone();
+        let connector = t.connectors[index];
         if !outboxes.accepts(connector.id) {
             return Err(self.decline("congested"));
         }
@@ -419,7 +420,8 @@ impl NativeTunnel {
         let t = self.tenants.get_mut(&key).expect("looked up above");
         t.next = index + 1;
         t.held += size;
-        t.connectors[index].inflight += 1;
+        t.inflight += 1;
+        *self.by_connector.entry(connector.id).or_default() += 1;
         self.by_client.insert(client, request_id.clone());
         self.jobs.insert(
             request_id.clone(),
@@ -453,8 +455,12 @@ impl NativeTunnel {
         }
         if let Some(t) = self.tenants.get_mut(&job.tenant) {
             t.held -= job.size;
-            if let Some(c) = t.connectors.iter_mut().find(|c| c.id == job.connector) {
-                c.inflight -= 1;
+            t.inflight -= 1;
+        }
+        if let Some(n) = self.by_connector.get_mut(&job.connector) {
+            *n -= 1;
+            if *n == 0 {
+                self.by_connector.remove(&job.connector);
             }
         }
         Some(job)
@@ -473,6 +479,9 @@ impl NativeTunnel {
         connector: ConnId,
         outboxes: &mut Outboxes,
     ) -> (Option<ConnId>, bool) {
+        if !self.by_connector.contains_key(&connector) {
+            return (None, false);
+        }
         let Some(got) = answer(data, binary) else {
             return (None, false);
         };
@@ -559,17 +568,7 @@ impl NativeTunnel {
 
     /// Jobs of the tenant in flight here.
     pub fn inflight(&self, key: &str) -> u32 {
-        self.tenants
-            .get(key)
-            .map_or(0, |t| t.connectors.iter().map(|c| c.inflight).sum())
-    }
-
-    /// Jobs of one connector in flight here.
-    pub fn inflight_of(&self, key: &str, id: ConnId) -> u32 {
-        self.tenants
-            .get(key)
-            .and_then(|t| t.connectors.iter().find(|c| c.id == id))
-            .map_or(0, |c| c.inflight)
+        self.tenants.get(key).map_or(0, |t| t.inflight)
     }
 }
 
@@ -819,7 +818,7 @@ pub mod py {
                         unreachable!("checked above")
                     };
                     self.inner.attach(&request_id, head);
-                    boxes.open_writer(client, conn.clone().unbind());
+                    boxes.open(client, conn.clone().unbind());
                     self.clients.insert(client, conn.clone().unbind());
                     return Ok(None);
                 }
@@ -837,13 +836,7 @@ pub mod py {
             outboxes: &Bound<'_, Outboxes>,
         ) -> PyResult<bool> {
             let mut boxes = outboxes.try_borrow_mut()?;
-            let (client, done) = self
-                .inner
-                .deliver(data, binary, connector, &mut boxes.inner);
-            if let Some(client) = client {
-                self.clients.remove(&client);
-            }
-            Ok(done)
+            Ok(self.deliver_into(data, binary, connector, &mut boxes.inner))
         }
 
         /// The job of `request_id` sent to `connector`, out of the table for Python to finish:
@@ -956,10 +949,6 @@ pub mod py {
             self.inner.inflight(key)
         }
 
-        fn inflight_of(&self, key: &str, connector: ConnId) -> u32 {
-            self.inner.inflight_of(key, connector)
-        }
-
         /// The tenant key of a job in the table, None for an unknown request id.
         fn tenant_of(&self, request_id: &str) -> Option<String> {
             self.inner.jobs.get(request_id).map(|j| j.tenant.clone())
@@ -1030,10 +1019,14 @@ pub mod py {
         }
     }
 
+    /// The `scan_error` of a connector's message the table looked at and left to Python.
+    pub const TUNNEL_DECLINED: &str = "not a Deliver the native express table answers";
+
     /// The scanner of one connector's websocket: each `Deliver` the table answers is written
     /// into its client's outbox inside the decoder's `feed` (no event, no Python call per
     /// message); every other message, and every later one of the same read, goes to Python
-    /// as it came.
+    /// as it came, those the table looked at and declined with the `scan_error`
+    /// `TUNNEL_DECLINED` (so Python does not offer them to it again).
     #[pyclass(module = "rmb_relay._core", name = "TunnelScanner", frozen)]
     pub struct TunnelScanner {
         pub(crate) table: Py<NativeTunnel>,

@@ -168,7 +168,7 @@ async def test_native_and_python_answers_are_the_same_bytes(
         table = tunnel.dialect.native
         lease = LEASE if table is not None and table.table.has_tenant("ACME") else 0
         assert tunnel.dialect.hub.budget.held_by("ACME") == lease
-        assert table is None or table.held("ACME") == 0
+        assert table is None or table.table.held("ACME") == 0
 
 
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "msgpack"])

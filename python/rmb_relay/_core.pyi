@@ -263,7 +263,9 @@ class WsMessage:
     @property
     def scan_error(self) -> str | None:
         """With a scanner: why the message has no routing (not an envelope, shorter than the
-        SBD header)."""
+        SBD header); from a TunnelScanner: set when the native table looked at the message
+        and left it to Python, None when it did not look (a later message of a read in which
+        one already went to Python)."""
 
 @final
 class WsPing:
@@ -865,7 +867,8 @@ class SgScanner:
 class TunnelScanner:
     """Scanner of one tunnel connector's websocket: each `Deliver` the native express table
     (`NativeTunnel`) answers is written into its client's outbox inside `feed` (no event);
-    every other message, and every later one of the same read, goes to Python as it came."""
+    every other message, and every later one of the same read, goes to Python as it came
+    (those the table looked at with a `scan_error`)."""
 
     def __new__(
         cls, table: NativeTunnel, outboxes: Outboxes, conn_id: int, binary: bool
@@ -1031,7 +1034,6 @@ class NativeTunnel:
     @property
     def ids_left(self) -> int: ...
     def inflight(self, key: str) -> int: ...
-    def inflight_of(self, key: str, connector: int) -> int: ...
     def held(self, key: str) -> int: ...
     def tenant_of(self, request_id: str) -> str | None: ...
     def __len__(self) -> int: ...

@@ -273,7 +273,7 @@ class Connection(asyncio.Protocol):
         #: abandons the request an express handler took, until it answers
         self._express_cancel: Callable[[], None] | None = None
         #: serves a whole request in the Rust core from the read (`NativeHttp`), if any
-        self._native: NativeHttp | None = getattr(server, "native_http", None)
+        self._native: NativeHttp | None = server.native_http
         #: a request `_native` took is being served: its answer comes through `write_taken`
         #: (or `native_answer`, `adopt_native`), and nothing more is parsed until then
         self._native_pending = False

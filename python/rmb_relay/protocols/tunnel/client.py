@@ -62,6 +62,12 @@ def response_headers(response: TargetResponse) -> list[tuple[str, str]]:
     ]
 
 
+#: the reasons of the answers the relay makes itself when no answer came in time (504) and
+#: when the connector holding the request left (503): the task, express and native paths'
+NO_ANSWER_IN_TIME = "the connector did not answer in time"
+CONNECTOR_UNAVAILABLE = "connector unavailable"
+
+
 def _status(status: int, reason: str) -> HttpResponse:
     return HttpResponse(status, reason.encode() + b"\n")
 
@@ -181,7 +187,7 @@ async def handle(
         hub.abandon(job)
         metrics.requests.inc(1, name, "-", "504")
         record("expired", "no answer in time")
-        return _status(504, "the connector did not answer in time")
+        return _status(504, NO_ANSWER_IN_TIME)
     except asyncio.CancelledError:
         hub.abandon(job)  # the client went away
         raise
@@ -199,7 +205,7 @@ def respond(dialect: TunnelDialect, job: Job, outcome: Outcome, record: _Record)
     if isinstance(outcome, int):
         metrics.requests.inc(1, name, "-", str(outcome))
         reason = {408: "request expired before a connector took it"}.get(
-            outcome, "connector unavailable"
+            outcome, CONNECTOR_UNAVAILABLE
         )
         record("expired" if outcome == 408 else "rejected", reason)
         return _status(outcome, reason)

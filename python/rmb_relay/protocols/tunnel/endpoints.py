@@ -155,15 +155,7 @@ async def response_body(
     dialect: TunnelDialect, request: HttpRequest, body: RequestBody, client: HttpClient
 ) -> HttpResponse:
     request_id, tenant = await _named(dialect, request, "/tunnel/body/response/")
-    job = dialect.hub.jobs.get(request_id)
-    native = dialect.native
-    # a job of the native table (native.py) is still there until its Deliver comes
-    ours = (
-        job.tenant == tenant
-        if job is not None
-        else (native is not None and native.table.tenant_of(request_id) == tenant)
-    )
-    if not ours:
+    if dialect.hub.tenant_of(request_id) != tenant:
         raise HttpReject(404, "unknown request id")
     name = dialect.store.name("res", request_id)
     size = await dialect.store.write(name, body)

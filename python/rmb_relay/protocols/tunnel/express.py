@@ -43,6 +43,7 @@ from rmb_relay.budget import BudgetExceeded
 from rmb_relay.protocols.base import HttpResponse
 from rmb_relay.protocols.tunnel.client import (
     MANUAL,
+    NO_ANSWER_IN_TIME,
     _Record,
     _status,
     request_headers,
@@ -169,7 +170,7 @@ class ExpressReply:
         assert job is not None
         self.dialect.hub.abandon(job)
         self.dialect.metrics.requests.inc(1, job.request.tenant_name, "-", "504")
-        self.client.express_answer(_status(504, "the connector did not answer in time"))
+        self.client.express_answer(_status(504, NO_ANSWER_IN_TIME))
 
     def abandon(self) -> None:
         """The client went away first: a queued job is dropped, a running one's answer is

@@ -215,6 +215,7 @@ class ConnectorSession(WebSocketHandler):
         table = self.hub.native
         if (
             table is not None
+            and message.scan_error is None  # (else the scanner offered it to the table)
             and message.is_text != self.binary
             and table.deliver(self, message.data)
         ):
@@ -382,6 +383,14 @@ class Hub:
     def inflight(self, tenant: str) -> int:
         here = sum(len(c.inflight) for c in self.connectors.get(tenant, ()))
         return here if self.native is None else here + self.native.inflight(tenant)
+
+    def tenant_of(self, request_id: str) -> str | None:
+        """The tenant key of a job in flight here, the native table's included (a connector
+        uploads a response body before its `Deliver`)."""
+        job = self.jobs.get(request_id)
+        if job is not None:
+            return job.tenant
+        return None if self.native is None else self.native.table.tenant_of(request_id)
 
     def queued(self) -> int:
         return sum(len(queue) for queue in self.pending.values())

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING
 from rmb_relay._core import NativeTunnel, TunnelScanner
 from rmb_relay.budget import BudgetExceeded
 from rmb_relay.clock import NS
-from rmb_relay.protocols.tunnel.client import _status
+from rmb_relay.protocols.tunnel.client import CONNECTOR_UNAVAILABLE, NO_ANSWER_IN_TIME, _status
 from rmb_relay.protocols.tunnel.tenants import normalize
 
 if TYPE_CHECKING:
@@ -197,9 +197,8 @@ class NativeExpress:
 
     def connector_left(self, connector: ConnectorSession) -> None:
         conns, lease = self.table.connector_left(connector.tenant, connector.peer.id)
-        for conn, method in conns:
-            conn.native_answer(_status(503, "connector unavailable"), method)
-        if lease is not None and lease:
+        _answer(conns, 503, CONNECTOR_UNAVAILABLE)
+        if lease:
             self.dialect.hub.budget.release(connector.tenant, lease)
 
     def client_done(self, conn: NativeClient) -> None:
@@ -212,9 +211,6 @@ class NativeExpress:
 
     def inflight(self, key: str) -> int:
         return self.table.inflight(key)
-
-    def held(self, key: str) -> int:
-        return self.table.held(key)
 
     # ---- answers Python finishes -----------------------------------------------------------
 
@@ -273,8 +269,7 @@ class NativeExpress:
 
     def _tick(self) -> None:
         self._timer = None
-        for conn, _name, method in self.table.expired(self.clock()):
-            conn.native_answer(_status(504, "the connector did not answer in time"), method)
+        _answer([(c, m) for c, _, m in self.table.expired(self.clock())], 504, NO_ANSWER_IN_TIME)
         dialect = self.dialect
         connected = False
         for key, group in list(dialect.hub.connectors.items()):
@@ -302,7 +297,11 @@ class NativeExpress:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        conns, lease = self.table.close()
-        for conn, method in conns:
-            conn.native_answer(_status(503, "connector unavailable"), method)
-        del lease  # the budget goes with the hub
+        conns, _lease = self.table.close()  # (the budget goes with the hub)
+        _answer(conns, 503, CONNECTOR_UNAVAILABLE)
+
+
+def _answer(conns: list[tuple[NativeClient, str]], status: int, reason: str) -> None:
+    """Python's answer to the table's clients `conns` (connection, request method)."""
+    for conn, method in conns:
+        conn.native_answer(_status(status, reason), method)
