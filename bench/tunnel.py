@@ -21,6 +21,7 @@ reports the p99 difference. Results print as a table and go to bench/results/tun
 from __future__ import annotations
 
 import argparse
+import array
 import asyncio
 import contextlib
 import ctypes
@@ -42,6 +43,7 @@ import aiohttp
 import uvloop
 from aiohttp import web
 
+from .floor_build import compiled
 from .procstat import cpu_seconds, free_port, io_syscalls, wait_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -292,13 +294,61 @@ _Snapshot = tuple[dict[str, float], dict[str, tuple[int, int]], dict[str, float]
 
 
 def _snapshot(pids: dict[str, int]) -> _Snapshot:
+    """CPU, system calls and waits of `pids`, and of this process as `generator` unless the
+    generator is a process of its own (then it is one of `pids`)."""
     cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
-    cpu["generator"] = time.process_time()
     io = {name: io_syscalls(pid) for name, pid in pids.items()}
-    io["generator"] = io_syscalls(os.getpid())
     waited = {name: wait_seconds(pid) for name, pid in pids.items()}
-    waited["generator"] = wait_seconds(os.getpid())
+    if "generator" not in pids:
+        cpu["generator"] = time.process_time()
+        io["generator"] = io_syscalls(os.getpid())
+        waited["generator"] = wait_seconds(os.getpid())
     return cpu, io, waited
+
+
+def _request(path: str, body: bytes, token: str | None) -> bytes:
+    """The one request every connection of a row sends, head and body."""
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/octet-stream\r\n"
+        + (f"Authorization: Bearer {token}\r\n" if token else "")
+        + f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode() + body
+
+
+def _result(
+    size: int,
+    clients: int,
+    seconds: float,
+    rate: float | None,
+    window: tuple[_Snapshot, _Snapshot],
+    answered: int,
+    elapsed: float,
+    latencies: list[float],
+    load_start: float,
+) -> Result:
+    """A row from what the window measured: the parties' snapshots at its two ends, the
+    requests answered in it and its length, and the latencies (seconds) recorded."""
+    (cpu0, io0, wait0), (cpu1, io1, wait1) = window
+    elapsed = max(elapsed, 1e-6)
+    per = max(1, answered)
+    cpu = {name: round((cpu1[name] - cpu0[name]) / elapsed, 2) for name in cpu1}
+    per_request = {name: round((cpu1[name] - cpu0[name]) * 1e6 / per, 1) for name in cpu1}
+    syscalls = {
+        name: (
+            round((io1[name][0] - io0[name][0]) / per, 2),
+            round((io1[name][1] - io0[name][1]) / per, 2),
+        )
+        for name in io1
+    }
+    waited = {name: round((wait1[name] - wait0[name]) * 1e6 / per, 1) for name in wait1}
+    latencies = sorted(latencies)
+    n = len(latencies)
+    p50 = latencies[n // 2] * 1000 if n else 0.0
+    p99 = latencies[min(n - 1, int(n * 0.99))] * 1000 if n else 0.0
+    return Result(
+        "", size, clients, n, seconds, answered / elapsed, p50, p99, cpu, per_request,
+        syscalls, (round(load_start, 2), round(os.getloadavg()[0], 2)), rate, waited,
+    )  # fmt: skip
 
 
 async def measure(
@@ -321,11 +371,7 @@ async def measure(
     warm = min(0.5, seconds / 4)
     start = loop.time()
     load_start = os.getloadavg()[0]
-    request = (
-        f"POST {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/octet-stream\r\n"
-        + (f"Authorization: Bearer {token}\r\n" if token else "")
-        + f"Content-Length: {len(body)}\r\n\r\n"
-    ).encode() + body
+    request = _request(path, body, token)
     interval = clients / rate if rate else None
     run = _Run(
         loop, request, size, start + warm + seconds, start + warm, interval, clients,
@@ -358,29 +404,65 @@ async def measure(
         if run.pacer is not None:
             run.pacer.close()
     mark("end")
-    ((cpu0, io0, wait0), done0, t0), ((cpu1, io1, wait1), done1, t1) = marks["warm"], marks["end"]
+    (snap0, done0, t0), (snap1, done1, t1) = marks["warm"], marks["end"]
     # uvloop's clock is per loop turn: a tiny run can read 0. The window ends at `until`, not
     # when the last paced client noticed it (up to a few of its gaps later with Poisson
     # arrivals): what is answered after it was sent before it
-    elapsed = max(min(t1, run.until) - t0, 1e-6)
-    answered = max(1, done1 - done0)
-    cpu = {name: round((cpu1[name] - cpu0[name]) / elapsed, 2) for name in cpu1}
-    per_request = {name: round((cpu1[name] - cpu0[name]) * 1e6 / answered, 1) for name in cpu1}
-    syscalls = {
-        name: (
-            round((io1[name][0] - io0[name][0]) / answered, 2),
-            round((io1[name][1] - io0[name][1]) / answered, 2),
-        )
-        for name in io1
-    }
-    waited = {name: round((wait1[name] - wait0[name]) * 1e6 / answered, 1) for name in wait1}
-    latencies = sorted(run.latencies)
-    n = len(latencies)
-    p50 = latencies[n // 2] * 1000 if n else 0.0
-    p99 = latencies[min(n - 1, int(n * 0.99))] * 1000 if n else 0.0
-    return Result(
-        "", size, clients, n, seconds, (done1 - done0) / elapsed, p50, p99, cpu, per_request,
-        syscalls, (round(load_start, 2), round(os.getloadavg()[0], 2)), rate, waited,
+    elapsed = min(t1, run.until) - t0
+    return _result(
+        size, clients, seconds, rate, (snap0, snap1), done1 - done0, elapsed, run.latencies,
+        load_start,
+    )  # fmt: skip
+
+
+async def measure_c(
+    exe: Path,
+    port: int,
+    path: str,
+    size: int,
+    clients: int,
+    seconds: float,
+    pids: dict[str, int],
+    rate: float | None = None,
+    arrivals: str = "poisson",
+    token: str | None = None,
+) -> Result:
+    """`measure` with the C generator (`bench/http_load.c`, `--generator c`): the same request,
+    warm-up, window and pacing, from a process of its own whose CPU is counted from /proc as
+    the parties' is. The parties are sampled when it says `warm` and `end`; its own counts
+    (requests in the window, the window's length) and latencies make the row."""
+    if arrivals == "tick":
+        raise SystemExit("--generator c paces poisson or even arrivals, not tick")
+    warm = min(0.5, seconds / 4)
+    load_start = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="rmb-bench-load-") as tmp:
+        request_file, latency_file = Path(tmp) / "request", Path(tmp) / "latencies"
+        request_file.write_bytes(_request(path, os.urandom(size), token))
+        process = await asyncio.create_subprocess_exec(
+            str(exe), str(port), str(clients), str(warm), str(seconds), str(rate or 0),
+            arrivals, str(request_file), str(size), str(latency_file),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        )  # fmt: skip
+        assert process.stdin is not None
+        assert process.stdout is not None
+        assert process.stderr is not None
+        parties = {**pids, "generator": process.pid}
+        snapshots: list[_Snapshot] = []
+        summary: dict[str, Any] = {}
+        while line := await process.stdout.readline():
+            if line.strip() in (b"warm", b"end"):
+                snapshots.append(_snapshot(parties))
+            elif line.startswith(b"{"):
+                summary = json.loads(line)
+                process.stdin.close()  # its /proc entry was read at both marks: it may go
+        error = (await process.stderr.read()).decode().strip()
+        if await process.wait() != 0 or len(snapshots) != 2 or not summary:
+            raise RuntimeError(error or f"{exe.name} ended with {process.returncode}")
+        latencies = array.array("d")
+        latencies.frombytes(latency_file.read_bytes())
+    return _result(
+        size, clients, seconds, rate, (snapshots[0], snapshots[1]), int(summary["answered"]),
+        float(summary["window"]), latencies.tolist(), load_start,
     )  # fmt: skip
 
 
@@ -449,6 +531,21 @@ async def bearer_token(port: int) -> str:
 
 
 async def run(args: argparse.Namespace) -> list[Result]:
+    with contextlib.ExitStack() as built:
+        programs = {
+            name: built.enter_context(compiled(ROOT / "bench" / f"{name}.c", *libs))
+            for name, libs, wanted in (
+                ("echo_target", (), args.target == "c"),
+                ("http_load", ("-lm",), args.generator == "c"),
+            )
+            if wanted
+        }
+        return await _run(args, programs)
+
+
+async def _run(args: argparse.Namespace, programs: dict[str, Path]) -> list[Result]:
+    """Every row of the run, with the C programs `programs` (built for `--target c` and
+    `--generator c`)."""
     tmp, env, db = tenant_home("tunnel-bench-")
     if args.auth:  # clients of `acme` must send a bearer token (the generator's: `--auth`)
         _run_sync(
@@ -466,10 +563,13 @@ async def run(args: argparse.Namespace) -> list[Result]:
         return ["-m", "bench.cpuprofile", f"{profile}/{name}.prof"] if profile else []
 
     connector_flags = ["--msgpack"] if args.msgpack else []
-    target_module = "bench.echo_target" if args.target == "lean" else "bench.tunnel"
-    target_role = [] if args.target == "lean" else ["target"]
+    target_command = {
+        "aiohttp": [py, "-m", "bench.tunnel", "target"],
+        "lean": [py, "-m", "bench.echo_target"],
+        "c": [str(programs.get("echo_target"))],
+    }[args.target]
     processes = {
-        "target": spawn([py, "-m", target_module, *target_role, "--port", str(target_port)], env),
+        "target": spawn([*target_command, "--port", str(target_port)], env),
         "relay": spawn(
             [
                 py,
@@ -516,6 +616,8 @@ async def run(args: argparse.Namespace) -> list[Result]:
     }
     results: list[Result] = []
     token: str | None = None
+    generator = programs.get("http_load")
+    meter = measure if generator is None else functools.partial(measure_c, generator)
 
     def show(result: Result, label: str) -> None:
         print(
@@ -540,7 +642,7 @@ async def run(args: argparse.Namespace) -> list[Result]:
                     if route not in args.routes:
                         continue
                     pids = {name: processes[name].pid for name in parties}
-                    result = await measure(
+                    result = await meter(
                         port, path, size, clients, args.seconds, pids, args.rate, args.arrivals,
                         token if route == "tunnel" else None,
                     )  # fmt: skip
@@ -558,7 +660,7 @@ async def run(args: argparse.Namespace) -> list[Result]:
                     for route in ("direct", "tunnel"):
                         port, path, parties = routes[route]
                         pids = {name: processes[name].pid for name in parties}
-                        result = await measure(
+                        result = await meter(
                             port, path, 1024, 64, args.seconds, pids, rate, args.arrivals,
                             token if route == "tunnel" else None,
                         )  # fmt: skip
@@ -625,9 +727,18 @@ def main() -> None:
     )
     parser.add_argument(
         "--target",
-        choices=("aiohttp", "lean"),
+        choices=("aiohttp", "lean", "c"),
         default="aiohttp",
-        help="the echo server every route reaches: aiohttp, or bench/echo_target.py",
+        help="the echo server every route reaches: aiohttp, bench/echo_target.py (lean), or "
+        "bench/echo_target.c (c, built with the system's C compiler)",
+    )
+    parser.add_argument(
+        "--generator",
+        choices=("python", "c"),
+        default="python",
+        help="the load generator: this process (python, uvloop), or bench/http_load.c (c, "
+        "built with the system's C compiler: a few microseconds per request, so the host's "
+        "two cores go to the routes measured)",
     )
     args = parser.parse_args()
     if args.role == "target":
@@ -643,6 +754,7 @@ def main() -> None:
             {
                 "commit": commit,
                 "target": args.target,
+                "generator": args.generator,
                 "connector": "msgpack" if args.msgpack else "json",
                 "results": [asdict(r) for r in results],
             },
