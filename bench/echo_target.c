@@ -233,6 +233,15 @@ static int parse_head(struct conn *c, size_t end) {
     return 0;
 }
 
+/* where `mark` (a head's or a line's end) starts in data[0..n), or NULL: more bytes are
+ * needed, or there were too many without it (then the request is refused) */
+static char *find_end(struct conn *c, char *data, size_t n, const char *mark) {
+    char *end = n ? memmem(data, n, mark, strlen(mark)) : NULL;
+    if (!end && n > MAX_HEAD)
+        bad_request(c);
+    return end;
+}
+
 /* consume what is in c->in; returns when it needs more bytes or the connection must close */
 static void process(struct conn *c) {
     size_t at = 0;
@@ -240,12 +249,9 @@ static void process(struct conn *c) {
         char *data = c->in + at;
         size_t n = c->in_len - at;
         if (c->state == HEAD) {
-            char *end = n ? memmem(data, n, "\r\n\r\n", 4) : NULL;
-            if (!end) {
-                if (n > MAX_HEAD)
-                    bad_request(c);
+            char *end = find_end(c, data, n, "\r\n\r\n");
+            if (!end)
                 break;
-            }
             /* parse in place: move the head to the start of the buffer first */
             size_t head_len = end - data;
             if (head_len > MAX_HEAD) {
@@ -270,12 +276,9 @@ static void process(struct conn *c) {
             if (!c->remaining)
                 finish_request(c);
         } else if (c->state == CHUNK_SIZE || c->state == TRAILER) {
-            char *eol = n ? memmem(data, n, "\r\n", 2) : NULL;
-            if (!eol) {
-                if (n > MAX_HEAD)
-                    bad_request(c);
+            char *eol = find_end(c, data, n, "\r\n");
+            if (!eol)
                 break;
-            }
             size_t line = eol - data;
             at += line + 2;
             if (c->state == TRAILER) {

@@ -46,6 +46,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_clock.h"
+
 #define MAX_HEAD (64 * 1024)
 #define READ_SIZE (256 * 1024)
 #define TIMER_TAG UINT64_MAX
@@ -70,19 +72,6 @@ static size_t n_latencies, max_latencies;
 static double warm_until, until;
 static int warmed;
 
-static double monotonic(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
-
-static double cpu_seconds(void) {
-    struct rusage r;
-    getrusage(RUSAGE_SELF, &r);
-    return r.ru_utime.tv_sec + r.ru_utime.tv_usec / 1e6 + r.ru_stime.tv_sec +
-           r.ru_stime.tv_usec / 1e6;
-}
-
 static void fail(const char *why, const struct client *c) {
     fprintf(stderr, "http_load: %s", why);
     if (c && c->head_len) { /* the answer's status line */
@@ -92,18 +81,6 @@ static void fail(const char *why, const struct client *c) {
     }
     fprintf(stderr, "\n");
     exit(3);
-}
-
-static double exponential(double mean, unsigned *seed) {
-    double u = (rand_r(seed) + 1.0) / ((double)RAND_MAX + 2.0);
-    return -mean * log(u);
-}
-
-static void arm(int timer, double at) {
-    struct itimerspec spec = {{0, 0}, {(time_t)at, (long)((at - (time_t)at) * 1e9)}};
-    if (spec.it_value.tv_sec == 0 && spec.it_value.tv_nsec == 0)
-        spec.it_value.tv_nsec = 1;
-    timerfd_settime(timer, TFD_TIMER_ABSTIME, &spec, NULL);
 }
 
 static void watch(struct client *c, unsigned events) {
@@ -206,6 +183,20 @@ static void on_readable(struct client *c, char *buffer, long *done, double rate)
     }
 }
 
+/* the requests answered, the time and the CPU used at one end of the measured window */
+struct mark {
+    long done;
+    double time, cpu;
+};
+
+/* take a mark and say its name on stdout (the caller samples the other processes then) */
+static int mark(const char *name, double now, long done, struct mark *out) {
+    *out = (struct mark){done, now, cpu_seconds(RUSAGE_SELF)};
+    printf("%s\n", name);
+    fflush(stdout);
+    return 1;
+}
+
 int main(int argc, char **argv) {
     if (argc != 10) {
         fprintf(stderr, "usage: http_load PORT CLIENTS WARM SECONDS RATE ARRIVALS REQUEST_FILE "
@@ -264,28 +255,16 @@ int main(int argc, char **argv) {
         else
             send_request(&clients[i], start);
     }
-    long done = 0, done_warm = 0, done_end = 0;
-    double cpu_warm = 0, cpu_end = 0, t_warm = 0, t_end = 0;
+    long done = 0;
+    struct mark warm_at = {0}, end_at = {0};
     int ended = 0;
     struct epoll_event events[1024];
     for (;;) {
         double now = monotonic();
-        if (!warmed && now >= warm_until) {
-            warmed = 1;
-            done_warm = done;
-            t_warm = now;
-            cpu_warm = cpu_seconds();
-            printf("warm\n");
-            fflush(stdout);
-        }
-        if (!ended && now >= until) {
-            ended = 1;
-            done_end = done;
-            t_end = now;
-            cpu_end = cpu_seconds();
-            printf("end\n");
-            fflush(stdout);
-        }
+        if (!warmed && now >= warm_until)
+            warmed = mark("warm", now, done, &warm_at);
+        if (!ended && now >= until)
+            ended = mark("end", now, done, &end_at);
         int in_flight = 0;
         double soonest = 0;
         for (int i = 0; i < n_clients; i++) {
@@ -333,7 +312,8 @@ int main(int argc, char **argv) {
     }
     fclose(out);
     printf("{\"answered\": %ld, \"window\": %.6f, \"cpu\": %.6f, \"latencies\": %zu}\n",
-           done_end - done_warm, t_end - t_warm, cpu_end - cpu_warm, n_latencies);
+           end_at.done - warm_at.done, end_at.time - warm_at.time, end_at.cpu - warm_at.cpu,
+           n_latencies);
     fflush(stdout);
     /* stay until the caller closes stdin: it reads this process's /proc at the marks */
     while (getchar() != EOF)

@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_clock.h"
 #include "floor_net.h"
 
 static int n_conns;
@@ -32,22 +33,9 @@ static volatile long written = -1;
 static long would_block;
 static double writer_cpu, reader_cpu;
 
-static double monotonic(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
-
-static double thread_cpu(void) {
-    struct rusage r;
-    getrusage(RUSAGE_THREAD, &r);
-    return r.ru_utime.tv_sec + r.ru_utime.tv_usec / 1e6 + r.ru_stime.tv_sec +
-           r.ru_stime.tv_usec / 1e6;
-}
-
 static void *writer(void *unused) {
     static char message[65536];
-    double start = thread_cpu();
+    double start = cpu_seconds(RUSAGE_THREAD);
     long i;
     (void)unused;
     memset(message, 'x', sizeof message);
@@ -60,7 +48,7 @@ static void *writer(void *unused) {
             would_block++; /* the reader fell behind: counted, not retried */
         }
     }
-    writer_cpu = thread_cpu() - start;
+    writer_cpu = cpu_seconds(RUSAGE_THREAD) - start;
     written = i;
     return NULL;
 }
@@ -70,7 +58,7 @@ static void *reader(void *unused) {
     struct epoll_event events[1024];
     int ep = epoll_create1(0);
     long got = 0;
-    double start = thread_cpu();
+    double start = cpu_seconds(RUSAGE_THREAD);
     (void)unused;
     for (int i = 0; i < n_conns; i++) {
         struct epoll_event e = {.events = EPOLLIN, .data.fd = read_fds[i]};
@@ -87,7 +75,7 @@ static void *reader(void *unused) {
                 got += r;
         }
     }
-    reader_cpu = thread_cpu() - start;
+    reader_cpu = cpu_seconds(RUSAGE_THREAD) - start;
     return NULL;
 }
 

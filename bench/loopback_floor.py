@@ -35,7 +35,7 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--size", type=int, default=120, help="bytes per message")
     args = parser.parse_args()
-    with compiled(SOURCE) as exe:
+    with compiled(SOURCE, "-lm") as exe:
         cores = os.cpu_count() or 1
         print(
             "connections  messages/s written  writer us/msg  reader us/msg  would block"

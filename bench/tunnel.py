@@ -361,17 +361,22 @@ async def measure(
     rate: float | None = None,
     arrivals: str = "poisson",
     token: str | None = None,
+    generator: Path | None = None,
 ) -> Result:
     """`clients` connections for `seconds` after a warm-up; CPU per request is counted over
     the same window as the rate (warm-up excluded), from /proc for the parties and from this
     process's own clock for the generator. With a `rate`, requests are paced as `arrivals`
-    says (`_Client`)."""
-    body = os.urandom(size)
-    loop = asyncio.get_running_loop()
+    says (`_Client`). `generator`: the C generator's executable, to run the row with it
+    instead (`_measure_c`)."""
+    request = _request(path, os.urandom(size), token)
     warm = min(0.5, seconds / 4)
+    if generator is not None:
+        return await _measure_c(
+            generator, port, request, size, clients, (warm, seconds), pids, rate, arrivals
+        )
+    loop = asyncio.get_running_loop()
     start = loop.time()
     load_start = os.getloadavg()[0]
-    request = _request(path, body, token)
     interval = clients / rate if rate else None
     run = _Run(
         loop, request, size, start + warm + seconds, start + warm, interval, clients,
@@ -415,29 +420,29 @@ async def measure(
     )  # fmt: skip
 
 
-async def measure_c(
+async def _measure_c(
     exe: Path,
     port: int,
-    path: str,
+    request: bytes,
     size: int,
     clients: int,
-    seconds: float,
+    window: tuple[float, float],
     pids: dict[str, int],
-    rate: float | None = None,
-    arrivals: str = "poisson",
-    token: str | None = None,
+    rate: float | None,
+    arrivals: str,
 ) -> Result:
     """`measure` with the C generator (`bench/http_load.c`, `--generator c`): the same request,
-    warm-up, window and pacing, from a process of its own whose CPU is counted from /proc as
-    the parties' is. The parties are sampled when it says `warm` and `end`; its own counts
-    (requests in the window, the window's length) and latencies make the row."""
+    warm-up and window (`window`: their lengths), pacing, from a process of its own whose CPU
+    is counted from /proc as the parties' is. The parties are sampled when it says `warm` and
+    `end`; its own counts (requests in the window, the window's length) and latencies make
+    the row."""
     if arrivals == "tick":
         raise SystemExit("--generator c paces poisson or even arrivals, not tick")
-    warm = min(0.5, seconds / 4)
+    warm, seconds = window
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="rmb-bench-load-") as tmp:
         request_file, latency_file = Path(tmp) / "request", Path(tmp) / "latencies"
-        request_file.write_bytes(_request(path, os.urandom(size), token))
+        request_file.write_bytes(request)
         process = await asyncio.create_subprocess_exec(
             str(exe), str(port), str(clients), str(warm), str(seconds), str(rate or 0),
             arrivals, str(request_file), str(size), str(latency_file),
@@ -616,8 +621,7 @@ async def _run(args: argparse.Namespace, programs: dict[str, Path]) -> list[Resu
     }
     results: list[Result] = []
     token: str | None = None
-    generator = programs.get("http_load")
-    meter = measure if generator is None else functools.partial(measure_c, generator)
+    meter = functools.partial(measure, generator=programs.get("http_load"))
 
     def show(result: Result, label: str) -> None:
         print(

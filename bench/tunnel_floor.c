@@ -46,6 +46,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_clock.h"
 #include "floor_net.h"
 
 #define MAX_CONNS 4096
@@ -63,12 +64,6 @@ enum { CLIENT, RELAY, CONNECTOR, TARGET, PARTIES };
 static const char *names[PARTIES] = {"client", "relay", "connector", "target"};
 static double cpu_start[PARTIES][2], cpu_end[PARTIES][2];
 static volatile int mark_start, mark_end;
-
-static double monotonic(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return t.tv_sec + t.tv_nsec / 1e9;
-}
 
 static void thread_cpu(double out[2]) {
     struct rusage r;
@@ -137,19 +132,6 @@ static long n_latencies, max_latencies;
 static int compare(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
-}
-
-/* an exponential gap of mean `mean` seconds (thread-local generator: the client's only) */
-static double exponential(double mean, unsigned *seed) {
-    double u = (rand_r(seed) + 1.0) / ((double)RAND_MAX + 2.0);
-    return -mean * __builtin_log(u);
-}
-
-static void arm(int timer, double at) {
-    struct itimerspec spec = {{0, 0}, {(time_t)at, (long)((at - (time_t)at) * 1e9)}};
-    if (spec.it_value.tv_sec == 0 && spec.it_value.tv_nsec == 0)
-        spec.it_value.tv_nsec = 1;
-    timerfd_settime(timer, TFD_TIMER_ABSTIME, &spec, NULL);
 }
 
 static void *client(void *unused) {
