@@ -959,6 +959,11 @@ pub mod py {
             self.inner.tenants.get(key).map_or(0, |t| t.held)
         }
 
+        /// Budget bytes the table holds for the tenant (its lease; 0 when not served here).
+        fn lease(&self, key: &str) -> u64 {
+            self.inner.tenants.get(key).map_or(0, |t| t.lease)
+        }
+
         fn __len__(&self) -> usize {
             self.inner.jobs.len()
         }

@@ -38,9 +38,15 @@ async def _scrape(tunnel: Tunnel) -> str:
 def _sample(scrape: str, family: str, **labels: str) -> float:
     """The value of `rmb_relay_tunnel_{family}_total` with `labels` (and the dialect's), 0
     when absent (the exposition sorts labels by name)."""
+    return _gauge(scrape, f"{family}_total", **labels)
+
+
+def _gauge(scrape: str, family: str, **labels: str) -> float:
+    """The value of `rmb_relay_tunnel_{family}` with `labels` (and the dialect's), 0 when
+    absent."""
     labels["dialect"] = "tunnel"
     text = ",".join(f'{name}="{labels[name]}"' for name in sorted(labels))
-    prefix = f"rmb_relay_tunnel_{family}_total{{{text}}} "
+    prefix = f"rmb_relay_tunnel_{family}{{{text}}} "
     for line in scrape.splitlines():
         if line.startswith(prefix):
             return float(line[len(prefix) :])
@@ -369,3 +375,25 @@ async def test_a_tenant_that_becomes_eligible_while_connected_is_served_at_the_n
     assert tunnel.dialect.hub.budget.held_by("CAREFUL") == LEASE
     assert (await _one(tunnel, "/relay/careful/app/status/200"))[0] == 200
     assert _native(tunnel) == 1
+
+
+async def test_held_bytes_count_the_tables_jobs_not_its_lease(start_tunnel: StartTunnel) -> None:
+    """`rmb_relay_tunnel_held_bytes` says what requests hold: 0 for a tenant with a connector
+    and nothing in flight (the table's lease is reserved, not held), a request's size while
+    the table holds it, 0 again once it is answered."""
+    tunnel = await start_tunnel()
+    native = tunnel.dialect.native
+    assert native is not None
+    await tunnel.connect()
+    assert tunnel.dialect.hub.budget.held_by("ACME") == LEASE
+    assert _gauge(await _scrape(tunnel), "held_bytes", tenant="ACME") == 0
+    async with raw_client(tunnel) as client:
+        answer = asyncio.ensure_future(client.request("GET", "/relay/acme/app/slow"))
+        await asyncio.wait_for(tunnel.target.entered.wait(), WAIT)
+        held = native.table.held("ACME")
+        assert 0 < held < LEASE
+        assert _gauge(await _scrape(tunnel), "held_bytes", tenant="ACME") == held
+        tunnel.target.release.set()
+        assert (await asyncio.wait_for(answer, WAIT))[0] == 200
+    _settled(tunnel)
+    assert _gauge(await _scrape(tunnel), "held_bytes", tenant="ACME") == 0

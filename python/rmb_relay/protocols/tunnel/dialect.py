@@ -13,6 +13,7 @@ import functools
 import logging
 import time
 import uuid
+from collections.abc import Hashable
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
@@ -110,9 +111,7 @@ class TunnelDialect(Dialect):
             queued=lambda: [((t,), len(q)) for t, q in self.hub.pending.items()],
             connectors=lambda: [((t,), len(g)) for t, g in self.hub.connectors.items()],
             body_bytes=lambda: [((), self.store.bytes)],
-            held_bytes=lambda: [
-                ((str(t),), self.hub.budget.held_by(t)) for t in self.hub.budget.holders()
-            ],
+            held_bytes=lambda: [((str(t),), self._held_by(t)) for t in self.hub.budget.holders()],
             refused=lambda: [
                 (({"key": "tenant"}.get(k, k),), n)
                 for k, n in self.hub.budget.refused.items()
@@ -157,6 +156,16 @@ class TunnelDialect(Dialect):
             self.tokens.on_verified = self.native.token_verified
 
     # ---- where a request goes (scale-out hooks in here) -------------------------------------
+
+    def _held_by(self, tenant: Hashable) -> int:
+        """In-memory bytes of the tenant's requests held here (`rmb_relay_tunnel_held_bytes`):
+        the budget's count without the part of the native table's lease no job uses (the
+        budget's keys are the hub's tenant keys, strs)."""
+        held = self.hub.budget.held_by(tenant)
+        native = self.native
+        if native is None or not isinstance(tenant, str):
+            return held
+        return held - native.unused_lease(tenant)
 
     async def reachable(self, tenant: str) -> bool:
         """A connector of the tenant is connected here or, with Redis, to another relay."""

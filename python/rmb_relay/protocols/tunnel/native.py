@@ -212,6 +212,13 @@ class NativeExpress:
     def inflight(self, key: str) -> int:
         return self.table.inflight(key)
 
+    def unused_lease(self, key: str) -> int:
+        """Budget bytes the table holds for the tenant that none of its jobs uses: the lease
+        reserves them, nothing is held in them (`rmb_relay_tunnel_held_bytes` leaves them
+        out, so an idle tenant reads 0, not the lease)."""
+        table = self.table
+        return table.lease(key) - table.held(key)
+
     # ---- answers Python finishes -----------------------------------------------------------
 
     def deliver(self, connector: ConnectorSession, data: bytes) -> bool:
