@@ -665,6 +665,14 @@ pub mod py {
         crossing_sink: Option<Py<PyAny>>,
     }
 
+    impl Outboxes {
+        /// The connection `conn_id`'s outbox was opened with, while it is open or closing (the
+        /// tunnel's native table hands its clients' back to Python this way).
+        pub(crate) fn conn(&self, py: Python<'_>, conn_id: ConnId) -> Option<Py<PyAny>> {
+            self.conns.get(&conn_id).map(|c| c.clone_ref(py))
+        }
+    }
+
     #[pymethods]
     impl Outboxes {
         #[new]

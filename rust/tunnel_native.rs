@@ -248,8 +248,7 @@ impl NativeTunnel {
         for request_id in gone {
             if let Some(job) = self.remove(&request_id) {
                 if let Some(client) = job.client {
-                    let name = self.tenant_name(&job.tenant);
-                    *self.requests.entry((name, "-".into(), 503)).or_default() += 1;
+                    self.count_answer(&job.tenant, "-".into(), 503);
                     clients.push((client, method_of(&job)));
                 }
             }
@@ -285,6 +284,16 @@ impl NativeTunnel {
         self.tenants
             .get(key)
             .map_or_else(|| key.to_owned(), |t| t.name.clone())
+    }
+
+    /// One answer counted under (the tenant's name, `target`, `status`); the name.
+    fn count_answer(&mut self, key: &str, target: String, status: u16) -> String {
+        let name = self.tenant_name(key);
+        *self
+            .requests
+            .entry((name.clone(), target, status))
+            .or_default() += 1;
+        name
     }
 
     /// A token Python verified for the tenant `key`, good up to the second `until` (the
@@ -500,14 +509,13 @@ impl NativeTunnel {
         }
         let job = self.remove(&got.request_id).expect("looked up above");
         outboxes.push_marked(client, &got.bytes);
-        let name = self.tenant_name(&job.tenant);
+        let method = method_of(&job);
         let target = if got.status == 404 {
             "-".into()
         } else {
             job.target
         };
-        *self.requests.entry((name, target, got.status)).or_default() += 1;
-        let method = job.head.map_or_else(String::new, |h| h.method);
+        self.count_answer(&job.tenant, target, got.status);
         *self.http.entry((method, got.status)).or_default() += 1;
         self.answered += 1;
         (Some(client), true)
@@ -553,15 +561,7 @@ impl NativeTunnel {
         }
         for (client, key, _) in &mut out {
             self.by_client.remove(client);
-            let name = self
-                .tenants
-                .get(key.as_str())
-                .map_or_else(|| key.clone(), |t| t.name.clone());
-            *self
-                .requests
-                .entry((name.clone(), "-".into(), 504))
-                .or_default() += 1;
-            *key = name;
+            *key = self.count_answer(key, "-".into(), 504);
         }
         out
     }
@@ -740,28 +740,53 @@ pub mod py {
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyList};
 
-    use super::IdMap;
     use crate::forward::py::Outboxes;
     use crate::http::py::{events_list, HttpRequest, HttpStreamParser};
     use crate::http::Event;
     use crate::routes::ConnId;
 
-    /// The native express table (module docstring) with the Python connections of its clients.
+    /// (connection, request method) of clients Python answers (503, 504).
+    type Waiting = Vec<(Py<PyAny>, String)>;
+
+    /// The native express table (module docstring) and the outboxes it writes into, whose
+    /// connections are its clients' (a served client's outbox is opened with its connection,
+    /// so Python gets the connection back from there when it must answer).
     #[pyclass(module = "rmb_relay._core", name = "NativeTunnel")]
     pub struct NativeTunnel {
         pub(crate) inner: super::NativeTunnel,
-        /// client connection id -> the connection (its outbox's writer)
-        clients: IdMap<Py<PyAny>>,
+        outboxes: Py<Outboxes>,
+    }
+
+    impl NativeTunnel {
+        /// The connections of `clients` (each with its `T`), from the outboxes; a client whose
+        /// outbox is gone (the connection was lost, `abandon`) is left out.
+        fn conns<T>(
+            &self,
+            py: Python<'_>,
+            clients: Vec<(ConnId, T)>,
+        ) -> PyResult<Vec<(Py<PyAny>, T)>> {
+            let boxes = self.outboxes.bind(py).try_borrow()?;
+            Ok(clients
+                .into_iter()
+                .filter_map(|(c, t)| boxes.conn(py, c).map(|conn| (conn, t)))
+                .collect())
+        }
     }
 
     #[pymethods]
     impl NativeTunnel {
         #[new]
-        #[pyo3(signature = (origin_id, ttl, span, *, max_body = 16384))]
-        fn new(origin_id: String, ttl: i64, span: i64, max_body: usize) -> Self {
+        #[pyo3(signature = (outboxes, origin_id, ttl, span, *, max_body = 16384))]
+        fn new(
+            outboxes: Py<Outboxes>,
+            origin_id: String,
+            ttl: i64,
+            span: i64,
+            max_body: usize,
+        ) -> Self {
             NativeTunnel {
                 inner: super::NativeTunnel::new(origin_id, ttl, span, max_body),
-                clients: IdMap::default(),
+                outboxes,
             }
         }
 
@@ -776,7 +801,6 @@ pub mod py {
             data: &[u8],
             client: ConnId,
             conn: &Bound<'py, PyAny>,
-            outboxes: &Bound<'py, Outboxes>,
             now: i64,
             wall: i64,
         ) -> PyResult<Option<Bound<'py, PyList>>> {
@@ -809,7 +833,7 @@ pub mod py {
                 let Event::Head(head) = &out.events[0] else {
                     unreachable!("checked above")
                 };
-                let mut boxes = outboxes.try_borrow_mut()?;
+                let mut boxes = self.outboxes.bind(py).try_borrow_mut()?;
                 if let Ok(request_id) =
                     self.inner
                         .offer(head, body_ref, client, (now, wall), &mut boxes.inner)
@@ -818,8 +842,10 @@ pub mod py {
                         unreachable!("checked above")
                     };
                     self.inner.attach(&request_id, head);
-                    boxes.open(client, conn.clone().unbind());
-                    self.clients.insert(client, conn.clone().unbind());
+                    if !boxes.inner.is_open(client) {
+                        // once per connection: it stays open until the connection is lost
+                        boxes.open(client, conn.clone().unbind());
+                    }
                     return Ok(None);
                 }
             }
@@ -830,12 +856,12 @@ pub mod py {
         /// was answered or dropped here (module docstring), False when it is Python's.
         fn deliver(
             &mut self,
+            py: Python<'_>,
             data: &[u8],
             binary: bool,
             connector: ConnId,
-            outboxes: &Bound<'_, Outboxes>,
         ) -> PyResult<bool> {
-            let mut boxes = outboxes.try_borrow_mut()?;
+            let mut boxes = self.outboxes.bind(py).try_borrow_mut()?;
             Ok(self.deliver_into(data, binary, connector, &mut boxes.inner))
         }
 
@@ -859,7 +885,10 @@ pub mod py {
             let Some(job) = self.inner.take(request_id, connector) else {
                 return Ok(None);
             };
-            let conn = job.client.and_then(|c| self.clients.remove(&c));
+            let conn = match job.client {
+                Some(c) => self.outboxes.bind(py).try_borrow()?.conn(py, c),
+                None => None,
+            };
             let request = match job.head {
                 Some(head) => Some(Py::new(py, HttpRequest::from_head(py, head))?),
                 None => None,
@@ -870,7 +899,6 @@ pub mod py {
         /// The client went away (its connection is lost).
         fn abandon(&mut self, client: ConnId) {
             self.inner.abandon(client);
-            self.clients.remove(&client);
         }
 
         /// The client half-closed while its request is served here.
@@ -878,42 +906,28 @@ pub mod py {
             self.inner.client_done(client);
         }
 
-        /// (connection, tenant name, method) of every client whose answer was due by `now`.
-        fn expired(&mut self, now: i64) -> Vec<(Py<PyAny>, String, String)> {
-            self.inner
-                .expired(now)
-                .into_iter()
-                .filter_map(|(c, name, method)| {
-                    self.clients.remove(&c).map(|conn| (conn, name, method))
-                })
-                .collect()
+        /// (connection, method) of every client whose answer was due by `now`.
+        fn expired(&mut self, py: Python<'_>, now: i64) -> PyResult<Waiting> {
+            let clients = self.inner.expired(now).into_iter();
+            self.conns(py, clients.map(|(c, _, method)| (c, method)).collect())
         }
 
         /// The connector left: the connections of the clients still waiting (Python answers
         /// 503), and the tenant's lease when it has no connector left (else None).
-        #[allow(clippy::type_complexity)]
         fn connector_left(
             &mut self,
+            py: Python<'_>,
             key: &str,
             connector: ConnId,
-        ) -> (Vec<(Py<PyAny>, String)>, Option<u64>) {
+        ) -> PyResult<(Waiting, Option<u64>)> {
             let (clients, lease) = self.inner.connector_left(key, connector);
-            let conns = clients
-                .into_iter()
-                .filter_map(|(c, method)| self.clients.remove(&c).map(|conn| (conn, method)))
-                .collect();
-            (conns, lease)
+            Ok((self.conns(py, clients)?, lease))
         }
 
         /// Shutting down: the waiting clients' connections and the leases to give back.
-        fn close(&mut self) -> (Vec<(Py<PyAny>, String)>, u64) {
+        fn close(&mut self, py: Python<'_>) -> PyResult<(Waiting, u64)> {
             let (clients, lease) = self.inner.close();
-            let conns = clients
-                .into_iter()
-                .filter_map(|(c, method)| self.clients.remove(&c).map(|conn| (conn, method)))
-                .collect();
-            self.clients.clear();
-            (conns, lease)
+            Ok((self.conns(py, clients)?, lease))
         }
 
         fn set_tenant(&mut self, key: &str, name: &str, require_auth: bool, lease: u64) {
@@ -1016,11 +1030,7 @@ pub mod py {
             connector: ConnId,
             outboxes: &mut crate::forward::Outboxes,
         ) -> bool {
-            let (client, done) = self.inner.deliver(data, binary, connector, outboxes);
-            if let Some(client) = client {
-                self.clients.remove(&client);
-            }
-            done
+            self.inner.deliver(data, binary, connector, outboxes).1
         }
     }
 
@@ -1044,13 +1054,10 @@ pub mod py {
 
     #[pymethods]
     impl TunnelScanner {
+        /// The scanner of connector `conn_id`'s websocket, writing into the table's outboxes.
         #[new]
-        fn new(
-            table: Py<NativeTunnel>,
-            outboxes: Py<Outboxes>,
-            conn_id: u64,
-            binary: bool,
-        ) -> Self {
+        fn new(py: Python<'_>, table: Py<NativeTunnel>, conn_id: u64, binary: bool) -> Self {
+            let outboxes = table.borrow(py).outboxes.clone_ref(py);
             TunnelScanner {
                 table,
                 outboxes,

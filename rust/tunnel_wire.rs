@@ -1183,25 +1183,6 @@ fn mp_head_known(data: &[u8]) -> Result<(Raw<'_>, &[u8])> {
     mp_head_as::<false>(data)
 }
 
-/// Past the item at the front of bytes a checking walk accepted (`mp_head_known`).
-fn mp_skip_known(data: &[u8]) -> Result<&[u8]> {
-    let (raw, mut rest) = mp_head_known(data)?;
-    match raw {
-        Raw::Array(len, _) => {
-            for _ in 0..len {
-                rest = mp_skip_known(rest)?;
-            }
-        }
-        Raw::Map(len, _) => {
-            for _ in 0..2 * len {
-                rest = mp_skip_known(rest)?;
-            }
-        }
-        _ => {}
-    }
-    Ok(rest)
-}
-
 /// A msgpack str's bytes as a str: the short ASCII names and values of the tunnel's messages
 /// checked inline (`is_ascii` reads a word at a time) before the general validation.
 #[inline(always)]
@@ -1287,10 +1268,15 @@ fn mp_head_as<const VALIDATE: bool>(data: &[u8]) -> Result<(Raw<'_>, &[u8])> {
 
 /// A map key at `depth`: a str, checked as `msgpack_value` checks it.
 fn mp_key(data: &[u8], depth: usize) -> Result<(&str, &[u8])> {
+    mp_key_as::<true>(data, depth)
+}
+
+/// `mp_key` (`VALIDATE`) or, on bytes a checking walk accepted, its `mp_head_known` twin.
+fn mp_key_as<const VALIDATE: bool>(data: &[u8], depth: usize) -> Result<(&str, &[u8])> {
     if depth > MAX_DEPTH {
         return Err(wire_err("msgpack nested too deep"));
     }
-    match mp_head(data)? {
+    match mp_head_as::<VALIDATE>(data)? {
         (Raw::Str(key), rest) => Ok((key, rest)),
         // refused, as `msgpack_value` refuses it (after walking it: an error either way)
         _ => Err(wire_err("msgpack map key is not a str")),
@@ -1300,20 +1286,26 @@ fn mp_key(data: &[u8], depth: usize) -> Result<(&str, &[u8])> {
 /// Past the item at the front of `data`, checking it as `msgpack_value` would, without
 /// building it.
 fn mp_skip(data: &[u8], depth: usize) -> Result<&[u8]> {
+    mp_skip_as::<true>(data, depth)
+}
+
+/// `mp_skip` (`VALIDATE`) or, on bytes a checking walk accepted, past an item without
+/// validating its strs again (`mp_head_known`).
+fn mp_skip_as<const VALIDATE: bool>(data: &[u8], depth: usize) -> Result<&[u8]> {
     if depth > MAX_DEPTH {
         return Err(wire_err("msgpack nested too deep"));
     }
-    let (raw, mut rest) = mp_head(data)?;
+    let (raw, mut rest) = mp_head_as::<VALIDATE>(data)?;
     match raw {
         Raw::Array(len, _) => {
             for _ in 0..len {
-                rest = mp_skip(rest, depth + 1)?;
+                rest = mp_skip_as::<VALIDATE>(rest, depth + 1)?;
             }
         }
         Raw::Map(len, _) => {
             for _ in 0..len {
-                let (_, after) = mp_key(rest, depth + 1)?;
-                rest = mp_skip(after, depth + 1)?;
+                let (_, after) = mp_key_as::<VALIDATE>(rest, depth + 1)?;
+                rest = mp_skip_as::<VALIDATE>(after, depth + 1)?;
             }
         }
         _ => {}
@@ -1407,9 +1399,7 @@ fn check_ref<'a>(spec: &FieldSpec, value: Option<&'a [u8]>) -> Result<FieldRef<'
         (K::Headers, Raw::Map(len, mut rest)) => {
             let mut headers: Vec<(&str, HeaderValues<'_>)> = Vec::with_capacity(len);
             for _ in 0..len {
-                let (Raw::Str(name), after) = mp_head_known(rest)? else {
-                    return Err(wire_err("msgpack map key is not a str")); // (refused by mp_skip)
-                };
+                let (name, after) = mp_key_as::<false>(rest, 0)?;
                 let (Raw::Array(n, items), _) = mp_head_known(after)? else {
                     return Err(bad());
                 };
@@ -1473,10 +1463,8 @@ pub fn decode_ref(data: &[u8]) -> Result<(&'static str, Vec<FieldRef<'_>>)> {
     // every kind has at most 16 fields (CLIENT_REQUEST, the largest)
     let mut found: [Option<&[u8]>; CLIENT_REQUEST.len()] = [None; CLIENT_REQUEST.len()];
     for _ in 0..len {
-        let (Raw::Str(key), after) = mp_head_known(rest)? else {
-            return Err(wire_err("msgpack map key is not a str")); // (refused by mp_skip)
-        };
-        rest = mp_skip_known(after)?;
+        let (key, after) = mp_key_as::<false>(rest, 0)?;
+        rest = mp_skip_as::<false>(after, 0)?;
         if let Some(i) = specs.iter().position(|s| s.wire == key) {
             found[i] = Some(&after[..after.len() - rest.len()]);
         }

@@ -36,6 +36,7 @@ from tests.tunnel_fixtures import (
     StartTunnel,
     Tunnel,
     deliver_text,
+    get_once,
     pattern,
     raw_client,
     raw_connector,
@@ -43,11 +44,6 @@ from tests.tunnel_fixtures import (
 from tests.tunnel_fixtures import start_tunnel as start_tunnel
 
 pytestmark = pytest.mark.timeout(60)
-
-
-async def one(tunnel: Tunnel, path: str) -> Response:
-    async with raw_client(tunnel) as client:
-        return await client.request("GET", path)
 
 
 SIZES = [0, 1, 16 * 1024 - 1, 16 * 1024, 16 * 1024 + 1]
@@ -220,16 +216,16 @@ async def test_fallbacks_to_the_task_path_in_order(start_tunnel: StartTunnel) ->
     await tunnel.connect("narrow")
     express = tunnel.dialect.metrics.express
     # (each on its own connection: an answer of 400 or more closes it)
-    assert (await one(tunnel, "/relay/acme"))[0] == 404
+    assert (await get_once(tunnel, "/relay/acme"))[0] == 404
     assert express.value("path") == 1
-    assert (await one(tunnel, "/relay/nobody/app/x"))[0] == 404
+    assert (await get_once(tunnel, "/relay/nobody/app/x"))[0] == 404
     assert express.value("tenant") == 1
     # no connector either: the first failed condition is the one counted
-    assert (await one(tunnel, "/relay/secure/app/x"))[0] == 401
+    assert (await get_once(tunnel, "/relay/secure/app/x"))[0] == 401
     assert express.value("auth") == 1
-    assert (await one(tunnel, "/relay/lonely/app/x"))[0] == 408
+    assert (await get_once(tunnel, "/relay/lonely/app/x"))[0] == 408
     assert express.value("no connector") == 1
-    assert (await one(tunnel, "/relay/acme/app/status/200"))[0] == 200
+    assert (await get_once(tunnel, "/relay/acme/app/status/200"))[0] == 200
     assert express.value("taken") == 1
     async with (
         raw_client(tunnel) as first,
@@ -254,7 +250,7 @@ async def test_fallbacks_to_the_task_path_in_order(start_tunnel: StartTunnel) ->
 async def test_over_the_memory_budget_the_task_path_refuses(start_tunnel: StartTunnel) -> None:
     tunnel = await start_tunnel(tenant_bytes=100)
     await tunnel.connect()
-    status, _, body = await one(tunnel, "/relay/acme/app/status/200")
+    status, _, body = await get_once(tunnel, "/relay/acme/app/status/200")
     assert status == 503
     assert b"relay busy" in body
     assert tunnel.dialect.metrics.express.value("budget") == 1

@@ -21,6 +21,7 @@ from tests.tunnel_fixtures import (
     StartTunnel,
     Tunnel,
     deliver_text,
+    get_once,
     pattern,
     raw_client,
     raw_connector,
@@ -108,21 +109,15 @@ async def test_what_the_table_does_not_serve_goes_to_python_with_the_reason_coun
         assert (await client.request("HEAD", "/relay/acme/app/bytes/10"))[0] == 200
         assert (await client.request("POST", "/relay/acme/app/echo", big))[2] == big
         assert (await client.request("GET", "/relay/acme/a%70p/status/202"))[0] == 202
-    assert (await _one(tunnel, "/relay/nobody/app/x"))[0] == 404
+    assert (await get_once(tunnel, "/relay/nobody/app/x"))[0] == 404
     # (no connector: it waits for one until its TTL, then 408)
-    assert (await _one(tunnel, "/relay/lonely/app/x"))[0] == 408
+    assert (await get_once(tunnel, "/relay/lonely/app/x"))[0] == 408
     assert _native(tunnel) == 0
     scrape = await _scrape(tunnel)
     # (a tenant is in the table while one of its connectors is here)
     for outcome, count in [("request", 2), ("path", 1), ("tenant", 2)]:
         assert _sample(scrape, "native_requests", outcome=outcome) == count
     assert tunnel.dialect.hub.jobs == {}
-
-
-async def _one(tunnel: Tunnel, path: str) -> tuple[int, bytes]:
-    async with raw_client(tunnel) as client:
-        status, _, body = await client.request("GET", path)
-        return status, body
 
 
 @pytest.mark.parametrize("settings", [{"ack_mode": 1}, {"max_concurrent": 4}])
@@ -133,7 +128,7 @@ async def test_a_tenant_the_table_cannot_serve_is_served_by_python(
     tunnel = await start_tunnel()
     tunnel.add_tenant("careful", **settings)
     await tunnel.connect("careful")
-    assert (await _one(tunnel, "/relay/careful/app/status/200"))[0] == 200
+    assert (await get_once(tunnel, "/relay/careful/app/status/200"))[0] == 200
     native = tunnel.dialect.native
     assert native is not None
     assert not native.table.has_tenant("CAREFUL")
@@ -158,12 +153,12 @@ async def test_the_lease_is_held_while_a_connector_is_and_given_back_after_the_l
     await tunnel.disconnect(first)
     await eventually(lambda: len(tunnel.dialect.hub.connectors.get("ACME", [])) == 1)
     assert budget.held_by("ACME") == LEASE
-    assert (await _one(tunnel, "/relay/acme/app/status/200"))[0] == 200
+    assert (await get_once(tunnel, "/relay/acme/app/status/200"))[0] == 200
     await tunnel.disconnect(second)
     await eventually(lambda: not native.table.has_tenant("ACME"))
     assert budget.held_by("ACME") == 0
     # no connector: it waits for one until its TTL, on the Python path
-    assert (await _one(tunnel, "/relay/acme/app/status/200"))[0] == 408
+    assert (await get_once(tunnel, "/relay/acme/app/status/200"))[0] == 408
     assert _native(tunnel) == 3
 
 
@@ -291,7 +286,7 @@ async def test_a_tenant_whose_settings_change_is_left_to_python_at_the_next_tick
     await tunnel.connect()
     native = tunnel.dialect.native
     assert native is not None
-    assert (await _one(tunnel, "/relay/acme/app/status/200"))[0] == 200
+    assert (await get_once(tunnel, "/relay/acme/app/status/200"))[0] == 200
     assert _native(tunnel) == 1
     tenant = tunnel.store.get("acme")
     assert tenant is not None
@@ -299,7 +294,7 @@ async def test_a_tenant_whose_settings_change_is_left_to_python_at_the_next_tick
 
     async def left_to_python() -> bool:
         taken = _native(tunnel)
-        assert (await _one(tunnel, "/relay/acme/app/status/200"))[0] == 200
+        assert (await get_once(tunnel, "/relay/acme/app/status/200"))[0] == 200
         return _native(tunnel) == taken
 
     await eventually(left_to_python)
@@ -366,14 +361,14 @@ async def test_a_tenant_that_becomes_eligible_while_connected_is_served_at_the_n
     await tunnel.connect("careful")
     native = tunnel.dialect.native
     assert native is not None
-    assert (await _one(tunnel, "/relay/careful/app/status/200"))[0] == 200
+    assert (await get_once(tunnel, "/relay/careful/app/status/200"))[0] == 200
     assert not native.table.has_tenant("CAREFUL")
     tenant = tunnel.store.get("careful")
     assert tenant is not None
     assert tunnel.store.update(dataclasses.replace(tenant, ack_mode=0))
     await eventually(lambda: native.table.has_tenant("CAREFUL"))
     assert tunnel.dialect.hub.budget.held_by("CAREFUL") == LEASE
-    assert (await _one(tunnel, "/relay/careful/app/status/200"))[0] == 200
+    assert (await get_once(tunnel, "/relay/careful/app/status/200"))[0] == 200
     assert _native(tunnel) == 1
 
 

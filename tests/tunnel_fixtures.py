@@ -348,3 +348,9 @@ def deliver_text(argument: dict[str, str], status: int, body: bytes) -> str:
         body_content=body,
     )
     return encode(response, False).decode()
+
+
+async def get_once(tunnel: Tunnel, path: str) -> Response:
+    """One GET on a connection of its own."""
+    async with raw_client(tunnel) as client:
+        return await client.request("GET", path)

@@ -870,9 +870,8 @@ class TunnelScanner:
     every other message, and every later one of the same read, goes to Python as it came
     (those the table looked at with a `scan_error`)."""
 
-    def __new__(
-        cls, table: NativeTunnel, outboxes: Outboxes, conn_id: int, binary: bool
-    ) -> TunnelScanner: ...
+    def __new__(cls, table: NativeTunnel, conn_id: int, binary: bool) -> TunnelScanner:
+        """Writing into the table's outboxes."""
     @property
     def conn_id(self) -> int: ...
     @property
@@ -998,21 +997,22 @@ class NativeTunnel:
     client's read to the connector's outbox and back, with no Python object per request."""
 
     def __new__(
-        cls, origin_id: str, ttl: int, span: int, *, max_body: int = 16384
-    ) -> NativeTunnel: ...
+        cls, outboxes: Outboxes, origin_id: str, ttl: int, span: int, *, max_body: int = 16384
+    ) -> NativeTunnel:
+        """`outboxes`: where it writes (its served clients' outboxes are opened there with
+        their connections, which the methods below hand back)."""
     def feed(
         self,
         parser: HttpStreamParser,
         data: bytes,
         client: int,
         conn: Any,
-        outboxes: Outboxes,
         now: int,
         wall: int,
     ) -> list[HttpRequest | HttpData | HttpEnd | HttpViolation] | None:
         """None when the request was served here, else the read's events. `now`: the hub's
         clock (ns); `wall`: the tokens' clock (unix seconds)."""
-    def deliver(self, data: bytes, binary: bool, connector: int, outboxes: Outboxes) -> bool:
+    def deliver(self, data: bytes, binary: bool, connector: int) -> bool:
         """True when the connector's message was answered or dropped here."""
     def take(
         self, request_id: str, connector: int
@@ -1020,8 +1020,8 @@ class NativeTunnel:
         """(client connection or None, its request, tenant key, target, deadline), taken out."""
     def abandon(self, client: int) -> None: ...
     def client_done(self, client: int) -> None: ...
-    def expired(self, now: int) -> list[tuple[Any, str, str]]:
-        """(connection, tenant name, method) of the clients whose answer was due by `now`."""
+    def expired(self, now: int) -> list[tuple[Any, str]]:
+        """(connection, method) of the clients whose answer was due by `now`."""
     def connector_left(self, key: str, connector: int) -> tuple[list[tuple[Any, str]], int | None]:
         """(connection, method) of the waiting clients, and the lease when no connector is left."""
     def close(self) -> tuple[list[tuple[Any, str]], int]: ...

@@ -91,7 +91,7 @@ class NativeExpress:
         self.outboxes = outboxes
         self.clock = hub.clock
         self.tokens = dialect.tokens
-        self.table = NativeTunnel(hub.origin_id, hub.ttl, span)
+        self.table = NativeTunnel(outboxes, hub.origin_id, hub.ttl, span)
         self.table.refill(os.urandom(ENTROPY))
         self.tick = min(TICK, span / 4e9)
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -135,7 +135,6 @@ class NativeExpress:
             data,
             conn.conn_id,
             conn,
-            self.outboxes,
             self.clock(),
             self.tokens.clock() // NS,
         )
@@ -223,11 +222,11 @@ class NativeExpress:
 
     def deliver(self, connector: ConnectorSession, data: bytes) -> bool:
         """A connector's message answered (or dropped) by the table: True."""
-        return self.table.deliver(data, connector.binary, connector.peer.id, self.outboxes)
+        return self.table.deliver(data, connector.binary, connector.peer.id)
 
     def scanner(self, connector: ConnectorSession) -> TunnelScanner:
         """The decoder's scanner of `connector`'s websocket: `deliver` inside its `feed`."""
-        return TunnelScanner(self.table, self.outboxes, connector.peer.id, connector.binary)
+        return TunnelScanner(self.table, connector.peer.id, connector.binary)
 
     def adopt(self, connector: ConnectorSession, request_id: str) -> Job | None:
         """The table's job of `request_id`, taken out as a hub job waited for by an express
@@ -276,7 +275,7 @@ class NativeExpress:
 
     def _tick(self) -> None:
         self._timer = None
-        _answer([(c, m) for c, _, m in self.table.expired(self.clock())], 504, NO_ANSWER_IN_TIME)
+        _answer(self.table.expired(self.clock()), 504, NO_ANSWER_IN_TIME)
         dialect = self.dialect
         connected = False
         for key, group in list(dialect.hub.connectors.items()):
