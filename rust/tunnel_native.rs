@@ -19,9 +19,14 @@
 //! - the whole request (head and a Content-Length body of at most `max_body`) is this read,
 //!   nothing after it; not HEAD, not an upgrade, no `Expect`, kept alive, one `Host`;
 //! - `/relay/{tenant}/{target}/...` with both segments free of `%`, the tenant registered
-//!   here (`set_tenant`: acknowledge mode disabled, no concurrency limit, round robin) with a
-//!   connector whose outbox accepts, and the bearer token, when the tenant requires one, one
-//!   the relay verified (`add_token`) for this tenant and not past its end;
+//!   here (`set_tenant`: acknowledge mode disabled) with a connector whose outbox accepts, and
+//!   the bearer token, when the tenant requires one, one the relay verified (`add_token`) for
+//!   this tenant and not past its end;
+//! - nothing of the tenant queued on the Python path (`outside`: a request here would overtake
+//!   them), and when it has a concurrency limit (`Sharing`), its jobs in flight on this relay,
+//!   the table's and Python's, under it. While Python has some of its jobs queued the table
+//!   also leaves the tenant's `Deliver`s to Python, whose answer sends the next queued job
+//!   (hub.py's `pump`): a slot freed here would otherwise wait for a Python job to free one;
 //! - the tenant's lease of the memory budget (`set_tenant`) has room for the job's size
 //!   (hub.py's `held_size`: `JOB_OVERHEAD` + body + URL + header characters);
 //! - 16 bytes of the caller's entropy are left for the request id (a version-4 UUID, as
@@ -56,6 +61,18 @@ pub struct Connector {
     pub id: ConnId,
     /// msgpack (binary frames) or JSON (text frames)
     pub binary: bool,
+    /// its jobs in flight on the Python path (`outside`), for least in flight
+    pub outside: u32,
+}
+
+/// How a tenant's connectors share its requests (decision 7), as Python's hub shares them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Sharing {
+    /// at most this many of the tenant's jobs in flight on this relay (0: no limit)
+    pub limit: u32,
+    /// the connector with the fewest jobs in flight (the table's and Python's) first, ties
+    /// in turn; false: round robin
+    pub least_inflight: bool,
 }
 
 /// A tenant the table serves.
@@ -70,6 +87,11 @@ pub struct Tenant {
     pub held: u64,
     /// its jobs in flight
     pub inflight: u32,
+    /// its jobs in flight on the Python path (`outside`)
+    pub outside: u32,
+    /// Python has jobs of it queued (`outside`): new requests and answers are Python's
+    pub queued: bool,
+    pub sharing: Sharing,
     pub connectors: Vec<Connector>,
     next: usize,
     /// new requests are served here (false: declined, jobs in flight still answered)
@@ -195,7 +217,15 @@ impl NativeTunnel {
         (self.entropy.len() - self.used) / ID_BYTES
     }
 
-    pub fn set_tenant(&mut self, key: &str, name: &str, require_auth: bool, lease: u64) {
+    /// The tenant is served here with these settings; `lease` more budget bytes are its.
+    pub fn set_tenant(
+        &mut self,
+        key: &str,
+        name: &str,
+        require_auth: bool,
+        lease: u64,
+        sharing: Sharing,
+    ) {
         let t = self
             .tenants
             .entry(key.to_owned())
@@ -205,6 +235,9 @@ impl NativeTunnel {
                 lease: 0,
                 held: 0,
                 inflight: 0,
+                outside: 0,
+                queued: false,
+                sharing,
                 connectors: Vec::new(),
                 next: 0,
                 enabled: true,
@@ -212,7 +245,46 @@ impl NativeTunnel {
         t.name = name.to_owned();
         t.require_auth = require_auth;
         t.lease += lease;
+        t.sharing = sharing;
         t.enabled = true;
+    }
+
+    /// What Python's hub has of the tenant: jobs queued or not, and its jobs in flight by
+    /// connector (`counts`; a connector not named has none).
+    pub fn outside(&mut self, key: &str, queued: bool, counts: &[(ConnId, u32)]) {
+        let Some(t) = self.tenants.get_mut(key) else {
+            return;
+        };
+        t.queued = queued;
+        t.outside = 0;
+        for c in &mut t.connectors {
+            c.outside = counts
+                .iter()
+                .find(|(id, _)| *id == c.id)
+                .map_or(0, |(_, n)| *n);
+            t.outside += c.outside;
+        }
+    }
+
+    /// The connector's jobs in flight here.
+    pub fn connector_inflight(&self, id: ConnId) -> u32 {
+        self.by_connector.get(&id).copied().unwrap_or(0)
+    }
+
+    /// The index of the connector of `t` the next job goes to (`Sharing`).
+    fn pick(&self, t: &Tenant) -> usize {
+        let count = t.connectors.len();
+        let first = t.next % count;
+        if !t.sharing.least_inflight {
+            return first;
+        }
+        (0..count)
+            .map(|step| (first + step) % count)
+            .min_by_key(|&i| {
+                let c = &t.connectors[i];
+                self.connector_inflight(c.id) + c.outside
+            })
+            .expect("the tenant has a connector")
     }
 
     /// New requests of the tenant go to Python (its settings changed); jobs in flight stay.
@@ -225,7 +297,11 @@ impl NativeTunnel {
     pub fn add_connector(&mut self, key: &str, id: ConnId, binary: bool) {
         if let Some(t) = self.tenants.get_mut(key) {
             if !t.connectors.iter().any(|c| c.id == id) {
-                t.connectors.push(Connector { id, binary });
+                t.connectors.push(Connector {
+                    id,
+                    binary,
+                    outside: 0,
+                });
             }
         }
     }
@@ -374,7 +450,14 @@ impl NativeTunnel {
         if t.connectors.is_empty() {
             return Err(self.decline("no connector"));
         }
-        let index = t.next % t.connectors.len();
+        if t.queued {
+            return Err(self.decline("queued"));
+        }
+        let limit = t.sharing.limit;
+        if limit > 0 && t.inflight + t.outside >= limit {
+            return Err(self.decline("limit"));
+        }
+        let index = self.pick(t);
         let connector = t.connectors[index];
         if !outboxes.accepts(connector.id) {
             return Err(self.decline("congested"));
@@ -497,7 +580,7 @@ impl NativeTunnel {
         let Some(job) = self.jobs.get(&got.request_id) else {
             return (None, false);
         };
-        if job.connector != connector {
+        if job.connector != connector || self.tenants.get(&job.tenant).is_some_and(|t| t.queued) {
             return (None, false);
         }
         let Some(client) = job.client else {
@@ -596,7 +679,7 @@ mod tests {
     fn table(outboxes: &mut Outboxes) -> NativeTunnel {
         let mut t = NativeTunnel::new("origin".into(), 120_000_000_000, 150_000_000_000, 16384);
         t.refill(&(0u8..64).collect::<Vec<_>>());
-        t.set_tenant("ACME", "acme", false, 1 << 20);
+        t.set_tenant("ACME", "acme", false, 1 << 20, Sharing::default());
         outboxes.open(9);
         t.add_connector("ACME", 9, true);
         t
@@ -685,7 +768,7 @@ mod tests {
     fn tokens_budget_entropy_and_deadlines() {
         let mut o = Outboxes::new();
         let mut t = table(&mut o);
-        t.set_tenant("ACME", "acme", true, 0);
+        t.set_tenant("ACME", "acme", true, 0, Sharing::default());
         let raw = b"GET /relay/acme/app HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer tok\r\n\r\n";
         let (h, body) = head(raw);
         assert_eq!(t.offer(&h, &body, 1, (0, 0), &mut o), Err("auth"));
@@ -719,6 +802,79 @@ mod tests {
         assert!(clients.is_empty());
         assert_eq!(lease, Some(4 * t_size));
         assert!(t.tenants.is_empty());
+    }
+
+    fn deliver_of(id: &str) -> String {
+        format!(
+            concat!(
+                r#"{{"target":"Deliver","arguments":[{{"requestId":"{}","requestOriginId":"o","#,
+                r#""httpStatusCode":200,"httpHeaders":{{}},"originalBodySize":0,"bodySize":0,"#,
+                r#""requestFailed":false}}]}}"#
+            ),
+            id
+        )
+    }
+
+    #[test]
+    fn a_limit_counts_the_tables_jobs_and_pythons() {
+        let mut o = Outboxes::new();
+        let mut t = table(&mut o);
+        let sharing = Sharing {
+            limit: 2,
+            least_inflight: false,
+        };
+        t.set_tenant("ACME", "acme", false, 0, sharing);
+        let (h, body) = head(POST);
+        let first = t.offer(&h, &body, 1, (0, 0), &mut o).unwrap();
+        t.outside("ACME", false, &[(9, 1)]);
+        assert_eq!(t.offer(&h, &body, 2, (0, 0), &mut o), Err("limit"));
+        t.outside("ACME", false, &[]);
+        let second = t.offer(&h, &body, 2, (0, 0), &mut o).unwrap();
+        assert_eq!(t.offer(&h, &body, 3, (0, 0), &mut o), Err("limit"));
+        // Python queued the third: its answers free the slots, so it gets them too
+        t.outside("ACME", true, &[]);
+        o.open(1);
+        assert_eq!(
+            t.deliver(deliver_of(&first).as_bytes(), false, 9, &mut o),
+            (None, false)
+        );
+        assert_eq!(t.offer(&h, &body, 4, (0, 0), &mut o), Err("queued"));
+        t.outside("ACME", false, &[]);
+        assert_eq!(
+            t.deliver(deliver_of(&first).as_bytes(), false, 9, &mut o),
+            (Some(1), true)
+        );
+        assert!(t.offer(&h, &body, 4, (0, 0), &mut o).is_ok());
+        assert_eq!(t.inflight("ACME"), 2);
+        assert!(t.jobs.contains_key(&second));
+        assert_eq!(t.declined[&"limit"], 2);
+    }
+
+    #[test]
+    fn least_inflight_takes_the_idlest_connector_ties_in_turn() {
+        let mut o = Outboxes::new();
+        let mut t = table(&mut o);
+        let sharing = Sharing {
+            limit: 0,
+            least_inflight: true,
+        };
+        t.set_tenant("ACME", "acme", false, 0, sharing);
+        o.open(8);
+        t.add_connector("ACME", 8, true);
+        let (h, body) = head(POST);
+        let on = |t: &NativeTunnel, id: &str| t.jobs[id].connector;
+        let a = t.offer(&h, &body, 1, (0, 0), &mut o).unwrap();
+        let b = t.offer(&h, &body, 2, (0, 0), &mut o).unwrap();
+        assert_eq!((on(&t, &a), on(&t, &b)), (9, 8));
+        // 9's job answered: 9 has none, 8 one
+        assert!(t.deliver(deliver_of(&a).as_bytes(), false, 9, &mut o).1);
+        let c = t.offer(&h, &body, 3, (0, 0), &mut o).unwrap();
+        assert_eq!(on(&t, &c), 9);
+        // Python's jobs count too: 9 has two of them
+        t.outside("ACME", false, &[(9, 2)]);
+        let d = t.offer(&h, &body, 4, (0, 0), &mut o).unwrap();
+        assert_eq!(on(&t, &d), 8);
+        assert_eq!(t.connector_inflight(8), 2);
     }
 
     #[test]
@@ -930,8 +1086,36 @@ pub mod py {
             Ok((self.conns(py, clients)?, lease))
         }
 
-        fn set_tenant(&mut self, key: &str, name: &str, require_auth: bool, lease: u64) {
-            self.inner.set_tenant(key, name, require_auth, lease);
+        /// The tenant is served here (`lease` more budget bytes are its), its connectors
+        /// sharing its requests as `limit` (0: none) and `least_inflight` (else round robin)
+        /// say.
+        #[pyo3(signature = (key, name, require_auth, lease, *, limit = 0, least_inflight = false))]
+        fn set_tenant(
+            &mut self,
+            key: &str,
+            name: &str,
+            require_auth: bool,
+            lease: u64,
+            limit: u32,
+            least_inflight: bool,
+        ) {
+            let sharing = super::Sharing {
+                limit,
+                least_inflight,
+            };
+            self.inner
+                .set_tenant(key, name, require_auth, lease, sharing);
+        }
+
+        /// What Python's hub has of the tenant: jobs queued or not, and (connector, its jobs
+        /// in flight) of the connectors with some.
+        fn outside(&mut self, key: &str, queued: bool, counts: Vec<(ConnId, u32)>) {
+            self.inner.outside(key, queued, &counts);
+        }
+
+        /// The connector's jobs in flight in the table.
+        fn connector_inflight(&self, connector: ConnId) -> u32 {
+            self.inner.connector_inflight(connector)
         }
 
         fn disable(&mut self, key: &str) {

@@ -120,13 +120,13 @@ async def test_what_the_table_does_not_serve_goes_to_python_with_the_reason_coun
     assert tunnel.dialect.hub.jobs == {}
 
 
-@pytest.mark.parametrize("settings", [{"ack_mode": 1}, {"max_concurrent": 4}])
+@pytest.mark.parametrize("mode", [1, 2])
 async def test_a_tenant_the_table_cannot_serve_is_served_by_python(
-    start_tunnel: StartTunnel, settings: dict[str, int]
+    start_tunnel: StartTunnel, mode: int
 ) -> None:
-    """Acknowledgements or a concurrency limit: not registered in the table, no lease taken."""
+    """Acknowledgements: not registered in the table, no lease taken."""
     tunnel = await start_tunnel()
-    tunnel.add_tenant("careful", **settings)
+    tunnel.add_tenant("careful", ack_mode=mode)
     await tunnel.connect("careful")
     assert (await get_once(tunnel, "/relay/careful/app/status/200"))[0] == 200
     native = tunnel.dialect.native
@@ -290,7 +290,7 @@ async def test_a_tenant_whose_settings_change_is_left_to_python_at_the_next_tick
     assert _native(tunnel) == 1
     tenant = tunnel.store.get("acme")
     assert tenant is not None
-    assert tunnel.store.update(dataclasses.replace(tenant, max_concurrent=2))
+    assert tunnel.store.update(dataclasses.replace(tenant, ack_mode=2))
 
     async def left_to_python() -> bool:
         taken = _native(tunnel)
@@ -392,3 +392,63 @@ async def test_held_bytes_count_the_tables_jobs_not_its_lease(start_tunnel: Star
         assert (await asyncio.wait_for(answer, WAIT))[0] == 200
     _settled(tunnel)
     assert _gauge(await _scrape(tunnel), "held_bytes", tenant="ACME") == 0
+
+
+async def test_a_concurrency_limit_is_kept_with_the_table_and_the_queue_goes_first(
+    start_tunnel: StartTunnel,
+) -> None:
+    """A tenant limited to two requests in flight: the table serves two, leaves the third
+    (at the limit) and the fourth (the hub has one queued: it would overtake it) to Python's
+    queue, and hands its answers to Python while something is queued, so each answer sends
+    the next queued request, in order. Once the queue is empty the table serves again."""
+    tunnel = await start_tunnel(max_concurrent=2)
+    await tunnel.connect()
+    hub = tunnel.dialect.hub
+    calls = tunnel.target.calls
+    async with AsyncExitStack() as stack:
+        clients = [await stack.enter_async_context(raw_client(tunnel)) for _ in range(4)]
+        slow = [
+            asyncio.ensure_future(c.request("GET", "/relay/acme/app/slow")) for c in clients[:2]
+        ]
+        await eventually(lambda: calls.count("GET /slow") == 2)
+        assert _native(tunnel) == 2
+        queued = []
+        for n, client in enumerate(clients[2:]):
+            queued.append(
+                asyncio.ensure_future(client.request("GET", f"/relay/acme/app/status/20{n}"))
+            )
+            await eventually(lambda n=n: hub.queued() == n + 1)  # type: ignore[misc]
+        assert hub.inflight("ACME") == 2
+        tunnel.target.release.set()
+        assert [r[0] for r in await asyncio.gather(*slow, *queued)] == [200, 200, 200, 201]
+    assert calls == ["GET /slow", "GET /slow", "GET /status/200", "GET /status/201"]
+    assert _native(tunnel) == 2
+    _settled(tunnel)
+    assert (await get_once(tunnel, "/relay/acme/app/status/202"))[0] == 202
+    assert _native(tunnel) == 3
+    scrape = await _scrape(tunnel)
+    assert _sample(scrape, "native_requests", outcome="limit") == 1
+    assert _sample(scrape, "native_requests", outcome="queued") == 1
+
+
+async def test_least_inflight_counts_pythons_jobs_with_the_tables(
+    start_tunnel: StartTunnel,
+) -> None:
+    """Two connectors, least in flight: a request on the Python path (an escaped target
+    segment) held by the target keeps its connector busy, so the table sends the next four
+    to the other one; and the Python path's pick counts the table's jobs the same way."""
+    tunnel = await start_tunnel(balance="least-inflight")
+    a = await tunnel.connect()
+    b = await tunnel.connect()
+    async with raw_client(tunnel) as held, raw_client(tunnel) as client:
+        busy = asyncio.ensure_future(held.request("GET", "/relay/acme/a%70p/slow"))
+        await asyncio.wait_for(tunnel.target.entered.wait(), WAIT)
+        assert _native(tunnel) == 0
+        busy_one, idle = (a, b) if a.received else (b, a)
+        for _ in range(4):
+            assert (await client.request("GET", "/relay/acme/$ping/"))[0] == 200
+        assert (len(busy_one.received), len(idle.received)) == (1, 4)
+        assert _native(tunnel) == 4
+        tunnel.target.release.set()
+        assert (await busy)[0] == 200
+    _settled(tunnel)

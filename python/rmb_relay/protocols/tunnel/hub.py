@@ -376,6 +376,8 @@ class Hub:
         `_send` would encode it for `connector` at `now`, encoded by the caller (or None)."""
         self.jobs[job.request_id] = job
         self._send(job, connector, now, message)
+        if self.native is not None:
+            self._tell_native(job.tenant)
 
     def new_deadline(self) -> int:
         return self.clock() + self.ttl
@@ -396,7 +398,17 @@ class Hub:
         return sum(len(queue) for queue in self.pending.values())
 
     def pump(self, tenant: str) -> None:
-        """Send queued jobs of `tenant` to its connectors while they have room."""
+        """Send queued jobs of `tenant` to its connectors while they have room; the native
+        table is told what is left (it counts the hub's jobs with its own)."""
+        self._pump(tenant)
+        if self.native is not None:
+            self._tell_native(tenant)
+
+    def _tell_native(self, tenant: str) -> None:
+        assert self.native is not None
+        self.native.outside(tenant, bool(self.pending.get(tenant)), self.connectors.get(tenant))
+
+    def _pump(self, tenant: str) -> None:
         queue = self.pending.get(tenant)
         group = self.connectors.get(tenant)
         while queue and group:
@@ -416,7 +428,11 @@ class Hub:
     def pick(self, tenant: str, group: list[ConnectorSession]) -> ConnectorSession:
         """The connector of `group` (the tenant's here) the next job goes to."""
         if self.least_inflight:
-            return min(group, key=lambda c: len(c.inflight))
+            native = self.native
+            if native is None:
+                return min(group, key=lambda c: len(c.inflight))
+            table = native.table
+            return min(group, key=lambda c: len(c.inflight) + table.connector_inflight(c.peer.id))
         index = self._next.get(tenant, 0) % len(group)
         self._next[tenant] = index + 1
         return group[index]
@@ -455,6 +471,7 @@ class Hub:
             if queue is not None and job in queue:
                 queue.remove(job)
             self._expire(job)
+            self.pump(job.tenant)  # (an empty queue leaves `pending`)
 
     def _expire(self, job: Job) -> None:
         self.metrics.expired.inc()
@@ -487,6 +504,7 @@ class Hub:
             if queue is not None and job in queue:
                 queue.remove(job)
             self._forget(job)
+            self.pump(job.tenant)  # (an empty queue leaves `pending`)
 
     def deliver(self, connector: ConnectorSession, response: TargetResponse) -> None:
         job = self.jobs.get(response.request_id)

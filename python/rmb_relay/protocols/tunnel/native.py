@@ -2,7 +2,8 @@
 
 Why: the express path (express.py) still spent ~14 us of the relay's user time per request in
 Python bookkeeping, and the relay is the tunnel's bottleneck. For the common case (relay mode,
-acknowledgements disabled, no concurrency limit, round robin, a connector here) the job now
+acknowledgements disabled, a connector here; round robin or least in flight, with or without a
+concurrency limit) the job now
 lives in the Rust table: the client's read is parsed and, when served, its `RequestTarget` is
 in the connector's outbox (the switch's, shared with RMB, SBD and the 신경 gateway) without a
 Python object per request; the connector's `Deliver` is written into the client's outbox the
@@ -24,7 +25,11 @@ same way, by the connector websocket's scanner (`TunnelScanner`) inside the deco
   which admits or refuses it against the rest of the budget as before;
 - tenants' settings: a connected tenant whose settings change (management API, or the
   tenant cache's TTL) is checked again at the next tick (one runs while any connector is
-  connected): disabled here if it is no longer eligible, registered if it became eligible.
+  connected): disabled here if it is no longer eligible, registered if it became eligible;
+- the hub's own jobs of a tenant (`outside`, after each change the hub makes): a concurrency
+  limit and least in flight count them with the table's, and while the hub has some queued
+  the table leaves the tenant's new requests and answers to it, so the queue is served first
+  and each answer sends the next queued job.
 
 Counters the table keeps (answers by tenant/target/status, HTTP answers, requests taken,
 answers written, declines by reason) are read at scrape through the same metric families.
@@ -39,7 +44,6 @@ import os
 from typing import TYPE_CHECKING
 
 from rmb_relay._core import NativeTunnel, TunnelScanner
-from rmb_relay.budget import BudgetExceeded
 from rmb_relay.clock import NS
 from rmb_relay.protocols.tunnel.client import CONNECTOR_UNAVAILABLE, NO_ANSWER_IN_TIME, _status
 from rmb_relay.protocols.tunnel.tenants import normalize
@@ -114,7 +118,7 @@ class NativeExpress:
             "rmb_relay_tunnel_native_requests_total",
             "Client requests the native express table (Rust core) served (outcome taken), or "
             "left to the Python express path and why (request, path, tenant, auth, "
-            "no connector, congested, budget, entropy)",
+            "no connector, queued, limit, congested, budget, entropy)",
             lambda: [(("taken",), table.taken)] + [((why,), n) for why, n in table.declined()],
             ("outcome",),
             const={"dialect": "tunnel"},
@@ -168,9 +172,6 @@ class NativeExpress:
         ack = tenant.ack_mode if tenant.ack_mode is not None else dialect.ack_mode
         return (
             ack == 0
-            and not tenant.max_concurrent
-            and not dialect.hub.default_limit
-            and not dialect.hub.least_inflight
             and dialect.records is None
             and (dialect.bridge is None or dialect.settings.shortcut)
         )
@@ -187,12 +188,30 @@ class NativeExpress:
         key = connector.tenant
         if not self.table.has_tenant(key):
             budget = self.dialect.hub.budget
-            try:
-                budget.take(key, LEASE)
-            except BudgetExceeded:
-                return  # the Python path serves the tenant (and says why it refuses)
-            self.table.set_tenant(key, tenant.name, tenant.require_authentication, LEASE)
+            if budget.check(key, LEASE) is not None:
+                # the Python path serves the tenant (and says why when it refuses a request;
+                # the lease is not one, so no refusal is counted for it)
+                return
+            budget.take(key, LEASE)
+            self._set_tenant(key, tenant, LEASE)
         self.table.add_connector(key, connector.peer.id, connector.binary)
+
+    def _set_tenant(self, key: str, tenant: Tenant, lease: int) -> None:
+        hub = self.dialect.hub
+        self.table.set_tenant(
+            key,
+            tenant.name,
+            tenant.require_authentication,
+            lease,
+            limit=tenant.max_concurrent or hub.default_limit,
+            least_inflight=hub.least_inflight,
+        )
+
+    def outside(self, key: str, queued: bool, group: list[ConnectorSession] | None) -> None:
+        """What the hub has of the tenant `key` (module docstring): jobs queued or not, and
+        its connectors' jobs in flight on the Python path."""
+        counts = [(c.peer.id, len(c.inflight)) for c in group if c.inflight] if group else []
+        self.table.outside(key, queued, counts)
 
     def connector_left(self, connector: ConnectorSession) -> None:
         conns, lease = self.table.connector_left(connector.tenant, connector.peer.id)
@@ -291,7 +310,7 @@ class NativeExpress:
             elif tenant is None or not eligible:
                 self.table.disable(key)  # its jobs in flight are still answered here
             else:
-                self.table.set_tenant(key, tenant.name, tenant.require_authentication, 0)
+                self._set_tenant(key, tenant, 0)
         if len(self.table) or connected:
             self._arm()
 
