@@ -1102,7 +1102,9 @@ pub mod py {
                     scratch.clear();
                     scratch.resize(payload.len(), 0);
                     payload.copy_to(scratch);
-                    if table.deliver_into(scratch, *binary, *connector, &mut ob.inner) {
+                    // `now`: the dialect's scan clock, the hub's (route records' times)
+                    let now = now as i64;
+                    if table.deliver_into(scratch, *binary, *connector, now, &mut ob.inner) {
                         Ok(None)
                     } else {
                         let declined = Some(TUNNEL_DECLINED.to_owned());

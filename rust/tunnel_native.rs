@@ -114,7 +114,32 @@ pub struct Job {
     pub client_done: bool,
     /// the request's head, for Python when it answers (`take`)
     pub head: Option<RequestHead>,
+    /// when the table took it (the caller's clock, ns): the route record's time in the relay
+    pub started: i64,
+    /// the request body's bytes (the route record's size)
+    pub body: u64,
 }
+
+/// The route record (`--records`) of a request the table answered: client.py's `_Record` of
+/// the same outcome, in the caller's clock (Python moves it into the records' clock when it
+/// takes them, `take_records`). No source: clients are anonymous; the route is `local`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TunnelRecord {
+    /// when the answer was made (ns)
+    pub time: i64,
+    /// `tenant/target`
+    pub dst: String,
+    pub size: u64,
+    pub outcome: &'static str,
+    pub reason: Option<&'static str>,
+    /// from the request's read to its answer (ns)
+    pub relay_ns: i64,
+}
+
+/// The records' reasons of a 503 (client.py's `CONNECTOR_UNAVAILABLE`) and of a 504 (client.py's
+/// `handle`).
+const CONNECTOR_UNAVAILABLE: &str = "connector unavailable";
+const RECORD_NO_ANSWER: &str = "no answer in time";
 
 /// Why a request was left to Python (counted by reason).
 pub type Decline = &'static str;
@@ -146,6 +171,27 @@ pub struct NativeTunnel {
     pub declined: HashMap<Decline, u64>,
     pub taken: u64,
     pub answered: u64,
+    /// route records are kept (`--records`) in `records`, for Python to take
+    pub recording: bool,
+    pub records: Vec<TunnelRecord>,
+}
+
+/// The route record of `job` answered at `now` (`name`: its tenant's).
+fn record_of(
+    job: &Job,
+    name: &str,
+    now: i64,
+    outcome: &'static str,
+    reason: Option<&'static str>,
+) -> TunnelRecord {
+    TunnelRecord {
+        time: now,
+        dst: format!("{name}/{}", job.target),
+        size: job.body,
+        outcome,
+        reason,
+        relay_ns: (now - job.started).max(0),
+    }
 }
 
 /// The job's request method (what the listener counts its answer under).
@@ -313,6 +359,7 @@ impl NativeTunnel {
         &mut self,
         key: &str,
         id: ConnId,
+        now: i64,
     ) -> (Vec<(ConnId, String)>, Option<u64>) {
         let gone: Vec<String> = self
             .jobs
@@ -324,7 +371,8 @@ impl NativeTunnel {
         for request_id in gone {
             if let Some(job) = self.remove(&request_id) {
                 if let Some(client) = job.client {
-                    self.count_answer(&job.tenant, "-".into(), 503);
+                    let name = self.count_answer(&job.tenant, "-".into(), 503);
+                    self.record(&job, &name, now, "rejected", Some(CONNECTOR_UNAVAILABLE));
                     clients.push((client, method_of(&job)));
                 }
             }
@@ -370,6 +418,21 @@ impl NativeTunnel {
             .entry((name.clone(), target, status))
             .or_default() += 1;
         name
+    }
+
+    /// The route record of the job's answer at `now`, when recording; `name` its tenant's.
+    fn record(
+        &mut self,
+        job: &Job,
+        name: &str,
+        now: i64,
+        outcome: &'static str,
+        reason: Option<&'static str>,
+    ) {
+        if self.recording {
+            self.records
+                .push(record_of(job, name, now, outcome, reason));
+        }
     }
 
     /// A token Python verified for the tenant `key`, good up to the second `until` (the
@@ -526,6 +589,8 @@ impl NativeTunnel {
                 target: target.to_owned(),
                 client_done: false,
                 head: None,
+                started: now,
+                body: body.len() as u64,
             },
         );
         self.taken += 1;
@@ -569,6 +634,7 @@ impl NativeTunnel {
         data: &[u8],
         binary: bool,
         connector: ConnId,
+        now: i64,
         outboxes: &mut Outboxes,
     ) -> (Option<ConnId>, bool) {
         if !self.by_connector.contains_key(&connector) {
@@ -593,6 +659,10 @@ impl NativeTunnel {
         let job = self.remove(&got.request_id).expect("looked up above");
         outboxes.push_marked(client, &got.bytes);
         let method = method_of(&job);
+        if self.recording {
+            let name = self.tenant_name(&job.tenant);
+            self.record(&job, &name, now, "delivered", None);
+        }
         let target = if got.status == 404 {
             "-".into()
         } else {
@@ -633,18 +703,25 @@ impl NativeTunnel {
     /// Clients whose answer was due by `now`, detached from their jobs (which run on, as
     /// the express path's do), each with its tenant's name: Python answers them 504.
     pub fn expired(&mut self, now: i64) -> Vec<(ConnId, String, String)> {
-        let mut out = Vec::new();
-        for job in self.jobs.values_mut() {
-            if let Some(client) = job.client {
-                if job.deadline <= now {
-                    job.client = None;
-                    out.push((client, job.tenant.clone(), method_of(job)));
-                }
+        let due: Vec<String> = self
+            .jobs
+            .iter()
+            .filter(|(_, j)| j.client.is_some() && j.deadline <= now)
+            .map(|(r, _)| r.clone())
+            .collect();
+        let mut out = Vec::with_capacity(due.len());
+        for request_id in due {
+            let job = self.jobs.get_mut(&request_id).expect("listed above");
+            let client = job.client.take().expect("listed above");
+            let (key, method) = (job.tenant.clone(), method_of(job));
+            self.by_client.remove(&client);
+            let name = self.count_answer(&key, "-".into(), 504);
+            if self.recording {
+                let job = &self.jobs[&request_id];
+                let record = record_of(job, &name, now, "expired", Some(RECORD_NO_ANSWER));
+                self.records.push(record);
             }
-        }
-        for (client, key, _) in &mut out {
-            self.by_client.remove(client);
-            *key = self.count_answer(key, "-".into(), 504);
+            out.push((client, name, method));
         }
         out
     }
@@ -731,11 +808,11 @@ mod tests {
         );
         // from another connector: not this job's
         assert_eq!(
-            t.deliver(deliver.as_bytes(), false, 8, &mut o),
+            t.deliver(deliver.as_bytes(), false, 8, 0, &mut o),
             (None, false)
         );
         assert_eq!(
-            t.deliver(deliver.as_bytes(), false, 9, &mut o),
+            t.deliver(deliver.as_bytes(), false, 9, 0, &mut o),
             (Some(1), true)
         );
         assert!(o.take(1).unwrap().starts_with(b"HTTP/1.1 200 OK\r\n"));
@@ -798,7 +875,7 @@ mod tests {
         assert!(due.iter().all(|(_, name, _)| name == "acme"));
         // the jobs run on until their connector answers or leaves
         assert_eq!(t.inflight("ACME"), 4);
-        let (clients, lease) = t.connector_left("ACME", 9);
+        let (clients, lease) = t.connector_left("ACME", 9, 0);
         assert!(clients.is_empty());
         assert_eq!(lease, Some(4 * t_size));
         assert!(t.tenants.is_empty());
@@ -835,13 +912,13 @@ mod tests {
         t.outside("ACME", true, &[]);
         o.open(1);
         assert_eq!(
-            t.deliver(deliver_of(&first).as_bytes(), false, 9, &mut o),
+            t.deliver(deliver_of(&first).as_bytes(), false, 9, 0, &mut o),
             (None, false)
         );
         assert_eq!(t.offer(&h, &body, 4, (0, 0), &mut o), Err("queued"));
         t.outside("ACME", false, &[]);
         assert_eq!(
-            t.deliver(deliver_of(&first).as_bytes(), false, 9, &mut o),
+            t.deliver(deliver_of(&first).as_bytes(), false, 9, 0, &mut o),
             (Some(1), true)
         );
         assert!(t.offer(&h, &body, 4, (0, 0), &mut o).is_ok());
@@ -867,7 +944,7 @@ mod tests {
         let b = t.offer(&h, &body, 2, (0, 0), &mut o).unwrap();
         assert_eq!((on(&t, &a), on(&t, &b)), (9, 8));
         // 9's job answered: 9 has none, 8 one
-        assert!(t.deliver(deliver_of(&a).as_bytes(), false, 9, &mut o).1);
+        assert!(t.deliver(deliver_of(&a).as_bytes(), false, 9, 0, &mut o).1);
         let c = t.offer(&h, &body, 3, (0, 0), &mut o).unwrap();
         assert_eq!(on(&t, &c), 9);
         // Python's jobs count too: 9 has two of them
@@ -878,6 +955,60 @@ mod tests {
     }
 
     #[test]
+    fn route_records_of_each_answer_when_recording() {
+        let mut o = Outboxes::new();
+        let mut t = table(&mut o);
+        o.open(1);
+        let (h, body) = head(POST);
+        let first = t.offer(&h, &body, 1, (5, 5), &mut o).unwrap();
+        t.deliver(deliver_of(&first).as_bytes(), false, 9, 12, &mut o);
+        assert!(t.records.is_empty(), "not recording");
+        t.recording = true;
+        let second = t.offer(&h, &body, 1, (20, 20), &mut o).unwrap();
+        t.deliver(deliver_of(&second).as_bytes(), false, 9, 27, &mut o);
+        t.offer(&h, &body, 2, (30, 30), &mut o).unwrap();
+        t.expired(30 + t.span);
+        t.offer(&h, &body, 3, (40, 40), &mut o).unwrap();
+        t.connector_left("ACME", 9, 50);
+        let got: Vec<_> = t
+            .records
+            .iter()
+            .map(|r| {
+                (
+                    r.time,
+                    r.dst.as_str(),
+                    r.size,
+                    r.outcome,
+                    r.reason,
+                    r.relay_ns,
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (27, "acme/app", 2, "delivered", None, 7),
+                (
+                    30 + t.span,
+                    "acme/app",
+                    2,
+                    "expired",
+                    Some(RECORD_NO_ANSWER),
+                    t.span
+                ),
+                (
+                    50,
+                    "acme/app",
+                    2,
+                    "rejected",
+                    Some(CONNECTOR_UNAVAILABLE),
+                    10
+                ),
+            ]
+        );
+    }
+
+    #[test]
     fn connector_left_names_the_waiting_clients() {
         let mut o = Outboxes::new();
         let mut t = table(&mut o);
@@ -885,7 +1016,7 @@ mod tests {
         t.offer(&h, &body, 1, (0, 0), &mut o).unwrap();
         t.offer(&h, &body, 2, (0, 0), &mut o).unwrap();
         t.abandon(2);
-        let (clients, lease) = t.connector_left("ACME", 9);
+        let (clients, lease) = t.connector_left("ACME", 9, 0);
         assert_eq!(clients, vec![(1, String::new())]);
         assert_eq!(lease, Some(1 << 20));
         assert_eq!(t.requests[&("acme".into(), "-".into(), 503)], 1);
@@ -1016,13 +1147,15 @@ pub mod py {
             data: &[u8],
             binary: bool,
             connector: ConnId,
+            now: i64,
         ) -> PyResult<bool> {
             let mut boxes = self.outboxes.bind(py).try_borrow_mut()?;
-            Ok(self.deliver_into(data, binary, connector, &mut boxes.inner))
+            Ok(self.deliver_into(data, binary, connector, now, &mut boxes.inner))
         }
 
         /// The job of `request_id` sent to `connector`, out of the table for Python to finish:
-        /// (client connection or None, its request, tenant key, target, deadline), or None.
+        /// (client connection or None, its request, tenant key, target, deadline, when the
+        /// table took it, its body's bytes), or None.
         #[allow(clippy::type_complexity)]
         fn take(
             &mut self,
@@ -1036,6 +1169,8 @@ pub mod py {
                 String,
                 String,
                 i64,
+                i64,
+                u64,
             )>,
         > {
             let Some(job) = self.inner.take(request_id, connector) else {
@@ -1049,7 +1184,15 @@ pub mod py {
                 Some(head) => Some(Py::new(py, HttpRequest::from_head(py, head))?),
                 None => None,
             };
-            Ok(Some((conn, request, job.tenant, job.target, job.deadline)))
+            Ok(Some((
+                conn,
+                request,
+                job.tenant,
+                job.target,
+                job.deadline,
+                job.started,
+                job.body,
+            )))
         }
 
         /// The client went away (its connection is lost).
@@ -1075,8 +1218,9 @@ pub mod py {
             py: Python<'_>,
             key: &str,
             connector: ConnId,
+            now: i64,
         ) -> PyResult<(Waiting, Option<u64>)> {
-            let (clients, lease) = self.inner.connector_left(key, connector);
+            let (clients, lease) = self.inner.connector_left(key, connector, now);
             Ok((self.conns(py, clients)?, lease))
         }
 
@@ -1176,6 +1320,29 @@ pub mod py {
             self.inner.answered
         }
 
+        /// Route records are kept for `take_records` (`--records`).
+        #[getter]
+        fn get_recording(&self) -> bool {
+            self.inner.recording
+        }
+
+        #[setter]
+        fn set_recording(&mut self, on: bool) {
+            self.inner.recording = on;
+        }
+
+        /// The route records kept since the last call, in the callers' clock: (time, dst,
+        /// size, outcome, reason, relay ns).
+        #[allow(clippy::type_complexity)]
+        fn take_records(
+            &mut self,
+        ) -> Vec<(i64, String, u64, &'static str, Option<&'static str>, i64)> {
+            std::mem::take(&mut self.inner.records)
+                .into_iter()
+                .map(|r| (r.time, r.dst, r.size, r.outcome, r.reason, r.relay_ns))
+                .collect()
+        }
+
         /// ((tenant name, target, status), count) of the answers written here and the 503s
         /// and 504s counted here.
         fn requests(&self) -> Vec<((String, String, String), u64)> {
@@ -1212,9 +1379,10 @@ pub mod py {
             data: &[u8],
             binary: bool,
             connector: ConnId,
+            now: i64,
             outboxes: &mut crate::forward::Outboxes,
         ) -> bool {
-            self.inner.deliver(data, binary, connector, outboxes).1
+            self.inner.deliver(data, binary, connector, now, outboxes).1
         }
     }
 

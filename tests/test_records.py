@@ -9,6 +9,7 @@ import argparse
 import fcntl
 import json
 import os
+import random
 import re
 import signal
 from pathlib import Path
@@ -30,10 +31,10 @@ from rmb_relay.telemetry.record_schema import (
     layout,
     read_table,
 )
-from rmb_relay.telemetry.records import Recorder
+from rmb_relay.telemetry.records import Channel, FullRecord, Recorder
 from tests.helpers import FakeClock, eventually
 from tests.record_files import write_v1
-from tests.tunnel_fixtures import StartTunnel
+from tests.tunnel_fixtures import StartTunnel, raw_client
 from tests.tunnel_fixtures import start_tunnel as start_tunnel
 
 #: 2023-11-14 22:59:59 UTC, one second before an hour boundary
@@ -355,17 +356,23 @@ async def test_mailbox_reports_expiry_and_overflow_losses() -> None:
     assert lost[1:] == [((5, None), 20, "expired"), ((5, None), 30, "expired")]
 
 
-async def test_tunnel_requests_are_recorded(start_tunnel: StartTunnel, tmp_path: Path) -> None:
+@pytest.mark.parametrize("native_table", [True, False])
+async def test_tunnel_requests_are_recorded(
+    start_tunnel: StartTunnel, tmp_path: Path, native_table: bool
+) -> None:
     """The tunnel dialect records each request where it is answered: delivered through a
-    local connector, refused for an unknown tenant, with the body size and the exchange time."""
-    tunnel = await start_tunnel()
+    local connector, refused for an unknown tenant, with the body size and the exchange time;
+    the same whether the native table (Rust) or the express path (Python) served it."""
+    tunnel = await start_tunnel(native_table=native_table)
     recorder = Recorder(tmp_path / "records", "t")
     recorder.start()
     tunnel.dialect.records = recorder.channel("tunnel")
     await tunnel.connect()
-    async with tunnel.client() as client:
-        assert (await client.post("/relay/acme/app/echo", content=b"x" * 300)).status_code == 200
-        assert (await client.get("/relay/nobody/app/echo")).status_code == 404
+    async with raw_client(tunnel) as client:  # (head and body in one read: the fast paths)
+        assert (await client.request("POST", "/relay/acme/app/echo", b"x" * 300))[0] == 200
+        assert (await client.request("GET", "/relay/nobody/app/echo"))[0] == 404
+    taken = tunnel.dialect.native.table.taken if tunnel.dialect.native is not None else 0
+    assert (taken, tunnel.dialect.metrics.express_taken) == ((1, 0) if native_table else (0, 1))
     await recorder.close()
     rows = read_table(tmp_path / "records").sort_by("time").to_pylist()
     assert [(r["dialect"], r["dst"], r["size"], r["route"], r["outcome"]) for r in rows] == [
@@ -374,3 +381,30 @@ async def test_tunnel_requests_are_recorded(start_tunnel: StartTunnel, tmp_path:
     ]
     assert rows[0]["relay_us"] > 0
     assert rows[1]["reason"] == "unknown tenant"
+
+
+def test_a_channels_sources_are_taken_with_its_records_and_sampled_alike() -> None:
+    """`Channel.add_source`: records kept elsewhere (the tunnel's native table) join the
+    channel's own at each take, once, and are sampled at the channel's rate."""
+    clock = FakeClock(T0)
+    kept: list[list[FullRecord]] = [
+        [(T0, None, "acme/app", 2, "local", "delivered", None, 5, None)]
+    ]
+    channel = Channel("tunnel", 1.0, clock)
+    channel.add_source(lambda: kept.pop() if kept else [])
+    channel.add(None, "acme/app", 3, "none", "rejected", "unknown tenant")
+    batch = channel.take(1.0)
+    assert batch is not None
+    assert [r[3] for r in batch.full] == [3, 2]
+    assert channel.take(1.0) is None
+    half = Channel("tunnel", 0.5, clock)
+    row: FullRecord = (T0, None, "a/b", 1, "local", "delivered", None, 5, None)
+    half.add_source(lambda: [row] * 1000)
+    state = random.getstate()
+    random.seed(13)  # (`add` draws from the module's generator: so do sources)
+    try:
+        batch = half.take(1.0)
+    finally:
+        random.setstate(state)
+    assert batch is not None
+    assert 400 < len(batch.full) < 600

@@ -15,6 +15,7 @@ from contextlib import AsyncExitStack
 import pytest
 
 from rmb_relay.protocols.tunnel.native import LEASE, PIPELINE, NativeExpress
+from rmb_relay.telemetry.records import Channel
 from tests.conftest import WAIT
 from tests.helpers import FakeClock, eventually
 from tests.tunnel_fixtures import (
@@ -452,3 +453,59 @@ async def test_least_inflight_counts_pythons_jobs_with_the_tables(
         tunnel.target.release.set()
         assert (await busy)[0] == 200
     _settled(tunnel)
+
+
+async def test_route_records_of_the_tables_answers_come_from_rust_at_each_take(
+    start_tunnel: StartTunnel,
+) -> None:
+    """`--records`: the table keeps a record per answer it makes or gives up (delivered, 504,
+    503) and the channel takes them at its flush, moved from the hub's clock into the
+    records' (two clocks apart by 4,000 s here); an answer Python finishes for the table
+    (a 500) is recorded by Python with the table's start. Each as the task path records it:
+    `tenant/target`, body size, route local, the time inside the relay."""
+    hub_clock = FakeClock()
+    records_clock = FakeClock(5_000_000_000_000)
+
+    def advance(seconds: float) -> None:
+        hub_clock.advance(seconds)
+        records_clock.advance(seconds)
+
+    tunnel = await start_tunnel(clock=hub_clock, request_ttl=0.2, response_timeout=0.2)
+    channel = Channel("tunnel", 1.0, records_clock)
+    tunnel.dialect.records = channel
+    native = tunnel.dialect.native
+    assert native is not None
+    async with raw_connector(tunnel) as ws:
+        assert native.table.recording
+        for status, size in [(200, 2), (500, 5)]:
+            async with raw_client(tunnel) as client:
+                answer = asyncio.ensure_future(
+                    client.request("POST", "/relay/acme/app/x", b"hi!!!"[:size])
+                )
+                argument = json.loads(await ws.receive_str(timeout=WAIT))["arguments"][0]
+                advance(0.003)
+                await ws.send_str(deliver_text(argument, status, b"ok"))
+                assert (await answer)[0] == status
+        async with raw_client(tunnel) as client:
+            answer = asyncio.ensure_future(client.request("GET", "/relay/acme/app/x"))
+            await ws.receive_str(timeout=WAIT)
+            advance(0.4 + 0.001)
+            assert (await answer)[0] == 504
+    async with raw_client(tunnel) as client:
+        async with raw_connector(tunnel) as ws:
+            answer = asyncio.ensure_future(client.request("GET", "/relay/acme/app/y"))
+            await ws.receive_str(timeout=WAIT)
+            advance(0.002)
+        assert (await answer)[0] == 503
+    assert _native(tunnel) == 4
+    batch = channel.take(1.0)
+    assert batch is not None
+    rows = sorted(batch.full, key=lambda r: r[0])
+    assert [r[1:] for r in rows] == [
+        (None, "acme/app", 2, "local", "delivered", None, 3_000_000, None),
+        (None, "acme/app", 5, "local", "delivered", None, 3_000_000, None),
+        (None, "acme/app", 0, "local", "expired", "no answer in time", 401_000_000, None),
+        (None, "acme/app", 0, "local", "rejected", "connector unavailable", 2_000_000, None),
+    ]
+    assert rows[-1][0] == records_clock.now
+    assert channel.take(1.0) is None  # taken once

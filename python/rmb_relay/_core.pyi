@@ -1012,17 +1012,21 @@ class NativeTunnel:
     ) -> list[HttpRequest | HttpData | HttpEnd | HttpViolation] | None:
         """None when the request was served here, else the read's events. `now`: the hub's
         clock (ns); `wall`: the tokens' clock (unix seconds)."""
-    def deliver(self, data: bytes, binary: bool, connector: int) -> bool:
-        """True when the connector's message was answered or dropped here."""
+    def deliver(self, data: bytes, binary: bool, connector: int, now: int) -> bool:
+        """True when the connector's message was answered or dropped here (`now`: the hub's
+        clock, for the route record)."""
     def take(
         self, request_id: str, connector: int
-    ) -> tuple[Any | None, HttpRequest | None, str, str, int] | None:
-        """(client connection or None, its request, tenant key, target, deadline), taken out."""
+    ) -> tuple[Any | None, HttpRequest | None, str, str, int, int, int] | None:
+        """(client connection or None, its request, tenant key, target, deadline, when the
+        table took it, body bytes), taken out."""
     def abandon(self, client: int) -> None: ...
     def client_done(self, client: int) -> None: ...
     def expired(self, now: int) -> list[tuple[Any, str]]:
         """(connection, method) of the clients whose answer was due by `now`."""
-    def connector_left(self, key: str, connector: int) -> tuple[list[tuple[Any, str]], int | None]:
+    def connector_left(
+        self, key: str, connector: int, now: int
+    ) -> tuple[list[tuple[Any, str]], int | None]:
         """(connection, method) of the waiting clients, and the lease when no connector is left."""
     def close(self) -> tuple[list[tuple[Any, str]], int]: ...
     def set_tenant(
@@ -1053,6 +1057,13 @@ class NativeTunnel:
     def taken(self) -> int: ...
     @property
     def answered(self) -> int: ...
+    @property
+    def recording(self) -> bool:
+        """Route records are kept for `take_records` (`--records`)."""
+    @recording.setter
+    def recording(self, on: bool) -> None: ...
+    def take_records(self) -> list[tuple[int, str, int, str, str | None, int]]:
+        """(time, dst, size, outcome, reason, relay ns) of the answers since the last call."""
     def requests(self) -> list[tuple[tuple[str, str, str], int]]: ...
     def http_answers(self) -> list[tuple[tuple[str, str], int]]: ...
     def declined(self) -> list[tuple[str, int]]: ...

@@ -17,6 +17,8 @@ cost the forwarding path next to nothing and must never make it wait:
 - Everything else (mailbox, federation outcomes, drops, expiry, the tunnel) is rarer and calls
   `Channel.add` with every field, once the message's outcome is known: a forward queued for
   another instance's Redis stream is recorded when Redis answered (`switch.QueuedForward`).
+  The tunnel's native express table keeps its requests' records with every field in Rust and
+  the channel takes them at each flush (`Channel.add_source`): no Python call per request.
 - Every `FLUSH_INTERVAL` the event loop takes the buffers (the Rust columns move out without a
   copy) and hands them to the writer process (record_process.py): the columns are copied into
   shared memory the writer maps, a small frame saying where goes down its stdin pipe
@@ -89,6 +91,7 @@ class Channel:
         "_full",
         "_sampler",
         "_scan_clock",
+        "_sources",
         "clock",
         "dialect",
         "names",
@@ -103,6 +106,8 @@ class Channel:
         self.sample = sample
         self.clock = clock
         self._full: list[FullRecord] = []
+        #: what `add_source` added: called at each `take`
+        self._sources: list[Callable[[], list[FullRecord]]] = []
         #: the scanners' buffer
         self.native = RecordBuffer()
         #: the names (base64url) of the SBD keys `native` interned, by key id
@@ -152,6 +157,12 @@ class Channel:
         relay_ns = None if received is None else max(0, now - received)
         self._full.append((now, src, dst, size, route, outcome, reason, relay_ns, remote))
 
+    def add_source(self, source: Callable[[], list[FullRecord]]) -> None:
+        """Records kept elsewhere (the tunnel's native table keeps them in Rust), as `add`
+        would have made them, in this channel's clock: `source` gives the ones since its last
+        call at each `take`, and they are sampled here as `add` samples."""
+        self._sources.append(source)
+
     def take(self, weight: float) -> Batch | None:
         """The records so far as one batch (None if there are none); the buffers start over.
         The batch carries the key names the writer does not have yet (`names_sent`)."""
@@ -159,6 +170,12 @@ class Channel:
         self._sync_offset()
         self.names += [base64.urlsafe_b64encode(key).rstrip(b"=").decode() for key in keys]
         full, self._full = self._full, []
+        for source in self._sources:
+            more = source()
+            if self.sample < 1.0:
+                sample = self.sample
+                more = [r for r in more if random.random() < sample]
+            full += more
         rows = len(time_us)
         columns: Sequence[Column | memoryview] | None = None
         if rows and self._sampler is not None:

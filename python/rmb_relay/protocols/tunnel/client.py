@@ -85,6 +85,23 @@ class _Record:
         self.route = "none"
         self.size = 0
 
+    @classmethod
+    def local(
+        cls, dialect: TunnelDialect, dst: str, size: int, started: int | None = None
+    ) -> _Record | None:
+        """The record of a request going to a connector here (the express path, a job the
+        native table hands back), or None when not recording: `dst` is `tenant/target`,
+        `started` when the relay got the request in the records' clock (default: now)."""
+        if dialect.records is None:
+            return None
+        record = cls(dialect)
+        record.dst = dst
+        record.size = size
+        record.route = "local"
+        if started is not None:
+            record.started = started
+        return record
+
     def __call__(self, outcome: str, reason: str | None = None) -> None:
         if self.channel is not None:
             self.channel.add(

@@ -133,6 +133,9 @@ class TunnelDialect(Dialect):
             clock=clock,
             budget=ByteBudget(key_bytes=settings.tenant_bytes, total_bytes=settings.total_bytes),
         )
+        #: the connectors' reads carry the hub's clock into the native table's scanner (the
+        #: times of its route records, `--records`)
+        self.scan_clock = clock
         self._sweeper: asyncio.Task[None] | None = None
         #: the response deadlines of requests on the express path (express.py)
         self.express_deadlines = express.Deadlines(settings.request_ttl + settings.response_timeout)

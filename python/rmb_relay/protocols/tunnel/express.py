@@ -18,7 +18,6 @@ Taken here (`offer` returns the abandon call) only when all of these hold, else 
   (`TokenAuthority.known`, verified.py); any other token (new, expired, badly signed, another
   tenant's, absent) is declined, and the task path checks it fully and answers 401 itself
   (or serves it and remembers it, so the next request with it comes here);
-- no route records (`--records`) — the task path records them;
 - a connector of the tenant is connected to this relay (shortcut on, or no Redis), none of the
   tenant's requests is queued, and the tenant is under its concurrency limit, so the job goes
   out at once and never waits in the queue;
@@ -129,13 +128,17 @@ class Deadlines:
 class ExpressReply:
     """The job's waiter (hub.Waiter): writes the client's answer when the outcome is set."""
 
-    __slots__ = ("client", "dialect", "finished", "job")
+    __slots__ = ("client", "dialect", "finished", "job", "record")
 
-    def __init__(self, dialect: TunnelDialect, client: ExpressClient) -> None:
+    def __init__(
+        self, dialect: TunnelDialect, client: ExpressClient, record: _Record | None = None
+    ) -> None:
         self.dialect = dialect
         self.client = client
         self.finished = False
         self.job: Job | None = None
+        #: the request's route record (`--records`; None: not recording)
+        self.record = record
 
     def done(self) -> bool:
         return self.finished
@@ -154,7 +157,8 @@ class ExpressReply:
         job = self._finish()
         assert job is not None
         try:
-            response = respond(self.dialect, job, outcome, _Record(self.dialect))
+            record = self.record if self.record is not None else _Record(self.dialect)
+            response = respond(self.dialect, job, outcome, record)
         except Exception:
             # runs inside the connector's read: an answer we cannot build must cost this
             # client a 500 (as the task path's `_serve` gives), not the connector's session
@@ -170,6 +174,8 @@ class ExpressReply:
         assert job is not None
         self.dialect.hub.abandon(job)
         self.dialect.metrics.requests.inc(1, job.request.tenant_name, "-", "504")
+        if self.record is not None:
+            self.record("expired", "no answer in time")  # (client.py's)
         self.client.express_answer(_status(504, NO_ANSWER_IN_TIME))
 
     def abandon(self) -> None:
@@ -202,6 +208,8 @@ def deliver_native(hub: Hub, connector: ConnectorSession, data: bytes) -> bool:
     if not reply.client.express_answer_encoded(status, answer):
         return False
     reply._finish()
+    if reply.record is not None:
+        reply.record("delivered")  # (as `respond` records it)
     wire = job.request
     metrics = hub.metrics
     metrics.native_answers += 1
@@ -224,9 +232,6 @@ def offer(
     metrics = dialect.metrics
     if len(parts) < 4 or parts[1] != "relay":
         metrics.express.inc(1, "path")
-        return None
-    if dialect.records is not None:
-        metrics.express.inc(1, "records")
         return None
     tenant_part = parts[2]
     target = parts[3]
@@ -302,7 +307,7 @@ def offer(
         size,
         body or None,
     )
-    reply = ExpressReply(dialect, client)
+    reply = ExpressReply(dialect, client, _Record.local(dialect, f"{tenant.name}/{target}", size))
     job = Job(wire, key, now + ttl, reply, tenant.max_concurrent, ack_token=ack_token)
     try:
         if text is None:

@@ -55,7 +55,7 @@ class TunnelMetrics:
         self.express = registry.counter_of(
             "rmb_relay_tunnel_express_total",
             "Relay-mode requests offered to the express path (express.py): taken, or declined "
-            "to the task path and why (path, tenant, auth, records, no connector, queued, "
+            "to the task path and why (path, tenant, auth, no connector, queued, "
             "limit, budget)",
             lambda: [(("taken",), self.express_taken)],
             ("outcome",),

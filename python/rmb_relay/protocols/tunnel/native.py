@@ -26,6 +26,9 @@ same way, by the connector websocket's scanner (`TunnelScanner`) inside the deco
 - tenants' settings: a connected tenant whose settings change (management API, or the
   tenant cache's TTL) is checked again at the next tick (one runs while any connector is
   connected): disabled here if it is no longer eligible, registered if it became eligible;
+- route records (`--records`): the table keeps them in Rust, with every field, and the
+  records' channel takes them at its flush (`_records`, `Channel.add_source`); one answered
+  in Python keeps the table's start (`adopt`);
 - the hub's own jobs of a tenant (`outside`, after each change the hub makes): a concurrency
   limit and least in flight count them with the table's, and while the hub has some queued
   the table leaves the tenant's new requests and answers to it, so the queue is served first
@@ -45,7 +48,12 @@ from typing import TYPE_CHECKING
 
 from rmb_relay._core import NativeTunnel, TunnelScanner
 from rmb_relay.clock import NS
-from rmb_relay.protocols.tunnel.client import CONNECTOR_UNAVAILABLE, NO_ANSWER_IN_TIME, _status
+from rmb_relay.protocols.tunnel.client import (
+    CONNECTOR_UNAVAILABLE,
+    NO_ANSWER_IN_TIME,
+    _Record,
+    _status,
+)
 from rmb_relay.protocols.tunnel.tenants import normalize
 
 if TYPE_CHECKING:
@@ -54,6 +62,7 @@ if TYPE_CHECKING:
     from rmb_relay.protocols.tunnel.dialect import TunnelDialect
     from rmb_relay.protocols.tunnel.hub import ConnectorSession, Job
     from rmb_relay.protocols.tunnel.tenants import Tenant
+    from rmb_relay.telemetry.records import FullRecord
 
 log = logging.getLogger("rmb_relay.tunnel")
 
@@ -170,11 +179,7 @@ class NativeExpress:
     def eligible(self, tenant: Tenant) -> bool:
         dialect = self.dialect
         ack = tenant.ack_mode if tenant.ack_mode is not None else dialect.ack_mode
-        return (
-            ack == 0
-            and dialect.records is None
-            and (dialect.bridge is None or dialect.settings.shortcut)
-        )
+        return ack == 0 and (dialect.bridge is None or dialect.settings.shortcut)
 
     def connector_joined(self, connector: ConnectorSession) -> None:
         """The table serves the connector's tenant when it is eligible; else the tick looks
@@ -182,6 +187,10 @@ class NativeExpress:
         if self.loop is None:
             self.loop = asyncio.get_running_loop()
         self._arm()
+        channel = self.dialect.records  # (set after the dialect is built: looked at here)
+        if channel is not None and not self.table.recording:
+            self.table.recording = True
+            channel.add_source(self._records)
         tenant = self.dialect.tenants.get(connector.tenant_name)
         if tenant is None or not self.eligible(tenant):
             return
@@ -195,6 +204,19 @@ class NativeExpress:
             budget.take(key, LEASE)
             self._set_tenant(key, tenant, LEASE)
         self.table.add_connector(key, connector.peer.id, connector.binary)
+
+    def _records(self) -> list[FullRecord]:
+        """The table's route records since the last call, as `Channel.add` makes them (the
+        channel's `add_source`): moved into the records' clock, route `local`."""
+        channel = self.dialect.records
+        taken = self.table.take_records()
+        if channel is None or not taken:
+            return []
+        offset = channel.clock() - self.clock()
+        return [
+            (time + offset, None, dst, size, "local", outcome, reason, relay_ns, None)
+            for time, dst, size, outcome, reason, relay_ns in taken
+        ]
 
     def _set_tenant(self, key: str, tenant: Tenant, lease: int) -> None:
         hub = self.dialect.hub
@@ -214,7 +236,7 @@ class NativeExpress:
         self.table.outside(key, queued, counts)
 
     def connector_left(self, connector: ConnectorSession) -> None:
-        conns, lease = self.table.connector_left(connector.tenant, connector.peer.id)
+        conns, lease = self.table.connector_left(connector.tenant, connector.peer.id, self.clock())
         _answer(conns, 503, CONNECTOR_UNAVAILABLE)
         if lease:
             self.dialect.hub.budget.release(connector.tenant, lease)
@@ -241,7 +263,7 @@ class NativeExpress:
 
     def deliver(self, connector: ConnectorSession, data: bytes) -> bool:
         """A connector's message answered (or dropped) by the table: True."""
-        return self.table.deliver(data, connector.binary, connector.peer.id)
+        return self.table.deliver(data, connector.binary, connector.peer.id, self.clock())
 
     def scanner(self, connector: ConnectorSession) -> TunnelScanner:
         """The decoder's scanner of `connector`'s websocket: `deliver` inside its `feed`."""
@@ -257,12 +279,16 @@ class NativeExpress:
         got = self.table.take(request_id, connector.peer.id)
         if got is None:
             return None
-        conn, request, key, target, deadline = got
+        conn, request, key, target, deadline, started, size = got
         dialect = self.dialect
         hub = dialect.hub
         reply = None
         if conn is not None and request is not None and conn.adopt_native(request):
-            reply = ExpressReply(dialect, conn)
+            channel = dialect.records
+            if channel is not None:  # (into the records' clock)
+                started += channel.clock() - self.clock()
+            dst = f"{connector.tenant_name}/{target}"
+            reply = ExpressReply(dialect, conn, _Record.local(dialect, dst, size, started))
             dialect.express_deadlines.live += 1  # (its `_finish` counts it out)
         wire = ClientRequest(
             request_id,
