@@ -19,7 +19,7 @@
 //! - the whole request (head and a Content-Length body of at most `max_body`) is this read,
 //!   nothing after it; not HEAD, not an upgrade, no `Expect`, kept alive, one `Host`;
 //! - `/relay/{tenant}/{target}/...` with both segments free of `%`, the tenant registered
-//!   here (`set_tenant`: acknowledge mode disabled) with a connector whose outbox accepts, and
+//!   here (`set_tenant`: acknowledge mode 0, 1 or 2) with a connector whose outbox accepts, and
 //!   the bearer token, when the tenant requires one, one the relay verified (`add_token`) for
 //!   this tenant and not past its end;
 //! - nothing of the tenant queued on the Python path (`outside`: a request here would overtake
@@ -32,6 +32,13 @@
 //! - 16 bytes of the caller's entropy are left for the request id (a version-4 UUID, as
 //!   ids.py makes them; `refill`).
 //!
+//! Acknowledge modes 1 (ConnectorReceived) and 2 (ConnectorFinished) as hub.py keeps them: the
+//! job stays here until its connector acknowledged it *and* answered it (the client's answer
+//! does not wait for the acknowledgement); it keeps a copy of its body until acknowledged, so
+//! that when its connector leaves first `connector_left` hands it to Python to send again
+//! (at least once: the target may see it twice). The connector's `Acknowledge` is taken by
+//! the same scanner as its `Deliver`s.
+//!
 //! Sans-I/O: the time is an argument (the dialect's clock, ns), randomness comes from Python.
 
 use std::collections::HashMap;
@@ -41,7 +48,9 @@ use crate::forward::{IdHasher, Outboxes};
 use crate::http::{Framing, RequestHead};
 use crate::routes::ConnId;
 use crate::tunnel_express::{answer, request_headers};
-use crate::tunnel_wire::{encode_client_request, ClientRequestRef, Json, Msgpack};
+use crate::tunnel_wire::{
+    decode, encode_client_request, ClientRequestRef, FieldValue, Json, Msgpack,
+};
 use crate::ws::{OP_BINARY, OP_TEXT};
 
 type IdMap<V> = HashMap<ConnId, V, BuildHasherDefault<IdHasher>>;
@@ -96,6 +105,8 @@ pub struct Tenant {
     next: usize,
     /// new requests are served here (false: declined, jobs in flight still answered)
     pub enabled: bool,
+    /// the acknowledge mode its requests are sent with (0, 1 or 2)
+    pub ack_mode: u8,
 }
 
 /// A request sent to a connector and not answered yet.
@@ -118,6 +129,15 @@ pub struct Job {
     pub started: i64,
     /// the request body's bytes (the route record's size)
     pub body: u64,
+    /// the acknowledge mode it was sent with (0, 1 or 2)
+    pub ack_mode: u8,
+    /// its connector acknowledged it (mode 0: from the start)
+    pub acked: bool,
+    /// no longer in flight: its connector's `Deliver` came (the client was answered, or had
+    /// gone; in the table it is then kept only to be acknowledged), or it left the table
+    pub answered: bool,
+    /// the request body, while not acknowledged (sent again if its connector leaves)
+    pub body_copy: Option<Vec<u8>>,
 }
 
 /// The route record (`--records`) of a request the table answered: client.py's `_Record` of
@@ -140,6 +160,20 @@ pub struct TunnelRecord {
 /// `handle`).
 const CONNECTOR_UNAVAILABLE: &str = "connector unavailable";
 const RECORD_NO_ANSWER: &str = "no answer in time";
+
+/// What a connector that left leaves to Python (`NativeTunnel::connector_left`).
+#[derive(Debug, Default)]
+pub struct Left {
+    /// clients still waiting whose job the connector had acknowledged (or mode 0): Python
+    /// answers them 503 (counted here), with the request method
+    pub clients: Vec<(ConnId, String)>,
+    /// jobs not acknowledged, by request id, out of the table: Python sends them again (at
+    /// least once), answering their client if it still waits
+    pub again: Vec<(String, Job)>,
+    /// the tenant's lease when it has no connector left (the tenant is forgotten; Python
+    /// gives the lease back to the budget)
+    pub lease: Option<u64>,
+}
 
 /// Why a request was left to Python (counted by reason).
 pub type Decline = &'static str;
@@ -171,6 +205,9 @@ pub struct NativeTunnel {
     pub declined: HashMap<Decline, u64>,
     pub taken: u64,
     pub answered: u64,
+    /// jobs not acknowledged yet (modes 1 and 2): while there are none, a connector's
+    /// message that is not a `Deliver` is not looked at for an `Acknowledge`
+    pub unacked: u32,
     /// route records are kept (`--records`) in `records`, for Python to take
     pub recording: bool,
     pub records: Vec<TunnelRecord>,
@@ -191,6 +228,32 @@ fn record_of(
         outcome,
         reason,
         relay_ns: (now - job.started).max(0),
+    }
+}
+
+/// The job is no longer in flight (answered, or leaving the table): its client and the
+/// in-flight counts let go of, once. (The table's maps, borrowed apart from its jobs.)
+fn settle(
+    job: &mut Job,
+    tenants: &mut HashMap<String, Tenant>,
+    by_connector: &mut IdMap<u32>,
+    by_client: &mut IdMap<String>,
+) {
+    if job.answered {
+        return;
+    }
+    job.answered = true;
+    if let Some(client) = job.client {
+        by_client.remove(&client);
+    }
+    if let Some(t) = tenants.get_mut(&job.tenant) {
+        t.inflight -= 1;
+    }
+    if let Some(n) = by_connector.get_mut(&job.connector) {
+        *n -= 1;
+        if *n == 0 {
+            by_connector.remove(&job.connector);
+        }
     }
 }
 
@@ -271,6 +334,7 @@ impl NativeTunnel {
         require_auth: bool,
         lease: u64,
         sharing: Sharing,
+        ack_mode: u8,
     ) {
         let t = self
             .tenants
@@ -287,12 +351,14 @@ impl NativeTunnel {
                 connectors: Vec::new(),
                 next: 0,
                 enabled: true,
+                ack_mode,
             });
         t.name = name.to_owned();
         t.require_auth = require_auth;
         t.lease += lease;
         t.sharing = sharing;
         t.enabled = true;
+        t.ack_mode = ack_mode;
     }
 
     /// What Python's hub has of the tenant: jobs queued or not, and its jobs in flight by
@@ -352,40 +418,35 @@ impl NativeTunnel {
         }
     }
 
-    /// The connector is gone: its jobs leave the table. The clients still waiting, for Python
-    /// to answer 503 (counted here), and the tenant's lease when it has no connector left
-    /// (the tenant is forgotten; Python gives the lease back to the budget).
-    pub fn connector_left(
-        &mut self,
-        key: &str,
-        id: ConnId,
-        now: i64,
-    ) -> (Vec<(ConnId, String)>, Option<u64>) {
+    /// The connector is gone: its jobs leave the table (`Left`).
+    pub fn connector_left(&mut self, key: &str, id: ConnId, now: i64) -> Left {
         let gone: Vec<String> = self
             .jobs
             .iter()
             .filter(|(_, j)| j.connector == id)
             .map(|(r, _)| r.clone())
             .collect();
-        let mut clients = Vec::new();
+        let mut left = Left::default();
         for request_id in gone {
-            if let Some(job) = self.remove(&request_id) {
-                if let Some(client) = job.client {
-                    let name = self.count_answer(&job.tenant, "-".into(), 503);
-                    self.record(&job, &name, now, "rejected", Some(CONNECTOR_UNAVAILABLE));
-                    clients.push((client, method_of(&job)));
-                }
+            let Some(job) = self.remove(&request_id) else {
+                continue;
+            };
+            if !job.acked {
+                left.again.push((request_id, job));
+            } else if let Some(client) = job.client {
+                let name = self.count_answer(&job.tenant, "-".into(), 503);
+                self.record(&job, &name, now, "rejected", Some(CONNECTOR_UNAVAILABLE));
+                left.clients.push((client, method_of(&job)));
             }
         }
-        let mut lease = None;
         if let Some(t) = self.tenants.get_mut(key) {
             t.connectors.retain(|c| c.id != id);
             if t.connectors.is_empty() && t.held == 0 {
-                lease = Some(t.lease);
+                left.lease = Some(t.lease);
                 self.tenants.remove(key);
             }
         }
-        (clients, lease)
+        left
     }
 
     /// Every tenant forgotten, every job dropped (the relay is shutting down): the clients
@@ -401,6 +462,7 @@ impl NativeTunnel {
         self.by_client.clear();
         self.by_connector.clear();
         self.tenants.clear();
+        self.unacked = 0;
         (clients, lease)
     }
 
@@ -552,7 +614,7 @@ impl NativeTunnel {
             http_method: &head.method,
             url: &url,
             http_headers: &headers,
-            acknowledge_mode: 0,
+            acknowledge_mode: i64::from(t.ack_mode),
             acknowledge_origin_id: Some(&self.origin_id),
             original_body_size: length,
             body_size: length,
@@ -573,6 +635,7 @@ impl NativeTunnel {
             out.copy_from_slice(&message)
         });
         let t = self.tenants.get_mut(&key).expect("looked up above");
+        let ack_mode = t.ack_mode;
         t.next = index + 1;
         t.held += size;
         t.inflight += 1;
@@ -591,8 +654,15 @@ impl NativeTunnel {
                 head: None,
                 started: now,
                 body: body.len() as u64,
+                ack_mode,
+                acked: ack_mode == 0,
+                answered: false,
+                body_copy: (ack_mode != 0).then(|| body.to_vec()),
             },
         );
+        if ack_mode != 0 {
+            self.unacked += 1;
+        }
         self.taken += 1;
         Ok(request_id)
     }
@@ -604,23 +674,59 @@ impl NativeTunnel {
         }
     }
 
-    /// The job leaves the table: its lease bytes and its connector's count are given back.
+    /// The job leaves the table: its lease bytes (and, in flight, its counts) are given back.
     fn remove(&mut self, request_id: &str) -> Option<Job> {
-        let job = self.jobs.remove(request_id)?;
-        if let Some(client) = job.client {
-            self.by_client.remove(&client);
-        }
+        let mut job = self.jobs.remove(request_id)?;
         if let Some(t) = self.tenants.get_mut(&job.tenant) {
             t.held -= job.size;
-            t.inflight -= 1;
         }
-        if let Some(n) = self.by_connector.get_mut(&job.connector) {
-            *n -= 1;
-            if *n == 0 {
-                self.by_connector.remove(&job.connector);
-            }
+        settle(
+            &mut job,
+            &mut self.tenants,
+            &mut self.by_connector,
+            &mut self.by_client,
+        );
+        if !job.acked {
+            self.unacked -= 1;
         }
         Some(job)
+    }
+
+    /// The job's `Deliver` came: when acknowledged, it leaves the table (returned); else it
+    /// stays, answered and without its client, until acknowledged or its connector leaves.
+    fn finish(&mut self, request_id: &str) -> Option<Job> {
+        let job = self.jobs.get_mut(request_id)?;
+        if job.acked {
+            return self.remove(request_id);
+        }
+        settle(
+            job,
+            &mut self.tenants,
+            &mut self.by_connector,
+            &mut self.by_client,
+        );
+        job.client = None;
+        None
+    }
+
+    /// The connector's `Acknowledge` of `request_id`: the job is done when answered too.
+    /// False: not a job of this table sent to that connector (Python says so).
+    pub fn acknowledge(&mut self, request_id: &str, connector: ConnId) -> bool {
+        let Some(job) = self.jobs.get_mut(request_id) else {
+            return false;
+        };
+        if job.connector != connector {
+            return false;
+        }
+        if !job.acked {
+            job.acked = true;
+            job.body_copy = None;
+            self.unacked -= 1;
+            if job.answered {
+                self.remove(request_id);
+            }
+        }
+        true
     }
 
     /// A connector's message: when it is the `Deliver` of a job of this table sent to that
@@ -637,11 +743,12 @@ impl NativeTunnel {
         now: i64,
         outboxes: &mut Outboxes,
     ) -> (Option<ConnId>, bool) {
-        if !self.by_connector.contains_key(&connector) {
+        if self.unacked == 0 && !self.by_connector.contains_key(&connector) {
             return (None, false);
         }
         let Some(got) = answer(data, binary) else {
-            return (None, false);
+            let done = self.unacked > 0 && self.acknowledge_message(data, binary, connector);
+            return (None, done);
         };
         let Some(job) = self.jobs.get(&got.request_id) else {
             return (None, false);
@@ -649,29 +756,64 @@ impl NativeTunnel {
         if job.connector != connector || self.tenants.get(&job.tenant).is_some_and(|t| t.queued) {
             return (None, false);
         }
+        if job.answered {
+            return (None, true); // a second `Deliver`: dropped, as the hub drops it
+        }
         let Some(client) = job.client else {
-            self.remove(&got.request_id);
+            self.finish(&got.request_id);
             return (None, true);
         };
         if job.client_done || got.status >= 400 {
             return (None, false);
         }
-        let job = self.remove(&got.request_id).expect("looked up above");
         outboxes.push_marked(client, &got.bytes);
-        let method = method_of(&job);
-        if self.recording {
-            let name = self.tenant_name(&job.tenant);
-            self.record(&job, &name, now, "delivered", None);
+        let (key, target, method, record) = match self.finish(&got.request_id) {
+            Some(job) => {
+                let record = self.recording.then(|| {
+                    let name = self.tenant_name(&job.tenant);
+                    record_of(&job, &name, now, "delivered", None)
+                });
+                let method = method_of(&job);
+                (job.tenant, job.target, method, record)
+            }
+            None => {
+                // kept until acknowledged
+                let job = &self.jobs[&got.request_id];
+                let record = self.recording.then(|| {
+                    let name = self.tenant_name(&job.tenant);
+                    record_of(job, &name, now, "delivered", None)
+                });
+                (
+                    job.tenant.clone(),
+                    job.target.clone(),
+                    method_of(job),
+                    record,
+                )
+            }
+        };
+        if let Some(record) = record {
+            self.records.push(record);
         }
         let target = if got.status == 404 {
             "-".into()
         } else {
-            job.target
+            target
         };
-        self.count_answer(&job.tenant, target, got.status);
+        self.count_answer(&key, target, got.status);
         *self.http.entry((method, got.status)).or_default() += 1;
         self.answered += 1;
         (Some(client), true)
+    }
+
+    /// `data` as an `Acknowledge` of a job of this table sent to `connector`: taken (true).
+    fn acknowledge_message(&mut self, data: &[u8], binary: bool, connector: ConnId) -> bool {
+        match decode(data, binary) {
+            Ok(("Acknowledge", fields)) => match fields.get(1) {
+                Some(FieldValue::Str(request_id)) => self.acknowledge(request_id, connector),
+                _ => false,
+            },
+            _ => false,
+        }
     }
 
     /// The job of `request_id` sent to `connector`, out of the table for Python to finish.
@@ -756,7 +898,7 @@ mod tests {
     fn table(outboxes: &mut Outboxes) -> NativeTunnel {
         let mut t = NativeTunnel::new("origin".into(), 120_000_000_000, 150_000_000_000, 16384);
         t.refill(&(0u8..64).collect::<Vec<_>>());
-        t.set_tenant("ACME", "acme", false, 1 << 20, Sharing::default());
+        t.set_tenant("ACME", "acme", false, 1 << 20, Sharing::default(), 0);
         outboxes.open(9);
         t.add_connector("ACME", 9, true);
         t
@@ -845,7 +987,7 @@ mod tests {
     fn tokens_budget_entropy_and_deadlines() {
         let mut o = Outboxes::new();
         let mut t = table(&mut o);
-        t.set_tenant("ACME", "acme", true, 0, Sharing::default());
+        t.set_tenant("ACME", "acme", true, 0, Sharing::default(), 0);
         let raw = b"GET /relay/acme/app HTTP/1.1\r\nHost: h\r\nAuthorization: Bearer tok\r\n\r\n";
         let (h, body) = head(raw);
         assert_eq!(t.offer(&h, &body, 1, (0, 0), &mut o), Err("auth"));
@@ -875,7 +1017,12 @@ mod tests {
         assert!(due.iter().all(|(_, name, _)| name == "acme"));
         // the jobs run on until their connector answers or leaves
         assert_eq!(t.inflight("ACME"), 4);
-        let (clients, lease) = t.connector_left("ACME", 9, 0);
+        let Left {
+            clients,
+            again,
+            lease,
+        } = t.connector_left("ACME", 9, 0);
+        assert!(again.is_empty());
         assert!(clients.is_empty());
         assert_eq!(lease, Some(4 * t_size));
         assert!(t.tenants.is_empty());
@@ -900,7 +1047,7 @@ mod tests {
             limit: 2,
             least_inflight: false,
         };
-        t.set_tenant("ACME", "acme", false, 0, sharing);
+        t.set_tenant("ACME", "acme", false, 0, sharing, 0);
         let (h, body) = head(POST);
         let first = t.offer(&h, &body, 1, (0, 0), &mut o).unwrap();
         t.outside("ACME", false, &[(9, 1)]);
@@ -935,7 +1082,7 @@ mod tests {
             limit: 0,
             least_inflight: true,
         };
-        t.set_tenant("ACME", "acme", false, 0, sharing);
+        t.set_tenant("ACME", "acme", false, 0, sharing, 0);
         o.open(8);
         t.add_connector("ACME", 8, true);
         let (h, body) = head(POST);
@@ -1008,6 +1155,91 @@ mod tests {
         );
     }
 
+    fn acknowledge_of(id: &str) -> String {
+        format!(
+            r#"{{"target":"Acknowledge","arguments":[{{"originId":"origin","requestId":"{id}"}}]}}"#
+        )
+    }
+
+    #[test]
+    fn acknowledged_jobs_leave_when_answered_too_and_the_rest_go_back_to_python() {
+        let mut o = Outboxes::new();
+        let mut t = table(&mut o);
+        t.set_tenant("ACME", "acme", false, 0, Sharing::default(), 2);
+        o.open(1);
+        o.open(2);
+        let (h, body) = head(POST);
+        // mode 2: answered first, then acknowledged
+        let first = t.offer(&h, &body, 1, (0, 0), &mut o).unwrap();
+        t.attach(&first, h.clone());
+        assert_eq!(t.unacked, 1);
+        let sent = o.take(9).unwrap();
+        let payload = if sent[1] & 127 == 126 {
+            &sent[4..]
+        } else {
+            &sent[2..]
+        };
+        let (_, fields) = decode(payload, true).unwrap();
+        assert!(
+            fields.contains(&FieldValue::Int(2)),
+            "sent with mode 2: {fields:?}"
+        );
+        let answered = t.deliver(deliver_of(&first).as_bytes(), false, 9, 1, &mut o);
+        assert_eq!(answered, (Some(1), true));
+        assert!(t.jobs[&first].answered, "kept until acknowledged");
+        assert_eq!((t.inflight("ACME"), t.connector_inflight(9)), (0, 0));
+        assert!(t.tenants["ACME"].held > 0);
+        // a second Deliver is dropped; the acknowledgement comes through the same scan
+        assert_eq!(
+            t.deliver(deliver_of(&first).as_bytes(), false, 9, 2, &mut o),
+            (None, true)
+        );
+        assert_eq!(
+            t.deliver(acknowledge_of(&first).as_bytes(), false, 8, 2, &mut o),
+            (None, false),
+            "another connector's"
+        );
+        assert_eq!(
+            t.deliver(acknowledge_of(&first).as_bytes(), false, 9, 2, &mut o),
+            (None, true)
+        );
+        assert!(t.jobs.is_empty());
+        assert_eq!((t.unacked, t.tenants["ACME"].held), (0, 0));
+        // mode 1: acknowledged while in flight, answered after
+        let second = t.offer(&h, &body, 1, (0, 0), &mut o).unwrap();
+        assert!(t.acknowledge(&second, 9));
+        assert!(t.jobs[&second].body_copy.is_none());
+        assert_eq!(
+            t.deliver(deliver_of(&second).as_bytes(), false, 9, 3, &mut o),
+            (Some(1), true)
+        );
+        assert!(t.jobs.is_empty());
+        // not acknowledged when the connector leaves: sent again by Python, answered or not
+        let waiting = t.offer(&h, &body, 1, (0, 0), &mut o).unwrap();
+        let done = t.offer(&h, &body, 2, (0, 0), &mut o).unwrap();
+        t.deliver(deliver_of(&done).as_bytes(), false, 9, 4, &mut o);
+        let mut left = t.connector_left("ACME", 9, 5);
+        assert!(left.clients.is_empty());
+        left.again.sort_by_key(|(_, j)| j.client.is_none());
+        let again: Vec<_> = left
+            .again
+            .iter()
+            .map(|(id, j)| (id.as_str(), j.client, j.body_copy.as_deref()))
+            .collect();
+        assert_eq!(
+            again,
+            vec![
+                (waiting.as_str(), Some(1), Some(&b"hi"[..])),
+                (done.as_str(), None, Some(&b"hi"[..])),
+            ]
+        );
+        assert_eq!(t.unacked, 0);
+        assert!(
+            t.tenants.is_empty(),
+            "the lease comes back with the last connector"
+        );
+    }
+
     #[test]
     fn connector_left_names_the_waiting_clients() {
         let mut o = Outboxes::new();
@@ -1016,7 +1248,12 @@ mod tests {
         t.offer(&h, &body, 1, (0, 0), &mut o).unwrap();
         t.offer(&h, &body, 2, (0, 0), &mut o).unwrap();
         t.abandon(2);
-        let (clients, lease) = t.connector_left("ACME", 9, 0);
+        let Left {
+            clients,
+            again,
+            lease,
+        } = t.connector_left("ACME", 9, 0);
+        assert!(again.is_empty());
         assert_eq!(clients, vec![(1, String::new())]);
         assert_eq!(lease, Some(1 << 20));
         assert_eq!(t.requests[&("acme".into(), "-".into(), 503)], 1);
@@ -1044,7 +1281,47 @@ pub mod py {
         outboxes: Py<Outboxes>,
     }
 
+    /// A job out of the table, for Python: (client connection or None, its request or None,
+    /// tenant key, target, deadline, when the table took it, its body's bytes, acknowledge
+    /// mode, acknowledged, the body while not acknowledged).
+    type JobOut = (
+        Option<Py<PyAny>>,
+        Option<Py<HttpRequest>>,
+        String,
+        String,
+        i64,
+        i64,
+        u64,
+        u8,
+        bool,
+        Option<Py<PyBytes>>,
+    );
+
     impl NativeTunnel {
+        fn job_out(&self, py: Python<'_>, job: super::Job) -> PyResult<JobOut> {
+            let conn = match job.client {
+                Some(c) => self.outboxes.bind(py).try_borrow()?.conn(py, c),
+                None => None,
+            };
+            let request = match job.head {
+                Some(head) => Some(Py::new(py, HttpRequest::from_head(py, head))?),
+                None => None,
+            };
+            let body = job.body_copy.map(|b| PyBytes::new(py, &b).unbind());
+            Ok((
+                conn,
+                request,
+                job.tenant,
+                job.target,
+                job.deadline,
+                job.started,
+                job.body,
+                job.ack_mode,
+                job.acked,
+                body,
+            ))
+        }
+
         /// The connections of `clients` (each with its `T`), from the outboxes; a client whose
         /// outbox is gone (the connection was lost, `abandon`) is left out.
         fn conns<T>(
@@ -1153,46 +1430,18 @@ pub mod py {
             Ok(self.deliver_into(data, binary, connector, now, &mut boxes.inner))
         }
 
-        /// The job of `request_id` sent to `connector`, out of the table for Python to finish:
-        /// (client connection or None, its request, tenant key, target, deadline, when the
-        /// table took it, its body's bytes), or None.
-        #[allow(clippy::type_complexity)]
+        /// The job of `request_id` sent to `connector`, out of the table for Python to finish
+        /// (`JobOut`), or None.
         fn take(
             &mut self,
             py: Python<'_>,
             request_id: &str,
             connector: ConnId,
-        ) -> PyResult<
-            Option<(
-                Option<Py<PyAny>>,
-                Option<Py<HttpRequest>>,
-                String,
-                String,
-                i64,
-                i64,
-                u64,
-            )>,
-        > {
-            let Some(job) = self.inner.take(request_id, connector) else {
-                return Ok(None);
-            };
-            let conn = match job.client {
-                Some(c) => self.outboxes.bind(py).try_borrow()?.conn(py, c),
-                None => None,
-            };
-            let request = match job.head {
-                Some(head) => Some(Py::new(py, HttpRequest::from_head(py, head))?),
-                None => None,
-            };
-            Ok(Some((
-                conn,
-                request,
-                job.tenant,
-                job.target,
-                job.deadline,
-                job.started,
-                job.body,
-            )))
+        ) -> PyResult<Option<JobOut>> {
+            match self.inner.take(request_id, connector) {
+                Some(job) => self.job_out(py, job).map(Some),
+                None => Ok(None),
+            }
         }
 
         /// The client went away (its connection is lost).
@@ -1212,16 +1461,35 @@ pub mod py {
         }
 
         /// The connector left: the connections of the clients still waiting (Python answers
-        /// 503), and the tenant's lease when it has no connector left (else None).
+        /// 503), the jobs not acknowledged (request id, `JobOut`: Python sends them again),
+        /// and the tenant's lease when it has no connector left (else None).
+        #[allow(clippy::type_complexity)]
         fn connector_left(
             &mut self,
             py: Python<'_>,
             key: &str,
             connector: ConnId,
             now: i64,
-        ) -> PyResult<(Waiting, Option<u64>)> {
-            let (clients, lease) = self.inner.connector_left(key, connector, now);
-            Ok((self.conns(py, clients)?, lease))
+        ) -> PyResult<(Waiting, Vec<(String, JobOut)>, Option<u64>)> {
+            let left = self.inner.connector_left(key, connector, now);
+            let again = left
+                .again
+                .into_iter()
+                .map(|(id, job)| Ok((id, self.job_out(py, job)?)))
+                .collect::<PyResult<_>>()?;
+            Ok((self.conns(py, left.clients)?, again, left.lease))
+        }
+
+        /// The connector's `Acknowledge` of `request_id` (`ConnectorSession`'s path, when the
+        /// scanner did not take it): False when it is not a job of this table sent there.
+        fn acknowledge(&mut self, request_id: &str, connector: ConnId) -> bool {
+            self.inner.acknowledge(request_id, connector)
+        }
+
+        /// Jobs not acknowledged yet (modes 1 and 2).
+        #[getter]
+        fn unacked(&self) -> u32 {
+            self.inner.unacked
         }
 
         /// Shutting down: the waiting clients' connections and the leases to give back.
@@ -1232,8 +1500,11 @@ pub mod py {
 
         /// The tenant is served here (`lease` more budget bytes are its), its connectors
         /// sharing its requests as `limit` (0: none) and `least_inflight` (else round robin)
-        /// say.
-        #[pyo3(signature = (key, name, require_auth, lease, *, limit = 0, least_inflight = false))]
+        /// say, its requests sent with acknowledge mode `ack_mode` (0, 1 or 2).
+        #[pyo3(signature = (
+            key, name, require_auth, lease, *, limit = 0, least_inflight = false, ack_mode = 0
+        ))]
+        #[allow(clippy::too_many_arguments)]
         fn set_tenant(
             &mut self,
             key: &str,
@@ -1242,13 +1513,20 @@ pub mod py {
             lease: u64,
             limit: u32,
             least_inflight: bool,
-        ) {
+            ack_mode: u8,
+        ) -> PyResult<()> {
+            if ack_mode > 2 {
+                return Err(pyo3::exceptions::PyValueError::new_err(
+                    "the native table sends acknowledge modes 0, 1 and 2 (manual is Python's)",
+                ));
+            }
             let sharing = super::Sharing {
                 limit,
                 least_inflight,
             };
             self.inner
-                .set_tenant(key, name, require_auth, lease, sharing);
+                .set_tenant(key, name, require_auth, lease, sharing, ack_mode);
+            Ok(())
         }
 
         /// What Python's hub has of the tenant: jobs queued or not, and (connector, its jobs

@@ -11,7 +11,9 @@ import json
 import socket
 import struct
 from contextlib import AsyncExitStack
+from typing import Any
 
+import aiohttp
 import pytest
 
 from rmb_relay.protocols.tunnel.native import LEASE, PIPELINE, NativeExpress
@@ -121,19 +123,20 @@ async def test_what_the_table_does_not_serve_goes_to_python_with_the_reason_coun
     assert tunnel.dialect.hub.jobs == {}
 
 
-@pytest.mark.parametrize("mode", [1, 2])
 async def test_a_tenant_the_table_cannot_serve_is_served_by_python(
-    start_tunnel: StartTunnel, mode: int
+    start_tunnel: StartTunnel,
 ) -> None:
-    """Acknowledgements: not registered in the table, no lease taken."""
+    """Manual acknowledgements (an acknowledge URL with its token): not registered in the
+    table, no lease taken."""
     tunnel = await start_tunnel()
-    tunnel.add_tenant("careful", ack_mode=mode)
+    tunnel.add_tenant("careful", ack_mode=3)
     await tunnel.connect("careful")
     assert (await get_once(tunnel, "/relay/careful/app/status/200"))[0] == 200
     native = tunnel.dialect.native
     assert native is not None
     assert not native.table.has_tenant("CAREFUL")
-    assert tunnel.dialect.hub.budget.held_by("CAREFUL") == 0
+    # (the hub holds the job, with its body, until its acknowledge URL is called)
+    assert tunnel.dialect.hub.budget.held_by("CAREFUL") < LEASE
     assert _native(tunnel) == 0
 
 
@@ -291,7 +294,7 @@ async def test_a_tenant_whose_settings_change_is_left_to_python_at_the_next_tick
     assert _native(tunnel) == 1
     tenant = tunnel.store.get("acme")
     assert tenant is not None
-    assert tunnel.store.update(dataclasses.replace(tenant, ack_mode=2))
+    assert tunnel.store.update(dataclasses.replace(tenant, ack_mode=3))
 
     async def left_to_python() -> bool:
         taken = _native(tunnel)
@@ -358,7 +361,7 @@ async def test_a_tenant_that_becomes_eligible_while_connected_is_served_at_the_n
     start_tunnel: StartTunnel,
 ) -> None:
     tunnel = await start_tunnel(request_ttl=0.2, response_timeout=0.2, tenant_cache_ttl=0)
-    tunnel.add_tenant("careful", ack_mode=1)
+    tunnel.add_tenant("careful", ack_mode=3)
     await tunnel.connect("careful")
     native = tunnel.dialect.native
     assert native is not None
@@ -368,7 +371,7 @@ async def test_a_tenant_that_becomes_eligible_while_connected_is_served_at_the_n
     assert tenant is not None
     assert tunnel.store.update(dataclasses.replace(tenant, ack_mode=0))
     await eventually(lambda: native.table.has_tenant("CAREFUL"))
-    assert tunnel.dialect.hub.budget.held_by("CAREFUL") == LEASE
+    assert native.table.lease("CAREFUL") == LEASE
     assert (await get_once(tunnel, "/relay/careful/app/status/200"))[0] == 200
     assert _native(tunnel) == 1
 
@@ -509,3 +512,83 @@ async def test_route_records_of_the_tables_answers_come_from_rust_at_each_take(
     ]
     assert rows[-1][0] == records_clock.now
     assert channel.take(1.0) is None  # taken once
+
+
+def _acknowledge_text(argument: dict[str, str]) -> str:
+    """The JSON `Acknowledge` a raw connector sends for a `RequestTarget`'s arguments."""
+    ack = {"originId": argument["acknowledgeOriginId"], "requestId": argument["requestId"]}
+    return json.dumps({"target": "Acknowledge", "arguments": [ack]})
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+async def test_acknowledged_requests_are_served_by_the_table(
+    start_tunnel: StartTunnel, mode: int
+) -> None:
+    """Modes 1 and 2 with the packaged connector: sent with the mode, the connector's
+    `Acknowledge` taken by the table's scanner, nothing left behind once both came."""
+    tunnel = await start_tunnel(ack_mode=mode)
+    await tunnel.connect(binary=mode == 2)
+    async with raw_client(tunnel) as client:
+        for size in (0, 1024):
+            status, _, body = await client.request("POST", "/relay/acme/app/echo", pattern(size))
+            assert (status, body) == (200, pattern(size))
+    assert _native(tunnel) == 2
+    native = tunnel.dialect.native
+    assert native is not None
+    await eventually(lambda: len(native.table) == 0)
+    assert native.table.unacked == 0
+    _settled(tunnel)
+    assert tunnel.dialect.hub.budget.held_by("ACME") == LEASE
+    assert tunnel.dialect.metrics.bad_messages.value() == 0
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+async def test_a_request_not_acknowledged_when_its_connector_leaves_is_sent_again(
+    start_tunnel: StartTunnel, mode: int
+) -> None:
+    """At least once: the first connector takes the request (mode 2: and answers it) but
+    leaves before acknowledging it; the hub sends it again, same id and body, to the other
+    connector. Mode 1: the client gets the second connector's answer. Mode 2: the client
+    had the first one's; the second execution's answer is dropped."""
+    tunnel = await start_tunnel(ack_mode=mode)
+    native = tunnel.dialect.native
+    assert native is not None
+    async with (
+        raw_client(tunnel) as client,
+        raw_connector(tunnel) as first,
+        raw_connector(tunnel) as second,
+    ):
+        answer = asyncio.ensure_future(client.request("POST", "/relay/acme/app/x", b"hi"))
+        # (round robin: `taker` is whichever connector got it)
+        got = await _first_of(first, second)
+        taker, other = (first, second) if got[0] is first else (second, first)
+        argument = got[1]
+        assert (argument["acknowledgeMode"], argument["bodyContent"]) == (mode, "aGk=")
+        assert _native(tunnel) == 1
+        if mode == 2:
+            await taker.send_str(deliver_text(argument, 200, b"first"))
+            assert (await answer)[2] == b"first"
+        await taker.close()
+        again = json.loads(await other.receive_str(timeout=WAIT))["arguments"][0]
+        assert (again["requestId"], again["bodyContent"]) == (argument["requestId"], "aGk=")
+        assert again["url"] == argument["url"]
+        await other.send_str(_acknowledge_text(again))
+        await other.send_str(deliver_text(again, 200, b"second"))
+        if mode == 1:
+            assert (await answer)[2] == b"second"
+        await eventually(lambda: not tunnel.dialect.hub.jobs)
+    assert tunnel.dialect.metrics.redelivered.value() == 1
+    assert tunnel.dialect.metrics.bad_messages.value() == 0
+    assert len(native.table) == 0
+
+
+async def _first_of(
+    *connectors: aiohttp.ClientWebSocketResponse,
+) -> tuple[aiohttp.ClientWebSocketResponse, dict[str, Any]]:
+    """The connector that receives a `RequestTarget` first, and its arguments."""
+    reads = {asyncio.ensure_future(ws.receive_str(timeout=WAIT)): ws for ws in connectors}
+    done, pending = await asyncio.wait(reads, return_when=asyncio.FIRST_COMPLETED)
+    for read in pending:
+        read.cancel()
+    read = done.pop()
+    return reads[read], json.loads(read.result())["arguments"][0]

@@ -1017,17 +1017,37 @@ class NativeTunnel:
         clock, for the route record)."""
     def take(
         self, request_id: str, connector: int
-    ) -> tuple[Any | None, HttpRequest | None, str, str, int, int, int] | None:
+    ) -> (
+        tuple[Any | None, HttpRequest | None, str, str, int, int, int, int, bool, bytes | None]
+        | None
+    ):
         """(client connection or None, its request, tenant key, target, deadline, when the
-        table took it, body bytes), taken out."""
+        table took it, body bytes, acknowledge mode, acknowledged, the body while not
+        acknowledged), taken out."""
     def abandon(self, client: int) -> None: ...
     def client_done(self, client: int) -> None: ...
     def expired(self, now: int) -> list[tuple[Any, str]]:
         """(connection, method) of the clients whose answer was due by `now`."""
     def connector_left(
         self, key: str, connector: int, now: int
-    ) -> tuple[list[tuple[Any, str]], int | None]:
-        """(connection, method) of the waiting clients, and the lease when no connector is left."""
+    ) -> tuple[
+        list[tuple[Any, str]],
+        list[
+            tuple[
+                str,
+                tuple[
+                    Any | None, HttpRequest | None, str, str, int, int, int, int, bool, bytes | None
+                ],
+            ]
+        ],
+        int | None,
+    ]:
+        """(connection, method) of the waiting clients, (request id, as `take` gives it) of the
+        jobs not acknowledged, and the lease when no connector is left."""
+    def acknowledge(self, request_id: str, connector: int) -> bool:
+        """The connector's `Acknowledge`: False when not a job of this table sent there."""
+    @property
+    def unacked(self) -> int: ...
     def close(self) -> tuple[list[tuple[Any, str]], int]: ...
     def set_tenant(
         self,
@@ -1038,6 +1058,7 @@ class NativeTunnel:
         *,
         limit: int = 0,
         least_inflight: bool = False,
+        ack_mode: int = 0,
     ) -> None: ...
     def outside(self, key: str, queued: bool, counts: list[tuple[int, int]]) -> None: ...
     def connector_inflight(self, connector: int) -> int: ...

@@ -379,6 +379,26 @@ class Hub:
         if self.native is not None:
             self._tell_native(job.tenant)
 
+    def redeliver(self, job: Job) -> None:
+        """A job its connector took and left without acknowledging (the native table's,
+        native.py): first in its tenant's queue to be sent again, admitted to the memory
+        budget again (over it, its client is answered 503 and it is dropped). The caller
+        pumps the queue."""
+        try:
+            self.admit(job)
+        except BudgetExceeded as err:
+            log.warning(
+                "tunnel: request %s of %s not sent again: %s",
+                job.request_id,
+                job.request.tenant_name,
+                refusal_reason(err, job.request.tenant_name),
+            )
+            self._answer(job, 503)
+            return
+        self.jobs[job.request_id] = job
+        self.metrics.redelivered.inc()
+        self.pending.setdefault(job.tenant, collections.deque()).appendleft(job)
+
     def new_deadline(self) -> int:
         return self.clock() + self.ttl
 
@@ -539,6 +559,13 @@ class Hub:
 
     def acknowledge(self, connector: ConnectorSession, ack: AcknowledgeRequest) -> None:
         job = self.jobs.get(ack.request_id)
+        native = self.native
+        if (
+            job is None
+            and native is not None
+            and native.table.acknowledge(ack.request_id, connector.peer.id)
+        ):
+            return  # (the scanner takes the table's; one it did not see comes here)
         if job is None or job.tenant != connector.tenant:
             raise WireError(f"Acknowledge: unknown request id {ack.request_id!r}")
         if job.request.acknowledge_mode == 3:

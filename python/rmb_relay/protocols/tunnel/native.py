@@ -53,11 +53,13 @@ from rmb_relay.protocols.tunnel.client import (
     NO_ANSWER_IN_TIME,
     _Record,
     _status,
+    request_headers,
 )
 from rmb_relay.protocols.tunnel.tenants import normalize
+from rmb_relay.protocols.tunnel.wire import ClientRequest
 
 if TYPE_CHECKING:
-    from rmb_relay._core import HttpStreamParser, Outboxes
+    from rmb_relay._core import HttpRequest, HttpStreamParser, Outboxes
     from rmb_relay.protocols.base import HttpEvent, NativeClient
     from rmb_relay.protocols.tunnel.dialect import TunnelDialect
     from rmb_relay.protocols.tunnel.hub import ConnectorSession, Job
@@ -65,6 +67,22 @@ if TYPE_CHECKING:
     from rmb_relay.telemetry.records import FullRecord
 
 log = logging.getLogger("rmb_relay.tunnel")
+
+#: a job out of the table (`NativeTunnel.take`, `connector_left`): client connection or None,
+#: its request or None, tenant key, target, deadline, when the table took it, body bytes,
+#: acknowledge mode, acknowledged, the body while not acknowledged
+JobOut = tuple[
+    "NativeClient | None",
+    "HttpRequest | None",
+    str,
+    str,
+    int,
+    int,
+    int,
+    int,
+    bool,
+    bytes | None,
+]
 
 #: budget bytes a tenant's native jobs may hold here (~170 requests of 1 KiB in flight)
 LEASE = 256 << 10
@@ -179,7 +197,7 @@ class NativeExpress:
     def eligible(self, tenant: Tenant) -> bool:
         dialect = self.dialect
         ack = tenant.ack_mode if tenant.ack_mode is not None else dialect.ack_mode
-        return ack == 0 and (dialect.bridge is None or dialect.settings.shortcut)
+        return ack in (0, 1, 2) and (dialect.bridge is None or dialect.settings.shortcut)
 
     def connector_joined(self, connector: ConnectorSession) -> None:
         """The table serves the connector's tenant when it is eligible; else the tick looks
@@ -219,7 +237,8 @@ class NativeExpress:
         ]
 
     def _set_tenant(self, key: str, tenant: Tenant, lease: int) -> None:
-        hub = self.dialect.hub
+        dialect = self.dialect
+        hub = dialect.hub
         self.table.set_tenant(
             key,
             tenant.name,
@@ -227,6 +246,7 @@ class NativeExpress:
             lease,
             limit=tenant.max_concurrent or hub.default_limit,
             least_inflight=hub.least_inflight,
+            ack_mode=tenant.ack_mode if tenant.ack_mode is not None else dialect.ack_mode,
         )
 
     def outside(self, key: str, queued: bool, group: list[ConnectorSession] | None) -> None:
@@ -236,10 +256,18 @@ class NativeExpress:
         self.table.outside(key, queued, counts)
 
     def connector_left(self, connector: ConnectorSession) -> None:
-        conns, lease = self.table.connector_left(connector.tenant, connector.peer.id, self.clock())
+        """Its clients whose jobs it acknowledged are answered 503; the jobs it had not
+        acknowledged go to the hub's queue, first, to be sent again (at least once), each
+        client still waiting for its answer (the hub pumps the queue next)."""
+        conns, again, lease = self.table.connector_left(
+            connector.tenant, connector.peer.id, self.clock()
+        )
         _answer(conns, 503, CONNECTOR_UNAVAILABLE)
+        hub = self.dialect.hub
         if lease:
-            self.dialect.hub.budget.release(connector.tenant, lease)
+            hub.budget.release(connector.tenant, lease)
+        for request_id, got in reversed(again):
+            hub.redeliver(self._hub_job(request_id, connector.tenant_name, got, again=True))
 
     def client_done(self, conn: NativeClient) -> None:
         self.table.client_done(conn.conn_id)
@@ -272,43 +300,70 @@ class NativeExpress:
     def adopt(self, connector: ConnectorSession, request_id: str) -> Job | None:
         """The table's job of `request_id`, taken out as a hub job waited for by an express
         reply (express.py), so the hub finishes it as it finishes its own; None: not ours."""
-        from rmb_relay.protocols.tunnel.express import ExpressReply
-        from rmb_relay.protocols.tunnel.hub import Job
-        from rmb_relay.protocols.tunnel.wire import ClientRequest
-
         got = self.table.take(request_id, connector.peer.id)
         if got is None:
             return None
-        conn, request, key, target, deadline, started, size = got
+        job = self._hub_job(request_id, connector.tenant_name, got, again=False)
+        job.connector = connector
+        job.attempts = 1
+        self.dialect.hub.jobs[request_id] = job
+        connector.inflight[request_id] = job
+        if not job.acked:
+            connector.unacked[request_id] = job
+        return job
+
+    def _hub_job(self, request_id: str, tenant_name: str, got: JobOut, *, again: bool) -> Job:
+        """A job out of the table as the hub's: waited for by an express reply when its
+        client still waits (its answer is then the express path's; `again`: the job is to be
+        sent anew, and the reply gets a new response deadline), with the whole request while
+        it is not acknowledged (the hub may have to send it again), the request's start kept
+        for its route record."""
+        from rmb_relay.protocols.tunnel.express import ExpressReply
+        from rmb_relay.protocols.tunnel.hub import Job
+
+        conn, request, key, target, deadline, started, size, ack_mode, acked, body = got
         dialect = self.dialect
-        hub = dialect.hub
         reply = None
         if conn is not None and request is not None and conn.adopt_native(request):
             channel = dialect.records
             if channel is not None:  # (into the records' clock)
                 started += channel.clock() - self.clock()
-            dst = f"{connector.tenant_name}/{target}"
+            dst = f"{tenant_name}/{target}"
             reply = ExpressReply(dialect, conn, _Record.local(dialect, dst, size, started))
-            dialect.express_deadlines.live += 1  # (its `_finish` counts it out)
-        wire = ClientRequest(
-            request_id,
-            hub.origin_id,
-            target,
-            connector.tenant_name,
-            request.method if request is not None else "GET",
-            "",
-            {},
-            0,
-            hub.origin_id,
-        )
-        job = Job(wire, key, deadline, reply, 0, ack_token="")
+            if again:
+                dialect.express_deadlines.add(reply)
+            else:
+                dialect.express_deadlines.live += 1  # (its `_finish` counts it out)
+        origin = dialect.hub.origin_id
+        method = request.method if request is not None else "GET"
+        if acked or request is None:  # (sent for good: all the hub reads of it)
+            wire = ClientRequest(request_id, origin, target, tenant_name, method, "", {}, 0, origin)
+        else:
+            parts = request.path.split("/", 4)
+            url = parts[4] if len(parts) > 4 else ""
+            if request.query is not None:
+                url += "?" + request.query
+            content = body or b""
+            wire = ClientRequest(
+                request_id,
+                origin,
+                target,
+                tenant_name,
+                method,
+                url,
+                request_headers(request),
+                ack_mode,
+                origin,
+                len(content),
+                len(content),
+                content or None,
+            )
+        tenant = dialect.tenants.get(tenant_name)
+        limit = tenant.max_concurrent if tenant is not None else 0
+        job = Job(wire, key, deadline, reply, limit, ack_token="")
         if reply is not None:
             reply.job = job
-        job.connector = connector
-        job.acked = True
-        job.attempts = 1
-        hub.jobs[request_id] = job
-        connector.inflight[request_id] = job
+        job.acked = acked
         return job
 
     # ---- deadlines, settings, shutdown -----------------------------------------------------
