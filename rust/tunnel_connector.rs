@@ -8,7 +8,9 @@
 //! direction is one call, and no per-request Python object is made beyond the request bytes,
 //! the two ids the caller keeps for the uncommon outcomes, and a list for those outcomes.
 //!
-//! Only the common case comes here (see [`Core::request`]): acknowledgement mode Disabled, no
+//! Only the common case comes here (see [`Core::request`]): acknowledgement mode Disabled,
+//! ConnectorReceived or ConnectorFinished (its `Acknowledge` queued here too: at the start for
+//! the first, after the `Deliver` for the second, as the Python path sends them), no
 //! tracing, the answer wanted, the body inline, time left (`expiresIn` > 0 or absent), a web
 //! target over plain HTTP, and an answer whose body comes whole with its head (Content-Length
 //! up to the caller's limit). Everything else is `None` and goes through the Python path
@@ -28,6 +30,8 @@ struct Common<'a> {
     method: &'a str,
     url: &'a str,
     acknowledge_mode: Option<i64>,
+    /// where the acknowledgement goes (None: the request's origin)
+    acknowledge_origin_id: Option<&'a str>,
     /// tracing on, or the answer not wanted
     flagged: bool,
     /// `expiresIn` present and not positive (or of another type)
@@ -55,6 +59,9 @@ pub struct Started {
     pub request_id: String,
     pub request_origin_id: String,
     pub head: bool,
+    /// the acknowledge mode (0, 1 or 2) and the origin its `Acknowledge` names
+    pub ack_mode: u8,
+    pub ack_origin_id: String,
 }
 
 /// The connector's state for one websocket: the message format, the frame masks and the
@@ -74,6 +81,7 @@ const HTTP_METHOD: usize = 4;
 const URL: usize = 5;
 const HTTP_HEADERS: usize = 6;
 const ACKNOWLEDGE_MODE: usize = 7;
+const ACKNOWLEDGE_ORIGIN_ID: usize = 8;
 const BODY_SIZE: usize = 10;
 const BODY_CONTENT: usize = 11;
 const ENABLE_TRACING: usize = 12;
@@ -122,6 +130,7 @@ impl Core {
                     FieldRef::Int(v) => Some(v),
                     _ => None,
                 },
+                acknowledge_origin_id: str_at(ACKNOWLEDGE_ORIGIN_ID),
                 flagged: matches!(fields[ENABLE_TRACING], FieldRef::Bool(true))
                     || matches!(fields[DISCARD_CONNECTOR_RESPONSE], FieldRef::Bool(true)),
                 expired: match fields[EXPIRES_IN] {
@@ -165,6 +174,7 @@ impl Core {
             method: str_at(HTTP_METHOD)?,
             url: str_at(URL)?,
             acknowledge_mode: int_at(ACKNOWLEDGE_MODE),
+            acknowledge_origin_id: str_at(ACKNOWLEDGE_ORIGIN_ID),
             flagged: flag_at(ENABLE_TRACING) || flag_at(DISCARD_CONNECTOR_RESPONSE),
             expired: match &fields[EXPIRES_IN] {
                 FieldValue::Null => false,
@@ -186,8 +196,12 @@ impl Core {
         c: &Common<'_>,
         pairs: impl Iterator<Item = (&'a str, &'a str)>,
     ) -> Option<Started> {
-        if c.acknowledge_mode != Some(0) || c.flagged || c.expired {
-            return None; // acknowledgements, tracing, no answer wanted, no time left
+        let ack_mode = match c.acknowledge_mode {
+            Some(mode @ 0..=2) => mode as u8,
+            _ => return None, // manual acknowledgements (the acknowledge URL header)
+        };
+        if c.flagged || c.expired {
+            return None; // tracing, no answer wanted, no time left
         }
         let body = c.body?; // None: outsourced, fetched from the relay's body store
         let index = self
@@ -205,7 +219,35 @@ impl Core {
             request_id: c.request_id.to_owned(),
             request_origin_id: c.request_origin_id.to_owned(),
             head: c.method == "HEAD",
+            ack_mode,
+            ack_origin_id: c
+                .acknowledge_origin_id
+                .unwrap_or(c.request_origin_id)
+                .to_owned(),
         })
+    }
+
+    /// Queue the `Acknowledge` of `request_id` (to `origin_id`) as one masked frame.
+    pub fn acknowledge(&mut self, origin_id: &str, request_id: &str, remove_body: bool) {
+        let message = if self.binary {
+            acknowledge_message(
+                Msgpack::with_capacity(96),
+                origin_id,
+                request_id,
+                remove_body,
+            )
+        } else {
+            acknowledge_message(Json::with_capacity(160), origin_id, request_id, remove_body)
+        };
+        self.queue_frame(&message);
+    }
+
+    fn queue_frame(&mut self, message: &[u8]) {
+        let opcode = if self.binary { OP_BINARY } else { OP_TEXT };
+        let at = self.out.len();
+        self.out.resize(at + frame_len(message.len(), true), 0);
+        let mask = self.rng.next_mask();
+        write_frame(&mut self.out[at..], opcode, true, message, Some(mask));
     }
 
     /// Queue the `Deliver` of a target's whole answer as one masked frame.
@@ -236,11 +278,7 @@ impl Core {
                 body,
             )
         };
-        let opcode = if self.binary { OP_BINARY } else { OP_TEXT };
-        let at = self.out.len();
-        self.out.resize(at + frame_len(message.len(), true), 0);
-        let mask = self.rng.next_mask();
-        write_frame(&mut self.out[at..], opcode, true, &message, Some(mask));
+        self.queue_frame(&message);
     }
 
     /// The frames queued since the last call, for one write.
@@ -279,6 +317,32 @@ fn latin1(value: &[u8]) -> std::borrow::Cow<'_, str> {
 /// `wire.encode(TargetResponse(...))` for a target's answer read whole: the response fields
 /// (names lower-case as parsed, repeated ones grouped under their first place, framing fields
 /// left out: the relay sets its own), the body inline, `requestFailed` from the status.
+/// wire.py's `AcknowledgeRequest` as the hub invocation `Acknowledge`.
+fn acknowledge_message<S: Sink>(
+    mut sink: S,
+    origin_id: &str,
+    request_id: &str,
+    remove_body: bool,
+) -> Vec<u8> {
+    sink.begin_map(2);
+    sink.key("target");
+    sink.str("Acknowledge");
+    sink.key("arguments");
+    sink.begin_array(1);
+    sink.element();
+    sink.begin_map(3);
+    sink.key("originId");
+    sink.str(origin_id);
+    sink.key("requestId");
+    sink.str(request_id);
+    sink.key("removeRequestBodyContent");
+    sink.bool(remove_body);
+    sink.end_map();
+    sink.end_array();
+    sink.end_map();
+    sink.into_bytes()
+}
+
 fn deliver_message<S: Sink>(
     mut sink: S,
     request_id: &str,
@@ -459,7 +523,7 @@ mod tests {
     fn uncommon_requests_are_left_to_python() {
         let c = core(false);
         for extra in [
-            r#","acknowledgeMode":1"#,
+            r#","acknowledgeMode":3"#,
             r#","enableTracing":true"#,
             r#","discardConnectorResponse":true"#,
             r#","expiresIn":0"#,
@@ -577,10 +641,11 @@ pub mod py {
 
         /// A websocket read in one call: deframed with the connection's `decoder`, each
         /// common `RequestTarget` as `(target index, request bytes, request id, origin id, is
-        /// HEAD, message)` (the message for the Python path should the exchange need it), every
-        /// other event as `WsDecoder.feed` gives it.
+        /// HEAD, message, acknowledge mode, acknowledge origin id)` (the message for the Python
+        /// path should the exchange need it; a ConnectorReceived request's `Acknowledge` is
+        /// queued already), every other event as `WsDecoder.feed` gives it.
         fn feed_ws<'py>(
-            &self,
+            &mut self,
             py: Python<'py>,
             decoder: &Bound<'py, WsDecoder>,
             data: &[u8],
@@ -598,6 +663,10 @@ pub mod py {
                         }
                     };
                     if let Some(s) = self.core.request(bytes) {
+                        if s.ack_mode == 1 {
+                            self.core
+                                .acknowledge(&s.ack_origin_id, &s.request_id, false);
+                        }
                         let item = (
                             s.target,
                             PyBytes::new(py, &s.wire),
@@ -605,6 +674,8 @@ pub mod py {
                             s.request_origin_id,
                             s.head,
                             PyBytes::new(py, bytes),
+                            s.ack_mode,
+                            s.ack_origin_id,
                         );
                         return out.append(item);
                     }
@@ -618,7 +689,9 @@ pub mod py {
         }
 
         /// Feed a target connection's bytes to its parser: None when they completed a whole
-        /// answer (its `Deliver` is queued), else the parser's events as `feed` gives them.
+        /// answer (its `Deliver` is queued, then, with `ack_origin_id`, its ConnectorFinished
+        /// `Acknowledge`), else the parser's events as `feed` gives them.
+        #[pyo3(signature = (parser, data, request_id, request_origin_id, ack_origin_id = None))]
         fn respond<'py>(
             &mut self,
             py: Python<'py>,
@@ -626,6 +699,7 @@ pub mod py {
             data: &[u8],
             request_id: &str,
             request_origin_id: &str,
+            ack_origin_id: Option<&str>,
         ) -> PyResult<Option<Bound<'py, PyList>>> {
             let mut parser = parser.borrow_mut();
             let mut events = std::mem::take(&mut self.events);
@@ -639,7 +713,12 @@ pub mod py {
                 request_origin_id,
             );
             let result = match done {
-                Ok(true) => Ok(None),
+                Ok(true) => {
+                    if let Some(origin) = ack_origin_id {
+                        self.core.acknowledge(origin, request_id, true);
+                    }
+                    Ok(None)
+                }
                 Ok(false) => events_list(py, &mut events).map(Some),
                 Err(err) => Err(err.into()),
             };

@@ -258,7 +258,7 @@ def test_only_the_common_request_takes_the_native_path() -> None:
         False,
     )
     for uncommon in (
-        {"acknowledge_mode": 2},
+        {"acknowledge_mode": 3},  # manual: the acknowledge URL header is the Python path's
         {"enable_tracing": True},
         {"discard_connector_response": True},
         {"expires_in": 0},

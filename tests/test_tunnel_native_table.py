@@ -524,15 +524,24 @@ def _acknowledge_text(argument: dict[str, str]) -> str:
 async def test_acknowledged_requests_are_served_by_the_table(
     start_tunnel: StartTunnel, mode: int
 ) -> None:
-    """Modes 1 and 2 with the packaged connector: sent with the mode, the connector's
-    `Acknowledge` taken by the table's scanner, nothing left behind once both came."""
+    """Modes 1 and 2 with the packaged connector: sent with the mode, acknowledged by the
+    connector's native path (mode 1 when the request comes, mode 2 after its `Deliver`, also
+    when the answer takes the connector's Python path: a body for the store, an error
+    status), the `Acknowledge` taken by the table's scanner; nothing left behind."""
     tunnel = await start_tunnel(ack_mode=mode)
-    await tunnel.connect(binary=mode == 2)
+    connector = await tunnel.connect(binary=mode == 2)
+    big = 64 * 1024
     async with raw_client(tunnel) as client:
-        for size in (0, 1024):
+        for size in (0, 1024, 10):
             status, _, body = await client.request("POST", "/relay/acme/app/echo", pattern(size))
             assert (status, body) == (200, pattern(size))
-    assert _native(tunnel) == 2
+        # (the first opens the target connection: the task path; the next ones reuse it)
+        assert connector.native_delivered == 2
+        status, _, body = await client.request("GET", f"/relay/acme/app/bytes/{big}")
+        assert (status, body) == (200, pattern(big))
+    assert (await get_once(tunnel, "/relay/acme/app/status/500"))[0] == 500
+    assert _native(tunnel) == 5
+    await eventually(lambda: not tunnel.dialect.hub.jobs)
     native = tunnel.dialect.native
     assert native is not None
     await eventually(lambda: len(native.table) == 0)

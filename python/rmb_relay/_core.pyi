@@ -1094,7 +1094,7 @@ class NativeTunnel:
 @final
 class TunnelConnectorCore:
     """The connector's native per-request path for one websocket: `request` turns a common
-    `RequestTarget` (mode Disabled, no tracing, answer wanted, inline body, time left, a
+    `RequestTarget` (acknowledge mode 0-2, no tracing, answer wanted, inline body, time left, a
     plain-http web target given as `(NAME.upper(), Host, base path)`) into its target request;
     `respond` feeds a target connection's bytes to its parser and, when they are one whole
     answer, queues its `Deliver` as a masked frame (`take_output`)."""
@@ -1104,18 +1104,25 @@ class TunnelConnectorCore:
     ) -> TunnelConnectorCore: ...
     def feed_ws(
         self, decoder: WsDecoder, data: bytes
-    ) -> list[tuple[int, bytes, str, str, bool, bytes] | WsEvent]:
+    ) -> list[tuple[int, bytes, str, str, bool, bytes, int, str] | WsEvent]:
         """A websocket read in one call: deframed by `decoder`, each common RequestTarget as
-        `(target index, request bytes, request id, origin id, is HEAD, message)`, every
+        `(target index, request bytes, request id, origin id, is HEAD, message, acknowledge
+        mode, acknowledge origin id)` (a ConnectorReceived one's Acknowledge queued), every
         other event as `WsDecoder.feed` gives it."""
     def request(self, payload: bytes) -> tuple[int, bytes, str, str, bool] | None:
         """`(target index, request bytes, request id, origin id, is HEAD)`, or None: the
         message is not the common case (or not valid here); the Python path takes it."""
     def respond(
-        self, parser: HttpResponseParser, data: bytes, request_id: str, request_origin_id: str
+        self,
+        parser: HttpResponseParser,
+        data: bytes,
+        request_id: str,
+        request_origin_id: str,
+        ack_origin_id: str | None = None,
     ) -> list[tuple[int, list[tuple[str, str]], bytes | None] | bytes | None] | None:
-        """None when `data` completed one whole answer (its Deliver queued), else the
-        parser's events as `HttpResponseParser.feed` gives them; HttpResponseError."""
+        """None when `data` completed one whole answer (its Deliver queued, then with
+        `ack_origin_id` its ConnectorFinished Acknowledge), else the parser's events as
+        `HttpResponseParser.feed` gives them; HttpResponseError."""
     def take_output(self) -> bytes:
         """The frames queued since the last call, masked, for one write."""
     @property

@@ -16,7 +16,9 @@ answer inline up to 16 KiB or upload the body with `POST /tunnel/body/response/{
 `Deliver`. Acknowledgements follow the request's mode (hub.py). The common small request
 (mode 0, no tracing, a body in hand, a web target with an idle kept-alive connection) skips
 the task: it is sent from the websocket callback and delivered from the target connection's
-callback (`_start_fast`), with the same outcomes. The `Deliver`s and `Acknowledge`s of a loop
+callback (`_start_fast`), with the same outcomes; with the native core (`_start_native`)
+modes 1 and 2 skip it too, acknowledged by the core (mode 1 when the request comes, mode 2
+after its `Deliver`) or after the `Deliver` that ends the exchange in Python. The `Deliver`s and `Acknowledge`s of a loop
 turn go out in one websocket write.
 """
 
@@ -102,6 +104,7 @@ class _FastExchange:
     (a streamed answer, a failure, the timeout) decode the message, in Python."""
 
     __slots__ = (
+        "ack_origin_id",
         "conn",
         "connector",
         "core",
@@ -135,6 +138,9 @@ class _FastExchange:
         self.payload = b""
         self.request_id = ""
         self.request_origin_id = ""
+        #: a ConnectorFinished request's acknowledgement origin (None: no acknowledgement
+        #: after the answer; ConnectorReceived's went out when the request came)
+        self.ack_origin_id: str | None = None
 
     def _request(self) -> ClientRequest:
         """The request, decoded from the message when the native path took it."""
@@ -398,16 +404,20 @@ class Connector:
                     self._on_message(item[5])  # no idle connection: the Python path
             else:
                 left.append(cast(WsEvent, item))
+        if core.has_output:  # (ConnectorReceived acknowledgements)
+            self._schedule_flush()
         return left
 
     def _start_native(
-        self, core: TunnelConnectorCore, started: tuple[int, bytes, str, str, bool, bytes]
+        self,
+        core: TunnelConnectorCore,
+        started: tuple[int, bytes, str, str, bool, bytes, int, str],
     ) -> bool:
         """The common request, decoded and turned into its target request by the Rust core:
         written to an idle kept-alive connection, whose bytes then go through the core (the
         whole answer comes back as a `Deliver` frame, built in Rust). False when the target
         has no idle connection (the Python path takes the message)."""
-        index, wire, request_id, origin_id, head, payload = started
+        index, wire, request_id, origin_id, head, payload, ack_mode, ack_origin_id = started
         pool = self._native_pools[index]
         conn = pool.take_idle()
         if conn is None:
@@ -418,6 +428,8 @@ class Connector:
         exchange.payload = payload
         exchange.request_id = request_id
         exchange.request_origin_id = origin_id
+        if ack_mode == 2:
+            exchange.ack_origin_id = ack_origin_id
         exchange.conn = conn
         conn.start_native(head, INLINE_LIMIT, exchange)
         assert conn.transport is not None
@@ -533,6 +545,16 @@ class Connector:
             await self._deliver(request, await reply_of(reply), started)
         except Exception:
             log.exception("connector: request %s failed", request.request_id)
+        finally:
+            self._ack_finished(request)
+
+    def _ack_finished(self, request: ClientRequest) -> None:
+        """A task-less exchange is over: a ConnectorFinished request is acknowledged after its
+        `Deliver`, whatever the outcome (a ConnectorReceived one was when it came, by the native
+        core; the task path, `_handle`, sends its own)."""
+        if request.acknowledge_mode == 2:
+            origin = request.acknowledge_origin_id or request.request_origin_id
+            self._queue(AcknowledgeRequest(origin, request.request_id, True))
 
     def _deliver_now(self, request: ClientRequest, reply: Reply) -> None:
         """`_deliver` for a reply whose body is in hand and inline-sized (no upload, no wait)."""
@@ -542,6 +564,7 @@ class Connector:
         response.body_content = body or None
         response.body_size = response.original_body_size = len(body)
         self._queue(response)
+        self._ack_finished(request)
 
     def _deliver_small(
         self, request: ClientRequest, status: int, headers: list[tuple[str, str]], body: bytes
@@ -569,6 +592,7 @@ class Connector:
                 status >= 400,
             )
         )
+        self._ack_finished(request)
 
     def _auth(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._token}"}

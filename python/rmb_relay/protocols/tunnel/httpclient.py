@@ -46,6 +46,8 @@ class NativeExchange(Protocol):
     core: TunnelConnectorCore
     request_id: str
     request_origin_id: str
+    #: where its ConnectorFinished `Acknowledge` goes after the `Deliver` (None: no ack)
+    ack_origin_id: str | None
 
     def delivered(self, conn: _Connection) -> None: ...
 
@@ -93,7 +95,11 @@ class _Connection(asyncio.Protocol):
         try:
             if native is not None:
                 events = native.core.respond(
-                    self.parser, data, native.request_id, native.request_origin_id
+                    self.parser,
+                    data,
+                    native.request_id,
+                    native.request_origin_id,
+                    native.ack_origin_id,
                 )
                 if events is None:  # a whole answer, its Deliver queued by the core
                     self.native = self.on_head = None
