@@ -570,6 +570,49 @@ mod tests {
     }
 
     #[test]
+    fn acknowledgements_are_masked_frames_both_decoders_read() {
+        for binary in [false, true] {
+            let mut c = core(binary);
+            let started = c
+                .request(&request_message(
+                    binary,
+                    r#","acknowledgeMode":2,"acknowledgeOriginId":"a1""#,
+                ))
+                .expect("modes 1 and 2 are the native path's");
+            assert_eq!(
+                (started.ack_mode, started.ack_origin_id.as_str()),
+                (2, "a1")
+            );
+            c.acknowledge(&started.ack_origin_id, &started.request_id, true);
+            let out = c.take_output();
+            let mut decoder = crate::ws::Decoder::new(1 << 20, false);
+            let events = decoder.feed_owned(&out);
+            let crate::ws::OwnedEvent::Message { data, .. } = &events[0] else {
+                panic!("{events:?}");
+            };
+            let (kind, fields) = tunnel_wire::decode(data, binary).unwrap();
+            assert_eq!(kind, "Acknowledge");
+            assert_eq!(
+                fields,
+                vec![
+                    FieldValue::Str("a1".into()),
+                    FieldValue::Str("r1".into()),
+                    FieldValue::Bool(true)
+                ]
+            );
+        }
+        // no acknowledge origin: the request's
+        let c = core(false);
+        let started = c
+            .request(&request_message(false, r#","acknowledgeMode":1"#))
+            .unwrap();
+        assert_eq!(
+            (started.ack_mode, started.ack_origin_id.as_str()),
+            (1, "o1")
+        );
+    }
+
+    #[test]
     fn a_streamed_answer_is_left_to_the_caller() {
         let mut c = core(true);
         let mut parser = ResponseParser::new();
