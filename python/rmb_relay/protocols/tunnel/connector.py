@@ -18,8 +18,8 @@ answer inline up to 16 KiB or upload the body with `POST /tunnel/body/response/{
 the task: it is sent from the websocket callback and delivered from the target connection's
 callback (`_start_fast`), with the same outcomes; with the native core (`_start_native`)
 modes 1 and 2 skip it too, acknowledged by the core (mode 1 when the request comes, mode 2
-after its `Deliver`) or after the `Deliver` that ends the exchange in Python. The `Deliver`s and `Acknowledge`s of a loop
-turn go out in one websocket write.
+after its `Deliver`) or after the `Deliver` that ends the exchange in Python. The `Deliver`s
+and `Acknowledge`s of a loop turn go out in one websocket write.
 """
 
 from __future__ import annotations
