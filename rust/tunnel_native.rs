@@ -1039,15 +1039,21 @@ mod tests {
         )
     }
 
+    /// `table` with its tenant's connectors sharing its requests as `Sharing` says.
+    fn shared(o: &mut Outboxes, limit: u32, least_inflight: bool) -> NativeTunnel {
+        let mut t = table(o);
+        let sharing = Sharing {
+            limit,
+            least_inflight,
+        };
+        t.set_tenant("ACME", "acme", false, 0, sharing, 0);
+        t
+    }
+
     #[test]
     fn a_limit_counts_the_tables_jobs_and_pythons() {
         let mut o = Outboxes::new();
-        let mut t = table(&mut o);
-        let sharing = Sharing {
-            limit: 2,
-            least_inflight: false,
-        };
-        t.set_tenant("ACME", "acme", false, 0, sharing, 0);
+        let mut t = shared(&mut o, 2, false);
         let (h, body) = head(POST);
         let first = t.offer(&h, &body, 1, (0, 0), &mut o).unwrap();
         t.outside("ACME", false, &[(9, 1)]);
@@ -1077,12 +1083,7 @@ mod tests {
     #[test]
     fn least_inflight_takes_the_idlest_connector_ties_in_turn() {
         let mut o = Outboxes::new();
-        let mut t = table(&mut o);
-        let sharing = Sharing {
-            limit: 0,
-            least_inflight: true,
-        };
-        t.set_tenant("ACME", "acme", false, 0, sharing, 0);
+        let mut t = shared(&mut o, 0, true);
         o.open(8);
         t.add_connector("ACME", 8, true);
         let (h, body) = head(POST);

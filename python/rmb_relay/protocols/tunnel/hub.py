@@ -345,19 +345,8 @@ class Hub:
         """Queue the job (admitted here if the caller did not): a job over the memory budget
         is answered 503 at once and forgotten, never run (one from another relay: the
         client's own relay refused nothing, so this is where it is told)."""
-        if job.held is None:
-            try:
-                self.admit(job)
-            except BudgetExceeded as err:
-                log.warning(
-                    "tunnel: request %s of %s refused: %s",
-                    job.request_id,
-                    job.request.tenant_name,
-                    refusal_reason(err, job.request.tenant_name),
-                )
-                self._answer(job, 503)
-                self._forget(job)
-                return
+        if not self._admitted(job, "refused"):
+            return
         self.jobs[job.request_id] = job
         self.pending.setdefault(job.tenant, collections.deque()).append(job)
         self.pump(job.tenant)
@@ -366,6 +355,26 @@ class Hub:
         if job.connector is None and self.jobs.get(job.request_id) is job:
             delay = max(0.0, (job.deadline - self.clock()) / NS)
             job.timer = asyncio.get_running_loop().call_later(delay, self._expire_if_queued, job)
+
+    def _admitted(self, job: Job, refused: str) -> bool:
+        """`admit` (if the caller did not); False when over the budget: the job is then
+        answered 503 and forgotten, the reason logged after what became of it (`refused`)."""
+        if job.held is not None:
+            return True
+        try:
+            self.admit(job)
+        except BudgetExceeded as err:
+            log.warning(
+                "tunnel: request %s of %s %s: %s",
+                job.request_id,
+                job.request.tenant_name,
+                refused,
+                refusal_reason(err, job.request.tenant_name),
+            )
+            self._answer(job, 503)
+            self._forget(job)
+            return False
+        return True
 
     def send_now(
         self, job: Job, connector: ConnectorSession, now: int, message: bytes | None
@@ -384,16 +393,7 @@ class Hub:
         native.py): first in its tenant's queue to be sent again, admitted to the memory
         budget again (over it, its client is answered 503 and it is dropped). The caller
         pumps the queue."""
-        try:
-            self.admit(job)
-        except BudgetExceeded as err:
-            log.warning(
-                "tunnel: request %s of %s not sent again: %s",
-                job.request_id,
-                job.request.tenant_name,
-                refusal_reason(err, job.request.tenant_name),
-            )
-            self._answer(job, 503)
+        if not self._admitted(job, "not sent again"):
             return
         self.jobs[job.request_id] = job
         self.metrics.redelivered.inc()
