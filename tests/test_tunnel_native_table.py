@@ -601,3 +601,24 @@ async def _first_of(
         read.cancel()
     read = done.pop()
     return reads[read], json.loads(read.result())["arguments"][0]
+
+
+async def test_a_request_sent_again_after_its_ttl_is_408_and_not_run(
+    start_tunnel: StartTunnel,
+) -> None:
+    """The TTL holds for a request the table hands back: its connector left without
+    acknowledging it, no other was there, and the next one came after the TTL (within the
+    response deadline): 408, and it is not sent again."""
+    clock = FakeClock()
+    tunnel = await start_tunnel(clock=clock, ack_mode=1, request_ttl=0.2, response_timeout=30)
+    async with raw_client(tunnel) as client:
+        async with raw_connector(tunnel) as first:
+            answer = asyncio.ensure_future(client.request("POST", "/relay/acme/app/x", b"hi"))
+            await first.receive_str(timeout=WAIT)
+        await eventually(lambda: tunnel.dialect.hub.queued() == 1)
+        clock.advance(0.3)
+        async with raw_connector(tunnel):
+            assert (await answer)[0] == 408
+    assert tunnel.dialect.metrics.expired.value() == 1
+    assert tunnel.dialect.metrics.redelivered.value() == 1
+    assert not tunnel.dialect.hub.jobs

@@ -315,14 +315,16 @@ class NativeExpress:
     def _hub_job(self, request_id: str, tenant_name: str, got: JobOut, *, again: bool) -> Job:
         """A job out of the table as the hub's: waited for by an express reply when its
         client still waits (its answer is then the express path's; `again`: the job is to be
-        sent anew, and the reply gets a new response deadline), with the whole request while
-        it is not acknowledged (the hub may have to send it again), the request's start kept
-        for its route record."""
+        sent anew, within its TTL, and the reply gets a new response deadline), with the whole
+        request while it is not acknowledged (the hub may have to send it again), the
+        request's start kept for its route record."""
         from rmb_relay.protocols.tunnel.express import ExpressReply
         from rmb_relay.protocols.tunnel.hub import Job
 
-        conn, request, key, target, deadline, started, size, ack_mode, acked, body = got
+        conn, request, key, target, _answer_due, started, size, ack_mode, acked, body = got
         dialect = self.dialect
+        # the hub's deadline is the pickup one (TTL): a job sent again past it is 408
+        deadline = started + dialect.hub.ttl
         reply = None
         if conn is not None and request is not None and conn.adopt_native(request):
             channel = dialect.records
