@@ -904,6 +904,18 @@ mod tests {
         t
     }
 
+    /// The message in connector 9's outbox (one binary frame), decoded.
+    fn sent_to_9(o: &mut Outboxes) -> (&'static str, Vec<FieldValue>) {
+        let sent = o.take(9).unwrap();
+        // 2-byte header for < 126 bytes, else 4
+        let payload = if sent[1] & 127 == 126 {
+            &sent[4..]
+        } else {
+            &sent[2..]
+        };
+        decode(payload, true).unwrap()
+    }
+
     const POST: &[u8] = b"POST /relay/acme/app/echo?x=1 HTTP/1.1\r\nHost: h\r\nContent-Length: 2\r\nX-A: 1\r\n\r\nhi";
 
     #[test]
@@ -929,14 +941,7 @@ mod tests {
         let (h, body) = head(POST);
         let id = t.offer(&h, &body, 1, (5, 5), &mut o).unwrap();
         t.attach(&id, h);
-        let sent = o.take(9).unwrap();
-        // one binary frame: 2-byte header for < 126 bytes, else 4
-        let payload = if sent[1] & 127 == 126 {
-            &sent[4..]
-        } else {
-            &sent[2..]
-        };
-        let (kind, fields) = decode(payload, true).unwrap();
+        let (kind, fields) = sent_to_9(&mut o);
         assert_eq!(kind, "RequestTarget");
         assert_eq!(fields[0], FieldValue::Str(id.clone()));
         assert_eq!(t.inflight("ACME"), 1);
@@ -1174,13 +1179,7 @@ mod tests {
         let first = t.offer(&h, &body, 1, (0, 0), &mut o).unwrap();
         t.attach(&first, h.clone());
         assert_eq!(t.unacked, 1);
-        let sent = o.take(9).unwrap();
-        let payload = if sent[1] & 127 == 126 {
-            &sent[4..]
-        } else {
-            &sent[2..]
-        };
-        let (_, fields) = decode(payload, true).unwrap();
+        let (_, fields) = sent_to_9(&mut o);
         assert!(
             fields.contains(&FieldValue::Int(2)),
             "sent with mode 2: {fields:?}"
