@@ -19,7 +19,7 @@
 //! - the whole request (head and a Content-Length body of at most `max_body`) is this read,
 //!   nothing after it; not HEAD, not an upgrade, no `Expect`, kept alive, one `Host`;
 //! - `/relay/{tenant}/{target}/...` with both segments free of `%`, the tenant registered
-//!   here (`set_tenant`: acknowledge mode 0, 1 or 2) with a connector whose outbox accepts, and
+//!   here (`set_tenant`: any acknowledge mode) with a connector whose outbox accepts, and
 //!   the bearer token, when the tenant requires one, one the relay verified (`add_token`) for
 //!   this tenant and not past its end;
 //! - nothing of the tenant queued on the Python path (`outside`: a request here would overtake
@@ -32,12 +32,14 @@
 //! - 16 bytes of the caller's entropy are left for the request id (a version-4 UUID, as
 //!   ids.py makes them; `refill`).
 //!
-//! Acknowledge modes 1 (ConnectorReceived) and 2 (ConnectorFinished) as hub.py keeps them: the
-//! job stays here until its connector acknowledged it *and* answered it (the client's answer
-//! does not wait for the acknowledgement); it keeps a copy of its body until acknowledged, so
-//! that when its connector leaves first `connector_left` hands it to Python to send again
-//! (at least once: the target may see it twice). The connector's `Acknowledge` is taken by
-//! the same scanner as its `Deliver`s.
+//! Acknowledge modes 1 (ConnectorReceived), 2 (ConnectorFinished) and 3 (Manual) as hub.py
+//! keeps them: the job stays here until it was acknowledged *and* answered (the client's
+//! answer does not wait for the acknowledgement); it keeps a copy of its body until
+//! acknowledged, so that when its connector leaves first `connector_left` hands it to Python
+//! to send again (at least once: the target may see it twice). The connector's `Acknowledge`
+//! (modes 1 and 2) is taken by the same scanner as its `Deliver`s; a manual one comes from
+//! the acknowledge URL (`acknowledge_manual`), whose token is 24 bytes of the caller's
+//! entropy as `secrets.token_urlsafe(24)` writes them.
 //!
 //! Sans-I/O: the time is an argument (the dialect's clock, ns), randomness comes from Python.
 
@@ -48,6 +50,8 @@ use crate::forward::{IdHasher, Outboxes};
 use crate::http::{Framing, RequestHead};
 use crate::routes::ConnId;
 use crate::tunnel_express::{answer, request_headers};
+use base64::Engine as _;
+
 use crate::tunnel_wire::{
     decode, encode_client_request, ClientRequestRef, FieldValue, Json, Msgpack,
 };
@@ -59,6 +63,10 @@ type IdMap<V> = HashMap<ConnId, V, BuildHasherDefault<IdHasher>>;
 pub const JOB_OVERHEAD: u64 = 1330;
 /// Bytes of entropy one request id takes.
 const ID_BYTES: usize = 16;
+/// Bytes of entropy a manual acknowledge URL's token takes (hub.py's `token_urlsafe(24)`).
+const TOKEN_BYTES: usize = 24;
+/// The manual acknowledgement mode.
+const MANUAL: u8 = 3;
 /// The methods the tunnel's client routes serve (dialect.py `METHODS`), HEAD left to Python.
 const METHODS: [&str; 6] = ["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"];
 /// Verified tokens remembered at most (all forgotten when full: Python teaches them again).
@@ -138,6 +146,8 @@ pub struct Job {
     pub answered: bool,
     /// the request body, while not acknowledged (sent again if its connector leaves)
     pub body_copy: Option<Vec<u8>>,
+    /// the manual acknowledge URL's token (mode 3), else empty
+    pub ack_token: String,
 }
 
 /// The route record (`--records`) of a request the table answered: client.py's `_Record` of
@@ -255,6 +265,15 @@ fn settle(
             by_connector.remove(&job.connector);
         }
     }
+}
+
+/// `a == b` in a time that does not depend on where they differ (`secrets.compare_digest`).
+fn same_secret(a: &str, b: &str) -> bool {
+    a.len() == b.len()
+        && a.bytes()
+            .zip(b.bytes())
+            .fold(0u8, |diff, (x, y)| diff | (x ^ y))
+            == 0
 }
 
 /// The job's request method (what the listener counts its answer under).
@@ -597,7 +616,9 @@ impl NativeTunnel {
         if t.held + size > t.lease {
             return Err(self.decline("budget"));
         }
-        if self.ids_left() == 0 {
+        let manual = t.ack_mode == MANUAL;
+        let needed = ID_BYTES + if manual { TOKEN_BYTES } else { 0 };
+        if self.entropy.len() - self.used < needed {
             return Err(self.decline("entropy"));
         }
         let request_id = uuid4(&self.entropy[self.used..self.used + ID_BYTES]);
@@ -605,6 +626,18 @@ impl NativeTunnel {
         if self.jobs.contains_key(&request_id) {
             return Err(self.decline("entropy"));
         }
+        let (ack_token, ack_url) = if manual {
+            let raw = &self.entropy[self.used..self.used + TOKEN_BYTES];
+            self.used += TOKEN_BYTES;
+            let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(raw);
+            let url = format!(
+                "/tunnel/acknowledge/{}/{request_id}/{token}",
+                self.origin_id
+            );
+            (token, Some(url))
+        } else {
+            (String::new(), None)
+        };
         let length = body.len() as i64;
         let fields = ClientRequestRef {
             request_id: &request_id,
@@ -622,7 +655,7 @@ impl NativeTunnel {
             enable_tracing: false,
             discard_connector_response: false,
             expires_in: Some(self.expires_in),
-            acknowledge_url: None,
+            acknowledge_url: ack_url.as_deref(),
         };
         let (message, opcode) = if connector.binary {
             let sink = Msgpack::with_capacity(256 + body.len());
@@ -658,6 +691,7 @@ impl NativeTunnel {
                 acked: ack_mode == 0,
                 answered: false,
                 body_copy: (ack_mode != 0).then(|| body.to_vec()),
+                ack_token,
             },
         );
         if ack_mode != 0 {
@@ -711,22 +745,45 @@ impl NativeTunnel {
 
     /// The connector's `Acknowledge` of `request_id`: the job is done when answered too.
     /// False: not a job of this table sent to that connector (Python says so).
+    /// (A manual job is not acknowledged this way: false.)
     pub fn acknowledge(&mut self, request_id: &str, connector: ConnId) -> bool {
-        let Some(job) = self.jobs.get_mut(request_id) else {
-            return false;
-        };
-        if job.connector != connector {
-            return false;
-        }
-        if !job.acked {
-            job.acked = true;
-            job.body_copy = None;
-            self.unacked -= 1;
-            if job.answered {
-                self.remove(request_id);
+        match self.jobs.get(request_id) {
+            Some(job) if job.connector == connector && job.ack_mode != MANUAL => {
+                self.acked(request_id);
+                true
             }
+            _ => false,
         }
-        true
+    }
+
+    /// The manual acknowledge URL of `request_id` was called with `token`: false for an
+    /// unknown job, one not in manual mode or already acknowledged, or a wrong token.
+    pub fn acknowledge_manual(&mut self, request_id: &str, token: &str) -> bool {
+        match self.jobs.get(request_id) {
+            Some(job)
+                if job.ack_mode == MANUAL && !job.acked && same_secret(&job.ack_token, token) =>
+            {
+                self.acked(request_id);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The job was acknowledged: it leaves the table when answered too.
+    fn acked(&mut self, request_id: &str) {
+        let Some(job) = self.jobs.get_mut(request_id) else {
+            return;
+        };
+        if job.acked {
+            return;
+        }
+        job.acked = true;
+        job.body_copy = None;
+        self.unacked -= 1;
+        if job.answered {
+            self.remove(request_id);
+        }
     }
 
     /// A connector's message: when it is the `Deliver` of a job of this table sent to that
@@ -1241,6 +1298,32 @@ mod tests {
     }
 
     #[test]
+    fn a_manual_job_is_acknowledged_by_its_url_token_only() {
+        let mut o = Outboxes::new();
+        let mut t = table(&mut o);
+        t.set_tenant("ACME", "acme", false, 0, Sharing::default(), MANUAL);
+        o.open(1);
+        let (h, body) = head(POST);
+        let id = t.offer(&h, &body, 1, (0, 0), &mut o).unwrap();
+        let (_, fields) = sent_to_9(&mut o);
+        let token = t.jobs[&id].ack_token.clone();
+        assert_eq!(token.len(), 32, "token_urlsafe(24)");
+        let url = format!("/tunnel/acknowledge/origin/{id}/{token}");
+        assert!(fields.contains(&FieldValue::Str(url)), "{fields:?}");
+        assert!(!t.acknowledge(&id, 9), "not on the socket");
+        let answered = t.deliver(deliver_of(&id).as_bytes(), false, 9, 1, &mut o);
+        assert_eq!(answered, (Some(1), true));
+        assert!(!t.acknowledge_manual(&id, "guessed"));
+        assert!(!t.acknowledge_manual(&id, &token[..31]));
+        assert!(t.acknowledge_manual(&id, &token));
+        assert!(t.jobs.is_empty());
+        assert!(!t.acknowledge_manual(&id, &token), "once only");
+        assert_eq!(t.unacked, 0);
+        // 16 + 24 bytes of entropy a request: 64 bytes made one
+        assert_eq!(t.offer(&h, &body, 1, (0, 0), &mut o), Err("entropy"));
+    }
+
+    #[test]
     fn connector_left_names_the_waiting_clients() {
         let mut o = Outboxes::new();
         let mut t = table(&mut o);
@@ -1283,7 +1366,7 @@ pub mod py {
 
     /// A job out of the table, for Python: (client connection or None, its request or None,
     /// tenant key, target, deadline, when the table took it, its body's bytes, acknowledge
-    /// mode, acknowledged, the body while not acknowledged).
+    /// mode, acknowledged, the body while not acknowledged, the manual acknowledge token).
     type JobOut = (
         Option<Py<PyAny>>,
         Option<Py<HttpRequest>>,
@@ -1295,6 +1378,7 @@ pub mod py {
         u8,
         bool,
         Option<Py<PyBytes>>,
+        String,
     );
 
     impl NativeTunnel {
@@ -1319,6 +1403,7 @@ pub mod py {
                 job.ack_mode,
                 job.acked,
                 body,
+                job.ack_token,
             ))
         }
 
@@ -1486,7 +1571,18 @@ pub mod py {
             self.inner.acknowledge(request_id, connector)
         }
 
-        /// Jobs not acknowledged yet (modes 1 and 2).
+        /// The manual acknowledge URL of `request_id` was called with `token`: False when it
+        /// is not a manual job of this table waiting for it, or the token is wrong.
+        fn acknowledge_manual(&mut self, request_id: &str, token: &str) -> bool {
+            self.inner.acknowledge_manual(request_id, token)
+        }
+
+        /// The acknowledge mode of a job in the table, None for an unknown request id.
+        fn ack_mode_of(&self, request_id: &str) -> Option<u8> {
+            self.inner.jobs.get(request_id).map(|j| j.ack_mode)
+        }
+
+        /// Jobs not acknowledged yet (modes 1 to 3).
         #[getter]
         fn unacked(&self) -> u32 {
             self.inner.unacked
@@ -1515,9 +1611,9 @@ pub mod py {
             least_inflight: bool,
             ack_mode: u8,
         ) -> PyResult<()> {
-            if ack_mode > 2 {
+            if ack_mode > 3 {
                 return Err(pyo3::exceptions::PyValueError::new_err(
-                    "the native table sends acknowledge modes 0, 1 and 2 (manual is Python's)",
+                    "acknowledge modes are 0 (disabled) to 3 (manual)",
                 ));
             }
             let sharing = super::Sharing {

@@ -18,7 +18,7 @@ import pytest
 
 from rmb_relay.protocols.tunnel.native import LEASE, PIPELINE, NativeExpress
 from rmb_relay.telemetry.records import Channel
-from tests.conftest import WAIT
+from tests.conftest import WAIT, RedisServer
 from tests.helpers import FakeClock, eventually
 from tests.tunnel_fixtures import (
     StartTunnel,
@@ -123,20 +123,20 @@ async def test_what_the_table_does_not_serve_goes_to_python_with_the_reason_coun
     assert tunnel.dialect.hub.jobs == {}
 
 
-async def test_a_tenant_the_table_cannot_serve_is_served_by_python(
-    start_tunnel: StartTunnel,
+async def test_with_the_shortcut_off_the_table_serves_nothing(
+    start_tunnel: StartTunnel, redis_server: RedisServer
 ) -> None:
-    """Manual acknowledgements (an acknowledge URL with its token): not registered in the
-    table, no lease taken."""
-    tunnel = await start_tunnel()
-    tunnel.add_tenant("careful", ack_mode=3)
-    await tunnel.connect("careful")
-    assert (await get_once(tunnel, "/relay/careful/app/status/200"))[0] == 200
+    """`--no-tunnel-shortcut`: every request goes through Redis, even to a connector here, so
+    the table registers no tenant and takes no lease."""
+    tunnel = await start_tunnel(redis_url=redis_server.url, shortcut=False)
+    await tunnel.connect()
+    bridge = tunnel.dialect.bridge
+    await eventually(lambda: bridge is not None and bridge.consuming("ACME"))
+    assert (await get_once(tunnel, "/relay/acme/app/status/200"))[0] == 200
     native = tunnel.dialect.native
     assert native is not None
-    assert not native.table.has_tenant("CAREFUL")
-    # (the hub holds the job, with its body, until its acknowledge URL is called)
-    assert tunnel.dialect.hub.budget.held_by("CAREFUL") < LEASE
+    assert not native.table.has_tenant("ACME")
+    assert native.table.lease("ACME") == 0
     assert _native(tunnel) == 0
 
 
@@ -283,7 +283,7 @@ async def test_answers_the_table_does_not_write_are_finished_by_python(
     assert tunnel.dialect.metrics.requests.value("acme", "app", "500") == 1
 
 
-async def test_a_tenant_whose_settings_change_is_left_to_python_at_the_next_tick(
+async def test_a_tenant_removed_while_connected_is_left_to_python_at_the_next_tick(
     start_tunnel: StartTunnel,
 ) -> None:
     tunnel = await start_tunnel(request_ttl=0.2, response_timeout=0.2, tenant_cache_ttl=0)
@@ -292,16 +292,15 @@ async def test_a_tenant_whose_settings_change_is_left_to_python_at_the_next_tick
     assert native is not None
     assert (await get_once(tunnel, "/relay/acme/app/status/200"))[0] == 200
     assert _native(tunnel) == 1
-    tenant = tunnel.store.get("acme")
-    assert tenant is not None
-    assert tunnel.store.update(dataclasses.replace(tenant, ack_mode=3))
+    assert tunnel.store.remove("acme")
 
-    async def left_to_python() -> bool:
-        taken = _native(tunnel)
-        assert (await get_once(tunnel, "/relay/acme/app/status/200"))[0] == 200
-        return _native(tunnel) == taken
+    async def unknown() -> bool:
+        return (await get_once(tunnel, "/relay/acme/app/status/200"))[0] == 404
 
-    await eventually(left_to_python)
+    await eventually(unknown)  # (the table served it until the tick)
+    taken = _native(tunnel)
+    assert await unknown()
+    assert _native(tunnel) == taken
     assert native.table.has_tenant("ACME")  # its lease stays until the last connector leaves
 
 
@@ -357,23 +356,40 @@ async def test_many_requests_in_one_turn_reach_the_connector_in_pipelined_writes
     assert _native(tunnel) == count
 
 
-async def test_a_tenant_that_becomes_eligible_while_connected_is_served_at_the_next_tick(
+async def test_a_tenants_new_settings_reach_the_table_at_the_next_tick(
     start_tunnel: StartTunnel,
 ) -> None:
+    """Manual acknowledgements set while the connector is connected: the table's requests
+    carry the acknowledge URL from the next tick on; its token acknowledges the job, once,
+    and a forged one does not (the table keeps the job, body included, until then)."""
     tunnel = await start_tunnel(request_ttl=0.2, response_timeout=0.2, tenant_cache_ttl=0)
-    tunnel.add_tenant("careful", ack_mode=3)
-    await tunnel.connect("careful")
+    await tunnel.connect()
     native = tunnel.dialect.native
     assert native is not None
-    assert (await get_once(tunnel, "/relay/careful/app/status/200"))[0] == 200
-    assert not native.table.has_tenant("CAREFUL")
-    tenant = tunnel.store.get("careful")
+    tenant = tunnel.store.get("acme")
     assert tenant is not None
-    assert tunnel.store.update(dataclasses.replace(tenant, ack_mode=0))
-    await eventually(lambda: native.table.has_tenant("CAREFUL"))
-    assert native.table.lease("CAREFUL") == LEASE
-    assert (await get_once(tunnel, "/relay/careful/app/status/200"))[0] == 200
-    assert _native(tunnel) == 1
+    assert tunnel.store.update(dataclasses.replace(tenant, ack_mode=3))
+
+    urls: list[str] = []
+
+    async def manual() -> bool:
+        async with raw_client(tunnel) as client:
+            _, headers, _ = await client.request("POST", "/relay/acme/app/echo", b"hi")
+        urls.extend(v for n, v in headers if n.lower() == "x-got-relayserver-acknowledgeurl")
+        return bool(urls)
+
+    await eventually(manual)
+    url = urls[0]
+    assert _native(tunnel) >= 2
+    assert native.table.unacked == 1
+    path = url.split("://", 1)[1].split("/", 1)[1]
+    async with tunnel.client() as http:
+        assert (await http.post("/" + path.rsplit("/", 1)[0] + "/guessed")).status_code == 404
+        assert (await http.post("/" + path)).status_code == 204
+        assert (await http.post("/" + path)).status_code == 404  # once only
+    assert native.table.unacked == 0
+    assert len(native.table) == 0
+    assert native.table.lease("ACME") == LEASE
 
 
 async def test_held_bytes_count_the_tables_jobs_not_its_lease(start_tunnel: StartTunnel) -> None:

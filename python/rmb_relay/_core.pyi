@@ -1018,12 +1018,12 @@ class NativeTunnel:
     def take(
         self, request_id: str, connector: int
     ) -> (
-        tuple[Any | None, HttpRequest | None, str, str, int, int, int, int, bool, bytes | None]
+        tuple[Any | None, HttpRequest | None, str, str, int, int, int, int, bool, bytes | None, str]
         | None
     ):
         """(client connection or None, its request, tenant key, target, deadline, when the
         table took it, body bytes, acknowledge mode, acknowledged, the body while not
-        acknowledged), taken out."""
+        acknowledged, the manual acknowledge token), taken out."""
     def abandon(self, client: int) -> None: ...
     def client_done(self, client: int) -> None: ...
     def expired(self, now: int) -> list[tuple[Any, str]]:
@@ -1036,7 +1036,17 @@ class NativeTunnel:
             tuple[
                 str,
                 tuple[
-                    Any | None, HttpRequest | None, str, str, int, int, int, int, bool, bytes | None
+                    Any | None,
+                    HttpRequest | None,
+                    str,
+                    str,
+                    int,
+                    int,
+                    int,
+                    int,
+                    bool,
+                    bytes | None,
+                    str,
                 ],
             ]
         ],
@@ -1045,7 +1055,12 @@ class NativeTunnel:
         """(connection, method) of the waiting clients, (request id, as `take` gives it) of the
         jobs not acknowledged, and the lease when no connector is left."""
     def acknowledge(self, request_id: str, connector: int) -> bool:
-        """The connector's `Acknowledge`: False when not a job of this table sent there."""
+        """The connector's `Acknowledge`: False when not a job of this table sent there (or a
+        manual one)."""
+    def acknowledge_manual(self, request_id: str, token: str) -> bool:
+        """The manual acknowledge URL was called: False for an unknown job, one not waiting
+        for it, or a wrong token."""
+    def ack_mode_of(self, request_id: str) -> int | None: ...
     @property
     def unacked(self) -> int: ...
     def close(self) -> tuple[list[tuple[Any, str]], int]: ...

@@ -96,6 +96,10 @@ def held_size(request: ClientRequest) -> int:
     return size
 
 
+#: the answer to a connector's `Acknowledge` of a request in manual mode
+MANUAL_ONLY = "Acknowledge: this request is acknowledged by its URL (manual mode)"
+
+
 def refusal_reason(err: BudgetExceeded, tenant_name: str) -> str:
     """The 503 body for a request over the budget: which limit, and that nothing will run."""
     if err.limit == "total":
@@ -560,21 +564,22 @@ class Hub:
     def acknowledge(self, connector: ConnectorSession, ack: AcknowledgeRequest) -> None:
         job = self.jobs.get(ack.request_id)
         native = self.native
-        if (
-            job is None
-            and native is not None
-            and native.table.acknowledge(ack.request_id, connector.peer.id)
-        ):
-            return  # (the scanner takes the table's; one it did not see comes here)
+        if job is None and native is not None:
+            if native.table.acknowledge(ack.request_id, connector.peer.id):
+                return  # (the scanner takes the table's; one it did not see comes here)
+            if native.table.ack_mode_of(ack.request_id) == 3:
+                raise WireError(MANUAL_ONLY)
         if job is None or job.tenant != connector.tenant:
             raise WireError(f"Acknowledge: unknown request id {ack.request_id!r}")
         if job.request.acknowledge_mode == 3:
-            raise WireError("Acknowledge: this request is acknowledged by its URL (manual mode)")
+            raise WireError(MANUAL_ONLY)
         self._acked(job, ack.remove_request_body_content)
 
     def manual_acknowledge(self, request_id: str, token: str) -> bool:
         """The manual acknowledge URL was called; False for an unknown id or a wrong token."""
         job = self.jobs.get(request_id)
+        if job is None and self.native is not None:
+            return self.native.table.acknowledge_manual(request_id, token)
         if job is None or job.request.acknowledge_mode != 3 or job.connector is None:
             return False
         if not secrets.compare_digest(job.ack_token, token):

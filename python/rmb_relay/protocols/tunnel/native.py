@@ -2,9 +2,8 @@
 
 Why: the express path (express.py) still spent ~14 us of the relay's user time per request in
 Python bookkeeping, and the relay is the tunnel's bottleneck. For the common case (relay mode,
-acknowledgements disabled, a connector here; round robin or least in flight, with or without a
-concurrency limit) the job now
-lives in the Rust table: the client's read is parsed and, when served, its `RequestTarget` is
+a connector here; any acknowledge mode, round robin or least in flight, with or without a
+concurrency limit, with or without route records) the job now lives in the Rust table: the client's read is parsed and, when served, its `RequestTarget` is
 in the connector's outbox (the switch's, shared with RMB, SBD and the 신경 gateway) without a
 Python object per request; the connector's `Deliver` is written into the client's outbox the
 same way, by the connector websocket's scanner (`TunnelScanner`) inside the decoder's one
@@ -70,7 +69,7 @@ log = logging.getLogger("rmb_relay.tunnel")
 
 #: a job out of the table (`NativeTunnel.take`, `connector_left`): client connection or None,
 #: its request or None, tenant key, target, deadline, when the table took it, body bytes,
-#: acknowledge mode, acknowledged, the body while not acknowledged
+#: acknowledge mode, acknowledged, the body while not acknowledged, the manual acknowledge token
 JobOut = tuple[
     "NativeClient | None",
     "HttpRequest | None",
@@ -82,6 +81,7 @@ JobOut = tuple[
     int,
     bool,
     bytes | None,
+    str,
 ]
 
 #: budget bytes a tenant's native jobs may hold here (~170 requests of 1 KiB in flight)
@@ -195,9 +195,10 @@ class NativeExpress:
     # ---- connectors and tenants ------------------------------------------------------------
 
     def eligible(self, tenant: Tenant) -> bool:
+        """Every tenant with a connector here, unless requests go through Redis first (the
+        local shortcut off)."""
         dialect = self.dialect
-        ack = tenant.ack_mode if tenant.ack_mode is not None else dialect.ack_mode
-        return ack in (0, 1, 2) and (dialect.bridge is None or dialect.settings.shortcut)
+        return dialect.bridge is None or dialect.settings.shortcut
 
     def connector_joined(self, connector: ConnectorSession) -> None:
         """The table serves the connector's tenant when it is eligible; else the tick looks
@@ -321,7 +322,7 @@ class NativeExpress:
         from rmb_relay.protocols.tunnel.express import ExpressReply
         from rmb_relay.protocols.tunnel.hub import Job
 
-        conn, request, key, target, _answer_due, started, size, ack_mode, acked, body = got
+        conn, request, key, target, _answer_due, started, size, ack_mode, acked, body, token = got
         dialect = self.dialect
         # the hub's deadline is the pickup one (TTL): a job sent again past it is 408
         deadline = started + dialect.hub.ttl
@@ -362,7 +363,7 @@ class NativeExpress:
             )
         tenant = dialect.tenants.get(tenant_name)
         limit = tenant.max_concurrent if tenant is not None else 0
-        job = Job(wire, key, deadline, reply, limit, ack_token="")
+        job = Job(wire, key, deadline, reply, limit, ack_token=token)
         if reply is not None:
             reply.job = job
         job.acked = acked
