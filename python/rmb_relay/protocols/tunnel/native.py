@@ -3,11 +3,12 @@
 Why: the express path (express.py) still spent ~14 us of the relay's user time per request in
 Python bookkeeping, and the relay is the tunnel's bottleneck. For the common case (relay mode,
 a connector here; any acknowledge mode, round robin or least in flight, with or without a
-concurrency limit, with or without route records) the job now lives in the Rust table: the client's read is parsed and, when served, its `RequestTarget` is
-in the connector's outbox (the switch's, shared with RMB, SBD and the 신경 gateway) without a
-Python object per request; the connector's `Deliver` is written into the client's outbox the
-same way, by the connector websocket's scanner (`TunnelScanner`) inside the decoder's one
-`feed` per read. What stays here are the rare events, all with the express path's answers:
+concurrency limit, with or without route records) the job now lives in the Rust table: the
+client's read is parsed and, when served, its `RequestTarget` is in the connector's outbox
+(the switch's, shared with RMB, SBD and the 신경 gateway) without a Python object per request;
+the connector's `Deliver` is written into the client's outbox the same way, by the connector
+websocket's scanner (`TunnelScanner`) inside the decoder's one `feed` per read. What stays
+here are the rare events, all with the express path's answers:
 
 - a client that half-closes (its answer is then Python's) or goes away (its job runs on, the
   answer is dropped);
