@@ -4,7 +4,7 @@ Each section below belongs to one Rust file; keep it in step with that file.
 """
 
 from collections.abc import Callable
-from typing import Any, Final, Literal, final
+from typing import Any, Final, Literal, TypeAlias, final
 
 # ---- error.rs -------------------------------------------------------------------------------
 
@@ -990,7 +990,13 @@ def tunnel_express_answer(data: bytes, binary: bool) -> tuple[str, int, bytes] |
 
 # ---- tunnel_native.rs -----------------------------------------------------------------------
 
-@final
+#: a job out of the native table (`take`, `connector_left`): client connection or None, its
+#: request or None, tenant key, target, deadline, when the table took it, body bytes,
+#: acknowledge mode, acknowledged, the body while not acknowledged, the manual acknowledge token
+TunnelJobOut: TypeAlias = tuple[
+    Any | None, HttpRequest | None, str, str, int, int, int, int, bool, bytes | None, str
+]
+
 @final
 class NativeTunnel:
     """The tunnel's native express table: the common relay-mode request served from the
@@ -1015,15 +1021,8 @@ class NativeTunnel:
     def deliver(self, data: bytes, binary: bool, connector: int, now: int) -> bool:
         """True when the connector's message was answered or dropped here (`now`: the hub's
         clock, for the route record)."""
-    def take(
-        self, request_id: str, connector: int
-    ) -> (
-        tuple[Any | None, HttpRequest | None, str, str, int, int, int, int, bool, bytes | None, str]
-        | None
-    ):
-        """(client connection or None, its request, tenant key, target, deadline, when the
-        table took it, body bytes, acknowledge mode, acknowledged, the body while not
-        acknowledged, the manual acknowledge token), taken out."""
+    def take(self, request_id: str, connector: int) -> TunnelJobOut | None:
+        """The job sent to `connector`, out of the table for Python to finish, or None."""
     def abandon(self, client: int) -> None: ...
     def client_done(self, client: int) -> None: ...
     def expired(self, now: int) -> list[tuple[Any, str]]:
@@ -1035,19 +1034,7 @@ class NativeTunnel:
         list[
             tuple[
                 str,
-                tuple[
-                    Any | None,
-                    HttpRequest | None,
-                    str,
-                    str,
-                    int,
-                    int,
-                    int,
-                    int,
-                    bool,
-                    bytes | None,
-                    str,
-                ],
+                TunnelJobOut,
             ]
         ],
         int | None,

@@ -59,7 +59,8 @@ from rmb_relay.protocols.tunnel.tenants import normalize
 from rmb_relay.protocols.tunnel.wire import ClientRequest
 
 if TYPE_CHECKING:
-    from rmb_relay._core import HttpRequest, HttpStreamParser, Outboxes
+    from rmb_relay._core import HttpStreamParser, Outboxes
+    from rmb_relay._core import TunnelJobOut as JobOut
     from rmb_relay.protocols.base import HttpEvent, NativeClient
     from rmb_relay.protocols.tunnel.dialect import TunnelDialect
     from rmb_relay.protocols.tunnel.hub import ConnectorSession, Job
@@ -68,22 +69,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rmb_relay.tunnel")
 
-#: a job out of the table (`NativeTunnel.take`, `connector_left`): client connection or None,
-#: its request or None, tenant key, target, deadline, when the table took it, body bytes,
-#: acknowledge mode, acknowledged, the body while not acknowledged, the manual acknowledge token
-JobOut = tuple[
-    "NativeClient | None",
-    "HttpRequest | None",
-    str,
-    str,
-    int,
-    int,
-    int,
-    int,
-    bool,
-    bytes | None,
-    str,
-]
 
 #: budget bytes a tenant's native jobs may hold here (~170 requests of 1 KiB in flight)
 LEASE = 256 << 10
