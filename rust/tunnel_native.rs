@@ -104,8 +104,6 @@ pub struct Tenant {
     pub held: u64,
     /// its jobs in flight
     pub inflight: u32,
-    /// its jobs in flight on the Python path (`outside`)
-    pub outside: u32,
     /// Python has jobs of it queued (`outside`): new requests and answers are Python's
     pub queued: bool,
     pub sharing: Sharing,
@@ -139,12 +137,11 @@ pub struct Job {
     pub body: u64,
     /// the acknowledge mode it was sent with (0, 1 or 2)
     pub ack_mode: u8,
-    /// its connector acknowledged it (mode 0: from the start)
-    pub acked: bool,
     /// no longer in flight: its connector's `Deliver` came (the client was answered, or had
     /// gone; in the table it is then kept only to be acknowledged), or it left the table
     pub answered: bool,
-    /// the request body, while not acknowledged (sent again if its connector leaves)
+    /// the request body while the job is not acknowledged (sent again if its connector
+    /// leaves); None: acknowledged (mode 0: from the start)
     pub body_copy: Option<Vec<u8>>,
     /// the manual acknowledge URL's token (mode 3), else empty
     pub ack_token: String,
@@ -183,6 +180,13 @@ pub struct Left {
     /// the tenant's lease when it has no connector left (the tenant is forgotten; Python
     /// gives the lease back to the budget)
     pub lease: Option<u64>,
+}
+
+impl Job {
+    /// Acknowledged (mode 0: from the start): it no longer keeps its body.
+    pub fn acked(&self) -> bool {
+        self.body_copy.is_none()
+    }
 }
 
 /// Why a request was left to Python (counted by reason).
@@ -364,7 +368,6 @@ impl NativeTunnel {
                 lease: 0,
                 held: 0,
                 inflight: 0,
-                outside: 0,
                 queued: false,
                 sharing,
                 connectors: Vec::new(),
@@ -387,13 +390,11 @@ impl NativeTunnel {
             return;
         };
         t.queued = queued;
-        t.outside = 0;
         for c in &mut t.connectors {
             c.outside = counts
                 .iter()
                 .find(|(id, _)| *id == c.id)
                 .map_or(0, |(_, n)| *n);
-            t.outside += c.outside;
         }
     }
 
@@ -450,11 +451,15 @@ impl NativeTunnel {
             let Some(job) = self.remove(&request_id) else {
                 continue;
             };
-            if !job.acked {
+            if !job.acked() {
                 left.again.push((request_id, job));
             } else if let Some(client) = job.client {
                 let name = self.count_answer(&job.tenant, "-".into(), 503);
-                self.record(&job, &name, now, "rejected", Some(CONNECTOR_UNAVAILABLE));
+                if self.recording {
+                    let reason = Some(CONNECTOR_UNAVAILABLE);
+                    self.records
+                        .push(record_of(&job, &name, now, "rejected", reason));
+                }
                 left.clients.push((client, method_of(&job)));
             }
         }
@@ -499,21 +504,6 @@ impl NativeTunnel {
             .entry((name.clone(), target, status))
             .or_default() += 1;
         name
-    }
-
-    /// The route record of the job's answer at `now`, when recording; `name` its tenant's.
-    fn record(
-        &mut self,
-        job: &Job,
-        name: &str,
-        now: i64,
-        outcome: &'static str,
-        reason: Option<&'static str>,
-    ) {
-        if self.recording {
-            self.records
-                .push(record_of(job, name, now, outcome, reason));
-        }
     }
 
     /// A token Python verified for the tenant `key`, good up to the second `until` (the
@@ -598,7 +588,7 @@ impl NativeTunnel {
             return Err(self.decline("queued"));
         }
         let limit = t.sharing.limit;
-        if limit > 0 && t.inflight + t.outside >= limit {
+        if limit > 0 && t.inflight + t.connectors.iter().map(|c| c.outside).sum::<u32>() >= limit {
             return Err(self.decline("limit"));
         }
         let index = self.pick(t);
@@ -688,7 +678,6 @@ impl NativeTunnel {
                 started: now,
                 body: body.len() as u64,
                 ack_mode,
-                acked: ack_mode == 0,
                 answered: false,
                 body_copy: (ack_mode != 0).then(|| body.to_vec()),
                 ack_token,
@@ -720,7 +709,7 @@ impl NativeTunnel {
             &mut self.by_connector,
             &mut self.by_client,
         );
-        if !job.acked {
+        if !job.acked() {
             self.unacked -= 1;
         }
         Some(job)
@@ -730,7 +719,7 @@ impl NativeTunnel {
     /// stays, answered and without its client, until acknowledged or its connector leaves.
     fn finish(&mut self, request_id: &str) -> Option<Job> {
         let job = self.jobs.get_mut(request_id)?;
-        if job.acked {
+        if job.acked() {
             return self.remove(request_id);
         }
         settle(
@@ -761,7 +750,7 @@ impl NativeTunnel {
     pub fn acknowledge_manual(&mut self, request_id: &str, token: &str) -> bool {
         match self.jobs.get(request_id) {
             Some(job)
-                if job.ack_mode == MANUAL && !job.acked && same_secret(&job.ack_token, token) =>
+                if job.ack_mode == MANUAL && !job.acked() && same_secret(&job.ack_token, token) =>
             {
                 self.acked(request_id);
                 true
@@ -775,11 +764,9 @@ impl NativeTunnel {
         let Some(job) = self.jobs.get_mut(request_id) else {
             return;
         };
-        if job.acked {
-            return;
+        if job.body_copy.take().is_none() {
+            return; // acknowledged already
         }
-        job.acked = true;
-        job.body_copy = None;
         self.unacked -= 1;
         if job.answered {
             self.remove(request_id);
@@ -823,29 +810,20 @@ impl NativeTunnel {
         if job.client_done || got.status >= 400 {
             return (None, false);
         }
+        let record = self.recording.then(|| {
+            let name = self.tenant_name(&job.tenant);
+            record_of(job, &name, now, "delivered", None)
+        });
         outboxes.push_marked(client, &got.bytes);
-        let (key, target, method, record) = match self.finish(&got.request_id) {
+        let (key, target, method) = match self.finish(&got.request_id) {
             Some(job) => {
-                let record = self.recording.then(|| {
-                    let name = self.tenant_name(&job.tenant);
-                    record_of(&job, &name, now, "delivered", None)
-                });
                 let method = method_of(&job);
-                (job.tenant, job.target, method, record)
+                (job.tenant, job.target, method)
             }
             None => {
                 // kept until acknowledged
                 let job = &self.jobs[&got.request_id];
-                let record = self.recording.then(|| {
-                    let name = self.tenant_name(&job.tenant);
-                    record_of(job, &name, now, "delivered", None)
-                });
-                (
-                    job.tenant.clone(),
-                    job.target.clone(),
-                    method_of(job),
-                    record,
-                )
+                (job.tenant.clone(), job.target.clone(), method_of(job))
             }
         };
         if let Some(record) = record {
@@ -1383,6 +1361,7 @@ pub mod py {
 
     impl NativeTunnel {
         fn job_out(&self, py: Python<'_>, job: super::Job) -> PyResult<JobOut> {
+            let acked = job.acked();
             let conn = match job.client {
                 Some(c) => self.outboxes.bind(py).try_borrow()?.conn(py, c),
                 None => None,
@@ -1401,7 +1380,7 @@ pub mod py {
                 job.started,
                 job.body,
                 job.ack_mode,
-                job.acked,
+                acked,
                 body,
                 job.ack_token,
             ))

@@ -68,6 +68,13 @@ NO_ANSWER_IN_TIME = "the connector did not answer in time"
 CONNECTOR_UNAVAILABLE = "connector unavailable"
 
 
+def target_url(parts: list[str], query: str | None) -> str:
+    """What a client request's path split by `split("/", 4)` (`/mode/tenant/target/rest`) and
+    query ask of the target: the rest, with the query."""
+    url = parts[4] if len(parts) > 4 else ""
+    return url if query is None else f"{url}?{query}"
+
+
 def _status(status: int, reason: str) -> HttpResponse:
     return HttpResponse(status, reason.encode() + b"\n")
 
@@ -146,9 +153,7 @@ async def handle(
         record("rejected", "no connector")
         return _status(503, f"no connector of tenant {name} is connected")
     request_id = new_request_id()
-    url = parts[4] if len(parts) > 4 else ""
-    if request.query is not None:
-        url += "?" + request.query
+    url = target_url(parts, request.query)
     ack_mode = tenant.ack_mode if tenant.ack_mode is not None else dialect.ack_mode
     wire = ClientRequest(
         request_id=request_id,

@@ -47,6 +47,7 @@ from rmb_relay.protocols.tunnel.client import (
     _status,
     request_headers,
     respond,
+    target_url,
 )
 from rmb_relay.protocols.tunnel.hub import JOB_OVERHEAD, ConnectorSession, Hub, Job, Outcome
 from rmb_relay.protocols.tunnel.ids import request_id as new_request_id
@@ -262,9 +263,7 @@ def offer(
     if limit and hub.inflight(key) >= limit:
         metrics.express.inc(1, "limit")
         return None
-    url = parts[4] if len(parts) > 4 else ""
-    if request.query is not None:
-        url += "?" + request.query
+    url = target_url(parts, request.query)
     ack_mode = tenant.ack_mode if tenant.ack_mode is not None else dialect.ack_mode
     size = len(body)
     request_id = new_request_id()

@@ -20,12 +20,12 @@ here are the rare events, all with the express path's answers:
 - a `Deliver` the table does not answer (a body in the store, a status >= 400, a field HTTP/1.1
   cannot carry): the job is taken out of the table and finished by the hub as an express job;
 - the memory budget: a tenant registered here holds a lease of `LEASE` bytes of its budget
-  (taken when its connector joins and it is eligible, given back when its last connector
+  (taken when its connector joins and the lease fits, given back when its last connector
   leaves); its jobs here are admitted against the lease, and a request over it goes to Python,
   which admits or refuses it against the rest of the budget as before;
 - tenants' settings: a connected tenant whose settings change (management API, or the
-  tenant cache's TTL) is checked again at the next tick (one runs while any connector is
-  connected): disabled here if it is no longer eligible, registered if it became eligible;
+  tenant cache's TTL) is set again at the next tick (one runs while any connector is
+  connected): disabled here when it is gone, registered when its lease fits at last;
 - route records (`--records`): the table keeps them in Rust, with every field, and the
   records' channel takes them at its flush (`_records`, `Channel.add_source`); one answered
   in Python keeps the table's start (`adopt`);
@@ -54,6 +54,7 @@ from rmb_relay.protocols.tunnel.client import (
     _Record,
     _status,
     request_headers,
+    target_url,
 )
 from rmb_relay.protocols.tunnel.tenants import normalize
 from rmb_relay.protocols.tunnel.wire import ClientRequest
@@ -180,15 +181,16 @@ class NativeExpress:
 
     # ---- connectors and tenants ------------------------------------------------------------
 
-    def eligible(self, tenant: Tenant) -> bool:
-        """Every tenant with a connector here, unless requests go through Redis first (the
-        local shortcut off)."""
+    def serving(self) -> bool:
+        """The table serves every known tenant with a connector here, unless requests go
+        through Redis first (the local shortcut off; the bridge is set after the dialect is
+        built, so this is asked, not kept)."""
         dialect = self.dialect
         return dialect.bridge is None or dialect.settings.shortcut
 
     def connector_joined(self, connector: ConnectorSession) -> None:
-        """The table serves the connector's tenant when it is eligible; else the tick looks
-        again (its settings may change while it is connected)."""
+        """The table serves the connector's tenant (`serving`) when the tenant is known and
+        its lease fits the budget; else the tick tries again while it is connected."""
         if self.loop is None:
             self.loop = asyncio.get_running_loop()
         self._arm()
@@ -197,7 +199,7 @@ class NativeExpress:
             self.table.recording = True
             channel.add_source(self._records)
         tenant = self.dialect.tenants.get(connector.tenant_name)
-        if tenant is None or not self.eligible(tenant):
+        if tenant is None or not self.serving():
             return
         key = connector.tenant
         if not self.table.has_tenant(key):
@@ -328,10 +330,7 @@ class NativeExpress:
         if acked or request is None:  # (sent for good: all the hub reads of it)
             wire = ClientRequest(request_id, origin, target, tenant_name, method, "", {}, 0, origin)
         else:
-            parts = request.path.split("/", 4)
-            url = parts[4] if len(parts) > 4 else ""
-            if request.query is not None:
-                url += "?" + request.query
+            url = target_url(request.path.split("/", 4), request.query)
             content = body or b""
             wire = ClientRequest(
                 request_id,
@@ -372,15 +371,13 @@ class NativeExpress:
                 continue
             connected = True
             tenant = dialect.tenants.get(group[0].tenant_name)
-            eligible = tenant is not None and self.eligible(tenant)
-            if not self.table.has_tenant(key):
-                if eligible:  # became eligible while connected: as if its connectors joined
-                    for connector in group:
-                        self.connector_joined(connector)
-            elif tenant is None or not eligible:
+            if tenant is None or not self.serving():
                 self.table.disable(key)  # its jobs in flight are still answered here
-            else:
+            elif self.table.has_tenant(key):
                 self._set_tenant(key, tenant, 0)
+            else:  # (its lease may fit now): as if its connectors joined
+                for connector in group:
+                    self.connector_joined(connector)
         if len(self.table) or connected:
             self._arm()
 
