@@ -26,7 +26,7 @@
  *
  * Built and run by bench/tunnel_floor.py:
  *   tunnel_floor CLIENTS TARGETS SECONDS REQ RESP FRAME_REQ FRAME_RESP TARGET_REQ TARGET_RESP
- *                BATCH RATE DIRECT
+ *                BATCH RATE DIRECT WORK_US
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -54,6 +54,9 @@
 
 static int n_clients, n_targets, batch, direct;
 static double seconds, rate;
+/* seconds of CPU the relay and the connector each spend per message they pass (half a
+ * request's WORK_US each way): the user-space work a real relay adds to the system calls */
+static double work;
 /* bytes on each hop: client request/response, relay<->connector frames, connector<->target */
 static int req, resp, frame_req, frame_resp, target_req, target_resp;
 static volatile int stop;
@@ -119,6 +122,15 @@ static void write_all(int fd, const char *data, long n) {
 }
 
 static char zeros[BUF];
+
+/* spend `work` seconds of this thread's CPU (no system call: the clock is the vDSO's) */
+static void do_work(void) {
+    if (work <= 0)
+        return;
+    double until = monotonic() + work;
+    while (monotonic() < until)
+        ;
+}
 
 /* ---- the four parties ------------------------------------------------------------------ */
 
@@ -232,6 +244,7 @@ static void *relay(void *unused) {
                 while (link_got - at >= frame_resp) {
                     uint32_t i;
                     memcpy(&i, from_link + at, 4);
+                    do_work();
                     write_all(relay_client_fds[i], zeros, resp);
                     at += frame_resp;
                 }
@@ -246,6 +259,7 @@ static void *relay(void *unused) {
             got[i] += r;
             while (got[i] >= req) {
                 got[i] -= req;
+                do_work();
                 uint32_t index = i;
                 memcpy(out + pending, &index, 4);
                 pending += frame_req;
@@ -298,6 +312,7 @@ static void *connector(void *unused) {
                     }
                     int t = idle[--n_idle];
                     memcpy(&owner[t], from_link + at, 4);
+                    do_work();
                     write_all(connector_target_fds[t], zeros, target_req);
                     at += frame_req;
                 }
@@ -312,6 +327,7 @@ static void *connector(void *unused) {
             got[t] += r;
             if (got[t] >= target_resp) {
                 got[t] -= target_resp;
+                do_work();
                 memcpy(out + pending, &owner[t], 4);
                 pending += frame_resp;
                 idle[n_idle++] = t;
@@ -371,10 +387,10 @@ static void pair(int listener, struct sockaddr_in *address, int *a, int *b) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 13) {
+    if (argc != 14) {
         fprintf(stderr,
                 "usage: %s CLIENTS TARGETS SECONDS REQ RESP FRAME_REQ FRAME_RESP TARGET_REQ "
-                "TARGET_RESP BATCH RATE DIRECT\n",
+                "TARGET_RESP BATCH RATE DIRECT WORK_US\n",
                 argv[0]);
         return 2;
     }
@@ -390,6 +406,7 @@ int main(int argc, char **argv) {
     batch = atoi(argv[10]);
     rate = atof(argv[11]);
     direct = atoi(argv[12]);
+    work = atof(argv[13]) / 2e6;
     if (direct) { /* the client's connections are the target's: it answers them itself */
         n_targets = n_clients;
         target_req = req;

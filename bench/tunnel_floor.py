@@ -58,6 +58,7 @@ def run_once(
             "1" if batch else "0",
             str(rate),
             "1" if direct else "0",
+            str(args.work_us),
         ],
         check=True,
         capture_output=True,
@@ -93,6 +94,15 @@ def main() -> None:
         type=float,
         help="pace 64 clients at this many requests/s (Poisson) and report p50/p99, direct and "
         "through the two hops",
+    )
+    parser.add_argument(
+        "--work-us",
+        type=float,
+        default=0.0,
+        metavar="US",
+        help="CPU microseconds the relay and the connector each also spend per request (half "
+        "on the way in, half on the way out), spinning: how the latency and the rate respond "
+        "to the user-space work a real relay and connector add to the system calls",
     )
     args = parser.parse_args()
     print(f"load average {os.getloadavg()[0]:.2f}; bytes per hop {args.bytes}")
