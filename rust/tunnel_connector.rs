@@ -314,9 +314,6 @@ fn latin1(value: &[u8]) -> std::borrow::Cow<'_, str> {
     }
 }
 
-/// `wire.encode(TargetResponse(...))` for a target's answer read whole: the response fields
-/// (names lower-case as parsed, repeated ones grouped under their first place, framing fields
-/// left out: the relay sets its own), the body inline, `requestFailed` from the status.
 /// wire.py's `AcknowledgeRequest` as the hub invocation `Acknowledge`.
 fn acknowledge_message<S: Sink>(
     mut sink: S,
@@ -324,12 +321,7 @@ fn acknowledge_message<S: Sink>(
     request_id: &str,
     remove_body: bool,
 ) -> Vec<u8> {
-    sink.begin_map(2);
-    sink.key("target");
-    sink.str("Acknowledge");
-    sink.key("arguments");
-    sink.begin_array(1);
-    sink.element();
+    tunnel_wire::begin_invocation(&mut sink, "Acknowledge");
     sink.begin_map(3);
     sink.key("originId");
     sink.str(origin_id);
@@ -338,11 +330,12 @@ fn acknowledge_message<S: Sink>(
     sink.key("removeRequestBodyContent");
     sink.bool(remove_body);
     sink.end_map();
-    sink.end_array();
-    sink.end_map();
-    sink.into_bytes()
+    tunnel_wire::end_invocation(sink)
 }
 
+/// `wire.encode(TargetResponse(...))` for a target's answer read whole: the response fields
+/// (names lower-case as parsed, repeated ones grouped under their first place, framing fields
+/// left out: the relay sets its own), the body inline, `requestFailed` from the status.
 fn deliver_message<S: Sink>(
     mut sink: S,
     request_id: &str,
@@ -361,12 +354,7 @@ fn deliver_message<S: Sink>(
         }
     }
     let size = body.len() as i64;
-    sink.begin_map(2);
-    sink.key("target");
-    sink.str("Deliver");
-    sink.key("arguments");
-    sink.begin_array(1);
-    sink.element();
+    tunnel_wire::begin_invocation(&mut sink, "Deliver");
     sink.begin_map(11);
     sink.key("requestId");
     sink.str(request_id);
@@ -410,9 +398,7 @@ fn deliver_message<S: Sink>(
     sink.key("connectionId");
     sink.null();
     sink.end_map();
-    sink.end_array();
-    sink.end_map();
-    sink.into_bytes()
+    tunnel_wire::end_invocation(sink)
 }
 
 /// The parser's events for `data`; when they are exactly one whole answer, its `Deliver` is

@@ -430,14 +430,27 @@ fn opt_str<S: Sink>(sink: &mut S, value: Option<&str>) {
     }
 }
 
-/// The complete `RequestTarget` invocation, as `wire.encode(ClientRequest, binary)` writes it.
-pub fn encode_client_request<S: Sink>(mut sink: S, r: &ClientRequestRef<'_>) -> Vec<u8> {
+/// The start of a hub invocation, `{"target": target, "arguments": [`: the caller writes its
+/// one argument whole, then `end_invocation`.
+pub fn begin_invocation<S: Sink>(sink: &mut S, target: &str) {
     sink.begin_map(2);
     sink.key("target");
-    sink.str("RequestTarget");
+    sink.str(target);
     sink.key("arguments");
     sink.begin_array(1);
     sink.element();
+}
+
+/// The end of the invocation `begin_invocation` started: the message's bytes.
+pub fn end_invocation<S: Sink>(mut sink: S) -> Vec<u8> {
+    sink.end_array();
+    sink.end_map();
+    sink.into_bytes()
+}
+
+/// The complete `RequestTarget` invocation, as `wire.encode(ClientRequest, binary)` writes it.
+pub fn encode_client_request<S: Sink>(mut sink: S, r: &ClientRequestRef<'_>) -> Vec<u8> {
+    begin_invocation(&mut sink, "RequestTarget");
     sink.begin_map(16);
     sink.key("requestId");
     sink.str(r.request_id);
@@ -488,9 +501,7 @@ pub fn encode_client_request<S: Sink>(mut sink: S, r: &ClientRequestRef<'_>) -> 
     sink.key("acknowledgeUrl");
     opt_str(&mut sink, r.acknowledge_url);
     sink.end_map();
-    sink.end_array();
-    sink.end_map();
-    sink.into_bytes()
+    end_invocation(sink)
 }
 
 // ---- readers --------------------------------------------------------------------------------
@@ -1806,7 +1817,9 @@ pub mod py {
     use pyo3::prelude::*;
     use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
-    use super::{FieldRef, FieldValue, Json, Kind, Msgpack, Sink, KINDS};
+    use super::{
+        begin_invocation, end_invocation, FieldRef, FieldValue, Json, Kind, Msgpack, Sink, KINDS,
+    };
     use crate::error::Error;
 
     fn unsupported(what: &str) -> PyErr {
@@ -1883,12 +1896,7 @@ pub mod py {
                 .collect()
         });
         let attrs = &attrs[index];
-        sink.begin_map(2);
-        sink.key("target");
-        sink.str(kind);
-        sink.key("arguments");
-        sink.begin_array(1);
-        sink.element();
+        begin_invocation(&mut sink, kind);
         sink.begin_map(specs.len());
         for (spec, attr) in specs.iter().zip(attrs) {
             sink.key(spec.wire);
@@ -1902,9 +1910,7 @@ pub mod py {
             value(&mut sink, &v, 0)?;
         }
         sink.end_map();
-        sink.end_array();
-        sink.end_map();
-        Ok(sink.into_bytes())
+        Ok(end_invocation(sink))
     }
 
     /// One websocket message: msgpack when `binary`, else UTF-8 JSON; TunnelWireError for a

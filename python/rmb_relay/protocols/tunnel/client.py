@@ -154,7 +154,7 @@ async def handle(
         return _status(503, f"no connector of tenant {name} is connected")
     request_id = new_request_id()
     url = target_url(parts, request.query)
-    ack_mode = tenant.ack_mode if tenant.ack_mode is not None else dialect.ack_mode
+    ack_mode = dialect.ack_mode_of(tenant)
     wire = ClientRequest(
         request_id=request_id,
         request_origin_id=hub.origin_id,

@@ -160,6 +160,17 @@ class TunnelDialect(Dialect):
 
     # ---- where a request goes (scale-out hooks in here) -------------------------------------
 
+    def ack_mode_of(self, tenant: Tenant) -> int:
+        """The acknowledge mode the tenant's requests are sent with: its own, else the
+        relay's (`--tunnel-ack-mode`)."""
+        return tenant.ack_mode if tenant.ack_mode is not None else self.ack_mode
+
+    def serves_locally(self) -> bool:
+        """A request with a connector of its tenant here goes straight to it: no Redis, or
+        the local shortcut on (the bridge is set after the dialect is built, so this is
+        asked, not kept)."""
+        return self.bridge is None or self.settings.shortcut
+
     def _held_by(self, tenant: Hashable) -> int:
         """In-memory bytes of the tenant's requests held here (`rmb_relay_tunnel_held_bytes`):
         the budget's count without the part of the native table's lease no job uses (the

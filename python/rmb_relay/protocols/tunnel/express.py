@@ -253,18 +253,18 @@ def offer(
     hub = dialect.hub
     key = tenant.normalized
     group = hub.connectors.get(key)
-    if not group or (dialect.bridge is not None and not dialect.settings.shortcut):
+    if not group or not dialect.serves_locally():
         metrics.express.inc(1, "no connector")
         return None
     if key in hub.pending:
         metrics.express.inc(1, "queued")
         return None
-    limit = tenant.max_concurrent or hub.default_limit
+    limit = hub.limit_of(tenant.max_concurrent)
     if limit and hub.inflight(key) >= limit:
         metrics.express.inc(1, "limit")
         return None
     url = target_url(parts, request.query)
-    ack_mode = tenant.ack_mode if tenant.ack_mode is not None else dialect.ack_mode
+    ack_mode = dialect.ack_mode_of(tenant)
     size = len(body)
     request_id = new_request_id()
     origin_id = hub.origin_id

@@ -324,9 +324,7 @@ class Hub:
         connector.inflight.clear()
         connector.unacked.clear()
         for job in reversed(redeliver):
-            job.connector = None
-            self.metrics.redelivered.inc()
-            self.pending.setdefault(job.tenant, collections.deque()).appendleft(job)
+            self.redeliver(job)
         self.pump(connector.tenant)
 
     # ---- jobs ------------------------------------------------------------------------------
@@ -393,12 +391,13 @@ class Hub:
             self._tell_native(job.tenant)
 
     def redeliver(self, job: Job) -> None:
-        """A job its connector took and left without acknowledging (the native table's,
-        native.py): first in its tenant's queue to be sent again, admitted to the memory
-        budget again (over it, its client is answered 503 and it is dropped). The caller
-        pumps the queue."""
+        """A job its connector took and left without acknowledging (the hub's, or the native
+        table's, native.py): first in its tenant's queue to be sent again, admitted to the
+        memory budget again if it left it (over it, its client is answered 503 and it is
+        dropped). The caller pumps the queue."""
         if not self._admitted(job, "not sent again"):
             return
+        job.connector = None
         self.jobs[job.request_id] = job
         self.metrics.redelivered.inc()
         self.pending.setdefault(job.tenant, collections.deque()).appendleft(job)
@@ -437,7 +436,7 @@ class Hub:
         group = self.connectors.get(tenant)
         while queue and group:
             job = queue[0]
-            limit = job.limit or self.default_limit
+            limit = self.limit_of(job.limit)
             if limit and self.inflight(tenant) >= limit:
                 return
             queue.popleft()
@@ -448,6 +447,11 @@ class Hub:
             self._send(job, self.pick(tenant, group), now)
         if queue is not None and not queue:
             self.pending.pop(tenant, None)
+
+    def limit_of(self, max_concurrent: int) -> int:
+        """A tenant's limit of jobs in flight here: its own (`max_concurrent`), else the
+        relay's (`--tunnel-max-concurrent`); 0: none."""
+        return max_concurrent or self.default_limit
 
     def pick(self, tenant: str, group: list[ConnectorSession]) -> ConnectorSession:
         """The connector of `group` (the tenant's here) the next job goes to."""

@@ -181,16 +181,10 @@ class NativeExpress:
 
     # ---- connectors and tenants ------------------------------------------------------------
 
-    def serving(self) -> bool:
-        """The table serves every known tenant with a connector here, unless requests go
-        through Redis first (the local shortcut off; the bridge is set after the dialect is
-        built, so this is asked, not kept)."""
-        dialect = self.dialect
-        return dialect.bridge is None or dialect.settings.shortcut
-
     def connector_joined(self, connector: ConnectorSession) -> None:
-        """The table serves the connector's tenant (`serving`) when the tenant is known and
-        its lease fits the budget; else the tick tries again while it is connected."""
+        """The table serves the connector's tenant (when `dialect.serves_locally`) when the
+        tenant is known and its lease fits the budget; else the tick tries again while it is
+        connected."""
         if self.loop is None:
             self.loop = asyncio.get_running_loop()
         self._arm()
@@ -199,7 +193,7 @@ class NativeExpress:
             self.table.recording = True
             channel.add_source(self._records)
         tenant = self.dialect.tenants.get(connector.tenant_name)
-        if tenant is None or not self.serving():
+        if tenant is None or not self.dialect.serves_locally():
             return
         key = connector.tenant
         if not self.table.has_tenant(key):
@@ -233,9 +227,9 @@ class NativeExpress:
             tenant.name,
             tenant.require_authentication,
             lease,
-            limit=tenant.max_concurrent or hub.default_limit,
+            limit=hub.limit_of(tenant.max_concurrent),
             least_inflight=hub.least_inflight,
-            ack_mode=tenant.ack_mode if tenant.ack_mode is not None else dialect.ack_mode,
+            ack_mode=dialect.ack_mode_of(tenant),
         )
 
     def outside(self, key: str, queued: bool, group: list[ConnectorSession] | None) -> None:
@@ -371,7 +365,7 @@ class NativeExpress:
                 continue
             connected = True
             tenant = dialect.tenants.get(group[0].tenant_name)
-            if tenant is None or not self.serving():
+            if tenant is None or not self.dialect.serves_locally():
                 self.table.disable(key)  # its jobs in flight are still answered here
             elif self.table.has_tenant(key):
                 self._set_tenant(key, tenant, 0)
