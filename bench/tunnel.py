@@ -613,12 +613,26 @@ async def _run(args: argparse.Namespace, programs: dict[str, Path]) -> list[Resu
          f"ws://127.0.0.1:{base_port}/connect", "--target", target_url],
         env,
     )  # fmt: skip
-    print("pids " + " ".join(f"{name}={p.pid}" for name, p in processes.items()), flush=True)
     routes = {
         "direct": (target_port, "/echo", ("target",)),
         "tunnel": (relay_port, "/relay/acme/app/echo", ("relay", *connectors, "target")),
         "baseline": (base_port, "/relay/echo", ("baseline", "baseline-connector", "target")),
     }
+    if "pyfloor" in args.routes:  # the thinnest Python tunnel (bench/tunnel_pyfloor.py)
+        floor_port, link_port = free_port(), free_port()
+        floor = [py, "-m", "bench.tunnel_pyfloor"]
+        processes["pyfloor-relay"] = spawn(
+            [*floor, "relay", "--port", str(floor_port), "--link-port", str(link_port)], env
+        )
+        processes["pyfloor-connector"] = spawn(
+            [*floor, "connector", "--link-port", str(link_port),
+             "--target-port", str(target_port)],
+            env,
+        )  # fmt: skip
+        routes["pyfloor"] = (
+            floor_port, "/relay/acme/app/echo", ("pyfloor-relay", "pyfloor-connector", "target")
+        )  # fmt: skip
+    print("pids " + " ".join(f"{name}={p.pid}" for name, p in processes.items()), flush=True)
     results: list[Result] = []
     token: str | None = None
     meter = functools.partial(measure, generator=programs.get("http_load"))
@@ -661,7 +675,9 @@ async def _run(args: argparse.Namespace, programs: dict[str, Path]) -> list[Resu
             if rate is not None:
                 # the same generator and pacing for both routes: the difference is the tunnel's
                 for _ in range(args.half_repeat):
-                    for route in ("direct", "tunnel"):
+                    for route in ("direct", "tunnel", "pyfloor"):
+                        if route not in routes:
+                            continue
                         port, path, parties = routes[route]
                         pids = {name: processes[name].pid for name in parties}
                         result = await meter(
