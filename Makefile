@@ -18,6 +18,22 @@ PROTO_OUT := tests/_proto
 PROTO_PKG := python/rmb_relay/_proto
 PROTO_SRC := proto/types.proto proto/peer.proto
 
+# Profile-guided build (PGO=1, the default; PGO=0 for a quick edit-build loop): the core is built
+# instrumented, trained by bench/pgo_train.py (the benchmarks' own load, ~1.5 min), and built
+# again with the profile. Hot paths laid out together cost less where it matters, with cold
+# caches at a request per wakeup (bench/pgo_train.py says what was measured). Without rustup's
+# llvm-tools (installed here when rustup is there) the build goes on without a profile, and says so.
+PGO ?= 1
+PGO_DIR := target/pgo
+PGO_PROFILE := $(PGO_DIR)/merged.profdata
+PGO_TRAINING := bench/pgo_train.py bench/scenarios.py bench/tunnel.py bench/singyeong.py
+LLVM_PROFDATA = ls $$(rustc --print sysroot)/lib/rustlib/*/bin/llvm-profdata 2>/dev/null | head -1
+# the profile-using build's flags and its own target dir (clippy and cargo test keep theirs: a
+# change of RUSTFLAGS would rebuild everything in a shared one, both ways), when there is one
+PGO_ENV = if [ "$(PGO)" = 1 ] && [ -f $(PGO_PROFILE) ]; then \
+	  export RUSTFLAGS="-Cprofile-use=$(abspath $(PGO_PROFILE))" CARGO_TARGET_DIR=$(abspath target/pgo-use); \
+	else echo "build: a plain release build (no PGO profile)"; fi;
+
 SBD_TESTER := .tools/sbd-tester/bin/sbd-o-bahn-server-tester-bin
 # the tester's build cache lives outside the clone, so a fresh clone on the same machine rebuilds in seconds
 SBD_TESTER_TARGET ?= $(HOME)/.cache/rmb-relay/sbd-tester-target
@@ -47,12 +63,28 @@ $(PY_STAMP): pyproject.toml
 	$(PY) -m pip install -q $$($(PY) -c 'import tomllib;d=tomllib.load(open("pyproject.toml","rb"))["project"];print(" ".join(repr(x) for x in d["dependencies"]+d["optional-dependencies"]["dev"]))' | tr -d "'")
 	touch $@
 
-$(BUILD_STAMP): $(PY_STAMP) $(RUST_SOURCES) $(PROTO_PKG)/types_pb2.py
-	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/maturin develop -q $(MATURIN_FLAGS)
+$(BUILD_STAMP): $(PY_STAMP) $(RUST_SOURCES) $(PROTO_PKG)/types_pb2.py $(if $(filter 1,$(PGO)),$(PGO_PROFILE))
+	$(PGO_ENV) VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/maturin develop -q $(MATURIN_FLAGS)
 	$(PY) -c 'import rmb_relay._core'
 	touch $@
 
-build: $(BUILD_STAMP) ## build the extension into the venv
+build: $(BUILD_STAMP) ## build the extension into the venv (profile-guided unless PGO=0)
+
+# the instrumented core, staged beside a copy of the package so that only the training loads it
+$(PGO_PROFILE): $(PY_STAMP) $(RUST_SOURCES) $(PROTO_PKG)/types_pb2.py $(PGO_TRAINING)
+	@if [ -z "$$($(LLVM_PROFDATA))" ] && command -v rustup >/dev/null; then rustup component add llvm-tools; fi
+	@if [ -z "$$($(LLVM_PROFDATA))" ]; then \
+	  echo "pgo: llvm-profdata not found (rustup component add llvm-tools): building without a profile"; \
+	  exit 0; \
+	fi; \
+	set -e; rm -rf $(PGO_DIR); mkdir -p $(PGO_DIR)/python; \
+	RUSTFLAGS="-Cprofile-generate=$(abspath $(PGO_DIR))/raw" CARGO_TARGET_DIR=$(abspath target/pgo-gen) \
+	  cargo build -q --release --features extension-module --lib; \
+	cp -r python/rmb_relay $(PGO_DIR)/python/; \
+	cp target/pgo-gen/release/lib_core.so $(PGO_DIR)/python/rmb_relay/_core.abi3.so; \
+	PYTHONPATH=$(abspath $(PGO_DIR))/python RMB_BENCH_RESULTS=$(abspath $(PGO_DIR))/results \
+	  $(PY) -m bench.pgo_train; \
+	$$($(LLVM_PROFDATA)) merge -o $@ $(PGO_DIR)/raw
 
 build-profiling: $(PY_STAMP) ## release build with debug symbols, for py-spy/perf
 	VIRTUAL_ENV=$(abspath $(VENV)) $(BIN)/maturin develop --profile profiling
@@ -100,8 +132,8 @@ sbd-conformance: $(SBD_TESTER) $(BUILD_STAMP) ## the public SBD conformance suit
 	  sed -n '/TEST RESULTS/,$$p' .tools/sbd-conformance.out; \
 	  [ $$status = 0 ] || { echo "SBD conformance failed ($$status); see .tools/sbd-conformance.{out,log}"; exit $$status; }
 
-wheel: $(PY_STAMP) $(PROTO_PKG)/types_pb2.py ## release wheel into dist/
-	$(BIN)/maturin build --release -o dist
+wheel: $(PY_STAMP) $(PROTO_PKG)/types_pb2.py $(if $(filter 1,$(PGO)),$(PGO_PROFILE)) ## release wheel into dist/ (profile-guided unless PGO=0)
+	$(PGO_ENV) $(BIN)/maturin build --release -o dist
 
 clean:
 	rm -rf target dist $(VENV) $(PROTO_OUT) $(PROTO_PKG)

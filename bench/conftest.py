@@ -7,12 +7,11 @@ from __future__ import annotations
 import json
 import subprocess
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-RESULTS = Path(__file__).parent / "results"
+from .outdir import RESULTS
 
 
 def _commit() -> str:
@@ -74,7 +73,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write_line(table)
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     (RESULTS / f"micro-{stamp}.json").write_text(
         json.dumps({"commit": _commit(), "time": stamp, "rows": rows + against}, indent=2) + "\n"

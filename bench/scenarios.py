@@ -30,10 +30,10 @@ from typing import Any
 from rmb_relay.load.cli import _parser as load_parser
 from rmb_relay.load.cli import run_load
 
+from .outdir import RESULTS
 from .procstat import free_port, rss_bytes, system_seconds, tree_cpu_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 PY = sys.executable
 
 
@@ -323,7 +323,7 @@ def print_rows(rows: list[dict[str, Any]], header: bool = True) -> None:
 
 
 def save(name: str, rows: list[dict[str, Any]]) -> None:
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%dT%H%M%S")
     (RESULTS / f"{name}-{stamp}.json").write_text(
         json.dumps({"commit": commit(), "time": stamp, "rows": rows}, indent=2) + "\n"

@@ -36,10 +36,10 @@ from typing import Any
 
 from rmb_relay._core import ClientFrameEncoder, WsDecoder, WsMessage
 
+from .outdir import RESULTS
 from .procstat import cpu_seconds, cpu_split, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 SCENARIOS = ("send_eq", "send_range", "broadcast", "broadcast_1000", "queue")
 GROUP = 1000  # clients per broadcast group
 CONSUMERS = 20
@@ -404,7 +404,7 @@ def main() -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"singyeong-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(json.dumps({"commit": commit, "rows": rows}, indent=1))
     print(

@@ -44,6 +44,7 @@ import uvloop
 from aiohttp import web
 
 from .floor_build import compiled
+from .outdir import RESULTS
 from .procstat import cpu_seconds, free_port, io_syscalls, wait_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -768,7 +769,8 @@ def main() -> None:
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
     ).stdout.strip()
-    out = ROOT / "bench" / "results" / f"tunnel-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"tunnel-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(
         json.dumps(
             {
