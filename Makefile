@@ -71,7 +71,8 @@ $(BUILD_STAMP): $(PY_STAMP) $(RUST_SOURCES) $(PROTO_PKG)/types_pb2.py $(if $(fil
 build: $(BUILD_STAMP) ## build the extension into the venv (profile-guided unless PGO=0)
 
 # the instrumented core, staged beside a copy of the package so that only the training loads it
-$(PGO_PROFILE): $(PY_STAMP) $(RUST_SOURCES) $(PROTO_PKG)/types_pb2.py $(PGO_TRAINING)
+# (the baseline relays of the training import the tests' protobuf classes: PROTO_OUT)
+$(PGO_PROFILE): $(PY_STAMP) $(RUST_SOURCES) $(PROTO_PKG)/types_pb2.py $(PROTO_OUT)/types_pb2.py $(PGO_TRAINING)
 	@if [ -z "$$($(LLVM_PROFDATA))" ] && command -v rustup >/dev/null; then rustup component add llvm-tools; fi
 	@if [ -z "$$($(LLVM_PROFDATA))" ]; then \
 	  echo "pgo: llvm-profdata not found (rustup component add llvm-tools): building without a profile"; \
