@@ -178,7 +178,9 @@ class Gateway:
         self.port = free_port()
         if kind == "rmb-relay":
             cmd = [
-                str(ROOT / ".venv/bin/rmb-relay"),
+                sys.executable,
+                "-m",
+                "rmb_relay",
                 "serve",
                 "--no-sbd",
                 "-l",

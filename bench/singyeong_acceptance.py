@@ -252,7 +252,9 @@ def main() -> int:
                 gateways.append(
                     subprocess.Popen(
                         [
-                            str(ROOT / ".venv/bin/rmb-relay"),
+                            sys.executable,
+                            "-m",
+                            "rmb_relay",
                             "serve",
                             "--no-sbd",
                             "-l",
