@@ -18,10 +18,8 @@
 //! [`drain`](Outboxes::drain)); Python's own sends do not: it flushes the connections it sent
 //! to itself, and a flush takes everything buffered, fast-path frames included, in order.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasherDefault, Hasher};
-
 use crate::crossing::Crossing;
+use crate::maps::IdMap;
 use crate::routes::ConnId;
 use crate::ws::{frame_len, write_header, OP_BINARY};
 
@@ -34,30 +32,6 @@ const KEEP_CAPACITY: usize = 256 << 10;
 /// connection holds no buffer at all. At most 32 buffers (one per connection written to in a
 /// read is plenty) of at most `KEEP_CAPACITY` are kept (8 MiB).
 pub type Spares = crate::lent::Spares<u8, 32, KEEP_CAPACITY>;
-
-/// Hashes a connection id with one multiplication. Ids are ours (a counter), never chosen by a
-/// peer, so the map needs no protection against crafted keys, and SipHash costs ~15 ns a
-/// lookup, three or four of which each forwarded message makes.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-
-    fn write_u64(&mut self, id: u64) {
-        self.0 = id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
-
-type IdMap<V> = HashMap<ConnId, V, BuildHasherDefault<IdHasher>>;
 
 /// Messages and bytes forwarded by the fast path (what `/metrics` adds to Python's counters).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -581,9 +555,10 @@ pub mod py {
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyList, PyMemoryView, PyTuple};
 
-    use super::{IdMap, Spares};
+    use super::Spares;
     use crate::crossing::place;
     use crate::lent::py::fill_read_only_view;
+    use crate::maps::IdMap;
     use crate::routes::py::RouteTable;
     use crate::routes::ConnId;
     use crate::ws::{OP_BINARY, OP_TEXT};

@@ -20,6 +20,7 @@ pub mod http_response;
 /// buffers lent to Python without a copy, and their pool
 pub mod lent;
 pub mod limiter;
+pub mod maps;
 pub mod records;
 pub mod routes;
 pub mod sbd;

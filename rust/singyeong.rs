@@ -35,11 +35,7 @@
 //! [`Decision::Python`]: the frame goes to Python unchanged, and so does every later frame of
 //! the same read (scan.rs), so each connection's frames are still handled in order.
 
-use std::collections::HashMap;
-
-use crate::forward::IdHasher;
-use crate::routes::ConnId;
-use std::hash::BuildHasherDefault;
+use crate::maps::IdMap;
 
 /// Nesting deeper than this goes to Python (whose decoder takes ~1,000 levels).
 const MAX_DEPTH: usize = 64;
@@ -60,8 +56,6 @@ const MAX_DECODED_INT_DIGITS: usize = 4000;
 /// The gateway key whose value changes on every heartbeat: never indexed here (a query on it
 /// goes to Python), so heartbeats cost no index update.
 pub const VOLATILE_KEY: &str = "last_heartbeat_time";
-
-type IdMap<V> = HashMap<ConnId, V, BuildHasherDefault<IdHasher>>;
 
 #[path = "sg_json.rs"]
 mod json;

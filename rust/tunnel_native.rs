@@ -44,10 +44,10 @@
 //! Sans-I/O: the time is an argument (the dialect's clock, ns), randomness comes from Python.
 
 use std::collections::HashMap;
-use std::hash::BuildHasherDefault;
 
-use crate::forward::{IdHasher, Outboxes};
+use crate::forward::Outboxes;
 use crate::http::{Framing, RequestHead};
+use crate::maps::IdMap;
 use crate::routes::ConnId;
 use crate::tunnel_express::{answer, request_headers};
 use base64::Engine as _;
@@ -56,8 +56,6 @@ use crate::tunnel_wire::{
     decode, encode_client_request, ClientRequestRef, FieldValue, Json, Msgpack,
 };
 use crate::ws::{OP_BINARY, OP_TEXT};
-
-type IdMap<V> = HashMap<ConnId, V, BuildHasherDefault<IdHasher>>;
 
 /// hub.py's `JOB_OVERHEAD`: what a job costs the memory budget beyond its text and body.
 pub const JOB_OVERHEAD: u64 = 1330;
