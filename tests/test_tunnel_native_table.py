@@ -464,10 +464,10 @@ async def test_least_inflight_counts_pythons_jobs_with_the_tables(
         busy = asyncio.ensure_future(held.request("GET", "/relay/acme/a%70p/slow"))
         await asyncio.wait_for(tunnel.target.entered.wait(), WAIT)
         assert _native(tunnel) == 0
-        busy_one, idle = (a, b) if a.received else (b, a)
+        busy_one, idle = (a, b) if a.requests_received else (b, a)
         for _ in range(4):
             assert (await client.request("GET", "/relay/acme/$ping/"))[0] == 200
-        assert (len(busy_one.received), len(idle.received)) == (1, 4)
+        assert (busy_one.requests_received, idle.requests_received) == (1, 4)
         assert _native(tunnel) == 4
         tunnel.target.release.set()
         assert (await busy)[0] == 200

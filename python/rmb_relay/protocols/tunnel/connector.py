@@ -76,8 +76,6 @@ CHUNK = 256 * 1024
 PING_AFTER = 15.0
 DEAD_AFTER = 45.0
 KEEPALIVE_TICK = 5.0
-#: request ids kept in `Connector.received` (between this and twice this many)
-RECEIVED_KEPT = 1024
 
 
 def reconnect_delay(attempt: int, low: float, high: float, rng: random.Random) -> float:
@@ -234,9 +232,8 @@ class Connector:
         self.native_delivered = 0
         #: set while a websocket is open (tests and the CLI wait on it)
         self.connected = asyncio.Event()
-        #: the ids of the last requests received (tests read it: which requests reached this
-        #: connector); bounded, as a connector runs for months
-        self.received: list[str] = []
+        #: requests received from the relay (tests count which connector got them)
+        self.requests_received = 0
         self._token: str | None = None
         self._session: aiohttp.ClientSession | None = None
         self._ws: WebSocketClient | None = None
@@ -367,12 +364,6 @@ class Connector:
                 log.warning("connector: relay silent for %.0f s: reconnecting", DEAD_AFTER)
                 return
 
-    def _note_received(self, request_id: str) -> None:
-        received = self.received
-        received.append(request_id)
-        if len(received) >= 2 * RECEIVED_KEPT:
-            del received[:RECEIVED_KEPT]
-
     def _make_core(self) -> TunnelConnectorCore:
         """The native path for a new websocket: the web targets over plain HTTP it may serve
         (by their `str.upper()` names, as the Python path matches them)."""
@@ -422,7 +413,7 @@ class Connector:
         conn = pool.take_idle()
         if conn is None:
             return False
-        self._note_received(request_id)
+        self.requests_received += 1
         exchange = _FastExchange(self, None, time.monotonic(), pool)
         exchange.core = core
         exchange.payload = payload
@@ -444,7 +435,7 @@ class Connector:
             log.warning("connector: bad message from the relay: %s", err)
             return
         if isinstance(message, ClientRequest):
-            self._note_received(message.request_id)
+            self.requests_received += 1
             if not self._start_fast(message):
                 self._start_task(message, time.monotonic())
         elif isinstance(message, TenantConfig):
