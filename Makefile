@@ -22,7 +22,9 @@ PROTO_SRC := proto/types.proto proto/peer.proto
 # instrumented, trained by bench/pgo_train.py (the benchmarks' own load, ~1.5 min), and built
 # again with the profile. Hot paths laid out together cost less where it matters, with cold
 # caches at a request per wakeup (bench/pgo_train.py says what was measured). Without rustup's
-# llvm-tools (installed here when rustup is there) the build goes on without a profile, and says so.
+# llvm-tools (added here when rustup can fetch them: its dist server is not one of every machine's
+# registries) the build goes on without a profile, and says so. Debian's llvm-profdata cannot
+# stand in: the profile's format follows rustc's own LLVM.
 PGO ?= 1
 PGO_DIR := target/pgo
 PGO_PROFILE := $(PGO_DIR)/merged.profdata
@@ -73,7 +75,9 @@ build: $(BUILD_STAMP) ## build the extension into the venv (profile-guided unles
 # the instrumented core, staged beside a copy of the package so that only the training loads it
 # (the baseline relays of the training import the tests' protobuf classes: PROTO_OUT)
 $(PGO_PROFILE): $(PY_STAMP) $(RUST_SOURCES) $(PROTO_PKG)/types_pb2.py $(PROTO_OUT)/types_pb2.py $(PGO_TRAINING)
-	@if [ -z "$$($(LLVM_PROFDATA))" ] && command -v rustup >/dev/null; then rustup component add llvm-tools; fi
+	@if [ -z "$$($(LLVM_PROFDATA))" ] && command -v rustup >/dev/null; then \
+	  timeout 300 rustup component add llvm-tools || echo "pgo: rustup could not add llvm-tools"; \
+	fi
 	@if [ -z "$$($(LLVM_PROFDATA))" ]; then \
 	  echo "pgo: llvm-profdata not found (rustup component add llvm-tools): building without a profile"; \
 	  exit 0; \
