@@ -32,7 +32,8 @@ PGO_TRAINING := bench/pgo_train.py bench/scenarios.py bench/tunnel.py bench/sing
 LLVM_PROFDATA = ls $$(rustc --print sysroot)/lib/rustlib/*/bin/llvm-profdata 2>/dev/null | head -1
 # the profile-using build's flags and its own target dir (clippy and cargo test keep theirs: a
 # change of RUSTFLAGS would rebuild everything in a shared one, both ways), when there is one
-PGO_ENV = if [ "$(PGO)" = 1 ] && [ -f $(PGO_PROFILE) ]; then \
+# (an empty profile stands for "no llvm-profdata here", so that make does not retry every time)
+PGO_ENV = if [ "$(PGO)" = 1 ] && [ -s $(PGO_PROFILE) ]; then \
 	  export RUSTFLAGS="-Cprofile-use=$(abspath $(PGO_PROFILE))" CARGO_TARGET_DIR=$(abspath target/pgo-use); \
 	else echo "build: a plain release build (no PGO profile)"; fi;
 
@@ -80,7 +81,7 @@ $(PGO_PROFILE): $(PY_STAMP) $(RUST_SOURCES) $(PROTO_PKG)/types_pb2.py $(PROTO_OU
 	fi
 	@if [ -z "$$($(LLVM_PROFDATA))" ]; then \
 	  echo "pgo: llvm-profdata not found (rustup component add llvm-tools): building without a profile"; \
-	  exit 0; \
+	  mkdir -p $(PGO_DIR) && : > $@; exit 0; \
 	fi; \
 	set -e; rm -rf $(PGO_DIR); mkdir -p $(PGO_DIR)/python; \
 	RUSTFLAGS="-Cprofile-generate=$(abspath $(PGO_DIR))/raw" CARGO_TARGET_DIR=$(abspath target/pgo-gen) \

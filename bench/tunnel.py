@@ -674,7 +674,7 @@ async def _run(args: argparse.Namespace, programs: dict[str, Path]) -> list[Resu
             )
             rate = args.half_rate or (full.rps / 2 if full is not None else None)
             if rate is not None:
-                # the same generator and pacing for both routes: the difference is the tunnel's
+                # the same generator and pacing for every route: the difference is the tunnel's
                 for _ in range(args.half_repeat):
                     for route in ("direct", "tunnel", "pyfloor"):
                         if route not in routes:
@@ -738,7 +738,13 @@ def main() -> None:
         help="the tunnel's tenant requires a bearer token; the generator sends one from "
         "POST /tunnel/token",
     )
-    parser.add_argument("--routes", nargs="*", default=["direct", "tunnel", "baseline"])
+    parser.add_argument(
+        "--routes",
+        nargs="*",
+        default=["direct", "tunnel", "baseline"],
+        help="routes to measure: direct, tunnel, baseline, and pyfloor (the thinnest tunnel a "
+        "Python relay and connector can be, bench/tunnel_pyfloor.py; measured at half load too)",
+    )
     parser.add_argument(
         "--relay-flag",
         action="append",
