@@ -77,7 +77,7 @@ build: $(BUILD_STAMP) ## build the extension into the venv (profile-guided unles
 # (the baseline relays of the training import the tests' protobuf classes: PROTO_OUT)
 $(PGO_PROFILE): $(PY_STAMP) $(RUST_SOURCES) $(PROTO_PKG)/types_pb2.py $(PROTO_OUT)/types_pb2.py $(PGO_TRAINING)
 	@if [ -z "$$($(LLVM_PROFDATA))" ] && command -v rustup >/dev/null; then \
-	  timeout 300 rustup component add llvm-tools || echo "pgo: rustup could not add llvm-tools"; \
+	  timeout 180 rustup component add llvm-tools || echo "pgo: rustup could not add llvm-tools"; \
 	fi
 	@if [ -z "$$($(LLVM_PROFDATA))" ]; then \
 	  echo "pgo: llvm-profdata not found (rustup component add llvm-tools): building without a profile"; \
