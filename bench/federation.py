@@ -33,10 +33,10 @@ from rmb_relay.load.stats import summary as stats_summary
 from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
 
+from .outdir import RESULTS
 from .procstat import cpu_seconds, free_port, system_seconds, wait_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
 A, B = "127.0.0.2", "127.0.0.3"
 SENDERS, RECEIVERS = 10_000, 20_000
 #: envelopes that arrived after a later one of the same pair (federated runs)

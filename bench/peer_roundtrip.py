@@ -40,7 +40,8 @@ from tests.peer_fixtures import (
     start_relay,
 )
 
-from bench.scenarios import RESULTS, commit
+from bench.outdir import RESULTS
+from bench.scenarios import commit
 from rmb_relay.peer.resp import RespClient
 
 from .procstat import cpu_seconds

@@ -31,6 +31,7 @@ from bench.scenarios import PY, ROOT, commit
 from rmb_relay.load.cli import _parser as load_parser
 from rmb_relay.load.cli import run_load
 
+from .outdir import RESULTS
 from .procstat import cpu_seconds, free_port
 
 SBD_SERVERD = ROOT / ".tools" / "sbd-server" / "bin" / "sbd-serverd"
@@ -176,9 +177,10 @@ def main() -> None:
     print("|" + "---|" * len(columns))
     for row in rows:
         print("| " + " | ".join(str(row[c]) for c in columns) + " |")
-    out = ROOT / "bench" / "results" / f"sbd-vs-reference-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"sbd-vs-reference-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(json.dumps({"commit": commit(), "rows": rows}, indent=1) + "\n")
-    print(f"saved {out.relative_to(ROOT)}")
+    print(f"saved {out}")
 
 
 if __name__ == "__main__":

@@ -39,9 +39,9 @@ from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
 
 from .hardening import RelayProcess
+from .outdir import RESULTS
 from .scenarios import ROOT, commit, raise_fd_limit
 
-RESULTS = ROOT / "bench" / "results"
 MIB = 1 << 20
 #: mailbox stream: requests per second to the offline twin
 MAILBOX_RATE = 50
@@ -279,7 +279,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rmb-soak-") as tmp:
         result = asyncio.run(soak(args.duration, Path(tmp)))
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-    RESULTS.mkdir(exist_ok=True)
+    RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"soak-{stamp}.json").write_text(json.dumps(result, indent=1))
     (RESULTS / f"soak-{stamp}.svg").write_text(svg(result))
     shown = {k: v for k, v in result.items() if k != "rss_mib"}

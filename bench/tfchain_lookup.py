@@ -31,6 +31,7 @@ import uvloop
 from tests.peer_fixtures import mnemonic_for
 from tests.tfchain_fixtures import bad_node, put_twin, start_devchain
 
+from bench.outdir import RESULTS
 from rmb_relay.identity import signing_key
 from rmb_relay.twins.cache import CachedTwinDirectory
 from rmb_relay.twins.chain import ChainCodec
@@ -162,7 +163,8 @@ def main() -> None:
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **result,
     }
-    out = Path(__file__).parent / "results" / f"tfchain-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"tfchain-{time.strftime('%Y%m%dT%H%M%S')}.json"
     out.write_text(json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
 
