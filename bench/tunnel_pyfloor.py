@@ -133,11 +133,8 @@ class _Targets(dict[int, asyncio.Transport]):
         self.batch, self.port = batch, port
         self.waiting: dict[int, list[bytes]] = {}
 
-    def write(self, number: int, payload: memoryview) -> None:
-        transport = self.get(number)
-        if transport is not None:
-            transport.write(payload)
-            return
+    def hold(self, number: int, payload: memoryview) -> None:
+        """A frame for a number not connected yet: kept until its connection is open."""
         if number not in self.waiting:
             self.waiting[number] = []
             asyncio.get_running_loop().create_task(self._open(number))
@@ -164,7 +161,7 @@ class _ConnectorLink(_Link):
             if transport is not None:
                 transport.write(payload)
             else:
-                targets.write(number, payload)
+                targets.hold(number, payload)
 
 
 async def connector(link_port: int, target_port: int) -> None:
