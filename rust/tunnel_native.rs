@@ -1055,14 +1055,10 @@ mod tests {
         assert!(due.iter().all(|(_, name, _)| name == "acme"));
         // the jobs run on until their connector answers or leaves
         assert_eq!(t.inflight("ACME"), 4);
-        let Left {
-            clients,
-            again,
-            lease,
-        } = t.connector_left("ACME", 9, 0);
-        assert!(again.is_empty());
-        assert!(clients.is_empty());
-        assert_eq!(lease, Some(4 * t_size));
+        let left = t.connector_left("ACME", 9, 0);
+        assert!(left.again.is_empty());
+        assert!(left.clients.is_empty());
+        assert_eq!(left.lease, Some(4 * t_size));
         assert!(t.tenants.is_empty());
     }
 
@@ -1307,14 +1303,10 @@ mod tests {
         t.offer(&h, &body, 1, (0, 0), &mut o).unwrap();
         t.offer(&h, &body, 2, (0, 0), &mut o).unwrap();
         t.abandon(2);
-        let Left {
-            clients,
-            again,
-            lease,
-        } = t.connector_left("ACME", 9, 0);
-        assert!(again.is_empty());
-        assert_eq!(clients, vec![(1, String::new())]);
-        assert_eq!(lease, Some(1 << 20));
+        let left = t.connector_left("ACME", 9, 0);
+        assert!(left.again.is_empty());
+        assert_eq!(left.clients, vec![(1, String::new())]);
+        assert_eq!(left.lease, Some(1 << 20));
         assert_eq!(t.requests[&("acme".into(), "-".into(), 503)], 1);
     }
 }
