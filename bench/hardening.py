@@ -336,7 +336,7 @@ async def scenario_tunnel_queue_flood(directory: Path, relay_path: str | None) -
     """Queue-mode requests for a tenant whose connector is away: 202 (held) or 503 (refused)."""
     import httpx
 
-    from rmb_relay.protocols.tunnel.tenants import Tenant, TenantStore
+    from rmb_relay.dialects.tunnel.tenants import Tenant, TenantStore
 
     with TenantStore(directory / "twins.sqlite3") as store:
         store.add(Tenant("acme"))

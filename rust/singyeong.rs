@@ -4,7 +4,7 @@
 //!
 //! Theory of operation
 //! -------------------
-//! Python stays the gateway (protocols/singyeong/): it identifies clients, validates metadata,
+//! Python stays the gateway (dialects/singyeong/): it identifies clients, validates metadata,
 //! answers every other frame and owns every policy. What it hands this module is an *index*
 //! kept in step on the rare events (identify, metadata applied, disconnect): for each
 //! non-restricted local client, its connection, application, whether it speaks JSON, and its

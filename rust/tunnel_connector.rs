@@ -14,7 +14,7 @@
 //! tracing, the answer wanted, the body inline, time left (`expiresIn` > 0 or absent), a web
 //! target over plain HTTP, and an answer whose body comes whole with its head (Content-Length
 //! up to the caller's limit). Everything else is `None` and goes through the Python path
-//! (`protocols/tunnel/connector.py`), which decodes the same message again and words any error.
+//! (`dialects/tunnel/connector.py`), which decodes the same message again and words any error.
 //! The codec is `tunnel_wire.rs`'s (decoder, msgpack and JSON sinks); the frames are
 //! `ws.rs`'s, masked as a client's must be.
 
@@ -612,7 +612,7 @@ mod tests {
 }
 
 pub mod py {
-    //! `TunnelConnectorCore` for `protocols/tunnel/connector.py`.
+    //! `TunnelConnectorCore` for `dialects/tunnel/connector.py`.
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyList};
 

@@ -1,7 +1,7 @@
 //! The relay's native express answer: a connector's `Deliver` (msgpack or JSON, body inline)
 //! straight to the client's HTTP/1.1 response bytes, in one call.
 //!
-//! Why: on the express path (`protocols/tunnel/express.py`) the relay spent the reply half of
+//! Why: on the express path (`dialects/tunnel/express.py`) the relay spent the reply half of
 //! each request in Python: the message decoded into a `TargetResponse` dataclass, its fields
 //! filtered into a header list (`client.response_headers`), an `HttpResponse` built, its
 //! `header_list` completed and encoded. Here that is one pass over the message's bytes; Python
@@ -26,7 +26,7 @@ const HTTP_HEADERS: usize = 3;
 const BODY_SIZE: usize = 5;
 const BODY_CONTENT: usize = 6;
 
-/// What `HttpResponse` adds when the target named no content type (protocols/base.py).
+/// What `HttpResponse` adds when the target named no content type (dialects/base.py).
 const DEFAULT_CONTENT_TYPE: &str = "text/plain; charset=utf-8";
 
 /// A `Deliver` answered natively: its request id, the target's status and the client's bytes.

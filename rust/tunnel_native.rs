@@ -2,7 +2,7 @@
 //! object of its own, from the client's read to the connector's outbox and from the
 //! connector's `Deliver` to the client's outbox.
 //!
-//! Why: with the express path (`protocols/tunnel/express.py`) each tunnelled request still cost
+//! Why: with the express path (`dialects/tunnel/express.py`) each tunnelled request still cost
 //! the relay ~14 us of user time at 1 KiB x 64, spread thin over Python bookkeeping: a request
 //! id, a `ClientRequest`, a `Job`, a waiter, the memory budget, the deadline queue, counters,
 //! the HTTP connection's per-request state (py-spy, issue #13). The relay is the tunnel's

@@ -1,4 +1,4 @@
-//! The HTTP tunnel's connector messages (`protocols/tunnel/wire.py`), JSON and msgpack, both
+//! The HTTP tunnel's connector messages (`dialects/tunnel/wire.py`), JSON and msgpack, both
 //! directions, byte-identical to the Python encoder.
 //!
 //! Why here: the relay and the connector spend most of their per-request CPU building and

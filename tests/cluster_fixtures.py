@@ -15,9 +15,9 @@ import pytest
 from rmb_relay.client import Handler, IncomingRequest, RmbClient
 from rmb_relay.cluster import Cluster
 from rmb_relay.cluster.connect import RedisClient, connect_redis
+from rmb_relay.dialects.rmb import RmbDialect, RmbSettings
+from rmb_relay.dialects.sbd import SbdDialect, SbdSettings
 from rmb_relay.mailbox import RedisMailbox
-from rmb_relay.protocols.rmb import RmbDialect, RmbSettings
-from rmb_relay.protocols.sbd import SbdDialect, SbdSettings
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.switch import Switch
 from rmb_relay.telemetry.metrics import Registry

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from rmb_relay.config import ListenerConfig
-from rmb_relay.protocols.base import Dialect
+from rmb_relay.dialects.base import Dialect
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.telemetry.metrics import Registry
 from tests import hang_guard

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from rmb_relay._core import HttpRequest, WsMessage
+from rmb_relay.dialects.base import Dialect, Peer, WebSocketHandler
 from rmb_relay.errors import HttpReject
-from rmb_relay.protocols.base import Dialect, Peer, WebSocketHandler
 
 
 class EchoHandler(WebSocketHandler):

@@ -10,7 +10,7 @@ import msgpack
 import websockets
 from websockets.asyncio.client import ClientConnection
 
-from rmb_relay.protocols.singyeong import etf
+from rmb_relay.dialects.singyeong import etf
 
 WAIT = 10.0
 

@@ -11,8 +11,8 @@ import pytest
 from rmb_relay.clock import monotonic_clock
 from rmb_relay.cluster import Cluster
 from rmb_relay.cluster.connect import RedisClient, connect_redis
+from rmb_relay.dialects.singyeong import SgSettings, SingyeongDialect
 from rmb_relay.mailbox import MemoryMailbox
-from rmb_relay.protocols.singyeong import SgSettings, SingyeongDialect
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.switch import Switch
 from rmb_relay.telemetry.metrics import Registry

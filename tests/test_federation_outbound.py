@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 from rmb_relay.commands import serve
+from rmb_relay.dialects.rmb import RmbSettings
 from rmb_relay.errors import ConfigError, RemoteError
 from rmb_relay.federation.outbound import OutboundFederation
 from rmb_relay.federation.queue import MemoryQueue
 from rmb_relay.federation.ranker import Ranker
 from rmb_relay.federation.sender import Sender, check_url_template, client_tls
-from rmb_relay.protocols.rmb import RmbSettings
 from tests.conftest import WAIT, StartRelay, free_port
 from tests.federation_fixtures import BadRemote
 from tests.helpers import eventually

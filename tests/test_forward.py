@@ -35,8 +35,8 @@ from rmb_relay._core import (
     encode_frame,
     sbd_encode_command,
 )
+from rmb_relay.dialects.rmb import RmbSettings
 from rmb_relay.identity import make_jwt
-from rmb_relay.protocols.rmb import RmbSettings
 from tests.conftest import WAIT, StartRelay
 from tests.helpers import RawWebSocket, eventually
 from tests.rmb_fixtures import RmbRelay, key_for, start_rmb_relay

@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from rmb_relay.protocols.sbd import SbdDialect, SbdSettings
+from rmb_relay.dialects.sbd import SbdDialect, SbdSettings
 from rmb_relay.telemetry.metrics import Registry
 from tests.conftest import WAIT, StartRelay
 from tests.dialects import EchoDialect

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 import pytest
 
 from rmb_relay._core import HttpRequest, encode_chunk, encode_last_chunk, parse_response_head
+from rmb_relay.dialects.base import HttpClient, HttpResponse, RequestBody
 from rmb_relay.errors import HttpReject
-from rmb_relay.protocols.base import HttpClient, HttpResponse, RequestBody
 from rmb_relay.server.http import BODY_BUFFER_LIMIT, IncomingBody
 from rmb_relay.server.listener import RelayServer
 from tests.conftest import WAIT, StartRelay

@@ -1,5 +1,5 @@
 """The layering rule of ARCHITECTURE.md, checked on the source: dialects depend on the contract
-(`protocols/base.py`), never on the listener (`server/`)."""
+(`dialects/base.py`), never on the listener (`server/`)."""
 
 from __future__ import annotations
 
@@ -23,12 +23,12 @@ def imported_modules(path: Path) -> set[str]:
     return found
 
 
-def test_protocols_import_nothing_from_server() -> None:
+def test_dialects_import_nothing_from_server() -> None:
     offenders = {
         str(path.relative_to(PACKAGE)): sorted(
             m for m in imported_modules(path) if m.startswith("rmb_relay.server")
         )
-        for path in sorted((PACKAGE / "protocols").rglob("*.py"))
+        for path in sorted((PACKAGE / "dialects").rglob("*.py"))
     }
     offenders = {name: mods for name, mods in offenders.items() if mods}
     assert offenders == {}

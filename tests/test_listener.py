@@ -19,7 +19,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from rmb_relay._core import HttpRequest, WsClose
-from rmb_relay.protocols.base import Peer, WebSocketHandler
+from rmb_relay.dialects.base import Peer, WebSocketHandler
 from rmb_relay.server.listener import HTTP_METHODS, RelayServer
 from tests.conftest import WAIT, StartRelay
 from tests.dialects import EchoDialect, PipeDialect

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
+from rmb_relay.dialects.rmb import RmbSettings
 from rmb_relay.mailbox import RedisMailbox
-from rmb_relay.protocols.rmb import RmbSettings
 from tests.conftest import WAIT, RedisServer, StartRelay, start_redis
 from tests.helpers import eventually
 from tests.rmb_fixtures import RmbRelay, start_rmb_relay

@@ -13,9 +13,8 @@ import pytest
 from rmb_relay._core import HttpRequest, WsMessage
 from rmb_relay.commands import serve
 from rmb_relay.config import ListenerConfig
-from rmb_relay.errors import ConfigError
-from rmb_relay.protocols import registry
-from rmb_relay.protocols.base import (
+from rmb_relay.dialects import registry
+from rmb_relay.dialects.base import (
     Dialect,
     DialectEntry,
     HttpClient,
@@ -24,7 +23,8 @@ from rmb_relay.protocols.base import (
     Routes,
     WebSocketHandler,
 )
-from rmb_relay.protocols.paths import PathKind, PathPattern, PathTable
+from rmb_relay.dialects.paths import PathKind, PathPattern, PathTable
+from rmb_relay.errors import ConfigError
 from rmb_relay.server.http import Router
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.services import Services

@@ -10,8 +10,8 @@ import pytest
 
 from rmb_relay._core import Envelope
 from rmb_relay.client import IncomingRequest, RemoteError, RmbClient
+from rmb_relay.dialects.rmb import RmbSettings
 from rmb_relay.identity import JWT_HEADER_B64, b64url, make_jwt
-from rmb_relay.protocols.rmb import RmbSettings
 from rmb_relay.wsclient import HandshakeError, WebSocketClient
 from tests.conftest import WAIT, StartRelay
 from tests.helpers import eventually

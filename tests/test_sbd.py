@@ -19,7 +19,7 @@ from rmb_relay._core import (
     encode_frame,
     sbd_encode_command,
 )
-from rmb_relay.protocols.sbd import SbdDialect, SbdSettings, ip_key
+from rmb_relay.dialects.sbd import SbdDialect, SbdSettings, ip_key
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.telemetry.metrics import Registry
 from tests.conftest import WAIT, StartRelay

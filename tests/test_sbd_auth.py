@@ -10,8 +10,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 
-from rmb_relay.protocols.sbd import SbdDialect, SbdSettings, call_auth_hook
-from rmb_relay.protocols.sbd.settings import AUTH_HOOK_MAX_RESPONSE
+from rmb_relay.dialects.sbd import SbdDialect, SbdSettings, call_auth_hook
+from rmb_relay.dialects.sbd.settings import AUTH_HOOK_MAX_RESPONSE
 from rmb_relay.telemetry.metrics import Registry
 from tests.conftest import WAIT, StartRelay, free_port
 from tests.helpers import http_exchange

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from rmb_relay.protocols.sbd import SbdSettings
+from rmb_relay.dialects.sbd import SbdSettings
 from tests.helpers import eventually
 from tests.sbd_client import SbdClient
 from tests.test_sbd import make_sbd  # noqa: F401 - the fixture

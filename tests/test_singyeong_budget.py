@@ -10,10 +10,10 @@ import json
 
 import pytest
 
+from rmb_relay.dialects.singyeong import SgSettings
+from rmb_relay.dialects.singyeong.queues import MESSAGE_OVERHEAD
+from rmb_relay.dialects.singyeong.settings import add_arguments
 from rmb_relay.errors import ConfigError
-from rmb_relay.protocols.singyeong import SgSettings
-from rmb_relay.protocols.singyeong.queues import MESSAGE_OVERHEAD
-from rmb_relay.protocols.singyeong.settings import add_arguments
 from tests.helpers import FakeClock
 from tests.scrape import scrape
 from tests.sg_client import SgClient

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rmb_relay.protocols.singyeong import etf
-from rmb_relay.protocols.singyeong.codec import DecodeError, Encoding, decode, encode, json_text
-from rmb_relay.protocols.singyeong.frames import dispatch, hello
-from rmb_relay.protocols.singyeong.hotframes import ConfirmCache, queue_confirm, queue_dispatch
+from rmb_relay.dialects.singyeong import etf
+from rmb_relay.dialects.singyeong.codec import DecodeError, Encoding, decode, encode, json_text
+from rmb_relay.dialects.singyeong.frames import dispatch, hello
+from rmb_relay.dialects.singyeong.hotframes import ConfirmCache, queue_confirm, queue_dispatch
 
 #: (value, bytes) as `:erlang.term_to_binary` writes them (binaries for strings, atoms for
 #: nil/true/false)

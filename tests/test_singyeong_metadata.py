@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from rmb_relay.protocols.singyeong.metadata import MetadataError, validate, version_key
+from rmb_relay.dialects.singyeong.metadata import MetadataError, validate, version_key
 from tests.helpers import eventually
 from tests.sg_fixtures import FakeClock, MakeGateway, make_gateway
 

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 from rmb_relay._core import SgIndex
-from rmb_relay.protocols.singyeong import frames
-from rmb_relay.protocols.singyeong.clients import Client, ClientIndex
-from rmb_relay.protocols.singyeong.codec import DecodeError, Encoding, decode, encode
-from rmb_relay.protocols.singyeong.native import index_values
-from rmb_relay.protocols.singyeong.query import QueryError, parse
+from rmb_relay.dialects.singyeong import frames
+from rmb_relay.dialects.singyeong.clients import Client, ClientIndex
+from rmb_relay.dialects.singyeong.codec import DecodeError, Encoding, decode, encode
+from rmb_relay.dialects.singyeong.native import index_values
+from rmb_relay.dialects.singyeong.query import QueryError, parse
 from tests.helpers import eventually
 from tests.scrape import scrape
 from tests.sg_client import SgClient

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rmb_relay.protocols.singyeong.clients import Client, ClientIndex
-from rmb_relay.protocols.singyeong.query import QueryError, parse, rendezvous, select
+from rmb_relay.dialects.singyeong.clients import Client, ClientIndex
+from rmb_relay.dialects.singyeong.query import QueryError, parse, rendezvous, select
 
 #: one client holding one key of every type
 TYPES = {

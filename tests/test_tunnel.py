@@ -10,8 +10,8 @@ import json
 import aiohttp
 import pytest
 
-from rmb_relay.protocols.tunnel.targets import WebTarget
-from rmb_relay.protocols.tunnel.wire import (
+from rmb_relay.dialects.tunnel.targets import WebTarget
+from rmb_relay.dialects.tunnel.wire import (
     AcknowledgeRequest,
     ClientRequest,
     TargetResponse,

@@ -16,15 +16,15 @@ from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from rmb_relay.clock import NS
-from rmb_relay.errors import AuthError, ConfigError
-from rmb_relay.protocols.tunnel.tenants import Tenant, TenantStore, hash_secret, verify_secret
-from rmb_relay.protocols.tunnel.tenants_cli import main as tenants_main
-from rmb_relay.protocols.tunnel.tokens import (
+from rmb_relay.dialects.tunnel.tenants import Tenant, TenantStore, hash_secret, verify_secret
+from rmb_relay.dialects.tunnel.tenants_cli import main as tenants_main
+from rmb_relay.dialects.tunnel.tokens import (
     JWKS_LIFESPAN,
     LEEWAY,
     OidcVerifier,
     TokenAuthority,
 )
+from rmb_relay.errors import AuthError, ConfigError
 from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
 from tests.helpers import serve_app

@@ -10,8 +10,8 @@ import asyncio
 
 import pytest
 
+from rmb_relay.dialects.tunnel.settings import TunnelSettings, add_arguments
 from rmb_relay.errors import ConfigError
-from rmb_relay.protocols.tunnel.settings import TunnelSettings, add_arguments
 from tests.conftest import WAIT, RedisServer
 from tests.conftest import redis_server as redis_server
 from tests.helpers import eventually

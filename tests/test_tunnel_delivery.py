@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rmb_relay.clock import NS
-from rmb_relay.protocols.tunnel.bodystore import FileBodyStore
+from rmb_relay.dialects.tunnel.bodystore import FileBodyStore
 from tests.conftest import WAIT
 from tests.helpers import FakeClock, eventually
 from tests.tunnel_fixtures import StartTunnel, pattern
@@ -205,7 +205,7 @@ def test_leftover_files_of_an_earlier_run_are_removed_when_old(tmp_path: Path) -
 def test_reconnect_delay_is_immediate_then_random_in_range() -> None:
     import random
 
-    from rmb_relay.protocols.tunnel.connector import reconnect_delay
+    from rmb_relay.dialects.tunnel.connector import reconnect_delay
 
     rng = random.Random(7)
     assert reconnect_delay(1, 30, 300, rng) == 0.0
@@ -216,7 +216,7 @@ def test_reconnect_delay_is_immediate_then_random_in_range() -> None:
 
 async def test_stop_ends_a_connector_waiting_to_reconnect() -> None:
     """SIGTERM (stop) during a long reconnect delay ends the connector at once."""
-    from rmb_relay.protocols.tunnel.connector import Connector
+    from rmb_relay.dialects.tunnel.connector import Connector
     from tests.redis_process import free_port
 
     waiting = asyncio.Event()

@@ -17,13 +17,13 @@ import pytest
 
 from rmb_relay._core import HttpRequest, HttpStreamParser, tunnel_express_request
 from rmb_relay.clock import NS
-from rmb_relay.protocols.base import HttpResponse
-from rmb_relay.protocols.tunnel.client import request_headers
-from rmb_relay.protocols.tunnel.express import SPARE, ExpressReply
-from rmb_relay.protocols.tunnel.hub import JOB_OVERHEAD, held_size
-from rmb_relay.protocols.tunnel.native import LEASE
-from rmb_relay.protocols.tunnel.tokens import LEEWAY, TokenAuthority
-from rmb_relay.protocols.tunnel.wire import (
+from rmb_relay.dialects.base import HttpResponse
+from rmb_relay.dialects.tunnel.client import request_headers
+from rmb_relay.dialects.tunnel.express import SPARE, ExpressReply
+from rmb_relay.dialects.tunnel.hub import JOB_OVERHEAD, held_size
+from rmb_relay.dialects.tunnel.native import LEASE
+from rmb_relay.dialects.tunnel.tokens import LEEWAY, TokenAuthority
+from rmb_relay.dialects.tunnel.wire import (
     AcknowledgeRequest,
     ClientRequest,
     TargetResponse,

@@ -1,4 +1,4 @@
-"""The connector's lean HTTP client (protocols/tunnel/httpclient.py) against real servers:
+"""The connector's lean HTTP client (dialects/tunnel/httpclient.py) against real servers:
 aiohttp for ordinary responses, raw asyncio servers for framings aiohttp never sends
 (close-delimited bodies, chunk extensions and trailers, a kept-alive connection the server
 dropped, garbage)."""
@@ -12,7 +12,7 @@ from contextlib import AsyncExitStack
 import pytest
 from aiohttp import web
 
-from rmb_relay.protocols.tunnel.httpclient import HttpClientPool, TargetError
+from rmb_relay.dialects.tunnel.httpclient import HttpClientPool, TargetError
 from tests.helpers import serve_app
 from tests.tunnel_fixtures import KeepAliveThenClose, pattern
 

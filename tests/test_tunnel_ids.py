@@ -1,10 +1,10 @@
-"""Request ids (protocols/tunnel/ids.py): canonical version-4 UUID text, never repeated."""
+"""Request ids (dialects/tunnel/ids.py): canonical version-4 UUID text, never repeated."""
 
 from __future__ import annotations
 
 import uuid
 
-from rmb_relay.protocols.tunnel.ids import request_id
+from rmb_relay.dialects.tunnel.ids import request_id
 
 
 def test_request_ids_are_canonical_version_4_uuids() -> None:

@@ -18,9 +18,9 @@ from rmb_relay._core import (
     WsDecoder,
     WsMessage,
 )
-from rmb_relay.protocols.tunnel.connector import Connector
-from rmb_relay.protocols.tunnel.targets import WebTarget
-from rmb_relay.protocols.tunnel.wire import ClientRequest, TargetResponse, encode
+from rmb_relay.dialects.tunnel.connector import Connector
+from rmb_relay.dialects.tunnel.targets import WebTarget
+from rmb_relay.dialects.tunnel.wire import ClientRequest, TargetResponse, encode
 from tests.tunnel_fixtures import StartTunnel, pattern
 from tests.tunnel_fixtures import start_tunnel as start_tunnel
 

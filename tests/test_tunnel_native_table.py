@@ -1,4 +1,4 @@
-"""The native express table (rust/tunnel_native.rs, protocols/tunnel/native.py) over real
+"""The native express table (rust/tunnel_native.rs, dialects/tunnel/native.py) over real
 sockets: what it serves, what it leaves to Python and why, and the rare events Python finishes
 for it (a client gone or half-closed, the response deadline, a connector that leaves, an answer
 the table does not write), each with the Python path's answer."""
@@ -16,7 +16,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from rmb_relay.protocols.tunnel.native import LEASE, PIPELINE, NativeExpress
+from rmb_relay.dialects.tunnel.native import LEASE, PIPELINE, NativeExpress
 from rmb_relay.telemetry.records import Channel
 from tests.conftest import WAIT, RedisServer
 from tests.helpers import FakeClock, eventually

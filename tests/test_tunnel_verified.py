@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from rmb_relay.clock import NS
+from rmb_relay.dialects.tunnel.tokens import LEEWAY, TokenAuthority
+from rmb_relay.dialects.tunnel.verified import VerifiedTokens
 from rmb_relay.errors import AuthError
-from rmb_relay.protocols.tunnel.tokens import LEEWAY, TokenAuthority
-from rmb_relay.protocols.tunnel.verified import VerifiedTokens
 
 
 class WallClock:

@@ -24,9 +24,9 @@ from rmb_relay._core import (
     tunnel_encode,
     tunnel_request_headers,
 )
-from rmb_relay.protocols.tunnel import wire
-from rmb_relay.protocols.tunnel.client import HOP_BY_HOP
-from rmb_relay.protocols.tunnel.wire import (
+from rmb_relay.dialects.tunnel import wire
+from rmb_relay.dialects.tunnel.client import HOP_BY_HOP
+from rmb_relay.dialects.tunnel.wire import (
     AcknowledgeRequest,
     ClientRequest,
     ErrorMessage,

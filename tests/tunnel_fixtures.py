@@ -21,13 +21,13 @@ from rmb_relay._core import Outboxes
 from rmb_relay.clock import Clock, monotonic_clock
 from rmb_relay.cluster import Cluster
 from rmb_relay.cluster.connect import connect_redis
+from rmb_relay.dialects.tunnel.connector import Connector
+from rmb_relay.dialects.tunnel.dialect import TunnelDialect
+from rmb_relay.dialects.tunnel.settings import TunnelSettings
+from rmb_relay.dialects.tunnel.targets import Target, WebTarget
+from rmb_relay.dialects.tunnel.tenants import Tenant, TenantStore, hash_secret
+from rmb_relay.dialects.tunnel.wire import TargetResponse, encode
 from rmb_relay.mailbox import MemoryMailbox
-from rmb_relay.protocols.tunnel.connector import Connector
-from rmb_relay.protocols.tunnel.dialect import TunnelDialect
-from rmb_relay.protocols.tunnel.settings import TunnelSettings
-from rmb_relay.protocols.tunnel.targets import Target, WebTarget
-from rmb_relay.protocols.tunnel.tenants import Tenant, TenantStore, hash_secret
-from rmb_relay.protocols.tunnel.wire import TargetResponse, encode
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.switch import Switch
 from rmb_relay.telemetry.metrics import Registry

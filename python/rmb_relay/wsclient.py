@@ -32,8 +32,8 @@ from rmb_relay._core import (
     websocket_accept,
 )
 from rmb_relay.clock import Clock, monotonic_clock
+from rmb_relay.dialects.base import CloseCode
 from rmb_relay.errors import ConnectionClosed, HandshakeError
-from rmb_relay.protocols.base import CloseCode
 
 #: what a client waits for the upgrade by default
 DEFAULT_CONNECT_TIMEOUT = 10.0

@@ -1,7 +1,7 @@
 """Replicated tables: each instance publishes entries of its own under a topic, and every
 instance keeps a copy of every other live instance's entries.
 
-Used by the 신경 gateway (`protocols/singyeong/cluster.py`): each client's metadata, which
+Used by the 신경 gateway (`dialects/singyeong/cluster.py`): each client's metadata, which
 SEND, BROADCAST, selectors, `key` and the HTTP query read locally on every instance (decision
 12). A dialect that needs "what every instance has" rather than "who holds this name"
 (presence) uses this.

@@ -24,7 +24,7 @@ position it belongs to in one step. A work queue's keys share a tag of their own
 Topics in use: `sg` (the 신경 gateway's clients); work queues `tunnel:<TENANT>` (the HTTP
 tunnel's requests). Dialects build their keys here and nowhere else.
 
-The 신경 gateway's queues (`protocols/singyeong/redis_queues.py`) are a store of its own, not
+The 신경 gateway's queues (`dialects/singyeong/redis_queues.py`) are a store of its own, not
 routing: `sgq:{<queue>}:msgs|waiting|unacked|owner|attempts|dead` (one tag per queue),
 `sgq:names` and the pub/sub channel `sgq:events`. Their names are kept from before the cluster
 layer, so messages queued by a running deployment survive an upgrade.

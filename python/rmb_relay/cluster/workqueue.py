@@ -1,7 +1,7 @@
 """Work queues: named Redis streams, each read through one consumer group by the instances that
 can do its work, so each entry goes to exactly one of them.
 
-Used by the HTTP tunnel (`protocols/tunnel/scaleout.py`, decision 8): one queue per tenant,
+Used by the HTTP tunnel (`dialects/tunnel/scaleout.py`, decision 8): one queue per tenant,
 read by the relays holding that tenant's connectors. The answers do not come back this way:
 they go to the origin instance's bus (`Cluster.send_to_nowait`).
 

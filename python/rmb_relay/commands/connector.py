@@ -1,5 +1,5 @@
 """`rmb-relay connector --server URL --tenant T --secret S --target NAME=URL [...]`: the HTTP
-tunnel's connector (protocols/tunnel/connector.py), with `$ping` and `$echo` built in."""
+tunnel's connector (dialects/tunnel/connector.py), with `$ping` and `$echo` built in."""
 
 from __future__ import annotations
 
@@ -15,15 +15,15 @@ from rmb_relay.errors import ConfigError
 if TYPE_CHECKING:
     # imported when this command runs, not when `rmb-relay` lists its commands: the
     # connector's aiohttp costs ~11 MB of RSS a relay would carry for nothing (as devchain)
-    from rmb_relay.protocols.tunnel.connector import Connector
-    from rmb_relay.protocols.tunnel.targets import Target
+    from rmb_relay.dialects.tunnel.connector import Connector
+    from rmb_relay.dialects.tunnel.targets import Target
 
 NAME = "connector"
 HELP = "run an HTTP tunnel connector: carry requests from a relay to local HTTP servers"
 
 
 def parser(prog: str) -> argparse.ArgumentParser:
-    from rmb_relay.protocols.tunnel.connector import DEFAULT_TARGET_TIMEOUT
+    from rmb_relay.dialects.tunnel.connector import DEFAULT_TARGET_TIMEOUT
 
     p = argparse.ArgumentParser(
         prog=prog,
@@ -61,8 +61,8 @@ async def _serve(connector: Connector) -> None:
 
 
 def main(argv: Sequence[str], prog: str) -> int:
-    from rmb_relay.protocols.tunnel.connector import Connector
-    from rmb_relay.protocols.tunnel.targets import parse_target
+    from rmb_relay.dialects.tunnel.connector import Connector
+    from rmb_relay.dialects.tunnel.targets import parse_target
 
     args = parser(prog).parse_args(argv)
     setup_logging(args.debug)

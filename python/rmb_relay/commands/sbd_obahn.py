@@ -16,8 +16,8 @@ import logging
 import sys
 
 from rmb_relay.config import ListenerConfig
-from rmb_relay.protocols.rmb import RmbDialect, RmbSettings
-from rmb_relay.protocols.sbd import SbdDialect, SbdSettings
+from rmb_relay.dialects.rmb import RmbDialect, RmbSettings
+from rmb_relay.dialects.sbd import SbdDialect, SbdSettings
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.switch import Switch
 from rmb_relay.telemetry.metrics import Registry

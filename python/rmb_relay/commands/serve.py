@@ -2,7 +2,7 @@
 one listener.
 
 The parser is assembled from parts: the listener's flags (here), the shared services' flags
-(`services.py`) and each registered dialect's (`protocols/registry.py`), so a new dialect
+(`services.py`) and each registered dialect's (`dialects/registry.py`), so a new dialect
 brings its flags without editing this file.
 """
 
@@ -28,9 +28,9 @@ from rmb_relay.config import (
     ListenerConfig,
     parse_listen,
 )
+from rmb_relay.dialects import registry
+from rmb_relay.dialects.base import Dialect
 from rmb_relay.errors import ConfigError
-from rmb_relay.protocols import registry
-from rmb_relay.protocols.base import Dialect
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.services import Services
 from rmb_relay.services import add_arguments as add_service_arguments

@@ -1,11 +1,11 @@
 """`rmb-relay tenants add|list|set|rm`: the HTTP tunnel's tenants in the embedded SQLite file
-(protocols/tunnel/tenants_cli.py)."""
+(dialects/tunnel/tenants_cli.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from rmb_relay.protocols.tunnel import tenants_cli
+from rmb_relay.dialects.tunnel import tenants_cli
 
 NAME = "tenants"
 HELP = "manage the HTTP tunnel's tenants (in the twin directory's SQLite file)"

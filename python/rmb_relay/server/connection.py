@@ -38,7 +38,7 @@ Backpressure: when a destination's transport goes over its high-water mark, ever
 that sends to it during a read pauses reading until the destination drains (`resume_writing`);
 producers outside a read (mailbox drains, stream consumers) await `writable()` instead.
 
-A `Connection` is the dialects' `Peer` (protocols/base.py) and sees the listener only through
+A `Connection` is the dialects' `Peer` (dialects/base.py) and sees the listener only through
 the narrow `ConnectionHost` below.
 """
 
@@ -78,8 +78,8 @@ from rmb_relay._core import (
     encode_switching_protocols,
     validate_websocket_upgrade,
 )
+from rmb_relay.dialects.base import CloseCode, HttpResponse, reject_response
 from rmb_relay.errors import HttpReject
-from rmb_relay.protocols.base import CloseCode, HttpResponse, reject_response
 from rmb_relay.server.http import BODY_BUFFER_LIMIT, EXPRESS_BODY_LIMIT, IncomingBody
 from rmb_relay.server.limits import OPS_PATHS
 
@@ -87,7 +87,7 @@ if TYPE_CHECKING:
     from rmb_relay._core import Outboxes, WsEvent
     from rmb_relay.clock import Clock
     from rmb_relay.config import ListenerConfig
-    from rmb_relay.protocols.base import (
+    from rmb_relay.dialects.base import (
         Dialect,
         ExpressHandler,
         HttpClient,
@@ -190,7 +190,7 @@ class ConnectionHost(Protocol):
     @property
     def native_http(self) -> NativeHttp | None:
         """What serves a client's read in the Rust core, if a dialect has that (the tunnel's
-        native express table, protocols/tunnel/native.py)."""
+        native express table, dialects/tunnel/native.py)."""
 
     def connection_opened(self, conn: Connection) -> None: ...
 

@@ -3,7 +3,7 @@ reads as it arrives.
 
 Operations endpoints (`/health`, `/metrics`) are registered by the listener; dialects add their
 own through `Dialect.add_routes` (the RMB federation inbound `POST /`, SBD's `PUT
-/authenticate`, a tunnel's `/relay/*`). Paths are `protocols/paths.py` patterns, matched most
+/authenticate`, a tunnel's `/relay/*`). Paths are `dialects/paths.py` patterns, matched most
 specific first. Anything unmatched gets rmb-rs's `404 page not found`; a path served only for
 other methods gets 405 with `Allow`. `HEAD` is served by the `GET` handler (the connection
 sends the head alone).
@@ -28,8 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from rmb_relay.errors import ConfigError, HttpReject
-from rmb_relay.protocols.base import (
+from rmb_relay.dialects.base import (
     ExpressHandler,
     HttpClient,
     HttpResponse,
@@ -37,7 +36,8 @@ from rmb_relay.protocols.base import (
     RouteHandler,
     StreamingRouteHandler,
 )
-from rmb_relay.protocols.paths import PathKind, PathPattern, PathTable
+from rmb_relay.dialects.paths import PathKind, PathPattern, PathTable
+from rmb_relay.errors import ConfigError, HttpReject
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest
@@ -71,7 +71,7 @@ _Route = _Whole | _Streaming
 
 
 class Router:
-    """Implements `protocols.base.Routes` for the listener."""
+    """Implements `dialects.base.Routes` for the listener."""
 
     def __init__(self) -> None:
         self._paths: PathTable[dict[str, _Route]] = PathTable()
@@ -170,7 +170,7 @@ class Router:
 
 
 class IncomingBody:
-    """The body of the request a connection is serving (`protocols.base.RequestBody`).
+    """The body of the request a connection is serving (`dialects.base.RequestBody`).
 
     The connection `feed`s it the bytes of each read and `finish`es it at the end of the
     request; the handler iterates it. Whenever the handler takes bytes or starts waiting for

@@ -1,6 +1,6 @@
 """The shared listener: accepts TCP (optionally TLS), owns every `Connection`, routes plain
 HTTP to the router and websocket upgrades to the dialect with the most specific path pattern
-(`protocols/paths.py`); two dialects claiming the same pattern are refused at startup.
+(`dialects/paths.py`); two dialects claiming the same pattern are refused at startup.
 
 Shutdown (SIGINT/SIGTERM or `shutdown()`): stop accepting, send every websocket a 1001 close,
 wait (bounded) for the close handshakes, drop what is left, close the dialects.
@@ -17,9 +17,9 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from rmb_relay.config import ListenerConfig
+from rmb_relay.dialects.base import CloseCode, HttpResponse
+from rmb_relay.dialects.paths import PathTable
 from rmb_relay.errors import ConfigError
-from rmb_relay.protocols.base import CloseCode, HttpResponse
-from rmb_relay.protocols.paths import PathTable
 from rmb_relay.server.acceptor import Acceptor, bind_sockets
 from rmb_relay.server.connection import Connection, OutputBatcher, State
 from rmb_relay.server.http import Router
@@ -28,7 +28,7 @@ from rmb_relay.telemetry.metrics import Registry
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest
-    from rmb_relay.protocols.base import (
+    from rmb_relay.dialects.base import (
         Dialect,
         ExpressHandler,
         HttpClient,

@@ -38,7 +38,7 @@ BUSY_TIMEOUT = 5.0
 #: 33-byte e2e key or NULL.
 _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ("CREATE TABLE twins ( id INTEGER PRIMARY KEY, account BLOB NOT NULL, relays TEXT, pk BLOB)",),
-    # version 2: the HTTP tunnel's tenants and its token signing key (protocols/tunnel/tenants.py)
+    # version 2: the HTTP tunnel's tenants and its token signing key (dialects/tunnel/tenants.py)
     (
         "CREATE TABLE tunnel_tenants ( name TEXT NOT NULL, normalized TEXT PRIMARY KEY,"
         " display_name TEXT NOT NULL DEFAULT '', description TEXT NOT NULL DEFAULT '',"

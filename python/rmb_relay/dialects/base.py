@@ -1,0 +1,367 @@
+"""The contract between the listener and a relay dialect. It imports nothing from `server/`.
+
+A dialect (RMB, SBD, ...) is one module or package with one `Dialect` subclass, registered in
+`dialects/registry.py`. It declares the websocket paths it serves (`paths`, see
+`dialects/paths.py`); the listener picks the most specific match for an upgrade, awaits
+`accept` (which authenticates and may raise `HttpReject` to answer with a status before the
+upgrade), then feeds the returned `WebSocketHandler` the decoded data messages of that
+connection. Plain HTTP routes come from `add_routes`. A dialect never parses bytes itself, sees
+its connections only as `Peer`s, and never touches another dialect.
+
+```text
+listener ──accept(request, peer)──▶ Dialect ──▶ WebSocketHandler
+   ▲                                                   │ on_message / on_close
+   └──────── Peer: send, send_many, close, writable ◀──┘
+```
+"""
+
+from __future__ import annotations
+
+import abc
+import argparse
+import enum
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+from rmb_relay.errors import HttpReject
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from rmb_relay._core import (
+        HttpData,
+        HttpEnd,
+        HttpRequest,
+        HttpStreamParser,
+        HttpViolation,
+        Outboxes,
+        WsDecoder,
+        WsMessage,
+    )
+    from rmb_relay.clock import Clock
+    from rmb_relay.services import Services
+
+__all__ = [
+    "CloseCode",
+    "Dialect",
+    "DialectEntry",
+    "ExpressClient",
+    "ExpressHandler",
+    "HttpClient",
+    "HttpEvent",
+    "HttpReject",
+    "HttpResponse",
+    "NativeClient",
+    "NativeHttp",
+    "Peer",
+    "RequestBody",
+    "RouteHandler",
+    "Routes",
+    "StreamingRouteHandler",
+    "WebSocketHandler",
+]
+
+
+class CloseCode(enum.IntEnum):
+    """The websocket close codes rmb-relay sends (RFC 6455 §7.4.1): the one table of them."""
+
+    NORMAL = 1000
+    GOING_AWAY = 1001
+    PROTOCOL_ERROR = 1002
+    UNSUPPORTED_DATA = 1003
+    INVALID_PAYLOAD = 1007
+    POLICY = 1008
+    TOO_BIG = 1009
+    INTERNAL = 1011
+
+
+@dataclass(frozen=True, slots=True)
+class HttpResponse:
+    """A complete answer to a plain HTTP request.
+
+    `body` is sent with a Content-Length; a response whose body is produced over time sets
+    `stream` instead (written as it comes, chunked unless `length` is known)."""
+
+    status: int
+    body: bytes = b""
+    content_type: str = "text/plain; charset=utf-8"
+    headers: tuple[tuple[str, str], ...] = field(default=())
+    stream: AsyncIterable[bytes] | None = None
+    #: the stream's total length when known (sent as Content-Length instead of chunked)
+    length: int | None = None
+
+    def header_list(self) -> list[tuple[str, str]]:
+        headers = list(self.headers)
+        # a plain loop: once per answer, and a generator for `any` cost a tunnelled request
+        # ~3% of the relay's CPU (py-spy)
+        for name, _ in headers:
+            if name.lower() == "content-type":
+                return headers
+        if self.body or self.stream is not None or self.status not in (202, 204):
+            headers.append(("Content-Type", self.content_type))
+        return headers
+
+
+def reject_response(reject: HttpReject) -> HttpResponse:
+    """The response a refusal is answered with: its reason as the body (client and log agree)."""
+    return HttpResponse(reject.status, reject.reason.encode(), headers=reject.headers)
+
+
+class Peer(Protocol):
+    """One websocket connection as a dialect sees it. Sends made while the listener processes a
+    socket read are queued and written once per destination when the read is done."""
+
+    @property
+    def id(self) -> int:
+        """Unique per process for the life of the process (the route tables store it)."""
+
+    @property
+    def peer_host(self) -> str:
+        """The TCP peer's address (IPv4-mapped on a dual-stack listener)."""
+
+    @property
+    def peer_port(self) -> int: ...
+
+    @property
+    def is_open(self) -> bool:
+        """Still carrying messages (not closing or closed)."""
+
+    def send(self, payload: bytes) -> None:
+        """Queue one binary message."""
+
+    def send_many(self, payloads: list[bytes]) -> None:
+        """Queue several binary messages, in order."""
+
+    def send_text(self, text: bytes) -> None:
+        """Queue one text message (`text` is UTF-8 already)."""
+
+    def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> None:
+        """Start the close handshake (what is queued is written first)."""
+
+    def abort(self) -> None:
+        """Drop the connection at once without a close frame."""
+
+    @property
+    def congested(self) -> bool:
+        """Over its write high-water mark: a producer outside a read awaits `writable()`."""
+
+    def writable(self) -> Awaitable[None]:
+        """Resolves when this peer's socket is under its write high-water mark. Producers that
+        run outside a socket read (mailbox drains, stream consumers) await it before each batch;
+        senders inside a read are paused by the listener instead."""
+
+    def batch(self) -> AbstractContextManager[None]:
+        """Defer the sends to every connection made inside the block and write each touched
+        connection once when it ends, as the listener does for a socket read: for a producer
+        outside a read that hands out many messages at once. The block must not await (other
+        connections' writes wait for it); no sender is paused for a congested receiver in it,
+        so the producer looks at `congested` itself."""
+
+    def hold_reading(self, held: bool) -> None:
+        """Stop (True) or restart (False) reading this peer's socket, for the dialect's own
+        backpressure: e.g. while too much of what it sent waits for a slow dependency. Reading
+        restarts only when neither the dialect nor a congested receiver holds it."""
+
+
+class HttpClient(Protocol):
+    """The connection of a plain HTTP request, as a route handler sees it."""
+
+    @property
+    def peer_host(self) -> str: ...
+
+    @property
+    def peer_port(self) -> int: ...
+
+    def batch(self) -> AbstractContextManager[None]:
+        """The same block as `Peer.batch`, for an HTTP handler delivering many messages (a
+        federation batch): sends to websocket peers inside go out once per peer at its end. The
+        block must not await and must skip `congested` peers (no sender is paused for them)."""
+
+
+class RequestBody(Protocol):
+    """The body of the request being served, read as it arrives (`Routes.add_streaming`).
+
+    `async for chunk in body` yields the bytes as the client sends them; the listener stops
+    reading the socket while more than a few hundred KiB wait unread, so a handler that reads
+    slowly slows the client down instead of filling memory. The first read is what answers
+    `Expect: 100-continue`: a handler that refuses before reading saves the client the upload.
+    Raises HttpReject(408) when the client stalls for the listener's idle timeout; time spent
+    waiting for the client does not count against the request deadline."""
+
+    @property
+    def length(self) -> int | None:
+        """The announced length (0: no body), None when chunked."""
+
+    @property
+    def trailers(self) -> list[tuple[str, bytes]]:
+        """Trailer fields of a chunked body, once it has been read to the end."""
+
+    def __aiter__(self) -> AsyncIterator[bytes]: ...
+
+    async def read(self, limit: int | None = None) -> bytes:
+        """The whole (rest of the) body; HttpReject(413) past `limit` bytes (default: the
+        listener's `max_message`), before reading when the announced length is already over."""
+
+    def lift_deadline(self) -> None:
+        """Exempt this request from the listener's request deadline (`http_request_timeout`):
+        for handlers that bound their own waits, such as a tunnel waiting for its connector."""
+
+
+RouteHandler = Callable[["HttpRequest", HttpClient], Awaitable[HttpResponse]]
+#: a route that reads its body as it arrives (the request's `body` is b"")
+StreamingRouteHandler = Callable[["HttpRequest", RequestBody, HttpClient], Awaitable[HttpResponse]]
+
+
+class ExpressClient(Protocol):
+    """The connection as an express handler sees it (server/http.py, "Express routes")."""
+
+    def express_answer(self, response: HttpResponse) -> None:
+        """The answer of a request the handler took (written at once unless it streams)."""
+
+    def express_answer_encoded(self, status: int, data: bytes) -> bool:
+        """The answer of a request the handler took, already encoded kept alive (the tunnel's
+        native answer): written at once; False, nothing done, when this request's answer
+        must be built another way (HEAD, a status of 400 or more, a connection that closes
+        after it, no request being served)."""
+
+
+#: what an HTTP connection's parser gives for a read
+HttpEvent: TypeAlias = "HttpRequest | HttpData | HttpEnd | HttpViolation"
+
+
+class NativeClient(ExpressClient, Protocol):
+    """A client connection as a `NativeHttp` server sees it."""
+
+    #: the connection's id in the switch's outboxes (the answer is written there)
+    conn_id: int
+
+    def native_answer(self, response: HttpResponse, method: str) -> None:
+        """Python's answer to a request served natively (an error: the connection closes
+        after it)."""
+
+    def adopt_native(self, request: HttpRequest) -> bool:
+        """The request served natively is answered by Python after all: it becomes the
+        connection's request being served. False when the client is gone."""
+
+
+class NativeHttp(Protocol):
+    """Serves a client's whole request in the Rust core, from the read (the tunnel's native
+    express table, dialects/tunnel/native.py); the answer comes back through the switch's
+    outboxes."""
+
+    def feed(
+        self, conn: NativeClient, parser: HttpStreamParser, data: bytes
+    ) -> list[HttpEvent] | None:
+        """None: served; else the parser's events for the connection to act on."""
+
+    def client_done(self, conn: NativeClient) -> None:
+        """The client half-closed while its request is served there."""
+
+    def closed(self, conn: NativeClient, pending: bool) -> None:
+        """The connection is gone (`pending`: with a request served there)."""
+
+
+#: (request, its whole body, the connection) -> None to decline, else the call that abandons
+#: the request when the client goes away before `express_answer`
+ExpressHandler = Callable[["HttpRequest", bytes, ExpressClient], Callable[[], None] | None]
+
+
+class Routes(Protocol):
+    """Where dialects register plain HTTP routes (the listener's router implements it)."""
+
+    def add(self, method: str, path: str, handler: RouteHandler) -> None:
+        """`path` is a `dialects/paths.py` pattern: `/exact`, `/prefix/*` or `/{segment}`.
+        A path served for other methods only answers 405; a pattern claimed twice for the
+        same method is refused at startup. The handler gets the whole body in
+        `request.body` (at most the listener's `max_message`, else the client gets 413)."""
+
+    def add_streaming(
+        self,
+        method: str,
+        path: str,
+        handler: StreamingRouteHandler,
+        express: ExpressHandler | None = None,
+    ) -> None:
+        """Like `add`, but the handler reads the body itself, as it arrives (`RequestBody`),
+        with no size limit: uploads, tunnels. Its response may stream too
+        (`HttpResponse.stream`). `express`: offered small whole requests first, without a
+        task (server/http.py)."""
+
+
+class WebSocketHandler(abc.ABC):
+    """Per-connection state of one dialect. Methods run on the event loop and must not block."""
+
+    #: set by `bind_decoder` when the dialect's scanner forwards local messages itself (the
+    #: switch's outboxes): the listener then queues all of this connection's output there
+    outboxes: Outboxes | None = None
+
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+
+    def on_open(self) -> None:  # noqa: B027 - optional hook
+        """The 101 has been queued; messages sent from here follow it."""
+
+    @abc.abstractmethod
+    def on_message(self, message: WsMessage) -> None:
+        """One complete data message (text or binary)."""
+
+    def bind_decoder(self, decoder: WsDecoder) -> None:  # noqa: B027 - optional hook
+        """The connection's frame decoder exists; give it this dialect's scanner (before
+        `on_open`), so routing fields are read in the same call that decodes the frames."""
+
+    def on_discarded(self, message: WsMessage) -> None:  # noqa: B027 - optional hook
+        """A message decoded in the same read as others but never passed to `on_message` (the
+        connection started closing first): undo what its scan did (e.g. a route record)."""
+
+    def on_pong(self, data: bytes) -> None:  # noqa: B027 - optional hook
+        """A websocket pong arrived (pings are answered by the listener)."""
+
+    def on_close(self, code: int | None) -> None:  # noqa: B027 - optional hook
+        """The connection is gone (called exactly once); `code` is the peer's close code, if any."""
+
+
+class Dialect(abc.ABC):
+    """One relay protocol served on the shared listener."""
+
+    #: short name used in the banner, logs and the `dialect` metric label
+    name: str = "dialect"
+    #: websocket upgrade paths this dialect serves (`dialects/paths.py` patterns)
+    paths: tuple[str, ...] = ()
+    #: largest websocket message accepted from a peer of this dialect (bytes)
+    max_message: int = 1 << 20
+    #: drop the TCP connection on a protocol violation instead of sending a close frame
+    #: (SBD requires this: "drop immediately with no closing frame")
+    abort_on_violation: bool = False
+    #: a clock (`clock.py`) whose reading the listener passes to the decoder's scanner on every
+    #: read, for dialects whose scanner charges a rate limiter inside `feed`
+    scan_clock: Clock | None = None
+    #: serves whole HTTP requests of this dialect's routes in the Rust core from the client's
+    #: read (the tunnel's native express table), if it does
+    native_http: NativeHttp | None = None
+
+    @abc.abstractmethod
+    async def accept(self, request: HttpRequest, peer: Peer) -> WebSocketHandler:
+        """Authenticate the upgrade and return the connection's handler, or raise HttpReject."""
+
+    def add_routes(self, router: Routes) -> None:  # noqa: B027 - optional hook
+        """Register plain HTTP routes this dialect serves (e.g. federation inbound)."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release background tasks and clients at shutdown."""
+
+
+@dataclass(frozen=True, slots=True)
+class DialectEntry:
+    """How a dialect joins `rmb-relay serve`: its flags and how to build it from them.
+
+    `add_arguments` adds an argument group to the serve parser (flag names must not clash with
+    other dialects'); `build` returns the dialect, or None when the flags switch it off. Adding a
+    dialect is one new module with one of these plus one line in `dialects/registry.py`."""
+
+    name: str
+    #: one line for `rmb-relay serve --help`
+    summary: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    build: Callable[[argparse.Namespace, Services], Awaitable[Dialect | None]]

@@ -1,0 +1,170 @@
+"""Gateway metrics (issue #12 point 9): clients by application, dispatches by type and outcome,
+queue depth, unacked and dead letters, heartbeat closes, decode errors.
+
+Label values are bounded: dispatch types and outcomes come from fixed sets (an unknown `t` is
+counted as `other`), and applications beyond the `MAX_APP_LABELS` largest are summed as
+`other`, since application ids come from clients.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rmb_relay.dialects.singyeong.clients import ClientIndex
+    from rmb_relay.dialects.singyeong.queues import Queues
+    from rmb_relay.dialects.singyeong.redis_queues import RedisQueues
+    from rmb_relay.telemetry.metrics import Registry
+
+#: applications shown by name in `rmb_relay_sg_clients`; the rest are `other`
+MAX_APP_LABELS = 50
+
+DISPATCH_TYPES = frozenset(
+    (
+        "UPDATE_METADATA",
+        "SEND",
+        "BROADCAST",
+        "QUERY_NODES",
+        "QUEUE",
+        "QUEUE_REQUEST",
+        "QUEUE_REQUEST_CANCEL",
+        "QUEUE_ACK",
+    )
+)
+
+
+class HotCounters:
+    """Bumped per frame: plain ints (see telemetry/metrics.py for why)."""
+
+    __slots__ = ("dispatches", "frames_in", "frames_out")
+
+    def __init__(self) -> None:
+        self.frames_in = 0
+        self.frames_out = 0
+        #: (type, outcome) -> count
+        self.dispatches: dict[tuple[str, str], int] = {}
+
+    def dispatch(self, kind: object, outcome: str) -> None:
+        key = (kind if isinstance(kind, str) and kind in DISPATCH_TYPES else "other", outcome)
+        self.dispatches[key] = self.dispatches.get(key, 0) + 1
+
+    def add(self, key: tuple[str, str]) -> None:
+        """`dispatch` with a key made once (a known type and outcome): the queue frames, three
+        per message, count without building and checking a key each."""
+        dispatches = self.dispatches
+        dispatches[key] = dispatches.get(key, 0) + 1
+
+
+class SgMetrics:
+    def __init__(
+        self,
+        registry: Registry,
+        index: Callable[[], ClientIndex],
+        queues: Callable[[], Queues | RedisQueues],
+        native: Callable[[], tuple[int, int, int, int]] | None = None,
+    ) -> None:
+        """`native`: the counts of the Rust SEND/BROADCAST path (native.py), read with the
+        rest: (frames_in, sends, broadcasts, frames_out), all `delivered`."""
+        self.hot = HotCounters()
+        self.native = native
+        sg = {"dialect": "singyeong"}
+        registry.counter_of(
+            "rmb_relay_messages_in_total",
+            "Messages received from clients, by dialect",
+            lambda: [((), self.frames_in())],
+            const=sg,
+        )
+        registry.counter_of(
+            "rmb_relay_messages_out_total",
+            "Messages written to clients (RMB: incl. error envelopes and mailbox), by dialect",
+            lambda: [((), self.frames_out())],
+            const=sg,
+        )
+        registry.counter_of(
+            "rmb_relay_sg_dispatches_total",
+            "singyeong dispatches by type and outcome (delivered, no_route, dropped, invalid, ...)",
+            lambda: list(self.dispatches().items()),
+            ("type", "outcome"),
+        )
+
+        def clients_by_app() -> list[tuple[tuple[str, ...], float]]:
+            sizes = sorted(
+                ((len(members), app) for app, members in index().by_app.items()), reverse=True
+            )
+            out: list[tuple[tuple[str, ...], float]] = [
+                ((app,), count) for count, app in sizes[:MAX_APP_LABELS]
+            ]
+            rest = sum(count for count, _ in sizes[MAX_APP_LABELS:])
+            if rest:
+                out.append((("other",), rest))
+            return out
+
+        registry.gauge(
+            "rmb_relay_sg_clients",
+            "Identified singyeong clients on this instance, by application",
+            ("application",),
+            read=clients_by_app,
+        )
+        registry.gauge(
+            "rmb_relay_sessions",
+            "Sessions a dialect holds (RMB: logged in; SBD: handshaking and ready)",
+            read=lambda: [((), len(index()))],
+            const=sg,
+        )
+        registry.gauge(
+            "rmb_relay_sg_queue_messages",
+            "singyeong queued messages by state (waiting, unacked, dead)",
+            ("state",),
+            read=lambda: list(
+                zip((("waiting",), ("unacked",), ("dead",)), queues().depth(), strict=True)
+            ),
+        )
+        registry.gauge(
+            "rmb_relay_sg_queue_bytes",
+            "Bytes the in-memory singyeong queues hold (all: every state, bounded by "
+            "--sg-queue-total-bytes; dead: of them in dead letters, by --sg-dead-letter-bytes)",
+            ("state",),
+            read=lambda: list(zip((("all",), ("dead",)), queues().held_bytes(), strict=True)),
+        )
+
+        registry.counter_of(
+            "rmb_relay_sg_queue_refused_total",
+            "singyeong in-memory queue refusals by budget: key (--sg-queue-bytes) and total "
+            "(--sg-queue-total-bytes) refuse a QUEUE (op 3 queue_full); dead_letters counts "
+            "messages kept in their queue because the dead letters were full",
+            lambda: [((limit,), n) for limit, n in queues().refusals().items()],
+            ("limit",),
+        )
+        closed = "rmb_relay_connections_closed_total"
+        closed_help = "Connections the relay closed on its own initiative, by dialect and reason"
+        self.heartbeat_closed = registry.counter(
+            closed, closed_help, const={**sg, "reason": "heartbeat"}
+        )
+        self.decode_errors = registry.counter(
+            "rmb_relay_sg_decode_errors_total",
+            "singyeong frames that could not be decoded, by encoding",
+            ("encoding",),
+        )
+
+    def frames_in(self) -> int:
+        """Frames received, Python's and the native path's."""
+        native = self.native
+        return self.hot.frames_in + (native()[0] if native is not None else 0)
+
+    def frames_out(self) -> int:
+        """SEND, BROADCAST and QUEUE dispatches written to receivers, Python's and the native
+        path's (one per receiver)."""
+        native = self.native
+        return self.hot.frames_out + (native()[3] if native is not None else 0)
+
+    def dispatches(self) -> dict[tuple[str, str], int]:
+        """(type, outcome) -> count, Python's and the native path's."""
+        out = dict(self.hot.dispatches)
+        if self.native is not None:
+            _, sends, broadcasts, _ = self.native()
+            for kind, n in (("SEND", sends), ("BROADCAST", broadcasts)):
+                if n:
+                    key = (kind, "delivered")
+                    out[key] = out.get(key, 0) + n
+        return out

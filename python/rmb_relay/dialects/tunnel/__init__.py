@@ -1,0 +1,57 @@
+"""The HTTP tunnel dialect in the style of Thinktecture RelayServer (spec/tunnel.md), one
+concern per module:
+
+| module | what |
+|---|---|
+| `settings.py` | `TunnelSettings`, the flags |
+| `tenants.py` | tenants and the token key in the twin directory's SQLite file |
+| `tokens.py` | embedded JWTs (`POST /tunnel/token`) and OIDC tokens (JWKS) |
+| `wire.py` | connector messages, JSON and msgpack |
+| `hub.py` | queued and in-flight requests, connectors, acknowledgements, TTL |
+| `client.py` | `/{relay,queue,trace}/{tenant}/{target}/...` |
+| `endpoints.py` | discovery, token, body side channels, manual acknowledgements |
+| `management.py` | `/management/tenants` |
+| `bodystore.py` | body files and their sweeper |
+| `connector.py`, `targets.py` | the connector (`rmb-relay connector`) |
+| `metrics.py` | counters and gauges |
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from rmb_relay.dialects.base import DialectEntry
+from rmb_relay.dialects.tunnel.dialect import TunnelDialect
+from rmb_relay.dialects.tunnel.settings import TunnelSettings, add_arguments
+from rmb_relay.dialects.tunnel.tenants import TenantStore
+
+if TYPE_CHECKING:
+    from rmb_relay.services import Services
+
+__all__ = ["ENTRY", "TunnelDialect", "TunnelSettings"]
+
+
+async def build(args: argparse.Namespace, services: Services) -> TunnelDialect | None:
+    """The tunnel the flags ask for, or None with `--no-tunnel`. Raises ConfigError."""
+    if args.no_tunnel:
+        return None
+    settings = TunnelSettings.from_args(args)
+    store = TenantStore(services.twins_path())
+    dialect = TunnelDialect(
+        settings,
+        store,
+        services.metrics,
+        cluster=services.cluster,
+        outboxes=services.switch.outboxes,
+    )
+    dialect.records = services.switch.record_channel("tunnel")  # --records
+    return dialect
+
+
+ENTRY = DialectEntry(
+    name="tunnel",
+    summary="HTTP tunnel (RelayServer style) at /relay|queue|trace/{tenant}/{target}/...",
+    add_arguments=add_arguments,
+    build=build,
+)

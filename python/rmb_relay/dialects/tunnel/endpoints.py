@@ -1,0 +1,172 @@
+"""The tunnel's plain HTTP endpoints besides the client side (spec §6, decisions 3, 5, 6):
+
+| route | auth | what |
+|---|---|---|
+| `GET /.well-known/relayserver-configuration` | none | endpoints, timings |
+| `POST /tunnel/token` | client credentials (form) | a short-lived connector JWT |
+| `GET /tunnel/body/request/{id}[?delete=true]` | tenant token | an outsourced request body |
+| `POST /tunnel/body/response/{id}` | tenant token | stores a response body; its length |
+| `POST /tunnel/acknowledge/{origin}/{id}/{token}` | URL token | manual acknowledgement, 204 |
+
+Token errors follow RFC 6749 §5.2 (`invalid_request`, `invalid_client`, ...) as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import TYPE_CHECKING
+from urllib.parse import parse_qs
+
+from rmb_relay import __version__
+from rmb_relay.dialects.base import HttpResponse
+from rmb_relay.dialects.tunnel.hub import Job
+from rmb_relay.dialects.tunnel.tenants import verify_secret
+from rmb_relay.dialects.tunnel.tokens import CONNECTOR_SCOPE, bearer
+from rmb_relay.errors import AuthError, HttpReject
+
+if TYPE_CHECKING:
+    from rmb_relay._core import HttpRequest
+    from rmb_relay.dialects.base import HttpClient, RequestBody
+    from rmb_relay.dialects.tunnel.dialect import TunnelDialect
+
+log = logging.getLogger("rmb_relay.tunnel")
+
+#: a token request is a short form
+TOKEN_BODY_MAX = 4096
+JSON = "application/json"
+
+
+def _json(status: int, value: object) -> HttpResponse:
+    return HttpResponse(status, json.dumps(value).encode(), content_type=JSON)
+
+
+def _token_error(status: int, error: str, description: str) -> HttpResponse:
+    return _json(status, {"error": error, "error_description": description})
+
+
+async def discovery(dialect: TunnelDialect, request: HttpRequest) -> HttpResponse:
+    base = ""
+    host = request.header("host")
+    if host is not None:
+        base = f"http://{host.decode('latin-1')}"
+    s = dialect.settings
+    return _json(
+        200,
+        {
+            "serverVersion": __version__,
+            "authorizationServer": s.oidc_issuer or f"{base}/tunnel",
+            "authorizationTokenEndpoint": f"{base}/tunnel/token",
+            "connectorEndpoint": f"{base}/tunnel/connector",
+            "acknowledgeEndpoint": f"{base}/tunnel/acknowledge",
+            "requestEndpoint": f"{base}/tunnel/body/request",
+            "responseEndpoint": f"{base}/tunnel/body/response",
+            "endpointTimeout": s.response_timeout,
+            "requestTtl": s.request_ttl,
+            "binarySizeThreshold": s.inline_limit,
+            "keepAliveInterval": s.keep_alive,
+            "reconnectMinimumDelay": s.reconnect_min,
+            "reconnectMaximumDelay": s.reconnect_max,
+        },
+    )
+
+
+async def token(dialect: TunnelDialect, request: HttpRequest) -> HttpResponse:
+    """Client credentials grant (RFC 6749 §4.4), form-encoded as RelayServer's connector sends."""
+    content_type = (request.header("content-type") or b"").decode("latin-1").lower()
+    if not content_type.startswith("application/x-www-form-urlencoded"):
+        return _token_error(
+            400, "invalid_request", "send an application/x-www-form-urlencoded form"
+        )
+    if len(request.body) > TOKEN_BODY_MAX:
+        return _token_error(400, "invalid_request", "form too large")
+    try:
+        form = {k: v[0] for k, v in parse_qs(request.body.decode(), strict_parsing=True).items()}
+    except (ValueError, UnicodeDecodeError):
+        return _token_error(400, "invalid_request", "malformed form")
+    if form.get("grant_type") != "client_credentials":
+        return _token_error(400, "unsupported_grant_type", "only client_credentials is supported")
+    scopes = form.get("scope", CONNECTOR_SCOPE).split()
+    if CONNECTOR_SCOPE not in scopes:
+        return _token_error(400, "invalid_scope", f"the scope must include {CONNECTOR_SCOPE}")
+    client_id, secret = form.get("client_id", ""), form.get("client_secret", "")
+    tenant = dialect.tenants.get(client_id, fresh=True) if client_id else None
+    if tenant is None or not verify_secret(secret, tenant.secret_hash):
+        dialect.metrics.auth_failures.inc(1, "credentials")
+        return _token_error(401, "invalid_client", "unknown tenant or wrong secret")
+    issued = dialect.tokens.issue(tenant.name)
+    return _json(
+        200,
+        {
+            "access_token": issued,
+            "token_type": "Bearer",
+            "expires_in": dialect.tokens.ttl,
+            "scope": CONNECTOR_SCOPE,
+        },
+    )
+
+
+async def _job_of(dialect: TunnelDialect, request: HttpRequest, prefix: str) -> Job:
+    """The job named by the path, checked against the caller's connector token."""
+    request_id, tenant = await _named(dialect, request, prefix)
+    job = dialect.hub.jobs.get(request_id)
+    if job is None or job.tenant != tenant:
+        raise HttpReject(404, "unknown request id")
+    return job
+
+
+async def _named(dialect: TunnelDialect, request: HttpRequest, prefix: str) -> tuple[str, str]:
+    """(the request id the path names, the tenant key of the caller's connector token)."""
+    token = bearer(request.header("authorization"))
+    if token is None:
+        raise HttpReject(401, "a connector bearer token is required")
+    try:
+        tenant = (await dialect.tokens.verify(token)).upper()
+    except AuthError as err:
+        dialect.metrics.auth_failures.inc(1, "token")
+        raise HttpReject(401, str(err)) from None
+    request_id = request.path[len(prefix) :]
+    try:
+        uuid.UUID(request_id)
+    except ValueError:
+        raise HttpReject(400, f"not a request id: {request_id!r}") from None
+    return str(uuid.UUID(request_id)), tenant
+
+
+async def request_body(dialect: TunnelDialect, request: HttpRequest) -> HttpResponse:
+    job = await _job_of(dialect, request, "/tunnel/body/request/")
+    name = job.body_name
+    if name is None or not dialect.store.exists(name):
+        raise HttpReject(404, "this request has no stored body")
+    query = parse_qs(request.query or "")
+    remove = query.get("delete", ["false"])[0].lower() == "true" and job.acked
+    if remove:
+        job.body_name = None
+    return HttpResponse(
+        200,
+        content_type="application/octet-stream",
+        stream=dialect.store.read(name, remove=remove),
+        length=dialect.store.size(name),
+    )
+
+
+async def response_body(
+    dialect: TunnelDialect, request: HttpRequest, body: RequestBody, client: HttpClient
+) -> HttpResponse:
+    request_id, tenant = await _named(dialect, request, "/tunnel/body/response/")
+    if dialect.hub.tenant_of(request_id) != tenant:
+        raise HttpReject(404, "unknown request id")
+    name = dialect.store.name("res", request_id)
+    size = await dialect.store.write(name, body)
+    return HttpResponse(200, str(size).encode())
+
+
+async def acknowledge(dialect: TunnelDialect, request: HttpRequest) -> HttpResponse:
+    parts = request.path.split("/")
+    # ['', 'tunnel', 'acknowledge', origin, request id, token]
+    if len(parts) != 6 or parts[3] != dialect.hub.origin_id:
+        return HttpResponse(404, b"unknown acknowledgement\n")
+    if not dialect.hub.manual_acknowledge(parts[4], parts[5]):
+        return HttpResponse(404, b"unknown acknowledgement\n")
+    return HttpResponse(204)

@@ -1,0 +1,214 @@
+"""The tunnel's settings and flags (spec/tunnel.md decisions), with RelayServer's defaults where
+it has one (spec §14)."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from rmb_relay.dialects.tunnel.hub import DEFAULT_TENANT_BYTES, DEFAULT_TOTAL_BYTES
+from rmb_relay.dialects.tunnel.tenants import ACK_MODES
+from rmb_relay.errors import ConfigError
+
+#: bodies up to this size travel inside the websocket message (RelayServer's SignalR threshold)
+INLINE_LIMIT = 16 * 1024
+#: largest connector message accepted: an inline body base64-encoded plus headers
+CONNECTOR_MAX_MESSAGE = 256 * 1024
+BALANCE = ("round-robin", "least-inflight")
+
+
+@dataclass(slots=True)
+class TunnelSettings:
+    #: a request not taken by a connector within this many seconds is answered 408 and dropped
+    request_ttl: float = 120.0
+    #: after a connector took it, how long the client waits for its answer (then 504)
+    response_timeout: float = 120.0
+    #: requests of one tenant in flight at once on this relay (0: unlimited)
+    max_concurrent: int = 0
+    #: AcknowledgeMode of requests whose tenant sets none
+    ack_mode: int = 0
+    balance: str = "round-robin"
+    #: answer 503 at once when the tenant has no connector (else the request waits up to its TTL)
+    require_connection: bool = False
+    inline_limit: int = INLINE_LIMIT
+    body_store: str = ""
+    #: embedded token lifetime (seconds)
+    token_ttl: int = 300
+    oidc_issuer: str | None = None
+    oidc_audience: str | None = None
+    management_key: str | None = None
+    #: connectors are told to reconnect after a random delay in [min, max] seconds
+    reconnect_min: float = 1.0
+    reconnect_max: float = 30.0
+    keep_alive: float = 15.0
+    #: tenant lookups are cached this long (seconds), misses too (RelayServer: 10 s)
+    tenant_cache_ttl: float = 10.0
+    #: answer a request from a connector of this relay when there is one (scale-out shortcut)
+    shortcut: bool = True
+    #: in-memory bytes of requests held until answered, per tenant and in all (hub.py); a
+    #: request beyond them is answered 503 and never executed
+    tenant_bytes: int = DEFAULT_TENANT_BYTES
+    total_bytes: int = DEFAULT_TOTAL_BYTES
+    #: serve the common relay-mode request on the express path (express.py); off: every
+    #: request takes the task path (the same answers, more CPU)
+    express: bool = True
+    #: the express path's request message and its `Deliver`'s answer built in the Rust core
+    #: (express.py: `tunnel_express_request`, `deliver_native`); off: in Python (the same
+    #: bytes, more CPU)
+    native: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("request_ttl", "response_timeout", "token_ttl", "keep_alive"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"--tunnel-{name.replace('_', '-')} must be positive")
+        if self.tenant_bytes <= 0 or self.total_bytes <= 0:
+            raise ConfigError("--tunnel-tenant-bytes and --tunnel-total-bytes must be positive")
+        if self.max_concurrent < 0:
+            raise ConfigError("--tunnel-max-concurrent must not be negative")
+        if self.ack_mode not in ACK_MODES.values():
+            raise ConfigError("--tunnel-ack-mode must be one of " + ", ".join(ACK_MODES))
+        if self.balance not in BALANCE:
+            raise ConfigError("--tunnel-balance must be round-robin or least-inflight")
+        if not 0 <= self.reconnect_min <= self.reconnect_max:
+            raise ConfigError("--tunnel-reconnect-delay needs 0 <= MIN <= MAX")
+        if (self.oidc_issuer is None) != (self.oidc_audience is None):
+            raise ConfigError("--oidc-issuer and --oidc-audience go together")
+        if self.management_key is not None and len(self.management_key) < 16:
+            raise ConfigError("--management-key must be at least 16 characters")
+        if not self.body_store:
+            self.body_store = str(Path(tempfile.gettempdir()) / "rmb-relay-bodies")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> TunnelSettings:
+        low, high = _delay_pair(args.tunnel_reconnect_delay)
+        return cls(
+            request_ttl=args.tunnel_request_ttl,
+            response_timeout=args.tunnel_response_timeout,
+            max_concurrent=args.tunnel_max_concurrent,
+            ack_mode=ACK_MODES[args.tunnel_ack_mode],
+            balance=args.tunnel_balance,
+            require_connection=args.tunnel_require_connection,
+            body_store=args.tunnel_body_store or "",
+            token_ttl=args.tunnel_token_ttl,
+            oidc_issuer=args.oidc_issuer,
+            oidc_audience=args.oidc_audience,
+            management_key=args.management_key,
+            reconnect_min=low,
+            reconnect_max=high,
+            tenant_bytes=args.tunnel_tenant_bytes,
+            total_bytes=args.tunnel_total_bytes,
+            express=not args.no_tunnel_express,
+            native=not args.tunnel_no_native,
+        )
+
+
+def _delay_pair(text: str) -> tuple[float, float]:
+    low, sep, high = text.partition(",")
+    try:
+        pair = (float(low), float(high if sep else low))
+    except ValueError:
+        raise ConfigError(f"--tunnel-reconnect-delay {text!r}: expected MIN,MAX seconds") from None
+    return pair
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    d = TunnelSettings(body_store="-")
+    group = parser.add_argument_group(
+        "HTTP tunnel (/relay|queue|trace/{tenant}/{target}/..., GET /tunnel/connector)"
+    )
+    group.add_argument("--no-tunnel", action="store_true", help="do not serve the HTTP tunnel")
+    group.add_argument(
+        "--no-tunnel-express",
+        action="store_true",
+        help="serve every tunnel request on the task path, none on the express path",
+    )
+    group.add_argument(
+        "--tunnel-no-native",
+        action="store_true",
+        help="build the express path's messages and answers in Python, not in the Rust core",
+    )
+    group.add_argument(
+        "--tunnel-request-ttl",
+        type=float,
+        default=d.request_ttl,
+        metavar="SECONDS",
+        help="a request no connector took within this long is answered 408 and never executed",
+    )
+    group.add_argument(
+        "--tunnel-response-timeout",
+        type=float,
+        default=d.response_timeout,
+        metavar="SECONDS",
+        help="how long a client waits for the connector's answer once it took the request (504)",
+    )
+    group.add_argument(
+        "--tunnel-max-concurrent",
+        type=int,
+        default=d.max_concurrent,
+        metavar="N",
+        help="requests of one tenant in flight at once on this relay, 0 = unlimited (a tenant's "
+        "maximumConcurrentConnectorRequests wins)",
+    )
+    group.add_argument(
+        "--tunnel-tenant-bytes",
+        type=int,
+        default=d.tenant_bytes,
+        metavar="BYTES",
+        help="in-memory bytes (inline bodies, URLs, headers) of one tenant's requests held "
+        "until answered; beyond it a request gets 503 at once and is never executed",
+    )
+    group.add_argument(
+        "--tunnel-total-bytes",
+        type=int,
+        default=d.total_bytes,
+        metavar="BYTES",
+        help="the same, for all tenants together",
+    )
+    group.add_argument(
+        "--tunnel-ack-mode",
+        choices=tuple(ACK_MODES),
+        default="disabled",
+        help="acknowledgement mode of tenants that set none; the others redeliver requests "
+        "of a lost connector (at least once)",
+    )
+    group.add_argument(
+        "--tunnel-balance",
+        choices=BALANCE,
+        default=d.balance,
+        help="how requests are spread over a tenant's connectors",
+    )
+    group.add_argument(
+        "--tunnel-require-connection",
+        action="store_true",
+        help="503 at once for a tenant with no connector, instead of waiting up to the TTL",
+    )
+    group.add_argument(
+        "--tunnel-body-store",
+        metavar="DIR",
+        help="directory of bodies over 16 KiB (shared by relays on one host); "
+        "default: $TMPDIR/rmb-relay-bodies",
+    )
+    group.add_argument(
+        "--tunnel-token-ttl",
+        type=int,
+        default=d.token_ttl,
+        metavar="SECONDS",
+        help="lifetime of tokens from POST /tunnel/token",
+    )
+    group.add_argument(
+        "--tunnel-reconnect-delay",
+        default=f"{d.reconnect_min:g},{d.reconnect_max:g}",
+        metavar="MIN,MAX",
+        help="connectors reconnect after a random delay in this range (seconds)",
+    )
+    group.add_argument(
+        "--oidc-issuer", metavar="URL", help="also accept connector tokens of this OIDC issuer"
+    )
+    group.add_argument("--oidc-audience", metavar="AUD", help="the audience those tokens carry")
+    group.add_argument(
+        "--management-key",
+        metavar="KEY",
+        help="serve /management/tenants to requests with header Api-Key: KEY; default: off",
+    )
