@@ -32,7 +32,7 @@ def _positive(text: str) -> int:
 
 
 def _run_parser(prog: str) -> argparse.ArgumentParser:
-    from rmb_relay.cli import HelpFormatter
+    from rmb_relay.cli_support import HelpFormatter
 
     parser = argparse.ArgumentParser(
         prog=prog,
@@ -65,7 +65,7 @@ def _run_parser(prog: str) -> argparse.ArgumentParser:
 
 
 def _report_parser(prog: str) -> argparse.ArgumentParser:
-    from rmb_relay.cli import HelpFormatter
+    from rmb_relay.cli_support import HelpFormatter
 
     parser = argparse.ArgumentParser(
         prog=prog,

@@ -9,7 +9,7 @@ import signal
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from rmb_relay.cli import HelpFormatter, run, setup_logging
+from rmb_relay.cli_support import HelpFormatter, run, setup_logging
 from rmb_relay.errors import ConfigError
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ import signal
 from collections.abc import Sequence
 from pathlib import Path
 
-from rmb_relay.cli import HelpFormatter, run, setup_logging
+from rmb_relay.cli_support import HelpFormatter, run, setup_logging
 from rmb_relay.config import parse_listen
 from rmb_relay.errors import ConfigError
 

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Sequence
 
 from rmb_relay import __version__, gc_tuning, malloc_tuning
-from rmb_relay.cli import HelpFormatter, run, setup_logging
+from rmb_relay.cli_support import HelpFormatter, run, setup_logging
 from rmb_relay.cluster import workers
 from rmb_relay.config import (
     DEFAULT_HTTP_IDLE_TIMEOUT,

@@ -32,7 +32,7 @@ from urllib.parse import urlsplit
 
 from rmb_relay import __version__
 from rmb_relay._core import SigningKey
-from rmb_relay.cli import HelpFormatter, setup_logging
+from rmb_relay.cli_support import HelpFormatter, setup_logging
 from rmb_relay.errors import ChainError, ConfigError, CoreError, RedisUnavailable
 from rmb_relay.identity import KeyType, secret_from_phrase, signing_key
 from rmb_relay.twins import Twin, TwinDirectory

@@ -263,6 +263,6 @@ def main(argv: Sequence[str] | None = None, prog: str = "rmb-relay twins") -> in
 
 
 if __name__ == "__main__":
-    from rmb_relay.cli import exit_with
+    from rmb_relay.cli_support import exit_with
 
     exit_with(main)
