@@ -31,7 +31,8 @@ from rmb_relay.telemetry.record_schema import (
     layout,
     read_table,
 )
-from rmb_relay.telemetry.records import Channel, FullRecord, Recorder
+from rmb_relay.telemetry.record_process import FullRecord
+from rmb_relay.telemetry.records import Channel, Recorder
 from tests.helpers import FakeClock, eventually
 from tests.record_files import write_v1
 from tests.tunnel_fixtures import StartTunnel, raw_client

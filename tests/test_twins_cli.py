@@ -20,7 +20,8 @@ from mnemonic import Mnemonic
 
 from rmb_relay.errors import ConfigError
 from rmb_relay.twins import Twin
-from rmb_relay.twins.cli import main, parse_twins_url
+from rmb_relay.twins.cli import main
+from rmb_relay.twins.local import parse_twins_url
 from rmb_relay.twins.local import SqliteTwinDirectory
 from tests.conftest import WAIT
 

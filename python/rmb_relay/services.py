@@ -33,7 +33,7 @@ from rmb_relay.switch import Switch
 from rmb_relay.telemetry.metrics import Read, Registry
 from rmb_relay.telemetry.record_flags import add_record_arguments, recorder_from_args
 from rmb_relay.twins.cache import CachedTwinDirectory
-from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path
+from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path, parse_twins_url
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -299,8 +299,6 @@ class Services:
 
     def twins_path(self) -> Path:
         """The embedded SQLite file (`--twins`); the tunnel keeps its tenants there too."""
-        from rmb_relay.twins.cli import parse_twins_url
-
         return parse_twins_url(self._twins_url) if self._twins_url else default_twins_path()
 
     def twin_directory(self) -> TwinDirectory:
@@ -317,11 +315,8 @@ class Services:
             )
             self._events.start()
         if self._directory is None:
-            from rmb_relay.twins.cli import parse_twins_url
-
-            path = parse_twins_url(self._twins_url) if self._twins_url else default_twins_path()
             self._directory = CachedTwinDirectory(
-                SqliteTwinDirectory(path), ttl=self._twin_cache_ttl
+                SqliteTwinDirectory(self.twins_path()), ttl=self._twin_cache_ttl
             )
         return self._directory
 

@@ -48,7 +48,7 @@ from rmb_relay.errors import FederationError
 from rmb_relay.mailbox import Mailbox, MemoryMailbox, SessionKey
 
 if TYPE_CHECKING:
-    from rmb_relay.dialects.base import Peer
+    from rmb_relay.contract import Peer
     from rmb_relay.telemetry.records import Channel, Recorder
     from rmb_relay.twins import Twin
 

@@ -32,7 +32,7 @@ from rmb_relay._core import (
     websocket_accept,
 )
 from rmb_relay.clock import Clock, monotonic_clock
-from rmb_relay.dialects.base import CloseCode
+from rmb_relay.contract import CloseCode
 from rmb_relay.errors import ConnectionClosed, HandshakeError
 
 #: what a client waits for the upgrade by default

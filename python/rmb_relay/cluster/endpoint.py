@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
-from rmb_relay.dialects.base import CloseCode
+from rmb_relay.contract import CloseCode
 
 
 class NoPeer:

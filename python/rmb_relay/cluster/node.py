@@ -64,7 +64,7 @@ from rmb_relay.cluster import keys, wire
 from rmb_relay.cluster.bus import CLOSE_TIMEOUT, Bus, failures
 from rmb_relay.cluster.connect import RedisClient
 from rmb_relay.cluster.presence import CACHE_MAX, Missing, Presence, claim_instance
-from rmb_relay.dialects.base import CloseCode
+from rmb_relay.contract import CloseCode
 from rmb_relay.errors import ClusterUnavailable
 from rmb_relay.tasks import cancel_and_wait, finish_or_cancel
 

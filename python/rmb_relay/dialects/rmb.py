@@ -996,7 +996,14 @@ async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
     dialect = RmbDialect(
         settings, directory, services.metrics, switch=services.switch, max_message=args.max_message
     )
-    outbound, inbound = federation_setup.build(args, services, directory, dialect.is_ours)
+    outbound, inbound = federation_setup.build(
+        args,
+        redis=services.redis,
+        switch=services.switch,
+        registry=services.metrics,
+        directory=directory,
+        is_ours=dialect.is_ours,
+    )
     dialect.federation = services.switch.federation = outbound
     dialect.inbound = inbound
     if services.redis is not None:

@@ -35,7 +35,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rmb_relay._core import Envelope, SignatureError, scan_envelope, verify_prefixed
-from rmb_relay.dialects.base import HttpResponse
+from rmb_relay.contract import HttpResponse
 from rmb_relay.errors import (
     ClusterUnavailable,
     EnvelopeError,
@@ -55,7 +55,7 @@ from rmb_relay.switch import Outcome
 
 if TYPE_CHECKING:
     from rmb_relay._core import EnvelopeRouting, HttpRequest
-    from rmb_relay.dialects.base import HttpClient
+    from rmb_relay.contract import HttpClient
     from rmb_relay.mailbox import SessionKey
     from rmb_relay.switch import Switch
     from rmb_relay.telemetry.records import Channel

@@ -31,7 +31,9 @@ from rmb_relay.federation.sender import (
 )
 
 if TYPE_CHECKING:
-    from rmb_relay.services import Services
+    from rmb_relay.cluster.connect import RedisClient
+    from rmb_relay.switch import Switch
+    from rmb_relay.telemetry.metrics import Registry
     from rmb_relay.twins import Twin, TwinDirectory
 
 
@@ -117,11 +119,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def build(
     args: argparse.Namespace,
-    services: Services,
+    *,
+    redis: RedisClient | None,
+    switch: Switch,
+    registry: Registry,
     directory: TwinDirectory,
     is_ours: Callable[[Twin], bool],
 ) -> tuple[OutboundFederation, InboundFederation]:
-    """Both directions, registered in the process's metrics; raises ConfigError."""
+    """Both directions, registered in the process's metrics (`registry`); the outbound queue
+    is in Redis when there is one. Raises ConfigError."""
     if args.federation_workers < 1:
         raise ConfigError("--federation-workers must be at least 1")
     if not args.federation_max_backoff > 0:
@@ -141,19 +147,19 @@ def build(
         origin=args.domain[0] if getattr(args, "domain", None) else None,
     )
     queue: OutboundQueue
-    if services.redis is None:
+    if redis is None:
         queue = MemoryQueue(args.federation_queue_max)
     else:
-        queue = RedisQueue(services.redis, claim_idle=args.federation_claim_idle)
+        queue = RedisQueue(redis, claim_idle=args.federation_claim_idle)
     outbound = OutboundFederation(
         queue,
         sender,
         ranker,
         directory,
-        services.switch,
+        switch,
         workers=args.federation_workers,
         max_backoff=args.federation_max_backoff,
     )
-    inbound = InboundFederation(directory, services.switch, is_ours, verify=args.verify_federated)
-    metrics.register(services.metrics, outbound, inbound)
+    inbound = InboundFederation(directory, switch, is_ours, verify=args.verify_federated)
+    metrics.register(registry, outbound, inbound)
     return outbound, inbound

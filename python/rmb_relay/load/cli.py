@@ -122,8 +122,7 @@ def _read_identities(path: Path) -> tuple[tuple[int, str, bytes], ...]:
 
 def _provision(args: argparse.Namespace, pairs: list[PairSpec]) -> None:
     from rmb_relay.twins import Twin
-    from rmb_relay.twins.cli import parse_twins_url
-    from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path
+    from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path, parse_twins_url
 
     path = parse_twins_url(args.twins) if args.twins else default_twins_path()
     directory = SqliteTwinDirectory(path)

@@ -163,7 +163,7 @@ def relay_url(url: str) -> str:
 
 def parse_args(argv: Sequence[str] | None = None) -> PeerConfig:
     """The flags as a PeerConfig; argparse exits on unknown flags, ConfigError on bad values."""
-    from rmb_relay.twins.cli import parse_twins_url
+    from rmb_relay.twins.local import parse_twins_url
 
     args = parser().parse_args(argv)
     secret = args.mnemonic or args.mnemonics or args.seed

@@ -11,7 +11,7 @@ A batch reaches it in two parts:
   a record to read out of (measured); a copy into memory both sides have mapped costs the relay
   about what writing into the pipe did, and the writer nothing. A batch that does not fit (the
   writer fell behind by more than the arena holds) sends its columns through the pipe instead;
-- a frame on the writer's stdin pipe: the two lengths, the header (records.Batch.header: the
+- a frame on the writer's stdin pipe: the two lengths, the header (Batch.header: the
   dialect, the rare full records, new key names, where the columns are in the arena) and any
   columns not in the arena. The pipe is non-blocking: the event loop writes what it takes and
   the rest when it has room. `max_pending` frames waiting mean the writer fell behind: further
@@ -30,17 +30,18 @@ import contextlib
 import logging
 import mmap
 import os
+import pickle
 import struct
 import subprocess
 import sys
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from rmb_relay._core import Column
-    from rmb_relay.telemetry.records import Batch, RecordStats
 
 log = logging.getLogger("rmb_relay.records")
 
@@ -57,6 +58,61 @@ PIPE_SIZE = 1 << 20
 ARENA_BYTES = 16 << 20
 #: a frame's lengths (header, payload): see record_writer.py
 FRAME = struct.Struct("<II")
+
+#: any record but the hot path's: (time_ns, src, dst, size, route, outcome, reason, relay_ns,
+#: remote)
+FullRecord = tuple[int, Any, Any, int, str, str, str | None, int | None, str | None]
+
+
+@dataclass(slots=True)
+class Batch:
+    """One flush of one channel, as the writer process is sent it."""
+
+    dialect: str
+    weight: float
+    #: the rate the writer samples `columns` at (1: sampled here already, or not sampling)
+    sample: float
+    #: hot-path records in `columns`
+    rows: int
+    #: the hot path's columns (time_us, src, dst, size; int64 bytes), or None
+    columns: Sequence[Column | memoryview] | None
+    full: list[FullRecord]
+    #: SBD key names from id `names_offset` on, which the writer does not have yet
+    names_offset: int
+    names: list[str]
+
+    def __len__(self) -> int:
+        return self.rows + len(self.full)
+
+    def header(self, offset: int | None) -> bytes:
+        """What the writer reads before the columns (record_writer.py); `offset`: where the
+        columns are in the shared arena, None when they follow in the pipe."""
+        return pickle.dumps(
+            (
+                self.dialect,
+                self.weight,
+                self.sample,
+                self.rows,
+                self.full,
+                self.names_offset,
+                self.names,
+                offset,
+            ),
+            protocol=pickle.HIGHEST_PROTOCOL,
+        )
+
+
+class RecordStats:
+    """Counters read by /metrics (plain ints, bumped on the event loop)."""
+
+    __slots__ = ("files", "shed", "writer_cpu_ns", "written")
+
+    def __init__(self) -> None:
+        self.written = 0
+        self.shed = 0
+        self.files = 0
+        #: CPU time of the writer process (what recording costs besides the scanners' append)
+        self.writer_cpu_ns = 0
 
 
 class Arena:

@@ -49,17 +49,22 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import pickle
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rmb_relay._core import Column, RecordBuffer
 from rmb_relay.clock import Clock, wall_clock
-from rmb_relay.telemetry.record_process import ARENA_BYTES, RESTART_SECONDS, WriterProcess
+from rmb_relay.telemetry.record_process import (
+    ARENA_BYTES,
+    RESTART_SECONDS,
+    Batch,
+    FullRecord,
+    RecordStats,
+    WriterProcess,
+)
 from rmb_relay.telemetry.record_sample import RowSampler
 
 #: where a message went; `cluster` and `federation` are reserved for instances that have them
@@ -77,10 +82,6 @@ ROLL_SECONDS = 60.0
 #: them over; above it the writer does. Per row taken, sampling in the relay cost the event loop
 #: ~2-4 ns at R = 0.01, ~12-15 at 0.1 and ~80 at 0.5, and saved the writer ~15 ns (measured)
 RELAY_SAMPLE_MAX = 0.05
-
-#: any record but the hot path's: (time_ns, src, dst, size, route, outcome, reason, relay_ns,
-#: remote)
-FullRecord = tuple[int, Any, Any, int, str, str, str | None, int | None, str | None]
 
 
 class Channel:
@@ -189,57 +190,6 @@ class Channel:
         return Batch(
             self.dialect, weight, self.writer_sample, rows, columns, full, self.names_sent, new
         )
-
-
-@dataclass(slots=True)
-class Batch:
-    """One flush of one channel, as the writer process is sent it."""
-
-    dialect: str
-    weight: float
-    #: the rate the writer samples `columns` at (1: sampled here already, or not sampling)
-    sample: float
-    #: hot-path records in `columns`
-    rows: int
-    #: the hot path's columns (time_us, src, dst, size; int64 bytes), or None
-    columns: Sequence[Column | memoryview] | None
-    full: list[FullRecord]
-    #: SBD key names from id `names_offset` on, which the writer does not have yet
-    names_offset: int
-    names: list[str]
-
-    def __len__(self) -> int:
-        return self.rows + len(self.full)
-
-    def header(self, offset: int | None) -> bytes:
-        """What the writer reads before the columns (record_writer.py); `offset`: where the
-        columns are in the shared arena, None when they follow in the pipe."""
-        return pickle.dumps(
-            (
-                self.dialect,
-                self.weight,
-                self.sample,
-                self.rows,
-                self.full,
-                self.names_offset,
-                self.names,
-                offset,
-            ),
-            protocol=pickle.HIGHEST_PROTOCOL,
-        )
-
-
-class RecordStats:
-    """Counters read by /metrics (plain ints, bumped on the event loop)."""
-
-    __slots__ = ("files", "shed", "writer_cpu_ns", "written")
-
-    def __init__(self) -> None:
-        self.written = 0
-        self.shed = 0
-        self.files = 0
-        #: CPU time of the writer process (what recording costs besides the scanners' append)
-        self.writer_cpu_ns = 0
 
 
 class Recorder:

@@ -15,32 +15,19 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rmb_relay.errors import ConfigError, CoreError, NodeError, RelayError
 from rmb_relay.twins import ACCOUNT_LEN, MAX_TWIN_ID, PK_LEN, Twin, format_relays
-from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path
+from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path, parse_twins_url
 
 if TYPE_CHECKING:
     from rmb_relay.identity import KeyType
 
-__all__ = ["default_twins_path", "main", "parse_twins_url", "twins_main"]
+__all__ = ["default_twins_path", "main", "twins_main"]
 
 #: --key-type when --mnemonic/--seed is given without it (rmb-peer's default too)
 DEFAULT_KEY_TYPE: KeyType = "sr25519"
-
-
-def parse_twins_url(text: str) -> Path:
-    """`sqlite:PATH` -> PATH (`~` expanded). Other schemes are a ConfigError: the chain is a
-    different option (`--substrate URL`, twins/substrate.py), not a `--twins` URL."""
-    scheme, sep, rest = text.partition(":")
-    if not sep or scheme != "sqlite" or not rest:
-        raise ConfigError(
-            f"--twins {text!r}: expected sqlite:PATH "
-            "(to read twins from tfchain use --substrate URL)"
-        )
-    return Path(rest).expanduser()
 
 
 def _hex(text: str, length: int, what: str) -> bytes:

@@ -232,3 +232,15 @@ class SqliteTwinDirectory(TwinDirectory):
         traceback: TracebackType | None,
     ) -> None:
         self._close_quietly()
+
+
+def parse_twins_url(text: str) -> Path:
+    """`sqlite:PATH` -> PATH (`~` expanded). Other schemes are a ConfigError: the chain is a
+    different option (`--substrate URL`, twins/substrate.py), not a `--twins` URL."""
+    scheme, sep, rest = text.partition(":")
+    if not sep or scheme != "sqlite" or not rest:
+        raise ConfigError(
+            f"--twins {text!r}: expected sqlite:PATH "
+            "(to read twins from tfchain use --substrate URL)"
+        )
+    return Path(rest).expanduser()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from rmb_relay._core import (
     SBD_FORWARD,
@@ -27,16 +27,45 @@ from rmb_relay.dialects.sbd.settings import (
 )
 
 if TYPE_CHECKING:
-    from rmb_relay.dialects.sbd.dialect import SbdDialect
+    from rmb_relay._core import ByteNanosLimiter
+    from rmb_relay.clock import Clock
+    from rmb_relay.dialects.sbd.metrics import SbdMetrics
+    from rmb_relay.dialects.sbd.settings import SbdSettings
+    from rmb_relay.switch import Switch
 
 log = logging.getLogger("rmb_relay.sbd")
+
+
+class SessionHost(Protocol):
+    """What a session needs of its dialect (`SbdDialect`): the per-process tables it joins and
+    the per-IP bookkeeping it reports to. A protocol, so the dialect imports the session and
+    not the other way round."""
+
+    settings: SbdSettings
+    clock: Clock
+    switch: Switch
+    metrics: SbdMetrics
+    limiter: ByteNanosLimiter
+    sessions: dict[int, SbdSession]
+    by_ip: dict[str, set[SbdSession]]
+    tokens: dict[str, int]
+
+    def handshake_started(self, session: SbdSession) -> None: ...
+
+    def handshake_done(self, session: SbdSession) -> None: ...
+
+    def send_lbrt(self, session: SbdSession) -> None: ...
+
+    def ip_count_changed(self, ip: str) -> None: ...
+
+    def rate_violation(self, session: SbdSession) -> None: ...
 
 
 class SbdSession(WebSocketHandler):
     """One SBD connection: handshaking until a valid `ares`, then ready."""
 
     def __init__(
-        self, peer: Peer, dialect: SbdDialect, pubkey: bytes, ip: str, token: str | None
+        self, peer: Peer, dialect: SessionHost, pubkey: bytes, ip: str, token: str | None
     ) -> None:
         super().__init__(peer)
         self.dialect = dialect

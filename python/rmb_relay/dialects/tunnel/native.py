@@ -66,7 +66,7 @@ if TYPE_CHECKING:
     from rmb_relay.dialects.tunnel.dialect import TunnelDialect
     from rmb_relay.dialects.tunnel.hub import ConnectorSession, Job
     from rmb_relay.dialects.tunnel.tenants import Tenant
-    from rmb_relay.telemetry.records import FullRecord
+    from rmb_relay.telemetry.record_process import FullRecord
 
 log = logging.getLogger("rmb_relay.tunnel")
 

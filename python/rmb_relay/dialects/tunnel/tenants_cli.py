@@ -17,8 +17,7 @@ from dataclasses import replace
 
 from rmb_relay.dialects.tunnel.tenants import ACK_MODES, Tenant, TenantStore, hash_secret
 from rmb_relay.errors import ConfigError, RelayError
-from rmb_relay.twins.cli import parse_twins_url
-from rmb_relay.twins.local import default_twins_path
+from rmb_relay.twins.local import default_twins_path, parse_twins_url
 
 
 def _fields(parser: argparse.ArgumentParser) -> None:
