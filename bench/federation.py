@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from rmb_relay._core import WsMessage
-from rmb_relay.client import RelayLink, RmbClient
 from rmb_relay.load.rmb import STAMP, LoadPlan, Pair, PairSpec, load_key, run_pairs
 from rmb_relay.load.stats import summary as stats_summary
+from rmb_relay.sdk import RelayLink, RmbClient
 from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
 

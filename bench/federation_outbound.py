@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rmb_relay.client import RmbClient
 from rmb_relay.federation.outbound import OutboundFederation
 from rmb_relay.federation.queue import MemoryQueue
 from rmb_relay.federation.ranker import Ranker
 from rmb_relay.federation.sender import Sender
 from rmb_relay.load.rmb import load_key
+from rmb_relay.sdk import RmbClient
 from rmb_relay.switch import Switch
 from rmb_relay.twins import Twin
 from rmb_relay.twins.cache import CachedTwinDirectory

@@ -43,7 +43,7 @@ from tests.helpers import RawWebSocket
 from tests.redis_process import start_redis
 from tests.rmb_fixtures import key_for
 
-from rmb_relay.client import RmbClient
+from rmb_relay.sdk import RmbClient
 from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
 

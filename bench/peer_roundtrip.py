@@ -42,7 +42,7 @@ from tests.peer_fixtures import (
 
 from bench.outdir import RESULTS
 from bench.scenarios import commit
-from rmb_relay.peer.resp import RespClient
+from rmb_relay.sdk.resp import RespClient
 
 from .procstat import cpu_seconds
 

@@ -186,7 +186,7 @@ def throughput_scenario(
 async def _open_idle(url: str, count: int, twins: Path, dialect: str) -> list[Any]:
     from rmb_relay.identity import make_jwt
     from rmb_relay.load.rmb import load_key
-    from rmb_relay.wsclient import WebSocketClient
+    from rmb_relay.sdk.websocket import WebSocketClient
 
     twin = 1_900_000
     if dialect == "rmb":
@@ -240,12 +240,12 @@ def idle_scenario(twins: Path, count: int) -> list[dict[str, Any]]:
 def mailbox_scenario(twins: Path, count: int) -> list[dict[str, Any]]:
     import uvloop
 
-    from rmb_relay.client import RmbClient
     from rmb_relay.identity import make_jwt
     from rmb_relay.load.rmb import load_key
+    from rmb_relay.sdk import RmbClient
+    from rmb_relay.sdk.websocket import WebSocketClient
     from rmb_relay.twins import Twin
     from rmb_relay.twins.local import SqliteTwinDirectory
-    from rmb_relay.wsclient import WebSocketClient
 
     directory = SqliteTwinDirectory(twins)
     for twin in (1_800_001, 1_800_002):

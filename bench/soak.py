@@ -33,8 +33,8 @@ from typing import Any
 from tests.redis_process import start_redis
 from tests.rmb_fixtures import key_for
 
-from rmb_relay.client import IncomingRequest, RmbClient
 from rmb_relay.errors import ClientError
+from rmb_relay.sdk import IncomingRequest, RmbClient
 from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
 

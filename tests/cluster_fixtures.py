@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
-from rmb_relay.client import Handler, IncomingRequest, RmbClient
 from rmb_relay.cluster import Cluster
 from rmb_relay.cluster.connect import RedisClient, connect_redis
 from rmb_relay.dialects.rmb import RmbDialect, RmbSettings
 from rmb_relay.dialects.sbd import SbdDialect, SbdSettings
 from rmb_relay.mailbox import RedisMailbox
+from rmb_relay.sdk import Handler, IncomingRequest, RmbClient
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.switch import Switch
 from rmb_relay.telemetry.metrics import Registry

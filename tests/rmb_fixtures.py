@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from rmb_relay._core import SigningKey
-from rmb_relay.client import RmbClient
 from rmb_relay.dialects.rmb import RmbDialect, RmbSettings
 from rmb_relay.mailbox import Mailbox
+from rmb_relay.sdk import RmbClient
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.telemetry.metrics import Registry
 from rmb_relay.twins import Twin

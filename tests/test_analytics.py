@@ -480,7 +480,7 @@ def _load(dialect: str, url: str, *extra: str) -> str:
 async def _drive_drops(relay: _RelayProcess, tmp_path: Path) -> dict[str, float]:
     """An abuser over the byte limit, requests to an unknown twin, mail for an offline twin
     that expires; returns the relay's own counters once all of it was handled."""
-    from rmb_relay.client import RmbClient
+    from rmb_relay.sdk import RmbClient
     from rmb_relay.twins import Twin
     from rmb_relay.twins.local import SqliteTwinDirectory
     from tests.helpers import eventually

@@ -29,9 +29,9 @@ from rmb_relay._core import (
     check_bus_records,
     encode_binary,
 )
-from rmb_relay.client import RmbClient
 from rmb_relay.cluster import wire
 from rmb_relay.errors import RemoteError
+from rmb_relay.sdk import RmbClient
 from tests.cluster_fixtures import (  # noqa: F401 - the fixture is used by name
     MakeInstance,
     make_instance_fixture,

@@ -19,9 +19,9 @@ import httpx
 import pytest
 from redis.asyncio import Redis
 
-from rmb_relay.client import RmbClient
 from rmb_relay.cluster import keys
 from rmb_relay.cluster.presence import claim_instance
+from rmb_relay.sdk import RmbClient
 from tests.cluster_fixtures import TWINS, recorder, twin_directory
 from tests.conftest import WAIT, RedisServer, free_port
 from tests.helpers import eventually

@@ -12,7 +12,6 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from rmb_relay.client import IncomingRequest, RmbClient
 from rmb_relay.dialects.rmb import RmbDialect, RmbSettings
 from rmb_relay.errors import EnvelopeError
 from rmb_relay.federation.batch import (
@@ -24,6 +23,7 @@ from rmb_relay.federation.batch import (
     encode_statuses,
 )
 from rmb_relay.federation.inbound import InboundFederation
+from rmb_relay.sdk import IncomingRequest, RmbClient
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.telemetry.metrics import Registry
 from rmb_relay.twins import Twin

@@ -15,8 +15,8 @@ import aiohttp
 import pytest
 from redis.asyncio import Redis
 
-from rmb_relay.client import IncomingRequest, RmbClient
 from rmb_relay.errors import RemoteError
+from rmb_relay.sdk import IncomingRequest, RmbClient
 from rmb_relay.telemetry.record_schema import read_table
 from tests.conftest import WAIT, RedisServer
 from tests.federation_fixtures import (

@@ -31,8 +31,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rmb_relay._core import ClientFrameEncoder, SigningKey, sbd_encode_command
-from rmb_relay.envelope import Envelope
 from rmb_relay.identity import make_jwt
+from rmb_relay.sdk.envelope import Envelope
 from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
 from tests.conftest import WAIT

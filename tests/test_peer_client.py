@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from rmb_relay.client import IncomingRequest, RelayLink, RmbClient
 from rmb_relay.clock import NS
 from rmb_relay.errors import ClientError, RequestTimeout
+from rmb_relay.sdk import IncomingRequest, RelayLink, RmbClient
 from tests.conftest import WAIT, StartRelay, free_port
 from tests.helpers import eventually
 from tests.rmb_fixtures import FakeClock, RmbRelay, key_for, start_rmb_relay

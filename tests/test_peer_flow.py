@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from rmb_relay.client import RmbPeerClient
 from rmb_relay.peer.gateway import VERSION
+from rmb_relay.sdk import RmbPeerClient
 from rmb_relay.twins.local import SqliteTwinDirectory
 from tests.conftest import WAIT, free_port, start_redis
 from tests.helpers import eventually

@@ -15,7 +15,10 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from hypothesis import given
 
 from rmb_relay._core import Envelope as RustEnvelope
-from rmb_relay.envelope import (
+from rmb_relay.errors import BadMessage, ConfigError, E2eError, RedisUnavailable
+from rmb_relay.identity import secret_from_phrase, signing_key
+from rmb_relay.peer.e2e import E2eKey
+from rmb_relay.sdk.envelope import (
     Envelope,
     address_text,
     challenge,
@@ -25,10 +28,7 @@ from rmb_relay.envelope import (
     stamp,
     ttl,
 )
-from rmb_relay.errors import BadMessage, ConfigError, E2eError, RedisUnavailable
-from rmb_relay.identity import secret_from_phrase, signing_key
-from rmb_relay.peer.e2e import E2eKey
-from rmb_relay.peer.msgbus import (
+from rmb_relay.sdk.msgbus import (
     error_response,
     incoming_request,
     incoming_response,
@@ -36,7 +36,7 @@ from rmb_relay.peer.msgbus import (
     parse_request,
     parse_response,
 )
-from rmb_relay.peer.resp import RespClient, encode_command, parse_redis_url
+from rmb_relay.sdk.resp import RespClient, encode_command, parse_redis_url
 from tests.conftest import RedisServer, free_port
 from tests.test_envelope import envelopes
 

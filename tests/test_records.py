@@ -22,6 +22,7 @@ from rmb_relay.errors import ConfigError
 from rmb_relay.mailbox import MemoryMailbox
 from rmb_relay.telemetry.metrics import Registry
 from rmb_relay.telemetry.record_flags import add_record_arguments, recorder_from_args
+from rmb_relay.telemetry.record_process import FullRecord
 from rmb_relay.telemetry.record_schema import (
     CONSTANTS_KEY,
     SCHEMA,
@@ -31,7 +32,6 @@ from rmb_relay.telemetry.record_schema import (
     layout,
     read_table,
 )
-from rmb_relay.telemetry.record_process import FullRecord
 from rmb_relay.telemetry.records import Channel, Recorder
 from tests.helpers import FakeClock, eventually
 from tests.record_files import write_v1

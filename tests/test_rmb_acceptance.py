@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rmb_relay.client import IncomingRequest, RmbClient
+from rmb_relay.sdk import IncomingRequest, RmbClient
 from tests.conftest import WAIT
 from tests.rmb_fixtures import key_for
 

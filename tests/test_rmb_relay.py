@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from rmb_relay._core import Envelope
-from rmb_relay.client import IncomingRequest, RemoteError, RmbClient
 from rmb_relay.dialects.rmb import RmbSettings
+from rmb_relay.errors import RemoteError
 from rmb_relay.identity import JWT_HEADER_B64, b64url, make_jwt
-from rmb_relay.wsclient import HandshakeError, WebSocketClient
+from rmb_relay.sdk import IncomingRequest, RmbClient
+from rmb_relay.sdk.websocket import HandshakeError, WebSocketClient
 from tests.conftest import WAIT, StartRelay
 from tests.helpers import eventually
 from tests.rmb_fixtures import FakeClock, RmbRelay, key_for, start_rmb_relay

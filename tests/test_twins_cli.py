@@ -21,8 +21,7 @@ from mnemonic import Mnemonic
 from rmb_relay.errors import ConfigError
 from rmb_relay.twins import Twin
 from rmb_relay.twins.cli import main
-from rmb_relay.twins.local import parse_twins_url
-from rmb_relay.twins.local import SqliteTwinDirectory
+from rmb_relay.twins.local import SqliteTwinDirectory, parse_twins_url
 from tests.conftest import WAIT
 
 #: BIP39's own test vector phrase (entropy 7f7f...7f)

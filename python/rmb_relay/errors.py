@@ -197,7 +197,7 @@ class RequestTimeout(ClientError):
 
 class RemoteError(ClientError):
     """The remote service (or the relay) answered a request with an error. `reply` is the
-    SDK's `Reply` (`rmb_relay.client`)."""
+    SDK's `Reply` (`rmb_relay.sdk`)."""
 
     def __init__(self, reply: Any) -> None:
         code, message = reply.error

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from rmb_relay._core import Envelope, SigningKey, WsMessage
-from rmb_relay.client import RelayLink, RmbClient
 from rmb_relay.load.stats import RunStats
-from rmb_relay.wsclient import WebSocketClient
+from rmb_relay.sdk import RelayLink, RmbClient
+from rmb_relay.sdk.websocket import WebSocketClient
 
 #: messages written per batch (one transport.write)
 BATCH = 64

@@ -21,7 +21,7 @@ from rmb_relay._core import (
     sbd_encode_command,
 )
 from rmb_relay.load.rmb import MIN_SIZE, Pair
-from rmb_relay.wsclient import WebSocketClient
+from rmb_relay.sdk.websocket import WebSocketClient
 
 HEADER = 32
 SBD_MIN_SIZE = HEADER + MIN_SIZE

@@ -199,7 +199,7 @@ def parse_args(argv: Sequence[str] | None = None) -> PeerConfig:
 async def serve(config: PeerConfig) -> None:
     from rmb_relay.peer.e2e import E2eKey
     from rmb_relay.peer.gateway import Gateway
-    from rmb_relay.peer.resp import RespClient
+    from rmb_relay.sdk.resp import RespClient
     from rmb_relay.twins.cache import CachedTwinDirectory
 
     try:

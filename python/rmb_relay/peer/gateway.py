@@ -47,9 +47,17 @@ from google.protobuf.message import DecodeError
 
 from rmb_relay import __version__
 from rmb_relay._proto.peer_pb2 import Backlog
-from rmb_relay.client import FLUSH_AT, RETRY_DELAY, RmbClient, Waiter
 from rmb_relay.clock import Clock, monotonic_clock, seconds, wall_clock
-from rmb_relay.envelope import (
+from rmb_relay.errors import (
+    BadMessage,
+    ClientError,
+    E2eError,
+    EnvelopeRejected,
+    RedisUnavailable,
+    TwinLookupError,
+)
+from rmb_relay.sdk import RmbClient, Waiter
+from rmb_relay.sdk.envelope import (
     DEFAULT_TTL,
     MAX_TTL,
     Envelope,
@@ -59,15 +67,8 @@ from rmb_relay.envelope import (
     stamp,
     ttl,
 )
-from rmb_relay.errors import (
-    BadMessage,
-    ClientError,
-    E2eError,
-    EnvelopeRejected,
-    RedisUnavailable,
-    TwinLookupError,
-)
-from rmb_relay.peer.msgbus import (
+from rmb_relay.sdk.link import FLUSH_AT, RETRY_DELAY
+from rmb_relay.sdk.msgbus import (
     LOCAL_QUEUE,
     MAX_COMMANDS,
     REPLY_QUEUE,
@@ -80,7 +81,7 @@ from rmb_relay.peer.msgbus import (
     parse_request,
     parse_response,
 )
-from rmb_relay.peer.resp import Command, RespClient
+from rmb_relay.sdk.resp import Command, RespClient
 from rmb_relay.twins.cache import CachedTwinDirectory
 
 if TYPE_CHECKING:

@@ -3,7 +3,7 @@ by id, and subscriptions (new heads, extrinsic status) as async streams.
 
 Why our own: the public Python substrate client is synchronous (a thread per connection
 would be the only way to use it from asyncio), and we need few methods. The websocket is the
-project's client (`wsclient.py`), so a read is one call into the Rust codec.
+project's client (`sdk/websocket.py`), so a read is one call into the Rust codec.
 
 Anything a node sends that is not JSON-RPC (not JSON, not an object, an answer to no request)
 breaks this connection: every pending request fails with a `NodeError` saying what came, and
@@ -23,7 +23,7 @@ from typing import Any
 
 from rmb_relay._core import WsMessage
 from rmb_relay.errors import ConnectionClosed, HandshakeError, NodeError
-from rmb_relay.wsclient import WebSocketClient
+from rmb_relay.sdk.websocket import WebSocketClient
 
 __all__ = ["RpcConnection", "RpcError", "Subscription"]
 

@@ -4,7 +4,7 @@ runs the requests it receives against local targets.
 Loop: get a token (`POST /tunnel/token`, client credentials), open `GET /tunnel/connector`,
 serve until the socket closes, then reconnect: at once the first time, then after a random
 delay in [min, max] (RelayServer's thundering-herd protection; the relay's `Configure` message
-sets the range). The websocket is our own client (`wsclient.py`, frames built by the Rust
+sets the range). The websocket is our own client (`sdk/websocket.py`, frames built by the Rust
 core), kept alive as every client of ours is: a ping after 15 s of silence either way, the
 connection dropped (and the reconnect begun) after 45 s with nothing heard. HTTP to the relay
 (token, body side channels) goes through one aiohttp session.
@@ -65,7 +65,7 @@ from rmb_relay.dialects.tunnel.wire import (
     encode,
 )
 from rmb_relay.errors import ConnectionClosed, HandshakeError
-from rmb_relay.wsclient import WebSocketClient
+from rmb_relay.sdk.websocket import WebSocketClient
 
 log = logging.getLogger("rmb_relay.connector")
 

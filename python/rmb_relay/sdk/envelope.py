@@ -1,5 +1,5 @@
 """RMB envelopes as protobuf objects, for everything that speaks RMB as a twin: the SDK
-(`client.py`), rmb-peer (`peer/`) and the load harness.
+(`client.py` here), rmb-peer (`peer/`) and the load harness.
 
 The classes are generated from `proto/` at build time (`make proto`) into `rmb_relay._proto`
 and ship in the wheel. The relay itself never builds these objects: it forwards bytes and reads

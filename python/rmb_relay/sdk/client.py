@@ -1,47 +1,14 @@
-"""The RMB client: the one implementation of "a twin talking to relays".
+"""`RmbClient`: a twin on one or more relays (the package docstring says how it behaves).
 
-    key = identity.signing_key("<mnemonic>")
-    async with await RmbClient.connect("ws://127.0.0.1:8080", twin=7, key=key, sid="app") as c:
-        reply = await c.request(9, "calc.add", b"[1, 2]")
-
-Everything that speaks RMB as a twin is built on this module, so login, signing, failover and
-request matching exist once:
-
-- the SDK (`RmbClient` directly; `RmbPeerClient` for programs that go through a local rmb-peer);
-- the relay's tests;
-- the load harness (`load/rmb.py`: a `RelayLink` per twin, envelope templates from `RmbClient`);
-- rmb-peer (`peer/gateway.py`: an `RmbClient` on every `--relay`, with an inbound check that
-  verifies and decrypts, and waiters that answer into Redis).
-
-Layers, bottom up:
-
-`RelayLink` is one relay connection: login with a fresh JWT (spec/rmb.md §1.2) on every
-(re)connect, a websocket ping once nothing has been written for 20 s, the connection dropped
-once nothing has arrived for 40 s, a reconnect 2 s after any loss (§5.3), and outgoing
-envelopes batched into one write per event-loop turn.
-
-`RmbClient` is a twin on one or more links. It builds and signs envelopes (§2.1), sends each
-through the first link that is up and moves that link to the front when it was not (rmb-peer's
-failover), matches replies to requests by uid through `Waiter`s, and serves incoming requests.
-A relay that goes away may have swallowed requests, or the replies to them, so when a link is
-lost every request still waiting for a reply is sent again through the links that are left (or
-when one comes back), and once more a second later if still unanswered (the other side may have
-answered through the dying relay before it noticed). Delivery is at-least-once: a service may
-see a request twice, and a waiter takes one reply per destination, so the client does not.
-A client made with `reconnect=True` keeps envelopes it cannot send yet until a link is up or
-they expire; a plain client raises `ClientError` instead, and fails its pending requests when
-its relay goes.
-
-`RmbPeerClient` offers the same requests and services through rmb-peer's Redis msgbus JSON
-(spec §5.4-§5.8) for programs that hold no keys themselves.
+It builds and signs envelopes (§2.1), sends each through the first link that is up and moves
+that link to the front when it was not (rmb-peer's failover), matches replies to requests by
+uid through `Waiter`s, and serves incoming requests.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import inspect
-import json
 import logging
 import uuid
 from collections import deque
@@ -49,216 +16,28 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TypedDict, Unpack
-from urllib.parse import urlsplit
 
 from google.protobuf.message import DecodeError
 
 from rmb_relay._core import SigningKey, WsMessage
-from rmb_relay.clock import NS, Clock, monotonic_clock, nanos, seconds, wall_clock
-from rmb_relay.envelope import Envelope, address_text, sign
+from rmb_relay.clock import Clock, monotonic_clock, seconds, wall_clock
 from rmb_relay.errors import (
-    BadMessage,
     ClientError,
-    RedisUnavailable,
     RemoteError,
     RequestTimeout,
 )
 from rmb_relay.identity import make_jwt
-from rmb_relay.peer.msgbus import (
-    BLOCK_SECONDS,
-    LOCAL_QUEUE,
-    REPLY_QUEUE,
-    PeerReply,
-    PeerRequest,
-    command_queue,
-    outgoing_response,
-    parse_incoming_request,
-    parse_incoming_response,
-)
-from rmb_relay.peer.resp import RespClient
-from rmb_relay.wsclient import DEFAULT_CONNECT_TIMEOUT, WebSocketClient
+from rmb_relay.sdk.envelope import Envelope, sign
+from rmb_relay.sdk.link import RETRY_DELAY, TICK, RelayLink
+from rmb_relay.sdk.websocket import DEFAULT_CONNECT_TIMEOUT, WebSocketClient
 
-log = logging.getLogger("rmb_relay.client")
+log = logging.getLogger("rmb_relay.sdk")
 
 #: rmb-peer's default request TTL (spec/rmb.md §5.6)
 DEFAULT_EXPIRATION = 300
-#: ping a relay we have written nothing to for this long; give up on one silent this long (§5.3)
-PING_AFTER = 20.0
-DEAD_AFTER = 40.0
-#: wait this long after a lost or failed connection before the next attempt (§5.3)
-RETRY_DELAY = 2.0
-#: envelopes queued on a link in one loop turn that are written without waiting for its end
-FLUSH_AT = 16
-#: how often the keepalive runs and expired envelopes and waiters are swept
-TICK = 1.0
 #: after a relay is lost, requests still unanswered this much later are sent once more: the
 #: other side may have answered through the lost relay before it noticed the loss
 RESEND_SETTLE = 1.0
-
-MessageCallback = Callable[[WsMessage], None]
-LinkCallback = Callable[["RelayLink"], None]
-
-
-class RelayLink:
-    """One relay connection logged in as a twin; see the module docstring.
-
-    `connect()` makes one attempt and raises; `start()` keeps the link up in a task until
-    `close()`. `send` returns False while the link is down instead of raising, so the owner can
-    try another link. Time for the keepalive comes from `clock` (monotonic nanoseconds); tests
-    move a fake clock and call `keepalive()`.
-    """
-
-    def __init__(
-        self,
-        url: str,
-        token: Callable[[], str],
-        on_message: MessageCallback,
-        *,
-        on_up: LinkCallback | None = None,
-        on_down: LinkCallback | None = None,
-        clock: Clock = monotonic_clock,
-        ping_after: float = PING_AFTER,
-        dead_after: float = DEAD_AFTER,
-        connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
-    ) -> None:
-        self.url = url.split("?", 1)[0]
-        self.domain = urlsplit(self.url).hostname or ""
-        self.token = token
-        self.on_message = on_message
-        self.on_up = on_up
-        self.on_down = on_down
-        self.clock = clock
-        self.ping_after = nanos(ping_after)
-        self.dead_after = nanos(dead_after)
-        self.connect_timeout = connect_timeout
-        self.ws: WebSocketClient | None = None
-        self.closing = False
-        self._out: list[bytes] = []
-        self._runner: asyncio.Task[None] | None = None
-        self._ticker: asyncio.TimerHandle | None = None
-
-    def __repr__(self) -> str:
-        return f"<RelayLink {self.url} {'up' if self.connected else 'down'}>"
-
-    @property
-    def connected(self) -> bool:
-        return self.ws is not None and self.ws.is_open
-
-    async def connect(self) -> None:
-        """One login attempt. Raises OSError, TimeoutError or ClientError (HandshakeError)."""
-        ws = await WebSocketClient.connect(
-            f"{self.url}?{self.token()}",
-            on_message=self.on_message,
-            timeout=self.connect_timeout,
-            clock=self.clock,
-        )
-        self.ws = ws
-        ws.closed.add_done_callback(lambda _: self._lost(ws))
-        # the line operators and launch scripts wait for, exactly as rmb-peer prints it
-        log.info('now connected to relay Some("%s")', self.domain)
-        self._ticker = asyncio.get_running_loop().call_later(TICK, self._tick)
-        if self.on_up is not None:
-            self.on_up(self)
-
-    def _lost(self, ws: WebSocketClient) -> None:
-        if ws is not self.ws:
-            return
-        # frames not yet written die with the connection; the owner re-sends what matters
-        self._out.clear()
-        if self._ticker is not None:
-            self._ticker.cancel()
-            self._ticker = None
-        if not self.closing:
-            log.warning(
-                "lost relay %s (%s %s)", self.url, ws.close_code or "-", ws.close_reason or ""
-            )
-        if self.on_down is not None:
-            self.on_down(self)
-
-    def start(self, retry_delay: float = RETRY_DELAY) -> None:
-        """Keep the link up until `close()`: connect, and after any failure or loss wait
-        `retry_delay` and connect again with a new token."""
-        if self._runner is None:
-            self._runner = asyncio.get_running_loop().create_task(self._run(retry_delay))
-
-    async def _run(self, retry_delay: float) -> None:
-        while not self.closing:
-            try:
-                await self.connect()
-            except (OSError, TimeoutError, ClientError) as err:
-                log.warning("cannot connect to relay %s: %s", self.url, err or type(err).__name__)
-            else:
-                assert self.ws is not None
-                await asyncio.shield(self.ws.closed)
-            if not self.closing:
-                await asyncio.sleep(retry_delay)
-
-    # ---- sending ---------------------------------------------------------------------------
-
-    def send(self, wire: bytes) -> bool:
-        """Queue one envelope for this turn's write; False (nothing queued) if the link is down.
-        Every FLUSH_AT envelopes leave at once, so a long batch does not hold the first ones
-        back until its end (the relay and the other side start on them meanwhile)."""
-        if not self.connected:
-            return False
-        out = self._out
-        if not out:
-            asyncio.get_running_loop().call_soon(self._flush)
-        out.append(wire)
-        if len(out) >= FLUSH_AT:
-            self._flush()
-        return True
-
-    def _flush(self) -> None:
-        out, self._out = self._out, []
-        ws = self.ws
-        if out and ws is not None and ws.is_open:
-            if len(out) == 1:
-                ws.send_binary(out[0])
-            else:
-                ws.send_binaries(out)
-
-    @property
-    def congested(self) -> bool:
-        return self.ws is not None and self.ws.congested
-
-    async def drain(self) -> None:
-        if self.ws is not None:
-            await self.ws.drain()
-
-    # ---- keepalive -------------------------------------------------------------------------
-
-    def _tick(self) -> None:
-        self._ticker = None
-        if not self.connected:
-            return
-        self.keepalive()
-        if self.connected:
-            self._ticker = asyncio.get_running_loop().call_later(TICK, self._tick)
-
-    def keepalive(self) -> None:
-        """Drop a connection nothing has arrived on for `dead_after` (the reconnect follows);
-        ping one nothing has been written to or received on for `ping_after`, so the relay and
-        any proxy between see traffic and the pong proves the relay alive."""
-        ws = self.ws
-        if ws is not None and not ws.keepalive(self.ping_after, self.dead_after):
-            silent = (self.clock() - ws.last_received) // NS
-            log.warning("relay %s silent for %ds: reconnecting", self.url, silent)
-
-    async def close(self) -> None:
-        self.closing = True
-        if self._ticker is not None:
-            self._ticker.cancel()
-            self._ticker = None
-        runner, self._runner = self._runner, None
-        if runner is not None:
-            runner.cancel()
-            await asyncio.gather(runner, return_exceptions=True)
-        if self.ws is not None:
-            await self.ws.close()
-
-
-# ---- what a client hands back ----------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -884,202 +663,3 @@ class RmbClient:
             self._inbound_task.cancel()
         await asyncio.gather(*(link.close() for link in self.links))
         self._fail_pending(ClientError("client closed"))
-
-
-# ---- through a local rmb-peer ----------------------------------------------------------------
-
-#: items taken from a queue at once once the blocking pop has returned
-POP_BATCH = 256
-
-
-#: pause before popping again after Redis failed
-POP_RETRY = 0.5
-
-
-async def _pop(redis: RespClient, queue: bytes) -> list[bytes]:
-    """What waits on a queue (oldest first), or [] after BLOCK_SECONDS of nothing: a blocking
-    pop pipelined with a non-blocking one, which Redis runs as soon as the first returns, so
-    one round trip takes everything queued. A Redis failure is logged and retried: a restart
-    of Redis does not end a client or service."""
-    try:
-        popped, more = await redis.pipeline(
-            [(b"BRPOP", queue, BLOCK_SECONDS), (b"RPOP", queue, POP_BATCH)]
-        )
-        if popped is None:
-            return []
-    except RedisUnavailable as err:
-        log.warning("cannot pop %s: %s", queue.decode(errors="replace"), err)
-        await asyncio.sleep(POP_RETRY)
-        return []
-    return [popped[1], *(more or ())]
-
-
-PeerHandler = Callable[[PeerRequest], bytes | Awaitable[bytes]]
-
-
-class RmbPeerClient:
-    """Requests and services through a local rmb-peer, over its Redis msgbus.
-
-        async with await RmbPeerClient.connect("redis://localhost:6379") as bus:
-            replies = await bus.request([9], "calc.add", b"[1, 2]")
-
-    Every client has its own reply queue (`ret`), read by one task; requests are matched to
-    replies by the `ref` the client chose. A request to several twins resolves with one reply
-    per destination (or fewer when the timeout ends it). Services: `serve(command, handler)`
-    pops `msgbus.<command>` and answers on `msgbus.system.reply`.
-    """
-
-    def __init__(self, redis: RespClient, *, clock: Clock = wall_clock) -> None:
-        self.redis = redis
-        self.clock = clock
-        self.queue = f"rmb-client.{uuid.uuid4()}"
-        self._pending: dict[str, tuple[int, list[PeerReply], asyncio.Future[list[PeerReply]]]] = {}
-        self._reader: asyncio.Task[None] | None = None
-        self._services: list[asyncio.Task[None]] = []
-
-    @classmethod
-    async def connect(
-        cls, url: str = "redis://localhost:6379", *, clock: Clock = wall_clock
-    ) -> RmbPeerClient:
-        """A client on the peer's Redis; raises RedisUnavailable if it cannot be reached."""
-        redis = RespClient(url)
-        await redis.execute((b"PING",))
-        return cls(redis, clock=clock)
-
-    async def __aenter__(self) -> RmbPeerClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
-
-    async def request(
-        self,
-        destinations: Sequence[int],
-        command: str,
-        data: bytes = b"",
-        *,
-        expiration: int = DEFAULT_EXPIRATION,
-        schema: str | None = None,
-        tags: str | None = None,
-        timeout: float = 30.0,
-    ) -> list[PeerReply]:
-        """Send one request to every twin in `destinations`; the replies, one per twin, in
-        arrival order. Raises RequestTimeout when none came in time."""
-        ref = str(uuid.uuid4())
-        message = {
-            "ver": 1,
-            "ref": ref,
-            "cmd": command,
-            "exp": expiration,
-            "dat": base64.b64encode(data).decode(),
-            "tag": tags,
-            "dst": list(destinations),
-            "ret": self.queue,
-            "shm": schema,
-            "now": seconds(self.clock()),
-        }
-        future: asyncio.Future[list[PeerReply]] = asyncio.get_running_loop().create_future()
-        replies: list[PeerReply] = []
-        self._pending[ref] = (len(destinations), replies, future)
-        if self._reader is None:
-            self._reader = asyncio.get_running_loop().create_task(self._read_replies())
-        try:
-            await self.redis.execute((b"LPUSH", LOCAL_QUEUE, json.dumps(message).encode()))
-            async with asyncio.timeout(timeout):
-                return await future
-        except TimeoutError:
-            if replies:
-                return replies
-            raise RequestTimeout(
-                f"no reply to {command!r} through rmb-peer in {timeout}s"
-            ) from None
-        finally:
-            self._pending.pop(ref, None)
-
-    async def _read_replies(self) -> None:
-        blocking = self.redis.blocking()
-        queue = self.queue.encode()
-        try:
-            while True:
-                for raw in await _pop(blocking, queue):
-                    try:
-                        ref, reply = parse_incoming_response(raw)
-                    except BadMessage as err:
-                        log.warning("unreadable reply on %s: %s", self.queue, err)
-                        continue
-                    entry = self._pending.get(ref or "")
-                    if entry is None:
-                        continue
-                    expected, replies, future = entry
-                    replies.append(reply)
-                    if len(replies) >= expected and not future.done():
-                        future.set_result(replies)
-        finally:
-            await blocking.close()
-
-    def serve(self, command: str, handler: PeerHandler) -> None:
-        """Answer requests for `command` (popped from `msgbus.<command>`) with
-        `handler(request) -> bytes`; an exception becomes an error reply with code 500."""
-        task = asyncio.get_running_loop().create_task(self._serve(command, handler))
-        self._services.append(task)
-
-    async def _serve(self, command: str, handler: PeerHandler) -> None:
-        blocking = self.redis.blocking()
-        queue = command_queue(command)
-        try:
-            while True:
-                answers = [self._answer(queue, raw, handler) for raw in await _pop(blocking, queue)]
-                replies = [reply for reply in await asyncio.gather(*answers) if reply]
-                try:
-                    await self.redis.pipeline([(b"LPUSH", REPLY_QUEUE, r) for r in replies])
-                except RedisUnavailable as err:
-                    log.warning("lost %d replies to %s: %s", len(replies), command, err)
-        finally:
-            await blocking.close()
-
-    async def _answer(self, queue: bytes, raw: bytes, handler: PeerHandler) -> bytes | None:
-        try:
-            request = parse_incoming_request(raw)
-        except BadMessage as err:
-            log.warning("unreadable request on %s: %s", queue.decode(), err)
-            return None
-        error: tuple[int, str] | None = None
-        data = b""
-        try:
-            result = handler(request)
-            data = await result if inspect.isawaitable(result) else result
-        except Exception as err:
-            error = (500, str(err))
-        return outgoing_response(request, data, error, seconds(self.clock()))
-
-    async def close(self) -> None:
-        tasks = [*self._services, *([self._reader] if self._reader else [])]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        for _, _, future in self._pending.values():
-            if not future.done():
-                future.set_exception(ClientError("client closed"))
-        await self.redis.close()
-
-
-__all__ = [
-    "DEFAULT_EXPIRATION",
-    "Address",
-    "Handler",
-    "IncomingRequest",
-    "PeerReply",
-    "PeerRequest",
-    "RelayLink",
-    "Reply",
-    "RequestOptions",
-    "RmbClient",
-    "RmbPeerClient",
-    "Waiter",
-    "address_text",
-]
