@@ -1,0 +1,83 @@
+"""The RMB dialect's settings and flags (rmb-rs's names where it has them), and the limits
+of what a session may hold, with why."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+
+from rmb_relay.federation import setup as federation_setup
+from rmb_relay.identity import DEFAULT_MAX_TOKEN_LIFETIME
+
+#: relay error envelopes live this long (rmb-rs build_error_envelope)
+ERROR_ENVELOPE_TTL = 300
+#: a drained mailbox is written this many envelopes at a time, waiting for the socket between
+DRAIN_BATCH = 256
+#: envelopes of one session waiting for the slow path (lookup, mailbox, federation), in bytes:
+#: beyond it the relay stops reading the sender's socket until half of it has been routed, so
+#: a slow or stalled dependency (a Redis that stopped answering) pushes back on the sender
+#: instead of piling its traffic up in the heap
+SLOW_SESSION_BYTES = 8 << 20
+#: the same for all sessions together; beyond it a message is refused at once ("relay busy"),
+#: so many senders together cannot do what one cannot
+SLOW_TOTAL_BYTES = 64 << 20
+#: a mailbox that could not be read is tried again after this long, doubling up to the max
+DRAIN_RETRY = 1.0
+DRAIN_RETRY_MAX = 30.0
+
+
+@dataclass(slots=True)
+class RmbSettings:
+    """The RMB-specific part of the relay configuration."""
+
+    domains: frozenset[str] = frozenset()
+    limit_count: int | None = None
+    limit_size: int | None = None
+    limit_window: int = 60
+    max_token_lifetime: int = DEFAULT_MAX_TOKEN_LIFETIME
+    slow_session_bytes: int = SLOW_SESSION_BYTES
+    slow_total_bytes: int = SLOW_TOTAL_BYTES
+
+    @property
+    def standalone(self) -> bool:
+        return not self.domains
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The RMB flags of `rmb-relay serve` (rmb-rs's names where it has them)."""
+    rmb = parser.add_argument_group("RMB relay (GET /?<jwt>)")
+    rmb.add_argument(
+        "-m",
+        "--domain",
+        action="append",
+        default=[],
+        metavar="DOMAIN",
+        help=(
+            "a domain this relay serves (repeatable); twins whose on-chain relay list shares one "
+            "are kept here when offline. None given: standalone, every known twin is local"
+        ),
+    )
+    rmb.add_argument(
+        "--limit",
+        nargs=2,
+        type=int,
+        metavar=("COUNT", "SIZE"),
+        help="per-twin rate limit: at most COUNT messages and SIZE bytes per --limit-window "
+        "(default: no limit)",
+    )
+    rmb.add_argument(
+        "--limit-window",
+        type=int,
+        default=60,
+        metavar="SECONDS",
+        help="rate limit window",
+    )
+    rmb.add_argument(
+        "--max-token-lifetime",
+        type=int,
+        default=DEFAULT_MAX_TOKEN_LIFETIME,
+        metavar="SECONDS",
+        help="refuse a login JWT still valid for longer than this (exp - now); rmb-peer's "
+        "tokens live 300 s",
+    )
+    federation_setup.add_arguments(parser)
