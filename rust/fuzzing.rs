@@ -15,13 +15,13 @@
 //! The first input byte chooses where the rest is split into two feeds, so incremental
 //! parsing (a head or a frame cut anywhere) is fuzzed as well as whole inputs.
 
-use crate::envelope;
+use crate::codec::http::{Event, Limits, StreamParser};
+use crate::codec::ws::{Decoder, OwnedEvent};
+use crate::dialects::rmb::envelope;
 use crate::error::Error;
-use crate::forward::Outboxes;
-use crate::http::{Event, Limits, StreamParser};
+use crate::forward::outboxes::Outboxes;
 use crate::http_response::{self, ResponseParser};
 use crate::singyeong::{self, Decision, Frame, Index};
-use crate::ws::{Decoder, OwnedEvent};
 
 /// HTTP statuses the request parser may refuse with (docs/http.md, "Limits and refusals").
 pub const HTTP_STATUSES: [u16; 4] = [400, 413, 431, 501];

@@ -7,8 +7,8 @@
 //! where it is, the fields that describe the hop to the relay ([`SKIP`]) are left out, and
 //! `Host` and `Content-Length` are ours.
 
+use crate::codec::http::{check_field, check_request_line};
 use crate::error::Result;
-use crate::http::{check_field, check_request_line};
 
 /// Request fields a connector does not pass on: they describe the client's hop to the relay
 /// (the target gets its own Host, and a Content-Length for the body we send).

@@ -1,30 +1,31 @@
 //! `rmb_relay._core`: the sans-I/O hot path of rmb-relay.
 //!
-//! Every concern lives in its own file with its pure-Rust core and unit tests; the
-//! Python-facing wrappers sit in a `py` submodule at the bottom of that file and are
-//! registered here. Nothing in this crate touches a socket, a clock or a thread:
-//! time is always an argument.
+//! The layers, bottom up (a module imports only from its own layer and the ones below):
+//! - `error`, `limiter`, `crypto`, `records`: shared pieces that know no dialect;
+//! - `codec/`: HTTP/1.1 and websocket wire formats, and the scanner interface through which a
+//!   dialect reads the websocket decoder's messages (`codec/scanner.rs`);
+//! - `forward/`: every connection's pending output, the route table, what crosses to other
+//!   instances, buffers lent to Python;
+//! - `dialects/`: each dialect's wire format and scanner (the fast path's decisions), and the
+//!   tunnel's and 신경 gateway's cores (being folded into `dialects/` by issue 32).
+//!
+//! Each concern's pure-Rust core and unit tests live in its file, its Python-facing wrapper in
+//! a `py` submodule at the bottom of that file, registered here. Nothing in this crate touches
+//! a socket, a clock or a thread: time is always an argument.
 
 use pyo3::prelude::*;
 
-pub mod crossing;
+pub mod codec;
 pub mod crypto;
-pub mod envelope;
+pub mod dialects;
 pub mod error;
 pub mod forward;
 /// fuzz targets of the network parsers (pure Rust; `fuzz/`, `make fuzz`)
 pub mod fuzzing;
-pub mod http;
 pub mod http_client;
 pub mod http_response;
-/// buffers lent to Python without a copy, and their pool
-pub mod lent;
 pub mod limiter;
-pub mod maps;
 pub mod records;
-pub mod routes;
-pub mod sbd;
-pub mod scan;
 pub mod singyeong;
 /// the connector's native per-request path (RequestTarget -> target request, answer -> Deliver)
 pub mod tunnel_connector;
@@ -34,22 +35,23 @@ pub mod tunnel_express;
 pub mod tunnel_native;
 /// the HTTP tunnel's connector messages, JSON and msgpack (wire.py's twin)
 pub mod tunnel_wire;
-pub mod ws;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     error::register(m)?;
-    http::py::register(m)?;
+    codec::http::py::register(m)?;
+    codec::ws::py::register(m)?;
+    codec::scanner::py::register(m)?;
     http_client::py::register(m)?;
     http_response::py::register(m)?;
-    ws::py::register(m)?;
-    sbd::py::register(m)?;
-    envelope::py::register(m)?;
+    dialects::sbd::header::py::register(m)?;
+    dialects::sbd::scanner::py::register(m)?;
+    dialects::rmb::envelope::py::register(m)?;
+    dialects::rmb::scanner::py::register(m)?;
     limiter::py::register(m)?;
-    scan::py::register(m)?;
-    forward::py::register(m)?;
-    crossing::py::register(m)?;
-    routes::py::register(m)?;
+    forward::outboxes::py::register(m)?;
+    forward::crossing::py::register(m)?;
+    forward::routes::py::register(m)?;
     singyeong::py::register(m)?;
     crypto::py::register(m)?;
     records::py::register(m)?;

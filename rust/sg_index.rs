@@ -5,8 +5,8 @@
 use std::collections::HashMap;
 
 use super::{dispatch_text, routable, IdMap, Routable};
-use crate::forward::Outboxes;
-use crate::routes::ConnId;
+use crate::forward::outboxes::Outboxes;
+use crate::forward::routes::ConnId;
 
 #[derive(Debug)]
 pub(super) struct Client {
@@ -228,7 +228,7 @@ impl Index {
         let mut text = std::mem::take(&mut self.text);
         dispatch_text(&mut text, r, ts_ms);
         for &conn in &receivers {
-            if outboxes.forward(conn, crate::ws::OP_TEXT, text.len(), |out| {
+            if outboxes.forward(conn, crate::codec::ws::OP_TEXT, text.len(), |out| {
                 out.copy_from_slice(&text)
             }) {
                 outboxes.sg.add(text.len());

@@ -35,7 +35,7 @@
 //! [`Decision::Python`]: the frame goes to Python unchanged, and so does every later frame of
 //! the same read (scan.rs), so each connection's frames are still handled in order.
 
-use crate::maps::IdMap;
+use crate::forward::maps::IdMap;
 
 /// Nesting deeper than this goes to Python (whose decoder takes ~1,000 levels).
 const MAX_DEPTH: usize = 64;
@@ -346,7 +346,7 @@ pub use index::{Decision, Index};
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::forward::Outboxes;
+    use crate::forward::outboxes::Outboxes;
 
     fn s(v: &str) -> Option<Vec<u8>> {
         Some([b"s", v.as_bytes()].concat())
@@ -506,8 +506,8 @@ mod tests {
         }
         let f = br#"{"op":4,"t":"BROADCAST","d":{"target":{"application":"app","ops":[{"g":{"$eq":"x"}}]},"payload":[1]}}"#;
         assert_eq!(ix.route(f, 9, &mut ob), Decision::Delivered(2));
-        let want = crate::ws::encode_frame(
-            crate::ws::OP_TEXT,
+        let want = crate::codec::ws::encode_frame(
+            crate::codec::ws::OP_TEXT,
             br#"{"op":4,"d":{"target":null,"nonce":null,"payload":[1]},"t":"BROADCAST","ts":9}"#,
             true,
             None,
@@ -577,10 +577,14 @@ pub mod py {
     use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
     use pyo3::prelude::*;
-    use pyo3::types::PyBytes;
+    use pyo3::types::{PyBytes, PyList};
 
-    use super::{dispatch_text, routable, Index};
-    use crate::forward::py::Outboxes;
+    use super::{dispatch_text, routable, Decision, Frame, Index, QueueFrame};
+    use crate::codec::scanner::py::Scanner;
+    use crate::codec::scanner::{ScanFeed, Scanned};
+    use crate::codec::ws::py::{message_event, payload_bytes};
+    use crate::codec::ws::Payload;
+    use crate::forward::outboxes::py::{open_outboxes, Outboxes};
 
     /// The native SEND/BROADCAST path's index of one gateway (see `singyeong.rs`): Python
     /// keeps it in step on identify, metadata applied and disconnect.
@@ -662,7 +666,7 @@ pub mod py {
     /// Scanner of one JSON-encoded 신경 connection: its SEND/BROADCAST frames are answered by
     /// `index` into `outboxes` inside `feed` once the client is `ready` (identified, not
     /// restricted); everything else goes to Python in order.
-    #[pyclass(frozen, module = "rmb_relay._core")]
+    #[pyclass(extends = Scanner, frozen, module = "rmb_relay._core")]
     pub struct SgScanner {
         pub(crate) index: Py<SgIndex>,
         pub(crate) outboxes: Py<Outboxes>,
@@ -674,13 +678,14 @@ pub mod py {
     #[pymethods]
     impl SgScanner {
         #[new]
-        fn new(index: Py<SgIndex>, outboxes: Py<Outboxes>, conn_id: u64) -> Self {
-            SgScanner {
+        fn new(index: Py<SgIndex>, outboxes: Py<Outboxes>, conn_id: u64) -> (Self, Scanner) {
+            let scanner = SgScanner {
                 index,
                 outboxes,
                 conn_id,
                 ready: AtomicBool::new(false),
-            }
+            };
+            (scanner, Scanner::new(start_sg))
         }
 
         #[getter]
@@ -700,6 +705,103 @@ pub mod py {
                 self.conn_id,
                 self.ready()
             )
+        }
+    }
+
+    /// A 신경 JSON connection's scanner for one `feed`: SEND/BROADCAST answered by the index
+    /// while `outboxes` is set (the client is ready); queue frames gathered for Python.
+    struct SgFeed<'py> {
+        index: PyRefMut<'py, SgIndex>,
+        outboxes: Option<PyRefMut<'py, Outboxes>>,
+        /// the message unmasked, reused across the feed's messages
+        scratch: Vec<u8>,
+        /// queue frames read since the last event, for Python as one message (`take_made`)
+        batch: Vec<Py<PyAny>>,
+    }
+
+    fn start_sg<'a, 'py>(scanner: &'a Bound<'py, PyAny>) -> PyResult<Box<dyn ScanFeed + 'a>> {
+        let py = scanner.py();
+        let s = scanner.downcast::<SgScanner>()?.get();
+        Ok(Box::new(SgFeed {
+            index: s.index.bind(py).try_borrow_mut()?,
+            outboxes: if s.ready.load(Relaxed) {
+                open_outboxes(py, Some(&s.outboxes), s.conn_id)?
+            } else {
+                None
+            },
+            scratch: Vec::new(),
+            batch: Vec::new(),
+        }))
+    }
+
+    /// A queue frame as the tuple `SgSession` acts on (see `_core.pyi`, `_SgQueueFrame`):
+    /// (QUEUE, queue, nonce text | None, target text, payload text, the frame's size, payload
+    /// text is canonical), (QUEUE_REQUEST, queue) or (QUEUE_ACK, queue, id), the kinds as
+    /// their numbers.
+    fn queue_tuple(py: Python<'_>, q: &QueueFrame<'_>, size: usize) -> PyResult<Py<PyAny>> {
+        let kind = q.kind() as u8;
+        Ok(match q {
+            QueueFrame::Queue {
+                name,
+                nonce,
+                target,
+                payload,
+                payload_clean,
+            } => (kind, name, *nonce, *target, *payload, size, *payload_clean)
+                .into_pyobject(py)?
+                .into_any()
+                .unbind(),
+            QueueFrame::Request { name } => (kind, name).into_pyobject(py)?.into_any().unbind(),
+            QueueFrame::Ack { name, id } => (kind, name, id).into_pyobject(py)?.into_any().unbind(),
+        })
+    }
+
+    impl ScanFeed for SgFeed<'_> {
+        fn message(
+            &mut self,
+            py: Python<'_>,
+            is_text: bool,
+            payload: Payload<'_>,
+            now: u64,
+            fast: bool,
+        ) -> PyResult<Option<Scanned>> {
+            let Some(ob) = self.outboxes.as_mut().filter(|_| is_text && fast) else {
+                return Ok(Some((payload_bytes(py, payload)?, None, None)));
+            };
+            let scratch = &mut self.scratch;
+            scratch.clear();
+            scratch.resize(payload.len(), 0);
+            payload.copy_to(scratch);
+            let python = || Ok(Some((PyBytes::new(py, scratch).unbind(), None, None)));
+            match super::read(scratch) {
+                // `now` is the wall clock here (the dialect's scan_clock): `ts` in ms
+                // queue frames wait for Python (the batch) and go before this one: answered
+                // here, it would overtake them (a DISPATCH before the QUEUE_CONFIRM, or after
+                // an op 8 close over the batch)
+                Some(Frame::Route(_)) if !self.batch.is_empty() => python(),
+                Some(Frame::Route(r)) => {
+                    match self.index.inner.deliver(&r, now / 1_000_000, &mut ob.inner) {
+                        Decision::Delivered(_) => Ok(None),
+                        Decision::Python => python(),
+                    }
+                }
+                Some(Frame::Queue(q)) => {
+                    self.batch.push(queue_tuple(py, &q, scratch.len())?);
+                    Ok(None)
+                }
+                None => python(),
+            }
+        }
+
+        /// Queue frames read since the last event, as one text message with no data whose
+        /// `routing` is the list of their tuples (the session acts on them in order).
+        fn take_made(&mut self, py: Python<'_>) -> PyResult<Option<Py<PyAny>>> {
+            if self.batch.is_empty() {
+                return Ok(None);
+            }
+            let batch = PyList::new(py, std::mem::take(&mut self.batch))?;
+            let empty = PyBytes::new(py, b"").unbind();
+            message_event(py, true, empty, Some(batch.into_any().unbind()), None).map(Some)
         }
     }
 

@@ -39,7 +39,7 @@ struct Common<'a> {
     /// the inline body; None when it is outsourced
     body: Option<&'a [u8]>,
 }
-use crate::ws::{frame_len, write_frame, MaskRng, OP_BINARY, OP_TEXT};
+use crate::codec::ws::{frame_len, write_frame, MaskRng, OP_BINARY, OP_TEXT};
 
 /// A web target the native path may serve: the name as `str.upper()` gives it (targets are
 /// matched case-insensitively), the Host header and the base URL's path.
@@ -92,7 +92,7 @@ const FIELDS: usize = 16;
 impl Core {
     pub fn new(
         binary: bool,
-        seed: &[u8; crate::ws::MASK_SEED_LEN],
+        seed: &[u8; crate::codec::ws::MASK_SEED_LEN],
         targets: Vec<WebTarget>,
     ) -> Self {
         Core {
@@ -540,9 +540,9 @@ mod tests {
         assert!(respond(&mut c, &mut parser, &mut events, wire, "r1", "o1").unwrap());
         let out = c.take_output();
         assert_eq!(out[0], 0x81); // FIN + text
-        let mut decoder = crate::ws::Decoder::new(1 << 20, false);
+        let mut decoder = crate::codec::ws::Decoder::new(1 << 20, false);
         let events = decoder.feed_owned(&out);
-        let crate::ws::OwnedEvent::Message { data, .. } = &events[0] else {
+        let crate::codec::ws::OwnedEvent::Message { data, .. } = &events[0] else {
             panic!("{events:?}");
         };
         assert_eq!(
@@ -571,9 +571,9 @@ mod tests {
             );
             c.acknowledge(&started.ack_origin_id, &started.request_id, true);
             let out = c.take_output();
-            let mut decoder = crate::ws::Decoder::new(1 << 20, false);
+            let mut decoder = crate::codec::ws::Decoder::new(1 << 20, false);
             let events = decoder.feed_owned(&out);
-            let crate::ws::OwnedEvent::Message { data, .. } = &events[0] else {
+            let crate::codec::ws::OwnedEvent::Message { data, .. } = &events[0] else {
                 panic!("{events:?}");
             };
             let (kind, fields) = tunnel_wire::decode(data, binary).unwrap();
@@ -617,10 +617,10 @@ pub mod py {
     use pyo3::types::{PyBytes, PyList};
 
     use super::{Core, WebTarget};
+    use crate::codec::ws::py::{event_to_py, WsDecoder};
+    use crate::codec::ws::{Event as WsEvent, MASK_SEED_LEN};
     use crate::error::Error;
     use crate::http_response::py::{events_list, HttpResponseParser};
-    use crate::ws::py::{event_to_py, WsDecoder};
-    use crate::ws::{Event as WsEvent, MASK_SEED_LEN};
 
     /// The connector's native per-request path for one websocket (`rust/tunnel_connector.rs`).
     #[pyclass(module = "rmb_relay._core")]
@@ -709,7 +709,7 @@ pub mod py {
                         return out.append(item);
                     }
                 }
-                if let Some(event) = event_to_py(py, ev, None, 0)? {
+                if let Some(event) = event_to_py(py, ev, None, &mut true, 0)? {
                     out.append(event)?;
                 }
                 Ok::<(), PyErr>(())

@@ -16,7 +16,7 @@
 //! status or field HTTP/1.1 cannot carry, a field name that is not ASCII (`str.lower` and
 //! ASCII lower case may differ there).
 
-use crate::http::encode_response;
+use crate::codec::http::encode_response;
 use crate::tunnel_wire::{self, FieldRef, FieldValue, HOP_BY_HOP};
 
 // TargetResponse's fields in wire.py's dataclass order (tunnel_wire::TARGET_RESPONSE)
@@ -206,7 +206,7 @@ pub mod py {
     #[allow(clippy::too_many_arguments)]
     fn tunnel_express_request<'py>(
         py: Python<'py>,
-        request: PyRef<'py, crate::http::py::HttpRequest>,
+        request: PyRef<'py, crate::codec::http::py::HttpRequest>,
         body: &[u8],
         request_id: &str,
         origin_id: &str,

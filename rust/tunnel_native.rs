@@ -45,17 +45,17 @@
 
 use std::collections::HashMap;
 
-use crate::forward::Outboxes;
-use crate::http::{Framing, RequestHead};
-use crate::maps::IdMap;
-use crate::routes::ConnId;
+use crate::codec::http::{Framing, RequestHead};
+use crate::forward::maps::IdMap;
+use crate::forward::outboxes::Outboxes;
+use crate::forward::routes::ConnId;
 use crate::tunnel_express::{answer, request_headers};
 use base64::Engine as _;
 
+use crate::codec::ws::{OP_BINARY, OP_TEXT};
 use crate::tunnel_wire::{
     decode, encode_client_request, ClientRequestRef, FieldValue, Json, Msgpack,
 };
-use crate::ws::{OP_BINARY, OP_TEXT};
 
 /// hub.py's `JOB_OVERHEAD`: what a job costs the memory budget beyond its text and body.
 pub const JOB_OVERHEAD: u64 = 1330;
@@ -910,7 +910,7 @@ impl NativeTunnel {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::http::StreamParser;
+    use crate::codec::http::StreamParser;
     use crate::tunnel_wire::{decode, FieldValue};
 
     fn head(raw: &[u8]) -> (RequestHead, Vec<u8>) {
@@ -920,9 +920,9 @@ mod tests {
         let mut body = Vec::new();
         for ev in out.events {
             match ev {
-                crate::http::Event::Head(h) => head = Some(h),
-                crate::http::Event::Data(d) => body.extend_from_slice(d),
-                crate::http::Event::End(_) => {}
+                crate::codec::http::Event::Head(h) => head = Some(h),
+                crate::codec::http::Event::Data(d) => body.extend_from_slice(d),
+                crate::codec::http::Event::End(_) => {}
             }
         }
         (head.unwrap(), body)
@@ -1315,10 +1315,14 @@ pub mod py {
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyList};
 
-    use crate::forward::py::Outboxes;
-    use crate::http::py::{events_list, HttpRequest, HttpStreamParser};
-    use crate::http::Event;
-    use crate::routes::ConnId;
+    use crate::codec::http::py::{events_list, HttpRequest, HttpStreamParser};
+    use crate::codec::http::Event;
+    use crate::codec::scanner::py::Scanner;
+    use crate::codec::scanner::{ScanFeed, Scanned};
+    use crate::codec::ws::py::payload_bytes;
+    use crate::codec::ws::Payload;
+    use crate::forward::outboxes::py::{open_outboxes, Outboxes};
+    use crate::forward::routes::ConnId;
 
     /// (connection, request method) of clients Python answers (503, 504).
     type Waiting = Vec<(Py<PyAny>, String)>;
@@ -1723,7 +1727,7 @@ pub mod py {
             binary: bool,
             connector: ConnId,
             now: i64,
-            outboxes: &mut crate::forward::Outboxes,
+            outboxes: &mut crate::forward::outboxes::Outboxes,
         ) -> bool {
             self.inner.deliver(data, binary, connector, now, outboxes).1
         }
@@ -1737,7 +1741,7 @@ pub mod py {
     /// message); every other message, and every later one of the same read, goes to Python
     /// as it came, those the table looked at and declined with the `scan_error`
     /// `TUNNEL_DECLINED` (so Python does not offer them to it again).
-    #[pyclass(module = "rmb_relay._core", name = "TunnelScanner", frozen)]
+    #[pyclass(extends = Scanner, module = "rmb_relay._core", name = "TunnelScanner", frozen)]
     pub struct TunnelScanner {
         pub(crate) table: Py<NativeTunnel>,
         pub(crate) outboxes: Py<Outboxes>,
@@ -1751,14 +1755,20 @@ pub mod py {
     impl TunnelScanner {
         /// The scanner of connector `conn_id`'s websocket, writing into the table's outboxes.
         #[new]
-        fn new(py: Python<'_>, table: Py<NativeTunnel>, conn_id: u64, binary: bool) -> Self {
+        fn new(
+            py: Python<'_>,
+            table: Py<NativeTunnel>,
+            conn_id: u64,
+            binary: bool,
+        ) -> (Self, Scanner) {
             let outboxes = table.borrow(py).outboxes.clone_ref(py);
-            TunnelScanner {
+            let scanner = TunnelScanner {
                 table,
                 outboxes,
                 conn_id,
                 binary,
-            }
+            };
+            (scanner, Scanner::new(start_tunnel))
         }
 
         fn __repr__(&self) -> String {
@@ -1766,6 +1776,61 @@ pub mod py {
                 "TunnelScanner(conn_id={}, binary={})",
                 self.conn_id, self.binary
             )
+        }
+    }
+
+    /// A tunnel connector's scanner for one `feed`: its `Deliver`s answered by the table.
+    struct TunnelFeed<'py> {
+        table: PyRefMut<'py, NativeTunnel>,
+        outboxes: Option<PyRefMut<'py, Outboxes>>,
+        connector: u64,
+        /// msgpack in binary frames, else JSON in text frames
+        binary: bool,
+        /// the message unmasked, reused across the feed's messages
+        scratch: Vec<u8>,
+    }
+
+    fn start_tunnel<'a, 'py>(scanner: &'a Bound<'py, PyAny>) -> PyResult<Box<dyn ScanFeed + 'a>> {
+        let py = scanner.py();
+        let s = scanner.downcast::<TunnelScanner>()?.get();
+        Ok(Box::new(TunnelFeed {
+            table: s.table.bind(py).try_borrow_mut()?,
+            outboxes: open_outboxes(py, Some(&s.outboxes), s.conn_id)?,
+            connector: s.conn_id,
+            binary: s.binary,
+            scratch: Vec::new(),
+        }))
+    }
+
+    impl ScanFeed for TunnelFeed<'_> {
+        fn message(
+            &mut self,
+            py: Python<'_>,
+            is_text: bool,
+            payload: Payload<'_>,
+            now: u64,
+            fast: bool,
+        ) -> PyResult<Option<Scanned>> {
+            // a frame of the other kind is Python's (it answers the error)
+            let binary = self.binary;
+            let Some(ob) = self.outboxes.as_mut().filter(|_| fast && is_text != binary) else {
+                return Ok(Some((payload_bytes(py, payload)?, None, None)));
+            };
+            let scratch = &mut self.scratch;
+            scratch.clear();
+            scratch.resize(payload.len(), 0);
+            payload.copy_to(scratch);
+            // `now`: the dialect's scan clock, the hub's (route records' times)
+            let now = now as i64;
+            if self
+                .table
+                .deliver_into(scratch, binary, self.connector, now, &mut ob.inner)
+            {
+                Ok(None)
+            } else {
+                let declined = Some(TUNNEL_DECLINED.to_owned());
+                Ok(Some((PyBytes::new(py, scratch).unbind(), None, declined)))
+            }
         }
     }
 

@@ -1996,7 +1996,7 @@ pub mod py {
     #[pyfunction]
     fn tunnel_request_headers<'py>(
         py: Python<'py>,
-        request: PyRef<'py, crate::http::py::HttpRequest>,
+        request: PyRef<'py, crate::codec::http::py::HttpRequest>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let headers = PyDict::new(py);
         for (name, value) in request.fields() {

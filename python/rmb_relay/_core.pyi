@@ -6,6 +6,8 @@ Each section below belongs to one Rust file; keep it in step with that file.
 from collections.abc import Callable
 from typing import Any, Final, Literal, TypeAlias, final
 
+from typing_extensions import disjoint_base
+
 # ---- error.rs -------------------------------------------------------------------------------
 
 class CoreError(Exception): ...
@@ -661,15 +663,20 @@ class RouteTable:
 
 # ---- scan.rs --------------------------------------------------------------------------------
 # A scanner reads each data message's routing inside WsDecoder.feed (one call per read).
+@disjoint_base
+class Scanner:
+    """The base of every scanner a `WsDecoder` holds (rust/codec/scanner.rs): a dialect's
+    scanner reads each data message inside `feed`, and may forward it itself."""
+
 @final
-class EnvelopeScanner:
+class EnvelopeScanner(Scanner):
     """Scan binary messages as RMB envelopes, with no session: `from_session` is False and
     `dest_conn_id` None (client-mode decoders). Text messages are not scanned."""
 
     def __new__(cls) -> EnvelopeScanner: ...
 
 @final
-class RmbScanner:
+class RmbScanner(Scanner):
     """Scan binary messages as RMB envelopes for one session: `from_session` (the source is
     exactly (twin, sid); an absent and an empty sid differ) and `dest_conn_id` (the connection
     holding the destination in `routes` at scan time). Text messages are not scanned.
@@ -716,7 +723,7 @@ class RmbScanner:
     def slow(self) -> bool: ...
 
 @final
-class SbdScanner:
+class SbdScanner(Scanner):
     """Scan the messages (binary and text) of one SBD connection whose key is `pubkey`.
 
     Per message: charge its full length to `limiter` under `ip` (when there is a limiter),
@@ -847,7 +854,7 @@ _SgQueueAck = tuple[Literal[2], str, str]
 _SgQueueFrame = _SgQueue | _SgQueueRequest | _SgQueueAck
 
 @final
-class SgScanner:
+class SgScanner(Scanner):
     """Scanner of one JSON 신경 connection: once `ready`, its SEND/BROADCAST frames that
     `index` can answer exactly are written into the receivers' `outboxes` inside `feed` (no
     event), and its QUEUE / QUEUE_REQUEST / QUEUE_ACK frames come as `_SgQueueFrame` tuples in
@@ -864,7 +871,7 @@ class SgScanner:
     def ready(self, value: bool) -> None: ...
 
 @final
-class TunnelScanner:
+class TunnelScanner(Scanner):
     """Scanner of one tunnel connector's websocket: each `Deliver` the native express table
     (`NativeTunnel`) answers is written into its client's outbox inside `feed` (no event);
     every other message, and every later one of the same read, goes to Python as it came
@@ -877,7 +884,6 @@ class TunnelScanner:
     @property
     def binary(self) -> bool: ...
 
-Scanner = EnvelopeScanner | RmbScanner | SbdScanner | SgScanner | TunnelScanner
 
 # ---- end scan.rs ----------------------------------------------------------------------------
 

@@ -1465,8 +1465,9 @@ pub mod py {
         MaskRng, Payload, DEFAULT_MAX_MESSAGE, MASK_SEED_LEN, OP_BINARY, OP_CLOSE, OP_PING,
         OP_PONG, OP_TEXT,
     };
+    use crate::codec::scanner::py::Scanner;
+    use crate::codec::scanner::ScanFeed;
     use crate::error::Error;
-    use crate::scan::py::{Feed, Scanner};
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyList};
 
@@ -1565,32 +1566,48 @@ pub mod py {
         Ok(bytes.unbind())
     }
 
+    /// A data message event for Python: `data` as the dialect passes it on, with what its
+    /// scanner made of it (`routing`) or why it made nothing (`scan_error`). Scanners build
+    /// the events they make themselves (`ScanFeed::take_made`) with it too.
+    pub fn message_event(
+        py: Python<'_>,
+        is_text: bool,
+        data: Py<PyBytes>,
+        routing: Option<Py<PyAny>>,
+        scan_error: Option<String>,
+    ) -> PyResult<Py<PyAny>> {
+        Ok(Py::new(
+            py,
+            WsMessage {
+                is_text,
+                data,
+                routing,
+                scan_error,
+            },
+        )?
+        .into_any())
+    }
+
     /// The event for Python; None for a message the scanner's fast path forwarded itself.
+    /// `fast` goes false once a message of this read goes to Python (codec/scanner.rs).
     pub(crate) fn event_to_py(
         py: Python<'_>,
         ev: Event<'_>,
-        feed: Option<&mut Feed<'_, '_>>,
+        feed: Option<&mut (dyn ScanFeed + '_)>,
+        fast: &mut bool,
         now: u64,
     ) -> PyResult<Option<Py<PyAny>>> {
         Ok(Some(match ev {
             Event::Message { is_text, payload } => {
                 let scanned = match feed {
-                    Some(feed) => feed.message(py, is_text, payload, now)?,
+                    Some(feed) => feed.message(py, is_text, payload, now, *fast)?,
                     None => Some((payload_bytes(py, payload)?, None, None)),
                 };
                 let Some((data, routing, scan_error)) = scanned else {
                     return Ok(None);
                 };
-                Py::new(
-                    py,
-                    WsMessage {
-                        is_text,
-                        data,
-                        routing,
-                        scan_error,
-                    },
-                )?
-                .into_any()
+                *fast = false;
+                message_event(py, is_text, data, routing, scan_error)?
             }
             Event::Ping(p) => Py::new(
                 py,
@@ -1625,35 +1642,20 @@ pub mod py {
         }))
     }
 
-    /// Queue frames an `SgScanner` read, as one text message with no data whose `routing` is
-    /// the list of their tuples (the session acts on them in order, without decoding).
-    fn batch_message(py: Python<'_>, batch: Vec<Py<PyAny>>) -> PyResult<Py<PyAny>> {
-        Ok(Py::new(
-            py,
-            WsMessage {
-                is_text: true,
-                data: PyBytes::new(py, b"").unbind(),
-                routing: Some(PyList::new(py, batch)?.into_any().unbind()),
-                scan_error: None,
-            },
-        )?
-        .into_any())
-    }
-
     /// Incremental RFC 6455 decoder (server mode by default), with an optional scanner that
-    /// reads each data message's routing in the same call.
+    /// reads each data message's routing in the same call (codec/scanner.rs).
     #[pyclass(module = "rmb_relay._core")]
     pub struct WsDecoder {
         /// borrowed by the tunnel connector's native path (`tunnel_connector.rs`)
         pub(crate) inner: Decoder,
-        scanner: Option<Scanner>,
+        scanner: Option<Py<Scanner>>,
     }
 
     #[pymethods]
     impl WsDecoder {
         #[new]
         #[pyo3(signature = (*, max_message = 1048576, client_mode = false, scanner = None))]
-        fn new(max_message: usize, client_mode: bool, scanner: Option<Scanner>) -> Self {
+        fn new(max_message: usize, client_mode: bool, scanner: Option<Py<Scanner>>) -> Self {
             WsDecoder {
                 inner: Decoder::new(max_message, client_mode),
                 scanner,
@@ -1662,13 +1664,13 @@ pub mod py {
 
         /// Scan the messages of later feeds with `scanner` (None: no scanning).
         #[pyo3(signature = (scanner))]
-        fn set_scanner(&mut self, scanner: Option<Scanner>) {
+        fn set_scanner(&mut self, scanner: Option<Py<Scanner>>) {
             self.scanner = scanner;
         }
 
         #[getter]
-        fn scanner(&self, py: Python<'_>) -> Option<Py<PyAny>> {
-            self.scanner.as_ref().map(|s| s.object(py))
+        fn scanner(&self, py: Python<'_>) -> Option<Py<Scanner>> {
+            self.scanner.as_ref().map(|s| s.clone_ref(py))
         }
 
         /// Decode `data`; `now` (the caller's clock, nanoseconds) goes to the scanner.
@@ -1680,22 +1682,25 @@ pub mod py {
             now: u64,
         ) -> PyResult<Bound<'py, PyList>> {
             let mut events = Vec::new();
-            let mut feed = match &self.scanner {
-                Some(scanner) => Some(scanner.start(py)?),
+            let scanner = self.scanner.as_ref().map(|s| s.bind(py).clone());
+            let mut feed = match &scanner {
+                Some(scanner) => Some(Scanner::start(scanner)?),
                 None => None,
             };
+            let mut fast = true;
             self.inner.feed(data, |ev| {
-                if let Some(event) = event_to_py(py, ev, feed.as_mut(), now)? {
-                    // queue frames the scanner read before this event go first
-                    if let Some(batch) = feed.as_mut().and_then(Feed::take_batch) {
-                        events.push(batch_message(py, batch)?);
+                let event = event_to_py(py, ev, feed.as_deref_mut(), &mut fast, now)?;
+                if let Some(event) = event {
+                    // what the scanner made from messages it took before this event goes first
+                    if let Some(made) = feed.as_deref_mut().map(|f| f.take_made(py)).transpose()? {
+                        events.extend(made);
                     }
                     events.push(event);
                 }
                 Ok::<(), PyErr>(())
             })?;
-            if let Some(batch) = feed.as_mut().and_then(Feed::take_batch) {
-                events.push(batch_message(py, batch)?);
+            if let Some(made) = feed.as_deref_mut().map(|f| f.take_made(py)).transpose()? {
+                events.extend(made);
             }
             drop(feed);
             PyList::new(py, events)

@@ -18,10 +18,10 @@
 //! [`drain`](Outboxes::drain)); Python's own sends do not: it flushes the connections it sent
 //! to itself, and a flush takes everything buffered, fast-path frames included, in order.
 
-use crate::crossing::Crossing;
-use crate::maps::IdMap;
-use crate::routes::ConnId;
-use crate::ws::{frame_len, write_header, OP_BINARY};
+use crate::codec::ws::{frame_len, write_header, OP_BINARY};
+use crate::forward::crossing::Crossing;
+use crate::forward::maps::IdMap;
+use crate::forward::routes::ConnId;
 
 /// A buffer that grew past this for a burst is not kept for reuse after it is written.
 const KEEP_CAPACITY: usize = 256 << 10;
@@ -31,7 +31,7 @@ const KEEP_CAPACITY: usize = 256 << 10;
 /// is next appended to: appending goes into memory already mapped and big enough, and an idle
 /// connection holds no buffer at all. At most 32 buffers (one per connection written to in a
 /// read is plenty) of at most `KEEP_CAPACITY` are kept (8 MiB).
-pub type Spares = crate::lent::Spares<u8, 32, KEEP_CAPACITY>;
+pub type Spares = crate::forward::lent::Spares<u8, 32, KEEP_CAPACITY>;
 
 /// Messages and bytes forwarded by the fast path (what `/metrics` adds to Python's counters).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -353,7 +353,7 @@ impl Outboxes {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ws::{encode_frame, OP_TEXT};
+    use crate::codec::ws::{encode_frame, OP_TEXT};
 
     fn taken(o: &mut Outboxes, id: ConnId) -> Vec<u8> {
         o.take(id).unwrap_or_default()
@@ -541,8 +541,8 @@ mod tests {
             }
         );
         let mut want = Vec::new();
-        crate::crossing::encode_message(&mut want, b"r:9", 7, b"env");
-        crate::crossing::encode_message(&mut want, b"r:9", 7, b"env");
+        crate::forward::crossing::encode_message(&mut want, b"r:9", 7, b"env");
+        crate::forward::crossing::encode_message(&mut want, b"r:9", 7, b"env");
         assert_eq!(o.crossing.take(), [(2, want, 2)]);
         assert!(drained(&mut o).is_empty(), "nothing for a connection");
     }
@@ -556,12 +556,12 @@ pub mod py {
     use pyo3::types::{PyBytes, PyList, PyMemoryView, PyTuple};
 
     use super::Spares;
-    use crate::crossing::place;
-    use crate::lent::py::fill_read_only_view;
-    use crate::maps::IdMap;
-    use crate::routes::py::RouteTable;
-    use crate::routes::ConnId;
-    use crate::ws::{OP_BINARY, OP_TEXT};
+    use crate::codec::ws::{OP_BINARY, OP_TEXT};
+    use crate::forward::crossing::place;
+    use crate::forward::lent::py::fill_read_only_view;
+    use crate::forward::maps::IdMap;
+    use crate::forward::routes::py::RouteTable;
+    use crate::forward::routes::ConnId;
 
     /// A taken outbox's bytes, lent to the transport through the buffer protocol (no copy);
     /// the buffer goes back to the outboxes' spares when the transport lets go of it.
@@ -878,6 +878,22 @@ pub mod py {
 
         fn __repr__(&self) -> String {
             format!("Outboxes(len={})", self.inner.len())
+        }
+    }
+
+    /// The outboxes, borrowed for one `feed`, when the fast path may forward this connection's
+    /// messages: it has them and it is open (data after our close frame is only discarded).
+    pub fn open_outboxes<'py>(
+        py: Python<'py>,
+        outboxes: Option<&Py<Outboxes>>,
+        conn_id: u64,
+    ) -> PyResult<Option<PyRefMut<'py, Outboxes>>> {
+        match outboxes {
+            Some(o) => {
+                let o = o.bind(py).try_borrow_mut()?;
+                Ok(o.inner.is_open(conn_id).then_some(o))
+            }
+            None => Ok(None),
         }
     }
 

@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use crate::routes::ConnId;
+use crate::forward::routes::ConnId;
 
 /// Hashes a connection id with one multiplication. Ids are ours (a counter), never chosen by a
 /// peer, so the map needs no protection against crafted keys, and SipHash costs ~15 ns a

@@ -17,8 +17,8 @@
 //! Record layout (big-endian): kind (1), hops (1), deadline (8, unix seconds, 0 = never store),
 //! name length (2), frame length (4), name, frame.
 
-use crate::forward::{Count, Outboxes};
-use crate::routes::Routes;
+use crate::forward::outboxes::{Count, Outboxes};
+use crate::forward::routes::Routes;
 
 /// `cluster/wire.py`'s `HEADER_BYTES`.
 pub const RECORD_HEADER: usize = 16;
@@ -136,7 +136,7 @@ pub fn place(
             break;
         };
         let frame = record.frame;
-        if !outboxes.forward(dest, crate::ws::OP_BINARY, frame.len(), |out| {
+        if !outboxes.forward(dest, crate::codec::ws::OP_BINARY, frame.len(), |out| {
             out.copy_from_slice(frame)
         }) {
             break;
@@ -367,7 +367,9 @@ mod tests {
         let frames = |payloads: &[&[u8]]| {
             payloads
                 .iter()
-                .flat_map(|p| crate::ws::encode_frame(crate::ws::OP_BINARY, p, true, None))
+                .flat_map(|p| {
+                    crate::codec::ws::encode_frame(crate::codec::ws::OP_BINARY, p, true, None)
+                })
                 .collect::<Vec<u8>>()
         };
         assert_eq!(o.take(10).unwrap(), frames(&[b"one", b"after"]));
