@@ -21,6 +21,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from rmb_relay._core import HttpRequest, WsClose
 from rmb_relay.dialects.base import Peer, WebSocketHandler
 from rmb_relay.server.listener import HTTP_METHODS, RelayServer
+from rmb_relay.server.ws_connection import WebSocketConnection
 from tests.conftest import WAIT, StartRelay
 from tests.dialects import EchoDialect, PipeDialect
 from tests.helpers import RawWebSocket, eventually, http_exchange
@@ -42,15 +43,17 @@ async def test_echo_text_and_binary(start_relay: StartRelay) -> None:
 
 async def test_an_upgraded_connection_keeps_no_http_idle_timer(start_relay: StartRelay) -> None:
     """The HTTP idle timer stays armed across keep-alive requests (one per connection, not one
-    per request); a websocket must drop it at the upgrade, or each idle websocket holds a timer
-    (~600 bytes) for the idle timeout after its upgrade (bench.scenarios idle)."""
+    per request); a websocket must not keep it, or each idle websocket holds a timer (~600
+    bytes) for the idle timeout after its upgrade (bench.scenarios idle). The upgrade hands
+    the transport to a websocket connection, which has no HTTP state at all."""
     server = await start_relay([EchoDialect()], http_idle_timeout=300.0)
     async with connect(ws_url(server)) as ws:
         await ws.send("x")
         assert await asyncio.wait_for(ws.recv(), WAIT) == "x"
         (conn,) = server.connections.values()
+        assert isinstance(conn, WebSocketConnection)
         assert conn.is_open
-        assert conn._http_timer is None
+        assert not hasattr(conn, "_http_timer")
 
 
 async def test_fragmented_message_is_reassembled(start_relay: StartRelay) -> None:

@@ -9,7 +9,7 @@ import time
 from rmb_relay._core import WsMessage
 from rmb_relay.dialects.base import Peer
 from rmb_relay.mailbox import MemoryMailbox
-from rmb_relay.server.connection import Connection
+from rmb_relay.server.ws_connection import WebSocketConnection as Connection
 from rmb_relay.switch import Outcome, Switch
 from tests.conftest import WAIT, StartRelay
 from tests.dialects import EchoDialect

@@ -8,7 +8,7 @@ from typing import Any, Final, Literal, TypeAlias, final
 
 from typing_extensions import disjoint_base
 
-# ---- error.rs -------------------------------------------------------------------------------
+# ---- error.rs ---------------------------------------------------------------------------
 
 class CoreError(Exception): ...
 class HttpParseError(CoreError): ...
@@ -19,7 +19,7 @@ class SbdError(CoreError): ...
 class SignatureError(CoreError): ...
 class TunnelWireError(CoreError): ...
 
-# ---- http.rs --------------------------------------------------------------------------------
+# ---- codec/http.rs ----------------------------------------------------------------------
 # PyO3 classes cannot be subclassed (hence @final) and are built by __new__ (no __init__).
 
 @final
@@ -187,9 +187,9 @@ def encode_request(
 def parse_response_head(data: bytes) -> tuple[int, list[tuple[str, bytes]], int] | None:
     """Client side: (status, headers, head length) once the head is complete, else None."""
 
-# ---- end http.rs ----------------------------------------------------------------------------
+# ---- end codec/http.rs ----------------------------------------------------------------------
 
-# ---- http_client.rs -------------------------------------------------------------------------
+# ---- http_client.rs ---------------------------------------------------------------------
 
 def encode_target_request(
     method: str,
@@ -205,7 +205,7 @@ def encode_target_request(
     `extra` (not filtered), Content-Length for the body (or `length` for a body streamed
     after this head). ValueError for a field with CR/LF/NUL or a bad method/target."""
 
-# ---- http_response.rs -----------------------------------------------------------------------
+# ---- http_response.rs -------------------------------------------------------------------
 
 @final
 class HttpResponseParser:
@@ -236,7 +236,7 @@ class HttpResponseParser:
 
 # ---- end http_response.rs -------------------------------------------------------------------
 
-# ---- ws.rs ----------------------------------------------------------------------------------
+# ---- codec/ws.rs ------------------------------------------------------------------------
 OP_CONTINUATION: Final[int]
 OP_TEXT: Final[int]
 OP_BINARY: Final[int]
@@ -355,9 +355,9 @@ class ClientFrameEncoder:
     def pong(self, payload: bytes = b"") -> bytes: ...
     def close(self, code: int = 1000, reason: str = "") -> bytes: ...
 
-# ---- end ws.rs ------------------------------------------------------------------------------
+# ---- end codec/ws.rs ------------------------------------------------------------------------
 
-# ---- sbd.rs ---------------------------------------------------------------------------------
+# ---- dialects/sbd/header.rs -------------------------------------------------------------
 SBD_HEADER_LEN: Final[int]
 SBD_MAX_MESSAGE: Final[int]
 SBD_COMMAND: Final[int]
@@ -393,9 +393,9 @@ def sbd_decode_pubkey_path(segment: str) -> bytes:
     """Strict base64url (no padding, canonical) of exactly 32 bytes whose first 28 bytes are
     not all zero; raises SbdError otherwise."""
 
-# ---- end sbd.rs -----------------------------------------------------------------------------
+# ---- end dialects/sbd/header.rs -------------------------------------------------------------
 
-# ---- envelope.rs ----------------------------------------------------------------------------
+# ---- dialects/rmb/envelope.rs -----------------------------------------------------------
 MSG_NONE: Final[int]
 MSG_REQUEST: Final[int]
 MSG_RESPONSE: Final[int]
@@ -493,9 +493,9 @@ def build_error_envelope(
 def build_pong(ping: bytes) -> bytes:
     """The relay's answer to an envelope ping (spec/rmb.md 2.3)."""
 
-# ---- end envelope.rs ------------------------------------------------------------------------
+# ---- end dialects/rmb/envelope.rs -----------------------------------------------------------
 
-# ---- limiter.rs -----------------------------------------------------------------------------
+# ---- limiter.rs -------------------------------------------------------------------------
 @final
 class FixedWindowLimiter:
     """Count and byte budget per key per window (RMB semantics: every frame counts,
@@ -518,7 +518,7 @@ class ByteNanosLimiter:
 
 # ---- end limiter.rs -------------------------------------------------------------------------
 
-# ---- forward.rs -----------------------------------------------------------------------------
+# ---- forward/outboxes.rs ----------------------------------------------------------------
 @final
 class Outboxes:
     """The pending output of every RMB and SBD connection of a switch, by connection id.
@@ -623,7 +623,7 @@ def check_bus_records(data: bytes) -> int:
     """How many records a bus entry (cluster/wire.py's layout) holds; ValueError saying what is
     wrong when it is malformed (wire.decode's checks)."""
 
-# ---- routes.rs ------------------------------------------------------------------------------
+# ---- forward/routes.rs ------------------------------------------------------------------
 @final
 class RouteTable:
     """Session (twin, sid) -> connection id and 32-byte pubkey -> connection id."""
@@ -659,9 +659,9 @@ class RouteTable:
     @property
     def remote_count(self) -> int: ...
 
-# ---- end routes.rs --------------------------------------------------------------------------
+# ---- end forward/routes.rs ------------------------------------------------------------------
 
-# ---- scan.rs --------------------------------------------------------------------------------
+# ---- scanners: codec/scanner.rs, dialects/*/scanner.rs ------------------------
 # A scanner reads each data message's routing inside WsDecoder.feed (one call per read).
 @disjoint_base
 class Scanner:
@@ -884,10 +884,9 @@ class TunnelScanner(Scanner):
     @property
     def binary(self) -> bool: ...
 
+# ---- end scanners: codec/scanner.rs, dialects/*/scanner.rs ------------------------
 
-# ---- end scan.rs ----------------------------------------------------------------------------
-
-# ---- crypto.rs ------------------------------------------------------------------------------
+# ---- crypto.rs --------------------------------------------------------------------------
 def verify_ed25519(public_key: bytes, message: bytes, signature: bytes) -> bool:
     """RFC 8032 (non-strict, as ed25519-dalek `verify`); SignatureError on wrong lengths."""
 
@@ -918,7 +917,7 @@ class SigningKey:
 
 # ---- end crypto.rs --------------------------------------------------------------------------
 
-# ---- records.rs -----------------------------------------------------------------------------
+# ---- records.rs -------------------------------------------------------------------------
 
 @final
 class Column:
@@ -956,7 +955,7 @@ class RecordBuffer:
         id order. The buffer starts over; record indexes keep counting."""
     def __len__(self) -> int: ...
 
-# ---- tunnel_wire.rs -------------------------------------------------------------------------
+# ---- tunnel_wire.rs ---------------------------------------------------------------------
 
 def tunnel_encode(message: object, binary: bool) -> bytes:
     """A tunnel message (wire.py's dataclasses) as msgpack or compact JSON, byte for byte as
@@ -972,7 +971,7 @@ def tunnel_request_headers(request: HttpRequest) -> dict[str, list[str]]:
 
 TUNNEL_HOP_BY_HOP: Final[tuple[str, ...]]
 
-# ---- tunnel_express.rs ----------------------------------------------------------------------
+# ---- tunnel_express.rs ------------------------------------------------------------------
 
 def tunnel_express_request(
     request: HttpRequest,
@@ -994,7 +993,7 @@ def tunnel_express_answer(data: bytes, binary: bool) -> tuple[str, int, bytes] |
     """(request id, status, the client's HTTP/1.1 answer kept alive) for a `Deliver` the
     express path answers natively, else None (Python's path takes the message)."""
 
-# ---- tunnel_native.rs -----------------------------------------------------------------------
+# ---- tunnel_native.rs -------------------------------------------------------------------
 
 #: a job out of the native table (`take`, `connector_left`): client connection or None, its
 #: request or None, tenant key, target, deadline, when the table took it, body bytes,
@@ -1097,7 +1096,7 @@ class NativeTunnel:
     def http_answers(self) -> list[tuple[tuple[str, str], int]]: ...
     def declined(self) -> list[tuple[str, int]]: ...
 
-# ---- tunnel_connector.rs --------------------------------------------------------------------
+# ---- tunnel_connector.rs ----------------------------------------------------------------
 
 @final
 class TunnelConnectorCore:

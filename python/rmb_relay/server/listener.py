@@ -1,4 +1,4 @@
-"""The shared listener: accepts TCP (optionally TLS), owns every `Connection`, routes plain
+"""The shared listener: accepts TCP (optionally TLS), owns every connection, routes plain
 HTTP to the router and websocket upgrades to the dialect with the most specific path pattern
 (`dialects/paths.py`); two dialects claiming the same pattern are refused at startup.
 
@@ -21,9 +21,11 @@ from rmb_relay.dialects.base import CloseCode, HttpResponse
 from rmb_relay.dialects.paths import PathTable
 from rmb_relay.errors import ConfigError
 from rmb_relay.server.acceptor import Acceptor, bind_sockets
-from rmb_relay.server.connection import Connection, OutputBatcher, State
+from rmb_relay.server.connection_base import ConnectionBase, OutputBatcher, State
 from rmb_relay.server.http import Router
+from rmb_relay.server.http_connection import HttpConnection
 from rmb_relay.server.limits import Admission, ConnectionLimits, default_max_connections
+from rmb_relay.server.ws_connection import WebSocketConnection
 from rmb_relay.telemetry.metrics import Registry
 
 if TYPE_CHECKING:
@@ -121,7 +123,8 @@ class RelayServer:
         self.native_http: NativeHttp | None = next(
             (d.native_http for d in self.dialects if d.native_http is not None), None
         )
-        self.connections: dict[int, Connection] = {}
+        #: every open connection by id: its HTTP life, then its websocket after an upgrade
+        self.connections: dict[int, HttpConnection | WebSocketConnection] = {}
         self.upgrades: PathTable[Dialect] = PathTable()
         for dialect in self.dialects:
             if not dialect.paths:
@@ -147,7 +150,7 @@ class RelayServer:
         sockets = bind_sockets(
             self.config.host, self.config.port, reuse_port=self.config.reuse_port
         )
-        acceptor = Acceptor(sockets, lambda: Connection(self), ssl_context=self._ssl_context())
+        acceptor = Acceptor(sockets, lambda: HttpConnection(self), ssl_context=self._ssl_context())
         acceptor.start()
         self.acceptors.append(acceptor)
         self.addresses = [sock.getsockname()[:2] for sock in sockets]
@@ -195,7 +198,7 @@ class RelayServer:
             acceptor.close()
         conns = list(self.connections.values())
         for conn in conns:
-            if conn.state is State.WEBSOCKET:
+            if isinstance(conn, WebSocketConnection) and conn.state is State.WEBSOCKET:
                 conn.close(CloseCode.GOING_AWAY, "server shutting down")
             elif conn.transport is not None:
                 conn.transport.close()
@@ -216,7 +219,8 @@ class RelayServer:
 
     # ---- connection bookkeeping ------------------------------------------------------------
 
-    def connection_opened(self, conn: Connection) -> None:
+    def connection_opened(self, conn: ConnectionBase) -> None:
+        assert isinstance(conn, HttpConnection)
         self.connections[conn.conn_id] = conn
         if self._stopping and conn.transport is not None:
             conn.transport.close()
@@ -228,13 +232,15 @@ class RelayServer:
         elif admission is Admission.IP_FULL:
             conn.refuse_at_once(429, "too many connections from this address")
 
-    def connection_closed(self, conn: Connection) -> None:
+    def connection_closed(self, conn: ConnectionBase) -> None:
         if self.connections.pop(conn.conn_id, None) is not None:
             self.limits.release(conn.peer_host)
             for acceptor in self.acceptors:
                 acceptor.resume()
 
-    def websocket_opened(self, conn: Connection) -> None:
+    def websocket_opened(self, conn: ConnectionBase) -> None:
+        assert isinstance(conn, WebSocketConnection)
+        self.connections[conn.conn_id] = conn
         if self._stopping:
             conn.close(CloseCode.GOING_AWAY, "server shutting down")
 

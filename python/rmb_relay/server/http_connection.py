@@ -1,106 +1,63 @@
-"""One asyncio Protocol per TCP connection: it moves bytes and nothing else.
+"""An HTTP/1.1 connection of the listener: it moves bytes and nothing else.
 
 Theory of operation
 -------------------
-A connection starts in the HTTP state: every `data_received` goes to the Rust
-`HttpStreamParser` in one call, which returns events. A request head starts a task that asks
-the router for a response; the body's events feed an `IncomingBody` that the route reads whole
-or as it arrives (reading pauses while too much of it waits unread). Bytes that arrive
-after the request's end (pipelined) wait in the parser, and reading pauses until the response
-is written (a client that waits for its answer is never paused).
+A connection starts here: every `data_received` goes to the Rust `HttpStreamParser` in one
+call, which returns events. A request head starts a task that asks the router for a response;
+the body's events feed an `IncomingBody` that the route reads whole or as it arrives (reading
+pauses while too much of it waits unread). Bytes that arrive after the request's end
+(pipelined) wait in the parser, and reading pauses until the response is written (a client
+that waits for its answer is never paused).
 
-HTTP timers: the idle timer runs only while the connection waits for a request head (from the
-connection or the previous response on); a head that never completes is answered with 408. Once
-a head is complete, the request deadline bounds how long the handler takes to answer (503 when
-it expires); time the handler spends waiting for the client's body does not count, each such
-wait is bounded by the idle timeout instead, and so is each wait for the client to read a
+Timers: the idle timer runs only while the connection waits for a request head (from the
+connection or the previous response on); a head that never completes is answered with 408.
+Once a head is complete, the request deadline bounds how long the handler takes to answer (503
+when it expires); time the handler spends waiting for the client's body does not count, each
+such wait is bounded by the idle timeout instead, and so is each wait for the client to read a
 streamed response.
 
-A websocket upgrade asks the matching dialect to `accept`;
-on success the 101 is written, a Rust `WsDecoder` takes over and whatever the client sent after
-its head is fed to it. From then on every `data_received` is exactly one `WsDecoder.feed` call,
-and the dialect handler sees the decoded data messages.
+A websocket upgrade asks the matching dialect to `accept`, handing it the
+`WebSocketConnection` that will carry the connection (ws_connection.py); on success the 101 is
+written and that connection takes the transport over (connection_base.py), fed whatever the
+client sent after its head.
 
-Output is batched: while a connection processes one read, whatever any handler sends to any
-connection is queued per destination and written with a single `transport.write` when the
-read is done (`OutputBatcher`). Outside a read (timers, tasks) a send is written at once.
-
-The fast path: an RMB, SBD or 신경 connection's output lives in the switch's Rust `Outboxes`
-(its handler names them), and its decoder forwards local messages into other connections' outboxes
-inside `feed`, without an event for Python. Everything else a handler sends to such a
-connection is appended to the same outbox, so the order of what it receives is kept; after the
-read, each connection the fast path touched is written once (`Outboxes.drain`). The listener
-keeps the outbox's state current: open until the close starts, congested while the transport
-is over its high-water mark (the fast path then hands the message to Python, which pauses the
-sender as below).
-
-Backpressure: when a destination's transport goes over its high-water mark, every connection
-that sends to it during a read pauses reading until the destination drains (`resume_writing`);
-producers outside a read (mailbox drains, stream consumers) await `writable()` instead.
-
-A `Connection` is the dialects' `Peer` (dialects/base.py) and sees the listener only through
-the narrow `ConnectionHost` below.
+Express and native requests (server/http.py, the tunnel): a small whole request may be offered
+to an express handler without a task, or served by the Rust core from the read (`NativeHttp`);
+their answers come back through `express_answer`, `write_taken` and friends.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import enum
-import itertools
 import logging
-from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Protocol, cast
+from collections.abc import Callable
+from typing import TYPE_CHECKING, cast
 
 from rmb_relay._core import (
-    OP_PONG,
-    OP_TEXT,
     HttpData,
     HttpEnd,
     HttpParseError,
     HttpRequest,
     HttpStreamParser,
     HttpViolation,
-    WsClose,
-    WsDecoder,
-    WsMessage,
-    WsPing,
-    WsPong,
-    WsViolation,
-    encode_binary,
-    encode_binary_batch,
     encode_chunk,
-    encode_close,
-    encode_frame,
     encode_last_chunk,
     encode_response,
     encode_response_head,
     encode_switching_protocols,
     validate_websocket_upgrade,
 )
-from rmb_relay.dialects.base import CloseCode, HttpResponse, reject_response
+from rmb_relay.contract import HttpResponse, reject_response
 from rmb_relay.errors import HttpReject
+from rmb_relay.server.connection_base import ConnectionBase, ConnectionHost, State
 from rmb_relay.server.http import BODY_BUFFER_LIMIT, EXPRESS_BODY_LIMIT, IncomingBody
 from rmb_relay.server.limits import OPS_PATHS
+from rmb_relay.server.ws_connection import WebSocketConnection
 
 if TYPE_CHECKING:
-    from rmb_relay._core import Outboxes, WsEvent
-    from rmb_relay.clock import Clock
-    from rmb_relay.config import ListenerConfig
-    from rmb_relay.dialects.base import (
-        Dialect,
-        ExpressHandler,
-        HttpClient,
-        HttpEvent,
-        NativeHttp,
-        RequestBody,
-        WebSocketHandler,
-    )
-    from rmb_relay.telemetry.metrics import Counter
+    from rmb_relay.dialects.base import ExpressHandler, HttpEvent, NativeHttp
 
 log = logging.getLogger("rmb_relay.server")
-
-_ids = itertools.count(1)
 
 #: how early the idle timer may fire and still close (timers fire to the millisecond): a
 #: timer found earlier than its deadline by more waits again
@@ -109,160 +66,33 @@ IDLE_SLACK = 0.005
 CONTINUE = encode_response_head(100, [])
 
 
-class State(enum.Enum):
-    HTTP = "http"
-    UPGRADING = "upgrading"
-    WEBSOCKET = "websocket"
-    CLOSING = "closing"
-    CLOSED = "closed"
+class HttpConnection(ConnectionBase):
+    """A TCP connection of the listener in its HTTP life; see the module docstring."""
 
-
-class OutputBatcher:
-    """Defers writes made while a read is processed; flushes each touched connection once.
-    `reader` is the connection whose read is being processed (the one to pause when it sends
-    to a congested destination)."""
-
-    __slots__ = ("depth", "dirty", "reader", "touched")
-
-    def __init__(self) -> None:
-        self.depth = 0
-        self.dirty: list[Connection] = []
-        self.reader: Connection | None = None
-        #: outboxes the fast path may have forwarded into during this batch's reads
-        self.touched: list[Outboxes] = []
-
-    def flush(self) -> None:
-        dirty = self.dirty
-        if dirty:
-            self.dirty = []
-            for conn in dirty:
-                conn.flush()
-        touched = self.touched
-        if touched:
-            self.touched = []
-            for outboxes in touched:
-                for conn, data in outboxes.drain():
-                    conn.write_taken(data)
-
-
-class ConnectionMetrics(Protocol):
-    """The listener metrics a connection bumps."""
-
-    @property
-    def http_requests(self) -> Counter: ...
-
-    @property
-    def http_errors(self) -> Counter: ...
-
-    @property
-    def ws_violations(self) -> Counter: ...
-
-    @property
-    def dropped(self) -> Counter: ...
-
-    @property
-    def backpressure_pauses(self) -> Counter: ...
-
-
-class ConnectionHost(Protocol):
-    """What a connection needs of the listener, and nothing more."""
-
-    @property
-    def config(self) -> ListenerConfig: ...
-
-    @property
-    def batcher(self) -> OutputBatcher: ...
-
-    @property
-    def metrics(self) -> ConnectionMetrics: ...
-
-    def dialect_for(self, path: str) -> Dialect | None:
-        """The dialect serving websocket upgrades at this path."""
-
-    async def dispatch(
-        self, request: HttpRequest, body: RequestBody, client: HttpClient
-    ) -> HttpResponse:
-        """Answer a plain HTTP request (the router reads `body` whole or hands it over)."""
-
-    def express_for(self, method: str, path: str) -> ExpressHandler | None:
-        """The express handler of the route (server/http.py), if it has one."""
-
-    @property
-    def native_http(self) -> NativeHttp | None:
-        """What serves a client's read in the Rust core, if a dialect has that (the tunnel's
-        native express table, dialects/tunnel/native.py)."""
-
-    def connection_opened(self, conn: Connection) -> None: ...
-
-    def connection_closed(self, conn: Connection) -> None: ...
-
-    def websocket_opened(self, conn: Connection) -> None: ...
-
-
-class Connection(asyncio.Protocol):
-    """A TCP connection of the listener and a dialect's `Peer`; see the module docstring."""
-
-    # Slots, not an instance dict: an idle relay holds one of these per connection. Past 30
-    # attributes CPython stops sharing a class's instance-dict keys, and each connection paid
-    # ~1.6 KB for a dict of its own (bench/README.md "Idle connections"). A new attribute
-    # goes here too.
     __slots__ = (
-        "_batcher",
-        "_blocked_on",
         "_body",
         "_client_done",
-        "_close_timer",
         "_continue_sent",
-        "_decoder",
         "_express",
         "_express_cancel",
-        "_frames",
-        "_held_by_dialect",
         "_http_paused",
         "_http_timer",
         "_idle_deadline",
         "_native",
         "_native_pending",
-        "_outboxes",
         "_parser",
-        "_peer_close_code",
-        "_pending",
-        "_queued",
-        "_reading_paused",
-        "_ready",
         "_request",
         "_response_started",
-        "_scan_clock",
         "_task",
-        "_waiting_senders",
-        "_writable",
-        "closed",
-        "congested",
-        "conn_id",
-        "dialect",
-        "handler",
-        "ops_only",
-        "peer_host",
-        "peer_port",
-        "server",
-        "state",
-        "transport",
+        "_upgrading",
     )
 
     def __init__(self, server: ConnectionHost) -> None:
-        self.server = server
-        self.conn_id = next(_ids)
-        self.state = State.HTTP
-        self.transport: asyncio.Transport | None = None
-        self.peer_host = ""
-        self.peer_port = 0
-        self.dialect: Dialect | None = None
-        self.handler: WebSocketHandler | None = None
-        self._batcher = server.batcher
+        super().__init__(server)
         self._parser: HttpStreamParser | None = HttpStreamParser(
             max_head=server.config.max_http_head
         )
-        # the request being served (HTTP state): its head, its body, how far the answer got
+        # the request being served: its head, its body, how far the answer got
         self._request: HttpRequest | None = None
         self._body: IncomingBody | None = None
         self._response_started = False
@@ -277,61 +107,15 @@ class Connection(asyncio.Protocol):
         #: a request `_native` took is being served: its answer comes through `write_taken`
         #: (or `native_answer`, `adopt_native`), and nothing more is parsed until then
         self._native_pending = False
-        self._decoder: WsDecoder | None = None
-        self._scan_clock: Clock | None = None
-        #: the switch's outboxes when the handler uses the fast path: this connection's output
-        #: is queued there instead of in `_frames` / `_pending`
-        self._outboxes: Outboxes | None = None
-        # what this read queued for this connection: encoded frames in order (text and control
-        # frames), then binary payloads not yet framed (framed together at flush)
-        self._frames: list[bytes] = []
-        self._pending: list[bytes] = []
-        self._queued = False
-        self._peer_close_code: int | None = None
-        self._close_timer: asyncio.TimerHandle | None = None
+        #: the websocket a dialect is accepting this connection as (state UPGRADING)
+        self._upgrading: WebSocketConnection | None = None
         self._http_timer: asyncio.TimerHandle | None = None
         #: loop time the idle timer closes the connection at; None while a request is served
         #: (the timer, once armed, stays: `_http_idle` re-arms it for the rest of the wait)
         self._idle_deadline: float | None = None
         self._task: asyncio.Task[None] | None = None
-        # backpressure: congested = our transport is over its high-water mark
-        self.congested = False
-        self._waiting_senders: set[Connection] = set()
-        self._blocked_on = 0
-        self._reading_paused = False
-        #: the dialect holds reading (`hold_reading`), whatever the receivers' state
-        self._held_by_dialect = False
-        self._writable: asyncio.Future[None] | None = None
-        loop = asyncio.get_running_loop()
-        # what writable() answers while not congested: one done future for the connection's
-        # life instead of one per call (each costs a get_running_loop, i.e. a getpid syscall,
-        # per delivered message on the paths outside a read)
-        self._ready: asyncio.Future[None] = loop.create_future()
-        self._ready.set_result(None)
-        self.closed = loop.create_future()
-        #: admitted over the connection cap: served /health and /metrics only (server/limits.py)
-        self.ops_only = False
         #: the client half-closed: answer the request being served, then close
         self._client_done = False
-
-    # ---- Peer ------------------------------------------------------------------------------
-
-    @property
-    def id(self) -> int:
-        return self.conn_id
-
-    @property
-    def is_open(self) -> bool:
-        return self.state is State.WEBSOCKET
-
-    def writable(self) -> Awaitable[None]:
-        """Resolves once the socket is under its high-water mark (at once if it is already, or
-        when the connection is gone: a closed peer never blocks a producer)."""
-        if not self.congested or self.state is State.CLOSED:
-            return self._ready
-        if self._writable is None or self._writable.done():
-            self._writable = asyncio.get_running_loop().create_future()
-        return asyncio.shield(self._writable)
 
     # ---- asyncio.Protocol ------------------------------------------------------------------
 
@@ -345,43 +129,26 @@ class Connection(asyncio.Protocol):
         self._arm_idle_timer()
 
     def data_received(self, data: bytes) -> None:
-        decoder = self._decoder
-        if decoder is not None:
-            batcher = self._batcher
-            previous_reader = batcher.reader
-            batcher.reader = self
-            batcher.depth += 1
-            outboxes = self._outboxes
-            try:
-                clock = self._scan_clock
-                events = decoder.feed(data) if clock is None else decoder.feed(data, clock())
-                if events:
-                    self._on_ws_events(events)
-            finally:
-                batcher.depth -= 1
-                batcher.reader = previous_reader
-                if outboxes is not None and outboxes not in batcher.touched:
-                    batcher.touched.append(outboxes)
-                if batcher.depth == 0:
-                    batcher.flush()
-        elif self.state is State.HTTP:
-            native = self._native
-            if native is None or self._request is not None or self.ops_only:
-                self._on_http_bytes(data)
-            elif self._native_pending:
-                # pipelined bytes wait in the parser (it is done) until the answer is out
-                self._on_http_bytes(data)
-                self._pause_http()
+        if self.state is not State.HTTP:
+            # UPGRADING: the parser kept earlier bytes; a well-behaved client sends nothing
+            # until the 101, and reading is paused meanwhile. CLOSING/CLOSED, or handed over to
+            # a websocket: nothing more is read here.
+            return
+        native = self._native
+        if native is None or self._request is not None or self.ops_only:
+            self._on_http_bytes(data)
+        elif self._native_pending:
+            # pipelined bytes wait in the parser (it is done) until the answer is out
+            self._on_http_bytes(data)
+            self._pause_http()
+        else:
+            assert self._parser is not None
+            http_events = native.feed(self, self._parser, data)
+            if http_events is None:
+                self._native_pending = True
+                self._idle_deadline = None  # the table's response deadline takes over
             else:
-                assert self._parser is not None
-                http_events = native.feed(self, self._parser, data)
-                if http_events is None:
-                    self._native_pending = True
-                    self._idle_deadline = None  # the table's response deadline takes over
-                else:
-                    self._on_http_events(http_events)
-        # UPGRADING: the parser kept earlier bytes; a well-behaved client sends nothing until
-        # the 101, and reading is paused meanwhile. CLOSING/CLOSED: nothing more is read.
+                self._on_http_events(http_events)
 
     def eof_received(self) -> bool | None:
         """The client will send nothing more. A request being served still gets its answer
@@ -404,9 +171,8 @@ class Connection(asyncio.Protocol):
         if self.state is State.CLOSED:
             return
         self.state = State.CLOSED
-        for timer in (self._close_timer, self._http_timer):
-            if timer is not None:
-                timer.cancel()
+        if self._http_timer is not None:
+            self._http_timer.cancel()
         if self._task is not None and not self._task.done():
             self._task.cancel()
         self._abandon_express()
@@ -414,238 +180,15 @@ class Connection(asyncio.Protocol):
         if native is not None:
             native.closed(self, self._native_pending)
             self._native_pending = False
-        self._frames.clear()
-        self._pending.clear()
         outboxes = self._outboxes
         if outboxes is not None:
             outboxes.remove(self.conn_id)
-        self._release_waiting_senders()
-        self._wake_writable()
-        handler = self.handler
-        if handler is not None:
-            try:
-                handler.on_close(self._peer_close_code)
-            except Exception:
-                log.exception("dialect %s failed in on_close", self.dialect_name)
-        self.server.connection_closed(self)
-        if not self.closed.done():
-            self.closed.set_result(None)
+        upgrading, self._upgrading = self._upgrading, None
+        if upgrading is not None:
+            upgrading.connection_lost(exc)  # the client left while the dialect accepted it
+        self._lost()
 
-    def pause_writing(self) -> None:
-        self.congested = True
-        if self._outboxes is not None:
-            self._outboxes.set_congested(self.conn_id, True)
-
-    def resume_writing(self) -> None:
-        self.congested = False
-        if self._outboxes is not None:
-            self._outboxes.set_congested(self.conn_id, False)
-        self._release_waiting_senders()
-        self._wake_writable()
-
-    def _wake_writable(self) -> None:
-        waiter = self._writable
-        if waiter is not None:
-            self._writable = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-    # ---- websocket -------------------------------------------------------------------------
-
-    @property
-    def dialect_name(self) -> str:
-        return self.dialect.name if self.dialect is not None else "http"
-
-    def _on_ws_events(self, events: list[WsEvent]) -> None:
-        handler = self.handler
-        assert handler is not None
-        remaining = iter(events)
-        for event in remaining:
-            kind = type(event)
-            if kind is WsMessage:
-                if self.state is not State.WEBSOCKET:
-                    # closing: data after our close frame is discarded (RFC 6455 §5.5.1)
-                    handler.on_discarded(event)  # type: ignore[arg-type]
-                    continue
-                try:
-                    handler.on_message(event)  # type: ignore[arg-type]
-                except Exception:
-                    log.exception(
-                        "dialect %s failed on a message from %s; closing with 1011",
-                        self.dialect_name,
-                        self.peer_host,
-                    )
-                    self.close(CloseCode.INTERNAL, "internal error")
-                    for rest in remaining:
-                        if type(rest) is WsMessage:
-                            handler.on_discarded(rest)
-                    return
-            elif kind is WsPing:
-                if self.state is State.WEBSOCKET:
-                    self.send_frame(encode_frame(OP_PONG, event.data))  # type: ignore[union-attr]
-            elif kind is WsPong:
-                handler.on_pong(event.data)  # type: ignore[union-attr]
-            elif kind is WsClose:
-                self._on_peer_close(event)  # type: ignore[arg-type]
-                return
-            else:
-                violation: WsViolation = event  # type: ignore[assignment]
-                log.info(
-                    "closing %s connection from %s: %s (%d)",
-                    self.dialect_name,
-                    self.peer_host,
-                    violation.reason,
-                    violation.code,
-                )
-                self.server.metrics.ws_violations.inc(1, self.dialect_name, str(violation.code))
-                if self.dialect is not None and self.dialect.abort_on_violation:
-                    self.abort()
-                else:
-                    self.close(violation.code, violation.reason, wait=False)
-                return
-
-    def _on_peer_close(self, event: WsClose) -> None:
-        self._peer_close_code = event.code
-        if self.state is State.WEBSOCKET:
-            # echo the peer's code (RFC 6455 §5.5.1); a close without a code is answered with 1000
-            self.flush()
-            self._write(encode_close(event.code if event.code is not None else CloseCode.NORMAL))
-        self._closing()
-        if self.transport is not None:
-            self.transport.close()  # the server closes TCP first (RFC 6455 §7.1.1)
-
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
-        """See `Peer.batch` and `HttpClient.batch`: sends to any connection inside the block are
-        written once per connection at its end, as inside a socket read. No sender is paused
-        for a congested receiver in the block (there is no read to pause): the producer looks
-        at `congested` itself."""
-        batcher = self._batcher
-        reader = batcher.reader
-        batcher.reader = None
-        batcher.depth += 1
-        try:
-            yield
-        finally:
-            batcher.depth -= 1
-            batcher.reader = reader
-            if batcher.depth == 0:
-                batcher.flush()
-
-    def _closing(self) -> None:
-        """No more messages from or to this connection (a close frame went, or none will)."""
-        if self.state is not State.CLOSED:
-            self.state = State.CLOSING
-        if self._outboxes is not None:
-            self._outboxes.close(self.conn_id)
-
-    def send(self, payload: bytes) -> None:
-        """Queue one binary message; written with the rest of this batch in one write."""
-        if self.state is not State.WEBSOCKET:
-            self.server.metrics.dropped.inc(1, self.dialect_name, "connection closing")
-            return
-        outboxes = self._outboxes
-        if outboxes is not None:
-            outboxes.push(self.conn_id, payload)
-        else:
-            self._pending.append(payload)
-        batcher = self._batcher
-        if batcher.depth:
-            self._queue_in(batcher)
-        else:
-            self.flush()
-
-    def send_many(self, payloads: list[bytes]) -> None:
-        """Queue several binary messages in order (one write with the rest of the batch)."""
-        if self.state is not State.WEBSOCKET:
-            self.server.metrics.dropped.inc(len(payloads), self.dialect_name, "connection closing")
-            return
-        outboxes = self._outboxes
-        if outboxes is not None:
-            outboxes.push_many(self.conn_id, payloads)
-        else:
-            self._pending.extend(payloads)
-        batcher = self._batcher
-        if batcher.depth:
-            self._queue_in(batcher)
-        else:
-            self.flush()
-
-    def _queue_in(self, batcher: OutputBatcher) -> None:
-        """Have the read being processed flush us once at its end, and pause its sender while
-        we are congested."""
-        if not self._queued:
-            self._queued = True
-            batcher.dirty.append(self)
-        if self.congested:
-            reader = batcher.reader
-            if reader is not None and reader is not self:
-                reader._block_on(self)
-
-    def send_text(self, text: bytes) -> None:
-        """Write one text message after whatever is queued (keeps order)."""
-        if self.state is not State.WEBSOCKET:
-            self.server.metrics.dropped.inc(1, self.dialect_name, "connection closing")
-            return
-        outboxes = self._outboxes
-        if outboxes is not None:  # framed in the outbox (a 신경 gateway's frames)
-            outboxes.push_text(self.conn_id, text)
-            batcher = self._batcher
-            if batcher.depth:
-                self._queue_in(batcher)
-            else:
-                self.flush()
-            return
-        self.send_frame(encode_frame(OP_TEXT, text))
-
-    def send_frame(self, frame: bytes) -> None:
-        """Queue an already-encoded frame after whatever is queued (keeps order); inside a read
-        it goes out with the rest of the batch in one write (a 신경 JSON gateway sends text)."""
-        if self.state is State.CLOSED:
-            return
-        batcher = self._batcher
-        outboxes = self._outboxes
-        if outboxes is not None:
-            outboxes.push_raw(self.conn_id, frame)
-            if batcher.depth:
-                self._queue_in(batcher)
-            else:
-                self.flush()
-            return
-        if batcher.depth:
-            pending = self._pending
-            if pending:
-                self._frames.append(self._frame_pending(pending))
-            self._frames.append(frame)
-            self._queue_in(batcher)
-        else:
-            self.flush()
-            self._write(frame)
-
-    @staticmethod
-    def _frame_pending(pending: list[bytes]) -> bytes:
-        data = encode_binary(pending[0]) if len(pending) == 1 else encode_binary_batch(pending)
-        pending.clear()
-        return data
-
-    def flush(self) -> None:
-        self._queued = False
-        outboxes = self._outboxes
-        if outboxes is not None:
-            taken = outboxes.take(self.conn_id)
-            if taken is not None:
-                self._write(taken)
-            return
-        pending = self._pending
-        frames = self._frames
-        if frames:
-            if pending:
-                frames.append(self._frame_pending(pending))
-            data = frames[0] if len(frames) == 1 else b"".join(frames)
-            frames.clear()
-            self._write(data)
-        elif pending:
-            self._write(self._frame_pending(pending))
+    # ---- native and express answers ---------------------------------------------------------
 
     def write_taken(self, data: bytes | memoryview) -> None:
         """Write bytes taken from this connection's outbox (`Outboxes.drain`). For a client
@@ -690,76 +233,7 @@ class Connection(asyncio.Protocol):
         self._response_started = False
         return True
 
-    def _write(self, data: bytes | memoryview) -> None:
-        transport = self.transport
-        if transport is not None and not transport.is_closing():
-            transport.write(data)
-
-    def close(self, code: int = CloseCode.NORMAL, reason: str = "", *, wait: bool = True) -> None:
-        """Start the close handshake; `wait=False` closes TCP right after the close frame."""
-        if self.state in (State.CLOSING, State.CLOSED):
-            return
-        transport = self.transport
-        if self.state is State.WEBSOCKET:
-            self.flush()
-            self._write(encode_close(code, reason))
-        self._closing()
-        if transport is None:
-            return
-        if wait:
-            self._close_timer = asyncio.get_running_loop().call_later(
-                self.server.config.close_timeout, transport.abort
-            )
-        else:
-            transport.close()
-
-    def abort(self) -> None:
-        """Drop the connection without a close frame (SBD violations demand exactly this)."""
-        self._closing()
-        self._frames.clear()
-        self._pending.clear()
-        if self._outboxes is not None:
-            self._outboxes.take(self.conn_id)
-        if self.transport is not None:
-            self.transport.abort()
-
-    # ---- backpressure ----------------------------------------------------------------------
-
-    def _block_on(self, destination: Connection) -> None:
-        if self in destination._waiting_senders:
-            return
-        destination._waiting_senders.add(self)
-        self._blocked_on += 1
-        if not self._reading_paused and self.transport is not None:
-            self._reading_paused = True
-            self.transport.pause_reading()
-            self.server.metrics.backpressure_pauses.inc(1, self.dialect_name)
-
-    def hold_reading(self, held: bool) -> None:
-        self._held_by_dialect = held
-        transport = self.transport
-        if transport is None or transport.is_closing():
-            return
-        if held and not self._reading_paused:
-            self._reading_paused = True
-            transport.pause_reading()
-        elif not held and self._reading_paused and self._blocked_on == 0:
-            self._reading_paused = False
-            transport.resume_reading()
-
-    def _release_waiting_senders(self) -> None:
-        waiting = self._waiting_senders
-        if not waiting:
-            return
-        self._waiting_senders = set()
-        for sender in waiting:
-            sender._blocked_on -= 1
-            if sender._blocked_on == 0 and sender._reading_paused and not sender._held_by_dialect:
-                sender._reading_paused = False
-                if sender.transport is not None and not sender.transport.is_closing():
-                    sender.transport.resume_reading()
-
-    # ---- HTTP ----------------------------------------------------------------------------
+    # ---- requests ------------------------------------------------------------------------
 
     def _on_http_bytes(self, data: bytes) -> None:
         parser = self._parser
@@ -996,7 +470,6 @@ class Connection(asyncio.Protocol):
             )
             if self.state is State.UPGRADING:
                 self.state = State.HTTP  # the dialect's accept ran out of time
-                self.dialect = None
             return HttpResponse(503, f"request not answered within {limit:g} s".encode())
 
     async def _send(self, request: HttpRequest, body: IncomingBody, response: HttpResponse) -> None:
@@ -1154,9 +627,11 @@ class Connection(asyncio.Protocol):
             )
             return
         self.state = State.UPGRADING
-        self.dialect = dialect
+        # the dialect's Peer from the start: `accept` may keep it
+        ws = self._upgrading = WebSocketConnection(self.server, dialect)
+        ws.take_over(self)
         try:
-            handler = await dialect.accept(request, self)
+            handler = await dialect.accept(request, ws)
         except HttpReject as reject:
             log.info(
                 "%s upgrade from %s refused: %d %s",
@@ -1165,11 +640,13 @@ class Connection(asyncio.Protocol):
                 reject.status,
                 reject.reason,
             )
+            self._upgrading = None
             self.state = State.HTTP
             self._respond(reject_response(reject), close=True)
             return
-        if self.state is not State.UPGRADING or self.transport is None:
-            handler.on_close(None)  # the client left while we were authenticating
+        transport = self.transport
+        if ws.state is not State.UPGRADING or transport is None:
+            handler.on_close(None)  # the client left (or the dialect closed) meanwhile
             return
         self._write(encode_switching_protocols(accept))
         parser = self._parser
@@ -1178,26 +655,24 @@ class Connection(asyncio.Protocol):
         self._parser = None
         self._request = None
         self._body = None
-        self._decoder = WsDecoder(max_message=dialect.max_message)
-        self._scan_clock = dialect.scan_clock
-        self.handler = handler
-        handler.bind_decoder(self._decoder)
-        outboxes = handler.outboxes
-        if outboxes is not None:
-            outboxes.open(self.conn_id, self)
-            outboxes.set_congested(self.conn_id, self.congested)
-            self._outboxes = outboxes
-        timer = self._http_timer  # the keep-alive idle timer (`_arm_idle_timer`) is HTTP's:
-        if timer is not None:  # held to its deadline, it cost every idle websocket ~600 bytes
+        timer = self._http_timer  # the keep-alive idle timer (`_arm_idle_timer`) is HTTP's
+        if timer is not None:
             self._http_timer = None
             timer.cancel()
+        # hand the transport over: every later read goes to the websocket
+        self._upgrading = None
         self.state = State.WEBSOCKET
-        self.server.websocket_opened(self)
-        with self.batch():
+        ws.congested = self.congested
+        ws.start(handler)
+        transport.set_protocol(ws)
+        self.server.websocket_opened(ws)
+        with ws.batch():
             handler.on_open()
         if rest:
-            self.data_received(rest)
-        self._resume_http()
+            ws.data_received(rest)
+        if self._http_paused:
+            self._http_paused = False
+            transport.resume_reading()
 
     def _respond(self, response: HttpResponse, *, close: bool) -> None:
         """A whole response written at once (refusals and errors)."""

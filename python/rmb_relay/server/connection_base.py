@@ -1,0 +1,335 @@
+"""What every TCP connection of the listener shares, whatever it speaks: its identity, its
+transport, output batching and backpressure.
+
+A connection starts as an `HttpConnection` (http_connection.py) and, when a dialect accepts a
+websocket upgrade, hands its transport to a `WebSocketConnection` (ws_connection.py), which is
+what the dialect sees as its `Peer`. Both build on `ConnectionBase`; the upgrade copies this
+part across (same id, same transport, same `closed` future) and makes the websocket the
+transport's protocol, so every later read goes straight to it.
+
+Output is batched: while a connection processes one read, whatever any handler sends to any
+connection is queued per destination and written with a single `transport.write` when the read
+is done (`OutputBatcher`). Outside a read (timers, tasks) a send is written at once.
+
+Backpressure: when a destination's transport goes over its high-water mark, every connection
+that sends to it during a read pauses reading until the destination drains (`resume_writing`);
+producers outside a read (mailbox drains, stream consumers) await `writable()` instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import itertools
+from collections.abc import Awaitable, Iterator
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from rmb_relay._core import HttpRequest, Outboxes
+    from rmb_relay.config import ListenerConfig
+    from rmb_relay.dialects.base import (
+        Dialect,
+        ExpressHandler,
+        HttpClient,
+        HttpResponse,
+        NativeHttp,
+        RequestBody,
+    )
+    from rmb_relay.telemetry.metrics import Counter
+
+_ids = itertools.count(1)
+
+
+class State(enum.Enum):
+    HTTP = "http"
+    UPGRADING = "upgrading"
+    WEBSOCKET = "websocket"
+    CLOSING = "closing"
+    CLOSED = "closed"
+
+
+class OutputBatcher:
+    """Defers writes made while a read is processed; flushes each touched connection once.
+    `reader` is the connection whose read is being processed (the one to pause when it sends
+    to a congested destination)."""
+
+    __slots__ = ("depth", "dirty", "reader", "touched")
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.dirty: list[ConnectionBase] = []
+        self.reader: ConnectionBase | None = None
+        #: outboxes the fast path may have forwarded into during this batch's reads
+        self.touched: list[Outboxes] = []
+
+    def flush(self) -> None:
+        dirty = self.dirty
+        if dirty:
+            self.dirty = []
+            for conn in dirty:
+                conn.flush()
+        touched = self.touched
+        if touched:
+            self.touched = []
+            for outboxes in touched:
+                for conn, data in outboxes.drain():
+                    conn.write_taken(data)
+
+
+class ConnectionMetrics(Protocol):
+    """The listener metrics a connection bumps."""
+
+    @property
+    def http_requests(self) -> Counter: ...
+
+    @property
+    def http_errors(self) -> Counter: ...
+
+    @property
+    def ws_violations(self) -> Counter: ...
+
+    @property
+    def dropped(self) -> Counter: ...
+
+    @property
+    def backpressure_pauses(self) -> Counter: ...
+
+
+class ConnectionHost(Protocol):
+    """What a connection needs of the listener, and nothing more."""
+
+    @property
+    def config(self) -> ListenerConfig: ...
+
+    @property
+    def batcher(self) -> OutputBatcher: ...
+
+    @property
+    def metrics(self) -> ConnectionMetrics: ...
+
+    def dialect_for(self, path: str) -> Dialect | None:
+        """The dialect serving websocket upgrades at this path."""
+
+    async def dispatch(
+        self, request: HttpRequest, body: RequestBody, client: HttpClient
+    ) -> HttpResponse:
+        """Answer a plain HTTP request (the router reads `body` whole or hands it over)."""
+
+    def express_for(self, method: str, path: str) -> ExpressHandler | None:
+        """The express handler of the route (server/http.py), if it has one."""
+
+    @property
+    def native_http(self) -> NativeHttp | None:
+        """What serves a client's read in the Rust core, if a dialect has that (the tunnel's
+        native express table, dialects/tunnel/native.py)."""
+
+    def connection_opened(self, conn: ConnectionBase) -> None: ...
+
+    def connection_closed(self, conn: ConnectionBase) -> None: ...
+
+    def websocket_opened(self, conn: ConnectionBase) -> None:
+        """`conn` (a websocket) now holds the transport of the connection of the same id."""
+
+
+class ConnectionBase(asyncio.Protocol):
+    """One TCP connection's transport part: see the module docstring."""
+
+    # Slots, not an instance dict: an idle relay holds one of these per connection. Past 30
+    # attributes CPython stops sharing a class's instance-dict keys, and each connection paid
+    # ~1.6 KB for a dict of its own (bench/README.md "Idle connections"). A new attribute
+    # goes here (or in the subclass's slots) too.
+    __slots__ = (
+        "_batcher",
+        "_blocked_on",
+        "_held_by_dialect",
+        "_outboxes",
+        "_queued",
+        "_reading_paused",
+        "_ready",
+        "_waiting_senders",
+        "_writable",
+        "closed",
+        "congested",
+        "conn_id",
+        "ops_only",
+        "peer_host",
+        "peer_port",
+        "server",
+        "state",
+        "transport",
+    )
+
+    def __init__(self, server: ConnectionHost) -> None:
+        self.server = server
+        self.conn_id = next(_ids)
+        self.state = State.HTTP
+        self.transport: asyncio.Transport | None = None
+        self.peer_host = ""
+        self.peer_port = 0
+        self._batcher = server.batcher
+        #: the switch's outboxes when this connection's output is queued there (a websocket
+        #: whose handler uses the fast path, or an HTTP client the tunnel's table serves)
+        self._outboxes: Outboxes | None = None
+        self._queued = False
+        # backpressure: congested = our transport is over its high-water mark
+        self.congested = False
+        self._waiting_senders: set[ConnectionBase] = set()
+        self._blocked_on = 0
+        self._reading_paused = False
+        #: the dialect holds reading (`hold_reading`), whatever the receivers' state
+        self._held_by_dialect = False
+        self._writable: asyncio.Future[None] | None = None
+        loop = asyncio.get_running_loop()
+        # what writable() answers while not congested: one done future for the connection's
+        # life instead of one per call (each costs a get_running_loop, i.e. a getpid syscall,
+        # per delivered message on the paths outside a read)
+        self._ready: asyncio.Future[None] = loop.create_future()
+        self._ready.set_result(None)
+        self.closed = loop.create_future()
+        #: admitted over the connection cap: served /health and /metrics only (server/limits.py)
+        self.ops_only = False
+
+    def take_over(self, other: ConnectionBase) -> None:
+        """Become the connection `other` was (an upgrade): the same id, transport, peer and
+        `closed` future, so nothing outside sees two connections. (An upgrading connection
+        blocks no sender and waits for none: it reads nothing while the dialect accepts.)"""
+        self.conn_id = other.conn_id
+        self.transport = other.transport
+        self.peer_host = other.peer_host
+        self.peer_port = other.peer_port
+        self.closed = other.closed
+        self.ops_only = other.ops_only
+        self.congested = other.congested
+
+    @property
+    def id(self) -> int:
+        return self.conn_id
+
+    @property
+    def dialect_name(self) -> str:
+        """The `dialect` label of this connection's metrics."""
+        return "http"
+
+    def writable(self) -> Awaitable[None]:
+        """Resolves once the socket is under its high-water mark (at once if it is already, or
+        when the connection is gone: a closed peer never blocks a producer)."""
+        if not self.congested or self.state is State.CLOSED:
+            return self._ready
+        if self._writable is None or self._writable.done():
+            self._writable = asyncio.get_running_loop().create_future()
+        return asyncio.shield(self._writable)
+
+    # ---- asyncio.Protocol (the parts both kinds share) --------------------------------------
+
+    def pause_writing(self) -> None:
+        self.congested = True
+        if self._outboxes is not None:
+            self._outboxes.set_congested(self.conn_id, True)
+
+    def resume_writing(self) -> None:
+        self.congested = False
+        if self._outboxes is not None:
+            self._outboxes.set_congested(self.conn_id, False)
+        self._release_waiting_senders()
+        self._wake_writable()
+
+    def _wake_writable(self) -> None:
+        waiter = self._writable
+        if waiter is not None:
+            self._writable = None
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _lost(self) -> None:
+        """The transport is gone: wake everything waiting on this connection."""
+        self._release_waiting_senders()
+        self._wake_writable()
+        self.server.connection_closed(self)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    # ---- output ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """See `Peer.batch` and `HttpClient.batch`: sends to any connection inside the block are
+        written once per connection at its end, as inside a socket read. No sender is paused
+        for a congested receiver in the block (there is no read to pause): the producer looks
+        at `congested` itself."""
+        batcher = self._batcher
+        reader = batcher.reader
+        batcher.reader = None
+        batcher.depth += 1
+        try:
+            yield
+        finally:
+            batcher.depth -= 1
+            batcher.reader = reader
+            if batcher.depth == 0:
+                batcher.flush()
+
+    def _queue_in(self, batcher: OutputBatcher) -> None:
+        """Have the read being processed flush us once at its end, and pause its sender while
+        we are congested."""
+        if not self._queued:
+            self._queued = True
+            batcher.dirty.append(self)
+        if self.congested:
+            reader = batcher.reader
+            if reader is not None and reader is not self:
+                reader._block_on(self)
+
+    def flush(self) -> None:
+        """Write what this read queued for this connection (`OutputBatcher`)."""
+        self._queued = False
+        outboxes = self._outboxes
+        if outboxes is not None:
+            taken = outboxes.take(self.conn_id)
+            if taken is not None:
+                self._write(taken)
+
+    def write_taken(self, data: bytes | memoryview) -> None:
+        """Write bytes taken from this connection's outbox (`Outboxes.drain`)."""
+        self._write(data)
+
+    def _write(self, data: bytes | memoryview) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
+
+    # ---- backpressure ----------------------------------------------------------------------
+
+    def _block_on(self, destination: ConnectionBase) -> None:
+        if self in destination._waiting_senders:
+            return
+        destination._waiting_senders.add(self)
+        self._blocked_on += 1
+        if not self._reading_paused and self.transport is not None:
+            self._reading_paused = True
+            self.transport.pause_reading()
+            self.server.metrics.backpressure_pauses.inc(1, self.dialect_name)
+
+    def hold_reading(self, held: bool) -> None:
+        self._held_by_dialect = held
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if held and not self._reading_paused:
+            self._reading_paused = True
+            transport.pause_reading()
+        elif not held and self._reading_paused and self._blocked_on == 0:
+            self._reading_paused = False
+            transport.resume_reading()
+
+    def _release_waiting_senders(self) -> None:
+        waiting = self._waiting_senders
+        if not waiting:
+            return
+        self._waiting_senders = set()
+        for sender in waiting:
+            sender._blocked_on -= 1
+            if sender._blocked_on == 0 and sender._reading_paused and not sender._held_by_dialect:
+                sender._reading_paused = False
+                if sender.transport is not None and not sender.transport.is_closing():
+                    sender.transport.resume_reading()
