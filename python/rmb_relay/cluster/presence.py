@@ -270,9 +270,6 @@ class Presence:
         cached = self._cache.get(name)
         return 0 if cached is None else max(0, cached[1] - self.clock())
 
-    def forget_owner(self, name: str) -> None:
-        self._uncache(name)
-
     def instance_gone(self, instance: str) -> None:
         """Never route to `instance` again and drop every cached answer naming it."""
         self.dead.add(instance)

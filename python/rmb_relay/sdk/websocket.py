@@ -200,11 +200,6 @@ class WebSocketClient:
     def send_text(self, text: str) -> None:
         self._write(self.encoder.text(text))
 
-    def send_texts(self, texts: list[str]) -> None:
-        """All texts as text frames in one write."""
-        encoder = self.encoder
-        self._write(b"".join([encoder.text(text) for text in texts]))
-
     def send_ping(self, data: bytes = b"") -> None:
         self._write(self.encoder.ping(data))
 
