@@ -1,4 +1,5 @@
-"""Process configuration: one dataclass per process, built from flags (see `cli.py`).
+"""The listener's configuration (`ListenerConfig`, built from `rmb-relay serve`'s flags in
+commands/serve.py) and the parsing of a listen address.
 
 Every default here is the documented default; `--help` prints them from these values.
 """

@@ -1,7 +1,9 @@
-"""`rmb-relay` subcommands, one module each: `serve` (the default) and `twins`.
+"""`rmb-relay` subcommands, one module each: `serve` (the default), `twins`, `tenants`,
+`connector` (the HTTP tunnel's) and `devchain`; `sbd_obahn.py` is the relay the SBD
+conformance suite starts, not a command.
 
 A command module exposes `NAME`, `HELP` (one line) and `main(argv, prog) -> int`; adding a
-command is one module plus one line in `COMMANDS` below.
+command is one module plus one line in `commands()` below.
 """
 
 from __future__ import annotations
