@@ -7,6 +7,8 @@
 
 use pyo3::prelude::*;
 
+/// wire formats shared by several dialects (JSON)
+pub mod codec;
 pub mod crossing;
 pub mod crypto;
 pub mod envelope;
