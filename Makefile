@@ -9,7 +9,8 @@ BIN := $(VENV)/bin
 LISTEN ?= 127.0.0.1:8080
 # Release build by default: tests and benchmarks exercise the same code users run.
 MATURIN_FLAGS ?= --release
-RUST_SOURCES := $(wildcard rust/*.rs) Cargo.toml Cargo.lock
+# every Rust file, in the layer folders too (rust/codec/, rust/dialects/...)
+RUST_SOURCES := $(shell find rust -name "*.rs") Cargo.toml Cargo.lock
 PY_STAMP := $(VENV)/.deps-stamp
 BUILD_STAMP := $(VENV)/.build-stamp
 PROTO_OUT := tests/_proto

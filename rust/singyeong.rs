@@ -37,29 +37,53 @@
 
 use crate::forward::maps::IdMap;
 
-/// Nesting deeper than this goes to Python (whose decoder takes ~1,000 levels).
-const MAX_DEPTH: usize = 64;
 /// More `ops` than this go to Python (its `MAX_CONDITIONS` counts them; ours stays far below).
 const MAX_OPS: usize = 8;
-/// Objects with more members than this are left to Python (the duplicate-key check is
-/// quadratic; real payloads stay far below).
-const MAX_KEYS: usize = 64;
-/// Integers of more digits go to Python (its `int` parse has a digit limit of its own), and
-/// index values of more digits are tainted: the canonical text must be the decimal one.
+/// Integers of more digits are tainted in the index: the canonical text must be the decimal one.
 pub const MAX_INT_DIGITS: usize = 18;
-/// Payload integers up to this many digits are copied verbatim (Python re-encodes them the
-/// same); longer ones go to Python, which applies its own `int` digit limit.
-const MAX_PAYLOAD_INT_DIGITS: usize = 300;
-/// Python's default `sys.get_int_max_str_digits()` is 4300: a longer integer fails its
-/// decode, so such frames go to Python whole, to be refused there.
-const MAX_DECODED_INT_DIGITS: usize = 4000;
 /// The gateway key whose value changes on every heartbeat: never indexed here (a query on it
 /// goes to Python), so heartbeats cost no index update.
 pub const VOLATILE_KEY: &str = "last_heartbeat_time";
 
-#[path = "sg_json.rs"]
-mod json;
-use json::*;
+use crate::codec::json::{self, Kind, Reader, Span as Val};
+
+/// The members of a structural object (`op`, `d`, a target, a condition): None when a key
+/// repeats or is escaped (Python keeps the last of a duplicate key at the first one's place;
+/// such frames are left to it).
+fn object<'a>(r: &Reader<'a>, v: Val) -> Option<Vec<(&'a [u8], Val)>> {
+    if v.kind != Kind::Obj {
+        return None;
+    }
+    let members = r.members(v);
+    let keys_ok = members.iter().enumerate().all(|(i, (k, _))| {
+        json::canonical(r, *k) && !members[..i].iter().any(|(o, _)| r.raw(*o) == r.raw(*k))
+    });
+    keys_ok.then(|| members.iter().map(|(k, v)| (r.raw(*k), *v)).collect())
+}
+
+fn get<'m>(members: &'m [(&[u8], Val)], key: &[u8]) -> Option<&'m Val> {
+    members.iter().find(|(k, _)| *k == key).map(|(_, v)| v)
+}
+
+/// The decoded text of a string value (None: not a string, or a lone surrogate).
+fn text(r: &Reader<'_>, v: Val) -> Option<String> {
+    (v.kind == Kind::Str).then(|| json::decode_str(r, v).map(|t| t.into_owned()))?
+}
+
+/// The canonical index bytes of a scalar `$eq` value (None: Python decides).
+fn scalar(r: &Reader<'_>, v: Val) -> Option<Vec<u8>> {
+    match v.kind {
+        Kind::True => Some(b"b1".to_vec()),
+        Kind::False => Some(b"b0".to_vec()),
+        Kind::Int => {
+            let t = r.slice(v);
+            let digits = t.iter().filter(|c| c.is_ascii_digit()).count();
+            (digits <= MAX_INT_DIGITS && t != b"-0").then(|| [b"n", t].concat())
+        }
+        Kind::Str if json::canonical(r, v) => Some([b"s", text(r, v)?.as_bytes()].concat()),
+        _ => None,
+    }
+}
 
 // ---- reading a frame ---------------------------------------------------------------------
 
@@ -76,60 +100,52 @@ pub struct Routable<'a> {
 }
 
 /// One `ops` entry as (key, canonical value), or None.
-fn condition(r: &mut Reader<'_>, entry: Val) -> Option<(String, Vec<u8>)> {
-    let b = r.b;
-    let members = r.object(entry)?;
+fn condition(r: &Reader<'_>, entry: Val) -> Option<(String, Vec<u8>)> {
+    let members = object(r, entry)?;
     if let Some(op) = get(&members, b"op") {
         // path form: `op` must be "$eq" (any other string starting with `$` is another
         // operator; anything else makes the entry a seed-form key named "op")
-        if &b[op.start..op.end] != b"\"$eq\"" {
+        if r.slice(*op) != b"\"$eq\"" {
             return None;
         }
-        let path = text(b, *get(&members, b"path")?)?;
+        let path = text(r, *get(&members, b"path")?)?;
         let key = path.strip_prefix('/')?;
         if key.is_empty() || key.contains('/') {
             return None;
         }
-        let to = r.object(*get(&members, b"to")?)?;
-        let value = scalar(b, *get(&to, b"value")?)?;
+        let to = object(r, *get(&members, b"to")?)?;
+        let value = scalar(r, *get(&to, b"value")?)?;
         return Some((key.to_owned(), value));
     }
     let [(key, spec)] = members.as_slice() else {
         return None;
     };
-    let key = unescape(key)?;
+    let key = String::from_utf8(json::unescape(key).into_owned()).ok()?;
     if key.is_empty() || key.starts_with('$') || key.starts_with('/') {
         return None;
     }
-    let spec = r.object(*spec)?;
+    let spec = object(r, *spec)?;
     let [(op, value)] = spec.as_slice() else {
         return None;
     };
     if *op != b"$eq" {
         return None;
     }
-    Some((key, scalar(b, *value)?))
+    Some((key, scalar(r, *value)?))
 }
 
 /// A dispatch frame's reader (the whole frame checked to be one JSON value), its `t` text
 /// (quoted) and its `d`; None for any other frame.
 fn dispatch_parts(frame: &[u8]) -> Option<(Reader<'_>, &[u8], Val)> {
-    std::str::from_utf8(frame).ok()?;
-    let mut r = Reader::new(frame);
-    r.ws();
-    let top = r.value(0)?;
-    r.ws();
-    if r.i != frame.len() {
-        return None;
-    }
-    let top = r.object(top)?;
+    let (r, top) = json::document(frame).ok()?;
+    let top = object(&r, top)?;
     let op = get(&top, b"op")?;
-    if op.kind != Kind::Int || &frame[op.start..op.end] != b"4" {
+    if op.kind != Kind::Int || r.slice(*op) != b"4" {
         return None;
     }
-    let t = get(&top, b"t")?;
+    let t = r.slice(*get(&top, b"t")?);
     let d = *get(&top, b"d")?;
-    Some((r, &frame[t.start..t.end], d))
+    Some((r, t, d))
 }
 
 /// What the native path makes of a frame it reads.
@@ -160,16 +176,15 @@ pub fn routable(frame: &[u8]) -> Option<Routable<'_>> {
     }
 }
 
-fn routable_from<'a>(mut r: Reader<'a>, d: Val, broadcast: bool) -> Option<Routable<'a>> {
-    let frame = r.b;
-    let d = r.object(d)?;
+fn routable_from<'a>(r: Reader<'a>, d: Val, broadcast: bool) -> Option<Routable<'a>> {
+    let d = object(&r, d)?;
     let payload = *get(&d, b"payload")?;
     let nonce = get(&d, b"nonce").copied();
-    if !r.clean(payload) || !nonce.is_none_or(|n| r.clean(n)) {
+    if !json::canonical(&r, payload) || !nonce.is_none_or(|n| json::canonical(&r, n)) {
         return None;
     }
-    let target = r.object(*get(&d, b"target")?)?;
-    let application = text(frame, *get(&target, b"application")?)?;
+    let target = object(&r, *get(&d, b"target")?)?;
+    let application = text(&r, *get(&target, b"application")?)?;
     for absent in [b"key".as_slice(), b"selector"] {
         if get(&target, absent).is_some_and(|v| v.kind != Kind::Null) {
             return None;
@@ -182,33 +197,13 @@ fn routable_from<'a>(mut r: Reader<'a>, d: Val, broadcast: bool) -> Option<Routa
     if ops.kind != Kind::Arr {
         return None;
     }
-    let mut entries = Vec::new();
-    {
-        let mut a = Reader::new(frame);
-        a.i = ops.start + 1;
-        a.ws();
-        if a.eat(b']').is_none() {
-            loop {
-                entries.push(a.value(1)?);
-                if entries.len() > MAX_OPS {
-                    return None;
-                }
-                a.ws();
-                if a.eat(b',').is_some() {
-                    a.ws();
-                    continue;
-                }
-                a.eat(b']')?;
-                break;
-            }
-        }
-    }
-    if entries.is_empty() {
+    let entries = r.elements(*ops);
+    if entries.is_empty() || entries.len() > MAX_OPS {
         return None;
     }
     let mut conditions = Vec::with_capacity(entries.len());
     for entry in entries {
-        let (key, value) = condition(&mut r, entry)?;
+        let (key, value) = condition(&r, entry)?;
         if key == VOLATILE_KEY {
             return None;
         }
@@ -218,8 +213,8 @@ fn routable_from<'a>(mut r: Reader<'a>, d: Val, broadcast: bool) -> Option<Routa
         broadcast,
         application,
         conditions,
-        nonce: nonce.map_or(b"null".as_slice(), |n| &frame[n.start..n.end]),
-        payload: &frame[payload.start..payload.end],
+        nonce: nonce.map_or(b"null".as_slice(), |n| r.slice(n)),
+        payload: r.slice(payload),
     })
 }
 
@@ -301,15 +296,15 @@ pub fn queue_frame(frame: &[u8]) -> Option<QueueFrame<'_>> {
     }
 }
 
-fn queue_from(mut r: Reader<'_>, d: Val, kind: QueueKind) -> Option<QueueFrame<'_>> {
-    let frame = r.b;
-    let all = std::str::from_utf8(frame).ok()?;
-    let d = r.object(d)?;
+fn queue_from(r: Reader<'_>, d: Val, kind: QueueKind) -> Option<QueueFrame<'_>> {
+    // the frame was checked to be UTF-8 and spans sit on character boundaries
+    let all = std::str::from_utf8(r.text).ok()?;
+    let d = object(&r, d)?;
     let name = get(&d, b"queue")?;
-    if name.kind != Kind::Str || !r.clean(*name) {
+    if name.kind != Kind::Str || !json::canonical(&r, *name) {
         return None;
     }
-    let name = text(frame, *name)?;
+    let name = text(&r, *name)?;
     if name.is_empty() || name.chars().count() > MAX_QUEUE_NAME {
         return None;
     }
@@ -322,18 +317,18 @@ fn queue_from(mut r: Reader<'_>, d: Val, kind: QueueKind) -> Option<QueueFrame<'
                 nonce: get(&d, b"nonce").map(slice),
                 target: slice(get(&d, b"target")?),
                 payload: slice(payload),
-                payload_clean: r.clean(*payload),
+                payload_clean: json::canonical(&r, *payload),
             }
         }
         QueueKind::Request => QueueFrame::Request { name },
         QueueKind::Ack => {
             let id = get(&d, b"id")?;
-            if id.kind != Kind::Str || !r.clean(*id) {
+            if id.kind != Kind::Str || !json::canonical(&r, *id) {
                 return None;
             }
             QueueFrame::Ack {
                 name,
-                id: text(frame, *id)?,
+                id: text(&r, *id)?,
             }
         }
     })
@@ -487,7 +482,7 @@ mod tests {
         }
         let long = format!(
             r#"{{"op":4,"t":"QUEUE","d":{{"queue":"q","target":{{}},"payload":{}}}}}"#,
-            "1".repeat(MAX_DECODED_INT_DIGITS + 1)
+            "1".repeat(json::MAX_INT_DIGITS + 1)
         );
         assert!(queue_frame(long.as_bytes()).is_none());
         // names Python refuses (its op 3 quotes the whole `d`), counted in characters
@@ -537,28 +532,6 @@ mod tests {
         );
         assert_eq!((ix.sends, ix.broadcasts), (0, 1));
         assert_eq!(ob.sg.messages, 2);
-    }
-
-    #[test]
-    fn float_texts_are_clean_only_as_python_writes_them() {
-        for (text, repr) in [
-            ("1.5", "1.5"),
-            ("100.0", "100.0"),
-            ("1e2", "100.0"),
-            ("0.0001", "0.0001"),
-            ("0.00001", "1e-05"),
-            ("1e16", "1e+16"),
-            ("1e15", "1000000000000000.0"),
-            ("-0.0", "-0.0"),
-            ("0.30000000000000004", "0.30000000000000004"),
-            ("1.2345678901234568e17", "1.2345678901234568e+17"),
-            ("5e-324", "5e-324"),
-            ("1.7976931348623157e308", "1.7976931348623157e+308"),
-        ] {
-            let got = python_float_repr(text.as_bytes()).unwrap();
-            assert_eq!(String::from_utf8(got).unwrap(), repr, "{text}");
-        }
-        assert!(python_float_repr(b"1e400").is_none());
     }
 
     #[test]

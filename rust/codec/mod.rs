@@ -1,7 +1,9 @@
-//! Wire codecs that know no dialect: HTTP/1.1 and RFC 6455 websocket frames, and the one
-//! interface through which a dialect's scanner reads the messages the websocket decoder
-//! yields (`scanner`).
+//! Wire codecs that know no dialect, without I/O: HTTP/1.1, RFC 6455 websocket frames, JSON,
+//! and the one interface through which a dialect's scanner reads the messages the websocket
+//! decoder yields (`scanner`). Each file reads or writes one format; the dialects build their
+//! own meaning on top.
 
 pub mod http;
+pub mod json;
 pub mod scanner;
 pub mod ws;
