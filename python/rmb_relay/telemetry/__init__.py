@@ -3,7 +3,7 @@
 | module | what |
 |---|---|
 | `metrics.py` | `Registry`: plain-number counters and gauges, exposed through prometheus_client |
-| `records.py` | route records: the per-dialect channels the hot path appends to, flushed in batches |
+| `records.py` | route records: the channels the hot path appends to, flushed in batches |
 | `record_process.py` | the relay's side of the writer process: batches out, reports in |
 | `record_writer.py` | the writer process itself: batches in, Parquet files out |
 | `record_sample.py` | `--records-sample`: a Bernoulli sample of the hot path's rows |
