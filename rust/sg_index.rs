@@ -231,7 +231,7 @@ impl Index {
             if outboxes.forward(conn, crate::codec::ws::OP_TEXT, text.len(), |out| {
                 out.copy_from_slice(&text)
             }) {
-                outboxes.sg.add(text.len());
+                outboxes.count(conn, text.len());
             }
         }
         self.text = text;

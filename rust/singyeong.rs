@@ -531,7 +531,7 @@ mod tests {
             "not a JSON receiver"
         );
         assert_eq!((ix.sends, ix.broadcasts), (0, 1));
-        assert_eq!(ob.sg.messages, 2);
+        assert_eq!(ob.forwarded("").messages, 2);
     }
 
     #[test]

@@ -1466,7 +1466,7 @@ pub mod py {
                     self.inner.attach(&request_id, head);
                     if !boxes.inner.is_open(client) {
                         // once per connection: it stays open until the connection is lost
-                        boxes.open(client, conn.clone().unbind());
+                        boxes.open(client, conn.clone().unbind(), "tunnel");
                     }
                     return Ok(None);
                 }

@@ -61,9 +61,9 @@ def crossing_setup(
     routes.set_remote(FAR[0], FAR[1], 4, b"r:9:far", NOW - SECOND, NOW + SECOND)
     outboxes = Outboxes()
     outboxes.crossing_open = True
-    outboxes.mailbox_ttl = MAILBOX_TTL
+    outboxes.store_ttl = MAILBOX_TTL
     for conn_id in (SENDER_CONN, LOCAL_CONN):
-        outboxes.open(conn_id, Conn(str(conn_id)))
+        outboxes.open(conn_id, Conn(str(conn_id)), "rmb")
     scanner = RmbScanner(routes, 7, "app", limiter=limiter, outboxes=outboxes, conn_id=SENDER_CONN)
     return WsDecoder(scanner=scanner), scanner, outboxes, routes
 
@@ -97,8 +97,8 @@ def test_an_envelope_for_a_remote_session_becomes_its_bus_record_without_an_even
     assert [r.deadline for r in records] == [now_s + 50, now_s + 60, now_s + MAILBOX_TTL, 0]
     # byte for byte what the Python sender encodes
     assert data == b"".join(wire.encode_message("r:9:far", r.frame, r.deadline) for r in records)
-    assert (outboxes.rmb_crossed, outboxes.rmb_crossed_bytes) == (4, sum(map(len, sent)))
-    assert outboxes.rmb_forwards == 0
+    assert outboxes.crossed == (4, sum(map(len, sent)))
+    assert outboxes.forwarded("rmb")[0] == 0
     assert outboxes.take_crossing() == []
 
 
@@ -164,7 +164,7 @@ def test_what_may_not_cross_reaches_python_as_before(why: str) -> None:
     assert isinstance(message, WsMessage)
     assert message.data == data
     assert outboxes.take_crossing() == []
-    assert outboxes.rmb_crossed == 0
+    assert outboxes.crossed[0] == 0
     if why == "slow path busy":
         scanner.set_slow(False)
         assert decoder.feed(frames(data), now) == [], "crosses again once it is done"
@@ -227,7 +227,7 @@ def test_an_entry_is_placed_in_order_up_to_what_python_must_handle() -> None:
         "10": encode_binary(b"one") + encode_binary(b"after"),
         "20": encode_binary(b"two"),
     }
-    assert (outboxes.rmb_placed, outboxes.rmb_placed_bytes) == (3, 11)
+    assert outboxes.placed == (3, 11)
     # a receiver that does not accept now stops it at its record
     outboxes.set_held(20, True)
     offset, placed = outboxes.place_records(routes, entry, 0, 1 << 20)
@@ -277,13 +277,13 @@ async def test_a_burst_crosses_in_rust_on_both_sides_in_order(
     alice = await a.client(1)
     await warm(alice, 3, "m")
     assert a.switch.routes.lookup_remote(3, None, a.rmb.clock()) is not None
-    crossed, placed = a.switch.outboxes.rmb_crossed, b.switch.outboxes.rmb_placed
+    crossed, placed = a.switch.outboxes.crossed[0], b.switch.outboxes.placed[0]
     for i in range(200):
         alice.send_request(3, "m", b"burst %d" % i)
     await asyncio.wait_for(done.wait(), WAIT)
     assert got[2:] == [b"burst %d" % i for i in range(200)]
-    assert a.switch.outboxes.rmb_crossed - crossed == 200
-    assert b.switch.outboxes.rmb_placed - placed == 200
+    assert a.switch.outboxes.crossed[0] - crossed == 200
+    assert b.switch.outboxes.placed[0] - placed == 200
     await eventually(lambda: a.cluster.counters.sent == 202)
     assert b.cluster.counters.received == 202
 
@@ -301,11 +301,11 @@ async def test_a_crossed_batch_redis_refuses_tells_each_request_sender(
         bob = await b.client(2)
         bob.handle("echo", lambda request: request.data)
         await warm(alice, 2, "echo")
-        crossed = a.switch.outboxes.rmb_crossed
+        crossed = a.switch.outboxes.crossed[0]
         server.stop()
         with pytest.raises(RemoteError, match="destination unreachable: the relay's redis is"):
             await alice.request(2, "echo", b"down", timeout=WAIT)
-        assert a.switch.outboxes.rmb_crossed == crossed + 1, "it was queued by the scanner"
+        assert a.switch.outboxes.crossed[0] == crossed + 1, "it was queued by the scanner"
         assert (await alice.ping()).data == b"hello world"
     finally:
         server.stop()
@@ -326,10 +326,10 @@ async def test_a_crossed_batch_for_an_instance_that_left_is_routed_again(
     got: list[bytes] = []
     await c.client(3, handlers={"m": recorder(got)})
     await c.cluster.claimed((3, None))
-    crossed = a.switch.outboxes.rmb_crossed
+    crossed = a.switch.outboxes.crossed[0]
     alice.send_request(3, "m", b"after B left")
     await eventually(lambda: got == [b"after B left"])
-    assert a.switch.outboxes.rmb_crossed == crossed + 1
+    assert a.switch.outboxes.crossed[0] == crossed + 1
     assert a.cluster.counters.passed_on == 1
     assert a.switch.routes.remote_count == 0, "no route to the instance that left"
 

@@ -63,7 +63,7 @@ def rmb_setup(
     outboxes = Outboxes()
     conns = {i: Conn(str(i)) for i in (SENDER_CONN, DEST_CONN, OTHER_CONN)}
     for conn_id, conn in conns.items():
-        outboxes.open(conn_id, conn)
+        outboxes.open(conn_id, conn, "rmb")
     decoder = WsDecoder(
         scanner=RmbScanner(
             routes,
@@ -124,8 +124,8 @@ def test_rmb_local_forward_is_framed_into_the_destination_without_an_event() -> 
     assert decoder.feed(frames(one, two, one)) == []
     assert drained(outboxes) == {"2": encode_binary(one) + encode_binary(two) + encode_binary(one)}
     size = 2 * len(one) + len(two)
-    assert (outboxes.rmb_forwards, outboxes.rmb_bytes) == (3, size)
-    assert (outboxes.sbd_forwards, outboxes.sbd_bytes) == (0, 0)
+    assert outboxes.forwarded("rmb") == (3, size)
+    assert outboxes.forwarded("sbd") == (0, 0)
     assert drained(outboxes) == {}
 
 
@@ -170,7 +170,7 @@ def test_rmb_messages_that_need_python_still_arrive_as_events(data: bytes, why: 
     assert message.data == data
     assert isinstance(message.routing, EnvelopeRouting)
     assert drained(outboxes) == {}
-    assert outboxes.rmb_forwards == 0
+    assert outboxes.forwarded("rmb")[0] == 0
 
 
 def test_after_a_message_for_python_the_rest_of_the_read_goes_to_python_too() -> None:
@@ -234,7 +234,7 @@ def test_limiter_runs_once_per_envelope_and_refusals_reach_python() -> None:
         assert isinstance(event, WsMessage)
         assert isinstance(event.routing, EnvelopeRouting)
         assert event.routing.limited
-    assert outboxes.rmb_forwards == 2
+    assert outboxes.forwarded("rmb")[0] == 2
     # the next window: allowed again (the clock is `now`, in whole seconds)
     assert decoder.feed(frames(data), NOW + 60 * 1_000_000_000) == []
     # without outboxes the scanner still counts and reports
@@ -268,8 +268,8 @@ def sbd_setup() -> tuple[WsDecoder, SbdScanner, Outboxes]:
     routes = RouteTable()
     routes.register_pubkey(DEST, DEST_CONN)
     outboxes = Outboxes()
-    outboxes.open(SENDER_CONN, Conn("sender"))
-    outboxes.open(DEST_CONN, Conn("dest"))
+    outboxes.open(SENDER_CONN, Conn("sender"), "sbd")
+    outboxes.open(DEST_CONN, Conn("dest"), "sbd")
     scanner = SbdScanner(routes, SENDER, None, "", None, outboxes, SENDER_CONN)
     return WsDecoder(max_message=20_000, scanner=scanner), scanner, outboxes
 
@@ -285,7 +285,7 @@ def test_sbd_forward_is_rewritten_straight_into_the_destination() -> None:
     assert drained(outboxes) == {
         "dest": encode_binary(SENDER + b"hello") + encode_binary(SENDER + b"again")
     }
-    assert (outboxes.sbd_forwards, outboxes.sbd_bytes) == (2, 74)
+    assert outboxes.forwarded("sbd") == (2, 74)
     assert scanner.active_at == 42
 
 
@@ -301,7 +301,7 @@ def test_sbd_forward_before_the_handshake_or_to_a_busy_peer_reaches_python() -> 
     assert isinstance(busy, WsMessage)
     assert isinstance(busy.routing, SbdRouting)
     assert (busy.data, busy.routing.dest_conn_id) == (SENDER + b"y", DEST_CONN)
-    assert outboxes.sbd_forwards == 0
+    assert outboxes.forwarded("sbd")[0] == 0
     assert scanner.active_at == 0
 
 
@@ -326,13 +326,13 @@ async def test_rmb_fast_path_forwards_are_counted_as_local(
         reply = await alice.request(2, "echo", str(i).encode(), timeout=WAIT)
         assert reply.data == str(i).encode()
     outboxes = relay.dialect.switch.outboxes
-    assert outboxes.rmb_forwards == 10, "5 requests and 5 replies, none through Python"
+    assert outboxes.forwarded("rmb")[0] == 10, "5 requests and 5 replies, none through Python"
     host, port = relay.server.addresses[0]
     page = await scrape(host, port)
     assert page.value("rmb_relay_messages_routed_total", dialect="rmb", path="local") == 10
     assert page.value("rmb_relay_messages_in_total", dialect="rmb") == 10
     assert page.value("rmb_relay_messages_out_total", dialect="rmb") == 10
-    assert page.value("rmb_relay_bytes_out_total", dialect="rmb") == outboxes.rmb_bytes
+    assert page.value("rmb_relay_bytes_out_total", dialect="rmb") == outboxes.forwarded("rmb")[1]
     await relay.close_clients()
 
 
@@ -354,12 +354,12 @@ async def test_congested_receiver_pauses_the_fast_path_sender_and_loses_nothing(
     metric = relay.server.metrics.backpressure_pauses
     await eventually(lambda: metric.value("rmb") > 0)
     outboxes = relay.dialect.switch.outboxes
-    assert outboxes.rmb_forwards > 0
+    assert outboxes.forwarded("rmb")[0] > 0
     for data in sent:
         event = await receiver.next_event()
         assert getattr(event, "data", None) == data
     # some went through Python (the receiver was congested), in order with the rest
-    assert outboxes.rmb_forwards < count
+    assert outboxes.forwarded("rmb")[0] < count
     receiver.close()
     sender.close()
 

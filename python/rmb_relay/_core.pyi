@@ -521,7 +521,7 @@ class ByteNanosLimiter:
 # ---- forward/outboxes.rs ----------------------------------------------------------------
 @final
 class Outboxes:
-    """The pending output of every RMB and SBD connection of a switch, by connection id.
+    """The pending output of a switch's connections, by connection id.
 
     The decoders' scanners forward local messages into it during `feed` (binary frames,
     payload unmasked straight into the destination's buffer) and count them; Python appends
@@ -531,8 +531,9 @@ class Outboxes:
     only to an outbox that `accepts`: open, not congested, not held."""
 
     def __new__(cls) -> Outboxes: ...
-    def open(self, conn_id: int, conn: object) -> None:
-        """`conn` carries messages from now on (`drain` hands it back with its bytes)."""
+    def open(self, conn_id: int, conn: object, kind: str = "") -> None:
+        """`conn` carries messages from now on (`drain` hands it back with its bytes); what
+        the fast path forwards to it is counted under `kind` (its dialect's name)."""
     def close(self, conn_id: int) -> None:
         """Closing: no more forwards from it or to it."""
     def remove(self, conn_id: int) -> None:
@@ -571,43 +572,27 @@ class Outboxes:
     @crossing_open.setter
     def crossing_open(self, open: bool) -> None: ...
     @property
-    def mailbox_ttl(self) -> int:
-        """Seconds: the mailbox TTL bounding the deadline a crossing record carries."""
-    @mailbox_ttl.setter
-    def mailbox_ttl(self, ttl: int) -> None: ...
+    def store_ttl(self) -> int:
+        """Seconds: how long a crossing record may wait in its receiver's store at most (the
+        bound of the deadline it carries)."""
+    @store_ttl.setter
+    def store_ttl(self, ttl: int) -> None: ...
     def place_records(
         self, routes: RouteTable, data: bytes, offset: int, max_bytes: int
     ) -> tuple[int, int]:
         """Write the messages of a bus entry (`data`, cluster/wire.py's layout, from the record
-        at `offset`) for RMB sessions connected here (in `routes`) into their outboxes, in
-        order, until a record it does not place (not a message, not an RMB session here, an
-        outbox that does not accept) or `max_bytes` were written; returns (the offset of the
-        first record left, how many it wrote). `drain` lists the outboxes written to."""
+        at `offset`) for sessions connected here (in `routes`) into their outboxes, in order,
+        until a record it does not place (not a message, not a session here, an outbox that
+        does not accept) or `max_bytes` were written; returns (the offset of the first record
+        left, how many it wrote). `drain` lists the outboxes written to."""
+    def forwarded(self, kind: str) -> tuple[int, int]:
+        """(messages, bytes) the fast path forwarded to connections opened as `kind`."""
     @property
-    def rmb_placed(self) -> int:
-        """RMB envelopes from other instances `place_records` wrote (each one message out)."""
+    def placed(self) -> tuple[int, int]:
+        """(messages, bytes) from other instances `place_records` wrote here."""
     @property
-    def rmb_placed_bytes(self) -> int: ...
-    @property
-    def rmb_crossed(self) -> int:
-        """RMB envelopes the fast path queued for other instances (each one message in)."""
-    @property
-    def rmb_crossed_bytes(self) -> int: ...
-    @property
-    def rmb_forwards(self) -> int:
-        """RMB envelopes the fast path forwarded (each one message in, one out, routed locally)."""
-    @property
-    def rmb_bytes(self) -> int: ...
-    @property
-    def sbd_forwards(self) -> int:
-        """SBD forwards the fast path relayed."""
-    @property
-    def sbd_bytes(self) -> int: ...
-    @property
-    def sg_dispatches(self) -> int:
-        """신경 DISPATCH frames the native path wrote (one per receiver)."""
-    @property
-    def sg_bytes(self) -> int: ...
+    def crossed(self) -> tuple[int, int]:
+        """(messages, bytes) the fast path queued for other instances."""
     def __repr__(self) -> str: ...
 
 @final
@@ -835,7 +820,7 @@ class SgIndex:
     @property
     def counts(self) -> tuple[int, int]:
         """(sends, broadcasts) answered natively so far (their DISPATCH frames are
-        `Outboxes.sg_dispatches`)."""
+        `Outboxes.forwarded("singyeong")`)."""
     def dispatch_text(self, frame: bytes, ts_ms: int) -> bytes | None:
         """The DISPATCH text the native path writes for `frame` (None: Python's frame)."""
     def receivers(self, frame: bytes) -> list[int] | None:

@@ -9,10 +9,11 @@
 //! until Redis answered, so a refused or gone stream re-handles each record on the slow path.
 //!
 //! The receiving instance reads an entry's records back in the same layout: `place` writes
-//! each message for an RMB session connected here straight into that connection's outbox (in
-//! order, and stopping at the first record it cannot place: a congested or held receiver, an
-//! address not held here, a notice, another kind of name), and Python handles that one record
-//! as before, then hands the rest back (per-receiver order is the entry's order either way).
+//! each message for a session connected here (an address name the route table resolves,
+//! `Routes::lookup_name`) straight into that connection's outbox (in order, and stopping at
+//! the first record it cannot place: a congested or held receiver, an address not held here,
+//! a notice, another kind of name), and Python handles that one record as before, then hands
+//! the rest back (per-receiver order is the entry's order either way).
 //!
 //! Record layout (big-endian): kind (1), hops (1), deadline (8, unix seconds, 0 = never store),
 //! name length (2), frame length (4), name, frame.
@@ -76,27 +77,6 @@ pub fn check(data: &[u8]) -> Result<usize, String> {
     Ok(count)
 }
 
-/// The RMB session an address name stands for (`keys.address_name`: `r:<twin>` or
-/// `r:<twin>:<sid>`), when it is one in its plain form (ASCII digits, twin 1..2^32-1); None
-/// leaves the name to Python's parser.
-pub fn rmb_session(name: &[u8]) -> Option<(u32, Option<&str>)> {
-    let rest = name.strip_prefix(b"r:")?;
-    let (twin, sid) = match rest.iter().position(|&b| b == b':') {
-        Some(at) => (&rest[..at], Some(&rest[at + 1..])),
-        None => (rest, None),
-    };
-    if twin.is_empty() || twin.len() > 10 || !twin.iter().all(u8::is_ascii_digit) {
-        return None;
-    }
-    let value = twin.iter().fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
-    let twin = u32::try_from(value).ok().filter(|&t| t != 0)?;
-    let sid = match sid {
-        Some(sid) => Some(std::str::from_utf8(sid).ok()?),
-        None => None,
-    };
-    Some((twin, sid))
-}
-
 /// What `place` did: where it stopped, and what it wrote.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Placed {
@@ -106,7 +86,7 @@ pub struct Placed {
     pub bytes: u64,
 }
 
-/// Write the messages of an entry (from `offset`) for RMB sessions connected here into their
+/// Write the messages of an entry (from `offset`) for sessions connected here into their
 /// outboxes, in order, until a record that cannot be placed or `max_bytes` were written (the
 /// caller writes them out and looks at its receivers' congestion before going on). The entry
 /// was `check`ed; a malformed record stops it like any other it cannot place.
@@ -129,10 +109,7 @@ pub fn place(
         if record.kind != MESSAGE {
             break;
         }
-        let Some((twin, sid)) = rmb_session(record.name) else {
-            break;
-        };
-        let Some(dest) = routes.lookup_session(twin, sid) else {
+        let Some(dest) = routes.lookup_name(record.name) else {
             break;
         };
         let frame = record.frame;
@@ -163,27 +140,6 @@ pub fn encode_message(out: &mut Vec<u8>, name: &[u8], deadline: u64, frame: &[u8
     out.extend_from_slice(frame);
 }
 
-/// Until when an RMB envelope may wait in a mailbox (unix seconds; 0: never, fail-fast), as
-/// `RmbDialect.store_deadline` and `Mailbox.deadline` say: its own expiry (from its timestamp,
-/// or from now without one), at most the mailbox's TTL from now.
-pub fn store_deadline(
-    fail_fast: bool,
-    timestamp: u64,
-    expiration: u64,
-    now_secs: u64,
-    mailbox_ttl: u64,
-) -> u64 {
-    if fail_fast {
-        return 0;
-    }
-    let own = if timestamp != 0 {
-        timestamp.saturating_add(expiration)
-    } else {
-        now_secs.saturating_add(expiration)
-    };
-    own.min(now_secs.saturating_add(mailbox_ttl))
-}
-
 /// The records waiting for one instance, and how many.
 #[derive(Debug, Default)]
 struct Batch {
@@ -200,11 +156,12 @@ pub struct Crossing {
     dirty: Vec<u32>,
     /// Python lets the fast path cross only while the bus has room and the cluster runs
     pub open: bool,
-    /// `Mailbox.ttl`, for the deadline each record carries
-    pub mailbox_ttl: u64,
-    /// RMB envelopes the fast path queued for other instances
-    pub rmb: Count,
-    /// RMB envelopes from other instances `place` wrote to connections here
+    /// how long a record may wait in its receiver's store at most (`Mailbox.ttl`): the bound
+    /// of the deadline each record carries
+    pub store_ttl: u64,
+    /// messages the fast path queued for other instances
+    pub crossed: Count,
+    /// messages from other instances `place` wrote to connections here
     pub placed: Count,
 }
 
@@ -256,24 +213,6 @@ mod tests {
     }
 
     #[test]
-    fn deadline_follows_the_mailbox_rule() {
-        let now = 1_000;
-        assert_eq!(store_deadline(true, 900, 300, now, 3600), 0, "fail-fast");
-        assert_eq!(store_deadline(false, 900, 300, now, 3600), 1_200);
-        assert_eq!(
-            store_deadline(false, 0, 300, now, 3600),
-            1_300,
-            "no timestamp"
-        );
-        assert_eq!(
-            store_deadline(false, 900, 10_000, now, 3600),
-            4_600,
-            "capped"
-        );
-        assert_eq!(store_deadline(false, u64::MAX, 1, now, 3600), 4_600);
-    }
-
-    #[test]
     fn batches_per_instance_in_first_use_order() {
         let mut c = Crossing::default();
         assert!(!c.pending());
@@ -315,26 +254,6 @@ mod tests {
         let r = read_record(&entry, 0).unwrap();
         assert_eq!((r.kind, r.name, r.frame), (MESSAGE, &b"r:1"[..], &b"a"[..]));
         assert_eq!(read_record(&entry, r.next).unwrap().name, b"r:2:x");
-    }
-
-    #[test]
-    fn rmb_names_parse_as_keys_py_writes_them() {
-        assert_eq!(rmb_session(b"r:7"), Some((7, None)));
-        assert_eq!(rmb_session(b"r:7:"), Some((7, Some(""))));
-        assert_eq!(rmb_session(b"r:7:a:b"), Some((7, Some("a:b"))));
-        assert_eq!(rmb_session(b"r:4294967295"), Some((u32::MAX, None)));
-        for name in [
-            &b"r:0"[..],
-            b"r:4294967296",
-            b"r:",
-            b"r::x",
-            b"r:-1",
-            b"s:7",
-            b"g:7",
-            b"r:12345678901",
-        ] {
-            assert_eq!(rmb_session(name), None, "{name:?}");
-        }
     }
 
     #[test]

@@ -1,18 +1,23 @@
 //! Outboxes: the pending output of every websocket connection of a switch, so that the decoder
 //! of one connection can forward a message into another connection's output inside `feed`.
 //!
-//! Theory of operation: each RMB, SBD or 신경 connection has one outbox here, keyed by the same
-//! `ConnId` the route table maps addresses to. Everything the connection is to write goes into
-//! it in order: frames the Rust fast path forwards (header + payload unmasked straight off the
-//! wire, one copy; the 신경 gateway's DISPATCH text frames, `singyeong.rs`) and whatever Python
-//! sends it (`push`, `push_text`, `push_raw`). Python takes a connection's bytes and writes
-//! them (one `transport.write` per destination per read); nothing here touches a socket.
+//! Theory of operation: each websocket connection whose dialect forwards in Rust has one outbox
+//! here, keyed by the same `ConnId` the route table maps addresses to. Everything the
+//! connection is to write goes into it in order: frames the Rust fast path forwards (header +
+//! payload unmasked straight off the wire, one copy, or text frames a scanner built) and
+//! whatever Python sends it (`push`, `push_text`, `push_raw`). Python takes a connection's
+//! bytes and writes them (one `transport.write` per destination per read); nothing here
+//! touches a socket.
 //!
 //! The fast path may append to an outbox only while it [`accepts`](Outboxes::accepts): the
 //! connection is open, its transport is not over its high-water mark (`congested`: the message
 //! goes to Python, which pauses the sender, as for any congested receiver) and its dialect does
-//! not hold it (`held`: e.g. an RMB session whose mailbox is being delivered first). A message
-//! the fast path does not take goes to Python as before, so policy stays there.
+//! not hold it (`held`: e.g. a session whose mailbox is being delivered first). A message the
+//! fast path does not take goes to Python as before, so policy stays there.
+//!
+//! What the fast path forwarded is counted by the *kind* of the receiving connection, a name
+//! Python gives when it opens the outbox (its dialect's): the dialects' metrics add these to
+//! what Python counted itself.
 //!
 //! The fast path marks the outboxes it appended to (`dirty`, once each until the next
 //! [`drain`](Outboxes::drain)); Python's own sends do not: it flushes the connections it sent
@@ -51,6 +56,8 @@ impl Count {
 #[derive(Debug, Default)]
 struct Outbox {
     buf: Vec<u8>,
+    /// index of its kind in `Outboxes::kinds`
+    kind: u8,
     open: bool,
     congested: bool,
     held: bool,
@@ -81,14 +88,13 @@ pub struct Staged {
 pub struct Outboxes {
     boxes: IdMap<Outbox>,
     dirty: Vec<ConnId>,
-    /// an RMB envelope is unmasked here when no destination can be guessed
+    /// a message is unmasked here when no destination can be guessed
     scratch: Vec<u8>,
     /// emptied buffers to take the place of those handed out for writing
     pub spares: Spares,
-    pub rmb: Count,
-    pub sbd: Count,
-    /// the 신경 gateway's DISPATCH frames written by its native path (`singyeong.rs`)
-    pub sg: Count,
+    /// the kinds of connection (named by Python when it opens one) and what the fast path
+    /// forwarded to each: index 0 is the unnamed kind
+    kinds: Vec<(Box<str>, Count)>,
     /// records for other instances' bus streams (`crossing.rs`)
     pub crossing: Crossing,
 }
@@ -101,7 +107,7 @@ fn ready<'b>(buf: &'b mut Vec<u8>, spares: &Spares) -> &'b mut Vec<u8> {
     buf
 }
 
-/// Append one data frame (`opcode`: binary for RMB/SBD, text for the 신경 JSON gateway) of
+/// Append one data frame (`opcode`: binary, or text for a text protocol) of
 /// `len` payload bytes to `buf`, the payload written by `fill`; the range of the payload.
 fn append_frame(
     buf: &mut Vec<u8>,
@@ -123,7 +129,47 @@ impl Outboxes {
 
     /// The connection carries messages from now on (its dialect's handshake is done).
     pub fn open(&mut self, id: ConnId) {
-        self.boxes.entry(id).or_default().open = true;
+        self.open_as(id, "");
+    }
+
+    /// `open`, for a connection of kind `kind` (what its forwards are counted under).
+    pub fn open_as(&mut self, id: ConnId, kind: &str) {
+        let index = self.kind_index(kind);
+        let b = self.boxes.entry(id).or_default();
+        b.open = true;
+        b.kind = index;
+    }
+
+    /// The index of `kind`, added when new (at most 255 kinds; more share the last).
+    fn kind_index(&mut self, kind: &str) -> u8 {
+        if self.kinds.is_empty() {
+            self.kinds.push(("".into(), Count::default()));
+        }
+        if let Some(i) = self.kinds.iter().position(|(name, _)| &**name == kind) {
+            return i as u8;
+        }
+        if self.kinds.len() <= usize::from(u8::MAX) {
+            self.kinds.push((kind.into(), Count::default()));
+        }
+        (self.kinds.len() - 1) as u8
+    }
+
+    /// Count one message of `len` bytes the fast path forwarded to `dest`.
+    #[inline]
+    pub fn count(&mut self, dest: ConnId, len: usize) {
+        if let Some(b) = self.boxes.get(&dest) {
+            if let Some((_, count)) = self.kinds.get_mut(usize::from(b.kind)) {
+                count.add(len);
+            }
+        }
+    }
+
+    /// What the fast path forwarded to connections of kind `kind`.
+    pub fn forwarded(&self, kind: &str) -> Count {
+        self.kinds
+            .iter()
+            .find(|(name, _)| &**name == kind)
+            .map_or_else(Count::default, |(_, count)| *count)
     }
 
     /// The connection is closing: nothing more is appended by the fast path, and what it
@@ -185,7 +231,7 @@ impl Outboxes {
 
     /// Fast path: one data frame of `len` bytes (written by `fill`) for `id`, which must
     /// [`accept`](Self::accepts) it; false (nothing written) if it does not. `opcode`:
-    /// [`OP_BINARY`] (RMB, SBD) or [`OP_TEXT`] (the 신경 gateway, `singyeong.rs`).
+    /// [`OP_BINARY`] or `OP_TEXT`.
     pub fn forward(
         &mut self,
         id: ConnId,
@@ -222,8 +268,8 @@ impl Outboxes {
         }
     }
 
-    /// Bytes for `id` written whatever its state (an HTTP answer the tunnel's native table
-    /// built, tunnel_native.rs), and `id` listed for the next drain.
+    /// Bytes for `id` written whatever its state (e.g. a whole HTTP answer a dialect built),
+    /// and `id` listed for the next drain.
     pub fn push_marked(&mut self, id: ConnId, bytes: &[u8]) {
         if let Some(b) = self.boxes.get_mut(&id) {
             ready(&mut b.buf, &self.spares).extend_from_slice(bytes);
@@ -334,7 +380,7 @@ impl Outboxes {
         };
         let frame = &buf[s.payload_start..s.end];
         self.crossing.push(instance, name, deadline, frame);
-        self.crossing.rmb.add(frame.len());
+        self.crossing.crossed.add(frame.len());
         self.release(s);
     }
 
@@ -534,7 +580,7 @@ mod tests {
         assert_eq!(o.pending(1), before);
         assert!(o.scratch.is_empty());
         assert_eq!(
-            o.crossing.rmb,
+            o.crossing.crossed,
             Count {
                 messages: 2,
                 bytes: 6
@@ -628,8 +674,8 @@ pub mod py {
         PyMemoryView::from(owner.as_any())
     }
 
-    /// The pending output of every RMB and SBD connection of a switch (see the module docs of
-    /// `forward.rs`): the decoders forward into it during `feed`, Python takes and writes it.
+    /// The pending output of a switch's connections (see the module docs): the decoders
+    /// forward into it during `feed`, Python takes and writes it.
     #[pyclass(module = "rmb_relay._core")]
     #[derive(Default)]
     pub struct Outboxes {
@@ -641,8 +687,8 @@ pub mod py {
     }
 
     impl Outboxes {
-        /// The connection `conn_id`'s outbox was opened with, while it is open or closing (the
-        /// tunnel's native table hands its clients' back to Python this way).
+        /// The connection `conn_id`'s outbox was opened with, while it is open or closing (a
+        /// dialect that answers HTTP clients in Rust hands them back to Python this way).
         pub(crate) fn conn(&self, py: Python<'_>, conn_id: ConnId) -> Option<Py<PyAny>> {
             self.conns.get(&conn_id).map(|c| c.clone_ref(py))
         }
@@ -655,10 +701,12 @@ pub mod py {
             Self::default()
         }
 
-        /// `conn` carries messages from now on; `drain` names it when it has output. (Rust
-        /// callers too: the tunnel's native table opens its clients' outboxes.)
-        pub(crate) fn open(&mut self, conn_id: ConnId, conn: Py<PyAny>) {
-            self.inner.open(conn_id);
+        /// `conn` carries messages from now on; `drain` names it when it has output; what the
+        /// fast path forwards to it is counted under `kind` (its dialect's name). (Rust callers
+        /// too: a dialect that answers HTTP clients in Rust opens their outboxes.)
+        #[pyo3(signature = (conn_id, conn, kind = ""))]
+        pub(crate) fn open(&mut self, conn_id: ConnId, conn: Py<PyAny>, kind: &str) {
+            self.inner.open_as(conn_id, kind);
             self.conns.insert(conn_id, conn);
         }
 
@@ -708,8 +756,8 @@ pub mod py {
             Ok(())
         }
 
-        /// One text frame of `payload` (a 신경 JSON frame), after whatever is queued: framed
-        /// here, without an encoded frame object of its own.
+        /// One text frame of `payload`, after whatever is queued: framed here, without an
+        /// encoded frame object of its own.
         fn push_text(&mut self, conn_id: ConnId, payload: &[u8]) {
             self.inner.push(conn_id, OP_TEXT, payload);
         }
@@ -795,21 +843,22 @@ pub mod py {
             self.inner.crossing.open = open;
         }
 
-        /// The mailbox TTL (seconds) that bounds the deadline crossing records carry.
+        /// How long (seconds) a crossing record may wait in a receiver's store at most: the
+        /// bound of the deadline each record carries.
         #[getter]
-        fn mailbox_ttl(&self) -> u64 {
-            self.inner.crossing.mailbox_ttl
+        fn store_ttl(&self) -> u64 {
+            self.inner.crossing.store_ttl
         }
 
         #[setter]
-        fn set_mailbox_ttl(&mut self, ttl: u64) {
-            self.inner.crossing.mailbox_ttl = ttl;
+        fn set_store_ttl(&mut self, ttl: u64) {
+            self.inner.crossing.store_ttl = ttl;
         }
 
-        /// Write the messages of a bus entry (`data`, from `offset`) for RMB sessions
-        /// connected here into their outboxes, in order, until one it cannot place or
-        /// `max_bytes` were written (crossing.rs `place`); returns (the offset of the first
-        /// record left, how many it wrote). The outboxes written to are listed for `drain`.
+        /// Write the messages of a bus entry (`data`, from `offset`) for sessions connected
+        /// here into their outboxes, in order, until one it cannot place or `max_bytes` were
+        /// written (crossing.rs `place`); returns (the offset of the first record left, how
+        /// many it wrote). The outboxes written to are listed for `drain`.
         fn place_records(
             &mut self,
             routes: PyRef<'_, RouteTable>,
@@ -821,59 +870,24 @@ pub mod py {
             (placed.next, placed.records)
         }
 
-        /// RMB envelopes from other instances `place_records` wrote (each one message out).
-        #[getter]
-        fn rmb_placed(&self) -> u64 {
-            self.inner.crossing.placed.messages
+        /// (messages, bytes) the fast path forwarded to connections opened as `kind`.
+        fn forwarded(&self, kind: &str) -> (u64, u64) {
+            let count = self.inner.forwarded(kind);
+            (count.messages, count.bytes)
         }
 
+        /// (messages, bytes) from other instances `place_records` wrote to connections here.
         #[getter]
-        fn rmb_placed_bytes(&self) -> u64 {
-            self.inner.crossing.placed.bytes
+        fn placed(&self) -> (u64, u64) {
+            let count = self.inner.crossing.placed;
+            (count.messages, count.bytes)
         }
 
-        /// RMB envelopes the fast path queued for other instances (each one message in).
+        /// (messages, bytes) the fast path queued for other instances.
         #[getter]
-        fn rmb_crossed(&self) -> u64 {
-            self.inner.crossing.rmb.messages
-        }
-
-        #[getter]
-        fn rmb_crossed_bytes(&self) -> u64 {
-            self.inner.crossing.rmb.bytes
-        }
-
-        /// RMB envelopes forwarded by the fast path (each one message in and one out).
-        #[getter]
-        fn rmb_forwards(&self) -> u64 {
-            self.inner.rmb.messages
-        }
-
-        #[getter]
-        fn rmb_bytes(&self) -> u64 {
-            self.inner.rmb.bytes
-        }
-
-        /// SBD forwards relayed by the fast path.
-        #[getter]
-        fn sbd_forwards(&self) -> u64 {
-            self.inner.sbd.messages
-        }
-
-        #[getter]
-        fn sbd_bytes(&self) -> u64 {
-            self.inner.sbd.bytes
-        }
-
-        /// 신경 DISPATCH frames the native path wrote (SEND: one, BROADCAST: one per receiver).
-        #[getter]
-        fn sg_dispatches(&self) -> u64 {
-            self.inner.sg.messages
-        }
-
-        #[getter]
-        fn sg_bytes(&self) -> u64 {
-            self.inner.sg.bytes
+        fn crossed(&self) -> (u64, u64) {
+            let count = self.inner.crossing.crossed;
+            (count.messages, count.bytes)
         }
 
         fn __repr__(&self) -> String {

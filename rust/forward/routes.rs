@@ -85,6 +85,27 @@ pub struct Routes {
     remote_count: usize,
 }
 
+/// The session an address name stands for (`cluster/keys.py` `address_name`: `r:<twin>` or
+/// `r:<twin>:<sid>`), when it is one in its plain form (ASCII digits, twin 1..2^32-1); None
+/// leaves the name to Python's parser.
+pub fn session_of_name(name: &[u8]) -> Option<(u32, Option<&str>)> {
+    let rest = name.strip_prefix(b"r:")?;
+    let (twin, sid) = match rest.iter().position(|&b| b == b':') {
+        Some(at) => (&rest[..at], Some(&rest[at + 1..])),
+        None => (rest, None),
+    };
+    if twin.is_empty() || twin.len() > 10 || !twin.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    let value = twin.iter().fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
+    let twin = u32::try_from(value).ok().filter(|&t| t != 0)?;
+    let sid = match sid {
+        Some(sid) => Some(std::str::from_utf8(sid).ok()?),
+        None => None,
+    };
+    Some((twin, sid))
+}
+
 impl Routes {
     pub fn new() -> Self {
         Self::default()
@@ -108,6 +129,12 @@ impl Routes {
 
     pub fn lookup_session(&self, twin: u32, sid: Option<&str>) -> Option<ConnId> {
         self.twins.get(&twin)?.get(sid).copied()
+    }
+
+    /// The connection holding the session an address name stands for ([`session_of_name`]).
+    pub fn lookup_name(&self, name: &[u8]) -> Option<ConnId> {
+        let (twin, sid) = session_of_name(name)?;
+        self.lookup_session(twin, sid)
     }
 
     pub fn unregister_session(&mut self, twin: u32, sid: Option<&str>, conn: ConnId) -> bool {
@@ -252,6 +279,26 @@ fn pubkey_array(pubkey: &[u8]) -> Result<[u8; PUBKEY_LEN]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn session_names_parse_as_keys_py_writes_them() {
+        assert_eq!(session_of_name(b"r:7"), Some((7, None)));
+        assert_eq!(session_of_name(b"r:7:"), Some((7, Some(""))));
+        assert_eq!(session_of_name(b"r:7:a:b"), Some((7, Some("a:b"))));
+        assert_eq!(session_of_name(b"r:4294967295"), Some((u32::MAX, None)));
+        for name in [
+            &b"r:0"[..],
+            b"r:4294967296",
+            b"r:",
+            b"r::x",
+            b"r:-1",
+            b"s:7",
+            b"g:7",
+            b"r:12345678901",
+        ] {
+            assert_eq!(session_of_name(name), None, "{name:?}");
+        }
+    }
 
     #[test]
     fn register_returns_displaced_connection() {

@@ -86,7 +86,7 @@ class WebSocketConnection(ConnectionBase):
         handler.bind_decoder(decoder)
         outboxes = handler.outboxes
         if outboxes is not None:
-            outboxes.open(self.conn_id, self)
+            outboxes.open(self.conn_id, self, dialect.name)
             outboxes.set_congested(self.conn_id, self.congested)
             self._outboxes = outboxes
         self.state = State.WEBSOCKET

@@ -86,6 +86,27 @@ pub fn local_destination(r: &RmbRouting<'_>, limited: bool) -> Option<(ConnId, u
     r.dest_conn_id.map(|dest| (dest, r.fields.dest_twin))
 }
 
+/// Until when an envelope may wait in a mailbox (unix seconds; 0: never, fail-fast), as
+/// `RmbDialect.store_deadline` and `Mailbox.deadline` say: its own expiry (from its timestamp,
+/// or from now without one), at most the mailbox's TTL from now.
+pub fn store_deadline(
+    fail_fast: bool,
+    timestamp: u64,
+    expiration: u64,
+    now_secs: u64,
+    mailbox_ttl: u64,
+) -> u64 {
+    if fail_fast {
+        return 0;
+    }
+    let own = if timestamp != 0 {
+        timestamp.saturating_add(expiration)
+    } else {
+        now_secs.saturating_add(expiration)
+    };
+    own.min(now_secs.saturating_add(mailbox_ttl))
+}
+
 /// What the fast path does with one envelope of a session.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Decision<'r> {
@@ -270,6 +291,24 @@ mod tests {
         assert!(matches!(err, Error::Envelope(_)), "{err:?}");
     }
 
+    #[test]
+    fn deadline_follows_the_mailbox_rule() {
+        let now = 1_000;
+        assert_eq!(store_deadline(true, 900, 300, now, 3600), 0, "fail-fast");
+        assert_eq!(store_deadline(false, 900, 300, now, 3600), 1_200);
+        assert_eq!(
+            store_deadline(false, 0, 300, now, 3600),
+            1_300,
+            "no timestamp"
+        );
+        assert_eq!(
+            store_deadline(false, 900, 10_000, now, 3600),
+            4_600,
+            "capped"
+        );
+        assert_eq!(store_deadline(false, u64::MAX, 1, now, 3600), 4_600);
+    }
+
     // ---- decide ----
 
     fn session(routes: &Routes) -> RmbSession<'_> {
@@ -351,14 +390,14 @@ pub mod py {
     use pyo3::types::PyBytes;
 
     use super::{
-        decide, local_destination, over_limit, scan_rmb, seconds, Decision, RmbRouting, RmbSession,
+        decide, local_destination, over_limit, scan_rmb, seconds, store_deadline, Decision,
+        RmbRouting, RmbSession,
     };
     use crate::codec::scanner::py::Scanner;
     use crate::codec::scanner::{ScanFeed, Scanned};
     use crate::codec::ws::py::payload_bytes;
     use crate::codec::ws::Payload;
     use crate::dialects::rmb::envelope::py::EnvelopeRouting;
-    use crate::forward::crossing::store_deadline;
     use crate::forward::outboxes::py::{open_outboxes, Outboxes};
     use crate::forward::routes::py::RouteTable;
     use crate::forward::routes::ConnId;
@@ -592,7 +631,7 @@ pub mod py {
             // destination, or handed to Python with what the scan found (a copy of the staged
             // bytes, the routing view of them)
             let cross = self.cross && ob.crossing.open;
-            let ttl = ob.crossing.mailbox_ttl;
+            let ttl = ob.crossing.store_ttl;
             let decided = {
                 let data = ob.staged(&staged);
                 match scan_rmb(data, Some(&session)) {
@@ -649,7 +688,7 @@ pub mod py {
                 }
                 Taken::Local(dest) => {
                     ob.commit(staged, dest);
-                    ob.rmb.add(size);
+                    ob.count(dest, size);
                     Ok(None)
                 }
                 Taken::Cross(instance, name, deadline) => {

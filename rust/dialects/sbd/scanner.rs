@@ -668,7 +668,7 @@ pub mod py {
                 if ob.forward(*dest, OP_BINARY, payload.len(), |out| {
                     write_forward(out, payload, sender)
                 }) {
-                    ob.sbd.add(payload.len());
+                    ob.count(*dest, payload.len());
                     self.scanner.active_at = now;
                     return Ok(None);
                 }

@@ -71,7 +71,7 @@ class RmbDialect(Dialect):
             switch = Switch(mailbox if mailbox is not None else MemoryMailbox(clock=clock))
         self.switch = switch
         # the deadline of an envelope the scanner queues for another instance (`forward_now`)
-        switch.outboxes.mailbox_ttl = self.mailbox.ttl
+        switch.outboxes.store_ttl = self.mailbox.ttl
         #: outbound (the switch's federation route) and inbound `POST /`; None: not served
         self.federation = federation
         self.inbound = inbound

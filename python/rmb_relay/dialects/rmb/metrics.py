@@ -45,31 +45,32 @@ class RmbMetrics:
     def __init__(self, registry: Registry, dialect: MetricsSource) -> None:
         hot = self.hot = HotCounters()
         # each envelope the Rust fast path forwards is one message in, one out and one routed
-        # locally; `fast` counts them (switch.py)
+        # locally; the outboxes count them under the receiver's kind, "rmb" (switch.py), and
+        # the envelopes they crossed to other instances or placed from them
         fast = dialect.switch.outboxes
         rmb = {"dialect": "rmb"}
         registry.counter_of(
             "rmb_relay_messages_in_total",
             "Messages received from clients, by dialect",
-            lambda: [((), hot.messages_in + fast.rmb_forwards + fast.rmb_crossed)],
+            lambda: [((), hot.messages_in + fast.forwarded("rmb")[0] + fast.crossed[0])],
             const=rmb,
         )
         registry.counter_of(
             "rmb_relay_bytes_in_total",
             "Message bytes received from clients, by dialect",
-            lambda: [((), hot.bytes_in + fast.rmb_bytes + fast.rmb_crossed_bytes)],
+            lambda: [((), hot.bytes_in + fast.forwarded("rmb")[1] + fast.crossed[1])],
             const=rmb,
         )
         registry.counter_of(
             "rmb_relay_messages_out_total",
             "Messages written to clients (RMB: incl. error envelopes and mailbox), by dialect",
-            lambda: [((), hot.messages_out + fast.rmb_forwards + fast.rmb_placed)],
+            lambda: [((), hot.messages_out + fast.forwarded("rmb")[0] + fast.placed[0])],
             const=rmb,
         )
         registry.counter_of(
             "rmb_relay_bytes_out_total",
             "Message bytes written to clients, by dialect",
-            lambda: [((), hot.bytes_out + fast.rmb_bytes + fast.rmb_placed_bytes)],
+            lambda: [((), hot.bytes_out + fast.forwarded("rmb")[1] + fast.placed[1])],
             const=rmb,
         )
         self.routed_slow: dict[str, int] = {"mailbox": 0, "federation": 0, "cluster": 0}
@@ -77,10 +78,10 @@ class RmbMetrics:
             "rmb_relay_messages_routed_total",
             "Messages routed, by dialect and path (local, mailbox, federation)",
             lambda: (
-                [(("local",), hot.local + fast.rmb_forwards)]
-                # the fast path's envelopes for other instances (rust/crossing.rs) too
+                [(("local",), hot.local + fast.forwarded("rmb")[0])]
+                # the fast path's envelopes for other instances (rust/forward/crossing.rs) too
                 + [
-                    ((path,), n + (fast.rmb_crossed if path == "cluster" else 0))
+                    ((path,), n + (fast.crossed[0] if path == "cluster" else 0))
                     for path, n in self.routed_slow.items()
                 ]
             ),

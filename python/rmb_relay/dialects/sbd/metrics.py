@@ -37,32 +37,32 @@ class SbdMetrics:
         registry.counter_of(
             "rmb_relay_messages_in_total",
             "Messages received from clients, by dialect",
-            lambda: [((), hot.messages_in + fast.sbd_forwards)],
+            lambda: [((), hot.messages_in + fast.forwarded("sbd")[0])],
             const=sbd,
         )
         registry.counter_of(
             "rmb_relay_bytes_in_total",
             "Message bytes received from clients, by dialect",
-            lambda: [((), hot.bytes_in + fast.sbd_bytes)],
+            lambda: [((), hot.bytes_in + fast.forwarded("sbd")[1])],
             const=sbd,
         )
         # every relayed forward is one message written to its (local) destination
         registry.counter_of(
             "rmb_relay_messages_out_total",
             "Messages written to clients (RMB: incl. error envelopes and mailbox), by dialect",
-            lambda: [((), hot.forwards + fast.sbd_forwards)],
+            lambda: [((), hot.forwards + fast.forwarded("sbd")[0])],
             const=sbd,
         )
         registry.counter_of(
             "rmb_relay_bytes_out_total",
             "Message bytes written to clients, by dialect",
-            lambda: [((), hot.bytes_out + fast.sbd_bytes)],
+            lambda: [((), hot.bytes_out + fast.forwarded("sbd")[1])],
             const=sbd,
         )
         registry.counter_of(
             "rmb_relay_messages_routed_total",
             "Messages routed, by dialect and path (local, mailbox, federation)",
-            lambda: [(("local",), hot.forwards + fast.sbd_forwards)],
+            lambda: [(("local",), hot.forwards + fast.forwarded("sbd")[0])],
             ("path",),
             const=sbd,
         )

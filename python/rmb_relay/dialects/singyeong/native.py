@@ -157,4 +157,4 @@ class NativePath:
         """(frames_in, sends, broadcasts, frames_out) answered natively: each SEND or
         BROADCAST is one frame in, its DISPATCH frames are the outboxes' count."""
         sends, broadcasts = self.index.counts
-        return sends + broadcasts, sends, broadcasts, self.outboxes.sg_dispatches
+        return sends + broadcasts, sends, broadcasts, self.outboxes.forwarded("singyeong")[0]
