@@ -1476,11 +1476,11 @@ pub mod py {
     pub struct WsMessage {
         #[pyo3(get)]
         is_text: bool,
-        /// the message as the dialect passes it on (an SBD forward already rewritten)
+        /// the message as the dialect passes it on (rewritten by its scanner, if it does)
         #[pyo3(get)]
         data: Py<PyBytes>,
-        /// with a scanner: what it made of the message (an `EnvelopeRouting` or an
-        /// `SbdRouting`), in the same call that decoded it (one call into Rust per read)
+        /// with a scanner: what it made of the message (its routing object), in the same call
+        /// that decoded it (one call into Rust per read)
         #[pyo3(get)]
         routing: Option<Py<PyAny>>,
         /// with a scanner: why the message has no routing (not an envelope, too short)
@@ -1646,7 +1646,7 @@ pub mod py {
     /// reads each data message's routing in the same call (codec/scanner.rs).
     #[pyclass(module = "rmb_relay._core")]
     pub struct WsDecoder {
-        /// borrowed by the tunnel connector's native path (`tunnel_connector.rs`)
+        /// borrowed by Rust callers that decode a client's frames themselves
         pub(crate) inner: Decoder,
         scanner: Option<Py<Scanner>>,
     }

@@ -1,5 +1,5 @@
-//! Maps keyed by our own connection ids, which forward.rs, singyeong.rs and tunnel_native.rs
-//! all keep: std's `HashMap` with SipHash where a peer chooses the keys, this where we do.
+//! Maps keyed by our own connection ids, which the outboxes and several dialects keep: std's
+//! `HashMap` with SipHash where a peer chooses the keys, this where we do.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};

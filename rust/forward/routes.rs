@@ -1,7 +1,6 @@
-//! Route table: which connection holds an RMB session or an SBD public key.
-//!
-//! Sessions are `(twin, sid)` where an absent sid and an empty sid are different sessions
-//! (spec/rmb.md §1.5). Registering a key that is taken returns the displaced connection so the
+//! Route table: which connection holds an address. Two kinds of address exist: a session,
+//! `(twin, sid)`, where an absent sid and an empty sid are different sessions (spec/rmb.md
+//! §1.5), and a 32-byte public key (spec/sbd.md). Registering a key that is taken returns the displaced connection so the
 //! caller can close it; unregistering only removes a mapping that still points at the caller,
 //! so a replaced connection closing late never evicts its successor.
 //!
