@@ -27,14 +27,10 @@ pub mod http_response;
 pub mod limiter;
 pub mod records;
 pub mod singyeong;
-/// the connector's native per-request path (RequestTarget -> target request, answer -> Deliver)
-pub mod tunnel_connector;
 /// the relay's express answer: a connector's Deliver as the client's HTTP/1.1 bytes
 pub mod tunnel_express;
 /// the relay's native express table: the common tunnelled request with no Python object
 pub mod tunnel_native;
-/// the HTTP tunnel's connector messages, JSON and msgpack (wire.py's twin)
-pub mod tunnel_wire;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -55,8 +51,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     singyeong::py::register(m)?;
     crypto::py::register(m)?;
     records::py::register(m)?;
-    tunnel_wire::py::register(m)?;
-    tunnel_connector::py::register(m)?;
+    dialects::tunnel::wire::py::register(m)?;
+    dialects::tunnel::connector::py::register(m)?;
     tunnel_express::py::register(m)?;
     tunnel_native::py::register(m)?;
     Ok(())

@@ -17,7 +17,7 @@
 //! ASCII lower case may differ there).
 
 use crate::codec::http::encode_response;
-use crate::tunnel_wire::{self, FieldRef, FieldValue, HOP_BY_HOP};
+use crate::dialects::tunnel::wire::{self as tunnel_wire, FieldRef, FieldValue, HOP_BY_HOP};
 
 // TargetResponse's fields in wire.py's dataclass order (tunnel_wire::TARGET_RESPONSE)
 const REQUEST_ID: usize = 0;
@@ -196,7 +196,7 @@ pub mod py {
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyDict, PyList, PyString};
 
-    use crate::tunnel_wire::{encode_client_request, ClientRequestRef, Json, Msgpack};
+    use crate::dialects::tunnel::wire::{encode_client_request, ClientRequestRef, Json, Msgpack};
 
     /// The express path's request in one call: `(httpHeaders, the characters they hold for
     /// the memory budget, the RequestTarget message)` for a relay-mode request sent at once

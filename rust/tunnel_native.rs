@@ -53,7 +53,7 @@ use crate::tunnel_express::{answer, request_headers};
 use base64::Engine as _;
 
 use crate::codec::ws::{OP_BINARY, OP_TEXT};
-use crate::tunnel_wire::{
+use crate::dialects::tunnel::wire::{
     decode, encode_client_request, ClientRequestRef, FieldValue, Json, Msgpack,
 };
 
@@ -911,7 +911,7 @@ impl NativeTunnel {
 mod tests {
     use super::*;
     use crate::codec::http::StreamParser;
-    use crate::tunnel_wire::{decode, FieldValue};
+    use crate::dialects::tunnel::wire::{decode, FieldValue};
 
     fn head(raw: &[u8]) -> (RequestHead, Vec<u8>) {
         let mut p = StreamParser::new(Default::default());

@@ -1081,7 +1081,7 @@ class NativeTunnel:
     def http_answers(self) -> list[tuple[tuple[str, str], int]]: ...
     def declined(self) -> list[tuple[str, int]]: ...
 
-# ---- tunnel_connector.rs ----------------------------------------------------------------
+# ---- dialects/tunnel/connector.rs ---------------------------------------------------------
 
 @final
 class TunnelConnectorCore:
@@ -1120,4 +1120,4 @@ class TunnelConnectorCore:
     @property
     def has_output(self) -> bool: ...
 
-# ---- end tunnel_connector.rs ----------------------------------------------------------------
+# ---- end dialects/tunnel/connector.rs -----------------------------------------------------

@@ -3,3 +3,4 @@
 
 pub mod rmb;
 pub mod sbd;
+pub mod tunnel;

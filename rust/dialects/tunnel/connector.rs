@@ -15,12 +15,14 @@
 //! target over plain HTTP, and an answer whose body comes whole with its head (Content-Length
 //! up to the caller's limit). Everything else is `None` and goes through the Python path
 //! (`dialects/tunnel/connector.py`), which decodes the same message again and words any error.
-//! The codec is `tunnel_wire.rs`'s (decoder, msgpack and JSON sinks); the frames are
+//! The codec is `wire.rs`'s (decoder, msgpack and JSON sinks); the frames are
 //! `ws.rs`'s, masked as a client's must be.
 
+use crate::dialects::tunnel::wire::{
+    self as tunnel_wire, FieldRef, FieldValue, Json, Msgpack, Sink,
+};
 use crate::http_client::encode_target_request;
 use crate::http_response::{Event, ResponseParser};
-use crate::tunnel_wire::{self, FieldRef, FieldValue, Json, Msgpack, Sink};
 
 /// A `RequestTarget`'s fields the common case looks at, borrowed from either decoder's output.
 struct Common<'a> {
@@ -622,7 +624,7 @@ pub mod py {
     use crate::error::Error;
     use crate::http_response::py::{events_list, HttpResponseParser};
 
-    /// The connector's native per-request path for one websocket (`rust/tunnel_connector.rs`).
+    /// The connector's native per-request path for one websocket (`rust/dialects/tunnel/connector.rs`).
     #[pyclass(module = "rmb_relay._core")]
     pub struct TunnelConnectorCore {
         core: Core,
