@@ -940,7 +940,7 @@ class RecordBuffer:
         id order. The buffer starts over; record indexes keep counting."""
     def __len__(self) -> int: ...
 
-# ---- tunnel_wire.rs ---------------------------------------------------------------------
+# ---- dialects/tunnel/wire.rs ---------------------------------------------------------------
 
 def tunnel_encode(message: object, binary: bool) -> bytes:
     """A tunnel message (wire.py's dataclasses) as msgpack or compact JSON, byte for byte as
