@@ -9,7 +9,7 @@
 //!  ├─ EnvelopeError               RMB envelope bytes that are not a valid protobuf Envelope
 //!  ├─ SbdError                    an SBD message that breaks the SBD framing rules
 //!  ├─ SignatureError              a key or signature of the wrong shape (a wrong signature is `False`, not an error)
-//!  └─ TunnelWireError             a tunnel connector message the Rust codec does not take (wire.py decides)
+//!  └─ TunnelWireError             a malformed tunnel connector message (wire.py raises it as WireError)
 //! ```
 
 use pyo3::create_exception;
@@ -63,7 +63,7 @@ create_exception!(
     _core,
     TunnelWireError,
     CoreError,
-    "A tunnel connector message (or value) the Rust codec does not take; wire.py's own codec then accepts it or says what is wrong."
+    "A malformed tunnel connector message, or a value no message can carry; the text says what is wrong (wire.py raises it as WireError)."
 );
 
 /// Every failure the core can report. Pure-Rust code returns this; the `py` wrappers

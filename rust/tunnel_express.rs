@@ -66,11 +66,11 @@ fn encode<'a>(
 /// `data` (a connector's message) as the client's answer, or None (module docstring).
 pub fn answer(data: &[u8], binary: bool) -> Option<Answer> {
     if binary {
-        let (kind, fields) = tunnel_wire::decode_ref(data).ok()?;
+        let (kind, fields) = tunnel_wire::decode_ref(data, true).ok()?;
         if kind != "Deliver" {
             return None;
         }
-        let FieldRef::Str(request_id) = fields[REQUEST_ID] else {
+        let FieldRef::Str(request_id) = &fields[REQUEST_ID] else {
             return None;
         };
         let FieldRef::Int(status) = fields[HTTP_STATUS_CODE] else {
@@ -79,17 +79,17 @@ pub fn answer(data: &[u8], binary: bool) -> Option<Answer> {
         let FieldRef::Headers(headers) = &fields[HTTP_HEADERS] else {
             return None;
         };
-        let body: &[u8] = match fields[BODY_CONTENT] {
+        let body: &[u8] = match &fields[BODY_CONTENT] {
             FieldRef::Bytes(b) => b,
             _ if matches!(fields[BODY_SIZE], FieldRef::Int(n) if n > 0) => return None,
             _ => b"",
         };
         let pairs = headers
             .iter()
-            .flat_map(|(n, values)| values.map(move |v| (*n, v)));
+            .flat_map(|(n, values)| values.iter().map(move |v| (n.as_ref(), v.as_ref())));
         let (status, bytes) = encode(status, pairs, body)?;
         return Some(Answer {
-            request_id: request_id.to_owned(),
+            request_id: request_id.to_string(),
             status,
             bytes,
         });

@@ -943,18 +943,21 @@ class RecordBuffer:
 # ---- dialects/tunnel/wire.rs ---------------------------------------------------------------
 
 def tunnel_encode(message: object, binary: bool) -> bytes:
-    """A tunnel message (wire.py's dataclasses) as msgpack or compact JSON, byte for byte as
-    wire.py writes it; TunnelWireError for a value left to wire.py."""
+    """A tunnel message (wire.py's dataclasses) as msgpack or compact JSON, as Python's
+    msgpack and json libraries write the same fields; TunnelWireError for a field holding a
+    value no message can carry."""
 
-def tunnel_decode(data: bytes, binary: bool) -> tuple[str, tuple[Any, ...]]:
-    """(kind name, field values in dataclass order); TunnelWireError for anything left to
-    wire.py (which then accepts it or words the exact error)."""
+def tunnel_decode(data: bytes, binary: bool, expected: int = 31) -> tuple[str, tuple[Any, ...]]:
+    """(kind name, field values in dataclass order) of a message of a kind in `expected` (one
+    bit per entry of TUNNEL_KINDS); TunnelWireError saying what is wrong, naming the field."""
 
 def tunnel_request_headers(request: HttpRequest) -> dict[str, list[str]]:
     """The request's fields as `httpHeaders`: name -> values (latin-1 text), names in
     first-seen order, without TUNNEL_HOP_BY_HOP."""
 
 TUNNEL_HOP_BY_HOP: Final[tuple[str, ...]]
+#: the message kinds (invocation names) in the order of `tunnel_decode`'s bits
+TUNNEL_KINDS: Final[tuple[str, ...]]
 
 # ---- tunnel_express.rs ------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ Exception
  │   ├─ EnvelopeError              bytes that are not a valid RMB Envelope
  │   ├─ SbdError                   an SBD message breaking SBD framing
  │   ├─ SignatureError             key/signature of the wrong shape (a wrong signature is False)
- │   └─ TunnelWireError            a tunnel message the Rust codec leaves to wire.py (caught there)
+ │   └─ TunnelWireError            a malformed tunnel message (wire.py raises it as WireError)
  └─ RelayError                     raised by the Python layers
      ├─ ConfigError                a flag, env var or file the operator must fix
      ├─ HttpReject                 a request refused with an HTTP status (before any upgrade)

@@ -18,9 +18,7 @@
 //! The codec is `wire.rs`'s (decoder, msgpack and JSON sinks); the frames are
 //! `ws.rs`'s, masked as a client's must be.
 
-use crate::dialects::tunnel::wire::{
-    self as tunnel_wire, FieldRef, FieldValue, Json, Msgpack, Sink,
-};
+use crate::dialects::tunnel::wire::{self as tunnel_wire, FieldRef, Json, Msgpack, Sink};
 use crate::http_client::encode_target_request;
 use crate::http_response::{Event, ResponseParser};
 
@@ -89,7 +87,6 @@ const BODY_CONTENT: usize = 11;
 const ENABLE_TRACING: usize = 12;
 const DISCARD_CONNECTOR_RESPONSE: usize = 13;
 const EXPIRES_IN: usize = 14;
-const FIELDS: usize = 16;
 
 impl Core {
     pub fn new(
@@ -110,82 +107,35 @@ impl Core {
     /// (`decode_request_target`: no value tree, no copies of its fields); JSON goes through
     /// `decode` (its strings may need unescaping, its body base64).
     pub fn request(&self, payload: &[u8]) -> Option<Started> {
-        if self.binary {
-            let fields = tunnel_wire::decode_request_target(payload).ok()?;
-            let FieldRef::Headers(headers) = &fields[HTTP_HEADERS] else {
-                return None;
-            };
-            let pairs = headers
-                .iter()
-                .flat_map(|(n, values)| values.map(move |v| (*n, v)));
-            let str_at = |i: usize| match &fields[i] {
-                FieldRef::Str(s) => Some(*s),
-                _ => None,
-            };
-            let common = Common {
-                request_id: str_at(REQUEST_ID)?,
-                request_origin_id: str_at(REQUEST_ORIGIN_ID)?,
-                target: str_at(TARGET)?,
-                method: str_at(HTTP_METHOD)?,
-                url: str_at(URL)?,
-                acknowledge_mode: match fields[ACKNOWLEDGE_MODE] {
-                    FieldRef::Int(v) => Some(v),
-                    _ => None,
-                },
-                acknowledge_origin_id: str_at(ACKNOWLEDGE_ORIGIN_ID),
-                flagged: matches!(fields[ENABLE_TRACING], FieldRef::Bool(true))
-                    || matches!(fields[DISCARD_CONNECTOR_RESPONSE], FieldRef::Bool(true)),
-                expired: match fields[EXPIRES_IN] {
-                    FieldRef::Null => false,
-                    FieldRef::Int(left) => left <= 0,
-                    _ => true,
-                },
-                body: match &fields[BODY_CONTENT] {
-                    FieldRef::Bytes(b) => Some(b),
-                    FieldRef::Null if !matches!(fields[BODY_SIZE], FieldRef::Int(n) if n > 0) => {
-                        Some(&b""[..])
-                    }
-                    _ => None,
-                },
-            };
-            return self.start(&common, pairs);
-        }
-        let (kind, fields) = tunnel_wire::decode(payload, self.binary).ok()?;
-        if kind != "RequestTarget" || fields.len() != FIELDS {
-            return None;
-        }
-        let str_at = |i: usize| match &fields[i] {
-            FieldValue::Str(s) => Some(s.as_str()),
-            _ => None,
-        };
-        let int_at = |i: usize| match &fields[i] {
-            FieldValue::Int(v) => Some(*v),
-            _ => None,
-        };
-        let flag_at = |i: usize| matches!(&fields[i], FieldValue::Bool(true));
-        let FieldValue::Headers(headers) = &fields[HTTP_HEADERS] else {
+        let request_target = tunnel_wire::kind_bit("RequestTarget");
+        let (_, fields) = tunnel_wire::decode_kinds(payload, self.binary, request_target).ok()?;
+        let FieldRef::Headers(headers) = &fields[HTTP_HEADERS] else {
             return None;
         };
         let pairs = headers
             .iter()
-            .flat_map(|(n, values)| values.iter().map(move |v| (n.as_str(), v.as_str())));
+            .flat_map(|(n, values)| values.iter().map(move |v| (n.as_ref(), v.as_ref())));
+        let str_at = |i: usize| fields[i].as_str();
         let common = Common {
             request_id: str_at(REQUEST_ID)?,
             request_origin_id: str_at(REQUEST_ORIGIN_ID)?,
             target: str_at(TARGET)?,
             method: str_at(HTTP_METHOD)?,
             url: str_at(URL)?,
-            acknowledge_mode: int_at(ACKNOWLEDGE_MODE),
+            acknowledge_mode: fields[ACKNOWLEDGE_MODE].as_int(),
             acknowledge_origin_id: str_at(ACKNOWLEDGE_ORIGIN_ID),
-            flagged: flag_at(ENABLE_TRACING) || flag_at(DISCARD_CONNECTOR_RESPONSE),
-            expired: match &fields[EXPIRES_IN] {
-                FieldValue::Null => false,
-                FieldValue::Int(left) => *left <= 0,
+            flagged: matches!(fields[ENABLE_TRACING], FieldRef::Bool(true))
+                || matches!(fields[DISCARD_CONNECTOR_RESPONSE], FieldRef::Bool(true)),
+            expired: match fields[EXPIRES_IN] {
+                FieldRef::Null => false,
+                FieldRef::Int(left) => left <= 0,
                 _ => true,
             },
             body: match &fields[BODY_CONTENT] {
-                FieldValue::Bytes(b) => Some(b),
-                FieldValue::Null if int_at(BODY_SIZE).unwrap_or(0) <= 0 => Some(&b""[..]),
+                FieldRef::Bytes(b) => Some(b),
+                FieldRef::Null if !matches!(fields[BODY_SIZE], FieldRef::Int(n) if n > 0) => {
+                    Some(&b""[..])
+                }
                 _ => None,
             },
         };
@@ -431,36 +381,7 @@ pub fn respond(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A parsed value back as msgpack (the test messages are written as JSON).
-    pub(super) fn emit(sink: &mut Msgpack, v: &tunnel_wire::Value) {
-        use tunnel_wire::Value as V;
-        match v {
-            V::Null => sink.null(),
-            V::Bool(b) => sink.bool(*b),
-            V::Int(i) => sink.int(*i),
-            V::Float(f) => sink.float(*f),
-            V::Str(s) if s == "aGk=" => sink.body(b"hi"),
-            V::Str(s) => sink.str(s),
-            V::Bytes(b) => sink.body(b),
-            V::Array(items) => {
-                sink.begin_array(items.len());
-                for item in items {
-                    sink.element();
-                    emit(sink, item);
-                }
-                sink.end_array();
-            }
-            V::Map(entries) => {
-                sink.begin_map(entries.len());
-                for (k, item) in entries {
-                    sink.key(k);
-                    emit(sink, item);
-                }
-                sink.end_map();
-            }
-        }
-    }
+    use crate::dialects::tunnel::wire::FieldValue;
 
     fn core(binary: bool) -> Core {
         Core::new(
@@ -481,11 +402,44 @@ mod tests {
         if !binary {
             return json.into_bytes();
         }
-        // the same message as msgpack, through the shared codec's own parser and sink
-        let value = tunnel_wire::parse_json(json.as_bytes()).unwrap();
-        let mut sink = Msgpack::default();
-        emit(&mut sink, &value);
-        sink.into_bytes()
+        // the same message as msgpack
+        let (_, f) = tunnel_wire::decode(json.as_bytes(), false).unwrap();
+        let s = |i: usize| match &f[i] {
+            FieldValue::Str(s) => Some(s.as_str()),
+            _ => None,
+        };
+        let n = |i: usize| match f[i] {
+            FieldValue::Int(n) => Some(n),
+            _ => None,
+        };
+        let FieldValue::Headers(headers) = &f[HTTP_HEADERS] else {
+            panic!()
+        };
+        let FieldValue::Bytes(body) = &f[BODY_CONTENT] else {
+            panic!()
+        };
+        let r = tunnel_wire::ClientRequestRef {
+            request_id: s(0).unwrap(),
+            request_origin_id: s(1).unwrap(),
+            target: s(2).unwrap(),
+            tenant_name: s(3).unwrap(),
+            http_method: s(4).unwrap(),
+            url: s(5).unwrap(),
+            http_headers: headers,
+            acknowledge_mode: n(7).unwrap(),
+            acknowledge_origin_id: s(8),
+            original_body_size: 0,
+            body_size: 2,
+            body_content: Some(body),
+            enable_tracing: matches!(f[ENABLE_TRACING], FieldValue::Bool(true)),
+            discard_connector_response: matches!(
+                f[DISCARD_CONNECTOR_RESPONSE],
+                FieldValue::Bool(true)
+            ),
+            expires_in: n(EXPIRES_IN),
+            acknowledge_url: None,
+        };
+        tunnel_wire::encode_client_request(Msgpack::default(), &r)
     }
 
     #[test]
@@ -770,75 +724,5 @@ pub mod py {
 
     pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_class::<TunnelConnectorCore>()
-    }
-}
-
-#[cfg(test)]
-mod timing {
-    //! `cargo test --release --lib timing -- --ignored --nocapture`: where a request's
-    //! microseconds go (not run by default: timings are not assertions).
-    use super::*;
-
-    #[test]
-    #[ignore]
-    fn request_decode_timing() {
-        let mut headers = String::new();
-        for i in 0..5 {
-            headers.push_str(&format!(r#""h{i}":["v"],"#));
-        }
-        let json = format!(
-            r#"{{"target":"RequestTarget","arguments":[{{"requestId":"{a}","requestOriginId":"{b}","target":"app","tenantName":"acme","httpMethod":"POST","url":"echo","httpHeaders":{{{h}"z":["1"]}},"bodySize":0}}]}}"#,
-            a = "a".repeat(32),
-            b = "b".repeat(32),
-            h = headers
-        );
-        let data = json.as_bytes();
-        let n = 200_000;
-        let t = std::time::Instant::now();
-        for _ in 0..n {
-            std::hint::black_box(tunnel_wire::parse(std::hint::black_box(data), false).unwrap());
-        }
-        println!("parse json {:?}/msg", t.elapsed() / n);
-        let t = std::time::Instant::now();
-        for _ in 0..n {
-            std::hint::black_box(tunnel_wire::decode(std::hint::black_box(data), false).unwrap());
-        }
-        println!("decode json {:?}/msg", t.elapsed() / n);
-        let c = Core::new(
-            false,
-            &[1; 32],
-            vec![WebTarget {
-                name: "APP".into(),
-                host: "h".into(),
-                prefix: "".into(),
-            }],
-        );
-        let t = std::time::Instant::now();
-        for _ in 0..n {
-            std::hint::black_box(c.request(std::hint::black_box(data)).unwrap());
-        }
-        println!("request json {:?}/msg", t.elapsed() / n);
-        let value = tunnel_wire::parse(data, false).unwrap();
-        let mut sink = Msgpack::default();
-        tests::emit(&mut sink, &value);
-        let packed = sink.into_bytes();
-        let t = std::time::Instant::now();
-        for _ in 0..n {
-            std::hint::black_box(tunnel_wire::decode(std::hint::black_box(&packed), true).unwrap());
-        }
-        println!("decode msgpack {:?}/msg", t.elapsed() / n);
-        let t = std::time::Instant::now();
-        for _ in 0..n {
-            std::hint::black_box(
-                tunnel_wire::decode_request_target(std::hint::black_box(&packed)).unwrap(),
-            );
-        }
-        println!("decode_request_target msgpack {:?}/msg", t.elapsed() / n);
-        let c = Core::new(true, &[1; 32], c.targets.clone());
-        let t = std::time::Instant::now();
-        for _ in 0..n {
-            std::hint::black_box(c.request(std::hint::black_box(&packed)).unwrap());
-        }
-        println!("request msgpack {:?}/msg", t.elapsed() / n);
     }
 }

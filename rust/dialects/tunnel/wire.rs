@@ -1,59 +1,45 @@
-//! The HTTP tunnel's connector messages (`dialects/tunnel/wire.py`), JSON and msgpack, both
-//! directions, byte-identical to the Python encoder.
+//! The HTTP tunnel's connector messages (spec/tunnel.md, decision 2), JSON and msgpack, both
+//! directions: the one codec of the relay and the connector (`dialects/tunnel/wire.py` is its
+//! Python face).
 //!
-//! Why here: the relay and the connector spend most of their per-request CPU building and
-//! parsing these messages; the native per-request path of the relay encodes `RequestTarget`
-//! and decodes `Deliver` without touching Python objects.
+//! A message is a SignalR-shaped invocation, `{"target": NAME, "arguments": [OBJECT]}`, whose
+//! object holds RelayServer's camelCase wire fields; [`KINDS`] lists each kind's fields with
+//! their wire names, types and defaults (the order of wire.py's dataclasses). JSON travels in
+//! text frames with bodies as base64, msgpack in binary frames with bodies as bin.
 //!
-//! Byte identity with `wire.py` (checked by `tests/test_tunnel_wire_native.py`):
-//! - msgpack as `msgpack.Packer(use_bin_type=True)`: the smallest int/str/bin/map/array form,
-//!   floats as float64, bytes as bin;
-//! - JSON as `json.JSONEncoder(separators=(",", ":"))`: `ensure_ascii` escapes (everything
-//!   outside `' '..='~'`, lower-case hex, surrogate pairs), floats as Python's `repr`;
-//!   bytes fields as standard base64 text.
+//! Encoding ([`Sink`]: [`Msgpack`], [`Json`]) writes what Python's own libraries write for the
+//! same values (`msgpack.Packer(use_bin_type=True)`; `json` with compact separators and
+//! `ensure_ascii`, floats as Python's `repr`), so a message has one spelling whoever builds it.
 //!
-//! Decoding is deliberately narrower than Python's: anything this decoder does not take
-//! (a lone surrogate, an integer beyond 64 bits, `NaN`, trailing bits in base64, a UTF-8
-//! BOM, nesting deeper than `MAX_DEPTH`, ...) is a `TunnelWire` error, and `wire.py` then
-//! runs its own decoder, which either accepts the message or words the exact error. So a
-//! successful decode here always equals Python's, and error texts stay Python's.
+//! Decoding ([`decode_kinds`], [`decode_ref`]) checks the whole message, then every field of
+//! its kind, and reads in place: strings, bodies and header values are slices of the message
+//! where they can be (a JSON string with escapes and a base64 body are decoded into owned
+//! values). JSON is read by the core's JSON reader (`codec/json.rs`). A refused message gets
+//! an error that says what is wrong and names the field (`Deliver.httpStatusCode must be int,
+//! got str`): the relay sends that text back to the connector in an `Error` message.
 
+use std::borrow::Cow;
+
+use base64::alphabet;
+use base64::engine::{GeneralPurpose, GeneralPurposeConfig};
 use base64::Engine as _;
 
+use crate::codec::json;
 use crate::error::{Error, Result};
 
-/// nesting a message may have (an invocation is 4 deep: object, list, object, headers);
-/// deeper input is refused before it can exhaust the stack
+/// Nesting a message may have (an invocation is 4 deep: object, list, object, headers);
+/// deeper input is refused before it can exhaust the stack.
 pub const MAX_DEPTH: usize = 32;
+
+/// Base64 as Python's `binascii.a2b_base64(strict_mode=True)` reads it: the standard
+/// alphabet, canonical padding, and any bits after the last full byte.
+const BASE64: GeneralPurpose = GeneralPurpose::new(
+    &alphabet::STANDARD,
+    GeneralPurposeConfig::new().with_decode_allow_trailing_bits(true),
+);
 
 fn wire_err(msg: impl Into<String>) -> Error {
     Error::TunnelWire(msg.into())
-}
-
-// ---- values ---------------------------------------------------------------------------------
-
-/// A decoded JSON or msgpack value (the subset the tunnel's messages use).
-#[derive(Debug, Clone, PartialEq)]
-pub enum Value {
-    Null,
-    Bool(bool),
-    Int(i64),
-    Float(f64),
-    Str(String),
-    Bytes(Vec<u8>),
-    Array(Vec<Value>),
-    /// entries in wire order; duplicate keys are kept (lookups take the last, as a dict does)
-    Map(Vec<(String, Value)>),
-}
-
-impl Value {
-    /// The value of `key` in a map (the last one, as Python's dict keeps), else None.
-    pub fn get(&self, key: &str) -> Option<&Value> {
-        match self {
-            Value::Map(entries) => entries.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v),
-            _ => None,
-        }
-    }
 }
 
 // ---- writers --------------------------------------------------------------------------------
@@ -278,52 +264,6 @@ pub fn json_string(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
 }
 
-/// A float as Python's `repr` (what `json` writes): shortest round-trip digits, fixed notation
-/// for decimal exponents -4..=15 (always with a fractional part), else `d.ddde+XX`.
-pub fn python_float_repr(value: f64) -> String {
-    if value.is_nan() {
-        return "NaN".into();
-    }
-    if value.is_infinite() {
-        return if value > 0.0 { "Infinity" } else { "-Infinity" }.into();
-    }
-    if value == 0.0 {
-        return if value.is_sign_negative() {
-            "-0.0"
-        } else {
-            "0.0"
-        }
-        .into();
-    }
-    let sci = format!("{value:e}"); // shortest digits: "-1.2345e-7"
-    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
-    let exp: i32 = exp.parse().unwrap_or(0);
-    let (sign, mantissa) = match mantissa.strip_prefix('-') {
-        Some(rest) => ("-", rest),
-        None => ("", mantissa),
-    };
-    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
-    if (-4..16).contains(&exp) {
-        let point = exp + 1; // digits before the decimal point
-        if point <= 0 {
-            format!("{sign}0.{}{digits}", "0".repeat((-point) as usize))
-        } else if point as usize >= digits.len() {
-            format!(
-                "{sign}{digits}{}.0",
-                "0".repeat(point as usize - digits.len())
-            )
-        } else {
-            let (int, frac) = digits.split_at(point as usize);
-            format!("{sign}{int}.{frac}")
-        }
-    } else {
-        let frac = &digits[1..];
-        let dot = if frac.is_empty() { "" } else { "." };
-        let esign = if exp < 0 { '-' } else { '+' };
-        format!("{sign}{}{dot}{frac}e{esign}{:02}", &digits[..1], exp.abs())
-    }
-}
-
 impl Sink for Json {
     fn begin_map(&mut self, _len: usize) {
         self.out.push(b'{');
@@ -364,7 +304,7 @@ impl Sink for Json {
     }
     fn float(&mut self, value: f64) {
         self.out
-            .extend_from_slice(python_float_repr(value).as_bytes());
+            .extend_from_slice(json::float_repr(value).as_bytes());
     }
     fn str(&mut self, value: &str) {
         json_string(&mut self.out, value);
@@ -400,7 +340,7 @@ pub const HOP_BY_HOP: &[&str] = &[
     "expect",
 ];
 
-// ---- the RequestTarget message, from Rust data (the relay's native path) ---------------------
+// ---- the RequestTarget message, from Rust data --------------------------------------------
 
 /// The fields of a `RequestTarget` (wire.py's ClientRequest), borrowed.
 pub struct ClientRequestRef<'a> {
@@ -502,350 +442,6 @@ pub fn encode_client_request<S: Sink>(mut sink: S, r: &ClientRequestRef<'_>) -> 
     opt_str(&mut sink, r.acknowledge_url);
     sink.end_map();
     end_invocation(sink)
-}
-
-// ---- readers --------------------------------------------------------------------------------
-
-/// One msgpack value from the front of `data`; the rest is returned.
-fn msgpack_value(data: &[u8], depth: usize) -> Result<(Value, &[u8])> {
-    if depth > MAX_DEPTH {
-        return Err(wire_err("msgpack nested too deep"));
-    }
-    let (&tag, rest) = data
-        .split_first()
-        .ok_or_else(|| wire_err("msgpack truncated"))?;
-    fn take(data: &[u8], n: usize) -> Result<(&[u8], &[u8])> {
-        if data.len() < n {
-            return Err(wire_err("msgpack truncated"));
-        }
-        Ok(data.split_at(n))
-    }
-    fn be(data: &[u8], n: usize) -> Result<(u64, &[u8])> {
-        let (head, rest) = take(data, n)?;
-        Ok((
-            head.iter().fold(0u64, |acc, b| (acc << 8) | u64::from(*b)),
-            rest,
-        ))
-    }
-    fn utf8(bytes: &[u8]) -> Result<String> {
-        String::from_utf8(bytes.to_vec()).map_err(|_| wire_err("msgpack str is not UTF-8"))
-    }
-    match tag {
-        0x00..=0x7f => Ok((Value::Int(i64::from(tag)), rest)),
-        0xe0..=0xff => Ok((Value::Int(i64::from(tag as i8)), rest)),
-        0xc0 => Ok((Value::Null, rest)),
-        0xc2 => Ok((Value::Bool(false), rest)),
-        0xc3 => Ok((Value::Bool(true), rest)),
-        0xa0..=0xbf | 0xd9..=0xdb => {
-            let (len, rest) = match tag {
-                0xd9 => be(rest, 1)?,
-                0xda => be(rest, 2)?,
-                0xdb => be(rest, 4)?,
-                _ => (u64::from(tag & 0x1f), rest),
-            };
-            let (s, rest) = take(rest, len as usize)?;
-            Ok((Value::Str(utf8(s)?), rest))
-        }
-        0xc4..=0xc6 => {
-            let (len, rest) = be(rest, 1 << (tag - 0xc4))?;
-            let (b, rest) = take(rest, len as usize)?;
-            Ok((Value::Bytes(b.to_vec()), rest))
-        }
-        0xcc..=0xcf => {
-            let (v, rest) = be(rest, 1 << (tag - 0xcc))?;
-            let v = i64::try_from(v).map_err(|_| wire_err("integer beyond 64 bits"))?;
-            Ok((Value::Int(v), rest))
-        }
-        0xd0..=0xd3 => {
-            let n = 1usize << (tag - 0xd0);
-            let (v, rest) = be(rest, n)?;
-            let shift = 64 - 8 * n as u32;
-            Ok((Value::Int(((v << shift) as i64) >> shift), rest))
-        }
-        0xca => {
-            let (v, rest) = be(rest, 4)?;
-            Ok((Value::Float(f64::from(f32::from_bits(v as u32))), rest))
-        }
-        0xcb => {
-            let (v, rest) = be(rest, 8)?;
-            Ok((Value::Float(f64::from_bits(v)), rest))
-        }
-        0x90..=0x9f | 0xdc | 0xdd => {
-            let (len, mut rest) = match tag {
-                0xdc => be(rest, 2)?,
-                0xdd => be(rest, 4)?,
-                _ => (u64::from(tag & 0x0f), rest),
-            };
-            if len as usize > rest.len() {
-                return Err(wire_err("msgpack truncated"));
-            }
-            let mut items = Vec::with_capacity(len as usize);
-            for _ in 0..len {
-                let (item, after) = msgpack_value(rest, depth + 1)?;
-                items.push(item);
-                rest = after;
-            }
-            Ok((Value::Array(items), rest))
-        }
-        0x80..=0x8f | 0xde | 0xdf => {
-            let (len, mut rest) = match tag {
-                0xde => be(rest, 2)?,
-                0xdf => be(rest, 4)?,
-                _ => (u64::from(tag & 0x0f), rest),
-            };
-            if len as usize > rest.len() {
-                return Err(wire_err("msgpack truncated"));
-            }
-            let mut entries = Vec::with_capacity(len as usize);
-            for _ in 0..len {
-                let (key, after) = msgpack_value(rest, depth + 1)?;
-                let Value::Str(key) = key else {
-                    return Err(wire_err("msgpack map key is not a str"));
-                };
-                let (value, after) = msgpack_value(after, depth + 1)?;
-                entries.push((key, value));
-                rest = after;
-            }
-            Ok((Value::Map(entries), rest))
-        }
-        _ => Err(wire_err(format!("msgpack type 0x{tag:02x} not taken here"))),
-    }
-}
-
-/// A whole msgpack message (nothing may follow the value).
-pub fn parse_msgpack(data: &[u8]) -> Result<Value> {
-    let (value, rest) = msgpack_value(data, 0)?;
-    if !rest.is_empty() {
-        return Err(wire_err("msgpack: extra data"));
-    }
-    Ok(value)
-}
-
-struct JsonReader<'a> {
-    data: &'a [u8],
-    pos: usize,
-}
-
-impl JsonReader<'_> {
-    fn skip_ws(&mut self) {
-        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.data.get(self.pos) {
-            self.pos += 1;
-        }
-    }
-
-    fn eat(&mut self, lit: &[u8]) -> bool {
-        if self.data[self.pos..].starts_with(lit) {
-            self.pos += lit.len();
-            true
-        } else {
-            false
-        }
-    }
-
-    fn value(&mut self, depth: usize) -> Result<Value> {
-        if depth > MAX_DEPTH {
-            return Err(wire_err("JSON nested too deep"));
-        }
-        self.skip_ws();
-        match self.data.get(self.pos) {
-            Some(b'{') => {
-                self.pos += 1;
-                let mut entries = Vec::new();
-                self.skip_ws();
-                if self.eat(b"}") {
-                    return Ok(Value::Map(entries));
-                }
-                loop {
-                    self.skip_ws();
-                    if self.data.get(self.pos) != Some(&b'"') {
-                        return Err(wire_err("JSON: expected a key"));
-                    }
-                    let key = self.string()?;
-                    self.skip_ws();
-                    if !self.eat(b":") {
-                        return Err(wire_err("JSON: expected ':'"));
-                    }
-                    let value = self.value(depth + 1)?;
-                    entries.push((key, value));
-                    self.skip_ws();
-                    if self.eat(b",") {
-                        continue;
-                    }
-                    if self.eat(b"}") {
-                        return Ok(Value::Map(entries));
-                    }
-                    return Err(wire_err("JSON: expected ',' or '}'"));
-                }
-            }
-            Some(b'[') => {
-                self.pos += 1;
-                let mut items = Vec::new();
-                self.skip_ws();
-                if self.eat(b"]") {
-                    return Ok(Value::Array(items));
-                }
-                loop {
-                    items.push(self.value(depth + 1)?);
-                    self.skip_ws();
-                    if self.eat(b",") {
-                        continue;
-                    }
-                    if self.eat(b"]") {
-                        return Ok(Value::Array(items));
-                    }
-                    return Err(wire_err("JSON: expected ',' or ']'"));
-                }
-            }
-            Some(b'"') => Ok(Value::Str(self.string()?)),
-            Some(b't') if self.eat(b"true") => Ok(Value::Bool(true)),
-            Some(b'f') if self.eat(b"false") => Ok(Value::Bool(false)),
-            Some(b'n') if self.eat(b"null") => Ok(Value::Null),
-            Some(b'-' | b'0'..=b'9') => self.number(),
-            _ => Err(wire_err("JSON: unexpected input")),
-        }
-    }
-
-    fn number(&mut self) -> Result<Value> {
-        // the grammar Python's scanner accepts: -?(0|[1-9]\d*)(\.\d+)?([eE][-+]?\d+)?
-        let start = self.pos;
-        let d = self.data;
-        let digits = |pos: &mut usize| {
-            let from = *pos;
-            while d.get(*pos).is_some_and(u8::is_ascii_digit) {
-                *pos += 1;
-            }
-            *pos - from
-        };
-        let mut pos = self.pos;
-        if d.get(pos) == Some(&b'-') {
-            pos += 1;
-        }
-        if d.get(pos) == Some(&b'0') {
-            pos += 1;
-        } else if digits(&mut pos) == 0 {
-            return Err(wire_err("JSON: bad number"));
-        }
-        let mut float = false;
-        if d.get(pos) == Some(&b'.') && d.get(pos + 1).is_some_and(u8::is_ascii_digit) {
-            pos += 1;
-            digits(&mut pos);
-            float = true;
-        }
-        if let Some(b'e' | b'E') = d.get(pos) {
-            let mut p = pos + 1;
-            if let Some(b'+' | b'-') = d.get(p) {
-                p += 1;
-            }
-            if digits(&mut p) > 0 {
-                pos = p;
-                float = true;
-            }
-        }
-        self.pos = pos;
-        let text = std::str::from_utf8(&d[start..pos]).map_err(|_| wire_err("JSON: bad number"))?;
-        if float {
-            let v: f64 = text.parse().map_err(|_| wire_err("JSON: bad number"))?;
-            if !v.is_finite() {
-                return Err(wire_err("JSON: float out of range"));
-            }
-            Ok(Value::Float(v))
-        } else {
-            text.parse::<i64>()
-                .map(Value::Int)
-                .map_err(|_| wire_err("integer beyond 64 bits"))
-        }
-    }
-
-    fn hex4(&mut self) -> Result<u16> {
-        let h = self
-            .data
-            .get(self.pos..self.pos + 4)
-            .ok_or_else(|| wire_err("JSON: bad \\u escape"))?;
-        let text = std::str::from_utf8(h).map_err(|_| wire_err("JSON: bad \\u escape"))?;
-        if !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(wire_err("JSON: bad \\u escape"));
-        }
-        self.pos += 4;
-        u16::from_str_radix(text, 16).map_err(|_| wire_err("JSON: bad \\u escape"))
-    }
-
-    fn string(&mut self) -> Result<String> {
-        self.pos += 1; // the opening quote
-        let mut out = String::new();
-        loop {
-            let from = self.pos;
-            while let Some(&b) = self.data.get(self.pos) {
-                if b == b'"' || b == b'\\' || b < 0x20 {
-                    break;
-                }
-                self.pos += 1;
-            }
-            let chunk = std::str::from_utf8(&self.data[from..self.pos])
-                .map_err(|_| wire_err("JSON is not UTF-8"))?;
-            out.push_str(chunk);
-            match self.data.get(self.pos) {
-                Some(b'"') => {
-                    self.pos += 1;
-                    return Ok(out);
-                }
-                Some(b'\\') => {
-                    self.pos += 1;
-                    let esc = *self
-                        .data
-                        .get(self.pos)
-                        .ok_or_else(|| wire_err("JSON: unterminated string"))?;
-                    self.pos += 1;
-                    match esc {
-                        b'"' => out.push('"'),
-                        b'\\' => out.push('\\'),
-                        b'/' => out.push('/'),
-                        b'b' => out.push('\u{8}'),
-                        b'f' => out.push('\u{c}'),
-                        b'n' => out.push('\n'),
-                        b'r' => out.push('\r'),
-                        b't' => out.push('\t'),
-                        b'u' => {
-                            let unit = self.hex4()?;
-                            let ch = if (0xd800..0xdc00).contains(&unit) && self.eat(b"\\u") {
-                                let low = self.hex4()?;
-                                if !(0xdc00..0xe000).contains(&low) {
-                                    return Err(wire_err("JSON: lone surrogate"));
-                                }
-                                let c = 0x10000
-                                    + ((u32::from(unit) - 0xd800) << 10)
-                                    + (u32::from(low) - 0xdc00);
-                                char::from_u32(c)
-                            } else {
-                                char::from_u32(u32::from(unit))
-                            };
-                            out.push(ch.ok_or_else(|| wire_err("JSON: lone surrogate"))?);
-                        }
-                        _ => return Err(wire_err("JSON: bad escape")),
-                    }
-                }
-                _ => return Err(wire_err("JSON: unterminated string or control character")),
-            }
-        }
-    }
-}
-
-/// A whole JSON message (UTF-8, no BOM; whitespace around the value only).
-pub fn parse_json(data: &[u8]) -> Result<Value> {
-    let mut reader = JsonReader { data, pos: 0 };
-    let value = reader.value(0)?;
-    reader.skip_ws();
-    if reader.pos != data.len() {
-        return Err(wire_err("JSON: extra data"));
-    }
-    Ok(value)
-}
-
-pub fn parse(data: &[u8], binary: bool) -> Result<Value> {
-    if binary {
-        parse_msgpack(data)
-    } else {
-        parse_json(data)
-    }
 }
 
 // ---- message kinds (wire.py's dataclasses, field by field) ----------------------------------
@@ -1065,7 +661,50 @@ pub const KINDS: &[(&str, &[FieldSpec])] = &[
     ("Error", ERROR_MESSAGE),
 ];
 
-/// A field's decoded value, checked against its kind (wire.py's `_check` rules).
+/// The most fields a kind has ([`CLIENT_REQUEST`]'s).
+const MAX_FIELDS: usize = 16;
+
+/// A set of message kinds, one bit per entry of [`KINDS`], in its order.
+pub type KindSet = u8;
+/// Every kind.
+pub const ALL_KINDS: KindSet = (1 << KINDS.len()) - 1;
+
+/// The bit of kind `name` in a [`KindSet`] (0 for a name that is no kind).
+pub fn kind_bit(name: &str) -> KindSet {
+    KINDS
+        .iter()
+        .position(|(k, _)| *k == name)
+        .map_or(0, |i| 1 << i)
+}
+
+impl Kind {
+    /// The Python type a field of this kind holds (for error texts).
+    fn py_name(self) -> &'static str {
+        match self {
+            K::Str => "str",
+            K::Int => "int",
+            K::Bool => "bool",
+            K::Float => "float",
+            K::Bytes => "bytes",
+            K::Headers => "Headers",
+        }
+    }
+}
+
+/// A checked field of a decoded message, read in place where it can be.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FieldRef<'a> {
+    Null,
+    Str(Cow<'a, str>),
+    Int(i64),
+    Bool(bool),
+    Float(f64),
+    Bytes(Cow<'a, [u8]>),
+    /// names in first-seen order, each with its (last) list of values: a dict of lists
+    Headers(Vec<(Cow<'a, str>, Vec<Cow<'a, str>>)>),
+}
+
+/// A field's value, owned (what [`decode`] gives).
 #[derive(Debug, Clone, PartialEq)]
 pub enum FieldValue {
     Null,
@@ -1078,77 +717,369 @@ pub enum FieldValue {
     Headers(Vec<(String, Vec<String>)>),
 }
 
-fn check(spec: &FieldSpec, value: Option<&Value>, binary: bool) -> Result<FieldValue> {
-    let Some(value) = value else {
-        return match spec.absent {
-            D::Required => Err(wire_err(format!("{} is missing", spec.wire))),
-            D::Null => Ok(FieldValue::Null),
-            D::Int(v) => Ok(FieldValue::Int(v)),
-            D::Bool(v) => Ok(FieldValue::Bool(v)),
-            D::Float(v) => Ok(FieldValue::Float(v)),
-            D::EmptyHeaders => Ok(FieldValue::Headers(Vec::new())),
-        };
-    };
-    let bad = || wire_err(format!("{} has the wrong type", spec.wire));
-    match (spec.kind, value) {
-        (_, Value::Null) if spec.optional => Ok(FieldValue::Null),
-        (K::Str, Value::Str(s)) => Ok(FieldValue::Str(s.clone())),
-        (K::Int, Value::Int(v)) => Ok(FieldValue::Int(*v)),
-        (K::Bool, Value::Bool(v)) => Ok(FieldValue::Bool(*v)),
-        (K::Float, Value::Float(v)) => Ok(FieldValue::Float(*v)),
-        (K::Float, Value::Int(v)) => Ok(FieldValue::Float(*v as f64)),
-        (K::Bytes, Value::Bytes(b)) if binary => Ok(FieldValue::Bytes(b.clone())),
-        (K::Bytes, Value::Str(s)) if !binary => base64::engine::general_purpose::STANDARD
-            .decode(s)
-            .map(FieldValue::Bytes)
-            .map_err(|_| wire_err(format!("{} is not valid base64", spec.wire))),
-        (K::Headers, Value::Map(entries)) => {
-            let mut headers: Vec<(String, Vec<String>)> = Vec::with_capacity(entries.len());
-            for (name, values) in entries {
-                let Value::Array(items) = values else {
-                    return Err(bad());
-                };
-                let mut list = Vec::with_capacity(items.len());
-                for item in items {
-                    let Value::Str(s) = item else {
-                        return Err(bad());
-                    };
-                    list.push(s.clone());
-                }
-                match headers.iter_mut().find(|(n, _)| n == name) {
-                    Some(slot) => slot.1 = list,
-                    None => headers.push((name.clone(), list)),
-                }
-            }
-            Ok(FieldValue::Headers(headers))
+impl FieldRef<'_> {
+    /// The owned value.
+    pub fn to_owned_value(&self) -> FieldValue {
+        match self {
+            FieldRef::Null => FieldValue::Null,
+            FieldRef::Str(s) => FieldValue::Str(s.to_string()),
+            FieldRef::Int(v) => FieldValue::Int(*v),
+            FieldRef::Bool(v) => FieldValue::Bool(*v),
+            FieldRef::Float(v) => FieldValue::Float(*v),
+            FieldRef::Bytes(b) => FieldValue::Bytes(b.to_vec()),
+            FieldRef::Headers(h) => FieldValue::Headers(
+                h.iter()
+                    .map(|(n, v)| (n.to_string(), v.iter().map(|s| s.to_string()).collect()))
+                    .collect(),
+            ),
         }
-        _ => Err(bad()),
+    }
+
+    /// A str field's text (None for any other value).
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            FieldRef::Str(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// An int field's value (None for any other value).
+    pub fn as_int(&self) -> Option<i64> {
+        match self {
+            FieldRef::Int(v) => Some(*v),
+            _ => None,
+        }
     }
 }
 
-/// One message: its kind's name and its fields in wire.py's dataclass order.
+/// A value as the checks see it, in either format; `H` is the format's handle to a value.
+enum View<'a, H> {
+    Null,
+    Bool(bool),
+    Int(i64),
+    /// an integer beyond i64, as its nearest float
+    BigInt(f64),
+    Float(f64),
+    Str(Cow<'a, str>),
+    /// a JSON string that is not valid Unicode (a lone surrogate escape)
+    BadStr,
+    Bytes(&'a [u8]),
+    Array(Vec<H>),
+    /// members in order; None for a key that is not valid Unicode
+    Map(Vec<(Option<Cow<'a, str>>, H)>),
+}
+
+impl<H> View<'_, H> {
+    /// The Python type the value decodes to (for error texts).
+    fn py_type(&self) -> &'static str {
+        match self {
+            View::Null => "NoneType",
+            View::Bool(_) => "bool",
+            View::Int(_) | View::BigInt(_) => "int",
+            View::Float(_) => "float",
+            View::Str(_) | View::BadStr => "str",
+            View::Bytes(_) => "bytes",
+            View::Array(_) => "list",
+            View::Map(_) => "dict",
+        }
+    }
+
+    /// Python's `repr` of a scalar, the type for a container (the unknown-target error).
+    fn py_repr(&self) -> String {
+        match self {
+            View::Null => "None".into(),
+            View::Bool(b) => if *b { "True" } else { "False" }.into(),
+            View::Int(v) => v.to_string(),
+            View::Float(v) | View::BigInt(v) => json::float_repr(*v),
+            View::Str(s) => str_repr(s),
+            other => format!("a {}", other.py_type()),
+        }
+    }
+}
+
+/// Python's `repr` of a str: single quotes unless it holds one and no double quote,
+/// backslash escapes for the quote, the backslash and control characters.
+fn str_repr(s: &str) -> String {
+    let quote = if s.contains('\'') && !s.contains('"') {
+        '"'
+    } else {
+        '\''
+    };
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push(quote);
+    for c in s.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c == quote => {
+                out.push('\\');
+                out.push(c);
+            }
+            c if (c as u32) < 0x20 || c == '\x7f' => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push(quote);
+    out
+}
+
+/// One message's values in one format, checked whole before any is viewed.
+trait Values<'a> {
+    type Handle: Copy;
+    fn view(&self, at: Self::Handle) -> View<'a, Self::Handle>;
+}
+
+/// A msgpack message; a handle is the bytes from a value's first byte on.
+struct MsgpackValues;
+
+impl<'a> Values<'a> for MsgpackValues {
+    type Handle = &'a [u8];
+
+    fn view(&self, at: &'a [u8]) -> View<'a, &'a [u8]> {
+        // the whole message was walked and checked (`mp_skip`): read again without checks
+        let Ok((raw, _)) = mp_head_known(at) else {
+            return View::Null; // not reached
+        };
+        match raw {
+            Raw::Null => View::Null,
+            Raw::Bool(b) => View::Bool(b),
+            Raw::Int(v) => View::Int(v),
+            Raw::BigInt(v) => View::BigInt(v as f64),
+            Raw::Float(v) => View::Float(v),
+            Raw::Str(s) => View::Str(Cow::Borrowed(s)),
+            Raw::Bytes(b) => View::Bytes(b),
+            Raw::Array(n, mut rest) => {
+                let mut items = Vec::with_capacity(n);
+                for _ in 0..n {
+                    items.push(rest);
+                    rest = mp_skip_as::<false>(rest, 0).unwrap_or_default();
+                }
+                View::Array(items)
+            }
+            Raw::Map(n, mut rest) => {
+                let mut members = Vec::with_capacity(n);
+                for _ in 0..n {
+                    let Ok((key, value)) = mp_key_as::<false>(rest, 0) else {
+                        break; // not reached
+                    };
+                    members.push((Some(Cow::Borrowed(key)), value));
+                    rest = mp_skip_as::<false>(value, 0).unwrap_or_default();
+                }
+                View::Map(members)
+            }
+        }
+    }
+}
+
+/// A JSON message, read by `codec/json.rs`; a handle is a value's span.
+struct JsonValues<'a> {
+    reader: json::Reader<'a>,
+}
+
+impl<'a> Values<'a> for JsonValues<'a> {
+    type Handle = json::Span;
+
+    fn view(&self, at: json::Span) -> View<'a, json::Span> {
+        let r = &self.reader;
+        match at.kind {
+            json::Kind::Null => View::Null,
+            json::Kind::True => View::Bool(true),
+            json::Kind::False => View::Bool(false),
+            json::Kind::Int => match json::parse_i64(r, at) {
+                Some(v) => View::Int(v),
+                None => View::BigInt(json::parse_f64(r.slice(at))),
+            },
+            json::Kind::Float => View::Float(json::parse_f64(r.slice(at))),
+            json::Kind::Str => json::decode_str(r, at).map_or(View::BadStr, View::Str),
+            json::Kind::Arr => View::Array(r.elements(at)),
+            json::Kind::Obj => View::Map(
+                r.members(at)
+                    .into_iter()
+                    .map(|(key, value)| (json::decode_str(r, key), value))
+                    .collect(),
+            ),
+        }
+    }
+}
+
+/// One message of a kind in `expected`: the kind's name and its fields in [`KINDS`] order,
+/// read in place (see the module docs); an error whose text says what is wrong.
+pub fn decode_kinds(
+    data: &[u8],
+    binary: bool,
+    expected: KindSet,
+) -> Result<(&'static str, Vec<FieldRef<'_>>)> {
+    if binary {
+        if !mp_skip(data, 0)?.is_empty() {
+            return Err(mp_err("extra data after the message"));
+        }
+        return read_message(&MsgpackValues, data, binary, expected);
+    }
+    // a UTF-8 byte order mark first, as Python's `json.loads` takes it
+    let text = data.strip_prefix(b"\xef\xbb\xbf").unwrap_or(data);
+    let (reader, top) = json::document_within(text, MAX_DEPTH)
+        .map_err(|err| wire_err(format!("not JSON: {} at byte {}", err.what, err.at)))?;
+    read_message(&JsonValues { reader }, top, binary, expected)
+}
+
+/// [`decode_kinds`] for any kind.
+pub fn decode_ref(data: &[u8], binary: bool) -> Result<(&'static str, Vec<FieldRef<'_>>)> {
+    decode_kinds(data, binary, ALL_KINDS)
+}
+
+/// [`decode_ref`] with owned values.
 pub fn decode(data: &[u8], binary: bool) -> Result<(&'static str, Vec<FieldValue>)> {
-    let invocation = parse(data, binary)?;
-    let Some(Value::Str(name)) = invocation.get("target") else {
-        return Err(wire_err("no message target"));
+    let (kind, fields) = decode_ref(data, binary)?;
+    Ok((kind, fields.iter().map(FieldRef::to_owned_value).collect()))
+}
+
+fn read_message<'a, V: Values<'a>>(
+    values: &V,
+    top: V::Handle,
+    binary: bool,
+    expected: KindSet,
+) -> Result<(&'static str, Vec<FieldRef<'a>>)> {
+    let View::Map(members) = values.view(top) else {
+        return Err(wire_err(
+            r#"a message must be an object {"target": ..., "arguments": [...]}"#,
+        ));
     };
-    let Some(&(kind, specs)) = KINDS.iter().find(|(k, _)| k == name) else {
-        return Err(wire_err(format!("unknown message target {name:?}")));
+    let (mut target, mut arguments) = (None, None);
+    for (key, value) in members {
+        match key.as_deref() {
+            Some("target") => target = Some(value),
+            Some("arguments") => arguments = Some(value),
+            _ => {}
+        }
+    }
+    let name = target.map(|at| values.view(at));
+    let index = match &name {
+        Some(View::Str(name)) => KINDS
+            .iter()
+            .position(|(k, _)| k == name)
+            .filter(|i| expected & (1 << i) != 0),
+        _ => None,
     };
-    let Some(Value::Array(arguments)) = invocation.get("arguments") else {
-        return Err(wire_err("arguments must be a list of one object"));
+    let Some(index) = index else {
+        let names: Vec<&str> = KINDS
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| expected & (1 << i) != 0)
+            .map(|(_, (k, _))| *k)
+            .collect();
+        return Err(wire_err(format!(
+            "unknown message target {} (expected {})",
+            name.map_or_else(|| "None".into(), |n| n.py_repr()),
+            names.join(", ")
+        )));
     };
-    let [argument @ Value::Map(_)] = arguments.as_slice() else {
-        return Err(wire_err("arguments must be a list of one object"));
+    let (kind, specs) = KINDS[index];
+    let argument = match arguments.map(|at| values.view(at)) {
+        Some(View::Array(items)) if items.len() == 1 => items[0],
+        _ => {
+            return Err(wire_err(format!(
+                "{kind}: arguments must be a list of one object"
+            )))
+        }
     };
+    let View::Map(members) = values.view(argument) else {
+        return Err(wire_err(format!("{kind}: the argument must be an object")));
+    };
+    let mut found: [Option<V::Handle>; MAX_FIELDS] = [None; MAX_FIELDS];
+    for (key, value) in members {
+        if let Some(i) = key.and_then(|k| specs.iter().position(|s| s.wire == k)) {
+            found[i] = Some(value); // a repeated key: the last one counts, as in a dict
+        }
+    }
     let fields = specs
         .iter()
-        .map(|spec| check(spec, argument.get(spec.wire), binary))
+        .zip(found)
+        .map(|(spec, value)| check(values, kind, spec, value, binary))
         .collect::<Result<Vec<_>>>()?;
     Ok((kind, fields))
 }
 
-// ---- the connector's borrowing decoder (msgpack RequestTarget) ------------------------------
+/// A field's value checked against its spec.
+fn check<'a, V: Values<'a>>(
+    values: &V,
+    kind: &str,
+    spec: &FieldSpec,
+    value: Option<V::Handle>,
+    binary: bool,
+) -> Result<FieldRef<'a>> {
+    let err = |what: &str| wire_err(format!("{kind}.{} {what}", spec.wire));
+    let Some(value) = value else {
+        return match spec.absent {
+            D::Required => Err(err("is missing")),
+            D::Null => Ok(FieldRef::Null),
+            D::Int(v) => Ok(FieldRef::Int(v)),
+            D::Bool(v) => Ok(FieldRef::Bool(v)),
+            D::Float(v) => Ok(FieldRef::Float(v)),
+            D::EmptyHeaders => Ok(FieldRef::Headers(Vec::new())),
+        };
+    };
+    const HEADERS: &str = "must map header names to lists of strings";
+    Ok(match (spec.kind, values.view(value)) {
+        (_, View::Null) if spec.optional => FieldRef::Null,
+        (_, View::Null) => return Err(err("must not be null")),
+        (K::Str, View::Str(s)) => FieldRef::Str(s),
+        (K::Str, View::BadStr) => return Err(err("is not valid Unicode")),
+        (K::Int, View::Int(v)) => FieldRef::Int(v),
+        (K::Int, View::BigInt(_)) => return Err(err("is out of range")),
+        (K::Bool, View::Bool(v)) => FieldRef::Bool(v),
+        (K::Float, View::Float(v) | View::BigInt(v)) => FieldRef::Float(v),
+        (K::Float, View::Int(v)) => FieldRef::Float(v as f64),
+        (K::Bytes, View::Bytes(b)) if binary => FieldRef::Bytes(Cow::Borrowed(b)),
+        (K::Bytes, View::Str(s)) if !binary => match BASE64.decode(s.as_bytes()) {
+            Ok(body) => FieldRef::Bytes(Cow::Owned(body)),
+            Err(_) => return Err(err("is not valid base64")),
+        },
+        (K::Bytes, View::BadStr) if !binary => return Err(err("is not valid base64")),
+        (K::Headers, View::Map(members)) => headers(values, members).ok_or_else(|| err(HEADERS))?,
+        (K::Headers, _) => return Err(err(HEADERS)),
+        (_, view) => {
+            return Err(err(&format!(
+                "must be {}, got {}",
+                spec.kind.py_name(),
+                view.py_type()
+            )))
+        }
+    })
+}
+
+/// A headers field: every name a str, every value a list of strs (None otherwise).
+fn headers<'a, V: Values<'a>>(
+    values: &V,
+    members: Vec<(Option<Cow<'a, str>>, V::Handle)>,
+) -> Option<FieldRef<'a>> {
+    let mut out: Vec<(Cow<'a, str>, Vec<Cow<'a, str>>)> = Vec::with_capacity(members.len());
+    for (name, list) in members {
+        let name = name?;
+        let View::Array(items) = values.view(list) else {
+            return None;
+        };
+        let mut texts = Vec::with_capacity(items.len());
+        for item in items {
+            let View::Str(text) = values.view(item) else {
+                return None;
+            };
+            texts.push(text);
+        }
+        match out.iter_mut().find(|(n, _)| *n == name) {
+            Some(slot) => slot.1 = texts,
+            None => out.push((name, texts)),
+        }
+    }
+    Some(FieldRef::Headers(out))
+}
+
+// ---- msgpack, read in place -----------------------------------------------------------------
+
+fn mp_err(what: &str) -> Error {
+    wire_err(format!("not msgpack: {what}"))
+}
 
 /// One msgpack item as its head shows it: scalars whole, strings and binaries as slices of
 /// the message, containers as their length and the bytes after their head.
@@ -1157,6 +1088,8 @@ enum Raw<'a> {
     Null,
     Bool(bool),
     Int(i64),
+    /// a uint 64 beyond i64
+    BigInt(u64),
     Float(f64),
     Str(&'a str),
     Bytes(&'a [u8]),
@@ -1166,7 +1099,7 @@ enum Raw<'a> {
 
 fn mp_take(data: &[u8], n: usize) -> Result<(&[u8], &[u8])> {
     if data.len() < n {
-        return Err(wire_err("msgpack truncated"));
+        return Err(mp_err("truncated"));
     }
     Ok(data.split_at(n))
 }
@@ -1179,17 +1112,10 @@ fn mp_be(data: &[u8], n: usize) -> Result<(u64, &[u8])> {
     ))
 }
 
-/// The head of the item at the front of `data` and what follows it (for a container, its
-/// items); the same checks as `msgpack_value` makes at this level.
-fn mp_head(data: &[u8]) -> Result<(Raw<'_>, &[u8])> {
-    mp_head_as::<true>(data)
-}
-
 /// `mp_head` on bytes a checking walk (`mp_skip`) went over already: its strs are not
-/// validated as UTF-8 again. Why: `decode_ref` walks a message's fields up to four times
-/// (structure, field slices, header types, header values), and validating every str each
-/// time was the largest part of decoding a request in the connector (perf: `from_utf8`
-/// 3.6% of its CPU). Only for slices of a message `mp_skip` accepted whole.
+/// validated as UTF-8 again (validating each str every time a message is viewed was the
+/// largest part of decoding a request in the connector). Only for slices of a message
+/// `mp_skip` accepted whole.
 fn mp_head_known(data: &[u8]) -> Result<(Raw<'_>, &[u8])> {
     mp_head_as::<false>(data)
 }
@@ -1202,14 +1128,14 @@ fn mp_utf8(s: &[u8]) -> Result<&str> {
         // SAFETY: ASCII is UTF-8
         return Ok(unsafe { std::str::from_utf8_unchecked(s) });
     }
-    std::str::from_utf8(s).map_err(|_| wire_err("msgpack str is not UTF-8"))
+    std::str::from_utf8(s).map_err(|_| mp_err("a str is not UTF-8"))
 }
 
+/// The head of the item at the front of `data` and what follows it (for a container, its
+/// items); with `VALIDATE`, its strs are checked UTF-8.
 #[inline(always)]
 fn mp_head_as<const VALIDATE: bool>(data: &[u8]) -> Result<(Raw<'_>, &[u8])> {
-    let (&tag, rest) = data
-        .split_first()
-        .ok_or_else(|| wire_err("msgpack truncated"))?;
+    let (&tag, rest) = data.split_first().ok_or_else(|| mp_err("truncated"))?;
     Ok(match tag {
         0x00..=0x7f => (Raw::Int(i64::from(tag)), rest),
         0xe0..=0xff => (Raw::Int(i64::from(tag as i8)), rest),
@@ -1240,8 +1166,10 @@ fn mp_head_as<const VALIDATE: bool>(data: &[u8]) -> Result<(Raw<'_>, &[u8])> {
         }
         0xcc..=0xcf => {
             let (v, rest) = mp_be(rest, 1 << (tag - 0xcc))?;
-            let v = i64::try_from(v).map_err(|_| wire_err("integer beyond 64 bits"))?;
-            (Raw::Int(v), rest)
+            match i64::try_from(v) {
+                Ok(v) => (Raw::Int(v), rest),
+                Err(_) => (Raw::BigInt(v), rest),
+            }
         }
         0xd0..=0xd3 => {
             let n = 1usize << (tag - 0xd0);
@@ -1265,7 +1193,7 @@ fn mp_head_as<const VALIDATE: bool>(data: &[u8]) -> Result<(Raw<'_>, &[u8])> {
                 _ => (u64::from(tag & 0x0f), rest),
             };
             if len as usize > rest.len() {
-                return Err(wire_err("msgpack truncated"));
+                return Err(mp_err("truncated"));
             }
             if map {
                 (Raw::Map(len as usize, rest), rest)
@@ -1273,38 +1201,31 @@ fn mp_head_as<const VALIDATE: bool>(data: &[u8]) -> Result<(Raw<'_>, &[u8])> {
                 (Raw::Array(len as usize, rest), rest)
             }
         }
-        _ => return Err(wire_err(format!("msgpack type 0x{tag:02x} not taken here"))),
+        _ => return Err(mp_err(&format!("type 0x{tag:02x} is not used here"))),
     })
 }
 
-/// A map key at `depth`: a str, checked as `msgpack_value` checks it.
-fn mp_key(data: &[u8], depth: usize) -> Result<(&str, &[u8])> {
-    mp_key_as::<true>(data, depth)
-}
-
-/// `mp_key` (`VALIDATE`) or, on bytes a checking walk accepted, its `mp_head_known` twin.
+/// A map key at `depth`: a str (`VALIDATE`: checked UTF-8).
 fn mp_key_as<const VALIDATE: bool>(data: &[u8], depth: usize) -> Result<(&str, &[u8])> {
     if depth > MAX_DEPTH {
-        return Err(wire_err("msgpack nested too deep"));
+        return Err(mp_err("nested too deeply"));
     }
     match mp_head_as::<VALIDATE>(data)? {
         (Raw::Str(key), rest) => Ok((key, rest)),
-        // refused, as `msgpack_value` refuses it (after walking it: an error either way)
-        _ => Err(wire_err("msgpack map key is not a str")),
+        _ => Err(mp_err("a map key is not a str")),
     }
 }
 
-/// Past the item at the front of `data`, checking it as `msgpack_value` would, without
-/// building it.
+/// Past the item at the front of `data`, checking it whole (its strs UTF-8, its map keys
+/// strs, its nesting within [`MAX_DEPTH`]) without building it.
 fn mp_skip(data: &[u8], depth: usize) -> Result<&[u8]> {
     mp_skip_as::<true>(data, depth)
 }
 
-/// `mp_skip` (`VALIDATE`) or, on bytes a checking walk accepted, past an item without
-/// validating its strs again (`mp_head_known`).
+/// `mp_skip`, or (not `VALIDATE`) past an item a checking walk accepted.
 fn mp_skip_as<const VALIDATE: bool>(data: &[u8], depth: usize) -> Result<&[u8]> {
     if depth > MAX_DEPTH {
-        return Err(wire_err("msgpack nested too deep"));
+        return Err(mp_err("nested too deeply"));
     }
     let (raw, mut rest) = mp_head_as::<VALIDATE>(data)?;
     match raw {
@@ -1322,228 +1243,6 @@ fn mp_skip_as<const VALIDATE: bool>(data: &[u8], depth: usize) -> Result<&[u8]> 
         _ => {}
     }
     Ok(rest)
-}
-
-/// A checked field of a borrowed `RequestTarget` (`FieldValue` without the copies).
-#[derive(Debug, Clone, PartialEq)]
-pub enum FieldRef<'a> {
-    Null,
-    Str(&'a str),
-    Int(i64),
-    Bool(bool),
-    Float(f64),
-    Bytes(&'a [u8]),
-    /// names in first-seen order, each with its (last) array of values, as checked strs
-    Headers(Vec<(&'a str, HeaderValues<'a>)>),
-}
-
-/// A header's values: a checked msgpack array of strs, read in place.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HeaderValues<'a> {
-    len: usize,
-    items: &'a [u8],
-}
-
-impl<'a> Iterator for HeaderValues<'a> {
-    type Item = &'a str;
-    fn next(&mut self) -> Option<&'a str> {
-        if self.len == 0 {
-            return None;
-        }
-        self.len -= 1;
-        match mp_head_known(self.items) {
-            Ok((Raw::Str(s), rest)) => {
-                self.items = rest;
-                Some(s)
-            }
-            _ => None, // not reached: checked when the field was decoded
-        }
-    }
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        (self.len, Some(self.len))
-    }
-}
-
-impl ExactSizeIterator for HeaderValues<'_> {}
-
-impl FieldRef<'_> {
-    /// The owned value `decode` gives (for tests and the Python path).
-    pub fn to_owned_value(&self) -> FieldValue {
-        match self {
-            FieldRef::Null => FieldValue::Null,
-            FieldRef::Str(s) => FieldValue::Str((*s).to_owned()),
-            FieldRef::Int(v) => FieldValue::Int(*v),
-            FieldRef::Bool(v) => FieldValue::Bool(*v),
-            FieldRef::Float(v) => FieldValue::Float(*v),
-            FieldRef::Bytes(b) => FieldValue::Bytes(b.to_vec()),
-            FieldRef::Headers(h) => FieldValue::Headers(
-                h.iter()
-                    .map(|(n, v)| ((*n).to_owned(), v.map(str::to_owned).collect()))
-                    .collect(),
-            ),
-        }
-    }
-}
-
-/// `check` on a field's msgpack bytes (already walked, and its strs validated, by `mp_skip`).
-fn check_ref<'a>(spec: &FieldSpec, value: Option<&'a [u8]>) -> Result<FieldRef<'a>> {
-    let Some(value) = value else {
-        return match spec.absent {
-            D::Required => Err(wire_err(format!("{} is missing", spec.wire))),
-            D::Null => Ok(FieldRef::Null),
-            D::Int(v) => Ok(FieldRef::Int(v)),
-            D::Bool(v) => Ok(FieldRef::Bool(v)),
-            D::Float(v) => Ok(FieldRef::Float(v)),
-            D::EmptyHeaders => Ok(FieldRef::Headers(Vec::new())),
-        };
-    };
-    let bad = || wire_err(format!("{} has the wrong type", spec.wire));
-    let (raw, _) = mp_head_known(value)?;
-    match (spec.kind, raw) {
-        (_, Raw::Null) if spec.optional => Ok(FieldRef::Null),
-        (K::Str, Raw::Str(s)) => Ok(FieldRef::Str(s)),
-        (K::Int, Raw::Int(v)) => Ok(FieldRef::Int(v)),
-        (K::Bool, Raw::Bool(v)) => Ok(FieldRef::Bool(v)),
-        (K::Float, Raw::Float(v)) => Ok(FieldRef::Float(v)),
-        (K::Float, Raw::Int(v)) => Ok(FieldRef::Float(v as f64)),
-        (K::Bytes, Raw::Bytes(b)) => Ok(FieldRef::Bytes(b)),
-        (K::Headers, Raw::Map(len, mut rest)) => {
-            let mut headers: Vec<(&str, HeaderValues<'_>)> = Vec::with_capacity(len);
-            for _ in 0..len {
-                let (name, after) = mp_key_as::<false>(rest, 0)?;
-                let (Raw::Array(n, items), _) = mp_head_known(after)? else {
-                    return Err(bad());
-                };
-                let mut at = items;
-                for _ in 0..n {
-                    let (Raw::Str(_), next) = mp_head_known(at)? else {
-                        return Err(bad());
-                    };
-                    at = next;
-                }
-                let list = HeaderValues { len: n, items };
-                match headers.iter_mut().find(|(h, _)| *h == name) {
-                    Some(slot) => slot.1 = list,
-                    None => headers.push((name, list)),
-                }
-                rest = at;
-            }
-            Ok(FieldRef::Headers(headers))
-        }
-        _ => Err(bad()),
-    }
-}
-
-/// A msgpack message's kind and fields in wire.py's dataclass order, as slices of `data`:
-/// what `decode(data, true)` gives, without its value tree and copies; an error for every
-/// message it refuses (property tested against it).
-pub fn decode_ref(data: &[u8]) -> Result<(&'static str, Vec<FieldRef<'_>>)> {
-    let (Raw::Map(len, mut rest), _) = mp_head(data)? else {
-        mp_skip(data, 0)?;
-        return Err(wire_err("no message target"));
-    };
-    let mut target = None;
-    let mut arguments = None;
-    for _ in 0..len {
-        let (key, after) = mp_key(rest, 1)?;
-        rest = mp_skip(after, 1)?;
-        let value = &after[..after.len() - rest.len()];
-        match key {
-            "target" => target = Some(value),
-            "arguments" => arguments = Some(value),
-            _ => {}
-        }
-    }
-    if !rest.is_empty() {
-        return Err(wire_err("msgpack: extra data"));
-    }
-    // the whole message is walked and checked: what follows reads it without checking again
-    let Some(Ok((Raw::Str(name), _))) = target.map(mp_head_known) else {
-        return Err(wire_err("no message target"));
-    };
-    let Some(&(kind, specs)) = KINDS.iter().find(|(k, _)| *k == name) else {
-        return Err(wire_err(format!("unknown message target {name:?}")));
-    };
-    let one_object = || wire_err("arguments must be a list of one object");
-    let Some((Raw::Array(1, item), _)) = arguments.map(mp_head_known).transpose()? else {
-        return Err(one_object());
-    };
-    let (Raw::Map(len, mut rest), _) = mp_head_known(item)? else {
-        return Err(one_object());
-    };
-    // every kind has at most 16 fields (CLIENT_REQUEST, the largest)
-    let mut found: [Option<&[u8]>; CLIENT_REQUEST.len()] = [None; CLIENT_REQUEST.len()];
-    for _ in 0..len {
-        let (key, after) = mp_key_as::<false>(rest, 0)?;
-        rest = mp_skip_as::<false>(after, 0)?;
-        if let Some(i) = specs.iter().position(|s| s.wire == key) {
-            found[i] = Some(&after[..after.len() - rest.len()]);
-        }
-    }
-    let fields = specs
-        .iter()
-        .zip(found)
-        .map(|(spec, value)| check_ref(spec, value))
-        .collect::<Result<Vec<_>>>()?;
-    Ok((kind, fields))
-}
-
-/// A msgpack `RequestTarget` as `decode_ref` reads it; an error for any other kind.
-pub fn decode_request_target(data: &[u8]) -> Result<Vec<FieldRef<'_>>> {
-    match decode_ref(data)? {
-        ("RequestTarget", fields) => Ok(fields),
-        (kind, _) => Err(wire_err(format!("not a RequestTarget: {kind}"))),
-    }
-}
-
-/// A decoded `Deliver` (wire.py's TargetResponse), for the relay's native path.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TargetResponse {
-    pub request_id: String,
-    pub http_status_code: i64,
-    pub http_headers: Vec<(String, Vec<String>)>,
-    pub body_size: i64,
-    pub body_content: Option<Vec<u8>>,
-    pub request_failed: bool,
-}
-
-/// `data` as a `Deliver` message, or an error (any other kind included).
-pub fn decode_deliver(data: &[u8], binary: bool) -> Result<TargetResponse> {
-    let (kind, fields) = decode(data, binary)?;
-    if kind != "Deliver" {
-        return Err(wire_err(format!("not a Deliver: {kind}")));
-    }
-    let mut it = fields.into_iter();
-    let mut next = || it.next().unwrap_or(FieldValue::Null);
-    let FieldValue::Str(request_id) = next() else {
-        return Err(wire_err("requestId"));
-    };
-    next(); // requestOriginId
-    let FieldValue::Int(http_status_code) = next() else {
-        return Err(wire_err("httpStatusCode"));
-    };
-    let FieldValue::Headers(http_headers) = next() else {
-        return Err(wire_err("httpHeaders"));
-    };
-    next(); // originalBodySize
-    let FieldValue::Int(body_size) = next() else {
-        return Err(wire_err("bodySize"));
-    };
-    let body_content = match next() {
-        FieldValue::Bytes(b) => Some(b),
-        _ => None,
-    };
-    let FieldValue::Bool(request_failed) = next() else {
-        return Err(wire_err("requestFailed"));
-    };
-    Ok(TargetResponse {
-        request_id,
-        http_status_code,
-        http_headers,
-        body_size,
-        body_content,
-        request_failed,
-    })
 }
 
 #[cfg(test)]
@@ -1574,6 +1273,17 @@ mod tests {
         }
     }
 
+    fn owned(fields: &[FieldRef<'_>]) -> Vec<FieldValue> {
+        fields.iter().map(FieldRef::to_owned_value).collect()
+    }
+
+    fn error_of(data: &[u8], binary: bool) -> String {
+        match decode_ref(data, binary) {
+            Err(Error::TunnelWire(text)) => text,
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn json_request_golden_bytes() {
         let headers = vec![("accept".to_string(), vec!["*/*".to_string()])];
@@ -1590,16 +1300,33 @@ mod tests {
         );
     }
 
+    /// Both encodings of one request decode to the same fields, read in place where they can
+    /// be: msgpack strings and bodies borrowed, a JSON string borrowed unless it has escapes.
     #[test]
-    fn msgpack_request_round_trips() {
-        let headers = vec![("a".to_string(), vec!["1".to_string(), "2".to_string()])];
-        let out = encode_client_request(Msgpack::default(), &request(&headers, None));
-        assert_eq!(&out[..2], &[0x82, 0xa6]);
-        let (kind, fields) = decode(&out, true).unwrap();
-        assert_eq!(kind, "RequestTarget");
-        assert_eq!(fields[0], FieldValue::Str("r1".into()));
-        assert_eq!(fields[6], FieldValue::Headers(headers));
-        assert_eq!(fields[14], FieldValue::Int(119_998));
+    fn both_formats_decode_to_the_same_fields() {
+        let headers = vec![
+            ("a".to_string(), vec!["1".to_string(), "2".to_string()]),
+            ("b\"é".to_string(), vec!["\u{1}😀".to_string()]),
+        ];
+        let r = request(&headers, Some(b"\x00\xffbody"));
+        let packed = encode_client_request(Msgpack::default(), &r);
+        let text = encode_client_request(Json::default(), &r);
+        assert_eq!(&packed[..2], &[0x82, 0xa6]);
+        let (kind, m) = decode_ref(&packed, true).unwrap();
+        let (kind_json, j) = decode_ref(&text, false).unwrap();
+        assert_eq!((kind, kind_json), ("RequestTarget", "RequestTarget"));
+        assert_eq!(owned(&m), owned(&j));
+        assert_eq!(m[6].to_owned_value(), FieldValue::Headers(headers.clone()));
+        assert_eq!(m[14], FieldRef::Int(119_998));
+        assert!(matches!(&m[0], FieldRef::Str(Cow::Borrowed("r1"))));
+        assert!(matches!(&m[11], FieldRef::Bytes(Cow::Borrowed(_))));
+        assert!(matches!(&j[0], FieldRef::Str(Cow::Borrowed("r1"))));
+        let FieldRef::Headers(h) = &j[6] else {
+            panic!()
+        };
+        assert!(matches!(&h[1].0, Cow::Owned(name) if name == "b\"é"));
+        // the owned form is the same
+        assert_eq!(decode(&text, false).unwrap().1, owned(&m));
     }
 
     #[test]
@@ -1610,22 +1337,6 @@ mod tests {
             String::from_utf8(out).unwrap(),
             r#""a\"\\\n\u0001\u007f\u00e9\ud83d\ude00""#
         );
-    }
-
-    #[test]
-    fn floats_print_as_python_repr() {
-        for (v, s) in [
-            (15.0, "15.0"),
-            (0.1, "0.1"),
-            (1e16, "1e+16"),
-            (1e15, "1000000000000000.0"),
-            (0.0001, "0.0001"),
-            (0.00001, "1e-05"),
-            (-2.5e-7, "-2.5e-07"),
-            (123.456, "123.456"),
-        ] {
-            assert_eq!(python_float_repr(v), s);
-        }
     }
 
     #[test]
@@ -1642,27 +1353,129 @@ mod tests {
             let mut m = Msgpack::default();
             m.int(v);
             assert_eq!(m.into_bytes(), bytes);
-            assert_eq!(parse_msgpack(bytes).unwrap(), Value::Int(v));
+            let (Raw::Int(back), rest) = mp_head_as::<true>(bytes).unwrap() else {
+                panic!()
+            };
+            assert_eq!((back, rest.len()), (v, 0));
         }
     }
 
+    /// Absent fields take their defaults, a repeated key its last value, numbers the field's
+    /// type where Python's would (an int for a float field), a BOM before JSON is skipped.
     #[test]
-    fn deliver_decodes_from_json() {
-        let data = br#"{"target":"Deliver","arguments":[{"requestId":"r","requestOriginId":"o","httpStatusCode":200,"httpHeaders":{"x":["1"],"x":["2","3"]},"bodySize":2,"bodyContent":"aGk="}]}"#;
-        let response = decode_deliver(data, false).unwrap();
-        assert_eq!(response.http_status_code, 200);
-        assert_eq!(response.body_content.as_deref(), Some(&b"hi"[..]));
+    fn defaults_repeats_and_numbers_as_python_reads_them() {
+        let data = br#"{"target":"Deliver","arguments":[{"requestId":"r","requestOriginId":"o","httpStatusCode":1,"httpStatusCode":200,"httpHeaders":{"x":["1"],"y":[],"x":["2","3"]},"bodySize":2,"bodyContent":"QR=="}]}"#;
+        let (kind, fields) = decode_ref(data, false).unwrap();
+        assert_eq!(kind, "Deliver");
+        assert_eq!(fields[2], FieldRef::Int(200));
         assert_eq!(
-            response.http_headers,
-            vec![("x".into(), vec!["2".into(), "3".into()])]
+            fields[3].to_owned_value(),
+            FieldValue::Headers(vec![
+                ("x".into(), vec!["2".into(), "3".into()]),
+                ("y".into(), vec![])
+            ])
+        );
+        assert_eq!(fields[4], FieldRef::Int(0)); // originalBodySize: its default
+        assert_eq!(fields[6].to_owned_value(), FieldValue::Bytes(b"A".to_vec())); // trailing bits
+        assert_eq!(fields[7], FieldRef::Bool(false));
+        assert_eq!(fields[8], FieldRef::Null);
+        let configure = b"\xef\xbb\xbf{\"target\":\"Configure\",\"arguments\":[{\"keepAliveInterval\":5,\"reconnectMinimumDelay\":1e400}]}";
+        let (_, fields) = decode_ref(configure, false).unwrap();
+        assert_eq!(fields[0], FieldRef::Float(5.0));
+        assert_eq!(fields[2], FieldRef::Float(f64::INFINITY));
+        assert_eq!(fields[3], FieldRef::Float(300.0));
+    }
+
+    #[test]
+    fn refusals_say_what_is_wrong() {
+        let deliver = |fields: &str| {
+            format!(
+                r#"{{"target":"Deliver","arguments":[{{"requestId":"r","requestOriginId":"o",{fields}}}]}}"#
+            )
+        };
+        for (data, text) in [
+            ("".to_string(), "not JSON: unexpected input at byte 0"),
+            ("{} x".into(), "not JSON: extra data after the value at byte 3"),
+            ("[]".into(), r#"a message must be an object {"target": ..., "arguments": [...]}"#),
+            (r#"{"arguments":[{}]}"#.into(), "unknown message target None (expected RequestTarget, Deliver, Acknowledge, Configure, Error)"),
+            (r#"{"target":"No'pe","arguments":[{}]}"#.into(), r#"unknown message target "No'pe" (expected RequestTarget, Deliver, Acknowledge, Configure, Error)"#),
+            (r#"{"target":3}"#.into(), "unknown message target 3 (expected RequestTarget, Deliver, Acknowledge, Configure, Error)"),
+            (r#"{"target":"Deliver","arguments":[]}"#.into(), "Deliver: arguments must be a list of one object"),
+            (r#"{"target":"Deliver","arguments":[1]}"#.into(), "Deliver: the argument must be an object"),
+            (deliver(r#""httpStatusCode":"200""#), "Deliver.httpStatusCode must be int, got str"),
+            (deliver(r#""httpStatusCode":true"#), "Deliver.httpStatusCode must be int, got bool"),
+            (deliver(r#""httpStatusCode":99999999999999999999"#), "Deliver.httpStatusCode is out of range"),
+            (deliver(r#""httpStatusCode":null"#), "Deliver.httpStatusCode must not be null"),
+            (deliver(r#""bodySize":1"#), "Deliver.httpStatusCode is missing"),
+            (deliver(r#""httpStatusCode":1,"bodyContent":"!!""#), "Deliver.bodyContent is not valid base64"),
+            (deliver(r#""httpStatusCode":1,"bodyContent":5"#), "Deliver.bodyContent must be bytes, got int"),
+            (deliver(r#""httpStatusCode":1,"httpHeaders":{"x":"1"}"#), "Deliver.httpHeaders must map header names to lists of strings"),
+            (deliver(r#""httpStatusCode":1,"httpHeaders":{"x":[null]}"#), "Deliver.httpHeaders must map header names to lists of strings"),
+            (deliver(r#""httpStatusCode":1,"connectionId":"\ud800""#), "Deliver.connectionId is not valid Unicode"),
+            (r#"{"target":"Configure","arguments":[{"keepAliveInterval":false}]}"#.into(), "Configure.keepAliveInterval must be float, got bool"),
+            ("[".repeat(100) + &"]".repeat(100), "not JSON: nested too deeply at byte 33"),
+        ] {
+            assert_eq!(error_of(data.as_bytes(), false), text, "{data}");
+        }
+        // msgpack: the same checks, and the format's own refusals
+        let mut m = Msgpack::default();
+        m.begin_map(2);
+        m.key("target");
+        m.str("Acknowledge");
+        m.key("arguments");
+        m.begin_array(1);
+        m.begin_map(2);
+        m.key("originId");
+        m.body(b"o");
+        m.key("requestId");
+        m.str("r");
+        let wrong = m.into_bytes();
+        assert_eq!(
+            error_of(&wrong, true),
+            "Acknowledge.originId must be str, got bytes"
+        );
+        assert_eq!(
+            error_of(&[0x81, 0xc1], true),
+            "not msgpack: type 0xc1 is not used here"
+        );
+        assert_eq!(error_of(&[0x92, 0x01], true), "not msgpack: truncated");
+        assert_eq!(
+            error_of(&[0x81, 0x01, 0x01], true),
+            "not msgpack: a map key is not a str"
+        );
+        assert_eq!(
+            error_of(&[0xc0, 0xc0], true),
+            "not msgpack: extra data after the message"
+        );
+        assert_eq!(
+            error_of(&[0xa1, 0xff], true),
+            "not msgpack: a str is not UTF-8"
+        );
+        assert_eq!(
+            error_of(&[0x91; 100], true),
+            "not msgpack: nested too deeply"
+        );
+        // a kind not expected reads as an unknown one
+        let request = encode_client_request(Msgpack::default(), &request(&[], None));
+        let err = decode_kinds(
+            &request,
+            true,
+            kind_bit("Deliver") | kind_bit("Acknowledge"),
+        );
+        assert_eq!(
+            err.unwrap_err(),
+            Error::TunnelWire(
+                "unknown message target 'RequestTarget' (expected Deliver, Acknowledge)".into()
+            )
         );
     }
 
-    /// `decode_request_target` accepts exactly what `decode` accepts as a `RequestTarget`,
-    /// with the same fields: encoded requests, then each mutated byte by byte (flips,
-    /// truncations, insertions; a fixed-seed xorshift, so a failure reproduces).
+    /// Encoded requests, then each mutated byte by byte (flips, truncations, insertions; a
+    /// fixed-seed xorshift, so a failure reproduces): the decoder never panics, and what it
+    /// accepts of a JSON text it accepts of the same message re-encoded as msgpack, field for
+    /// field.
     #[test]
-    fn borrowing_decoder_matches_decode() {
+    fn mutated_messages_are_refused_or_read_alike() {
         let mut seed = 0x9e37_79b9_7f4a_7c15u64;
         let mut next = move || {
             seed ^= seed << 13;
@@ -1670,29 +1483,9 @@ mod tests {
             seed ^= seed << 17;
             seed
         };
-        let same = |data: &[u8]| {
-            let old = match decode(data, true) {
-                Ok(("RequestTarget", fields)) => Some(fields),
-                _ => None,
-            };
-            let new = decode_request_target(data)
-                .ok()
-                .map(|f| f.iter().map(FieldRef::to_owned_value).collect::<Vec<_>>());
-            assert_eq!(old, new, "{data:?}");
-            let any_old = decode(data, true).ok();
-            let any_new = decode_ref(data).ok().map(|(k, f)| {
-                (
-                    k,
-                    f.iter().map(FieldRef::to_owned_value).collect::<Vec<_>>(),
-                )
-            });
-            assert_eq!(any_old, any_new, "{data:?}");
-            old.is_some()
-        };
-        let mut accepted = 0;
-        for case in 0..400 {
+        let mut accepted = [0usize; 2];
+        for case in 0..300 {
             let headers: Vec<(String, Vec<String>)> = (0..case % 6)
-                // (non-ASCII values too: mutations cut and flip their multi-byte sequences)
                 .map(|i| {
                     (
                         format!("h{}", i % 4),
@@ -1705,160 +1498,124 @@ mod tests {
             if case % 5 == 0 {
                 r.expires_in = None;
             }
-            let out = encode_client_request(Msgpack::default(), &r);
-            accepted += usize::from(same(&out));
-            for _ in 0..200 {
-                let mut m = out.clone();
-                let at = (next() as usize) % m.len();
-                match next() % 4 {
-                    0 => m[at] ^= 1 << (next() % 8),
-                    1 => m[at] = next() as u8,
-                    2 => m.truncate(at),
-                    _ => m.insert(at, next() as u8),
+            for (binary, out) in [
+                (true, encode_client_request(Msgpack::default(), &r)),
+                (false, encode_client_request(Json::default(), &r)),
+            ] {
+                assert!(decode_ref(&out, binary).is_ok());
+                for _ in 0..150 {
+                    let mut m = out.clone();
+                    let at = (next() as usize) % m.len();
+                    match next() % 4 {
+                        0 => m[at] ^= 1 << (next() % 8),
+                        1 => m[at] = next() as u8,
+                        2 => m.truncate(at),
+                        _ => m.insert(at, next() as u8),
+                    }
+                    let Ok((kind, fields)) = decode_ref(&m, binary) else {
+                        continue;
+                    };
+                    accepted[usize::from(binary)] += 1;
+                    if binary || kind != "RequestTarget" {
+                        continue;
+                    }
+                    let values = owned(&fields);
+                    let again = reencode(&values);
+                    let (_, back) = decode_ref(&again, true).unwrap();
+                    assert_eq!(owned(&back), values);
                 }
-                accepted += usize::from(same(&m));
             }
         }
-        let dup = {
-            // a repeated key: the last one counts, for the message and for its fields
-            let mut m = Msgpack::default();
-            m.begin_map(3);
-            m.key("target");
-            m.str("Deliver");
-            m.key("arguments");
-            m.begin_array(1);
-            m.begin_map(2);
-            m.key("requestId");
-            m.int(1);
-            m.key("requestId");
-            m.str("r");
-            m.key("target");
-            m.str("RequestTarget");
-            m.into_bytes()
-        };
-        same(&dup);
-        assert!(accepted > 400, "{accepted}");
-        // the other kinds, through decode_ref: a Deliver and a Configure, each mutated
-        let mut deliver = Msgpack::default();
-        deliver.begin_map(2);
-        deliver.key("target");
-        deliver.str("Deliver");
-        deliver.key("arguments");
-        deliver.begin_array(1);
-        deliver.begin_map(6);
-        deliver.key("requestId");
-        deliver.str("r");
-        deliver.key("requestOriginId");
-        deliver.str("o");
-        deliver.key("httpStatusCode");
-        deliver.int(200);
-        deliver.key("httpHeaders");
-        deliver.begin_map(1);
-        deliver.key("a");
-        deliver.begin_array(1);
-        deliver.str("b");
-        deliver.key("bodyContent");
-        deliver.body(b"hi");
-        deliver.key("requestFailed");
-        deliver.bool(false);
-        let deliver = deliver.into_bytes();
-        let mut configure = Msgpack::default();
-        configure.begin_map(2);
-        configure.key("arguments");
-        configure.begin_array(1);
-        configure.begin_map(2);
-        configure.key("keepAliveInterval");
-        configure.int(5);
-        configure.key("reconnectMinimumDelay");
-        configure.float(0.5);
-        configure.key("target");
-        configure.str("Configure");
-        let configure = configure.into_bytes();
-        let mut others = 0;
-        for out in [deliver, configure] {
-            assert!(decode_ref(&out).is_ok());
-            for _ in 0..20_000 {
-                let mut m = out.clone();
-                let at = (next() as usize) % m.len();
-                match next() % 4 {
-                    0 => m[at] ^= 1 << (next() % 8),
-                    1 => m[at] = next() as u8,
-                    2 => m.truncate(at),
-                    _ => m.insert(at, next() as u8),
-                }
-                others += usize::from(same(&m) || decode(&m, true).is_ok());
-            }
-        }
-        assert!(others > 0);
+        assert!(accepted.iter().all(|n| *n > 100), "{accepted:?}");
     }
 
-    #[test]
-    fn malformed_messages_are_errors() {
-        for data in [
-            &b""[..],
-            b"{",
-            b"[]",
-            br#"{"target":"Deliver","arguments":[]}"#,
-            br#"{"target":"Nope","arguments":[{}]}"#,
-            br#"{"target":"Deliver","arguments":[{"requestId":1}]}"#,
-            br#"{"target":"Deliver","arguments":[{"requestId":"\ud800","requestOriginId":"o","httpStatusCode":1}]}"#,
-            b"{} x",
-        ] {
-            assert!(matches!(decode(data, false), Err(Error::TunnelWire(_))), "{data:?}");
-        }
-        assert!(decode(&[0x81, 0xc1], true).is_err());
-        let deep = vec![0x91u8; 100];
-        assert!(decode(&deep, true).is_err());
+    /// A RequestTarget's decoded fields encoded again as msgpack.
+    fn reencode(v: &[FieldValue]) -> Vec<u8> {
+        let s = |i: usize| match &v[i] {
+            FieldValue::Str(s) => Some(s.as_str()),
+            _ => None,
+        };
+        let n = |i: usize| match v[i] {
+            FieldValue::Int(n) => Some(n),
+            _ => None,
+        };
+        let b = |i: usize| matches!(v[i], FieldValue::Bool(true));
+        let FieldValue::Headers(headers) = &v[6] else {
+            panic!()
+        };
+        let body = match &v[11] {
+            FieldValue::Bytes(b) => Some(b.as_slice()),
+            _ => None,
+        };
+        let r = ClientRequestRef {
+            request_id: s(0).unwrap(),
+            request_origin_id: s(1).unwrap(),
+            target: s(2).unwrap(),
+            tenant_name: s(3).unwrap(),
+            http_method: s(4).unwrap(),
+            url: s(5).unwrap(),
+            http_headers: headers,
+            acknowledge_mode: n(7).unwrap(),
+            acknowledge_origin_id: s(8),
+            original_body_size: n(9).unwrap(),
+            body_size: n(10).unwrap(),
+            body_content: body,
+            enable_tracing: b(12),
+            discard_connector_response: b(13),
+            expires_in: n(14),
+            acknowledge_url: s(15),
+        };
+        encode_client_request(Msgpack::default(), &r)
     }
 }
 
 pub mod py {
-    //! `tunnel_encode(message, binary)` and `tunnel_decode(data, binary)` for wire.py.
+    //! `tunnel_encode`, `tunnel_decode` and `tunnel_request_headers` for wire.py.
     use pyo3::prelude::*;
-    use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
+    use pyo3::types::{
+        PyBool, PyByteArray, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple,
+    };
 
     use super::{
-        begin_invocation, end_invocation, FieldRef, FieldValue, Json, Kind, Msgpack, Sink, KINDS,
+        begin_invocation, end_invocation, FieldRef, Json, Kind, KindSet, Msgpack, Sink, ALL_KINDS,
+        KINDS,
     };
     use crate::error::Error;
 
-    fn unsupported(what: &str) -> PyErr {
-        Error::TunnelWire(format!("not encoded here: {what}")).into()
-    }
-
-    /// Any value wire.py's encoder could meet, by exact type (a subclass is refused: Python
-    /// encodes it, perhaps differently).
+    /// A value of a message's field (the dataclasses hold str, int, float, bool, None, bytes,
+    /// and dicts of lists of str); anything else is refused, naming the field.
     fn value<S: Sink>(sink: &mut S, obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<()> {
+        let refuse = |what: &str| -> PyErr { Error::TunnelWire(what.into()).into() };
         if depth > super::MAX_DEPTH {
-            return Err(unsupported("nesting"));
+            return Err(refuse("nested too deeply"));
         }
         if obj.is_none() {
             sink.null();
-        } else if let Ok(s) = obj.downcast_exact::<PyString>() {
+        } else if let Ok(s) = obj.downcast::<PyString>() {
             sink.str(s.to_str()?);
-        } else if let Ok(b) = obj.downcast_exact::<PyBool>() {
+        } else if let Ok(b) = obj.downcast::<PyBool>() {
             sink.bool(b.is_true());
-        } else if obj.is_exact_instance_of::<PyInt>() {
+        } else if obj.is_instance_of::<PyInt>() {
             if let Ok(v) = obj.extract::<i64>() {
                 sink.int(v);
             } else if let Ok(v) = obj.extract::<u64>() {
                 sink.uint(v);
             } else {
-                return Err(unsupported("integer beyond 64 bits"));
+                return Err(refuse("an integer beyond 64 bits"));
             }
-        } else if let Ok(v) = obj.downcast_exact::<PyFloat>() {
+        } else if let Ok(v) = obj.downcast::<PyFloat>() {
             sink.float(v.value());
-        } else if let Ok(d) = obj.downcast_exact::<PyDict>() {
+        } else if let Ok(d) = obj.downcast::<PyDict>() {
             sink.begin_map(d.len());
             for (k, v) in d.iter() {
                 let k = k
-                    .downcast_exact::<PyString>()
-                    .map_err(|_| unsupported("a non-str key"))?;
+                    .downcast::<PyString>()
+                    .map_err(|_| refuse("a key that is not a str"))?;
                 sink.key(k.to_str()?);
                 value(sink, &v, depth + 1)?;
             }
             sink.end_map();
-        } else if let Ok(l) = obj.downcast_exact::<PyList>() {
+        } else if let Ok(l) = obj.downcast::<PyList>() {
             sink.begin_array(l.len());
             for item in l.iter() {
                 sink.element();
@@ -1866,7 +1623,8 @@ pub mod py {
             }
             sink.end_array();
         } else {
-            return Err(unsupported("a value of another type"));
+            let kind = obj.get_type().name()?;
+            return Err(refuse(&format!("a value of type {kind}")));
         }
         Ok(())
     }
@@ -1877,11 +1635,10 @@ pub mod py {
 
     fn encode_with<S: Sink>(mut sink: S, message: &Bound<'_, PyAny>) -> PyResult<Vec<u8>> {
         let py = message.py();
-        let name_attr = pyo3::intern!(py, "NAME");
-        let name = message.getattr(name_attr)?;
+        let name = message.getattr(pyo3::intern!(py, "NAME"))?;
         let name = name.downcast::<PyString>()?.to_str()?;
         let Some(index) = KINDS.iter().position(|(k, _)| *k == name) else {
-            return Err(unsupported("message kind"));
+            return Err(Error::TunnelWire(format!("no message kind {name:?}")).into());
         };
         let (kind, specs) = KINDS[index];
         let attrs = ATTRS.get_or_init(py, || {
@@ -1895,26 +1652,35 @@ pub mod py {
                 })
                 .collect()
         });
-        let attrs = &attrs[index];
         begin_invocation(&mut sink, kind);
         sink.begin_map(specs.len());
-        for (spec, attr) in specs.iter().zip(attrs) {
+        for (spec, attr) in specs.iter().zip(&attrs[index]) {
             sink.key(spec.wire);
             let v = message.getattr(attr.bind(py))?;
             if spec.kind == Kind::Bytes {
-                if let Ok(b) = v.downcast_exact::<PyBytes>() {
+                if let Ok(b) = v.downcast::<PyBytes>() {
                     sink.body(b.as_bytes());
                     continue;
                 }
+                if let Ok(b) = v.downcast::<PyByteArray>() {
+                    sink.body(&b.to_vec());
+                    continue;
+                }
             }
-            value(&mut sink, &v, 0)?;
+            value(&mut sink, &v, 0).map_err(|err| {
+                Error::TunnelWire(format!(
+                    "cannot encode {kind}.{}: {}",
+                    spec.wire,
+                    err.value(py)
+                ))
+            })?;
         }
         sink.end_map();
         Ok(end_invocation(sink))
     }
 
     /// One websocket message: msgpack when `binary`, else UTF-8 JSON; TunnelWireError for a
-    /// value this encoder leaves to wire.py.
+    /// field holding a value no message can carry.
     #[pyfunction]
     fn tunnel_encode<'py>(
         py: Python<'py>,
@@ -1929,27 +1695,8 @@ pub mod py {
         Ok(PyBytes::new(py, &out))
     }
 
-    pub(crate) fn field_object<'py>(py: Python<'py>, v: FieldValue) -> PyResult<Bound<'py, PyAny>> {
-        Ok(match v {
-            FieldValue::Null => py.None().into_bound(py),
-            FieldValue::Str(s) => PyString::new(py, &s).into_any(),
-            FieldValue::Int(i) => i.into_pyobject(py)?.into_any(),
-            FieldValue::Bool(b) => PyBool::new(py, b).to_owned().into_any(),
-            FieldValue::Float(x) => PyFloat::new(py, x).into_any(),
-            FieldValue::Bytes(b) => PyBytes::new(py, &b).into_any(),
-            FieldValue::Headers(h) => {
-                let d = PyDict::new(py);
-                for (name, values) in h {
-                    d.set_item(name, PyList::new(py, values)?)?;
-                }
-                d.into_any()
-            }
-        })
-    }
-
-    /// `field_object` of a borrowed field (msgpack: Python objects made from the message's
-    /// bytes directly, no Rust copy in between).
-    fn field_ref_object<'py>(py: Python<'py>, v: &FieldRef<'_>) -> PyResult<Bound<'py, PyAny>> {
+    /// A decoded field as the Python value wire.py's dataclasses hold.
+    fn field_object<'py>(py: Python<'py>, v: &FieldRef<'_>) -> PyResult<Bound<'py, PyAny>> {
         Ok(match v {
             FieldRef::Null => py.None().into_bound(py),
             FieldRef::Str(s) => PyString::new(py, s).into_any(),
@@ -1960,32 +1707,29 @@ pub mod py {
             FieldRef::Headers(h) => {
                 let d = PyDict::new(py);
                 for (name, values) in h {
-                    d.set_item(name, PyList::new(py, *values)?)?;
+                    d.set_item(
+                        name.as_ref(),
+                        PyList::new(py, values.iter().map(|v| v.as_ref()))?,
+                    )?;
                 }
                 d.into_any()
             }
         })
     }
 
-    /// `(kind name, field values in wire.py's dataclass order)`; TunnelWireError for anything
-    /// this decoder leaves to wire.py (which then accepts it or words the exact error).
+    /// `(kind name, field values in dataclass order)` of a message of a kind in `expected`
+    /// (bits in `KINDS` order); TunnelWireError saying what is wrong.
     #[pyfunction]
+    #[pyo3(signature = (data, binary, expected = ALL_KINDS), text_signature = "(data, binary, expected=31)")]
     fn tunnel_decode<'py>(
         py: Python<'py>,
         data: &[u8],
         binary: bool,
+        expected: KindSet,
     ) -> PyResult<(&'static str, Bound<'py, PyTuple>)> {
-        if binary {
-            let (kind, fields) = super::decode_ref(data)?;
-            let objects = fields
-                .iter()
-                .map(|v| field_ref_object(py, v))
-                .collect::<PyResult<Vec<_>>>()?;
-            return Ok((kind, PyTuple::new(py, objects)?));
-        }
-        let (kind, fields) = super::decode(data, binary)?;
+        let (kind, fields) = super::decode_kinds(data, binary, expected)?;
         let objects = fields
-            .into_iter()
+            .iter()
             .map(|v| field_object(py, v))
             .collect::<PyResult<Vec<_>>>()?;
         Ok((kind, PyTuple::new(py, objects)?))
@@ -2020,6 +1764,9 @@ pub mod py {
             "TUNNEL_HOP_BY_HOP",
             PyTuple::new(m.py(), super::HOP_BY_HOP)?,
         )?;
+        let kinds: Vec<&str> = KINDS.iter().map(|(k, _)| *k).collect();
+        m.add("TUNNEL_KINDS", PyTuple::new(m.py(), kinds)?)?;
+        const _: () = assert!(ALL_KINDS == 31); // the text signature's default
         Ok(())
     }
 }

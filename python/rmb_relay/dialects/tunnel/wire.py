@@ -16,27 +16,18 @@ JSON travels in text frames with bodies base64-encoded; msgpack (asked for with
 `expiresIn` (ms the connector has left to start the request: it refuses expired work) and
 `acknowledgeUrl` (the manual acknowledgement path, with its unguessable token).
 
-Decoding validates every field's type and raises `WireError` with a message naming the field:
-a connector gets that text back in an `Error` message and its connection stays up.
-
-`encode` and `decode` run the Rust codec (`rust/tunnel_wire.rs`, the same bytes and the same
-objects, checked by tests/test_tunnel_wire_native.py); whatever it leaves alone (a value of an
-unusual type, a malformed message, anything it does not parse) goes through the Python codec
-below (`encode_py`, `decode_py`), which also words every error.
+Both directions run the one codec, in Rust (`rust/dialects/tunnel/wire.rs`): `encode` writes
+what Python's msgpack and json libraries would write for the same fields, `decode` checks every
+field's type and raises `WireError` naming the field; a connector gets that text back in an
+`Error` message and its connection stays up.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
-from collections.abc import Callable
-from dataclasses import MISSING, Field, dataclass, field, fields
-from typing import Any, ClassVar, TypeVar
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, TypeVar, cast
 
-import msgpack
-
-from rmb_relay._core import TunnelWireError, tunnel_decode, tunnel_encode
+from rmb_relay._core import TUNNEL_KINDS, TunnelWireError, tunnel_decode, tunnel_encode
 
 __all__ = [
     "AcknowledgeRequest",
@@ -45,9 +36,7 @@ __all__ = [
     "TenantConfig",
     "WireError",
     "decode",
-    "decode_py",
     "encode",
-    "encode_py",
 ]
 
 Headers = dict[str, list[str]]
@@ -141,234 +130,24 @@ _TYPES: dict[str, type[Message]] = {
 M = TypeVar("M", bound=Message)
 
 
-def _camel(name: str) -> str:
-    head, *rest = name.split("_")
-    return head + "".join(part.capitalize() for part in rest)
-
-
-#: exact types accepted per annotation (bool is not an int here)
-_SIMPLE: dict[str, tuple[type, ...]] = {"str": (str,), "int": (int,), "bool": (bool,)}
-
-
-class _Field:
-    """One field's wire name and type, worked out once per class (decoding runs per message)."""
-
-    __slots__ = ("attr", "base", "default", "optional", "required", "simple", "wire")
-
-    def __init__(
-        self, attr: str, annotation: str, required: bool, default: Callable[[], Any]
-    ) -> None:
-        self.attr = attr
-        #: the value of an absent optional field (a fresh one each time: `default_factory`)
-        self.default = default
-        self.wire = _camel(attr)
-        self.optional = annotation.endswith("| None")
-        self.base = annotation.removesuffix(" | None")
-        self.required = required
-        #: the exact types a str/int/bool field takes as they are (checked inline by
-        #: `_from_object`, without a `_check` call per field); empty for the other kinds
-        self.simple: tuple[type, ...] = _SIMPLE.get(self.base, ())
-
-
-def _default(f: Field[Any]) -> Callable[[], Any]:
-    if f.default_factory is not MISSING:
-        return f.default_factory
-    value = None if f.default is MISSING else f.default
-    return lambda: value
-
-
-_FIELDS: dict[type[Any], tuple[_Field, ...]] = {
-    cls: tuple(
-        _Field(
-            f.name,
-            str(f.type),
-            f.default is MISSING and f.default_factory is MISSING,
-            _default(f),
-        )
-        for f in fields(cls)
-    )
-    for cls in _TYPES.values()
-}
-
-
-def _check(cls: type[Any], spec: _Field, value: Any, binary: bool) -> Any:
-    """`value` as the field's type, or WireError."""
-    base = spec.base
-    if value is None:
-        if spec.optional:
-            return None
-        raise WireError(f"{cls.NAME}.{spec.wire} must not be null")
-    simple = _SIMPLE.get(base)
-    if simple is not None:
-        if type(value) in simple:
-            return value
-    elif base == "bytes":
-        if binary and type(value) is bytes:
-            return value
-        if not binary and type(value) is str:
-            try:
-                # strict: the alphabet, padding and nothing after it, checked in C
-                # (b64decode(validate=True) runs a regex over the text first)
-                return binascii.a2b_base64(value, strict_mode=True)
-            except (binascii.Error, ValueError):
-                raise WireError(f"{cls.NAME}.{spec.wire} is not valid base64") from None
-    elif base == "float":
-        if type(value) in (int, float):
-            return float(value)
-    elif base == "Headers":
-        if _is_headers(value):
-            return value
-        raise WireError(f"{cls.NAME}.{spec.wire} must map header names to lists of strings")
-    raise WireError(f"{cls.NAME}.{spec.wire} must be {base}, got {type(value).__name__}")
-
-
-def _is_headers(value: Any) -> bool:
-    """A dict of str to lists of str. Plain loops: nested `all(...)` generators were the largest
-    item of message decoding in the relay's profile (two generator frames per header)."""
-    if type(value) is not dict:
-        return False
-    for name, values in value.items():
-        if type(name) is not str or type(values) is not list:
-            return False
-        for item in values:
-            if type(item) is not str:
-                return False
-    return True
-
-
-def _to_object(message: Message, binary: bool) -> dict[str, Any]:
-    obj: dict[str, Any] = _ENCODERS[type(message)](message, binary)
-    return obj
-
-
-def _from_object(cls: type[M], obj: Any, binary: bool) -> M:
-    if type(obj) is not dict:
-        raise WireError(f"{cls.NAME}: the argument must be an object")
-    message: M = _DECODERS[cls](obj, binary)
-    return message
-
-
-_ABSENT = object()
-
-
-def _slow(cls: type[Any], spec: _Field, value: Any, binary: bool) -> Any:
-    """A field the generated decoder could not take as it is: absent (its default, or
-    WireError when required), null, or a kind `_check` converts or refuses."""
-    if value is _ABSENT:
-        if spec.required:
-            raise WireError(f"{cls.NAME}.{spec.wire} is missing")
-        return spec.default()
-    if value is None and spec.optional:
-        return None
-    return _check(cls, spec, value, binary)
-
-
-def _inline_test(spec: _Field, var: str) -> str:
-    """The generated decoder's test for a value taken as it is (else `_slow` decides)."""
-    if spec.simple:
-        return f"type({var}) is {spec.simple[0].__name__}"
-    if spec.base == "bytes":
-        return f"binary and type({var}) is bytes"
-    if spec.base == "float":
-        return f"type({var}) is float"
-    return "False"  # headers: `_check` walks them
-
-
-def _compile_decoder(cls: type[Any]) -> Any:
-    """A function `(obj, binary) -> cls` with one line per field, generated once per kind: the
-    generic walk over `_FIELDS` (a loop, a sentinel lookup and a kwargs dict per message) was
-    the largest part of decoding in the connector's profile. Same results as the walk: a value
-    of the field's exact type is taken as it is, everything else goes through `_slow`."""
-    specs = _FIELDS[cls]
-    lines = ["def decode(obj, binary):", "    get = obj.get"]
-    for i, spec in enumerate(specs):
-        var = f"v{i}"
-        lines.append(f"    {var} = get({spec.wire!r}, _ABSENT)")
-        lines.append(f"    if not ({_inline_test(spec, var)}):")
-        lines.append(f"        {var} = _slow(cls, specs[{i}], {var}, binary)")
-    lines.append(f"    return cls({', '.join(f'v{i}' for i in range(len(specs)))})")
-    namespace: dict[str, Any] = {"_ABSENT": _ABSENT, "_slow": _slow, "cls": cls, "specs": specs}
-    exec("\n".join(lines), namespace)  # the source is built above from field names
-    return namespace["decode"]
-
-
-def _compile_encoder(cls: type[Any]) -> Any:
-    """A function `(message, binary) -> dict` with the wire names spelled out, generated once
-    per kind (as `_compile_decoder`); bytes fields are base64 text in JSON."""
-    specs = _FIELDS[cls]
-    items = []
-    prelude = []
-    for i, spec in enumerate(specs):
-        if spec.base == "bytes":
-            prelude.append(f"    b{i} = message.{spec.attr}")
-            prelude.append(f"    if b{i} is not None and not binary:")
-            prelude.append(f"        b{i} = b64encode(b{i}).decode()")
-            items.append(f"{spec.wire!r}: b{i}")
-        else:
-            items.append(f"{spec.wire!r}: message.{spec.attr}")
-    lines = ["def encode(message, binary):", *prelude, f"    return {{{', '.join(items)}}}"]
-    namespace: dict[str, Any] = {"b64encode": base64.b64encode}
-    exec("\n".join(lines), namespace)  # the source is built above from field names
-    return namespace["encode"]
-
-
-_DECODERS: dict[type[Any], Any] = {cls: _compile_decoder(cls) for cls in _TYPES.values()}
-_ENCODERS: dict[type[Any], Any] = {cls: _compile_encoder(cls) for cls in _TYPES.values()}
+#: each kind's bit in the codec's sets of expected kinds (its order: `TUNNEL_KINDS`)
+_BITS: dict[type[Any], int] = {_TYPES[name]: 1 << i for i, name in enumerate(TUNNEL_KINDS)}
+#: the set of each `expected` tuple a caller passed (made once per tuple)
+_SETS: dict[tuple[type[Any], ...], int] = {}
 
 
 def encode(message: Message, binary: bool) -> bytes:
-    """One websocket message: msgpack when `binary`, else UTF-8 JSON (Rust, else Python)."""
-    try:
-        return tunnel_encode(message, binary)
-    except TunnelWireError:
-        return encode_py(message, binary)
+    """One websocket message: msgpack when `binary`, else UTF-8 JSON."""
+    return tunnel_encode(message, binary)
 
 
 def decode(data: bytes, binary: bool, expected: tuple[type[M], ...]) -> M:
     """Parse one message; WireError unless it is one of the `expected` kinds, well formed."""
-    if type(data) is bytes:
-        try:
-            name, values = tunnel_decode(data, binary)
-        except TunnelWireError:
-            pass
-        else:
-            cls = _TYPES[name]
-            if cls in expected:
-                return cls(*values)
-    return decode_py(data, binary, expected)
-
-
-def encode_py(message: Message, binary: bool) -> bytes:
-    """`encode` in Python: the reference the Rust codec is held to."""
-    invocation = {"target": message.NAME, "arguments": [_to_object(message, binary)]}
-    if binary:
-        return _pack(invocation)  # type: ignore[no-any-return]
-    return _dump_json(invocation).encode()
-
-
-#: one packer and one JSON encoder for every message (packb and dumps(separators=) build
-#: theirs on each call); the same bytes as `msgpack.packb(use_bin_type=True)` and compact JSON
-_pack = msgpack.Packer(use_bin_type=True).pack
-_dump_json = json.JSONEncoder(separators=(",", ":")).encode
-
-
-def decode_py(data: bytes, binary: bool, expected: tuple[type[M], ...]) -> M:
-    """`decode` in Python: the reference the Rust codec is held to, and the words of every
-    WireError."""
+    kinds = _SETS.get(expected)
+    if kinds is None:
+        kinds = _SETS[expected] = sum([_BITS[kind] for kind in expected])
     try:
-        invocation = (
-            msgpack.unpackb(data, raw=False, strict_map_key=True) if binary else json.loads(data)
-        )
-    except (ValueError, msgpack.ExtraData, msgpack.FormatError, msgpack.StackError) as err:
-        raise WireError(f"not {'msgpack' if binary else 'JSON'}: {err}") from None
-    if not isinstance(invocation, dict):
-        raise WireError('a message must be an object {"target": ..., "arguments": [...]}')
-    name = invocation.get("target")
-    arguments = invocation.get("arguments")
-    cls = _TYPES.get(name) if isinstance(name, str) else None
-    if cls is None or cls not in expected:
-        names = ", ".join(kind.NAME for kind in expected)
-        raise WireError(f"unknown message target {name!r} (expected {names})")
-    if not isinstance(arguments, list) or len(arguments) != 1:
-        raise WireError(f"{name}: arguments must be a list of one object")
-    return _from_object(cls, arguments[0], binary)
+        name, values = tunnel_decode(data, binary, kinds)
+    except TunnelWireError as err:
+        raise WireError(str(err)) from None
+    return cast(M, _TYPES[name](*values))
