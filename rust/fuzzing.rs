@@ -16,11 +16,13 @@
 //! parsing (a head or a frame cut anywhere) is fuzzed as well as whole inputs.
 
 use crate::codec::http::{Event, Limits, StreamParser};
+use crate::codec::http::{
+    ResponseParser, DEFAULT_MAX_CHUNK_LINE, MAX_RESPONSE_HEAD, MAX_RESPONSE_TRAILERS,
+};
 use crate::codec::ws::{Decoder, OwnedEvent};
 use crate::dialects::rmb::envelope;
 use crate::error::Error;
 use crate::forward::outboxes::Outboxes;
-use crate::http_response::{self, ResponseParser};
 use crate::singyeong::{self, Decision, Frame, Index};
 
 /// HTTP statuses the request parser may refuse with (docs/http.md, "Limits and refusals").
@@ -168,7 +170,7 @@ pub fn sg_frame(data: &[u8]) {
     }
 }
 
-/// The tunnel connector's response parser (a target's answer): events or one
+/// The response parser (a tunnel target's answer): events or one
 /// `HttpResponse` error, never a panic; errors stay; the bytes held stay within the head,
 /// chunk-line and trailer limits or the whole-body limit. The first byte chooses HEAD and the
 /// whole-body limit, the second where the rest is cut; two responses are read when the
@@ -178,8 +180,9 @@ pub fn http_response(data: &[u8]) {
         return;
     };
     let whole_limit = [0, 16, 16 * 1024][usize::from(flags >> 1) % 3];
-    let bound = http_response::MAX_HEAD
-        .max(http_response::MAX_TRAILERS)
+    let bound = MAX_RESPONSE_HEAD
+        .max(MAX_RESPONSE_TRAILERS)
+        .max(DEFAULT_MAX_CHUNK_LINE)
         .max(whole_limit);
     let mut parser = ResponseParser::new();
     parser

@@ -23,7 +23,6 @@ pub mod forward;
 /// fuzz targets of the network parsers (pure Rust; `fuzz/`, `make fuzz`)
 pub mod fuzzing;
 pub mod http_client;
-pub mod http_response;
 pub mod limiter;
 pub mod records;
 pub mod singyeong;
@@ -39,7 +38,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     codec::ws::py::register(m)?;
     codec::scanner::py::register(m)?;
     http_client::py::register(m)?;
-    http_response::py::register(m)?;
     dialects::sbd::header::py::register(m)?;
     dialects::sbd::scanner::py::register(m)?;
     dialects::rmb::envelope::py::register(m)?;

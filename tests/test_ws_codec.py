@@ -26,7 +26,8 @@ from rmb_relay._core import (
     OP_PONG,
     OP_TEXT,
     ClientFrameEncoder,
-    HttpParser,
+    HttpRequest,
+    HttpStreamParser,
     WsClose,
     WsDecoder,
     WsEvent,
@@ -400,9 +401,8 @@ def test_byte_at_a_time_gives_the_same_events() -> None:
 def test_websockets_client_talks_to_our_server_codec() -> None:
     client = ClientProtocol(parse_uri("ws://relay/?jwt"))
     client.send_request(client.connect())
-    parser = HttpParser()
-    request = parser.feed(b"".join(client.data_to_send()))
-    assert request is not None
+    request = HttpStreamParser().feed(b"".join(client.data_to_send()))[0]
+    assert isinstance(request, HttpRequest)
     assert request.is_websocket_upgrade
     accept = validate_websocket_upgrade(request)
     client.receive_data(encode_switching_protocols(accept) + encode_binary(b"from server"))

@@ -24,9 +24,9 @@ class TunnelWireError(CoreError): ...
 
 @final
 class HttpRequest:
-    """One HTTP/1.x request head, with its body when it was gathered whole (`HttpParser`,
-    `with_body`). From `HttpStreamParser` it is the first event of a request and `body` is
-    b"": the body follows as HttpData events up to HttpEnd."""
+    """One HTTP/1.x request head, with its body when it was gathered whole (`with_body`).
+    From `HttpStreamParser` it is the first event of a request and `body` is b"": the body
+    follows as HttpData events up to HttpEnd."""
 
     @property
     def method(self) -> str: ...
@@ -126,24 +126,6 @@ class HttpStreamParser:
     def done(self) -> bool:
         """True from HttpEnd until `start_next_cycle()`."""
 
-@final
-class HttpParser:
-    """Buffered request parser: whole requests whose body (Content-Length or chunked) is at
-    most max_body bytes (413 beyond, before the body arrives when Content-Length says so)."""
-
-    def __new__(
-        cls, *, max_head: int = 16384, max_headers: int = 64, max_body: int = 1048576
-    ) -> HttpParser: ...
-    def feed(self, data: bytes) -> HttpRequest | None:
-        """Append bytes; return the next complete request or None. Raises HttpParseError
-        (and the same error again on every later call).
-
-        Bytes past a complete request stay buffered: call `feed(b"")` for a pipelined request,
-        or `take_rest()` after a websocket upgrade to hand them to the frame decoder."""
-    def take_rest(self) -> bytes: ...
-    @property
-    def buffered(self) -> int: ...
-
 def websocket_accept(key: str | bytes) -> str:
     """`Sec-WebSocket-Accept` for a `Sec-WebSocket-Key` (RFC 6455 4.2.2)."""
 
@@ -185,27 +167,8 @@ def encode_request(
     """A client request (Content-Length added when body is non-empty); for our clients."""
 
 def parse_response_head(data: bytes) -> tuple[int, list[tuple[str, bytes]], int] | None:
-    """Client side: (status, headers, head length) once the head is complete, else None."""
-
-# ---- end codec/http.rs ----------------------------------------------------------------------
-
-# ---- http_client.rs ---------------------------------------------------------------------
-
-def encode_target_request(
-    method: str,
-    target: str,
-    host: str,
-    headers: dict[str, list[str]],
-    extra: list[tuple[str, str]],
-    body: bytes,
-    length: int | None = None,
-) -> bytes:
-    """A tunnelled request for its target: `Host`, the message's `{name: [values]}` fields
-    less the hop-by-hop ones (host, content-length, transfer-encoding, connection, expect),
-    `extra` (not filtered), Content-Length for the body (or `length` for a body streamed
-    after this head). ValueError for a field with CR/LF/NUL or a bad method/target."""
-
-# ---- http_response.rs -------------------------------------------------------------------
+    """Client side: (status, headers, head length) once the head is complete, else None;
+    HttpParseError (status 502) for a head that is not HTTP/1.x or over the response limits."""
 
 @final
 class HttpResponseParser:
@@ -234,7 +197,23 @@ class HttpResponseParser:
     @property
     def buffered(self) -> int: ...
 
-# ---- end http_response.rs -------------------------------------------------------------------
+# ---- end codec/http.rs ----------------------------------------------------------------------
+
+# ---- http_client.rs ---------------------------------------------------------------------
+
+def encode_target_request(
+    method: str,
+    target: str,
+    host: str,
+    headers: dict[str, list[str]],
+    extra: list[tuple[str, str]],
+    body: bytes,
+    length: int | None = None,
+) -> bytes:
+    """A tunnelled request for its target: `Host`, the message's `{name: [values]}` fields
+    less the hop-by-hop ones (host, content-length, transfer-encoding, connection, expect),
+    `extra` (not filtered), Content-Length for the body (or `length` for a body streamed
+    after this head). ValueError for a field with CR/LF/NUL or a bad method/target."""
 
 # ---- codec/ws.rs ------------------------------------------------------------------------
 OP_CONTINUATION: Final[int]

@@ -28,9 +28,6 @@
 //! or trailer section is kept, each under its own limit. A head is located by scanning only
 //! the bytes not scanned before, so a head trickled in byte by byte costs O(n).
 //!
-//! [`Parser`] is the buffered convenience on top: it gathers each body (up to `max_body`,
-//! 413 beyond) and returns whole [`Request`]s, for small bodies such as a federation POST.
-//!
 //! Framing rules (RFC 9112 section 6): `Transfer-Encoding` must end in `chunked` (else 400,
 //! the length cannot be known), may not name `chunked` twice (400), may not come with
 //! Content-Length (400: a smuggling attempt) nor in an HTTP/1.0 request (400, section 6.1);
@@ -48,9 +45,6 @@ pub const DEFAULT_MAX_HEAD: usize = 16 * 1024;
 /// Default cap on the number of header fields (and of trailer fields); nginx and h11 sit in
 /// the same range.
 pub const DEFAULT_MAX_HEADERS: usize = 64;
-/// Default cap on a buffered body ([`Parser`]): a federation POST carries one envelope, and
-/// RMB envelopes are limited well below 1 MiB. The streaming parser has no body limit.
-pub const DEFAULT_MAX_BODY: usize = 1024 * 1024;
 /// Default cap on one chunk-size line with its extensions and CRLF. A size is at most 16 hex
 /// digits; extensions are ignored, so a long line is only ever a way to make us buffer.
 pub const DEFAULT_MAX_CHUNK_LINE: usize = 4096;
@@ -87,12 +81,10 @@ fn http_error(status: u16, reason: &str) -> Error {
 }
 
 /// The parser limits, all part of the API (see the `DEFAULT_*` constants for why each).
-/// `max_body` only applies to the buffered [`Parser`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Limits {
     pub max_head: usize,
     pub max_headers: usize,
-    pub max_body: usize,
     pub max_chunk_line: usize,
     pub max_trailers: usize,
 }
@@ -102,7 +94,6 @@ impl Default for Limits {
         Limits {
             max_head: DEFAULT_MAX_HEAD,
             max_headers: DEFAULT_MAX_HEADERS,
-            max_body: DEFAULT_MAX_BODY,
             max_chunk_line: DEFAULT_MAX_CHUNK_LINE,
             max_trailers: DEFAULT_MAX_TRAILERS,
         }
@@ -165,13 +156,6 @@ impl RequestHead {
     pub fn has_body(&self) -> bool {
         self.framing != Framing::Length(0)
     }
-}
-
-/// A complete request with its body (what [`Parser`] returns).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Request {
-    pub head: RequestHead,
-    pub body: Vec<u8>,
 }
 
 /// The comma-separated elements of a header list value, trimmed of optional whitespace
@@ -788,129 +772,6 @@ fn find_byte(buf: &[u8], from: usize, byte: u8) -> Option<usize> {
         .map(|off| from + off)
 }
 
-/// Buffered convenience over [`StreamParser`]: one whole [`Request`] at a time, its body
-/// gathered up to `max_body` (413 beyond, before the body arrives when Content-Length says
-/// so). After an error the parser is poisoned and returns the same error again.
-#[derive(Debug)]
-pub struct Parser {
-    inner: StreamParser,
-    max_body: usize,
-    head: Option<RequestHead>,
-    body: Vec<u8>,
-    failed: Option<Error>,
-}
-
-impl Parser {
-    pub fn new(limits: Limits) -> Self {
-        Parser {
-            inner: StreamParser::new(limits),
-            max_body: limits.max_body,
-            head: None,
-            body: Vec::new(),
-            failed: None,
-        }
-    }
-
-    /// Bytes received and not yet returned as part of a request.
-    pub fn buffered(&self) -> usize {
-        if self.failed.is_some() {
-            return 0;
-        }
-        self.inner.buffered() + self.body.len()
-    }
-
-    /// See [`StreamParser::take_rest`].
-    pub fn take_rest(&mut self) -> Vec<u8> {
-        self.head = None;
-        self.body = Vec::new();
-        self.inner.take_rest()
-    }
-
-    /// Append `data` and return the next complete request, or None when more bytes are needed.
-    pub fn feed(&mut self, data: &[u8]) -> Result<Option<Request>> {
-        self.feed_with(data, |head, body| Request {
-            head,
-            body: body.to_vec(),
-        })
-    }
-
-    /// Like [`Parser::feed`] but hands the body to `build` as a slice, so a body that arrived
-    /// in one read is copied exactly once (into the caller's object).
-    pub fn feed_with<T>(
-        &mut self,
-        data: &[u8],
-        build: impl FnOnce(RequestHead, &[u8]) -> T,
-    ) -> Result<Option<T>> {
-        if let Some(err) = &self.failed {
-            return Err(err.clone());
-        }
-        if self.inner.is_done() {
-            self.inner.start_next_cycle()?;
-        }
-        let max_body = self.max_body;
-        let mut build = Some(build);
-        let out = self.inner.feed(data);
-        let mut single: Option<&[u8]> = None;
-        let mut result = Ok(None);
-        let too_large = || http_error(STATUS_PAYLOAD_TOO_LARGE, "request body too large");
-        for event in out.events {
-            match event {
-                Event::Head(head) => {
-                    if matches!(head.framing, Framing::Length(n) if n > max_body as u64) {
-                        result = Err(too_large());
-                        break;
-                    }
-                    self.head = Some(head);
-                }
-                Event::Data(bytes) => {
-                    if self.body.len() + single.map_or(0, <[u8]>::len) + bytes.len() > max_body {
-                        result = Err(too_large());
-                        break;
-                    }
-                    // Keep the first slice as is; copy only when the body is in pieces.
-                    match single {
-                        None if self.body.is_empty() => single = Some(bytes),
-                        _ => {
-                            self.body
-                                .extend_from_slice(single.take().unwrap_or_default());
-                            self.body.extend_from_slice(bytes);
-                        }
-                    }
-                }
-                Event::End(_) => {
-                    let head = self.head.take().expect("End follows Head");
-                    let body = match single.take() {
-                        Some(bytes) => bytes,
-                        None => &self.body[..],
-                    };
-                    let build = build.take().expect("one request per feed");
-                    result = Ok(Some(build(head, body)));
-                    self.body.clear();
-                }
-            }
-        }
-        let result = match out.error {
-            Some(err) if result.is_ok() => Err(err),
-            _ => result,
-        };
-        if let Some(bytes) = single {
-            self.body.extend_from_slice(bytes);
-        }
-        if let Err(err) = &result {
-            self.failed = Some(err.clone());
-            self.head = None;
-            self.body = Vec::new();
-        }
-        result
-    }
-}
-
-impl Default for Parser {
-    fn default() -> Self {
-        Parser::new(Limits::default())
-    }
-}
-
 /// `Sec-WebSocket-Accept` for a key (RFC 6455 section 4.2.2, item 5.4).
 pub fn websocket_accept(key: &[u8]) -> String {
     let mut sha = Sha1::new();
@@ -1241,38 +1102,514 @@ pub fn encode_request(
     Ok(out)
 }
 
-/// A parsed response head: status, lower-cased headers, and the head length in bytes.
-pub type ResponseHead = (u16, Vec<(String, Vec<u8>)>, usize);
+// ---- client side: responses ----------------------------------------------------------------
+//
+// The responses of one kept-alive connection we are the client of (the tunnel connector's
+// target connections; the websocket client's upgrade reads its head alone), RFC 9112, one
+// response per [`ResponseParser::start`]:
+//
+// ```text
+//  state      on                                          emits                 next
+//  Idle       any byte                                    Err (unasked data)    Failed
+//  Head       1xx head                                    -                     Head
+//  Head       head, no body (HEAD, 204, 304, length 0)    Head(body=b""), End   Idle
+//  Head       head, Content-Length n <= whole_limit       -                     Whole(n)
+//  Head       head, Content-Length n > whole_limit        Head(body=None)       Length(n)
+//  Head       head, Transfer-Encoding ..., chunked        Head(body=None)       ChunkSize
+//  Head       head, neither (or another coding)           Head(body=None)       Eof
+//  Whole(n)   n bytes gathered                            Head(body), End       Idle
+//  Length(n)  bytes (up to n)                             Data                  Length(n-k) / End
+//  ChunkSize  `hex[;ext]CRLF` n > 0 / `0CRLF`             -                     ChunkData / Trailers
+//  ChunkData  bytes (up to n)                             Data                  ChunkData / ChunkEnd
+//  ChunkEnd   CRLF                                        -                     ChunkSize
+//  Trailers   fields up to an empty line                  End                   Idle
+//  Eof        bytes / `feed_eof`                          Data / End            - / Idle
+//  any        a framing or limit violation                Err                   Failed
+// ```
+//
+// Framing (RFC 9112 section 6.3): Transfer-Encoding wins over Content-Length; a
+// Transfer-Encoding whose last coding is not `chunked` is read to the end of the connection;
+// differing or malformed Content-Length values are an error (a response that could be read
+// two ways must not be passed on). The connection is reusable after `End` unless the response
+// said `Connection: close`, was HTTP/1.0 without `keep-alive`, or ran to EOF.
+//
+// Limits (a server is trusted more than a client, but a broken one must not make us buffer
+// without bound): the head under [`MAX_RESPONSE_HEAD`] bytes and [`MAX_RESPONSE_HEADERS`]
+// fields, a chunk-size line under [`DEFAULT_MAX_CHUNK_LINE`], trailers under
+// [`MAX_RESPONSE_TRAILERS`]; body bytes are handed out as they arrive, except the small body
+// gathered whole (at most the caller's `whole_limit`). Errors are `Error::HttpResponse`.
 
-/// Client side: the response head once complete (`Ok(None)` until then), under the same
-/// default head and header-count limits as requests; errors carry 502.
+/// Largest response head accepted (status line and fields): generous for a reverse proxy's
+/// upstream (cookies, CSP headers), and a bound on what a broken server makes us keep.
+pub const MAX_RESPONSE_HEAD: usize = 64 * 1024;
+/// Most header fields in one response head.
+pub const MAX_RESPONSE_HEADERS: usize = 128;
+/// Largest trailer section kept while looking for its end.
+pub const MAX_RESPONSE_TRAILERS: usize = 16 * 1024;
+
+/// A response head: status, HTTP/1.0 or not, fields (names lower-cased, values as sent), and
+/// its length in bytes (1xx heads included: a caller that skips them skips their bytes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResponseHead {
+    pub status: u16,
+    pub http10: bool,
+    pub fields: Fields,
+    pub len: usize,
+}
+
+fn bad(reason: impl Into<String>) -> Error {
+    Error::HttpResponse(reason.into())
+}
+
+/// The response head at the start of `data` once complete (None until then), within
+/// [`MAX_RESPONSE_HEAD`] and [`MAX_RESPONSE_HEADERS`]: the one response-head parser (the
+/// websocket client's upgrade and [`ResponseParser`]).
 pub fn parse_response_head(data: &[u8]) -> Result<Option<ResponseHead>> {
-    let bad = |reason: &str| http_error(STATUS_BAD_GATEWAY, reason);
-    let Some(end) = find_head_end(data, 0) else {
-        return if data.len() > DEFAULT_MAX_HEAD {
-            Err(bad("response head too large"))
-        } else {
-            Ok(None)
-        };
+    let mut slots = [httparse::EMPTY_HEADER; MAX_RESPONSE_HEADERS];
+    let mut resp = httparse::Response::new(&mut slots);
+    let len = match resp.parse(data) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => {
+            if data.len() > MAX_RESPONSE_HEAD {
+                return Err(bad("response head too large"));
+            }
+            return Ok(None);
+        }
+        Err(httparse::Error::TooManyHeaders) => return Err(bad("too many response header fields")),
+        Err(err) => return Err(bad(format!("malformed response head ({err})"))),
     };
-    if end > DEFAULT_MAX_HEAD {
+    if len > MAX_RESPONSE_HEAD {
         return Err(bad("response head too large"));
     }
-    let mut slots = [httparse::EMPTY_HEADER; DEFAULT_MAX_HEADERS];
-    let mut resp = httparse::Response::new(&mut slots);
-    match resp.parse(&data[..end]) {
-        Ok(httparse::Status::Complete(n)) => {
-            let status = resp.code.ok_or_else(|| bad("malformed response"))?;
-            let headers = resp
-                .headers
-                .iter()
-                .map(|h| (h.name.to_ascii_lowercase(), h.value.to_vec()))
-                .collect();
-            Ok(Some((status, headers, n)))
+    let status = resp.code.ok_or_else(|| bad("malformed response head"))?;
+    if status < 100 {
+        return Err(bad(format!("response status {status} out of range")));
+    }
+    Ok(Some(ResponseHead {
+        status,
+        http10: resp.version == Some(0),
+        fields: lowercase_fields(resp.headers),
+        len,
+    }))
+}
+
+/// What a slice of a response connection's bytes meant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResponseEvent {
+    /// The final (non-1xx) head; `body` is the whole body when it was gathered with the head
+    /// (a Content-Length body within `whole_limit`, or none at all), else the body follows as
+    /// `Data` events.
+    Head {
+        status: u16,
+        headers: Fields,
+        body: Option<Vec<u8>>,
+    },
+    /// Body bytes of a streamed response.
+    Data(Vec<u8>),
+    /// The response is complete; [`ResponseParser::keep_alive`] says if the connection may
+    /// carry another request.
+    End,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ResponseState {
+    Idle,
+    Head,
+    Whole(usize),
+    Length(u64),
+    ChunkSize,
+    ChunkData(u64),
+    ChunkEnd,
+    Trailers,
+    Eof,
+    Failed,
+}
+
+/// The responses of one connection, one at a time (see the module docs).
+#[derive(Debug)]
+pub struct ResponseParser {
+    state: ResponseState,
+    /// bytes received and not yet consumed (an incomplete head, chunk line, small body)
+    buf: Vec<u8>,
+    whole_limit: usize,
+    /// the request was HEAD: no body whatever the head says
+    head_request: bool,
+    keep_alive: bool,
+    /// the head held back while its small body is gathered
+    held: Option<(u16, Fields)>,
+    error: Option<Error>,
+    /// events in the caller's list when this `feed` began
+    events_before: usize,
+}
+
+impl Default for ResponseParser {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl ResponseParser {
+    pub fn new() -> Self {
+        ResponseParser {
+            state: ResponseState::Idle,
+            buf: Vec::new(),
+            whole_limit: 0,
+            head_request: false,
+            keep_alive: false,
+            held: None,
+            error: None,
+            events_before: 0,
         }
-        Ok(httparse::Status::Partial) => Ok(None),
-        Err(httparse::Error::TooManyHeaders) => Err(bad("too many response headers")),
-        Err(_) => Err(bad("malformed response")),
+    }
+
+    /// Expect the response to a request just sent: `head_request` for HEAD (no body), and
+    /// a Content-Length body up to `whole_limit` bytes is gathered and handed over with the
+    /// head. Errors when the previous response is not over (a caller bug).
+    pub fn start(&mut self, head_request: bool, whole_limit: usize) -> Result<()> {
+        if self.state != ResponseState::Idle {
+            return Err(Error::InvalidArgument(format!(
+                "a response is still being read ({:?})",
+                self.state
+            )));
+        }
+        self.state = ResponseState::Head;
+        self.head_request = head_request;
+        self.whole_limit = whole_limit;
+        self.keep_alive = false;
+        Ok(())
+    }
+
+    /// Between responses (a new request may be sent).
+    pub fn is_idle(&self) -> bool {
+        self.state == ResponseState::Idle
+    }
+
+    /// The last complete response allows another request on this connection.
+    pub fn keep_alive(&self) -> bool {
+        self.keep_alive
+    }
+
+    /// Bytes held (an incomplete head, chunk line or small body).
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
+    /// The events of `data`, appended to `out`. After an error every later call returns it
+    /// again: the connection must be dropped.
+    pub fn feed(&mut self, data: &[u8], out: &mut Vec<ResponseEvent>) -> Result<()> {
+        if let Some(err) = &self.error {
+            return Err(err.clone());
+        }
+        self.events_before = out.len();
+        let result = if self.buf.is_empty() {
+            // the common case: nothing held over, parse the new bytes where they are
+            self.run(data, out).map(|used| {
+                if used < data.len() {
+                    self.buf.extend_from_slice(&data[used..]);
+                }
+            })
+        } else {
+            let mut buf = std::mem::take(&mut self.buf);
+            buf.extend_from_slice(data);
+            self.run(&buf, out).map(|used| {
+                buf.drain(..used);
+                self.buf = buf;
+            })
+        };
+        if let Err(err) = &result {
+            self.state = ResponseState::Failed;
+            self.error = Some(err.clone());
+        }
+        result
+    }
+
+    /// The target closed the connection: ends a response delimited by the close (`End`,
+    /// returns true); false when no response was under way; an error when one was cut short.
+    pub fn feed_eof(&mut self, out: &mut Vec<ResponseEvent>) -> Result<bool> {
+        match self.state {
+            ResponseState::Eof => {
+                self.state = ResponseState::Idle;
+                self.keep_alive = false;
+                out.push(ResponseEvent::End);
+                Ok(true)
+            }
+            ResponseState::Idle => Ok(false),
+            ResponseState::Failed => Err(self.error.clone().unwrap_or_else(|| bad("failed"))),
+            state => {
+                let err = bad(match state {
+                    ResponseState::Head => "the connection closed before the response head",
+                    _ => "the connection closed in the middle of the response body",
+                });
+                self.state = ResponseState::Failed;
+                self.error = Some(err.clone());
+                Err(err)
+            }
+        }
+    }
+
+    /// Consume what can be consumed of `w`; returns the bytes used.
+    fn run(&mut self, w: &[u8], out: &mut Vec<ResponseEvent>) -> Result<usize> {
+        let mut i = 0;
+        loop {
+            let avail = &w[i..];
+            match self.state {
+                ResponseState::Idle => {
+                    if avail.is_empty() {
+                        return Ok(i);
+                    }
+                    let err = bad("data without a request");
+                    if out.len() > self.events_before {
+                        // bytes past the end of an answer this read completed (a HEAD
+                        // answered with a body, say): the answer stands, the connection is
+                        // not trusted with another request (and later calls fail)
+                        self.keep_alive = false;
+                        self.state = ResponseState::Failed;
+                        self.error = Some(err);
+                        return Ok(w.len());
+                    }
+                    return Err(err);
+                }
+                ResponseState::Failed => return Ok(i),
+                ResponseState::Head => match self.head(avail, out)? {
+                    Some(n) => i += n,
+                    None => return Ok(i),
+                },
+                ResponseState::Whole(n) => {
+                    if avail.len() < n {
+                        return Ok(i);
+                    }
+                    let (status, headers) = self.held.take().unwrap_or_default();
+                    out.push(ResponseEvent::Head {
+                        status,
+                        headers,
+                        body: Some(avail[..n].to_vec()),
+                    });
+                    self.end(out);
+                    i += n;
+                }
+                ResponseState::Length(left) => {
+                    if avail.is_empty() {
+                        return Ok(i);
+                    }
+                    let take = avail.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+                    out.push(ResponseEvent::Data(avail[..take].to_vec()));
+                    i += take;
+                    let left = left - take as u64;
+                    if left == 0 {
+                        self.end(out);
+                    } else {
+                        self.state = ResponseState::Length(left);
+                    }
+                }
+                ResponseState::ChunkSize => {
+                    let Some(nl) = avail.iter().position(|&b| b == b'\n') else {
+                        if avail.len() > DEFAULT_MAX_CHUNK_LINE {
+                            return Err(bad("chunk size line too long"));
+                        }
+                        return Ok(i);
+                    };
+                    if nl + 1 > DEFAULT_MAX_CHUNK_LINE {
+                        return Err(bad("chunk size line too long"));
+                    }
+                    let line = &avail[..nl];
+                    let line = line.strip_suffix(b"\r").unwrap_or(line);
+                    let size = parse_chunk_size(line)
+                        .map_err(|err| bad(format!("{err} in the response")))?;
+                    i += nl + 1;
+                    self.state = if size == 0 {
+                        ResponseState::Trailers
+                    } else {
+                        ResponseState::ChunkData(size)
+                    };
+                }
+                ResponseState::ChunkData(left) => {
+                    if avail.is_empty() {
+                        return Ok(i);
+                    }
+                    let take = avail.len().min(usize::try_from(left).unwrap_or(usize::MAX));
+                    out.push(ResponseEvent::Data(avail[..take].to_vec()));
+                    i += take;
+                    let left = left - take as u64;
+                    self.state = if left == 0 {
+                        ResponseState::ChunkEnd
+                    } else {
+                        ResponseState::ChunkData(left)
+                    };
+                }
+                ResponseState::ChunkEnd => {
+                    // CRLF after the chunk's data (a bare LF too, lenient as for heads)
+                    match avail {
+                        [] | [b'\r'] => return Ok(i),
+                        [b'\n', ..] => i += 1,
+                        [b'\r', b'\n', ..] => i += 2,
+                        _ => return Err(bad("chunk data not followed by CRLF")),
+                    }
+                    self.state = ResponseState::ChunkSize;
+                }
+                ResponseState::Trailers => match trailers_end(avail)? {
+                    Some(n) => {
+                        i += n;
+                        self.end(out);
+                    }
+                    None => return Ok(i),
+                },
+                ResponseState::Eof => {
+                    if !avail.is_empty() {
+                        out.push(ResponseEvent::Data(avail.to_vec()));
+                    }
+                    return Ok(w.len());
+                }
+            }
+        }
+    }
+
+    fn end(&mut self, out: &mut Vec<ResponseEvent>) {
+        self.state = ResponseState::Idle;
+        out.push(ResponseEvent::End);
+    }
+
+    /// A head at the start of `avail`: its length once complete (state moved on, events
+    /// pushed), None while incomplete.
+    fn head(&mut self, avail: &[u8], out: &mut Vec<ResponseEvent>) -> Result<Option<usize>> {
+        let Some(ResponseHead {
+            status,
+            http10,
+            fields,
+            len: n,
+        }) = parse_response_head(avail)?
+        else {
+            return Ok(None);
+        };
+        if status < 200 {
+            return Ok(Some(n)); // interim (100 Continue, 103 Early Hints): the real one follows
+        }
+        let mut keep = !http10;
+        let mut chunked = false;
+        let mut coded = false;
+        let mut length: Option<u64> = None;
+        for (name, value) in &fields {
+            match name.as_str() {
+                "content-length" => {
+                    let value = parse_content_length(value)?;
+                    if length.is_some_and(|known| known != value) {
+                        return Err(bad("differing Content-Length values in the response"));
+                    }
+                    length = Some(value);
+                }
+                "transfer-encoding" => {
+                    coded = true;
+                    // the last coding decides (RFC 9112 section 6.3, item 4)
+                    chunked = last_token(value).eq_ignore_ascii_case(b"chunked");
+                }
+                "connection" => {
+                    for token in value.split(|&b| b == b',') {
+                        let token = token.trim_ascii();
+                        if token.eq_ignore_ascii_case(b"close") {
+                            keep = false;
+                        } else if token.eq_ignore_ascii_case(b"keep-alive") && http10 {
+                            keep = true;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        let headers = fields;
+        self.keep_alive = keep;
+        let bodyless = self.head_request || status == 204 || status == 304;
+        if bodyless || (!coded && length == Some(0)) {
+            out.push(ResponseEvent::Head {
+                status,
+                headers,
+                body: Some(Vec::new()),
+            });
+            self.end(out);
+        } else if coded {
+            out.push(ResponseEvent::Head {
+                status,
+                headers,
+                body: None,
+            });
+            if chunked {
+                self.state = ResponseState::ChunkSize;
+            } else {
+                self.state = ResponseState::Eof;
+                self.keep_alive = false;
+            }
+        } else if let Some(len) = length {
+            match usize::try_from(len) {
+                Ok(small) if small <= self.whole_limit => {
+                    self.held = Some((status, headers));
+                    self.state = ResponseState::Whole(small);
+                }
+                _ => {
+                    out.push(ResponseEvent::Head {
+                        status,
+                        headers,
+                        body: None,
+                    });
+                    self.state = ResponseState::Length(len);
+                }
+            }
+        } else {
+            out.push(ResponseEvent::Head {
+                status,
+                headers,
+                body: None,
+            });
+            self.state = ResponseState::Eof;
+            self.keep_alive = false;
+        }
+        Ok(Some(n))
+    }
+}
+
+/// Digits only, no sign or spaces inside; a list of equal values (`5, 5`) is one value.
+fn parse_content_length(value: &[u8]) -> Result<u64> {
+    let mut result: Option<u64> = None;
+    for part in value.split(|&b| b == b',') {
+        let digits = part.trim_ascii();
+        if digits.is_empty() || digits.len() > 19 || !digits.iter().all(u8::is_ascii_digit) {
+            return Err(bad("malformed Content-Length in the response"));
+        }
+        let n = digits
+            .iter()
+            .fold(0u64, |acc, d| acc * 10 + u64::from(d - b'0'));
+        if result.is_some_and(|known| known != n) {
+            return Err(bad("differing Content-Length values in the response"));
+        }
+        result = Some(n);
+    }
+    result.ok_or_else(|| bad("malformed Content-Length in the response"))
+}
+
+fn last_token(value: &[u8]) -> &[u8] {
+    value
+        .rsplit(|&b| b == b',')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii()
+}
+
+/// The length of the trailer section at the start of `avail` (up to and including its empty
+/// line) once complete.
+fn trailers_end(avail: &[u8]) -> Result<Option<usize>> {
+    let mut at = 0;
+    loop {
+        let Some(nl) = avail[at..].iter().position(|&b| b == b'\n') else {
+            if avail.len() > MAX_RESPONSE_TRAILERS {
+                return Err(bad("response trailers too large"));
+            }
+            return Ok(None);
+        };
+        let line = &avail[at..at + nl];
+        at += nl + 1;
+        if line.is_empty() || line == b"\r" {
+            return Ok(Some(at));
+        }
+        if at > MAX_RESPONSE_TRAILERS {
+            return Err(bad("response trailers too large"));
+        }
     }
 }
 
@@ -1280,8 +1617,72 @@ pub fn parse_response_head(data: &[u8]) -> Result<Option<ResponseHead>> {
 mod tests {
     use super::*;
 
-    fn parser() -> Parser {
-        Parser::default()
+    /// A request with its body, as [`Whole`] gathers it.
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    struct Request {
+        head: RequestHead,
+        body: Vec<u8>,
+    }
+
+    /// The stream parser read a whole request at a time, its body gathered: what a
+    /// connection's handler sees of the events, for tests that look at whole requests.
+    struct Whole {
+        inner: StreamParser,
+        head: Option<RequestHead>,
+        body: Vec<u8>,
+        failed: Option<Error>,
+    }
+
+    impl Whole {
+        fn new(limits: Limits) -> Self {
+            Whole {
+                inner: StreamParser::new(limits),
+                head: None,
+                body: Vec::new(),
+                failed: None,
+            }
+        }
+
+        /// The next whole request, None while more bytes are needed; after an error, that
+        /// error again.
+        fn feed(&mut self, data: &[u8]) -> Result<Option<Request>> {
+            if let Some(err) = &self.failed {
+                return Err(err.clone());
+            }
+            if self.inner.is_done() {
+                self.inner.start_next_cycle()?;
+            }
+            let out = self.inner.feed(data);
+            let mut request = None;
+            for event in out.events {
+                match event {
+                    Event::Head(head) => self.head = Some(head),
+                    Event::Data(bytes) => self.body.extend_from_slice(bytes),
+                    Event::End(_) => {
+                        let head = self.head.take().expect("End follows Head");
+                        let body = std::mem::take(&mut self.body);
+                        request = Some(Request { head, body });
+                    }
+                }
+            }
+            if let Some(err) = out.error {
+                self.failed = Some(err.clone());
+                return Err(err);
+            }
+            Ok(request)
+        }
+
+        fn buffered(&self) -> usize {
+            self.inner.buffered() + self.body.len()
+        }
+
+        fn take_rest(&mut self) -> Vec<u8> {
+            self.inner.take_rest()
+        }
+    }
+
+    fn parser() -> Whole {
+        Whole::new(Limits::default())
     }
 
     fn status_of(err: Error) -> u16 {
@@ -1519,30 +1920,14 @@ mod tests {
             data.extend_from_slice(format!("h{i}: v\r\n").as_bytes());
         }
         data.extend_from_slice(b"\r\n");
-        let req = Parser::new(limits).feed(&data).unwrap().unwrap();
+        let req = Whole::new(limits).feed(&data).unwrap().unwrap();
         assert_eq!(req.head.headers.len(), 150);
     }
 
     #[test]
-    fn body_over_limit_is_413_before_it_arrives() {
-        let limits = Limits {
-            max_body: 10,
-            ..Limits::default()
-        };
-        let mut p = Parser::new(limits);
-        let err = p
-            .feed(b"POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n")
-            .unwrap_err();
-        assert_eq!(status_of(err), 413);
-        let err = Parser::new(limits)
-            .feed(b"POST / HTTP/1.1\r\nContent-Length: 99999999999999999999999999\r\n\r\n")
-            .unwrap_err();
-        assert_eq!(status_of(err), 413);
-        let req = Parser::new(limits)
-            .feed(b"POST / HTTP/1.1\r\nContent-Length: 10\r\n\r\n0123456789")
-            .unwrap()
-            .unwrap();
-        assert_eq!(req.body.len(), 10);
+    fn a_length_beyond_64_bits_is_413_before_the_body() {
+        let data = b"POST / HTTP/1.1\r\nContent-Length: 99999999999999999999999999\r\n\r\n";
+        assert_eq!(status_of(parser().feed(data).unwrap_err()), 413);
     }
 
     #[test]
@@ -1832,29 +2217,34 @@ mod tests {
                 "cut {cut}"
             );
         }
-        let (status, headers, n) = parse_response_head(data).unwrap().unwrap();
-        assert_eq!(status, 101);
-        assert_eq!(n, head_len);
+        let head = parse_response_head(data).unwrap().unwrap();
+        assert_eq!((head.status, head.len, head.http10), (101, head_len, false));
         assert_eq!(
-            headers[1],
+            head.fields[1],
             ("sec-websocket-accept".to_owned(), b"abc".to_vec())
         );
     }
 
     #[test]
-    fn parse_response_head_errors_are_502() {
-        assert_eq!(
-            status_of(parse_response_head(b"HTTP/1.1 abc\r\n\r\n").unwrap_err()),
-            502
-        );
-        let big = vec![b'a'; DEFAULT_MAX_HEAD + 1];
-        assert_eq!(status_of(parse_response_head(&big).unwrap_err()), 502);
+    fn parse_response_head_refusals() {
+        let refused = |data: &[u8]| match parse_response_head(data) {
+            Err(Error::HttpResponse(reason)) => reason,
+            other => panic!("{other:?}"),
+        };
+        assert!(refused(b"HTTP/1.1 abc\r\n\r\n").starts_with("malformed response head"));
+        let mut big = b"HTTP/1.1 200 OK\r\nx: ".to_vec();
+        big.resize(MAX_RESPONSE_HEAD + 1, b'a');
+        assert_eq!(refused(&big), "response head too large");
         let mut many = b"HTTP/1.1 200 OK\r\n".to_vec();
-        for i in 0..=DEFAULT_MAX_HEADERS {
+        for i in 0..=MAX_RESPONSE_HEADERS {
             many.extend_from_slice(format!("h{i}: v\r\n").as_bytes());
         }
         many.extend_from_slice(b"\r\n");
-        assert_eq!(status_of(parse_response_head(&many).unwrap_err()), 502);
+        assert_eq!(refused(&many), "too many response header fields");
+        assert_eq!(
+            refused(b"HTTP/1.1 099 x\r\n\r\n"),
+            "response status 99 out of range"
+        );
     }
 
     #[test]
@@ -1866,7 +2256,6 @@ mod tests {
         let limits = Limits {
             max_head: 512,
             max_headers: 8,
-            max_body: 256,
             max_chunk_line: 32,
             max_trailers: 64,
         };
@@ -1886,11 +2275,10 @@ mod tests {
                 d
             };
             let step = rng.gen_range(1..50);
-            let mut p = Parser::new(limits);
+            let mut p = Whole::new(limits);
             for chunk in data.chunks(step) {
                 match p.feed(chunk) {
-                    Ok(Some(req)) => assert!(req.body.len() <= limits.max_body),
-                    Ok(None) => {}
+                    Ok(_) => {}
                     Err(Error::Http { status, .. }) => {
                         assert!([400, 413, 431, 501].contains(&status), "{status}");
                         break;
@@ -2290,27 +2678,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn buffered_parser_gathers_chunked_bodies_within_max_body() {
-        let limits = Limits {
-            max_body: 10,
-            ..Limits::default()
-        };
-        let mut p = Parser::new(limits);
-        let data = b"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n7\r\ndefghij\r\n0\r\n\r\nPOST /b HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\n";
-        let req = p.feed(data).unwrap().unwrap();
-        assert_eq!(
-            (req.head.path.as_str(), &req.body[..]),
-            ("/a", &b"abcdefghij"[..])
-        );
-        assert_eq!(p.feed(b"").unwrap(), None);
-        assert_eq!(p.feed(b"12345\r\n").unwrap(), None);
-        assert_eq!(p.buffered(), 5);
-        assert_eq!(p.feed(b"6\r\n").unwrap(), None);
-        assert_eq!(status_of(p.feed(b"abcdef").unwrap_err()), 413);
-        assert_eq!(status_of(p.feed(b"").unwrap_err()), 413);
-    }
-
     // ---- streaming encoders ----
 
     #[test]
@@ -2375,9 +2742,270 @@ mod tests {
         body.push(b'c');
         assert_eq!(got[1..], [Ev::Data(body), Ev::End(fields(&[("t", "1")]))]);
     }
+
+    // ---- responses ----
+
+    fn feed_response(p: &mut ResponseParser, data: &[u8]) -> Result<Vec<ResponseEvent>> {
+        let mut out = Vec::new();
+        p.feed(data, &mut out)?;
+        Ok(out)
+    }
+
+    fn started_response(whole_limit: usize) -> ResponseParser {
+        let mut p = ResponseParser::new();
+        p.start(false, whole_limit).unwrap();
+        p
+    }
+
+    fn response_head(status: u16, headers: &[(&str, &str)], body: Option<&[u8]>) -> ResponseEvent {
+        ResponseEvent::Head {
+            status,
+            headers: headers
+                .iter()
+                .map(|(n, v)| (n.to_string(), v.as_bytes().to_vec()))
+                .collect(),
+            body: body.map(<[u8]>::to_vec),
+        }
+    }
+
+    #[test]
+    fn small_content_length_body_comes_whole_with_its_head() {
+        let mut p = started_response(16);
+        let events = feed_response(
+            &mut p,
+            b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\nX-A: 1\r\nx-a: 2\r\n\r\nhello",
+        )
+        .unwrap();
+        assert_eq!(
+            events,
+            vec![
+                response_head(
+                    200,
+                    &[("content-length", "5"), ("x-a", "1"), ("x-a", "2")],
+                    Some(b"hello")
+                ),
+                ResponseEvent::End
+            ]
+        );
+        assert!(p.is_idle() && p.keep_alive());
+    }
+
+    #[test]
+    fn split_at_every_byte_gives_the_same_events() {
+        let wire = b"HTTP/1.1 201 Created\r\nContent-Length: 3\r\n\r\nabc";
+        for cut in 0..wire.len() {
+            let mut p = started_response(16);
+            let mut events = feed_response(&mut p, &wire[..cut]).unwrap();
+            events.extend(feed_response(&mut p, &wire[cut..]).unwrap());
+            assert_eq!(
+                events,
+                vec![
+                    response_head(201, &[("content-length", "3")], Some(b"abc")),
+                    ResponseEvent::End
+                ],
+                "cut at {cut}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_body_over_the_limit_streams() {
+        let mut p = started_response(4);
+        let events =
+            feed_response(&mut p, b"HTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nabc").unwrap();
+        assert_eq!(
+            events,
+            vec![
+                response_head(200, &[("content-length", "6")], None),
+                ResponseEvent::Data(b"abc".to_vec())
+            ]
+        );
+        let events = feed_response(&mut p, b"def").unwrap();
+        assert_eq!(
+            events,
+            vec![ResponseEvent::Data(b"def".to_vec()), ResponseEvent::End]
+        );
+    }
+
+    #[test]
+    fn chunked_body_with_extensions_and_trailers() {
+        let mut p = started_response(1024);
+        let wire = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3;x=y\r\nabc\r\n2\r\nde\r\n0\r\nX-Sum: 1\r\n\r\n";
+        let events = feed_response(&mut p, wire).unwrap();
+        assert_eq!(
+            events,
+            vec![
+                response_head(200, &[("transfer-encoding", "chunked")], None),
+                ResponseEvent::Data(b"abc".to_vec()),
+                ResponseEvent::Data(b"de".to_vec()),
+                ResponseEvent::End
+            ]
+        );
+        assert!(p.is_idle() && p.keep_alive());
+    }
+
+    #[test]
+    fn chunked_split_at_every_byte() {
+        let wire = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n";
+        for cut in 0..wire.len() {
+            let mut p = started_response(0);
+            let mut events = feed_response(&mut p, &wire[..cut]).unwrap();
+            events.extend(feed_response(&mut p, &wire[cut..]).unwrap());
+            let body: Vec<u8> = events
+                .iter()
+                .filter_map(|e| match e {
+                    ResponseEvent::Data(d) => Some(d.clone()),
+                    _ => None,
+                })
+                .flatten()
+                .collect();
+            assert_eq!(body, b"abc", "cut at {cut}");
+            assert_eq!(events.last(), Some(&ResponseEvent::End), "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn no_body_for_head_204_304_and_interim_heads_are_skipped() {
+        let mut p = ResponseParser::new();
+        p.start(true, 0).unwrap();
+        let events =
+            feed_response(&mut p, b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n").unwrap();
+        assert_eq!(
+            events,
+            vec![
+                response_head(200, &[("content-length", "100")], Some(b"")),
+                ResponseEvent::End
+            ]
+        );
+        p.start(false, 0).unwrap();
+        let events = feed_response(
+            &mut p,
+            b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 204 No Content\r\n\r\n",
+        )
+        .unwrap();
+        assert_eq!(
+            events,
+            vec![response_head(204, &[], Some(b"")), ResponseEvent::End]
+        );
+    }
+
+    #[test]
+    fn close_delimited_body_ends_at_eof_and_is_not_reusable() {
+        let mut p = started_response(1024);
+        let events = feed_response(&mut p, b"HTTP/1.1 200 OK\r\n\r\nsome").unwrap();
+        assert_eq!(
+            events,
+            vec![
+                response_head(200, &[], None),
+                ResponseEvent::Data(b"some".to_vec())
+            ]
+        );
+        let mut out = Vec::new();
+        assert!(p.feed_eof(&mut out).unwrap());
+        assert_eq!(out, vec![ResponseEvent::End]);
+        assert!(!p.keep_alive());
+    }
+
+    #[test]
+    fn connection_close_and_http10_are_not_kept_alive() {
+        let mut p = started_response(16);
+        feed_response(
+            &mut p,
+            b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 0\r\n\r\n",
+        )
+        .unwrap();
+        assert!(!p.keep_alive());
+        p.start(false, 16).unwrap();
+        feed_response(&mut p, b"HTTP/1.0 200 OK\r\nContent-Length: 0\r\n\r\n").unwrap();
+        assert!(!p.keep_alive());
+        p.start(false, 16).unwrap();
+        feed_response(
+            &mut p,
+            b"HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 0\r\n\r\n",
+        )
+        .unwrap();
+        assert!(p.keep_alive());
+    }
+
+    #[test]
+    fn malformed_responses_are_errors_and_stay_errors() {
+        let cases: &[&[u8]] = &[
+            b"garbage\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1\r\naXX",
+        ];
+        for wire in cases {
+            let mut p = started_response(1024);
+            let err = feed_response(&mut p, wire).unwrap_err();
+            assert!(matches!(err, Error::HttpResponse(_)), "{err:?}");
+            assert_eq!(feed_response(&mut p, b"").unwrap_err(), err);
+        }
+    }
+
+    #[test]
+    fn data_without_a_request_is_an_error() {
+        let mut p = ResponseParser::new();
+        assert!(feed_response(&mut p, b"HTTP/1.1 200 OK\r\n\r\n").is_err());
+    }
+
+    #[test]
+    fn bytes_past_an_answer_keep_the_answer_and_condemn_the_connection() {
+        // a HEAD answered with a body: the head is the answer, the body is not ours
+        let mut p = ResponseParser::new();
+        p.start(true, 16).unwrap();
+        let events =
+            feed_response(&mut p, b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc").unwrap();
+        assert_eq!(
+            events,
+            vec![
+                response_head(200, &[("content-length", "3")], Some(b"")),
+                ResponseEvent::End
+            ]
+        );
+        assert!(!p.keep_alive());
+        assert!(feed_response(&mut p, b"").is_err());
+        assert!(p.start(false, 16).is_err());
+    }
+
+    #[test]
+    fn eof_inside_a_response_is_an_error() {
+        let mut p = started_response(1024);
+        feed_response(&mut p, b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc").unwrap();
+        assert!(p.feed_eof(&mut Vec::new()).is_err());
+        let mut p = ResponseParser::new();
+        assert!(!p.feed_eof(&mut Vec::new()).unwrap());
+    }
+
+    #[test]
+    fn an_endless_head_is_refused() {
+        let mut p = started_response(0);
+        let mut wire = b"HTTP/1.1 200 OK\r\n".to_vec();
+        wire.extend(std::iter::repeat_n(b'a', MAX_RESPONSE_HEAD + 10));
+        assert!(feed_response(&mut p, &wire).is_err());
+    }
+
+    #[test]
+    fn two_responses_back_to_back_on_one_connection() {
+        let mut p = started_response(16);
+        let events =
+            feed_response(&mut p, b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\na").unwrap();
+        assert_eq!(events.len(), 2);
+        p.start(false, 16).unwrap();
+        let events =
+            feed_response(&mut p, b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n\r\nb").unwrap();
+        assert_eq!(
+            events[0],
+            response_head(200, &[("content-length", "1")], Some(b"b"))
+        );
+    }
 }
+
 pub mod py {
-    use super::{Event, Fields, Framing, Limits, Parser, RequestHead, StreamParser};
+    use super::{
+        Event, Fields, Framing, Limits, RequestHead, ResponseEvent, ResponseParser, StreamParser,
+    };
     use pyo3::exceptions::PyTypeError;
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyList, PyString, PyTuple};
@@ -2638,7 +3266,6 @@ pub mod py {
                     max_headers,
                     max_chunk_line,
                     max_trailers,
-                    ..Limits::default()
                 }),
             }
         }
@@ -2665,45 +3292,6 @@ pub mod py {
         #[getter]
         fn done(&self) -> bool {
             self.inner.is_done()
-        }
-    }
-
-    /// Buffered request parser: whole requests, body (Content-Length or chunked) <= max_body.
-    #[pyclass(module = "rmb_relay._core", name = "HttpParser")]
-    pub struct HttpParser {
-        inner: Parser,
-    }
-
-    #[pymethods]
-    impl HttpParser {
-        #[new]
-        #[pyo3(signature = (*, max_head = 16384, max_headers = 64, max_body = 1048576))]
-        fn new(max_head: usize, max_headers: usize, max_body: usize) -> Self {
-            HttpParser {
-                inner: Parser::new(Limits {
-                    max_head,
-                    max_headers,
-                    max_body,
-                    ..Limits::default()
-                }),
-            }
-        }
-
-        fn feed(&mut self, py: Python<'_>, data: &[u8]) -> PyResult<Option<HttpRequest>> {
-            let built = self.inner.feed_with(data, |head, body| HttpRequest {
-                head,
-                body: PyBytes::new(py, body).unbind(),
-            })?;
-            Ok(built)
-        }
-
-        fn take_rest<'py>(&mut self, py: Python<'py>) -> Bound<'py, PyBytes> {
-            PyBytes::new(py, &self.inner.take_rest())
-        }
-
-        #[getter]
-        fn buffered(&self) -> usize {
-            self.inner.buffered()
         }
     }
 
@@ -2820,8 +3408,16 @@ pub mod py {
         py: Python<'py>,
         data: &[u8],
     ) -> PyResult<Option<(u16, Bound<'py, PyList>, usize)>> {
-        match super::parse_response_head(data)? {
-            Some((status, headers, n)) => Ok(Some((status, headers_list(py, &headers)?, n))),
+        // its callers (the websocket client's upgrade) take a refusal as HttpParseError, 502:
+        // the answer of a server that does not speak HTTP
+        let head = super::parse_response_head(data).map_err(|err| match err {
+            super::Error::HttpResponse(reason) => {
+                super::http_error(super::STATUS_BAD_GATEWAY, &reason)
+            }
+            other => other,
+        })?;
+        match head {
+            Some(h) => Ok(Some((h.status, headers_list(py, &h.fields)?, h.len))),
             None => Ok(None),
         }
     }
@@ -2831,9 +3427,113 @@ pub mod py {
     // keep the literals equal to the named constants.
     const _: () = assert!(super::DEFAULT_MAX_HEAD == 16384);
     const _: () = assert!(super::DEFAULT_MAX_HEADERS == 64);
-    const _: () = assert!(super::DEFAULT_MAX_BODY == 1048576);
     const _: () = assert!(super::DEFAULT_MAX_CHUNK_LINE == 4096);
     const _: () = assert!(super::DEFAULT_MAX_TRAILERS == 8192);
+
+    /// Parses the responses of one connection we are the client of (a tunnel target's).
+    #[pyclass(module = "rmb_relay._core", name = "HttpResponseParser")]
+    pub struct HttpResponseParser {
+        pub(crate) inner: ResponseParser,
+        events: Vec<ResponseEvent>,
+    }
+
+    /// latin-1 text of a header value (every byte one code point, as `bytes.decode("latin-1")`)
+    fn latin1<'py>(py: Python<'py>, value: &[u8]) -> Bound<'py, PyString> {
+        match std::str::from_utf8(value) {
+            Ok(text) if value.is_ascii() => PyString::new(py, text),
+            _ => PyString::new(py, &value.iter().map(|&b| b as char).collect::<String>()),
+        }
+    }
+
+    fn to_py<'py>(py: Python<'py>, event: ResponseEvent) -> PyResult<Bound<'py, PyAny>> {
+        Ok(match event {
+            ResponseEvent::Head {
+                status,
+                headers,
+                body,
+            } => {
+                let list = PyList::empty(py);
+                for (name, value) in &headers {
+                    list.append((PyString::new(py, name), latin1(py, value)))?;
+                }
+                let body = body.map(|b| PyBytes::new(py, &b));
+                PyTuple::new(
+                    py,
+                    [
+                        status.into_pyobject(py)?.into_any(),
+                        list.into_any(),
+                        body.into_pyobject(py)?.into_any(),
+                    ],
+                )?
+                .into_any()
+            }
+            ResponseEvent::Data(data) => PyBytes::new(py, &data).into_any(),
+            ResponseEvent::End => py.None().into_bound(py),
+        })
+    }
+
+    /// The events as Python values (drained from `events`); a head with its whole body is the
+    /// whole response, so no End follows it.
+    pub(crate) fn response_events_list<'py>(
+        py: Python<'py>,
+        events: &mut Vec<ResponseEvent>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let list = PyList::empty(py);
+        let mut whole = false;
+        for event in events.drain(..) {
+            if whole && event == ResponseEvent::End {
+                whole = false;
+                continue;
+            }
+            whole = matches!(event, ResponseEvent::Head { body: Some(_), .. });
+            list.append(to_py(py, event)?)?;
+        }
+        Ok(list)
+    }
+
+    #[pymethods]
+    impl HttpResponseParser {
+        #[new]
+        fn new() -> Self {
+            HttpResponseParser {
+                inner: ResponseParser::new(),
+                events: Vec::new(),
+            }
+        }
+
+        fn start(&mut self, head_request: bool, whole_limit: usize) -> PyResult<()> {
+            Ok(self.inner.start(head_request, whole_limit)?)
+        }
+
+        fn feed<'py>(&mut self, py: Python<'py>, data: &[u8]) -> PyResult<Bound<'py, PyList>> {
+            let mut events = std::mem::take(&mut self.events);
+            let result = self.inner.feed(data, &mut events);
+            let list = response_events_list(py, &mut events);
+            self.events = events;
+            result?;
+            list
+        }
+
+        fn feed_eof(&mut self) -> PyResult<bool> {
+            let mut events = Vec::new();
+            Ok(self.inner.feed_eof(&mut events)?)
+        }
+
+        #[getter]
+        fn idle(&self) -> bool {
+            self.inner.is_idle()
+        }
+
+        #[getter]
+        fn keep_alive(&self) -> bool {
+            self.inner.keep_alive()
+        }
+
+        #[getter]
+        fn buffered(&self) -> usize {
+            self.inner.buffered()
+        }
+    }
 
     pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
         m.add_class::<HttpRequest>()?;
@@ -2841,7 +3541,7 @@ pub mod py {
         m.add_class::<HttpEnd>()?;
         m.add_class::<HttpViolation>()?;
         m.add_class::<HttpStreamParser>()?;
-        m.add_class::<HttpParser>()?;
+        m.add_class::<HttpResponseParser>()?;
         // The stub's `HttpEvent` alias, real at runtime so `isinstance(ev, HttpEvent)` works.
         let py = m.py();
         let mut event_union = py.get_type::<HttpRequest>().into_any();

@@ -18,9 +18,9 @@
 //! The codec is `wire.rs`'s (decoder, msgpack and JSON sinks); the frames are
 //! `ws.rs`'s, masked as a client's must be.
 
+use crate::codec::http::{ResponseEvent as Event, ResponseParser};
 use crate::dialects::tunnel::wire::{self as tunnel_wire, FieldRef, Json, Msgpack, Sink};
 use crate::http_client::encode_target_request;
-use crate::http_response::{Event, ResponseParser};
 
 /// A `RequestTarget`'s fields the common case looks at, borrowed from either decoder's output.
 struct Common<'a> {
@@ -573,16 +573,16 @@ pub mod py {
     use pyo3::types::{PyBytes, PyList};
 
     use super::{Core, WebTarget};
+    use crate::codec::http::py::{response_events_list as events_list, HttpResponseParser};
     use crate::codec::ws::py::{event_to_py, WsDecoder};
     use crate::codec::ws::{Event as WsEvent, MASK_SEED_LEN};
     use crate::error::Error;
-    use crate::http_response::py::{events_list, HttpResponseParser};
 
     /// The connector's native per-request path for one websocket (`rust/dialects/tunnel/connector.rs`).
     #[pyclass(module = "rmb_relay._core")]
     pub struct TunnelConnectorCore {
         core: Core,
-        events: Vec<crate::http_response::Event>,
+        events: Vec<crate::codec::http::ResponseEvent>,
     }
 
     #[pymethods]
