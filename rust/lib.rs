@@ -26,10 +26,6 @@ pub mod http_client;
 pub mod limiter;
 pub mod records;
 pub mod singyeong;
-/// the relay's express answer: a connector's Deliver as the client's HTTP/1.1 bytes
-pub mod tunnel_express;
-/// the relay's native express table: the common tunnelled request with no Python object
-pub mod tunnel_native;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -51,7 +47,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     records::py::register(m)?;
     dialects::tunnel::wire::py::register(m)?;
     dialects::tunnel::connector::py::register(m)?;
-    tunnel_express::py::register(m)?;
-    tunnel_native::py::register(m)?;
+    dialects::tunnel::hub::py::register(m)?;
     Ok(())
 }

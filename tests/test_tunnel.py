@@ -168,7 +168,7 @@ async def test_queue_mode_answers_202_and_the_target_runs(start_tunnel: StartTun
         reply = await client.post("/queue/acme/app/sha", content=b"fire and forget")
     assert reply.status_code == 202
     await eventually(lambda: tunnel.target.calls == ["POST /sha"])
-    await eventually(lambda: not tunnel.dialect.hub.jobs)
+    await eventually(lambda: len(tunnel.dialect.hub.core) == 0)
 
 
 async def test_trace_mode_adds_relayserver_headers(start_tunnel: StartTunnel) -> None:
@@ -265,7 +265,7 @@ async def test_connector_websocket_refuses_bad_tokens(start_tunnel: StartTunnel)
         tunnel.add_tenant("gone")
         token = tunnel.dialect.tokens.issue("gone")
         tunnel.store.remove("gone")
-        tunnel.dialect.tenants.forget("gone")
+        tunnel.dialect.forget_tenant("gone")
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
             await session.ws_connect(url, headers={"Authorization": f"Bearer {token}"})
         assert refused.value.status == 403
@@ -337,6 +337,6 @@ async def test_metrics_count_requests_by_tenant_target_status(start_tunnel: Star
         await client.get("/relay/acme/app/status/200")
         await client.get("/relay/acme/app/status/500")
         metrics = (await client.get("/metrics")).text
-    assert tunnel.dialect.metrics.requests.value("acme", "app", "200") == 1
-    assert tunnel.dialect.metrics.requests.value("acme", "app", "500") == 1
+    assert tunnel.dialect.hub.requests.value("acme", "app", "200") == 1
+    assert tunnel.dialect.hub.requests.value("acme", "app", "500") == 1
     assert 'rmb_relay_tunnel_connectors{dialect="tunnel",tenant="ACME"} 1.0' in metrics

@@ -178,7 +178,9 @@ async def test_oidc_tokens_from_a_jwks_server(start_tunnel: StartTunnel) -> None
         # a long-lived token's verdict is kept no longer than one JWKS lifespan
         long = token(exp=now + 3600)
         assert await tokens.verify(long) == "acme"
-        assert tokens.verified.entries[long][1] <= int(time.time()) + JWKS_LIFESPAN < now + 3600
+        assert tokens.cache is not None
+        assert tokens.cache.known_token(long, int(time.time())) == "acme"
+        assert tokens.cache.known_token(long, int(time.time()) + JWKS_LIFESPAN + 1) is None
         for bad, why in [
             (token(aud="other"), "(?i)audience"),
             (token(scope="profile"), "scope"),

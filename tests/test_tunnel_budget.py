@@ -40,19 +40,19 @@ async def test_waiting_requests_over_the_tenant_budget_get_503_and_never_run(
         assert "will not be executed" in refused.text
         # a relay-mode request is refused the same way, before it waits
         assert (await client.post("/relay/acme/app/sha", content=BODY)).status_code == 503
-        assert len(hub.jobs) == 2
-        assert 20_000 < hub.budget.held <= 25_000
+        assert len(hub.core) == 2
+        assert 20_000 < hub.core.held_total <= 25_000
         page = await scrape(*tunnel.relay.addresses[0])
         assert page.value("rmb_relay_tunnel_refused_total", dialect="tunnel", limit="tenant") == 2
         held = page.value("rmb_relay_tunnel_held_bytes", dialect="tunnel", tenant="ACME")
-        assert held == hub.budget.held
+        assert held == hub.core.held_total
         # the accepted ones run once a connector comes, the refused ones never
         await tunnel.connect()
         await eventually(lambda: len(tunnel.target.calls) == 2)
         assert sorted(tunnel.target.calls) == ["POST /sha?n=0", "POST /sha?n=1"]
-        await eventually(lambda: not hub.jobs)
-        assert hub.budget.held == 0
-        assert not hub.budget.holders()
+        await eventually(lambda: len(hub.core) == 0)
+        assert hub.core.held_total == 0
+        assert all(g[4] == 0 for g in hub.core.tenant_gauges())
         # with room again, requests pass
         reply = await client.post("/relay/acme/app/sha", content=BODY)
         assert reply.status_code == 200
@@ -69,7 +69,7 @@ async def test_total_budget_spans_tenants(start_tunnel: StartTunnel) -> None:
     assert refused.status_code == 503
     assert "all tenants" in refused.text
     assert "--tunnel-total-bytes" in refused.text
-    assert tunnel.dialect.hub.budget.refused["total"] == 1
+    assert tunnel.dialect.hub.core.refused[1] == 1
 
 
 async def test_request_from_another_relay_over_the_budget_is_503_and_never_runs(
@@ -87,15 +87,15 @@ async def test_request_from_another_relay_over_the_budget_is_503_and_never_runs(
         slow = asyncio.ensure_future(client.get("/relay/acme/app/slow"))
         await asyncio.wait_for(a.target.entered.wait(), WAIT)
         waiting = asyncio.ensure_future(client.post("/relay/acme/app/sha?n=1", content=BODY))
-        await eventually(lambda: len(b.dialect.hub.pending.get("ACME", ())) == 1)
+        await eventually(lambda: b.dialect.hub.queued("ACME") == 1)
         refused = await client.post("/relay/acme/app/sha?n=2", content=BODY)
         assert refused.status_code == 503
-        assert b.dialect.hub.budget.refused["key"] == 1
+        assert b.dialect.hub.core.refused[0] == 1
         a.target.release.set()
         assert (await slow).status_code == 200
         assert (await waiting).status_code == 200
     assert a.target.calls == ["GET /slow", "POST /sha?n=1"]
-    await eventually(lambda: b.dialect.hub.budget.held == 0)
+    await eventually(lambda: b.dialect.hub.core.held_total == 0)
 
 
 def test_budget_flags_parse_and_must_be_positive() -> None:

@@ -29,7 +29,7 @@ async def test_request_queued_past_its_ttl_is_408_and_never_executed(
     async with tunnel.client() as client:
         reply = await client.post("/relay/acme/app/sha", content=pattern(50_000))
         assert reply.status_code == 408
-        assert tunnel.dialect.metrics.expired.value() == 1
+        assert tunnel.dialect.hub.expired.value() == 1
         assert tunnel.dialect.store.count() == 0  # its body file went with it
         connector = await tunnel.connect()
         # a request sent after the connector came proves anything queued before it was sent
@@ -74,14 +74,14 @@ async def test_connector_lost_mid_request_redelivers_unacknowledged_requests(
             reply = await pending
             assert (reply.status_code, reply.text) == (200, "slow done")
             assert tunnel.target.calls == ["GET /slow", "GET /slow"]  # at least once
-            assert tunnel.dialect.metrics.redelivered.value() == 1
+            assert tunnel.dialect.hub.redelivered.value() == 1
         else:
             reply = await pending
             assert reply.status_code == 503
             assert second.requests_received == 0
             tunnel.target.release.set()
     if mode != 3:
-        await eventually(lambda: not tunnel.dialect.hub.jobs)
+        await eventually(lambda: len(tunnel.dialect.hub.core) == 0)
 
 
 async def test_manual_acknowledge_url_needs_its_token(start_tunnel: StartTunnel) -> None:
@@ -91,13 +91,13 @@ async def test_manual_acknowledge_url_needs_its_token(start_tunnel: StartTunnel)
         reply = await client.post("/relay/acme/app/echo", content=pattern(40_000))
         assert reply.content == pattern(40_000)
         url = reply.headers["x-got-relayserver-acknowledgeurl"]
-        assert len(tunnel.dialect.hub.jobs) == 1  # kept (with its body) until acknowledged
+        assert len(tunnel.dialect.hub.core) == 1  # kept (with its body) until acknowledged
         assert tunnel.dialect.store.count() == 1
         forged = url.rsplit("/", 1)[0] + "/guessed"
         assert (await client.post(forged)).status_code == 404
         assert (await client.post(url)).status_code == 204
         assert (await client.post(url)).status_code == 404  # once only
-    assert not tunnel.dialect.hub.jobs
+    assert len(tunnel.dialect.hub.core) == 0
     assert tunnel.dialect.store.count() == 0
 
 
@@ -108,7 +108,7 @@ async def test_connector_acknowledgements_on_the_socket(start_tunnel: StartTunne
         async with tunnel.client() as client:
             reply = await client.post("/relay/acme/app/echo", content=pattern(20_000))
         assert reply.content == pattern(20_000)
-        await eventually(lambda t=tunnel: not t.dialect.hub.jobs)  # type: ignore[misc]
+        await eventually(lambda t=tunnel: len(t.dialect.hub.core) == 0)  # type: ignore[misc]
         await eventually(lambda t=tunnel: t.dialect.store.count() == 0)  # type: ignore[misc]
         await tunnel.close()
 
@@ -238,14 +238,13 @@ async def test_stop_ends_a_connector_waiting_to_reconnect() -> None:
 async def test_connector_reconnects_after_the_relay_drops_it(start_tunnel: StartTunnel) -> None:
     tunnel = await start_tunnel(reconnect_min=0.0, reconnect_max=0.0)
     connector = await tunnel.connect()
-    for session in list(tunnel.dialect.hub.connectors["ACME"]):
+    for session in list(tunnel.dialect.hub.connectors_of("ACME")):
         session.peer.abort()
     await eventually(
         lambda: (
-            not connector.connected.is_set()
-            or len(tunnel.dialect.hub.connectors.get("ACME", [])) == 1
+            not connector.connected.is_set() or len(tunnel.dialect.hub.connectors_of("ACME")) == 1
         )
     )
-    await eventually(lambda: len(tunnel.dialect.hub.connectors.get("ACME", [])) == 1)
+    await eventually(lambda: len(tunnel.dialect.hub.connectors_of("ACME")) == 1)
     async with tunnel.client() as client:
         assert (await client.get("/relay/acme/$ping/")).status_code == 200

@@ -48,7 +48,7 @@ async def test_client_of_one_relay_reaches_the_connector_of_the_other(
         assert (await client.post("/queue/acme/app/sha", content=b"q")).status_code == 202
         await eventually(lambda: "POST /sha" in a.target.calls)
         # the origin let go of every request, the queued one (nobody waits for it) too
-        await eventually(lambda: a.dialect.bridge is not None and not a.dialect.bridge.remote)
+        await eventually(lambda: not a.dialect.hub.core.published())
     assert connector.requests_received == 4 + 6 + 1
     # every body file was cleaned up by one relay or the other
     await eventually(lambda: a.dialect.store.count() == 0 and b.dialect.store.count() == 0)
@@ -76,7 +76,9 @@ async def test_local_connector_is_used_directly(
 ) -> None:
     a, b = await two_relays(start_tunnel, redis_server, require_connection=True)
     on_b = await b.connect()
-    await eventually(lambda: a.dialect.hub.connectors == {} and b.dialect.hub.has_connector("ACME"))
+    await eventually(
+        lambda: not a.dialect.hub.sessions and b.dialect.hub.core.has_connector("ACME")
+    )
     async with a.client() as client:
         await eventually(lambda: _reachable(a))
         assert (await client.get("/relay/acme/$ping/")).status_code == 200  # via B
@@ -113,8 +115,10 @@ async def test_a_request_taken_by_a_relay_that_dies_is_answered_503(
     async with a.client() as client:
         waiting = asyncio.get_running_loop().create_task(client.get("/relay/acme/app/slow"))
         await asyncio.wait_for(a.target.entered.wait(), WAIT)
-        bridge = a.dialect.bridge
-        await eventually(lambda: b.cluster is not None and b.cluster.me in bridge.taken_by.values())
+        core = a.dialect.hub.core
+        await eventually(
+            lambda: b.cluster is not None and b.cluster.me in [i for _, i in core.published()]
+        )
         await cancel_and_wait(b.cluster._ticker, WAIT)
         probe = Redis.from_url(redis_server.url)
         await probe.delete(keys.alive_key(b.cluster.me))
@@ -122,7 +126,7 @@ async def test_a_request_taken_by_a_relay_that_dies_is_answered_503(
         await a.cluster.tick()
         reply = await asyncio.wait_for(waiting, WAIT)
         assert reply.status_code == 503
-        assert bridge.remote == {}
+        assert core.published() == []
         a.target.release.set()
     # nobody else holds the tenant's connectors: the dead relay is no holder any more
     assert not await a.dialect.reachable("ACME")

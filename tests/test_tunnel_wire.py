@@ -22,6 +22,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from rmb_relay._core import TUNNEL_HOP_BY_HOP as HOP_BY_HOP
 from rmb_relay._core import (
     TUNNEL_KINDS,
     HttpRequest,
@@ -32,7 +33,6 @@ from rmb_relay._core import (
     tunnel_request_headers,
 )
 from rmb_relay.dialects.tunnel import wire
-from rmb_relay.dialects.tunnel.client import HOP_BY_HOP
 from rmb_relay.dialects.tunnel.wire import (
     AcknowledgeRequest,
     ClientRequest,

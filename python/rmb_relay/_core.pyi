@@ -244,9 +244,7 @@ class WsMessage:
     @property
     def scan_error(self) -> str | None:
         """With a scanner: why the message has no routing (not an envelope, shorter than the
-        SBD header); from a TunnelScanner: set when the native table looked at the message
-        and left it to Python, None when it did not look (a later message of a read in which
-        one already went to Python)."""
+        SBD header)."""
 
 @final
 class WsPing:
@@ -836,13 +834,12 @@ class SgScanner(Scanner):
 
 @final
 class TunnelScanner(Scanner):
-    """Scanner of one tunnel connector's websocket: each `Deliver` the native express table
-    (`NativeTunnel`) answers is written into its client's outbox inside `feed` (no event);
-    every other message, and every later one of the same read, goes to Python as it came
-    (those the table looked at with a `scan_error`)."""
+    """Scanner of one tunnel connector's websocket: each message the hub handles without
+    Python (a `Deliver` for a fast-path client, an `Acknowledge`) is taken inside `feed`;
+    every other message, and every later one of the same read, goes to Python as it came."""
 
-    def __new__(cls, table: NativeTunnel, conn_id: int, binary: bool) -> TunnelScanner:
-        """Writing into the table's outboxes."""
+    def __new__(cls, hub: TunnelHub, conn_id: int, binary: bool) -> TunnelScanner:
+        """Writing into the hub's outboxes."""
     @property
     def conn_id(self) -> int: ...
     @property
@@ -938,130 +935,130 @@ TUNNEL_HOP_BY_HOP: Final[tuple[str, ...]]
 #: the message kinds (invocation names) in the order of `tunnel_decode`'s bits
 TUNNEL_KINDS: Final[tuple[str, ...]]
 
-# ---- tunnel_express.rs ------------------------------------------------------------------
+# ---- dialects/tunnel/hub.rs ----------------------------------------------------------------
 
-def tunnel_express_request(
-    request: HttpRequest,
-    body: bytes,
-    request_id: str,
-    origin_id: str,
-    target: str,
-    tenant_name: str,
-    url: str,
-    ack_mode: int,
-    expires_in: int,
-    ack_url: str | None,
-    binary: bool,
-) -> tuple[dict[str, list[str]], int, bytes]:
-    """(httpHeaders, the characters they hold for the memory budget, the RequestTarget
-    message) of an express-path request sent at once."""
-
-def tunnel_express_answer(data: bytes, binary: bool) -> tuple[str, int, bytes] | None:
-    """(request id, status, the client's HTTP/1.1 answer kept alive) for a `Deliver` the
-    express path answers natively, else None (Python's path takes the message)."""
-
-# ---- tunnel_native.rs -------------------------------------------------------------------
-
-#: a job out of the native table (`take`, `connector_left`): client connection or None, its
-#: request or None, tenant key, target, deadline, when the table took it, body bytes,
-#: acknowledge mode, acknowledged, the body while not acknowledged, the manual acknowledge token
-TunnelJobOut: TypeAlias = tuple[
-    Any | None, HttpRequest | None, str, str, int, int, int, int, bool, bytes | None, str
+#: an outcome: (status, the relay's reason or None, the connector's fields, its inline body,
+#: the size of a stored body or None, the request id)
+_TunnelOutcome: TypeAlias = tuple[
+    int, str | None, list[tuple[str, str]] | None, bytes | None, int | None, str | None
 ]
 
 @final
-class NativeTunnel:
-    """The tunnel's native express table: the common relay-mode request served from the
-    client's read to the connector's outbox and back, with no Python object per request."""
+class TunnelHub:
+    """The tunnel's hub: every decision about a tunnelled request (dialects/tunnel/hub.py)."""
 
     def __new__(
-        cls, outboxes: Outboxes, origin_id: str, ttl: int, span: int, *, max_body: int = 16384
-    ) -> NativeTunnel:
-        """`outboxes`: where it writes (its served clients' outboxes are opened there with
-        their connections, which the methods below hand back)."""
+        cls,
+        outboxes: Outboxes,
+        origin_id: str,
+        instance: str,
+        *,
+        ttl: int,
+        span: int,
+        inline_limit: int,
+        default_limit: int,
+        default_ack_mode: int,
+        least_inflight: bool,
+        require_connection: bool,
+        shortcut: bool,
+        clustered: bool,
+        tenant_bytes: int,
+        total_bytes: int,
+        tenant_ttl: int,
+        tenant_max: int,
+        machine: str,
+        version: str,
+    ) -> TunnelHub:
+        """ValueError for an acknowledge mode beyond 3."""
     def feed(
         self,
         parser: HttpStreamParser,
         data: bytes,
         client: int,
-        conn: Any,
+        conn: object,
         now: int,
         wall: int,
     ) -> list[HttpRequest | HttpData | HttpEnd | HttpViolation] | None:
-        """None when the request was served here, else the read's events. `now`: the hub's
-        clock (ns); `wall`: the tokens' clock (unix seconds)."""
-    def deliver(self, data: bytes, binary: bool, connector: int, now: int) -> bool:
-        """True when the connector's message was answered or dropped here (`now`: the hub's
-        clock, for the route record)."""
-    def take(self, request_id: str, connector: int) -> TunnelJobOut | None:
-        """The job sent to `connector`, out of the table for Python to finish, or None."""
-    def abandon(self, client: int) -> None: ...
-    def client_done(self, client: int) -> None: ...
-    def expired(self, now: int) -> list[tuple[Any, str]]:
-        """(connection, method) of the clients whose answer was due by `now`."""
-    def connector_left(
-        self, key: str, connector: int, now: int
-    ) -> tuple[
-        list[tuple[Any, str]],
-        list[
-            tuple[
-                str,
-                TunnelJobOut,
-            ]
-        ],
-        int | None,
-    ]:
-        """(connection, method) of the waiting clients, (request id, as `take` gives it) of the
-        jobs not acknowledged, and the lease when no connector is left."""
-    def acknowledge(self, request_id: str, connector: int) -> bool:
-        """The connector's `Acknowledge`: False when not a job of this table sent there (or a
-        manual one)."""
-    def acknowledge_manual(self, request_id: str, token: str) -> bool:
-        """The manual acknowledge URL was called: False for an unknown job, one not waiting
-        for it, or a wrong token."""
-    def ack_mode_of(self, request_id: str) -> int | None: ...
-    @property
-    def unacked(self) -> int: ...
-    def close(self) -> tuple[list[tuple[Any, str]], int]: ...
-    def set_tenant(
+        """A client's read: None when the hub took its request, else the parser's events."""
+    def step(
         self,
-        key: str,
-        name: str,
-        require_auth: bool,
-        lease: int,
-        *,
-        limit: int = 0,
-        least_inflight: bool = False,
-        ack_mode: int = 0,
-    ) -> None: ...
-    def outside(self, key: str, queued: bool, counts: list[tuple[int, int]]) -> None: ...
-    def connector_inflight(self, connector: int) -> int: ...
-    def disable(self, key: str) -> None: ...
-    def has_tenant(self, key: str) -> bool: ...
-    def add_connector(self, key: str, connector: int, binary: bool) -> None: ...
-    def add_token(self, token: str, key: str, until: int) -> None: ...
+        request: HttpRequest,
+        body: bytes | tuple[str, int] | None,
+        token: int,
+        reachable: bool | None,
+        now: int,
+        wall: int,
+    ) -> tuple[Any, ...]:
+        """The request's next step: (kind, ...) as dialects/tunnel/hub.py names the kinds."""
+    def take_effects(self) -> list[tuple[Any, ...]]:
+        """What Python must do now: (kind, ...) as dialects/tunnel/hub.py names the kinds."""
+    @property
+    def has_effects(self) -> bool: ...
+    def set_tenant(
+        self, key: str, settings: tuple[str, bool, int, int | None] | None, now: int
+    ) -> None:
+        """The directory's answer for a tenant: (name, require_auth, max_concurrent, ack_mode)."""
+    def cached(self, key: str, now: int) -> str | None | None:
+        """None: not cached (or stale); else its stored name (None: no such tenant)."""
+    def forget_tenant(self, key: str) -> None: ...
+    @property
+    def tenants_cached(self) -> int: ...
+    def add_token(self, token: str, tenant: str, until: int, /) -> None: ...
+    def known_token(self, token: str, wall: int, /) -> str | None: ...
     def refill(self, entropy: bytes) -> None: ...
     @property
     def ids_left(self) -> int: ...
-    def inflight(self, key: str) -> int: ...
-    def held(self, key: str) -> int: ...
-    def lease(self, key: str) -> int: ...
+    def add_connector(self, key: str, conn_id: int, binary: bool, now: int) -> None: ...
+    def remove_connector(self, conn_id: int, now: int) -> None: ...
+    def connector_message(self, conn_id: int, data: bytes, binary: bool, now: int) -> str | None:
+        """None when handled, else the text of the `Error` it is answered with."""
+    def expire(self, now: int, slack: int) -> None: ...
+    @property
+    def next_deadline(self) -> int | None: ...
+    def abandon_client(self, conn_id: int) -> None: ...
+    def abandon_task(self, token: int) -> None: ...
+    def client_done(self, conn_id: int) -> None: ...
+    def acknowledge_manual(self, request_id: str, token: str) -> bool: ...
+    def take_remote(
+        self, key: str, message: bytes, pickup: int, origin: str, stored: str | None, now: int
+    ) -> bool: ...
+    def remote_reply(self, request_id: str, frame: bytes, now: int) -> None: ...
+    def instance_gone(self, instance: str, now: int) -> None: ...
+    def unpublish(self, request_id: str) -> None: ...
+    def request_body(self, request_id: str, key: str) -> tuple[str, bool] | None: ...
+    def body_fetched(self, request_id: str) -> None: ...
     def tenant_of(self, request_id: str) -> str | None: ...
+    def has_connector(self, key: str) -> bool: ...
+    def published(self) -> list[tuple[str, str | None]]: ...
+    def stored_bodies(self) -> list[str]: ...
+    def count_refusal(
+        self,
+        name: str,
+        dst: str | None,
+        status: int,
+        outcome: str,
+        reason: str,
+        started: int,
+        now: int,
+    ) -> None: ...
+    def close(self, now: int) -> None: ...
     def __len__(self) -> int: ...
-    @property
-    def taken(self) -> int: ...
-    @property
-    def answered(self) -> int: ...
-    @property
-    def recording(self) -> bool:
-        """Route records are kept for `take_records` (`--records`)."""
-    @recording.setter
-    def recording(self, on: bool) -> None: ...
-    def take_records(self) -> list[tuple[int, str, int, str, str | None, int]]:
-        """(time, dst, size, outcome, reason, relay ns) of the answers since the last call."""
     def requests(self) -> list[tuple[tuple[str, str, str], int]]: ...
     def http_answers(self) -> list[tuple[tuple[str, str], int]]: ...
-    def declined(self) -> list[tuple[str, int]]: ...
+    def fast_path(self) -> list[tuple[str, int]]: ...
+    @property
+    def expired(self) -> int: ...
+    @property
+    def redelivered(self) -> int: ...
+    @property
+    def refused(self) -> tuple[int, int]: ...
+    def tenant_gauges(self) -> list[tuple[str, int, int, int, int]]: ...
+    @property
+    def held_total(self) -> int: ...
+    recording: bool
+    def take_records(
+        self,
+    ) -> list[tuple[int, str | None, int, str, str, str | None, int]]: ...
 
 # ---- dialects/tunnel/connector.rs ---------------------------------------------------------
 

@@ -3046,13 +3046,13 @@ pub mod py {
                 body: empty_bytes(py),
             }
         }
+        /// The request's head, for other Rust modules (the tunnel's hub reads it whole).
+        pub(crate) fn head(&self) -> &RequestHead {
+            &self.head
+        }
         /// The head's fields (lower-case names, raw values), for other Rust modules.
         pub(crate) fn fields(&self) -> &Fields {
             &self.head.headers
-        }
-        /// The request's method, for other Rust modules.
-        pub(crate) fn method_str(&self) -> &str {
-            &self.head.method
         }
     }
 

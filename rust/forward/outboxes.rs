@@ -261,6 +261,18 @@ impl Outboxes {
         }
     }
 
+    /// One data frame of `payload` for `id` whatever its state (a dialect's own message to a
+    /// congested connection still goes, after what is queued), and `id` listed for the next
+    /// drain; false for an unknown connection.
+    pub fn push_frame_marked(&mut self, id: ConnId, opcode: u8, payload: &[u8]) -> bool {
+        if !self.boxes.contains_key(&id) {
+            return false;
+        }
+        self.push(id, opcode, payload);
+        self.mark(id);
+        true
+    }
+
     /// Python's send of an already-encoded frame (text, control), after what is queued.
     pub fn push_raw(&mut self, id: ConnId, frame: &[u8]) {
         if let Some(b) = self.boxes.get_mut(&id) {

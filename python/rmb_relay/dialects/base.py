@@ -46,14 +46,12 @@ __all__ = [
     "CloseCode",
     "Dialect",
     "DialectEntry",
-    "ExpressClient",
-    "ExpressHandler",
+    "FastPathClient",
     "HttpClient",
     "HttpEvent",
+    "HttpFastPath",
     "HttpReject",
     "HttpResponse",
-    "NativeClient",
-    "NativeHttp",
     "Peer",
     "RequestBody",
     "RouteHandler",
@@ -98,58 +96,40 @@ RouteHandler = Callable[["HttpRequest", HttpClient], Awaitable[HttpResponse]]
 StreamingRouteHandler = Callable[["HttpRequest", RequestBody, HttpClient], Awaitable[HttpResponse]]
 
 
-class ExpressClient(Protocol):
-    """The connection as an express handler sees it (server/http.py, "Express routes")."""
-
-    def express_answer(self, response: HttpResponse) -> None:
-        """The answer of a request the handler took (written at once unless it streams)."""
-
-    def express_answer_encoded(self, status: int, data: bytes) -> bool:
-        """The answer of a request the handler took, already encoded kept alive (the tunnel's
-        native answer): written at once; False, nothing done, when this request's answer
-        must be built another way (HEAD, a status of 400 or more, a connection that closes
-        after it, no request being served)."""
-
-
 #: what an HTTP connection's parser gives for a read
 HttpEvent: TypeAlias = "HttpRequest | HttpData | HttpEnd | HttpViolation"
 
 
-class NativeClient(ExpressClient, Protocol):
-    """A client connection as a `NativeHttp` server sees it."""
+class FastPathClient(Protocol):
+    """A client connection as an `HttpFastPath` sees it."""
 
     #: the connection's id in the switch's outboxes (the answer is written there)
     conn_id: int
 
-    def native_answer(self, response: HttpResponse, method: str) -> None:
-        """Python's answer to a request served natively (an error: the connection closes
+    def fast_answer(self, response: HttpResponse, method: str) -> None:
+        """Python's answer to a request the fast path took (an error: the connection closes
         after it)."""
 
-    def adopt_native(self, request: HttpRequest) -> bool:
-        """The request served natively is answered by Python after all: it becomes the
-        connection's request being served. False when the client is gone."""
+    def adopt_fast(self, request: HttpRequest, response: HttpResponse) -> None:
+        """The request the fast path took is answered by Python after all: it becomes the
+        connection's request being served and `response` is sent (nothing if the client is
+        gone)."""
 
 
-class NativeHttp(Protocol):
-    """Serves a client's whole request in the Rust core, from the read (the tunnel's native
-    express table, dialects/tunnel/native.py); the answer comes back through the switch's
-    outboxes."""
+class HttpFastPath(Protocol):
+    """Serves a client's whole request from the read, in the Rust core (the tunnel's hub);
+    the answer comes back through the switch's outboxes."""
 
     def feed(
-        self, conn: NativeClient, parser: HttpStreamParser, data: bytes
+        self, conn: FastPathClient, parser: HttpStreamParser, data: bytes
     ) -> list[HttpEvent] | None:
-        """None: served; else the parser's events for the connection to act on."""
+        """None: taken; else the parser's events for the connection to act on."""
 
-    def client_done(self, conn: NativeClient) -> None:
+    def client_done(self, conn: FastPathClient) -> None:
         """The client half-closed while its request is served there."""
 
-    def closed(self, conn: NativeClient, pending: bool) -> None:
+    def closed(self, conn: FastPathClient, pending: bool) -> None:
         """The connection is gone (`pending`: with a request served there)."""
-
-
-#: (request, its whole body, the connection) -> None to decline, else the call that abandons
-#: the request when the client goes away before `express_answer`
-ExpressHandler = Callable[["HttpRequest", bytes, ExpressClient], Callable[[], None] | None]
 
 
 class Routes(Protocol):
@@ -166,12 +146,10 @@ class Routes(Protocol):
         method: str,
         path: str,
         handler: StreamingRouteHandler,
-        express: ExpressHandler | None = None,
     ) -> None:
         """Like `add`, but the handler reads the body itself, as it arrives (`RequestBody`),
         with no size limit: uploads, tunnels. Its response may stream too
-        (`HttpResponse.stream`). `express`: offered small whole requests first, without a
-        task (server/http.py)."""
+        (`HttpResponse.stream`)."""
 
 
 class WebSocketHandler(abc.ABC):
@@ -222,8 +200,8 @@ class Dialect(abc.ABC):
     #: read, for dialects whose scanner charges a rate limiter inside `feed`
     scan_clock: Clock | None = None
     #: serves whole HTTP requests of this dialect's routes in the Rust core from the client's
-    #: read (the tunnel's native express table), if it does
-    native_http: NativeHttp | None = None
+    #: read (the tunnel's hub), if it does
+    http_fast_path: HttpFastPath | None = None
 
     @abc.abstractmethod
     async def accept(self, request: HttpRequest, peer: Peer) -> WebSocketHandler:

@@ -30,10 +30,9 @@ if TYPE_CHECKING:
     from rmb_relay.config import ListenerConfig
     from rmb_relay.dialects.base import (
         Dialect,
-        ExpressHandler,
         HttpClient,
+        HttpFastPath,
         HttpResponse,
-        NativeHttp,
         RequestBody,
     )
     from rmb_relay.telemetry.metrics import Counter
@@ -116,13 +115,10 @@ class ConnectionHost(Protocol):
     ) -> HttpResponse:
         """Answer a plain HTTP request (the router reads `body` whole or hands it over)."""
 
-    def express_for(self, method: str, path: str) -> ExpressHandler | None:
-        """The express handler of the route (server/http.py), if it has one."""
-
     @property
-    def native_http(self) -> NativeHttp | None:
+    def http_fast_path(self) -> HttpFastPath | None:
         """What serves a client's read in the Rust core, if a dialect has that (the tunnel's
-        native express table, dialects/tunnel/native.py)."""
+        hub, dialects/tunnel/hub.py)."""
 
     def connection_opened(self, conn: ConnectionBase) -> None: ...
 

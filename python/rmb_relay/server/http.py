@@ -10,14 +10,6 @@ sends the head alone).
 
 A route registered with `add` gets its body whole (bounded by `max_message`, 413 beyond); one
 registered with `add_streaming` reads it from an `IncomingBody` as the connection receives it.
-
-Express routes: a streaming route may name an `ExpressHandler` too. When a request's head and
-whole body (at most `EXPRESS_BODY_LIMIT` bytes, known length, no `Expect`) arrive in one read,
-the connection offers it to that handler synchronously, without a task: the handler either
-declines (None; the request then takes the ordinary task path, body untouched) or takes it
-and answers later through `ExpressClient.express_answer`, returning what to call if the client
-goes away first. Why: the task, timeout scope and coroutine chain of the ordinary path were
-most of the HTTP tunnel's per-request cost in the relay (issue #13).
 """
 
 from __future__ import annotations
@@ -29,22 +21,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rmb_relay.dialects.base import (
-    ExpressHandler,
     HttpClient,
     HttpResponse,
     RequestBody,
     RouteHandler,
     StreamingRouteHandler,
 )
-from rmb_relay.dialects.paths import PathKind, PathPattern, PathTable
+from rmb_relay.dialects.paths import PathPattern, PathTable
 from rmb_relay.errors import ConfigError, HttpReject
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest
-
-#: the largest body an express route is offered (the tunnel's inline limit, spec decision 5)
-EXPRESS_BODY_LIMIT = 16 * 1024
-
 
 #: unread request-body bytes above which the connection stops reading its socket (and under
 #: half of which it reads again): what one upload costs in memory, however big it is
@@ -63,8 +50,6 @@ class _Streaming:
     """A route that reads its body as it arrives."""
 
     handler: StreamingRouteHandler
-    #: the synchronous handler offered small whole requests first (module docstring)
-    express: ExpressHandler | None = None
 
 
 _Route = _Whole | _Streaming
@@ -76,57 +61,15 @@ class Router:
     def __init__(self) -> None:
         self._paths: PathTable[dict[str, _Route]] = PathTable()
         self._by_pattern: dict[PathPattern, dict[str, _Route]] = {}
-        #: express handlers by first path segment, worked out on first use (`express_for`)
-        self._express: dict[str, dict[str, ExpressHandler]] | None = None
 
     def add(self, method: str, path: str, handler: RouteHandler) -> None:
         self._add(method, path, _Whole(handler))
 
-    def add_streaming(
-        self,
-        method: str,
-        path: str,
-        handler: StreamingRouteHandler,
-        express: ExpressHandler | None = None,
-    ) -> None:
-        self._add(method, path, _Streaming(handler, express))
-
-    def express_for(self, method: str, path: str) -> ExpressHandler | None:
-        """The express handler of the route serving `method path`, if it has one: one dict
-        lookup by the path's first segment (the path table's walk was 8% of the relay's CPU
-        on tunnelled requests)."""
-        express = self._express
-        if express is None:
-            express = self._express = self._express_heads()
-        end = path.find("/", 1)
-        methods = express.get(path if end < 0 else path[:end])
-        return methods.get(method) if methods is not None else None
-
-    def _express_heads(self) -> dict[str, dict[str, ExpressHandler]]:
-        """`/head` -> method -> express handler, for the express routes `/head/*` that no
-        more specific pattern shadows (so the table walk would pick them for any path
-        under `/head/`)."""
-        heads: dict[str, dict[str, ExpressHandler]] = {}
-        for pattern, methods in self._by_pattern.items():
-            prefix = pattern.path
-            if pattern.kind is not PathKind.PREFIX or prefix.count("/") != 1:
-                continue
-            shadowed = any(
-                other is not pattern
-                and other.kind is not PathKind.SEGMENT
-                and (other.path == prefix or other.path.startswith(prefix + "/"))
-                for other in self._by_pattern
-            )
-            if shadowed:
-                continue
-            for method, route in methods.items():
-                if type(route) is _Streaming and route.express is not None:
-                    heads.setdefault(prefix, {})[method] = route.express
-        return heads
+    def add_streaming(self, method: str, path: str, handler: StreamingRouteHandler) -> None:
+        self._add(method, path, _Streaming(handler))
 
     def _add(self, method: str, path: str, route: _Route) -> None:
         pattern = PathPattern.parse(path)
-        self._express = None
         methods = self._by_pattern.get(pattern)
         if methods is None:
             methods = self._by_pattern[pattern] = {}
@@ -236,14 +179,6 @@ class IncomingBody:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
-
-    def peek(self) -> bytes:
-        """Every byte received so far, not taken (an express handler's view of a finished
-        body; if it declines, the ordinary handler still reads them all)."""
-        chunks = self._chunks
-        if len(chunks) == 1:
-            return chunks[0]
-        return b"".join(chunks)
 
     # ---- the handler's side ------------------------------------------------------------------
 

@@ -21,16 +21,15 @@ A websocket upgrade asks the matching dialect to `accept`, handing it the
 written and that connection takes the transport over (connection_base.py), fed whatever the
 client sent after its head.
 
-Express and native requests (server/http.py, the tunnel): a small whole request may be offered
-to an express handler without a task, or served by the Rust core from the read (`NativeHttp`);
-their answers come back through `express_answer`, `write_taken` and friends.
+A dialect's fast path (`HttpFastPath`, the tunnel's hub) may serve a whole request from the
+read in the Rust core, without a task; its answer comes back through the connection's outbox
+(`write_taken`), or through `fast_answer` / `adopt_fast` when Python must answer after all.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 from typing import TYPE_CHECKING, cast
 
 from rmb_relay._core import (
@@ -50,12 +49,12 @@ from rmb_relay._core import (
 from rmb_relay.contract import HttpResponse, reject_response
 from rmb_relay.errors import HttpReject
 from rmb_relay.server.connection_base import ConnectionBase, ConnectionHost, State
-from rmb_relay.server.http import BODY_BUFFER_LIMIT, EXPRESS_BODY_LIMIT, IncomingBody
+from rmb_relay.server.http import BODY_BUFFER_LIMIT, IncomingBody
 from rmb_relay.server.limits import OPS_PATHS
 from rmb_relay.server.ws_connection import WebSocketConnection
 
 if TYPE_CHECKING:
-    from rmb_relay.dialects.base import ExpressHandler, HttpEvent, NativeHttp
+    from rmb_relay.dialects.base import HttpEvent, HttpFastPath
 
 log = logging.getLogger("rmb_relay.server")
 
@@ -73,13 +72,11 @@ class HttpConnection(ConnectionBase):
         "_body",
         "_client_done",
         "_continue_sent",
-        "_express",
-        "_express_cancel",
+        "_fast",
+        "_fast_pending",
         "_http_paused",
         "_http_timer",
         "_idle_deadline",
-        "_native",
-        "_native_pending",
         "_parser",
         "_request",
         "_response_started",
@@ -98,15 +95,11 @@ class HttpConnection(ConnectionBase):
         self._response_started = False
         self._continue_sent = False
         self._http_paused = False
-        #: the express handler offered the request being read once its end is in (http.py)
-        self._express: ExpressHandler | None = None
-        #: abandons the request an express handler took, until it answers
-        self._express_cancel: Callable[[], None] | None = None
-        #: serves a whole request in the Rust core from the read (`NativeHttp`), if any
-        self._native: NativeHttp | None = server.native_http
-        #: a request `_native` took is being served: its answer comes through `write_taken`
-        #: (or `native_answer`, `adopt_native`), and nothing more is parsed until then
-        self._native_pending = False
+        #: serves a whole request in the Rust core from the read (`HttpFastPath`), if any
+        self._fast: HttpFastPath | None = server.http_fast_path
+        #: a request `_fast` took is being served: its answer comes through `write_taken`
+        #: (or `fast_answer`, `adopt_fast`), and nothing more is parsed until then
+        self._fast_pending = False
         #: the websocket a dialect is accepting this connection as (state UPGRADING)
         self._upgrading: WebSocketConnection | None = None
         self._http_timer: asyncio.TimerHandle | None = None
@@ -134,19 +127,19 @@ class HttpConnection(ConnectionBase):
             # until the 101, and reading is paused meanwhile. CLOSING/CLOSED, or handed over to
             # a websocket: nothing more is read here.
             return
-        native = self._native
-        if native is None or self._request is not None or self.ops_only:
+        fast = self._fast
+        if fast is None or self._request is not None or self.ops_only:
             self._on_http_bytes(data)
-        elif self._native_pending:
+        elif self._fast_pending:
             # pipelined bytes wait in the parser (it is done) until the answer is out
             self._on_http_bytes(data)
             self._pause_http()
         else:
             assert self._parser is not None
-            http_events = native.feed(self, self._parser, data)
+            http_events = fast.feed(self, self._parser, data)
             if http_events is None:
-                self._native_pending = True
-                self._idle_deadline = None  # the table's response deadline takes over
+                self._fast_pending = True
+                self._idle_deadline = None  # the fast path's answer deadline takes over
             else:
                 self._on_http_events(http_events)
 
@@ -154,9 +147,9 @@ class HttpConnection(ConnectionBase):
         """The client will send nothing more. A request being served still gets its answer
         (a client may half-close after sending, as `nc -N` does); then the connection
         closes. Anything else closes at once."""
-        if self._native_pending and self._native is not None:
+        if self._fast_pending and self._fast is not None:
             self._client_done = True
-            self._native.client_done(self)
+            self._fast.client_done(self)
             return True
         if self.state is State.HTTP and self._request is not None:
             body = self._body
@@ -175,11 +168,10 @@ class HttpConnection(ConnectionBase):
             self._http_timer.cancel()
         if self._task is not None and not self._task.done():
             self._task.cancel()
-        self._abandon_express()
-        native = self._native
-        if native is not None:
-            native.closed(self, self._native_pending)
-            self._native_pending = False
+        fast = self._fast
+        if fast is not None:
+            fast.closed(self, self._fast_pending)
+            self._fast_pending = False
         outboxes = self._outboxes
         if outboxes is not None:
             outboxes.remove(self.conn_id)
@@ -188,39 +180,39 @@ class HttpConnection(ConnectionBase):
             upgrading.connection_lost(exc)  # the client left while the dialect accepted it
         self._lost()
 
-    # ---- native and express answers ---------------------------------------------------------
+    # ---- answers to requests the fast path took --------------------------------------------
 
     def write_taken(self, data: bytes | memoryview) -> None:
         """Write bytes taken from this connection's outbox (`Outboxes.drain`). For a client
-        whose request the native table took, they are its whole answer, kept alive (the
-        table leaves every other answer to Python): the next request is read."""
+        whose request the fast path took, they are its whole answer, kept alive (the fast
+        path leaves every other answer to Python): the next request is read."""
         self._write(data)
-        if self._native_pending:
-            self._native_pending = False
+        if self._fast_pending:
+            self._fast_pending = False
             if self.state is State.HTTP:
                 self._next_request()
 
-    def native_answer(self, response: HttpResponse, method: str) -> None:
-        """Python's answer to a request the native table took (503 when its connector left,
-        504 at its deadline): written whole, and the connection closes, as the express path
-        closes after an error."""
-        if not self._native_pending:
+    def fast_answer(self, response: HttpResponse, method: str) -> None:
+        """Python's answer to a request the fast path took (503 when its connector left,
+        504 at its deadline): written whole, and the connection closes, as after any error."""
+        if not self._fast_pending:
             return
-        self._native_pending = False
+        self._fast_pending = False
         if self.state is not State.HTTP:
             return
         self.server.metrics.http_requests.inc(1, method or "other", str(response.status))
         self._respond(response, close=True)
 
-    def adopt_native(self, request: HttpRequest) -> bool:
-        """A request the native table took is answered by Python after all (the express
-        path's answer to a `Deliver` the table does not encode): it becomes this connection's
-        request being served, its body read whole. False when the client is gone."""
-        if not self._native_pending:
-            return False
-        self._native_pending = False
+    def adopt_fast(self, request: HttpRequest, response: HttpResponse) -> None:
+        """A request the fast path took is answered by Python after all (an answer the fast
+        path does not write: a stored body, an error status, a half-closed client): it
+        becomes this connection's request being served, its body read whole, and `response`
+        is sent as any handler's is. Nothing when the client is gone."""
+        if not self._fast_pending:
+            return
+        self._fast_pending = False
         if self.state is not State.HTTP:
-            return False
+            return
         config = self.server.config
         body = IncomingBody(
             0,
@@ -228,10 +220,25 @@ class HttpConnection(ConnectionBase):
             idle_timeout=config.http_idle_timeout,
             on_read=self._on_body_read,
         )
+        if not body.finished:
+            body.finish([])
         self._request = request
         self._body = body
         self._response_started = False
-        return True
+        if response.stream is not None or request.method == "HEAD":
+            self._task = asyncio.get_running_loop().create_task(
+                self._serve(request, body, response)
+            )
+            return
+        keep = request.keep_alive and response.status < 400 and not self._client_done
+        try:
+            self._send_whole(request, body, response, keep)
+        except Exception:
+            # an answer that cannot be encoded (a status or a field HTTP/1.1 cannot carry,
+            # from the connector): 500, as `_serve` answers; this runs inside the connector's
+            # read, which must not end for it
+            log.exception("internal error answering %s %s", request.method, request.path)
+            self._respond(HttpResponse(500, b"internal server error"), close=True)
 
     # ---- requests ------------------------------------------------------------------------
 
@@ -259,16 +266,10 @@ class HttpConnection(ConnectionBase):
                 body = self._body
                 assert body is not None
                 body.finish(event.trailers)  # type: ignore[union-attr]
-                if self._express is not None:
-                    self._run_express()
             else:
                 violation: HttpViolation = event  # type: ignore[assignment]
                 self._refuse(violation.status, violation.reason)
                 return
-        if self._express is not None:
-            # the body did not come whole in this read: the ordinary path reads the rest
-            self._express = None
-            self._start_task()
         if parser.buffered and self._request is not None:
             body = self._body
             if body is not None and body.finished:
@@ -301,13 +302,6 @@ class HttpConnection(ConnectionBase):
             idle_timeout=config.http_idle_timeout,
             on_read=self._on_body_read,
         )
-        if not request.expect_continue and (
-            not request.has_body
-            or (request.content_length is not None and request.content_length <= EXPRESS_BODY_LIMIT)
-        ):
-            self._express = self.server.express_for(request.method, request.path)
-            if self._express is not None:
-                return  # offered at its end (_run_express)
         self._start_task()
 
     def _start_task(self) -> None:
@@ -315,71 +309,6 @@ class HttpConnection(ConnectionBase):
         assert request is not None
         assert body is not None
         self._task = asyncio.get_running_loop().create_task(self._serve(request, body))
-
-    def _run_express(self) -> None:
-        """The request ended in the read that started it: offer it to the express handler;
-        if that declines, the ordinary task serves it."""
-        express, self._express = self._express, None
-        request, body = self._request, self._body
-        assert express is not None
-        assert request is not None
-        assert body is not None
-        cancel = express(request, body.peek(), self)
-        if cancel is None:
-            self._start_task()
-        elif self._request is request and self._express is None:
-            self._express_cancel = cancel  # (unless it was answered already)
-
-    def express_answer(self, response: HttpResponse) -> None:
-        """The express handler's answer (server/http.py ExpressClient): written at once, as
-        `_send` would; a streamed or HEAD answer goes through `_send` in a task."""
-        self._express_cancel = None
-        request, body = self._request, self._body
-        if self.state is not State.HTTP or request is None or body is None:
-            return
-        if response.stream is not None or request.method == "HEAD":
-            self._task = asyncio.get_running_loop().create_task(
-                self._serve(request, body, response)
-            )
-            return
-        keep = request.keep_alive and response.status < 400 and not self._client_done
-        try:
-            self._send_whole(request, body, response, keep)
-        except Exception:
-            # an answer that cannot be encoded (a status or a field HTTP/1.1 cannot carry,
-            # from the connector): the task path's `_serve` answers it 500, so does this; it
-            # runs inside the connector's read, which must not end for it
-            log.exception("internal error answering %s %s", request.method, request.path)
-            self._respond(HttpResponse(500, b"internal server error"), close=True)
-
-    def express_answer_encoded(self, status: int, data: bytes) -> bool:
-        """A kept-alive answer encoded in the Rust core (ExpressClient): the bytes
-        `express_answer` + `_send_whole` would write for it, when they would keep the
-        connection and write the body (not HEAD); False, nothing done, otherwise."""
-        request, body = self._request, self._body
-        if (
-            self.state is not State.HTTP
-            or request is None
-            or body is None
-            or status >= 400
-            or not request.keep_alive
-            or self._client_done
-            or not body.finished
-            or request.method == "HEAD"
-        ):
-            return False
-        self._express_cancel = None
-        self.server.metrics.http_requests.inc(1, request.method, str(status))
-        self._response_started = True
-        self._write(data)
-        self._next_request()
-        return True
-
-    def _abandon_express(self) -> None:
-        cancel, self._express_cancel = self._express_cancel, None
-        self._express = None
-        if cancel is not None:
-            cancel()
 
     def refuse_at_once(self, status: int, reason: str) -> None:
         """Answer a connection the caps do not admit, without reading its request, and close."""
@@ -394,7 +323,6 @@ class HttpConnection(ConnectionBase):
         task = self._task
         if task is not None and not task.done():
             task.cancel()  # the request is broken: its handler's answer is moot
-        self._abandon_express()
         if self._response_started:
             self._abort_http()
         else:
@@ -420,7 +348,7 @@ class HttpConnection(ConnectionBase):
     async def _serve(
         self, request: HttpRequest, body: IncomingBody, response: HttpResponse | None = None
     ) -> None:
-        """Answer and send (`response` given: an express handler's, to send)."""
+        """Answer and send (`response` given: the fast path's, to send)."""
         try:
             if response is None:
                 response = await self._answer(request, body)

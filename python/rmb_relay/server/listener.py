@@ -32,9 +32,8 @@ if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest
     from rmb_relay.dialects.base import (
         Dialect,
-        ExpressHandler,
         HttpClient,
-        NativeHttp,
+        HttpFastPath,
         RequestBody,
     )
 
@@ -119,9 +118,9 @@ class RelayServer:
         )
         self.metrics = ServerMetrics(self.registry, self)
         self.batcher = OutputBatcher()
-        #: serves whole client requests in the Rust core (the tunnel's native table), if any
-        self.native_http: NativeHttp | None = next(
-            (d.native_http for d in self.dialects if d.native_http is not None), None
+        #: serves whole client requests in the Rust core (the tunnel's hub), if any
+        self.http_fast_path: HttpFastPath | None = next(
+            (d.http_fast_path for d in self.dialects if d.http_fast_path is not None), None
         )
         #: every open connection by id: its HTTP life, then its websocket after an upgrade
         self.connections: dict[int, HttpConnection | WebSocketConnection] = {}
@@ -257,9 +256,6 @@ class RelayServer:
         self, request: HttpRequest, body: RequestBody, client: HttpClient
     ) -> HttpResponse:
         return await self.router.dispatch(request, body, client)
-
-    def express_for(self, method: str, path: str) -> ExpressHandler | None:
-        return self.router.express_for(method, path)
 
     # ---- operations endpoints --------------------------------------------------------------
 

@@ -6,14 +6,15 @@ concern per module:
 | `settings.py` | `TunnelSettings`, the flags |
 | `tenants.py` | tenants and the token key in the twin directory's SQLite file |
 | `tokens.py` | embedded JWTs (`POST /tunnel/token`) and OIDC tokens (JWKS) |
-| `wire.py` | connector messages, JSON and msgpack |
-| `hub.py` | queued and in-flight requests, connectors, acknowledgements, TTL |
-| `client.py` | `/{relay,queue,trace}/{tenant}/{target}/...` |
+| `wire.py` | connector messages, JSON and msgpack (the Rust codec) |
+| `hub.py` | around the hub (rust/dialects/tunnel/hub.rs: every decision): effects, timer, metrics |
+| `client.py` | requests the hub's fast path left to Python: the I/O its steps ask for |
+| `scaleout.py` | several relays on one Redis: the hub's requests and answers over the cluster |
 | `endpoints.py` | discovery, token, body side channels, manual acknowledgements |
 | `management.py` | `/management/tenants` |
 | `bodystore.py` | body files and their sweeper |
-| `connector.py`, `targets.py` | the connector (`rmb-relay connector`) |
-| `metrics.py` | counters and gauges |
+| `tenants_cli.py` | `rmb-relay tenants ...` |
+| `connector.py`, `targets.py`, `httpclient.py` | the connector (`rmb-relay connector`) |
 """
 
 from __future__ import annotations
@@ -39,13 +40,11 @@ async def build(args: argparse.Namespace, services: Services) -> TunnelDialect |
     settings = TunnelSettings.from_args(args)
     store = TenantStore(services.twins_path())
     dialect = TunnelDialect(
-        settings,
-        store,
-        services.metrics,
-        cluster=services.cluster,
-        outboxes=services.switch.outboxes,
+        settings, store, services.metrics, services.switch.outboxes, cluster=services.cluster
     )
-    dialect.records = services.switch.record_channel("tunnel")  # --records
+    channel = services.switch.record_channel("tunnel")  # --records
+    if channel is not None:
+        dialect.record_into(channel)
     return dialect
 
 

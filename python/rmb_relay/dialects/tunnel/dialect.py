@@ -1,43 +1,36 @@
 """The HTTP tunnel dialect on the shared listener: connector websockets at `GET
-/tunnel/connector`, and the plain routes of `client.py`, `endpoints.py` and `management.py`.
+/tunnel/connector`, the client routes of `client.py` (and the hub's fast path, which takes
+most client requests from the read before any route runs), and the plain routes of
+`endpoints.py` and `management.py`.
 
 A connector authenticates with a bearer token (header, or `access_token` in the query as
 SignalR clients send it) whose tenant exists; `?protocol=msgpack` switches its messages to
-msgpack. Everything else about requests lives in `hub.py`.
+msgpack. Everything about requests is the hub's (hub.py).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import time
-import uuid
-from collections.abc import Hashable
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
-from rmb_relay.budget import ByteBudget
-from rmb_relay.clock import Clock, monotonic_clock, nanos
+from rmb_relay.clock import Clock, monotonic_clock, wall_clock
 from rmb_relay.dialects.base import Dialect, HttpResponse, Peer, Routes, WebSocketHandler
-from rmb_relay.dialects.tunnel import client, endpoints, express, management
+from rmb_relay.dialects.tunnel import client, endpoints, management
 from rmb_relay.dialects.tunnel.bodystore import FileBodyStore
-from rmb_relay.dialects.tunnel.hub import ConnectorSession, Hub, Job
-from rmb_relay.dialects.tunnel.metrics import TunnelMetrics
-from rmb_relay.dialects.tunnel.native import NativeExpress
+from rmb_relay.dialects.tunnel.hub import ConnectorSession, Hub
 from rmb_relay.dialects.tunnel.scaleout import RedisBridge
 from rmb_relay.dialects.tunnel.settings import CONNECTOR_MAX_MESSAGE, TunnelSettings
-from rmb_relay.dialects.tunnel.tenants import Tenant, TenantStore, normalize
+from rmb_relay.dialects.tunnel.tenants import TenantStore, normalize
 from rmb_relay.dialects.tunnel.tokens import OidcVerifier, TokenAuthority, bearer
-from rmb_relay.dialects.tunnel.wire import TenantConfig
 from rmb_relay.errors import AuthError, ClusterUnavailable, HttpReject
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from rmb_relay._core import HttpRequest, Outboxes
     from rmb_relay.cluster.node import Cluster
-    from rmb_relay.dialects.base import ExpressClient, HttpClient, RequestBody
+    from rmb_relay.dialects.base import HttpClient, RequestBody
     from rmb_relay.telemetry.metrics import Registry
     from rmb_relay.telemetry.records import Channel
 
@@ -47,30 +40,6 @@ log = logging.getLogger("rmb_relay.tunnel")
 SWEEP_INTERVAL = 30.0
 #: every method a client may tunnel (HEAD is registered on its own so it is relayed as HEAD)
 METHODS = ("HEAD", "GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
-
-
-class TenantCache:
-    """Tenant lookups cached for `ttl` (misses too, as RelayServer), so the per-request cost is
-    a dict lookup; the management API forgets an entry when it changes it."""
-
-    def __init__(self, store: TenantStore, ttl: float, clock: Clock = monotonic_clock) -> None:
-        self.store = store
-        self.ttl = nanos(ttl)
-        self.clock = clock
-        self._entries: dict[str, tuple[int, Tenant | None]] = {}
-
-    def get(self, name: str, *, fresh: bool = False) -> Tenant | None:
-        key = normalize(name)
-        now = self.clock()
-        entry = self._entries.get(key)
-        if entry is not None and not fresh and now - entry[0] < self.ttl:
-            return entry[1]
-        tenant = self.store.get(name)
-        self._entries[key] = (now, tenant)
-        return tenant
-
-    def forget(self, name: str) -> None:
-        self._entries.pop(normalize(name), None)
 
 
 class TunnelDialect(Dialect):
@@ -83,129 +52,103 @@ class TunnelDialect(Dialect):
         settings: TunnelSettings,
         tenants: TenantStore,
         registry: Registry,
+        outboxes: Outboxes,
         *,
-        tokens: TokenAuthority | None = None,
         cluster: Cluster | None = None,
         clock: Clock = monotonic_clock,
-        outboxes: Outboxes | None = None,
+        wall: Clock = wall_clock,
     ) -> None:
         """`cluster`: share requests with the other relays in it (scaleout.py); None (no
         `--redis`, or `--no-cluster`): this relay serves its own connectors only."""
         self.settings = settings
         self.registry = registry
         self.store_of_tenants = tenants
-        self.tenants = TenantCache(tenants, settings.tenant_cache_ttl, clock)
-        if tokens is None:
-            oidc = None
-            if settings.oidc_issuer is not None and settings.oidc_audience is not None:
-                oidc = OidcVerifier(settings.oidc_issuer, settings.oidc_audience)
-            tokens = TokenAuthority(tenants.signing_key(), ttl=settings.token_ttl, oidc=oidc)
-        self.tokens = tokens
-        self.ack_mode = settings.ack_mode
+        self.clock = clock
         max_age = settings.request_ttl + settings.response_timeout + 60.0
         self.store = FileBodyStore(settings.body_store, max_age=max_age, clock=clock)
         self.store.sweep_leftovers(time.time(), max_age)
-        self.metrics = TunnelMetrics(
+        self.hub = hub = Hub(
+            settings,
+            self.store,
             registry,
-            inflight=lambda: [((t,), self.hub.inflight(t)) for t in self.hub.connectors],
-            queued=lambda: [((t,), len(q)) for t, q in self.hub.pending.items()],
-            connectors=lambda: [((t,), len(g)) for t, g in self.hub.connectors.items()],
-            body_bytes=lambda: [((), self.store.bytes)],
-            held_bytes=lambda: [((str(t),), self._held_by(t)) for t in self.hub.budget.holders()],
-            refused=lambda: [
-                (({"key": "tenant"}.get(k, k),), n)
-                for k, n in self.hub.budget.refused.items()
-                if k != "count"
-            ],
-        )
-        self.hub = Hub(
-            origin_id=str(uuid.uuid4()),
-            store=self.store,
-            metrics=self.metrics,
-            request_ttl=settings.request_ttl,
-            balance=settings.balance,
-            default_limit=settings.max_concurrent,
-            config=TenantConfig(
-                keep_alive_interval=settings.keep_alive,
-                reconnect_minimum_delay=settings.reconnect_min,
-                reconnect_maximum_delay=settings.reconnect_max,
-            ),
+            outboxes,
+            instance=cluster.me if cluster is not None else "",
+            clustered=cluster is not None,
             clock=clock,
-            budget=ByteBudget(key_bytes=settings.tenant_bytes, total_bytes=settings.total_bytes),
+            wall=wall,
         )
-        #: the connectors' reads carry the hub's clock into the native table's scanner (the
-        #: times of its route records, `--records`)
+        #: the hub serves whole client requests from the read (the listener asks for this)
+        self.http_fast_path = hub
+        #: the connectors' reads carry the hub's clock into its scanner
         self.scan_clock = clock
-        self._sweeper: asyncio.Task[None] | None = None
-        #: the response deadlines of requests on the express path (express.py)
-        self.express_deadlines = express.Deadlines(settings.request_ttl + settings.response_timeout)
-        self._closed = False
-        #: route records (--records; set by `build`), or None
-        self.records: Channel | None = None
+        oidc = None
+        if settings.oidc_issuer is not None and settings.oidc_audience is not None:
+            oidc = OidcVerifier(settings.oidc_issuer, settings.oidc_audience)
+        self.tokens = TokenAuthority(
+            tenants.signing_key(), ttl=settings.token_ttl, clock=wall, oidc=oidc, cache=hub.core
+        )
         self.bridge: RedisBridge | None = None
         if cluster is not None:
-            self.bridge = RedisBridge(
-                cluster, self.hub, self.store, request_ttl=settings.request_ttl
+            self.bridge = RedisBridge(cluster, self, request_ttl=settings.request_ttl)
+        self._sweeper: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def record_into(self, channel: Channel) -> None:
+        """Route records (`--records`)."""
+        self.hub.record_into(channel)
+
+    # ---- tenants: the directory fills the hub's cache ---------------------------------------
+
+    def load_tenant(self, name: str) -> None:
+        """The directory's answer for `name`, into the hub (what it asked for)."""
+        tenant = self.store_of_tenants.get(name)
+        settings = None
+        if tenant is not None:
+            settings = (
+                tenant.name,
+                tenant.require_authentication,
+                tenant.max_concurrent,
+                tenant.ack_mode,
             )
-            self.hub.on_tenant_joined = self.bridge.tenant_joined
-            self.hub.on_tenant_left = self.bridge.tenant_left
-        #: the native express table (native.py): with the express path in the Rust core
-        #: (`--tunnel-no-native` turns both off) and the switch's outboxes to write into
-        self.native: NativeExpress | None = None
-        if settings.express and settings.native and outboxes is not None:
-            self.native = NativeExpress(self, outboxes)
-            self.native_http = self.native
-            self.hub.native = self.native
-            self.tokens.on_verified = self.native.token_verified
+        self.hub.core.set_tenant(normalize(name), settings, self.clock())
 
-    # ---- where a request goes (scale-out hooks in here) -------------------------------------
+    def tenant_name(self, name: str, *, load: bool = False) -> str | None:
+        """The stored name of tenant `name`, or None when there is none (`load`: ask the
+        directory when the hub has no fresh answer; else None then too)."""
+        core = self.hub.core
+        cached = core.cached(normalize(name), self.clock())
+        if cached is None and load:
+            self.load_tenant(name)
+            cached = core.cached(normalize(name), self.clock())
+        return cached if cached is not None else None
 
-    def ack_mode_of(self, tenant: Tenant) -> int:
-        """The acknowledge mode the tenant's requests are sent with: its own, else the
-        relay's (`--tunnel-ack-mode`)."""
-        return tenant.ack_mode if tenant.ack_mode is not None else self.ack_mode
+    def forget_tenant(self, name: str) -> None:
+        """The tenant changed (management API): the hub asks the directory again."""
+        self.hub.core.forget_tenant(normalize(name))
 
-    def serves_locally(self) -> bool:
-        """A request with a connector of its tenant here goes straight to it: no Redis, or
-        the local shortcut on (the bridge is set after the dialect is built, so this is
-        asked, not kept)."""
-        return self.bridge is None or self.settings.shortcut
+    # ---- several relays ---------------------------------------------------------------------
 
-    def _held_by(self, tenant: Hashable) -> int:
-        """In-memory bytes of the tenant's requests held here (`rmb_relay_tunnel_held_bytes`):
-        the budget's count without the part of the native table's lease no job uses (the
-        budget's keys are the hub's tenant keys, strs)."""
-        held = self.hub.budget.held_by(tenant)
-        native = self.native
-        if native is None or not isinstance(tenant, str):
-            return held
-        return held - native.unused_lease(tenant)
-
-    async def reachable(self, tenant: str) -> bool:
+    async def reachable(self, key: str) -> bool:
         """A connector of the tenant is connected here or, with Redis, to another relay."""
-        if self.hub.has_connector(tenant):
+        if self.hub.core.has_connector(key):
             return True
         if self.bridge is None:
             return False
         try:
-            return await self.bridge.reachable(tenant)
+            return await self.bridge.reachable(key)
         except ClusterUnavailable as err:  # the client gets 503, as for no connector
-            log.warning("tunnel: cannot ask the other relays about %s: %s", tenant, err)
+            log.warning("tunnel: cannot ask the other relays about %s: %s", key, err)
             return False
 
-    async def submit(self, job: Job) -> str:
-        """Serve the job here when a connector of its tenant is (or no other relay can),
-        else hand it to the relays on Redis; returns the route taken (`local`, `cluster`, as
-        route records name them). Raises ClusterUnavailable, or BudgetExceeded when this relay
-        would keep it and its memory budget is full (nothing is kept then)."""
-        self.start_sweeper()
-        local = self.hub.has_connector(job.tenant) and self.settings.shortcut
-        if self.bridge is None or local:
-            self.hub.admit(job)
-            self.hub.submit(job)
-            return "local"
-        await self.bridge.publish(job)
-        return "cluster"
+    async def publish(
+        self, request_id: str, message: bytes, pickup: int, body: bytes | tuple[str, int] | None
+    ) -> None:
+        """Hand a request to whichever relay holds a connector of its tenant. Raises
+        ClusterUnavailable (not accepted)."""
+        if self.bridge is None:
+            raise ClusterUnavailable("this relay has no cluster")
+        stored = body[0] if isinstance(body, tuple) else None
+        await self.bridge.publish(request_id, message, pickup, stored)
 
     # ---- connectors ------------------------------------------------------------------------
 
@@ -215,27 +158,25 @@ class TunnelDialect(Dialect):
         if token is None and "access_token" in query:
             token = query["access_token"][0]
         if token is None:
-            self.metrics.auth_failures.inc(1, "token")
+            self.hub.auth_failures.inc(1, "token")
             raise HttpReject(401, "a bearer token is required", (("WWW-Authenticate", "Bearer"),))
         try:
-            tenant_name = await self.tokens.verify(token)
+            claim = await self.tokens.verify(token)
         except AuthError as err:
-            self.metrics.auth_failures.inc(1, "token")
+            self.hub.auth_failures.inc(1, "token")
             raise HttpReject(401, str(err), (("WWW-Authenticate", "Bearer"),)) from None
-        tenant = self.tenants.get(tenant_name)
-        if tenant is None:
-            raise HttpReject(403, f"tenant {tenant_name} does not exist on this relay")
+        name = self.tenant_name(claim, load=True)
+        if name is None:
+            raise HttpReject(403, f"tenant {claim} does not exist on this relay")
         protocol = query.get("protocol", ["json"])[0].lower()
         if protocol not in ("json", "msgpack"):
             raise HttpReject(400, "protocol must be json or msgpack")
         self.start_sweeper()
-        session = ConnectorSession(
-            peer, self.hub, tenant.normalized, tenant.name, binary=protocol == "msgpack"
-        )
-        if self.settings.express and self.settings.native:
-            session.native = functools.partial(express.deliver_native, self.hub)
-        if self.native is not None:
-            session.outboxes = self.native.outboxes
+        binary = protocol == "msgpack"
+        session = ConnectorSession(peer, self.hub, normalize(name), name, binary)
+        if self.bridge is not None:
+            session.on_joined = self.bridge.connector_joined
+            session.on_left = self.bridge.connector_left
         return session
 
     # ---- routes ----------------------------------------------------------------------------
@@ -243,13 +184,7 @@ class TunnelDialect(Dialect):
     def add_routes(self, router: Routes) -> None:
         for mode in client.MODES:
             for method in METHODS:
-                router.add_streaming(
-                    method,
-                    f"/{mode}/*",
-                    self._client,
-                    # relay mode's common case skips the task path (express.py)
-                    express=self._express if mode == "relay" and self.settings.express else None,
-                )
+                router.add_streaming(method, f"/{mode}/*", self._client)
         router.add("GET", "/.well-known/relayserver-configuration", self._discovery)
         router.add("POST", "/tunnel/token", self._token)
         router.add("GET", "/tunnel/body/request/*", self._request_body)
@@ -262,12 +197,8 @@ class TunnelDialect(Dialect):
     async def _client(
         self, request: HttpRequest, body: RequestBody, client_: HttpClient
     ) -> HttpResponse:
+        self.start_sweeper()
         return await client.handle(self, request, body, client_)
-
-    def _express(
-        self, request: HttpRequest, body: bytes, client_: ExpressClient
-    ) -> Callable[[], None] | None:
-        return express.offer(self, request, body, client_, self.settings.native)
 
     async def _discovery(self, request: HttpRequest, client_: HttpClient) -> HttpResponse:
         return await endpoints.discovery(self, request)
@@ -302,10 +233,9 @@ class TunnelDialect(Dialect):
 
     def sweep(self, now: int | None = None) -> int:
         """Remove orphaned body files (those of live jobs are kept)."""
-        live = {job.body_name for job in self.hub.jobs.values() if job.body_name}
-        removed = self.store.sweep(now, keep=live)
+        removed = self.store.sweep(now, keep=set(self.hub.core.stored_bodies()))
         if removed:
-            self.metrics.swept.inc(removed)
+            self.hub.swept.inc(removed)
         return removed
 
     async def close(self) -> None:
@@ -317,8 +247,5 @@ class TunnelDialect(Dialect):
             self._sweeper.cancel()
         if self.bridge is not None:
             await self.bridge.close()
-        if self.native is not None:
-            self.native.close()
         self.hub.close()
-        self.express_deadlines.close()
         self.store_of_tenants.close()

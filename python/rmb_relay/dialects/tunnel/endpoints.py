@@ -21,7 +21,6 @@ from urllib.parse import parse_qs
 
 from rmb_relay import __version__
 from rmb_relay.dialects.base import HttpResponse
-from rmb_relay.dialects.tunnel.hub import Job
 from rmb_relay.dialects.tunnel.tenants import verify_secret
 from rmb_relay.dialects.tunnel.tokens import CONNECTOR_SCOPE, bearer
 from rmb_relay.errors import AuthError, HttpReject
@@ -91,9 +90,9 @@ async def token(dialect: TunnelDialect, request: HttpRequest) -> HttpResponse:
     if CONNECTOR_SCOPE not in scopes:
         return _token_error(400, "invalid_scope", f"the scope must include {CONNECTOR_SCOPE}")
     client_id, secret = form.get("client_id", ""), form.get("client_secret", "")
-    tenant = dialect.tenants.get(client_id, fresh=True) if client_id else None
+    tenant = dialect.store_of_tenants.get(client_id) if client_id else None
     if tenant is None or not verify_secret(secret, tenant.secret_hash):
-        dialect.metrics.auth_failures.inc(1, "credentials")
+        dialect.hub.auth_failures.inc(1, "credentials")
         return _token_error(401, "invalid_client", "unknown tenant or wrong secret")
     issued = dialect.tokens.issue(tenant.name)
     return _json(
@@ -107,15 +106,6 @@ async def token(dialect: TunnelDialect, request: HttpRequest) -> HttpResponse:
     )
 
 
-async def _job_of(dialect: TunnelDialect, request: HttpRequest, prefix: str) -> Job:
-    """The job named by the path, checked against the caller's connector token."""
-    request_id, tenant = await _named(dialect, request, prefix)
-    job = dialect.hub.jobs.get(request_id)
-    if job is None or job.tenant != tenant:
-        raise HttpReject(404, "unknown request id")
-    return job
-
-
 async def _named(dialect: TunnelDialect, request: HttpRequest, prefix: str) -> tuple[str, str]:
     """(the request id the path names, the tenant key of the caller's connector token)."""
     token = bearer(request.header("authorization"))
@@ -124,7 +114,7 @@ async def _named(dialect: TunnelDialect, request: HttpRequest, prefix: str) -> t
     try:
         tenant = (await dialect.tokens.verify(token)).upper()
     except AuthError as err:
-        dialect.metrics.auth_failures.inc(1, "token")
+        dialect.hub.auth_failures.inc(1, "token")
         raise HttpReject(401, str(err)) from None
     request_id = request.path[len(prefix) :]
     try:
@@ -135,14 +125,17 @@ async def _named(dialect: TunnelDialect, request: HttpRequest, prefix: str) -> t
 
 
 async def request_body(dialect: TunnelDialect, request: HttpRequest) -> HttpResponse:
-    job = await _job_of(dialect, request, "/tunnel/body/request/")
-    name = job.body_name
-    if name is None or not dialect.store.exists(name):
+    request_id, tenant = await _named(dialect, request, "/tunnel/body/request/")
+    found = dialect.hub.core.request_body(request_id, tenant)
+    if found is None:
+        raise HttpReject(404, "unknown request id, or it has no stored body")
+    name, acked = found
+    if not dialect.store.exists(name):
         raise HttpReject(404, "this request has no stored body")
     query = parse_qs(request.query or "")
-    remove = query.get("delete", ["false"])[0].lower() == "true" and job.acked
+    remove = query.get("delete", ["false"])[0].lower() == "true" and acked
     if remove:
-        job.body_name = None
+        dialect.hub.core.body_fetched(request_id)
     return HttpResponse(
         200,
         content_type="application/octet-stream",
@@ -155,7 +148,7 @@ async def response_body(
     dialect: TunnelDialect, request: HttpRequest, body: RequestBody, client: HttpClient
 ) -> HttpResponse:
     request_id, tenant = await _named(dialect, request, "/tunnel/body/response/")
-    if dialect.hub.tenant_of(request_id) != tenant:
+    if dialect.hub.core.tenant_of(request_id) != tenant:
         raise HttpReject(404, "unknown request id")
     name = dialect.store.name("res", request_id)
     size = await dialect.store.write(name, body)

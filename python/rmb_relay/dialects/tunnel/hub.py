@@ -1,612 +1,487 @@
-"""The relay's side of the tunnel: requests waiting for a connector, requests in flight, and
-their acknowledgements.
+"""The relay's side of the tunnel, around its one hub (`_core.TunnelHub`,
+rust/dialects/tunnel/hub.rs): every decision about a tunnelled request is made there — the
+route, the tenant and token checks, the memory budget, queues, connector choice, concurrency
+limits, acknowledgement modes, redelivery, the pickup and answer deadlines, request ids — for
+requests the Rust core reads whole from the client's socket and for the ones Python reads
+first (client.py) alike. This module does what the hub cannot, being sans-I/O:
 
-Theory of operation
--------------------
-A client request becomes a `Job` and waits in its tenant's queue until a connector of that
-tenant has room (`pump`). Each job has a pickup deadline (`--tunnel-request-ttl`): a job still
-queued at its deadline is answered 408 and dropped, and one found expired when a connector frees
-up is dropped then, so nothing is executed after its client was told it expired (RelayServer
-runs such requests late; decision 4). The connector is also told how long it has left
-(`expiresIn`) and refuses work it receives too late.
-
-Sending a job to a connector moves it into that connector's `inflight` until its `Deliver`.
-Acknowledgement modes (decision 6, spec §11):
-
-| mode | the job is safe (no redelivery) once |
-|---|---|
-| 0 Disabled | it was sent |
-| 1 ConnectorReceived | the connector acknowledged receiving it (body fetched, target found) |
-| 2 ConnectorFinished | the connector acknowledged after the target answered |
-| 3 Manual | someone POSTed its acknowledge URL (which carries a random token) |
-
-A connector that goes away puts its unacknowledged jobs back at the head of their queue (at
-least once: the target may see them twice); an acknowledged job in flight whose connector went
-away is answered 503. A job is forgotten once it is answered and safe; its request body file
-goes with it.
-
-Several connectors of one tenant share its jobs, round robin or least in flight first, and at
-most `max_concurrent` of a tenant's jobs are in flight at once on this relay (decision 7).
-
-Memory budget (issues #12, #13): from `submit` until it is forgotten, a job's in-memory bytes
-(`held_size`: inline body, URL, headers, the objects around them; an outsourced body is on
-disk) count against a
-`ByteBudget` per tenant (`--tunnel-tenant-bytes`) and in all (`--tunnel-total-bytes`), so
-requests waiting for a connector that never comes, and queue-mode requests, cannot fill the
-heap. A job over it is not kept: `admit` raises BudgetExceeded (the client gets 503 with the
-limit named, before anything is queued), and one arriving from the other relays is answered 503
-at once; either way nothing is executed later.
+- the fast path's Python face (`HttpFastPath`): a client's read goes to `TunnelHub.feed`, and
+  the connectors' outboxes it wrote into are written once at the end of the loop turn (or
+  after `PIPELINE` requests, so a connector starts on the first ones while the relay reads the
+  rest);
+- the hub's effects after each call: answers for Python tasks (futures), answers Python writes
+  for fast-path clients (errors close the connection; a stored body streams), frames for other
+  relays (scaleout.py), body files to remove;
+- one timer at the hub's next deadline, entropy for request ids, metrics and route records
+  read from the hub at scrape and flush;
+- `ConnectorSession`, a connector's websocket: its messages go to the hub (inside the decoder's
+  `feed` through `TunnelScanner` when they need nothing of Python, else from `on_message`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
+import itertools
 import logging
+import os
+import platform
 import secrets
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-from rmb_relay.budget import BudgetExceeded, ByteBudget
-from rmb_relay.clock import NS, Clock, monotonic_clock, nanos
-from rmb_relay.dialects.base import CloseCode, Peer, WebSocketHandler
-from rmb_relay.dialects.tunnel.wire import (
-    AcknowledgeRequest,
-    ClientRequest,
-    ErrorMessage,
-    TargetResponse,
-    TenantConfig,
-    WireError,
-    decode,
-    encode,
-)
+from rmb_relay import __version__
+from rmb_relay._core import TunnelHub, TunnelScanner
+from rmb_relay.clock import NS, Clock, monotonic_clock, nanos, wall_clock
+from rmb_relay.dialects.base import CloseCode, HttpResponse, WebSocketHandler
+from rmb_relay.dialects.tunnel.wire import ErrorMessage, TenantConfig, encode
 
 if TYPE_CHECKING:
-    from rmb_relay._core import WsDecoder, WsMessage
+    from rmb_relay._core import HttpRequest, HttpStreamParser, Outboxes, WsDecoder, WsMessage
+    from rmb_relay.dialects.base import FastPathClient, HttpEvent, Peer
     from rmb_relay.dialects.tunnel.bodystore import FileBodyStore
-    from rmb_relay.dialects.tunnel.metrics import TunnelMetrics
-    from rmb_relay.dialects.tunnel.native import NativeExpress
+    from rmb_relay.dialects.tunnel.settings import TunnelSettings
+    from rmb_relay.telemetry.metrics import Registry
+    from rmb_relay.telemetry.record_process import FullRecord
+    from rmb_relay.telemetry.records import Channel
 
 log = logging.getLogger("rmb_relay.tunnel")
 
-#: a job's outcome when there is no target response: the status the client gets
-Outcome = TargetResponse | int
+# the kinds of `TunnelHub.step`'s answers and of its effects (rust/dialects/tunnel/hub.rs)
+REFUSE, LOAD, VERIFY, REACH, BODY, HELD, ACCEPTED, PUBLISH = range(8)
+RESOLVE, ANSWER, TELL, REMOVE, REMOVE_RESPONSE = range(5)
 
-#: bytes waiting requests of one tenant may hold in this relay's memory (4096 requests with
-#: the largest inline body): a tenant whose connector is away stops here
-DEFAULT_TENANT_BYTES = 64 << 20
-#: bytes waiting requests of all tenants may hold together
-DEFAULT_TOTAL_BYTES = 256 << 20
+#: a job's outcome: (status, the relay's reason or None, the connector's fields, its inline
+#: body, the size of a stored body or None, the request id)
+Outcome = tuple[int, str | None, list[tuple[str, str]] | None, bytes | None, int | None, str | None]
 
-
-#: heap bytes a job costs besides its inline body, URL and header text: the Job, its
-#: ClientRequest, header dict and lists, future and timer (tracemalloc, 20,000 jobs with four
-#: headers: 1,423 bytes each, of which 94 were body/URL/header text)
-JOB_OVERHEAD = 1330
-
-
-def held_size(request: ClientRequest) -> int:
-    """What a job costs the memory budget: its inline body, URL and headers plus the fixed
-    `JOB_OVERHEAD` (an outsourced body is in the body store, on disk)."""
-    size = JOB_OVERHEAD + len(request.body_content or b"") + len(request.url)
-    for name, values in request.http_headers.items():
-        # map, not a generator: this runs for every header of every request
-        size += len(name) * len(values) + sum(map(len, values))
-    return size
+#: random bytes fetched at once for request ids and acknowledge tokens; fetched again below
+#: an eighth
+ENTROPY = 16 * 4096
+#: requests taken from reads in one loop turn after which the connectors' outboxes are written
+#: at once instead of at the turn's end (two cores, four busy processes in the benchmark: 1 KiB
+#: x 64 went from a median of 25,551 to 29,377 req/s with it). A request per wakeup never
+#: reaches it.
+PIPELINE = 8
+#: a deadline this close (ns) counts as passed: timers fire to the millisecond
+SLACK = 1_000_000
+_MACHINE = platform.node()
 
 
-#: the answer to a connector's `Acknowledge` of a request in manual mode
-MANUAL_ONLY = "Acknowledge: this request is acknowledged by its URL (manual mode)"
+def status_response(status: int, reason: str) -> HttpResponse:
+    return HttpResponse(status, reason.encode() + b"\n")
 
 
-def refusal_reason(err: BudgetExceeded, tenant_name: str) -> str:
-    """The 503 body for a request over the budget: which limit, and that nothing will run."""
-    if err.limit == "total":
-        whose = "all tenants"
-        knob = "--tunnel-total-bytes"
-    else:
-        whose = f"tenant {tenant_name}"
-        knob = "--tunnel-tenant-bytes"
-    return (
-        f"relay busy: requests of {whose} waiting here hold {err.held} bytes, "
-        f"{err.size} more would pass the {err.allowed}-byte limit ({knob}); "
-        "the request was not queued and will not be executed"
-    )
+class Hub:
+    """The hub, its effects, its timer and its metrics (module docstring)."""
 
+    def __init__(
+        self,
+        settings: TunnelSettings,
+        store: FileBodyStore,
+        registry: Registry,
+        outboxes: Outboxes,
+        *,
+        instance: str,
+        clustered: bool,
+        clock: Clock = monotonic_clock,
+        wall: Clock = wall_clock,
+    ) -> None:
+        """`instance`: this relay's id on the cluster's bus; `clustered`: relays share Redis
+        (a tenant with no connector here goes to them)."""
+        self.origin_id = str(uuid.uuid4())
+        self.settings = settings
+        self.store = store
+        self.outboxes = outboxes
+        self.clock = clock
+        self.wall = wall
+        ttl = nanos(settings.request_ttl)
+        self.core = TunnelHub(
+            outboxes,
+            self.origin_id,
+            instance,
+            ttl=ttl,
+            span=ttl + nanos(settings.response_timeout),
+            inline_limit=settings.inline_limit,
+            default_limit=settings.max_concurrent,
+            default_ack_mode=settings.ack_mode,
+            least_inflight=settings.balance == "least-inflight",
+            require_connection=settings.require_connection,
+            shortcut=settings.shortcut,
+            clustered=clustered,
+            tenant_bytes=settings.tenant_bytes,
+            total_bytes=settings.total_bytes,
+            tenant_ttl=nanos(settings.tenant_cache_ttl),
+            tenant_max=settings.tenant_cache_max,
+            machine=_MACHINE,
+            version=__version__,
+        )
+        self.core.refill(os.urandom(ENTROPY))
+        self.config = TenantConfig(
+            keep_alive_interval=settings.keep_alive,
+            reconnect_minimum_delay=settings.reconnect_min,
+            reconnect_maximum_delay=settings.reconnect_max,
+        )
+        #: Python tasks waiting for an answer, by the token the hub knows them by
+        self.waiting: dict[int, asyncio.Future[Outcome]] = {}
+        self._tokens = itertools.count(1)
+        #: sends a frame to another relay's waiter (instance, request id, frame): scaleout.py
+        self.tell: Callable[[str, str, bytes], None] | None = None
+        #: every connected connector's session, by connection id
+        self.sessions: dict[int, ConnectorSession] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._flush_pending = False
+        self._taken = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: int | None = None
+        self._register(registry)
 
-class Waiter(Protocol):
-    """Who waits for a job's outcome: the client task's future, or an express reply
-    (express.py), which writes the answer as soon as it is set."""
+    def _register(self, registry: Registry) -> None:
+        core = self.core
+        const = {"dialect": "tunnel"}
+        self.requests = registry.counter_of(
+            "rmb_relay_tunnel_requests_total",
+            "Tunnel requests answered, by tenant, target and status",
+            core.requests,
+            ("tenant", "target", "status"),
+            const=const,
+        )
+        self.expired = registry.counter_of(
+            "rmb_relay_tunnel_expired_total",
+            "Tunnel requests dropped because no connector took them within the request TTL",
+            lambda: [((), core.expired)],
+            const=const,
+        )
+        self.redelivered = registry.counter_of(
+            "rmb_relay_tunnel_redelivered_total",
+            "Unacknowledged tunnel requests queued again after their connector went away",
+            lambda: [((), core.redelivered)],
+            const=const,
+        )
+        self.refused = registry.counter_of(
+            "rmb_relay_tunnel_refused_total",
+            "Tunnel requests refused with 503 at the memory budget, by the limit hit "
+            "(tenant: --tunnel-tenant-bytes, total: --tunnel-total-bytes)",
+            lambda: [(("tenant",), core.refused[0]), (("total",), core.refused[1])],
+            ("limit",),
+            const=const,
+        )
+        self.fast_path = registry.counter_of(
+            "rmb_relay_tunnel_fast_path_total",
+            "Client requests the hub took whole from the client's read (outcome taken), or "
+            "left to Python and why (request: not whole in one read, HEAD, Expect, a body over "
+            "the inline limit; tenant, auth: not known yet; no connector, cluster, queued, "
+            "budget, entropy)",
+            lambda: [((outcome,), n) for outcome, n in core.fast_path()],
+            ("outcome",),
+            const=const,
+        )
+        registry.add_read("rmb_relay_http_requests_total", core.http_answers)
+        gauges = (
+            ("rmb_relay_tunnel_inflight", "Tunnel requests a connector holds, by tenant", 1),
+            ("rmb_relay_tunnel_queued", "Tunnel requests waiting for a connector, by tenant", 2),
+            ("rmb_relay_tunnel_connectors", "Connected tunnel connectors, by tenant", 3),
+            (
+                "rmb_relay_tunnel_held_bytes",
+                "In-memory bytes (inline body, URL, headers) of tunnel requests this relay "
+                "holds until answered, by tenant; bounded by --tunnel-tenant-bytes and "
+                "--tunnel-total-bytes",
+                4,
+            ),
+        )
+        for name, text, column in gauges:
+            registry.gauge(name, text, ("tenant",), read=self._gauge(column), const=const)
+        #: what Python counts itself
+        self.bad_messages = registry.counter(
+            "rmb_relay_tunnel_bad_messages_total",
+            "Connector messages refused as malformed or naming unknown requests",
+            const=const,
+        )
+        self.swept = registry.counter(
+            "rmb_relay_tunnel_body_files_swept_total",
+            "Orphaned body files the sweeper removed",
+            const=const,
+        )
+        self.auth_failures = registry.counter(
+            "rmb_relay_auth_failures_total",
+            "Refused logins, handshakes or tokens, by dialect and reason",
+            ("reason",),
+            const=const,
+        )
+        registry.gauge(
+            "rmb_relay_tunnel_body_store_bytes",
+            "Bytes held in the tunnel's body store",
+            read=lambda: [((), self.store.bytes)],
+            const=const,
+        )
+        registry.gauge(
+            "rmb_relay_tunnel_tenants_cached",
+            "Tenant lookups the tunnel keeps (found or not), at most --tunnel-tenant-cache",
+            read=lambda: [((), core.tenants_cached)],
+            const=const,
+        )
 
-    def done(self) -> bool: ...
+    def _gauge(self, column: int) -> Callable[[], list[tuple[tuple[str, ...], float]]]:
+        """A per-tenant gauge's read: column `column` of the hub's tenant gauges."""
+        core = self.core
 
-    def set_result(self, result: Outcome, /) -> None: ...
+        def read() -> list[tuple[tuple[str, ...], float]]:
+            return [((g[0],), float(g[column])) for g in core.tenant_gauges()]
 
+        return read
 
-@dataclass(eq=False, slots=True)
-class Job:
-    request: ClientRequest
-    #: the tenant's lookup key (upper case)
-    tenant: str
-    #: pickup deadline (hub clock, ns)
-    deadline: int
-    #: the client's answer; None when nobody waits (queue mode)
-    future: Waiter | None
-    limit: int = 0
-    #: request body file in the body store, when outsourced
-    body_name: str | None = None
-    ack_token: str = field(default_factory=lambda: secrets.token_urlsafe(24))
-    connector: ConnectorSession | None = None
-    acked: bool = False
-    answered: bool = False
-    attempts: int = 0
-    timer: asyncio.TimerHandle | None = None
-    #: called when a connector takes the job (scale-out: tells the origin relay)
-    on_sent: Callable[[Job], None] | None = None
-    #: bytes charged to the hub's memory budget; None until admitted
-    held: int | None = None
+    def record_into(self, channel: Channel) -> None:
+        """Route records (`--records`): the hub keeps them, the channel takes them at its
+        flush, moved into its clock."""
+        self.core.recording = True
 
-    @property
-    def request_id(self) -> str:
-        return self.request.request_id
+        def take() -> list[FullRecord]:
+            taken = self.core.take_records()
+            if not taken:
+                return []
+            offset = channel.clock() - self.clock()
+            return [
+                (
+                    time + offset,
+                    None,
+                    dst,
+                    size,
+                    route,
+                    outcome,
+                    reason,
+                    max(0, time - started),
+                    None,
+                )
+                for time, dst, size, route, outcome, reason, started in taken
+            ]
 
-    @property
-    def waiting(self) -> bool:
-        return self.future is not None and not self.future.done()
+        channel.add_source(take)
+
+    # ---- the fast path (HttpFastPath) --------------------------------------------------------
+
+    def feed(
+        self, conn: FastPathClient, parser: HttpStreamParser, data: bytes
+    ) -> list[HttpEvent] | None:
+        """A client's read: None when the hub took its request, else the parser's events."""
+        events = self.core.feed(parser, data, conn.conn_id, conn, self.clock(), self.wall() // NS)
+        if events is None:
+            self._taken += 1
+            if self._taken >= PIPELINE:
+                self._flush()
+            else:
+                self.settle()
+        return events
+
+    def client_done(self, conn: FastPathClient) -> None:
+        self.core.client_done(conn.conn_id)
+
+    def closed(self, conn: FastPathClient, pending: bool) -> None:
+        if pending:
+            self.core.abandon_client(conn.conn_id)
+            self.settle()
+        self.outboxes.remove(conn.conn_id)
+
+    # ---- after every call: effects, output, the timer ----------------------------------------
+
+    def settle(self) -> None:
+        """The hub was called: its effects now; its output and its timer at the end of this
+        loop turn (once per turn)."""
+        if self.core.has_effects:
+            self._run(self.core.take_effects())
+        if not self._flush_pending:
+            self._flush_pending = True
+            loop = self.loop
+            if loop is None:
+                loop = self.loop = asyncio.get_running_loop()
+            loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        """The outboxes the hub wrote into since the last flush, each written once; entropy
+        topped up; the timer armed for the next deadline."""
+        self._flush_pending = False
+        self._taken = 0
+        for conn, data in self.outboxes.drain():
+            conn.write_taken(data)
+        core = self.core
+        if core.ids_left < ENTROPY // 16 // 8:
+            core.refill(os.urandom(ENTROPY))
+        due = core.next_deadline
+        if due is not None and (self._timer_at is None or due < self._timer_at):
+            self._arm(due)
+
+    def _arm(self, due: int) -> None:
+        loop = self.loop
+        if loop is None:
+            loop = self.loop = asyncio.get_running_loop()
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = due
+        self._timer = loop.call_later(max(0.0, (due - self.clock()) / NS), self._deadline)
+
+    def _deadline(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        self.core.expire(self.clock(), SLACK)
+        self.settle()
+
+    def _run(self, effects: list[tuple[object, ...]]) -> None:
+        for effect in effects:
+            kind = effect[0]
+            if kind == RESOLVE:
+                _, token, outcome = effect
+                future = self.waiting.pop(token, None)  # type: ignore[call-overload]
+                if future is not None and not future.done():
+                    future.set_result(outcome)
+            elif kind == ANSWER:
+                _, conn, request, outcome = effect
+                self._answer_client(conn, request, outcome)  # type: ignore[arg-type]
+            elif kind == TELL:
+                _, instance, request_id, frame = effect
+                if self.tell is not None:
+                    self.tell(instance, request_id, frame)  # type: ignore[arg-type]
+            elif kind == REMOVE:
+                self.store.remove(effect[1])  # type: ignore[arg-type]
+            else:  # REMOVE_RESPONSE
+                self.store.remove(self.store.name("res", effect[1]))  # type: ignore[arg-type]
+
+    def _answer_client(
+        self, conn: FastPathClient, request: HttpRequest | None, outcome: Outcome
+    ) -> None:
+        """A fast-path client's answer Python writes: the relay's own statuses close the
+        connection, the connector's answers are sent as a handler's are."""
+        reason = outcome[1]
+        try:
+            response = self.response(outcome)
+        except Exception:  # (it runs inside someone else's read: cost this client only)
+            log.exception("tunnel: the answer to a request could not be built")
+            response = HttpResponse(500, b"internal server error")
+        if reason is not None or request is None:
+            conn.fast_answer(response, request.method if request is not None else "")
+        else:
+            conn.adopt_fast(request, response)
+
+    def response(self, outcome: Outcome) -> HttpResponse:
+        """The client's answer for a job's outcome."""
+        status, reason, headers, body, stored, request_id = outcome
+        if reason is not None:
+            return status_response(status, reason)
+        fields = tuple(headers or ())
+        if stored is not None and request_id is not None:
+            store = self.store
+            return HttpResponse(
+                status,
+                headers=fields,
+                stream=store.read(store.name("res", request_id), remove=True),
+                length=stored,
+            )
+        return HttpResponse(status, body or b"", headers=fields)
+
+    # ---- the Python side's tasks ---------------------------------------------------------------
+
+    def waiter(self) -> tuple[int, asyncio.Future[Outcome]]:
+        """A token for `TunnelHub.step` and the future its answer resolves."""
+        token = next(self._tokens)
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self.waiting[token] = future
+        return token, future
+
+    def abandon(self, token: int) -> None:
+        """The task stopped waiting (its client went away)."""
+        if self.waiting.pop(token, None) is not None:
+            self.core.abandon_task(token)
+            self.settle()
+
+    def now(self) -> tuple[int, int]:
+        """(the hub's clock in ns, the tokens' in unix seconds)."""
+        return self.clock(), self.wall() // NS
+
+    def queued(self, key: str | None = None) -> int:
+        """Requests waiting for a connector (of the tenant `key`, else of all)."""
+        return sum(g[2] for g in self.core.tenant_gauges() if key is None or g[0] == key)
+
+    def inflight(self, key: str) -> int:
+        """The tenant's requests its connectors here hold."""
+        return sum(g[1] for g in self.core.tenant_gauges() if g[0] == key)
+
+    def connectors_of(self, key: str) -> list[ConnectorSession]:
+        """The tenant's connectors connected here."""
+        return [s for s in self.sessions.values() if s.tenant == key]
+
+    def manual_acknowledge(self, request_id: str, token: str) -> bool:
+        acked = self.core.acknowledge_manual(request_id, token)
+        self.settle()
+        return acked
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        for session in list(self.sessions.values()):
+            session.peer.close(CloseCode.GOING_AWAY, "relay shutting down")
+        self.core.close(self.clock())
+        if self.core.has_effects:
+            self._run(self.core.take_effects())
 
 
 class ConnectorSession(WebSocketHandler):
-    """One connector's websocket: decodes its messages and hands them to the hub."""
+    """One connector's websocket: its messages go to the hub."""
 
     def __init__(self, peer: Peer, hub: Hub, tenant: str, tenant_name: str, binary: bool) -> None:
         super().__init__(peer)
         self.hub = hub
+        #: the tenant's key (upper case) and name as stored
         self.tenant = tenant
         self.tenant_name = tenant_name
         self.binary = binary
         self.connection_id = secrets.token_hex(8)
-        #: messages of this loop turn, written together (one syscall for many requests)
-        self._outbox: list[bytes] = []
-        #: jobs sent to this connector and not delivered yet
-        self.inflight: dict[str, Job] = {}
-        #: jobs sent to this connector and not acknowledged yet (modes 1-3)
-        self.unacked: dict[str, Job] = {}
-        self.open = False
-        #: the loop this connection lives on (asyncio.get_running_loop costs a getpid call)
-        self._loop = asyncio.get_running_loop()
-        #: answers a `Deliver` of the express path natively (express.deliver_native: True
-        #: when it did); None: every message takes `on_message`'s Python path
-        self.native: Callable[[ConnectorSession, bytes], bool] | None = None
-
-    def send_message(self, message: ClientRequest | TenantConfig | ErrorMessage) -> None:
-        if not self._outbox:
-            self._loop.call_soon(self._flush)
-        self._outbox.append(encode(message, self.binary))
-
-    def send_encoded(self, data: bytes) -> None:
-        """`send_message` for a message already encoded in this connection's format."""
-        if not self._outbox:
-            self._loop.call_soon(self._flush)
-        self._outbox.append(data)
-
-    def _flush(self) -> None:
-        outbox, self._outbox = self._outbox, []
-        peer = self.peer
-        if not peer.is_open:
-            return
-        if self.binary:
-            peer.send_many(outbox)
-            return
-        with peer.batch():  # JSON text frames: one write too
-            for data in outbox:
-                peer.send_text(data)
+        #: the hub's messages go into the switch's outboxes (`bind_decoder`)
+        self.outboxes = hub.outboxes
+        #: told of the tenant key when this connector joins and leaves (scaleout.py)
+        self.on_joined: Callable[[str], None] | None = None
+        self.on_left: Callable[[str], None] | None = None
 
     def bind_decoder(self, decoder: WsDecoder) -> None:
-        """With the native express table, the decoder answers this connector's `Deliver`s
-        for the table's jobs inside its `feed` (one Rust call per read, not a Python call per
-        message); the rest reach `on_message`."""
-        native = self.hub.native
-        if native is not None and self.outboxes is not None:
-            decoder.set_scanner(native.scanner(self))
+        """The decoder hands this connector's messages to the hub inside its `feed` (one Rust
+        call per read); the ones that need Python reach `on_message`."""
+        decoder.set_scanner(TunnelScanner(self.hub.core, self.peer.id, self.binary))
+
+    def _send(self, message: TenantConfig | ErrorMessage) -> None:
+        data = encode(message, self.binary)
+        if self.binary:
+            self.peer.send(data)
+        else:
+            self.peer.send_text(data)
 
     def on_open(self) -> None:
-        self.open = True
-        self.send_message(self.hub.tenant_config())
-        self.hub.connector_joined(self)
+        hub = self.hub
+        self._send(hub.config)
+        hub.sessions[self.peer.id] = self
+        log.info("connector %s of %s joined", self.connection_id, self.tenant_name)
+        hub.core.add_connector(self.tenant, self.peer.id, self.binary, hub.clock())
+        hub.settle()
+        if self.on_joined is not None:
+            self.on_joined(self.tenant)
 
     def on_message(self, message: WsMessage) -> None:
-        table = self.hub.native
-        if (
-            table is not None
-            and message.scan_error is None  # (else the scanner offered it to the table)
-            and message.is_text != self.binary
-            and table.deliver(self, message.data)
-        ):
-            return
-        native = self.native
-        if native is not None and message.is_text != self.binary and native(self, message.data):
-            return
-        try:
-            if message.is_text == self.binary:
-                want = "binary (msgpack)" if self.binary else "text (JSON)"
-                raise WireError(f"this connection speaks {want} frames")
-            decoded = decode(message.data, self.binary, (TargetResponse, AcknowledgeRequest))
-            if isinstance(decoded, TargetResponse):
-                self.hub.deliver(self, decoded)
-            elif isinstance(decoded, AcknowledgeRequest):
-                self.hub.acknowledge(self, decoded)
-        except WireError as err:
-            self.hub.metrics.bad_messages.inc()
-            log.info("connector %s of %s: %s", self.connection_id, self.tenant_name, err)
-            self.send_message(ErrorMessage(str(err)))
+        hub = self.hub
+        if message.is_text == self.binary:
+            want = "binary (msgpack)" if self.binary else "text (JSON)"
+            refused: str | None = f"this connection speaks {want} frames"
+        else:
+            refused = hub.core.connector_message(
+                self.peer.id, message.data, self.binary, hub.clock()
+            )
+        hub.settle()
+        if refused is not None:
+            hub.bad_messages.inc()
+            log.info("connector %s of %s: %s", self.connection_id, self.tenant_name, refused)
+            self._send(ErrorMessage(refused))
 
     def on_close(self, code: int | None) -> None:
-        self.open = False
-        self.hub.connector_left(self)
-
-
-class Hub:
-    def __init__(
-        self,
-        *,
-        origin_id: str,
-        store: FileBodyStore,
-        metrics: TunnelMetrics,
-        request_ttl: float,
-        balance: str,
-        default_limit: int,
-        config: TenantConfig,
-        clock: Clock = monotonic_clock,
-        budget: ByteBudget | None = None,
-    ) -> None:
-        self.origin_id = origin_id
-        self.store = store
-        self.metrics = metrics
-        self.ttl = nanos(request_ttl)
-        self.least_inflight = balance == "least-inflight"
-        self.default_limit = default_limit
-        self.config = config
-        self.clock = clock
-        self.connectors: dict[str, list[ConnectorSession]] = {}
-        self.pending: dict[str, collections.deque[Job]] = {}
-        #: every job not yet forgotten, by request id
-        self.jobs: dict[str, Job] = {}
-        self._next: dict[str, int] = {}
-        #: in-memory bytes of the jobs not yet forgotten, by tenant (module docstring)
-        self.budget = (
-            budget
-            if budget is not None
-            else ByteBudget(key_bytes=DEFAULT_TENANT_BYTES, total_bytes=DEFAULT_TOTAL_BYTES)
-        )
-        #: the native express table (native.py), whose jobs count with the hub's
-        self.native: NativeExpress | None = None
-        #: told when a tenant gets its first connector here, and when it loses its last
-        self.on_tenant_joined: Callable[[str], None] | None = None
-        self.on_tenant_left: Callable[[str], None] | None = None
-
-    def tenant_config(self) -> TenantConfig:
-        return self.config
-
-    # ---- connectors ------------------------------------------------------------------------
-
-    def has_connector(self, tenant: str) -> bool:
-        return bool(self.connectors.get(tenant))
-
-    def connector_count(self) -> int:
-        return sum(len(group) for group in self.connectors.values())
-
-    def connector_joined(self, connector: ConnectorSession) -> None:
-        group = self.connectors.setdefault(connector.tenant, [])
-        group.append(connector)
-        if len(group) == 1 and self.on_tenant_joined is not None:
-            self.on_tenant_joined(connector.tenant)
-        log.info("connector %s of %s joined", connector.connection_id, connector.tenant_name)
-        if self.native is not None:
-            self.native.connector_joined(connector)
-        self.pump(connector.tenant)
-
-    def connector_left(self, connector: ConnectorSession) -> None:
-        group = self.connectors.get(connector.tenant, [])
-        if connector in group:
-            group.remove(connector)
-        left = not group and self.connectors.pop(connector.tenant, None) is not None
-        if left and self.on_tenant_left is not None:
-            self.on_tenant_left(connector.tenant)
-        log.info("connector %s of %s left", connector.connection_id, connector.tenant_name)
-        if self.native is not None:
-            self.native.connector_left(connector)
-        redeliver = list(connector.unacked.values())
-        for job in connector.inflight.values():
-            if job.acked:
-                self._answer(job, 503)  # the connector took it for good and is gone
-                self._forget(job)
-        connector.inflight.clear()
-        connector.unacked.clear()
-        for job in reversed(redeliver):
-            self.redeliver(job)
-        self.pump(connector.tenant)
-
-    # ---- jobs ------------------------------------------------------------------------------
-
-    def admit_sized(self, job: Job, size: int) -> None:
-        """`admit` with `held_size(job.request)` worked out by the caller (the express path's
-        Rust call counts the header text as it builds the headers)."""
-        if job.held is None:
-            self.budget.take(job.tenant, size)
-            job.held = size
-
-    def admit(self, job: Job) -> None:
-        """Charge the job to the memory budget, or raise BudgetExceeded (nothing kept)."""
-        if job.held is None:
-            size = held_size(job.request)
-            self.budget.take(job.tenant, size)
-            job.held = size
-
-    def submit(self, job: Job) -> None:
-        """Queue the job (admitted here if the caller did not): a job over the memory budget
-        is answered 503 at once and forgotten, never run (one from another relay: the
-        client's own relay refused nothing, so this is where it is told)."""
-        if not self._admitted(job, "refused"):
-            return
-        self.jobs[job.request_id] = job
-        self.pending.setdefault(job.tenant, collections.deque()).append(job)
-        self.pump(job.tenant)
-        # the expiry timer only for a job left in the queue: most jobs go out at once, and a
-        # timer armed then cancelled per request is two heap operations for nothing
-        if job.connector is None and self.jobs.get(job.request_id) is job:
-            delay = max(0.0, (job.deadline - self.clock()) / NS)
-            job.timer = asyncio.get_running_loop().call_later(delay, self._expire_if_queued, job)
-
-    def _admitted(self, job: Job, refused: str) -> bool:
-        """`admit` (if the caller did not); False when over the budget: the job is then
-        answered 503 and forgotten, the reason logged after what became of it (`refused`)."""
-        if job.held is not None:
-            return True
-        try:
-            self.admit(job)
-        except BudgetExceeded as err:
-            log.warning(
-                "tunnel: request %s of %s %s: %s",
-                job.request_id,
-                job.request.tenant_name,
-                refused,
-                refusal_reason(err, job.request.tenant_name),
-            )
-            self._answer(job, 503)
-            self._forget(job)
-            return False
-        return True
-
-    def send_now(
-        self, job: Job, connector: ConnectorSession, now: int, message: bytes | None
-    ) -> None:
-        """`submit` for an admitted job its caller found room for (express.py: its tenant has
-        nothing queued and is under its limit; `connector` from `pick`): what `pump` would do
-        with it at once, without the trip through the queue. `message`: the job's request as
-        `_send` would encode it for `connector` at `now`, encoded by the caller (or None)."""
-        self.jobs[job.request_id] = job
-        self._send(job, connector, now, message)
-        if self.native is not None:
-            self._tell_native(job.tenant)
-
-    def redeliver(self, job: Job) -> None:
-        """A job its connector took and left without acknowledging (the hub's, or the native
-        table's, native.py): first in its tenant's queue to be sent again, admitted to the
-        memory budget again if it left it (over it, its client is answered 503 and it is
-        dropped). The caller pumps the queue."""
-        if not self._admitted(job, "not sent again"):
-            return
-        job.connector = None
-        self.jobs[job.request_id] = job
-        self.metrics.redelivered.inc()
-        self.pending.setdefault(job.tenant, collections.deque()).appendleft(job)
-
-    def new_deadline(self) -> int:
-        return self.clock() + self.ttl
-
-    def inflight(self, tenant: str) -> int:
-        here = sum(len(c.inflight) for c in self.connectors.get(tenant, ()))
-        return here if self.native is None else here + self.native.inflight(tenant)
-
-    def tenant_of(self, request_id: str) -> str | None:
-        """The tenant key of a job in flight here, the native table's included (a connector
-        uploads a response body before its `Deliver`)."""
-        job = self.jobs.get(request_id)
-        if job is not None:
-            return job.tenant
-        return None if self.native is None else self.native.table.tenant_of(request_id)
-
-    def queued(self) -> int:
-        return sum(len(queue) for queue in self.pending.values())
-
-    def pump(self, tenant: str) -> None:
-        """Send queued jobs of `tenant` to its connectors while they have room; the native
-        table is told what is left (it counts the hub's jobs with its own)."""
-        self._pump(tenant)
-        if self.native is not None:
-            self._tell_native(tenant)
-
-    def _tell_native(self, tenant: str) -> None:
-        assert self.native is not None
-        self.native.outside(tenant, bool(self.pending.get(tenant)), self.connectors.get(tenant))
-
-    def _pump(self, tenant: str) -> None:
-        queue = self.pending.get(tenant)
-        group = self.connectors.get(tenant)
-        while queue and group:
-            job = queue[0]
-            limit = self.limit_of(job.limit)
-            if limit and self.inflight(tenant) >= limit:
-                return
-            queue.popleft()
-            now = self.clock()
-            if now >= job.deadline:
-                self._expire(job)
-                continue
-            self._send(job, self.pick(tenant, group), now)
-        if queue is not None and not queue:
-            self.pending.pop(tenant, None)
-
-    def limit_of(self, max_concurrent: int) -> int:
-        """A tenant's limit of jobs in flight here: its own (`max_concurrent`), else the
-        relay's (`--tunnel-max-concurrent`); 0: none."""
-        return max_concurrent or self.default_limit
-
-    def pick(self, tenant: str, group: list[ConnectorSession]) -> ConnectorSession:
-        """The connector of `group` (the tenant's here) the next job goes to."""
-        if self.least_inflight:
-            native = self.native
-            if native is None:
-                return min(group, key=lambda c: len(c.inflight))
-            table = native.table
-            return min(group, key=lambda c: len(c.inflight) + table.connector_inflight(c.peer.id))
-        index = self._next.get(tenant, 0) % len(group)
-        self._next[tenant] = index + 1
-        return group[index]
-
-    def _send(
-        self, job: Job, connector: ConnectorSession, now: int, message: bytes | None = None
-    ) -> None:
-        request = job.request
-        request.expires_in = max(1, (job.deadline - now) // 1_000_000)
-        request.acknowledge_origin_id = self.origin_id
-        if request.acknowledge_mode == 3:
-            request.acknowledge_url = (
-                f"/tunnel/acknowledge/{self.origin_id}/{request.request_id}/{job.ack_token}"
-            )
-        job.connector = connector
-        job.attempts += 1
-        connector.inflight[job.request_id] = job
-        if request.acknowledge_mode == 0:
-            job.acked = True
-        else:
-            connector.unacked[job.request_id] = job
-        if job.timer is not None:
-            job.timer.cancel()
-            job.timer = None
-        if message is None:
-            connector.send_message(request)
-        else:
-            connector.send_encoded(message)
-        if job.on_sent is not None:
-            job.on_sent(job)
-
-    def _expire_if_queued(self, job: Job) -> None:
-        job.timer = None
-        if job.connector is None and self.jobs.get(job.request_id) is job:
-            queue = self.pending.get(job.tenant)
-            if queue is not None and job in queue:
-                queue.remove(job)
-            self._expire(job)
-            self.pump(job.tenant)  # (an empty queue leaves `pending`)
-
-    def _expire(self, job: Job) -> None:
-        self.metrics.expired.inc()
-        log.info("request %s expired before a connector took it", job.request_id)
-        self._answer(job, 408)
-        self._forget(job)
-
-    def _answer(self, job: Job, outcome: Outcome) -> None:
-        job.answered = True
-        if job.future is not None and not job.future.done():
-            job.future.set_result(outcome)
-
-    def _forget(self, job: Job) -> None:
-        if self.jobs.get(job.request_id) is job:
-            del self.jobs[job.request_id]
-        if job.held is not None:
-            self.budget.release(job.tenant, job.held)
-            job.held = None
-        if job.timer is not None:
-            job.timer.cancel()
-            job.timer = None
-        if job.body_name is not None:
-            self.store.remove(job.body_name)
-
-    def abandon(self, job: Job) -> None:
-        """The client stopped waiting (went away, or timed out). A queued job is dropped; one a
-        connector holds runs on, and its answer is discarded."""
-        if job.connector is None and self.jobs.get(job.request_id) is job:
-            queue = self.pending.get(job.tenant)
-            if queue is not None and job in queue:
-                queue.remove(job)
-            self._forget(job)
-            self.pump(job.tenant)  # (an empty queue leaves `pending`)
-
-    def deliver(self, connector: ConnectorSession, response: TargetResponse) -> None:
-        job = self.jobs.get(response.request_id)
-        if job is None and self.native is not None:
-            job = self.native.adopt(connector, response.request_id)
-        if job is None or job.tenant != connector.tenant:
-            self._drop_response_body(response)
-            raise WireError(f"Deliver: unknown request id {response.request_id!r}")
-        connector.inflight.pop(job.request_id, None)
-        try:
-            if job.waiting:
-                self._answer(job, response)
-            else:
-                self._drop_response_body(response)
-                job.answered = True
-        finally:  # a waiter that raised (it runs the express path's answer) leaks no job
-            if job.acked:
-                self._forget(job)
-            self.pump(job.tenant)
-
-    def delivered(self, connector: ConnectorSession, job: Job) -> None:
-        """`deliver`'s bookkeeping for a job whose waiter the native path answered."""
-        connector.inflight.pop(job.request_id, None)
-        job.answered = True
-        if job.acked:
-            self._forget(job)
-        self.pump(job.tenant)
-
-    def _drop_response_body(self, response: TargetResponse) -> None:
-        if response.outsourced:
-            self.store.remove(self.store.name("res", response.request_id))
-
-    def acknowledge(self, connector: ConnectorSession, ack: AcknowledgeRequest) -> None:
-        job = self.jobs.get(ack.request_id)
-        native = self.native
-        if job is None and native is not None:
-            if native.table.acknowledge(ack.request_id, connector.peer.id):
-                return  # (the scanner takes the table's; one it did not see comes here)
-            if native.table.ack_mode_of(ack.request_id) == 3:
-                raise WireError(MANUAL_ONLY)
-        if job is None or job.tenant != connector.tenant:
-            raise WireError(f"Acknowledge: unknown request id {ack.request_id!r}")
-        if job.request.acknowledge_mode == 3:
-            raise WireError(MANUAL_ONLY)
-        self._acked(job, ack.remove_request_body_content)
-
-    def manual_acknowledge(self, request_id: str, token: str) -> bool:
-        """The manual acknowledge URL was called; False for an unknown id or a wrong token."""
-        job = self.jobs.get(request_id)
-        if job is None and self.native is not None:
-            return self.native.table.acknowledge_manual(request_id, token)
-        if job is None or job.request.acknowledge_mode != 3 or job.connector is None:
-            return False
-        if not secrets.compare_digest(job.ack_token, token):
-            return False
-        self._acked(job, True)
-        return True
-
-    def _acked(self, job: Job, remove_body: bool) -> None:
-        job.acked = True
-        connector = job.connector
-        if connector is not None:
-            connector.unacked.pop(job.request_id, None)
-        if remove_body and job.body_name is not None:
-            self.store.remove(job.body_name)
-            job.body_name = None
-        if connector is None or job.request_id not in connector.inflight:
-            self._forget(job)  # delivered already
-
-    def close(self) -> None:
-        for group in list(self.connectors.values()):
-            for connector in list(group):
-                connector.peer.close(CloseCode.GOING_AWAY, "relay shutting down")
-        for job in list(self.jobs.values()):
-            self._answer(job, 503)
-            self._forget(job)
-        self.pending.clear()
+        hub = self.hub
+        hub.sessions.pop(self.peer.id, None)
+        log.info("connector %s of %s left", self.connection_id, self.tenant_name)
+        hub.core.remove_connector(self.peer.id, hub.clock())
+        hub.settle()
+        if self.on_left is not None:
+            self.on_left(self.tenant)

@@ -70,7 +70,7 @@ async def handle(dialect: TunnelDialect, request: HttpRequest) -> HttpResponse:
         return HttpResponse(404, b"page not found")
     given = request.header("api-key") or b""
     if not hmac.compare_digest(given, key.encode()):
-        dialect.metrics.auth_failures.inc(1, "management")
+        dialect.hub.auth_failures.inc(1, "management")
         return _error(401, "a valid Api-Key header is required")
     store = dialect.store_of_tenants
     path = request.path
@@ -106,7 +106,7 @@ async def handle(dialect: TunnelDialect, request: HttpRequest) -> HttpResponse:
                 if store.get(new_name) is not None:
                     return _error(409, f"tenant {new_name} exists already")
                 tenant = store.add(_apply(Tenant(new_name), body))
-                dialect.tenants.forget(tenant.name)
+                dialect.forget_tenant(tenant.name)
                 return _json(201, tenant.as_json())
             return HttpResponse(405, b"method not allowed", headers=(("Allow", "GET, POST"),))
         existing = store.get(name)
@@ -116,11 +116,11 @@ async def handle(dialect: TunnelDialect, request: HttpRequest) -> HttpResponse:
             return _json(200, existing.as_json())
         if method == "PUT":
             store.update(_apply(existing, body))
-            dialect.tenants.forget(name)
+            dialect.forget_tenant(name)
             return HttpResponse(204)
         if method == "DELETE":
             store.remove(name)
-            dialect.tenants.forget(name)
+            dialect.forget_tenant(name)
             return HttpResponse(204)
         return HttpResponse(405, b"method not allowed", headers=(("Allow", "GET, PUT, DELETE"),))
     except (ValueError, ConfigError) as err:

@@ -8,7 +8,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from rmb_relay.dialects.tunnel.hub import DEFAULT_TENANT_BYTES, DEFAULT_TOTAL_BYTES
 from rmb_relay.dialects.tunnel.tenants import ACK_MODES
 from rmb_relay.errors import ConfigError
 
@@ -17,6 +16,11 @@ INLINE_LIMIT = 16 * 1024
 #: largest connector message accepted: an inline body base64-encoded plus headers
 CONNECTOR_MAX_MESSAGE = 256 * 1024
 BALANCE = ("round-robin", "least-inflight")
+#: bytes waiting requests of one tenant may hold in this relay's memory (4096 requests with
+#: the largest inline body): a tenant whose connector is away stops here
+DEFAULT_TENANT_BYTES = 64 << 20
+#: bytes waiting requests of all tenants may hold together
+DEFAULT_TOTAL_BYTES = 256 << 20
 
 
 @dataclass(slots=True)
@@ -45,19 +49,15 @@ class TunnelSettings:
     keep_alive: float = 15.0
     #: tenant lookups are cached this long (seconds), misses too (RelayServer: 10 s)
     tenant_cache_ttl: float = 10.0
+    #: tenant lookups kept at most besides tenants with connectors or requests here (a client
+    #: naming ever new tenants costs bounded memory)
+    tenant_cache_max: int = 10_000
     #: answer a request from a connector of this relay when there is one (scale-out shortcut)
     shortcut: bool = True
-    #: in-memory bytes of requests held until answered, per tenant and in all (hub.py); a
-    #: request beyond them is answered 503 and never executed
+    #: in-memory bytes of requests held until answered, per tenant and in all (the hub's
+    #: memory budget); a request beyond them is answered 503 and never executed
     tenant_bytes: int = DEFAULT_TENANT_BYTES
     total_bytes: int = DEFAULT_TOTAL_BYTES
-    #: serve the common relay-mode request on the express path (express.py); off: every
-    #: request takes the task path (the same answers, more CPU)
-    express: bool = True
-    #: the express path's request message and its `Deliver`'s answer built in the Rust core
-    #: (express.py: `tunnel_express_request`, `deliver_native`); off: in Python (the same
-    #: bytes, more CPU)
-    native: bool = True
 
     def __post_init__(self) -> None:
         for name in ("request_ttl", "response_timeout", "token_ttl", "keep_alive"):
@@ -65,6 +65,8 @@ class TunnelSettings:
                 raise ConfigError(f"--tunnel-{name.replace('_', '-')} must be positive")
         if self.tenant_bytes <= 0 or self.total_bytes <= 0:
             raise ConfigError("--tunnel-tenant-bytes and --tunnel-total-bytes must be positive")
+        if self.tenant_cache_max <= 0:
+            raise ConfigError("--tunnel-tenant-cache must be positive")
         if self.max_concurrent < 0:
             raise ConfigError("--tunnel-max-concurrent must not be negative")
         if self.ack_mode not in ACK_MODES.values():
@@ -99,8 +101,7 @@ class TunnelSettings:
             reconnect_max=high,
             tenant_bytes=args.tunnel_tenant_bytes,
             total_bytes=args.tunnel_total_bytes,
-            express=not args.no_tunnel_express,
-            native=not args.tunnel_no_native,
+            tenant_cache_max=args.tunnel_tenant_cache,
         )
 
 
@@ -119,16 +120,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "HTTP tunnel (/relay|queue|trace/{tenant}/{target}/..., GET /tunnel/connector)"
     )
     group.add_argument("--no-tunnel", action="store_true", help="do not serve the HTTP tunnel")
-    group.add_argument(
-        "--no-tunnel-express",
-        action="store_true",
-        help="serve every tunnel request on the task path, none on the express path",
-    )
-    group.add_argument(
-        "--tunnel-no-native",
-        action="store_true",
-        help="build the express path's messages and answers in Python, not in the Rust core",
-    )
     group.add_argument(
         "--tunnel-request-ttl",
         type=float,
@@ -189,6 +180,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="directory of bodies over 16 KiB (shared by relays on one host); "
         "default: $TMPDIR/rmb-relay-bodies",
+    )
+    group.add_argument(
+        "--tunnel-tenant-cache",
+        type=int,
+        default=d.tenant_cache_max,
+        metavar="N",
+        help="tenant lookups (found or not) kept for 10 s besides the tenants with connectors "
+        "or requests here; beyond it the oldest go (metric rmb_relay_tunnel_tenants_cached)",
     )
     group.add_argument(
         "--tunnel-token-ttl",

@@ -11,22 +11,23 @@ key rotation and `kid` lookup, rather than ours). Either way a token names its t
 Time: expiry is checked here against the clock passed in (PyJWT's own time checks are off), so
 tests move time instead of waiting for it.
 
-A token that passed is remembered until its end (verified.py), so a client or connector
-presenting the same token again is not checked again; `TokenAuthority.known` is that lookup
-alone, for callers that cannot await (the express path).
+A token that passed is remembered until its end in the tunnel's hub (its one cache of
+verdicts, which its fast path reads too: `TokenCache`), so a client or connector presenting
+the same token again is not checked again. An entry lasts until the token's own end as judged
+here (`exp` + LEEWAY), and for OIDC tokens at most one JWKS lifespan from the check. Refused
+tokens are never kept: each presentation takes the full check and gets its 401 with the reason.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import math
 import secrets
 import urllib.request
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rmb_relay.clock import Clock, seconds, wall_clock
-from rmb_relay.dialects.tunnel.verified import SIZE, VerifiedTokens
 from rmb_relay.errors import AuthError, ConfigError
 
 if TYPE_CHECKING:
@@ -138,6 +139,16 @@ class OidcVerifier:
         return _tenant_of(claims), min(until, now + JWKS_LIFESPAN)
 
 
+class TokenCache(Protocol):
+    """Where verdicts are kept (the tunnel's hub, `_core.TunnelHub`)."""
+
+    def known_token(self, token: str, wall: int, /) -> str | None:
+        """The tenant claim of a token that passed and is still good at `wall` (unix s)."""
+
+    def add_token(self, token: str, tenant: str, until: int, /) -> None:
+        """A token that passed, for `tenant`, good up to the unix second `until`."""
+
+
 class TokenAuthority:
     """Issues embedded tokens and checks any token a connector or client presents."""
 
@@ -148,24 +159,16 @@ class TokenAuthority:
         ttl: int = 300,
         clock: Clock = wall_clock,
         oidc: OidcVerifier | None = None,
-        cache: int = SIZE,
+        cache: TokenCache | None = None,
     ) -> None:
+        """`cache`: where verdicts are kept (None: every token is checked every time)."""
         if ttl <= 0:
             raise ConfigError("--tunnel-token-ttl must be positive")
         self._key = key
         self.ttl = ttl
         self.clock = clock
         self.oidc = oidc
-        #: tokens that passed `verify`, until their end (verified.py)
-        self.verified = VerifiedTokens(cache)
-        #: told of each token that passes (token, tenant, last good unix second): the
-        #: native express table checks them itself (native.py)
-        self.on_verified: Callable[[str, str, float], None] | None = None
-
-    def known(self, token: str) -> str | None:
-        """The tenant of a token that passed `verify` and is still good, else None (then only
-        `verify` can say): no JWT work, no await."""
-        return self.verified.get(token, seconds(self.clock()))
+        self.cache = cache
 
     def issue(self, tenant: str) -> str:
         import jwt
@@ -185,13 +188,14 @@ class TokenAuthority:
     async def verify(self, token: str) -> str:
         """The tenant name the token is for; AuthError otherwise. A token that passes is
         remembered until its end, and found there the next time."""
-        tenant = self.known(token)
-        if tenant is not None:
-            return tenant
+        cache = self.cache
+        if cache is not None:
+            tenant = cache.known_token(token, seconds(self.clock()))
+            if tenant is not None:
+                return tenant
         tenant, until = await self._check(token)
-        self.verified.put(token, tenant, until)
-        if self.on_verified is not None:
-            self.on_verified(token, tenant, until)
+        if cache is not None:
+            cache.add_token(token, tenant, math.floor(until))
         return tenant
 
     async def _check(self, token: str) -> tuple[str, float]:
