@@ -552,7 +552,7 @@ async def test_acknowledged_requests_are_served_by_the_table(
             status, _, body = await client.request("POST", "/relay/acme/app/echo", pattern(size))
             assert (status, body) == (200, pattern(size))
         # (the first opens the target connection: the task path; the next ones reuse it)
-        assert connector.native_delivered == 2
+        assert connector.answers_without_task == 2
         status, _, body = await client.request("GET", f"/relay/acme/app/bytes/{big}")
         assert (status, body) == (200, pattern(big))
     assert (await get_once(tunnel, "/relay/acme/app/status/500"))[0] == 500
