@@ -498,159 +498,64 @@ use Absent as D;
 use Kind as K;
 
 /// wire.py's ClientRequest
+#[rustfmt::skip]
 pub const CLIENT_REQUEST: &[FieldSpec] = &[
     f("request_id", "requestId", K::Str, false, D::Required),
-    f(
-        "request_origin_id",
-        "requestOriginId",
-        K::Str,
-        false,
-        D::Required,
-    ),
+    f("request_origin_id", "requestOriginId", K::Str, false, D::Required),
     f("target", "target", K::Str, false, D::Required),
     f("tenant_name", "tenantName", K::Str, false, D::Required),
     f("http_method", "httpMethod", K::Str, false, D::Required),
     f("url", "url", K::Str, false, D::Required),
-    f(
-        "http_headers",
-        "httpHeaders",
-        K::Headers,
-        false,
-        D::EmptyHeaders,
-    ),
-    f(
-        "acknowledge_mode",
-        "acknowledgeMode",
-        K::Int,
-        false,
-        D::Int(0),
-    ),
-    f(
-        "acknowledge_origin_id",
-        "acknowledgeOriginId",
-        K::Str,
-        true,
-        D::Null,
-    ),
-    f(
-        "original_body_size",
-        "originalBodySize",
-        K::Int,
-        false,
-        D::Int(0),
-    ),
+    f("http_headers", "httpHeaders", K::Headers, false, D::EmptyHeaders),
+    f("acknowledge_mode", "acknowledgeMode", K::Int, false, D::Int(0)),
+    f("acknowledge_origin_id", "acknowledgeOriginId", K::Str, true, D::Null),
+    f("original_body_size", "originalBodySize", K::Int, false, D::Int(0)),
     f("body_size", "bodySize", K::Int, false, D::Int(0)),
     f("body_content", "bodyContent", K::Bytes, true, D::Null),
-    f(
-        "enable_tracing",
-        "enableTracing",
-        K::Bool,
-        false,
-        D::Bool(false),
-    ),
-    f(
-        "discard_connector_response",
-        "discardConnectorResponse",
-        K::Bool,
-        false,
-        D::Bool(false),
-    ),
+    f("enable_tracing", "enableTracing", K::Bool, false, D::Bool(false)),
+    f("discard_connector_response", "discardConnectorResponse", K::Bool, false, D::Bool(false)),
     f("expires_in", "expiresIn", K::Int, true, D::Null),
     f("acknowledge_url", "acknowledgeUrl", K::Str, true, D::Null),
 ];
 
 /// wire.py's TargetResponse
+#[rustfmt::skip]
 pub const TARGET_RESPONSE: &[FieldSpec] = &[
     f("request_id", "requestId", K::Str, false, D::Required),
-    f(
-        "request_origin_id",
-        "requestOriginId",
-        K::Str,
-        false,
-        D::Required,
-    ),
-    f(
-        "http_status_code",
-        "httpStatusCode",
-        K::Int,
-        false,
-        D::Required,
-    ),
-    f(
-        "http_headers",
-        "httpHeaders",
-        K::Headers,
-        false,
-        D::EmptyHeaders,
-    ),
-    f(
-        "original_body_size",
-        "originalBodySize",
-        K::Int,
-        false,
-        D::Int(0),
-    ),
+    f("request_origin_id", "requestOriginId", K::Str, false, D::Required),
+    f("http_status_code", "httpStatusCode", K::Int, false, D::Required),
+    f("http_headers", "httpHeaders", K::Headers, false, D::EmptyHeaders),
+    f("original_body_size", "originalBodySize", K::Int, false, D::Int(0)),
     f("body_size", "bodySize", K::Int, false, D::Int(0)),
     f("body_content", "bodyContent", K::Bytes, true, D::Null),
-    f(
-        "request_failed",
-        "requestFailed",
-        K::Bool,
-        false,
-        D::Bool(false),
-    ),
+    f("request_failed", "requestFailed", K::Bool, false, D::Bool(false)),
     f("request_start", "requestStart", K::Str, true, D::Null),
     f("request_duration", "requestDuration", K::Str, true, D::Null),
     f("connection_id", "connectionId", K::Str, true, D::Null),
 ];
 
 /// wire.py's AcknowledgeRequest
+#[rustfmt::skip]
 pub const ACKNOWLEDGE_REQUEST: &[FieldSpec] = &[
     f("origin_id", "originId", K::Str, false, D::Required),
     f("request_id", "requestId", K::Str, false, D::Required),
-    f(
-        "remove_request_body_content",
-        "removeRequestBodyContent",
-        K::Bool,
-        false,
-        D::Bool(true),
-    ),
+    f("remove_request_body_content", "removeRequestBodyContent", K::Bool, false, D::Bool(true)),
 ];
 
 /// wire.py's TenantConfig
+#[rustfmt::skip]
 pub const TENANT_CONFIG: &[FieldSpec] = &[
-    f(
-        "keep_alive_interval",
-        "keepAliveInterval",
-        K::Float,
-        false,
-        D::Float(15.0),
-    ),
-    f(
-        "enable_tracing",
-        "enableTracing",
-        K::Bool,
-        false,
-        D::Bool(false),
-    ),
-    f(
-        "reconnect_minimum_delay",
-        "reconnectMinimumDelay",
-        K::Float,
-        false,
-        D::Float(30.0),
-    ),
-    f(
-        "reconnect_maximum_delay",
-        "reconnectMaximumDelay",
-        K::Float,
-        false,
-        D::Float(300.0),
-    ),
+    f("keep_alive_interval", "keepAliveInterval", K::Float, false, D::Float(15.0)),
+    f("enable_tracing", "enableTracing", K::Bool, false, D::Bool(false)),
+    f("reconnect_minimum_delay", "reconnectMinimumDelay", K::Float, false, D::Float(30.0)),
+    f("reconnect_maximum_delay", "reconnectMaximumDelay", K::Float, false, D::Float(300.0)),
 ];
 
 /// wire.py's ErrorMessage
-pub const ERROR_MESSAGE: &[FieldSpec] = &[f("message", "message", K::Str, false, D::Required)];
+#[rustfmt::skip]
+pub const ERROR_MESSAGE: &[FieldSpec] = &[
+    f("message", "message", K::Str, false, D::Required),
+];
 
 /// (invocation target name, fields) of every message kind
 pub const KINDS: &[(&str, &[FieldSpec])] = &[
