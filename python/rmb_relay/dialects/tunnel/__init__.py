@@ -12,7 +12,8 @@ concern per module:
 | `endpoints.py` | discovery, token, body side channels, manual acknowledgements |
 | `management.py` | `/management/tenants` |
 | `bodystore.py` | body files and their sweeper |
-| `connector.py`, `targets.py` | the connector (`rmb-relay connector`) |
+| `connector.py`, `targets.py` | the connector (`rmb-relay connector`) and its targets |
+| `httpclient.py` | the connector's HTTP/1.1 client for web targets |
 | `metrics.py` | counters and gauges |
 """
 
