@@ -22,7 +22,6 @@ pub mod error;
 pub mod forward;
 /// fuzz targets of the network parsers (pure Rust; `fuzz/`, `make fuzz`)
 pub mod fuzzing;
-pub mod http_client;
 pub mod limiter;
 pub mod records;
 pub mod singyeong;
@@ -33,7 +32,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     codec::http::py::register(m)?;
     codec::ws::py::register(m)?;
     codec::scanner::py::register(m)?;
-    http_client::py::register(m)?;
     dialects::sbd::header::py::register(m)?;
     dialects::sbd::scanner::py::register(m)?;
     dialects::rmb::envelope::py::register(m)?;

@@ -1,4 +1,5 @@
-"""The connector's lean HTTP client (dialects/tunnel/httpclient.py) against real servers:
+"""The connector's lean HTTP client (dialects/tunnel/httpclient.py) against real servers, sent
+request bytes as the connector's core builds them:
 aiohttp for ordinary responses, raw asyncio servers for framings aiohttp never sends
 (close-delimited bodies, chunk extensions and trailers, a kept-alive connection the server
 dropped, garbage)."""
@@ -55,6 +56,14 @@ async def aiohttp_target(stack: AsyncExitStack) -> int:
     return await serve_app(stack, app)
 
 
+def request(method: str, path: str, length: int = 0) -> bytes:
+    """A request head (and the Content-Length of a body streamed after it)."""
+    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\n"
+    if length:
+        head += f"Content-Length: {length}\r\n"
+    return (head + "\r\n").encode()
+
+
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
@@ -69,13 +78,13 @@ async def test_heads_without_bodies_and_keep_alive_reuse() -> None:
     async with AsyncExitStack() as stack:
         port = await aiohttp_target(stack)
         pool = HttpClientPool("127.0.0.1", port, f"127.0.0.1:{port}")
-        head = await pool.request("HEAD", "/plain", [], b"", 0)
+        head = await pool.request(request("HEAD", "/plain"), True)
         assert head.status == 200
         assert await head.read() == b""
         for code in (204, 304):
-            reply = await pool.request("GET", f"/status/{code}", [], b"", 0)
+            reply = await pool.request(request("GET", f"/status/{code}"), False)
             assert (reply.status, await reply.read()) == (code, b"")
-        reply = await pool.request("GET", "/plain", [], b"", 0)
+        reply = await pool.request(request("GET", "/plain"), False)
         assert await reply.read() == b"x" * 100
         assert len(pool._idle) == 1  # one connection served all four
         pool.close()
@@ -85,7 +94,7 @@ async def test_large_chunked_response_and_streamed_request_body() -> None:
     async with AsyncExitStack() as stack:
         port = await aiohttp_target(stack)
         pool = HttpClientPool("127.0.0.1", port, f"127.0.0.1:{port}")
-        reply = await pool.request("GET", "/big", [], b"", 0)
+        reply = await pool.request(request("GET", "/big"), False)
         assert reply.content_length is None
         total = 0
         async for chunk in reply.iter():
@@ -96,14 +105,14 @@ async def test_large_chunked_response_and_streamed_request_body() -> None:
             for _ in range(4):
                 yield pattern(300_000)
 
-        echoed = await pool.request("POST", "/echo", [], body(), 1_200_000)
+        echoed = await pool.request(request("POST", "/echo", 1_200_000), False, body())
         assert await echoed.read() == pattern(300_000) * 4
 
         async def big_body() -> AsyncIterator[bytes]:
             for _ in range(32):
                 yield pattern(1 << 20)
 
-        duplex = await pool.request("POST", "/duplex", [], big_body(), 32 << 20)
+        duplex = await pool.request(request("POST", "/duplex", 32 << 20), False, big_body())
         received = 0
         async for chunk in duplex.iter():
             received += len(chunk)
@@ -131,12 +140,12 @@ async def test_close_delimited_body_and_chunk_extensions_and_trailers() -> None:
     async with AsyncExitStack() as stack:
         port = await raw_target(stack, close_delimited)
         pool = HttpClientPool("127.0.0.1", port, "x")
-        reply = await pool.request("GET", "/", [], b"", 0)
+        reply = await pool.request(request("GET", "/"), False)
         assert await reply.read() == b"until the end"
         assert not pool._idle  # not reusable
         port = await raw_target(stack, chunked)
         pool = HttpClientPool("127.0.0.1", port, "x")
-        reply = await pool.request("GET", "/", [], b"", 0)
+        reply = await pool.request(request("GET", "/"), False)
         assert [v for k, v in reply.headers if k == "x-a"] == ["1", "2"]
         assert await reply.read() == b"hello world"
         pool.close()
@@ -146,22 +155,22 @@ async def test_small_bodies_come_whole_with_the_head_larger_ones_stream() -> Non
     async with AsyncExitStack() as stack:
         port = await aiohttp_target(stack)
         pool = HttpClientPool("127.0.0.1", port, f"127.0.0.1:{port}")
-        small = await pool.request("GET", "/plain", [], b"", 0, whole_limit=100)
+        small = await pool.request(request("GET", "/plain"), False, whole_limit=100)
         assert (small.body, small.content_length) == (b"x" * 100, 100)
         assert await small.read() == b"x" * 100
-        again = await pool.request("GET", "/plain", [], b"", 0, whole_limit=100)
+        again = await pool.request(request("GET", "/plain"), False, whole_limit=100)
         assert [chunk async for chunk in again.iter()] == [b"x" * 100]
         assert len(pool._idle) == 1  # whole bodies leave the connection reusable
-        over = await pool.request("GET", "/plain", [], b"", 0, whole_limit=99)
+        over = await pool.request(request("GET", "/plain"), False, whole_limit=99)
         assert (over.body, over.content_length) == (None, 100)
         assert await over.read() == b"x" * 100
-        chunked = await pool.request("GET", "/big", [], b"", 0, whole_limit=1 << 30)
+        chunked = await pool.request(request("GET", "/big"), False, whole_limit=1 << 30)
         assert chunked.body is None  # no length: never read whole
         total = 0
         async for chunk in chunked.iter():
             total += len(chunk)
         assert total == 8 << 20
-        empty = await pool.request("GET", "/status/204", [], b"", 0, whole_limit=100)
+        empty = await pool.request(request("GET", "/status/204"), False, whole_limit=100)
         assert (empty.status, await empty.read()) == (204, b"")
         pool.close()
 
@@ -177,7 +186,7 @@ async def test_a_whole_body_cut_short_is_a_target_error() -> None:
         port = await raw_target(stack, short)
         pool = HttpClientPool("127.0.0.1", port, "x")
         with pytest.raises(TargetError):
-            await pool.request("GET", "/", [], b"", 0, whole_limit=100)
+            await pool.request(request("GET", "/"), False, whole_limit=100)
         pool.close()
 
 
@@ -187,7 +196,7 @@ async def test_stale_kept_alive_connection_is_replaced_once() -> None:
         port = await raw_target(stack, target)
         pool = HttpClientPool("127.0.0.1", port, "x")
         for _ in range(3):
-            reply = await pool.request("GET", "/", [], b"", 0)
+            reply = await pool.request(request("GET", "/"), False)
             assert await reply.read() == b"ok"
         assert target.served == 3
         pool.close()
@@ -214,7 +223,7 @@ async def test_broken_responses_are_target_errors(answer: bytes) -> None:
         pool = HttpClientPool("127.0.0.1", port, "x")
 
         async def fetch() -> bytes:
-            reply = await pool.request("GET", "/", [], b"", 0)
+            reply = await pool.request(request("GET", "/"), False)
             return await reply.read()
 
         with pytest.raises(TargetError):

@@ -496,12 +496,14 @@ async def test_acknowledged_requests_leave_nothing_behind(
     connector (mode 1 when the request comes, mode 2 after its `Deliver`, also for a body in
     the store and an error status); nothing left behind."""
     tunnel = await start_tunnel(ack_mode=mode)
-    await tunnel.connect(binary=mode == 2)
+    connector = await tunnel.connect(binary=mode == 2)
     big = 64 * 1024
     async with raw_client(tunnel) as client:
         for size in (0, 1024, 10):
             status, _, body = await client.request("POST", "/relay/acme/app/echo", pattern(size))
             assert (status, body) == (200, pattern(size))
+        # (the first opens the target connection: the task path; the next ones reuse it)
+        assert connector.answers_without_task == 2
         status, _, body = await client.request("GET", f"/relay/acme/app/bytes/{big}")
         assert (status, body) == (200, pattern(big))
     assert (await get_once(tunnel, "/relay/acme/app/status/500"))[0] == 500

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import json
 import math
 import re
@@ -220,7 +221,21 @@ def _outcome(data: bytes, binary: bool) -> Any:
         return ("error", str(err))
 
 
+def _lone_surrogate(value: Any) -> bool:
+    """Text Python's json reads and the codec refuses (tested on its own above)."""
+    if isinstance(value, str):
+        return any(0xD800 <= ord(c) < 0xE000 for c in value)
+    if isinstance(value, dict):
+        return any(_lone_surrogate(k) or _lone_surrogate(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_lone_surrogate(v) for v in value)
+    return False
+
+
 def _same(data: bytes, binary: bool) -> None:
+    if not binary:
+        with contextlib.suppress(ValueError):
+            assume(not _lone_surrogate(json.loads(data)))
     got, want = _outcome(data, binary), _reference(data, binary, ALL)
     if want[0] == "ok" or got[0] == "ok":
         assert got == want

@@ -199,22 +199,6 @@ class HttpResponseParser:
 
 # ---- end codec/http.rs ----------------------------------------------------------------------
 
-# ---- http_client.rs ---------------------------------------------------------------------
-
-def encode_target_request(
-    method: str,
-    target: str,
-    host: str,
-    headers: dict[str, list[str]],
-    extra: list[tuple[str, str]],
-    body: bytes,
-    length: int | None = None,
-) -> bytes:
-    """A tunnelled request for its target: `Host`, the message's `{name: [values]}` fields
-    less the hop-by-hop ones (host, content-length, transfer-encoding, connection, expect),
-    `extra` (not filtered), Content-Length for the body (or `length` for a body streamed
-    after this head). ValueError for a field with CR/LF/NUL or a bad method/target."""
-
 # ---- codec/ws.rs ------------------------------------------------------------------------
 OP_CONTINUATION: Final[int]
 OP_TEXT: Final[int]
@@ -1063,37 +1047,84 @@ class TunnelHub:
 # ---- dialects/tunnel/connector.rs ---------------------------------------------------------
 
 @final
+class TunnelRequest:
+    """A `RequestTarget` the connector's core received: `refused` when the core answered it
+    (404, 502) or dropped it (expired) itself, else what running it takes: `wire` (the request
+    bytes) for a plain-http web target, `method`/`url`/`headers`/`body` for any other."""
+
+    @property
+    def request_id(self) -> str: ...
+    @property
+    def target(self) -> int:
+        """The target's index in the list the core was made with."""
+    @property
+    def refused(self) -> str | None: ...
+    @property
+    def wire(self) -> bytes | None: ...
+    @property
+    def head(self) -> bool:
+        """A HEAD request: its answer has no body."""
+    @property
+    def outsourced(self) -> bool:
+        """The body waits in the relay's body store (download it)."""
+    @property
+    def body_size(self) -> int: ...
+    @property
+    def delete_body(self) -> bool:
+        """Download the outsourced body with `delete=true`."""
+    @property
+    def answered(self) -> bool: ...
+    @property
+    def method(self) -> str: ...
+    @property
+    def url(self) -> str: ...
+    @property
+    def headers(self) -> list[tuple[str, str]]:
+        """The client's fields less those of its hop to the relay, then the acknowledge URL
+        and tracing fields."""
+    @property
+    def body(self) -> bytes: ...
+
+@final
 class TunnelConnectorCore:
-    """The connector's native per-request path for one websocket: `request` turns a common
-    `RequestTarget` (acknowledge mode 0-2, no tracing, answer wanted, inline body, time left, a
-    plain-http web target given as `(NAME.upper(), Host, base path)`) into its target request;
-    `respond` feeds a target connection's bytes to its parser and, when they are one whole
-    answer, queues its `Deliver` as a masked frame (`take_output`)."""
+    """The connector's decisions for one websocket (`targets`: each target's `str.upper()`
+    name with `(Host, base path)` for a plain-http web target, else None): which requests run,
+    their target requests, their `Deliver`s and `Acknowledge`s as masked frames."""
 
     def __new__(
-        cls, binary: bool, seed: bytes, targets: list[tuple[str, str, str]]
+        cls,
+        binary: bool,
+        seed: bytes,
+        server: str,
+        inline_limit: int,
+        targets: list[tuple[str, tuple[str, str] | None]],
     ) -> TunnelConnectorCore: ...
-    def feed_ws(
-        self, decoder: WsDecoder, data: bytes
-    ) -> list[tuple[int, bytes, str, str, bool, bytes, int, str] | WsEvent]:
-        """A websocket read in one call: deframed by `decoder`, each common RequestTarget as
-        `(target index, request bytes, request id, origin id, is HEAD, message, acknowledge
-        mode, acknowledge origin id)` (a ConnectorReceived one's Acknowledge queued), every
-        other event as `WsDecoder.feed` gives it."""
-    def request(self, payload: bytes) -> tuple[int, bytes, str, str, bool] | None:
-        """`(target index, request bytes, request id, origin id, is HEAD)`, or None: the
-        message is not the common case (or not valid here); the Python path takes it."""
+    def request(self, payload: bytes, now: int) -> TunnelRequest | None:
+        """One message: its TunnelRequest, or None for a message that is no well-formed
+        RequestTarget. `now`: monotonic ns."""
+    def feed_ws(self, decoder: WsDecoder, data: bytes, now: int) -> list[TunnelRequest | WsEvent]:
+        """A websocket read in one call: deframed by `decoder`, each RequestTarget as a
+        TunnelRequest, every other event as `WsDecoder.feed` gives it."""
     def respond(
-        self,
-        parser: HttpResponseParser,
-        data: bytes,
-        request_id: str,
-        request_origin_id: str,
-        ack_origin_id: str | None = None,
+        self, request: TunnelRequest, parser: HttpResponseParser, data: bytes, now: int
     ) -> list[tuple[int, list[tuple[str, str]], bytes | None] | bytes | None] | None:
-        """None when `data` completed one whole answer (its Deliver queued, then with
-        `ack_origin_id` its ConnectorFinished Acknowledge), else the parser's events as
-        `HttpResponseParser.feed` gives them; HttpResponseError."""
+        """None when `data` completed the request's whole answer (delivered), else the
+        parser's events as `HttpResponseParser.feed` gives them; HttpResponseError."""
+    def answer(
+        self,
+        request: TunnelRequest,
+        status: int,
+        headers: list[tuple[str, str]],
+        body: bytes | None,
+        size: int,
+        now: int,
+    ) -> None:
+        """The target's answer: `body` inline, or (None) `size` bytes uploaded; nothing when
+        the request was answered already."""
+    def fail(self, request: TunnelRequest, timed_out: bool, now: int) -> None:
+        """The target failed (502) or did not answer in time (504)."""
+    def uploads(self, request: TunnelRequest, length: int | None) -> bool:
+        """Whether an answer of `length` body bytes (None: a stream) is uploaded first."""
     def take_output(self) -> bytes:
         """The frames queued since the last call, masked, for one write."""
     @property

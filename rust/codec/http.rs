@@ -1063,7 +1063,7 @@ pub fn encode_switching_protocols(accept: &str, headers: &[(&str, &str)]) -> Res
 }
 
 /// A request line we may send: the method a token, the target without spaces or controls
-/// (which would split the line). Both request encoders (this file's and http_client.rs's).
+/// (which would split the line). Both request encoders (this file's and the tunnel connector's).
 pub(crate) fn check_request_line(method: &str, target: &str) -> Result<()> {
     if !is_token(method) {
         return Err(Error::InvalidArgument(format!("invalid method {method:?}")));

@@ -374,6 +374,73 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// Reading a container one item at a time, for a caller that keeps its own view of a document
+/// (an index of every container's items, made in one pass): after [`Reader::enter`] at an
+/// object or array, [`Reader::next_member`] or [`Reader::next_element`] until it says the
+/// container ended, reading each item's value in between (with [`Reader::value`], or by
+/// entering it). The checks are those of [`Reader::value`].
+impl Reader<'_> {
+    /// Step into the object or array at the reader's position (nested at `depth`).
+    pub fn enter(&mut self, depth: usize) -> Result<()> {
+        if depth > self.max_depth {
+            return self.fail("nested too deeply");
+        }
+        self.at += 1; // '{' or '['
+        self.ws();
+        Ok(())
+    }
+
+    /// The next member's key, the reader left at its value; None past the object's end.
+    /// `first`: no member was read yet.
+    pub fn next_member(&mut self, first: bool) -> Result<Option<Span>> {
+        if !first {
+            self.ws();
+            if self.eat(b'}') {
+                return Ok(None);
+            }
+            if !self.eat(b',') {
+                return self.fail("expected ',' or '}'");
+            }
+            self.ws();
+        } else if self.eat(b'}') {
+            return Ok(None);
+        }
+        if self.peek() != Some(b'"') {
+            return self.fail("expected a key");
+        }
+        let start = self.at;
+        self.string()?;
+        let key = Span {
+            kind: Kind::Str,
+            start,
+            end: self.at,
+        };
+        self.ws();
+        if !self.eat(b':') {
+            return self.fail("expected ':'");
+        }
+        self.ws();
+        Ok(Some(key))
+    }
+
+    /// Whether another element follows (the reader then at it); false past the array's end.
+    /// `first`: no element was read yet.
+    pub fn next_element(&mut self, first: bool) -> Result<bool> {
+        if !first {
+            self.ws();
+            if self.eat(b']') {
+                return Ok(false);
+            }
+            if !self.eat(b',') {
+                return self.fail("expected ',' or ']'");
+            }
+            self.ws();
+            return Ok(true);
+        }
+        Ok(!self.eat(b']'))
+    }
+}
+
 fn distinct(keys: &[&[u8]]) -> bool {
     keys.len() <= MAX_CHECKED_KEYS && keys.iter().enumerate().all(|(i, k)| !keys[..i].contains(k))
 }
@@ -386,6 +453,16 @@ pub fn document(text: &[u8]) -> Result<(Reader<'_>, Span)> {
 
 /// [`document`] with a nesting limit of the caller's.
 pub fn document_within(text: &[u8], max_depth: usize) -> Result<(Reader<'_>, Span)> {
+    document_read(text, max_depth, |r| r.value(0))
+}
+
+/// A whole JSON text whose one value `read` reads (from its first byte: with
+/// [`Reader::value`], or item by item), with [`document_within`]'s checks around it.
+pub fn document_read<'a, T>(
+    text: &'a [u8],
+    max_depth: usize,
+    read: impl FnOnce(&mut Reader<'a>) -> Result<T>,
+) -> Result<(Reader<'a>, T)> {
     if let Err(err) = std::str::from_utf8(text) {
         return Err(Error {
             at: err.valid_up_to(),
@@ -396,14 +473,14 @@ pub fn document_within(text: &[u8], max_depth: usize) -> Result<(Reader<'_>, Spa
     r.max_depth = max_depth;
     r.ws();
     r.canonical = true;
-    let span = r.value(0)?;
+    let value = read(&mut r)?;
     let canonical = r.canonical;
     r.ws();
     if r.at != text.len() {
         return r.fail("extra data after the value");
     }
     r.canonical = canonical;
-    Ok((r, span))
+    Ok((r, value))
 }
 
 /// Whether the text of `span` is exactly what Python's encoder writes for its value.
@@ -663,6 +740,69 @@ mod tests {
         let deep = "[".repeat(MAX_DEPTH + 2) + &"]".repeat(MAX_DEPTH + 2);
         assert!(document(deep.as_bytes()).is_err());
         assert!(document_within(deep.as_bytes(), MAX_DEPTH + 2).is_ok());
+    }
+
+    /// Item by item, a document reads as `value` reads it: the same spans, the same refusals.
+    #[test]
+    fn containers_read_item_by_item() {
+        fn walk(r: &mut Reader<'_>, depth: usize, out: &mut Vec<Span>) -> Result<()> {
+            match r.text.get(r.at) {
+                Some(b'{') => {
+                    r.enter(depth)?;
+                    let mut first = true;
+                    while let Some(key) = r.next_member(first)? {
+                        out.push(key);
+                        walk(r, depth + 1, out)?;
+                        first = false;
+                    }
+                }
+                Some(b'[') => {
+                    r.enter(depth)?;
+                    let mut first = true;
+                    while r.next_element(first)? {
+                        walk(r, depth + 1, out)?;
+                        first = false;
+                    }
+                }
+                _ => out.push(r.value(depth)?),
+            }
+            Ok(())
+        }
+        let text = br#" {"a": [1, "x\n", {"b": null}, []], "c" : {}} "#;
+        let (_, spans) = document_read(text, MAX_DEPTH, |r| {
+            let mut out = Vec::new();
+            walk(r, 0, &mut out).map(|()| out)
+        })
+        .unwrap();
+        let (r, _) = document(text).unwrap();
+        let texts: Vec<&[u8]> = spans.iter().map(|s| r.slice(*s)).collect();
+        assert_eq!(
+            texts,
+            [
+                &b"\"a\""[..],
+                b"1",
+                b"\"x\\n\"",
+                b"\"b\"",
+                b"null",
+                b"\"c\""
+            ]
+        );
+        for bad in [
+            "[1,]",
+            r#"{"a":1,}"#,
+            "[1 2]",
+            r#"{"a" 1}"#,
+            "{1:2}",
+            "[",
+            "[1] x",
+        ] {
+            let walked = document_read(bad.as_bytes(), MAX_DEPTH, |r| walk(r, 0, &mut Vec::new()));
+            assert!(walked.is_err(), "{bad}");
+            assert!(document(bad.as_bytes()).is_err(), "{bad}");
+        }
+        let deep = "[".repeat(MAX_DEPTH + 2) + &"]".repeat(MAX_DEPTH + 2);
+        let walked = document_read(deep.as_bytes(), MAX_DEPTH, |r| walk(r, 0, &mut Vec::new()));
+        assert_eq!(walked.err().map(|e| e.what), Some("nested too deeply"));
     }
 
     #[test]

@@ -498,159 +498,64 @@ use Absent as D;
 use Kind as K;
 
 /// wire.py's ClientRequest
+#[rustfmt::skip]
 pub const CLIENT_REQUEST: &[FieldSpec] = &[
     f("request_id", "requestId", K::Str, false, D::Required),
-    f(
-        "request_origin_id",
-        "requestOriginId",
-        K::Str,
-        false,
-        D::Required,
-    ),
+    f("request_origin_id", "requestOriginId", K::Str, false, D::Required),
     f("target", "target", K::Str, false, D::Required),
     f("tenant_name", "tenantName", K::Str, false, D::Required),
     f("http_method", "httpMethod", K::Str, false, D::Required),
     f("url", "url", K::Str, false, D::Required),
-    f(
-        "http_headers",
-        "httpHeaders",
-        K::Headers,
-        false,
-        D::EmptyHeaders,
-    ),
-    f(
-        "acknowledge_mode",
-        "acknowledgeMode",
-        K::Int,
-        false,
-        D::Int(0),
-    ),
-    f(
-        "acknowledge_origin_id",
-        "acknowledgeOriginId",
-        K::Str,
-        true,
-        D::Null,
-    ),
-    f(
-        "original_body_size",
-        "originalBodySize",
-        K::Int,
-        false,
-        D::Int(0),
-    ),
+    f("http_headers", "httpHeaders", K::Headers, false, D::EmptyHeaders),
+    f("acknowledge_mode", "acknowledgeMode", K::Int, false, D::Int(0)),
+    f("acknowledge_origin_id", "acknowledgeOriginId", K::Str, true, D::Null),
+    f("original_body_size", "originalBodySize", K::Int, false, D::Int(0)),
     f("body_size", "bodySize", K::Int, false, D::Int(0)),
     f("body_content", "bodyContent", K::Bytes, true, D::Null),
-    f(
-        "enable_tracing",
-        "enableTracing",
-        K::Bool,
-        false,
-        D::Bool(false),
-    ),
-    f(
-        "discard_connector_response",
-        "discardConnectorResponse",
-        K::Bool,
-        false,
-        D::Bool(false),
-    ),
+    f("enable_tracing", "enableTracing", K::Bool, false, D::Bool(false)),
+    f("discard_connector_response", "discardConnectorResponse", K::Bool, false, D::Bool(false)),
     f("expires_in", "expiresIn", K::Int, true, D::Null),
     f("acknowledge_url", "acknowledgeUrl", K::Str, true, D::Null),
 ];
 
 /// wire.py's TargetResponse
+#[rustfmt::skip]
 pub const TARGET_RESPONSE: &[FieldSpec] = &[
     f("request_id", "requestId", K::Str, false, D::Required),
-    f(
-        "request_origin_id",
-        "requestOriginId",
-        K::Str,
-        false,
-        D::Required,
-    ),
-    f(
-        "http_status_code",
-        "httpStatusCode",
-        K::Int,
-        false,
-        D::Required,
-    ),
-    f(
-        "http_headers",
-        "httpHeaders",
-        K::Headers,
-        false,
-        D::EmptyHeaders,
-    ),
-    f(
-        "original_body_size",
-        "originalBodySize",
-        K::Int,
-        false,
-        D::Int(0),
-    ),
+    f("request_origin_id", "requestOriginId", K::Str, false, D::Required),
+    f("http_status_code", "httpStatusCode", K::Int, false, D::Required),
+    f("http_headers", "httpHeaders", K::Headers, false, D::EmptyHeaders),
+    f("original_body_size", "originalBodySize", K::Int, false, D::Int(0)),
     f("body_size", "bodySize", K::Int, false, D::Int(0)),
     f("body_content", "bodyContent", K::Bytes, true, D::Null),
-    f(
-        "request_failed",
-        "requestFailed",
-        K::Bool,
-        false,
-        D::Bool(false),
-    ),
+    f("request_failed", "requestFailed", K::Bool, false, D::Bool(false)),
     f("request_start", "requestStart", K::Str, true, D::Null),
     f("request_duration", "requestDuration", K::Str, true, D::Null),
     f("connection_id", "connectionId", K::Str, true, D::Null),
 ];
 
 /// wire.py's AcknowledgeRequest
+#[rustfmt::skip]
 pub const ACKNOWLEDGE_REQUEST: &[FieldSpec] = &[
     f("origin_id", "originId", K::Str, false, D::Required),
     f("request_id", "requestId", K::Str, false, D::Required),
-    f(
-        "remove_request_body_content",
-        "removeRequestBodyContent",
-        K::Bool,
-        false,
-        D::Bool(true),
-    ),
+    f("remove_request_body_content", "removeRequestBodyContent", K::Bool, false, D::Bool(true)),
 ];
 
 /// wire.py's TenantConfig
+#[rustfmt::skip]
 pub const TENANT_CONFIG: &[FieldSpec] = &[
-    f(
-        "keep_alive_interval",
-        "keepAliveInterval",
-        K::Float,
-        false,
-        D::Float(15.0),
-    ),
-    f(
-        "enable_tracing",
-        "enableTracing",
-        K::Bool,
-        false,
-        D::Bool(false),
-    ),
-    f(
-        "reconnect_minimum_delay",
-        "reconnectMinimumDelay",
-        K::Float,
-        false,
-        D::Float(30.0),
-    ),
-    f(
-        "reconnect_maximum_delay",
-        "reconnectMaximumDelay",
-        K::Float,
-        false,
-        D::Float(300.0),
-    ),
+    f("keep_alive_interval", "keepAliveInterval", K::Float, false, D::Float(15.0)),
+    f("enable_tracing", "enableTracing", K::Bool, false, D::Bool(false)),
+    f("reconnect_minimum_delay", "reconnectMinimumDelay", K::Float, false, D::Float(30.0)),
+    f("reconnect_maximum_delay", "reconnectMaximumDelay", K::Float, false, D::Float(300.0)),
 ];
 
 /// wire.py's ErrorMessage
-pub const ERROR_MESSAGE: &[FieldSpec] = &[f("message", "message", K::Str, false, D::Required)];
+#[rustfmt::skip]
+pub const ERROR_MESSAGE: &[FieldSpec] = &[
+    f("message", "message", K::Str, false, D::Required),
+];
 
 /// (invocation target name, fields) of every message kind
 pub const KINDS: &[(&str, &[FieldSpec])] = &[
@@ -752,8 +657,9 @@ impl FieldRef<'_> {
     }
 }
 
-/// A value as the checks see it, in either format; `H` is the format's handle to a value.
-enum View<'a, H> {
+/// A value as the field checks see it, in either format (a container by its length: its items
+/// are walked with [`Values::members`] and [`Values::elements`]).
+enum View<'a> {
     Null,
     Bool(bool),
     Int(i64),
@@ -764,12 +670,11 @@ enum View<'a, H> {
     /// a JSON string that is not valid Unicode (a lone surrogate escape)
     BadStr,
     Bytes(&'a [u8]),
-    Array(Vec<H>),
-    /// members in order; None for a key that is not valid Unicode
-    Map(Vec<(Option<Cow<'a, str>>, H)>),
+    Array(usize),
+    Map(usize),
 }
 
-impl<H> View<'_, H> {
+impl View<'_> {
     /// The Python type the value decodes to (for error texts).
     fn py_type(&self) -> &'static str {
         match self {
@@ -825,10 +730,19 @@ fn str_repr(s: &str) -> String {
     out
 }
 
-/// One message's values in one format, checked whole before any is viewed.
+/// One message's values in one format, checked whole before any is looked at.
 trait Values<'a> {
     type Handle: Copy;
-    fn view(&self, at: Self::Handle) -> View<'a, Self::Handle>;
+    fn view(&self, at: Self::Handle) -> View<'a>;
+    /// Each member of the map at `at` in order (its key None when not valid Unicode), while
+    /// `each` says go on.
+    fn members(
+        &self,
+        at: Self::Handle,
+        each: impl FnMut(Option<Cow<'a, str>>, Self::Handle) -> bool,
+    );
+    /// Each element of the array at `at` in order, while `each` says go on.
+    fn elements(&self, at: Self::Handle, each: impl FnMut(Self::Handle) -> bool);
 }
 
 /// A msgpack message; a handle is the bytes from a value's first byte on.
@@ -837,7 +751,7 @@ struct MsgpackValues;
 impl<'a> Values<'a> for MsgpackValues {
     type Handle = &'a [u8];
 
-    fn view(&self, at: &'a [u8]) -> View<'a, &'a [u8]> {
+    fn view(&self, at: &'a [u8]) -> View<'a> {
         // the whole message was walked and checked (`mp_skip`): read again without checks
         let Ok((raw, _)) = mp_head_known(at) else {
             return View::Null; // not reached
@@ -850,56 +764,171 @@ impl<'a> Values<'a> for MsgpackValues {
             Raw::Float(v) => View::Float(v),
             Raw::Str(s) => View::Str(Cow::Borrowed(s)),
             Raw::Bytes(b) => View::Bytes(b),
-            Raw::Array(n, mut rest) => {
-                let mut items = Vec::with_capacity(n);
-                for _ in 0..n {
-                    items.push(rest);
-                    rest = mp_skip_as::<false>(rest, 0).unwrap_or_default();
+            Raw::Array(n, _) => View::Array(n),
+            Raw::Map(n, _) => View::Map(n),
+        }
+    }
+
+    fn members(&self, at: &'a [u8], mut each: impl FnMut(Option<Cow<'a, str>>, &'a [u8]) -> bool) {
+        if let Ok((Raw::Map(n, mut rest), _)) = mp_head_known(at) {
+            for _ in 0..n {
+                let Ok((key, value)) = mp_key_as::<false>(rest, 0) else {
+                    return; // not reached
+                };
+                if !each(Some(Cow::Borrowed(key)), value) {
+                    return;
                 }
-                View::Array(items)
+                rest = mp_skip_as::<false>(value, 0).unwrap_or_default();
             }
-            Raw::Map(n, mut rest) => {
-                let mut members = Vec::with_capacity(n);
-                for _ in 0..n {
-                    let Ok((key, value)) = mp_key_as::<false>(rest, 0) else {
-                        break; // not reached
-                    };
-                    members.push((Some(Cow::Borrowed(key)), value));
-                    rest = mp_skip_as::<false>(value, 0).unwrap_or_default();
+        }
+    }
+
+    fn elements(&self, at: &'a [u8], mut each: impl FnMut(&'a [u8]) -> bool) {
+        if let Ok((Raw::Array(n, mut rest), _)) = mp_head_known(at) {
+            for _ in 0..n {
+                if !each(rest) {
+                    return;
                 }
-                View::Map(members)
+                rest = mp_skip_as::<false>(rest, 0).unwrap_or_default();
             }
         }
     }
 }
 
-/// A JSON message, read by `codec/json.rs`; a handle is a value's span.
+/// A JSON message read once by `codec/json.rs`, item by item, into an index of its values:
+/// a handle is a value's place in `nodes`, a container's items a run of `items`.
 struct JsonValues<'a> {
     reader: json::Reader<'a>,
+    nodes: Vec<JsonNode>,
+    items: Vec<JsonItem>,
+}
+
+#[derive(Clone, Copy)]
+struct JsonNode {
+    span: json::Span,
+    /// a container's items: `items[first..first + len]`
+    first: u32,
+    len: u32,
+}
+
+#[derive(Clone, Copy)]
+struct JsonItem {
+    /// a member's key (None in an array)
+    key: Option<json::Span>,
+    node: u32,
+}
+
+impl<'a> JsonValues<'a> {
+    /// The whole text checked and indexed in one pass; the top value is the last node.
+    fn read(text: &'a [u8]) -> json::Result<Self> {
+        let mut nodes = Vec::with_capacity(32);
+        let mut items = Vec::with_capacity(32);
+        let mut pending = Vec::with_capacity(32);
+        let (reader, ()) = json::document_read(text, MAX_DEPTH, |r| {
+            Self::index(r, 0, &mut nodes, &mut items, &mut pending).map(|_| ())
+        })?;
+        Ok(JsonValues {
+            reader,
+            nodes,
+            items,
+        })
+    }
+
+    fn index(
+        r: &mut json::Reader<'a>,
+        depth: usize,
+        nodes: &mut Vec<JsonNode>,
+        items: &mut Vec<JsonItem>,
+        pending: &mut Vec<JsonItem>,
+    ) -> json::Result<u32> {
+        let start = r.at;
+        let (kind, object) = match r.text.get(r.at) {
+            Some(b'{') => (json::Kind::Obj, true),
+            Some(b'[') => (json::Kind::Arr, false),
+            _ => {
+                let span = r.value(depth)?;
+                nodes.push(JsonNode {
+                    span,
+                    first: 0,
+                    len: 0,
+                });
+                return Ok(nodes.len() as u32 - 1);
+            }
+        };
+        r.enter(depth)?;
+        let mark = pending.len();
+        let mut first = true;
+        loop {
+            let key = if object {
+                match r.next_member(first)? {
+                    Some(key) => Some(key),
+                    None => break,
+                }
+            } else if r.next_element(first)? {
+                None
+            } else {
+                break;
+            };
+            first = false;
+            let node = Self::index(r, depth + 1, nodes, items, pending)?;
+            pending.push(JsonItem { key, node });
+        }
+        let at = items.len() as u32;
+        items.extend(pending.drain(mark..));
+        nodes.push(JsonNode {
+            span: json::Span {
+                kind,
+                start,
+                end: r.at,
+            },
+            first: at,
+            len: items.len() as u32 - at,
+        });
+        Ok(nodes.len() as u32 - 1)
+    }
+
+    fn items_of(&self, at: u32) -> &[JsonItem] {
+        let node = self.nodes[at as usize];
+        &self.items[node.first as usize..(node.first + node.len) as usize]
+    }
 }
 
 impl<'a> Values<'a> for JsonValues<'a> {
-    type Handle = json::Span;
+    type Handle = u32;
 
-    fn view(&self, at: json::Span) -> View<'a, json::Span> {
+    fn view(&self, at: u32) -> View<'a> {
         let r = &self.reader;
-        match at.kind {
+        let node = self.nodes[at as usize];
+        let span = node.span;
+        match span.kind {
             json::Kind::Null => View::Null,
             json::Kind::True => View::Bool(true),
             json::Kind::False => View::Bool(false),
-            json::Kind::Int => match json::parse_i64(r, at) {
+            json::Kind::Int => match json::parse_i64(r, span) {
                 Some(v) => View::Int(v),
-                None => View::BigInt(json::parse_f64(r.slice(at))),
+                None => View::BigInt(json::parse_f64(r.slice(span))),
             },
-            json::Kind::Float => View::Float(json::parse_f64(r.slice(at))),
-            json::Kind::Str => json::decode_str(r, at).map_or(View::BadStr, View::Str),
-            json::Kind::Arr => View::Array(r.elements(at)),
-            json::Kind::Obj => View::Map(
-                r.members(at)
-                    .into_iter()
-                    .map(|(key, value)| (json::decode_str(r, key), value))
-                    .collect(),
-            ),
+            json::Kind::Float => View::Float(json::parse_f64(r.slice(span))),
+            json::Kind::Str => json::decode_str(r, span).map_or(View::BadStr, View::Str),
+            json::Kind::Arr => View::Array(node.len as usize),
+            json::Kind::Obj => View::Map(node.len as usize),
+        }
+    }
+
+    fn members(&self, at: u32, mut each: impl FnMut(Option<Cow<'a, str>>, u32) -> bool) {
+        for item in self.items_of(at) {
+            let key = item.key.and_then(|k| json::decode_str(&self.reader, k));
+            if !each(key, item.node) {
+                return;
+            }
+        }
+    }
+
+    fn elements(&self, at: u32, mut each: impl FnMut(u32) -> bool) {
+        for item in self.items_of(at) {
+            if !each(item.node) {
+                return;
+            }
         }
     }
 }
@@ -919,9 +948,10 @@ pub fn decode_kinds(
     }
     // a UTF-8 byte order mark first, as Python's `json.loads` takes it
     let text = data.strip_prefix(b"\xef\xbb\xbf").unwrap_or(data);
-    let (reader, top) = json::document_within(text, MAX_DEPTH)
+    let values = JsonValues::read(text)
         .map_err(|err| wire_err(format!("not JSON: {} at byte {}", err.what, err.at)))?;
-    read_message(&JsonValues { reader }, top, binary, expected)
+    let top = values.nodes.len() as u32 - 1;
+    read_message(&values, top, binary, expected)
 }
 
 /// [`decode_kinds`] for any kind.
@@ -941,19 +971,20 @@ fn read_message<'a, V: Values<'a>>(
     binary: bool,
     expected: KindSet,
 ) -> Result<(&'static str, Vec<FieldRef<'a>>)> {
-    let View::Map(members) = values.view(top) else {
+    let View::Map(_) = values.view(top) else {
         return Err(wire_err(
             r#"a message must be an object {"target": ..., "arguments": [...]}"#,
         ));
     };
     let (mut target, mut arguments) = (None, None);
-    for (key, value) in members {
+    values.members(top, |key, value| {
         match key.as_deref() {
             Some("target") => target = Some(value),
             Some("arguments") => arguments = Some(value),
             _ => {}
         }
-    }
+        true
+    });
     let name = target.map(|at| values.view(at));
     let index = match &name {
         Some(View::Str(name)) => KINDS
@@ -976,23 +1007,37 @@ fn read_message<'a, V: Values<'a>>(
         )));
     };
     let (kind, specs) = KINDS[index];
-    let argument = match arguments.map(|at| values.view(at)) {
-        Some(View::Array(items)) if items.len() == 1 => items[0],
-        _ => {
-            return Err(wire_err(format!(
-                "{kind}: arguments must be a list of one object"
-            )))
-        }
+    let mut argument = None;
+    if let Some(list) = arguments.filter(|at| matches!(values.view(*at), View::Array(1))) {
+        values.elements(list, |item| {
+            argument = Some(item);
+            false
+        });
+    }
+    let Some(argument) = argument else {
+        return Err(wire_err(format!(
+            "{kind}: arguments must be a list of one object"
+        )));
     };
-    let View::Map(members) = values.view(argument) else {
+    let View::Map(_) = values.view(argument) else {
         return Err(wire_err(format!("{kind}: the argument must be an object")));
     };
     let mut found: [Option<V::Handle>; MAX_FIELDS] = [None; MAX_FIELDS];
-    for (key, value) in members {
-        if let Some(i) = key.and_then(|k| specs.iter().position(|s| s.wire == k)) {
+    let mut next = 0; // fields usually come in their order: try the one after the last first
+    values.members(argument, |key, value| {
+        let Some(key) = key else {
+            return true;
+        };
+        let i = match specs.get(next) {
+            Some(spec) if spec.wire == key => Some(next),
+            _ => specs.iter().position(|s| s.wire == key),
+        };
+        if let Some(i) = i {
             found[i] = Some(value); // a repeated key: the last one counts, as in a dict
+            next = i + 1;
         }
-    }
+        true
+    });
     let fields = specs
         .iter()
         .zip(found)
@@ -1037,7 +1082,7 @@ fn check<'a, V: Values<'a>>(
             Err(_) => return Err(err("is not valid base64")),
         },
         (K::Bytes, View::BadStr) if !binary => return Err(err("is not valid base64")),
-        (K::Headers, View::Map(members)) => headers(values, members).ok_or_else(|| err(HEADERS))?,
+        (K::Headers, View::Map(n)) => headers(values, value, n).ok_or_else(|| err(HEADERS))?,
         (K::Headers, _) => return Err(err(HEADERS)),
         (_, view) => {
             return Err(err(&format!(
@@ -1050,29 +1095,32 @@ fn check<'a, V: Values<'a>>(
 }
 
 /// A headers field: every name a str, every value a list of strs (None otherwise).
-fn headers<'a, V: Values<'a>>(
-    values: &V,
-    members: Vec<(Option<Cow<'a, str>>, V::Handle)>,
-) -> Option<FieldRef<'a>> {
-    let mut out: Vec<(Cow<'a, str>, Vec<Cow<'a, str>>)> = Vec::with_capacity(members.len());
-    for (name, list) in members {
-        let name = name?;
-        let View::Array(items) = values.view(list) else {
-            return None;
+fn headers<'a, V: Values<'a>>(values: &V, at: V::Handle, len: usize) -> Option<FieldRef<'a>> {
+    let mut out: Vec<(Cow<'a, str>, Vec<Cow<'a, str>>)> = Vec::with_capacity(len);
+    let mut ok = true;
+    values.members(at, |name, list| {
+        let (Some(name), View::Array(n)) = (name, values.view(list)) else {
+            ok = false;
+            return false;
         };
-        let mut texts = Vec::with_capacity(items.len());
-        for item in items {
-            let View::Str(text) = values.view(item) else {
-                return None;
-            };
-            texts.push(text);
-        }
+        let mut texts = Vec::with_capacity(n);
+        values.elements(list, |item| match values.view(item) {
+            View::Str(text) => {
+                texts.push(text);
+                true
+            }
+            _ => {
+                ok = false;
+                false
+            }
+        });
         match out.iter_mut().find(|(n, _)| *n == name) {
             Some(slot) => slot.1 = texts,
             None => out.push((name, texts)),
         }
-    }
-    Some(FieldRef::Headers(out))
+        ok
+    });
+    ok.then_some(FieldRef::Headers(out))
 }
 
 // ---- msgpack, read in place -----------------------------------------------------------------

@@ -14,7 +14,8 @@ concern per module:
 | `management.py` | `/management/tenants` |
 | `bodystore.py` | body files and their sweeper |
 | `tenants_cli.py` | `rmb-relay tenants ...` |
-| `connector.py`, `targets.py`, `httpclient.py` | the connector (`rmb-relay connector`) |
+| `connector.py`, `targets.py` | the connector (`rmb-relay connector`) and its targets |
+| `httpclient.py` | the connector's HTTP/1.1 client for web targets |
 """
 
 from __future__ import annotations

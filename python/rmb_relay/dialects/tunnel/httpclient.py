@@ -1,6 +1,7 @@
-"""A lean HTTP/1.1 client for the connector's web targets: keep-alive connections per target,
-requests encoded (`encode_target_request`, rust/http_client.rs) and responses parsed
-(`HttpResponseParser`, rust/http_response.rs) in Rust, bodies read as they arrive.
+"""A lean HTTP/1.1 client for the connector's web targets over plain HTTP: keep-alive
+connections per target, requests sent as the connector's core built them
+(rust/dialects/tunnel/connector.rs), responses parsed in Rust (`HttpResponseParser`,
+rust/codec/http.rs), bodies read as they arrive.
 
 Why not aiohttp: the connector makes one target request per tunnelled request, and aiohttp's
 client costs several times the rest of the connector's work per small request (measured with
@@ -22,17 +23,18 @@ from rmb_relay._core import (
     HttpResponseError,
     HttpResponseParser,
     TunnelConnectorCore,
-    encode_target_request,
+    TunnelRequest,
 )
+from rmb_relay.clock import Clock
 
-__all__ = ["HttpClientPool", "TargetError", "TargetReply"]
+__all__ = ["CoreExchange", "HttpClientPool", "TargetConnection", "TargetError", "TargetReply"]
 
 #: a response head as the connection hands it over: status, headers (lower-case names,
 #: latin-1 values, repeated ones in order), and the whole body when it was small enough to be
 #: read with the head (else None: read it from the connection)
 Head = tuple[int, list[tuple[str, str]], bytes | None]
-#: `HttpClientPool.try_send`'s callback: the head (with the whole body when small), or the error
-OnHead = Callable[["_Connection", Head | None, Exception | None], None]
+#: told a connection's answer head (with the whole body when small), or the error
+OnHead = Callable[["TargetConnection", Head | None, Exception | None], None]
 
 #: unread response bytes above which the connection stops reading (and under half resumes)
 BUFFER_LIMIT = 256 * 1024
@@ -40,24 +42,28 @@ BUFFER_LIMIT = 256 * 1024
 MAX_IDLE = 64
 
 
-class NativeExchange(Protocol):
-    """The connector's native exchange on a connection (`connector._FastExchange`)."""
+class CoreExchange(Protocol):
+    """A request of the connector's core on a connection (`connector.Exchange`): the bytes go
+    through `core.respond`, which delivers a whole answer itself (`delivered`); any other
+    outcome comes as a head or an error (the exchange is an OnHead too)."""
 
     core: TunnelConnectorCore
-    request_id: str
-    request_origin_id: str
-    #: where its ConnectorFinished `Acknowledge` goes after the `Deliver` (None: no ack)
-    ack_origin_id: str | None
+    request: TunnelRequest
+    clock: Clock
 
-    def delivered(self, conn: _Connection) -> None: ...
+    def delivered(self, conn: TargetConnection) -> None: ...
+
+    def __call__(
+        self, conn: TargetConnection, head: Head | None, err: Exception | None
+    ) -> None: ...
 
 
 class TargetError(ConnectionError):
     """The target broke the connection or sent something that is not HTTP/1.1."""
 
 
-class _Connection(asyncio.Protocol):
-    """One connection; reads one response at a time, parsed by the Rust
+class TargetConnection(asyncio.Protocol):
+    """One connection to a target; reads one response at a time, parsed by the Rust
     `HttpResponseParser` (one call per `data_received`)."""
 
     def __init__(self) -> None:
@@ -78,11 +84,10 @@ class _Connection(asyncio.Protocol):
         self._writable.set()
         #: the task streaming the current request's body, if any
         self.sender: asyncio.Task[None] | None = None
-        #: told the head instead of `head` (a request sent with `try_send`)
+        #: told the head instead of `head` (an exchange of the connector's core)
         self.on_head: OnHead | None = None
-        #: the connector's native path, while it serves this connection's exchange: the
-        #: bytes go through its `respond` (a whole answer is delivered in Rust)
-        self.native: NativeExchange | None = None
+        #: the core's exchange this connection serves, if any (`start_exchange`)
+        self.exchange: CoreExchange | None = None
 
     # ---- asyncio -------------------------------------------------------------------------
 
@@ -91,21 +96,17 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.received_any = True
-        native = self.native
+        exchange = self.exchange
         try:
-            if native is not None:
-                events = native.core.respond(
-                    self.parser,
-                    data,
-                    native.request_id,
-                    native.request_origin_id,
-                    native.ack_origin_id,
+            if exchange is not None:
+                events = exchange.core.respond(
+                    exchange.request, self.parser, data, exchange.clock()
                 )
                 if events is None:  # a whole answer, its Deliver queued by the core
-                    self.native = self.on_head = None
+                    self.exchange = self.on_head = None
                     self.done = True
                     self.reusable = self.parser.keep_alive
-                    native.delivered(self)
+                    exchange.delivered(self)
                     return
             else:
                 events = self.parser.feed(data)
@@ -146,30 +147,29 @@ class _Connection(asyncio.Protocol):
 
     # ---- response parsing ----------------------------------------------------------------
 
-    def start(
-        self, method: str, whole_limit: int = 0, on_head: OnHead | None = None
-    ) -> asyncio.Future[Head] | None:
-        """Expect a response: its head resolves the returned future, or goes to `on_head`."""
-        self.on_head = on_head
-        self.native = None
-        self.head = None if on_head is not None else asyncio.get_running_loop().create_future()
-        self.parser.start(method == "HEAD", whole_limit)
-        self.done = False
-        self.reusable = False
-        self.received_any = False
-        return self.head
-
-    def start_native(self, head_request: bool, whole_limit: int, exchange: NativeExchange) -> None:
-        """`start` for the connector's native path: the bytes go through `exchange.core`,
-        and `exchange` (an OnHead too) hears the uncommon outcomes."""
-        self.on_head = cast(OnHead, exchange)
-        self.native = exchange
-        self.head = None
+    def start(self, head_request: bool, whole_limit: int = 0) -> asyncio.Future[Head]:
+        """Expect a response (no body for HEAD): its head resolves the returned future."""
+        self.on_head = self.exchange = None
+        self.head = head = asyncio.get_running_loop().create_future()
         self.parser.start(head_request, whole_limit)
         self.done = self.reusable = self.received_any = False
+        return head
+
+    def start_exchange(self, exchange: CoreExchange, whole_limit: int) -> None:
+        """`start` for a request of the connector's core: the bytes go through its `respond`,
+        and `exchange` hears the other outcomes."""
+        self.on_head = exchange
+        self.exchange = exchange
+        self.head = None
+        self.parser.start(exchange.request.head, whole_limit)
+        self.done = self.reusable = self.received_any = False
+
+    def detach(self) -> None:
+        """Nobody waits for this connection's answer any more (a timed-out exchange)."""
+        self.on_head = self.exchange = None
 
     def _head_ready(self, head: Head) -> None:
-        self.native = None
+        self.exchange = None
         if head[2] is not None:  # the whole response (the parser sends no end after it)
             self.done = True
             self.reusable = self.parser.keep_alive
@@ -196,7 +196,7 @@ class _Connection(asyncio.Protocol):
 
     def _fail(self, err: Exception) -> None:
         self.error = err
-        self.native = None
+        self.exchange = None
         self.reusable = False
         on_head, self.on_head = self.on_head, None
         if on_head is not None:
@@ -264,7 +264,7 @@ class TargetReply:
     def __init__(
         self,
         pool: HttpClientPool,
-        conn: _Connection,
+        conn: TargetConnection,
         status: int,
         headers: list[tuple[str, str]],
         body: bytes | None = None,
@@ -274,7 +274,7 @@ class TargetReply:
         #: the whole body when it was read with the head (`request(whole_limit=...)`)
         self.body = body
         self._pool = pool
-        self._conn: _Connection | None = conn
+        self._conn: TargetConnection | None = conn
 
     @property
     def content_length(self) -> int | None:
@@ -316,23 +316,6 @@ class TargetReply:
             self._pool.put_back(conn)
 
 
-def _encode(
-    method: str,
-    target: str,
-    host: str,
-    headers: dict[str, list[str]],
-    extra: list[tuple[str, str]],
-    body: bytes,
-    length: int | None = None,
-) -> bytes:
-    """The request bytes (Rust, `http_client.rs`), a field that cannot be sent a TargetError
-    (the exchange answers 502, as for any request the target cannot be given)."""
-    try:
-        return encode_target_request(method, target, host, headers, extra, body, length)
-    except ValueError as err:
-        raise TargetError(str(err)) from None
-
-
 class HttpClientPool:
     """Keep-alive connections to one target (host, port)."""
 
@@ -340,9 +323,9 @@ class HttpClientPool:
         self.host = host
         self.port = port
         self.host_header = host_header
-        self._idle: list[_Connection] = []
+        self._idle: list[TargetConnection] = []
 
-    def put_back(self, conn: _Connection) -> None:
+    def put_back(self, conn: TargetConnection) -> None:
         sender, conn.sender = conn.sender, None
         sent = sender is None or (sender.done() and not sender.cancelled())
         if sender is not None and not sender.done():
@@ -353,7 +336,7 @@ class HttpClientPool:
         elif conn.transport is not None:
             conn.transport.close()
 
-    def take_idle(self) -> _Connection | None:
+    def take_idle(self) -> TargetConnection | None:
         """An idle kept-alive connection that is still open, or None (closed ones dropped)."""
         idle = self._idle
         while idle:
@@ -363,84 +346,39 @@ class HttpClientPool:
             conn.abandon()  # the target closed it while it was idle
         return None
 
-    def try_send(
-        self,
-        method: str,
-        target: str,
-        headers: dict[str, list[str]],
-        body: bytes,
-        whole_limit: int,
-        on_head: OnHead,
-    ) -> _Connection | None:
-        """The callback form of `request` for a body in hand, on a kept-alive connection:
-        sends at once and returns the connection, whose `on_head` is called from
-        `data_received` with the head (and the whole body up to `whole_limit`) or the error;
-        no task or future per exchange. `headers` is the tunnel message's map as it came
-        (hop-by-hop fields are left out in Rust). None when no idle connection is at hand
-        (use `request`). The caller puts the connection back (`put_back`) once it has the
-        body, and retries with `request` an error on a connection that had received nothing
-        (a kept-alive connection the target had closed). Raises TargetError for a request
-        that cannot be sent (a header with CR/LF)."""
-        idle = self._idle
-        while idle:
-            conn = idle[-1]
-            if not conn.closed and conn.transport is not None and not conn.transport.is_closing():
-                break
-            idle.pop().abandon()  # the target closed it while it was idle
-        else:
-            return None
-        data = _encode(method, target, self.host_header, headers, [], body)
-        idle.pop()
-        conn.start(method, whole_limit, on_head)
-        assert conn.transport is not None
-        conn.transport.write(data)
-        return conn
-
-    async def _connect(self) -> _Connection:
+    async def _connect(self) -> TargetConnection:
         loop = asyncio.get_running_loop()
-        _, protocol = await loop.create_connection(_Connection, self.host, self.port)
+        _, protocol = await loop.create_connection(TargetConnection, self.host, self.port)
         return protocol
 
     async def request(
         self,
-        method: str,
-        target: str,
-        headers: list[tuple[str, str]],
-        body: bytes | AsyncIterator[bytes],
-        length: int,
+        data: bytes,
+        head_request: bool,
+        body: AsyncIterator[bytes] | None = None,
         whole_limit: int = 0,
     ) -> TargetReply:
-        """Send the request and wait for the response head; raises TargetError or OSError. A
-        response whose Content-Length is at most `whole_limit` is read whole first (its
-        `body`): one wake-up per small exchange instead of a head, then body chunks."""
-        streamed = not isinstance(body, bytes)
-        # the head (and a body in hand) built once; a streamed body goes out after it
-        data = _encode(
-            method,
-            target,
-            self.host_header,
-            {},
-            headers,
-            body if isinstance(body, bytes) else b"",
-            None if isinstance(body, bytes) else length,
-        )
+        """Send a request (`data`: its head and any body in hand; `body`: one streamed after
+        the head, which must announce its length) and wait for the response head; raises
+        TargetError or OSError. A response whose Content-Length is at most `whole_limit` is
+        read whole first (its `body`): one wake-up per small exchange instead of a head, then
+        body chunks."""
         for attempt in (0, 1):
             fresh = not self._idle
             conn = self._idle.pop() if self._idle else await self._connect()
-            head = conn.start(method, whole_limit)
-            assert head is not None
+            head = conn.start(head_request, whole_limit)
             transport = conn.transport
             assert transport is not None
             try:
                 transport.write(data)
-                if not isinstance(body, bytes):
+                if body is not None:
                     # the body goes out beside the response: a target that answers while it
                     # reads (an echo, a proxy) must not wait for us to read its answer first
                     conn.sender = asyncio.get_running_loop().create_task(conn.send_body(body))
                 status, response_headers, whole = await head
             except TargetError:
                 # a kept-alive connection the target had closed: once more on a new one
-                if fresh or streamed or conn.received_any or attempt:
+                if fresh or body is not None or conn.received_any or attempt:
                     raise
                 continue
             except BaseException:

@@ -1,10 +1,14 @@
-"""What a connector runs a request against (spec §7): a web target (`NAME=URL`), or the built-in
-`$ping` and `$echo`.
+"""What a connector runs a request against (spec §7): a web target (`NAME=URL`), the built-in
+`$ping` and `$echo`, or any `Target` a user writes.
 
-A target gets the request body as bytes or as a stream (an outsourced body is fetched while the
-target reads it) and answers with bytes or a stream, so a large body passes through the
-connector in chunks. Web targets never follow redirects, keep no cookies and do not decompress:
-the client gets the target's bytes as they were sent.
+A target gets the request's method, URL (relative to the target), fields (less those of the hop
+to the relay, plus the tracing and acknowledge-URL fields when the request has them) and body,
+as bytes or as a stream (an outsourced body is fetched while the target reads it), and answers
+with a `Reply` whose body is bytes or a stream, so a large body passes through the connector in
+chunks. A web target over plain HTTP is reached with the connector's lean client
+(`httpclient.py`, the request bytes built by the connector's core); `WebTarget.call` (aiohttp)
+serves https. Web targets never follow redirects, keep no cookies and do not decompress: the
+client gets the target's bytes as they were sent.
 """
 
 from __future__ import annotations
@@ -16,21 +20,13 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from rmb_relay.dialects.tunnel.httpclient import (
-    HttpClientPool,
-    OnHead,
-    TargetReply,
-    _Connection,
-)
+from rmb_relay.dialects.tunnel.httpclient import HttpClientPool, TargetReply
+from rmb_relay.dialects.tunnel.settings import INLINE_LIMIT
 from rmb_relay.errors import ConfigError
 
 __all__ = ["EchoTarget", "PingTarget", "Reply", "Target", "WebTarget", "parse_target", "reply_of"]
 
 Body = bytes | AsyncIterator[bytes]
-#: bodies up to this size are read whole (they travel inline)
-INLINE_LIMIT = 16 * 1024
-#: request fields a connector does not pass on (they describe the hop to the relay)
-SKIP_REQUEST = frozenset(("host", "content-length", "transfer-encoding", "connection", "expect"))
 
 
 @dataclass(slots=True)
@@ -53,6 +49,9 @@ class Reply:
 
 
 class Target(abc.ABC):
+    """Answers the requests for one target name; `call` runs as a task per request, within the
+    connector's target timeout (504 beyond it; any exception is a 502)."""
+
     @abc.abstractmethod
     async def call(
         self, method: str, url: str, headers: list[tuple[str, str]], body: Body, length: int
@@ -88,8 +87,9 @@ class EchoTarget(Target):
 
 class WebTarget(Target):
     """An HTTP server: `{base}/{url}` (the base's path kept, unlike RelayServer's relative
-    resolution that drops its last segment). Plain http goes through the lean keep-alive
-    client of `httpclient.py`; https through aiohttp."""
+    resolution that drops its last segment). For plain http the connector sends its core's
+    request bytes on `pool`, the lean keep-alive client of `httpclient.py`; `call` (aiohttp)
+    serves https."""
 
     def __init__(self, base: str, timeout: float) -> None:
         self.base = base.rstrip("/")
@@ -116,9 +116,7 @@ class WebTarget(Target):
     async def call(
         self, method: str, url: str, headers: list[tuple[str, str]], body: Body, length: int
     ) -> Reply:
-        out = [(k, v) for k, v in headers if k.lower() not in SKIP_REQUEST]
-        if self._pool is not None:
-            return await self._call_lean(self._pool, method, url, out, body, length)
+        out = list(headers)
         if length:
             out.append(("Content-Length", str(length)))
         response = await self._client().request(
@@ -138,42 +136,9 @@ class WebTarget(Target):
             response.status, reply_headers, response.content.iter_any(), known, release=response
         )
 
-    async def _call_lean(
-        self,
-        pool: HttpClientPool,
-        method: str,
-        url: str,
-        headers: list[tuple[str, str]],
-        body: Body,
-        length: int,
-    ) -> Reply:
-        target = f"{self._prefix}/{url}"
-        reply = await pool.request(
-            method, target, headers, body if length else b"", length, whole_limit=INLINE_LIMIT
-        )
-        return await reply_of(reply)
-
-    def try_start(
-        self,
-        method: str,
-        url: str,
-        headers: dict[str, list[str]],
-        body: bytes,
-        on_head: OnHead,
-    ) -> tuple[HttpClientPool, _Connection] | None:
-        """Send a request with a small body in hand on a kept-alive connection, its answer to
-        `on_head` (`HttpClientPool.try_send`; `headers` the message's map, hop-by-hop fields
-        left out in Rust); None when that is not possible here (https, no idle connection):
-        use `call`. Raises TargetError for a request that cannot be sent."""
-        pool = self._pool
-        if pool is None:
-            return None
-        conn = pool.try_send(method, f"{self._prefix}/{url}", headers, body, INLINE_LIMIT, on_head)
-        return None if conn is None else (pool, conn)
-
     @property
-    def lean_pool(self) -> HttpClientPool | None:
-        """The keep-alive pool of a plain-http target (None for https: aiohttp serves it)."""
+    def pool(self) -> HttpClientPool | None:
+        """The keep-alive pool of a plain-http target (None for https: `call` serves it)."""
         return self._pool
 
     @property
