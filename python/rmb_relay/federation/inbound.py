@@ -9,8 +9,9 @@ permanent there, anything else is retried):
 |---|---|
 | body at most `--max-message` (the router, before reading it) | 413 |
 | the body parses as an Envelope with a destination | 400 `bad request: ...` |
-| the destination twin is served by this relay (a shared domain) | 403 |
-| `--verify-federated`: signed by the source twin's account key | 403 |
+| it has a source twin (twin 0 is a relay's own error, made locally, never posted) | 400 |
+| the destination twin is served here (a shared domain; standalone: it names no relay) | 403 |
+| signed by the source twin's account key (on by default; `--no-verify-federated`) | 403 |
 | `fail-fast` tag and the destination is not connected | 404 `destination offline` |
 | the directory or the mailbox is down | 500 (the origin retries) |
 
@@ -133,7 +134,7 @@ class InboundFederation:
         switch: Switch,
         is_ours: Callable[[Twin], bool],
         *,
-        verify: bool = False,
+        verify: bool = True,
         max_body: int = 1 << 20,
     ) -> None:
         self.directory = directory
@@ -251,6 +252,10 @@ class InboundFederation:
         if env.dest_twin == 0:
             reason = "bad request: message with missing destination"
             return _Refusal(400, reason, "bad request", env)
+        if env.source_twin == 0:
+            # only a relay makes those (errors), for its own twins: never one that is posted
+            reason = "bad request: message without a source twin"
+            return _Refusal(400, reason, "bad request", env)
         try:
             twin = await self.directory.get(env.dest_twin)
         except TwinLookupError as err:
@@ -309,9 +314,8 @@ class InboundFederation:
         )
 
     async def _check_signature(self, env: EnvelopeRouting, body: bytes) -> _Refusal | None:
-        """`--verify-federated`: the envelope must be signed by its source twin's account."""
-        if env.source_twin == 0:
-            return _Refusal(403, "unsigned envelope (no source twin)", "bad signature", env)
+        """`--verify-federated` (the default): the envelope must be signed by its source twin's
+        account (the decode, digest and signature check are the Rust core's)."""
         try:
             source = await self.directory.get(env.source_twin)
         except TwinLookupError as err:

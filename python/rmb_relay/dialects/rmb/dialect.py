@@ -167,6 +167,15 @@ class RmbDialect(Dialect):
             return True
         return bool(twin.relays and twin.relays & self.settings.domains)
 
+    def serves_federated(self, twin: Twin) -> bool:
+        """Whether another relay may post envelopes for the twin here (`POST /`): its relay
+        list shares one of our domains; on a standalone relay (no `--domain`), which cannot
+        know its own name, only a twin that names no relay at all (one of the local
+        directory's), never one whose relays are elsewhere."""
+        if self.settings.standalone:
+            return not twin.relays
+        return self.is_ours(twin)
+
     def store_deadline(self, env: EnvelopeRouting) -> int | None:
         """Until when the envelope may wait in a mailbox (unix seconds); None for a fail-fast
         one, which is never stored."""
