@@ -3236,6 +3236,7 @@ pub mod py {
                 "unauthorized" => "unauthorized",
                 "transport failure" => "transport failure",
                 "no connector" => "no connector",
+                "body too large" => "body too large",
                 _ => return Err(PyValueError::new_err("an unknown refusal reason")),
             };
             self.inner

@@ -161,12 +161,12 @@ class TunnelDialect(Dialect):
         """Close the connectors (of the tenants `keys`, or all) whose tenant was removed or
         re-keyed since they attached: a connector stays only as long as the credentials it
         came with. Returns how many were closed. Runs when this relay changes a tenant, and
-        every `--tunnel-tenant-cache-ttl` for changes made elsewhere (another relay on the
+        every tenant cache lifetime (10 s) for changes made elsewhere (another relay on the
         same file, `rmb-relay tenants`)."""
         closed = 0
         now: dict[str, tuple[bool, str | None]] = {}
         for session in list(self.hub.sessions.values()):
-            if keys is not None and session.tenant not in keys:
+            if session.revoked or (keys is not None and session.tenant not in keys):
                 continue
             if session.tenant not in now:
                 tenant = self.store_of_tenants.get(session.tenant_name)
@@ -180,6 +180,7 @@ class TunnelDialect(Dialect):
                 "connector %s of %s closed: %s", session.connection_id, session.tenant_name, why
             )
             self.hub.core.forget_tokens(session.tenant)
+            session.revoked = True
             session.peer.close(CloseCode.POLICY, why)
             closed += 1
         if closed:
