@@ -370,7 +370,7 @@ async def test_proxy_connects_only_to_the_address_it_saw(
 ) -> None:
     """A client connected from 127.0.0.1 that declares 127.0.0.2 (inside --sg-proxy-allow: on
     d7c5c1d that was enough) is refused 403; declaring a name that resolves to its address is
-    connected by that address with the name as Host; with --sg-client-ip-header the header's
+    connected by that address with the name as Host; with --trusted-ip-header the header's
     address is the one the proxy may reach."""
     port = services
     relay = start_relay("--sg-proxy-allow", "127.0.0.0/8")
@@ -392,7 +392,7 @@ async def test_proxy_connects_only_to_the_address_it_saw(
     page = await scrape(*relay.address)
     assert page.value("rmb_relay_sg_refused_total", limit="proxy_target") == 20
 
-    behind = start_relay("--sg-client-ip-header", "X-Forwarded-For")
+    behind = start_relay("--trusted-ip-header", "X-Forwarded-For")
     forwarded = await connect(behind, {"X-Forwarded-For": "10.9.9.9, 127.0.0.2"})
     await forwarded.identify("f", "fwd", ip=f"http://127.0.0.2:{port}")
     status, answer = await proxy(behind, "fwd")

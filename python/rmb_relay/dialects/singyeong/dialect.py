@@ -205,8 +205,8 @@ class SingyeongDialect(Dialect):
 
     def client_address(self, request: HttpRequest, peer: Peer) -> str:
         """The address the gateway saw for a client: its socket's, or under
-        `--sg-client-ip-header` the last address in that header of the upgrade (the one the
-        operator's front proxy appended). A header that is absent or not an address falls
+        `--trusted-ip-header` that header of the upgrade (of a list, the last address: the one
+        the operator's front proxy appended). A header that is absent or not an address falls
         back to the socket's."""
         name = self.settings.client_ip_header
         if name is None:

@@ -3,7 +3,7 @@ chosen by a query, sent to the address the gateway itself saw for that client.
 
 The public server lets any caller make the gateway request any URL a client names. Here:
 - the connection goes to the client's address as the gateway saw it (its socket's, or the
-  `--sg-client-ip-header` of its upgrade), never to one it declared: the `ip` a client gives
+  `--trusted-ip-header` of its upgrade), never to one it declared: the `ip` a client gives
   at identify only chooses the scheme, the port and the Host name. A declared host that is an
   address must be that address; a name is resolved once and must include it (else 403);
 - the request is made to that address (a literal in the URL, the name in `Host` and, for

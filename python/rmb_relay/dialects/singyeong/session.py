@@ -58,7 +58,7 @@ class SgSession(WebSocketHandler):
         address: str | None = None,
     ) -> None:
         """`address`: the client's address as the gateway saw it (the socket's, or the
-        trusted header's under `--sg-client-ip-header`)."""
+        trusted header's under `--trusted-ip-header`)."""
         super().__init__(peer)
         self.dialect = dialect
         self.encoding = encoding

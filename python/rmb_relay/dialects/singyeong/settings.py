@@ -56,7 +56,8 @@ class SgSettings:
     metadata_bytes: int = DEFAULT_METADATA_BYTES
     #: the QUEUE target cache's budget (dialect.py)
     target_cache_bytes: int = DEFAULT_TARGET_CACHE_BYTES
-    #: a header of the websocket upgrade naming the client's address (set by a front proxy)
+    #: a header of the websocket upgrade naming the client's address, set by a front proxy
+    #: (`--trusted-ip-header`, shared with SBD)
     client_ip_header: str | None = None
     proxy_allow: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = field(default=())
     proxy_timeout: float = DEFAULT_PROXY_TIMEOUT
@@ -116,7 +117,8 @@ class SgSettings:
             metadata_keys=args.sg_metadata_keys,
             metadata_bytes=args.sg_metadata_bytes,
             target_cache_bytes=args.sg_target_cache_bytes,
-            client_ip_header=args.sg_client_ip_header.lower() if args.sg_client_ip_header else None,
+            # one flag for every dialect that reads a client's address from a front proxy
+            client_ip_header=getattr(args, "trusted_ip_header", None) or None,
             proxy_allow=tuple(networks),
             proxy_timeout=args.sg_proxy_timeout,
             node=args.sg_node or f"{os.uname().nodename}:{os.getpid()}",
@@ -221,13 +223,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="memory for parsed QUEUE targets kept for reuse; the cache starts over when full, "
         "and a target over a sixteenth of it is parsed each time instead",
-    )
-    sg.add_argument(
-        "--sg-client-ip-header",
-        metavar="NAME",
-        help="take a client's address from this header of its websocket upgrade (the last "
-        "address in it, e.g. X-Forwarded-For) instead of the socket's; only behind a proxy "
-        "that sets it. /api/v1/proxy connects to that address only",
     )
     sg.add_argument(
         "--sg-dead-letter-bytes",
