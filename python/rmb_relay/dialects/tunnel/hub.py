@@ -202,6 +202,11 @@ class Hub:
             "Orphaned body files the sweeper removed",
             const=const,
         )
+        self.revoked = registry.counter(
+            "rmb_relay_tunnel_connectors_revoked_total",
+            "Connectors closed because their tenant was removed or its secret changed",
+            const=const,
+        )
         self.auth_failures = registry.counter(
             "rmb_relay_auth_failures_total",
             "Refused logins, handshakes or tokens, by dialect and reason",
@@ -211,7 +216,15 @@ class Hub:
         registry.gauge(
             "rmb_relay_tunnel_body_store_bytes",
             "Bytes held in the tunnel's body store",
-            read=lambda: [((), self.store.bytes)],
+            read=lambda: [((), self.store.held)],
+            const=const,
+        )
+        registry.counter_of(
+            "rmb_relay_tunnel_bodies_refused_total",
+            "Bodies answered 413: over --tunnel-max-body (body), --tunnel-tenant-disk (tenant) "
+            "or --tunnel-total-disk (total)",
+            lambda: [((limit,), n) for limit, n in self.store.refused.items()],
+            ("limit",),
             const=const,
         )
         registry.gauge(
@@ -434,6 +447,8 @@ class ConnectorSession(WebSocketHandler):
         self.tenant_name = tenant_name
         self.binary = binary
         self.connection_id = secrets.token_hex(8)
+        #: the fingerprint of the tenant's secret when it attached (tokens.fingerprint)
+        self.secret: str | None = None
         #: the hub's messages go into the switch's outboxes (`bind_decoder`)
         self.outboxes = hub.outboxes
         #: told of the tenant key when this connector joins and leaves (scaleout.py)
