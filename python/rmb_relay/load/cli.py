@@ -28,6 +28,7 @@ from rmb_relay.load.engine import Refused, generator, run_load, write_samples
 DIALECTS = {
     "rmb": "RMB twins exchanging envelopes through the relay (or two relays: --relays A,B)",
     "sbd": "SBD clients forwarding to each other (run the relay with --sbd-disable-rate-limit)",
+    "singyeong": "신경 clients: SEND by $eq or range, BROADCAST fan-out, QUEUE with acks",
 }
 
 
