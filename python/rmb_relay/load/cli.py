@@ -29,6 +29,8 @@ DIALECTS = {
     "rmb": "RMB twins exchanging envelopes through the relay (or two relays: --relays A,B)",
     "sbd": "SBD clients forwarding to each other (run the relay with --sbd-disable-rate-limit)",
     "singyeong": "신경 clients: SEND by $eq or range, BROADCAST fan-out, QUEUE with acks",
+    "tunnel": "HTTP requests through the relay's tunnel to a target behind a connector",
+    "peer": "msgbus round trips through two rmb-peers, as a plain Redis client",
 }
 
 
@@ -109,8 +111,8 @@ def print_summary(result: dict[str, Any]) -> None:
         ("generator CPU", f"{result['generator_cpu_share']:.0%} of one core per process"),
         ("generator CPU", f"{result['generator_cpu_us_per_msg']:.1f} us/msg"),
         *(
-            (f"pid {pid} CPU", f"{us:.1f} us/msg")
-            for pid, us in result["watched_cpu_us_per_msg"].items()
+            (f"{name} CPU", f"{us:.1f} us/msg")
+            for name, us in result["watched_cpu_us_per_msg"].items()
         ),
     ]
     if result["expected"] != result["sent"]:

@@ -178,8 +178,9 @@ class Stream:
     async def close(self) -> None:
         """Close them (also after a failed connect)."""
 
-    async def send(self, n: int) -> None:
-        """Write messages `self.sent .. self.sent + n - 1` (the engine counts them after)."""
+    async def send(self, n: int) -> int:
+        """Write up to `n` messages, numbered from `self.sent`; return how many went out (the
+        engine counts them)."""
         raise NotImplementedError
 
     async def send_loop(self, pacer: Pacer) -> None:
@@ -202,11 +203,10 @@ class Stream:
                 continue
             n = min(allowed, BATCH)
             try:
-                await self.send(n)
+                self.sent += await self.send(n)
             except (OSError, ConnectionError) as err:
                 run.fail(f"{plan.dialect}: stream {self.index} lost its connection: {err}")
                 return
-            self.sent += n
             await asyncio.sleep(0)
 
 
@@ -383,19 +383,20 @@ def process_cpu(pid: int) -> float:
 
 
 @contextlib.contextmanager
-def _watched(pids: list[int]) -> Iterator[dict[int, float]]:
-    """CPU seconds each of `pids` (the relay, a connector, peers) spends inside the block."""
-    spent: dict[int, float] = {}
+def _watched(named: dict[str, int]) -> Iterator[dict[str, float]]:
+    """CPU seconds each process of `named` (the relay, a connector, peers) spends inside the
+    block, by name."""
+    spent: dict[str, float] = {}
     before = {}
-    for pid in pids:
+    for name, pid in named.items():
         try:
-            before[pid] = process_cpu(pid)
+            before[name] = (pid, process_cpu(pid))
         except OSError:
             raise Refused(f"--watch-pid {pid}: no such process") from None
     yield spent
-    for pid, cpu in before.items():
+    for name, (pid, cpu) in before.items():
         with contextlib.suppress(OSError):
-            spent[pid] = process_cpu(pid) - cpu
+            spent[name] = process_cpu(pid) - cpu
 
 
 def run_load(args: argparse.Namespace) -> dict[str, Any]:
@@ -424,7 +425,9 @@ def run_load(args: argparse.Namespace) -> dict[str, Any]:
             record_samples=args.samples is not None,
         )
         shares = [streams[i::procs] for i in range(procs)]
-        with _watched(list(args.watch_pid)) as watched:
+        named = {f"pid {pid}": pid for pid in args.watch_pid}
+        named.update(getattr(args, "started", {}))  # processes the generator started
+        with _watched(named) as watched:
             results = _run_processes(args, plan, shares)
         config = {
             "dialect": args.dialect,

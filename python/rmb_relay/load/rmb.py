@@ -276,13 +276,14 @@ class Pair(Stream):
         # without this, a window's worth of refused messages stalled the pair for good
         self.run.refused(self, reason)
 
-    async def send(self, n: int) -> None:
+    async def send(self, n: int) -> int:
         sender = self.sender
         assert sender is not None
         prefix, padding, pack = self.prefix, self.padding, STAMP.pack
         now, seq = time.time_ns(), self.sent
         sender.send_binaries([prefix + pack(seq + i, now) + padding for i in range(n)])
         await sender.drain()
+        return n
 
     async def close(self) -> None:
         for link in self.links:

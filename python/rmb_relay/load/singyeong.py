@@ -354,7 +354,7 @@ class Sender(Stream):
             d = frame.get("d") or {}
             self.run.refused(self, str(d.get("error", d)), self.fanout)
 
-    async def send(self, n: int) -> None:
+    async def send(self, n: int) -> int:
         ws = self.client.ws
         templates, padding, index = self.templates, self.padding, self.index
         now, seq = time.time_ns(), self.sent
@@ -369,6 +369,7 @@ class Sender(Stream):
         else:
             ws.send_binaries(frames)
         await ws.drain()
+        return n
 
     async def close(self) -> None:
         await self.client.close()

@@ -93,7 +93,7 @@ LATENCY_POINTS = (50.0, 90.0, 99.0, 99.9)
 
 
 def summary(
-    stats: RunStats, config: dict[str, Any], watched: dict[int, float] | None = None
+    stats: RunStats, config: dict[str, Any], watched: dict[str, float] | None = None
 ) -> dict[str, Any]:
     """The run's figures, the same for every dialect (printed by `print_summary`, --json).
 
@@ -120,7 +120,7 @@ def summary(
         "generator_cpu_share": stats.cpu_seconds / stats.wall_seconds if stats.wall_seconds else 0,
         "generator_cpu_us_per_msg": stats.cpu_seconds * per_delivery,
         "watched_cpu_us_per_msg": {
-            str(pid): cpu * per_delivery for pid, cpu in (watched or {}).items()
+            name: cpu * per_delivery for name, cpu in (watched or {}).items()
         },
         "measure_seconds": stats.measure_seconds,
     }
