@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from rmb_relay.errors import ConfigError, ConnectionClosed, HandshakeError
+from rmb_relay.errors import ConfigError, HandshakeError
 from rmb_relay.load.engine import Refused, Run, Stream
 
 MODES = ("send_eq", "send_range", "broadcast", "queue")
@@ -39,6 +39,8 @@ RANGE = 10
 TEMPLATES = 4096
 #: QUEUE_REQUESTs each consumer keeps outstanding (its share of the queue's capacity)
 CONSUMER_CREDIT = 32
+#: receivers connecting at once (thousands of handshakes in one burst overflow the backlog)
+CONNECT_CONCURRENCY = 50
 #: seconds to wait for HELLO and READY
 HANDSHAKE_TIMEOUT = 10.0
 
@@ -200,12 +202,17 @@ class Gateway:
 
     async def connect(self) -> None:
         args = self.args
+        gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
+
+        async def one(i: int, client: Client) -> None:
+            consumer = args.mode == "queue" and i < args.consumers
+            async with gate:
+                await client.connect(self._consume(client) if consumer else self._receive(i))
+
         for i in range(args.clients):
             metadata = {"id": i, "n": i, "group": i // args.group}
-            client = Client(self, f"receiver-{i}", metadata)
-            consumer = args.mode == "queue" and i < args.consumers
-            self.receivers.append(client)
-            await client.connect(self._consume(client) if consumer else self._receive(i))
+            self.receivers.append(Client(self, f"receiver-{i}", metadata))
+        await asyncio.gather(*(one(i, client) for i, client in enumerate(self.receivers)))
         for stream in self.streams:
             assert isinstance(stream, Sender)
             await stream.connect()
@@ -287,9 +294,7 @@ class Gateway:
     async def close(self) -> None:
         for stream in self.streams:
             await stream.close()
-        for client in self.receivers:
-            with contextlib.suppress(ConnectionClosed):
-                await client.close()
+        await asyncio.gather(*(c.close() for c in self.receivers), return_exceptions=True)
 
 
 class Sender(Stream):

@@ -8,8 +8,9 @@ the client token) and the answers are read by the connector's own HTTP client
 (`dialects/tunnel/httpclient.py`, parsed in Rust); an answer counts as delivered when its status
 is 2xx and, for the echo target, its body is as long as the request's.
 
-Tokens: with `--secret`, the generator asks `POST /tunnel/token` for a client-scoped token
-(`scope=client`) before anything else, so a wrong secret stops the run at once (exit 2).
+Tokens: with `--secret` (and without `--anonymous`), the generator asks `POST /tunnel/token`
+for a client-scoped token (`scope=client`) before anything else, so a wrong secret stops the
+run at once (exit 2).
 `--start-target` starts an echo target (`rmb_relay/load/echo_target.py`) and a connector
 (`rmb-relay connector`, which asks for its own connector-scoped token) for the tenant, waits
 until a request gets through, and stops both after the run. The tenant must exist on the relay
@@ -47,6 +48,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tenant", default="load", help="the tunnel tenant")
     parser.add_argument(
         "--secret", help="the tenant's secret: fetch a client token (needed by --start-target)"
+    )
+    parser.add_argument(
+        "--anonymous",
+        action="store_true",
+        help="send no client token (a tenant that does not require one); --secret is then "
+        "only the connector's",
     )
     parser.add_argument("--target", default="echo", help="the connector's target name")
     parser.add_argument("--path", default="/echo", help="path under the target")
@@ -181,7 +188,8 @@ def prepare(args: argparse.Namespace) -> Iterator[list[Any]]:
     if args.method in ("GET", "DELETE") and args.size:
         args.size = 0  # no body
     args.base, args.host, args.port = _base(args.url)
-    args.token = client_token(args.base, args.tenant, args.secret) if args.secret else None
+    wants_token = args.secret is not None and not args.anonymous
+    args.token = client_token(args.base, args.tenant, args.secret) if wants_token else None
     with contextlib.ExitStack() as stack:
         if args.start_target:
             stack.enter_context(_started(args, args.base))
