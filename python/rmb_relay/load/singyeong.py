@@ -230,7 +230,8 @@ class Gateway:
     def _payload(self, body: bytes) -> bytes:
         """The payload string of a dispatch: sliced from JSON, decoded from msgpack."""
         if self.encoding.value == "json":
-            start = body.index(b'"payload":"') + 11
+            # the value's opening quote (a gateway may write `"payload": "..."`)
+            start = body.index(b'"', body.index(b'"payload"') + 9) + 1
             return body[start : start + STAMP_WIDTH]
         from rmb_relay.dialects.singyeong.codec import decode
 
