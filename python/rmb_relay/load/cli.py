@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rmb_relay.errors import ConfigError
-from rmb_relay.load.engine import Refused, generator, run_load, write_samples
+from rmb_relay.load.engine import ARRIVALS, Refused, generator, run_load, write_samples
 
 #: subcommand -> its one-line help
 DIALECTS = {
@@ -55,6 +55,12 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--rate", type=float, default=0, help="messages/s over all streams; 0 = saturate"
+    )
+    parser.add_argument(
+        "--arrivals",
+        choices=ARRIVALS,
+        default="even",
+        help="with --rate: even gaps, or Poisson arrivals (exponential gaps)",
     )
     parser.add_argument("--window", type=int, default=256, help="in-flight messages per stream")
     stop = parser.add_mutually_exclusive_group()
