@@ -55,8 +55,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="send no client token (a tenant that does not require one); --secret is then "
         "only the connector's",
     )
+    parser.add_argument("--token", help="a client token to send instead of fetching one")
     parser.add_argument("--target", default="echo", help="the connector's target name")
     parser.add_argument("--path", default="/echo", help="path under the target")
+    parser.add_argument(
+        "--request-path",
+        help="send to this path instead of /relay/TENANT/TARGET/PATH (e.g. the target itself "
+        "or another tunnel, for a baseline with the same generator)",
+    )
+    parser.add_argument(
+        "--echo-check",
+        action="store_true",
+        help="an answer counts only if its body is as long as the request's (an echo target; "
+        "on with --start-target)",
+    )
     parser.add_argument("--method", choices=METHODS, default="POST")
     parser.add_argument(
         "--concurrency", type=int, default=16, help="keep-alive connections, one request each"
@@ -157,7 +169,7 @@ def _wait_through(args: argparse.Namespace, connector: subprocess.Popen[bytes]) 
     """Until one request gets through the tunnel (the connector prints nothing when up)."""
     deadline = time.monotonic() + START_TIMEOUT
     headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
-    url = f"{args.base}/relay/{args.tenant}/{args.target}{args.path}"
+    url = args.base + (args.request_path or f"/relay/{args.tenant}/{args.target}{args.path}")
     last = ""
     while time.monotonic() < deadline:
         if connector.poll() is not None:
@@ -188,8 +200,9 @@ def prepare(args: argparse.Namespace) -> Iterator[list[Any]]:
     if args.method in ("GET", "DELETE") and args.size:
         args.size = 0  # no body
     args.base, args.host, args.port = _base(args.url)
-    wants_token = args.secret is not None and not args.anonymous
-    args.token = client_token(args.base, args.tenant, args.secret) if wants_token else None
+    wants_token = args.secret is not None and not args.anonymous and args.token is None
+    if wants_token:
+        args.token = client_token(args.base, args.tenant, args.secret)
     with contextlib.ExitStack() as stack:
         if args.start_target:
             stack.enter_context(_started(args, args.base))
@@ -213,7 +226,7 @@ def workload(args: argparse.Namespace, shares: list[int], run: Run) -> Streams:
 
 
 def _request(args: argparse.Namespace) -> bytes:
-    path = f"/relay/{args.tenant}/{args.target}{args.path}"
+    path = args.request_path or f"/relay/{args.tenant}/{args.target}{args.path}"
     head = [
         f"{args.method} {path} HTTP/1.1",
         f"Host: {args.host}:{args.port}",
@@ -233,7 +246,10 @@ class Connection(Stream):
         self.args = args
         self.request = request
         self.conn: Any = None
-        self.echo = args.target == "echo" and args.method not in ("GET", "DELETE", "HEAD")
+        self.echo = (args.echo_check or args.start_target) and args.method not in (
+            "GET",
+            "DELETE",
+        )
 
     async def connect(self) -> None:
         from rmb_relay.dialects.tunnel.httpclient import TargetConnection
