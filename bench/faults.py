@@ -15,7 +15,7 @@ import sys
 from collections.abc import Awaitable, Callable
 
 from tests.faultlab.netns import LabUnavailable, check_available
-from tests.faultlab.scenarios import Outcome, rmb_cut_from_redis
+from tests.faultlab.scenarios import Outcome, rmb_cut_from_clients, rmb_cut_from_redis
 from tests.faultlab.world import TwoInstances, World
 
 #: presence TTL of the relays in the bench: a 10 s cut is well past it
@@ -32,6 +32,8 @@ SCENARIOS: dict[str, Scenario] = {
     "rmb-cut-2": _cut(2),
     "rmb-cut-10": _cut(10),
     "rmb-cut-60": _cut(60),
+    "rmb-clients-cut-10": lambda world: rmb_cut_from_clients(world, 10),
+    "rmb-clients-cut-45": lambda world: rmb_cut_from_clients(world, 45),
 }
 
 

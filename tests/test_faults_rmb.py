@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.faultlab.netns import LabUnavailable, check_available
-from tests.faultlab.scenarios import rmb_cut_from_redis
+from tests.faultlab.scenarios import rmb_cut_from_clients, rmb_cut_from_redis
 from tests.faultlab.world import TwoInstances, World
 
 #: the relays' presence TTL: a 10 s cut is five of them
@@ -46,3 +46,15 @@ async def test_an_instance_cut_from_redis_past_the_ttl_loses_nothing(world: Worl
     assert fates.delivered_once + fates.delivered_more > fates.accepted // 2, fates.line()
     assert outcome.presence_single, _logs(world)
     assert "is gone; taking over" in "".join(world.instances["b"].relay.log.lines)
+
+
+@pytest.mark.timeout(90)
+async def test_an_instance_cut_from_its_clients_loses_nothing(world: World) -> None:
+    """(b) the link between a and its clients held for 10 s (a still reaches Redis) while twin
+    1 on b asks twin 2 on a: what a wrote meanwhile reaches twin 2 at the heal, every request
+    is answered, nothing moves."""
+    outcome = await rmb_cut_from_clients(world, 10.0)
+    fates = outcome.fates
+    assert fates.lost == 0, f"{fates.line()}; lost {fates.lost_ids}" + _logs(world)
+    assert fates.delivered_once + fates.delivered_more > fates.accepted // 2, fates.line()
+    assert outcome.presence_single, _logs(world)

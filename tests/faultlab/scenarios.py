@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tests.faultlab.checker import Checker, Fates
@@ -34,45 +35,69 @@ class Outcome:
         return f"{self.scenario}: {self.fates.line()}; recovered in {recover}; {rss}"
 
 
-async def _single_presence(world: World) -> bool:
-    """Twin 1 (the sender) held by "a" and twin 2 (the responder) by "b", each on exactly the
-    instance its one connection is on."""
-    return await world.holders("r:1") == "a" and await world.holders("r:2") == "b"
+async def _single_presence(world: World, sender: str = "a", responder: str = "b") -> bool:
+    """Twin 1 (the sender) and twin 2 (the responder) each held by the one instance its one
+    connection is on, and by no other."""
+    return await world.holders("r:1") == sender and await world.holders("r:2") == responder
 
 
 async def _warm(traffic: RmbRequests, checker: Checker) -> None:
     await wait_until(lambda: checker.answered_count >= WARMUP_ANSWERS, 30)
 
 
-async def _recovered(world: World, traffic: RmbRequests, checker: Checker, timeout: float) -> float:
+async def _recovered(
+    world: World, traffic: RmbRequests, checker: Checker, timeout: float, where: tuple[str, str]
+) -> float:
     """Seconds from now until a request sent after now is answered and presence is single."""
     started = time.monotonic()
     mark = traffic.next_id
     await wait_until(lambda: checker.answered_since(traffic.prefix, mark), timeout)
-    await wait_until(lambda: _single_presence(world), timeout)
+    await wait_until(lambda: _single_presence(world, *where), timeout)
     return time.monotonic() - started
+
+
+async def _run_fault(
+    world: World,
+    scenario: str,
+    where: tuple[str, str],
+    cut: Callable[[], None],
+    heal: Callable[[], None],
+    seconds: float,
+    rate: float,
+) -> Outcome:
+    """Steady requests from twin 1 on `where[0]` to twin 2 on `where[1]`; `cut()`, wait
+    `seconds` (the fault's length), `heal()`; then every accepted request's fate."""
+    checker = Checker()
+    traffic = RmbRequests(checker)
+    sender, responder = (world.instances[name] for name in where)
+    try:
+        await traffic.open(sender.url, responder.url)
+        await wait_until(lambda: _single_presence(world, *where), 30)
+        traffic.start(rate)
+        await _warm(traffic, checker)
+        cut()
+        await asyncio.sleep(seconds)  # the fault's length
+        heal()
+        recover = await _recovered(world, traffic, checker, 120, where)
+        await traffic.stop()
+        await checker.settle(SETTLE)
+        single = await _single_presence(world, *where)
+        return Outcome(scenario, checker.report(), recover, world.rss_mib(), single)
+    finally:
+        await traffic.close()
 
 
 async def rmb_cut_from_redis(world: World, cut: float, *, rate: float = RATE) -> Outcome:
     """(a) instance a's link to Redis black-holed for `cut` seconds while twin 1 on a asks
     twin 2 on b `rate` times a second; then healed."""
-    checker = Checker()
-    traffic = RmbRequests(checker)
-    a, b = world.instances["a"], world.instances["b"]
-    try:
-        await traffic.open(a.url, b.url)
-        await wait_until(lambda: _single_presence(world), 30)
-        traffic.start(rate)
-        await _warm(traffic, checker)
-        a.to_redis.black_hole()
-        await asyncio.sleep(cut)  # the fault's length
-        a.to_redis.heal()
-        recover = await _recovered(world, traffic, checker, 120)
-        await traffic.stop()
-        await checker.settle(SETTLE)
-        single = await _single_presence(world)
-        return Outcome(
-            f"rmb a cut from redis {cut:g} s", checker.report(), recover, world.rss_mib(), single
-        )
-    finally:
-        await traffic.close()
+    link = world.instances["a"].to_redis
+    name = f"rmb a cut from redis {cut:g} s"
+    return await _run_fault(world, name, ("a", "b"), link.black_hole, link.heal, cut, rate)
+
+
+async def rmb_cut_from_clients(world: World, cut: float, *, rate: float = RATE) -> Outcome:
+    """(b) instance a's clients' link to it black-holed for `cut` seconds (a still reaches
+    Redis) while twin 1 on b asks twin 2 on a; then healed."""
+    link = world.instances["a"].from_clients
+    name = f"rmb a cut from its clients {cut:g} s"
+    return await _run_fault(world, name, ("b", "a"), link.black_hole, link.heal, cut, rate)
