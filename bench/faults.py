@@ -15,8 +15,13 @@ import sys
 from collections.abc import Awaitable, Callable
 
 from tests.faultlab.netns import LabUnavailable, check_available
-from tests.faultlab.scenarios import Outcome, rmb_cut_from_clients, rmb_cut_from_redis
-from tests.faultlab.world import TwoInstances, World
+from tests.faultlab.scenarios import (
+    Outcome,
+    rmb_cut_from_clients,
+    rmb_cut_from_redis,
+    rmb_federation_partition,
+)
+from tests.faultlab.world import FederatedPair, TwoInstances, World
 
 #: presence TTL of the relays in the bench: a 10 s cut is well past it
 TTL = 3.0
@@ -34,7 +39,12 @@ SCENARIOS: dict[str, Scenario] = {
     "rmb-cut-60": _cut(60),
     "rmb-clients-cut-10": lambda world: rmb_cut_from_clients(world, 10),
     "rmb-clients-cut-45": lambda world: rmb_cut_from_clients(world, 45),
+    "rmb-federation-partition-30": lambda world: rmb_federation_partition(world, 30),
 }
+
+
+def _world(name: str, ttl: float) -> TwoInstances | FederatedPair:
+    return FederatedPair() if "federation" in name else TwoInstances(ttl=ttl)
 
 
 async def run(only: str | None, ttl: float) -> list[Outcome]:
@@ -42,7 +52,7 @@ async def run(only: str | None, ttl: float) -> list[Outcome]:
     for name, scenario in SCENARIOS.items():
         if only is not None and only not in name:
             continue
-        async with TwoInstances(ttl=ttl) as world:
+        async with _world(name, ttl) as world:
             outcome = await scenario(world)
         print(outcome.line(), flush=True)
         outcomes.append(outcome)

@@ -11,8 +11,12 @@ from pathlib import Path
 import pytest
 
 from tests.faultlab.netns import LabUnavailable, check_available
-from tests.faultlab.scenarios import rmb_cut_from_clients, rmb_cut_from_redis
-from tests.faultlab.world import TwoInstances, World
+from tests.faultlab.scenarios import (
+    rmb_cut_from_clients,
+    rmb_cut_from_redis,
+    rmb_federation_partition,
+)
+from tests.faultlab.world import FederatedPair, TwoInstances, World
 
 #: the relays' presence TTL: a 10 s cut is five of them
 TTL = 2.0
@@ -58,3 +62,24 @@ async def test_an_instance_cut_from_its_clients_loses_nothing(world: World) -> N
     assert fates.lost == 0, f"{fates.line()}; lost {fates.lost_ids}" + _logs(world)
     assert fates.delivered_once + fates.delivered_more > fates.accepted // 2, fates.line()
     assert outcome.presence_single, _logs(world)
+
+
+@pytest.fixture
+async def federated(tmp_path: Path) -> AsyncIterator[World]:
+    try:
+        check_available()
+    except LabUnavailable as err:
+        pytest.skip(f"fault lab unavailable: {err}")
+    async with FederatedPair(logs=tmp_path) as made:
+        yield made
+
+
+@pytest.mark.timeout(120)
+async def test_federated_relays_partitioned_lose_nothing(federated: World) -> None:
+    """(e) two federated relays unable to reach each other for 30 s while twin 1 on a asks
+    twin 2 on b: the outbound queues keep what they accepted and post it once the link is
+    back; duplicates only of the batches in flight when the link was cut."""
+    outcome = await rmb_federation_partition(federated, 30.0)
+    fates = outcome.fates
+    assert fates.lost == 0, f"{fates.line()}; lost {fates.lost_ids}" + _logs(federated)
+    assert fates.delivered_once + fates.delivered_more > fates.accepted // 2, fates.line()

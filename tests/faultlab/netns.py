@@ -167,6 +167,13 @@ class Lab:
         _ip("addr", "add", f"{self.gateway}/{self.network.prefixlen}", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
 
+    def address(self) -> str:
+        """One more address of the test process's side (on the bridge): for a proxy that
+        must listen on a port another one uses already (a federated relay's domain)."""
+        address = str(next(self._addresses))
+        _ip("addr", "add", f"{address}/{self.network.prefixlen}", "dev", self.bridge)
+        return address
+
     def host(self, name: str) -> Host:
         """A new host `name` (a namespace with an address on the bridge, loopback up)."""
         index = len(self.hosts)

@@ -5,9 +5,12 @@ instead of the service's. The proxy's behaviour is switched while traffic runs:
 
 - `heal()`: bytes pass as they come;
 - `black_hole()`: a cut link between hosts: connections stay open, bytes are *held* (not read
-  on, not forwarded, nothing reset) in both directions, new connections are accepted but not
-  connected onwards; `heal()` releases what was held, in order (as TCP's retransmissions do
-  once a cut link is repaired: commands a client sent during the cut reach the server late);
+  on, not forwarded, nothing reset) in both directions; `heal()` releases what was held, in
+  order (as TCP's retransmissions do once a cut link is repaired: commands a client sent
+  during the cut reach the server late). A connection opened during the cut is accepted (the
+  kernel answers the handshake; a userspace proxy cannot hold a SYN) but never reaches the
+  far side, whose SYN a cut link would have lost: nothing it sent is forwarded, and the heal
+  resets it;
 - `latency(mean, jitter)`: every chunk is held `mean ± jitter` seconds (order kept);
 - `resets(p)`: each chunk forwarded resets its connection (RST both ways) with probability p;
 - `reset_all()`: RST every open connection now.
@@ -61,9 +64,11 @@ class FaultProxy:
         self.resets_done = 0
 
     @classmethod
-    async def start(cls, listen: str, target: tuple[str, int], *, seed: int = 0) -> FaultProxy:
+    async def start(
+        cls, listen: str, target: tuple[str, int], *, seed: int = 0, port: int = 0
+    ) -> FaultProxy:
         proxy = cls(target, seed=seed)
-        proxy._server = await asyncio.start_server(proxy._accept, listen, 0)
+        proxy._server = await asyncio.start_server(proxy._accept, listen, port)
         host, port = proxy._server.sockets[0].getsockname()[:2]
         proxy.address = (host, port)
         return proxy
@@ -105,7 +110,10 @@ class FaultProxy:
         self._pairs.add(pair)
         self.connections += 1
         try:
-            await self._open.wait()
+            if self.cut:  # its SYN would have been lost: it never gets through (docstring)
+                await self._open.wait()
+                _rst(writer)
+                return
             try:
                 up_reader, up_writer = await asyncio.open_connection(*self.target)
             except OSError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from tests.faultlab.checker import Checker, Fates
@@ -46,13 +46,16 @@ async def _warm(traffic: RmbRequests, checker: Checker) -> None:
 
 
 async def _recovered(
-    world: World, traffic: RmbRequests, checker: Checker, timeout: float, where: tuple[str, str]
+    traffic: RmbRequests,
+    checker: Checker,
+    timeout: float,
+    single: Callable[[], Awaitable[bool]],
 ) -> float:
     """Seconds from now until a request sent after now is answered and presence is single."""
     started = time.monotonic()
     mark = traffic.next_id
     await wait_until(lambda: checker.answered_since(traffic.prefix, mark), timeout)
-    await wait_until(lambda: _single_presence(world, *where), timeout)
+    await wait_until(single, timeout)
     return time.monotonic() - started
 
 
@@ -64,25 +67,31 @@ async def _run_fault(
     heal: Callable[[], None],
     seconds: float,
     rate: float,
+    *,
+    presence: bool = True,
 ) -> Outcome:
     """Steady requests from twin 1 on `where[0]` to twin 2 on `where[1]`; `cut()`, wait
     `seconds` (the fault's length), `heal()`; then every accepted request's fate."""
     checker = Checker()
     traffic = RmbRequests(checker)
     sender, responder = (world.instances[name] for name in where)
+
+    async def single() -> bool:
+        # without Redis (federated relays) each twin's one connection is all there is
+        return not presence or await _single_presence(world, *where)
+
     try:
         await traffic.open(sender.url, responder.url)
-        await wait_until(lambda: _single_presence(world, *where), 30)
+        await wait_until(single, 30)
         traffic.start(rate)
         await _warm(traffic, checker)
         cut()
         await asyncio.sleep(seconds)  # the fault's length
         heal()
-        recover = await _recovered(world, traffic, checker, 120, where)
+        recover = await _recovered(traffic, checker, 120, single)
         await traffic.stop()
         await checker.settle(SETTLE)
-        single = await _single_presence(world, *where)
-        return Outcome(scenario, checker.report(), recover, world.rss_mib(), single)
+        return Outcome(scenario, checker.report(), recover, world.rss_mib(), await single())
     finally:
         await traffic.close()
 
@@ -101,3 +110,24 @@ async def rmb_cut_from_clients(world: World, cut: float, *, rate: float = RATE) 
     link = world.instances["a"].from_clients
     name = f"rmb a cut from its clients {cut:g} s"
     return await _run_fault(world, name, ("b", "a"), link.black_hole, link.heal, cut, rate)
+
+
+async def rmb_federation_partition(world: World, cut: float, *, rate: float = RATE) -> Outcome:
+    """(e) two federated relays unable to reach each other for `cut` seconds (both ways)
+    while twin 1 on a asks twin 2 on b; then healed."""
+    links = [instance.from_peers for instance in world.instances.values()]
+
+    def cut_links() -> None:
+        for link in links:
+            assert link is not None
+            link.black_hole()
+
+    def heal_links() -> None:
+        for link in links:
+            assert link is not None
+            link.heal()
+
+    name = f"rmb federated relays partitioned {cut:g} s"
+    return await _run_fault(
+        world, name, ("a", "b"), cut_links, heal_links, cut, rate, presence=False
+    )

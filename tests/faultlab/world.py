@@ -23,11 +23,14 @@ from redis.asyncio import Redis
 
 from rmb_relay.cluster import keys
 from rmb_relay.cluster.presence import claim_instance
-from tests.cluster_fixtures import twin_directory
+from rmb_relay.twins import Twin
+from rmb_relay.twins.local import SqliteTwinDirectory
+from tests.cluster_fixtures import TWINS, twin_directory
 from tests.faultlab.netns import Host, Lab
 from tests.faultlab.proxy import FaultProxy
-from tests.faultlab.services import RedisNode, RelayNode
+from tests.faultlab.services import RELAY_PORT, RedisNode, RelayNode
 from tests.processes import stop_processes
+from tests.rmb_fixtures import key_for
 
 
 @dataclass
@@ -35,10 +38,12 @@ class Instance:
     name: str
     host: Host
     relay: RelayNode
-    #: this instance's link to Redis
-    to_redis: FaultProxy
+    #: this instance's link to Redis (None: it has none, a federated relay's own)
+    to_redis: FaultProxy | None
     #: its clients' link to it
     from_clients: FaultProxy
+    #: the other relays' link to it (federation)
+    from_peers: FaultProxy | None = None
 
     @property
     def url(self) -> str:
@@ -49,13 +54,14 @@ class Instance:
 @dataclass
 class World:
     lab: Lab
-    redis: RedisNode
-    probe: Redis
+    redis: RedisNode | None
+    probe: Redis | None
     logs: Path
     instances: dict[str, Instance] = field(default_factory=dict)
 
     async def holders(self, name: str) -> str | None:
         """The instance Redis's presence names for `name` (e.g. "r:1"), if any."""
+        assert self.probe is not None
         value = await self.probe.get(keys.presence_key(name))
         return claim_instance(value.decode()) if value is not None else None
 
@@ -142,3 +148,61 @@ async def wait_until(predicate: object, timeout: float, step: float = 0.02) -> f
             if result:
                 return time.monotonic() - started
             await asyncio.sleep(step)
+
+
+class FederatedPair:
+    """`async with FederatedPair() as world:` two relays "a" and "b" without Redis, each
+    serving its own domain (twin 1 on a's, twin 2 on b's) and posting to the other's through
+    a proxy (`Instance.from_peers`): a partition between them is that proxy black-holed."""
+
+    def __init__(self, *, extra: Sequence[str] = (), logs: Path | None = None) -> None:
+        self.extra = extra
+        self.logs = logs or Path(tempfile.mkdtemp(prefix="faultlab-logs-"))
+        self._stack = AsyncExitStack()
+
+    async def __aenter__(self) -> World:
+        stack = self._stack
+        try:
+            lab = stack.enter_context(Lab())
+            world = World(lab, None, None, self.logs)
+            hosts = {name: lab.host(name) for name in ("a", "b")}
+            # the peers' proxies first: their addresses are the domains
+            peers = {}
+            for name, host in hosts.items():
+                target = (host.address, RELAY_PORT)
+                peers[name] = await FaultProxy.start(lab.address(), target, port=RELAY_PORT)
+                stack.push_async_callback(peers[name].close)
+            domains = {name: proxy.address[0] for name, proxy in peers.items()}
+            twins = self.logs / "twins.sqlite3"
+            directory = SqliteTwinDirectory(twins)
+            for twin, name in ((1, "a"), (2, "b")):
+                key = key_for(twin, TWINS[twin]).public_key
+                directory.add(Twin(twin, key, frozenset({domains[name]}), None))
+            for name, host in hosts.items():
+                args = ["--twins", f"sqlite:{twins}", "--twin-cache-ttl", "0"]
+                args += [
+                    "-m",
+                    domains[name],
+                    "--federation-url-template",
+                    f"http://{{domain}}:{RELAY_PORT}/",
+                ]
+                relay = await RelayNode(host, [*args, *self.extra], self.logs).ready()
+                from_clients = await FaultProxy.start(lab.gateway, (host.address, relay.port))
+                stack.push_async_callback(from_clients.close)
+                world.instances[name] = Instance(
+                    name, host, relay, None, from_clients, from_peers=peers[name]
+                )
+            processes = [instance.relay.process for instance in world.instances.values()]
+            stack.push_async_callback(asyncio.to_thread, stop_processes, processes)
+            return world
+        except BaseException:
+            await stack.aclose()
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._stack.aclose()
