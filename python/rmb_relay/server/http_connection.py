@@ -135,6 +135,8 @@ class HttpConnection(ConnectionBase):
             # until the 101, and reading is paused meanwhile. CLOSING/CLOSED, or handed over to
             # a websocket: nothing more is read here.
             return
+        self.bytes_in += len(data)
+        self.last_active = self._clock()
         fast = self._fast
         if fast is None or self._request is not None or self.ops_only:
             self._on_http_bytes(data)
@@ -146,6 +148,7 @@ class HttpConnection(ConnectionBase):
             assert self._parser is not None
             http_events = fast.feed(self, self._parser, data)
             if http_events is None:
+                self.messages_in += 1
                 self._fast_pending = True
                 self._idle_deadline = None  # the fast path's answer deadline takes over
             else:
@@ -196,6 +199,7 @@ class HttpConnection(ConnectionBase):
         path leaves every other answer to Python): the next request is read."""
         self._write(data)
         if self._fast_pending:
+            self.messages_out += 1
             self._fast_pending = False
             if self.state is State.HTTP:
                 self._next_request()
@@ -288,6 +292,7 @@ class HttpConnection(ConnectionBase):
                 self._pause_http()
 
     def _start_request(self, request: HttpRequest) -> None:
+        self.messages_in += 1
         self._idle_deadline = None  # the request deadline takes over from the idle timer
         if request.is_websocket_upgrade and request.has_body:
             self._refuse(400, "websocket upgrade with a body")
@@ -429,6 +434,7 @@ class HttpConnection(ConnectionBase):
         else:  # HEAD
             bodyless = response.status < 200 or response.status in (204, 304)
             self._response_started = True
+            self.messages_out += 1
             self._write(
                 encode_response_head(
                     response.status,
@@ -450,6 +456,7 @@ class HttpConnection(ConnectionBase):
             keep = False
         self.server.metrics.http_requests.inc(1, request.method, str(response.status))
         self._response_started = True
+        self.messages_out += 1
         self._write(
             encode_response(response.status, response.header_list(), response.body, close=not keep)
         )
@@ -476,6 +483,7 @@ class HttpConnection(ConnectionBase):
                 close=close or (length is None and not chunked),
             )
             self._response_started = True
+            self.messages_out += 1
             self._write(head)
             if request.method == "HEAD":
                 return
@@ -631,6 +639,7 @@ class HttpConnection(ConnectionBase):
     def _respond(self, response: HttpResponse, *, close: bool) -> None:
         """A whole response written at once (refusals and errors)."""
         self._response_started = True
+        self.messages_out += 1
         self._write(
             encode_response(response.status, response.header_list(), response.body, close=close)
         )
