@@ -89,3 +89,25 @@ async def test_wrong_secret_flood_gets_429_and_honest_logins_pass(
     assert tunnel_relay.rss_mib() - rss_before < RSS_GROWTH_MIB
     assert tunnel_relay.stop() == 0
     assert not tunnel_relay.problems, tunnel_relay.problems
+
+
+def test_twin_directory_file_and_directory_are_private(tmp_path: Path) -> None:
+    """The SQLite file holds tenant secret hashes and the token-signing key: 0600 in a 0700
+    directory when the relay creates them, and an existing readable one is narrowed."""
+    from rmb_relay.twins.local import SqliteTwinDirectory
+
+    path = tmp_path / "state" / "twins.sqlite3"
+    old_umask = os.umask(0o022)
+    try:
+        with SqliteTwinDirectory(path):
+            pass
+        assert path.parent.stat().st_mode & 0o777 == 0o700
+        assert path.stat().st_mode & 0o777 == 0o600
+        for sidecar in path.parent.iterdir():  # -wal, -shm
+            assert sidecar.stat().st_mode & 0o077 == 0, sidecar
+        path.chmod(0o644)
+        with SqliteTwinDirectory(path):
+            pass
+        assert path.stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old_umask)

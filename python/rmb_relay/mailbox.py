@@ -1,16 +1,20 @@
 """Mailboxes: where envelopes for an offline session of this relay wait until it connects.
 
 Decision 2 of spec/rmb.md: a message waits until its own deadline (timestamp + expiration),
-capped by `--mailbox-ttl`; at most `--mailbox-max` per session, dropping the oldest first (and
-counting it). On connect the mailbox is delivered in order before live traffic.
+capped by `--mailbox-ttl`; at most `--mailbox-max` per session. Past that cap the new message
+is refused (`MailboxFull`: the sender of a request hears it), where rmb-rs drops the oldest:
+a flood from anyone would otherwise evict the mail a twin really waits for (issue 33). On
+connect the mailbox is delivered in order before live traffic.
 
 Memory budgets (the in-memory mailbox: it lives in the relay's own heap, so one sender must not
 be able to fill it): at most `MailboxBudget.twin_bytes` per destination twin across its
-sessions, `total_bytes` in all, and `sessions_per_twin` distinct sessions (sids) per twin. An
-envelope over a budget is refused with `MailboxFull` (the sender of a request gets an error
-envelope) instead of displacing older mail; the per-session count cap keeps rmb-rs's
-drop-oldest. The books are a `ByteBudget` (budget.py, the mechanism every in-memory store
-shares) keyed by twin, counting sessions as its items. Expired envelopes are swept on a timer
+sessions, `total_bytes` in all, `sessions_per_twin` distinct sessions (sids) per twin, and
+`source_bytes` for what one source twin has waiting in all mailboxes together (its share: one
+sender, or one relay posting for it, cannot take the whole budget from everyone else's mail).
+An envelope over a budget is refused with `MailboxFull` (the sender of a request gets an error
+envelope) instead of displacing older mail. The books are two `ByteBudget`s (budget.py, the
+mechanism every in-memory store shares): by destination twin, counting sessions as its items,
+and by source twin. Expired envelopes are swept on a timer
 of their own, whatever else is configured.
 
 Two implementations behind one interface: `MemoryMailbox` (no Redis: a relay restart loses
@@ -28,9 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
+from rmb_relay._core import scan_envelope
 from rmb_relay.budget import BudgetExceeded, ByteBudget
 from rmb_relay.clock import Clock, monotonic_clock, nanos, seconds, wall_clock
-from rmb_relay.errors import MailboxFull, MailboxUnavailable
+from rmb_relay.errors import EnvelopeError, MailboxFull, MailboxUnavailable
 
 if TYPE_CHECKING:
     from rmb_relay.cluster.connect import RedisClient
@@ -46,6 +51,9 @@ DEFAULT_MAILBOX_MAX = 10_000
 DEFAULT_MAILBOX_TWIN_BYTES = 64 << 20
 #: in-memory mailbox bytes in all: what offline mail may cost the relay's heap
 DEFAULT_MAILBOX_TOTAL_BYTES = 512 << 20
+#: in-memory mailbox bytes one source twin has waiting, all destinations together: an eighth
+#: of the total, so a flood from one sender leaves the rest for everyone else
+DEFAULT_MAILBOX_SOURCE_BYTES = 64 << 20
 #: distinct sessions (sids) with mail waiting, per twin: the sid is the sender's choice, so
 #: without a cap one sender creates a mailbox per random sid
 DEFAULT_MAILBOX_SESSIONS = 64
@@ -87,9 +95,10 @@ class MailboxBudget:
     twin_bytes: int = DEFAULT_MAILBOX_TWIN_BYTES
     total_bytes: int = DEFAULT_MAILBOX_TOTAL_BYTES
     sessions_per_twin: int = DEFAULT_MAILBOX_SESSIONS
+    source_bytes: int = DEFAULT_MAILBOX_SOURCE_BYTES
 
     def __post_init__(self) -> None:
-        if min(self.twin_bytes, self.total_bytes, self.sessions_per_twin) <= 0:
+        if min(self.twin_bytes, self.total_bytes, self.sessions_per_twin, self.source_bytes) <= 0:
             raise ValueError("mailbox budgets must be positive")
 
 
@@ -171,13 +180,18 @@ class MemoryMailbox(Mailbox):
         super().__init__(ttl, max_per_session, clock)
         self.budget = budget if budget is not None else MailboxBudget()
         self.sweep_interval = sweep_interval
-        self._boxes: dict[SessionKey, deque[tuple[int, bytes]]] = {}
+        #: per session: (deadline, envelope, source twin), oldest first
+        self._boxes: dict[SessionKey, deque[tuple[int, bytes, int]]] = {}
         self._depth = 0
         #: per destination twin: bytes stored and sessions with a mailbox (its items)
         self.books = ByteBudget(
             key_bytes=self.budget.twin_bytes,
             total_bytes=self.budget.total_bytes,
             key_count=self.budget.sessions_per_twin,
+        )
+        #: per source twin: bytes it has waiting in all mailboxes (its share)
+        self.sources = ByteBudget(
+            key_bytes=self.budget.source_bytes, total_bytes=self.budget.total_bytes
         )
         self._sweeper: asyncio.TimerHandle | None = None
 
@@ -187,13 +201,27 @@ class MemoryMailbox(Mailbox):
         box = self._boxes.get(key)
         if box is not None:
             self._expire(key, box)
+            if len(box) >= self.max_per_session:
+                self.stats.refused += 1
+                raise MailboxFull(
+                    f"mailbox of twin {twin} holds {self.max_per_session} messages for this "
+                    "session (nothing waiting is dropped for a new one)"
+                )
         budget = self.budget
+        source = _source_twin(envelope)
         try:
             self.books.take(twin, size, 1 if box is None else 0)
+            try:
+                self.sources.take(source, size)
+            except BudgetExceeded:
+                self.books.release(twin, size, 1 if box is None else 0)
+                raise
         except BudgetExceeded as err:
             self.stats.refused += 1
             if err.limit == "count":
                 text = f"twin {twin} has mail waiting for {budget.sessions_per_twin} sessions"
+            elif err.limit == "key" and self.books.check(twin, size) is None:
+                text = f"twin {source} has over {budget.source_bytes} bytes waiting in mailboxes"
             elif err.limit == "key":
                 text = f"mailbox of twin {twin} is over {budget.twin_bytes} bytes"
             else:
@@ -201,11 +229,7 @@ class MemoryMailbox(Mailbox):
             raise MailboxFull(text) from err
         if box is None:
             box = self._boxes[key] = deque()
-        if len(box) >= self.max_per_session:
-            lost = self._pop_oldest(twin, box)
-            self.stats.dropped_full += 1
-            self._lost(key, lost, "full")
-        box.append((deadline, envelope))
+        box.append((deadline, envelope, source))
         self._depth += 1
         self.stats.stored += 1
         self._ensure_sweeper()
@@ -216,32 +240,35 @@ class MemoryMailbox(Mailbox):
             return Taken([])
         self._forget(key, box)
         now = seconds(self.clock())
-        live = [envelope for deadline, envelope in box if deadline > now]
+        live = [envelope for deadline, envelope, _ in box if deadline > now]
         self.stats.expired += len(box) - len(live)
         if self.on_loss is not None and len(live) < len(box):
-            for deadline, envelope in box:
+            for deadline, envelope, _ in box:
                 if deadline <= now:
                     self.on_loss(key, len(envelope), "expired")
         self.stats.delivered += len(live)
         return Taken(live)
 
-    def _pop_oldest(self, twin: int, box: deque[tuple[int, bytes]]) -> int:
+    def _pop_oldest(self, twin: int, box: deque[tuple[int, bytes, int]]) -> int:
         """Drop the oldest envelope; returns its size."""
-        _, envelope = box.popleft()
+        _, envelope, source = box.popleft()
         self._depth -= 1
         self.books.release(twin, len(envelope))
+        self.sources.release(source, len(envelope))
         return len(envelope)
 
-    def _forget(self, key: SessionKey, box: deque[tuple[int, bytes]]) -> None:
+    def _forget(self, key: SessionKey, box: deque[tuple[int, bytes, int]]) -> None:
         """Remove a whole session's mailbox from the books."""
         del self._boxes[key]
         self._depth -= len(box)
-        self.books.release(key[0], sum(len(envelope) for _, envelope in box), 1)
+        self.books.release(key[0], sum(len(envelope) for _, envelope, _ in box), 1)
+        for _, envelope, source in box:
+            self.sources.release(source, len(envelope))
         if not self._boxes:
             # a dict never shrinks by deleting: start over so a burst's table is freed too
             self._boxes = {}
 
-    def _expire(self, key: SessionKey, box: deque[tuple[int, bytes]]) -> None:
+    def _expire(self, key: SessionKey, box: deque[tuple[int, bytes, int]]) -> None:
         now = seconds(self.clock())
         while box and box[0][0] <= now:
             lost = self._pop_oldest(key[0], box)
@@ -253,7 +280,7 @@ class MemoryMailbox(Mailbox):
         now = seconds(self.clock())
         dropped = 0
         for key, box in list(self._boxes.items()):
-            if box and all(deadline > now for deadline, _ in box):
+            if box and all(item[0] > now for item in box):
                 continue
             kept = deque(item for item in box if item[0] > now)
             if not kept:
@@ -262,10 +289,13 @@ class MemoryMailbox(Mailbox):
                 # the session keeps its mailbox (and its place in the sessions count)
                 self._boxes[key] = kept
                 self._depth -= len(box) - len(kept)
-                self.books.release(key[0], sum(len(e) for d, e in box if d <= now))
+                self.books.release(key[0], sum(len(e) for d, e, _ in box if d <= now))
+                for deadline, envelope, source in box:
+                    if deadline <= now:
+                        self.sources.release(source, len(envelope))
             dropped += len(box) - len(kept)
             if self.on_loss is not None:
-                for deadline, envelope in box:
+                for deadline, envelope, _ in box:
                     if deadline <= now:
                         self.on_loss(key, len(envelope), "expired")
         self.stats.expired += dropped
@@ -292,6 +322,26 @@ class MemoryMailbox(Mailbox):
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+
+
+def _source_twin(envelope: bytes) -> int:
+    """Whose share a stored envelope counts against: its source twin (0: a relay's error, or
+    bytes the scanner cannot read, which share one key)."""
+    try:
+        return scan_envelope(envelope).source_twin
+    except EnvelopeError:
+        return 0
+
+
+#: XADD unless the stream is at the cap (-1 then): rmb-rs's MAXLEN drops the oldest instead,
+#: which lets a flood evict the mail a twin waits for. One key: fine in a Redis cluster.
+_ADD_UNDER_CAP = """
+local n = redis.call('XLEN', KEYS[1])
+if n >= tonumber(ARGV[3]) then return -1 end
+redis.call('XADD', KEYS[1], '*', '_', ARGV[1], 'dl', ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return n
+"""
 
 
 class RedisMailbox(Mailbox):
@@ -351,24 +401,22 @@ class RedisMailbox(Mailbox):
         self._inflight += size
         try:
             async with asyncio.timeout(self.timeout):
-                async with self.redis.pipeline(transaction=True) as pipe:
-                    pipe.xlen(name)
-                    pipe.xadd(
-                        name, {"_": envelope, "dl": str(deadline)}, maxlen=self.max_per_session
-                    )
-                    pipe.expire(name, self.ttl)
-                    length, _, _ = await pipe.execute()
+                length = await self.redis.eval(
+                    _ADD_UNDER_CAP, 1, name, envelope, str(deadline), self.max_per_session, self.ttl
+                )
         except (TimeoutError, RedisTimeout):
             raise self._timed_out() from None
         except (RedisError, OSError) as err:
             raise MailboxUnavailable(f"redis: {err}") from err
         finally:
             self._inflight -= size
-        if int(length) >= self.max_per_session:
-            self.stats.dropped_full += 1
-            self._lost(key, 0, "full")
-        else:
-            self._depth_estimate += 1
+        if int(length) < 0:
+            self.stats.refused += 1
+            raise MailboxFull(
+                f"mailbox of twin {key[0]} holds {self.max_per_session} messages for this "
+                "session (nothing waiting is dropped for a new one)"
+            )
+        self._depth_estimate += 1
         self.stats.stored += 1
 
     async def take(self, key: SessionKey) -> Taken:

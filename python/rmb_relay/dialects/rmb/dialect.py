@@ -155,6 +155,14 @@ class RmbDialect(Dialect):
         self.metrics.logins.inc()
         return RmbSession(conn, self, twin_id, parsed.claims.sid)
 
+    def open_surfaces(self) -> list[str]:
+        inbound = self.inbound
+        if inbound is None:
+            return []
+        if inbound.verify:
+            return ["federation POST / (any relay may post; envelopes must be signed)"]
+        return ["federation POST / UNSIGNED envelopes accepted (--no-verify-federated)"]
+
     def _login_failed(self, reason: str, conn: Peer) -> None:
         self.metrics.login_failures.inc(1, reason)
         log.info("refused RMB login from %s: %s", conn.peer_host, reason)

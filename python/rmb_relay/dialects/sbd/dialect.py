@@ -312,6 +312,11 @@ class SbdDialect(Dialect):
             if now - last >= idle_ns:
                 del self.tokens[token]
 
+    def open_surfaces(self) -> list[str]:
+        if self.settings.auth_hook is not None:
+            return []
+        return ["any key may connect and relay (no --sbd-auth-hook)"]
+
     # ---- HTTP: spec-auth -------------------------------------------------------------------
 
     def add_routes(self, router: Routes) -> None:
