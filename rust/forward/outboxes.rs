@@ -569,7 +569,11 @@ mod tests {
         ]
         .concat();
         assert_eq!(o.pending(1), before + 5);
-        assert_eq!(o.sent(1), 2, "a message staged in place is counted once committed");
+        assert_eq!(
+            o.sent(1),
+            2,
+            "a message staged in place is counted once committed"
+        );
         assert_eq!(drained(&mut o), [(1, want)]);
     }
 
