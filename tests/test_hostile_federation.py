@@ -5,6 +5,7 @@ accepted and delivered to its twin, which receives nothing else; the relay logs 
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,18 +24,19 @@ from tests.rmb_fixtures import key_for
 
 #: the victim (served here), an honest sender, and a twin whose relay is another one
 VICTIM, SENDER, ELSEWHERE = 41, 7, 55
+OTHER_SENDERS = (8, 9)
 #: relay RSS growth allowed over the forged posts (each is refused before it is stored)
 RSS_GROWTH_MIB = 16
 
 
 @pytest.fixture
-def relay(tmp_path: Path) -> Iterator[RelayProcess]:
+def relay(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[RelayProcess]:
     db = tmp_path / "twins.sqlite3"
     with SqliteTwinDirectory(db) as twins:
-        for twin in (VICTIM, SENDER):
+        for twin in (VICTIM, SENDER, *OTHER_SENDERS):
             twins.add(Twin(twin, key_for(twin).public_key, None))
         twins.add(Twin(ELSEWHERE, key_for(ELSEWHERE).public_key, frozenset({"other.example"})))
-    process = RelayProcess("--twins", f"sqlite:{db}", "--no-tunnel")
+    process = RelayProcess("--twins", f"sqlite:{db}", "--no-tunnel", *getattr(request, "param", ()))
     try:
         yield process
     finally:
@@ -42,7 +44,7 @@ def relay(tmp_path: Path) -> Iterator[RelayProcess]:
 
 
 def _envelope(source: int, dest: int, body: bytes, *, sign: bool) -> bytes:
-    env = Envelope(f"u-{source}-{dest}-{body.hex()}")
+    env = Envelope(f"u-{source}-{dest}-{hashlib.sha256(body).hexdigest()[:16]}")
     env.source_twin, env.source_connection = source, None
     env.dest_twin, env.dest_connection = dest, None
     env.kind = MSG_REQUEST
@@ -139,3 +141,33 @@ async def test_rmb_peer_takes_nothing_unsigned_but_a_relay_error(tmp_path: Path)
         assert gateway._accept(from_twin_0("error")) is True
     finally:
         await directory.close()
+
+
+@pytest.mark.parametrize("relay", [("--mailbox-source-bytes", "20000")], indirect=True)
+async def test_one_posting_relay_gets_its_share_of_the_mailbox(relay: RelayProcess) -> None:
+    """Signed envelopes from three source twins, all posted from one address, stop at that
+    relay's share; another relay's post for the same twin is still stored."""
+    base = f"http://127.0.0.1:{relay.port}"
+    other = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+    async with (
+        httpx.AsyncClient(base_url=base, timeout=WAIT) as one,
+        httpx.AsyncClient(base_url=base, timeout=WAIT, transport=other) as another,
+    ):
+        statuses = []
+        for source in (SENDER, *OTHER_SENDERS):
+            answer = await one.post("/", content=_envelope(source, VICTIM, b"x" * 8000, sign=True))
+            statuses.append(answer.status_code)
+        assert statuses == [202, 202, 500], answer.text
+        answer = await another.post("/", content=_envelope(SENDER, VICTIM, b"other", sign=True))
+        assert answer.status_code == 202
+    jwt = make_jwt(key_for(VICTIM), VICTIM, None, int(time.time()))
+    ws = await RawWebSocket.connect(*relay.address, f"/?{jwt}")
+    got = []
+    for _ in range(3):
+        event = await ws.next_event()
+        assert isinstance(event, WsMessage)
+        got.append(len(Envelope.decode(event.data).plain or b""))
+    assert got == [8000, 8000, 5]
+    ws.close()
+    assert relay.stop() == 0
+    assert not relay.problems, relay.problems

@@ -9,8 +9,9 @@ connect the mailbox is delivered in order before live traffic.
 Memory budgets (the in-memory mailbox: it lives in the relay's own heap, so one sender must not
 be able to fill it): at most `MailboxBudget.twin_bytes` per destination twin across its
 sessions, `total_bytes` in all, `sessions_per_twin` distinct sessions (sids) per twin, and
-`source_bytes` for what one source twin has waiting in all mailboxes together (its share: one
-sender, or one relay posting for it, cannot take the whole budget from everyone else's mail).
+`source_bytes` for what one source twin has waiting in all mailboxes together, and as much
+for what one relay posted (federation, by its address): a share, so one sender or one relay
+cannot take the whole budget from everyone else's mail.
 An envelope over a budget is refused with `MailboxFull` (the sender of a request gets an error
 envelope) instead of displacing older mail. The books are two `ByteBudget`s (budget.py, the
 mechanism every in-memory store shares): by destination twin, counting sessions as its items,
@@ -41,6 +42,9 @@ if TYPE_CHECKING:
     from rmb_relay.cluster.connect import RedisClient
 
 SessionKey = tuple[int, str | None]
+#: a stored envelope: its deadline, its bytes, and the shares (source twin, posting relay) it
+#: counts against
+_Entry = tuple[int, bytes, tuple[int | str, ...]]
 
 #: rmb-rs's default stream lifetime after the last push (spec/rmb.md §3.2)
 DEFAULT_MAILBOX_TTL = 3600
@@ -138,8 +142,12 @@ class Mailbox(abc.ABC):
         return min(own, now + self.ttl)
 
     @abc.abstractmethod
-    async def put(self, key: SessionKey, envelope: bytes, deadline: int) -> None:
-        """Store one envelope; raises MailboxUnavailable if the backend is down."""
+    async def put(
+        self, key: SessionKey, envelope: bytes, deadline: int, *, sender: str | None = None
+    ) -> None:
+        """Store one envelope; raises MailboxUnavailable if the backend is down, MailboxFull
+        over a budget. `sender`: the relay that posted it (federation: its address), which
+        has a share of the budget as a source twin does."""
 
     @abc.abstractmethod
     async def take(self, key: SessionKey) -> Taken:
@@ -180,8 +188,8 @@ class MemoryMailbox(Mailbox):
         super().__init__(ttl, max_per_session, clock)
         self.budget = budget if budget is not None else MailboxBudget()
         self.sweep_interval = sweep_interval
-        #: per session: (deadline, envelope, source twin), oldest first
-        self._boxes: dict[SessionKey, deque[tuple[int, bytes, int]]] = {}
+        #: per session: (deadline, envelope, the shares it counts against), oldest first
+        self._boxes: dict[SessionKey, deque[_Entry]] = {}
         self._depth = 0
         #: per destination twin: bytes stored and sessions with a mailbox (its items)
         self.books = ByteBudget(
@@ -189,13 +197,15 @@ class MemoryMailbox(Mailbox):
             total_bytes=self.budget.total_bytes,
             key_count=self.budget.sessions_per_twin,
         )
-        #: per source twin: bytes it has waiting in all mailboxes (its share)
+        #: per source twin, and per posting relay: bytes waiting in all mailboxes (its share)
         self.sources = ByteBudget(
             key_bytes=self.budget.source_bytes, total_bytes=self.budget.total_bytes
         )
         self._sweeper: asyncio.TimerHandle | None = None
 
-    async def put(self, key: SessionKey, envelope: bytes, deadline: int) -> None:
+    async def put(
+        self, key: SessionKey, envelope: bytes, deadline: int, *, sender: str | None = None
+    ) -> None:
         twin = key[0]
         size = len(envelope)
         box = self._boxes.get(key)
@@ -208,28 +218,33 @@ class MemoryMailbox(Mailbox):
                     "session (nothing waiting is dropped for a new one)"
                 )
         budget = self.budget
-        source = _source_twin(envelope)
+        shares: tuple[int | str, ...] = (_source_twin(envelope),)
+        if sender is not None:
+            shares += ("relay " + sender,)
         try:
             self.books.take(twin, size, 1 if box is None else 0)
-            try:
-                self.sources.take(source, size)
-            except BudgetExceeded:
-                self.books.release(twin, size, 1 if box is None else 0)
-                raise
         except BudgetExceeded as err:
             self.stats.refused += 1
             if err.limit == "count":
                 text = f"twin {twin} has mail waiting for {budget.sessions_per_twin} sessions"
-            elif err.limit == "key" and self.books.check(twin, size) is None:
-                text = f"twin {source} has over {budget.source_bytes} bytes waiting in mailboxes"
             elif err.limit == "key":
                 text = f"mailbox of twin {twin} is over {budget.twin_bytes} bytes"
             else:
                 text = f"mailboxes are over {budget.total_bytes} bytes in all"
             raise MailboxFull(text) from err
+        taken: list[int | str] = []
+        for share in shares:
+            if not self.sources.try_take(share, size):
+                for done in taken:
+                    self.sources.release(done, size)
+                self.books.release(twin, size, 1 if box is None else 0)
+                self.stats.refused += 1
+                whose = f"twin {share}" if isinstance(share, int) else share
+                raise MailboxFull(f"{whose} has over {budget.source_bytes} bytes in mailboxes")
+            taken.append(share)
         if box is None:
             box = self._boxes[key] = deque()
-        box.append((deadline, envelope, source))
+        box.append((deadline, envelope, shares))
         self._depth += 1
         self.stats.stored += 1
         self._ensure_sweeper()
@@ -249,26 +264,30 @@ class MemoryMailbox(Mailbox):
         self.stats.delivered += len(live)
         return Taken(live)
 
-    def _pop_oldest(self, twin: int, box: deque[tuple[int, bytes, int]]) -> int:
+    def _pop_oldest(self, twin: int, box: deque[_Entry]) -> int:
         """Drop the oldest envelope; returns its size."""
-        _, envelope, source = box.popleft()
+        _, envelope, shares = box.popleft()
         self._depth -= 1
         self.books.release(twin, len(envelope))
-        self.sources.release(source, len(envelope))
+        self._release_shares(shares, len(envelope))
         return len(envelope)
 
-    def _forget(self, key: SessionKey, box: deque[tuple[int, bytes, int]]) -> None:
+    def _release_shares(self, shares: tuple[int | str, ...], size: int) -> None:
+        for share in shares:
+            self.sources.release(share, size)
+
+    def _forget(self, key: SessionKey, box: deque[_Entry]) -> None:
         """Remove a whole session's mailbox from the books."""
         del self._boxes[key]
         self._depth -= len(box)
         self.books.release(key[0], sum(len(envelope) for _, envelope, _ in box), 1)
-        for _, envelope, source in box:
-            self.sources.release(source, len(envelope))
+        for _, envelope, shares in box:
+            self._release_shares(shares, len(envelope))
         if not self._boxes:
             # a dict never shrinks by deleting: start over so a burst's table is freed too
             self._boxes = {}
 
-    def _expire(self, key: SessionKey, box: deque[tuple[int, bytes, int]]) -> None:
+    def _expire(self, key: SessionKey, box: deque[_Entry]) -> None:
         now = seconds(self.clock())
         while box and box[0][0] <= now:
             lost = self._pop_oldest(key[0], box)
@@ -290,9 +309,9 @@ class MemoryMailbox(Mailbox):
                 self._boxes[key] = kept
                 self._depth -= len(box) - len(kept)
                 self.books.release(key[0], sum(len(e) for d, e, _ in box if d <= now))
-                for deadline, envelope, source in box:
+                for deadline, envelope, shares in box:
                     if deadline <= now:
-                        self.sources.release(source, len(envelope))
+                        self._release_shares(shares, len(envelope))
             dropped += len(box) - len(kept)
             if self.on_loss is not None:
                 for deadline, envelope, _ in box:
@@ -387,7 +406,10 @@ class RedisMailbox(Mailbox):
         self._stalled_until = self.monotonic() + nanos(REDIS_STALL_BACKOFF)
         return MailboxUnavailable(f"redis: no answer within {self.timeout:g} s")
 
-    async def put(self, key: SessionKey, envelope: bytes, deadline: int) -> None:
+    async def put(
+        self, key: SessionKey, envelope: bytes, deadline: int, *, sender: str | None = None
+    ) -> None:
+        """(`sender` has no share here: a session's cap refuses, nothing is evicted.)"""
         from redis.exceptions import RedisError
         from redis.exceptions import TimeoutError as RedisTimeout
 

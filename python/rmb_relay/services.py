@@ -116,8 +116,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_MAILBOX_SOURCE_BYTES,
         metavar="BYTES",
-        help="in-memory mailbox: bytes one source twin may have waiting in all mailboxes "
-        "together (its share); more is refused with an error to the sender",
+        help="in-memory mailbox: bytes one source twin, or one relay posting to us, may have "
+        "waiting in all mailboxes together (its share); more is refused",
     )
     shared.add_argument(
         "--mailbox-sessions",

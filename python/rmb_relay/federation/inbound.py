@@ -53,6 +53,7 @@ from rmb_relay.federation.batch import (
     encode_statuses,
 )
 from rmb_relay.switch import Outcome
+from rmb_relay.throttle import ip_key
 
 if TYPE_CHECKING:
     from rmb_relay._core import EnvelopeRouting, HttpRequest
@@ -154,7 +155,7 @@ class InboundFederation:
         content_type = request.header("content-type")
         if content_type is not None and content_type.split(b";")[0].strip() == BATCH_TYPE.encode():
             return await self._handle_batch(request.body, client, origin)
-        status, reason = await self._handle(request.body, origin)
+        status, reason = await self._handle(request.body, origin, self._sender(client))
         self._count(status, reason, client)
         return HttpResponse(status, reason, headers=self._headers)
 
@@ -209,8 +210,9 @@ class InboundFederation:
                             continue
                         waiting.add(key)
                     later.append(item)
+        sender = self._sender(client)
         for index, envelope, route in later:
-            answers[index] = await self._deliver(envelope, route, origin)
+            answers[index] = await self._deliver(envelope, route, origin, sender)
         accepted = 0
         for status, reason in answers:
             if status == 202:
@@ -233,10 +235,16 @@ class InboundFederation:
                 reason.decode(errors="replace"),
             )
 
-    async def _handle(self, body: bytes, origin: _Request | None) -> Answer:
+    @staticmethod
+    def _sender(client: HttpClient) -> str:
+        """Who posted, for its share of the mailbox: the address (the domain header is what
+        the poster claims), IPv6 by its /64."""
+        return ip_key(client.peer_host)
+
+    async def _handle(self, body: bytes, origin: _Request | None, sender: str) -> Answer:
         checked = await self._check(body)
         if isinstance(checked, _Route):
-            return await self._deliver(body, checked, origin)
+            return await self._deliver(body, checked, origin, sender)
         return self._refused(checked, len(body), origin)
 
     async def _check(self, body: bytes) -> _Refusal | _Route:
@@ -269,7 +277,9 @@ class InboundFederation:
                 return refusal
         return _Route(env)
 
-    async def _deliver(self, body: bytes, route: _Route, origin: _Request | None) -> Answer:
+    async def _deliver(
+        self, body: bytes, route: _Route, origin: _Request | None, sender: str
+    ) -> Answer:
         env = route.env
         if env.fail_fast:
             # only a connected destination will do (never the mailbox)
@@ -280,7 +290,9 @@ class InboundFederation:
         else:
             deadline = self.switch.mailbox.deadline(env.timestamp, env.expiration)
             try:
-                outcome = await self.switch.deliver(route.key, body, deadline=deadline)
+                outcome = await self.switch.deliver(
+                    route.key, body, deadline=deadline, sender=sender
+                )
             except MailboxUnavailable as err:
                 label = _UNAVAILABLE.get(type(err), "mailbox down")
                 refusal = _Refusal(500, f"switch error: {err}", label, env)
