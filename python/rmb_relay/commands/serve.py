@@ -31,6 +31,7 @@ from rmb_relay.config import (
 from rmb_relay.dialects import registry
 from rmb_relay.dialects.base import Dialect
 from rmb_relay.errors import ConfigError
+from rmb_relay.log_budget import DEFAULT_LOG_RATE
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.services import Services
 from rmb_relay.services import add_arguments as add_service_arguments
@@ -120,6 +121,14 @@ def parser(prog: str = "rmb-relay serve", epilog: str | None = None) -> argparse
         metavar="HOST:PORT",
         help="serve /health, /metrics and /monitor/ on this address only (a private network), "
         "not on --listen (default: on --listen)",
+    )
+    parser.add_argument(
+        "--log-rate",
+        type=float,
+        default=DEFAULT_LOG_RATE,
+        metavar="LINES",
+        help="the same log message at most this many times a second (bursts of ten seconds' "
+        "worth); errors always pass, the rest is counted and summarized",
     )
     parser.add_argument(
         "-d",
@@ -246,7 +255,9 @@ async def serve(args: argparse.Namespace, deadline: ShutdownDeadline | None = No
 
 def main(argv: Sequence[str], prog: str = "rmb-relay serve", epilog: str | None = None) -> int:
     args = parser(prog, epilog).parse_args(argv)
-    setup_logging(args.debug)
+    if not args.log_rate > 0:
+        raise SystemExit("rmb-relay: --log-rate must be positive")
+    setup_logging(args.debug, args.log_rate)
     try:
         config = listener_config(args)
         workers.check(args.workers, args.redis, config.port)

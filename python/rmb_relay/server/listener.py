@@ -16,6 +16,7 @@ from collections import Counter as Tally
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from rmb_relay import log_budget
 from rmb_relay.clock import Clock, monotonic_clock
 from rmb_relay.config import ListenerConfig
 from rmb_relay.dialects.base import CloseCode, HttpResponse
@@ -104,6 +105,12 @@ class ServerMetrics:
             "rmb_relay_backpressure_pauses_total",
             "Times a sender was paused because a receiver was over its write high-water mark",
             ("dialect",),
+        )
+        registry.counter_of(
+            "rmb_relay_log_lines_suppressed_total",
+            "Log lines left out because the same message was logged more than --log-rate "
+            "times a second (a flood of refusals is not a flood of lines)",
+            lambda: [((), log_budget.suppressed())],
         )
         self.reply_pauses = registry.counter(
             "rmb_relay_reply_backpressure_pauses_total",
