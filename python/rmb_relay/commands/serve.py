@@ -31,6 +31,7 @@ from rmb_relay.config import (
 from rmb_relay.dialects import registry
 from rmb_relay.dialects.base import Dialect
 from rmb_relay.errors import ConfigError
+from rmb_relay.monitoring import add_monitor_routes
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.services import Services
 from rmb_relay.services import add_arguments as add_service_arguments
@@ -160,7 +161,7 @@ async def build_server(args: argparse.Namespace) -> tuple[RelayServer, Services]
     services = await Services.from_args(args)
     try:
         dialects = await build_dialects(args, services)
-        server = RelayServer(config, dialects, services.metrics)
+        server = RelayServer(config, dialects, services.metrics, routes=(add_monitor_routes,))
     except BaseException:
         await services.close()
         raise

@@ -13,7 +13,7 @@ import logging
 import signal
 import ssl
 from collections import Counter as Tally
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from rmb_relay.clock import Clock, monotonic_clock
@@ -21,13 +21,12 @@ from rmb_relay.config import ListenerConfig
 from rmb_relay.dialects.base import CloseCode, HttpResponse
 from rmb_relay.dialects.paths import PathTable
 from rmb_relay.errors import ConfigError
-from rmb_relay.monitoring import add_monitor_routes
-from rmb_relay.monitoring.rates import Retired
 from rmb_relay.server.acceptor import Acceptor, bind_sockets
 from rmb_relay.server.connection_base import ConnectionBase, OutputBatcher, State
 from rmb_relay.server.http import Router
 from rmb_relay.server.http_connection import HttpConnection
 from rmb_relay.server.limits import Admission, ConnectionLimits, default_max_connections
+from rmb_relay.server.traffic import Retired
 from rmb_relay.server.ws_connection import WebSocketConnection
 from rmb_relay.telemetry.metrics import Registry
 
@@ -112,6 +111,10 @@ class ServerMetrics:
         )
 
 
+#: adds routes to a server's router (`RelayServer(routes=...)`)
+RouteSource = Callable[[Router, "RelayServer"], None]
+
+
 class RelayServer:
     def __init__(
         self,
@@ -120,7 +123,10 @@ class RelayServer:
         registry: Registry | None = None,
         *,
         clock: Clock = monotonic_clock,
+        routes: Sequence[RouteSource] = (),
     ) -> None:
+        """`routes`: what the program adds beside /health and /metrics, each given the router
+        and this server (the monitoring views: monitoring/ sits above this layer)."""
         self.config = config
         #: connections' open and activity times (the monitor's age and idle)
         self.clock = clock
@@ -149,7 +155,8 @@ class RelayServer:
         self.router = Router()
         self.router.add("GET", "/health", self._health)
         self.router.add("GET", "/metrics", self._metrics)
-        add_monitor_routes(self.router, self)
+        for add in routes:
+            add(self.router, self)
         for dialect in self.dialects:
             dialect.add_routes(self.router)
         self.acceptors: list[Acceptor] = []
