@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from rmb_relay._core import ClientFrameEncoder
 from rmb_relay.errors import ConfigError, HandshakeError
 from rmb_relay.load.engine import Refused, Run, Stream
 
@@ -284,22 +285,42 @@ class Gateway:
         return True
 
     def _consume(self, client: Client) -> Any:
+        """A consumer: every QUEUE message is acknowledged and asked again for, and what one
+        read brought is answered with one write (a write per message cost the generator more
+        than the gateway spent on it)."""
         from rmb_relay.dialects.singyeong.codec import decode, encode
 
         run, size, encoding = self.run, self.size, self.encoding
         request = encode(encoding, self._request_frame())
+        text = encoding.value == "json"
+        pending: list[bytes] = []
+        loop = asyncio.get_running_loop()
+
+        def frame(data: bytes) -> bytes:
+            encoder: ClientFrameEncoder = client.ws.encoder
+            return encoder.text(data.decode()) if text else encoder.binary(data)
+
+        def flush() -> None:
+            frames = b"".join(pending)
+            pending.clear()
+            with contextlib.suppress(ConnectionError):
+                client.ws.send_frames(frames)
 
         def on_frame(message: Any) -> None:
-            frame = decode(encoding, message.data)
-            if frame.get("t") != "QUEUE":
+            body = message.data
+            if b"QUEUE" not in body:
+                return
+            queued = decode(encoding, body)
+            if queued.get("t") != "QUEUE":
                 return
             now = time.time_ns()
-            d = frame["d"]["payload"]  # the queued message: queue, payload, id, attempt
+            d = queued["d"]["payload"]  # the queued message: queue, payload, id, attempt
             index, seq, sent_ns = read_stamp(str(d["payload"]).encode())
             ack = {"op": 4, "t": "QUEUE_ACK", "d": {"queue": self.queue, "id": d["id"]}}
-            with contextlib.suppress(ConnectionError):
-                self.write(client.ws, encode(encoding, ack))
-                self.write(client.ws, request)
+            if not pending:
+                loop.call_soon(flush)
+            pending.append(frame(encode(encoding, ack)))
+            pending.append(frame(request))
             stream = self.by_index.get(index)
             if stream is not None and stream.first_time(seq):
                 run.delivered(stream, sent_ns, now, size)
