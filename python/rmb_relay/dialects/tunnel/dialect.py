@@ -33,6 +33,7 @@ from rmb_relay.dialects.tunnel.tokens import (
     fingerprint,
 )
 from rmb_relay.errors import AuthError, ClusterUnavailable, HttpReject
+from rmb_relay.throttle import Throttles
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest, Outboxes
@@ -64,9 +65,12 @@ class TunnelDialect(Dialect):
         cluster: Cluster | None = None,
         clock: Clock = monotonic_clock,
         wall: Clock = wall_clock,
+        throttles: Throttles | None = None,
     ) -> None:
         """`cluster`: share requests with the other relays in it (scaleout.py); None (no
-        `--redis`, or `--no-cluster`): this relay serves its own connectors only."""
+        `--redis`, or `--no-cluster`): this relay serves its own connectors only.
+        `throttles`: the process's auth pool and failed-login limiter (throttle.py)."""
+        self.throttles = throttles if throttles is not None else Throttles(registry, clock=clock)
         self.settings = settings
         self.registry = registry
         self.store_of_tenants = tenants
@@ -266,7 +270,7 @@ class TunnelDialect(Dialect):
         return await endpoints.discovery(self, request)
 
     async def _token(self, request: HttpRequest, client_: HttpClient) -> HttpResponse:
-        return await endpoints.token(self, request)
+        return await endpoints.token(self, request, client_)
 
     async def _request_body(self, request: HttpRequest, client_: HttpClient) -> HttpResponse:
         return await endpoints.request_body(self, request)
