@@ -83,29 +83,21 @@ def test_load_run_counts_everything_and_writes_files(
     assert {r["outcome"] for r in records} == {"delivered"}
 
 
-def test_load_against_nothing_fails_clearly(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("dialect", "where"), [("rmb", "ws://127.0.0.1:9/"), ("sbd", "ws://127.0.0.1:9")]
+)
+def test_load_against_nothing_fails_clearly(tmp_path: Path, dialect: str, where: str) -> None:
+    twins = ["--twins", f"sqlite:{tmp_path / 't.sqlite3'}"] if dialect == "rmb" else []
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rmb_relay.load.cli",
-            "rmb",
-            "--url",
-            "ws://127.0.0.1:9/",
-            "--twins",
-            f"sqlite:{tmp_path / 't.sqlite3'}",
-            "--count",
-            "1",
-            "--warmup",
-            "0",
-        ],
+        [sys.executable, "-m", "rmb_relay.load.cli", dialect, "--url", "ws://127.0.0.1:9/",
+         *twins, "--count", "1", "--warmup", "0"],
         capture_output=True,
         text=True,
         timeout=120,
-    )
+    )  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        "rmb-load: rmb: relay ws://127.0.0.1:9/ unreachable: [Errno 111] Connection refused"
+        f"rmb-load: {dialect}: relay {where} unreachable: [Errno 111] Connection refused"
     ]
     assert "sent" in result.stdout  # the table of what was measured until then
 
