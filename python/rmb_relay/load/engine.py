@@ -8,7 +8,7 @@ connection, one msgbus client. The engine owns what is the same for all of them,
 - pacing (`Pacer`, woken by one `Timer` per process to the microsecond): `--rate` shared by
   the streams of a run, each message at its own time (`--arrivals even` or `poisson`), or
   saturation (a stream sends whenever its window has room);
-- the window: at most `--window` messages of a stream in flight (`Stream.room`);
+- the window: at most `--window` messages of a stream in flight (`Stream.in_flight`);
 - the latency recorder (`Run.delivered`): every delivery's latency into the process's samples,
   with its bytes, its second and, with `--samples`, its row;
 - the stop: `--duration` seconds after `--warmup`, or `--count` messages per stream, then a
