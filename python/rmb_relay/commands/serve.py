@@ -117,6 +117,12 @@ def parser(prog: str = "rmb-relay serve", epilog: str | None = None) -> argparse
         help="open connections of one client IP; more are answered 429 and closed",
     )
     parser.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve /health, /metrics and /monitor/ on this address only (a private network), "
+        "not on --listen (default: on --listen)",
+    )
+    parser.add_argument(
         "-d",
         "--debug",
         action="count",
@@ -142,6 +148,8 @@ def listener_config(args: argparse.Namespace) -> ListenerConfig:
         http_request_timeout=args.http_request_timeout,
         max_connections=args.max_connections,
         max_connections_per_ip=args.max_connections_per_ip,
+        ipv6_prefix=args.ipv6_prefix,
+        metrics_listen=parse_listen(args.metrics_listen) if args.metrics_listen else None,
     )
 
 
