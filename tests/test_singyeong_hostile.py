@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from tests.conftest import free_port
-from tests.helpers import http_exchange
+from tests.helpers import eventually, http_exchange
 from tests.redis_process import RedisServer
 from tests.relay_process import RelayProcess
 from tests.scrape import scrape
@@ -258,9 +258,19 @@ async def test_redis_queues_are_under_the_byte_budget(
     redis_url: str, start_relay: StartRelay, connect: Connect
 ) -> None:
     """Redis-backed queues (the issue: no budget at all) are charged in Redis: QUEUEs beyond
-    --sg-queue-bytes get op 3 queue_full and nothing is stored; acks give the bytes back; what
-    was confirmed is all delivered."""
-    relay = start_relay("--redis", redis_url, "--sg-queue-bytes", "200000")
+    --sg-queue-bytes, --sg-queue-total-bytes or --sg-queues-total get op 3 (queue_full,
+    too_many_queues) and nothing is stored; acks give the bytes back; what was confirmed is
+    all delivered."""
+    relay = start_relay(
+        "--redis",
+        redis_url,
+        "--sg-queue-bytes",
+        "200000",
+        "--sg-queue-total-bytes",
+        "300000",
+        "--sg-queues-total",
+        "3",
+    )
     store = aioredis.Redis.from_url(redis_url)
     honest = await Honest.start(connect, relay)
     producer = await connect(relay)
@@ -268,13 +278,13 @@ async def test_redis_queues_are_under_the_byte_budget(
     payload = "x" * 10_000
     before_rss = relay.rss_mib()
 
-    async def flood() -> tuple[int, list[dict[str, Any]]]:
-        for i in range(100):
+    async def flood(name: str, count: int) -> tuple[int, list[dict[str, Any]]]:
+        for i in range(count):
             await producer.dispatch(
-                "QUEUE", {"queue": "jobs", "target": WORKERS, "nonce": i, "payload": payload}
+                "QUEUE", {"queue": name, "target": WORKERS, "nonce": i, "payload": payload}
             )
         confirmed, refused = 0, []
-        while confirmed + len(refused) < 100:
+        while confirmed + len(refused) < count:
             frame = await producer.recv()
             if frame["op"] == 4 and frame["t"] == "QUEUE_CONFIRM":
                 confirmed += 1
@@ -282,13 +292,25 @@ async def test_redis_queues_are_under_the_byte_budget(
                 refused.append(frame["d"])
         return confirmed, refused
 
-    _, (confirmed, refused) = await asyncio.gather(honest.run(), flood())
-    assert 10 <= confirmed <= 20
-    assert len(refused) == 100 - confirmed
+    _, (confirmed, refused) = await asyncio.gather(honest.run(), flood("jobs", 100))
+    # a message is charged its record (~10,070 bytes) + MESSAGE_OVERHEAD: 18 fit in 200,000
+    assert confirmed == 18
     assert {d["error"] for d in refused} == {"queue_full"}
     assert {d["extra_info"]["limit"] for d in refused} == {"key"}
     assert int(await store.hlen("sgq:{jobs}:msgs")) == confirmed
-    assert int(await store.get("sgq:{jobs}:bytes")) <= 200_000
+    assert 190_000 < int(await store.get("sgq:{jobs}:bytes")) <= 200_000
+    # the total: what is left of 300,000 takes 10 more, in another queue
+    more, refused = await flood("other", 20)
+    assert more == 10
+    assert {d["extra_info"]["limit"] for d in refused} == {"total"}
+    assert int(await store.get("sgq:bytes")) <= 300_000
+    # the names: a third queue is made, a fourth is not
+    await producer.dispatch("QUEUE", {"queue": "q3", "target": WORKERS, "payload": 1})
+    assert (await next_op(producer, 4))["t"] == "QUEUE_CONFIRM"
+    await producer.dispatch("QUEUE", {"queue": "q4", "target": WORKERS, "payload": 1})
+    frame = await next_op(producer, 3)
+    assert (frame["d"]["error"], frame["d"]["extra_info"]["limit"]) == ("too_many_queues", "total")
+    assert not await store.exists("sgq:{q4}:msgs")
     worker = await connect(relay)
     await worker.identify("w", "workers")
     for _ in range(confirmed):
@@ -296,9 +318,13 @@ async def test_redis_queues_are_under_the_byte_budget(
         body = (await next_op(worker, 4))["d"]["payload"]
         assert body["payload"] == payload
         await worker.dispatch("QUEUE_ACK", {"queue": "jobs", "id": body["id"]})
+
+    async def given_back() -> bool:
+        return int(await store.get("sgq:{jobs}:bytes")) == 0
+
+    await eventually(given_back)
     await producer.dispatch("QUEUE", {"queue": "jobs", "target": WORKERS, "payload": "again"})
     assert (await next_op(producer, 4))["t"] == "QUEUE_CONFIRM"
-    assert int(await store.get("sgq:{jobs}:bytes")) < 20_000
     assert relay.rss_mib() - before_rss < 24
     await store.aclose()
 

@@ -294,10 +294,14 @@ class RedisQueues:
             pipe.scard(NAMES)
             for name in names:
                 pipe.sismember(NAMES, name)
-            total_raw, count, *known = await pipe.execute()
+                pipe.get(_keys(name)["bytes"])
+            total_raw, count, *per_name = await pipe.execute()
         total = int(total_raw or 0)
         count = int(count)
-        exists = {name for name, member in zip(names, known, strict=True) if member}
+        exists = {name for name, member in zip(names, per_name[::2], strict=True) if member}
+        # what each queue holds, as the store script will see it (it checks again, atomically:
+        # another instance may store into the same queue meanwhile)
+        held = {name: int(raw or 0) for name, raw in zip(names, per_name[1::2], strict=True)}
         writes: list[tuple[Message, asyncio.Future[None], int, str]] = []
         for message, done in batch:
             record = json.dumps(
@@ -310,14 +314,24 @@ class RedisQueues:
                 separators=(",", ":"),
             )
             size = len(record) + MESSAGE_OVERHEAD
-            if message.queue not in exists:
-                if count >= self.queues_total:
-                    done.set_exception(
-                        TooManyQueues(message.queue, "total", self.queues_total, "the gateway")
+            new = message.queue not in exists
+            if new and count >= self.queues_total:
+                done.set_exception(
+                    TooManyQueues(message.queue, "total", self.queues_total, "the gateway")
+                )
+                continue
+            if held[message.queue] + size > self.queue_bytes:
+                self._refused["key"] += 1
+                done.set_exception(
+                    BudgetExceeded(
+                        "key",
+                        key=message.queue,
+                        size=size,
+                        held=held[message.queue],
+                        allowed=self.queue_bytes,
                     )
-                    continue
-                exists.add(message.queue)
-                count += 1
+                )
+                continue
             if total + size > self.queue_total_bytes:
                 self._refused["total"] += 1
                 done.set_exception(
@@ -330,7 +344,11 @@ class RedisQueues:
                     )
                 )
                 continue
+            if new:
+                exists.add(message.queue)
+                count += 1
             total += size
+            held[message.queue] += size
             message.size = size
             writes.append((message, done, size, record))
         if not writes:
