@@ -156,6 +156,11 @@ async def test_metadata_flood_is_refused_per_client(
     )
     frame = await at_identify.expect(8)
     assert frame["d"]["error"] == "initial metadata: metadata_full"
+    for field in ("client_id", "application_id"):  # nor hidden in the ids
+        long_id = await connect(relay)
+        await long_id.send(1, {"client_id": "c", "application_id": "a", field: "i" * 500_000})
+        frame = await long_id.expect(8)
+        assert frame["d"]["error"] == "identify: client_id and application_id are at most 256 long"
     keys = await connect(relay)
     await keys.identify("keys", "evil")
     many = {f"k{i}": {"type": "integer", "value": i} for i in range(300)}

@@ -27,6 +27,7 @@ from rmb_relay.dialects.singyeong.etf import Struct
 from rmb_relay.dialects.singyeong.frames import Op
 from rmb_relay.dialects.singyeong.hotframes import queue_dispatch
 from rmb_relay.dialects.singyeong.metadata import (
+    MAX_KEY_LENGTH,
     MetadataAccount,
     MetadataError,
     MetadataLimit,
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("rmb_relay.singyeong")
 
 _OP_VALUES = frozenset(int(op) for op in Op)
+#: the longest client_id or application_id (characters)
+MAX_ID_LENGTH = MAX_KEY_LENGTH
 # plain ints: comparing with an IntEnum member costs an attribute lookup on the enum class
 _DISPATCH, _HEARTBEAT, _IDENTIFY = int(Op.DISPATCH), int(Op.HEARTBEAT), int(Op.IDENTIFY)
 
@@ -230,6 +233,10 @@ class SgSession(WebSocketHandler):
             return
         if not isinstance(app_id, str) or not app_id:
             self.fatal("identify: application_id must be a non-empty string")
+            return
+        if len(client_id) > MAX_ID_LENGTH or len(app_id) > MAX_ID_LENGTH:
+            # ids key the index and every query answer: bounded as metadata keys are
+            self.fatal(f"identify: client_id and application_id are at most {MAX_ID_LENGTH} long")
             return
         password = dialect.settings.auth
         auth = d.get("auth")
