@@ -288,6 +288,12 @@ class WsDecoder:
     @property
     def closed(self) -> bool:
         """True once a WsClose or WsViolation has been returned."""
+    @property
+    def messages_in(self) -> int:
+        """Data messages decoded so far (the fast path's forwards included)."""
+    @property
+    def bytes_in(self) -> int:
+        """Bytes fed so far."""
 
 def encode_frame(
     opcode: int, payload: bytes, *, fin: bool = True, mask: bytes | None = None
@@ -505,6 +511,9 @@ class Outboxes:
     def accepts(self, conn_id: int) -> bool: ...
     def pending(self, conn_id: int) -> int:
         """Bytes buffered for the connection."""
+    def sent(self, conn_id: int) -> int:
+        """Messages appended to the connection's outbox since it opened, by the fast path
+        and by Python (0 for an unknown connection)."""
     def __len__(self) -> int: ...
     def push(self, conn_id: int, payload: bytes) -> None:
         """One binary frame of `payload` after what is buffered (an unknown id: ignored)."""

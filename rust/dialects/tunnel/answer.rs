@@ -98,7 +98,10 @@ pub fn carried(d: &Delivered, trace: Option<(&str, &Config)>) -> bool {
     let Ok(status) = u16::try_from(d.status) else {
         return false;
     };
-    let length = d.body.as_ref().map_or(d.body_size.max(0) as u64, |b| b.len() as u64);
+    let length = d
+        .body
+        .as_ref()
+        .map_or(d.body_size.max(0) as u64, |b| b.len() as u64);
     if !(200..=599).contains(&status) || (length > 0 && (status == 204 || status == 304)) {
         return false;
     }

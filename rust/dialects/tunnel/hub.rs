@@ -1745,7 +1745,12 @@ impl Hub {
                  or its body)",
                 d.request_id, d.status
             );
-            self.answer(&d.request_id, Outcome::Status(502, BAD_ANSWER), "rejected", now);
+            self.answer(
+                &d.request_id,
+                Outcome::Status(502, BAD_ANSWER),
+                "rejected",
+                now,
+            );
             self.delivered(&d.request_id, &key, now, outboxes);
             return Err(refused);
         }
@@ -3027,18 +3032,17 @@ pub mod py {
             settings: Option<(String, bool, u32, Option<u8>, bool)>,
             now: i64,
         ) {
-            let settings =
-                settings.map(
-                    |(name, require_auth, max_concurrent, ack_mode, forward_authorization)| {
-                        TenantSettings {
-                            name,
-                            require_auth,
-                            max_concurrent,
-                            ack_mode,
-                            forward_authorization,
-                        }
-                    },
-                );
+            let settings = settings.map(
+                |(name, require_auth, max_concurrent, ack_mode, forward_authorization)| {
+                    TenantSettings {
+                        name,
+                        require_auth,
+                        max_concurrent,
+                        ack_mode,
+                        forward_authorization,
+                    }
+                },
+            );
             self.inner.set_tenant(key, settings, now);
         }
 
@@ -3236,6 +3240,7 @@ pub mod py {
                 "unauthorized" => "unauthorized",
                 "transport failure" => "transport failure",
                 "no connector" => "no connector",
+                "body too large" => "body too large",
                 _ => return Err(PyValueError::new_err("an unknown refusal reason")),
             };
             self.inner

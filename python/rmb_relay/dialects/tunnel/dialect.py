@@ -33,6 +33,7 @@ from rmb_relay.dialects.tunnel.tokens import (
     fingerprint,
 )
 from rmb_relay.errors import AuthError, ClusterUnavailable, HttpReject
+from rmb_relay.throttle import Throttles
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest, Outboxes
@@ -64,9 +65,12 @@ class TunnelDialect(Dialect):
         cluster: Cluster | None = None,
         clock: Clock = monotonic_clock,
         wall: Clock = wall_clock,
+        throttles: Throttles | None = None,
     ) -> None:
         """`cluster`: share requests with the other relays in it (scaleout.py); None (no
-        `--redis`, or `--no-cluster`): this relay serves its own connectors only."""
+        `--redis`, or `--no-cluster`): this relay serves its own connectors only.
+        `throttles`: the process's auth pool and failed-login limiter (throttle.py)."""
+        self.throttles = throttles if throttles is not None else Throttles(registry, clock=clock)
         self.settings = settings
         self.registry = registry
         self.store_of_tenants = tenants
@@ -161,12 +165,12 @@ class TunnelDialect(Dialect):
         """Close the connectors (of the tenants `keys`, or all) whose tenant was removed or
         re-keyed since they attached: a connector stays only as long as the credentials it
         came with. Returns how many were closed. Runs when this relay changes a tenant, and
-        every `--tunnel-tenant-cache-ttl` for changes made elsewhere (another relay on the
+        every tenant cache lifetime (10 s) for changes made elsewhere (another relay on the
         same file, `rmb-relay tenants`)."""
         closed = 0
         now: dict[str, tuple[bool, str | None]] = {}
         for session in list(self.hub.sessions.values()):
-            if keys is not None and session.tenant not in keys:
+            if session.revoked or (keys is not None and session.tenant not in keys):
                 continue
             if session.tenant not in now:
                 tenant = self.store_of_tenants.get(session.tenant_name)
@@ -180,6 +184,7 @@ class TunnelDialect(Dialect):
                 "connector %s of %s closed: %s", session.connection_id, session.tenant_name, why
             )
             self.hub.core.forget_tokens(session.tenant)
+            session.revoked = True
             session.peer.close(CloseCode.POLICY, why)
             closed += 1
         if closed:
@@ -265,7 +270,7 @@ class TunnelDialect(Dialect):
         return await endpoints.discovery(self, request)
 
     async def _token(self, request: HttpRequest, client_: HttpClient) -> HttpResponse:
-        return await endpoints.token(self, request)
+        return await endpoints.token(self, request, client_)
 
     async def _request_body(self, request: HttpRequest, client_: HttpClient) -> HttpResponse:
         return await endpoints.request_body(self, request)

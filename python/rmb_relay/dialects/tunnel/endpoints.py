@@ -45,6 +45,14 @@ def _token_error(status: int, error: str, description: str) -> HttpResponse:
     return _json(status, {"error": error, "error_description": description})
 
 
+def _throttled(reject: HttpReject) -> HttpResponse:
+    """A throttle's 429/503 as a token error (RFC 6749 §5.2 shape), with its Retry-After."""
+    body = {"error": "temporarily_unavailable", "error_description": reject.reason}
+    return HttpResponse(
+        reject.status, json.dumps(body).encode(), content_type=JSON, headers=reject.headers
+    )
+
+
 async def discovery(dialect: TunnelDialect, request: HttpRequest) -> HttpResponse:
     base = ""
     host = request.header("host")
@@ -71,8 +79,12 @@ async def discovery(dialect: TunnelDialect, request: HttpRequest) -> HttpRespons
     )
 
 
-async def token(dialect: TunnelDialect, request: HttpRequest) -> HttpResponse:
-    """Client credentials grant (RFC 6749 §4.4), form-encoded as RelayServer's connector sends."""
+async def token(dialect: TunnelDialect, request: HttpRequest, client: HttpClient) -> HttpResponse:
+    """Client credentials grant (RFC 6749 §4.4), form-encoded as RelayServer's connector sends.
+
+    The secret's scrypt runs in the process's bounded auth pool, not on the loop (503 with
+    Retry-After when it is full), and failed attempts are limited per client address and per
+    tenant (429 with Retry-After, before any hashing): throttle.py."""
     content_type = (request.header("content-type") or b"").decode("latin-1").lower()
     if not content_type.startswith("application/x-www-form-urlencoded"):
         return _token_error(
@@ -95,10 +107,24 @@ async def token(dialect: TunnelDialect, request: HttpRequest) -> HttpResponse:
         )
     scope = " ".join(dict.fromkeys(scopes))
     client_id, secret = form.get("client_id", ""), form.get("client_secret", "")
+    throttles = dialect.throttles
+    try:
+        charged = throttles.check("tunnel", client.peer_host, "tenant:" + client_id.upper())
+    except HttpReject as err:
+        return _throttled(err)
     tenant = dialect.store_of_tenants.get(client_id) if client_id else None
-    if tenant is None or not verify_secret(secret, tenant.secret_hash):
+    if tenant is None or not tenant.secret_hash:
         dialect.hub.auth_failures.inc(1, "credentials")
         return _token_error(401, "invalid_client", "unknown tenant or wrong secret")
+    try:
+        verified = await throttles.run("tunnel", verify_secret, secret, tenant.secret_hash)
+    except HttpReject as err:  # the pool is full: this attempt was not made
+        throttles.refund(charged)
+        return _throttled(err)
+    if not verified:
+        dialect.hub.auth_failures.inc(1, "credentials")
+        return _token_error(401, "invalid_client", "unknown tenant or wrong secret")
+    throttles.refund(charged)
     issued = dialect.tokens.issue(tenant.name, scope)
     return _json(
         200,

@@ -72,6 +72,9 @@ class TunnelSettings:
     #: tenant lookups kept at most besides tenants with connectors or requests here (a client
     #: naming ever new tenants costs bounded memory)
     tenant_cache_max: int = 10_000
+    #: tenant and target names as metric labels (else every series says "*": /metrics is
+    #: often less protected than the management API, and names are the tenants' business)
+    tenant_labels: bool = False
     #: answer a request from a connector of this relay when there is one (scale-out shortcut)
     shortcut: bool = True
     #: in-memory bytes of requests held until answered, per tenant and in all (the hub's
@@ -132,6 +135,7 @@ class TunnelSettings:
             tenant_bytes=args.tunnel_tenant_bytes,
             total_bytes=args.tunnel_total_bytes,
             tenant_cache_max=args.tunnel_tenant_cache,
+            tenant_labels=args.tunnel_tenant_labels,
         )
 
 
@@ -242,6 +246,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="tenant lookups (found or not) kept for 10 s besides the tenants with connectors "
         "or requests here; beyond it the oldest go (metric rmb_relay_tunnel_tenants_cached)",
+    )
+    group.add_argument(
+        "--tunnel-tenant-labels",
+        action="store_true",
+        help="label the tunnel's metrics with tenant and target names (default: every series "
+        "says '*', so /metrics does not list the tenants to whoever can read it)",
     )
     group.add_argument(
         "--tunnel-token-ttl",
