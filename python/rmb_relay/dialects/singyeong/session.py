@@ -246,26 +246,6 @@ class SgSession(WebSocketHandler):
         if restricted and self.encoding is Encoding.ETF:
             self.fatal("restricted clients may not use ETF")
             return
-        holder = dialect.index.get(app_id, client_id)
-        if holder is not None:
-            # under --sg-auth an authenticated client takes an id a restricted one holds here
-            # (issue 33: a stranger cannot squat a service's name); else the first one keeps it
-            squatter = holder.session if holder.restricted and not restricted else None
-            if squatter is None or squatter.closing:
-                self.invalid(f"{client_id}: already registered for app {app_id}")
-                self.closing = True
-                self.peer.close(CloseCode.NORMAL, "duplicate client id")
-                return
-            dialect.metrics.refused.inc(1, "restricted_displaced")
-            log.info(
-                "singyeong: %s/%s: restricted client from %s displaced by an authenticated one "
-                "from %s",
-                app_id,
-                client_id,
-                squatter.address,
-                self.address,
-            )
-            squatter.displaced(self.address)
         initial = d.get("metadata")
         try:
             update = validate(initial if initial is not None else {})
@@ -287,6 +267,20 @@ class SgSession(WebSocketHandler):
         except MetadataLimit as err:
             self.fatal("initial metadata: metadata_full", err.info())
             return
+        holder = dialect.index.get(app_id, client_id)
+        if holder is not None:
+            # under --sg-auth an authenticated client takes an id a restricted one holds here
+            # (issue 33: a stranger cannot squat a service's name); else the first one keeps it
+            squatter = holder.session if holder.restricted and not restricted else None
+            if squatter is None:
+                self.invalid(f"{client_id}: already registered for app {app_id}")
+                self.closing = True
+                self.peer.close(CloseCode.NORMAL, "duplicate client id")
+                return
+            if squatter.closing:  # already told and closing: it only leaves the index sooner
+                dialect.session_closed(squatter)
+            else:
+                self.displace(squatter)
         client = Client(
             app_id,
             client_id,
@@ -320,6 +314,21 @@ class SgSession(WebSocketHandler):
         dialect.heard_from(self)
         self.send(frames.ready(client_id, restricted, dialect.now_ms()))
         dialect.client_ready(self, client)
+
+    def displace(self, squatter: SgSession) -> None:
+        """Count, log and close a restricted client holding the id this one identifies as."""
+        dialect = self.dialect
+        client = squatter.client
+        assert client is not None
+        dialect.metrics.refused.inc(1, "restricted_displaced")
+        log.info(
+            "singyeong: %s/%s: restricted client from %s displaced by an authenticated one from %s",
+            client.app_id,
+            client.client_id,
+            squatter.address,
+            self.address,
+        )
+        squatter.displaced(self.address)
 
     # ---- metadata (decision 8) -------------------------------------------------------------
 
