@@ -391,13 +391,7 @@ async def services() -> AsyncIterator[int]:
 
 
 async def proxy(relay: RelayProcess, app: str) -> tuple[int, Any]:
-    body = json.dumps({"method": "GET", "route": "/who", "query": {"application": app}}).encode()
-    head = b"POST /api/v1/proxy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-    raw = await http_exchange(
-        *relay.address, head + b"Content-Length: %d\r\n\r\n" % len(body) + body
-    )
-    status = int(raw.split(b" ", 2)[1])
-    return status, json.loads(raw.split(b"\r\n\r\n", 1)[1])
+    return await _post(relay, {"method": "GET", "route": "/who", "query": {"application": app}})
 
 
 async def test_proxy_connects_only_to_the_address_it_saw(
@@ -432,6 +426,77 @@ async def test_proxy_connects_only_to_the_address_it_saw(
     await forwarded.identify("f", "fwd", ip=f"http://127.0.0.2:{port}")
     status, answer = await proxy(behind, "fwd")
     assert (status, answer["service"]) == (200, "127.0.0.2")
+
+
+class HeldService:
+    """An HTTP service on 127.0.0.1 whose `/hold` answers only once `release` is set;
+    `arrived` is set when `expected` requests are waiting in it."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.waiting = 0
+        self.arrived = asyncio.Event()
+        self.release = asyncio.Event()
+        self.port = free_port()
+
+    async def hold(self, request: web.Request) -> web.Response:
+        self.waiting += 1
+        if self.waiting >= self.expected:
+            self.arrived.set()
+        await self.release.wait()
+        return web.json_response({"held": True})
+
+
+async def test_proxy_requests_in_flight_are_bounded(
+    start_relay: StartRelay, connect: Connect
+) -> None:
+    """Proxied requests to a client that never answers (each may hold a 16 MiB answer): at
+    most --sg-proxy-concurrency wait; more get 503 at once; the held ones are answered when
+    the client answers."""
+    service = HeldService(expected=4)
+    app = web.Application()
+    app.router.add_get("/hold", service.hold)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", service.port).start()
+    try:
+        relay = start_relay("--sg-proxy-concurrency", "4")
+        honest = await Honest.start(connect, relay)
+        slow = await connect(relay)
+        await slow.identify("s", "slow", ip=f"http://127.0.0.1:{service.port}")
+        before = relay.rss_mib()
+
+        async def call() -> tuple[int, Any]:
+            body = {"method": "GET", "route": "/hold", "query": {"application": "slow"}}
+            return await _post(relay, body)
+
+        held = [asyncio.ensure_future(call()) for _ in range(4)]
+        await asyncio.wait_for(service.arrived.wait(), 10)
+
+        async def attack() -> list[tuple[int, Any]]:
+            return [await call() for _ in range(30)]
+
+        _, refused = await asyncio.gather(honest.run(), attack())
+        for status, answer in refused:
+            assert status == 503
+            assert "--sg-proxy-concurrency" in answer["errors"][0]
+        service.release.set()
+        assert [await task for task in held] == [(200, {"held": True})] * 4
+        page = await scrape(*relay.address)
+        assert page.value("rmb_relay_sg_refused_total", limit="proxy_concurrency") == 30
+        assert relay.rss_mib() - before < 24
+    finally:
+        service.release.set()
+        await runner.cleanup()
+
+
+async def _post(relay: RelayProcess, value: Any) -> tuple[int, Any]:
+    body = json.dumps(value).encode()
+    head = b"POST /api/v1/proxy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    raw = await http_exchange(
+        *relay.address, head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    )
+    return int(raw.split(b" ", 2)[1]), json.loads(raw.split(b"\r\n\r\n", 1)[1])
 
 
 # ---- names under --sg-auth ------------------------------------------------------------------

@@ -144,7 +144,8 @@ class SgMetrics:
             "(--sg-metadata-keys/-bytes, op 3 metadata_full), queues_per_app, queues_total "
             "(--sg-queues-per-app/-total, op 3 too_many_queues), restricted_displaced (a "
             "restricted client closed for an authenticated one taking its id), proxy_target "
-            "(/api/v1/proxy 403: not the client's address or outside --sg-proxy-allow)",
+            "(/api/v1/proxy 403: not the client's address or outside --sg-proxy-allow), "
+            "proxy_concurrency (/api/v1/proxy 503: --sg-proxy-concurrency in flight)",
             ("limit",),
         )
         registry.gauge(

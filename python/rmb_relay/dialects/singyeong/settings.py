@@ -28,6 +28,8 @@ DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_PROXY_TIMEOUT = 30.0
 #: the password can come from the environment, so it stays out of `ps`
 AUTH_ENV = "SINGYEONG_AUTH"
+#: proxied requests in flight at once (each may hold an answer of up to 16 MiB)
+DEFAULT_PROXY_CONCURRENCY = 16
 #: bytes of parsed QUEUE targets kept for reuse (dialect.py `_cached_target`)
 DEFAULT_TARGET_CACHE_BYTES = 8 << 20
 #: what `GET /api/version` answers (the public server's shape)
@@ -61,6 +63,7 @@ class SgSettings:
     client_ip_header: str | None = None
     proxy_allow: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = field(default=())
     proxy_timeout: float = DEFAULT_PROXY_TIMEOUT
+    proxy_concurrency: int = DEFAULT_PROXY_CONCURRENCY
     #: this instance's name in QUERY_NODES answers and Redis presence
     node: str = "local"
     #: answer plain SEND/BROADCAST frames in the Rust core (native.py); False: all in Python
@@ -86,6 +89,7 @@ class SgSettings:
             ("--sg-metadata-keys", self.metadata_keys),
             ("--sg-metadata-bytes", self.metadata_bytes),
             ("--sg-target-cache-bytes", self.target_cache_bytes),
+            ("--sg-proxy-concurrency", self.proxy_concurrency),
         ):
             if value <= 0:
                 raise ConfigError(f"{flag} must be positive")
@@ -121,6 +125,7 @@ class SgSettings:
             client_ip_header=getattr(args, "trusted_ip_header", None) or None,
             proxy_allow=tuple(networks),
             proxy_timeout=args.sg_proxy_timeout,
+            proxy_concurrency=args.sg_proxy_concurrency,
             node=args.sg_node or f"{os.uname().nodename}:{os.getpid()}",
             native=not args.sg_no_native,
         )
@@ -246,6 +251,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.proxy_timeout,
         metavar="SECONDS",
         help="a proxied request not answered within this long gets 504",
+    )
+    sg.add_argument(
+        "--sg-proxy-concurrency",
+        type=int,
+        default=d.proxy_concurrency,
+        metavar="N",
+        help="proxied requests in flight at once (each may hold a 16 MiB answer); more get 503",
     )
     sg.add_argument(
         "--sg-node",
