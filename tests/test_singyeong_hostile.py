@@ -176,6 +176,53 @@ async def test_metadata_flood_is_refused_per_client(
     assert growth < 24, f"relay RSS grew {growth:.1f} MiB"
 
 
+async def test_metadata_of_all_clients_is_bounded(
+    start_relay: StartRelay, connect: Connect
+) -> None:
+    """Many clients each within its own bound (thousands can come from one address) stop at
+    --sg-metadata-total-bytes: op 3 metadata_full, limit total; a client that leaves gives
+    its bytes back."""
+    relay = start_relay("--sg-metadata-total-bytes", "300000")
+    honest = await Honest.start(connect, relay)
+    before = relay.rss_mib()
+
+    async def attack() -> list[SgClient]:
+        accepted = []
+        for i in range(8):
+            client = await connect(relay)
+            await client.identify(f"many{i}", "evil")
+            await client.dispatch("UPDATE_METADATA", metadata(60 << 10))
+            await client.send(5, {"client_id": f"many{i}"})  # its ack follows the update's answer
+            frame = await client.recv()
+            if frame["op"] == 6:
+                accepted.append(client)
+                continue
+            assert frame["d"]["error"] == "metadata_full"
+            assert frame["d"]["extra_info"]["limit"] == "total"
+            assert "--sg-metadata-total-bytes" in frame["d"]["extra_info"]["reason"]
+        return accepted
+
+    _, accepted = await asyncio.gather(honest.run(), attack())
+    assert len(accepted) == 4  # 4 x ~62,000 bytes fit in 300,000 with the honest clients'
+    page = await scrape(*relay.address)
+    assert page.value("rmb_relay_sg_refused_total", limit="metadata_total") == 4
+    assert page.value("rmb_relay_sg_held_bytes", what="metadata") <= 300_000
+    await accepted[0].ws.close()
+    await accepted[0].ws.wait_closed()
+
+    async def room() -> bool:
+        held = (await scrape(*relay.address)).value("rmb_relay_sg_held_bytes", what="metadata")
+        return bool(held < 300_000 - 62_000)
+
+    await eventually(room)
+    late = await connect(relay)
+    await late.identify("late", "evil")
+    await late.dispatch("UPDATE_METADATA", metadata(60 << 10))
+    await late.send(5, {"client_id": "late"})
+    assert (await late.recv())["op"] == 6
+    assert relay.rss_mib() - before < 24
+
+
 async def test_many_bad_keys_get_one_bounded_answer(
     start_relay: StartRelay, connect: Connect
 ) -> None:

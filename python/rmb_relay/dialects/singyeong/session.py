@@ -335,10 +335,14 @@ class SgSession(WebSocketHandler):
     def charge_metadata(self, update: Update) -> None:
         """Count `update` against this client's metadata bounds; raises MetadataLimit (and
         counts the refusal) if it does not fit, nothing charged."""
-        settings = self.dialect.settings
+        dialect = self.dialect
+        settings = dialect.settings
         try:
             delta = self.metadata_account.charge(
-                update, settings.metadata_keys, settings.metadata_bytes
+                update,
+                settings.metadata_keys,
+                settings.metadata_bytes,
+                (dialect.metadata_bytes, settings.metadata_total_bytes),
             )
         except MetadataLimit as err:
             self.dialect.metrics.refused.inc(1, f"metadata_{err.limit}")

@@ -7,7 +7,11 @@ import ipaddress
 import os
 from dataclasses import dataclass, field
 
-from rmb_relay.dialects.singyeong.metadata import DEFAULT_METADATA_BYTES, DEFAULT_METADATA_KEYS
+from rmb_relay.dialects.singyeong.metadata import (
+    DEFAULT_METADATA_BYTES,
+    DEFAULT_METADATA_KEYS,
+    DEFAULT_METADATA_TOTAL_BYTES,
+)
 from rmb_relay.dialects.singyeong.queues import (
     DEFAULT_DEAD_LETTER_BYTES,
     DEFAULT_QUEUE_BYTES,
@@ -56,6 +60,7 @@ class SgSettings:
     #: what one client's metadata may hold (metadata.py `MetadataAccount`)
     metadata_keys: int = DEFAULT_METADATA_KEYS
     metadata_bytes: int = DEFAULT_METADATA_BYTES
+    metadata_total_bytes: int = DEFAULT_METADATA_TOTAL_BYTES
     #: the QUEUE target cache's budget (dialect.py)
     target_cache_bytes: int = DEFAULT_TARGET_CACHE_BYTES
     #: a header of the websocket upgrade naming the client's address, set by a front proxy
@@ -88,6 +93,7 @@ class SgSettings:
             ("--sg-queues-total", self.queues_total),
             ("--sg-metadata-keys", self.metadata_keys),
             ("--sg-metadata-bytes", self.metadata_bytes),
+            ("--sg-metadata-total-bytes", self.metadata_total_bytes),
             ("--sg-target-cache-bytes", self.target_cache_bytes),
             ("--sg-proxy-concurrency", self.proxy_concurrency),
         ):
@@ -120,6 +126,7 @@ class SgSettings:
             queues_total=args.sg_queues_total,
             metadata_keys=args.sg_metadata_keys,
             metadata_bytes=args.sg_metadata_bytes,
+            metadata_total_bytes=args.sg_metadata_total_bytes,
             target_cache_bytes=args.sg_target_cache_bytes,
             # one flag for every dialect that reads a client's address from a front proxy
             client_ip_header=getattr(args, "trusted_ip_header", None) or None,
@@ -220,6 +227,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.metadata_bytes,
         metavar="BYTES",
         help="bytes of metadata one client may hold (values and keys; op 3 metadata_full beyond)",
+    )
+    sg.add_argument(
+        "--sg-metadata-total-bytes",
+        type=int,
+        default=d.metadata_total_bytes,
+        metavar="BYTES",
+        help="bytes of metadata all clients of this instance may hold together (op 3 "
+        "metadata_full, limit total, beyond)",
     )
     sg.add_argument(
         "--sg-target-cache-bytes",
