@@ -110,10 +110,10 @@ pub fn carried(d: &Delivered, trace: Option<(&str, &Config)>) -> bool {
     encode_response_head(status, &fields, framing, false).is_ok()
 }
 
-/// The connector's answer as Python answers it (module docstring).
+/// The connector's answer for Python to write (module docstring); only answers [`carried`]
+/// accepts get here.
 pub fn response_of(d: &Delivered, trace: Option<(&str, &Config)>, message: Vec<u8>) -> Response {
     let stored = (d.body.is_none() && d.body_size > 0).then_some(d.body_size as u64);
-    // a status HTTP cannot carry stays as it came (Python's encoder refuses it: 500)
     let status = u16::try_from(d.status).unwrap_or(u16::MAX);
     let has_body = stored.is_some() || d.body.as_ref().is_some_and(|b| !b.is_empty());
     let headers = answer_fields(status, &d.headers, has_body, trace)
