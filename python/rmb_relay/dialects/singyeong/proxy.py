@@ -95,14 +95,14 @@ class Proxy:
         declared = client.metadata.get("ip")
         if not isinstance(declared, str) or not declared:
             declared = client.socket_ip
-        if not declared.startswith(("http://", "https://")):
+        if "://" not in declared:
             bare = ":" in declared and not declared.startswith("[") and _ip(declared) is not None
             declared = f"http://[{declared}]" if bare else f"http://{declared}"
-        parts = urlsplit(declared)
-        host = parts.hostname
         try:
+            parts = urlsplit(declared)
+            host = parts.hostname
             port = parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:
+        except ValueError:  # a bad port, an unclosed "[": the client's own text
             return f"not a valid address: {declared[:200]}"
         if parts.scheme not in ("http", "https") or not host:
             return f"not an http(s) URL: {declared[:200]}"
