@@ -587,3 +587,58 @@ async def test_a_restricted_squatter_is_displaced_by_the_authenticated_client(
     page = await scrape(*relay.address)
     assert page.value("rmb_relay_sg_refused_total", limit="restricted_displaced") == 20
     assert relay.rss_mib() - before < 24
+
+
+async def _query(relay: RelayProcess, target: Any, password: str) -> list[dict[str, Any]]:
+    body = json.dumps(target).encode()
+    head = (
+        b"POST /api/v1/query HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Authorization: " + password.encode() + b"\r\n"
+    )
+    raw = await http_exchange(
+        *relay.address, head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    )
+    answer: list[dict[str, Any]] = json.loads(raw.split(b"\r\n\r\n", 1)[1])
+    return answer
+
+
+async def test_a_squatter_on_another_instance_is_displaced_too(
+    redis_url: str, start_relay: StartRelay, connect: Connect
+) -> None:
+    """Two instances sharing --redis: a restricted squatter on one; the authenticated service
+    on the other is told to identify again while the squatter's instance closes it (op 3
+    displaced, 1008); once the id is free the service takes it."""
+    a = start_relay("--redis", redis_url, "--sg-auth", "s3cret")
+    b = start_relay("--redis", redis_url, "--sg-auth", "s3cret")
+    honest = await Honest.start(connect, a, auth="s3cret")
+    squatter = await connect(a)
+    await squatter.identify("worker", "api")
+    # queries see restricted clients only when they ask for them
+    target = {"application": "api", "restricted": True}
+
+    async def seen_on_b() -> bool:
+        return len(await _query(b, target, "s3cret")) == 1
+
+    await eventually(seen_on_b)
+
+    async def take() -> None:
+        service = await connect(b)
+        await service.send(1, {"client_id": "worker", "application_id": "api", "auth": "s3cret"})
+        frame = await service.expect(3)
+        assert frame["d"]["error"].endswith("being closed: identify again")
+        told = await next_op(squatter, 3)
+        assert told["d"]["error"] == "displaced"
+        await squatter.ws.wait_closed()
+        assert squatter.ws.close_code == 1008
+
+        async def free() -> bool:
+            return not await _query(b, target, "s3cret")
+
+        await eventually(free)
+        again = await connect(b)
+        ready = await again.identify("worker", "api", auth="s3cret")
+        assert ready["d"]["restricted"] is False
+
+    await asyncio.gather(honest.run(), take())
+    page = await scrape(*a.address)
+    assert page.value("rmb_relay_sg_refused_total", limit="restricted_displaced") == 1

@@ -158,7 +158,7 @@ class SingyeongDialect(Dialect):
             self.queues.start()
         self.cluster: SgCluster | None = None
         if cluster is not None:
-            self.cluster = SgCluster(cluster, self.index, self.deliver_local)
+            self.cluster = SgCluster(cluster, self.index, self.deliver_local, self.displace_local)
             self.cluster.start()
         #: the native SEND/BROADCAST path: off in cluster mode (receivers may be remote)
         self.native: NativePath | None = None
@@ -252,6 +252,29 @@ class SingyeongDialect(Dialect):
                 self.cluster.left(client)
             self.queues.consumer_gone(session)
             self._client_update("CLIENT_DISCONNECTED", client)
+
+    def displace_local(self, client: Client, by: str) -> None:
+        """Another instance's authenticated client wants the id of `client` (cluster.py): if
+        it is still a restricted client connected here, it is told and closed."""
+        session = client.session
+        if (
+            session is None
+            or session.closing
+            or client.node is not None
+            or not client.restricted
+            or self.index.get(client.app_id, client.client_id) is not client
+        ):
+            return
+        self.metrics.refused.inc(1, "restricted_displaced")
+        log.info(
+            "singyeong: %s/%s: restricted client from %s displaced by an authenticated one "
+            "on another instance (from %s)",
+            client.app_id,
+            client.client_id,
+            session.address,
+            by,
+        )
+        session.displaced(by)
 
     def _client_update(self, event: str, client: Client) -> None:
         if not self.update_listeners:

@@ -272,6 +272,20 @@ class SgSession(WebSocketHandler):
             # under --sg-auth an authenticated client takes an id a restricted one holds here
             # (issue 33: a stranger cannot squat a service's name); else the first one keeps it
             squatter = holder.session if holder.restricted and not restricted else None
+            cluster = dialect.cluster
+            elsewhere = holder.node is not None and cluster is not None
+            if elsewhere and holder.restricted and not restricted:
+                # held on another instance: it is asked to close its restricted client; this
+                # one is told to identify again once the id is free (the table says so)
+                assert cluster is not None
+                cluster.displace(holder, self.address)
+                self.invalid(
+                    f"{client_id}: held by a restricted client on another instance, which is "
+                    "being closed: identify again"
+                )
+                self.closing = True
+                self.peer.close(CloseCode.NORMAL, "id held elsewhere: identify again")
+                return
             if squatter is None:
                 self.invalid(f"{client_id}: already registered for app {app_id}")
                 self.closing = True
@@ -280,7 +294,7 @@ class SgSession(WebSocketHandler):
             if squatter.closing:  # already told and closing: it only leaves the index sooner
                 dialect.session_closed(squatter)
             else:
-                self.displace(squatter)
+                dialect.displace_local(holder, self.address)
         client = Client(
             app_id,
             client_id,
@@ -314,21 +328,6 @@ class SgSession(WebSocketHandler):
         dialect.heard_from(self)
         self.send(frames.ready(client_id, restricted, dialect.now_ms()))
         dialect.client_ready(self, client)
-
-    def displace(self, squatter: SgSession) -> None:
-        """Count, log and close a restricted client holding the id this one identifies as."""
-        dialect = self.dialect
-        client = squatter.client
-        assert client is not None
-        dialect.metrics.refused.inc(1, "restricted_displaced")
-        log.info(
-            "singyeong: %s/%s: restricted client from %s displaced by an authenticated one from %s",
-            client.app_id,
-            client.client_id,
-            squatter.address,
-            self.address,
-        )
-        squatter.displaced(self.address)
 
     # ---- metadata (decision 8) -------------------------------------------------------------
 
