@@ -254,6 +254,46 @@ async def test_many_bad_keys_get_one_bounded_answer(
     assert relay.rss_mib() - before < 24
 
 
+async def test_query_answers_list_a_bounded_number_of_clients(
+    start_relay: StartRelay, connect: Connect
+) -> None:
+    """QUERY_NODES and POST /api/v1/query list every matching client with its metadata (up
+    to --sg-metadata-bytes each: on d7c5c1d a broad query over many clients was one reply of
+    all of it): a query matching more than --sg-query-max-results is refused saying how many
+    it matched; a narrower one is answered."""
+    relay = start_relay("--sg-query-max-results", "10")
+    honest = await Honest.start(connect, relay)
+    for i in range(15):
+        member = await connect(relay)
+        await member.identify(f"m{i}", "many", metadata={"n": {"type": "integer", "value": i}})
+    asker = await connect(relay)
+    await asker.identify("asker", "askers")
+
+    async def attack() -> None:
+        for _ in range(20):
+            await asker.dispatch("QUERY_NODES", {"application": "many", "nonce": "q"})
+            frame = await next_op(asker, 3)
+            assert frame["d"]["error"] == "too_many_results"
+            assert frame["d"]["extra_info"]["reason"] == (
+                "the query matches 15 clients, 10 allowed (--sg-query-max-results)"
+            )
+
+    await asyncio.gather(honest.run(), attack())
+    narrow = {"application": "many", "ops": [{"n": {"$lt": 5}}]}
+    await asker.dispatch("QUERY_NODES", {**narrow, "nonce": "ok"})
+    answer = await next_op(asker, 4)
+    assert sum(len(found) for found in answer["d"]["nodes"].values()) == 5
+    body = json.dumps({"application": "many"}).encode()
+    head = b"POST /api/v1/query HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    raw = await http_exchange(
+        *relay.address, head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    )
+    assert raw.startswith(b"HTTP/1.1 400")
+    assert b"--sg-query-max-results" in raw
+    page = await scrape(*relay.address)
+    assert page.value("rmb_relay_sg_refused_total", limit="query_results") == 21
+
+
 # ---- queues ---------------------------------------------------------------------------------
 
 

@@ -477,12 +477,27 @@ class SingyeongDialect(Dialect):
         query = self._parse_target(session, t, d)
         if query is None:
             return
+        nonce = d.get("nonce") if isinstance(d, dict) else None
+        matches = self.index.match(query)
+        too_many = self.too_many_results(len(matches))
+        if too_many is not None:
+            self.metrics.hot.dispatch(t, "refused")
+            session.invalid("too_many_results", {"nonce": nonce, "reason": too_many})
+            return
         self.metrics.hot.dispatch(t, "ok")
         nodes: dict[str, list[dict[str, Any]]] = {}
-        for found in self.index.match(query):
+        for found in matches:
             nodes.setdefault(found.node or self.node, []).append(found.describe())
-        nonce = d.get("nonce") if isinstance(d, dict) else None
         session.send(frames.dispatch(t, {"nodes": nodes}, self.now_ms(), nonce, nodes=nodes))
+
+    def too_many_results(self, matched: int) -> str | None:
+        """Why an answer listing `matched` clients is refused (QUERY_NODES, /api/v1/query:
+        each client may carry up to --sg-metadata-bytes), or None."""
+        limit = self.settings.query_max_results
+        if matched <= limit:
+            return None
+        self.metrics.refused.inc(1, "query_results")
+        return f"the query matches {matched} clients, {limit} allowed (--sg-query-max-results)"
 
     # ---- queues ----------------------------------------------------------------------------
 

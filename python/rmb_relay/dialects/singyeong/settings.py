@@ -32,6 +32,8 @@ DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_PROXY_TIMEOUT = 30.0
 #: the password can come from the environment, so it stays out of `ps`
 AUTH_ENV = "SINGYEONG_AUTH"
+#: clients one QUERY_NODES or /api/v1/query answer may list (each up to --sg-metadata-bytes)
+DEFAULT_QUERY_MAX_RESULTS = 1000
 #: proxied requests in flight at once (each may hold an answer of up to 16 MiB)
 DEFAULT_PROXY_CONCURRENCY = 16
 #: bytes of parsed QUEUE targets kept for reuse (dialect.py `_cached_target`)
@@ -61,6 +63,8 @@ class SgSettings:
     metadata_keys: int = DEFAULT_METADATA_KEYS
     metadata_bytes: int = DEFAULT_METADATA_BYTES
     metadata_total_bytes: int = DEFAULT_METADATA_TOTAL_BYTES
+    #: the most clients a QUERY_NODES or /api/v1/query answer lists
+    query_max_results: int = DEFAULT_QUERY_MAX_RESULTS
     #: the QUEUE target cache's budget (dialect.py)
     target_cache_bytes: int = DEFAULT_TARGET_CACHE_BYTES
     #: a header of the websocket upgrade naming the client's address, set by a front proxy
@@ -94,6 +98,7 @@ class SgSettings:
             ("--sg-metadata-keys", self.metadata_keys),
             ("--sg-metadata-bytes", self.metadata_bytes),
             ("--sg-metadata-total-bytes", self.metadata_total_bytes),
+            ("--sg-query-max-results", self.query_max_results),
             ("--sg-target-cache-bytes", self.target_cache_bytes),
             ("--sg-proxy-concurrency", self.proxy_concurrency),
         ):
@@ -127,6 +132,7 @@ class SgSettings:
             metadata_keys=args.sg_metadata_keys,
             metadata_bytes=args.sg_metadata_bytes,
             metadata_total_bytes=args.sg_metadata_total_bytes,
+            query_max_results=args.sg_query_max_results,
             target_cache_bytes=args.sg_target_cache_bytes,
             # one flag for every dialect that reads a client's address from a front proxy
             client_ip_header=getattr(args, "trusted_ip_header", None) or None,
@@ -235,6 +241,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="bytes of metadata all clients of this instance may hold together (op 3 "
         "metadata_full, limit total, beyond)",
+    )
+    sg.add_argument(
+        "--sg-query-max-results",
+        type=int,
+        default=d.query_max_results,
+        metavar="N",
+        help="clients a QUERY_NODES or POST /api/v1/query answer may list; a query matching "
+        "more is refused (op 3 too_many_results, HTTP 400) saying how many it matched",
     )
     sg.add_argument(
         "--sg-target-cache-bytes",
