@@ -345,6 +345,61 @@ async def test_queue_count_is_bounded_per_app_and_in_all(
     assert relay.rss_mib() - before < 24
 
 
+async def test_outstanding_queue_requests_are_bounded(
+    start_relay: StartRelay, connect: Connect
+) -> None:
+    """QUEUE_REQUESTs that wait for a message cost memory until answered: beyond
+    --sg-queue-requests-per-client (over all queues) and --sg-queue-requests-total they get
+    op 3; a client that leaves gives its share back, and a consumer then gets its message."""
+    relay = start_relay("--sg-queue-requests-per-client", "300", "--sg-queue-requests-total", "500")
+    honest = await Honest.start(connect, relay)
+    before = relay.rss_mib()
+
+    flooders: list[SgClient] = []
+
+    async def flood(name: str, count: int, refusals: int) -> list[dict[str, Any]]:
+        client = await connect(relay)
+        flooders.append(client)
+        await client.identify(name, "evil")
+        for i in range(count):
+            await client.dispatch("QUEUE_REQUEST", {"queue": f"q{i % 7}"})
+        return [(await next_op(client, 3))["d"] for _ in range(refusals)]
+
+    async def attack() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        return await flood("a", 400, 100), await flood("b", 300, 100)
+
+    _, (first, second) = await asyncio.gather(honest.run(), attack())
+    assert {d["error"] for d in first + second} == {"too many outstanding QUEUE_REQUESTs"}
+    assert {d["extra_info"]["limit"] for d in first} == {"client"}
+    assert {d["extra_info"]["limit"] for d in second} == {"total"}
+    assert "--sg-queue-requests-total" in second[0]["extra_info"]["reason"]
+    page = await scrape(*relay.address)
+    assert page.value("rmb_relay_sg_refused_total", limit="requests_client") == 100
+    assert page.value("rmb_relay_sg_refused_total", limit="requests_total") == 100
+    worker = await connect(relay)
+    await worker.identify("w", "workers")
+    await worker.dispatch("QUEUE_REQUEST", {"queue": "jobs"})
+    assert (await next_op(worker, 3))["d"]["extra_info"]["limit"] == "total"
+    await flooders[0].ws.close()  # its 300 requests are withdrawn
+    producer = await connect(relay)
+    await producer.identify("p", "producers")
+
+    async def accepted() -> bool:
+        """A request that waits is not answered: the heartbeat's ack comes first."""
+        await worker.dispatch("QUEUE_REQUEST", {"queue": "jobs"})
+        await worker.send(5, {"client_id": "w"})
+        if (await worker.recv())["op"] == 6:
+            return True
+        while (await worker.recv())["op"] != 6:  # refused (op 3), then the ack
+            pass
+        return False
+
+    await eventually(accepted)
+    await producer.dispatch("QUEUE", {"queue": "jobs", "target": WORKERS, "payload": "job"})
+    assert (await next_op(worker, 4))["d"]["payload"]["payload"] == "job"
+    assert relay.rss_mib() - before < 24
+
+
 @pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
     return redis_server.url

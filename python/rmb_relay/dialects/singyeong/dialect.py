@@ -54,6 +54,7 @@ from rmb_relay.dialects.singyeong.queues import (
     Message,
     Queues,
     TooManyQueues,
+    TooManyRequests,
 )
 from rmb_relay.dialects.singyeong.redis_queues import RedisQueues
 from rmb_relay.dialects.singyeong.session import SgSession
@@ -143,6 +144,8 @@ class SingyeongDialect(Dialect):
                 dead_letter_bytes=settings.dead_letter_bytes,
                 queues_per_app=settings.queues_per_app,
                 queues_total=settings.queues_total,
+                requests_per_client=settings.requests_per_client,
+                requests_total=settings.requests_total,
             )
         else:
             self.queues = RedisQueues(
@@ -154,6 +157,8 @@ class SingyeongDialect(Dialect):
                 queue_bytes=settings.queue_bytes,
                 queue_total_bytes=settings.queue_total_bytes,
                 queues_total=settings.queues_total,
+                requests_per_client=settings.requests_per_client,
+                requests_total=settings.requests_total,
             )
             self.queues.start()
         self.cluster: SgCluster | None = None
@@ -717,15 +722,19 @@ class SingyeongDialect(Dialect):
     def request_queue(self, session: SgSession, client: Client, t: str, name: str) -> None:
         """A QUEUE_REQUEST with a valid name (both paths)."""
         try:
-            accepted = self.queues.request(name, session, client.app_id)
+            self.queues.request(name, session, client.app_id)
         except TooManyQueues as err:
             self.too_many_queues(session, t, err, None)
             return
-        client.queues.add(name)
-        if not accepted:
+        except TooManyRequests as err:
             self.metrics.hot.dispatch(t, "refused")
-            session.invalid("too many outstanding QUEUE_REQUESTs", {"queue": name})
+            self.metrics.refused.inc(1, f"requests_{err.limit}")
+            session.invalid(
+                "too many outstanding QUEUE_REQUESTs",
+                {"queue": name, "limit": err.limit, "reason": str(err)},
+            )
             return
+        client.queues.add(name)
         self.metrics.hot.add(_REQUEST_OK)
 
     def too_many_queues(self, session: SgSession, t: str, err: TooManyQueues, nonce: Any) -> None:

@@ -54,10 +54,12 @@ from rmb_relay.dialects.singyeong.queues import (
     DEFAULT_QUEUES_PER_APP,
     DEFAULT_QUEUES_TOTAL,
     MAX_REQUESTS_PER_CLIENT,
+    MAX_REQUESTS_TOTAL,
     MESSAGE_OVERHEAD,
     Consumer,
     Message,
     QueueCounts,
+    RequestCounts,
     TooManyQueues,
 )
 from rmb_relay.errors import BudgetExceeded
@@ -164,6 +166,8 @@ class RedisQueues:
         queue_total_bytes: int = DEFAULT_QUEUE_TOTAL_BYTES,
         queues_per_app: int = DEFAULT_QUEUES_PER_APP,
         queues_total: int = DEFAULT_QUEUES_TOTAL,
+        requests_per_client: int = MAX_REQUESTS_PER_CLIENT,
+        requests_total: int = MAX_REQUESTS_TOTAL,
     ) -> None:
         self.redis = redis
         self.queue_bytes = queue_bytes
@@ -172,8 +176,8 @@ class RedisQueues:
         #: the names this instance holds requests for, per application (module docstring)
         self.counts = QueueCounts(queues_per_app, queues_total)
         self._request_app: dict[str, str] = {}
-        #: outstanding requests per consumer over all queues (`MAX_REQUESTS_PER_CLIENT`)
-        self._outstanding: dict[Consumer, int] = {}
+        #: outstanding requests per consumer and in all (queues.py `RequestCounts`)
+        self._outstanding = RequestCounts(requests_per_client, requests_total)
         self._refused = {"key": 0, "total": 0}
         #: this instance's view of what Redis holds (`_write_batch`): bytes of all queues,
         #: per queue, the queue names and their number; refreshed by every sweep
@@ -403,31 +407,19 @@ class RedisQueues:
     def stored(self, message: Message) -> None:
         self.pump(message.queue)
 
-    def request(self, name: str, consumer: Consumer, app: str = "") -> bool:
-        """False when `consumer` has `MAX_REQUESTS_PER_CLIENT` outstanding here;
-        TooManyQueues when this instance holds requests for as many queues as it may."""
+    def request(self, name: str, consumer: Consumer, app: str = "") -> None:
+        """Raises TooManyRequests when too many requests are outstanding here, TooManyQueues
+        when this instance holds requests for as many queues as it may."""
+        self._outstanding.check(consumer)
         waiting = self.requests.get(name)
         if waiting is None:
             self.counts.check(name, app)
             self.counts.add(app)
             self._request_app[name] = app
             waiting = self.requests[name] = deque()
-        outstanding = self._outstanding.get(consumer, 0)
-        if outstanding >= MAX_REQUESTS_PER_CLIENT:
-            if not waiting:
-                self._drop_requests(name)
-            return False
-        self._outstanding[consumer] = outstanding + 1
+        self._outstanding.add(consumer)
         waiting.append(consumer)
         self.pump(name)
-        return True
-
-    def _answered(self, consumer: Consumer, count: int) -> None:
-        left = self._outstanding.get(consumer, 0) - count
-        if left > 0:
-            self._outstanding[consumer] = left
-        else:
-            self._outstanding.pop(consumer, None)
 
     def _drop_requests(self, name: str) -> None:
         """No request is left for `name`: it stops counting."""
@@ -438,7 +430,7 @@ class RedisQueues:
         waiting = self.requests.get(name)
         if waiting is not None:
             kept = deque(c for c in waiting if c is not consumer)
-            self._answered(consumer, len(waiting) - len(kept))
+            self._outstanding.done(consumer, len(waiting) - len(kept))
             self.requests[name] = kept
             if not kept:
                 self._drop_requests(name)
@@ -470,6 +462,7 @@ class RedisQueues:
     def consumer_gone(self, consumer: Consumer) -> None:
         for name in list(self.requests):
             self.cancel(name, consumer)
+        self._outstanding.gone(consumer)
         for (name, message_id), (holder, token) in list(self.held.items()):
             if holder is consumer:
                 del self.held[(name, message_id)]
@@ -618,7 +611,7 @@ class RedisQueues:
                 await self._retry_one(name, message_id, "consumer disconnected", token, "")
                 continue
             requests.remove(consumer)
-            self._answered(consumer, 1)
+            self._outstanding.done(consumer)
             if not requests:
                 self._drop_requests(name)
             message.attempts = int(claimed[1])

@@ -18,6 +18,8 @@ from rmb_relay.dialects.singyeong.queues import (
     DEFAULT_QUEUE_TOTAL_BYTES,
     DEFAULT_QUEUES_PER_APP,
     DEFAULT_QUEUES_TOTAL,
+    MAX_REQUESTS_PER_CLIENT,
+    MAX_REQUESTS_TOTAL,
 )
 from rmb_relay.errors import ConfigError
 
@@ -59,6 +61,9 @@ class SgSettings:
     #: queues that may exist at once, per application (of the client that made one) and in all
     queues_per_app: int = DEFAULT_QUEUES_PER_APP
     queues_total: int = DEFAULT_QUEUES_TOTAL
+    #: outstanding QUEUE_REQUESTs per client (all queues) and of all clients
+    requests_per_client: int = MAX_REQUESTS_PER_CLIENT
+    requests_total: int = MAX_REQUESTS_TOTAL
     #: what one client's metadata may hold (metadata.py `MetadataAccount`)
     metadata_keys: int = DEFAULT_METADATA_KEYS
     metadata_bytes: int = DEFAULT_METADATA_BYTES
@@ -95,6 +100,8 @@ class SgSettings:
             ("--sg-dead-letter-bytes", self.dead_letter_bytes),
             ("--sg-queues-per-app", self.queues_per_app),
             ("--sg-queues-total", self.queues_total),
+            ("--sg-queue-requests-per-client", self.requests_per_client),
+            ("--sg-queue-requests-total", self.requests_total),
             ("--sg-metadata-keys", self.metadata_keys),
             ("--sg-metadata-bytes", self.metadata_bytes),
             ("--sg-metadata-total-bytes", self.metadata_total_bytes),
@@ -129,6 +136,8 @@ class SgSettings:
             dead_letter_bytes=args.sg_dead_letter_bytes,
             queues_per_app=args.sg_queues_per_app,
             queues_total=args.sg_queues_total,
+            requests_per_client=args.sg_queue_requests_per_client,
+            requests_total=args.sg_queue_requests_total,
             metadata_keys=args.sg_metadata_keys,
             metadata_bytes=args.sg_metadata_bytes,
             metadata_total_bytes=args.sg_metadata_total_bytes,
@@ -218,6 +227,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.queues_total,
         metavar="N",
         help="queues that may exist at once, all applications (op 3 too_many_queues beyond)",
+    )
+    sg.add_argument(
+        "--sg-queue-requests-per-client",
+        type=int,
+        default=d.requests_per_client,
+        metavar="N",
+        help="QUEUE_REQUESTs one client may have waiting for a message, all queues together "
+        "(op 3 too many outstanding QUEUE_REQUESTs beyond)",
+    )
+    sg.add_argument(
+        "--sg-queue-requests-total",
+        type=int,
+        default=d.requests_total,
+        metavar="N",
+        help="QUEUE_REQUESTs all clients may have waiting (op 3 beyond)",
     )
     sg.add_argument(
         "--sg-metadata-keys",
