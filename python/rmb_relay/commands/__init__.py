@@ -1,5 +1,7 @@
 """`rmb-relay` subcommands, one module each: `serve` (the default), `twins`, `tenants`,
-`connector` (the HTTP tunnel's) and `devchain`; `sbd_obahn.py` is the relay the SBD
+`connector` (the HTTP tunnel's), `devchain`, and the launch lines of other servers run as ours:
+`sbd-serverd` (holochain's sbd-server flags) and `singyeong` (the 신경 server's environment);
+`sbd_obahn.py` is the relay the SBD
 conformance suite starts, not a command.
 
 A command module exposes `NAME`, `HELP` (one line) and `main(argv, prog) -> int`; adding a
@@ -20,7 +22,15 @@ class Command:
 
 
 def commands() -> dict[str, Command]:
-    from rmb_relay.commands import connector, devchain, serve, tenants, twins
+    from rmb_relay.commands import (
+        connector,
+        devchain,
+        sbd_serverd,
+        serve,
+        singyeong,
+        tenants,
+        twins,
+    )
 
-    modules = (serve, twins, tenants, connector, devchain)
+    modules = (serve, twins, tenants, connector, devchain, sbd_serverd, singyeong)
     return {module.NAME: Command(module.NAME, module.HELP, module.main) for module in modules}

@@ -71,10 +71,23 @@ DEFAULT_WORKERS = 256
 TAKE = MAX_BATCH_ITEMS
 
 
+#: relay domains counted by name in `FederationStats.by_relay`; the domains of later ones
+#: (twins choose their relays' names, so a stranger could make any number) count as "other"
+MAX_RELAYS_COUNTED = 256
+
+
 class FederationStats:
     """Plain ints bumped per message, read at scrape (metrics.py's hot-counter convention)."""
 
-    __slots__ = ("accepted", "dropped", "expired", "failed_posts", "rejected", "retries")
+    __slots__ = (
+        "accepted",
+        "by_relay",
+        "dropped",
+        "expired",
+        "failed_posts",
+        "rejected",
+        "retries",
+    )
 
     def __init__(self) -> None:
         self.accepted = 0
@@ -83,6 +96,23 @@ class FederationStats:
         self.dropped = 0
         self.retries = 0
         self.failed_posts = 0
+        #: relay domain -> [envelopes it accepted, rounds that failed with it among the
+        #: twin's relays] (rmb-rs's federation_message_success / _error, by relay)
+        self.by_relay: dict[str, list[int]] = {}
+
+    def relay(self, domain: str) -> list[int]:
+        """The counts of `domain` (bounded: see MAX_RELAYS_COUNTED)."""
+        counts = self.by_relay.get(domain)
+        if counts is None:
+            if len(self.by_relay) >= MAX_RELAYS_COUNTED:
+                domain = "other"
+            counts = self.by_relay.setdefault(domain, [0, 0])
+        return counts
+
+    def round_failed(self, relays: list[str]) -> None:
+        """A round over a twin's relays ended without delivery: each of them counts it."""
+        for domain in relays:
+            self.relay(domain)[1] += 1
 
 
 @dataclass(slots=True)
@@ -284,14 +314,16 @@ class OutboundFederation(Federation):
                 finished.extend(rnd.item for rnd in group)
                 continue
             failed = False
+            delivered = 0
             for rnd, result in zip(group, results, strict=True):
                 if result.outcome is PostOutcome.ACCEPTED:  # the hot path, without a call
-                    stats.accepted += 1
+                    delivered += 1
                     self._record(rnd.env, rnd.item, "delivered", None, domain)
                     finished.append(rnd.item)
                     continue
                 try:
                     if await self._outcome(rnd.env, rnd.item, domain, result):
+                        stats.round_failed(rnd.relays)  # refused for good
                         finished.append(rnd.item)
                         continue
                 except Exception:
@@ -304,7 +336,11 @@ class OutboundFederation(Federation):
                 if rnd.tried < len(rnd.relays):
                     again.append(rnd)
                 else:
+                    stats.round_failed(rnd.relays)
                     self._again(rnd.item, rnd.deadline, seconds(self.clock()))
+            if delivered:
+                stats.accepted += delivered
+                stats.relay(domain)[0] += delivered
             if failed:
                 self.ranker.downvote(domain)
         return again
