@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 from pathlib import Path
 
 import pytest
 
 from rmb_relay.commands import serve
 from rmb_relay.identity import signing_key
+from rmb_relay.peer.cli import parse_args
 from rmb_relay.sdk import IncomingRequest, RmbClient
 from rmb_relay.server.limits import default_max_connections
 from tests.conftest import WAIT, start_redis
@@ -239,3 +241,36 @@ def test_domain_and_substrate_take_several_values_and_repeat() -> None:
     assert args.substrate == ["ws://x:1", "ws://y:2", "ws://z:3"]
     args = serve.parser().parse_args(["-d", "-d", "-p", "1800", "--limit", "10", "2048"])
     assert (args.debug, args.ranker_period, args.limit) == (2, 1800, [10, 2048])
+
+
+@pytest.mark.parametrize(
+    ("line", "substrate", "relays"),
+    [
+        # docs/readme.md, "Substrate connections"
+        (
+            'rmb-peer -m "{M}" --substrate wss://tfchain.grid.tf:443 '
+            "--substrate wss://02.tfchain.grid.tf:443 --substrate wss://03.tfchain.grid.tf:443",
+            (
+                "wss://tfchain.grid.tf:443",
+                "wss://02.tfchain.grid.tf:443",
+                "wss://03.tfchain.grid.tf:443",
+            ),
+            ("wss://relay.grid.tf:443",),
+        ),
+        # docs/readme.md, "Relay connections"
+        (
+            'rmb-peer -m "{M}" --substrate wss://tfchain.dev.grid.tf:443 '
+            "--relay wss://r1.dev.grid.tf --relay wss://r2.dev.grid.tf",
+            ("wss://tfchain.dev.grid.tf:443",),
+            ("wss://r1.dev.grid.tf", "wss://r2.dev.grid.tf"),
+        ),
+        # the defaults alone
+        ('rmb-peer -m "{M}"', ("wss://tfchain.grid.tf:443",), ("wss://relay.grid.tf:443",)),
+    ],
+)
+def test_peer_readme_lines_parse_as_upstream(
+    line: str, substrate: tuple[str, ...], relays: tuple[str, ...]
+) -> None:
+    argv = shlex.split(line.replace("{M}", mnemonic_for(1)))[1:]
+    config = parse_args(argv)
+    assert (config.substrate, config.relays) == (substrate, relays)
