@@ -1,8 +1,8 @@
 """`rmb-relay` subcommands, one module each: `serve` (the default), `twins`, `tenants`,
-`connector` (the HTTP tunnel's), `devchain`, and the launch lines of other servers run as ours:
-`sbd-serverd` (holochain's sbd-server flags) and `singyeong` (the 신경 server's environment);
-`sbd_obahn.py` is the relay the SBD
-conformance suite starts, not a command.
+`connector` (the HTTP tunnel's), `devchain`, `top` (monitoring/top.py), and the launch lines
+of other servers run as ours: `sbd-serverd` (holochain's sbd-server flags) and `singyeong` (the
+신경 server's environment); `sbd_obahn.py` is the relay the SBD conformance suite starts, not a
+command.
 
 A command module exposes `NAME`, `HELP` (one line) and `main(argv, prog) -> int`; adding a
 command is one module plus one line in `commands()` below.
@@ -29,8 +29,9 @@ def commands() -> dict[str, Command]:
         serve,
         singyeong,
         tenants,
+        top,
         twins,
     )
 
-    modules = (serve, twins, tenants, connector, devchain, sbd_serverd, singyeong)
+    modules = (serve, twins, tenants, connector, devchain, top, sbd_serverd, singyeong)
     return {module.NAME: Command(module.NAME, module.HELP, module.main) for module in modules}

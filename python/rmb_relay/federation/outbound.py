@@ -71,23 +71,16 @@ DEFAULT_WORKERS = 256
 TAKE = MAX_BATCH_ITEMS
 
 
-#: relay domains counted by name in `FederationStats.by_relay`; the domains of later ones
-#: (twins choose their relays' names, so a stranger could make any number) count as "other"
-MAX_RELAYS_COUNTED = 256
+#: peer relays `FederationStats.peers` counts one by one; the rest are summed as OTHER_PEERS
+#: (the domains come from the twins' records, which anyone may write)
+MAX_PEERS_COUNTED = 1024
+OTHER_PEERS = "(other)"
 
 
 class FederationStats:
     """Plain ints bumped per message, read at scrape (metrics.py's hot-counter convention)."""
 
-    __slots__ = (
-        "accepted",
-        "by_relay",
-        "dropped",
-        "expired",
-        "failed_posts",
-        "rejected",
-        "retries",
-    )
+    __slots__ = ("accepted", "dropped", "expired", "failed_posts", "peers", "rejected", "retries")
 
     def __init__(self) -> None:
         self.accepted = 0
@@ -96,23 +89,24 @@ class FederationStats:
         self.dropped = 0
         self.retries = 0
         self.failed_posts = 0
-        #: relay domain -> [envelopes it accepted, rounds that failed with it among the
-        #: twin's relays] (rmb-rs's federation_message_success / _error, by relay)
-        self.by_relay: dict[str, list[int]] = {}
+        #: relay domain -> [envelopes it accepted, posts to it that failed] (/monitor/federation),
+        #: counted once per POST, not per envelope, then [rounds over a twin's relays that ended
+        #: without delivery with it among them] (rmb-rs's federation_message_error)
+        self.peers: dict[str, list[int]] = {}
 
-    def relay(self, domain: str) -> list[int]:
-        """The counts of `domain` (bounded: see MAX_RELAYS_COUNTED)."""
-        counts = self.by_relay.get(domain)
+    def peer(self, domain: str) -> list[int]:
+        peers = self.peers
+        counts = peers.get(domain)
         if counts is None:
-            if len(self.by_relay) >= MAX_RELAYS_COUNTED:
-                domain = "other"
-            counts = self.by_relay.setdefault(domain, [0, 0])
+            if len(peers) >= MAX_PEERS_COUNTED:
+                domain = OTHER_PEERS
+            counts = peers.setdefault(domain, [0, 0, 0])
         return counts
 
     def round_failed(self, relays: list[str]) -> None:
         """A round over a twin's relays ended without delivery: each of them counts it."""
         for domain in relays:
-            self.relay(domain)[1] += 1
+            self.peer(domain)[2] += 1
 
 
 @dataclass(slots=True)
@@ -174,7 +168,8 @@ class OutboundFederation(Federation):
         queue cannot take it (full, or Redis down)."""
         self.start()
         records = self.switch.record_channel("rmb")
-        await self.queue.put(envelope, None if records is None else records.clock())
+        # the time is the route record's (--records) and the queue's age (/monitor/federation)
+        await self.queue.put(envelope, self.clock() if records is None else records.clock())
 
     def _unstored(self, envelopes: list[bytes], why: str) -> None:
         """Envelopes the queue took but could not keep: their senders hear it as if
@@ -314,10 +309,10 @@ class OutboundFederation(Federation):
                 finished.extend(rnd.item for rnd in group)
                 continue
             failed = False
-            delivered = 0
+            accepted_before = stats.accepted
             for rnd, result in zip(group, results, strict=True):
                 if result.outcome is PostOutcome.ACCEPTED:  # the hot path, without a call
-                    delivered += 1
+                    stats.accepted += 1
                     self._record(rnd.env, rnd.item, "delivered", None, domain)
                     finished.append(rnd.item)
                     continue
@@ -338,10 +333,10 @@ class OutboundFederation(Federation):
                 else:
                     stats.round_failed(rnd.relays)
                     self._again(rnd.item, rnd.deadline, seconds(self.clock()))
-            if delivered:
-                stats.accepted += delivered
-                stats.relay(domain)[0] += delivered
+            peer = stats.peer(domain)
+            peer[0] += stats.accepted - accepted_before
             if failed:
+                peer[1] += 1
                 self.ranker.downvote(domain)
         return again
 
