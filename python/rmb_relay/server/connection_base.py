@@ -16,10 +16,12 @@ that sends to it during a read pauses reading until the destination drains (`res
 producers outside a read (mailbox drains, stream consumers) await `writable()` instead.
 
 Traffic counters (what `/monitor/connections` shows, monitoring/): each connection counts the
-bytes it writes and stamps its last read or write with the listener's clock here, once per
-`transport.write` and per read, never per message; a websocket's messages and bytes in are
-counted by its Rust decoder, and the messages put in an outbox by the outboxes
-(`Outboxes.sent`), so the fast path's forwards cost two integer additions in Rust.
+bytes it writes and stamps its last read or write here, once per `transport.write` and per
+read, never per message; a websocket's messages and bytes in are counted by its Rust decoder,
+and the messages put in an outbox by the outboxes (`Outboxes.sent`), so the fast path's
+forwards cost two integer additions in Rust. The stamp is `ActivityClock.now`, a reading the
+listener refreshes every `ActivityClock.PERIOD`: reading a clock costs ~150-200 ns on a VM
+(a system call), copying an attribute ~20 (docs/monitoring.md "Costs").
 """
 
 from __future__ import annotations
@@ -83,6 +85,34 @@ class OutputBatcher:
                     conn.write_taken(data)
 
 
+class ActivityClock:
+    """A coarse monotonic reading (ns) for activity stamps, refreshed every `PERIOD` seconds by
+    a timer of the listener's loop while it serves (`start`, `stop`)."""
+
+    __slots__ = ("_clock", "_timer", "now")
+
+    #: seconds between refreshes: the error of an idle time
+    PERIOD = 0.5
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self.now = clock()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.stop()
+        self._tick(loop)
+
+    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.now = self._clock()
+        self._timer = loop.call_later(self.PERIOD, self._tick, loop)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
 class ConnectionMetrics(Protocol):
     """The listener metrics a connection bumps."""
 
@@ -115,8 +145,8 @@ class ConnectionHost(Protocol):
     def metrics(self) -> ConnectionMetrics: ...
 
     @property
-    def clock(self) -> Clock:
-        """Monotonic nanoseconds: when connections opened and were last active."""
+    def activity(self) -> ActivityClock:
+        """What connections stamp their opening and last activity with."""
 
     def dialect_for(self, path: str) -> Dialect | None:
         """The dialect serving websocket upgrades at this path."""
@@ -147,9 +177,9 @@ class ConnectionBase(asyncio.Protocol):
     # ~1.6 KB for a dict of its own (bench/README.md "Idle connections"). A new attribute
     # goes here (or in the subclass's slots) too.
     __slots__ = (
+        "_activity",
         "_batcher",
         "_blocked_on",
-        "_clock",
         "_held_by_dialect",
         "_outboxes",
         "_queued",
@@ -182,9 +212,10 @@ class ConnectionBase(asyncio.Protocol):
         self.peer_host = ""
         self.peer_port = 0
         self._batcher = server.batcher
-        self._clock = clock = server.clock
-        #: monotonic ns: accepted, last read or written (the monitor's age and idle time)
-        self.opened_at = self.last_active = clock()
+        self._activity = activity = server.activity
+        #: monotonic ns (`ActivityClock`): accepted, last read or written (the monitor's age
+        #: and idle time)
+        self.opened_at = self.last_active = activity.now
         #: counted by Python: a websocket's reads are counted by its decoder instead
         #: (`traffic`), its messages out by its outbox when it has one
         self.bytes_in = 0
@@ -346,7 +377,7 @@ class ConnectionBase(asyncio.Protocol):
         if transport is not None and not transport.is_closing():
             transport.write(data)
             self.bytes_out += len(data)
-            self.last_active = self._clock()
+            self.last_active = self._activity.now
 
     # ---- backpressure ----------------------------------------------------------------------
 

@@ -122,7 +122,7 @@ class WebSocketConnection(ConnectionBase):
         batcher.reader = self
         batcher.depth += 1
         outboxes = self._outboxes
-        self.last_active = self._clock()
+        self.last_active = self._activity.now
         try:
             clock = self._scan_clock
             events = decoder.feed(data) if clock is None else decoder.feed(data, clock())
