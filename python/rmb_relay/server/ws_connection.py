@@ -154,7 +154,9 @@ class WebSocketConnection(ConnectionBase):
         self._pending.clear()
         outboxes = self._outboxes
         if outboxes is not None:
-            self.messages_out += outboxes.sent(self.conn_id)
+            sent, sent_bytes = outboxes.sent(self.conn_id)
+            self.messages_out += sent
+            self.bytes_out += sent_bytes
             outboxes.remove(self.conn_id)
         handler = self.handler
         if handler is not None:
