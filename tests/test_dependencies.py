@@ -143,8 +143,22 @@ def test_parquet_samples_are_written_with_the_declared_pyarrow(tmp_path: Path) -
     _write_samples(path, array("q", [10, 0, 500, 20, 1, 700]), 64)
     table = pq.read_table(path)
     assert table.to_pylist() == [
-        {"timestamp_ns": 10, "pair": 0, "size": 64, "latency_ns": 500, "outcome": "delivered"},
-        {"timestamp_ns": 20, "pair": 1, "size": 64, "latency_ns": 700, "outcome": "delivered"},
+        {
+            "timestamp_ns": 10,
+            "pair": 0,
+            "size": 64,
+            "latency_ns": 500,
+            "outcome": "delivered",
+            "dialect": "rmb",
+        },
+        {
+            "timestamp_ns": 20,
+            "pair": 1,
+            "size": 64,
+            "latency_ns": 700,
+            "outcome": "delivered",
+            "dialect": "rmb",
+        },
     ]
 
 

@@ -1070,7 +1070,11 @@ mod tests {
         d.feed_owned(&data[..split]);
         d.feed_owned(&data[split..]);
         d.feed_owned(&masked(OP_CONTINUATION, b"o", true));
-        assert_eq!(d.messages(), 2, "a ping is no message, a fragmented one counts once");
+        assert_eq!(
+            d.messages(),
+            2,
+            "a ping is no message, a fragmented one counts once"
+        );
         assert_eq!(d.bytes(), data.len() as u64 + 7);
     }
 

@@ -13,7 +13,12 @@ is done (`OutputBatcher`). Outside a read (timers, tasks) a send is written at o
 
 Backpressure: when a destination's transport goes over its high-water mark, every connection
 that sends to it during a read pauses reading until the destination drains (`resume_writing`);
-producers outside a read (mailbox drains, stream consumers) await `writable()` instead.
+producers outside a read (mailbox drains, stream consumers) await `writable()` instead. A
+connection that sends to *itself* (a pong, an error, an answer, a forward to its own key) is
+no exception: every connection pays for what it causes, so one that asks for answers and never
+reads them stops being read once its own output is over the mark, instead of filling memory
+(`rmb_relay_reply_backpressure_pauses_total`; HTTP pipelining does the same in
+http_connection.py).
 
 Traffic counters (what `/monitor/connections` shows, monitoring/): each connection counts the
 bytes it writes and stamps its last read or write here, once per `transport.write` and per
@@ -130,6 +135,9 @@ class ConnectionMetrics(Protocol):
 
     @property
     def backpressure_pauses(self) -> Counter: ...
+
+    @property
+    def reply_pauses(self) -> Counter: ...
 
 
 class ConnectionHost(Protocol):
@@ -360,7 +368,7 @@ class ConnectionBase(asyncio.Protocol):
             batcher.dirty.append(self)
         if self.congested:
             reader = batcher.reader
-            if reader is not None and reader is not self:
+            if reader is not None:
                 reader._block_on(self)
 
     def flush(self) -> None:
@@ -402,7 +410,9 @@ class ConnectionBase(asyncio.Protocol):
         if not self._reading_paused and self.transport is not None:
             self._reading_paused = True
             self.transport.pause_reading()
-            self.server.metrics.backpressure_pauses.inc(1, self.dialect_name)
+            metrics = self.server.metrics
+            pauses = metrics.reply_pauses if destination is self else metrics.backpressure_pauses
+            pauses.inc(1, self.dialect_name)
 
     def hold_reading(self, held: bool) -> None:
         self._held_by_dialect = held

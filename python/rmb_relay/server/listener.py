@@ -109,6 +109,12 @@ class ServerMetrics:
             "Times a sender was paused because a receiver was over its write high-water mark",
             ("dialect",),
         )
+        self.reply_pauses = registry.counter(
+            "rmb_relay_reply_backpressure_pauses_total",
+            "Times a connection stopped being read because its own answers (pongs, errors, "
+            "HTTP responses to pipelined requests) were over its write high-water mark",
+            ("dialect",),
+        )
 
 
 class RelayServer:

@@ -1,0 +1,208 @@
+"""A ready-made fault world: Redis on its own host, relay instances on theirs, each
+instance's link to Redis and its clients' link to it through a `FaultProxy`.
+
+```
+ test process (clients, proxies, checker; the bridge's address)
+   ├─ clients ──proxy── host a: relay "a" ──proxy── host redis: redis-server
+   └─ clients ──proxy── host b: relay "b" ──proxy──┘
+```
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections.abc import Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import TracebackType
+
+from redis.asyncio import Redis
+
+from rmb_relay.cluster import keys
+from rmb_relay.cluster.presence import claim_instance
+from rmb_relay.twins import Twin
+from rmb_relay.twins.local import SqliteTwinDirectory
+from tests.cluster_fixtures import TWINS, twin_directory
+from tests.faultlab.netns import Host, Lab
+from tests.faultlab.proxy import FaultProxy
+from tests.faultlab.services import RELAY_PORT, RedisNode, RelayNode
+from tests.processes import stop_processes
+from tests.rmb_fixtures import key_for
+
+
+@dataclass
+class Instance:
+    name: str
+    host: Host
+    relay: RelayNode
+    #: this instance's link to Redis (None: it has none, a federated relay's own)
+    to_redis: FaultProxy | None
+    #: its clients' link to it
+    from_clients: FaultProxy
+    #: the other relays' link to it (federation)
+    from_peers: FaultProxy | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.from_clients.address
+        return f"ws://{host}:{port}/"
+
+
+@dataclass
+class World:
+    lab: Lab
+    redis: RedisNode | None
+    probe: Redis | None
+    logs: Path
+    instances: dict[str, Instance] = field(default_factory=dict)
+
+    async def holders(self, name: str) -> str | None:
+        """The instance Redis's presence names for `name` (e.g. "r:1"), if any."""
+        assert self.probe is not None
+        value = await self.probe.get(keys.presence_key(name))
+        return claim_instance(value.decode()) if value is not None else None
+
+    def rss_mib(self) -> float:
+        return max(instance.relay.rss_mib() for instance in self.instances.values())
+
+
+class TwoInstances:
+    """`async with TwoInstances(ttl=...) as world:` Redis and relay instances "a" and "b" (or
+    `names`), all on their own hosts; everything is stopped and removed on the way out."""
+
+    def __init__(
+        self,
+        *,
+        ttl: float,
+        names: Sequence[str] = ("a", "b"),
+        extra: Sequence[str] = (),
+        logs: Path | None = None,
+    ) -> None:
+        self.ttl = ttl
+        self.names = names
+        self.extra = extra
+        self.logs = logs or Path(tempfile.mkdtemp(prefix="faultlab-logs-"))
+        self._stack = AsyncExitStack()
+
+    async def __aenter__(self) -> World:
+        stack = self._stack
+        try:
+            lab = stack.enter_context(Lab())
+            redis = await RedisNode(lab.host("redis")).ready()
+            probe = Redis(host=redis.host.address, port=redis.port, socket_timeout=10)
+            stack.push_async_callback(probe.aclose)
+            world = World(lab, redis, probe, self.logs)
+            twins = self.logs / "twins.sqlite3"
+            twin_directory(twins)
+            for name in self.names:
+                host = lab.host(name)
+                to_redis = await FaultProxy.start(lab.gateway, redis.address)
+                stack.push_async_callback(to_redis.close)
+                args = [
+                    "--twins",
+                    f"sqlite:{twins}",
+                    "--twin-cache-ttl",
+                    "0",
+                    "--redis",
+                    f"redis://{to_redis.address[0]}:{to_redis.address[1]}/0",
+                    "--cluster-ttl",
+                    str(self.ttl),
+                    "--instance-id",
+                    name,
+                    *self.extra,
+                ]
+                relay = await RelayNode(host, args, self.logs).ready()
+                from_clients = await FaultProxy.start(lab.gateway, (host.address, relay.port))
+                stack.push_async_callback(from_clients.close)
+                world.instances[name] = Instance(name, host, relay, to_redis, from_clients)
+            # first on the way out, while the proxies still carry their goodbyes; in a thread,
+            # for the proxies run on this loop
+            processes = [instance.relay.process for instance in world.instances.values()]
+            stack.push_async_callback(asyncio.to_thread, stop_processes, processes)
+            return world
+        except BaseException:
+            await stack.aclose()
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._stack.aclose()
+
+
+async def wait_until(predicate: object, timeout: float, step: float = 0.02) -> float:
+    """Poll `predicate()` (sync or async) until true; returns the seconds it took, raises
+    TimeoutError after `timeout` (for states no event announces: a Redis key)."""
+    started = time.monotonic()
+    async with asyncio.timeout(timeout):
+        while True:
+            result = predicate()  # type: ignore[operator]
+            if asyncio.iscoroutine(result):
+                result = await result
+            if result:
+                return time.monotonic() - started
+            await asyncio.sleep(step)
+
+
+class FederatedPair:
+    """`async with FederatedPair() as world:` two relays "a" and "b" without Redis, each
+    serving its own domain (twin 1 on a's, twin 2 on b's) and posting to the other's through
+    a proxy (`Instance.from_peers`): a partition between them is that proxy black-holed."""
+
+    def __init__(self, *, extra: Sequence[str] = (), logs: Path | None = None) -> None:
+        self.extra = extra
+        self.logs = logs or Path(tempfile.mkdtemp(prefix="faultlab-logs-"))
+        self._stack = AsyncExitStack()
+
+    async def __aenter__(self) -> World:
+        stack = self._stack
+        try:
+            lab = stack.enter_context(Lab())
+            world = World(lab, None, None, self.logs)
+            hosts = {name: lab.host(name) for name in ("a", "b")}
+            # the peers' proxies first: their addresses are the domains
+            peers = {}
+            for name, host in hosts.items():
+                target = (host.address, RELAY_PORT)
+                peers[name] = await FaultProxy.start(lab.address(), target, port=RELAY_PORT)
+                stack.push_async_callback(peers[name].close)
+            domains = {name: proxy.address[0] for name, proxy in peers.items()}
+            twins = self.logs / "twins.sqlite3"
+            directory = SqliteTwinDirectory(twins)
+            for twin, name in ((1, "a"), (2, "b")):
+                key = key_for(twin, TWINS[twin]).public_key
+                directory.add(Twin(twin, key, frozenset({domains[name]}), None))
+            for name, host in hosts.items():
+                args = ["--twins", f"sqlite:{twins}", "--twin-cache-ttl", "0"]
+                args += [
+                    "-m",
+                    domains[name],
+                    "--federation-url-template",
+                    f"http://{{domain}}:{RELAY_PORT}/",
+                ]
+                relay = await RelayNode(host, [*args, *self.extra], self.logs).ready()
+                from_clients = await FaultProxy.start(lab.gateway, (host.address, relay.port))
+                stack.push_async_callback(from_clients.close)
+                world.instances[name] = Instance(
+                    name, host, relay, None, from_clients, from_peers=peers[name]
+                )
+            processes = [instance.relay.process for instance in world.instances.values()]
+            stack.push_async_callback(asyncio.to_thread, stop_processes, processes)
+            return world
+        except BaseException:
+            await stack.aclose()
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._stack.aclose()
