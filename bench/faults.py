@@ -17,11 +17,12 @@ from collections.abc import Awaitable, Callable
 from tests.faultlab.netns import LabUnavailable, check_available
 from tests.faultlab.scenarios import (
     Outcome,
+    rmb_cluster_failover,
     rmb_cut_from_clients,
     rmb_cut_from_redis,
     rmb_federation_partition,
 )
-from tests.faultlab.world import FederatedPair, TwoInstances, World
+from tests.faultlab.world import ClusterInstances, FederatedPair, TwoInstances, World
 
 #: presence TTL of the relays in the bench: a 10 s cut is well past it
 TTL = 3.0
@@ -40,11 +41,16 @@ SCENARIOS: dict[str, Scenario] = {
     "rmb-clients-cut-10": lambda world: rmb_cut_from_clients(world, 10),
     "rmb-clients-cut-45": lambda world: rmb_cut_from_clients(world, 45),
     "rmb-federation-partition-30": lambda world: rmb_federation_partition(world, 30),
+    "rmb-redis-cluster-failover": rmb_cluster_failover,
 }
 
 
-def _world(name: str, ttl: float) -> TwoInstances | FederatedPair:
-    return FederatedPair() if "federation" in name else TwoInstances(ttl=ttl)
+def _world(name: str, ttl: float) -> TwoInstances | FederatedPair | ClusterInstances:
+    if "federation" in name:
+        return FederatedPair()
+    if "redis-cluster" in name:
+        return ClusterInstances(ttl=ttl)
+    return TwoInstances(ttl=ttl)
 
 
 async def run(only: str | None, ttl: float) -> list[Outcome]:
