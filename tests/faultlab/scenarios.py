@@ -203,3 +203,54 @@ async def rmb_cluster_failover(world: World, *, rate: float = RATE) -> Outcome:
         return 0
 
     return await _run_fault(world, "rmb redis cluster failover", ("a", "b"), fault, rate)
+
+
+async def rmb_slow_lossy_redis(
+    world: World,
+    seconds: float,
+    *,
+    mean: float = 0.05,
+    jitter: float = 0.02,
+    resets: float = 0.01,
+    rate: float = RATE,
+) -> Outcome:
+    """(c) every instance's link to Redis slowed to `mean ± jitter` s each way, and `resets`
+    of the chunks crossing it resetting their connection, for `seconds`, while twin 1 on a
+    asks twin 2 on b; then healed."""
+    links = [i.to_redis for i in world.instances.values() if i.to_redis is not None]
+
+    def degrade() -> None:
+        for link in links:
+            link.latency(mean, jitter)
+            link.resets(resets)
+
+    def heal() -> None:
+        for link in links:
+            link.heal()
+
+    name = (
+        f"rmb redis links {mean * 1000:g}±{jitter * 1000:g} ms, {resets:.0%} resets {seconds:g} s"
+    )
+    fault = _cut_for(world, degrade, heal, seconds)
+    return await _run_fault(world, name, ("a", "b"), fault, rate)
+
+
+async def rmb_chain_slow_then_down(
+    world: World, seconds: float, *, delay: float = 0.5, rate: float = RATE
+) -> Outcome:
+    """(f) the twin directory's chain node `delay` s away (each way) for `seconds`, then
+    unreachable (black-holed) for `seconds`, while twin 1 on a asks twin 2 on b (the twin
+    cache's entries expire meanwhile); then healed."""
+    link = world.to_chain
+    assert link is not None
+
+    async def fault() -> int:
+        link.latency(delay)
+        await asyncio.sleep(seconds)  # the fault's length
+        link.black_hole()
+        await asyncio.sleep(seconds)
+        link.heal()
+        return 0
+
+    name = f"rmb chain {delay * 1000:g} ms {seconds:g} s, then down {seconds:g} s"
+    return await _run_fault(world, name, ("a", "b"), fault, rate)

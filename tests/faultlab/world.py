@@ -30,7 +30,7 @@ from rmb_relay.twins.local import SqliteTwinDirectory
 from tests.cluster_fixtures import TWINS, twin_directory
 from tests.faultlab.netns import Host, Lab
 from tests.faultlab.proxy import FaultProxy
-from tests.faultlab.services import RELAY_PORT, RedisNode, RelayNode
+from tests.faultlab.services import RELAY_PORT, ChainNode, RedisNode, RelayNode
 from tests.processes import stop_processes
 from tests.rmb_fixtures import key_for
 
@@ -62,6 +62,9 @@ class World:
     instances: dict[str, Instance] = field(default_factory=dict)
     #: the Redis Cluster's nodes (`ClusterInstances`)
     nodes: list[RedisNode] = field(default_factory=list)
+    #: the chain node of the twin directory, and the instances' link to it (`chain_cache_ttl`)
+    chain: ChainNode | None = None
+    to_chain: FaultProxy | None = None
 
     async def holders(self, name: str) -> str | None:
         """The instance Redis's presence names for `name` (e.g. "r:1"), if any."""
@@ -84,8 +87,10 @@ class TwoInstances:
         names: Sequence[str] = ("a", "b"),
         extra: Sequence[str] = (),
         logs: Path | None = None,
+        chain_cache_ttl: float | None = None,
     ) -> None:
         self.ttl = ttl
+        self.chain_cache_ttl = chain_cache_ttl
         self.names = names
         self.extra = extra
         self.logs = logs or Path(tempfile.mkdtemp(prefix="faultlab-logs-"))
@@ -101,15 +106,22 @@ class TwoInstances:
             world = World(lab, redis, probe, self.logs)
             twins = self.logs / "twins.sqlite3"
             twin_directory(twins)
+            directory = ["--twins", f"sqlite:{twins}", "--twin-cache-ttl", "0"]
+            if self.chain_cache_ttl is not None:
+                # the twin directory on a chain node of its own, behind a proxy of the world's
+                chain = await ChainNode(lab.host("chain"), twins, self.logs).ready()
+                world.chain = chain
+                world.to_chain = await FaultProxy.start(lab.gateway, chain.address)
+                stack.push_async_callback(world.to_chain.close)
+                url = f"ws://{world.to_chain.address[0]}:{world.to_chain.address[1]}"
+                directory = ["--substrate", url, "--substrate-timeout", "2"]
+                directory += ["--twin-cache-ttl", str(self.chain_cache_ttl)]
             for name in self.names:
                 host = lab.host(name)
                 to_redis = await FaultProxy.start(lab.gateway, redis.address)
                 stack.push_async_callback(to_redis.close)
                 args = [
-                    "--twins",
-                    f"sqlite:{twins}",
-                    "--twin-cache-ttl",
-                    "0",
+                    *directory,
                     "--redis",
                     f"redis://{to_redis.address[0]}:{to_redis.address[1]}/0",
                     "--cluster-ttl",
