@@ -63,8 +63,8 @@ def measure(
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """One load run (senders on port `sender`, receivers on `receiver`) and the CPU each of
     `pids` (with its children: a `--workers` parent's workers) spent per delivered message."""
-    argv = ["rmb", "--url", f"ws://127.0.0.1:{sender}/", "--quiet",
-            "--receiver-url", f"ws://127.0.0.1:{receiver}/",
+    argv = ["rmb", "--quiet",
+            "--relays", f"ws://127.0.0.1:{sender}/,ws://127.0.0.1:{receiver}/",
             "--twins", f"sqlite:{twins}", "--pairs", str(args.pairs),
             "--size", str(args.size), "--duration", str(args.duration),
             "--window", str(args.window), "--warmup", "1"]  # fmt: skip

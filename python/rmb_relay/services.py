@@ -32,6 +32,8 @@ from rmb_relay.mailbox import (
 from rmb_relay.switch import Switch
 from rmb_relay.telemetry.metrics import Read, Registry
 from rmb_relay.telemetry.record_flags import add_record_arguments, recorder_from_args
+from rmb_relay.throttle import Throttles, ThrottleSettings
+from rmb_relay.throttle import add_arguments as add_throttle_arguments
 from rmb_relay.twins.cache import CachedTwinDirectory
 from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path, parse_twins_url
 
@@ -152,6 +154,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_record_arguments(parser)
     cluster_options.add_arguments(parser)
+    add_throttle_arguments(parser)
 
 
 class Services:
@@ -168,8 +171,11 @@ class Services:
         substrate: list[str] | None = None,
         substrate_timeout: float = DEFAULT_SUBSTRATE_TIMEOUT,
         catchup_threshold: int = DEFAULT_CATCHUP_THRESHOLD,
+        throttles: ThrottleSettings | None = None,
     ) -> None:
         self.metrics = metrics
+        #: the auth pool and failed-login limiter every dialect that authenticates shares
+        self.throttles = Throttles(metrics, throttles)
         self.switch = switch
         self.redis = redis
         #: this instance's membership of the cluster (`--redis` without `--no-cluster`), the
@@ -274,6 +280,7 @@ class Services:
                 timeout=args.redis_timeout,
                 max_inflight_bytes=args.redis_inflight_bytes,
             )
+        throttles = ThrottleSettings.from_args(args)
         services = cls(
             Registry(),
             Switch(mailbox),
@@ -283,6 +290,7 @@ class Services:
             substrate=substrate,
             substrate_timeout=args.substrate_timeout,
             catchup_threshold=args.catchup_threshold,
+            throttles=throttles,
         )
         # route records (--records): the switch carries the recorder to every dialect; with
         # Redis, the other instances sharing it (cluster/)
@@ -323,6 +331,7 @@ class Services:
     async def close(self) -> None:
         """Close the switch (and its mailbox's Redis connection) and the directory."""
         await self.switch.close()
+        self.throttles.close()
         if self._events is not None:
             await self._events.close()
         if self.switch.records is not None:

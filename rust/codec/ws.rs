@@ -287,6 +287,10 @@ pub struct Decoder {
     /// `Some(is_text)` while a fragmented message is unfinished.
     frag_text: Option<bool>,
     closed: bool,
+    /// data messages decoded and bytes fed so far (what monitoring shows per connection:
+    /// two additions per message and per read, the cheapest place that sees every one)
+    messages: u64,
+    bytes: u64,
 }
 
 impl Decoder {
@@ -300,7 +304,19 @@ impl Decoder {
             frag: Vec::new(),
             frag_text: None,
             closed: false,
+            messages: 0,
+            bytes: 0,
         }
+    }
+
+    /// Data messages decoded so far (fragmented ones once).
+    pub fn messages(&self) -> u64 {
+        self.messages
+    }
+
+    /// Bytes fed so far (frames of every kind, with their headers).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
     }
 
     /// Bytes held: an incomplete frame plus the fragments of an unfinished message.
@@ -323,6 +339,7 @@ impl Decoder {
         if self.closed {
             return Ok(());
         }
+        self.bytes += data.len() as u64;
         let mut input = data;
         if !self.buf.is_empty() {
             input = self.finish_buffered(input, &mut sink)?;
@@ -498,6 +515,7 @@ impl Decoder {
                     return self
                         .violate((CLOSE_INVALID_DATA, "invalid utf-8 in text message"), sink);
                 }
+                self.messages += 1;
                 sink(Event::Message { is_text, payload })
             }
             OP_TEXT | OP_BINARY => {
@@ -516,6 +534,7 @@ impl Decoder {
                     return self
                         .violate((CLOSE_INVALID_DATA, "invalid utf-8 in text message"), sink);
                 }
+                self.messages += 1;
                 let result = sink(Event::Message {
                     is_text,
                     payload: Payload::new(&self.frag, None),
@@ -1039,6 +1058,24 @@ mod tests {
                 violation(1002, "unexpected continuation frame")
             ]
         );
+    }
+
+    #[test]
+    fn messages_and_bytes_fed_are_counted() {
+        let mut d = server();
+        let mut data = masked(OP_BINARY, b"one", true);
+        data.extend(masked(OP_PING, b"p", true));
+        data.extend(masked(OP_TEXT, b"tw", false));
+        let split = data.len() - 2;
+        d.feed_owned(&data[..split]);
+        d.feed_owned(&data[split..]);
+        d.feed_owned(&masked(OP_CONTINUATION, b"o", true));
+        assert_eq!(
+            d.messages(),
+            2,
+            "a ping is no message, a fragmented one counts once"
+        );
+        assert_eq!(d.bytes(), data.len() as u64 + 7);
     }
 
     #[test]
@@ -1714,6 +1751,18 @@ pub mod py {
         #[getter]
         fn closed(&self) -> bool {
             self.inner.closed()
+        }
+
+        /// Data messages decoded so far (the fast path's forwards included).
+        #[getter]
+        fn messages_in(&self) -> u64 {
+            self.inner.messages()
+        }
+
+        /// Bytes fed so far.
+        #[getter]
+        fn bytes_in(&self) -> u64 {
+            self.inner.bytes()
         }
     }
 

@@ -63,6 +63,8 @@ struct Outbox {
     held: bool,
     /// listed in `dirty` since the last drain
     queued: bool,
+    /// messages (frames, or raw pieces) appended since it opened: what monitoring shows
+    sent: u64,
 }
 
 impl Outbox {
@@ -220,6 +222,11 @@ impl Outboxes {
         self.boxes.get(&id).map_or(0, |b| b.buf.len())
     }
 
+    /// Messages appended to this connection's outbox since it opened (0: unknown).
+    pub fn sent(&self, id: ConnId) -> u64 {
+        self.boxes.get(&id).map_or(0, |b| b.sent)
+    }
+
     fn mark(&mut self, id: ConnId) {
         if let Some(b) = self.boxes.get_mut(&id) {
             if !b.queued {
@@ -242,6 +249,7 @@ impl Outboxes {
         match self.boxes.get_mut(&id) {
             Some(b) if b.accepts() => {
                 append_frame(ready(&mut b.buf, &self.spares), opcode, len, fill);
+                b.sent += 1;
                 self.mark(id);
                 true
             }
@@ -258,6 +266,7 @@ impl Outboxes {
                 payload.len(),
                 |out| out.copy_from_slice(payload),
             );
+            b.sent += 1;
         }
     }
 
@@ -277,6 +286,7 @@ impl Outboxes {
     pub fn push_raw(&mut self, id: ConnId, frame: &[u8]) {
         if let Some(b) = self.boxes.get_mut(&id) {
             ready(&mut b.buf, &self.spares).extend_from_slice(frame);
+            b.sent += 1;
         }
     }
 
@@ -285,6 +295,7 @@ impl Outboxes {
     pub fn push_marked(&mut self, id: ConnId, bytes: &[u8]) {
         if let Some(b) = self.boxes.get_mut(&id) {
             ready(&mut b.buf, &self.spares).extend_from_slice(bytes);
+            b.sent += 1;
             self.mark(id);
         }
     }
@@ -364,6 +375,9 @@ impl Outboxes {
     /// `dest`'s outbox, else copied there. The staging space is released either way.
     pub fn commit(&mut self, s: Staged, dest: ConnId) {
         if s.at == Some(dest) {
+            if let Some(b) = self.boxes.get_mut(&dest) {
+                b.sent += 1;
+            }
             self.mark(dest);
             return;
         }
@@ -377,6 +391,7 @@ impl Outboxes {
         );
         if let Some(b) = self.boxes.get_mut(&dest) {
             ready(&mut b.buf, &self.spares).extend_from_slice(&source[s.frame_start..s.end]);
+            b.sent += 1;
         }
         source.truncate(s.frame_start);
         *self.staged_buf_mut(&s) = source;
@@ -479,6 +494,8 @@ mod tests {
         .concat();
         assert_eq!(taken(&mut o, 1), want);
         assert_eq!(o.pending(1), 0);
+        assert_eq!(o.sent(1), 3, "every message appended is counted");
+        assert_eq!(o.sent(2), 0, "unknown connection");
     }
 
     #[test]
@@ -552,6 +569,11 @@ mod tests {
         ]
         .concat();
         assert_eq!(o.pending(1), before + 5);
+        assert_eq!(
+            o.sent(1),
+            2,
+            "a message staged in place is counted once committed"
+        );
         assert_eq!(drained(&mut o), [(1, want)]);
     }
 
@@ -748,6 +770,12 @@ pub mod py {
 
         fn pending(&self, conn_id: ConnId) -> usize {
             self.inner.pending(conn_id)
+        }
+
+        /// Messages appended to the connection's outbox since it opened, by the fast path
+        /// and by Python (0 for an unknown connection).
+        fn sent(&self, conn_id: ConnId) -> u64 {
+            self.inner.sent(conn_id)
         }
 
         fn __len__(&self) -> usize {

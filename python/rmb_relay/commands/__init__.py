@@ -1,6 +1,6 @@
 """`rmb-relay` subcommands, one module each: `serve` (the default), `twins`, `tenants`,
-`connector` (the HTTP tunnel's) and `devchain`; `sbd_obahn.py` is the relay the SBD
-conformance suite starts, not a command.
+`connector` (the HTTP tunnel's), `devchain` and `top` (monitoring/top.py); `sbd_obahn.py` is
+the relay the SBD conformance suite starts, not a command.
 
 A command module exposes `NAME`, `HELP` (one line) and `main(argv, prog) -> int`; adding a
 command is one module plus one line in `commands()` below.
@@ -20,7 +20,7 @@ class Command:
 
 
 def commands() -> dict[str, Command]:
-    from rmb_relay.commands import connector, devchain, serve, tenants, twins
+    from rmb_relay.commands import connector, devchain, serve, tenants, top, twins
 
-    modules = (serve, twins, tenants, connector, devchain)
+    modules = (serve, twins, tenants, connector, devchain, top)
     return {module.NAME: Command(module.NAME, module.HELP, module.main) for module in modules}

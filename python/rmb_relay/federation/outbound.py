@@ -71,10 +71,16 @@ DEFAULT_WORKERS = 256
 TAKE = MAX_BATCH_ITEMS
 
 
+#: peer relays `FederationStats.peers` counts one by one; the rest are summed as OTHER_PEERS
+#: (the domains come from the twins' records, which anyone may write)
+MAX_PEERS_COUNTED = 1024
+OTHER_PEERS = "(other)"
+
+
 class FederationStats:
     """Plain ints bumped per message, read at scrape (metrics.py's hot-counter convention)."""
 
-    __slots__ = ("accepted", "dropped", "expired", "failed_posts", "rejected", "retries")
+    __slots__ = ("accepted", "dropped", "expired", "failed_posts", "peers", "rejected", "retries")
 
     def __init__(self) -> None:
         self.accepted = 0
@@ -83,6 +89,18 @@ class FederationStats:
         self.dropped = 0
         self.retries = 0
         self.failed_posts = 0
+        #: relay domain -> [envelopes it accepted, posts to it that failed] (/monitor/federation),
+        #: counted once per POST, not per envelope
+        self.peers: dict[str, list[int]] = {}
+
+    def peer(self, domain: str) -> list[int]:
+        peers = self.peers
+        counts = peers.get(domain)
+        if counts is None:
+            if len(peers) >= MAX_PEERS_COUNTED:
+                domain = OTHER_PEERS
+            counts = peers.setdefault(domain, [0, 0])
+        return counts
 
 
 @dataclass(slots=True)
@@ -144,7 +162,8 @@ class OutboundFederation(Federation):
         queue cannot take it (full, or Redis down)."""
         self.start()
         records = self.switch.record_channel("rmb")
-        await self.queue.put(envelope, None if records is None else records.clock())
+        # the time is the route record's (--records) and the queue's age (/monitor/federation)
+        await self.queue.put(envelope, self.clock() if records is None else records.clock())
 
     def _unstored(self, envelopes: list[bytes], why: str) -> None:
         """Envelopes the queue took but could not keep: their senders hear it as if
@@ -284,6 +303,7 @@ class OutboundFederation(Federation):
                 finished.extend(rnd.item for rnd in group)
                 continue
             failed = False
+            accepted_before = stats.accepted
             for rnd, result in zip(group, results, strict=True):
                 if result.outcome is PostOutcome.ACCEPTED:  # the hot path, without a call
                     stats.accepted += 1
@@ -305,7 +325,10 @@ class OutboundFederation(Federation):
                     again.append(rnd)
                 else:
                     self._again(rnd.item, rnd.deadline, seconds(self.clock()))
+            peer = stats.peer(domain)
+            peer[0] += stats.accepted - accepted_before
             if failed:
+                peer[1] += 1
                 self.ranker.downvote(domain)
         return again
 

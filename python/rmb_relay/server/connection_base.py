@@ -13,7 +13,18 @@ is done (`OutputBatcher`). Outside a read (timers, tasks) a send is written at o
 
 Backpressure: when a destination's transport goes over its high-water mark, every connection
 that sends to it during a read pauses reading until the destination drains (`resume_writing`);
-producers outside a read (mailbox drains, stream consumers) await `writable()` instead.
+producers outside a read (mailbox drains, stream consumers) await `writable()` instead. A
+connection that sends to *itself* (a pong, an error, an answer, a forward to its own key) is
+no exception: every connection pays for what it causes, so one that asks for answers and never
+reads them stops being read once its own output is over the mark, instead of filling memory
+(`rmb_relay_reply_backpressure_pauses_total`; HTTP pipelining does the same in
+http_connection.py).
+
+Traffic counters (what `/monitor/connections` shows, monitoring/): each connection counts the
+bytes it writes and stamps its last read or write with the listener's clock here, once per
+`transport.write` and per read, never per message; a websocket's messages and bytes in are
+counted by its Rust decoder, and the messages put in an outbox by the outboxes
+(`Outboxes.sent`), so the fast path's forwards cost two integer additions in Rust.
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest, Outboxes
+    from rmb_relay.clock import Clock
     from rmb_relay.config import ListenerConfig
     from rmb_relay.dialects.base import (
         Dialect,
@@ -94,6 +106,9 @@ class ConnectionMetrics(Protocol):
     @property
     def backpressure_pauses(self) -> Counter: ...
 
+    @property
+    def reply_pauses(self) -> Counter: ...
+
 
 class ConnectionHost(Protocol):
     """What a connection needs of the listener, and nothing more."""
@@ -106,6 +121,10 @@ class ConnectionHost(Protocol):
 
     @property
     def metrics(self) -> ConnectionMetrics: ...
+
+    @property
+    def clock(self) -> Clock:
+        """Monotonic nanoseconds: when connections opened and were last active."""
 
     def dialect_for(self, path: str) -> Dialect | None:
         """The dialect serving websocket upgrades at this path."""
@@ -138,6 +157,7 @@ class ConnectionBase(asyncio.Protocol):
     __slots__ = (
         "_batcher",
         "_blocked_on",
+        "_clock",
         "_held_by_dialect",
         "_outboxes",
         "_queued",
@@ -145,9 +165,15 @@ class ConnectionBase(asyncio.Protocol):
         "_ready",
         "_waiting_senders",
         "_writable",
+        "bytes_in",
+        "bytes_out",
         "closed",
         "congested",
         "conn_id",
+        "last_active",
+        "messages_in",
+        "messages_out",
+        "opened_at",
         "ops_only",
         "peer_host",
         "peer_port",
@@ -164,6 +190,15 @@ class ConnectionBase(asyncio.Protocol):
         self.peer_host = ""
         self.peer_port = 0
         self._batcher = server.batcher
+        self._clock = clock = server.clock
+        #: monotonic ns: accepted, last read or written (the monitor's age and idle time)
+        self.opened_at = self.last_active = clock()
+        #: counted by Python: a websocket's reads are counted by its decoder instead
+        #: (`traffic`), its messages out by its outbox when it has one
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.messages_in = 0
+        self.messages_out = 0
         #: the switch's outboxes when this connection's output is queued there (a websocket
         #: whose handler uses the fast path, or an HTTP client the tunnel's table serves)
         self._outboxes: Outboxes | None = None
@@ -197,6 +232,11 @@ class ConnectionBase(asyncio.Protocol):
         self.closed = other.closed
         self.ops_only = other.ops_only
         self.congested = other.congested
+        self.opened_at = other.opened_at
+        self.last_active = other.last_active
+        # the upgrade's bytes count, its request and 101 are no messages of the websocket
+        self.bytes_in = other.bytes_in
+        self.bytes_out = other.bytes_out
 
     @property
     def id(self) -> int:
@@ -206,6 +246,26 @@ class ConnectionBase(asyncio.Protocol):
     def dialect_name(self) -> str:
         """The `dialect` label of this connection's metrics."""
         return "http"
+
+    def traffic(self) -> tuple[int, int, int, int]:
+        """(messages in, bytes in, messages out, bytes out) since the connection opened."""
+        outboxes = self._outboxes
+        sent = outboxes.sent(self.conn_id) if outboxes is not None else 0
+        return self.messages_in, self.bytes_in, self.messages_out + sent, self.bytes_out
+
+    @property
+    def reading_paused(self) -> bool:
+        """Reading is paused: a receiver it sent to is congested, or its dialect holds it."""
+        return self._reading_paused
+
+    def write_waiting(self) -> int:
+        """Bytes queued to be written: in the transport's buffer and in the outbox."""
+        transport = self.transport
+        waiting = transport.get_write_buffer_size() if transport is not None else 0
+        outboxes = self._outboxes
+        if outboxes is not None:
+            waiting += outboxes.pending(self.conn_id)
+        return waiting
 
     def writable(self) -> Awaitable[None]:
         """Resolves once the socket is under its high-water mark (at once if it is already, or
@@ -273,7 +333,7 @@ class ConnectionBase(asyncio.Protocol):
             batcher.dirty.append(self)
         if self.congested:
             reader = batcher.reader
-            if reader is not None and reader is not self:
+            if reader is not None:
                 reader._block_on(self)
 
     def flush(self) -> None:
@@ -293,6 +353,8 @@ class ConnectionBase(asyncio.Protocol):
         transport = self.transport
         if transport is not None and not transport.is_closing():
             transport.write(data)
+            self.bytes_out += len(data)
+            self.last_active = self._clock()
 
     # ---- backpressure ----------------------------------------------------------------------
 
@@ -304,7 +366,9 @@ class ConnectionBase(asyncio.Protocol):
         if not self._reading_paused and self.transport is not None:
             self._reading_paused = True
             self.transport.pause_reading()
-            self.server.metrics.backpressure_pauses.inc(1, self.dialect_name)
+            metrics = self.server.metrics
+            pauses = metrics.reply_pauses if destination is self else metrics.backpressure_pauses
+            pauses.inc(1, self.dialect_name)
 
     def hold_reading(self, held: bool) -> None:
         self._held_by_dialect = held

@@ -16,10 +16,13 @@ from collections import Counter as Tally
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from rmb_relay.clock import Clock, monotonic_clock
 from rmb_relay.config import ListenerConfig
 from rmb_relay.dialects.base import CloseCode, HttpResponse
 from rmb_relay.dialects.paths import PathTable
 from rmb_relay.errors import ConfigError
+from rmb_relay.monitoring import add_monitor_routes
+from rmb_relay.monitoring.rates import Retired
 from rmb_relay.server.acceptor import Acceptor, bind_sockets
 from rmb_relay.server.connection_base import ConnectionBase, OutputBatcher, State
 from rmb_relay.server.http import Router
@@ -101,6 +104,12 @@ class ServerMetrics:
             "Times a sender was paused because a receiver was over its write high-water mark",
             ("dialect",),
         )
+        self.reply_pauses = registry.counter(
+            "rmb_relay_reply_backpressure_pauses_total",
+            "Times a connection stopped being read because its own answers (pongs, errors, "
+            "HTTP responses to pipelined requests) were over its write high-water mark",
+            ("dialect",),
+        )
 
 
 class RelayServer:
@@ -109,8 +118,13 @@ class RelayServer:
         config: ListenerConfig,
         dialects: Sequence[Dialect] = (),
         registry: Registry | None = None,
+        *,
+        clock: Clock = monotonic_clock,
     ) -> None:
         self.config = config
+        #: connections' open and activity times (the monitor's age and idle)
+        self.clock = clock
+        self.started_at = clock()
         self.dialects = list(dialects)
         self.registry = registry if registry is not None else Registry()
         self.limits = ConnectionLimits(
@@ -124,6 +138,8 @@ class RelayServer:
         )
         #: every open connection by id: its HTTP life, then its websocket after an upgrade
         self.connections: dict[int, HttpConnection | WebSocketConnection] = {}
+        #: the traffic of the connections that closed (the monitor's totals)
+        self.retired = Retired()
         self.upgrades: PathTable[Dialect] = PathTable()
         for dialect in self.dialects:
             if not dialect.paths:
@@ -133,6 +149,7 @@ class RelayServer:
         self.router = Router()
         self.router.add("GET", "/health", self._health)
         self.router.add("GET", "/metrics", self._metrics)
+        add_monitor_routes(self.router, self)
         for dialect in self.dialects:
             dialect.add_routes(self.router)
         self.acceptors: list[Acceptor] = []
@@ -234,6 +251,7 @@ class RelayServer:
     def connection_closed(self, conn: ConnectionBase) -> None:
         if self.connections.pop(conn.conn_id, None) is not None:
             self.limits.release(conn.peer_host)
+            self.retired.add(conn)
             for acceptor in self.acceptors:
                 acceptor.resume()
 

@@ -284,7 +284,7 @@ class Registry:
     def add_read(self, name: str, read: Read) -> None:
         """Another source of an existing family's values (label values without its `const`
         ones, number), read at scrape beside what is counted here: a Rust table that counts
-        what Python no longer sees (the tunnel's native express table)."""
+        what Python no longer sees (the tunnel's hub)."""
         family = self._families.get(name)
         if family is None:  # registered later (the listener's families come after dialects')
             self._waiting_reads.setdefault(name, []).append(read)

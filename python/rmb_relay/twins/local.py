@@ -47,6 +47,8 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " created INTEGER NOT NULL)",
         "CREATE TABLE tunnel_keys ( id INTEGER PRIMARY KEY, key BLOB NOT NULL)",
     ),
+    # version 3: whether a tenant's clients' Authorization reaches its targets
+    ("ALTER TABLE tunnel_tenants ADD COLUMN forward_authorization INTEGER NOT NULL DEFAULT 0",),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 _OUR_TABLES = frozenset({"twins", "schema_version", "tunnel_tenants", "tunnel_keys"})

@@ -8,7 +8,7 @@
 //! The hub writes the answer itself when HTTP/1.1 carries it kept alive ([`client_answer`]);
 //! otherwise Python answers from the same fields ([`response_of`]).
 
-use crate::codec::http::encode_response;
+use crate::codec::http::{encode_response, encode_response_head, is_bodyless, Framing};
 use crate::dialects::tunnel::hub::{Config, Delivered};
 use crate::dialects::tunnel::wire::HOP_BY_HOP;
 
@@ -89,6 +89,25 @@ pub fn client_answer(
 ) -> Option<Vec<u8>> {
     let fields = answer_fields(status, headers, !body.is_empty(), trace);
     encode_response(status, &fields, body, false).ok()
+}
+
+/// Whether HTTP/1.1 carries the connector's answer to a client: a final status (200-599: a
+/// 1xx, a 101 above all, would let a connector switch the client's connection to another
+/// protocol behind a front proxy), no body where its status allows none, fields that encode.
+pub fn carried(d: &Delivered, trace: Option<(&str, &Config)>) -> bool {
+    let Ok(status) = u16::try_from(d.status) else {
+        return false;
+    };
+    let length = d
+        .body
+        .as_ref()
+        .map_or(d.body_size.max(0) as u64, |b| b.len() as u64);
+    if !(200..=599).contains(&status) || (length > 0 && (status == 204 || status == 304)) {
+        return false;
+    }
+    let fields = answer_fields(status, &d.headers, length > 0, trace);
+    let framing = (!is_bodyless(status)).then_some(Framing::Length(length));
+    encode_response_head(status, &fields, framing, false).is_ok()
 }
 
 /// The connector's answer as Python answers it (module docstring).

@@ -61,7 +61,12 @@ async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
     )
     directory = services.twin_directory()
     dialect = RmbDialect(
-        settings, directory, services.metrics, switch=services.switch, max_message=args.max_message
+        settings,
+        directory,
+        services.metrics,
+        switch=services.switch,
+        max_message=args.max_message,
+        throttles=services.throttles,
     )
     outbound, inbound = federation_setup.build(
         args,
