@@ -13,7 +13,7 @@ import logging
 import signal
 import ssl
 from collections import Counter as Tally
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from rmb_relay import log_budget
@@ -22,13 +22,17 @@ from rmb_relay.config import ListenerConfig
 from rmb_relay.dialects.base import CloseCode, HttpResponse
 from rmb_relay.dialects.paths import PathTable
 from rmb_relay.errors import ConfigError
-from rmb_relay.monitoring import add_monitor_routes
-from rmb_relay.monitoring.rates import Retired
 from rmb_relay.server.acceptor import Acceptor, bind_sockets
-from rmb_relay.server.connection_base import ConnectionBase, OutputBatcher, State
+from rmb_relay.server.connection_base import (
+    ActivityClock,
+    ConnectionBase,
+    OutputBatcher,
+    State,
+)
 from rmb_relay.server.http import Router
 from rmb_relay.server.http_connection import HttpConnection
 from rmb_relay.server.limits import Admission, ConnectionLimits, default_max_connections
+from rmb_relay.server.traffic import Retired
 from rmb_relay.server.ws_connection import WebSocketConnection
 from rmb_relay.telemetry.metrics import Registry
 from rmb_relay.throttle import ip_key
@@ -120,6 +124,10 @@ class ServerMetrics:
         )
 
 
+#: adds routes to a server's router (`RelayServer(routes=...)`)
+RouteSource = Callable[[Router, "RelayServer"], None]
+
+
 class RelayServer:
     def __init__(
         self,
@@ -128,10 +136,15 @@ class RelayServer:
         registry: Registry | None = None,
         *,
         clock: Clock = monotonic_clock,
+        routes: Sequence[RouteSource] = (),
     ) -> None:
+        """`routes`: operations routes the program adds beside /health and /metrics (served
+        where they are: the operations listener with --metrics-listen), each given the router
+        and this server (the monitoring views: monitoring/ sits above this layer)."""
         self.config = config
         #: connections' open and activity times (the monitor's age and idle)
         self.clock = clock
+        self.activity = ActivityClock(clock)
         self.started_at = clock()
         self.dialects = list(dialects)
         self.registry = registry if registry is not None else Registry()
@@ -160,7 +173,8 @@ class RelayServer:
         self.ops_router = Router() if config.metrics_listen is not None else self.router
         self.ops_router.add("GET", "/health", self._health)
         self.ops_router.add("GET", "/metrics", self._metrics)
-        add_monitor_routes(self.ops_router, self)
+        for add in routes:
+            add(self.ops_router, self)
         for dialect in self.dialects:
             dialect.add_routes(self.router)
         self.acceptors: list[Acceptor] = []
@@ -182,6 +196,7 @@ class RelayServer:
         acceptor = Acceptor(sockets, lambda: HttpConnection(self), ssl_context=self._ssl_context())
         acceptor.start()
         self.acceptors.append(acceptor)
+        self.activity.start(asyncio.get_running_loop())
         self.addresses = [sock.getsockname()[:2] for sock in sockets]
         ops = self.config.metrics_listen
         if ops is not None:
@@ -245,6 +260,7 @@ class RelayServer:
             return
         self._stopping = True
         self.stopping.set()
+        self.activity.stop()
         for acceptor in self.acceptors:
             acceptor.close()
         conns = list(self.connections.values())
