@@ -31,6 +31,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rmb_relay.gc_tuning",
             "rmb_relay.malloc_tuning",
             "rmb_relay.cli_support",
+            "rmb_relay.log_budget",
             "rmb_relay.config",
             "rmb_relay.identity",
         ),
