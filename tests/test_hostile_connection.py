@@ -9,15 +9,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
+from rmb_relay._core import MSG_REQUEST, Envelope
+from rmb_relay.identity import make_jwt
+from rmb_relay.twins import Twin
+from rmb_relay.twins.local import SqliteTwinDirectory
 from tests.conftest import WAIT
 from tests.helpers import RawWebSocket, eventually, http_exchange
 from tests.redis_process import free_port
 from tests.relay_process import RelayProcess
+from tests.rmb_fixtures import key_for
 from tests.sbd_client import SbdClient
 from tests.scrape import scrape
 
@@ -204,3 +211,37 @@ async def test_per_ip_caps_group_ipv6_by_prefix() -> None:
     assert server.ip_key("192.0.2.1") == "192.0.2.1"
     per_host = RelayServer(ListenerConfig(ipv6_prefix=128))
     assert per_host.ip_key("2001:db8:0:1::a") != per_host.ip_key("2001:db8:0:1::b")
+
+
+async def test_rmb_errors_never_read_stop_the_sender_being_read(tmp_path: Path) -> None:
+    """Requests to a twin nobody knows are each answered with an error envelope: a sender that
+    never reads them stops being read (its own output is over the high-water mark), instead of
+    the relay queueing errors for it without end; once it reads, every one arrives."""
+    db = tmp_path / "twins.sqlite3"
+    with SqliteTwinDirectory(db) as twins:
+        twins.add(Twin(5, key_for(5).public_key, None))
+    relay = RelayProcess("--twins", f"sqlite:{db}", "--no-tunnel")
+    try:
+        async with honest_health(relay):
+            jwt = make_jwt(key_for(5), 5, None, int(time.time()))
+            ws = await RawWebSocket.connect(*relay.address, f"/?{jwt}")
+            rss_before = relay.rss_mib()
+            sent = 40_000
+            for n in range(0, sent, 1000):  # ~1 KiB each, their errors as large: ~42 MiB
+                batch = []
+                for uid in range(n, n + 1000):
+                    env = Envelope(f"{uid:08d}" + "u" * 1000)
+                    env.source_twin, env.dest_twin = 5, 77_777
+                    env.kind, env.command = MSG_REQUEST, "x"
+                    env.timestamp, env.expiration = int(time.time()), 300
+                    batch.append(env.encode())
+                ws.send_raw(ws.encoder.binary_batch(batch))  # (buffered here: never drained)
+            await eventually(lambda: _reply_pauses(relay, "rmb"), timeout=WAIT)
+            assert relay.rss_mib() - rss_before < RSS_GROWTH_MIB
+            errors = await _count(ws.reader, b"unknown twin destination", sent)
+            assert errors == sent
+            ws.close()
+        assert relay.stop() == 0
+        assert not relay.problems, relay.problems
+    finally:
+        relay.close()

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from rmb_relay import log_budget
 from rmb_relay.clock import Clock, monotonic_clock
 from rmb_relay.config import ListenerConfig
+from rmb_relay.contract import REPLY_PAUSES
 from rmb_relay.dialects.base import CloseCode, HttpResponse
 from rmb_relay.dialects.paths import PathTable
 from rmb_relay.errors import ConfigError
@@ -116,12 +117,7 @@ class ServerMetrics:
             "times a second (a flood of refusals is not a flood of lines)",
             lambda: [((), log_budget.suppressed())],
         )
-        self.reply_pauses = registry.counter(
-            "rmb_relay_reply_backpressure_pauses_total",
-            "Times a connection stopped being read because its own answers (pongs, errors, "
-            "HTTP responses to pipelined requests) were over its write high-water mark",
-            ("dialect",),
-        )
+        self.reply_pauses = registry.counter(*REPLY_PAUSES, ("dialect",))
 
 
 #: adds routes to a server's router (`RelayServer(routes=...)`)
