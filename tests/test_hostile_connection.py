@@ -245,3 +245,19 @@ async def test_rmb_errors_never_read_stop_the_sender_being_read(tmp_path: Path) 
         assert not relay.problems, relay.problems
     finally:
         relay.close()
+
+
+async def test_sbd_forwards_to_oneself_never_read_stop_being_read(relay: RelayProcess) -> None:
+    async with honest_health(relay):
+        greedy = await SbdClient.connect(*relay.address)
+        rss_before = relay.rss_mib()
+        sent = 40_000
+        payload = b"m" * 1000  # ~40 MiB back to itself
+        for _ in range(sent // 1000):
+            greedy.ws.send_raw(greedy.ws.encoder.binary_batch([greedy.pubkey + payload] * 1000))
+        await eventually(lambda: _reply_pauses(relay, "sbd"), timeout=WAIT)
+        assert relay.rss_mib() - rss_before < RSS_GROWTH_MIB
+        assert await _count(greedy.ws.reader, greedy.pubkey + payload, sent) == sent
+        greedy.ws.close()
+    assert relay.stop() == 0
+    assert not relay.problems, relay.problems
