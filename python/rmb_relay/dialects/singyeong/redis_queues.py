@@ -483,6 +483,10 @@ class RedisQueues:
         """Stores this instance refused by budget (`key`, `total`)."""
         return dict(self._refused)
 
+    def names(self) -> set[str]:
+        """The queues this instance holds requests for or knows to exist in Redis."""
+        return set(self.requests) | self._known_names
+
     def queue_count(self) -> int:
         """Queue names in Redis as of the last sweep."""
         return self._names
