@@ -6,12 +6,13 @@ echo server:
 - `tunnel`: client → rmb-relay (`/relay/acme/app/...`) → `rmb-relay connector` → server;
 - `baseline`: the same through `bench/baseline_tunnel.py` (aiohttp + websockets, ~100 lines).
 
-The server is aiohttp (`--target aiohttp`, the default) or the lean uvloop echo server of
-`bench/echo_target.py` (`--target lean`); every route of a run reaches the same one. Every
-party is its own process; the generator is this process (uvloop, one Protocol per keep-alive
-HTTP/1.1 connection, each response checked for status and length). Besides the rates, each
-row gives the CPU microseconds every process (relay, connector, target, generator) spent per
-request over the measured window, and the host's load average. `--half-load` then paces 64
+The server is aiohttp (`--target aiohttp`, the default) or the harness's lean uvloop echo
+server (`rmb_relay/load/echo_target.py`, `--target lean`); every route of a run reaches the
+same one. Every party is its own process; the generator is the harness, `rmb-load tunnel`
+(`--request-path` for each route, every answer checked for status and length), or the C
+generator (`--generator c`, `bench/http_load.c`). Besides the rates, each row gives the CPU
+microseconds every process (relay, connector, target, generator) spent per request over the
+run, and the host's load average. `--half-load` then paces 64
 clients at half the tunnel's measured 1 KiB throughput, through the tunnel and directly, and
 reports the p99 difference. Results print as a table and go to bench/results/tunnel-*.json.
 

@@ -138,6 +138,17 @@ def test_release_wheel_installs_and_runs_in_a_fresh_venv(tmp_path: Path) -> None
     )
     assert analytics.returncode == 0, analytics.stderr
     assert "--master" in analytics.stdout
+    # and rmb-load with every generator (docs/load.md), its echo target among them
+    for dialect in ("rmb", "sbd", "singyeong", "tunnel", "peer"):
+        load = subprocess.run(
+            [env_dir / "bin" / "rmb-load", dialect, "--help"],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
+        assert load.returncode == 0, load.stderr
+        assert "--samples" in load.stdout
     version = subprocess.run(
         [env_dir / "bin" / "rmb-peer", "--version"], capture_output=True, text=True, env=env
     )

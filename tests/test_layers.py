@@ -39,11 +39,18 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("directory and telemetry", ("rmb_relay.twins", "rmb_relay.telemetry")),
     (
         "delivery",
-        ("rmb_relay.mailbox", "rmb_relay.switch", "rmb_relay.cluster", "rmb_relay.federation"),
+        (
+            "rmb_relay.mailbox",
+            "rmb_relay.switch",
+            "rmb_relay.cluster",
+            "rmb_relay.federation",
+            "rmb_relay.throttle",
+        ),
     ),
     ("services", ("rmb_relay.services",)),
     ("dialects", ("rmb_relay.dialects",)),
     ("server", ("rmb_relay.server",)),
+    ("monitoring", ("rmb_relay.monitoring",)),
     (
         "programs",
         (

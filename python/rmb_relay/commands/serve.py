@@ -31,6 +31,7 @@ from rmb_relay.config import (
 from rmb_relay.dialects import registry
 from rmb_relay.dialects.base import Dialect
 from rmb_relay.errors import ConfigError
+from rmb_relay.monitoring import add_monitor_routes
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.services import Services
 from rmb_relay.services import add_arguments as add_service_arguments
@@ -116,6 +117,12 @@ def parser(prog: str = "rmb-relay serve", epilog: str | None = None) -> argparse
         help="open connections of one client IP; more are answered 429 and closed",
     )
     parser.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve /health, /metrics and /monitor/ on this address only (a private network), "
+        "not on --listen (default: on --listen)",
+    )
+    parser.add_argument(
         "-d",
         "--debug",
         action="count",
@@ -141,6 +148,8 @@ def listener_config(args: argparse.Namespace) -> ListenerConfig:
         http_request_timeout=args.http_request_timeout,
         max_connections=args.max_connections,
         max_connections_per_ip=args.max_connections_per_ip,
+        ipv6_prefix=args.ipv6_prefix,
+        metrics_listen=parse_listen(args.metrics_listen) if args.metrics_listen else None,
     )
 
 
@@ -160,7 +169,7 @@ async def build_server(args: argparse.Namespace) -> tuple[RelayServer, Services]
     services = await Services.from_args(args)
     try:
         dialects = await build_dialects(args, services)
-        server = RelayServer(config, dialects, services.metrics)
+        server = RelayServer(config, dialects, services.metrics, routes=(add_monitor_routes,))
     except BaseException:
         await services.close()
         raise

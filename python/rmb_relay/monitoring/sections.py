@@ -85,7 +85,7 @@ def budgets(
     if tunnel is not None:
         hub = tunnel.hub
         out.append(_budget("tunnel requests held", hub.core.held_total, hub.settings.total_bytes))
-        out.append(_budget("tunnel body store", hub.store.bytes, None))
+        out.append(_budget("tunnel body store", hub.store.held, None))
     return out
 
 

@@ -228,6 +228,11 @@ class SingyeongDialect(Dialect):
         except ValueError:
             return peer.peer_host
 
+    def open_surfaces(self) -> list[str]:
+        if self.settings.auth is not None:
+            return []
+        return ["gateway and HTTP API without a password (no --sg-auth)"]
+
     def add_routes(self, router: Routes) -> None:
         from rmb_relay.dialects.singyeong.api import SgApi
 
