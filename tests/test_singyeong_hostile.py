@@ -172,6 +172,7 @@ async def test_metadata_flood_is_refused_per_client(
     page = await scrape(*relay.address)
     assert page.value("rmb_relay_sg_refused_total", limit="metadata_bytes") == 41
     assert page.value("rmb_relay_sg_refused_total", limit="metadata_keys") == 1
+    assert page.value("rmb_relay_sg_refused_total", limit="id_length") == 2
     assert page.value("rmb_relay_sg_held_bytes", what="metadata") < 64 << 10
     assert growth < 24, f"relay RSS grew {growth:.1f} MiB"
 
