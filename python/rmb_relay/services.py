@@ -133,11 +133,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"embedded twin directory (default: sqlite:{default_twins_path()})",
     )
     shared.add_argument(
+        "-s",
         "--substrate",
-        action="append",
+        action="extend",
+        nargs="+",
         metavar="URL",
-        help="read twins from tfchain through this node, ws://HOST:PORT or wss://... "
-        "(repeatable: failover in order); replaces --twins",
+        help="read twins from tfchain through these nodes, ws://HOST:PORT or wss://... (one "
+        "or more per flag, the flag repeatable, as rmb-rs: failover in order); replaces --twins",
     )
     shared.add_argument(
         "--substrate-timeout",

@@ -63,8 +63,10 @@ struct Outbox {
     held: bool,
     /// listed in `dirty` since the last drain
     queued: bool,
-    /// messages (frames, or raw pieces) appended since it opened: what monitoring shows
+    /// messages (frames, or raw pieces) appended and bytes taken for writing since it
+    /// opened: what monitoring shows
     sent: u64,
+    sent_bytes: u64,
 }
 
 impl Outbox {
@@ -222,9 +224,13 @@ impl Outboxes {
         self.boxes.get(&id).map_or(0, |b| b.buf.len())
     }
 
-    /// Messages appended to this connection's outbox since it opened (0: unknown).
-    pub fn sent(&self, id: ConnId) -> u64 {
-        self.boxes.get(&id).map_or(0, |b| b.sent)
+    /// Messages appended to this connection's outbox and bytes taken from it since it
+    /// opened (zeros: unknown).
+    pub fn sent(&self, id: ConnId) -> Count {
+        self.boxes.get(&id).map_or_else(Count::default, |b| Count {
+            messages: b.sent,
+            bytes: b.sent_bytes,
+        })
     }
 
     fn mark(&mut self, id: ConnId) {
@@ -307,6 +313,7 @@ impl Outboxes {
         if b.buf.is_empty() {
             return None;
         }
+        b.sent_bytes += b.buf.len() as u64;
         Some(std::mem::take(&mut b.buf))
     }
 
@@ -494,8 +501,15 @@ mod tests {
         .concat();
         assert_eq!(taken(&mut o, 1), want);
         assert_eq!(o.pending(1), 0);
-        assert_eq!(o.sent(1), 3, "every message appended is counted");
-        assert_eq!(o.sent(2), 0, "unknown connection");
+        assert_eq!(
+            o.sent(1),
+            Count {
+                messages: 3,
+                bytes: want.len() as u64
+            },
+            "every message appended, every byte taken"
+        );
+        assert_eq!(o.sent(2), Count::default(), "unknown connection");
     }
 
     #[test]
@@ -570,7 +584,7 @@ mod tests {
         .concat();
         assert_eq!(o.pending(1), before + 5);
         assert_eq!(
-            o.sent(1),
+            o.sent(1).messages,
             2,
             "a message staged in place is counted once committed"
         );
@@ -772,10 +786,11 @@ pub mod py {
             self.inner.pending(conn_id)
         }
 
-        /// Messages appended to the connection's outbox since it opened, by the fast path
-        /// and by Python (0 for an unknown connection).
-        fn sent(&self, conn_id: ConnId) -> u64 {
-            self.inner.sent(conn_id)
+        /// (messages appended to the connection's outbox, by the fast path and by Python;
+        /// bytes taken from it for writing) since it opened; zeros for an unknown connection.
+        fn sent(&self, conn_id: ConnId) -> (u64, u64) {
+            let count = self.inner.sent(conn_id);
+            (count.messages, count.bytes)
         }
 
         fn __len__(&self) -> usize {

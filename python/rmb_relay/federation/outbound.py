@@ -94,7 +94,8 @@ class FederationStats:
         self.retries = 0
         self.failed_posts = 0
         #: relay domain -> [envelopes it accepted, posts to it that failed] (/monitor/federation),
-        #: counted once per POST, not per envelope
+        #: counted once per POST, not per envelope, then [rounds over a twin's relays that ended
+        #: without delivery with it among them] (rmb-rs's federation_message_error)
         self.peers: dict[str, list[int]] = {}
 
     def peer(self, domain: str) -> list[int]:
@@ -103,8 +104,13 @@ class FederationStats:
         if counts is None:
             if len(peers) >= MAX_PEERS_COUNTED:
                 domain = OTHER_PEERS
-            counts = peers.setdefault(domain, [0, 0])
+            counts = peers.setdefault(domain, [0, 0, 0])
         return counts
+
+    def round_failed(self, relays: list[str]) -> None:
+        """A round over a twin's relays ended without delivery: each of them counts it."""
+        for domain in relays:
+            self.peer(domain)[2] += 1
 
 
 @dataclass(slots=True)
@@ -327,6 +333,7 @@ class OutboundFederation(Federation):
                     continue
                 try:
                     if await self._outcome(rnd.env, rnd.item, domain, result):
+                        stats.round_failed(rnd.relays)  # refused for good
                         finished.append(rnd.item)
                         continue
                 except Exception:
@@ -339,6 +346,7 @@ class OutboundFederation(Federation):
                 if rnd.tried < len(rnd.relays):
                     again.append(rnd)
                 else:
+                    stats.round_failed(rnd.relays)
                     self._again(rnd.item, rnd.deadline, seconds(self.clock()))
             peer = stats.peer(domain)
             peer[0] += stats.accepted - accepted_before

@@ -137,7 +137,7 @@ class HttpConnection(ConnectionBase):
             # a websocket: nothing more is read here.
             return
         self.bytes_in += len(data)
-        self.last_active = self._clock()
+        self.last_active = self._activity.now
         fast = self._fast
         if fast is None or self._request is not None or self.ops_only:
             self._on_http_bytes(data)

@@ -22,7 +22,12 @@ from rmb_relay.dialects.base import CloseCode, HttpResponse
 from rmb_relay.dialects.paths import PathTable
 from rmb_relay.errors import ConfigError
 from rmb_relay.server.acceptor import Acceptor, bind_sockets
-from rmb_relay.server.connection_base import ConnectionBase, OutputBatcher, State
+from rmb_relay.server.connection_base import (
+    ActivityClock,
+    ConnectionBase,
+    OutputBatcher,
+    State,
+)
 from rmb_relay.server.http import Router
 from rmb_relay.server.http_connection import HttpConnection
 from rmb_relay.server.limits import Admission, ConnectionLimits, default_max_connections
@@ -131,6 +136,7 @@ class RelayServer:
         self.config = config
         #: connections' open and activity times (the monitor's age and idle)
         self.clock = clock
+        self.activity = ActivityClock(clock)
         self.started_at = clock()
         self.dialects = list(dialects)
         self.registry = registry if registry is not None else Registry()
@@ -182,6 +188,7 @@ class RelayServer:
         acceptor = Acceptor(sockets, lambda: HttpConnection(self), ssl_context=self._ssl_context())
         acceptor.start()
         self.acceptors.append(acceptor)
+        self.activity.start(asyncio.get_running_loop())
         self.addresses = [sock.getsockname()[:2] for sock in sockets]
         ops = self.config.metrics_listen
         if ops is not None:
@@ -245,6 +252,7 @@ class RelayServer:
             return
         self._stopping = True
         self.stopping.set()
+        self.activity.stop()
         for acceptor in self.acceptors:
             acceptor.close()
         conns = list(self.connections.values())
