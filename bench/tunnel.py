@@ -413,20 +413,19 @@ async def _run(args: argparse.Namespace, programs: dict[str, Path]) -> list[Resu
         "tunnel": (relay_port, "/relay/acme/app/echo", ("relay", *connectors, "target")),
         "baseline": (base_port, "/relay/echo", ("baseline", "baseline-connector", "target")),
     }
-    if "pyfloor" in args.routes:  # the thinnest Python tunnel (bench/tunnel_pyfloor.py)
+    if "python-floor" in args.routes:  # the thinnest Python tunnel (bench/tunnel_python_floor.py)
         floor_port, link_port = free_port(), free_port()
-        floor = [py, "-m", "bench.tunnel_pyfloor"]
-        processes["pyfloor-relay"] = spawn(
+        floor = [py, "-m", "bench.tunnel_python_floor"]
+        processes["python-floor-relay"] = spawn(
             [*floor, "relay", "--port", str(floor_port), "--link-port", str(link_port)], env
         )
-        processes["pyfloor-connector"] = spawn(
+        processes["python-floor-connector"] = spawn(
             [*floor, "connector", "--link-port", str(link_port),
              "--target-port", str(target_port)],
             env,
         )  # fmt: skip
-        routes["pyfloor"] = (
-            floor_port, "/relay/acme/app/echo", ("pyfloor-relay", "pyfloor-connector", "target")
-        )  # fmt: skip
+        floor_parts = ("python-floor-relay", "python-floor-connector", "target")
+        routes["python-floor"] = (floor_port, "/relay/acme/app/echo", floor_parts)
     print("pids " + " ".join(f"{name}={p.pid}" for name, p in processes.items()), flush=True)
     results: list[Result] = []
     token: str | None = None
@@ -470,7 +469,7 @@ async def _run(args: argparse.Namespace, programs: dict[str, Path]) -> list[Resu
             if rate is not None:
                 # the same generator and pacing for every route: the difference is the tunnel's
                 for _ in range(args.half_repeat):
-                    for route in ("direct", "tunnel", "pyfloor"):
+                    for route in ("direct", "tunnel", "python-floor"):
                         if route not in routes:
                             continue
                         port, path, parties = routes[route]
@@ -535,8 +534,8 @@ def main() -> None:
         "--routes",
         nargs="*",
         default=["direct", "tunnel", "baseline"],
-        help="routes to measure: direct, tunnel, baseline, and pyfloor (the thinnest tunnel a "
-        "Python relay and connector can be, bench/tunnel_pyfloor.py; measured at half load too)",
+        help="routes to measure: direct, tunnel, baseline, and python-floor (the thinnest tunnel "
+        "a Python relay and connector can be, bench/tunnel_python_floor.py; also at half load)",
     )
     parser.add_argument(
         "--relay-flag",
