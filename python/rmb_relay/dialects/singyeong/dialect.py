@@ -80,6 +80,9 @@ _ACK_UNKNOWN = ("QUEUE_ACK", "unknown")
 #: parsed QUEUE targets kept by their text (`_queue_target`); the table starts over when full
 #: (at this many entries or at --sg-target-cache-bytes)
 QUEUE_TARGET_CACHE = 4096
+#: queue names a client's `queues` keeps (what it asked for; pumped when its metadata
+#: changes): beyond, names of queues that are gone are forgotten first
+CLIENT_QUEUE_NAMES = 1000
 #: what a cached target costs besides its key's length three times (the key, the decoded
 #: value and the compiled query each hold about that much): the entry, tuple and Query
 TARGET_ENTRY_BYTES = 1024
@@ -739,7 +742,13 @@ class SingyeongDialect(Dialect):
                 {"queue": name, "limit": err.limit, "reason": str(err)},
             )
             return
-        client.queues.add(name)
+        names = client.queues
+        if name not in names and len(names) >= CLIENT_QUEUE_NAMES:
+            # the names a client asked for outlive its requests (metadata changes pump
+            # them): forget those whose queue has gone before keeping another
+            names.intersection_update(self.queues.names())
+        if len(names) < CLIENT_QUEUE_NAMES:
+            names.add(name)
         self.metrics.hot.add(_REQUEST_OK)
 
     def too_many_queues(self, session: SgSession, t: str, err: TooManyQueues, nonce: Any) -> None:

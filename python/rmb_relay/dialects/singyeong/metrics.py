@@ -141,7 +141,8 @@ class SgMetrics:
         self.refused = registry.counter(
             "rmb_relay_sg_refused_total",
             "singyeong frames refused by a bound (issue 33; docs/hardening.md): "
-            "metadata_keys, metadata_bytes, metadata_total (op 3 metadata_full), "
+            "metadata_keys, metadata_bytes, metadata_total (op 3 metadata_full), id_length "
+            "(identify: op 8), "
             "queues_per_app, queues_total (op 3 too_many_queues), requests_client, "
             "requests_total (outstanding QUEUE_REQUESTs), proxy_target (proxy 403), "
             "proxy_concurrency (proxy 503), query_results (op 3 too_many_results, HTTP 400), "

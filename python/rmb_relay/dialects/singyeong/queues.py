@@ -589,6 +589,10 @@ class Queues:
     def queue_count(self) -> int:
         return self.counts.count
 
+    def names(self) -> set[str]:
+        """The queues that exist."""
+        return set(self.queues)
+
     def depth(self) -> tuple[int, int, int]:
         """(waiting, unacked, dead letters) over every queue, for the metrics."""
         waiting = unacked = dead = 0

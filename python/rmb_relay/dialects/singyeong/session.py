@@ -236,6 +236,7 @@ class SgSession(WebSocketHandler):
             return
         if len(client_id) > MAX_ID_LENGTH or len(app_id) > MAX_ID_LENGTH:
             # ids key the index and every query answer: bounded as metadata keys are
+            dialect.metrics.refused.inc(1, "id_length")
             self.fatal(f"identify: client_id and application_id are at most {MAX_ID_LENGTH} long")
             return
         password = dialect.settings.auth

@@ -295,8 +295,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="CIDR",
-        help="networks /api/v1/proxy may reach (repeatable; default: any): it connects only "
-        "to the address the gateway saw for the client, and only if that is in one of these",
+        help="networks /api/v1/proxy may reach (repeatable; default: any but loopback and "
+        "link-local): it connects only to the address the gateway saw for the client, and only "
+        "if that is in one of these",
     )
     sg.add_argument(
         "--sg-proxy-timeout",
