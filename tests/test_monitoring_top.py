@@ -128,6 +128,7 @@ async def test_top_shows_the_top_sender_first_follows_the_sort_key_and_quits(
                 return first_row(screen, heading) == conn_id
 
             await eventually(lambda: shows("top by msgs_in", ids["heavy"]), 3 * WAIT)
+            (tmp_path / "screen.txt").write_text(screen)  # (docs/monitoring.md's capture)
             assert "rmb-relay" in screen
             assert "conns" in screen
             assert all(len(line) <= 80 for line in screen.splitlines())
@@ -137,7 +138,6 @@ async def test_top_shows_the_top_sender_first_follows_the_sort_key_and_quits(
             # `s`: the next key (bytes in): the heavy sender again
             await tmux(socket, "send-keys", "-t", "top", "s")
             await eventually(lambda: shows("top by bytes_in", ids["heavy"]), 3 * WAIT)
-            (tmp_path / "screen.txt").write_text(screen)
             await tmux(socket, "send-keys", "-t", "top", "q")
             await eventually(lambda: status.exists() and status.read_text() != "", 3 * WAIT)
             assert status.read_text().strip() == "0"
