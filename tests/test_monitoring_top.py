@@ -48,6 +48,9 @@ async def loaded_relay(tmp_path: Path) -> AsyncIterator[tuple[RelayServer, dict[
             "--twins",
             f"sqlite:{tmp_path / 'twins.sqlite3'}",
             "--sbd-disable-rate-limit",
+            # the sink only receives: SBD's idle rule would drop it
+            "--sbd-idle-ms",
+            "600000",
             "--no-tunnel",
         ]
     )
