@@ -59,8 +59,12 @@ async def loaded_relay(tmp_path: Path) -> AsyncIterator[tuple[RelayServer, dict[
     host, port = server.addresses[0]
     heavy, light, sink = [await SbdClient.connect(host, port) for _ in range(3)]
 
+    # a flag as well as the cancel: Python 3.11's wait_for (inside next_message) can swallow
+    # a cancellation that arrives as its read completes, which under this load it often does
+    stop = asyncio.Event()
+
     async def load() -> None:
-        while True:
+        while not stop.is_set():
             for _ in range(10):
                 heavy.forward(sink.pubkey, b"h" * 64)
             light.forward(sink.pubkey, b"l" * 64)
@@ -81,8 +85,9 @@ async def loaded_relay(tmp_path: Path) -> AsyncIterator[tuple[RelayServer, dict[
         }
         yield server, ids
     finally:
+        stop.set()
         task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        await asyncio.wait_for(asyncio.gather(task, return_exceptions=True), WAIT)
         for client in (heavy, light, sink):
             client.ws.close()
         await asyncio.wait_for(server.shutdown(), WAIT)
