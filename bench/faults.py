@@ -17,14 +17,20 @@ from collections.abc import Awaitable, Callable
 from tests.faultlab.netns import LabUnavailable, check_available
 from tests.faultlab.scenarios import (
     Outcome,
+    rmb_chain_slow_then_down,
+    rmb_cluster_failover,
     rmb_cut_from_clients,
     rmb_cut_from_redis,
     rmb_federation_partition,
+    rmb_slow_lossy_redis,
 )
-from tests.faultlab.world import FederatedPair, TwoInstances, World
+from tests.faultlab.world import ClusterInstances, FederatedPair, TwoInstances, World
 
 #: presence TTL of the relays in the bench: a 10 s cut is well past it
 TTL = 3.0
+
+#: the twin cache's TTL in the chain scenario: entries expire during the fault
+CHAIN_CACHE_TTL = 2.0
 
 Scenario = Callable[[World], Awaitable[Outcome]]
 
@@ -37,14 +43,23 @@ SCENARIOS: dict[str, Scenario] = {
     "rmb-cut-2": _cut(2),
     "rmb-cut-10": _cut(10),
     "rmb-cut-60": _cut(60),
+    "rmb-slow-lossy-redis-30": lambda world: rmb_slow_lossy_redis(world, 30),
     "rmb-clients-cut-10": lambda world: rmb_cut_from_clients(world, 10),
     "rmb-clients-cut-45": lambda world: rmb_cut_from_clients(world, 45),
     "rmb-federation-partition-30": lambda world: rmb_federation_partition(world, 30),
+    "rmb-redis-cluster-failover": rmb_cluster_failover,
+    "rmb-chain-slow-then-down-15": lambda world: rmb_chain_slow_then_down(world, 15),
 }
 
 
-def _world(name: str, ttl: float) -> TwoInstances | FederatedPair:
-    return FederatedPair() if "federation" in name else TwoInstances(ttl=ttl)
+def _world(name: str, ttl: float) -> TwoInstances | FederatedPair | ClusterInstances:
+    if "federation" in name:
+        return FederatedPair()
+    if "redis-cluster" in name:
+        return ClusterInstances(ttl=ttl)
+    if "chain" in name:
+        return TwoInstances(ttl=ttl, chain_cache_ttl=CHAIN_CACHE_TTL)
+    return TwoInstances(ttl=ttl)
 
 
 async def run(only: str | None, ttl: float) -> list[Outcome]:

@@ -110,7 +110,7 @@ def federation(dialects: Sequence[Dialect], wall_now: int) -> dict[str, Any]:
     by_peer = outbound.stats.peers
     peers = []
     for domain in sorted(set(by_peer) | set(failures)):
-        accepted, failed = by_peer.get(domain, (0, 0))
+        accepted, failed = by_peer.get(domain, (0, 0, 0))[:2]  # [2]: failed rounds (metrics)
         window_failures, rate = failures.get(domain, (0, 0.0))
         peers.append(
             {

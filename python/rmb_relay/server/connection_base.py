@@ -204,6 +204,7 @@ class ConnectionBase(asyncio.Protocol):
         "messages_in",
         "messages_out",
         "opened_at",
+        "ops_listener",
         "ops_only",
         "peer_host",
         "peer_port",
@@ -251,6 +252,8 @@ class ConnectionBase(asyncio.Protocol):
         self.closed = loop.create_future()
         #: admitted over the connection cap: served /health and /metrics only (server/limits.py)
         self.ops_only = False
+        #: accepted on the operations listener (`--metrics-listen`): ops routes only
+        self.ops_listener = False
 
     def take_over(self, other: ConnectionBase) -> None:
         """Become the connection `other` was (an upgrade): the same id, transport, peer and
@@ -262,6 +265,7 @@ class ConnectionBase(asyncio.Protocol):
         self.peer_port = other.peer_port
         self.closed = other.closed
         self.ops_only = other.ops_only
+        self.ops_listener = other.ops_listener
         self.congested = other.congested
         self.opened_at = other.opened_at
         self.last_active = other.last_active
