@@ -24,6 +24,7 @@ from tests.faultlab.scenarios import (
     rmb_federation_partition,
     rmb_slow_lossy_redis,
     sbd_cut_from_redis,
+    sg_send_cut_from_redis,
 )
 from tests.faultlab.world import ClusterInstances, FederatedPair, TwoInstances, World
 
@@ -55,6 +56,7 @@ SCENARIOS: dict[str, Scenario] = {
     "rmb-redis-cluster-failover": rmb_cluster_failover,
     "rmb-chain-slow-then-down-15": lambda world: rmb_chain_slow_then_down(world, 15),
     "sbd-cut-10": lambda world: sbd_cut_from_redis(world, 10),
+    "sg-send-cut-10": lambda world: sg_send_cut_from_redis(world, 10),
 }
 
 

@@ -15,6 +15,7 @@ from tests.faultlab.checker import Checker, Fates
 from tests.faultlab.rmb import RmbRequests
 from tests.faultlab.sbd import SbdForwards
 from tests.faultlab.services import RedisNode
+from tests.faultlab.singyeong import SgSends
 from tests.faultlab.world import (
     ClusterNode,
     World,
@@ -290,3 +291,28 @@ async def sbd_cut_from_redis(world: World, cut: float, *, rate: float = RATE) ->
 
 async def _held_by(world: World, name: str, instance: str) -> bool:
     return await world.holders(name) == instance
+
+
+async def sg_send_cut_from_redis(world: World, cut: float, *, rate: float = RATE) -> Outcome:
+    """(a) for the 신경 gateway: a's link to Redis black-holed for `cut` seconds while a client
+    on a SENDs to the one client of application "api", on b; then healed."""
+    checker = Checker(one_way=True)
+    traffic = SgSends(checker)
+    a, b = world.instances["a"], world.instances["b"]
+    link = a.to_redis
+    assert link is not None
+    try:
+        await traffic.open(a.from_clients.address, b.from_clients.address)
+        traffic.start(rate)
+        await wait_until(lambda: checker.delivered_count >= WARMUP_ANSWERS, 30)
+        early = await _cut_for(world, link.black_hole, link.heal, cut)()
+        started = time.monotonic()
+        mark = traffic.next_id
+        await wait_until(lambda: checker.delivered_since(traffic.prefix, mark), 120)
+        recover = time.monotonic() - started
+        await traffic.stop()
+        await checker.settle(SETTLE)
+        name = f"신경 SEND a cut from redis {cut:g} s"
+        return Outcome(name, checker.report(), recover, world.rss_mib(), True, early)
+    finally:
+        await traffic.close()
