@@ -57,6 +57,7 @@ SCENARIOS: dict[str, Scenario] = {
     "rmb-chain-slow-then-down-15": lambda world: rmb_chain_slow_then_down(world, 15),
     "sbd-cut-10": lambda world: sbd_cut_from_redis(world, 10),
     "sg-send-cut-10": lambda world: sg_send_cut_from_redis(world, 10),
+    "sg-queue-cut-10": lambda world: sg_send_cut_from_redis(world, 10, queue=True),
 }
 
 

@@ -15,7 +15,7 @@ from tests.faultlab.checker import Checker, Fates
 from tests.faultlab.rmb import RmbRequests
 from tests.faultlab.sbd import SbdForwards
 from tests.faultlab.services import RedisNode
-from tests.faultlab.singyeong import SgSends
+from tests.faultlab.singyeong import SgQueue, SgSends
 from tests.faultlab.world import (
     ClusterNode,
     World,
@@ -293,11 +293,14 @@ async def _held_by(world: World, name: str, instance: str) -> bool:
     return await world.holders(name) == instance
 
 
-async def sg_send_cut_from_redis(world: World, cut: float, *, rate: float = RATE) -> Outcome:
+async def sg_send_cut_from_redis(
+    world: World, cut: float, *, rate: float = RATE, queue: bool = False
+) -> Outcome:
     """(a) for the 신경 gateway: a's link to Redis black-holed for `cut` seconds while a client
-    on a SENDs to the one client of application "api", on b; then healed."""
+    on a SENDs (or QUEUEs, `queue`) to the one client of application "api", on b; then
+    healed."""
     checker = Checker(one_way=True)
-    traffic = SgSends(checker)
+    traffic = SgQueue(checker) if queue else SgSends(checker)
     a, b = world.instances["a"], world.instances["b"]
     link = a.to_redis
     assert link is not None
@@ -312,7 +315,7 @@ async def sg_send_cut_from_redis(world: World, cut: float, *, rate: float = RATE
         recover = time.monotonic() - started
         await traffic.stop()
         await checker.settle(SETTLE)
-        name = f"신경 SEND a cut from redis {cut:g} s"
+        name = f"신경 {'QUEUE' if queue else 'SEND'} a cut from redis {cut:g} s"
         return Outcome(name, checker.report(), recover, world.rss_mib(), True, early)
     finally:
         await traffic.close()
