@@ -556,7 +556,7 @@ pub mod py {
     use crate::codec::scanner::py::Scanner;
     use crate::codec::scanner::{ScanFeed, Scanned};
     use crate::codec::ws::py::{message_event, payload_bytes};
-    use crate::codec::ws::Payload;
+    use crate::codec::mask::Payload;
     use crate::forward::outboxes::py::{open_outboxes, Outboxes};
 
     /// The native SEND/BROADCAST path's index of one gateway (see `singyeong.rs`): Python

@@ -11,10 +11,12 @@ import contextlib
 import socket
 from collections.abc import AsyncIterator, Iterator
 
+import httpx
 import pytest
 
 from tests.conftest import WAIT
 from tests.helpers import RawWebSocket, eventually, http_exchange
+from tests.redis_process import free_port
 from tests.relay_process import RelayProcess
 from tests.sbd_client import SbdClient
 from tests.scrape import scrape
@@ -146,3 +148,59 @@ async def _ping_and_never_read(relay: RelayProcess) -> None:
     assert await _count(ws.reader, pong_frame, sent) == sent
     for client in (greedy, a, b):
         client.ws.close()
+
+
+async def test_metrics_listen_moves_the_operations_routes_off_the_public_listener() -> None:
+    ops_port = free_port()
+    relay = RelayProcess("--metrics-listen", f"127.0.0.1:{ops_port}", "--no-tunnel")
+    try:
+        line = relay.wait_for_line("open to strangers")
+        assert "federation POST /" in line
+        assert "sbd: any key may connect" in line
+        assert "/metrics" not in line  # moved off the public listener
+        host, port = relay.address
+        async with (
+            httpx.AsyncClient(base_url=f"http://{host}:{port}", timeout=WAIT) as public,
+            httpx.AsyncClient(base_url=f"http://{host}:{ops_port}", timeout=WAIT) as ops,
+        ):
+            for path in ("/metrics", "/health", "/monitor/server"):
+                assert (await public.get(path)).status_code == 404, path
+                assert (await ops.get(path)).status_code == 200, path
+            # nothing else is served on the operations listener: no route, no upgrade
+            assert (await ops.post("/", content=b"x")).status_code == 404
+            upgrade = {
+                "Upgrade": "websocket",
+                "Connection": "Upgrade",
+                "Sec-WebSocket-Version": "13",
+            }
+            upgrade["Sec-WebSocket-Key"] = "dGhlIHNhbXBsZSBub25jZQ=="
+            assert (await ops.get("/AAAA", headers=upgrade)).status_code == 404
+            # the public one still serves the dialects
+            assert (await public.post("/", content=b"x")).status_code == 400
+        assert relay.stop() == 0
+        assert not relay.problems, relay.problems
+    finally:
+        relay.close()
+
+
+async def test_default_relay_says_what_is_open_in_one_line() -> None:
+    relay = RelayProcess()
+    try:
+        line = relay.wait_for_line("open to strangers")
+        for surface in ("rmb: federation POST /", "sbd: any key", "on the public listener"):
+            assert surface in line, line
+        assert sum("open to strangers" in logged for logged in relay.log) == 1
+    finally:
+        relay.close()
+
+
+async def test_per_ip_caps_group_ipv6_by_prefix() -> None:
+    from rmb_relay.config import ListenerConfig
+    from rmb_relay.server.listener import RelayServer
+
+    server = RelayServer(ListenerConfig(ipv6_prefix=64))
+    assert server.ip_key("2001:db8:0:1::a") == server.ip_key("2001:db8:0:1:ffff::b")
+    assert server.ip_key("2001:db8:0:2::a") != server.ip_key("2001:db8:0:1::a")
+    assert server.ip_key("192.0.2.1") == "192.0.2.1"
+    per_host = RelayServer(ListenerConfig(ipv6_prefix=128))
+    assert per_host.ip_key("2001:db8:0:1::a") != per_host.ip_key("2001:db8:0:1::b")

@@ -99,6 +99,18 @@ async def test_proxy_refuses_targets_outside_the_client(make_gateway: MakeGatewa
     )
 
 
+@pytest.mark.parametrize("declared", ["http://[::1", "http://127.0.0.1:99999", "ftp://127.0.0.1"])
+async def test_proxy_refuses_a_malformed_declared_address(
+    make_gateway: MakeGateway, declared: str
+) -> None:
+    gateway = await make_gateway()
+    await gateway.client("odd", "api", ip=declared)
+    request = {"method": "GET", "route": "/", "query": {"application": "api"}}
+    status, answer = await http(gateway, "POST", "/api/v1/proxy", request)
+    assert status == 403
+    assert answer["errors"][0].startswith(("not a valid address", "not an http(s) URL"))
+
+
 async def test_proxy_allow_list_bounds_the_client_addresses(
     make_gateway: MakeGateway, service: int
 ) -> None:

@@ -511,9 +511,9 @@ class Outboxes:
     def accepts(self, conn_id: int) -> bool: ...
     def pending(self, conn_id: int) -> int:
         """Bytes buffered for the connection."""
-    def sent(self, conn_id: int) -> int:
-        """Messages appended to the connection's outbox since it opened, by the fast path
-        and by Python (0 for an unknown connection)."""
+    def sent(self, conn_id: int) -> tuple[int, int]:
+        """(messages appended to the connection's outbox, by the fast path and by Python;
+        bytes taken from it for writing) since it opened; zeros for an unknown connection."""
     def __len__(self) -> int: ...
     def push(self, conn_id: int, payload: bytes) -> None:
         """One binary frame of `payload` after what is buffered (an unknown id: ignored)."""

@@ -85,7 +85,7 @@ def budgets(
     if tunnel is not None:
         hub = tunnel.hub
         out.append(_budget("tunnel requests held", hub.core.held_total, hub.settings.total_bytes))
-        out.append(_budget("tunnel body store", hub.store.bytes, None))
+        out.append(_budget("tunnel body store", hub.store.held, None))
     return out
 
 
@@ -107,7 +107,7 @@ def federation(dialects: Sequence[Dialect], wall_now: int) -> dict[str, Any]:
     by_peer = outbound.stats.peers
     peers = []
     for domain in sorted(set(by_peer) | set(failures)):
-        accepted, failed = by_peer.get(domain, (0, 0))
+        accepted, failed = by_peer.get(domain, (0, 0, 0))[:2]  # [2]: failed rounds (metrics)
         window_failures, rate = failures.get(domain, (0, 0.0))
         peers.append(
             {

@@ -160,6 +160,14 @@ class RmbDialect(Dialect):
         self.metrics.logins.inc()
         return RmbSession(conn, self, twin_id, parsed.claims.sid)
 
+    def open_surfaces(self) -> list[str]:
+        inbound = self.inbound
+        if inbound is None:
+            return []
+        if inbound.verify:
+            return ["federation POST / (any relay may post; envelopes must be signed)"]
+        return ["federation POST / UNSIGNED envelopes accepted (--no-verify-federated)"]
+
     def _login_failed(self, reason: str, conn: Peer) -> None:
         self.metrics.login_failures.inc(1, reason)
         log.info("refused RMB login from %s: %s", conn.peer_host, reason)
@@ -171,6 +179,15 @@ class RmbDialect(Dialect):
         if self.settings.standalone:
             return True
         return bool(twin.relays and twin.relays & self.settings.domains)
+
+    def serves_federated(self, twin: Twin) -> bool:
+        """Whether another relay may post envelopes for the twin here (`POST /`): its relay
+        list shares one of our domains; on a standalone relay (no `--domain`), which cannot
+        know its own name, only a twin that names no relay at all (one of the local
+        directory's), never one whose relays are elsewhere."""
+        if self.settings.standalone:
+            return not twin.relays
+        return self.is_ours(twin)
 
     def store_deadline(self, env: EnvelopeRouting) -> int | None:
         """Until when the envelope may wait in a mailbox (unix seconds); None for a fail-fast

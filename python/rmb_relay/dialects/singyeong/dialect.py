@@ -54,6 +54,7 @@ from rmb_relay.dialects.singyeong.queues import (
     Message,
     Queues,
     TooManyQueues,
+    TooManyRequests,
 )
 from rmb_relay.dialects.singyeong.redis_queues import RedisQueues
 from rmb_relay.dialects.singyeong.session import SgSession
@@ -143,6 +144,8 @@ class SingyeongDialect(Dialect):
                 dead_letter_bytes=settings.dead_letter_bytes,
                 queues_per_app=settings.queues_per_app,
                 queues_total=settings.queues_total,
+                requests_per_client=settings.requests_per_client,
+                requests_total=settings.requests_total,
             )
         else:
             self.queues = RedisQueues(
@@ -154,11 +157,13 @@ class SingyeongDialect(Dialect):
                 queue_bytes=settings.queue_bytes,
                 queue_total_bytes=settings.queue_total_bytes,
                 queues_total=settings.queues_total,
+                requests_per_client=settings.requests_per_client,
+                requests_total=settings.requests_total,
             )
             self.queues.start()
         self.cluster: SgCluster | None = None
         if cluster is not None:
-            self.cluster = SgCluster(cluster, self.index, self.deliver_local)
+            self.cluster = SgCluster(cluster, self.index, self.deliver_local, self.displace_local)
             self.cluster.start()
         #: the native SEND/BROADCAST path: off in cluster mode (receivers may be remote)
         self.native: NativePath | None = None
@@ -220,6 +225,11 @@ class SingyeongDialect(Dialect):
         except ValueError:
             return peer.peer_host
 
+    def open_surfaces(self) -> list[str]:
+        if self.settings.auth is not None:
+            return []
+        return ["gateway and HTTP API without a password (no --sg-auth)"]
+
     def add_routes(self, router: Routes) -> None:
         from rmb_relay.dialects.singyeong.api import SgApi
 
@@ -252,6 +262,29 @@ class SingyeongDialect(Dialect):
                 self.cluster.left(client)
             self.queues.consumer_gone(session)
             self._client_update("CLIENT_DISCONNECTED", client)
+
+    def displace_local(self, client: Client, by: str) -> None:
+        """Another instance's authenticated client wants the id of `client` (cluster.py): if
+        it is still a restricted client connected here, it is told and closed."""
+        session = client.session
+        if (
+            session is None
+            or session.closing
+            or client.node is not None
+            or not client.restricted
+            or self.index.get(client.app_id, client.client_id) is not client
+        ):
+            return
+        self.metrics.refused.inc(1, "restricted_displaced")
+        log.info(
+            "singyeong: %s/%s: restricted client from %s displaced by an authenticated one "
+            "on another instance (from %s)",
+            client.app_id,
+            client.client_id,
+            session.address,
+            by,
+        )
+        session.displaced(by)
 
     def _client_update(self, event: str, client: Client) -> None:
         if not self.update_listeners:
@@ -454,12 +487,27 @@ class SingyeongDialect(Dialect):
         query = self._parse_target(session, t, d)
         if query is None:
             return
+        nonce = d.get("nonce") if isinstance(d, dict) else None
+        matches = self.index.match(query)
+        too_many = self.too_many_results(len(matches))
+        if too_many is not None:
+            self.metrics.hot.dispatch(t, "refused")
+            session.invalid("too_many_results", {"nonce": nonce, "reason": too_many})
+            return
         self.metrics.hot.dispatch(t, "ok")
         nodes: dict[str, list[dict[str, Any]]] = {}
-        for found in self.index.match(query):
+        for found in matches:
             nodes.setdefault(found.node or self.node, []).append(found.describe())
-        nonce = d.get("nonce") if isinstance(d, dict) else None
         session.send(frames.dispatch(t, {"nodes": nodes}, self.now_ms(), nonce, nodes=nodes))
+
+    def too_many_results(self, matched: int) -> str | None:
+        """Why an answer listing `matched` clients is refused (QUERY_NODES, /api/v1/query:
+        each client may carry up to --sg-metadata-bytes), or None."""
+        limit = self.settings.query_max_results
+        if matched <= limit:
+            return None
+        self.metrics.refused.inc(1, "query_results")
+        return f"the query matches {matched} clients, {limit} allowed (--sg-query-max-results)"
 
     # ---- queues ----------------------------------------------------------------------------
 
@@ -684,15 +732,19 @@ class SingyeongDialect(Dialect):
     def request_queue(self, session: SgSession, client: Client, t: str, name: str) -> None:
         """A QUEUE_REQUEST with a valid name (both paths)."""
         try:
-            accepted = self.queues.request(name, session, client.app_id)
+            self.queues.request(name, session, client.app_id)
         except TooManyQueues as err:
             self.too_many_queues(session, t, err, None)
             return
-        client.queues.add(name)
-        if not accepted:
+        except TooManyRequests as err:
             self.metrics.hot.dispatch(t, "refused")
-            session.invalid("too many outstanding QUEUE_REQUESTs", {"queue": name})
+            self.metrics.refused.inc(1, f"requests_{err.limit}")
+            session.invalid(
+                "too many outstanding QUEUE_REQUESTs",
+                {"queue": name, "limit": err.limit, "reason": str(err)},
+            )
             return
+        client.queues.add(name)
         self.metrics.hot.add(_REQUEST_OK)
 
     def too_many_queues(self, session: SgSession, t: str, err: TooManyQueues, nonce: Any) -> None:

@@ -140,11 +140,13 @@ class SgMetrics:
         )
         self.refused = registry.counter(
             "rmb_relay_sg_refused_total",
-            "singyeong frames refused by a bound (issue 33): metadata_keys, metadata_bytes "
-            "(--sg-metadata-keys/-bytes, op 3 metadata_full), queues_per_app, queues_total "
-            "(--sg-queues-per-app/-total, op 3 too_many_queues), restricted_displaced (a "
-            "restricted client closed for an authenticated one taking its id), proxy_target "
-            "(/api/v1/proxy 403: not the client's address or outside --sg-proxy-allow)",
+            "singyeong frames refused by a bound (issue 33; docs/hardening.md): "
+            "metadata_keys, metadata_bytes, metadata_total (op 3 metadata_full), "
+            "queues_per_app, queues_total (op 3 too_many_queues), requests_client, "
+            "requests_total (outstanding QUEUE_REQUESTs), proxy_target (proxy 403), "
+            "proxy_concurrency (proxy 503), query_results (op 3 too_many_results, HTTP 400), "
+            "restricted_displaced (a restricted client closed "
+            "for an authenticated one taking its id)",
             ("limit",),
         )
         registry.gauge(

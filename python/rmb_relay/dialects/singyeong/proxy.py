@@ -11,9 +11,11 @@ The public server lets any caller make the gateway request any URL a client name
   (DNS rebinding);
 - with `--sg-proxy-allow`, the address must be in one of those networks (403 otherwise);
 - the request is abandoned after `--sg-proxy-timeout`, and redirects are never followed (the
-  3xx goes back to the caller as it is).
+  3xx goes back to the caller as it is);
+- at most `--sg-proxy-concurrency` requests are in flight (each may hold an answer of up to
+  `MAX_RESPONSE`); more get 503 at once.
 Errors are 400 `{"errors": [...]}` (the public server's shape), 403 for a target refused as
-above, 502 when the client cannot be reached and 504 on timeout.
+above, 502 when the client cannot be reached, 503 over the concurrency and 504 on timeout.
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ class Proxy:
     def __init__(self, dialect: SingyeongDialect) -> None:
         self.dialect = dialect
         self._session: Any = None
+        #: requests being forwarded now (`--sg-proxy-concurrency`)
+        self.in_flight = 0
 
     async def target(self, client: Client, route: str) -> Target | str:
         """Where the request for `client` goes, or why it may not go (module docstring)."""
@@ -91,14 +95,14 @@ class Proxy:
         declared = client.metadata.get("ip")
         if not isinstance(declared, str) or not declared:
             declared = client.socket_ip
-        if not declared.startswith(("http://", "https://")):
+        if "://" not in declared:
             bare = ":" in declared and not declared.startswith("[") and _ip(declared) is not None
             declared = f"http://[{declared}]" if bare else f"http://{declared}"
-        parts = urlsplit(declared)
-        host = parts.hostname
         try:
+            parts = urlsplit(declared)
+            host = parts.hostname
             port = parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:
+        except ValueError:  # a bad port, an unclosed "[": the client's own text
             return f"not a valid address: {declared[:200]}"
         if parts.scheme not in ("http", "https") or not host:
             return f"not an http(s) URL: {declared[:200]}"
@@ -183,7 +187,17 @@ class Proxy:
         }
         if target.host is not None:
             send_headers["Host"] = target.host
-        return await self.forward(method, target, send_headers, data)
+        limit = self.dialect.settings.proxy_concurrency
+        if self.in_flight >= limit:
+            self.dialect.metrics.refused.inc(1, "proxy_concurrency")
+            return _error(
+                503, f"{limit} proxied requests are in flight (--sg-proxy-concurrency); retry later"
+            )
+        self.in_flight += 1
+        try:
+            return await self.forward(method, target, send_headers, data)
+        finally:
+            self.in_flight -= 1
 
     async def forward(
         self, method: str, target: Target, headers: dict[str, str], data: bytes | None

@@ -27,6 +27,7 @@ from rmb_relay.dialects.singyeong.etf import Struct
 from rmb_relay.dialects.singyeong.frames import Op
 from rmb_relay.dialects.singyeong.hotframes import queue_dispatch
 from rmb_relay.dialects.singyeong.metadata import (
+    MAX_KEY_LENGTH,
     MetadataAccount,
     MetadataError,
     MetadataLimit,
@@ -43,6 +44,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("rmb_relay.singyeong")
 
 _OP_VALUES = frozenset(int(op) for op in Op)
+#: the longest client_id or application_id (characters)
+MAX_ID_LENGTH = MAX_KEY_LENGTH
 # plain ints: comparing with an IntEnum member costs an attribute lookup on the enum class
 _DISPATCH, _HEARTBEAT, _IDENTIFY = int(Op.DISPATCH), int(Op.HEARTBEAT), int(Op.IDENTIFY)
 
@@ -231,6 +234,10 @@ class SgSession(WebSocketHandler):
         if not isinstance(app_id, str) or not app_id:
             self.fatal("identify: application_id must be a non-empty string")
             return
+        if len(client_id) > MAX_ID_LENGTH or len(app_id) > MAX_ID_LENGTH:
+            # ids key the index and every query answer: bounded as metadata keys are
+            self.fatal(f"identify: client_id and application_id are at most {MAX_ID_LENGTH} long")
+            return
         password = dialect.settings.auth
         auth = d.get("auth")
         restricted = password is not None and not (
@@ -239,26 +246,6 @@ class SgSession(WebSocketHandler):
         if restricted and self.encoding is Encoding.ETF:
             self.fatal("restricted clients may not use ETF")
             return
-        holder = dialect.index.get(app_id, client_id)
-        if holder is not None:
-            # under --sg-auth an authenticated client takes an id a restricted one holds here
-            # (issue 33: a stranger cannot squat a service's name); else the first one keeps it
-            squatter = holder.session if holder.restricted and not restricted else None
-            if squatter is None or squatter.closing:
-                self.invalid(f"{client_id}: already registered for app {app_id}")
-                self.closing = True
-                self.peer.close(CloseCode.NORMAL, "duplicate client id")
-                return
-            dialect.metrics.refused.inc(1, "restricted_displaced")
-            log.info(
-                "singyeong: %s/%s: restricted client from %s displaced by an authenticated one "
-                "from %s",
-                app_id,
-                client_id,
-                squatter.address,
-                self.address,
-            )
-            squatter.displaced(self.address)
         initial = d.get("metadata")
         try:
             update = validate(initial if initial is not None else {})
@@ -280,6 +267,34 @@ class SgSession(WebSocketHandler):
         except MetadataLimit as err:
             self.fatal("initial metadata: metadata_full", err.info())
             return
+        holder = dialect.index.get(app_id, client_id)
+        if holder is not None:
+            # under --sg-auth an authenticated client takes an id a restricted one holds here
+            # (issue 33: a stranger cannot squat a service's name); else the first one keeps it
+            squatter = holder.session if holder.restricted and not restricted else None
+            cluster = dialect.cluster
+            elsewhere = holder.node is not None and cluster is not None
+            if elsewhere and holder.restricted and not restricted:
+                # held on another instance: it is asked to close its restricted client; this
+                # one is told to identify again once the id is free (the table says so)
+                assert cluster is not None
+                cluster.displace(holder, self.address)
+                self.invalid(
+                    f"{client_id}: held by a restricted client on another instance, which is "
+                    "being closed: identify again"
+                )
+                self.closing = True
+                self.peer.close(CloseCode.NORMAL, "id held elsewhere: identify again")
+                return
+            if squatter is None:
+                self.invalid(f"{client_id}: already registered for app {app_id}")
+                self.closing = True
+                self.peer.close(CloseCode.NORMAL, "duplicate client id")
+                return
+            if squatter.closing:  # already told and closing: it only leaves the index sooner
+                dialect.session_closed(squatter)
+            else:
+                dialect.displace_local(holder, self.address)
         client = Client(
             app_id,
             client_id,
@@ -319,10 +334,14 @@ class SgSession(WebSocketHandler):
     def charge_metadata(self, update: Update) -> None:
         """Count `update` against this client's metadata bounds; raises MetadataLimit (and
         counts the refusal) if it does not fit, nothing charged."""
-        settings = self.dialect.settings
+        dialect = self.dialect
+        settings = dialect.settings
         try:
             delta = self.metadata_account.charge(
-                update, settings.metadata_keys, settings.metadata_bytes
+                update,
+                settings.metadata_keys,
+                settings.metadata_bytes,
+                (dialect.metadata_bytes, settings.metadata_total_bytes),
             )
         except MetadataLimit as err:
             self.dialect.metrics.refused.inc(1, f"metadata_{err.limit}")
