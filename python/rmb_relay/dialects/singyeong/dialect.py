@@ -705,7 +705,12 @@ class SingyeongDialect(Dialect):
             log.warning("singyeong: queue %s: could not store: %s", message.queue, err)
             self.metrics.hot.dispatch("QUEUE", "unavailable")
             if not session.closing:
-                session.invalid("queue unavailable: the message was not stored", message.queue)
+                # names the message (as queue_full does): a producer with several in flight
+                # must know which one to send again
+                session.invalid(
+                    "queue unavailable: the message was not stored",
+                    {"queue": message.queue, "nonce": message.nonce},
+                )
             return
         if not session.closing:
             self.confirm(session, message)
