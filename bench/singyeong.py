@@ -15,9 +15,9 @@ that writes once per receiver per read coalesces them); `queue` QUEUE -> 20 cons
 The generator is this process (one core, uvloop, frames masked and decoded by the Rust core,
 payloads carry the send time in microseconds); the gateway is another process (the other
 core). `gw_cpu` / `gen_cpu` are each side's share of one core during the measured window.
-`SG_GATEWAY_ARGS` adds flags to the rmb-relay command line (`--sg-no-native`: the Python
-path only). `SG_WINDOW` (default 4096) bounds the deliveries in flight in the SEND and BROADCAST
-scenarios (recorded in each row as `window`; docs/singyeong.md has a table over it).
+`SG_GATEWAY_ARGS` adds flags to the rmb-relay command line. `SG_WINDOW` (default 4096) bounds
+the deliveries in flight in the SEND and BROADCAST scenarios (recorded in each row as
+`window`; docs/singyeong.md has a table over it).
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ class Gateway:
                 str(16 << 20),
                 "--max-connections-per-ip",
                 "100000",  # every generator connection comes from 127.0.0.1
-                # e.g. SG_GATEWAY_ARGS=--sg-no-native: the Python path, in the same sitting
+                # e.g. SG_GATEWAY_ARGS="--sg-query-max-list 64"
                 *os.environ.get("SG_GATEWAY_ARGS", "").split(),
             ]
         else:
