@@ -13,7 +13,7 @@
 use std::cmp::Ordering;
 use std::collections::HashMap;
 
-use super::query::{Metadata, Query, Range, Selector};
+use super::query::{holds, Metadata, Query, Range, Selector};
 use super::value::{num_cmp, version_key, Value, VersionKey};
 use crate::forward::maps::IdMap;
 use crate::forward::routes::ConnId;
@@ -29,26 +29,35 @@ pub struct Client {
     /// the connection speaks JSON (the fast path writes only JSON frames)
     pub json: bool,
     pub meta: Metadata,
+    /// its application's number while it is indexed (compared instead of the name; `add` sets it)
+    pub(crate) app_no: u64,
 }
+
+/// A member's (application number, restricted): what a lone `$eq` checks, beside the handle,
+/// so that a BROADCAST to a bucket reads no client twice.
+type Tag = (u64, bool);
 
 /// A set of client handles with O(1) insert and remove, iterated as a slice.
 #[derive(Debug, Default)]
 struct Bucket {
     members: Vec<u64>,
+    tags: Vec<Tag>,
     at: IdMap<usize>,
 }
 
 impl Bucket {
-    fn insert(&mut self, h: u64) {
+    fn insert(&mut self, h: u64, tag: Tag) {
         if !self.at.contains_key(&h) {
             self.at.insert(h, self.members.len());
             self.members.push(h);
+            self.tags.push(tag);
         }
     }
 
     fn remove(&mut self, h: u64) {
         if let Some(i) = self.at.remove(&h) {
             self.members.swap_remove(i);
+            self.tags.swap_remove(i);
             if let Some(moved) = self.members.get(i) {
                 self.at.insert(*moved, i);
             }
@@ -86,15 +95,6 @@ fn bucket(value: &Value, version: bool) -> Option<Key> {
     })
 }
 
-/// The buckets an incoming `$eq` value may find its equals in (a string may be a version).
-fn lookup_keys(value: &Value) -> Vec<Key> {
-    let mut keys: Vec<Key> = bucket(value, false).into_iter().collect();
-    if let Some(v) = version_key(value) {
-        keys.push(Key::V(v));
-    }
-    keys
-}
-
 fn sortable(value: &Value, version: bool) -> bool {
     !version && value.number().is_some() && !value.is_nan()
 }
@@ -106,7 +106,9 @@ fn cmp(a: &Value, b: &Value) -> Ordering {
 #[derive(Debug, Default)]
 pub struct Index {
     pub clients: IdMap<Client>,
-    by_app: HashMap<Box<[u8]>, Bucket>,
+    /// application -> (its number, its clients)
+    by_app: HashMap<Box<[u8]>, (u64, Bucket)>,
+    apps_seen: u64,
     by_value: HashMap<Box<[u8]>, HashMap<Key, Bucket>>,
     by_number: HashMap<Box<[u8]>, Vec<(Value, u64)>>,
     rng: u64,
@@ -115,7 +117,7 @@ pub struct Index {
 /// Where a query's candidates come from.
 enum From<'a> {
     All,
-    Slice(&'a [u64]),
+    Bucket(&'a Bucket),
     Owned(Vec<u64>),
 }
 
@@ -128,18 +130,25 @@ impl Index {
         }
     }
 
-    pub fn add(&mut self, h: u64, client: Client) {
+    pub fn add(&mut self, h: u64, mut client: Client) {
         self.remove(h);
-        self.by_app.entry(client.app.clone()).or_default().insert(h);
+        let seen = &mut self.apps_seen;
+        let (no, members) = self.by_app.entry(client.app.clone()).or_insert_with(|| {
+            *seen += 1;
+            (*seen, Bucket::default())
+        });
+        members.insert(h, (*no, client.restricted));
+        client.app_no = *no;
+        let tag = (client.app_no, client.restricted);
         for (key, (value, version)) in &client.meta {
-            self.index(h, key, value, *version);
+            self.index(h, tag, key, value, *version);
         }
         self.clients.insert(h, client);
     }
 
     pub fn remove(&mut self, h: u64) -> Option<Client> {
         let client = self.clients.remove(&h)?;
-        if let Some(b) = self.by_app.get_mut(&client.app) {
+        if let Some((_, b)) = self.by_app.get_mut(&client.app) {
             b.remove(h);
             if b.members.is_empty() {
                 self.by_app.remove(&client.app);
@@ -162,13 +171,13 @@ impl Index {
                 self.unindex(h, &key, v, *ver);
             }
             let version = version.unwrap_or(old.is_some_and(|(_, ver)| ver));
-            self.index(h, &key, &value, version);
+            self.index(h, (client.app_no, client.restricted), &key, &value, version);
             client.meta.insert(key, (value, version));
         }
         self.clients.insert(h, client);
     }
 
-    fn index(&mut self, h: u64, key: &[u8], value: &Value, version: bool) {
+    fn index(&mut self, h: u64, tag: Tag, key: &[u8], value: &Value, version: bool) {
         if sortable(value, version) {
             let sorted = self.by_number.entry(key.into()).or_default();
             let at = sorted.partition_point(|(v, _)| cmp(v, value) != Ordering::Greater);
@@ -180,7 +189,7 @@ impl Index {
                 .or_default()
                 .entry(b)
                 .or_default()
-                .insert(h);
+                .insert(h, tag);
         }
     }
 
@@ -219,31 +228,35 @@ impl Index {
         let mut size = self.clients.len();
         let mut hinted = false;
         if let Some(app) = &q.application {
-            let members = &self.by_app.get(app)?.members;
-            best = From::Slice(members);
-            size = members.len();
+            let members = &self.by_app.get(app)?.1;
+            best = From::Bucket(members);
+            size = members.members.len();
         }
         for (key, values) in &q.hints {
             let buckets = self.by_value.get(key)?;
-            let mut found: Vec<&[u64]> = Vec::new();
+            let mut first: Option<&Bucket> = None;
+            let mut more: Vec<&[u64]> = Vec::new();
             for value in values {
-                for k in lookup_keys(value) {
-                    if let Some(b) = buckets.get(&k).filter(|b| !b.members.is_empty()) {
-                        found.push(&b.members);
+                let version = version_key(value).map(Key::V);
+                for k in bucket(value, false).iter().chain(version.iter()) {
+                    if let Some(b) = buckets.get(k).filter(|b| !b.members.is_empty()) {
+                        match first {
+                            None => first = Some(b),
+                            Some(_) => more.push(&b.members),
+                        }
                     }
                 }
             }
-            let n: usize = found.iter().map(|f| f.len()).sum();
-            if n == 0 {
-                return None;
-            }
+            let first = first?;
+            let n = first.members.len() + more.iter().map(|f| f.len()).sum::<usize>();
             if n < size {
                 hinted = true;
                 size = n;
-                best = if found.len() == 1 {
-                    From::Slice(found[0])
+                best = if more.is_empty() {
+                    From::Bucket(first)
                 } else {
-                    let mut all: Vec<u64> = found.concat();
+                    more.push(&first.members);
+                    let mut all: Vec<u64> = more.concat();
                     all.sort_unstable();
                     all.dedup();
                     size = all.len();
@@ -287,7 +300,7 @@ impl Index {
         match self.candidates(q) {
             None => 0,
             Some((From::All, _)) => self.clients.len(),
-            Some((From::Slice(s), _)) => s.len(),
+            Some((From::Bucket(b), _)) => b.members.len(),
             Some((From::Owned(v), _)) => v.len(),
         }
     }
@@ -304,15 +317,16 @@ impl Index {
         let Some((from, hinted)) = self.candidates(q) else {
             return Vec::new();
         };
-        let skip_predicate = hinted && q.exact;
+        let app = q
+            .application
+            .as_ref()
+            .map(|a| self.by_app.get(a).map_or(0, |(no, _)| *no));
+        let predicate = q.predicate.as_ref().filter(|_| !(hinted && q.exact));
         let ok = |h: &u64| {
             self.clients.get(h).is_some_and(|c| {
-                if skip_predicate {
-                    q.application.as_deref().is_none_or(|a| a == &*c.app)
-                        && (q.restricted || !c.restricted)
-                } else {
-                    q.matches(&c.app, c.restricted, &c.meta)
-                }
+                app.is_none_or(|no| no == c.app_no)
+                    && (q.restricted || !c.restricted)
+                    && predicate.is_none_or(|p| holds(p, &c.meta))
             })
         };
         match from {
@@ -321,7 +335,17 @@ impl Index {
                 all.sort_unstable();
                 all
             }
-            From::Slice(s) => s.iter().copied().filter(|h| ok(h)).collect(),
+            // a lone `$eq`'s bucket: its members' tags say all there is to check
+            From::Bucket(b) if predicate.is_none() => b
+                .members
+                .iter()
+                .zip(&b.tags)
+                .filter(|(_, (no, restricted))| {
+                    app.is_none_or(|a| a == *no) && (q.restricted || !restricted)
+                })
+                .map(|(h, _)| *h)
+                .collect(),
+            From::Bucket(b) => b.members.iter().copied().filter(|h| ok(h)).collect(),
             From::Owned(v) => v.into_iter().filter(|h| ok(h)).collect(),
         }
     }

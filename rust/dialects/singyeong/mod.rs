@@ -34,10 +34,13 @@ use crate::forward::outboxes::Outboxes;
 pub use index::Index;
 pub use query::{Limits, Query, QueryError};
 
-/// Target texts up to this long are kept parsed (a sender addresses the same target
-/// message after message), at most `QUERY_CACHE` of them; the table starts over when full.
-const CACHED_TARGET: usize = 4096;
-const QUERY_CACHE: usize = 1024;
+/// Parsed targets are kept by their text (senders address the same targets message after
+/// message; a parse costs a few microseconds, a lookup a tenth of one): texts up to
+/// `CACHED_TARGET` bytes, at most `QUERY_CACHE` of them and `QUERY_CACHE_BYTES` of text in
+/// all (a query holds a few times its text), the table starting over when full.
+const CACHED_TARGET: usize = 1024;
+const QUERY_CACHE: usize = 16_384;
+const QUERY_CACHE_BYTES: usize = 1 << 20;
 /// The longest queue name, in characters (queues.py's MAX_QUEUE_NAME).
 pub const MAX_QUEUE_NAME: usize = 256;
 
@@ -213,7 +216,9 @@ pub struct Gateway {
     pub index: Index,
     pub limits: Limits,
     cache: HashMap<Box<[u8]>, Arc<Query>>,
+    cached_bytes: usize,
     text: Vec<u8>,
+    conns: Vec<crate::forward::routes::ConnId>,
     /// SENDs and BROADCASTs the fast path answered (Python adds them to its metrics)
     pub sends: u64,
     pub broadcasts: u64,
@@ -225,7 +230,9 @@ impl Gateway {
             index: Index::new(seed),
             limits,
             cache: HashMap::new(),
+            cached_bytes: 0,
             text: Vec::new(),
+            conns: Vec::new(),
             sends: 0,
             broadcasts: 0,
         }
@@ -239,9 +246,13 @@ impl Gateway {
         let (r, span) = json::document(target).ok()?;
         let q = Arc::new(query::parse(&value::from_json(&r, span), self.limits).ok()?);
         if target.len() <= CACHED_TARGET {
-            if self.cache.len() >= QUERY_CACHE {
+            if self.cache.len() >= QUERY_CACHE
+                || self.cached_bytes + target.len() > QUERY_CACHE_BYTES
+            {
                 self.cache.clear();
+                self.cached_bytes = 0;
             }
+            self.cached_bytes += target.len();
             self.cache.insert(target.into(), q.clone());
         }
         Some(q)
@@ -253,16 +264,21 @@ impl Gateway {
             return Decision::Python;
         };
         let receivers = self.index.resolve(&q, r.broadcast);
-        let mut conns = Vec::with_capacity(receivers.len());
+        let mut conns = std::mem::take(&mut self.conns);
+        conns.clear();
         for h in &receivers {
             match self.index.clients.get(h) {
                 Some(c) if c.json && c.conn.is_some_and(|id| outboxes.accepts(id)) => {
                     conns.push(c.conn.expect("local"))
                 }
-                _ => return Decision::Python,
+                _ => {
+                    self.conns = conns;
+                    return Decision::Python;
+                }
             }
         }
         if conns.is_empty() {
+            self.conns = conns;
             return Decision::Python;
         }
         let mut text = std::mem::take(&mut self.text);
@@ -280,12 +296,14 @@ impl Gateway {
             }
         }
         self.text = text;
+        let n = conns.len();
+        self.conns = conns;
         if r.broadcast {
             self.broadcasts += 1;
         } else {
             self.sends += 1;
         }
-        Decision::Delivered(conns.len())
+        Decision::Delivered(n)
     }
 
     /// [`Gateway::deliver`] of a whole frame (tests; the scanner reads frames with [`read`]).

@@ -274,6 +274,7 @@ impl SgIndex {
             conn,
             json,
             meta: metadata(values, types)?,
+            app_no: 0,
         };
         self.inner.index.add(handle, client);
         Ok(())
