@@ -14,19 +14,22 @@ RUST_SOURCES := $(shell find rust -name "*.rs") Cargo.toml Cargo.lock
 PY_STAMP := $(VENV)/.deps-stamp
 BUILD_STAMP := $(VENV)/.build-stamp
 PROTO_OUT := tests/_proto
-# the envelope classes the SDK and rmb-peer use at run time: generated into the package, so a
-# wheel built after `make proto` (every target that builds one depends on it) ships them
+# the envelope classes the SDK and rmb-peer use at run time: generated into the package and
+# committed, so every install path (`pip install .`, an sdist, a wheel) has them without protoc;
+# `make proto` regenerates them after an edit of proto/ (tests/test_install_proto.py checks)
 PROTO_PKG := python/rmb_relay/_proto
 PROTO_SRC := proto/types.proto proto/peer.proto
 
-# Profile-guided build (PGO=1, the default; PGO=0 for a quick edit-build loop): the core is built
+# Profile-guided build (PGO=1, the default of `make wheel` and `make bench`; every other target,
+# `make run` and `make test` among them, builds a plain release core unless PGO=1 is given, so a
+# first `make run` serves without waiting for the training): the core is built
 # instrumented, trained by bench/pgo_train.py (the benchmarks' own load, ~1.5 min), and built
 # again with the profile. Hot paths laid out together cost less where it matters, with cold
 # caches at a request per wakeup (bench/pgo_train.py says what was measured). Without rustup's
 # llvm-tools (added here when rustup can fetch them: its dist server is not one of every machine's
 # registries) the build goes on without a profile, and says so. Debian's llvm-profdata cannot
 # stand in: the profile's format follows rustc's own LLVM.
-PGO ?= 1
+PGO ?= $(if $(filter wheel bench,$(MAKECMDGOALS)),1,0)
 PGO_DIR := target/pgo
 PGO_PROFILE := $(PGO_DIR)/merged.profdata
 PGO_TRAINING := bench/pgo_train.py bench/scenarios.py bench/tunnel.py bench/singyeong.py
@@ -50,9 +53,11 @@ run: $(BUILD_STAMP) ## start the relay on embedded defaults (no Redis, no chain)
 # pytest last, so its summary line closes the output
 test: system-deps $(BUILD_STAMP) proto lint cargo-test sbd-conformance pytest ## everything CI runs
 
-system-deps: ## redis-server and a Java runtime for PySpark (Debian packages), only when missing
+system-deps: ## redis-server, tmux (rmb-relay top's test), iproute2 (the fault lab's namespaces) and a Java runtime for PySpark (Debian packages), only when missing
 	@need=""; \
 	command -v redis-server >/dev/null || need="$$need redis-server"; \
+	command -v tmux >/dev/null || need="$$need tmux"; \
+	command -v ip >/dev/null || need="$$need iproute2"; \
 	command -v java >/dev/null || need="$$need openjdk-17-jre-headless"; \
 	if [ -n "$$need" ]; then \
 	  echo "installing:$$need"; \
@@ -102,7 +107,7 @@ proto: $(PROTO_PKG)/types_pb2.py $(PROTO_OUT)/types_pb2.py ## protobuf classes: 
 $(PROTO_PKG)/types_pb2.py: $(PROTO_SRC) $(PY_STAMP)
 	mkdir -p $(PROTO_PKG)
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=$(PROTO_PKG) --pyi_out=$(PROTO_PKG) $(PROTO_SRC)
-	printf '"""Envelope classes generated from proto/ by `make proto` (not in git)."""\n' > $(PROTO_PKG)/__init__.py
+	printf '"""Envelope classes generated from proto/ by `make proto` (committed: every install path has them)."""\n' > $(PROTO_PKG)/__init__.py
 
 $(PROTO_OUT)/types_pb2.py: $(PROTO_SRC) $(PY_STAMP)
 	mkdir -p $(PROTO_OUT)
@@ -143,7 +148,7 @@ wheel: $(PY_STAMP) $(PROTO_PKG)/types_pb2.py $(if $(filter 1,$(PGO)),$(PGO_PROFI
 	$(PGO_ENV) $(BIN)/maturin build --release -o dist
 
 clean:
-	rm -rf target dist $(VENV) $(PROTO_OUT) $(PROTO_PKG)
+	rm -rf target dist $(VENV) $(PROTO_OUT)
 
 # ---- fuzzing (issue 9): `make test` runs a short pass of every target (cargo test runs the Rust
 # targets over their seed corpus and mutations, pytest the socket fuzzer with 60 examples each);

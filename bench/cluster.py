@@ -9,7 +9,7 @@ Each scenario starts what it needs and stops it before the next:
   sender and receiver on instance A. `cross`: sender on A, receiver on B (every message goes
   A -> Redis stream -> B).
 - `cluster`: the same `cross` on a 3-master Redis Cluster started here (`--redis-cluster`).
-- `workers`: one `rmb-relay --redis` process beside `rmb-relay --workers 2` on one port
+- `workers`: one `rmb-relay --redis` process beside `rmb-relay --processes 2` on one port
   (SO_REUSEPORT spreads the connections over the two workers, so about half of the messages
   cross between them through Redis).
 
@@ -43,7 +43,7 @@ def start_relay(
     argv = [PY, "-m", "rmb_relay", "-l", f"127.0.0.1:{port}", "--twins", f"sqlite:{twins}",
             "--redis", redis, *extra]  # fmt: skip
     if workers > 1:
-        argv += ["--workers", str(workers)]
+        argv += ["--processes", str(workers)]
     process = subprocess.Popen(
         argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
     )
@@ -62,9 +62,9 @@ def measure(
     pids: dict[str, int],
 ) -> tuple[dict[str, Any], dict[str, float]]:
     """One load run (senders on port `sender`, receivers on `receiver`) and the CPU each of
-    `pids` (with its children: a `--workers` parent's workers) spent per delivered message."""
-    argv = ["rmb", "--url", f"ws://127.0.0.1:{sender}/", "--quiet",
-            "--receiver-url", f"ws://127.0.0.1:{receiver}/",
+    `pids` (with its children: a `--processes` parent's workers) spent per delivered message."""
+    argv = ["rmb", "--quiet",
+            "--relays", f"ws://127.0.0.1:{sender}/,ws://127.0.0.1:{receiver}/",
             "--twins", f"sqlite:{twins}", "--pairs", str(args.pairs),
             "--size", str(args.size), "--duration", str(args.duration),
             "--window", str(args.window), "--warmup", "1"]  # fmt: skip
@@ -119,7 +119,7 @@ def on_redis_cluster(
 def workers(
     args: argparse.Namespace, tmp: str, twins: Path, results: dict[str, Any], cpu: dict[str, Any]
 ) -> None:
-    """One process, then `--workers 2`, on one port and one redis-server."""
+    """One process, then `--processes 2`, on one port and one redis-server."""
     redis = start_redis(tmp, durable=False)
     try:
         for name, count in (("1 process", 1), ("workers 2", 2)):

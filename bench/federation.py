@@ -5,18 +5,17 @@
 
 Relay A (127.0.0.2) and relay B (127.0.0.3) run as `python -m rmb_relay` processes with their
 own domains; senders log in at A, receivers at B, so every message is posted from A to B over
-HTTP (`--federation-url-template http://{domain}:PORT/`). The same generator
-(`rmb_relay.load.rmb`, one process) then runs with both ends on A (local routing) for the
-comparison. Both relays' CPU is read from /proc so a reader can tell which side saturated.
-Results are printed and appended to bench/results/federation-*.json with the commit id.
+HTTP (`--federation-url-template http://{domain}:PORT/`); the generator is the harness's
+(`rmb-load rmb --relays A,B`). The same generator then runs with both ends on A (local
+routing) for the comparison. Both relays' CPU is read from /proc so a reader can tell which
+side saturated. Results are printed and appended to bench/results/federation-*.json with the
+commit id.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import os
 import signal
 import statistics
 import subprocess
@@ -26,21 +25,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rmb_relay._core import WsMessage
-from rmb_relay.load.rmb import STAMP, LoadPlan, Pair, PairSpec, load_key, run_pairs
-from rmb_relay.load.stats import summary as stats_summary
-from rmb_relay.sdk import RelayLink, RmbClient
-from rmb_relay.twins import Twin
-from rmb_relay.twins.local import SqliteTwinDirectory
+from rmb_relay.load.cli import _parser as load_parser
+from rmb_relay.load.cli import run_load
 
 from .outdir import RESULTS
 from .procstat import cpu_seconds, free_port, system_seconds, wait_seconds
 
 ROOT = Path(__file__).resolve().parent.parent
 A, B = "127.0.0.2", "127.0.0.3"
-SENDERS, RECEIVERS = 10_000, 20_000
-#: envelopes that arrived after a later one of the same pair (federated runs)
-REORDERED = [0]
+#: the harness provisions twins from here (sender 2i, receiver 2i + 1)
+TWIN_BASE = 10_000
 
 
 class RelayProcess:
@@ -92,90 +86,25 @@ class RelayProcess:
             self.process.kill()
 
 
-def provision(path: Path, pairs: int, sender_domain: str, receiver_domain: str) -> None:
-    directory = SqliteTwinDirectory(path)
-    twins = []
-    for i in range(pairs):
-        for twin, domain in ((SENDERS + i, sender_domain), (RECEIVERS + i, receiver_domain)):
-            twins.append(Twin(twin, load_key(twin).public_key, frozenset({domain})))
-    directory.add_many(twins)
-    asyncio.run(directory.close())
-
-
-def pair_class(receiver_url: str) -> type[Pair]:
-    """Pairs whose receiver logs in at another relay than the sender (`plan.url`)."""
-
-    class CrossPair(Pair):
-        """Also counts envelopes that arrive out of order (federation posts in parallel and
-        keeps no order between envelopes, as rmb-rs) as delivered, not as duplicates."""
-
-        seen: set[int]
-
-        def on_receive(self, message: WsMessage) -> None:
-            data = message.data
-            now = time.time_ns()
-            seq, sent_ns = STAMP.unpack_from(data, self.stamp_offset(data))
-            seen = self.__dict__.setdefault("seen", set())
-            if seq in seen:
-                self.stats.duplicated += 1
-                return
-            seen.add(seq)
-            if seq < self.next_seq:
-                REORDERED[0] += 1
-            self.next_seq = max(self.next_seq, seq + 1)
-            self.delivered += 1
-            run = self.run
-            if run.measuring:
-                stats = self.stats
-                stats.measured += 1
-                stats.bytes_delivered += self.plan.size
-                stats.latencies_ns.append(now - sent_ns)
-            if self.sent - self.delivered <= self.plan.window // 2:
-                self.wakeup.set()
-
-        async def connect(self) -> None:
-            spec, plan = self.spec, self.plan
-            for role, twin, url in (
-                ("receiver", spec.receiver, receiver_url),
-                ("sender", spec.sender, plan.url),
-            ):
-                client = RmbClient(twin, plan.key(twin), sid=self.sid)
-                on_message = self.on_receive if role == "receiver" else self.on_sender_message
-                link = RelayLink(url, client.login_token, on_message)
-                await link.connect()
-                self.links.append(link)
-                setattr(self, role, link.ws)
-
-    return CrossPair
-
-
 def measure(
-    relays: list[RelayProcess], url: str, receiver_url: str | None, args: argparse.Namespace
+    relays: list[RelayProcess], twins: Path, domains: str, args: argparse.Namespace
 ) -> dict[str, Any]:
-    plan = LoadPlan(
-        url=url,
-        size=args.size,
-        rate=0,
-        window=args.window,
-        duration=args.duration,
-        count=None,
-        warmup=1.0,
-    )
-    specs = [PairSpec(i, SENDERS + i, RECEIVERS + i) for i in range(args.pairs)]
-    REORDERED[0] = 0
+    """One `rmb-load rmb` run: senders on the first relay, receivers on the last, the twins
+    provisioned in `twins` naming `domains` (sender's, receiver's)."""
+    first, last = relays[0], relays[-1]
+    argv = ["rmb", "--relays", f"{first.url},{last.url}", "--twins", f"sqlite:{twins}",
+            "--domains", domains, "--twin-base", str(TWIN_BASE), "--pairs", str(args.pairs),
+            "--size", str(args.size), "--window", str(args.window),
+            "--duration", str(args.duration), "--warmup", "1", "--quiet"]  # fmt: skip
     cpu0 = [r.cpu_seconds() for r in relays]
     sys0 = [r.system_seconds() for r in relays]
     wait0 = [r.wait_seconds() for r in relays]
-    own_wait0 = wait_seconds(os.getpid())
     wall0 = time.perf_counter()
-    make = pair_class(receiver_url) if receiver_url else None
-    stats, _ = asyncio.run(run_pairs(plan, specs, pair_class=make))
+    summary = run_load(load_parser().parse_args(argv))
     wall = time.perf_counter() - wall0
-    summary = stats_summary(stats, {})
     used = [r.cpu_seconds() - c for r, c in zip(relays, cpu0, strict=True)]
     kernel = [r.system_seconds() - c for r, c in zip(relays, sys0, strict=True)]
     waited = [r.wait_seconds() - w for r, w in zip(relays, wait0, strict=True)]
-    own_waited = wait_seconds(os.getpid()) - own_wait0
     delivered = max(1, summary["delivered"])
     return {
         "msgs_per_s": round(summary["throughput_msgs_per_s"]),
@@ -183,7 +112,6 @@ def measure(
         "p99_ms": summary["latency_ms"]["p99"],
         "lost": summary["lost"],
         "duplicated": summary["duplicated"],
-        "reordered": REORDERED[0],
         "errors": summary["errors"],
         # per relay: share of one core over the run, and CPU microseconds per message (the
         # figure that survives a host shared with other work)
@@ -192,10 +120,10 @@ def measure(
         # the kernel's part of it (syscalls, the loopback TCP stack)
         "relay_sys_us_per_msg": [round(k / delivered * 1e6, 1) for k in kernel],
         "generator_cpu": round(summary["generator_cpu_share"], 2),
+        "generator_us_per_msg": round(summary["generator_cpu_us_per_msg"], 1),
         # share of the run each event loop spent runnable but waiting for a core: high means
         # the host's other work, not the relay, set the pace
         "relay_wait": [round(w / wall, 2) for w in waited],
-        "generator_wait": round(own_waited / wall, 2),
     }
 
 
@@ -219,7 +147,7 @@ def median(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in rows[0].items():
         values = [row[key] for row in rows]
-        if key in ("lost", "duplicated", "reordered"):
+        if key in ("lost", "duplicated"):
             out[key] = sum(values)
         elif isinstance(value, (int, float)):
             out[key] = round(statistics.median(values), 2)
@@ -260,13 +188,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rmb-fed-bench-") as tmp:
         twins = Path(tmp) / "twins.sqlite3"
         local_twins = Path(tmp) / "local.sqlite3"
-        provision(twins, args.pairs, A, B)
-        provision(local_twins, args.pairs, A, A)
         for _ in range(args.rounds):
             relay_a = RelayProcess(A, port, twins, *args.relay_arg)
             relay_b = RelayProcess(B, port, twins)
             try:
-                row = measure([relay_a, relay_b], relay_a.url, relay_b.url, args)
+                row = measure([relay_a, relay_b], twins, f"{A},{B}", args)
                 row["federation_metrics_a"] = federation_metrics(relay_a)
                 runs.setdefault("federated A -> B", []).append(row)
             finally:
@@ -275,7 +201,7 @@ def main() -> None:
             if not args.no_local:
                 local = RelayProcess(A, port, local_twins)
                 try:
-                    row = measure([local], local.url, None, args)
+                    row = measure([local], local_twins, f"{A},{A}", args)
                     runs.setdefault("local on A", []).append(row)
                 finally:
                     local.stop()

@@ -6,29 +6,24 @@ reply popped from the client's return queue.
     .venv/bin/python -m bench.peer_roundtrip --quick    # 2 s each
 
 Processes (all on this machine's 2 cores): the relay, peer A, peer B, one redis-server per
-peer (no persistence), the load generator (closed loop: N clients, each sends its next request
-when its reply is in) and the echo service (its own process). Scenarios: plaintext (peers
-started with --no-update: no published keys) and end-to-end encrypted, with 1 and 50 clients.
-For each, round trips/s, latency p50/p99, and the CPU each process spent per round trip (read
-from /proc), which says where the time goes. Results are appended to
+peer (no persistence) and the harness, `rmb-load peer` (closed loop: N clients, each sends its
+next request when its reply is in, and the echo service on peer B's Redis). Scenarios:
+plaintext (peers started with --no-update: no published keys) and end-to-end encrypted, with 1
+and 50 clients. For each, round trips/s, latency p50/p99, and the CPU each process spent per
+round trip (read from /proc), which says where the time goes. Results are appended to
 bench/results/peer-<time>.json with the commit id.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import base64
 import json
-import os
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-import uvloop
 from tests.conftest import free_port
 from tests.peer_fixtures import (
     CONNECTED,
@@ -42,9 +37,8 @@ from tests.peer_fixtures import (
 
 from bench.outdir import RESULTS
 from bench.scenarios import commit
-from rmb_relay.sdk.resp import RespClient
-
-from .procstat import cpu_seconds
+from rmb_relay.load.cli import _parser as load_parser
+from rmb_relay.load.cli import run_load
 
 COMMAND = "bench.echo"
 PAYLOAD = b"x" * 100
@@ -67,105 +61,6 @@ def start_redis(directory: Path) -> tuple[subprocess.Popen[bytes], str]:
     return process, f"redis://127.0.0.1:{port}"
 
 
-async def service(url: str) -> None:
-    """The echo service: pops requests in batches, answers each batch in one pipeline."""
-    redis, blocking = RespClient(url), RespClient(url)
-    queue = f"msgbus.{COMMAND}".encode()
-    while True:
-        popped, more = await blocking.pipeline([(b"BRPOP", queue, 5), (b"RPOP", queue, 256)])
-        if popped is None:
-            continue
-        batch = [popped[1], *(more or ())]
-        replies = []
-        for raw in batch:
-            request = json.loads(raw)
-            reply = {
-                "ver": 1,
-                "ref": request["ref"],
-                "dat": request["dat"],
-                "dst": request["src"],
-                "shm": None,
-                "now": int(time.time()),
-            }
-            replies.append((b"LPUSH", b"msgbus.system.reply", json.dumps(reply).encode()))
-        await redis.pipeline(replies)
-
-
-async def load(url: str, clients: int, seconds: float, warmup: float) -> dict[str, Any]:
-    """`clients` closed loops for warmup + seconds; round trips and latencies of the last
-    `seconds` only."""
-    redis, blocking = RespClient(url), RespClient(url)
-    ret = f"bench-ret-{os.getpid()}"
-    waiting: dict[str, asyncio.Future[None]] = {}
-    latencies: list[int] = []
-    measuring = False
-    stop = False
-
-    async def reader() -> None:
-        while True:
-            popped, more = await blocking.pipeline([(b"BRPOP", ret, 5), (b"RPOP", ret, 256)])
-            if popped is None:
-                continue
-            for raw in [popped[1], *(more or ())]:
-                reply = json.loads(raw)
-                if reply["err"] is not None:
-                    raise RuntimeError(f"error reply: {reply}")
-                future = waiting.pop(reply["ref"], None)
-                if future is not None and not future.done():
-                    future.set_result(None)
-
-    async def client(index: int) -> None:
-        loop = asyncio.get_running_loop()
-        n = 0
-        dat = base64.b64encode(PAYLOAD).decode()
-        while not stop:
-            ref = f"{index}-{n}"
-            n += 1
-            message = {
-                "ver": 1,
-                "ref": ref,
-                "cmd": COMMAND,
-                "exp": 300,
-                "dat": dat,
-                "tag": None,
-                "dst": [2],
-                "ret": ret,
-                "shm": None,
-                "now": int(time.time()),
-            }
-            future = waiting[ref] = loop.create_future()
-            started = time.perf_counter_ns()
-            # the push's acknowledgement is not waited for before the reply: a client that
-            # did would add a Redis round trip of its own to every measurement
-            push = loop.create_task(
-                redis.pipeline([(b"LPUSH", b"msgbus.system.local", json.dumps(message))])
-            )
-            await asyncio.wait_for(future, 30)
-            await push
-            if measuring:
-                latencies.append(time.perf_counter_ns() - started)
-
-    read = asyncio.create_task(reader())
-    tasks = [asyncio.create_task(client(i)) for i in range(clients)]
-    await asyncio.sleep(warmup)
-    measuring = True
-    started = time.perf_counter()
-    await asyncio.sleep(seconds)
-    measuring = False
-    elapsed = time.perf_counter() - started
-    stop = True
-    await asyncio.gather(*tasks)
-    read.cancel()
-    latencies.sort()
-    count = len(latencies)
-    return {
-        "round_trips": count,
-        "per_second": round(count / elapsed),
-        "p50_ms": round(latencies[count // 2] / 1e6, 3),
-        "p99_ms": round(latencies[int(count * 0.99)] / 1e6, 3),
-    }
-
-
 def scenario(encrypted: bool, clients: int, seconds: float, tmp: Path) -> dict[str, Any]:
     twins = f"sqlite:{tmp / f'twins-{encrypted}-{clients}.sqlite3'}"
     add_twin(twins, 1)
@@ -180,23 +75,21 @@ def scenario(encrypted: bool, clients: int, seconds: float, tmp: Path) -> dict[s
         peers.append(spawn(rmb_peer(*args, "--relay", relay.url, *flags)))
     for peer in peers:
         peer.output.wait_for(CONNECTED)
-    echo = subprocess.Popen([sys.executable, "-m", "bench.peer_roundtrip", "--service", url_b])
     named = {
         "relay": relay.process.popen.pid,
         "peer_a": peers[0].popen.pid,
         "peer_b": peers[1].popen.pid,
         "redis_a": redis_a.pid,
         "redis_b": redis_b.pid,
-        "service": echo.pid,
-        "generator": os.getpid(),
     }
-    before = {name: cpu_seconds(pid) for name, pid in named.items()}
+    # the harness is the client and the echo service (one process: `generator` below)
+    argv = ["peer", "--redis", url_a, "--serve-redis", url_b, "--dst", "2",
+            "--command", COMMAND, "--size", str(len(PAYLOAD)), "--clients", str(clients),
+            "--window", "1", "--duration", str(seconds), "--warmup", "1", "--quiet",
+            *(arg for pid in named.values() for arg in ("--watch-pid", str(pid)))]  # fmt: skip
     try:
-        result = uvloop.run(load(url_a, clients, seconds, warmup=1.0))
-        after = {name: cpu_seconds(pid) for name, pid in named.items()}
+        summary = run_load(load_parser().parse_args(argv))
     finally:
-        echo.terminate()
-        echo.wait()
         for peer in peers:
             peer.stop()
         relay.process.stop()
@@ -205,9 +98,18 @@ def scenario(encrypted: bool, clients: int, seconds: float, tmp: Path) -> dict[s
             process.wait()
             if process.stdout is not None:
                 process.stdout.close()
-    total = max(result["round_trips"], 1) * (seconds + 1.0) / seconds  # warm-up included
-    result["cpu_us_per_round_trip"] = {
-        name: round((after[name] - before[name]) / total * 1e6, 1) for name in named
+    watched = summary["watched_cpu_us_per_msg"]
+    result: dict[str, Any] = {
+        "round_trips": summary["delivered"],
+        "per_second": round(summary["throughput_msgs_per_s"]),
+        "p50_ms": round(summary["latency_ms"]["p50"], 3),
+        "p99_ms": round(summary["latency_ms"]["p99"], 3),
+        "lost": summary["lost"],
+        "errors": summary["errors"],
+        "cpu_us_per_round_trip": {
+            **{name: round(watched[f"pid {pid}"], 1) for name, pid in named.items()},
+            "generator": round(summary["generator_cpu_us_per_msg"], 1),
+        },
     }
     result.update(encrypted=encrypted, clients=clients, seconds=seconds)
     return result
@@ -222,11 +124,7 @@ def main() -> None:
     parser.add_argument(
         "--clients", type=int, action="append", help="only these counts (default: 1 and 50)"
     )
-    parser.add_argument("--service", metavar="REDIS_URL", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.service:
-        uvloop.run(service(args.service))
-        return
     seconds = 2.0 if args.quick else 5.0
     rows = []
     with tempfile.TemporaryDirectory(prefix="rmb-peer-bench-") as directory:

@@ -6,12 +6,13 @@ echo server:
 - `tunnel`: client → rmb-relay (`/relay/acme/app/...`) → `rmb-relay connector` → server;
 - `baseline`: the same through `bench/baseline_tunnel.py` (aiohttp + websockets, ~100 lines).
 
-The server is aiohttp (`--target aiohttp`, the default) or the lean uvloop echo server of
-`bench/echo_target.py` (`--target lean`); every route of a run reaches the same one. Every
-party is its own process; the generator is this process (uvloop, one Protocol per keep-alive
-HTTP/1.1 connection, each response checked for status and length). Besides the rates, each
-row gives the CPU microseconds every process (relay, connector, target, generator) spent per
-request over the measured window, and the host's load average. `--half-load` then paces 64
+The server is aiohttp (`--target aiohttp`, the default) or the harness's lean uvloop echo
+server (`rmb_relay/load/echo_target.py`, `--target lean`); every route of a run reaches the
+same one. Every party is its own process; the generator is the harness, `rmb-load tunnel`
+(`--request-path` for each route, every answer checked for status and length), or the C
+generator (`--generator c`, `bench/http_load.c`). Besides the rates, each row gives the CPU
+microseconds every process (relay, connector, target, generator) spent per request over the
+run, and the host's load average. `--half-load` then paces 64
 clients at half the tunnel's measured 1 KiB throughput, through the tunnel and directly, and
 reports the p99 difference. Results print as a table and go to bench/results/tunnel-*.json.
 
@@ -24,24 +25,25 @@ import argparse
 import array
 import asyncio
 import contextlib
-import ctypes
 import functools
-import heapq
-import itertools
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import aiohttp
 import uvloop
 from aiohttp import web
+
+from rmb_relay.load.cli import _parser as load_parser
+from rmb_relay.load.cli import run_load
+from rmb_relay.load.engine import ARRIVALS as LOAD_ARRIVALS
 
 from .floor_build import compiled
 from .outdir import RESULTS
@@ -69,73 +71,10 @@ async def target(port: int) -> None:
     await asyncio.Event().wait()
 
 
-# ---- the generator ----------------------------------------------------------------------------
+# ---- the generator: the harness's, `rmb-load tunnel` -------------------------------------------
 
 #: how paced clients (`--rate`, `--half-load`) space their requests (`--arrivals`)
-ARRIVALS = ("poisson", "even", "tick")
-
-
-class _Timespec(ctypes.Structure):
-    _fields_ = [("tv_sec", ctypes.c_long), ("tv_nsec", ctypes.c_long)]
-
-
-class _Itimerspec(ctypes.Structure):
-    _fields_ = [("it_interval", _Timespec), ("it_value", _Timespec)]
-
-
-class _Pacer:
-    """Sends each paced request at its own time, to the microsecond: one `timerfd` (Linux,
-    CLOCK_MONOTONIC, nanosecond resolution) armed for the earliest pending send and watched
-    by the loop like a socket. The loop's own timers (`call_at`) run on libuv's millisecond
-    clock: every send due within a millisecond leaves in the same loop turn, so 64 paced
-    clients at 7,000 req/s arrive as bursts of ~7 each millisecond instead of one every
-    ~140 us, and the latency measured is the queueing of that burst. Independent clients do
-    not share a tick; this pacer lets them arrive when they would."""
-
-    TFD_TIMER_ABSTIME = 1
-    TFD_NONBLOCK_CLOEXEC = os.O_NONBLOCK | os.O_CLOEXEC
-    CLOCK_MONOTONIC = 1
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._libc = ctypes.CDLL(None, use_errno=True)
-        fd = self._libc.timerfd_create(self.CLOCK_MONOTONIC, self.TFD_NONBLOCK_CLOEXEC)
-        if fd < 0:
-            raise OSError(ctypes.get_errno(), "timerfd_create")
-        self.fd = fd
-        self.loop = loop
-        self._heap: list[tuple[float, int, _Client]] = []
-        self._seq = itertools.count()
-        self._armed = 0.0
-        loop.add_reader(fd, self._fire)
-
-    def add(self, at: float, client: _Client) -> None:
-        """Send `client`'s next request at `at` (time.monotonic seconds)."""
-        heapq.heappush(self._heap, (at, next(self._seq), client))
-        if self._heap[0][0] == at and at != self._armed:
-            self._arm(at)
-
-    def _arm(self, at: float) -> None:
-        self._armed = at
-        spec = _Itimerspec()
-        seconds = int(at)
-        spec.it_value.tv_sec = seconds
-        spec.it_value.tv_nsec = max(1, int((at - seconds) * 1e9))
-        self._libc.timerfd_settime(self.fd, self.TFD_TIMER_ABSTIME, ctypes.byref(spec), None)
-
-    def _fire(self) -> None:
-        with contextlib.suppress(BlockingIOError):  # read already, or not yet due
-            os.read(self.fd, 8)
-        heap = self._heap
-        now = time.monotonic()
-        while heap and heap[0][0] <= now:
-            _, _, client = heapq.heappop(heap)
-            client._send()
-        if heap:
-            self._arm(heap[0][0])
-
-    def close(self) -> None:
-        self.loop.remove_reader(self.fd)
-        os.close(self.fd)
+ARRIVALS = LOAD_ARRIVALS
 
 
 @dataclass
@@ -162,148 +101,15 @@ class Result:
     waited_us_per_request: dict[str, float] = field(default_factory=dict)
 
 
-class _Client(asyncio.Protocol):
-    """One keep-alive connection of the generator: writes a request, reads its answer (status
-    and length checked), writes the next, with no task or future per request, so the
-    generator's own CPU per request stays small beside the parties it measures. Paced
-    (`interval`): each request goes out at its own time instead of at once: from the `_Pacer`
-    (`poisson`: exponential gaps of mean `interval`, so 64 clients together are a Poisson
-    stream; `even`: every `interval`, the clients' phases spread evenly), or from the loop's
-    millisecond timers (`tick`, what this benchmark did before: sends bunch on each tick). A
-    client whose answer comes after its next time sends at once (one request at a time per
-    connection); the latency is counted from the actual send."""
-
-    def __init__(self, run: _Run, offset: float) -> None:
-        self.run = run
-        self.transport: asyncio.Transport | None = None
-        self.buffer = bytearray()
-        self.remaining = -1
-        self.started = 0.0
-        self.next_at = 0.0
-        self.offset = offset
-        self.over = False
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = cast(asyncio.Transport, transport)
-        run = self.run
-        if run.pacer is None:
-            self.next_at = run.loop.time() + self.offset
-        else:
-            self.next_at = time.monotonic() + self.offset
-        self._schedule()
-
-    def _schedule(self) -> None:
-        run = self.run
-        interval = run.interval
-        if interval is None:
-            self._send()
-            return
-        pacer = run.pacer
-        if pacer is None:  # tick: the loop's millisecond timers
-            now = run.loop.time()
-            at, self.next_at = self.next_at, self.next_at + interval
-            if at > now:
-                run.loop.call_at(at, self._send)
-            else:
-                self._send()
-            return
-        gap = run.rng.expovariate(1 / interval) if run.arrivals == "poisson" else interval
-        at, self.next_at = self.next_at, self.next_at + gap
-        if at > time.monotonic():
-            pacer.add(at, self)
-        else:
-            self._send()
-
-    def _send(self) -> None:
-        run = self.run
-        if run.loop.time() >= run.until or self.transport is None:
-            self._finish(None)
-            return
-        self.started = time.perf_counter()
-        self.transport.write(run.request)
-
-    def data_received(self, data: bytes) -> None:
-        self.buffer += data
-        buffer = self.buffer
-        run = self.run
-        while True:
-            if self.remaining < 0:
-                end = buffer.find(b"\r\n\r\n")
-                if end < 0:
-                    return
-                head = bytes(buffer[:end])
-                del buffer[: end + 4]
-                length = -1
-                for line in head.split(b"\r\n")[1:]:
-                    name, _, value = line.partition(b":")
-                    if name.strip().lower() == b"content-length":
-                        length = int(value)
-                if head[9:12] != b"200" or length != run.size:
-                    self._finish(RuntimeError(f"bad response {head[:200]!r}"))
-                    return
-                self.remaining = length
-            if len(buffer) < self.remaining:
-                return
-            del buffer[: self.remaining]
-            self.remaining = -1
-            run.done += 1
-            if run.loop.time() >= run.warm_until:
-                run.latencies.append(time.perf_counter() - self.started)
-            self._schedule()
-            if not buffer:
-                return
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._finish(exc or ConnectionError("the server closed the connection"))
-
-    def _finish(self, error: BaseException | None) -> None:
-        if self.over:
-            return
-        self.over = True
-        if self.transport is not None:
-            self.transport.close()
-            self.transport = None
-        run = self.run
-        run.open -= 1
-        if run.finished.done():
-            return
-        if error is not None:
-            run.finished.set_exception(error)
-        elif not run.open:
-            run.finished.set_result(None)
-
-
-@dataclass(eq=False)
-class _Run:
-    loop: asyncio.AbstractEventLoop
-    request: bytes
-    size: int
-    until: float
-    warm_until: float
-    interval: float | None
-    open: int
-    finished: asyncio.Future[None]
-    latencies: list[float] = field(default_factory=list)
-    #: requests answered so far (warm-up included)
-    done: int = 0
-    arrivals: str = "poisson"
-    pacer: _Pacer | None = None
-    rng: random.Random = field(default_factory=lambda: random.Random(13))
-
-
 _Snapshot = tuple[dict[str, float], dict[str, tuple[int, int]], dict[str, float]]
 
 
 def _snapshot(pids: dict[str, int]) -> _Snapshot:
-    """CPU, system calls and waits of `pids`, and of this process as `generator` unless the
-    generator is a process of its own (then it is one of `pids`)."""
+    """CPU, system calls and waits of `pids` (the C generator is one of them when used; the
+    harness reports its own CPU)."""
     cpu = {name: cpu_seconds(pid) for name, pid in pids.items()}
     io = {name: io_syscalls(pid) for name, pid in pids.items()}
     waited = {name: wait_seconds(pid) for name, pid in pids.items()}
-    if "generator" not in pids:
-        cpu["generator"] = time.process_time()
-        io["generator"] = io_syscalls(os.getpid())
-        waited["generator"] = wait_seconds(os.getpid())
     return cpu, io, waited
 
 
@@ -364,61 +170,41 @@ async def measure(
     token: str | None = None,
     generator: Path | None = None,
 ) -> Result:
-    """`clients` connections for `seconds` after a warm-up; CPU per request is counted over
-    the same window as the rate (warm-up excluded), from /proc for the parties and from this
-    process's own clock for the generator. With a `rate`, requests are paced as `arrivals`
-    says (`_Client`). `generator`: the C generator's executable, to run the row with it
-    instead (`_measure_c`)."""
-    request = _request(path, os.urandom(size), token)
+    """`clients` connections for `seconds` after a warm-up, from `rmb-load tunnel` (the
+    harness, its own process); CPU per request is counted from /proc over the whole run for
+    the parties and by the harness for itself. With a `rate`, requests are paced as `arrivals`
+    says. `generator`: the C generator's executable, to run the row with it instead
+    (`_measure_c`)."""
     warm = min(0.5, seconds / 4)
     if generator is not None:
+        request = _request(path, os.urandom(size), token)
         return await _measure_c(
             generator, port, request, size, clients, (warm, seconds), pids, rate, arrivals
         )
-    loop = asyncio.get_running_loop()
-    start = loop.time()
+    argv = ["tunnel", "--url", f"http://127.0.0.1:{port}/", "--request-path", path,
+            "--concurrency", str(clients), "--size", str(size), "--duration", str(seconds),
+            "--warmup", str(warm), "--echo-check", "--quiet",
+            *(["--token", token] if token else []),
+            *(["--rate", str(rate), "--arrivals", arrivals] if rate else [])]  # fmt: skip
     load_start = os.getloadavg()[0]
-    interval = clients / rate if rate else None
-    run = _Run(
-        loop, request, size, start + warm + seconds, start + warm, interval, clients,
-        loop.create_future(), arrivals=arrivals,
-    )  # fmt: skip
-    if interval is not None and arrivals != "tick":
-        run.pacer = _Pacer(loop)
-    marks: dict[str, tuple[_Snapshot, int, float]] = {}
-
-    def mark(name: str) -> None:
-        marks[name] = (_snapshot(pids), run.done, loop.time())
-
-    loop.call_at(start + warm, mark, "warm")
-    protocols: list[_Client] = []
-    for i in range(clients):
-        if interval is not None and arrivals == "poisson":
-            offset = run.rng.expovariate(1 / interval)  # memoryless: stationary from the start
-        else:
-            offset = (interval or 0) * i / clients
-        _, protocol = await loop.create_connection(
-            functools.partial(_Client, run, offset), "127.0.0.1", port
-        )
-        protocols.append(protocol)
-    try:
-        await run.finished
-    finally:
-        for protocol in protocols:
-            if protocol.transport is not None:
-                protocol.transport.close()
-        if run.pacer is not None:
-            run.pacer.close()
-    mark("end")
-    (snap0, done0, t0), (snap1, done1, t1) = marks["warm"], marks["end"]
-    # uvloop's clock is per loop turn: a tiny run can read 0. The window ends at `until`, not
-    # when the last paced client noticed it (up to a few of its gaps later with Poisson
-    # arrivals): what is answered after it was sent before it
-    elapsed = min(t1, run.until) - t0
-    return _result(
-        size, clients, seconds, rate, (snap0, snap1), done1 - done0, elapsed, run.latencies,
+    before = _snapshot(pids)
+    started = time.monotonic()
+    summary = run_load(load_parser().parse_args(argv))
+    elapsed = time.monotonic() - started
+    after = _snapshot(pids)
+    if summary["failed"] or summary["errors"] or summary["lost"]:
+        raise RuntimeError(f"tunnel row {path} x {clients}: {summary}")
+    result = _result(
+        size, clients, seconds, rate, (before, after), summary["delivered"], elapsed, [],
         load_start,
     )  # fmt: skip
+    result.rps = summary["throughput_msgs_per_s"]
+    result.requests = summary["delivered"]
+    result.p50_ms = summary["latency_ms"]["p50"]
+    result.p99_ms = summary["latency_ms"]["p99"]
+    result.us_per_request["generator"] = round(summary["generator_cpu_us_per_msg"], 1)
+    result.cpu["generator"] = round(summary["generator_cpu_share"], 2)
+    return result
 
 
 async def _measure_c(
@@ -437,8 +223,6 @@ async def _measure_c(
     is counted from /proc as the parties' is. The parties are sampled when it says `warm` and
     `end`; its own counts (requests in the window, the window's length) and latencies make
     the row."""
-    if arrivals == "tick":
-        raise SystemExit("--generator c paces poisson or even arrivals, not tick")
     warm, seconds = window
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="rmb-bench-load-") as tmp:
@@ -494,13 +278,18 @@ def spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     return process
 
 
-async def wait_ready(port: int, path: str, token: str | None = None) -> None:
+def wait_ready(port: int, path: str, token: str | None = None) -> None:
+    """Until one request through `path` is echoed (the connector prints nothing when up)."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    request = urllib.request.Request(f"http://127.0.0.1:{port}{path}", b"x", headers)
     for _ in range(200):
         try:
-            await measure(port, path, 1, 1, 0.01, {}, token=token)
-            return
-        except (OSError, RuntimeError, asyncio.IncompleteReadError):
-            await asyncio.sleep(0.05)
+            with urllib.request.urlopen(request, timeout=5) as reply:
+                if reply.status == 200 and reply.read() == b"x":
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)  # polling processes we started, not a test's synchronisation
     raise SystemExit(f"nothing answers {path} on {port}")
 
 
@@ -521,8 +310,13 @@ def tenant_home(prefix: str) -> tuple[Path, dict[str, str], str]:
 
 
 async def bearer_token(port: int) -> str:
-    """A connector token for `acme` from the relay's `POST /tunnel/token` (client credentials)."""
-    form = {"grant_type": "client_credentials", "client_id": "acme", "client_secret": SECRET}
+    """A client token for `acme` from the relay's `POST /tunnel/token` (client credentials)."""
+    form = {
+        "grant_type": "client_credentials",
+        "client_id": "acme",
+        "client_secret": SECRET,
+        "scope": "client",
+    }
     for _ in range(200):  # until the relay is up
         try:
             async with (
@@ -619,20 +413,19 @@ async def _run(args: argparse.Namespace, programs: dict[str, Path]) -> list[Resu
         "tunnel": (relay_port, "/relay/acme/app/echo", ("relay", *connectors, "target")),
         "baseline": (base_port, "/relay/echo", ("baseline", "baseline-connector", "target")),
     }
-    if "pyfloor" in args.routes:  # the thinnest Python tunnel (bench/tunnel_pyfloor.py)
+    if "python-floor" in args.routes:  # the thinnest Python tunnel (bench/tunnel_python_floor.py)
         floor_port, link_port = free_port(), free_port()
-        floor = [py, "-m", "bench.tunnel_pyfloor"]
-        processes["pyfloor-relay"] = spawn(
+        floor = [py, "-m", "bench.tunnel_python_floor"]
+        processes["python-floor-relay"] = spawn(
             [*floor, "relay", "--port", str(floor_port), "--link-port", str(link_port)], env
         )
-        processes["pyfloor-connector"] = spawn(
+        processes["python-floor-connector"] = spawn(
             [*floor, "connector", "--link-port", str(link_port),
              "--target-port", str(target_port)],
             env,
         )  # fmt: skip
-        routes["pyfloor"] = (
-            floor_port, "/relay/acme/app/echo", ("pyfloor-relay", "pyfloor-connector", "target")
-        )  # fmt: skip
+        floor_parts = ("python-floor-relay", "python-floor-connector", "target")
+        routes["python-floor"] = (floor_port, "/relay/acme/app/echo", floor_parts)
     print("pids " + " ".join(f"{name}={p.pid}" for name, p in processes.items()), flush=True)
     results: list[Result] = []
     token: str | None = None
@@ -652,7 +445,7 @@ async def _run(args: argparse.Namespace, programs: dict[str, Path]) -> list[Resu
         if args.auth:
             token = await bearer_token(relay_port)
         for route, (port, path, _) in routes.items():
-            await wait_ready(port, path, token if route == "tunnel" else None)
+            wait_ready(port, path, token if route == "tunnel" else None)
         if args.connectors > 1:
             await asyncio.sleep(1.0)  # one connector answered; give the others time to join
         for size in args.sizes:
@@ -676,7 +469,7 @@ async def _run(args: argparse.Namespace, programs: dict[str, Path]) -> list[Resu
             if rate is not None:
                 # the same generator and pacing for every route: the difference is the tunnel's
                 for _ in range(args.half_repeat):
-                    for route in ("direct", "tunnel", "pyfloor"):
+                    for route in ("direct", "tunnel", "python-floor"):
                         if route not in routes:
                             continue
                         port, path, parties = routes[route]
@@ -719,9 +512,8 @@ def main() -> None:
         "--arrivals",
         choices=ARRIVALS,
         default="poisson",
-        help="how paced clients space their requests: poisson (independent clients, exact "
-        "times from a timerfd), even (one every rate/clients, exact times), tick (the loop's "
-        "millisecond timers: sends bunch on each millisecond, the old behaviour)",
+        help="how paced clients space their requests (the harness's pacer, exact times from a "
+        "timerfd): poisson (independent clients) or even (one every rate/clients)",
     )
     parser.add_argument(
         "--half-rate",
@@ -742,15 +534,14 @@ def main() -> None:
         "--routes",
         nargs="*",
         default=["direct", "tunnel", "baseline"],
-        help="routes to measure: direct, tunnel, baseline, and pyfloor (the thinnest tunnel a "
-        "Python relay and connector can be, bench/tunnel_pyfloor.py; measured at half load too)",
+        help="routes to measure: direct, tunnel, baseline, and python-floor (the thinnest tunnel "
+        "a Python relay and connector can be, bench/tunnel_python_floor.py; also at half load)",
     )
     parser.add_argument(
         "--relay-flag",
         action="append",
         default=[],
-        help="one more rmb-relay flag (repeatable), e.g. --relay-flag=--no-tunnel-express to "
-        "compare the tunnel's task path with its express path",
+        help="one more rmb-relay flag (repeatable), e.g. --relay-flag=--tunnel-token-ttl=60",
     )
     parser.add_argument(
         "--target",
@@ -763,9 +554,9 @@ def main() -> None:
         "--generator",
         choices=("python", "c"),
         default="python",
-        help="the load generator: this process (python, uvloop), or bench/http_load.c (c, "
-        "built with the system's C compiler: a few microseconds per request, so the host's "
-        "two cores go to the routes measured)",
+        help="the load generator: the harness (python: `rmb-load tunnel`, its own process), or "
+        "bench/http_load.c (c, built with the system's C compiler: a few microseconds per "
+        "request, so the host's two cores go to the routes measured)",
     )
     args = parser.parse_args()
     if args.role == "target":
@@ -789,7 +580,8 @@ def main() -> None:
             indent=1,
         )
     )
-    print(f"written {out.relative_to(ROOT)}")
+    # RMB_BENCH_RESULTS may point outside the tree (make's PGO training does)
+    print(f"written {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
 
 
 if __name__ == "__main__":

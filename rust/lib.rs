@@ -1,11 +1,13 @@
 //! `rmb_relay._core`: the sans-I/O hot path of rmb-relay.
 //!
-//! The layers, bottom up (a module imports only from its own layer and the ones below):
-//! - `error`, `limiter`, `crypto`, `records`: shared pieces that know no dialect;
-//! - `codec/`: HTTP/1.1 and websocket wire formats, and the scanner interface through which a
-//!   dialect reads the websocket decoder's messages (`codec/scanner.rs`);
+//! The layers, bottom up (a module imports only from its own layer and the ones below, and no
+//! two modules import each other, even through others: `tests/test_layers.py` checks both):
+//! - `error`, `limiter`, `crypto`, `records`, `lent` (buffers lent to Python without a copy):
+//!   shared pieces that know no dialect;
+//! - `codec/`: HTTP/1.1, websocket frames and their masking, JSON, and the scanner interface
+//!   through which a dialect reads the websocket decoder's messages (`codec/scanner.rs`);
 //! - `forward/`: every connection's pending output, the route table, what crosses to other
-//!   instances, buffers lent to Python;
+//!   instances;
 //! - `dialects/`: each dialect's wire format and scanner (the fast path's decisions), and the
 //!   tunnel's and the 신경 gateway's cores.
 //!
@@ -22,6 +24,7 @@ pub mod error;
 pub mod forward;
 /// fuzz targets of the network parsers (pure Rust; `fuzz/`, `make fuzz`)
 pub mod fuzzing;
+pub mod lent;
 pub mod limiter;
 pub mod records;
 

@@ -32,10 +32,16 @@ class RelayProcess:
         *args: str,
         keep_log: bool = True,
         preexec_fn: Callable[[], None] | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
+        """`env`: the process's environment (default: ours, with its data and state
+        directories, the SQLite file and the tunnel's body store, in a new temp directory)."""
+        if env is None:
+            home = tempfile.mkdtemp(prefix="rmb-proc-")
+            env = {**os.environ, "XDG_DATA_HOME": home, "XDG_STATE_HOME": home}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "rmb_relay", "-l", "127.0.0.1:0", *args],
-            env={**os.environ, "XDG_DATA_HOME": tempfile.mkdtemp(prefix="rmb-proc-")},
+            env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -1,7 +1,7 @@
 """The cluster as operators run it: real `rmb-relay` processes on one real Redis. Three
 instances with clients spread over them, one killed with SIGKILL mid-run (its clients
 reconnect elsewhere and get what waited for them; its gateway clients leave the others'
-replicas), and `--workers 2` serving one port."""
+replicas), and `--processes 2` serving one port."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ class Relays:
 
     @staticmethod
     def instance_id(index: int) -> str:
-        """The cluster name of the `index`-th relay started (with --workers: its base)."""
+        """The cluster name of the `index`-th relay started (with --processes: its base)."""
         return f"relay-{index}"
 
     async def connect(
@@ -246,7 +246,7 @@ async def test_two_workers_share_one_port_and_each_others_sessions(
     relays: Relays, redis_server: RedisServer
 ) -> None:
     port = free_port()
-    url = relays.start("--workers", "2", port=port, banners=2)
+    url = relays.start("--processes", "2", port=port, banners=2)
     async with Redis.from_url(redis_server.url) as probe:
         # the kernel spreads connections over the workers: open sessions until two land apart
         holders: dict[str, RmbClient] = {}
@@ -277,9 +277,9 @@ async def test_two_workers_share_one_port_and_each_others_sessions(
 
 def test_workers_need_redis_and_a_fixed_port(tmp_path: Path) -> None:
     for argv, why in (
-        (["--workers", "2", "-l", "127.0.0.1:9"], "--workers N needs --redis"),
-        (["--workers", "2", "-l", "127.0.0.1:0", "-r", "redis://x"], "needs a fixed port"),
-        (["--workers", "0"], "at least 1"),
+        (["--processes", "2", "-l", "127.0.0.1:9"], "--processes N needs --redis"),
+        (["--processes", "2", "-l", "127.0.0.1:0", "-r", "redis://x"], "needs a fixed port"),
+        (["--processes", "0"], "at least 1"),
     ):
         run = subprocess.run(
             [sys.executable, "-m", "rmb_relay", *argv], capture_output=True, text=True, timeout=WAIT

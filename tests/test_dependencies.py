@@ -65,11 +65,14 @@ def test_every_third_party_import_is_a_declared_dependency() -> None:
     assert {"aiohttp", "prometheus_client", "pyarrow", "rich"} <= third_party.keys()
 
 
-def test_rich_is_imported_by_the_load_harness_only() -> None:
-    """rich is declared for rmb-load's table and progress line; the relay must not need it."""
+def test_rich_is_imported_by_the_terminal_views_only() -> None:
+    """rich is declared for rmb-load's table and progress line and `rmb-relay top`; the relay
+    must not need it."""
     users = imports()["rich"]
     assert users
-    assert all(path.startswith("load/") for path in users), sorted(users)
+    assert all(path.startswith("load/") or path == "monitoring/top.py" for path in users), sorted(
+        users
+    )
 
 
 def built_relay(
@@ -140,8 +143,22 @@ def test_parquet_samples_are_written_with_the_declared_pyarrow(tmp_path: Path) -
     _write_samples(path, array("q", [10, 0, 500, 20, 1, 700]), 64)
     table = pq.read_table(path)
     assert table.to_pylist() == [
-        {"timestamp_ns": 10, "pair": 0, "size": 64, "latency_ns": 500, "outcome": "delivered"},
-        {"timestamp_ns": 20, "pair": 1, "size": 64, "latency_ns": 700, "outcome": "delivered"},
+        {
+            "timestamp_ns": 10,
+            "pair": 0,
+            "size": 64,
+            "latency_ns": 500,
+            "outcome": "delivered",
+            "dialect": "rmb",
+        },
+        {
+            "timestamp_ns": 20,
+            "pair": 1,
+            "size": 64,
+            "latency_ns": 700,
+            "outcome": "delivered",
+            "dialect": "rmb",
+        },
     ]
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from rmb_relay import __version__
 from rmb_relay.errors import ConfigError
-from rmb_relay.peer.cli import DEFAULT_RELAY, parse_args
+from rmb_relay.peer.cli import DEFAULT_RELAY, DEFAULT_SUBSTRATE, parse_args
 from tests.conftest import WAIT, free_port
 from tests.peer_fixtures import add_twin, mnemonic_for, rmb_peer
 
@@ -55,6 +55,16 @@ def test_defaults_are_rmb_peers() -> None:
     assert config.redis == "redis://localhost:6379"
     assert config.relays == (DEFAULT_RELAY,)
     assert config.update
+
+
+def test_without_twins_the_directory_is_upstreams_chain() -> None:
+    """`rmb-peer -m "<words>"` alone does what it does upstream: tfchain's main node and the
+    public relay; `--twins sqlite:PATH` is the explicit offline choice."""
+    config = parse_args(["-m", PHRASE])
+    assert config.substrate == (DEFAULT_SUBSTRATE,) == ("wss://tfchain.grid.tf:443",)
+    assert config.relays == (DEFAULT_RELAY,) == ("wss://relay.grid.tf:443",)
+    offline = parse_args(["-m", PHRASE, "--twins", "sqlite:/tmp/t.sqlite3"])
+    assert offline.substrate == ()
 
 
 @pytest.mark.parametrize("flag", ["--mnemonics", "--seed"])

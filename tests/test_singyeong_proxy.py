@@ -94,21 +94,43 @@ async def test_proxy_refuses_targets_outside_the_client(make_gateway: MakeGatewa
         {"method": "GET", "route": "/", "query": {"application": "api"}},
     )
     assert status == 403
-    assert answer["errors"][0].startswith("10.9.8.7 is neither the client's address")
+    assert answer["errors"][0].startswith(
+        "10.9.8.7 is not the address the gateway saw for the client (127.0.0.1)"
+    )
 
 
-async def test_proxy_allow_list_admits_a_network(make_gateway: MakeGateway, service: int) -> None:
+@pytest.mark.parametrize("declared", ["http://[::1", "http://127.0.0.1:99999", "ftp://127.0.0.1"])
+async def test_proxy_refuses_a_malformed_declared_address(
+    make_gateway: MakeGateway, declared: str
+) -> None:
+    gateway = await make_gateway()
+    await gateway.client("odd", "api", ip=declared)
+    request = {"method": "GET", "route": "/", "query": {"application": "api"}}
+    status, answer = await http(gateway, "POST", "/api/v1/proxy", request)
+    assert status == 403
+    assert answer["errors"][0].startswith(("not a valid address", "not an http(s) URL"))
+
+
+async def test_proxy_allow_list_bounds_the_client_addresses(
+    make_gateway: MakeGateway, service: int
+) -> None:
+    """The allow-list names the networks the proxy may reach at all: a client's own address
+    outside it is refused; and even inside it a client cannot name another address."""
     import ipaddress
 
+    request = {"method": "GET", "route": "/echo", "query": {"application": "api"}}
+    elsewhere = await make_gateway(proxy_allow=(ipaddress.ip_network("10.0.0.0/8"),))
+    await elsewhere.client("svc", "api", ip=f"http://127.0.0.1:{service}")
+    status, answer = await http(elsewhere, "POST", "/api/v1/proxy", request)
+    assert (status, answer) == (403, {"errors": ["127.0.0.1 is not in --sg-proxy-allow"]})
     gateway = await make_gateway(proxy_allow=(ipaddress.ip_network("127.0.0.0/8"),))
-    await gateway.client("svc", "api", ip=f"http://127.0.0.2:{service}")
-    status, _ = await http(
-        gateway,
-        "POST",
-        "/api/v1/proxy",
-        {"method": "GET", "route": "/echo", "query": {"application": "api"}},
-    )
-    assert status != 403
+    await gateway.client("svc", "api", ip=f"http://127.0.0.1:{service}")
+    status, _ = await http(gateway, "POST", "/api/v1/proxy", request)
+    assert status == 200
+    await gateway.client("other", "api2", ip=f"http://127.0.0.2:{service}")
+    request["query"] = {"application": "api2"}
+    status, _ = await http(gateway, "POST", "/api/v1/proxy", request)
+    assert status == 403
 
 
 @pytest.mark.parametrize(

@@ -221,12 +221,18 @@ async def test_client_auth_required_tenant(start_tunnel: StartTunnel) -> None:
         bad = await client.get("/relay/closed/app/echo", headers={"Authorization": "Bearer x.y.z"})
         assert bad.status_code == 401
         # a token of another tenant is not enough
-        other = tunnel.dialect.tokens.issue("acme")
+        other = tunnel.dialect.tokens.issue("acme", "client")
         wrong = await client.get(
             "/relay/closed/app/echo", headers={"Authorization": f"Bearer {other}"}
         )
         assert wrong.status_code == 401
-        good = tunnel.dialect.tokens.issue("closed")
+        # nor is the tenant's connector token: client and connector tokens are distinct
+        connector = tunnel.dialect.tokens.issue("closed")
+        held = await client.get(
+            "/relay/closed/app/echo", headers={"Authorization": f"Bearer {connector}"}
+        )
+        assert held.status_code == 401
+        good = tunnel.dialect.tokens.issue("closed", "client")
         ok = await client.get("/relay/closed/app/echo", headers={"Authorization": f"Bearer {good}"})
         assert ok.status_code == 200
 
@@ -268,7 +274,7 @@ async def test_connector_websocket_refuses_bad_tokens(start_tunnel: StartTunnel)
         tunnel.dialect.forget_tenant("gone")
         with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
             await session.ws_connect(url, headers={"Authorization": f"Bearer {token}"})
-        assert refused.value.status == 403
+        assert refused.value.status == 401  # its verdict went with the tenant
 
 
 async def test_malformed_connector_messages_get_an_error_and_the_connection_stays(

@@ -179,7 +179,7 @@ async def test_oidc_tokens_from_a_jwks_server(start_tunnel: StartTunnel) -> None
         long = token(exp=now + 3600)
         assert await tokens.verify(long) == "acme"
         assert tokens.cache is not None
-        assert tokens.cache.known_token(long, int(time.time())) == "acme"
+        assert tokens.cache.known_token(long, int(time.time())) == ("acme", 1)  # connector
         assert tokens.cache.known_token(long, int(time.time()) + JWKS_LIFESPAN + 1) is None
         for bad, why in [
             (token(aud="other"), "(?i)audience"),

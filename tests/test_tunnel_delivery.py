@@ -179,12 +179,12 @@ async def test_client_gone_mid_download_leaves_an_orphan_the_sweeper_removes(
 
     await store.write(name, one())
     assert store.count() == 1
-    assert store.bytes == 1000
+    assert store.held == 1000
     assert tunnel.dialect.sweep() == 0  # young
     clock.now += int(store.max_age) + 1
     assert tunnel.dialect.sweep() == 1
     assert store.count() == 0
-    assert store.bytes == 0
+    assert store.held == 0
     assert not store.path(name).exists()
 
 

@@ -620,16 +620,18 @@ async def test_malformed_and_unknown_deliveries_are_refused_while_a_request_wait
     [
         (204, {}, b"hi"),  # no body may follow a 204
         (42, {}, b""),  # no such status in HTTP/1.1
+        (101, {"Upgrade": ["websocket"]}, b""),  # would switch the client's connection over
+        (103, {}, b""),  # an interim answer is not an answer
         (200, {"X-Split": ["a\r\nInjected: 1"]}, b""),  # a field that would split the head
     ],
 )
-async def test_a_deliver_http_cannot_carry_is_a_500_and_the_connector_keeps_serving(
+async def test_a_deliver_http_cannot_carry_is_a_502_and_the_connector_keeps_serving(
     start_tunnel: StartTunnel, status: int, headers: dict[str, list[str]], body: bytes
 ) -> None:
     tunnel = await start_tunnel()
     async with raw_connector(tunnel) as ws:
         for want_status, (code, fields, content) in [
-            (500, (status, headers, body)),
+            (502, (status, headers, body)),
             (200, (200, {}, b"fine")),
         ]:
             async with raw_client(tunnel) as client:
@@ -645,6 +647,9 @@ async def test_a_deliver_http_cannot_carry_is_a_500_and_the_connector_keeps_serv
                 )
                 await ws.send_str(encode(response, False).decode())
                 assert (await answer)[0] == want_status
+                if want_status == 502:  # the connector hears why
+                    error = json.loads(await ws.receive_str(timeout=WAIT))
+                    assert "not one HTTP/1.1 carries" in error["arguments"][0]["message"]
             assert not ws.closed
     _settled(tunnel)
 
@@ -695,7 +700,7 @@ async def test_a_tenants_tokens_are_checked_once_and_judged_alike(
     await tunnel.connect("secure")
     tokens = tunnel.dialect.tokens
     hub = tunnel.dialect.hub
-    token = tokens.issue("secure")
+    token = tokens.issue("secure", "client")
     taken = _fast(tunnel)
     answers = await _authenticated(tunnel, token)
     assert [status for status, _, _ in answers] == [201, 201, 201, 200]
@@ -705,8 +710,8 @@ async def test_a_tenants_tokens_are_checked_once_and_judged_alike(
     assert hub.requests.value("secure", "app", "201") == 3
 
     forged = TokenAuthority(b"x" * 32, clock=clock).issue("secure")
-    other = tokens.issue("acme")
-    assert await tokens.verify(other) == "acme"
+    other = tokens.issue("acme", "client")
+    assert await tokens.verify(other, "client") == "acme"
     calls = len(tunnel.target.calls)
     failures = hub.auth_failures.value("client")
     for bad, why in [(forged, b"token refused"), (other, b"another tenant")]:

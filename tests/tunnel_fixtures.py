@@ -222,6 +222,7 @@ async def start_tunnel(start_relay: StartRelay, tmp_path: Path) -> AsyncIterator
             (`cluster_mode`: a Redis Cluster node, `--redis-cluster`). The dialect writes into
             outboxes as `rmb-relay` gives it the switch's."""
             settings.setdefault("body_store", str(tmp_path / "bodies"))
+            settings.setdefault("tenant_labels", True)  # the tests read series by tenant
             store = TenantStore(db or tmp_path / "relay.sqlite3")
             registry = Registry()
             cluster = None

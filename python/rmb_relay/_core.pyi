@@ -291,6 +291,12 @@ class WsDecoder:
     @property
     def closed(self) -> bool:
         """True once a WsClose or WsViolation has been returned."""
+    @property
+    def messages_in(self) -> int:
+        """Data messages decoded so far (the fast path's forwards included)."""
+    @property
+    def bytes_in(self) -> int:
+        """Bytes fed so far."""
 
 def encode_frame(
     opcode: int, payload: bytes, *, fin: bool = True, mask: bytes | None = None
@@ -508,6 +514,9 @@ class Outboxes:
     def accepts(self, conn_id: int) -> bool: ...
     def pending(self, conn_id: int) -> int:
         """Bytes buffered for the connection."""
+    def sent(self, conn_id: int) -> tuple[int, int]:
+        """(messages appended to the connection's outbox, by the fast path and by Python;
+        bytes taken from it for writing) since it opened; zeros for an unknown connection."""
     def __len__(self) -> int: ...
     def push(self, conn_id: int, payload: bytes) -> None:
         """One binary frame of `payload` after what is buffered (an unknown id: ignored)."""
@@ -1024,16 +1033,18 @@ class TunnelHub:
     @property
     def has_effects(self) -> bool: ...
     def set_tenant(
-        self, key: str, settings: tuple[str, bool, int, int | None] | None, now: int
+        self, key: str, settings: tuple[str, bool, int, int | None, bool] | None, now: int
     ) -> None:
-        """The directory's answer for a tenant: (name, require_auth, max_concurrent, ack_mode)."""
+        """The directory's answer for a tenant: (name, require_auth, max_concurrent, ack_mode,
+        forward_authorization)."""
     def cached(self, key: str, now: int) -> str | None | None:
         """None: not cached (or stale); else its stored name (None: no such tenant)."""
     def forget_tenant(self, key: str) -> None: ...
     @property
     def tenants_cached(self) -> int: ...
-    def add_token(self, token: str, tenant: str, until: int, /) -> None: ...
-    def known_token(self, token: str, wall: int, /) -> str | None: ...
+    def add_token(self, token: str, tenant: str, until: int, roles: int, /) -> None: ...
+    def known_token(self, token: str, wall: int, /) -> tuple[str, int] | None: ...
+    def forget_tokens(self, key: str) -> None: ...
     def refill(self, entropy: bytes) -> None: ...
     @property
     def ids_left(self) -> int: ...

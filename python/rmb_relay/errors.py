@@ -46,7 +46,7 @@ fault: the message is refused with a clear reason and nothing already stored is 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from rmb_relay._core import (
     CoreError,
@@ -62,6 +62,7 @@ from rmb_relay._core import (
 __all__ = [
     "AuthError",
     "BadMessage",
+    "BodyTooLarge",
     "BudgetExceeded",
     "ChainError",
     "ClientError",
@@ -163,6 +164,27 @@ class BudgetExceeded(RelayError):
         self.key = key
         self.size = size
         self.held = held
+        self.allowed = allowed
+
+
+class BodyTooLarge(RelayError):
+    """A tunnel body would take the body store over a bound: `limit` is "body" (one body,
+    `--tunnel-max-body`), "tenant" (one tenant's files, `--tunnel-tenant-disk`) or "total"
+    (all files, `--tunnel-total-disk`); `allowed` is that bound in bytes. Answered 413 with
+    the message, which names the bound and never a path."""
+
+    FLAGS: ClassVar[dict[str, str]] = {
+        "body": "--tunnel-max-body",
+        "tenant": "--tunnel-tenant-disk",
+        "total": "--tunnel-total-disk",
+    }
+
+    def __init__(self, limit: str, allowed: int) -> None:
+        what = {"body": "a body", "tenant": "this tenant's stored bodies"}.get(
+            limit, "the relay's stored bodies"
+        )
+        super().__init__(f"{what} may take at most {allowed} bytes ({self.FLAGS[limit]})")
+        self.limit = limit
         self.allowed = allowed
 
 

@@ -19,6 +19,7 @@ from rmb_relay.errors import ConfigError
 from rmb_relay.mailbox import (
     DEFAULT_MAILBOX_MAX,
     DEFAULT_MAILBOX_SESSIONS,
+    DEFAULT_MAILBOX_SOURCE_BYTES,
     DEFAULT_MAILBOX_TOTAL_BYTES,
     DEFAULT_MAILBOX_TTL,
     DEFAULT_MAILBOX_TWIN_BYTES,
@@ -32,6 +33,8 @@ from rmb_relay.mailbox import (
 from rmb_relay.switch import Switch
 from rmb_relay.telemetry.metrics import Read, Registry
 from rmb_relay.telemetry.record_flags import add_record_arguments, recorder_from_args
+from rmb_relay.throttle import Throttles, ThrottleSettings
+from rmb_relay.throttle import add_arguments as add_throttle_arguments
 from rmb_relay.twins.cache import CachedTwinDirectory
 from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path, parse_twins_url
 
@@ -109,6 +112,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="in-memory mailbox: bytes kept in all; more is refused with an error to the sender",
     )
     shared.add_argument(
+        "--mailbox-source-bytes",
+        type=int,
+        default=DEFAULT_MAILBOX_SOURCE_BYTES,
+        metavar="BYTES",
+        help="in-memory mailbox: bytes one source twin, or one relay posting to us, may have "
+        "waiting in all mailboxes together (its share); more is refused",
+    )
+    shared.add_argument(
         "--mailbox-sessions",
         type=int,
         default=DEFAULT_MAILBOX_SESSIONS,
@@ -122,11 +133,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"embedded twin directory (default: sqlite:{default_twins_path()})",
     )
     shared.add_argument(
+        "-s",
         "--substrate",
-        action="append",
+        action="extend",
+        nargs="+",
         metavar="URL",
-        help="read twins from tfchain through this node, ws://HOST:PORT or wss://... "
-        "(repeatable: failover in order); replaces --twins",
+        help="read twins from tfchain through these nodes, ws://HOST:PORT or wss://... (one "
+        "or more per flag, the flag repeatable, as rmb-rs: failover in order); replaces --twins",
     )
     shared.add_argument(
         "--substrate-timeout",
@@ -152,6 +165,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_record_arguments(parser)
     cluster_options.add_arguments(parser)
+    add_throttle_arguments(parser)
 
 
 class Services:
@@ -168,8 +182,11 @@ class Services:
         substrate: list[str] | None = None,
         substrate_timeout: float = DEFAULT_SUBSTRATE_TIMEOUT,
         catchup_threshold: int = DEFAULT_CATCHUP_THRESHOLD,
+        throttles: ThrottleSettings | None = None,
     ) -> None:
         self.metrics = metrics
+        #: the auth pool and failed-login limiter every dialect that authenticates shares
+        self.throttles = Throttles(metrics, throttles)
         self.switch = switch
         self.redis = redis
         #: this instance's membership of the cluster (`--redis` without `--no-cluster`), the
@@ -245,12 +262,15 @@ class Services:
             raise ConfigError("--catchup-threshold must be >= 0 blocks")
         try:
             budget = MailboxBudget(
-                args.mailbox_twin_bytes, args.mailbox_total_bytes, args.mailbox_sessions
+                args.mailbox_twin_bytes,
+                args.mailbox_total_bytes,
+                args.mailbox_sessions,
+                args.mailbox_source_bytes,
             )
         except ValueError:
             raise ConfigError(
-                "--mailbox-twin-bytes, --mailbox-total-bytes and --mailbox-sessions must be "
-                "positive"
+                "--mailbox-twin-bytes, --mailbox-total-bytes, --mailbox-sessions and "
+                "--mailbox-source-bytes must be positive"
             ) from None
         if not args.redis_timeout > 0 or args.redis_inflight_bytes <= 0:
             raise ConfigError("--redis-timeout and --redis-inflight-bytes must be positive")
@@ -274,6 +294,7 @@ class Services:
                 timeout=args.redis_timeout,
                 max_inflight_bytes=args.redis_inflight_bytes,
             )
+        throttles = ThrottleSettings.from_args(args)
         services = cls(
             Registry(),
             Switch(mailbox),
@@ -283,6 +304,7 @@ class Services:
             substrate=substrate,
             substrate_timeout=args.substrate_timeout,
             catchup_threshold=args.catchup_threshold,
+            throttles=throttles,
         )
         # route records (--records): the switch carries the recorder to every dialect; with
         # Redis, the other instances sharing it (cluster/)
@@ -323,6 +345,7 @@ class Services:
     async def close(self) -> None:
         """Close the switch (and its mailbox's Redis connection) and the directory."""
         await self.switch.close()
+        self.throttles.close()
         if self._events is not None:
             await self._events.close()
         if self.switch.records is not None:

@@ -939,7 +939,7 @@ fn check_status(status: u16) -> Result<()> {
 }
 
 /// 1xx and 204 responses never have content nor Content-Length (RFC 9110 section 8.6).
-fn is_bodyless(status: u16) -> bool {
+pub fn is_bodyless(status: u16) -> bool {
     status < 200 || status == 204
 }
 
@@ -3038,8 +3038,8 @@ pub mod py {
     }
 
     impl HttpRequest {
-        /// A request of this head with no body (the tunnel's native table gives Python back
-        /// the head of a job it takes, tunnel_native.rs).
+        /// A request of this head with no body (the tunnel's hub gives Python back the head of
+        /// a request its fast path took, when Python must answer it after all).
         pub(crate) fn from_head(py: Python<'_>, head: RequestHead) -> Self {
             HttpRequest {
                 head,
@@ -3184,7 +3184,7 @@ pub mod py {
     }
 
     /// A parser's output as Python events (what `HttpStreamParser.feed` returns; the tunnel's
-    /// native table hands a read it does not serve back this way, tunnel_native.rs).
+    /// hub hands a read its fast path does not take back this way, dialects/tunnel/hub.rs).
     pub(crate) fn events_list<'py>(
         py: Python<'py>,
         out: super::Output<'_>,

@@ -31,6 +31,7 @@ SAMPLE_COLUMNS = {
     "pair": pa.int64(),
     "size": pa.int64(),
     "latency_ns": pa.int64(),
+    "dialect": pa.string(),
 }
 
 

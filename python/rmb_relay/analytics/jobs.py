@@ -238,26 +238,39 @@ RECORD_JOBS: tuple[Job, ...] = (
 
 
 def load_latency(samples: DataFrame, window: int) -> DataFrame:
-    """`rmb-load --samples`: one-way latency per window and pair (milliseconds)."""
+    """`rmb-load --samples` of any dialect: latency per window, dialect and stream (pair,
+    client, connection) in milliseconds (one-way for rmb, sbd and 신경, the round trip for the
+    tunnel and the peer)."""
     quantiles = F.percentile_approx(
-        F.col("latency_ns") / 1e6, F.array(F.lit(0.5), F.lit(0.99)), PERCENTILE_ACCURACY
+        F.col("latency_ns") / 1e6,
+        F.array(F.lit(0.5), F.lit(0.9), F.lit(0.99), F.lit(0.999)),
+        PERCENTILE_ACCURACY,
     )
     timed = samples.withColumn("time", F.expr("timestamp_micros(timestamp_ns div 1000)"))
     return (
-        timed.groupBy(_window(window), "pair")
-        .agg(F.count("*").alias("messages"), F.sum("size").alias("bytes"), quantiles.alias("q"))
+        timed.groupBy(_window(window), "dialect", "pair")
+        .agg(
+            F.count("*").alias("messages"),
+            F.sum("size").alias("bytes"),
+            quantiles.alias("q"),
+            (F.max("latency_ns") / 1e6).alias("max_ms"),
+        )
         .select(
             "window_start",
+            "dialect",
             "pair",
             "messages",
             "bytes",
             F.col("q")[0].alias("p50_ms"),
-            F.col("q")[1].alias("p99_ms"),
+            F.col("q")[1].alias("p90_ms"),
+            F.col("q")[2].alias("p99_ms"),
+            F.col("q")[3].alias("p99_9_ms"),
+            "max_ms",
         )
-        .orderBy("window_start", "pair")
+        .orderBy("window_start", "dialect", "pair")
     )
 
 
 SAMPLE_JOBS: tuple[Job, ...] = (
-    Job("load_latency", "rmb-load one-way latency per window and pair", load_latency),
+    Job("load_latency", "rmb-load latency per window, dialect and stream", load_latency),
 )

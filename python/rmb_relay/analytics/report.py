@@ -271,18 +271,18 @@ def _load(rows: Rows | None, window: int) -> str:
     if not rows:
         return ""
     figure, axes = plt.subplots(figsize=(11, 3.2))
-    by_pair: dict[int, list[tuple[datetime, float]]] = defaultdict(list)
+    by_stream: dict[tuple[str, int], list[tuple[datetime, float]]] = defaultdict(list)
     for row in rows:
-        by_pair[row["pair"]].append((row["window_start"], row["p99_ms"]))
-    for pair, points in sorted(by_pair.items())[:10]:
+        by_stream[row["dialect"], row["pair"]].append((row["window_start"], row["p99_ms"]))
+    for (dialect, pair), points in sorted(by_stream.items())[:10]:
         points.sort()
         at: list[Any] = [p[0] for p in points]
-        axes.plot(at, [p[1] for p in points], label=f"pair {pair}")
-    axes.set_ylabel("p99 one-way latency (ms)")
+        axes.plot(at, [p[1] for p in points], label=f"{dialect} {pair}")
+    axes.set_ylabel("p99 latency (ms)")
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8, ncol=5)
     _time_axis(axes, [r["window_start"] for r in rows], window)
-    columns = ["window_start", "pair", "messages", "p50_ms", "p99_ms"]
+    columns = ["window_start", "dialect", "pair", "messages", "p50_ms", "p99_ms", "max_ms"]
     return _section("Load harness (rmb-load samples)", _png(figure), _html_table(rows, columns))
 
 

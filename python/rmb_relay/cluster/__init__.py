@@ -12,7 +12,7 @@
 | `workqueue.py` | work queues read by the instances holding X (the HTTP tunnel) |
 | `connect.py` | one Redis client type for a server and for Redis Cluster |
 | `options.py` | the flags and building a `Cluster` from them |
-| `workers.py` | `rmb-relay --workers N`: N processes on one port (SO_REUSEPORT) |
+| `workers.py` | `rmb-relay --processes N`: N processes on one port (SO_REUSEPORT) |
 
 docs/cluster.md tells operators how to run it and other dialects how to use it.
 """

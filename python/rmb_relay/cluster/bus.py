@@ -29,6 +29,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 from rmb_relay._core import check_bus_records
+from rmb_relay.clock import Clock, monotonic_clock
 from rmb_relay.cluster import keys, wire
 from rmb_relay.cluster.connect import RedisClient
 from rmb_relay.errors import ClusterUnavailable, MailboxUnavailable
@@ -119,7 +120,9 @@ def stream_entries(raw: Any) -> list[tuple[bytes, list[tuple[bytes, dict[bytes, 
 class Bus:
     """This instance's end of the bus; see the module docstring."""
 
-    def __init__(self, redis: RedisClient, me: str, handler: Handler) -> None:
+    def __init__(
+        self, redis: RedisClient, me: str, handler: Handler, *, clock: Clock = monotonic_clock
+    ) -> None:
         self.redis = redis
         self.me = me
         self.handler = handler
@@ -140,6 +143,13 @@ class Bus:
         self.on_room: Callable[[bool], None] = lambda room: None
         #: called with the error when a read fails and with None when reading works again
         self.on_health: Callable[[BaseException | None], None] = lambda err: None
+        #: called when our stream was found gone and made again (reaped while we were cut
+        #: off: messages for our addresses went elsewhere meanwhile, the mailbox among them)
+        self.on_recreated: Callable[[], None] = lambda: None
+        #: how often (ns) the reader looks at entries pending for us it did not read itself
+        #: (`_read_loop`); None: only after a failure
+        self.pending_every: int | None = None
+        self.clock = clock
         self.sent_entries = 0
         self.bad_entries = 0
 
@@ -240,11 +250,20 @@ class Bus:
         stream = keys.bus_key(self.me)
         healthy = True
         # after a failure, entries we read but could not acknowledge are still pending for us
-        # (XREADGROUP ">" never returns them again): hand them on first, then read new ones
+        # (XREADGROUP ">" never returns them again): hand them on first, then read new ones.
+        # Also every `pending_every`: a read sent on a link that was cut reaches Redis when
+        # the link heals, long after we gave up on it, and Redis hands *its* entries to us
+        # (pending, never seen by us): without a look at what is pending they would wait
+        # there forever (messages silently lost)
         recover = False
+        looked = self.clock()
         while not self._closing:
+            every = self.pending_every
+            if every is not None and self.clock() - looked >= every:
+                recover = True
             try:
                 if recover:
+                    looked = self.clock()
                     if self._handled:  # handled before the failure: not to be handed on again
                         await self.ack(stream, self._handled)
                         self._handled = []
@@ -265,6 +284,7 @@ class Bus:
                     self._handled = []  # (gone with the stream)
                     log.warning("cluster: our bus stream %s was gone; recreating it", stream)
                     await self._retry(self.create)
+                    self.on_recreated()
                     continue
                 healthy = await self._failed(err, healthy)
                 recover = True

@@ -105,12 +105,17 @@ def work_holders_key(topic: str, name: str) -> str:
 #: the 신경 queues' names (a set) and their wake-up channel (pub/sub)
 SG_QUEUE_NAMES = "sgq:names"
 SG_QUEUE_EVENTS = "sgq:events"
+#: bytes of messages all Redis-backed 신경 queues hold (--sg-queue-total-bytes)
+SG_QUEUE_BYTES = "sgq:bytes"
 
 
 def sg_queue_keys(queue: str) -> dict[str, str]:
     """One 신경 queue's keys by role (one hash tag: its scripts touch them together)."""
     base = f"sgq:{{{queue}}}:"
-    return {k: base + k for k in ("msgs", "waiting", "unacked", "owner", "attempts", "dead")}
+    return {
+        k: base + k
+        for k in ("msgs", "waiting", "unacked", "owner", "attempts", "dead", "bytes", "sizes")
+    }
 
 
 def address_name(address: SessionKey | bytes) -> str:

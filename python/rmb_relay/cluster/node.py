@@ -154,8 +154,10 @@ class Cluster:
         self.clock = clock
         self.wall = wall
         self.presence = Presence(redis, self.me, ttl, cache_ttl=cache_ttl, clock=clock)
-        self.bus = Bus(redis, self.me, self._on_entries)
+        self.bus = Bus(redis, self.me, self._on_entries, clock=clock)
         self.bus.on_health = self._health
+        self.bus.on_recreated = self._stream_recreated
+        self.bus.pending_every = nanos(ttl / 3)
         self.counters = ClusterCounters()
         self._kinds: dict[str, Resolver] = {}
         #: instance -> when (clock) we first saw it dead
@@ -164,6 +166,9 @@ class Cluster:
         #: set by `close`: the ticker stops at its next turn even if it lost its cancellation
         self._closing = False
         self._redis_down = False
+        #: Redis failed since the last tick that reached it: the next one drains every
+        #: mailbox held here (`tick`)
+        self._resync = False
         self.live_instances = 1
         self._soon: deque[tuple[Address, bytes]] = deque()
         self._soon_task: asyncio.Task[None] | None = None
@@ -704,12 +709,23 @@ class Cluster:
         tests call it directly (with the injected clock). Raises Redis errors."""
         await self._announce()
         self._health(None)
-        for name in await self.presence.refresh():
+        resync, self._resync = self._resync, False
+        try:
+            refreshed = await self.presence.refresh()
+        except ClusterUnavailable:
+            self._resync = True
+            raise
+        for name in refreshed.taken:
             self.presence.forget(name)
             endpoint = self.resolve(name)
             if endpoint is not None:
                 log.info("cluster: %s is held by another instance now; closing ours", name)
                 endpoint.peer.close(CloseCode.POLICY, "replaced by a newer connection")
+        # after an outage, messages for what we hold may wait in the mailbox: stored by
+        # another instance that found our presence expired or gave us up (and took over our
+        # stream), with nobody left to tell us. Our claims are in Redis again now (`refresh`),
+        # so whatever is stored from here on finds us and tells us (`mail_stored`): drain once
+        self._drain_held(list(self.presence.held) if resync else refreshed.reclaimed)
         members = [
             member.decode() if isinstance(member, bytes) else str(member)
             for member in await self.redis.smembers(keys.INSTANCES_KEY)
@@ -724,6 +740,23 @@ class Cluster:
                 self._gone_told.discard(other)  # back (it was only cut off): told again next time
             else:
                 await self.reap(other)
+
+    def _drain_held(self, names: list[str]) -> None:
+        """Tell the local endpoints holding `names` to read their mailbox."""
+        drained = 0
+        for name in names:
+            try:
+                endpoint = self.resolve(name)
+            except ValueError:
+                continue
+            if endpoint is not None:
+                endpoint.mail_waiting()
+                drained += 1
+        if drained:
+            log.info("cluster: %d addresses held here read their mailbox after an outage", drained)
+
+    def _stream_recreated(self) -> None:
+        self._resync = True
 
     async def reap(self, instance: str, *, leaving: bool = False) -> None:
         """Route again every entry of a dead instance's stream; delete the stream once it has
@@ -782,6 +815,8 @@ class Cluster:
         return [name for name in consumers if name not in live]
 
     def _health(self, err: BaseException | None) -> None:
+        if err is not None:
+            self._resync = True  # the next tick that reaches Redis drains (`tick`)
         if err is None:
             if self._redis_down:
                 self._redis_down = False

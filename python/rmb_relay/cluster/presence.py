@@ -70,6 +70,17 @@ def claim_instance(claim: str) -> str:
     return instance if sep else claim
 
 
+@dataclass(frozen=True, slots=True)
+class Refreshed:
+    """What a `Presence.refresh` found."""
+
+    #: names another claim holds now (a newer connection elsewhere): close ours
+    taken: list[str]
+    #: names whose key had expired (Redis out of reach for longer than the TTL) and that we
+    #: set again: messages for them may have gone to the mailbox meanwhile, to be drained
+    reclaimed: list[str]
+
+
 @dataclass(slots=True)
 class _Op:
     name: str
@@ -201,15 +212,15 @@ class Presence:
 
     # ---- refresh ---------------------------------------------------------------------------
 
-    async def refresh(self) -> list[str]:
-        """Renew every held name; returns the names another claim holds now (raises
-        ClusterUnavailable)."""
+    async def refresh(self) -> Refreshed:
+        """Renew every held name (raises ClusterUnavailable); see `Refreshed`."""
         held = list(self.held.items())
         if not held:
-            return []
+            return Refreshed([], [])
         pipe = self.redis.pipeline(transaction=False)
         for name, _ in held:
             pipe.getex(keys.presence_key(name), px=self.ttl_ms)
+        set_again: list[bool] = []
         try:
             values = await pipe.execute()
             lost = [item for item, value in zip(held, values, strict=True) if value is None]
@@ -217,16 +228,23 @@ class Presence:
                 pipe = self.redis.pipeline(transaction=False)
                 for name, claim in lost:
                     pipe.set(keys.presence_key(name), claim, px=self.ttl_ms, nx=True)
-                await pipe.execute()
+                set_again = [bool(done) for done in await pipe.execute()]
         except redis_errors() as err:
             raise ClusterUnavailable(f"redis: {err}") from err
         # a claim queued meanwhile is newer than what we read: only a name still held by the
         # claim we renewed, and holding another in Redis, was taken over
-        return [
+        taken = [
             name
             for (name, claim), value in zip(held, values, strict=True)
             if value is not None and value.decode() != claim and self.holds(name, claim)
         ]
+        reclaimed = []
+        for (name, claim), done in zip(lost, set_again, strict=True):
+            if done:
+                reclaimed.append(name)
+            elif self.holds(name, claim):  # expired, and claimed by another connection since
+                taken.append(name)
+        return Refreshed(taken, reclaimed)
 
     # ---- lookups ---------------------------------------------------------------------------
 
@@ -251,7 +269,18 @@ class Presence:
         except redis_errors() as err:
             raise ClusterUnavailable(f"redis: {err}") from err
         holder = claim_instance(value.decode()) if isinstance(value, bytes) else None
-        if holder == self.me or holder in self.dead:
+        if holder is not None and holder in self.dead:
+            # a claim renewed by an instance we gave up: it was only cut off and is back
+            # (its liveness key says so); until our next tick sees that, the mailbox would
+            # take its messages and nobody would tell it to drain them
+            try:
+                back = bool(await self.redis.exists(keys.alive_key(holder)))
+            except redis_errors() as err:
+                raise ClusterUnavailable(f"redis: {err}") from err
+            if not back:
+                return None
+            self.dead.discard(holder)
+        if holder == self.me:
             return None
         if holder is not None:  # "nobody" is not remembered: a login must be seen at once
             if len(self._cache) >= CACHE_MAX:

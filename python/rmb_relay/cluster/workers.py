@@ -1,4 +1,4 @@
-"""`rmb-relay --workers N`: N relay processes on one host sharing one port.
+"""`rmb-relay --processes N`: N relay processes on one host sharing one port.
 
 Python serves one core per process, so a host with more cores runs more processes. Each
 worker is a full `rmb-relay serve` with `--reuse-port` (the kernel spreads new connections over
@@ -25,15 +25,17 @@ from rmb_relay.errors import ConfigError
 def check(workers: int, redis: str | None, port: int) -> None:
     """Raise ConfigError when the flags cannot make a working group of workers."""
     if workers < 1:
-        raise ConfigError("--workers must be at least 1")
+        raise ConfigError("--processes must be at least 1")
     if workers > 1 and not redis:
-        raise ConfigError("--workers N needs --redis: the workers find each other's sessions there")
+        raise ConfigError(
+            "--processes N needs --redis: the processes find each other's sessions there"
+        )
     if workers > 1 and port == 0:
-        raise ConfigError("--workers N needs a fixed port (with port 0 each would get its own)")
+        raise ConfigError("--processes N needs a fixed port (with port 0 each would get its own)")
 
 
 def worker_argv(argv: Sequence[str], index: int, instance_base: str) -> list[str]:
-    """The serve command line of worker `index`: ours without --workers, plus --reuse-port and
+    """The serve command line of worker `index`: ours without --processes, plus --reuse-port and
     an instance id of its own."""
     out: list[str] = []
     skip = False
@@ -41,10 +43,10 @@ def worker_argv(argv: Sequence[str], index: int, instance_base: str) -> list[str
         if skip:
             skip = False
             continue
-        if arg == "--workers":
+        if arg == "--processes":
             skip = True
             continue
-        if arg.startswith("--workers="):
+        if arg.startswith("--processes="):
             continue
         out.append(arg)
     return [*out, "--reuse-port", "--instance-id", f"{instance_base}-w{index}"]

@@ -15,7 +15,7 @@ import os
 import sys
 import textwrap
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from rmb_relay import __version__, gc_tuning, malloc_tuning
 from rmb_relay.cli_support import HelpFormatter, run, setup_logging
@@ -31,9 +31,12 @@ from rmb_relay.config import (
 from rmb_relay.dialects import registry
 from rmb_relay.dialects.base import Dialect
 from rmb_relay.errors import ConfigError
+from rmb_relay.monitoring import add_monitor_routes
+from rmb_relay.server.limits import default_max_connections
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.services import Services
 from rmb_relay.services import add_arguments as add_service_arguments
+from rmb_relay.telemetry import upstream_names
 
 NAME = "serve"
 HELP = "run the relay (the default command: `rmb-relay [flags]` serves too)"
@@ -70,12 +73,33 @@ def parser(prog: str = "rmb-relay serve", epilog: str | None = None) -> argparse
         help="set SO_REUSEPORT so several relay processes can share the port",
     )
     parser.add_argument(
-        "--workers",
+        "--processes",
         type=int,
         default=1,
         metavar="N",
         help="run N relay processes sharing the port (SO_REUSEPORT) and, through --redis, "
         "each other's sessions (docs/cluster.md)",
+    )
+    # rmb-rs's pool sizing, with its meaning: their product is how many connections are
+    # served. Never a process count (`--processes` is): a unit file carried over with
+    # rmb-rs's `-w 500` must not fork 500 relays.
+    parser.add_argument(
+        "-w",
+        "--workers",
+        type=int,
+        default=DEFAULT_RMB_WORKERS,
+        metavar="N",
+        help="rmb-rs's switch workers: with --user-per-worker, at most WORKERS x "
+        "USER_PER_WORKER connections are served (the smaller of that and --max-connections); "
+        "relay processes are --processes",
+    )
+    parser.add_argument(
+        "-u",
+        "--user-per-worker",
+        type=int,
+        default=DEFAULT_USER_PER_WORKER,
+        metavar="N",
+        help="rmb-rs's users per switch worker (see --workers)",
     )
     parser.add_argument(
         "--max-message",
@@ -116,6 +140,12 @@ def parser(prog: str = "rmb-relay serve", epilog: str | None = None) -> argparse
         help="open connections of one client IP; more are answered 429 and closed",
     )
     parser.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve /health, /metrics and /monitor/ on this address only (a private network), "
+        "not on --listen (default: on --listen)",
+    )
+    parser.add_argument(
         "-d",
         "--debug",
         action="count",
@@ -126,6 +156,24 @@ def parser(prog: str = "rmb-relay serve", epilog: str | None = None) -> argparse
     for entry in entries:
         entry.add_arguments(parser)
     return parser
+
+
+#: rmb-rs's `-w/--workers` and `-u/--user-per-worker` defaults (500 x 1000 users)
+DEFAULT_RMB_WORKERS = 500
+DEFAULT_USER_PER_WORKER = 1000
+
+
+def connection_limit(args: argparse.Namespace) -> int | None:
+    """`--max-connections` bounded by rmb-rs's `workers x user_per_worker` (None: the
+    listener's default, the file-descriptor limit minus its reserve, when that is smaller).
+    One limit, the listener's: rmb-rs refuses users beyond the product, so do we."""
+    if args.workers <= 0:
+        raise ConfigError("-w/--workers cannot be zero (rmb-rs's meaning: switch workers)")
+    if args.user_per_worker <= 0:
+        raise ConfigError("-u/--user-per-worker cannot be zero")
+    product = args.workers * args.user_per_worker
+    limit = args.max_connections if args.max_connections is not None else default_max_connections()
+    return None if args.max_connections is None and product >= limit else min(product, limit)
 
 
 def listener_config(args: argparse.Namespace) -> ListenerConfig:
@@ -139,8 +187,10 @@ def listener_config(args: argparse.Namespace) -> ListenerConfig:
         max_message=args.max_message,
         http_idle_timeout=args.http_idle_timeout,
         http_request_timeout=args.http_request_timeout,
-        max_connections=args.max_connections,
+        max_connections=connection_limit(args),
         max_connections_per_ip=args.max_connections_per_ip,
+        ipv6_prefix=args.ipv6_prefix,
+        metrics_listen=parse_listen(args.metrics_listen) if args.metrics_listen else None,
     )
 
 
@@ -160,7 +210,8 @@ async def build_server(args: argparse.Namespace) -> tuple[RelayServer, Services]
     services = await Services.from_args(args)
     try:
         dialects = await build_dialects(args, services)
-        server = RelayServer(config, dialects, services.metrics)
+        server = RelayServer(config, dialects, services.metrics, routes=(add_monitor_routes,))
+        upstream_names.register(services.metrics)
     except BaseException:
         await services.close()
         raise
@@ -210,9 +261,22 @@ class ShutdownDeadline:
 SERVICES_CLOSE_TIME = 3.0
 
 
-async def serve(args: argparse.Namespace, deadline: ShutdownDeadline | None = None) -> None:
+def print_banner(server: RelayServer) -> None:
+    # one write for the whole line: `--processes` children share the parent's stdout, and
+    # print() writes the text and its newline separately when stdout is unbuffered
+    # (PYTHONUNBUFFERED), so two banners could interleave ("...A...B\n\n")
+    sys.stdout.write(server.banner() + "\n")
+    sys.stdout.flush()
+
+
+async def serve(
+    args: argparse.Namespace,
+    deadline: ShutdownDeadline | None = None,
+    announce: Callable[[RelayServer], None] = print_banner,
+) -> None:
     """Serve until a signal (or a call) stops the listener, then close everything. With
-    `deadline`, armed when stopping starts, the process exits within its limit."""
+    `deadline`, armed when stopping starts, the process exits within its limit. `announce`
+    tells the world the relay serves (the banner; `sbd-serverd` prints sbd-server's lines)."""
     try:
         server, services = await build_server(args)
     except ConfigError as err:
@@ -222,11 +286,7 @@ async def serve(args: argparse.Namespace, deadline: ShutdownDeadline | None = No
         server.install_signal_handlers()
         gc_tuning.tune_for_serving()
         malloc_tuning.tune_for_serving()
-        # one write for the whole line: `--workers` children share the parent's stdout, and
-        # print() writes the text and its newline separately when stdout is unbuffered
-        # (PYTHONUNBUFFERED), so two banners could interleave ("...A...B\n\n")
-        sys.stdout.write(server.banner() + "\n")
-        sys.stdout.flush()
+        announce(server)
         await server.stopping.wait()
     finally:
         if deadline is not None:
@@ -236,19 +296,24 @@ async def serve(args: argparse.Namespace, deadline: ShutdownDeadline | None = No
     log.info("rmb-relay stopped")
 
 
-def main(argv: Sequence[str], prog: str = "rmb-relay serve", epilog: str | None = None) -> int:
+def main(
+    argv: Sequence[str],
+    prog: str = "rmb-relay serve",
+    epilog: str | None = None,
+    announce: Callable[[RelayServer], None] = print_banner,
+) -> int:
     args = parser(prog, epilog).parse_args(argv)
     setup_logging(args.debug)
     try:
         config = listener_config(args)
-        workers.check(args.workers, args.redis, config.port)
+        workers.check(args.processes, args.redis, config.port)
     except ConfigError as err:
         raise SystemExit(f"rmb-relay: {err}") from None
-    if args.workers > 1:
-        return workers.run_workers(argv, args.workers, args.instance_id or workers.default_base())
+    if args.processes > 1:
+        return workers.run_workers(argv, args.processes, args.instance_id or workers.default_base())
     deadline = ShutdownDeadline(config.shutdown_timeout + SERVICES_CLOSE_TIME)
     try:
-        run(serve(args, deadline))  # (the loop's own close, after serve, is covered too)
+        run(serve(args, deadline, announce))  # (the loop's own close is covered too)
     finally:
         deadline.cancel()
     return 0

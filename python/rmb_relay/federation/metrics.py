@@ -29,6 +29,20 @@ def register(
         ("outcome",),
     )
     registry.counter_of(
+        "rmb_relay_federation_delivered_total",
+        "Envelopes another relay accepted, by its domain (the first 1024 domains by name, the "
+        "rest (other))",
+        lambda: [((d,), n[0]) for d, n in stats.peers.items()],
+        ("relay",),
+    )
+    registry.counter_of(
+        "rmb_relay_federation_failed_total",
+        "Rounds over a twin's relays that ended without delivery (every relay tried failed, "
+        "or one refused for good), counted for each of the twin's relay domains",
+        lambda: [((d,), n[2]) for d, n in stats.peers.items()],
+        ("relay",),
+    )
+    registry.counter_of(
         "rmb_relay_federation_post_failures_total",
         "POSTs to other relays that failed (transport error, timeout, neither 202 nor 4xx)",
         lambda: [((), stats.failed_posts)],

@@ -65,16 +65,26 @@ ERROR_ENVELOPE_TTL = 300
 #: first retry delay after a round in which every relay failed; doubles per round
 FIRST_BACKOFF = 0.1
 DEFAULT_MAX_BACKOFF = 5.0
+#: longest an envelope is tried from when it was queued, whatever its own expiration says
+#: (the sender chooses that: years would keep it in the queue, retried, for years); the
+#: mailbox's default lifetime, as a twin's stream keeps nothing longer either
+DEFAULT_MAX_TTL = 3600
 #: tasks posting at once in one process (each remote is bounded by the sender too)
 DEFAULT_WORKERS = 256
 #: items a worker takes from the queue at once: those ready, never waiting for more
 TAKE = MAX_BATCH_ITEMS
 
 
+#: peer relays `FederationStats.peers` counts one by one; the rest are summed as OTHER_PEERS
+#: (the domains come from the twins' records, which anyone may write)
+MAX_PEERS_COUNTED = 1024
+OTHER_PEERS = "(other)"
+
+
 class FederationStats:
     """Plain ints bumped per message, read at scrape (metrics.py's hot-counter convention)."""
 
-    __slots__ = ("accepted", "dropped", "expired", "failed_posts", "rejected", "retries")
+    __slots__ = ("accepted", "dropped", "expired", "failed_posts", "peers", "rejected", "retries")
 
     def __init__(self) -> None:
         self.accepted = 0
@@ -83,6 +93,24 @@ class FederationStats:
         self.dropped = 0
         self.retries = 0
         self.failed_posts = 0
+        #: relay domain -> [envelopes it accepted, posts to it that failed] (/monitor/federation),
+        #: counted once per POST, not per envelope, then [rounds over a twin's relays that ended
+        #: without delivery with it among them] (rmb-rs's federation_message_error)
+        self.peers: dict[str, list[int]] = {}
+
+    def peer(self, domain: str) -> list[int]:
+        peers = self.peers
+        counts = peers.get(domain)
+        if counts is None:
+            if len(peers) >= MAX_PEERS_COUNTED:
+                domain = OTHER_PEERS
+            counts = peers.setdefault(domain, [0, 0, 0])
+        return counts
+
+    def round_failed(self, relays: list[str]) -> None:
+        """A round over a twin's relays ended without delivery: each of them counts it."""
+        for domain in relays:
+            self.peer(domain)[2] += 1
 
 
 @dataclass(slots=True)
@@ -111,6 +139,7 @@ class OutboundFederation(Federation):
         *,
         workers: int = DEFAULT_WORKERS,
         max_backoff: float = DEFAULT_MAX_BACKOFF,
+        max_ttl: int = DEFAULT_MAX_TTL,
         clock: Clock = wall_clock,
         rng: random.Random | None = None,
     ) -> None:
@@ -121,6 +150,7 @@ class OutboundFederation(Federation):
         self.switch = switch
         self.workers = workers
         self.max_backoff = max_backoff
+        self.max_ttl = max_ttl
         self.clock = clock
         self.stats = FederationStats()
         self._rng = rng or random.Random()
@@ -144,7 +174,9 @@ class OutboundFederation(Federation):
         queue cannot take it (full, or Redis down)."""
         self.start()
         records = self.switch.record_channel("rmb")
-        await self.queue.put(envelope, None if records is None else records.clock())
+        # the time is the route record's (--records), the queue's age (/monitor/federation)
+        # and where `_deadline` counts --federation-max-ttl from
+        await self.queue.put(envelope, self.clock() if records is None else records.clock())
 
     def _unstored(self, envelopes: list[bytes], why: str) -> None:
         """Envelopes the queue took but could not keep: their senders hear it as if
@@ -201,7 +233,7 @@ class OutboundFederation(Federation):
                 env = err  # _prepare says why
             if not isinstance(env, EnvelopeError):
                 order = orders.get(env.dest_twin)
-                deadline = env.timestamp + env.expiration
+                deadline = self._deadline(env, item)
                 if order is not None and deadline > now:  # the usual case: nothing to await
                     rounds.append(_Round(item, env, deadline, order))
                     continue
@@ -233,7 +265,7 @@ class OutboundFederation(Federation):
             log.warning("dropping a queued federation entry that is not an envelope: %s", env)
             self.stats.dropped += 1
             return True
-        deadline = env.timestamp + env.expiration
+        deadline = self._deadline(env, item)
         if deadline <= now:
             self.stats.expired += 1
             self._record(env, item, "expired", "federation expired", item.remote)
@@ -251,6 +283,14 @@ class OutboundFederation(Federation):
                 order = ranked[domains] = self.ranker.rank(domains)
             orders[env.dest_twin] = order
         return _Round(item, env, deadline, order)
+
+    def _deadline(self, env: EnvelopeRouting, item: Item) -> int:
+        """Until when the envelope is tried (unix seconds): its own deadline, at most
+        `max_ttl` after it was queued (`--federation-max-ttl`)."""
+        own = env.timestamp + env.expiration
+        if item.queued is None:
+            return own
+        return min(own, seconds(item.queued) + self.max_ttl)
 
     async def _post(self, rounds: list[_Round], finished: list[Item]) -> list[_Round]:
         """Post each round to its next relay (`Sender.post_many`: one batch per relay that
@@ -284,6 +324,7 @@ class OutboundFederation(Federation):
                 finished.extend(rnd.item for rnd in group)
                 continue
             failed = False
+            accepted_before = stats.accepted
             for rnd, result in zip(group, results, strict=True):
                 if result.outcome is PostOutcome.ACCEPTED:  # the hot path, without a call
                     stats.accepted += 1
@@ -292,6 +333,7 @@ class OutboundFederation(Federation):
                     continue
                 try:
                     if await self._outcome(rnd.env, rnd.item, domain, result):
+                        stats.round_failed(rnd.relays)  # refused for good
                         finished.append(rnd.item)
                         continue
                 except Exception:
@@ -304,8 +346,12 @@ class OutboundFederation(Federation):
                 if rnd.tried < len(rnd.relays):
                     again.append(rnd)
                 else:
+                    stats.round_failed(rnd.relays)
                     self._again(rnd.item, rnd.deadline, seconds(self.clock()))
+            peer = stats.peer(domain)
+            peer[0] += stats.accepted - accepted_before
             if failed:
+                peer[1] += 1
                 self.ranker.downvote(domain)
         return again
 

@@ -159,6 +159,11 @@ class OutboundQueue(abc.ABC):
         """Items waiting for a worker."""
         return len(self._ready)
 
+    def oldest_queued(self) -> int | None:
+        """When the longest-waiting item waiting for a worker was queued (wall ns), if known
+        (/monitor/federation's queue age)."""
+        return min((i.queued for i in self._ready if i.queued is not None), default=None)
+
     def _push(self, item: Item) -> None:
         self._ready.append(item)
         self._wake()

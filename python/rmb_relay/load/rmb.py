@@ -1,4 +1,4 @@
-"""RMB load generator: pairs of sender and receiver twins, one-way latency.
+"""`rmb-load rmb`: pairs of sender and receiver twins, one-way latency.
 
 Cheap per message by construction, so the relay saturates before the generator does:
 - each pair's envelope is built once with the SDK's `RmbClient` (unsigned: relays never verify
@@ -6,42 +6,44 @@ Cheap per message by construction, so the relay saturates before the generator d
   message: `prefix + seq + send-time + padding`;
 - every connection logs in through the SDK's `RelayLink` (the JWT, the log line, the keepalive
   an RMB twin keeps), then writes its batches on the link's websocket directly;
-- a sender writes up to `BATCH` messages as masked frames built in one Rust call and one write;
+- a sender writes up to `engine.BATCH` messages as masked frames built in one Rust call and
+  one write;
 - a receiver reads the sequence number and send time from the payload's fixed offset; no
   protobuf decode.
+
+`--relays A,B` puts the senders on relay A and the receivers on relay B: two relays that
+federate (give each its twins' domains with `--domains`), or two instances of one clustered
+relay (cross-instance delivery). Envelopes may then arrive out of order (federation posts in
+parallel, as rmb-rs); only a second copy counts as a duplicate.
 """
 
 from __future__ import annotations
 
-import asyncio
+import argparse
 import contextlib
 import hashlib
-import resource
+import json
 import struct
 import time
-from array import array
-from collections.abc import Callable
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from rmb_relay._core import Envelope, SigningKey, WsMessage
-from rmb_relay.load.stats import RunStats
+from rmb_relay.errors import ConfigError, HandshakeError
+from rmb_relay.load.engine import Refused, Run, Stream, Streams
 from rmb_relay.sdk import RelayLink, RmbClient
 from rmb_relay.sdk.websocket import WebSocketClient
 
-#: messages written per batch (one transport.write)
-BATCH = 64
-#: a paced sender with nothing due sleeps until its next message is due, but at least this
-#: long: shorter sleeps return at once (the loop's timers have millisecond resolution), so the
-#: generator spun at 100% of its core at any rate and, with two generator processes on two
-#: cores, took the relay's core (p99 3.5 ms at 100,000 msg/s, 0.3 ms without the spin)
-PACE_TICK = 0.001
-#: ... and at most this long, so a stop is noticed
-PACE_MAX = 0.01
 #: sequence number and send time (ns) at the start of every payload
 STAMP = struct.Struct("<QQ")
 MIN_SIZE = STAMP.size
-#: how long to wait for in-flight messages after the senders stop
-DRAIN_TIMEOUT = 5.0
+MAX_SIZE = 1 << 20
+#: twin ids the harness provisions start here (far from real twins in a shared directory)
+DEFAULT_TWIN_BASE = 1_000_000
+#: the relay domain provisioned twins name unless --domains says otherwise
+DEFAULT_DOMAIN = "load.local"
 
 
 def load_key(twin: int) -> SigningKey:
@@ -57,19 +59,13 @@ class PairSpec:
 
 
 @dataclass(frozen=True)
-class LoadPlan:
+class Endpoints:
+    """Where the pairs log in and with which keys (picklable: sent to generator processes)."""
+
     url: str
-    size: int
-    rate: float  # messages/s over all pairs of this process; 0 = as fast as the window allows
-    window: int
-    duration: float | None
-    count: int | None  # messages per pair
-    warmup: float
-    record_samples: bool = False
+    receiver_url: str
     #: (twin, key type, 32 secret bytes) of identities taken from a file; others use load_key
     identities: tuple[tuple[int, str, bytes], ...] = ()
-    #: receivers connect here instead of `url` (another instance of a cluster)
-    receiver_url: str | None = None
 
     def key(self, twin: int) -> SigningKey:
         for known, key_type, secret in self.identities:
@@ -80,21 +76,142 @@ class LoadPlan:
         return load_key(twin)
 
 
-class Pair:
-    """One sender/receiver pair and its counters."""
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default="ws://127.0.0.1:8080/", help="relay websocket URL")
+    parser.add_argument(
+        "--relays",
+        metavar="A,B",
+        help="senders log in at relay A, receivers at relay B (federation, or two instances "
+        "of one relay); replaces --url",
+    )
+    parser.add_argument(
+        "--receiver-url", help="receivers connect here instead of --url (same as --relays)"
+    )
+    parser.add_argument("--pairs", type=int, default=1, help="sender/receiver pairs")
+    parser.add_argument(
+        "--twins",
+        metavar="sqlite:PATH",
+        help="provision the pairs' twins in this directory (default: the relay's default file)",
+    )
+    parser.add_argument(
+        "--domains",
+        metavar="DA,DB",
+        help="relay domains the provisioned senders and receivers name (federation: the two "
+        f"relays' --domain); default {DEFAULT_DOMAIN} for both",
+    )
+    parser.add_argument(
+        "--twin-base", type=int, default=DEFAULT_TWIN_BASE, help="first twin id to provision"
+    )
+    parser.add_argument(
+        "--no-provision",
+        action="store_true",
+        help="the twins already exist (e.g. a relay on another host)",
+    )
+    parser.add_argument(
+        "--identities",
+        type=Path,
+        metavar="FILE",
+        help='JSON list of {"twin": ID, "key_type": "sr25519|ed25519", "secret": "mnemonic or '
+        "0x seed\"} of twins that exist in the relay's directory; consecutive entries are "
+        "(sender, receiver) pairs; implies --no-provision and sets --pairs",
+    )
 
-    def __init__(self, spec: PairSpec, plan: LoadPlan, stats: RunStats, run: Run) -> None:
+
+def endpoints(args: argparse.Namespace) -> Endpoints:
+    url, receiver_url = args.url, args.receiver_url or args.url
+    if args.relays:
+        parts = [part.strip() for part in args.relays.split(",")]
+        if len(parts) != 2 or not all(parts):
+            raise ConfigError("--relays takes two websocket URLs: A,B")
+        url, receiver_url = parts
+    return Endpoints(url, receiver_url)
+
+
+def _read_identities(path: Path) -> tuple[tuple[int, str, bytes], ...]:
+    from rmb_relay.identity import secret_from_phrase
+
+    try:
+        entries = json.loads(path.read_text())
+        identities = tuple(
+            (int(e["twin"]), str(e.get("key_type", "sr25519")), secret_from_phrase(e["secret"]))
+            for e in entries
+        )
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise ConfigError(f"--identities {path}: {err}") from None
+    if len(identities) < 2 or len(identities) % 2:
+        raise ConfigError(f"--identities {path}: need an even number (>= 2) of identities")
+    for _, key_type, _ in identities:
+        if key_type not in ("sr25519", "ed25519"):
+            raise ConfigError(f"--identities {path}: unknown key_type {key_type!r}")
+    return identities
+
+
+def _provision(args: argparse.Namespace, pairs: list[PairSpec]) -> None:
+    from rmb_relay.twins import Twin
+    from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path, parse_twins_url
+
+    domains = (args.domains or f"{DEFAULT_DOMAIN},{DEFAULT_DOMAIN}").split(",")
+    if len(domains) != 2 or not all(domains):
+        raise ConfigError("--domains takes two relay domains: DA,DB")
+    path = parse_twins_url(args.twins) if args.twins else default_twins_path()
+    directory = SqliteTwinDirectory(path)
+    for pair in pairs:
+        for twin, domain in ((pair.sender, domains[0]), (pair.receiver, domains[1])):
+            directory.add(Twin(twin, load_key(twin).public_key, frozenset({domain})))
+
+
+def check_size(args: argparse.Namespace, low: int, high: int) -> None:
+    if args.size is None:
+        return
+    if not low <= args.size <= high:
+        raise ConfigError(f"--size must be {low}..{high} for {args.dialect}")
+
+
+@contextlib.contextmanager
+def prepare(args: argparse.Namespace) -> Iterator[list[Any]]:
+    if args.size is None:
+        args.size = 1024
+    check_size(args, MIN_SIZE, MAX_SIZE)
+    if args.pairs < 1:
+        raise ConfigError("--pairs must be positive")
+    ends = endpoints(args)
+    if args.identities is not None:
+        identities = _read_identities(args.identities)
+        args.endpoints = Endpoints(ends.url, ends.receiver_url, identities)
+        pairs = [
+            PairSpec(i, identities[2 * i][0], identities[2 * i + 1][0])
+            for i in range(len(identities) // 2)
+        ]
+        args.pairs = len(pairs)
+    else:
+        args.endpoints = ends
+        base = args.twin_base
+        pairs = [PairSpec(i, base + 2 * i, base + 2 * i + 1) for i in range(args.pairs)]
+        if not args.no_provision:
+            _provision(args, pairs)
+    yield list(pairs)
+
+
+def describe(args: argparse.Namespace) -> dict[str, Any]:
+    ends: Endpoints = args.endpoints
+    described: dict[str, Any] = {"url": ends.url, "pairs": args.pairs}
+    if ends.receiver_url != ends.url:
+        described["receiver_url"] = ends.receiver_url
+    return described
+
+
+def workload(args: argparse.Namespace, shares: list[PairSpec], run: Run) -> Streams:
+    return Streams([Pair(spec, args.endpoints, run) for spec in shares])
+
+
+class Pair(Stream):
+    """One sender/receiver pair of twins."""
+
+    def __init__(self, spec: PairSpec, ends: Endpoints, run: Run) -> None:
+        super().__init__(spec.index, run)
         self.spec = spec
-        self.plan = plan
-        self.stats = stats
-        self.run = run
-        self.sent = 0
-        self.delivered = 0
-        #: messages the relay refused with an error envelope (rate limit, unknown twin...):
-        #: they will never arrive, so they leave the window like delivered ones
-        self.refused = 0
-        self.next_seq = 0
-        self.wakeup = asyncio.Event()
+        self.ends = ends
+        self.size = run.plan.size
         self.sender: WebSocketClient | None = None
         self.receiver: WebSocketClient | None = None
         self.links: list[RelayLink] = []
@@ -106,30 +223,35 @@ class Pair:
 
     def template(self) -> tuple[bytes, bytes]:
         """(bytes before the stamp, bytes after it) of every message of this pair."""
-        spec, plan = self.spec, self.plan
-        client = RmbClient(spec.sender, plan.key(spec.sender), sid=self.sid, sign=False)
-        payload = bytes(plan.size)
+        spec = self.spec
+        client = RmbClient(spec.sender, self.ends.key(spec.sender), sid=self.sid, sign=False)
+        payload = bytes(self.size)
         _, wire = client.request_envelope(
             spec.receiver, "load", payload, dest_sid=self.sid, expiration=3600
         )
         if not wire.endswith(payload):
             raise AssertionError("the payload must be the envelope's last field on the wire")
-        return wire[: len(wire) - plan.size], bytes(plan.size - MIN_SIZE)
+        return wire[: len(wire) - self.size], bytes(self.size - MIN_SIZE)
 
     async def connect(self) -> None:
-        for role, twin in (("receiver", self.spec.receiver), ("sender", self.spec.sender)):
-            client = RmbClient(twin, self.plan.key(twin), sid=self.sid)
-            url = self.plan.url
-            if role == "receiver" and self.plan.receiver_url:
-                url = self.plan.receiver_url
+        for role, twin, url in (
+            ("receiver", self.spec.receiver, self.ends.receiver_url),
+            ("sender", self.spec.sender, self.ends.url),
+        ):
+            client = RmbClient(twin, self.ends.key(twin), sid=self.sid)
             link = RelayLink(
                 url,
                 client.login_token,
                 self.on_receive if role == "receiver" else self.on_sender_message,
             )
             started = time.perf_counter_ns()
-            await link.connect()
-            self.stats.connect_ns.append(time.perf_counter_ns() - started)
+            try:
+                await link.connect()
+            except (OSError, TimeoutError, ConnectionError, HandshakeError) as err:
+                raise Refused(
+                    f"rmb: relay {url} unreachable: {err or type(err).__name__}"
+                ) from None
+            self.run.stats.connect_ns.append(time.perf_counter_ns() - started)
             self.links.append(link)
             setattr(self, role, link.ws)
 
@@ -137,75 +259,31 @@ class Pair:
         data = message.data
         now = time.time_ns()
         seq, sent_ns = STAMP.unpack_from(data, self.stamp_offset(data))
-        if seq < self.next_seq:
-            self.stats.duplicated += 1
-            return
-        self.next_seq = seq + 1
-        self.delivered += 1
-        run = self.run
-        if run.measuring:
-            stats = self.stats
-            stats.measured += 1
-            stats.bytes_delivered += self.plan.size
-            latency = now - sent_ns
-            stats.latencies_ns.append(latency)
-            second = int(now / 1e9 - run.started_wall)
-            stats.timeline[second] = stats.timeline.get(second, 0) + 1
-            if run.samples is not None:
-                run.samples.extend((sent_ns, self.spec.index, latency))
-        self._settled()
-
-    def _settled(self) -> None:
-        if self.sent - self.delivered - self.refused <= self.plan.window // 2:
-            self.wakeup.set()
+        if self.first_time(seq):
+            self.run.delivered(self, sent_ns, now, self.size)
 
     def stamp_offset(self, data: bytes) -> int:
-        return len(data) - self.plan.size
+        return len(data) - self.size
 
     def on_sender_message(self, message: WsMessage) -> None:
         """The relay only writes to a sender to report an error (rate limit, unknown twin...)."""
         try:
             env = Envelope.decode(message.data)  # Rust decode: no protobuf object needed here
-            self.stats.error(env.error_message or "unexpected message")
+            reason = env.error_message or "unexpected message"
         except ValueError:
-            self.stats.error("undecodable message")
+            self.run.stats.error("undecodable message")
             return
         # without this, a window's worth of refused messages stalled the pair for good
-        self.refused += 1
-        self._settled()
+        self.run.refused(self, reason)
 
-    async def send_loop(self, per_pair_rate: float) -> None:
+    async def send(self, n: int) -> int:
         sender = self.sender
         assert sender is not None
-        plan = self.plan
-        loop = asyncio.get_running_loop()
-        started = loop.time()
         prefix, padding, pack = self.prefix, self.padding, STAMP.pack
-        while not self.run.stopping:
-            if plan.count is not None and self.sent >= plan.count:
-                break
-            allowed = plan.window - (self.sent - self.delivered - self.refused)
-            if per_pair_rate > 0:
-                elapsed = loop.time() - started
-                due = int(elapsed * per_pair_rate) - self.sent
-                if due <= 0:
-                    next_due = (self.sent + 1) / per_pair_rate - elapsed
-                    await asyncio.sleep(min(PACE_MAX, max(PACE_TICK, next_due)))
-                    continue
-                allowed = min(allowed, due)
-            if plan.count is not None:
-                allowed = min(allowed, plan.count - self.sent)
-            if allowed <= 0:
-                self.wakeup.clear()
-                await self.wakeup.wait()
-                continue
-            n = min(allowed, BATCH)
-            now = time.time_ns()
-            seq = self.sent
-            sender.send_binaries([prefix + pack(seq + i, now) + padding for i in range(n)])
-            self.sent += n
-            await sender.drain()
-            await asyncio.sleep(0)
+        now, seq = time.time_ns(), self.sent
+        sender.send_binaries([prefix + pack(seq + i, now) + padding for i in range(n)])
+        await sender.drain()
+        return n
 
     async def close(self) -> None:
         for link in self.links:
@@ -213,83 +291,3 @@ class Pair:
         for client in (self.sender, self.receiver):
             if client is not None:
                 await client.close()
-
-
-class Run:
-    """Shared run state: are we still warming up, and when did measuring start."""
-
-    def __init__(self, record_samples: bool) -> None:
-        self.measuring = False
-        self.stopping = False
-        self.started_wall = time.time()
-        self.samples: array[int] | None = array("q") if record_samples else None
-
-
-async def run_pairs(
-    plan: LoadPlan,
-    specs: list[PairSpec],
-    progress: Callable[[int, int], None] | None = None,
-    pair_class: type[Pair] | None = None,
-) -> tuple[RunStats, array[int] | None]:
-    """Run this process's share of the pairs; returns its stats (and optional samples)."""
-    stats = RunStats()
-    run = Run(plan.record_samples)
-    make = pair_class or Pair
-    pairs = [make(spec, plan, stats, run) for spec in specs]
-    wall0, cpu0 = time.perf_counter(), _cpu()
-    try:
-        await asyncio.gather(*(pair.connect() for pair in pairs))
-    except (OSError, TimeoutError) as err:
-        stats.error(f"connect failed: {err}")
-        for pair in pairs:
-            await pair.close()
-        return stats, run.samples
-    per_pair_rate = plan.rate / len(pairs) if plan.rate > 0 and pairs else 0.0
-    senders = [asyncio.create_task(pair.send_loop(per_pair_rate)) for pair in pairs]
-    loop = asyncio.get_running_loop()
-    if plan.warmup > 0:
-        await asyncio.sleep(plan.warmup)
-    run.measuring = True
-    run.started_wall = time.time()
-    measure_start = loop.time()
-    deadline = measure_start + plan.duration if plan.duration else None
-    while True:
-        if progress is not None:
-            progress(sum(p.sent for p in pairs), sum(p.delivered for p in pairs))
-        if deadline is not None and loop.time() >= deadline:
-            break
-        if all(task.done() for task in senders):
-            break
-        await asyncio.sleep(0.25)
-    run.stopping = True
-    for pair in pairs:
-        pair.wakeup.set()
-    await asyncio.gather(*senders, return_exceptions=True)
-    stats.measure_seconds = loop.time() - measure_start
-    # in-flight messages arrive after the senders stop; wait for them (bounded)
-    drained = asyncio.Event()
-    give_up = loop.time() + DRAIN_TIMEOUT
-
-    def check_drained() -> None:
-        if all(p.delivered >= p.sent for p in pairs):
-            drained.set()
-        elif loop.time() < give_up:
-            loop.call_later(0.02, check_drained)
-
-    check_drained()
-    with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(drained.wait(), DRAIN_TIMEOUT)
-    stats.sent = sum(p.sent for p in pairs)
-    stats.delivered = sum(p.delivered for p in pairs)
-    if progress is not None:
-        progress(stats.sent, stats.delivered)
-    for pair in pairs:
-        await pair.close()
-    stats.wall_seconds = time.perf_counter() - wall0
-    stats.cpu_seconds = _cpu() - cpu0
-    return stats, run.samples
-
-
-def _cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime

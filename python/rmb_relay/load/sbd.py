@@ -1,4 +1,4 @@
-"""SBD load generator: pairs of fresh ed25519 identities forwarding through the relay.
+"""`rmb-load sbd`: pairs of fresh ed25519 identities forwarding through the relay.
 
 A message is `receiver key (32) || seq, send time (16) || padding`, `--size` bytes in all (the
 SBD limit is 20000 with the header). Receivers see the sender's key in the header and read the
@@ -8,19 +8,25 @@ than the per-IP budget (all generator connections share one IP).
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Iterator
+from typing import Any
 
 from rmb_relay._core import (
     SBD_COMMAND,
+    SBD_MAX_MESSAGE,
     SigningKey,
     WsMessage,
     sbd_classify,
     sbd_encode_command,
 )
-from rmb_relay.load.rmb import MIN_SIZE, Pair
+from rmb_relay.errors import ConfigError, HandshakeError
+from rmb_relay.load.engine import Refused, Run, Streams
+from rmb_relay.load.rmb import MIN_SIZE, Endpoints, Pair, PairSpec, check_size
 from rmb_relay.sdk.websocket import WebSocketClient
 
 HEADER = 32
@@ -33,6 +39,30 @@ def key_segment(public_key: bytes) -> str:
     return base64.urlsafe_b64encode(public_key).rstrip(b"=").decode()
 
 
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", default="ws://127.0.0.1:8080/", help="relay websocket URL")
+    parser.add_argument("--pairs", type=int, default=1, help="sender/receiver pairs")
+
+
+@contextlib.contextmanager
+def prepare(args: argparse.Namespace) -> Iterator[list[Any]]:
+    if args.size is None:
+        args.size = 1000
+    check_size(args, SBD_MIN_SIZE, SBD_MAX_MESSAGE)
+    if args.pairs < 1:
+        raise ConfigError("--pairs must be positive")
+    yield [PairSpec(i, 0, 0) for i in range(args.pairs)]
+
+
+def describe(args: argparse.Namespace) -> dict[str, Any]:
+    return {"url": args.url, "pairs": args.pairs}
+
+
+def workload(args: argparse.Namespace, shares: list[PairSpec], run: Run) -> Streams:
+    ends = Endpoints(args.url, args.url)
+    return Streams([SbdPair(spec, ends, run) for spec in shares])
+
+
 class SbdPair(Pair):
     """One sender/receiver pair of SBD clients."""
 
@@ -41,20 +71,25 @@ class SbdPair(Pair):
             "sender": SigningKey.ed25519(os.urandom(32)),
             "receiver": SigningKey.ed25519(os.urandom(32)),
         }
-        return self.keys["receiver"].public_key, bytes(self.plan.size - SBD_MIN_SIZE)
+        return self.keys["receiver"].public_key, bytes(self.size - SBD_MIN_SIZE)
 
     def stamp_offset(self, data: bytes) -> int:
         return HEADER
 
     async def connect(self) -> None:
-        base = self.plan.url.rstrip("/")
+        base = self.ends.url.rstrip("/")
         for role in ("receiver", "sender"):
             key = self.keys[role]
             started = time.perf_counter_ns()
-            client = await WebSocketClient.connect(f"{base}/{key_segment(key.public_key)}")
-            idle_ms = await _handshake(client, key)
+            try:
+                client = await WebSocketClient.connect(f"{base}/{key_segment(key.public_key)}")
+                idle_ms = await _handshake(client, key)
+            except (OSError, TimeoutError, ConnectionError, HandshakeError) as err:
+                raise Refused(
+                    f"sbd: relay {base} unreachable: {err or type(err).__name__}"
+                ) from None
             client.on_message = self.on_receive if role == "receiver" else self._ignore
-            self.stats.connect_ns.append(time.perf_counter_ns() - started)
+            self.run.stats.connect_ns.append(time.perf_counter_ns() - started)
             setattr(self, role, client)
             # like the reference client: a `keep` every lidl/2 so an idle side is not dropped
             _keepalive(client, idle_ms / 2000)

@@ -16,7 +16,13 @@ class RunStats:
     """Counters and samples of one generator process (or, merged, of a whole run)."""
 
     sent: int = 0
+    #: deliveries the messages sent should make (a BROADCAST to N clients: N each)
+    expected: int = 0
     delivered: int = 0
+    #: deliveries the relay answered with an error instead (counted in `errors` by reason)
+    refused: int = 0
+    #: what stopped the run early (a refusal, a lost connection): one line, exit code 2
+    fatal: str | None = None
     #: delivered inside the measuring window (after warm-up): the throughput numerator
     measured: int = 0
     duplicated: int = 0
@@ -35,7 +41,11 @@ class RunStats:
 
     def merge(self, other: RunStats) -> None:
         self.sent += other.sent
+        self.expected += other.expected
         self.delivered += other.delivered
+        self.refused += other.refused
+        if self.fatal is None:
+            self.fatal = other.fatal
         self.measured += other.measured
         self.duplicated += other.duplicated
         for kind, n in other.errors.items():
@@ -82,21 +92,35 @@ def percentiles(samples: array[int], points: tuple[float, ...]) -> dict[str, flo
 LATENCY_POINTS = (50.0, 90.0, 99.0, 99.9)
 
 
-def summary(stats: RunStats, config: dict[str, Any]) -> dict[str, Any]:
+def summary(
+    stats: RunStats, config: dict[str, Any], watched: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """The run's figures, the same for every dialect (printed by `print_summary`, --json).
+
+    `lost` counts deliveries that neither arrived nor were refused; `watched` is the CPU
+    seconds of processes given with --watch-pid (the relay...), reported per delivery beside
+    the generator's own so that a run shows it measured the relay, not itself."""
     seconds = stats.measure_seconds or 1e-9
-    lost = max(0, stats.sent - stats.delivered)
+    lost = max(0, stats.expected - stats.delivered - stats.refused)
+    per_delivery = 1e6 / max(stats.delivered, 1)
     return {
         "config": config,
         "sent": stats.sent,
+        "expected": stats.expected,
         "delivered": stats.delivered,
         "lost": lost,
         "duplicated": stats.duplicated,
         "errors": stats.errors,
+        "failed": stats.fatal,
         "throughput_msgs_per_s": stats.measured / seconds,
         "throughput_mb_per_s": stats.bytes_delivered / seconds / 1e6,
         "latency_ms": percentiles(stats.latencies_ns, LATENCY_POINTS),
         "connect_ms": percentiles(stats.connect_ns, (50.0, 99.0)),
         "timeline_msgs_per_s": [stats.timeline[s] for s in sorted(stats.timeline)],
         "generator_cpu_share": stats.cpu_seconds / stats.wall_seconds if stats.wall_seconds else 0,
+        "generator_cpu_us_per_msg": stats.cpu_seconds * per_delivery,
+        "watched_cpu_us_per_msg": {
+            name: cpu * per_delivery for name, cpu in (watched or {}).items()
+        },
         "measure_seconds": stats.measure_seconds,
     }

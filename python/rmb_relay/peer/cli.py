@@ -4,11 +4,10 @@ Launch lines written for the public rmb-peer work unchanged: the same flags, def
 deprecated aliases, and the same log line once a relay is connected
 (`now connected to relay Some("<domain>")`), which operators and scripts wait for.
 
-Twins come from tfchain through `--substrate URL` (repeatable, with failover, twins/substrate.py),
-or from the embedded directory that `rmb-relay twins` manages with `--twins sqlite:PATH`. With
-neither, the embedded directory's default file is used, as `rmb-relay` does (the public
-rmb-peer's default, the main tfchain node, would make a peer started without flags talk to the
-production chain).
+Twins come from tfchain through `--substrate URL` (repeatable, with failover, twins/substrate.py;
+by default the main tfchain node, as upstream, so `rmb-peer -m "<words>"` alone joins the public
+grid through wss://relay.grid.tf:443), or, the explicit offline choice, from the embedded
+directory that `rmb-relay twins` manages with `--twins sqlite:PATH`.
 
 Startup: derive the signing key and the secp256k1 key from the secret; find the twin whose
 account is ours; unless `--no-update`, publish our relays' domains and our `pk` when the
@@ -86,9 +85,8 @@ def parser() -> argparse.ArgumentParser:
         "--substrate",
         action="append",
         metavar="URL",
-        help="tfchain node, ws:// or wss:// (repeatable: failover in order; e.g. "
-        f"{DEFAULT_SUBSTRATE}); without it and without --twins, the embedded directory's "
-        "default file",
+        help="tfchain node, ws:// or wss:// (repeatable: failover in order; default "
+        f"{DEFAULT_SUBSTRATE}, as upstream, unless --twins is given)",
     )
     parser.add_argument(
         "--substrate-timeout",
@@ -100,7 +98,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--twins",
         metavar="sqlite:PATH",
-        help=f"embedded twin directory instead of a chain (default: sqlite:{default_twins_path()})",
+        help="embedded twin directory instead of a chain, the offline choice (`rmb-relay "
+        f"twins` fills it; e.g. sqlite:{default_twins_path()})",
     )
     parser.add_argument(
         "--relay",
@@ -167,17 +166,16 @@ def parse_args(argv: Sequence[str] | None = None) -> PeerConfig:
 
     args = parser().parse_args(argv)
     secret = args.mnemonic or args.mnemonics or args.seed
+    substrate: tuple[str, ...] = ()
     if args.twins is not None:
         twins = parse_twins_url(args.twins)
         if args.substrate:
             log.warning("--substrate is ignored: twins are read from %s", args.twins)
     else:
-        twins = default_twins_path()
-    substrate: tuple[str, ...] = ()
-    if args.substrate and args.twins is None:
         from rmb_relay.twins.substrate import check_url
 
-        substrate = tuple(check_url(url) for url in args.substrate)
+        twins = default_twins_path()  # unused: the chain is the directory
+        substrate = tuple(check_url(url) for url in args.substrate or [DEFAULT_SUBSTRATE])
     if not args.substrate_timeout > 0:
         raise ConfigError("--substrate-timeout must be a positive number of seconds")
     relays = args.relay or [DEFAULT_RELAY]

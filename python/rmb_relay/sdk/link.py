@@ -84,12 +84,16 @@ class RelayLink:
 
     async def connect(self) -> None:
         """One login attempt. Raises OSError, TimeoutError or ClientError (HandshakeError)."""
+        # what arrives with the upgrade (a mailbox drained at login) waits until the link is
+        # up, so that answers to it can be sent through this link
+        early: list[WsMessage] = []
         ws = await WebSocketClient.connect(
             f"{self.url}?{self.token()}",
-            on_message=self.on_message,
+            on_message=early.append,
             timeout=self.connect_timeout,
             clock=self.clock,
         )
+        ws.on_message = self.on_message
         self.ws = ws
         ws.closed.add_done_callback(lambda _: self._lost(ws))
         # the line operators and launch scripts wait for, exactly as rmb-peer prints it
@@ -97,6 +101,8 @@ class RelayLink:
         self._ticker = asyncio.get_running_loop().call_later(TICK, self._tick)
         if self.on_up is not None:
             self.on_up(self)
+        for message in early:
+            self.on_message(message)
 
     def _lost(self, ws: WebSocketClient) -> None:
         if ws is not self.ws:

@@ -13,7 +13,20 @@ is done (`OutputBatcher`). Outside a read (timers, tasks) a send is written at o
 
 Backpressure: when a destination's transport goes over its high-water mark, every connection
 that sends to it during a read pauses reading until the destination drains (`resume_writing`);
-producers outside a read (mailbox drains, stream consumers) await `writable()` instead.
+producers outside a read (mailbox drains, stream consumers) await `writable()` instead. A
+connection that sends to *itself* (a pong, an error, an answer, a forward to its own key) is
+no exception: every connection pays for what it causes, so one that asks for answers and never
+reads them stops being read once its own output is over the mark, instead of filling memory
+(`rmb_relay_reply_backpressure_pauses_total`; HTTP pipelining does the same in
+http_connection.py).
+
+Traffic counters (what `/monitor/connections` shows, monitoring/): each connection counts the
+bytes it writes and stamps its last read or write here, once per `transport.write` and per
+read, never per message; a websocket's messages and bytes in are counted by its Rust decoder,
+and the messages put in an outbox by the outboxes (`Outboxes.sent`), so the fast path's
+forwards cost two integer additions in Rust. The stamp is `ActivityClock.now`, a reading the
+listener refreshes every `ActivityClock.PERIOD`: reading a clock costs ~150-200 ns on a VM
+(a system call), copying an attribute ~20 (docs/monitoring.md "Costs").
 """
 
 from __future__ import annotations
@@ -27,6 +40,7 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest, Outboxes
+    from rmb_relay.clock import Clock
     from rmb_relay.config import ListenerConfig
     from rmb_relay.dialects.base import (
         Dialect,
@@ -76,6 +90,34 @@ class OutputBatcher:
                     conn.write_taken(data)
 
 
+class ActivityClock:
+    """A coarse monotonic reading (ns) for activity stamps, refreshed every `PERIOD` seconds by
+    a timer of the listener's loop while it serves (`start`, `stop`)."""
+
+    __slots__ = ("_clock", "_timer", "now")
+
+    #: seconds between refreshes: the error of an idle time
+    PERIOD = 0.5
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self.now = clock()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.stop()
+        self._tick(loop)
+
+    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.now = self._clock()
+        self._timer = loop.call_later(self.PERIOD, self._tick, loop)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
 class ConnectionMetrics(Protocol):
     """The listener metrics a connection bumps."""
 
@@ -94,6 +136,9 @@ class ConnectionMetrics(Protocol):
     @property
     def backpressure_pauses(self) -> Counter: ...
 
+    @property
+    def reply_pauses(self) -> Counter: ...
+
 
 class ConnectionHost(Protocol):
     """What a connection needs of the listener, and nothing more."""
@@ -106,6 +151,10 @@ class ConnectionHost(Protocol):
 
     @property
     def metrics(self) -> ConnectionMetrics: ...
+
+    @property
+    def activity(self) -> ActivityClock:
+        """What connections stamp their opening and last activity with."""
 
     def dialect_for(self, path: str) -> Dialect | None:
         """The dialect serving websocket upgrades at this path."""
@@ -136,6 +185,7 @@ class ConnectionBase(asyncio.Protocol):
     # ~1.6 KB for a dict of its own (bench/README.md "Idle connections"). A new attribute
     # goes here (or in the subclass's slots) too.
     __slots__ = (
+        "_activity",
         "_batcher",
         "_blocked_on",
         "_held_by_dialect",
@@ -145,9 +195,16 @@ class ConnectionBase(asyncio.Protocol):
         "_ready",
         "_waiting_senders",
         "_writable",
+        "bytes_in",
+        "bytes_out",
         "closed",
         "congested",
         "conn_id",
+        "last_active",
+        "messages_in",
+        "messages_out",
+        "opened_at",
+        "ops_listener",
         "ops_only",
         "peer_host",
         "peer_port",
@@ -164,6 +221,16 @@ class ConnectionBase(asyncio.Protocol):
         self.peer_host = ""
         self.peer_port = 0
         self._batcher = server.batcher
+        self._activity = activity = server.activity
+        #: monotonic ns (`ActivityClock`): accepted, last read or written (the monitor's age
+        #: and idle time)
+        self.opened_at = self.last_active = activity.now
+        #: counted by Python: a websocket's reads are counted by its decoder instead
+        #: (`traffic`), its messages out by its outbox when it has one
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.messages_in = 0
+        self.messages_out = 0
         #: the switch's outboxes when this connection's output is queued there (a websocket
         #: whose handler uses the fast path, or an HTTP client the tunnel's table serves)
         self._outboxes: Outboxes | None = None
@@ -185,6 +252,8 @@ class ConnectionBase(asyncio.Protocol):
         self.closed = loop.create_future()
         #: admitted over the connection cap: served /health and /metrics only (server/limits.py)
         self.ops_only = False
+        #: accepted on the operations listener (`--metrics-listen`): ops routes only
+        self.ops_listener = False
 
     def take_over(self, other: ConnectionBase) -> None:
         """Become the connection `other` was (an upgrade): the same id, transport, peer and
@@ -196,7 +265,13 @@ class ConnectionBase(asyncio.Protocol):
         self.peer_port = other.peer_port
         self.closed = other.closed
         self.ops_only = other.ops_only
+        self.ops_listener = other.ops_listener
         self.congested = other.congested
+        self.opened_at = other.opened_at
+        self.last_active = other.last_active
+        # the upgrade's bytes count, its request and 101 are no messages of the websocket
+        self.bytes_in = other.bytes_in
+        self.bytes_out = other.bytes_out
 
     @property
     def id(self) -> int:
@@ -206,6 +281,30 @@ class ConnectionBase(asyncio.Protocol):
     def dialect_name(self) -> str:
         """The `dialect` label of this connection's metrics."""
         return "http"
+
+    def traffic(self) -> tuple[int, int, int, int]:
+        """(messages in, bytes in, messages out, bytes out) since the connection opened."""
+        messages_out, bytes_out = self.messages_out, self.bytes_out
+        outboxes = self._outboxes
+        if outboxes is not None:
+            sent, sent_bytes = outboxes.sent(self.conn_id)
+            messages_out += sent
+            bytes_out += sent_bytes
+        return self.messages_in, self.bytes_in, messages_out, bytes_out
+
+    @property
+    def reading_paused(self) -> bool:
+        """Reading is paused: a receiver it sent to is congested, or its dialect holds it."""
+        return self._reading_paused
+
+    def write_waiting(self) -> int:
+        """Bytes queued to be written: in the transport's buffer and in the outbox."""
+        transport = self.transport
+        waiting = transport.get_write_buffer_size() if transport is not None else 0
+        outboxes = self._outboxes
+        if outboxes is not None:
+            waiting += outboxes.pending(self.conn_id)
+        return waiting
 
     def writable(self) -> Awaitable[None]:
         """Resolves once the socket is under its high-water mark (at once if it is already, or
@@ -273,7 +372,7 @@ class ConnectionBase(asyncio.Protocol):
             batcher.dirty.append(self)
         if self.congested:
             reader = batcher.reader
-            if reader is not None and reader is not self:
+            if reader is not None:
                 reader._block_on(self)
 
     def flush(self) -> None:
@@ -283,16 +382,27 @@ class ConnectionBase(asyncio.Protocol):
         if outboxes is not None:
             taken = outboxes.take(self.conn_id)
             if taken is not None:
-                self._write(taken)
+                self._write_outbox(taken)
 
     def write_taken(self, data: bytes | memoryview) -> None:
         """Write bytes taken from this connection's outbox (`Outboxes.drain`)."""
-        self._write(data)
+        self._write_outbox(data)
 
     def _write(self, data: bytes | memoryview) -> None:
+        """Write bytes Python made (counted here)."""
         transport = self.transport
         if transport is not None and not transport.is_closing():
             transport.write(data)
+            self.bytes_out += len(data)
+            self.last_active = self._activity.now
+
+    def _write_outbox(self, data: bytes | memoryview) -> None:
+        """Write bytes taken from this connection's own outbox (the outbox counted them: a
+        Python addition of a big int per write costs ~100 ns, the outbox's ~1)."""
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
+            self.last_active = self._activity.now
 
     # ---- backpressure ----------------------------------------------------------------------
 
@@ -304,7 +414,9 @@ class ConnectionBase(asyncio.Protocol):
         if not self._reading_paused and self.transport is not None:
             self._reading_paused = True
             self.transport.pause_reading()
-            self.server.metrics.backpressure_pauses.inc(1, self.dialect_name)
+            metrics = self.server.metrics
+            pauses = metrics.reply_pauses if destination is self else metrics.backpressure_pauses
+            pauses.inc(1, self.dialect_name)
 
     def hold_reading(self, held: bool) -> None:
         self._held_by_dialect = held

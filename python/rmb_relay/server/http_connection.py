@@ -7,7 +7,11 @@ call, which returns events. A request head starts a task that asks the router fo
 the body's events feed an `IncomingBody` that the route reads whole or as it arrives (reading
 pauses while too much of it waits unread). Bytes that arrive after the request's end
 (pipelined) wait in the parser, and reading pauses until the response is written (a client
-that waits for its answer is never paused).
+that waits for its answer is never paused). The next request is not parsed either while the
+connection's own output is over its write high-water mark: a client that pipelines requests
+and never reads the answers stops being read, instead of having the relay queue answers for
+it without end; it resumes once the client has read (`resume_writing`), and is closed if it
+reads nothing for the idle timeout.
 
 Timers: the idle timer runs only while the connection waits for a request head (from the
 connection or the previous response on); a head that never completes is answered with 408.
@@ -77,6 +81,7 @@ class HttpConnection(ConnectionBase):
         "_http_paused",
         "_http_timer",
         "_idle_deadline",
+        "_next_on_drain",
         "_parser",
         "_request",
         "_response_started",
@@ -84,8 +89,9 @@ class HttpConnection(ConnectionBase):
         "_upgrading",
     )
 
-    def __init__(self, server: ConnectionHost) -> None:
+    def __init__(self, server: ConnectionHost, *, ops: bool = False) -> None:
         super().__init__(server)
+        self.ops_listener = ops
         self._parser: HttpStreamParser | None = HttpStreamParser(
             max_head=server.config.max_http_head
         )
@@ -109,6 +115,9 @@ class HttpConnection(ConnectionBase):
         self._task: asyncio.Task[None] | None = None
         #: the client half-closed: answer the request being served, then close
         self._client_done = False
+        #: the last answer left the output over its high-water mark: the next request is read
+        #: when it drains (`resume_writing`)
+        self._next_on_drain = False
 
     # ---- asyncio.Protocol ------------------------------------------------------------------
 
@@ -127,6 +136,8 @@ class HttpConnection(ConnectionBase):
             # until the 101, and reading is paused meanwhile. CLOSING/CLOSED, or handed over to
             # a websocket: nothing more is read here.
             return
+        self.bytes_in += len(data)
+        self.last_active = self._activity.now
         fast = self._fast
         if fast is None or self._request is not None or self.ops_only:
             self._on_http_bytes(data)
@@ -138,6 +149,7 @@ class HttpConnection(ConnectionBase):
             assert self._parser is not None
             http_events = fast.feed(self, self._parser, data)
             if http_events is None:
+                self.messages_in += 1
                 self._fast_pending = True
                 self._idle_deadline = None  # the fast path's answer deadline takes over
             else:
@@ -188,6 +200,7 @@ class HttpConnection(ConnectionBase):
         path leaves every other answer to Python): the next request is read."""
         self._write(data)
         if self._fast_pending:
+            self.messages_out += 1
             self._fast_pending = False
             if self.state is State.HTTP:
                 self._next_request()
@@ -280,6 +293,7 @@ class HttpConnection(ConnectionBase):
                 self._pause_http()
 
     def _start_request(self, request: HttpRequest) -> None:
+        self.messages_in += 1
         self._idle_deadline = None  # the request deadline takes over from the idle timer
         if request.is_websocket_upgrade and request.has_body:
             self._refuse(400, "websocket upgrade with a body")
@@ -421,6 +435,7 @@ class HttpConnection(ConnectionBase):
         else:  # HEAD
             bodyless = response.status < 200 or response.status in (204, 304)
             self._response_started = True
+            self.messages_out += 1
             self._write(
                 encode_response_head(
                     response.status,
@@ -442,6 +457,7 @@ class HttpConnection(ConnectionBase):
             keep = False
         self.server.metrics.http_requests.inc(1, request.method, str(response.status))
         self._response_started = True
+        self.messages_out += 1
         self._write(
             encode_response(response.status, response.header_list(), response.body, close=not keep)
         )
@@ -468,6 +484,7 @@ class HttpConnection(ConnectionBase):
                 close=close or (length is None and not chunked),
             )
             self._response_started = True
+            self.messages_out += 1
             self._write(head)
             if request.method == "HEAD":
                 return
@@ -510,9 +527,27 @@ class HttpConnection(ConnectionBase):
         self._body = None
         self._response_started = False
         self._arm_idle_timer()
+        if self.congested:
+            # the client has not read what we answered: read nothing more until it does
+            self._next_on_drain = True
+            self.server.metrics.reply_pauses.inc(1, self.dialect_name)
+            self._pause_http()
+            return
+        self._read_next()
+
+    def _read_next(self) -> None:
+        parser = self._parser
+        assert parser is not None
         self._resume_http()
         if parser.buffered:  # (nothing buffered, nothing to parse: no call per answer)
             self._on_http_bytes(b"")
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._next_on_drain:
+            self._next_on_drain = False
+            if self.state is State.HTTP and self._request is None and not self._fast_pending:
+                self._read_next()
 
     def _arm_idle_timer(self) -> None:
         """Start the idle wait. A timer still armed from an earlier wait is kept and finds the
@@ -540,7 +575,7 @@ class HttpConnection(ConnectionBase):
             transport.resume_reading()
 
     async def _upgrade(self, request: HttpRequest) -> None:
-        dialect = self.server.dialect_for(request.path)
+        dialect = None if self.ops_listener else self.server.dialect_for(request.path)
         if dialect is None:
             self._respond(HttpResponse(404, b"no relay dialect serves this path"), close=True)
             return
@@ -605,6 +640,7 @@ class HttpConnection(ConnectionBase):
     def _respond(self, response: HttpResponse, *, close: bool) -> None:
         """A whole response written at once (refusals and errors)."""
         self._response_started = True
+        self.messages_out += 1
         self._write(
             encode_response(response.status, response.header_list(), response.body, close=close)
         )
@@ -639,7 +675,10 @@ class HttpConnection(ConnectionBase):
             self._http_timer = loop.call_at(deadline, self._http_idle)
             return
         parser = self._parser
-        if parser is not None and parser.buffered:
+        if self._next_on_drain:
+            log.info("HTTP client %s did not read its answers in time", self.peer_host)
+            self._abort_http()
+        elif parser is not None and parser.buffered:
             log.info("request head from %s not complete in time", self.peer_host)
             self._respond(HttpResponse(408, b"request head not received in time"), close=True)
         else:

@@ -33,8 +33,17 @@ log = logging.getLogger("rmb_relay.server")
 FD_RESERVE = 256
 #: connections over `max_connections` that may still be served `/health` and `/metrics`
 OPS_RESERVE = 32
+
+
+class _OpsPaths(frozenset[str]):
+    """/health, /metrics and every monitoring route (monitoring/: under /monitor/)."""
+
+    def __contains__(self, path: object) -> bool:
+        return super().__contains__(path) or str(path).startswith("/monitor/")
+
+
 #: the paths an operations-only connection is served
-OPS_PATHS = frozenset(("/health", "/metrics"))
+OPS_PATHS = _OpsPaths(("/health", "/metrics"))
 
 
 def default_max_connections() -> int:

@@ -101,6 +101,16 @@ class WebSocketConnection(ConnectionBase):
     def dialect_name(self) -> str:
         return self.dialect.name
 
+    def traffic(self) -> tuple[int, int, int, int]:
+        """`ConnectionBase.traffic`, with what the decoder read (the upgrade's request is the
+        HTTP part's)."""
+        messages_in, bytes_in, messages_out, bytes_out = super().traffic()
+        decoder = self._decoder
+        if decoder is not None:
+            messages_in += decoder.messages_in
+            bytes_in += decoder.bytes_in
+        return messages_in, bytes_in, messages_out, bytes_out
+
     # ---- asyncio.Protocol ------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
@@ -112,6 +122,7 @@ class WebSocketConnection(ConnectionBase):
         batcher.reader = self
         batcher.depth += 1
         outboxes = self._outboxes
+        self.last_active = self._activity.now
         try:
             clock = self._scan_clock
             events = decoder.feed(data) if clock is None else decoder.feed(data, clock())
@@ -132,6 +143,10 @@ class WebSocketConnection(ConnectionBase):
         if self.state is State.CLOSED:
             return
         self.state = State.CLOSED
+        decoder = self._decoder
+        if decoder is not None:  # its counts stay the connection's (the listener sums them)
+            self.messages_in += decoder.messages_in
+            self.bytes_in += decoder.bytes_in
         self._decoder = None
         if self._close_timer is not None:
             self._close_timer.cancel()
@@ -139,6 +154,9 @@ class WebSocketConnection(ConnectionBase):
         self._pending.clear()
         outboxes = self._outboxes
         if outboxes is not None:
+            sent, sent_bytes = outboxes.sent(self.conn_id)
+            self.messages_out += sent
+            self.bytes_out += sent_bytes
             outboxes.remove(self.conn_id)
         handler = self.handler
         if handler is not None:
@@ -227,6 +245,7 @@ class WebSocketConnection(ConnectionBase):
             outboxes.push(self.conn_id, payload)
         else:
             self._pending.append(payload)
+            self.messages_out += 1
         batcher = self._batcher
         if batcher.depth:
             self._queue_in(batcher)
@@ -243,6 +262,7 @@ class WebSocketConnection(ConnectionBase):
             outboxes.push_many(self.conn_id, payloads)
         else:
             self._pending.extend(payloads)
+            self.messages_out += len(payloads)
         batcher = self._batcher
         if batcher.depth:
             self._queue_in(batcher)
@@ -279,6 +299,7 @@ class WebSocketConnection(ConnectionBase):
             else:
                 self.flush()
             return
+        self.messages_out += 1
         if batcher.depth:
             pending = self._pending
             if pending:

@@ -194,6 +194,19 @@ class _FamilyCollector(Collector):
             yield family.family()
 
 
+class _UpstreamCollector(Collector):
+    """The OpenMetrics side of `Registry.add_upstream` families."""
+
+    def __init__(
+        self, upstream: Mapping[str, tuple[Callable[[], str], Callable[[], MetricFamily]]]
+    ) -> None:
+        self._upstream = upstream
+
+    def collect(self) -> Iterator[MetricFamily]:
+        for _, openmetrics in self._upstream.values():
+            yield openmetrics()
+
+
 class Registry:
     """Every metric of one process. Dialects and the listener register into the same one."""
 
@@ -203,6 +216,11 @@ class Registry:
         self._waiting_reads: dict[str, list[Read]] = {}
         self._prometheus = CollectorRegistry(auto_describe=False)
         self._prometheus.register(_FamilyCollector(self._families))
+        #: families under another product's names (telemetry/upstream_names.py): their text
+        #: and OpenMetrics forms, appended to the exposition
+        self._upstream: dict[str, tuple[Callable[[], str], Callable[[], MetricFamily]]] = {}
+        self._upstream_prometheus = CollectorRegistry(auto_describe=False)
+        self._upstream_prometheus.register(_UpstreamCollector(self._upstream))
 
     def counter(
         self,
@@ -284,12 +302,30 @@ class Registry:
     def add_read(self, name: str, read: Read) -> None:
         """Another source of an existing family's values (label values without its `const`
         ones, number), read at scrape beside what is counted here: a Rust table that counts
-        what Python no longer sees (the tunnel's native express table)."""
+        what Python no longer sees (the tunnel's hub)."""
         family = self._families.get(name)
         if family is None:  # registered later (the listener's families come after dialects')
             self._waiting_reads.setdefault(name, []).append(read)
         else:
             family.reads.append(((), read))
+
+    def add_upstream(
+        self, name: str, text: Callable[[], str], openmetrics: Callable[[], MetricFamily]
+    ) -> None:
+        """Export a family under a name outside our scheme (rmb-rs's, for dashboards built on
+        it): `text` writes it in the Prometheus text format, `openmetrics` as a family for the
+        OpenMetrics encoder; both read at scrape."""
+        if name in self._families or name in self._upstream:
+            raise ValueError(f"metric {name} registered twice")
+        self._upstream[name] = (text, openmetrics)
+
+    def upstream_names(self) -> list[str]:
+        """The names `add_upstream` exported (rmb-rs's)."""
+        return list(self._upstream)
+
+    def samples(self, name: str) -> list[tuple[LabelValues, float]]:
+        """Every sample of family `name`: (all label values, number), sorted."""
+        return sorted(self._families[name].samples().items())
 
     def get(self, name: str) -> Metric:
         """The whole family (no label fixed): `get(name).value(*all_label_values)`."""
@@ -301,13 +337,22 @@ class Registry:
 
     def render(self) -> str:
         """The Prometheus text exposition (format 0.0.4) of every metric."""
-        return generate_latest(self._prometheus).decode()
+        return self.exposition(None)[0].decode()
 
     def exposition(self, accept: str | None) -> tuple[bytes, str]:
         """(body, content type) for a scrape, in the format its `Accept` header asks for:
         OpenMetrics when asked, the Prometheus text format otherwise."""
         encoder, content_type = choose_encoder(accept or "")
-        return encoder(self._prometheus), content_type
+        body = encoder(self._prometheus)
+        if not self._upstream:
+            return body, content_type
+        if encoder is generate_latest:
+            extra = "".join(text() for text, _ in self._upstream.values()).encode()
+            return body + extra, content_type
+        # OpenMetrics: one document, one `# EOF` at its end
+        eof = b"# EOF\n"
+        upstream = encoder(self._upstream_prometheus)
+        return body.removesuffix(eof) + upstream, content_type
 
 
 def _check_shape(kind: str, name: str, labels: LabelValues) -> None:

@@ -17,7 +17,7 @@ cost the forwarding path next to nothing and must never make it wait:
 - Everything else (mailbox, federation outcomes, drops, expiry, the tunnel) is rarer and calls
   `Channel.add` with every field, once the message's outcome is known: a forward queued for
   another instance's Redis stream is recorded when Redis answered (`switch.QueuedForward`).
-  The tunnel's native express table keeps its requests' records with every field in Rust and
+  The tunnel's hub keeps its requests' records with every field in Rust and
   the channel takes them at each flush (`Channel.add_source`): no Python call per request.
 - Every `FLUSH_INTERVAL` the event loop takes the buffers (the Rust columns move out without a
   copy) and hands them to the writer process (record_process.py): the columns are copied into
@@ -159,7 +159,7 @@ class Channel:
         self._full.append((now, src, dst, size, route, outcome, reason, relay_ns, remote))
 
     def add_source(self, source: Callable[[], list[FullRecord]]) -> None:
-        """Records kept elsewhere (the tunnel's native table keeps them in Rust), as `add`
+        """Records kept elsewhere (the tunnel's hub keeps them in Rust), as `add`
         would have made them, in this channel's clock: `source` gives the ones since its last
         call at each `take`, and they are sampled here as `add` samples."""
         self._sources.append(source)

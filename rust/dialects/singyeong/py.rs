@@ -15,7 +15,7 @@ use super::{dispatch_text, read, Decision, Frame, Gateway, QueueFrame};
 use crate::codec::scanner::py::Scanner;
 use crate::codec::scanner::{ScanFeed, Scanned};
 use crate::codec::ws::py::{message_event, payload_bytes};
-use crate::codec::ws::Payload;
+use crate::codec::mask::Payload;
 use crate::error::CoreError;
 use crate::forward::outboxes::py::{open_outboxes, Outboxes};
 

@@ -53,7 +53,7 @@ use base64::Engine as _;
 
 use crate::codec::http::RequestHead;
 use crate::codec::ws::{OP_BINARY, OP_TEXT};
-use crate::dialects::tunnel::answer::{self, Response};
+use crate::dialects::tunnel::answer::{self, Delivered, Response, Trace};
 use crate::dialects::tunnel::wire::{
     decode_kinds, encode_client_request, kind_bit, ClientRequestRef, FieldRef, Json, Msgpack,
 };
@@ -71,6 +71,10 @@ const TOKEN_BYTES: usize = 24;
 pub const MANUAL: u8 = 3;
 /// The methods a client may tunnel (HEAD too, on the Python side: its answer has no body).
 const METHODS: [&str; 7] = ["HEAD", "GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"];
+/// What a token may be used for (its scopes): attaching a connector, or a client request of
+/// a tenant that requires a token.
+pub const ROLE_CONNECTOR: u8 = 1;
+pub const ROLE_CLIENT: u8 = 2;
 /// Verified tokens remembered at most (all forgotten when full: Python verifies them again).
 const TOKENS: usize = 4096;
 /// Longest tenant name (a URL path segment of letters, digits and `-_.`: tenants.py).
@@ -83,6 +87,7 @@ pub const CONNECTOR_UNAVAILABLE: &str = "connector unavailable";
 pub const EXPIRED: &str = "request expired before a connector took it";
 pub const NO_TOKEN: &str = "no bearer token";
 pub const OTHER_TENANT: &str = "the token is for another tenant";
+pub const BAD_ANSWER: &str = "the connector's answer is not one HTTP/1.1 carries";
 pub const MANUAL_ONLY: &str = "Acknowledge: this request is acknowledged by its URL (manual mode)";
 
 /// How a tunnelled request is served (the first path segment).
@@ -129,6 +134,17 @@ pub struct Config {
     pub version: String,
 }
 
+impl Config {
+    /// What trace mode adds to the answer to request `request_id`.
+    pub fn trace<'a>(&'a self, request_id: &'a str) -> Trace<'a> {
+        Trace {
+            request_id,
+            machine: &self.machine,
+            version: &self.version,
+        }
+    }
+}
+
 /// A tenant as the directory has it (tenants.py `Tenant`), for the hub.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TenantSettings {
@@ -139,6 +155,9 @@ pub struct TenantSettings {
     pub max_concurrent: u32,
     /// its own acknowledge mode (None: the relay's)
     pub ack_mode: Option<u8>,
+    /// a client's `Authorization` reaches the target even when it carries the relay's token
+    /// (`require_auth`); otherwise it is dropped there
+    pub forward_authorization: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -347,7 +366,7 @@ pub struct Hub {
     deadlines: BinaryHeap<Reverse<(i64, String)>>,
     /// tokens that passed the full check (tokens.py): their tenant claim, good up to (unix
     /// s); the only cache of verdicts, for the fast path and Python alike
-    tokens: HashMap<String, (String, i64)>,
+    tokens: HashMap<String, (String, i64, u8)>,
     entropy: Vec<u8>,
     used: usize,
     held_total: u64,
@@ -526,23 +545,6 @@ enum Message {
     },
 }
 
-/// A `Deliver`'s fields the hub uses.
-#[derive(Debug)]
-pub struct Delivered {
-    pub request_id: String,
-    pub status: i64,
-    pub headers: Vec<(String, Vec<String>)>,
-    /// inline body (None: none, or stored when `body_size` > 0)
-    pub body: Option<Vec<u8>>,
-    pub body_size: i64,
-}
-
-impl Delivered {
-    fn stored(&self) -> bool {
-        self.body.is_none() && self.body_size > 0
-    }
-}
-
 fn owned_headers(h: &[(Cow<'_, str>, Vec<Cow<'_, str>>)]) -> Vec<(String, Vec<String>)> {
     h.iter()
         .map(|(n, v)| (n.to_string(), v.iter().map(|s| s.to_string()).collect()))
@@ -669,22 +671,29 @@ impl Hub {
         Some(&self.entropy[at..at + n])
     }
 
-    /// A token that passed the full check, for the tenant `claim`, good up to `until` (unix
-    /// s). At most `TOKENS` are kept: a client presenting ever new tokens costs bounded memory.
-    pub fn add_token(&mut self, token: &str, claim: &str, until: i64) {
+    /// A token that passed the full check, for the tenant `claim` and the `roles` its scopes
+    /// give (`ROLE_*`), good up to `until` (unix s). At most `TOKENS` are kept: a client
+    /// presenting ever new tokens costs bounded memory.
+    pub fn add_token(&mut self, token: &str, claim: &str, until: i64, roles: u8) {
         if self.tokens.len() >= TOKENS {
             self.tokens.clear(); // (the live ones are verified again, once each)
         }
         self.tokens
-            .insert(token.to_owned(), (claim.to_owned(), until));
+            .insert(token.to_owned(), (claim.to_owned(), until, roles));
     }
 
-    /// The tenant claim of a verified token still good at `wall` (unix s).
-    pub fn known_token(&self, token: &str, wall: i64) -> Option<&str> {
+    /// The tenant claim of a verified token still good at `wall` (unix s), with its roles.
+    pub fn known_token(&self, token: &str, wall: i64) -> Option<(&str, u8)> {
         match self.tokens.get(token) {
-            Some((claim, until)) if wall <= *until => Some(claim),
+            Some((claim, until, roles)) if wall <= *until => Some((claim, *roles)),
             _ => None,
         }
+    }
+
+    /// The verdicts of the tenant `key`'s tokens are forgotten (it was removed or re-keyed).
+    pub fn forget_tokens(&mut self, key: &str) {
+        self.tokens
+            .retain(|_, (claim, _, _)| !claim.eq_ignore_ascii_case(key));
     }
 
     /// The directory's answer for the tenant `key` at `now` (None: no such tenant). Beyond
@@ -871,9 +880,12 @@ impl Hub {
         let dst = || Some(format!("{name}/{}", route.target));
         if settings.require_auth {
             let token = head.header("authorization").and_then(bearer);
-            let verdict = token.map(|t| {
-                self.known_token(t, wall)
-                    .map(|c| c.eq_ignore_ascii_case(&key))
+            // (a connector's token cannot stand for a client: Python's full check says why)
+            let verdict = token.map(|t| match self.known_token(t, wall) {
+                Some((claim, roles)) if roles & ROLE_CLIENT != 0 => {
+                    Some(claim.eq_ignore_ascii_case(&key))
+                }
+                _ => None,
             });
             match verdict {
                 Some(Some(true)) => {}
@@ -932,8 +944,17 @@ impl Hub {
             Some(q) => format!("{}?{q}", route.rest),
             None => route.rest.to_owned(),
         };
-        let (headers, text) =
-            answer::request_headers(head.headers.iter().map(|(n, v)| (n.as_str(), v.as_slice())));
+        let drop_auth = self
+            .tenants
+            .get(&key)
+            .and_then(|t| t.settings.as_ref())
+            .is_some_and(|s| s.require_auth && !s.forward_authorization);
+        let (headers, text) = answer::request_headers(
+            head.headers
+                .iter()
+                .filter(|(n, _)| !(drop_auth && n == "authorization"))
+                .map(|(n, v)| (n.as_str(), v.as_slice())),
+        );
         let inline = match &body {
             Body::Inline(b) => b.len(),
             Body::Stored { .. } => 0,
@@ -1702,6 +1723,31 @@ impl Hub {
             return Ok(true);
         }
         let key = job.tenant.clone();
+        let trace = job.tracing.then(|| self.config.trace(&d.request_id));
+        if !answer::carried(&d, trace) {
+            if fast {
+                return Ok(false);
+            }
+            // a 1xx (a 101 would smuggle a websocket past a front proxy), no HTTP status, a
+            // body a 204 cannot have, a field that would split the head: the client gets 502
+            if d.stored() {
+                self.effects
+                    .push(Effect::RemoveResponse(d.request_id.clone()));
+            }
+            let refused = format!(
+                "Deliver: the answer to {:?} is not one HTTP/1.1 carries (status {}, its fields \
+                 or its body)",
+                d.request_id, d.status
+            );
+            self.answer(
+                &d.request_id,
+                Outcome::Status(502, BAD_ANSWER),
+                "rejected",
+                now,
+            );
+            self.delivered(&d.request_id, &key, now, outboxes);
+            return Err(refused);
+        }
         match &job.waiter {
             Waiter::Client(client) if !job.client_done && !d.stored() && d.status < 400 => {
                 let client = *client;
@@ -1711,7 +1757,6 @@ impl Hub {
                     }
                     return self.deliver_to_python(conn, d, binary, data, now, outboxes);
                 };
-                let trace = job.tracing.then_some((d.request_id.as_str(), &self.config));
                 let Some(bytes) = answer::client_answer(
                     status,
                     &d.headers,
@@ -1764,7 +1809,7 @@ impl Hub {
     ) -> Result<bool, String> {
         let job = &self.jobs[&d.request_id];
         let key = job.tenant.clone();
-        let trace = job.tracing.then_some((d.request_id.as_str(), &self.config));
+        let trace = job.tracing.then(|| self.config.trace(&d.request_id));
         let mut message = Vec::new();
         if matches!(job.waiter, Waiter::Origin(_)) {
             message.push(if binary {
@@ -1981,7 +2026,7 @@ impl Hub {
                 let Ok(Message::Deliver(d)) = read_message(rest, kind == RESPONSE_MSGPACK) else {
                     return;
                 };
-                let trace = job.tracing.then_some((d.request_id.as_str(), &self.config));
+                let trace = job.tracing.then(|| self.config.trace(&d.request_id));
                 let response = answer::response_of(&d, trace, Vec::new());
                 job.answered = true;
                 self.answer(request_id, Outcome::Response(response), "delivered", now);
@@ -1992,10 +2037,11 @@ impl Hub {
                     .ok()
                     .and_then(|s| s.parse().ok())
                     .unwrap_or(503);
-                let reason = if status == 408 {
-                    EXPIRED
-                } else {
-                    CONNECTOR_UNAVAILABLE
+                let reason = match status {
+                    408 => EXPIRED,
+                    502 => BAD_ANSWER,
+                    504 => NO_ANSWER_IN_TIME,
+                    _ => CONNECTOR_UNAVAILABLE,
                 };
                 let record = if status == 408 { "expired" } else { "rejected" };
                 job.answered = true;
@@ -2185,6 +2231,7 @@ mod tests {
             require_auth: false,
             max_concurrent: 0,
             ack_mode: None,
+            forward_authorization: false,
         };
         hub.set_tenant("ACME", Some(settings), 0);
         for id in [CONNECTOR, CLIENT, CLIENT + 1, CLIENT + 2] {
@@ -2330,6 +2377,7 @@ mod tests {
                 require_auth: true,
                 max_concurrent: 0,
                 ack_mode: None,
+                forward_authorization: false,
             }),
             0,
         );
@@ -2350,7 +2398,7 @@ mod tests {
             &mut o,
         );
         assert_eq!(s, Step::Verify("tok".into()));
-        hub.add_token("tok", "acme", 10);
+        hub.add_token("tok", "acme", 10, ROLE_CLIENT);
         let s = hub.step(
             &with("tok"),
             None,
@@ -2367,7 +2415,7 @@ mod tests {
                 reason: OTHER_TENANT.into()
             }
         );
-        hub.add_token("good", "secure", 10);
+        hub.add_token("good", "secure", 10, ROLE_CLIENT);
         assert_eq!(
             hub.step(
                 &with("good"),
@@ -2648,7 +2696,7 @@ pub mod py {
     use crate::codec::scanner::py::Scanner;
     use crate::codec::scanner::{ScanFeed, Scanned};
     use crate::codec::ws::py::payload_bytes;
-    use crate::codec::ws::Payload;
+    use crate::codec::mask::Payload;
     use crate::forward::outboxes::py::{open_outboxes, Outboxes};
     use crate::forward::routes::ConnId;
 
@@ -2975,18 +3023,20 @@ pub mod py {
         fn set_tenant(
             &mut self,
             key: &str,
-            settings: Option<(String, bool, u32, Option<u8>)>,
+            settings: Option<(String, bool, u32, Option<u8>, bool)>,
             now: i64,
         ) {
-            let settings =
-                settings.map(
-                    |(name, require_auth, max_concurrent, ack_mode)| TenantSettings {
+            let settings = settings.map(
+                |(name, require_auth, max_concurrent, ack_mode, forward_authorization)| {
+                    TenantSettings {
                         name,
                         require_auth,
                         max_concurrent,
                         ack_mode,
-                    },
-                );
+                        forward_authorization,
+                    }
+                },
+            );
             self.inner.set_tenant(key, settings, now);
         }
 
@@ -3007,15 +3057,24 @@ pub mod py {
             self.inner.tenants_cached()
         }
 
-        /// A token that passed the full check (tokens.py's cache of verdicts).
-        #[pyo3(signature = (token, tenant, until, /))]
-        fn add_token(&mut self, token: &str, tenant: &str, until: i64) {
-            self.inner.add_token(token, tenant, until);
+        /// A token that passed the full check (tokens.py's cache of verdicts), with the roles
+        /// its scopes give (`ROLE_*`).
+        #[pyo3(signature = (token, tenant, until, roles, /))]
+        fn add_token(&mut self, token: &str, tenant: &str, until: i64, roles: u8) {
+            self.inner.add_token(token, tenant, until, roles);
         }
 
+        /// The tenant claim and roles of a verified token still good at `wall`.
         #[pyo3(signature = (token, wall, /))]
-        fn known_token(&self, token: &str, wall: i64) -> Option<String> {
-            self.inner.known_token(token, wall).map(str::to_owned)
+        fn known_token(&self, token: &str, wall: i64) -> Option<(String, u8)> {
+            self.inner
+                .known_token(token, wall)
+                .map(|(c, r)| (c.to_owned(), r))
+        }
+
+        /// Verdicts of every token of tenant `key` go (it was removed or re-keyed).
+        fn forget_tokens(&mut self, key: &str) {
+            self.inner.forget_tokens(key);
         }
 
         fn refill(&mut self, entropy: &Bound<'_, PyBytes>) {
@@ -3175,6 +3234,7 @@ pub mod py {
                 "unauthorized" => "unauthorized",
                 "transport failure" => "transport failure",
                 "no connector" => "no connector",
+                "body too large" => "body too large",
                 _ => return Err(PyValueError::new_err("an unknown refusal reason")),
             };
             self.inner

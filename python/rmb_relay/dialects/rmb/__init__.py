@@ -61,7 +61,12 @@ async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
     )
     directory = services.twin_directory()
     dialect = RmbDialect(
-        settings, directory, services.metrics, switch=services.switch, max_message=args.max_message
+        settings,
+        directory,
+        services.metrics,
+        switch=services.switch,
+        max_message=args.max_message,
+        throttles=services.throttles,
     )
     outbound, inbound = federation_setup.build(
         args,
@@ -69,7 +74,7 @@ async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
         switch=services.switch,
         registry=services.metrics,
         directory=directory,
-        is_ours=dialect.is_ours,
+        is_ours=dialect.serves_federated,
     )
     dialect.federation = services.switch.federation = outbound
     dialect.inbound = inbound

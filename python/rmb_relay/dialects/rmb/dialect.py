@@ -33,6 +33,7 @@ from rmb_relay.federation import Federation
 from rmb_relay.identity import parse_jwt, verify_jwt_signature
 from rmb_relay.mailbox import Mailbox, MemoryMailbox, SessionKey
 from rmb_relay.switch import Outcome, Switch
+from rmb_relay.throttle import Throttles
 from rmb_relay.twins.cache import CachedTwinDirectory
 
 if TYPE_CHECKING:
@@ -60,11 +61,14 @@ class RmbDialect(Dialect):
         inbound: InboundFederation | None = None,
         max_message: int = 1 << 20,
         clock: Clock = wall_clock,
+        throttles: Throttles | None = None,
     ) -> None:
         """`switch` and `directory` are the process's shared ones (closed by their owner);
         without a switch (tests) the dialect makes and owns a private one around `mailbox`
-        (default: in memory), and owns the directory too."""
+        (default: in memory), and owns the directory too. `throttles`: the process's
+        failed-login limiter (throttle.py; default: one of the dialect's own)."""
         self.settings = settings
+        self.throttles = throttles if throttles is not None else Throttles(registry)
         self.directory = directory
         self._owns_shared = switch is None
         if switch is None:
@@ -112,6 +116,14 @@ class RmbDialect(Dialect):
 
     async def accept(self, request: HttpRequest, conn: Peer) -> WebSocketHandler:
         self._schedule_maintenance()
+        # a failed login costs a parse, maybe a twin lookup and a signature check: one address
+        # gets --auth-failures of them, then 429 before any (throttle.py)
+        charged = self.throttles.check("rmb", conn.peer_host)
+        session = await self._authenticate(request, conn)
+        self.throttles.refund(charged)
+        return session
+
+    async def _authenticate(self, request: HttpRequest, conn: Peer) -> RmbSession:
         token = request.query
         if not token:
             self._login_failed("missing jwt", conn)
@@ -143,6 +155,14 @@ class RmbDialect(Dialect):
         self.metrics.logins.inc()
         return RmbSession(conn, self, twin_id, parsed.claims.sid)
 
+    def open_surfaces(self) -> list[str]:
+        inbound = self.inbound
+        if inbound is None:
+            return []
+        if inbound.verify:
+            return ["federation POST / (any relay may post; envelopes must be signed)"]
+        return ["federation POST / UNSIGNED envelopes accepted (--no-verify-federated)"]
+
     def _login_failed(self, reason: str, conn: Peer) -> None:
         self.metrics.login_failures.inc(1, reason)
         log.info("refused RMB login from %s: %s", conn.peer_host, reason)
@@ -154,6 +174,15 @@ class RmbDialect(Dialect):
         if self.settings.standalone:
             return True
         return bool(twin.relays and twin.relays & self.settings.domains)
+
+    def serves_federated(self, twin: Twin) -> bool:
+        """Whether another relay may post envelopes for the twin here (`POST /`): its relay
+        list shares one of our domains; on a standalone relay (no `--domain`), which cannot
+        know its own name, only a twin that names no relay at all (one of the local
+        directory's), never one whose relays are elsewhere."""
+        if self.settings.standalone:
+            return not twin.relays
+        return self.is_ours(twin)
 
     def store_deadline(self, env: EnvelopeRouting) -> int | None:
         """Until when the envelope may wait in a mailbox (unix seconds); None for a fail-fast

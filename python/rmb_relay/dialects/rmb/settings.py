@@ -49,11 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rmb.add_argument(
         "-m",
         "--domain",
-        action="append",
+        action="extend",
+        nargs="+",
         default=[],
         metavar="DOMAIN",
         help=(
-            "a domain this relay serves (repeatable); twins whose on-chain relay list shares one "
+            "domains this relay serves, one or more per flag, the flag repeatable (rmb-rs: "
+            "`--domain a b` and `-m a -m b` alike); twins whose on-chain relay list shares one "
             "are kept here when offline. None given: standalone, every known twin is local"
         ),
     )

@@ -38,7 +38,12 @@ async def build(args: argparse.Namespace, services: Services) -> SbdDialect | No
     """The SBD dialect the flags ask for, or None with `--no-sbd`. Raises ConfigError."""
     if args.no_sbd:
         return None
-    return SbdDialect(SbdSettings.from_args(args), services.metrics, switch=services.switch)
+    return SbdDialect(
+        SbdSettings.from_args(args),
+        services.metrics,
+        switch=services.switch,
+        throttles=services.throttles,
+    )
 
 
 ENTRY = DialectEntry(

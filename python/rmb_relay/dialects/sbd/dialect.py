@@ -59,6 +59,7 @@ from rmb_relay.dialects.sbd.settings import (
 )
 from rmb_relay.errors import HttpReject
 from rmb_relay.switch import Switch
+from rmb_relay.throttle import Throttles
 
 if TYPE_CHECKING:
     from rmb_relay.telemetry.metrics import Registry
@@ -66,8 +67,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("rmb_relay.sbd")
 
 
-def ip_key(text: str) -> str:
-    """IPv4 maps to IPv6 (`::ffff:a.b.c.d`) as in the reference server; v6 is kept as is."""
+def ip_key(text: str, ipv6_prefix: int = 128) -> str:
+    """IPv4 maps to IPv6 (`::ffff:a.b.c.d`) as in the reference server; v6 is kept as is, or
+    as its `/ipv6_prefix` network (`--ipv6-prefix`: one host usually owns a whole /64, so per
+    /128 its limits would be free to evade)."""
     try:
         address = ipaddress.ip_address(text)
     except ValueError:
@@ -76,6 +79,8 @@ def ip_key(text: str) -> str:
         address = address.ipv4_mapped  # a dual-stack listener reports v4 peers this way
     if isinstance(address, ipaddress.IPv4Address):
         return f"::ffff:{address}"
+    if ipv6_prefix < 128:
+        return str(ipaddress.IPv6Network((address, ipv6_prefix), strict=False))
     return str(address)
 
 
@@ -94,9 +99,12 @@ class SbdDialect(Dialect):
         clock: Clock = monotonic_clock,
         *,
         switch: Switch | None = None,
+        throttles: Throttles | None = None,
     ) -> None:
-        """`switch` is the process's shared one (tests may leave it out: a private one)."""
+        """`switch` is the process's shared one (tests may leave it out: a private one);
+        `throttles` the process's failed-login limiter (throttle.py; default: its own)."""
         self.settings = settings
+        self.throttles = throttles if throttles is not None else Throttles(registry)
         self.clock = clock
         # the decoder's scanner charges the rate limiter at this clock's reading, once per read
         self.scan_clock = clock
@@ -135,21 +143,28 @@ class SbdDialect(Dialect):
 
     # ---- upgrade ---------------------------------------------------------------------------
 
-    def client_ip(self, request: HttpRequest, conn: Peer) -> str:
+    def client_ip(self, request: HttpRequest, conn: Peer | HttpClient) -> str:
+        prefix = self.throttles.settings.ipv6_prefix
         header = self.settings.trusted_ip_header
         if header:
             value = request.header(header)
             if value is not None:
                 try:
-                    return ip_key(str(ipaddress.ip_address(value.decode().strip())))
+                    return ip_key(str(ipaddress.ip_address(value.decode().strip())), prefix)
                 except (ValueError, UnicodeDecodeError):
                     pass  # unparsable (e.g. a list): fall back to the TCP peer, as the reference
-        return ip_key(conn.peer_host)
+        return ip_key(conn.peer_host, prefix)
 
     async def accept(self, request: HttpRequest, conn: Peer) -> WebSocketHandler:
         self._ensure_sweeper()
         now = self.clock()
-        token = self._check_authorization(request, now)
+        if request.header("authorization") is None and self.settings.auth_hook is None:
+            token = None
+        else:
+            # wrong tokens: --auth-failures per address, then 429 (throttle.py)
+            charged = self.throttles.check("sbd", self.client_ip(request, conn))
+            token = self._check_authorization(request, now)
+            self.throttles.refund(charged)
         try:
             pubkey = sbd_decode_pubkey_path(request.path[1:])
         except SbdError as err:
@@ -302,6 +317,11 @@ class SbdDialect(Dialect):
             if now - last >= idle_ns:
                 del self.tokens[token]
 
+    def open_surfaces(self) -> list[str]:
+        if self.settings.auth_hook is not None:
+            return []
+        return ["any key may connect and relay (no --sbd-auth-hook)"]
+
     # ---- HTTP: spec-auth -------------------------------------------------------------------
 
     def add_routes(self, router: Routes) -> None:
@@ -314,14 +334,18 @@ class SbdDialect(Dialect):
         if self.settings.auth_hook is None:
             token = base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode()
         else:
+            # each attempt costs a hook call: refused ones are limited per address (429)
+            charged = self.throttles.check("sbd", self.client_ip(request, client))
             try:
                 token = await self.auth_hook.call(self.settings.auth_hook, body)
             except PermissionError:
                 self.metrics.auth_failures.inc(1, "hook refused")
                 return HttpResponse(401, b"Unauthorized")
             except (OSError, ValueError, TimeoutError) as err:
+                self.throttles.refund(charged)  # the hook's failure, not the client's
                 log.warning("sbd auth hook %s failed: %s", self.settings.auth_hook, err)
                 return HttpResponse(502, f"BAD_GATEWAY: {err}".encode())
+            self.throttles.refund(charged)
         self.tokens[token] = self.clock()
         self._ensure_sweeper()
         return HttpResponse(

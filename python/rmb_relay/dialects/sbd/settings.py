@@ -144,7 +144,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--trusted-ip-header",
         metavar="NAME",
         help="take the client IP from this header, e.g. X-Real-IP (only behind a proxy you "
-        "trust; an unparsable value falls back to the TCP peer); default: the TCP peer",
+        "trust; an unparsable value falls back to the TCP peer); default: the TCP peer. "
+        "SBD and 신경 (whose /api/v1/proxy connects only to that address; for a list such as "
+        "X-Forwarded-For it takes the last entry)",
     )
     sbd.add_argument(
         "--sbd-auth-hook",

@@ -79,7 +79,11 @@ class SgApi:
             query = parse(self.body(request))
         except QueryError as err:
             return _json(400, {"errors": [str(err)]})
-        return _json(200, [c.describe() for c in self.dialect.index.match(query)])
+        matches = self.dialect.index.match(query)
+        too_many = self.dialect.too_many_results(len(matches))
+        if too_many is not None:
+            return _json(400, {"errors": [too_many]})
+        return _json(200, [c.describe() for c in matches])
 
     async def proxy(self, request: HttpRequest, client: HttpClient) -> HttpResponse:
         if not self.authorized(request):

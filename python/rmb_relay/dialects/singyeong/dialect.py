@@ -27,6 +27,7 @@ silent clients and retries expired deliveries; tests call it with a fake clock.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import random
 from collections.abc import Callable
@@ -54,6 +55,8 @@ from rmb_relay.dialects.singyeong.queues import (
     MESSAGE_OVERHEAD,
     Message,
     Queues,
+    TooManyQueues,
+    TooManyRequests,
 )
 from rmb_relay.dialects.singyeong.redis_queues import RedisQueues
 from rmb_relay.dialects.singyeong.session import SgSession
@@ -77,10 +80,17 @@ _REQUEST_OK = ("QUEUE_REQUEST", "ok")
 _ACK_OK = ("QUEUE_ACK", "ok")
 _ACK_UNKNOWN = ("QUEUE_ACK", "unknown")
 #: parsed QUEUE targets kept by their text (`_queue_target`); the table starts over when full
+#: (at this many entries or at --sg-target-cache-bytes)
 QUEUE_TARGET_CACHE = 4096
 #: the kinds of queue frame an SgScanner reads (`SgQueueFrame`'s first item)
 QUEUE_REQUEST: Final = 1
 QUEUE_ACK: Final = 2
+#: what a cached target costs besides its key's length three times (the key, the decoded
+#: value and the compiled query each hold about that much): the entry, tuple and Query
+TARGET_ENTRY_BYTES = 1024
+#: a target whose key is over this share of the cache's budget is parsed each time, never
+#: cached (one producer's huge target must not empty the cache for everyone)
+TARGET_CACHE_SHARE = 16
 
 
 def _query_param(query: str | None, name: str) -> str | None:
@@ -142,6 +152,10 @@ class SingyeongDialect(Dialect):
                     key_bytes=settings.queue_bytes, total_bytes=settings.queue_total_bytes
                 ),
                 dead_letter_bytes=settings.dead_letter_bytes,
+                queues_per_app=settings.queues_per_app,
+                queues_total=settings.queues_total,
+                requests_per_client=settings.requests_per_client,
+                requests_total=settings.requests_total,
             )
         else:
             self.queues = RedisQueues(
@@ -150,14 +164,23 @@ class SingyeongDialect(Dialect):
                 ack_timeout_ns=int(settings.ack_timeout * 1e9),
                 max_attempts=settings.max_attempts,
                 wall_ms=self.now_ms,
+                queue_bytes=settings.queue_bytes,
+                queue_total_bytes=settings.queue_total_bytes,
+                queues_total=settings.queues_total,
+                requests_per_client=settings.requests_per_client,
+                requests_total=settings.requests_total,
             )
             self.queues.start()
         self.cluster: SgCluster | None = None
         if cluster is not None:
-            self.cluster = SgCluster(cluster, self.index, self.deliver_local)
+            self.cluster = SgCluster(cluster, self.index, self.deliver_local, self.displace_local)
             self.cluster.start()
         self.metrics = SgMetrics(
-            registry, lambda: self.index, lambda: self.queues, self.fast_counts
+            registry,
+            lambda: self.index,
+            lambda: self.queues,
+            self.fast_counts,
+            lambda: (self.metadata_bytes, self.target_cache_bytes),
         )
         self._sweeper: asyncio.TimerHandle | None = None
         self._metadata_due: dict[SgSession, int] = {}
@@ -167,6 +190,11 @@ class SingyeongDialect(Dialect):
         self._queue_targets: dict[str, tuple[Any, Query]] = {}
         #: the last nonce-less QUEUE_CONFIRM (queue, ts, text): a burst is confirmed with one
         self._confirm: tuple[str, int, bytes] = ("", -1, b"")
+        #: what `_queue_targets` costs (`_target_cost` of each entry), within
+        #: --sg-target-cache-bytes
+        self.target_cache_bytes = 0
+        #: bytes of every local client's metadata (session.py `charge_metadata`)
+        self.metadata_bytes = 0
         self._closed = False
         self.proxy = Proxy(self)
 
@@ -197,7 +225,29 @@ class SingyeongDialect(Dialect):
             encoding = Encoding.parse(_query_param(request.query, "encoding"))
         except ValueError as err:
             raise HttpReject(400, str(err)) from None
-        return SgSession(peer, self, encoding)
+        return SgSession(peer, self, encoding, self.client_address(request, peer))
+
+    def client_address(self, request: HttpRequest, peer: Peer) -> str:
+        """The address the gateway saw for a client: its socket's, or under
+        `--trusted-ip-header` that header of the upgrade (of a list, the last address: the one
+        the operator's front proxy appended). A header that is absent or not an address falls
+        back to the socket's."""
+        name = self.settings.client_ip_header
+        if name is None:
+            return peer.peer_host
+        raw = request.header(name)
+        if raw is None:
+            return peer.peer_host
+        last = raw.decode("latin-1").rsplit(",", 1)[-1].strip()
+        try:
+            return str(ipaddress.ip_address(last))
+        except ValueError:
+            return peer.peer_host
+
+    def open_surfaces(self) -> list[str]:
+        if self.settings.auth is not None:
+            return []
+        return ["gateway and HTTP API without a password (no --sg-auth)"]
 
     def add_routes(self, router: Routes) -> None:
         from rmb_relay.dialects.singyeong.api import SgApi
@@ -231,6 +281,29 @@ class SingyeongDialect(Dialect):
                 self.cluster.left(client)
             self.queues.consumer_gone(session)
             self._client_update("CLIENT_DISCONNECTED", client)
+
+    def displace_local(self, client: Client, by: str) -> None:
+        """Another instance's authenticated client wants the id of `client` (cluster.py): if
+        it is still a restricted client connected here, it is told and closed."""
+        session = client.session
+        if (
+            session is None
+            or session.closing
+            or client.node is not None
+            or not client.restricted
+            or self.index.get(client.app_id, client.client_id) is not client
+        ):
+            return
+        self.metrics.refused.inc(1, "restricted_displaced")
+        log.info(
+            "singyeong: %s/%s: restricted client from %s displaced by an authenticated one "
+            "on another instance (from %s)",
+            client.app_id,
+            client.client_id,
+            session.address,
+            by,
+        )
+        session.displaced(by)
 
     def _client_update(self, event: str, client: Client) -> None:
         if not self.update_listeners:
@@ -417,12 +490,27 @@ class SingyeongDialect(Dialect):
         query = self._parse_target(session, t, d)
         if query is None:
             return
+        nonce = d.get("nonce") if isinstance(d, dict) else None
+        matches = self.index.match(query)
+        too_many = self.too_many_results(len(matches))
+        if too_many is not None:
+            self.metrics.hot.dispatch(t, "refused")
+            session.invalid("too_many_results", {"nonce": nonce, "reason": too_many})
+            return
         self.metrics.hot.dispatch(t, "ok")
         nodes: dict[str, list[dict[str, Any]]] = {}
-        for found in self.index.match(query):
+        for found in matches:
             nodes.setdefault(found.node or self.node, []).append(found.describe())
-        nonce = d.get("nonce") if isinstance(d, dict) else None
         session.send(frames.dispatch(t, {"nodes": nodes}, self.now_ms(), nonce, nodes=nodes))
+
+    def too_many_results(self, matched: int) -> str | None:
+        """Why an answer listing `matched` clients is refused (QUERY_NODES, /api/v1/query:
+        each client may carry up to --sg-metadata-bytes), or None."""
+        limit = self.settings.query_max_results
+        if matched <= limit:
+            return None
+        self.metrics.refused.inc(1, "query_results")
+        return f"the query matches {matched} clients, {limit} allowed (--sg-query-max-results)"
 
     # ---- queues ----------------------------------------------------------------------------
 
@@ -489,9 +577,16 @@ class SingyeongDialect(Dialect):
             query = self._parse_target(session, t, value)
             if query is None:
                 return None
-            if len(cache) >= QUEUE_TARGET_CACHE:
+            cached = (value, query)
+            budget = self.settings.target_cache_bytes
+            cost = 3 * len(key) + TARGET_ENTRY_BYTES
+            if cost > budget // TARGET_CACHE_SHARE:
+                return cached  # parsed for this message only
+            if len(cache) >= QUEUE_TARGET_CACHE or self.target_cache_bytes + cost > budget:
                 cache.clear()
-            cache[key] = cached = (value, query)
+                self.target_cache_bytes = 0
+            cache[key] = cached
+            self.target_cache_bytes += cost
         return cached
 
     def queue_batch(self, session: SgSession, batch: list[SgQueueFrame]) -> None:
@@ -558,9 +653,13 @@ class SingyeongDialect(Dialect):
         """Confirm once stored: memory at once (confirm, then deliver) when the budget has
         room, else op 3 `queue_full` and nothing kept; Redis after its write."""
         queues = self.queues
+        app = session.client.app_id if session.client is not None else ""
         if isinstance(queues, Queues):
             try:
-                queues.admit(message)
+                queues.admit(message, app)
+            except TooManyQueues as err:
+                self.too_many_queues(session, "QUEUE", err, message.nonce)
+                return
             except BudgetExceeded as err:
                 self.metrics.hot.dispatch("QUEUE", "full")
                 session.invalid(
@@ -578,13 +677,30 @@ class SingyeongDialect(Dialect):
             queues.stored(message)
             return
         self.metrics.hot.dispatch("QUEUE", "stored")
-        task = asyncio.get_running_loop().create_task(self._store_durably(session, message))
+        task = asyncio.get_running_loop().create_task(self._store_durably(session, message, app))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _store_durably(self, session: SgSession, message: Message) -> None:
+    async def _store_durably(self, session: SgSession, message: Message, app: str) -> None:
         try:
-            await self.queues.store(message)
+            await self.queues.store(message, app)
+        except TooManyQueues as err:
+            if not session.closing:
+                self.too_many_queues(session, "QUEUE", err, message.nonce)
+            return
+        except BudgetExceeded as err:
+            self.metrics.hot.dispatch("QUEUE", "full")
+            if not session.closing:
+                session.invalid(
+                    "queue_full",
+                    {
+                        "queue": message.queue,
+                        "nonce": message.nonce,
+                        "limit": err.limit,
+                        "reason": f"the message was not stored: {err}",
+                    },
+                )
+            return
         except Exception as err:
             log.warning("singyeong: queue %s: could not store: %s", message.queue, err)
             self.metrics.hot.dispatch("QUEUE", "unavailable")
@@ -626,12 +742,31 @@ class SingyeongDialect(Dialect):
 
     def request_queue(self, session: SgSession, client: Client, t: str, name: str) -> None:
         """A QUEUE_REQUEST with a valid name (both paths)."""
-        client.queues.add(name)
-        if not self.queues.request(name, session):
-            self.metrics.hot.dispatch(t, "refused")
-            session.invalid("too many outstanding QUEUE_REQUESTs", {"queue": name})
+        try:
+            self.queues.request(name, session, client.app_id)
+        except TooManyQueues as err:
+            self.too_many_queues(session, t, err, None)
             return
+        except TooManyRequests as err:
+            self.metrics.hot.dispatch(t, "refused")
+            self.metrics.refused.inc(1, f"requests_{err.limit}")
+            session.invalid(
+                "too many outstanding QUEUE_REQUESTs",
+                {"queue": name, "limit": err.limit, "reason": str(err)},
+            )
+            return
+        client.queues.add(name)
         self.metrics.hot.add(_REQUEST_OK)
+
+    def too_many_queues(self, session: SgSession, t: str, err: TooManyQueues, nonce: Any) -> None:
+        """Op 3 `too_many_queues`: a QUEUE or QUEUE_REQUEST naming a queue that does not exist
+        while its application's (or the gateway's) queues are at their bound."""
+        self.metrics.hot.dispatch(t, "refused")
+        self.metrics.refused.inc(1, f"queues_{err.limit}")
+        session.invalid(
+            "too_many_queues",
+            {"queue": err.name, "nonce": nonce, "limit": err.limit, "reason": str(err)},
+        )
 
     def _queue_cancel(self, session: SgSession, client: Client, t: str, d: Any) -> None:
         name = self._queue_name(session, t, d)

@@ -5,6 +5,13 @@ key is checked and every error collected, so a client learns all of them at once
 `"<k>: type '<t>' doesn't exists"` (sic: the public server's text, which clients may match),
 `"<k>: value fails validation for '<t>'"`, `"<k>: forbidden metadata key"`, and ours for a
 malformed entry, `"<k>: expected {\"type\": T, \"value\": V}"`.
+
+Bounds (issue 33): a refusal names at most `MAX_REPORTED_PROBLEMS` keys (the rest are
+counted under the key `"..."`), and every name or type quoted in a message is cut to
+`QUOTED` characters, so an update of 887 KiB of bad keys is answered in a few KiB, not
+994 KiB. What a client's metadata may hold is bounded by `MetadataAccount`: keys
+(`--sg-metadata-keys`) and bytes (`--sg-metadata-bytes`, `value_bytes` of each value plus its
+key's length), counting the updates still waiting for the rate limit.
 """
 
 from __future__ import annotations
@@ -29,6 +36,20 @@ FORBIDDEN_KEYS = frozenset(
 #: a metadata key longer than this is refused (keys are index entries and metric-free, but
 #: still memory per client)
 MAX_KEY_LENGTH = 256
+#: keys named in one refusal; the others are counted (issue 33: bounded error replies)
+MAX_REPORTED_PROBLEMS = 16
+#: characters of a key or type name quoted in an error message
+QUOTED = 64
+#: metadata keys one client may hold (its own; the gateway's base keys are not counted)
+DEFAULT_METADATA_KEYS = 256
+#: bytes of metadata one client may hold (`value_bytes` + key lengths)
+DEFAULT_METADATA_BYTES = 64 << 10
+#: bytes of metadata all of an instance's clients may hold together (thousands of clients
+#: from one address stay within it even at the per-client bound)
+DEFAULT_METADATA_TOTAL_BYTES = 128 << 20
+#: what `value_bytes` charges per item on top of a string's length: a Python object's
+#: header and its slot in the container holding it
+ITEM_BYTES = 16
 
 _SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
@@ -72,20 +93,116 @@ _VALIDATORS: dict[str, Callable[[Any], bool]] = {
 TYPES = frozenset(_VALIDATORS)
 
 
+def value_bytes(value: Any) -> int:
+    """What a decoded value costs the heap, roughly: `ITEM_BYTES` per item (containers and
+    their members) plus the length of every string and binary. Walked with a stack, not
+    recursion: a decoded value may be as deep as the decoder allows."""
+    total = 0
+    stack = [value]
+    pop, push = stack.pop, stack.extend
+    while stack:
+        item = pop()
+        total += ITEM_BYTES
+        if isinstance(item, str | bytes):
+            total += len(item)
+        elif isinstance(item, dict):
+            push(item.keys())
+            push(item.values())
+        elif isinstance(item, list | tuple):
+            push(item)
+    return total
+
+
+def _quoted(text: Any) -> str:
+    shown = text if isinstance(text, str) else repr(text)
+    return shown if len(shown) <= QUOTED else shown[:QUOTED] + "..."
+
+
 @dataclass(frozen=True, slots=True)
 class Update:
-    """A validated update: key -> value and key -> type name."""
+    """A validated update: key -> value, key -> type name, key -> bytes (`value_bytes` of
+    the value plus the key's length)."""
 
     values: dict[str, Any]
     types: dict[str, str]
+    sizes: dict[str, int]
 
 
 class MetadataError(ValueError):
-    """Invalid metadata; `errors` maps each bad key to its message."""
+    """Invalid metadata; `errors` maps each bad key to its message (the first
+    `MAX_REPORTED_PROBLEMS`; `"..."` says how many more)."""
 
     def __init__(self, errors: dict[str, str]) -> None:
         super().__init__("invalid metadata")
         self.errors = errors
+
+
+_LIMIT_FLAGS = {
+    "keys": "--sg-metadata-keys",
+    "bytes": "--sg-metadata-bytes",
+    "total": "--sg-metadata-total-bytes",
+}
+
+
+class MetadataLimit(ValueError):
+    """An update that would take a client over its keys or bytes, or all clients over
+    their bytes; `limit` is which ("keys", "bytes", "total")."""
+
+    def __init__(self, limit: str, allowed: int, wanted: int) -> None:
+        unit = "keys" if limit == "keys" else "bytes"
+        whose = "all clients' metadata" if limit == "total" else "the client's metadata"
+        super().__init__(
+            f"the update was not applied: {whose} would hold {wanted} {unit}, "
+            f"{allowed} allowed ({_LIMIT_FLAGS[limit]})"
+        )
+        self.limit = limit
+        self.allowed = allowed
+
+    def info(self) -> dict[str, Any]:
+        """op 3's extra_info."""
+        return {"limit": self.limit, "allowed": self.allowed, "reason": str(self)}
+
+
+class MetadataAccount:
+    """What one client's metadata holds once its waiting updates are applied: bytes per key
+    and their sum. `charge` checks an update against the limits before it is applied or
+    merged (a refused update changes nothing)."""
+
+    __slots__ = ("held", "sizes")
+
+    def __init__(self) -> None:
+        self.sizes: dict[str, int] = {}
+        self.held = 0
+
+    def charge(
+        self,
+        update: Update,
+        max_keys: int,
+        max_bytes: int,
+        total: tuple[int, int] | None = None,
+    ) -> int:
+        """Take `update` into the account; raises MetadataLimit (nothing taken) if it does
+        not fit: in `max_keys`, `max_bytes`, or `total` (bytes all clients hold now, their
+        bound) when it grows. Returns the change in bytes held."""
+        sizes = self.sizes
+        new_keys = 0
+        delta = 0
+        for key, size in update.sizes.items():
+            old = sizes.get(key)
+            if old is None:
+                new_keys += 1
+                delta += size
+            else:
+                delta += size - old
+        if len(sizes) + new_keys > max_keys:
+            raise MetadataLimit("keys", max_keys, len(sizes) + new_keys)
+        if self.held + delta > max_bytes:
+            raise MetadataLimit("bytes", max_bytes, self.held + delta)
+        if total is not None and delta > 0 and total[0] + delta > total[1]:
+            raise MetadataLimit("total", total[1], total[0] + delta)
+        sizes.update(update.sizes)
+        self.held += delta
+        return delta
 
 
 def validate(data: Any) -> Update:
@@ -94,28 +211,41 @@ def validate(data: Any) -> Update:
         raise MetadataError({"": "metadata must be a map of key -> {type, value}"})
     values: dict[str, Any] = {}
     types: dict[str, str] = {}
+    sizes: dict[str, int] = {}
     errors: dict[str, str] = {}
+    problems = 0
     for key, entry in data.items():
-        if key in FORBIDDEN_KEYS:
-            errors[key] = f"{key}: forbidden metadata key"
-            continue
-        if len(key) > MAX_KEY_LENGTH or not key:
-            errors[key] = f"{key[:32]}: keys must be 1 to {MAX_KEY_LENGTH} characters"
-            continue
-        if not isinstance(entry, dict) or "type" not in entry or "value" not in entry:
-            errors[key] = f'{key}: expected {{"type": T, "value": V}}'
-            continue
-        kind = entry["type"]
-        check = _VALIDATORS.get(kind) if isinstance(kind, str) else None
-        if check is None:
-            errors[key] = f"{key}: type '{kind}' doesn't exists"
+        problem = _problem(key, entry)
+        if problem is not None:
+            problems += 1
+            if len(errors) < MAX_REPORTED_PROBLEMS:
+                errors[_quoted(key)] = problem
             continue
         value = entry["value"]
-        if not check(value):
-            errors[key] = f"{key}: value fails validation for '{kind}'"
-            continue
         values[key] = value
-        types[key] = kind
-    if errors:
+        types[key] = entry["type"]
+        sizes[key] = len(key) + value_bytes(value)
+    if problems:
+        if problems > len(errors):
+            errors["..."] = f"{problems - len(errors)} more problems not listed"
         raise MetadataError(errors)
-    return Update(values, types)
+    return Update(values, types, sizes)
+
+
+def _problem(key: Any, entry: Any) -> str | None:
+    """Why one entry is refused (its key and type quoted short), or None."""
+    if not isinstance(key, str):
+        return f"{_quoted(key)}: keys must be strings"
+    if key in FORBIDDEN_KEYS:
+        return f"{key}: forbidden metadata key"
+    if len(key) > MAX_KEY_LENGTH or not key:
+        return f"{key[:32]}: keys must be 1 to {MAX_KEY_LENGTH} characters"
+    if not isinstance(entry, dict) or "type" not in entry or "value" not in entry:
+        return f'{key}: expected {{"type": T, "value": V}}'
+    kind = entry["type"]
+    check = _VALIDATORS.get(kind) if isinstance(kind, str) else None
+    if check is None:
+        return f"{key}: type '{_quoted(kind)}' doesn't exists"
+    if not check(entry["value"]):
+        return f"{key}: value fails validation for '{kind}'"
+    return None

@@ -63,10 +63,12 @@ class SgMetrics:
         index: Callable[[], ClientIndex],
         queues: Callable[[], Queues | RedisQueues],
         fast: Callable[[], tuple[int, int, int, int]] | None = None,
+        held: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
         """`fast`: the counts of the fast path (SEND/BROADCAST answered inside the read,
         dialect.py `fast_counts`), read with the rest: (frames_in, sends, broadcasts,
-        frames_out), all `delivered`."""
+        frames_out), all `delivered`. `held`: the gateway's (metadata bytes of its clients,
+        bytes of its QUEUE target cache)."""
         self.hot = HotCounters()
         self.fast = fast
         sg = {"dialect": "singyeong"}
@@ -137,6 +139,31 @@ class SgMetrics:
             lambda: [((limit,), n) for limit, n in queues().refusals().items()],
             ("limit",),
         )
+        self.refused = registry.counter(
+            "rmb_relay_sg_refused_total",
+            "singyeong frames refused by a bound (issue 33; docs/hardening.md): "
+            "metadata_keys, metadata_bytes, metadata_total (op 3 metadata_full), "
+            "queues_per_app, queues_total (op 3 too_many_queues), requests_client, "
+            "requests_total (outstanding QUEUE_REQUESTs), proxy_target (proxy 403), "
+            "proxy_concurrency (proxy 503), query_results (op 3 too_many_results, HTTP 400), "
+            "restricted_displaced (a restricted client closed "
+            "for an authenticated one taking its id)",
+            ("limit",),
+        )
+        registry.gauge(
+            "rmb_relay_sg_queues",
+            "singyeong queues that exist (bounded by --sg-queues-total; with Redis, as of the "
+            "last sweep)",
+            read=lambda: [((), queues().queue_count())],
+        )
+        if held is not None:
+            registry.gauge(
+                "rmb_relay_sg_held_bytes",
+                "Bytes the singyeong gateway holds for clients besides queues: metadata (each "
+                "client within --sg-metadata-bytes) and target_cache (--sg-target-cache-bytes)",
+                ("what",),
+                read=lambda: list(zip((("metadata",), ("target_cache",)), held(), strict=True)),
+            )
         closed = "rmb_relay_connections_closed_total"
         closed_help = "Connections the relay closed on its own initiative, by dialect and reason"
         self.heartbeat_closed = registry.counter(

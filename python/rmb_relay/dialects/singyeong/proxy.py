@@ -1,12 +1,21 @@
-"""`POST /api/v1/proxy` (spec §11, issue #12 point 7): an HTTP request to a client chosen by a
-query, sent to the address the client gave (`ip` at identify, else its socket's address).
+"""`POST /api/v1/proxy` (spec §11, issues #12 point 7 and 33): an HTTP request to a client
+chosen by a query, sent to the address the gateway itself saw for that client.
 
-The public server lets any caller make the gateway request any URL a client names; here the
-target must resolve to the client's own socket address or to a network the operator allowed
-(`--sg-proxy-allow`), the request is abandoned after `--sg-proxy-timeout`, and redirects are
-never followed (the 3xx goes back to the caller as it is). Errors are 400
-`{"errors": [...]}` (the public server's shape), 502 when the client cannot be reached and 504
-on timeout.
+The public server lets any caller make the gateway request any URL a client names. Here:
+- the connection goes to the client's address as the gateway saw it (its socket's, or the
+  `--trusted-ip-header` of its upgrade), never to one it declared: the `ip` a client gives
+  at identify only chooses the scheme, the port and the Host name. A declared host that is an
+  address must be that address; a name is resolved once and must include it (else 403);
+- the request is made to that address (a literal in the URL, the name in `Host` and, for
+  https, in SNI and the certificate check), so a second resolution cannot send it elsewhere
+  (DNS rebinding);
+- with `--sg-proxy-allow`, the address must be in one of those networks (403 otherwise);
+- the request is abandoned after `--sg-proxy-timeout`, and redirects are never followed (the
+  3xx goes back to the caller as it is);
+- at most `--sg-proxy-concurrency` requests are in flight (each may hold an answer of up to
+  `MAX_RESPONSE`); more get 503 at once.
+Errors are 400 `{"errors": [...]}` (the public server's shape), 403 for a target refused as
+above, 502 when the client cannot be reached, 503 over the concurrency and 504 on timeout.
 """
 
 from __future__ import annotations
@@ -14,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -59,43 +69,72 @@ def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
     return address
 
 
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A checked destination: `url` names the address itself (no name to resolve again);
+    `host` is the Host header when the client gave a name; `server_hostname` the name for
+    TLS (https)."""
+
+    url: str
+    host: str | None
+    server_hostname: str | None
+
+
 class Proxy:
     def __init__(self, dialect: SingyeongDialect) -> None:
         self.dialect = dialect
         self._session: Any = None
+        #: requests being forwarded now (`--sg-proxy-concurrency`)
+        self.in_flight = 0
 
-    def target_url(self, client: Client, route: str) -> str:
-        base = client.metadata.get("ip") or client.socket_ip
-        if not isinstance(base, str):
-            base = client.socket_ip
-        if not base.startswith(("http://", "https://")):
-            host = base if ":" not in base or base.startswith("[") else f"[{base}]"
-            base = f"http://{host}"
-        return base.rstrip("/") + "/" + route.lstrip("/")
-
-    async def allowed(self, client: Client, url: str) -> str | None:
-        """None if every address the URL's host resolves to is the client's own or allowed;
-        else why not."""
-        parts = urlsplit(url)
-        host = parts.hostname
+    async def target(self, client: Client, route: str) -> Target | str:
+        """Where the request for `client` goes, or why it may not go (module docstring)."""
+        seen = _ip(client.socket_ip)
+        if seen is None:
+            return f"the client's address {client.socket_ip!r} is not an IP address"
+        declared = client.metadata.get("ip")
+        if not isinstance(declared, str) or not declared:
+            declared = client.socket_ip
+        if "://" not in declared:
+            bare = ":" in declared and not declared.startswith("[") and _ip(declared) is not None
+            declared = f"http://[{declared}]" if bare else f"http://{declared}"
+        try:
+            parts = urlsplit(declared)
+            host = parts.hostname
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+        except ValueError:  # a bad port, an unclosed "[": the client's own text
+            return f"not a valid address: {declared[:200]}"
         if parts.scheme not in ("http", "https") or not host:
-            return f"not an http(s) URL: {url}"
-        own = _ip(client.socket_ip)
-        addresses = [_ip(host)]
-        if addresses[0] is None:
+            return f"not an http(s) URL: {declared[:200]}"
+        literal = _ip(host)
+        if literal is not None:
+            if literal != seen:
+                return (
+                    f"{literal} is not the address the gateway saw for the client ({seen}); "
+                    "the proxy connects only to that"
+                )
+            name = None
+        else:
             try:
-                infos = await asyncio.get_running_loop().getaddrinfo(host, parts.port or 80)
+                infos = await asyncio.get_running_loop().getaddrinfo(host, port)
             except OSError as err:
-                return f"cannot resolve {host}: {err}"
-            addresses = [_ip(str(info[4][0])) for info in infos]
+                return f"cannot resolve {host[:200]}: {err}"
+            if seen not in {_ip(str(info[4][0])) for info in infos}:
+                return (
+                    f"{host[:200]} does not resolve to the address the gateway saw for the "
+                    f"client ({seen}); the proxy connects only to that"
+                )
+            name = host
         networks = self.dialect.settings.proxy_allow
-        for address in addresses:
-            if address is None:
-                return f"cannot resolve {host}"
-            if address == own or any(address in network for network in networks):
-                continue
-            return f"{address} is neither the client's address nor in --sg-proxy-allow"
-        return None
+        if networks and not any(seen in network for network in networks):
+            return f"{seen} is not in --sg-proxy-allow"
+        shown = f"[{seen}]" if seen.version == 6 else str(seen)
+        url = f"{parts.scheme}://{shown}:{port}/{route.lstrip('/')}"
+        host_header = None
+        if name is not None:
+            default = port == (443 if parts.scheme == "https" else 80)
+            host_header = name if default else f"{name}:{port}"
+        return Target(url, host_header, name if parts.scheme == "https" else None)
 
     async def handle(self, raw: bytes) -> HttpResponse:
         try:
@@ -128,10 +167,10 @@ class Proxy:
         if not receivers:
             return _error(400, "no matches")
         client = receivers[0]
-        url = self.target_url(client, route)
-        refused = await self.allowed(client, url)
-        if refused is not None:
-            return _error(403, refused)
+        target = await self.target(client, route)
+        if isinstance(target, str):
+            self.dialect.metrics.refused.inc(1, "proxy_target")
+            return _error(403, target)
         payload = body.get("body")
         data = (
             payload.encode()
@@ -146,10 +185,22 @@ class Proxy:
         send_headers = {
             str(k): str(v) for k, v in headers.items() if str(k).lower() not in HOP_BY_HOP
         }
-        return await self.forward(method, url, send_headers, data)
+        if target.host is not None:
+            send_headers["Host"] = target.host
+        limit = self.dialect.settings.proxy_concurrency
+        if self.in_flight >= limit:
+            self.dialect.metrics.refused.inc(1, "proxy_concurrency")
+            return _error(
+                503, f"{limit} proxied requests are in flight (--sg-proxy-concurrency); retry later"
+            )
+        self.in_flight += 1
+        try:
+            return await self.forward(method, target, send_headers, data)
+        finally:
+            self.in_flight -= 1
 
     async def forward(
-        self, method: str, url: str, headers: dict[str, str], data: bytes | None
+        self, method: str, target: Target, headers: dict[str, str], data: bytes | None
     ) -> HttpResponse:
         import aiohttp
 
@@ -158,7 +209,13 @@ class Proxy:
         timeout = aiohttp.ClientTimeout(total=self.dialect.settings.proxy_timeout)
         try:
             async with self._session.request(
-                method, url, headers=headers, data=data, allow_redirects=False, timeout=timeout
+                method,
+                target.url,
+                headers=headers,
+                data=data,
+                allow_redirects=False,
+                timeout=timeout,
+                server_hostname=target.server_hostname,
             ) as response:
                 content = await response.content.read(MAX_RESPONSE + 1)
                 if len(content) > MAX_RESPONSE:

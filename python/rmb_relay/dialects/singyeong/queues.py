@@ -33,6 +33,18 @@ whole budget unnoticed: a message whose last attempt failed while that bound is 
 NOT dead-lettered and NOT dropped: it goes to the back of its queue's waiting line (attempts
 keep counting) and `dead_refused` counts it, with a log line; requeueing or acking dead
 letters makes room again.
+
+Queue count (issue 33)
+----------------------
+A queue exists while it holds a message or a request. One that does not exist yet is
+created by a QUEUE or QUEUE_REQUEST and counted against the application of the client that
+named it (`--sg-queues-per-app`) and against all queues (`--sg-queues-total`); beyond
+either the frame is refused (`TooManyQueues`, op 3 `too_many_queues`), and a queue that
+empties stops counting. An empty queue holding only requests costs no message bytes, so
+without this count a stranger could make a queue per QUEUE_REQUEST without end. The
+QUEUE_REQUESTs waiting for a message are bounded per client over all queues
+(`--sg-queue-requests-per-client`) and in all (`--sg-queue-requests-total`): `RequestCounts`,
+op 3 `too many outstanding QUEUE_REQUESTs` beyond.
 """
 
 from __future__ import annotations
@@ -69,8 +81,14 @@ os.register_at_fork(after_in_child=_new_id_prefix)
 #: queue names longer than this are refused (they key memory and Redis); defined in
 #: rust/dialects/singyeong/, whose scanner leaves them to Python
 MAX_QUEUE_NAME = SG_MAX_QUEUE_NAME
-#: outstanding QUEUE_REQUESTs one client may have on one queue
+#: outstanding QUEUE_REQUESTs one client may have, all queues together
 MAX_REQUESTS_PER_CLIENT = 10_000
+#: outstanding QUEUE_REQUESTs of all clients (a deque slot and a count each: ~16 bytes)
+MAX_REQUESTS_TOTAL = 1_000_000
+#: queues the clients of one application may have created and that still exist
+DEFAULT_QUEUES_PER_APP = 1_000
+#: queues that may exist at once (an empty Queue with a request costs ~1 KiB)
+DEFAULT_QUEUES_TOTAL = 10_000
 #: bytes of messages one queue may hold in memory (all states): one consumer's absence stops
 #: here, not at the heap's end
 DEFAULT_QUEUE_BYTES = 64 << 20
@@ -82,6 +100,98 @@ DEFAULT_DEAD_LETTER_BYTES = 64 << 20
 #: target, parsed query and queue entries (tracemalloc, 50,000 messages of 118 wire bytes:
 #: 682 heap bytes each), so tiny messages cannot hold five times what the budget says
 MESSAGE_OVERHEAD = 560
+
+
+class TooManyQueues(Exception):
+    """A new queue beyond `--sg-queues-per-app` (`limit` "per_app") or `--sg-queues-total`
+    ("total")."""
+
+    def __init__(self, name: str, limit: str, allowed: int, whose: str) -> None:
+        flag = "--sg-queues-per-app" if limit == "per_app" else "--sg-queues-total"
+        super().__init__(
+            f"queue {name[:64]!r} not created: {whose} already has {allowed} queues ({flag})"
+        )
+        self.name = name
+        self.limit = limit
+        self.allowed = allowed
+
+
+class QueueCounts:
+    """How many queues exist, in all and per application of the client that created each:
+    the one count of both queue stores (memory here, Redis keeps its own names set)."""
+
+    def __init__(self, per_app: int, total: int) -> None:
+        self.per_app = per_app
+        self.total = total
+        self.by_app: dict[str, int] = {}
+        self.count = 0
+
+    def check(self, name: str, app: str) -> None:
+        """Raises TooManyQueues if a new queue for `app` does not fit."""
+        if self.count >= self.total:
+            raise TooManyQueues(name, "total", self.total, "the gateway")
+        if self.by_app.get(app, 0) >= self.per_app:
+            raise TooManyQueues(name, "per_app", self.per_app, f"application {app[:64]!r}")
+
+    def add(self, app: str) -> None:
+        self.by_app[app] = self.by_app.get(app, 0) + 1
+        self.count += 1
+
+    def remove(self, app: str) -> None:
+        left = self.by_app[app] - 1
+        if left:
+            self.by_app[app] = left
+        else:
+            del self.by_app[app]
+        self.count -= 1
+
+
+class TooManyRequests(Exception):
+    """A QUEUE_REQUEST beyond `--sg-queue-requests-per-client` (`limit` "client") or
+    `--sg-queue-requests-total` ("total")."""
+
+    def __init__(self, limit: str, allowed: int) -> None:
+        whose = "this client has" if limit == "client" else "all clients have"
+        flag = (
+            "--sg-queue-requests-per-client" if limit == "client" else "--sg-queue-requests-total"
+        )
+        super().__init__(f"{whose} {allowed} QUEUE_REQUESTs outstanding ({flag})")
+        self.limit = limit
+        self.allowed = allowed
+
+
+class RequestCounts:
+    """Outstanding QUEUE_REQUESTs per consumer and in all: the one count of both queue
+    stores. `check` before a request waits, `add` when it does, `done` when requests are
+    answered or withdrawn, `gone` when the consumer leaves."""
+
+    def __init__(self, per_client: int, total: int) -> None:
+        self.per_client = per_client
+        self.total = total
+        self.by_consumer: dict[Consumer, int] = {}
+        self.count = 0
+
+    def check(self, consumer: Consumer) -> None:
+        if self.by_consumer.get(consumer, 0) >= self.per_client:
+            raise TooManyRequests("client", self.per_client)
+        if self.count >= self.total:
+            raise TooManyRequests("total", self.total)
+
+    def add(self, consumer: Consumer) -> None:
+        self.by_consumer[consumer] = self.by_consumer.get(consumer, 0) + 1
+        self.count += 1
+
+    def done(self, consumer: Consumer, count: int = 1) -> None:
+        had = self.by_consumer.get(consumer, 0)
+        count = min(count, had)
+        if had - count:
+            self.by_consumer[consumer] = had - count
+        else:
+            self.by_consumer.pop(consumer, None)
+        self.count -= count
+
+    def gone(self, consumer: Consumer) -> None:
+        self.count -= self.by_consumer.pop(consumer, 0)
 
 
 class Consumer(Protocol):
@@ -155,6 +265,8 @@ class Unacked:
 @dataclass
 class Queue:
     name: str
+    #: the application of the client that created it (`QueueCounts`)
+    app: str = ""
     waiting: deque[Message] = field(default_factory=deque)
     #: outstanding requests in arrival order (a consumer appears once per request)
     requests: deque[Consumer] = field(default_factory=deque)
@@ -165,10 +277,12 @@ class Queue:
     unacked: dict[str, Unacked] = field(default_factory=dict)
     dead: dict[str, DeadLetter] = field(default_factory=dict)
 
-    def withdraw(self, consumer: Consumer) -> None:
-        """Every outstanding request of `consumer` goes."""
-        if self.asked.pop(consumer, None) is not None:
+    def withdraw(self, consumer: Consumer) -> int:
+        """Every outstanding request of `consumer` goes; how many there were."""
+        asked = self.asked.pop(consumer, 0)
+        if asked:
             self.requests = deque(c for c in self.requests if c is not consumer)
+        return asked
 
     @property
     def idle(self) -> bool:
@@ -214,6 +328,10 @@ class Queues:
         events: QueueEvents | None = None,
         budget: ByteBudget | None = None,
         dead_letter_bytes: int = DEFAULT_DEAD_LETTER_BYTES,
+        queues_per_app: int = DEFAULT_QUEUES_PER_APP,
+        queues_total: int = DEFAULT_QUEUES_TOTAL,
+        requests_per_client: int = MAX_REQUESTS_PER_CLIENT,
+        requests_total: int = MAX_REQUESTS_TOTAL,
     ) -> None:
         self.ack_timeout_ns = ack_timeout_ns
         self.max_attempts = max_attempts
@@ -231,6 +349,10 @@ class Queues:
         self.dead_budget = ByteBudget(key_bytes=dead_letter_bytes, total_bytes=dead_letter_bytes)
         #: messages at their last attempt kept in line because the dead letters were full
         self.dead_refused = 0
+        #: queues that exist, in all and per application (module docstring)
+        self.counts = QueueCounts(queues_per_app, queues_total)
+        #: outstanding requests per consumer and in all (module docstring)
+        self.outstanding = RequestCounts(requests_per_client, requests_total)
 
     @staticmethod
     def new_id() -> str:
@@ -240,35 +362,43 @@ class Queues:
         one."""
         return f"{_ID_PREFIX}{next(_id_counter):012x}"
 
-    def queue(self, name: str) -> Queue:
+    def queue(self, name: str, app: str = "") -> Queue:
+        """The queue `name`, created (for `app`) if it does not exist: raises TooManyQueues
+        if that is beyond the counts."""
         queue = self.queues.get(name)
         if queue is None:
-            queue = self.queues[name] = Queue(name)
+            self.counts.check(name, app)
+            queue = self.queues[name] = Queue(name, app)
+            self.counts.add(app)
         return queue
 
     def _tidy(self, queue: Queue) -> None:
-        if queue.idle:
-            self.queues.pop(queue.name, None)
+        if queue.idle and self.queues.pop(queue.name, None) is not None:
+            self.counts.remove(queue.app)
 
     # ---- the client's operations -----------------------------------------------------------
 
-    def admit(self, message: Message) -> None:
-        """Charge a new message to the budget before it is confirmed; raises BudgetExceeded
-        (nothing charged, nothing stored) when its queue or the gateway is full."""
+    def admit(self, message: Message, app: str = "") -> None:
+        """Charge a new message to the budget before it is confirmed, and make its queue
+        (for `app`) if it has none; raises TooManyQueues or BudgetExceeded (nothing charged,
+        nothing stored, no queue made) when the queue cannot be made or is full."""
+        if message.queue not in self.queues:
+            self.counts.check(message.queue, app)
         self.budget.take(message.queue, message.size)
+        self.queue(message.queue, app)
 
     def stored(self, message: Message) -> None:
         """A message that is stored (so it was confirmed) goes to a waiting request it
         matches, else joins its queue's waiting line."""
         self._offer(self.queue(message.queue), message)
 
-    def request(self, name: str, consumer: Consumer) -> bool:
+    def request(self, name: str, consumer: Consumer, app: str = "") -> None:
         """One more message for `consumer`: the oldest waiting one it matches, else the
-        request waits. False when it has too many requests outstanding."""
-        queue = self.queue(name)
+        request waits. Raises TooManyRequests when too many are outstanding, TooManyQueues
+        when `name` does not exist and cannot be made for `app`."""
+        self.outstanding.check(consumer)
+        queue = self.queue(name, app)
         asked = queue.asked.get(consumer, 0)
-        if asked >= MAX_REQUESTS_PER_CLIENT:
-            return False
         waiting = queue.waiting
         for index, message in enumerate(waiting):
             query = self._query(message)
@@ -278,16 +408,16 @@ class Queues:
                 else:  # the usual case: the oldest message is for anyone asking
                     waiting.popleft()
                 self._deliver(queue, message, consumer)
-                return True
+                return
         queue.requests.append(consumer)
         queue.asked[consumer] = asked + 1
-        return True
+        self.outstanding.add(consumer)
 
     def cancel(self, name: str, consumer: Consumer) -> None:
         queue = self.queues.get(name)
         if queue is None:
             return
-        queue.withdraw(consumer)
+        self.outstanding.done(consumer, queue.withdraw(consumer))
         self._tidy(queue)
 
     def ack(self, name: str, message_id: str) -> bool:
@@ -304,6 +434,7 @@ class Queues:
 
     def consumer_gone(self, consumer: Consumer) -> None:
         """Its requests are withdrawn and what it holds unacked goes back (an attempt spent)."""
+        self.outstanding.gone(consumer)
         for queue in list(self.queues.values()):
             queue.withdraw(consumer)
             held = [m_id for m_id, entry in queue.unacked.items() if entry.consumer is consumer]
@@ -365,6 +496,7 @@ class Queues:
                     asked[consumer] = left
                 else:
                     del asked[consumer]
+                self.outstanding.done(consumer)
                 return consumer
         return None
 
@@ -454,6 +586,9 @@ class Queues:
         refused = self.budget.refused
         return {"key": refused["key"], "total": refused["total"], "dead_letters": self.dead_refused}
 
+    def queue_count(self) -> int:
+        return self.counts.count
+
     def depth(self) -> tuple[int, int, int]:
         """(waiting, unacked, dead letters) over every queue, for the metrics."""
         waiting = unacked = dead = 0
@@ -470,10 +605,10 @@ class Queues:
         """Something may time out: the dialect's sweep must keep running."""
         return bool(self.queues)
 
-    async def store(self, message: Message) -> None:
+    async def store(self, message: Message, app: str = "") -> None:
         """Memory's "store" is the budget's charge (BudgetExceeded when full); `stored` then
         offers the message, as after a Redis write."""
-        self.admit(message)
+        self.admit(message, app)
 
     async def list_dead(self, name: str | None) -> list[dict[str, Any]]:
         return [letter.record() for letter in self.dead_letters(name)]

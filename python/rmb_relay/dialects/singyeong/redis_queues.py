@@ -10,7 +10,10 @@ sgq:{NAME}:unacked    zset  id -> ack deadline (unix ms)
 sgq:{NAME}:owner      hash  id -> delivery token (node:uuid) of the current delivery
 sgq:{NAME}:attempts   hash  id -> deliveries so far
 sgq:{NAME}:dead       hash  id -> {"reason", "dead_at"} (the record stays in msgs)
-sgq:names             set   queue names (for the ack-timeout sweep)
+sgq:{NAME}:bytes      int   bytes the queue's messages are charged (--sg-queue-bytes)
+sgq:{NAME}:sizes      hash  id -> bytes charged for it (given back when it is acked)
+sgq:names             set   queue names (for the ack-timeout sweep; an empty queue's goes)
+sgq:bytes             int   bytes all queues are charged (--sg-queue-total-bytes)
 sgq:events            pub/sub channel: a queue's name when it has new waiting messages
 ```
 Every move is one Lua script, so two instances never both claim, retry or ack one message.
@@ -20,6 +23,18 @@ its consumers match and claims them. Ack deadlines are wall-clock milliseconds (
 not share a monotonic clock); any instance's sweep retries expired deliveries, so a delivery
 held by a crashed instance comes back after the ack timeout. A consumer that disconnects has
 its deliveries retried at once by its own instance.
+
+Budget (issue 33): the byte budget of the in-memory queues holds here too, counted in Redis
+so that every instance sees one figure. A message costs its record's length plus
+`MESSAGE_OVERHEAD` from its store to its ack (dead letters included). The per-queue bound
+(`--sg-queue-bytes`) is checked and charged by the store script, atomically; the total
+(`--sg-queue-total-bytes`, `sgq:bytes`, another slot) is checked against this instance's view
+(`_write_batch`), refreshed by every sweep, so instances storing at the same moment may pass
+it by what they stored since their last sweep. A store for a queue
+name that does not exist while `sgq:names` has `--sg-queues-total` names is refused; the
+sweep drops the names of empty queues. The requests an instance holds are counted like the
+in-memory queues (`QueueCounts`, per application and in all). Refusals are op 3
+`queue_full` / `too_many_queues`, as in memory.
 """
 
 from __future__ import annotations
@@ -33,7 +48,21 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rmb_relay.cluster import keys as cluster_keys
-from rmb_relay.dialects.singyeong.queues import Consumer, Message
+from rmb_relay.dialects.singyeong.queues import (
+    DEFAULT_QUEUE_BYTES,
+    DEFAULT_QUEUE_TOTAL_BYTES,
+    DEFAULT_QUEUES_PER_APP,
+    DEFAULT_QUEUES_TOTAL,
+    MAX_REQUESTS_PER_CLIENT,
+    MAX_REQUESTS_TOTAL,
+    MESSAGE_OVERHEAD,
+    Consumer,
+    Message,
+    QueueCounts,
+    RequestCounts,
+    TooManyQueues,
+)
+from rmb_relay.errors import BudgetExceeded
 from rmb_relay.tasks import STOP_TIMEOUT, cancel_and_wait
 
 if TYPE_CHECKING:
@@ -46,6 +75,18 @@ log = logging.getLogger("rmb_relay.singyeong")
 SCAN_WINDOW = 256
 NAMES = cluster_keys.SG_QUEUE_NAMES
 EVENTS = cluster_keys.SG_QUEUE_EVENTS
+TOTAL_BYTES = cluster_keys.SG_QUEUE_BYTES
+
+# KEYS: msgs, waiting, bytes, sizes; ARGV: id, record, size, per-queue limit
+# -> {1, held after} stored, {0, held} over the queue's budget
+_STORE = """
+local held = tonumber(redis.call('GET', KEYS[3]) or '0')
+if held + tonumber(ARGV[3]) > tonumber(ARGV[4]) then return {0, held} end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('RPUSH', KEYS[2], ARGV[1])
+redis.call('HSET', KEYS[4], ARGV[1], ARGV[3])
+return {1, redis.call('INCRBY', KEYS[3], ARGV[3])}
+"""
 #: Redis operations in flight at once (acks, retries, pumps, store batches)
 MAX_CONCURRENT = 16
 #: how often the sweep looks for expired deliveries when the ack timeout is long (seconds)
@@ -80,12 +121,16 @@ redis.call('LPUSH', KEYS[1], ARGV[1])
 return 1
 """
 
+# -> bytes given back + 1 (0: not acked)
 _ACK = """
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
   redis.call('HDEL', KEYS[2], ARGV[1])
   redis.call('HDEL', KEYS[3], ARGV[1])
   redis.call('HDEL', KEYS[4], ARGV[1])
-  return 1
+  local size = tonumber(redis.call('HGET', KEYS[6], ARGV[1]) or '0')
+  redis.call('HDEL', KEYS[6], ARGV[1])
+  if size > 0 then redis.call('DECRBY', KEYS[5], size) end
+  return size + 1
 end
 return 0
 """
@@ -117,8 +162,30 @@ class RedisQueues:
         ack_timeout_ns: int,
         max_attempts: int,
         wall_ms: Callable[[], int],
+        queue_bytes: int = DEFAULT_QUEUE_BYTES,
+        queue_total_bytes: int = DEFAULT_QUEUE_TOTAL_BYTES,
+        queues_per_app: int = DEFAULT_QUEUES_PER_APP,
+        queues_total: int = DEFAULT_QUEUES_TOTAL,
+        requests_per_client: int = MAX_REQUESTS_PER_CLIENT,
+        requests_total: int = MAX_REQUESTS_TOTAL,
     ) -> None:
         self.redis = redis
+        self.queue_bytes = queue_bytes
+        self.queue_total_bytes = queue_total_bytes
+        self.queues_total = queues_total
+        #: the names this instance holds requests for, per application (module docstring)
+        self.counts = QueueCounts(queues_per_app, queues_total)
+        self._request_app: dict[str, str] = {}
+        #: outstanding requests per consumer and in all (queues.py `RequestCounts`)
+        self._outstanding = RequestCounts(requests_per_client, requests_total)
+        self._refused = {"key": 0, "total": 0}
+        #: this instance's view of what Redis holds (`_write_batch`): bytes of all queues,
+        #: per queue, the queue names and their number; refreshed by every sweep
+        self._total = 0
+        self._queue_held: dict[str, int] = {}
+        self._known_names: set[str] = set()
+        self._names = 0
+        self._store_sha: str | None = None
         self.node = node
         self.ack_timeout_ms = ack_timeout_ns // 1_000_000
         self.max_attempts = max_attempts
@@ -203,10 +270,12 @@ class RedisQueues:
 
     # ---- the client's operations -----------------------------------------------------------
 
-    async def store(self, message: Message) -> None:
-        """Stored when this returns (the caller confirms after it); raises on a Redis error.
-        Every store of a loop turn goes out in one MULTI pipeline on one connection (a burst
-        of QUEUEs must not take a pooled connection each)."""
+    async def store(self, message: Message, app: str = "") -> None:
+        """Stored when this returns (the caller confirms after it); raises BudgetExceeded or
+        TooManyQueues when refused (module docstring), else on a Redis error. Every store of
+        a loop turn goes out in one pipeline on one connection (a burst of QUEUEs must not
+        take a pooled connection each): one round trip reads the total and the names, one
+        runs the store scripts."""
         done = asyncio.get_running_loop().create_future()
         self._to_store.append((message, done))
         if not self._storing:
@@ -219,66 +288,181 @@ class RedisQueues:
             while self._to_store:
                 batch, self._to_store = self._to_store, []
                 try:
-                    async with self.redis.pipeline(transaction=True) as pipe:
-                        names = set()
-                        for message, _ in batch:
-                            keys = _keys(message.queue)
-                            record = json.dumps(
-                                {
-                                    "queue": message.queue,
-                                    "nonce": message.nonce,
-                                    "target": message.target,
-                                    "payload": message.payload,
-                                },
-                                separators=(",", ":"),
-                            )
-                            pipe.hset(keys["msgs"], message.id, record)
-                            pipe.rpush(keys["waiting"], message.id)
-                            names.add(message.queue)
-                        for name in names:
-                            pipe.sadd(NAMES, name)
-                            pipe.publish(EVENTS, name)
-                        await pipe.execute()
+                    await self._write_batch(batch)
                 except Exception as err:
                     for _, done in batch:
                         if not done.done():
                             done.set_exception(err)
-                    continue
-                for _, done in batch:
-                    if not done.done():
-                        done.set_result(None)
         finally:
             self._storing = False
+
+    async def _write_batch(self, batch: list[tuple[Message, asyncio.Future[None]]]) -> None:
+        """One round trip per batch, as one MULTI was before the budget: the bounds are
+        checked here against this instance's view (`_total`, `_queue_held`, `_known_names`:
+        exact for what it stores itself, refreshed from Redis by every sweep and corrected
+        by every store script's answer), then the store scripts check each queue's bytes
+        again, atomically, in the same pipeline as the total's INCRBY, the names and the
+        events (a message a script refuses is taken off the total again)."""
+        writes: list[tuple[Message, asyncio.Future[None], int, str]] = []
+        for message, done in batch:
+            record = json.dumps(
+                {
+                    "queue": message.queue,
+                    "nonce": message.nonce,
+                    "target": message.target,
+                    "payload": message.payload,
+                },
+                separators=(",", ":"),
+            )
+            size = len(record) + MESSAGE_OVERHEAD
+            refusal = self._refusal(message.queue, size)
+            if refusal is not None:
+                done.set_exception(refusal)
+                continue
+            message.size = size
+            writes.append((message, done, size, record))
+        if not writes:
+            return
+        if self._store_sha is None:
+            self._store_sha = str(await self.redis.script_load(_STORE))
+        names = sorted({message.queue for message, _, _, _ in writes})
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for message, _, size, record in writes:
+                keys = _keys(message.queue)
+                pipe.evalsha(
+                    self._store_sha,
+                    4,
+                    keys["msgs"],
+                    keys["waiting"],
+                    keys["bytes"],
+                    keys["sizes"],
+                    message.id,
+                    record,
+                    size,
+                    self.queue_bytes,
+                )
+            pipe.incrby(TOTAL_BYTES, sum(size for _, _, size, _ in writes))
+            for name in names:
+                pipe.sadd(NAMES, name)
+                pipe.publish(EVENTS, name)
+            results = await pipe.execute(raise_on_error=False)
+        not_stored = 0
+        for (message, done, size, _), result in zip(writes, results, strict=False):
+            if isinstance(result, Exception):  # NOSCRIPT after a Redis restart, or an error
+                self._store_sha = None
+                not_stored += size
+                self._forget(message.queue, size)
+                done.set_exception(result)
+                continue
+            stored, held = int(result[0]), int(result[1])
+            self._queue_held[message.queue] = held
+            if stored:
+                done.set_result(None)
+                continue
+            not_stored += size
+            self._total -= size
+            self._refused["key"] += 1
+            done.set_exception(
+                BudgetExceeded(
+                    "key", key=message.queue, size=size, held=held, allowed=self.queue_bytes
+                )
+            )
+        for result in results[len(writes) :]:
+            if isinstance(result, Exception):
+                log.warning("singyeong queue store bookkeeping failed: %s", result)
+        if not_stored:
+            await self.redis.decrby(TOTAL_BYTES, not_stored)
+
+    def _refusal(self, name: str, size: int) -> Exception | None:
+        """Why a message of `size` bytes for queue `name` cannot be stored (this instance's
+        view), or None: then it is counted in that view."""
+        new = name not in self._known_names
+        if new and self._names >= self.queues_total:
+            return TooManyQueues(name, "total", self.queues_total, "the gateway")
+        held = self._queue_held.get(name, 0)
+        if held + size > self.queue_bytes:
+            self._refused["key"] += 1
+            return BudgetExceeded("key", key=name, size=size, held=held, allowed=self.queue_bytes)
+        if self._total + size > self.queue_total_bytes:
+            self._refused["total"] += 1
+            return BudgetExceeded(
+                "total", key=name, size=size, held=self._total, allowed=self.queue_total_bytes
+            )
+        if new:
+            self._known_names.add(name)
+            self._names += 1
+        self._queue_held[name] = held + size
+        self._total += size
+        return None
+
+    def _forget(self, name: str, size: int) -> None:
+        """`size` bytes of queue `name` are no longer held (acked, or never stored)."""
+        self._total = max(0, self._total - size)
+        left = self._queue_held.get(name, 0) - size
+        if left > 0:
+            self._queue_held[name] = left
+        else:
+            self._queue_held.pop(name, None)
 
     def stored(self, message: Message) -> None:
         self.pump(message.queue)
 
-    def request(self, name: str, consumer: Consumer) -> bool:
-        self.requests.setdefault(name, deque()).append(consumer)
+    def request(self, name: str, consumer: Consumer, app: str = "") -> None:
+        """Raises TooManyRequests when too many requests are outstanding here, TooManyQueues
+        when this instance holds requests for as many queues as it may."""
+        self._outstanding.check(consumer)
+        waiting = self.requests.get(name)
+        if waiting is None:
+            self.counts.check(name, app)
+            self.counts.add(app)
+            self._request_app[name] = app
+            waiting = self.requests[name] = deque()
+        self._outstanding.add(consumer)
+        waiting.append(consumer)
         self.pump(name)
-        return True
+
+    def _drop_requests(self, name: str) -> None:
+        """No request is left for `name`: it stops counting."""
+        del self.requests[name]
+        self.counts.remove(self._request_app.pop(name, ""))
 
     def cancel(self, name: str, consumer: Consumer) -> None:
         waiting = self.requests.get(name)
         if waiting is not None:
-            self.requests[name] = deque(c for c in waiting if c is not consumer)
-            if not self.requests[name]:
-                del self.requests[name]
+            kept = deque(c for c in waiting if c is not consumer)
+            self._outstanding.done(consumer, len(waiting) - len(kept))
+            self.requests[name] = kept
+            if not kept:
+                self._drop_requests(name)
 
     def ack(self, name: str, message_id: str) -> bool:
         self.held.pop((name, message_id), None)
+        self._spawn(self._ack_one(name, message_id))
+        return True
+
+    async def _ack_one(self, name: str, message_id: str) -> None:
         keys = _keys(name)
-        self._spawn(
-            self._ack(
-                keys=[keys["unacked"], keys["owner"], keys["msgs"], keys["attempts"]],
+        released = int(
+            await self._ack(
+                keys=[
+                    keys["unacked"],
+                    keys["owner"],
+                    keys["msgs"],
+                    keys["attempts"],
+                    keys["bytes"],
+                    keys["sizes"],
+                ],
                 args=[message_id],
             )
         )
-        return True
+        if released > 1:
+            self._forget(name, released - 1)
+            await self.redis.decrby(TOTAL_BYTES, released - 1)
 
     def consumer_gone(self, consumer: Consumer) -> None:
         for name in list(self.requests):
             self.cancel(name, consumer)
+        self._outstanding.gone(consumer)
         for (name, message_id), (holder, token) in list(self.held.items()):
             if holder is consumer:
                 del self.held[(name, message_id)]
@@ -291,12 +475,17 @@ class RedisQueues:
         return self._depth
 
     def held_bytes(self) -> tuple[int, int]:
-        """Nothing held in this process's heap: the messages are in Redis."""
-        return 0, 0
+        """Bytes charged in Redis, all queues, as of the last sweep (dead letters are not
+        told apart there)."""
+        return self._total, 0
 
     def refusals(self) -> dict[str, int]:
-        """No memory budget: Redis is the store (its own maxmemory bounds it)."""
-        return {}
+        """Stores this instance refused by budget (`key`, `total`)."""
+        return dict(self._refused)
+
+    def queue_count(self) -> int:
+        """Queue names in Redis as of the last sweep."""
+        return self._names
 
     # ---- moves -----------------------------------------------------------------------------
 
@@ -322,9 +511,14 @@ class RedisQueues:
         return result
 
     async def sweep_expired(self, now_ms: int) -> None:
-        """Retry every delivery (of any instance) whose ack deadline has passed."""
+        """Retry every delivery (of any instance) whose ack deadline has passed; drop the
+        names of queues left empty (a store re-adds its name after writing, and a name is
+        put back if a message arrived while it was dropped)."""
         waiting = unacked = dead = 0
-        for raw in await self.redis.smembers(NAMES):
+        names = await self.redis.smembers(NAMES)
+        known: set[str] = set()
+        queue_held: dict[str, int] = {}
+        for raw in names:
             name = raw.decode() if isinstance(raw, bytes) else str(raw)
             keys = _keys(name)
             for raw_id in await self.redis.zrangebyscore(keys["unacked"], "-inf", now_ms):
@@ -335,9 +529,25 @@ class RedisQueues:
                 pipe.llen(keys["waiting"])
                 pipe.zcard(keys["unacked"])
                 pipe.hlen(keys["dead"])
-                w, u, d = await pipe.execute()
+                pipe.hlen(keys["msgs"])
+                pipe.get(keys["bytes"])
+                w, u, d, m, held = await pipe.execute()
             waiting, unacked, dead = waiting + w, unacked + u, dead + d
+            if not m and not self.requests.get(name):
+                await self.redis.srem(NAMES, name)
+                if not await self.redis.hlen(keys["msgs"]):
+                    continue
+                await self.redis.sadd(NAMES, name)
+            known.add(name)
+            if held:
+                queue_held[name] = int(held)
         self._depth = (waiting, unacked, dead)
+        self._total = int(await self.redis.get(TOTAL_BYTES) or 0)
+        # names stored meanwhile by this instance stay known until the next sweep
+        listed = {n.decode() if isinstance(n, bytes) else str(n) for n in names}
+        self._known_names = known | (self._known_names - listed)
+        self._names = len(self._known_names)
+        self._queue_held = queue_held
 
     def pump(self, name: str) -> None:
         if name in self._pumping:
@@ -401,8 +611,9 @@ class RedisQueues:
                 await self._retry_one(name, message_id, "consumer disconnected", token, "")
                 continue
             requests.remove(consumer)
+            self._outstanding.done(consumer)
             if not requests:
-                del self.requests[name]
+                self._drop_requests(name)
             message.attempts = int(claimed[1])
             self.held[(name, message_id)] = (consumer, token)
             consumer.deliver_queued(message)

@@ -33,7 +33,15 @@ from rmb_relay.dialects.singyeong.codec import (
 )
 from rmb_relay.dialects.singyeong.etf import Struct
 from rmb_relay.dialects.singyeong.frames import Op
-from rmb_relay.dialects.singyeong.metadata import MetadataError, validate
+from rmb_relay.dialects.singyeong.metadata import (
+    MAX_KEY_LENGTH,
+    MetadataAccount,
+    MetadataError,
+    MetadataLimit,
+    Update,
+    validate,
+    value_bytes,
+)
 
 if TYPE_CHECKING:
     from rmb_relay.dialects.singyeong.dialect import SingyeongDialect
@@ -43,6 +51,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("rmb_relay.singyeong")
 
 _OP_VALUES = frozenset(int(op) for op in Op)
+#: the longest client_id or application_id (characters)
+MAX_ID_LENGTH = MAX_KEY_LENGTH
 # plain ints: comparing with an IntEnum member costs an attribute lookup on the enum class
 _DISPATCH, _HEARTBEAT, _IDENTIFY = int(Op.DISPATCH), int(Op.HEARTBEAT), int(Op.IDENTIFY)
 
@@ -50,10 +60,19 @@ _DISPATCH, _HEARTBEAT, _IDENTIFY = int(Op.DISPATCH), int(Op.HEARTBEAT), int(Op.I
 class SgSession(WebSocketHandler):
     """See the module docstring."""
 
-    def __init__(self, peer: Peer, dialect: SingyeongDialect, encoding: Encoding) -> None:
+    def __init__(
+        self,
+        peer: Peer,
+        dialect: SingyeongDialect,
+        encoding: Encoding,
+        address: str | None = None,
+    ) -> None:
+        """`address`: the client's address as the gateway saw it (the socket's, or the
+        trusted header's under `--trusted-ip-header`)."""
         super().__init__(peer)
         self.dialect = dialect
         self.encoding = encoding
+        self.address = address if address is not None else peer.peer_host
         self.client: Client | None = None
         self.closing = False
         self.last_heartbeat = dialect.clock()
@@ -62,6 +81,8 @@ class SgSession(WebSocketHandler):
         #: updates waiting for the rate limit, merged (later wins per key)
         self.metadata_pending: dict[str, Any] = {}
         self.metadata_pending_types: dict[str, str] = {}
+        #: what the client's metadata holds once the pending updates are applied (bounds)
+        self.metadata_account = MetadataAccount()
         #: the size of the frame being handled (what a QUEUE costs the queues' memory budget)
         self.frame_bytes = 0
         #: this JSON connection's scanner (the fast path: SingyeongDialect.bind), if any
@@ -128,6 +149,16 @@ class SgSession(WebSocketHandler):
 
     def on_close(self, code: int | None) -> None:
         self.closing = True
+        self.dialect.session_closed(self)
+        self.dialect.metadata_bytes -= self.metadata_account.held
+        self.metadata_account.held = 0
+
+    def displaced(self, by: str) -> None:
+        """An authenticated client identified as this (restricted) one's (app, client id):
+        it wins; this one is told why (op 3), then closed, and leaves the index now."""
+        self.invalid("displaced", {"reason": f"an authenticated client took this id ({by})"})
+        self.closing = True
+        self.peer.close(CloseCode.POLICY, "displaced by an authenticated client")
         self.dialect.session_closed(self)
 
     # ---- receiving -------------------------------------------------------------------------
@@ -205,6 +236,10 @@ class SgSession(WebSocketHandler):
         if not isinstance(app_id, str) or not app_id:
             self.fatal("identify: application_id must be a non-empty string")
             return
+        if len(client_id) > MAX_ID_LENGTH or len(app_id) > MAX_ID_LENGTH:
+            # ids key the index and every query answer: bounded as metadata keys are
+            self.fatal(f"identify: client_id and application_id are at most {MAX_ID_LENGTH} long")
+            return
         password = dialect.settings.auth
         auth = d.get("auth")
         restricted = password is not None and not (
@@ -213,25 +248,61 @@ class SgSession(WebSocketHandler):
         if restricted and self.encoding is Encoding.ETF:
             self.fatal("restricted clients may not use ETF")
             return
-        if dialect.index.get(app_id, client_id) is not None:
-            self.invalid(f"{client_id}: already registered for app {app_id}")
-            self.closing = True
-            self.peer.close(CloseCode.NORMAL, "duplicate client id")
-            return
         initial = d.get("metadata")
         try:
             update = validate(initial if initial is not None else {})
         except MetadataError as err:
             self.fatal("initial metadata: invalid", err.errors)
             return
-        ip = d.get("ip") if isinstance(d.get("ip"), str) else self.peer.peer_host
+        declared = d.get("ip")
+        ip = declared if isinstance(declared, str) else self.address
         namespace = d.get("namespace")
+        if not isinstance(namespace, str):
+            namespace = None
+        # the client's own strings among the base keys count against its metadata too
+        given = {"ip": ip, "namespace": namespace or ""}
+        try:
+            self.charge_metadata(
+                Update({}, {}, {k: len(k) + value_bytes(v) for k, v in given.items()})
+            )
+            self.charge_metadata(update)
+        except MetadataLimit as err:
+            self.fatal("initial metadata: metadata_full", err.info())
+            return
+        holder = dialect.index.get(app_id, client_id)
+        if holder is not None:
+            # under --sg-auth an authenticated client takes an id a restricted one holds here
+            # (issue 33: a stranger cannot squat a service's name); else the first one keeps it
+            squatter = holder.session if holder.restricted and not restricted else None
+            cluster = dialect.cluster
+            elsewhere = holder.node is not None and cluster is not None
+            if elsewhere and holder.restricted and not restricted:
+                # held on another instance: it is asked to close its restricted client; this
+                # one is told to identify again once the id is free (the table says so)
+                assert cluster is not None
+                cluster.displace(holder, self.address)
+                self.invalid(
+                    f"{client_id}: held by a restricted client on another instance, which is "
+                    "being closed: identify again"
+                )
+                self.closing = True
+                self.peer.close(CloseCode.NORMAL, "id held elsewhere: identify again")
+                return
+            if squatter is None:
+                self.invalid(f"{client_id}: already registered for app {app_id}")
+                self.closing = True
+                self.peer.close(CloseCode.NORMAL, "duplicate client id")
+                return
+            if squatter.closing:  # already told and closing: it only leaves the index sooner
+                dialect.session_closed(squatter)
+            else:
+                dialect.displace_local(holder, self.address)
         client = Client(
             app_id,
             client_id,
             restricted=restricted,
             encoding=self.encoding.value,
-            socket_ip=self.peer.peer_host,
+            socket_ip=self.address,
             session=self,
         )
         client.receive_updates = d.get("receive_client_updates") is True and not restricted
@@ -240,7 +311,7 @@ class SgSession(WebSocketHandler):
             "restricted": restricted,
             "encoding": self.encoding.value,
             "ip": None if restricted else ip,
-            "namespace": namespace if isinstance(namespace, str) else None,
+            "namespace": namespace,
             "receive_client_updates": client.receive_updates,
         }
         base_types = {
@@ -262,11 +333,33 @@ class SgSession(WebSocketHandler):
 
     # ---- metadata (decision 8) -------------------------------------------------------------
 
+    def charge_metadata(self, update: Update) -> None:
+        """Count `update` against this client's metadata bounds; raises MetadataLimit (and
+        counts the refusal) if it does not fit, nothing charged."""
+        dialect = self.dialect
+        settings = dialect.settings
+        try:
+            delta = self.metadata_account.charge(
+                update,
+                settings.metadata_keys,
+                settings.metadata_bytes,
+                (dialect.metadata_bytes, settings.metadata_total_bytes),
+            )
+        except MetadataLimit as err:
+            self.dialect.metrics.refused.inc(1, f"metadata_{err.limit}")
+            raise
+        self.dialect.metadata_bytes += delta
+
     def update_metadata(self, d: Any) -> None:
         try:
             update = validate(d)
         except MetadataError as err:
             self.invalid("invalid metadata", err.errors)
+            return
+        try:
+            self.charge_metadata(update)
+        except MetadataLimit as err:
+            self.invalid("metadata_full", err.info())
             return
         dialect = self.dialect
         now = dialect.clock()

@@ -7,11 +7,20 @@ import ipaddress
 import os
 from dataclasses import dataclass, field
 
+from rmb_relay.dialects.singyeong.metadata import (
+    DEFAULT_METADATA_BYTES,
+    DEFAULT_METADATA_KEYS,
+    DEFAULT_METADATA_TOTAL_BYTES,
+)
 from rmb_relay.dialects.singyeong.query import QueryLimits
 from rmb_relay.dialects.singyeong.queues import (
     DEFAULT_DEAD_LETTER_BYTES,
     DEFAULT_QUEUE_BYTES,
     DEFAULT_QUEUE_TOTAL_BYTES,
+    DEFAULT_QUEUES_PER_APP,
+    DEFAULT_QUEUES_TOTAL,
+    MAX_REQUESTS_PER_CLIENT,
+    MAX_REQUESTS_TOTAL,
 )
 from rmb_relay.errors import ConfigError
 
@@ -26,6 +35,12 @@ DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_PROXY_TIMEOUT = 30.0
 #: the password can come from the environment, so it stays out of `ps`
 AUTH_ENV = "SINGYEONG_AUTH"
+#: clients one QUERY_NODES or /api/v1/query answer may list (each up to --sg-metadata-bytes)
+DEFAULT_QUERY_MAX_RESULTS = 1000
+#: proxied requests in flight at once (each may hold an answer of up to 16 MiB)
+DEFAULT_PROXY_CONCURRENCY = 16
+#: bytes of parsed QUEUE targets kept for reuse (dialect.py `_cached_target`)
+DEFAULT_TARGET_CACHE_BYTES = 8 << 20
 #: what `GET /api/version` answers (the public server's shape)
 API_VERSION = {"singyeong": "0.0.1", "api": "v1"}
 
@@ -44,8 +59,26 @@ class SgSettings:
     queue_bytes: int = DEFAULT_QUEUE_BYTES
     queue_total_bytes: int = DEFAULT_QUEUE_TOTAL_BYTES
     dead_letter_bytes: int = DEFAULT_DEAD_LETTER_BYTES
+    #: queues that may exist at once, per application (of the client that made one) and in all
+    queues_per_app: int = DEFAULT_QUEUES_PER_APP
+    queues_total: int = DEFAULT_QUEUES_TOTAL
+    #: outstanding QUEUE_REQUESTs per client (all queues) and of all clients
+    requests_per_client: int = MAX_REQUESTS_PER_CLIENT
+    requests_total: int = MAX_REQUESTS_TOTAL
+    #: what one client's metadata may hold (metadata.py `MetadataAccount`)
+    metadata_keys: int = DEFAULT_METADATA_KEYS
+    metadata_bytes: int = DEFAULT_METADATA_BYTES
+    metadata_total_bytes: int = DEFAULT_METADATA_TOTAL_BYTES
+    #: the most clients a QUERY_NODES or /api/v1/query answer lists
+    query_max_results: int = DEFAULT_QUERY_MAX_RESULTS
+    #: the QUEUE target cache's budget (dialect.py)
+    target_cache_bytes: int = DEFAULT_TARGET_CACHE_BYTES
+    #: a header of the websocket upgrade naming the client's address, set by a front proxy
+    #: (`--trusted-ip-header`, shared with SBD)
+    client_ip_header: str | None = None
     proxy_allow: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = field(default=())
     proxy_timeout: float = DEFAULT_PROXY_TIMEOUT
+    proxy_concurrency: int = DEFAULT_PROXY_CONCURRENCY
     #: this instance's name in QUERY_NODES answers and Redis presence
     node: str = "local"
     #: what one query may cost (nesting, conditions, `$in`/`$nin` values); beyond: op 3
@@ -66,6 +99,16 @@ class SgSettings:
             ("--sg-queue-bytes", self.queue_bytes),
             ("--sg-queue-total-bytes", self.queue_total_bytes),
             ("--sg-dead-letter-bytes", self.dead_letter_bytes),
+            ("--sg-queues-per-app", self.queues_per_app),
+            ("--sg-queues-total", self.queues_total),
+            ("--sg-queue-requests-per-client", self.requests_per_client),
+            ("--sg-queue-requests-total", self.requests_total),
+            ("--sg-metadata-keys", self.metadata_keys),
+            ("--sg-metadata-bytes", self.metadata_bytes),
+            ("--sg-metadata-total-bytes", self.metadata_total_bytes),
+            ("--sg-query-max-results", self.query_max_results),
+            ("--sg-target-cache-bytes", self.target_cache_bytes),
+            ("--sg-proxy-concurrency", self.proxy_concurrency),
         ):
             if value <= 0:
                 raise ConfigError(f"{flag} must be positive")
@@ -99,8 +142,20 @@ class SgSettings:
             queue_bytes=args.sg_queue_bytes,
             queue_total_bytes=args.sg_queue_total_bytes,
             dead_letter_bytes=args.sg_dead_letter_bytes,
+            queues_per_app=args.sg_queues_per_app,
+            queues_total=args.sg_queues_total,
+            requests_per_client=args.sg_queue_requests_per_client,
+            requests_total=args.sg_queue_requests_total,
+            metadata_keys=args.sg_metadata_keys,
+            metadata_bytes=args.sg_metadata_bytes,
+            metadata_total_bytes=args.sg_metadata_total_bytes,
+            query_max_results=args.sg_query_max_results,
+            target_cache_bytes=args.sg_target_cache_bytes,
+            # one flag for every dialect that reads a client's address from a front proxy
+            client_ip_header=getattr(args, "trusted_ip_header", None) or None,
             proxy_allow=tuple(networks),
             proxy_timeout=args.sg_proxy_timeout,
+            proxy_concurrency=args.sg_proxy_concurrency,
             node=args.sg_node or f"{os.uname().nodename}:{os.getpid()}",
             query_limits=QueryLimits(
                 args.sg_query_max_depth, args.sg_query_max_ops, args.sg_query_max_list
@@ -174,15 +229,84 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=d.queue_bytes,
         metavar="BYTES",
-        help="in-memory queues (no Redis): bytes one queue may hold, waiting, unacked and dead "
-        "letters together; a QUEUE beyond it is refused with op 3 queue_full",
+        help="bytes one queue may hold, waiting, unacked and dead letters together (in memory, "
+        "or in Redis with --redis); a QUEUE beyond it is refused with op 3 queue_full",
     )
     sg.add_argument(
         "--sg-queue-total-bytes",
         type=int,
         default=d.queue_total_bytes,
         metavar="BYTES",
-        help="in-memory queues: bytes all queues may hold together (op 3 queue_full beyond)",
+        help="bytes all queues may hold together, in memory or in Redis (op 3 queue_full beyond)",
+    )
+    sg.add_argument(
+        "--sg-queues-per-app",
+        type=int,
+        default=d.queues_per_app,
+        metavar="N",
+        help="queues the clients of one application may create (a QUEUE or QUEUE_REQUEST "
+        "naming a new queue beyond it gets op 3 too_many_queues); a queue ends when empty",
+    )
+    sg.add_argument(
+        "--sg-queues-total",
+        type=int,
+        default=d.queues_total,
+        metavar="N",
+        help="queues that may exist at once, all applications (op 3 too_many_queues beyond)",
+    )
+    sg.add_argument(
+        "--sg-queue-requests-per-client",
+        type=int,
+        default=d.requests_per_client,
+        metavar="N",
+        help="QUEUE_REQUESTs one client may have waiting for a message, all queues together "
+        "(op 3 too many outstanding QUEUE_REQUESTs beyond)",
+    )
+    sg.add_argument(
+        "--sg-queue-requests-total",
+        type=int,
+        default=d.requests_total,
+        metavar="N",
+        help="QUEUE_REQUESTs all clients may have waiting (op 3 beyond)",
+    )
+    sg.add_argument(
+        "--sg-metadata-keys",
+        type=int,
+        default=d.metadata_keys,
+        metavar="N",
+        help="metadata keys one client may hold; an update beyond it is refused whole "
+        "(op 3 metadata_full; at identify: op 8 and close)",
+    )
+    sg.add_argument(
+        "--sg-metadata-bytes",
+        type=int,
+        default=d.metadata_bytes,
+        metavar="BYTES",
+        help="bytes of metadata one client may hold (values and keys; op 3 metadata_full beyond)",
+    )
+    sg.add_argument(
+        "--sg-metadata-total-bytes",
+        type=int,
+        default=d.metadata_total_bytes,
+        metavar="BYTES",
+        help="bytes of metadata all clients of this instance may hold together (op 3 "
+        "metadata_full, limit total, beyond)",
+    )
+    sg.add_argument(
+        "--sg-query-max-results",
+        type=int,
+        default=d.query_max_results,
+        metavar="N",
+        help="clients a QUERY_NODES or POST /api/v1/query answer may list; a query matching "
+        "more is refused (op 3 too_many_results, HTTP 400) saying how many it matched",
+    )
+    sg.add_argument(
+        "--sg-target-cache-bytes",
+        type=int,
+        default=d.target_cache_bytes,
+        metavar="BYTES",
+        help="memory for parsed QUEUE targets kept for reuse; the cache starts over when full, "
+        "and a target over a sixteenth of it is parsed each time instead",
     )
     sg.add_argument(
         "--sg-dead-letter-bytes",
@@ -197,7 +321,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="CIDR",
-        help="networks /api/v1/proxy may reach besides each client's own address (repeatable)",
+        help="networks /api/v1/proxy may reach (repeatable; default: any): it connects only "
+        "to the address the gateway saw for the client, and only if that is in one of these",
     )
     sg.add_argument(
         "--sg-proxy-timeout",
@@ -205,6 +330,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.proxy_timeout,
         metavar="SECONDS",
         help="a proxied request not answered within this long gets 504",
+    )
+    sg.add_argument(
+        "--sg-proxy-concurrency",
+        type=int,
+        default=d.proxy_concurrency,
+        metavar="N",
+        help="proxied requests in flight at once (each may hold a 16 MiB answer); more get 503",
     )
     sg.add_argument(
         "--sg-node",

@@ -41,7 +41,12 @@ async def build(args: argparse.Namespace, services: Services) -> TunnelDialect |
     settings = TunnelSettings.from_args(args)
     store = TenantStore(services.twins_path())
     dialect = TunnelDialect(
-        settings, store, services.metrics, services.switch.outboxes, cluster=services.cluster
+        settings,
+        store,
+        services.metrics,
+        services.switch.outboxes,
+        cluster=services.cluster,
+        throttles=services.throttles,
     )
     channel = services.switch.record_channel("tunnel")  # --records
     if channel is not None:

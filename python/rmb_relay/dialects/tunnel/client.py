@@ -33,7 +33,9 @@ from rmb_relay.dialects.tunnel.hub import (
     VERIFY,
     status_response,
 )
-from rmb_relay.errors import AuthError, ClusterUnavailable
+from rmb_relay.dialects.tunnel.tenants import normalize
+from rmb_relay.dialects.tunnel.tokens import CLIENT_SCOPE
+from rmb_relay.errors import AuthError, BodyTooLarge, ClusterUnavailable
 from rmb_relay.lazy_errors import redis_error
 
 if TYPE_CHECKING:
@@ -78,7 +80,7 @@ async def handle(
                 dialect.load_tenant(step[1])
             elif kind == VERIFY:
                 try:
-                    await dialect.tokens.verify(step[1])
+                    await dialect.tokens.verify(step[1], CLIENT_SCOPE)
                 except AuthError as err:
                     hub.auth_failures.inc(1, "client")
                     _refused(dialect, request, 401, "unauthorized", started)
@@ -86,7 +88,11 @@ async def handle(
             elif kind == REACH:
                 reachable = await dialect.reachable(step[1])
             elif kind == BODY:
-                content = await read_body(dialect, request, body)
+                try:
+                    content = await read_body(dialect, request, body)
+                except BodyTooLarge as err:
+                    _refused(dialect, request, 413, "body too large", started)
+                    return HttpResponse(413, f"{err}\n".encode())
             elif kind == ACCEPTED:
                 kept = True
                 return HttpResponse(202)
@@ -106,11 +112,15 @@ async def handle(
                     _refused(dialect, request, 503, "transport failure", started)
                     return status_response(503, "transport failure")
                 kept = True
-                if isinstance(content, tuple):
-                    dialect.store.release(content[0])  # the relay that takes it adopts it
                 if request.path.startswith("/queue/"):
+                    # the relay that takes it removes its body once fetched; ours is tracked
+                    # still, so the sweeper removes it after max_age if nobody took it
                     return HttpResponse(202)
-                return hub.response(await future)
+                try:
+                    return hub.response(await future)
+                finally:
+                    if isinstance(content, tuple):  # answered or given up: fetched, or never
+                        dialect.store.remove(content[0])
         log.error("tunnel: request %s %s took too many steps", request.method, request.path)
         return HttpResponse(500, b"internal server error")
     except asyncio.CancelledError:
@@ -142,8 +152,11 @@ async def read_body(
     """Inline up to the limit; beyond it, the body goes to the store as it arrives (its name
     and size)."""
     limit = dialect.settings.inline_limit
-    if request.content_length is not None and request.content_length <= limit:
-        return await body.read(limit)
+    store = dialect.store
+    if request.content_length is not None:
+        store.refuse_size(request.content_length)
+        if request.content_length <= limit:
+            return await body.read(limit)
     head = bytearray()
     iterator = body.__aiter__()
     async for chunk in iterator:
@@ -152,7 +165,7 @@ async def read_body(
             break
     if len(head) <= limit:
         return bytes(head)
-    store = dialect.store
     name = store.name("req", str(uuid.uuid4()))
-    size = await store.write(name, iterator, first=bytes(head))
+    owner = normalize(request.path.split("/", 3)[2])
+    size = await store.write(name, iterator, first=bytes(head), owner=owner)
     return name, size

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
 from rmb_relay.clock import Clock, monotonic_clock, wall_clock
+from rmb_relay.contract import CloseCode
 from rmb_relay.dialects.base import Dialect, HttpResponse, Peer, Routes, WebSocketHandler
 from rmb_relay.dialects.tunnel import client, endpoints, management
 from rmb_relay.dialects.tunnel.bodystore import FileBodyStore
@@ -24,8 +25,15 @@ from rmb_relay.dialects.tunnel.hub import ConnectorSession, Hub
 from rmb_relay.dialects.tunnel.scaleout import RedisBridge
 from rmb_relay.dialects.tunnel.settings import CONNECTOR_MAX_MESSAGE, TunnelSettings
 from rmb_relay.dialects.tunnel.tenants import TenantStore, normalize
-from rmb_relay.dialects.tunnel.tokens import OidcVerifier, TokenAuthority, bearer
+from rmb_relay.dialects.tunnel.tokens import (
+    CONNECTOR_SCOPE,
+    OidcVerifier,
+    TokenAuthority,
+    bearer,
+    fingerprint,
+)
 from rmb_relay.errors import AuthError, ClusterUnavailable, HttpReject
+from rmb_relay.throttle import Throttles
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest, Outboxes
@@ -57,15 +65,25 @@ class TunnelDialect(Dialect):
         cluster: Cluster | None = None,
         clock: Clock = monotonic_clock,
         wall: Clock = wall_clock,
+        throttles: Throttles | None = None,
     ) -> None:
         """`cluster`: share requests with the other relays in it (scaleout.py); None (no
-        `--redis`, or `--no-cluster`): this relay serves its own connectors only."""
+        `--redis`, or `--no-cluster`): this relay serves its own connectors only.
+        `throttles`: the process's auth pool and failed-login limiter (throttle.py)."""
+        self.throttles = throttles if throttles is not None else Throttles(registry, clock=clock)
         self.settings = settings
         self.registry = registry
         self.store_of_tenants = tenants
         self.clock = clock
         max_age = settings.request_ttl + settings.response_timeout + 60.0
-        self.store = FileBodyStore(settings.body_store, max_age=max_age, clock=clock)
+        self.store = FileBodyStore(
+            settings.body_store,
+            max_age=max_age,
+            clock=clock,
+            max_body=settings.max_body,
+            tenant_bytes=settings.tenant_disk,
+            total_bytes=settings.total_disk,
+        )
         self.store.sweep_leftovers(time.time(), max_age)
         self.hub = hub = Hub(
             settings,
@@ -85,13 +103,32 @@ class TunnelDialect(Dialect):
         if settings.oidc_issuer is not None and settings.oidc_audience is not None:
             oidc = OidcVerifier(settings.oidc_issuer, settings.oidc_audience)
         self.tokens = TokenAuthority(
-            tenants.signing_key(), ttl=settings.token_ttl, clock=wall, oidc=oidc, cache=hub.core
+            tenants.signing_key(),
+            ttl=settings.token_ttl,
+            clock=wall,
+            oidc=oidc,
+            cache=hub.core,
+            secret_of=self.secret_of,
         )
         self.bridge: RedisBridge | None = None
         if cluster is not None:
             self.bridge = RedisBridge(cluster, self, request_ttl=settings.request_ttl)
         self._sweeper: asyncio.Task[None] | None = None
+        self._watcher: asyncio.Task[None] | None = None
         self._closed = False
+
+    def open_surfaces(self) -> list[str]:
+        """Tenants a client reaches without a token, and the management API (harden)."""
+        surfaces = []
+        open_tenants = [
+            t.name for t in self.store_of_tenants.list() if not t.require_authentication
+        ]
+        if open_tenants:
+            shown = ", ".join(open_tenants[:10]) + (" ..." if len(open_tenants) > 10 else "")
+            surfaces.append(f"{len(open_tenants)} tenant(s) without required auth ({shown})")
+        if self.settings.management_key is not None:
+            surfaces.append("management API /management/tenants (Api-Key)")
+        return surfaces
 
     def record_into(self, channel: Channel) -> None:
         """Route records (`--records`)."""
@@ -109,8 +146,15 @@ class TunnelDialect(Dialect):
                 tenant.require_authentication,
                 tenant.max_concurrent,
                 tenant.ack_mode,
+                tenant.forward_authorization,
             )
         self.hub.core.set_tenant(normalize(name), settings, self.clock())
+
+    def secret_of(self, name: str) -> str | None:
+        """What an embedded token of tenant `name` carries of its secret (`fingerprint`); None
+        when there is no such tenant or it has no secret."""
+        tenant = self.store_of_tenants.get(name)
+        return fingerprint(tenant.secret_hash) if tenant is not None else None
 
     def tenant_name(self, name: str, *, load: bool = False) -> str | None:
         """The stored name of tenant `name`, or None when there is none (`load`: ask the
@@ -123,8 +167,42 @@ class TunnelDialect(Dialect):
         return cached if cached is not None else None
 
     def forget_tenant(self, name: str) -> None:
-        """The tenant changed (management API): the hub asks the directory again."""
-        self.hub.core.forget_tenant(normalize(name))
+        """The tenant changed (management API): the hub asks the directory again, its tokens'
+        verdicts go, and its connectors are checked against what it is now."""
+        key = normalize(name)
+        self.hub.core.forget_tenant(key)
+        self.hub.core.forget_tokens(key)
+        self.revisit_connectors({key})
+
+    def revisit_connectors(self, keys: set[str] | None = None) -> int:
+        """Close the connectors (of the tenants `keys`, or all) whose tenant was removed or
+        re-keyed since they attached: a connector stays only as long as the credentials it
+        came with. Returns how many were closed. Runs when this relay changes a tenant, and
+        every tenant cache lifetime (10 s) for changes made elsewhere (another relay on the
+        same file, `rmb-relay tenants`)."""
+        closed = 0
+        now: dict[str, tuple[bool, str | None]] = {}
+        for session in list(self.hub.sessions.values()):
+            if session.revoked or (keys is not None and session.tenant not in keys):
+                continue
+            if session.tenant not in now:
+                tenant = self.store_of_tenants.get(session.tenant_name)
+                secret = fingerprint(tenant.secret_hash) if tenant is not None else None
+                now[session.tenant] = (tenant is not None, secret)
+            exists, secret = now[session.tenant]
+            if exists and secret == session.secret:
+                continue
+            why = "tenant removed" if not exists else "tenant secret changed"
+            log.info(
+                "connector %s of %s closed: %s", session.connection_id, session.tenant_name, why
+            )
+            self.hub.core.forget_tokens(session.tenant)
+            session.revoked = True
+            session.peer.close(CloseCode.POLICY, why)
+            closed += 1
+        if closed:
+            self.hub.revoked.inc(closed)
+        return closed
 
     # ---- several relays ---------------------------------------------------------------------
 
@@ -161,7 +239,7 @@ class TunnelDialect(Dialect):
             self.hub.auth_failures.inc(1, "token")
             raise HttpReject(401, "a bearer token is required", (("WWW-Authenticate", "Bearer"),))
         try:
-            claim = await self.tokens.verify(token)
+            claim = await self.tokens.verify(token, CONNECTOR_SCOPE)
         except AuthError as err:
             self.hub.auth_failures.inc(1, "token")
             raise HttpReject(401, str(err), (("WWW-Authenticate", "Bearer"),)) from None
@@ -174,6 +252,7 @@ class TunnelDialect(Dialect):
         self.start_sweeper()
         binary = protocol == "msgpack"
         session = ConnectorSession(peer, self.hub, normalize(name), name, binary)
+        session.secret = self.secret_of(name)
         if self.bridge is not None:
             session.on_joined = self.bridge.connector_joined
             session.on_left = self.bridge.connector_left
@@ -204,7 +283,7 @@ class TunnelDialect(Dialect):
         return await endpoints.discovery(self, request)
 
     async def _token(self, request: HttpRequest, client_: HttpClient) -> HttpResponse:
-        return await endpoints.token(self, request)
+        return await endpoints.token(self, request, client_)
 
     async def _request_body(self, request: HttpRequest, client_: HttpClient) -> HttpResponse:
         return await endpoints.request_body(self, request)
@@ -224,7 +303,14 @@ class TunnelDialect(Dialect):
 
     def start_sweeper(self) -> None:
         if self._sweeper is None:
-            self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
+            loop = asyncio.get_running_loop()
+            self._sweeper = loop.create_task(self._sweep_forever())
+            self._watcher = loop.create_task(self._watch_tenants())
+
+    async def _watch_tenants(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.tenant_cache_ttl)
+            self.revisit_connectors()
 
     async def _sweep_forever(self) -> None:
         while True:
@@ -243,8 +329,9 @@ class TunnelDialect(Dialect):
         if self._closed:
             return
         self._closed = True
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        for task in (self._sweeper, self._watcher):
+            if task is not None:
+                task.cancel()
         if self.bridge is not None:
             await self.bridge.close()
         self.hub.close()

@@ -3,7 +3,7 @@
 | route | auth | what |
 |---|---|---|
 | `GET /.well-known/relayserver-configuration` | none | endpoints, timings |
-| `POST /tunnel/token` | client credentials (form) | a short-lived connector JWT |
+| `POST /tunnel/token` | client credentials (form) | a JWT for `scope` connector, client |
 | `GET /tunnel/body/request/{id}[?delete=true]` | tenant token | an outsourced request body |
 | `POST /tunnel/body/response/{id}` | tenant token | stores a response body; its length |
 | `POST /tunnel/acknowledge/{origin}/{id}/{token}` | URL token | manual acknowledgement, 204 |
@@ -22,8 +22,8 @@ from urllib.parse import parse_qs
 from rmb_relay import __version__
 from rmb_relay.dialects.base import HttpResponse
 from rmb_relay.dialects.tunnel.tenants import verify_secret
-from rmb_relay.dialects.tunnel.tokens import CONNECTOR_SCOPE, bearer
-from rmb_relay.errors import AuthError, HttpReject
+from rmb_relay.dialects.tunnel.tokens import CLIENT_SCOPE, CONNECTOR_SCOPE, ROLES, bearer
+from rmb_relay.errors import AuthError, BodyTooLarge, HttpReject
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest
@@ -43,6 +43,14 @@ def _json(status: int, value: object) -> HttpResponse:
 
 def _token_error(status: int, error: str, description: str) -> HttpResponse:
     return _json(status, {"error": error, "error_description": description})
+
+
+def _throttled(reject: HttpReject) -> HttpResponse:
+    """A throttle's 429/503 as a token error (RFC 6749 §5.2 shape), with its Retry-After."""
+    body = {"error": "temporarily_unavailable", "error_description": reject.reason}
+    return HttpResponse(
+        reject.status, json.dumps(body).encode(), content_type=JSON, headers=reject.headers
+    )
 
 
 async def discovery(dialect: TunnelDialect, request: HttpRequest) -> HttpResponse:
@@ -71,8 +79,12 @@ async def discovery(dialect: TunnelDialect, request: HttpRequest) -> HttpRespons
     )
 
 
-async def token(dialect: TunnelDialect, request: HttpRequest) -> HttpResponse:
-    """Client credentials grant (RFC 6749 §4.4), form-encoded as RelayServer's connector sends."""
+async def token(dialect: TunnelDialect, request: HttpRequest, client: HttpClient) -> HttpResponse:
+    """Client credentials grant (RFC 6749 §4.4), form-encoded as RelayServer's connector sends.
+
+    The secret's scrypt runs in the process's bounded auth pool, not on the loop (503 with
+    Retry-After when it is full), and failed attempts are limited per client address and per
+    tenant (429 with Retry-After, before any hashing): throttle.py."""
     content_type = (request.header("content-type") or b"").decode("latin-1").lower()
     if not content_type.startswith("application/x-www-form-urlencoded"):
         return _token_error(
@@ -86,22 +98,41 @@ async def token(dialect: TunnelDialect, request: HttpRequest) -> HttpResponse:
         return _token_error(400, "invalid_request", "malformed form")
     if form.get("grant_type") != "client_credentials":
         return _token_error(400, "unsupported_grant_type", "only client_credentials is supported")
+    # a connector's and a client's tokens are distinct: each asks for its scope (a connector
+    # that names none is asking for its own, as RelayServer's connector does)
     scopes = form.get("scope", CONNECTOR_SCOPE).split()
-    if CONNECTOR_SCOPE not in scopes:
-        return _token_error(400, "invalid_scope", f"the scope must include {CONNECTOR_SCOPE}")
+    if not scopes or any(scope not in ROLES for scope in scopes):
+        return _token_error(
+            400, "invalid_scope", f"the scope must be {CONNECTOR_SCOPE!r} and/or {CLIENT_SCOPE!r}"
+        )
+    scope = " ".join(dict.fromkeys(scopes))
     client_id, secret = form.get("client_id", ""), form.get("client_secret", "")
+    throttles = dialect.throttles
+    try:
+        charged = throttles.check("tunnel", client.peer_host, "tenant:" + client_id.upper())
+    except HttpReject as err:
+        return _throttled(err)
     tenant = dialect.store_of_tenants.get(client_id) if client_id else None
-    if tenant is None or not verify_secret(secret, tenant.secret_hash):
+    if tenant is None or not tenant.secret_hash:
         dialect.hub.auth_failures.inc(1, "credentials")
         return _token_error(401, "invalid_client", "unknown tenant or wrong secret")
-    issued = dialect.tokens.issue(tenant.name)
+    try:
+        verified = await throttles.run("tunnel", verify_secret, secret, tenant.secret_hash)
+    except HttpReject as err:  # the pool is full: this attempt was not made
+        throttles.refund(charged)
+        return _throttled(err)
+    if not verified:
+        dialect.hub.auth_failures.inc(1, "credentials")
+        return _token_error(401, "invalid_client", "unknown tenant or wrong secret")
+    throttles.refund(charged)
+    issued = dialect.tokens.issue(tenant.name, scope)
     return _json(
         200,
         {
             "access_token": issued,
             "token_type": "Bearer",
             "expires_in": dialect.tokens.ttl,
-            "scope": CONNECTOR_SCOPE,
+            "scope": scope,
         },
     )
 
@@ -112,7 +143,7 @@ async def _named(dialect: TunnelDialect, request: HttpRequest, prefix: str) -> t
     if token is None:
         raise HttpReject(401, "a connector bearer token is required")
     try:
-        tenant = (await dialect.tokens.verify(token)).upper()
+        tenant = (await dialect.tokens.verify(token, CONNECTOR_SCOPE)).upper()
     except AuthError as err:
         dialect.hub.auth_failures.inc(1, "token")
         raise HttpReject(401, str(err)) from None
@@ -150,8 +181,17 @@ async def response_body(
     request_id, tenant = await _named(dialect, request, "/tunnel/body/response/")
     if dialect.hub.core.tenant_of(request_id) != tenant:
         raise HttpReject(404, "unknown request id")
-    name = dialect.store.name("res", request_id)
-    size = await dialect.store.write(name, body)
+    store = dialect.store
+    if request.content_length is not None:
+        try:
+            store.refuse_size(request.content_length)
+        except BodyTooLarge as err:
+            raise HttpReject(413, str(err)) from None
+    name = store.name("res", request_id)
+    try:
+        size = await store.write(name, body, owner=tenant)
+    except BodyTooLarge as err:
+        raise HttpReject(413, str(err)) from None
     return HttpResponse(200, str(size).encode())
 
 

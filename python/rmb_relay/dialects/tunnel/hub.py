@@ -65,6 +65,8 @@ ENTROPY = 16 * 4096
 PIPELINE = 8
 #: a deadline this close (ns) counts as passed: timers fire to the millisecond
 SLACK = 1_000_000
+#: the tenant (and target) label of every series unless --tunnel-tenant-labels
+ANONYMOUS = "*"
 _MACHINE = platform.node()
 
 
@@ -139,10 +141,22 @@ class Hub:
     def _register(self, registry: Registry) -> None:
         core = self.core
         const = {"dialect": "tunnel"}
+        named = self.settings.tenant_labels
+
+        def requests() -> list[tuple[tuple[str, ...], float]]:
+            if named:
+                return [(labels, n) for labels, n in core.requests()]
+            by_status: dict[tuple[str, ...], float] = {}
+            for (_, _, status), n in core.requests():
+                key = (ANONYMOUS, ANONYMOUS, status)
+                by_status[key] = by_status.get(key, 0) + n
+            return list(by_status.items())
+
         self.requests = registry.counter_of(
             "rmb_relay_tunnel_requests_total",
-            "Tunnel requests answered, by tenant, target and status",
-            core.requests,
+            "Tunnel requests answered, by tenant, target and status (tenant and target are "
+            f"{ANONYMOUS!r} unless --tunnel-tenant-labels: names are the tenants' business)",
+            requests,
             ("tenant", "target", "status"),
             const=const,
         )
@@ -202,6 +216,11 @@ class Hub:
             "Orphaned body files the sweeper removed",
             const=const,
         )
+        self.revoked = registry.counter(
+            "rmb_relay_tunnel_connectors_revoked_total",
+            "Connectors closed because their tenant was removed or its secret changed",
+            const=const,
+        )
         self.auth_failures = registry.counter(
             "rmb_relay_auth_failures_total",
             "Refused logins, handshakes or tokens, by dialect and reason",
@@ -211,7 +230,15 @@ class Hub:
         registry.gauge(
             "rmb_relay_tunnel_body_store_bytes",
             "Bytes held in the tunnel's body store",
-            read=lambda: [((), self.store.bytes)],
+            read=lambda: [((), self.store.held)],
+            const=const,
+        )
+        registry.counter_of(
+            "rmb_relay_tunnel_bodies_refused_total",
+            "Bodies answered 413: over --tunnel-max-body (body), --tunnel-tenant-disk (tenant) "
+            "or --tunnel-total-disk (total)",
+            lambda: [((limit,), n) for limit, n in self.store.refused.items()],
+            ("limit",),
             const=const,
         )
         registry.gauge(
@@ -226,7 +253,9 @@ class Hub:
         core = self.core
 
         def read() -> list[tuple[tuple[str, ...], float]]:
-            return [((g[0],), float(g[column])) for g in core.tenant_gauges()]
+            if self.settings.tenant_labels:
+                return [((g[0],), float(g[column])) for g in core.tenant_gauges()]
+            return [((ANONYMOUS,), float(sum(int(g[column]) for g in core.tenant_gauges())))]
 
         return read
 
@@ -434,6 +463,10 @@ class ConnectorSession(WebSocketHandler):
         self.tenant_name = tenant_name
         self.binary = binary
         self.connection_id = secrets.token_hex(8)
+        #: the fingerprint of the tenant's secret when it attached (tokens.fingerprint)
+        self.secret: str | None = None
+        #: closed because its tenant was removed or re-keyed (the close is under way)
+        self.revoked = False
         #: the hub's messages go into the switch's outboxes (`bind_decoder`)
         self.outboxes = hub.outboxes
         #: told of the tenant key when this connector joins and leaves (scaleout.py)

@@ -36,6 +36,7 @@ _FIELDS = {
     "requireAuthentication": ("require_authentication", bool),
     "maximumConcurrentConnectorRequests": ("max_concurrent", int),
     "acknowledgeMode": ("ack_mode", int),
+    "forwardAuthorization": ("forward_authorization", bool),
 }
 
 

@@ -116,18 +116,20 @@ class RedisBridge:
 
     def _on_reply(self, request_id: str, frame: bytes) -> None:
         if frame[:1] in (RESPONSE, RESPONSE_JSON):
-            self._adopt(self.store.name("res", request_id))
+            owner = self.hub.core.tenant_of(request_id) or ""
+            self._adopt(self.store.name("res", request_id), owner)
         hub = self.hub
         hub.core.remote_reply(request_id, frame, hub.clock())
         hub.settle()
 
-    def _adopt(self, name: str) -> None:
-        """A body file another relay wrote into the shared store is ours to track now."""
+    def _adopt(self, name: str, owner: str) -> None:
+        """A body file another relay wrote into the shared store is ours to track now (and
+        to remove when its request is over)."""
         try:
             size = self.store.path(name).stat().st_size
         except (OSError, ValueError):  # gone already, or not a body file's name
             return
-        self.store.adopt(name, size)
+        self.store.adopt(name, size, owner)
 
     def _instance_gone(self, instance: str) -> None:
         """The relay that took these requests died: their clients get 503 now rather than
@@ -171,7 +173,7 @@ class RedisBridge:
                 self.store.remove(body)  # expired: nobody will fetch it
             return
         if body is not None:
-            self._adopt(body)
+            self._adopt(body, tenant)
         hub = self.hub
         now = hub.clock()
         if not hub.core.take_remote(tenant, message, now + remaining, origin, body, now):

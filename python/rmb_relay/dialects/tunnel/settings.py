@@ -4,12 +4,26 @@ it has one (spec §14)."""
 from __future__ import annotations
 
 import argparse
-import tempfile
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from rmb_relay.dialects.tunnel.tenants import ACK_MODES
 from rmb_relay.errors import ConfigError
+
+#: the body store's bounds: one body, one tenant's files, every file (bytes)
+DEFAULT_MAX_BODY = 1 << 30
+DEFAULT_TENANT_DISK = 2 << 30
+DEFAULT_TOTAL_DISK = 8 << 30
+
+
+def default_body_store() -> Path:
+    """`$XDG_STATE_HOME/rmb-relay/bodies`, else `~/.local/state/rmb-relay/bodies`: a directory
+    of this user's, not the shared temp directory, where anyone may have made it first."""
+    base = os.environ.get("XDG_STATE_HOME", "")
+    root = Path(base) if base and Path(base).is_absolute() else Path.home() / ".local" / "state"
+    return root / "rmb-relay" / "bodies"
+
 
 #: bodies up to this size travel inside the websocket message (RelayServer's SignalR threshold)
 INLINE_LIMIT = 16 * 1024
@@ -38,6 +52,12 @@ class TunnelSettings:
     require_connection: bool = False
     inline_limit: int = INLINE_LIMIT
     body_store: str = ""
+    #: one request's or response's body at most (bytes); a larger one is answered 413
+    max_body: int = DEFAULT_MAX_BODY
+    #: bytes of body files one tenant's requests and responses may hold on disk at once
+    tenant_disk: int = DEFAULT_TENANT_DISK
+    #: bytes of body files of all tenants at once
+    total_disk: int = DEFAULT_TOTAL_DISK
     #: embedded token lifetime (seconds)
     token_ttl: int = 300
     oidc_issuer: str | None = None
@@ -52,6 +72,9 @@ class TunnelSettings:
     #: tenant lookups kept at most besides tenants with connectors or requests here (a client
     #: naming ever new tenants costs bounded memory)
     tenant_cache_max: int = 10_000
+    #: tenant and target names as metric labels (else every series says "*": /metrics is
+    #: often less protected than the management API, and names are the tenants' business)
+    tenant_labels: bool = False
     #: answer a request from a connector of this relay when there is one (scale-out shortcut)
     shortcut: bool = True
     #: in-memory bytes of requests held until answered, per tenant and in all (the hub's
@@ -80,7 +103,14 @@ class TunnelSettings:
         if self.management_key is not None and len(self.management_key) < 16:
             raise ConfigError("--management-key must be at least 16 characters")
         if not self.body_store:
-            self.body_store = str(Path(tempfile.gettempdir()) / "rmb-relay-bodies")
+            self.body_store = str(default_body_store())
+        for flag, value in (
+            ("--tunnel-max-body", self.max_body),
+            ("--tunnel-tenant-disk", self.tenant_disk),
+            ("--tunnel-total-disk", self.total_disk),
+        ):
+            if value <= 0:
+                raise ConfigError(f"{flag} must be positive")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TunnelSettings:
@@ -93,6 +123,9 @@ class TunnelSettings:
             balance=args.tunnel_balance,
             require_connection=args.tunnel_require_connection,
             body_store=args.tunnel_body_store or "",
+            max_body=args.tunnel_max_body,
+            tenant_disk=args.tunnel_tenant_disk,
+            total_disk=args.tunnel_total_disk,
             token_ttl=args.tunnel_token_ttl,
             oidc_issuer=args.oidc_issuer,
             oidc_audience=args.oidc_audience,
@@ -102,6 +135,7 @@ class TunnelSettings:
             tenant_bytes=args.tunnel_tenant_bytes,
             total_bytes=args.tunnel_total_bytes,
             tenant_cache_max=args.tunnel_tenant_cache,
+            tenant_labels=args.tunnel_tenant_labels,
         )
 
 
@@ -178,8 +212,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--tunnel-body-store",
         metavar="DIR",
-        help="directory of bodies over 16 KiB (shared by relays on one host); "
-        "default: $TMPDIR/rmb-relay-bodies",
+        help="private directory (0700, this user's) of bodies over 16 KiB, shared by relays "
+        "on one host; default: $XDG_STATE_HOME/rmb-relay/bodies, else "
+        "~/.local/state/rmb-relay/bodies",
+    )
+    group.add_argument(
+        "--tunnel-max-body",
+        type=int,
+        default=d.max_body,
+        metavar="BYTES",
+        help="largest request or response body; a larger one is answered 413 while it streams "
+        '(metric rmb_relay_tunnel_bodies_refused_total{limit="body"})',
+    )
+    group.add_argument(
+        "--tunnel-tenant-disk",
+        type=int,
+        default=d.tenant_disk,
+        metavar="BYTES",
+        help="bytes of body files one tenant may hold in the body store at once (413 beyond; "
+        "metric rmb_relay_tunnel_body_store_bytes)",
+    )
+    group.add_argument(
+        "--tunnel-total-disk",
+        type=int,
+        default=d.total_disk,
+        metavar="BYTES",
+        help="bytes of body files all tenants may hold in the body store at once (413 beyond)",
     )
     group.add_argument(
         "--tunnel-tenant-cache",
@@ -188,6 +246,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="tenant lookups (found or not) kept for 10 s besides the tenants with connectors "
         "or requests here; beyond it the oldest go (metric rmb_relay_tunnel_tenants_cached)",
+    )
+    group.add_argument(
+        "--tunnel-tenant-labels",
+        action="store_true",
+        help="label the tunnel's metrics with tenant and target names (default: every series "
+        "says '*', so /metrics does not list the tenants to whoever can read it)",
     )
     group.add_argument(
         "--tunnel-token-ttl",

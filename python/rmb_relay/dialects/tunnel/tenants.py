@@ -45,7 +45,7 @@ ACK_MODES = {"disabled": 0, "connectorreceived": 1, "connectorfinished": 2, "man
 _SCRYPT_N, _SCRYPT_R, _SCRYPT_P = 1 << 14, 8, 1
 _COLUMNS = (
     "name, display_name, description, secret_hash, require_authentication, max_concurrent, "
-    "ack_mode, created"
+    "ack_mode, created, forward_authorization"
 )
 
 
@@ -106,6 +106,10 @@ class Tenant:
     ack_mode: int | None = None
     #: unix seconds
     created: int = 0
+    #: with `require_authentication`, the client's `Authorization` (the relay's token) still
+    #: reaches the target; otherwise it is dropped there (a tenant without required auth
+    #: passes its clients' Authorization on: it is theirs, for the target)
+    forward_authorization: bool = False
 
     @property
     def normalized(self) -> str:
@@ -120,6 +124,7 @@ class Tenant:
             "requireAuthentication": self.require_authentication,
             "maximumConcurrentConnectorRequests": self.max_concurrent,
             "acknowledgeMode": self.ack_mode,
+            "forwardAuthorization": self.forward_authorization,
             "hasSecret": self.secret_hash is not None,
         }
 
@@ -165,7 +170,7 @@ class TenantStore:
         if self.get(tenant.name) is not None:
             raise ConfigError(f"tenant {tenant.name!r} exists already")
         self._run(
-            f"INSERT INTO tunnel_tenants (normalized, {_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?)",
+            f"INSERT INTO tunnel_tenants (normalized, {_COLUMNS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
             (tenant.normalized, *_row(tenant)),
         )
         return tenant
@@ -176,8 +181,9 @@ class TenantStore:
         _check_fields(tenant)
         cursor = self._run(
             "UPDATE tunnel_tenants SET name=?, display_name=?, description=?, secret_hash=?, "
-            "require_authentication=?, max_concurrent=?, ack_mode=? WHERE normalized=?",
-            (*_row(tenant)[:-1], tenant.normalized),
+            "require_authentication=?, max_concurrent=?, ack_mode=?, forward_authorization=? "
+            "WHERE normalized=?",
+            (*_row(tenant)[:7], int(tenant.forward_authorization), tenant.normalized),
         )
         return cursor.rowcount > 0
 
@@ -214,7 +220,9 @@ class TenantStore:
         return key
 
     def _tenant(self, row: tuple[object, ...]) -> Tenant:
-        name, display, description, secret_hash, require, max_concurrent, ack, created = row
+        name, display, description, secret_hash, require, max_concurrent, ack, created, forward = (
+            row
+        )
         if not (
             isinstance(name, str)
             and isinstance(display, str)
@@ -224,10 +232,19 @@ class TenantStore:
             and isinstance(max_concurrent, int)
             and isinstance(ack, int | None)
             and isinstance(created, int)
+            and isinstance(forward, int)
         ):
             raise ConfigError(f"tenant store {self.path}: tenant {name!r} has a malformed row")
         return Tenant(
-            name, display, description, secret_hash, bool(require), max_concurrent, ack, created
+            name,
+            display,
+            description,
+            secret_hash,
+            bool(require),
+            max_concurrent,
+            ack,
+            created,
+            bool(forward),
         )
 
     def close(self) -> None:
@@ -264,4 +281,5 @@ def _row(tenant: Tenant) -> tuple[object, ...]:
         tenant.max_concurrent,
         tenant.ack_mode,
         tenant.created,
+        int(tenant.forward_authorization),
     )

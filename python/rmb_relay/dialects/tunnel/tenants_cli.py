@@ -37,6 +37,12 @@ def _fields(parser: argparse.ArgumentParser) -> None:
         "--max-concurrent", type=int, metavar="N", help="requests in flight at once, 0 = default"
     )
     parser.add_argument("--ack-mode", choices=(*ACK_MODES, "default"), help="acknowledgement mode")
+    parser.add_argument(
+        "--forward-authorization",
+        choices=("yes", "no"),
+        help="with --require-auth yes: the client's Authorization header (the relay's token) "
+        "still reaches the targets (default no: it is dropped)",
+    )
 
 
 def build_parser(prog: str) -> argparse.ArgumentParser:
@@ -75,6 +81,8 @@ def _apply(tenant: Tenant, args: argparse.Namespace) -> tuple[Tenant, str | None
         if args.max_concurrent < 0:
             raise ConfigError("--max-concurrent must not be negative")
         changes["max_concurrent"] = args.max_concurrent
+    if args.forward_authorization is not None:
+        changes["forward_authorization"] = args.forward_authorization == "yes"
     if args.ack_mode is not None:
         changes["ack_mode"] = None if args.ack_mode == "default" else ACK_MODES[args.ack_mode]
     generated = None

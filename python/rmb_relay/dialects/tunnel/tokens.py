@@ -6,7 +6,12 @@ the key kept in the tenant store (so every relay on that file accepts it). With
 `--oidc-issuer/--oidc-audience` the relay also accepts any token of that provider: its JWKS is
 found through the discovery document and cached by PyJWT's `PyJWKClient` (maintained code for
 key rotation and `kid` lookup, rather than ours). Either way a token names its tenant in
-`client_id` and must carry the scope `connector`, as RelayServer's.
+`client_id`, and its scopes say what it is for: `connector` (a connector's websocket and body
+side channels, as RelayServer's) or `client` (a client request of a tenant that requires a
+token). One is not the other: a client's token cannot attach a connector.
+
+An embedded token carries a fingerprint of its tenant's secret (`sv`): once the secret is
+changed (or the tenant removed) the tokens issued with the old one are refused.
 
 Time: expiry is checked here against the clock passed in (PyJWT's own time checks are off), so
 tests move time instead of waiting for it.
@@ -21,10 +26,12 @@ tokens are never kept: each presentation takes the full check and gets its 401 w
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import math
 import secrets
 import urllib.request
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from rmb_relay.clock import Clock, seconds, wall_clock
@@ -45,6 +52,10 @@ EMBEDDED_ISSUER = "rmb-relay"
 EMBEDDED_AUDIENCE = "relayserver"
 #: the scope a connector token must hold
 CONNECTOR_SCOPE = "connector"
+#: the scope a client's token must hold (tenants with requireAuthentication)
+CLIENT_SCOPE = "client"
+#: the roles a token's scopes give, as the hub keeps them (rust/dialects/tunnel/hub.rs ROLE_*)
+ROLES = {CONNECTOR_SCOPE: 1, CLIENT_SCOPE: 2}
 #: asymmetric algorithms accepted from an OIDC provider (never `none`, never HS*: a public
 #: JWKS key must not be usable as an HMAC secret)
 OIDC_ALGORITHMS = ["RS256", "RS384", "RS512", "PS256", "ES256", "ES384", "EdDSA"]
@@ -59,15 +70,27 @@ _NO_TIME_CHECKS: jwt.types.Options = {
 }
 
 
-def _tenant_of(claims: dict[str, Any]) -> str:
+def fingerprint(secret_hash: str | None) -> str | None:
+    """What an embedded token carries of its tenant's secret (`sv`): changes with the secret."""
+    if secret_hash is None:
+        return None
+    return hashlib.sha256(secret_hash.encode()).hexdigest()[:16]
+
+
+def _tenant_of(claims: dict[str, Any]) -> tuple[str, int]:
+    """The tenant a token is for and the roles its scopes give (`ROLES`)."""
     tenant = claims.get("client_id")
     if not isinstance(tenant, str) or not tenant:
         raise AuthError(401, "token has no client_id claim")
     scope = claims.get("scope", "")
     scopes = scope.split() if isinstance(scope, str) else scope
-    if not isinstance(scopes, list) or CONNECTOR_SCOPE not in scopes:
-        raise AuthError(401, f"token lacks the scope {CONNECTOR_SCOPE!r}")
-    return tenant
+    roles = 0
+    if isinstance(scopes, list):
+        for name in scopes:
+            roles |= ROLES.get(name, 0) if isinstance(name, str) else 0
+    if not roles:
+        raise AuthError(401, f"token lacks the scope {CONNECTOR_SCOPE!r} or {CLIENT_SCOPE!r}")
+    return tenant, roles
 
 
 def _check_time(claims: dict[str, Any], now: int) -> float:
@@ -108,14 +131,10 @@ class OidcVerifier:
             raise AuthError(401, f"OIDC discovery document at {url} names no jwks_uri")
         return jwt.PyJWKClient(jwks_uri, cache_keys=True, lifespan=JWKS_LIFESPAN)
 
-    async def verify(self, token: str) -> str:
-        """The tenant the token is for; AuthError when it is not valid."""
-        return (await self.check(token))[0]
-
-    async def check(self, token: str) -> tuple[str, float]:
-        """The tenant the token is for and the last unix second the verdict may be relied on:
-        its expiry, and at most one JWKS lifespan from now (the key that verified it is
-        trusted no longer without fetching the set again); AuthError when it is not valid."""
+    async def check(self, token: str) -> tuple[str, float, int]:
+        """The tenant the token is for, the last unix second the verdict may be relied on (its
+        expiry, and at most one JWKS lifespan from now: the key that verified it is trusted no
+        longer without fetching the set again) and its roles; AuthError when it is not valid."""
         import jwt
 
         try:
@@ -136,17 +155,18 @@ class OidcVerifier:
             raise AuthError(401, f"token refused: {err}") from None
         now = seconds(self.clock())
         until = _check_time(claims, now)
-        return _tenant_of(claims), min(until, now + JWKS_LIFESPAN)
+        tenant, roles = _tenant_of(claims)
+        return tenant, min(until, now + JWKS_LIFESPAN), roles
 
 
 class TokenCache(Protocol):
     """Where verdicts are kept (the tunnel's hub, `_core.TunnelHub`)."""
 
-    def known_token(self, token: str, wall: int, /) -> str | None:
-        """The tenant claim of a token that passed and is still good at `wall` (unix s)."""
+    def known_token(self, token: str, wall: int, /) -> tuple[str, int] | None:
+        """The tenant claim and roles of a token that passed and is still good at `wall`."""
 
-    def add_token(self, token: str, tenant: str, until: int, /) -> None:
-        """A token that passed, for `tenant`, good up to the unix second `until`."""
+    def add_token(self, token: str, tenant: str, until: int, roles: int, /) -> None:
+        """A token that passed, for `tenant` and `roles`, good up to the unix second `until`."""
 
 
 class TokenAuthority:
@@ -160,8 +180,11 @@ class TokenAuthority:
         clock: Clock = wall_clock,
         oidc: OidcVerifier | None = None,
         cache: TokenCache | None = None,
+        secret_of: Callable[[str], str | None] | None = None,
     ) -> None:
-        """`cache`: where verdicts are kept (None: every token is checked every time)."""
+        """`cache`: where verdicts are kept (None: every token is checked every time);
+        `secret_of`: the fingerprint of a tenant's current secret (None: no such tenant, or
+        no secret), which an embedded token must carry (None here: not checked)."""
         if ttl <= 0:
             raise ConfigError("--tunnel-token-ttl must be positive")
         self._key = key
@@ -169,37 +192,44 @@ class TokenAuthority:
         self.clock = clock
         self.oidc = oidc
         self.cache = cache
+        self.secret_of = secret_of
 
-    def issue(self, tenant: str) -> str:
+    def issue(self, tenant: str, scope: str = CONNECTOR_SCOPE) -> str:
+        """An embedded token of `tenant` for `scope` (space-separated scopes of `ROLES`)."""
         import jwt
 
         now = seconds(self.clock())
-        claims = {
+        claims: dict[str, Any] = {
             "iss": EMBEDDED_ISSUER,
             "aud": EMBEDDED_AUDIENCE,
             "client_id": tenant,
-            "scope": CONNECTOR_SCOPE,
+            "scope": scope,
             "iat": now,
             "exp": now + self.ttl,
             "jti": secrets.token_urlsafe(12),
         }
+        if self.secret_of is not None:
+            claims["sv"] = self.secret_of(tenant)
         return jwt.encode(claims, self._key, algorithm="HS256")
 
-    async def verify(self, token: str) -> str:
-        """The tenant name the token is for; AuthError otherwise. A token that passes is
-        remembered until its end, and found there the next time."""
+    async def verify(self, token: str, role: str = CONNECTOR_SCOPE) -> str:
+        """The tenant name the token is for, when its scopes allow `role` (`ROLES`);
+        AuthError otherwise. A token that passes is remembered until its end, and found there
+        the next time."""
         cache = self.cache
-        if cache is not None:
-            tenant = cache.known_token(token, seconds(self.clock()))
-            if tenant is not None:
-                return tenant
-        tenant, until = await self._check(token)
-        if cache is not None:
-            cache.add_token(token, tenant, math.floor(until))
+        known = cache.known_token(token, seconds(self.clock())) if cache is not None else None
+        if known is not None:
+            tenant, roles = known
+        else:
+            tenant, until, roles = await self._check(token)
+            if cache is not None:
+                cache.add_token(token, tenant, math.floor(until), roles)
+        if not roles & ROLES[role]:
+            raise AuthError(401, f"the token's scope does not include {role!r}")
         return tenant
 
-    async def _check(self, token: str) -> tuple[str, float]:
-        """The full check: the tenant and the last unix second the token is good."""
+    async def _check(self, token: str) -> tuple[str, float, int]:
+        """The full check: the tenant, the last unix second the token is good, its roles."""
         import jwt
 
         try:
@@ -223,7 +253,12 @@ class TokenAuthority:
         except jwt.PyJWTError as err:
             raise AuthError(401, f"token refused: {err}") from None
         until = _check_time(claims, seconds(self.clock()))
-        return _tenant_of(claims), until
+        tenant, roles = _tenant_of(claims)
+        if self.secret_of is not None and claims.get("sv") != self.secret_of(tenant):
+            raise AuthError(
+                401, "token issued before the tenant's secret changed, or for no tenant"
+            )
+        return tenant, until, roles
 
 
 def bearer(authorization: bytes | None) -> str | None:

@@ -1,0 +1,1 @@
+"""Envelope classes generated from proto/ by `make proto` (committed: every install path has them)."""

@@ -1,0 +1,129 @@
+"""The fate of every message a sender was told was accepted.
+
+Senders report each message they sent (`sent`), and what they heard back: the answer
+(`answered`) or an error the relay or the receiver sent (`refused`). Receivers report each
+delivery (`delivered`), so a message delivered twice is seen even when the sender hears one
+answer. At the end (`report`), each message is:
+
+- delivered once / delivered more than once: its answer came back (the receiver's count says
+  how often it was delivered);
+- refused: the sender was told it failed (an error envelope, a refusal it saw);
+- silently lost: neither. The sender was never told, which is the one fate a relay must not
+  allow for anything it accepted.
+
+For one-way dialects (SBD, 신경 SEND) a message with no answer counts as delivered when the
+receiver saw it (`one_way=True`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter, deque
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Fates:
+    accepted: int
+    delivered_once: int
+    delivered_more: int
+    refused: int
+    lost: int
+    #: the first few lost ids (for a failing test's message)
+    lost_ids: tuple[str, ...] = ()
+    refusals: tuple[str, ...] = ()
+
+    def line(self) -> str:
+        return (
+            f"accepted {self.accepted}, delivered once {self.delivered_once}, twice or more "
+            f"{self.delivered_more}, refused {self.refused}, silently lost {self.lost}"
+        )
+
+
+@dataclass
+class Checker:
+    one_way: bool = False
+    _sent: dict[str, float] = field(default_factory=dict)
+    _answered: set[str] = field(default_factory=set)
+    _refused: dict[str, str] = field(default_factory=dict)
+    _deliveries: Counter[str] = field(default_factory=Counter)
+    _settled: asyncio.Event = field(default_factory=asyncio.Event)
+    #: sent, fate not known yet
+    _open: set[str] = field(default_factory=set)
+    #: the last answers, newest last (what `answered_since` looks at)
+    _recent: deque[str] = field(default_factory=lambda: deque(maxlen=64))
+
+    def sent(self, message: str, at: float = 0.0) -> None:
+        self._sent[message] = at
+        self._open.add(message)
+        self._settled.clear()
+
+    def answered(self, message: str) -> None:
+        self._answered.add(message)
+        self._recent.append(message)
+        self._known(message)
+
+    def refused(self, message: str, why: str) -> None:
+        self._refused.setdefault(message, why)
+        self._known(message)
+
+    def delivered(self, message: str) -> None:
+        self._deliveries[message] += 1
+        if self.one_way:
+            self._known(message)
+
+    @property
+    def answered_count(self) -> int:
+        return len(self._answered)
+
+    def answered_since(self, prefix: str, mark: int) -> bool:
+        """Whether a message numbered `mark` or later (ids `<prefix><n>`) was answered."""
+        return any(int(m[len(prefix) :]) >= mark for m in self._recent)
+
+    @property
+    def outstanding(self) -> int:
+        """Accepted messages whose fate is not known yet."""
+        return len(self._open)
+
+    def _known(self, message: str) -> None:
+        self._open.discard(message)
+        self._check_settled()
+
+    def _check_settled(self) -> None:
+        if not self._open:
+            self._settled.set()
+
+    async def settle(self, timeout: float) -> bool:
+        """Wait until every accepted message has a known fate, at most `timeout` s (what is
+        still unknown then counts as lost). True when all settled."""
+        self._check_settled()
+        try:
+            await asyncio.wait_for(self._settled.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def report(self) -> Fates:
+        once = more = refused = 0
+        lost: list[str] = []
+        for message in self._sent:
+            count = self._deliveries[message]
+            if message in self._answered or (self.one_way and count):
+                if count > 1:
+                    more += 1
+                else:
+                    once += 1
+            elif message in self._refused:
+                refused += 1
+            else:
+                lost.append(message)
+        reasons = Counter(self._refused.values())
+        return Fates(
+            len(self._sent),
+            once,
+            more,
+            refused,
+            len(lost),
+            tuple(lost[:10]),
+            tuple(f"{why} x{n}" for why, n in reasons.most_common(5)),
+        )

@@ -1,0 +1,206 @@
+"""Hostile connections against a real relay process (issue 33, "every connection pays for what
+it causes"): a client that asks for answers and never reads them stops being read once its own
+output is over the write high-water mark, so the relay's memory stays bounded; it is served
+again once it reads, and loses nothing; honest clients in parallel are served all along; the
+relay logs no traceback."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import WAIT
+from tests.helpers import RawWebSocket, eventually, http_exchange
+from tests.redis_process import free_port
+from tests.relay_process import RelayProcess
+from tests.sbd_client import SbdClient
+from tests.scrape import scrape
+
+#: relay RSS growth allowed while a client does not read: the 1 MiB write high-water mark,
+#: one read of its requests in the parser, the kernel's socket buffers are not ours, plus
+#: the allocator's slack
+RSS_GROWTH_MIB = 24
+#: requests the greedy client pipelines: answered all, their /metrics pages are ~100 MiB that
+#: an unbounded relay would have queued in memory
+PIPELINED = 4000
+REQUEST = b"GET /metrics HTTP/1.1\r\nHost: relay\r\n\r\n"
+STATUS_LINE = b"HTTP/1.1 200 OK\r\n"
+
+
+@pytest.fixture
+def relay() -> Iterator[RelayProcess]:
+    process = RelayProcess("--sbd-disable-rate-limit")
+    try:
+        yield process
+    finally:
+        process.close()
+
+
+async def _greedy_connection(
+    host: str, port: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection with a small receive buffer, so the relay's output backs up at once."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, port))
+    return await asyncio.open_connection(sock=sock, limit=1 << 20)
+
+
+async def _reply_pauses(relay: RelayProcess, dialect: str) -> bool:
+    """Whether the relay has stopped reading a connection of `dialect` for its own output."""
+    page = await scrape(*relay.address)
+    try:
+        return page.value("rmb_relay_reply_backpressure_pauses_total", dialect=dialect) > 0
+    except KeyError:
+        return False
+
+
+async def _count(reader: asyncio.StreamReader, marker: bytes, wanted: int) -> int:
+    """Read until `marker` has been seen `wanted` times (a marker split across reads counts)."""
+    seen, tail = 0, b""
+    while seen < wanted:
+        chunk = await asyncio.wait_for(reader.read(1 << 20), WAIT)
+        if not chunk:
+            break
+        data = tail + chunk
+        seen += data.count(marker)
+        tail = data[-(len(marker) - 1) :]
+        seen -= tail.count(marker)  # (a tail shorter than the marker holds none)
+    return seen
+
+
+@contextlib.asynccontextmanager
+async def honest_health(relay: RelayProcess) -> AsyncIterator[None]:
+    """`/health` asked in a loop while the block runs: every answer must be 200."""
+    stop = asyncio.Event()
+
+    async def ask() -> list[bytes]:
+        answers = []
+        request = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        while not stop.is_set():
+            answers.append(await http_exchange(*relay.address, request))
+        return answers
+
+    task = asyncio.ensure_future(ask())
+    try:
+        yield
+    finally:
+        stop.set()
+        answers = await asyncio.wait_for(task, WAIT)
+    assert answers
+    assert all(answer.startswith(b"HTTP/1.1 200") for answer in answers)
+
+
+async def test_pipelined_requests_never_read_stop_being_read(relay: RelayProcess) -> None:
+    async with honest_health(relay):
+        await _pipeline_and_never_read(relay)
+    assert relay.stop() == 0
+    assert not relay.problems, relay.problems
+
+
+async def _pipeline_and_never_read(relay: RelayProcess) -> None:
+    rss_before = relay.rss_mib()
+    reader, writer = await _greedy_connection(*relay.address)
+    writer.write(REQUEST * PIPELINED)
+    await eventually(lambda: _reply_pauses(relay, "http"), timeout=WAIT)
+
+    async def answered() -> float:
+        page = await scrape(*relay.address)
+        return page.value("rmb_relay_http_requests_total", method="GET", status="200")
+
+    # the relay stays paused: what it has answered so far fits its high-water mark
+    assert await answered() < PIPELINED / 2
+    assert relay.rss_mib() - rss_before < RSS_GROWTH_MIB
+    # once the client reads, every request is answered, in order
+    assert await _count(reader, STATUS_LINE, PIPELINED) == PIPELINED
+    writer.close()
+
+
+async def test_pings_never_read_stop_the_websocket_being_read(relay: RelayProcess) -> None:
+    async with honest_health(relay):
+        await _ping_and_never_read(relay)
+    assert relay.stop() == 0
+    assert not relay.problems, relay.problems
+
+
+async def _ping_and_never_read(relay: RelayProcess) -> None:
+    greedy = await SbdClient.connect(*relay.address)
+    ws: RawWebSocket = greedy.ws
+    a = await SbdClient.connect(*relay.address)
+    b = await SbdClient.connect(*relay.address)
+    rss_before = relay.rss_mib()
+    ping = ws.encoder.ping(b"p" * 125)
+    sent = 100_000  # 12.7 MB of pongs: more than the kernel buffers between us
+    ws.send_raw(ping * sent)
+    await eventually(lambda: _reply_pauses(relay, "sbd"), timeout=WAIT)
+    assert relay.rss_mib() - rss_before < RSS_GROWTH_MIB
+    # honest SBD clients still forward to each other meanwhile
+    a.ws.send_binary(b.pubkey + b"hello")
+    assert await b.next_message() == a.pubkey + b"hello"
+    # the greedy one reads: every ping was answered
+    pong_frame = b"\x8a\x7d" + b"p" * 125
+    assert await _count(ws.reader, pong_frame, sent) == sent
+    for client in (greedy, a, b):
+        client.ws.close()
+
+
+async def test_metrics_listen_moves_the_operations_routes_off_the_public_listener() -> None:
+    ops_port = free_port()
+    relay = RelayProcess("--metrics-listen", f"127.0.0.1:{ops_port}", "--no-tunnel")
+    try:
+        line = relay.wait_for_line("open to strangers")
+        assert "federation POST /" in line
+        assert "sbd: any key may connect" in line
+        assert "/metrics" not in line  # moved off the public listener
+        host, port = relay.address
+        async with (
+            httpx.AsyncClient(base_url=f"http://{host}:{port}", timeout=WAIT) as public,
+            httpx.AsyncClient(base_url=f"http://{host}:{ops_port}", timeout=WAIT) as ops,
+        ):
+            for path in ("/metrics", "/health", "/monitor/server"):
+                assert (await public.get(path)).status_code == 404, path
+                assert (await ops.get(path)).status_code == 200, path
+            # nothing else is served on the operations listener: no route, no upgrade
+            assert (await ops.post("/", content=b"x")).status_code == 404
+            upgrade = {
+                "Upgrade": "websocket",
+                "Connection": "Upgrade",
+                "Sec-WebSocket-Version": "13",
+            }
+            upgrade["Sec-WebSocket-Key"] = "dGhlIHNhbXBsZSBub25jZQ=="
+            assert (await ops.get("/AAAA", headers=upgrade)).status_code == 404
+            # the public one still serves the dialects
+            assert (await public.post("/", content=b"x")).status_code == 400
+        assert relay.stop() == 0
+        assert not relay.problems, relay.problems
+    finally:
+        relay.close()
+
+
+async def test_default_relay_says_what_is_open_in_one_line() -> None:
+    relay = RelayProcess()
+    try:
+        line = relay.wait_for_line("open to strangers")
+        for surface in ("rmb: federation POST /", "sbd: any key", "on the public listener"):
+            assert surface in line, line
+        assert sum("open to strangers" in logged for logged in relay.log) == 1
+    finally:
+        relay.close()
+
+
+async def test_per_ip_caps_group_ipv6_by_prefix() -> None:
+    from rmb_relay.config import ListenerConfig
+    from rmb_relay.server.listener import RelayServer
+
+    server = RelayServer(ListenerConfig(ipv6_prefix=64))
+    assert server.ip_key("2001:db8:0:1::a") == server.ip_key("2001:db8:0:1:ffff::b")
+    assert server.ip_key("2001:db8:0:2::a") != server.ip_key("2001:db8:0:1::a")
+    assert server.ip_key("192.0.2.1") == "192.0.2.1"
+    per_host = RelayServer(ListenerConfig(ipv6_prefix=128))
+    assert per_host.ip_key("2001:db8:0:1::a") != per_host.ip_key("2001:db8:0:1::b")
