@@ -171,7 +171,7 @@ class Proxy:
         if method not in WITHOUT_BODY and not has_body:
             return _error(400, f'{method} requests need a body (send "" for none)')
         try:
-            query = parse(target)
+            query = parse(target, self.dialect.settings.query_limits)
         except QueryError as err:
             return _error(400, str(err))
         receivers = self.dialect.resolve(query, broadcast=False)
