@@ -214,7 +214,6 @@ mod tests {
         assert_eq!((r.kind, r.name, r.frame), (MESSAGE, &b"r:1"[..], &b"a"[..]));
         assert_eq!(read_record(&entry, r.next).unwrap().name, b"r:2:x");
     }
-
 }
 
 pub mod py {

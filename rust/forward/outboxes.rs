@@ -730,10 +730,10 @@ pub mod py {
 
     use super::Spares;
     use crate::codec::ws::{OP_BINARY, OP_TEXT};
-    use crate::lent::py::fill_read_only_view;
     use crate::forward::maps::IdMap;
     use crate::forward::routes::py::RouteTable;
     use crate::forward::routes::ConnId;
+    use crate::lent::py::fill_read_only_view;
 
     /// A taken outbox's bytes, lent to the transport through the buffer protocol (no copy);
     /// the buffer goes back to the outboxes' spares when the transport lets go of it.
@@ -999,7 +999,9 @@ pub mod py {
             offset: usize,
             max_bytes: usize,
         ) -> (usize, u64) {
-            let placed = self.inner.place_crossed(&routes.inner, data, offset, max_bytes);
+            let placed = self
+                .inner
+                .place_crossed(&routes.inner, data, offset, max_bytes);
             (placed.next, placed.records)
         }
 

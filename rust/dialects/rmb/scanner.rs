@@ -393,10 +393,10 @@ pub mod py {
         decide, local_destination, over_limit, scan_rmb, seconds, store_deadline, Decision,
         RmbRouting, RmbSession,
     };
+    use crate::codec::mask::Payload;
     use crate::codec::scanner::py::Scanner;
     use crate::codec::scanner::{ScanFeed, Scanned};
     use crate::codec::ws::py::payload_bytes;
-    use crate::codec::mask::Payload;
     use crate::dialects::rmb::envelope::py::EnvelopeRouting;
     use crate::forward::outboxes::py::{open_outboxes, Outboxes};
     use crate::forward::routes::py::RouteTable;

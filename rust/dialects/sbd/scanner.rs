@@ -364,10 +364,10 @@ pub mod py {
     use pyo3::types::PyBytes;
 
     use super::{write_forward, SbdKind};
+    use crate::codec::mask::Payload;
     use crate::codec::scanner::py::Scanner;
     use crate::codec::scanner::{ScanFeed, Scanned};
     use crate::codec::ws::py::payload_bytes;
-    use crate::codec::mask::Payload;
     use crate::codec::ws::OP_BINARY;
     use crate::dialects::sbd::header::HEADER_LEN;
     use crate::error::Error;

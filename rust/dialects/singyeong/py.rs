@@ -12,10 +12,10 @@ use super::index::{rendezvous_weight, Client};
 use super::query::{self, Bound as Limit, Limits, Metadata, Query, QueryError, Selector};
 use super::value::Value;
 use super::{dispatch_text, read, Decision, Frame, Gateway, QueueFrame};
+use crate::codec::mask::Payload;
 use crate::codec::scanner::py::Scanner;
 use crate::codec::scanner::{ScanFeed, Scanned};
 use crate::codec::ws::py::{message_event, payload_bytes};
-use crate::codec::mask::Payload;
 use crate::error::CoreError;
 use crate::forward::outboxes::py::{open_outboxes, Outboxes};
 

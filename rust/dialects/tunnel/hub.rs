@@ -2693,10 +2693,10 @@ pub mod py {
     use super::{Body, Config, Effect, Hub, Outcome, Step, TenantSettings, Waiter};
     use crate::codec::http::py::{events_list, HttpRequest, HttpStreamParser};
     use crate::codec::http::{encode_response, Event};
+    use crate::codec::mask::Payload;
     use crate::codec::scanner::py::Scanner;
     use crate::codec::scanner::{ScanFeed, Scanned};
     use crate::codec::ws::py::payload_bytes;
-    use crate::codec::mask::Payload;
     use crate::forward::outboxes::py::{open_outboxes, Outboxes};
     use crate::forward::routes::ConnId;
 
