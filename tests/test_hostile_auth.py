@@ -195,3 +195,23 @@ async def test_a_full_auth_pool_answers_503_at_once(tmp_path: Path) -> None:
         assert not relay.problems, relay.problems
     finally:
         relay.close()
+
+
+async def test_sbd_tokens_handed_out_are_bounded() -> None:
+    """Without an auth hook anyone gets an SBD token; the live ones are bounded
+    (--sbd-max-tokens), the rest 503 with Retry-After, counted as busy."""
+    relay = RelayProcess("--no-tunnel", "--sbd-max-tokens", "3")
+    try:
+        rss_before = relay.rss_mib()
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{relay.port}", timeout=WAIT) as c:
+            answers = [await c.put("/authenticate", content=b"{}") for _ in range(5)]
+        assert [a.status_code for a in answers] == [200, 200, 200, 503, 503]
+        assert answers[3].headers["retry-after"] == "1"
+        assert "3 tokens are live" in answers[3].text
+        page = await scrape(*relay.address)
+        assert page.value("rmb_relay_auth_throttled_total", dialect="sbd", reason="busy") == 2
+        assert relay.rss_mib() - rss_before < RSS_GROWTH_MIB
+        assert relay.stop() == 0
+        assert not relay.problems, relay.problems
+    finally:
+        relay.close()
