@@ -9,7 +9,7 @@
 //! - `forward/`: every connection's pending output, the route table, what crosses to other
 //!   instances;
 //! - `dialects/`: each dialect's wire format and scanner (the fast path's decisions), and the
-//!   tunnel's and 신경 gateway's cores (being folded into `dialects/` by issue 32).
+//!   tunnel's and the 신경 gateway's cores.
 //!
 //! Each concern's pure-Rust core and unit tests live in its file, its Python-facing wrapper in
 //! a `py` submodule at the bottom of that file, registered here. Nothing in this crate touches
@@ -27,7 +27,6 @@ pub mod fuzzing;
 pub mod lent;
 pub mod limiter;
 pub mod records;
-pub mod singyeong;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -43,7 +42,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     forward::outboxes::py::register(m)?;
     forward::crossing::py::register(m)?;
     forward::routes::py::register(m)?;
-    singyeong::py::register(m)?;
+    dialects::singyeong::py::register(m)?;
     crypto::py::register(m)?;
     records::py::register(m)?;
     dialects::tunnel::wire::py::register(m)?;

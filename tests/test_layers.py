@@ -287,7 +287,7 @@ RUST_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("shared", ("", "error", "limiter", "crypto", "records", "lent")),
     ("codec", ("codec",)),
     ("forward", ("forward",)),
-    ("dialects", ("dialects", "singyeong", "sg_index")),
+    ("dialects", ("dialects",)),
     ("crate", ("fuzzing",)),
 )
 #: no dialect is named below the dialects layer

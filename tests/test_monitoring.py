@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -211,6 +212,27 @@ async def test_every_dialect_is_listed_with_its_identity_and_its_traffic(
     assert summary["totals"]["msgs_in"] >= 5 + 3 + 2
 
 
+async def top_once(relay: Relay) -> str:
+    """One screen of `rmb-relay top --once`, 80 columns wide."""
+    host, port = relay.address
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "rmb_relay",
+        "top",
+        "--once",
+        "--url",
+        f"http://{host}:{port}",
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "COLUMNS": "80", "LINES": "30"},
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), WAIT)
+    assert process.returncode == 0
+    screen = out.decode()
+    assert all(len(line) <= 80 for line in screen.splitlines())
+    return screen
+
+
 async def test_sorting_filtering_limits_and_paging(relay: Relay) -> None:
     host, port = relay.address
     async with AsyncExitStack() as stack:
@@ -321,6 +343,11 @@ async def test_a_receiver_that_does_not_read_shows_as_congested(relay: Relay) ->
         assert summary["connections"]["congested"] >= 1
         sorted_by_pending = await relay.rows("sort=pending&limit=1")
         assert sorted_by_pending[0]["who"] == who
+        # `top` lists it under congested, flagged C
+        screen = await top_once(relay)
+        congested_part = screen.split("congested (", 1)[1]
+        line = next(ln for ln in congested_part.splitlines() if ln.split()[:1] == [str(row["id"])])
+        assert line.rstrip().endswith("C")
 
 
 async def test_monitor_routes_are_served_to_connections_over_the_cap(
@@ -434,5 +461,10 @@ async def test_federation_view_shows_the_peer_relays_that_fail_and_those_that_ac
                 # the envelope for twin 3 waits for its retry: held by the queue
                 assert view["queue"]["depth"] == 1
                 assert (await peer.get("/monitor/server"))["mailbox"]["messages"] == 2
+                # `top` names the failing relay, not the one that accepts
+                screen = await top_once(relay)
+                failing = screen.split("failing peer relays", 1)[1]
+                assert dead in failing
+                assert alive not in failing
             finally:
                 await client.close()

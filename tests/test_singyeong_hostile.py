@@ -172,6 +172,7 @@ async def test_metadata_flood_is_refused_per_client(
     page = await scrape(*relay.address)
     assert page.value("rmb_relay_sg_refused_total", limit="metadata_bytes") == 41
     assert page.value("rmb_relay_sg_refused_total", limit="metadata_keys") == 1
+    assert page.value("rmb_relay_sg_refused_total", limit="id_length") == 2
     assert page.value("rmb_relay_sg_held_bytes", what="metadata") < 64 << 10
     assert growth < 24, f"relay RSS grew {growth:.1f} MiB"
 
@@ -563,7 +564,9 @@ async def test_proxy_connects_only_to_the_address_it_saw(
     page = await scrape(*relay.address)
     assert page.value("rmb_relay_sg_refused_total", limit="proxy_target") == 20
 
-    behind = start_relay("--trusted-ip-header", "X-Forwarded-For")
+    behind = start_relay(
+        "--trusted-ip-header", "X-Forwarded-For", "--sg-proxy-allow", "127.0.0.2/32"
+    )
     forwarded = await connect(behind, {"X-Forwarded-For": "10.9.9.9, 127.0.0.2"})
     await forwarded.identify("f", "fwd", ip=f"http://127.0.0.2:{port}")
     status, answer = await proxy(behind, "fwd")
@@ -602,7 +605,7 @@ async def test_proxy_requests_in_flight_are_bounded(
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", service.port).start()
     try:
-        relay = start_relay("--sg-proxy-concurrency", "4")
+        relay = start_relay("--sg-proxy-concurrency", "4", "--sg-proxy-allow", "127.0.0.1/32")
         honest = await Honest.start(connect, relay)
         slow = await connect(relay)
         await slow.identify("s", "slow", ip=f"http://127.0.0.1:{service.port}")

@@ -13,7 +13,7 @@ the switch keeps
 - the outboxes (Rust `Outboxes`: connection id -> pending output). The scanners of RMB, SBD
   and 신경 JSON connections hold them too, so a message for a local connection that may take
   it is framed straight into its outbox inside `feed` (the fast path, counted in `Outboxes`;
-  the 신경 gateway's SEND/BROADCAST DISPATCHes, `singyeong/native.py`, counted in its
+  the 신경 gateway's SEND/BROADCAST DISPATCHes, rust/dialects/singyeong/, counted in its
   `SgIndex`); anything else (offline, another instance, a receiver that is congested or held)
   reaches the dialect;
 - the mailbox (messages for offline sessions, in memory or Redis), drained through

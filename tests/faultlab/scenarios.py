@@ -13,7 +13,9 @@ from redis.crc import key_slot
 from rmb_relay.cluster import keys
 from tests.faultlab.checker import Checker, Fates
 from tests.faultlab.rmb import RmbRequests
+from tests.faultlab.sbd import SbdForwards
 from tests.faultlab.services import RedisNode
+from tests.faultlab.singyeong import SgQueue, SgSends
 from tests.faultlab.world import (
     ClusterNode,
     World,
@@ -254,3 +256,66 @@ async def rmb_chain_slow_then_down(
 
     name = f"rmb chain {delay * 1000:g} ms {seconds:g} s, then down {seconds:g} s"
     return await _run_fault(world, name, ("a", "b"), fault, rate)
+
+
+async def sbd_cut_from_redis(world: World, cut: float, *, rate: float = RATE) -> Outcome:
+    """(a) for SBD: a's link to Redis black-holed for `cut` seconds while a client on a
+    forwards to a key connected to b; then healed. SBD is best effort (no mailbox, no error
+    to the sender): what the relay could not pass on is dropped and counted."""
+    checker = Checker(one_way=True)
+    traffic = SbdForwards(checker)
+    a, b = world.instances["a"], world.instances["b"]
+    link = a.to_redis
+    assert link is not None
+    try:
+        await traffic.open(a.from_clients.address, b.from_clients.address)
+        assert traffic.receiver is not None
+        name = keys.address_name(traffic.receiver.pubkey)
+        await wait_until(lambda: _held_by(world, name, "b"), 30)
+        traffic.start(rate)
+        await wait_until(lambda: checker.delivered_count >= WARMUP_ANSWERS, 30)
+        fault = _cut_for(world, link.black_hole, link.heal, cut)
+        early = await fault()
+        started = time.monotonic()
+        mark = traffic.next_id
+        await wait_until(lambda: checker.delivered_since(traffic.prefix, mark), 120)
+        recover = time.monotonic() - started
+        await traffic.stop()
+        await checker.settle(10.0)
+        single = await _held_by(world, name, "b")
+        name = f"sbd a cut from redis {cut:g} s"
+        return Outcome(name, checker.report(), recover, world.rss_mib(), single, early)
+    finally:
+        await traffic.close()
+
+
+async def _held_by(world: World, name: str, instance: str) -> bool:
+    return await world.holders(name) == instance
+
+
+async def sg_send_cut_from_redis(
+    world: World, cut: float, *, rate: float = RATE, queue: bool = False
+) -> Outcome:
+    """(a) for the 신경 gateway: a's link to Redis black-holed for `cut` seconds while a client
+    on a SENDs (or QUEUEs, `queue`) to the one client of application "api", on b; then
+    healed."""
+    checker = Checker(one_way=True)
+    traffic = SgQueue(checker) if queue else SgSends(checker)
+    a, b = world.instances["a"], world.instances["b"]
+    link = a.to_redis
+    assert link is not None
+    try:
+        await traffic.open(a.from_clients.address, b.from_clients.address)
+        traffic.start(rate)
+        await wait_until(lambda: checker.delivered_count >= WARMUP_ANSWERS, 30)
+        early = await _cut_for(world, link.black_hole, link.heal, cut)()
+        started = time.monotonic()
+        mark = traffic.next_id
+        await wait_until(lambda: checker.delivered_since(traffic.prefix, mark), 120)
+        recover = time.monotonic() - started
+        await traffic.stop()
+        await checker.settle(SETTLE)
+        name = f"신경 {'QUEUE' if queue else 'SEND'} a cut from redis {cut:g} s"
+        return Outcome(name, checker.report(), recover, world.rss_mib(), True, early)
+    finally:
+        await traffic.close()

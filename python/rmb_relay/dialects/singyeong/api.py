@@ -76,7 +76,7 @@ class SgApi:
         if not self.authorized(request):
             return self.refused()
         try:
-            query = parse(self.body(request))
+            query = parse(self.body(request), self.dialect.settings.query_limits)
         except QueryError as err:
             return _json(400, {"errors": [str(err)]})
         matches = self.dialect.index.match(query)

@@ -10,6 +10,8 @@ The public server lets any caller make the gateway request any URL a client name
   https, in SNI and the certificate check), so a second resolution cannot send it elsewhere
   (DNS rebinding);
 - with `--sg-proxy-allow`, the address must be in one of those networks (403 otherwise);
+  without it, any address but loopback, link-local, unspecified and multicast ones (this
+  host's own services: a client behind a front proxy on this host looks like 127.0.0.1);
 - the request is abandoned after `--sg-proxy-timeout`, and redirects are never followed (the
   3xx goes back to the caller as it is);
 - at most `--sg-proxy-concurrency` requests are in flight (each may hold an answer of up to
@@ -126,8 +128,17 @@ class Proxy:
                 )
             name = host
         networks = self.dialect.settings.proxy_allow
-        if networks and not any(seen in network for network in networks):
-            return f"{seen} is not in --sg-proxy-allow"
+        if networks:
+            if not any(seen in network for network in networks):
+                return f"{seen} is not in --sg-proxy-allow"
+        elif seen.is_loopback or seen.is_link_local or seen.is_unspecified or seen.is_multicast:
+            # this host's own services (a client behind a front proxy on this host looks
+            # like 127.0.0.1): only when the operator names them
+            return (
+                f"{seen} is this host or its link: the proxy reaches such addresses only if "
+                "--sg-proxy-allow names them (behind a proxy on this host, set "
+                "--trusted-ip-header)"
+            )
         shown = f"[{seen}]" if seen.version == 6 else str(seen)
         url = f"{parts.scheme}://{shown}:{port}/{route.lstrip('/')}"
         host_header = None
@@ -160,7 +171,7 @@ class Proxy:
         if method not in WITHOUT_BODY and not has_body:
             return _error(400, f'{method} requests need a body (send "" for none)')
         try:
-            query = parse(target)
+            query = parse(target, self.dialect.settings.query_limits)
         except QueryError as err:
             return _error(400, str(err))
         receivers = self.dialect.resolve(query, broadcast=False)

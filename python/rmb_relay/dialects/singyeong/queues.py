@@ -79,7 +79,7 @@ def _new_id_prefix() -> None:
 os.register_at_fork(after_in_child=_new_id_prefix)
 
 #: queue names longer than this are refused (they key memory and Redis); defined in
-#: rust/singyeong.rs, whose native path leaves them to Python
+#: rust/dialects/singyeong/, whose scanner leaves them to Python
 MAX_QUEUE_NAME = SG_MAX_QUEUE_NAME
 #: outstanding QUEUE_REQUESTs one client may have, all queues together
 MAX_REQUESTS_PER_CLIENT = 10_000
@@ -214,8 +214,8 @@ class Message:
     #: bytes charged to the memory budget (the QUEUE frame's size + MESSAGE_OVERHEAD, + the
     #: length of `payload_json` when kept)
     size: int = 0
-    #: the payload's JSON text when it arrived exactly as the encoder writes it (the native
-    #: path, native.py): a JSON consumer's QUEUE dispatch copies it instead of encoding again
+    #: the payload's JSON text when it arrived exactly as the encoder writes it (read by the
+    #: scanner): a JSON consumer's QUEUE dispatch copies it instead of encoding again
     payload_json: str | None = None
 
     def parsed(self) -> Query:
@@ -588,6 +588,10 @@ class Queues:
 
     def queue_count(self) -> int:
         return self.counts.count
+
+    def names(self) -> set[str]:
+        """The queues that exist."""
+        return set(self.queues)
 
     def depth(self) -> tuple[int, int, int]:
         """(waiting, unacked, dead letters) over every queue, for the metrics."""

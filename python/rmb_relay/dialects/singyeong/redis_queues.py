@@ -47,6 +47,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import NoScriptError
+
 from rmb_relay.cluster import keys as cluster_keys
 from rmb_relay.dialects.singyeong.queues import (
     DEFAULT_QUEUE_BYTES,
@@ -296,7 +298,9 @@ class RedisQueues:
         finally:
             self._storing = False
 
-    async def _write_batch(self, batch: list[tuple[Message, asyncio.Future[None]]]) -> None:
+    async def _write_batch(
+        self, batch: list[tuple[Message, asyncio.Future[None]]], *, retry: bool = True
+    ) -> None:
         """One round trip per batch, as one MULTI was before the budget: the bounds are
         checked here against this instance's view (`_total`, `_queue_held`, `_known_names`:
         exact for what it stores itself, refreshed from Redis by every sweep and corrected
@@ -347,12 +351,17 @@ class RedisQueues:
                 pipe.publish(EVENTS, name)
             results = await pipe.execute(raise_on_error=False)
         not_stored = 0
+        again: list[tuple[Message, asyncio.Future[None]]] = []
         for (message, done, size, _), result in zip(writes, results, strict=False):
-            if isinstance(result, Exception):  # NOSCRIPT after a Redis restart, or an error
-                self._store_sha = None
+            if isinstance(result, Exception):
                 not_stored += size
                 self._forget(message.queue, size)
-                done.set_exception(result)
+                if isinstance(result, NoScriptError) and retry:
+                    # Redis restarted (its script cache is empty): load it and store again
+                    self._store_sha = None
+                    again.append((message, done))
+                else:
+                    done.set_exception(result)
                 continue
             stored, held = int(result[0]), int(result[1])
             self._queue_held[message.queue] = held
@@ -372,6 +381,8 @@ class RedisQueues:
                 log.warning("singyeong queue store bookkeeping failed: %s", result)
         if not_stored:
             await self.redis.decrby(TOTAL_BYTES, not_stored)
+        if again:
+            await self._write_batch(again, retry=False)
 
     def _refusal(self, name: str, size: int) -> Exception | None:
         """Why a message of `size` bytes for queue `name` cannot be stored (this instance's
@@ -482,6 +493,10 @@ class RedisQueues:
     def refusals(self) -> dict[str, int]:
         """Stores this instance refused by budget (`key`, `total`)."""
         return dict(self._refused)
+
+    def names(self) -> set[str]:
+        """The queues this instance holds requests for or knows to exist in Redis."""
+        return set(self.requests) | self._known_names
 
     def queue_count(self) -> int:
         """Queue names in Redis as of the last sweep."""

@@ -22,10 +22,17 @@ from rmb_relay._core import SgScanner, WsDecoder, WsMessage
 from rmb_relay.dialects.base import CloseCode, Peer, WebSocketHandler
 from rmb_relay.dialects.singyeong import frames
 from rmb_relay.dialects.singyeong.clients import Client
-from rmb_relay.dialects.singyeong.codec import DecodeError, Encoding, decode, encode
+from rmb_relay.dialects.singyeong.codec import (
+    DecodeError,
+    Encoding,
+    decode,
+    dispatch_json,
+    encode,
+    json_text,
+    json_text_of_str,
+)
 from rmb_relay.dialects.singyeong.etf import Struct
 from rmb_relay.dialects.singyeong.frames import Op
-from rmb_relay.dialects.singyeong.hotframes import queue_dispatch
 from rmb_relay.dialects.singyeong.metadata import (
     MAX_KEY_LENGTH,
     MetadataAccount,
@@ -78,7 +85,7 @@ class SgSession(WebSocketHandler):
         self.metadata_account = MetadataAccount()
         #: the size of the frame being handled (what a QUEUE costs the queues' memory budget)
         self.frame_bytes = 0
-        #: the native SEND/BROADCAST path's scanner of this connection (native.py), if any
+        #: this JSON connection's scanner (the fast path: SingyeongDialect.bind), if any
         self.scanner: SgScanner | None = None
         # looked up once, not per frame
         self._text_frames = encoding.text_frames
@@ -109,22 +116,19 @@ class SgSession(WebSocketHandler):
     # ---- as a queue consumer (queues.Consumer) -----------------------------------------------
 
     def matches(self, query: Query) -> bool:
-        return self.client is not None and not self.closing and query.matches(self.client)
+        client = self.client
+        return client is not None and not self.closing and self.dialect.index.matches(query, client)
 
     def deliver_queued(self, message: Message) -> None:
         self.dialect.metrics.hot.frames_out += 1
         if self.encoding is Encoding.JSON:
-            self.peer.send_text(
-                queue_dispatch(
-                    message.queue,
-                    message.payload,
-                    message.id,
-                    message.attempts,
-                    message.nonce,
-                    self.dialect.now_ms(),
-                    message.payload_json,
-                )
+            payload = message.payload_json
+            text = (
+                f'{{"queue":{json_text_of_str(message.queue)},"payload":'
+                f"{json_text(message.payload) if payload is None else payload},"
+                f'"id":{json_text_of_str(message.id)},"attempt":{message.attempts}}}'
             )
+            self.peer.send_text(dispatch_json("QUEUE", text, self.dialect.now_ms(), message.nonce))
             return
         body = Struct(
             queue=message.queue, payload=message.payload, id=message.id, attempt=message.attempts
@@ -134,9 +138,7 @@ class SgSession(WebSocketHandler):
     # ---- lifecycle -------------------------------------------------------------------------
 
     def bind_decoder(self, decoder: WsDecoder) -> None:
-        native = self.dialect.native
-        if native is not None:
-            self.scanner = native.bind(self, decoder)
+        self.scanner = self.dialect.bind(self, decoder)
 
     def on_open(self) -> None:
         dialect = self.dialect
@@ -166,7 +168,7 @@ class SgSession(WebSocketHandler):
             return
         dialect = self.dialect
         batch = message.routing
-        if batch is not None:  # queue frames the native scanner read (native.py)
+        if batch is not None:  # queue frames the scanner read (SingyeongDialect.bind)
             try:
                 dialect.queue_batch(self, batch)  # type: ignore[arg-type]
             except Exception:
@@ -236,6 +238,7 @@ class SgSession(WebSocketHandler):
             return
         if len(client_id) > MAX_ID_LENGTH or len(app_id) > MAX_ID_LENGTH:
             # ids key the index and every query answer: bounded as metadata keys are
+            dialect.metrics.refused.inc(1, "id_length")
             self.fatal(f"identify: client_id and application_id are at most {MAX_ID_LENGTH} long")
             return
         password = dialect.settings.auth

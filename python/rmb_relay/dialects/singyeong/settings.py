@@ -12,6 +12,7 @@ from rmb_relay.dialects.singyeong.metadata import (
     DEFAULT_METADATA_KEYS,
     DEFAULT_METADATA_TOTAL_BYTES,
 )
+from rmb_relay.dialects.singyeong.query import QueryLimits
 from rmb_relay.dialects.singyeong.queues import (
     DEFAULT_DEAD_LETTER_BYTES,
     DEFAULT_QUEUE_BYTES,
@@ -80,8 +81,8 @@ class SgSettings:
     proxy_concurrency: int = DEFAULT_PROXY_CONCURRENCY
     #: this instance's name in QUERY_NODES answers and Redis presence
     node: str = "local"
-    #: answer plain SEND/BROADCAST frames in the Rust core (native.py); False: all in Python
-    native: bool = True
+    #: what one query may cost (nesting, conditions, `$in`/`$nin` values); beyond: op 3
+    query_limits: QueryLimits = field(default_factory=QueryLimits)
 
     def __post_init__(self) -> None:
         if self.heartbeat_ms <= 0:
@@ -108,6 +109,13 @@ class SgSettings:
             ("--sg-query-max-results", self.query_max_results),
             ("--sg-target-cache-bytes", self.target_cache_bytes),
             ("--sg-proxy-concurrency", self.proxy_concurrency),
+        ):
+            if value <= 0:
+                raise ConfigError(f"{flag} must be positive")
+        for flag, value in (
+            ("--sg-query-max-depth", self.query_limits.max_depth),
+            ("--sg-query-max-ops", self.query_limits.max_ops),
+            ("--sg-query-max-list", self.query_limits.max_list),
         ):
             if value <= 0:
                 raise ConfigError(f"{flag} must be positive")
@@ -149,7 +157,9 @@ class SgSettings:
             proxy_timeout=args.sg_proxy_timeout,
             proxy_concurrency=args.sg_proxy_concurrency,
             node=args.sg_node or f"{os.uname().nodename}:{os.getpid()}",
-            native=not args.sg_no_native,
+            query_limits=QueryLimits(
+                args.sg_query_max_depth, args.sg_query_max_ops, args.sg_query_max_list
+            ),
         )
 
 
@@ -171,11 +181,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MS",
         help="advertised in hello; a client silent for 1.5x this long is closed",
     )
+    limits = d.query_limits
     sg.add_argument(
-        "--sg-no-native",
-        action="store_true",
-        help="answer every frame in Python: no SEND/BROADCAST/queue frames read by the Rust core "
-        "(for comparisons; the native path is on by default, off in cluster mode)",
+        "--sg-query-max-depth",
+        type=int,
+        default=limits.max_depth,
+        metavar="N",
+        help="logical operators ($and/$or/$nor) a query may nest; deeper: op 3 invalid query",
+    )
+    sg.add_argument(
+        "--sg-query-max-ops",
+        type=int,
+        default=limits.max_ops,
+        metavar="N",
+        help="conditions and operators one query may hold in all; more: op 3 invalid query",
+    )
+    sg.add_argument(
+        "--sg-query-max-list",
+        type=int,
+        default=limits.max_list,
+        metavar="N",
+        help="values one $in/$nin list may hold; more: op 3 invalid query",
     )
     sg.add_argument(
         "--sg-metadata-rate",
@@ -295,8 +321,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="CIDR",
-        help="networks /api/v1/proxy may reach (repeatable; default: any): it connects only "
-        "to the address the gateway saw for the client, and only if that is in one of these",
+        help="networks /api/v1/proxy may reach (repeatable; default: any but loopback and "
+        "link-local): it connects only to the address the gateway saw for the client, and only "
+        "if that is in one of these",
     )
     sg.add_argument(
         "--sg-proxy-timeout",
