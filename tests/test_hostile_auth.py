@@ -161,3 +161,57 @@ async def test_failed_rmb_logins_from_one_address_get_429(tmp_path: Path) -> Non
         assert not relay.problems, relay.problems
     finally:
         relay.close()
+
+
+async def test_a_full_auth_pool_answers_503_at_once(tmp_path: Path) -> None:
+    """One hashing thread and no queue: of 32 token requests at once, the ones that find the
+    pool busy are answered 503 with Retry-After at once instead of waiting in line."""
+    db = f"sqlite:{tmp_path / 'relay.sqlite3'}"
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path)}
+    await add_tenant(db, env, "acme", SECRET)
+    relay = RelayProcess(
+        "--twins", db, "--no-sbd", "--auth-workers", "1", "--auth-queue", "0",
+        "--auth-failures", "1000",
+    )  # fmt: skip
+    try:
+        rss_before = relay.rss_mib()
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{relay.port}", timeout=WAIT) as c:
+            answers = await asyncio.gather(
+                *(c.post("/tunnel/token", data=_form("wrong")) for _ in range(32))
+            )
+            tally = Counter(answer.status_code for answer in answers)
+            assert set(tally) == {401, 503}, tally
+            assert tally[401] >= 1
+            for answer in answers:
+                if answer.status_code == 503:
+                    assert answer.headers["retry-after"] == "1"
+            # the pool is free again: an honest login passes
+            assert (await c.post("/tunnel/token", data=_form(SECRET))).status_code == 200
+        page = await scrape(*relay.address)
+        busy = page.value("rmb_relay_auth_throttled_total", dialect="tunnel", reason="busy")
+        assert busy == tally[503]
+        assert relay.rss_mib() - rss_before < RSS_GROWTH_MIB
+        assert relay.stop() == 0
+        assert not relay.problems, relay.problems
+    finally:
+        relay.close()
+
+
+async def test_sbd_tokens_handed_out_are_bounded() -> None:
+    """Without an auth hook anyone gets an SBD token; the live ones are bounded
+    (--sbd-max-tokens), the rest 503 with Retry-After, counted as busy."""
+    relay = RelayProcess("--no-tunnel", "--sbd-max-tokens", "3")
+    try:
+        rss_before = relay.rss_mib()
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{relay.port}", timeout=WAIT) as c:
+            answers = [await c.put("/authenticate", content=b"{}") for _ in range(5)]
+        assert [a.status_code for a in answers] == [200, 200, 200, 503, 503]
+        assert answers[3].headers["retry-after"] == "1"
+        assert "3 tokens are live" in answers[3].text
+        page = await scrape(*relay.address)
+        assert page.value("rmb_relay_auth_throttled_total", dialect="sbd", reason="busy") == 2
+        assert relay.rss_mib() - rss_before < RSS_GROWTH_MIB
+        assert relay.stop() == 0
+        assert not relay.problems, relay.problems
+    finally:
+        relay.close()

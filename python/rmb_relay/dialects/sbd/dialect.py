@@ -312,6 +312,10 @@ class SbdDialect(Dialect):
             if ip not in self.by_ip and now - at >= interval:
                 del self._lbrt_at[ip]
         self.limiter.prune(now, LIMITER_IDLE_NS)
+        self._forget_idle_tokens(now)
+
+    def _forget_idle_tokens(self, now: int) -> None:
+        idle_ns = self.settings.idle_ms * 1_000_000
         self._sync_tokens()
         for token, last in list(self.tokens.items()):
             if now - last >= idle_ns:
@@ -331,6 +335,15 @@ class SbdDialect(Dialect):
         body = request.body
         if len(body) > AUTH_BODY_MAX:
             return HttpResponse(413, b"auth body over 1024 bytes")
+        if len(self.tokens) >= self.settings.max_tokens:
+            self._forget_idle_tokens(self.clock())
+            if len(self.tokens) >= self.settings.max_tokens:
+                self.throttles.limited.inc(1, "sbd", "busy")
+                return HttpResponse(
+                    503,
+                    f"{self.settings.max_tokens} tokens are live: try again shortly".encode(),
+                    headers=(("Retry-After", "1"),),
+                )
         if self.settings.auth_hook is None:
             token = base64.urlsafe_b64encode(secrets.token_bytes(32)).rstrip(b"=").decode()
         else:

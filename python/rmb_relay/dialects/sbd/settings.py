@@ -50,6 +50,9 @@ class SbdSettings:
     block_secs: int = 60
     trusted_ip_header: str | None = None
     auth_hook: str | None = None
+    #: live tokens `PUT /authenticate` has handed out (each lives until idle for `idle_ms`):
+    #: without a hook anyone gets one, so the table is bounded (503 beyond)
+    max_tokens: int = 100_000
 
     def __post_init__(self) -> None:
         # 8_000_000 / kbps must stay >= 1 ns per byte, or every message would be free
@@ -64,6 +67,8 @@ class SbdSettings:
             )
         if self.idle_ms > I32_MAX:
             raise ConfigError("--sbd-idle-ms must fit the 32-bit lidl value")
+        if self.max_tokens <= 0:
+            raise ConfigError("--sbd-max-tokens must be positive")
         if self.block_secs < 0:
             raise ConfigError("--sbd-block-secs must not be negative")
         if self.auth_hook is not None and urlsplit(self.auth_hook).scheme not in ("http", "https"):
@@ -85,6 +90,7 @@ class SbdSettings:
             block_secs=args.sbd_block_secs,
             trusted_ip_header=args.trusted_ip_header,
             auth_hook=args.sbd_auth_hook,
+            max_tokens=args.sbd_max_tokens,
         )
 
 
@@ -147,6 +153,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "trust; an unparsable value falls back to the TCP peer); default: the TCP peer. "
         "SBD and 신경 (whose /api/v1/proxy connects only to that address; for a list such as "
         "X-Forwarded-For it takes the last entry)",
+    )
+    sbd.add_argument(
+        "--sbd-max-tokens",
+        type=int,
+        default=d.max_tokens,
+        metavar="N",
+        help="live tokens PUT /authenticate has handed out (each until idle for --sbd-idle-ms); "
+        "more are refused with 503 and Retry-After",
     )
     sbd.add_argument(
         "--sbd-auth-hook",
