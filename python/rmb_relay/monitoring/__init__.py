@@ -1,8 +1,9 @@
 """Live monitoring: JSON views of the relay for operators, and `rmb-relay top` to watch them.
 
-Served where `/metrics` is (the listener, and the ops listener with `--metrics-listen`) and
-protected the same way (an operations-only connection over the connection cap is served these
-too). Each view reads the relay's own books when asked: nothing runs while nobody looks.
+Served where `/metrics` is (with `--metrics-listen`, that operations listener only; else the
+public listener) and protected the same way (an operations-only connection over the connection
+cap is served these too). Each view reads the relay's own books when asked: nothing runs
+while nobody looks.
 
 - `GET /monitor/`: the routes below (endpoints.py, which serves them all);
 - `GET /monitor/server`: version, uptime, CPU, RSS, connections per dialect, traffic totals
