@@ -7,7 +7,7 @@ while nobody looks.
 
 - `GET /monitor/`: the routes below (endpoints.py, which serves them all);
 - `GET /monitor/server`: version, uptime, CPU, RSS, connections per dialect, traffic totals
-  and rates, mailbox depth, every budget's use (rates.py, process.py, sections.py);
+  and rates, mailbox depth, every budget's use (server/traffic.py, process.py, sections.py);
 - `GET /monitor/connections`: a row per connection, sorted, filtered, paged (connections.py,
   identity.py);
 - `GET /monitor/federation`: peer relays (accepted, failed, the ranker's score), the outbound
