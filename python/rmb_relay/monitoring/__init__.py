@@ -1,12 +1,13 @@
 """Live monitoring: JSON views of the relay for operators, and `rmb-relay top` to watch them.
 
-Served where `/metrics` is (the listener, and the ops listener with `--metrics-listen`) and
-protected the same way (an operations-only connection over the connection cap is served these
-too). Each view reads the relay's own books when asked: nothing runs while nobody looks.
+Served where `/metrics` is (with `--metrics-listen`, that operations listener only; else the
+public listener) and protected the same way (an operations-only connection over the connection
+cap is served these too). Each view reads the relay's own books when asked: nothing runs
+while nobody looks.
 
 - `GET /monitor/`: the routes below (endpoints.py, which serves them all);
 - `GET /monitor/server`: version, uptime, CPU, RSS, connections per dialect, traffic totals
-  and rates, mailbox depth, every budget's use (rates.py, process.py, sections.py);
+  and rates, mailbox depth, every budget's use (server/traffic.py, process.py, sections.py);
 - `GET /monitor/connections`: a row per connection, sorted, filtered, paged (connections.py,
   identity.py);
 - `GET /monitor/federation`: peer relays (accepted, failed, the ranker's score), the outbound
