@@ -53,10 +53,11 @@ run: $(BUILD_STAMP) ## start the relay on embedded defaults (no Redis, no chain)
 # pytest last, so its summary line closes the output
 test: system-deps $(BUILD_STAMP) proto lint cargo-test sbd-conformance pytest ## everything CI runs
 
-system-deps: ## redis-server, tmux (rmb-relay top's test) and a Java runtime for PySpark (Debian packages), only when missing
+system-deps: ## redis-server, tmux (rmb-relay top's test), iproute2 (the fault lab's namespaces) and a Java runtime for PySpark (Debian packages), only when missing
 	@need=""; \
 	command -v redis-server >/dev/null || need="$$need redis-server"; \
 	command -v tmux >/dev/null || need="$$need tmux"; \
+	command -v ip >/dev/null || need="$$need iproute2"; \
 	command -v java >/dev/null || need="$$need openjdk-17-jre-headless"; \
 	if [ -n "$$need" ]; then \
 	  echo "installing:$$need"; \

@@ -16,6 +16,13 @@ always this tree's. Scenarios (each with a fresh relay and twin directory):
 - methods: 3,030 requests with random methods, then the size of /metrics
 - sg-queue-flood: 100,000 singyeong QUEUE frames of ~1.1 KB to one queue nobody consumes
 - tunnel-queue-flood: 20,000 queue-mode tunnel requests of 10 KB to a tenant with no connector
+- token-flood (issue 33): eight clients posting wrong tunnel secrets as fast as answered
+- pipeline-flood (issue 33): one client pipelining GET /metrics that never reads
+- forged-federation (issue 33): four clients posting unsigned envelopes for a local twin
+
+The issue-33 scenarios measure an honest client (from 127.0.0.2) meanwhile: `/health` on a
+keep-alive connection and an SBD message between two clients, p50/p99 quiet and under the
+attack (`PHASE_S` each), with the relay's RSS, CPU and bytes written to disk around the attack.
 
 `--relay-flag=--FLAG=VALUE` (repeatable) passes a flag to every relay, e.g. huge byte budgets
 (`--relay-flag=--sg-queue-bytes=1099511627776`) to measure the stores unbounded.
@@ -26,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import functools
 import json
 import os
 import random
@@ -370,6 +378,233 @@ async def scenario_tunnel_queue_flood(directory: Path, relay_path: str | None) -
         relay.stop()
 
 
+# ---- issue 33: attacks on the loop and on memory, with honest clients measured meanwhile ----
+
+#: how long each phase (quiet, under attack) measures the honest clients
+PHASE_S = 4.0
+#: the honest probe's pause between two rounds (a /health and an SBD message each)
+PROBE_PAUSE_S = 0.01
+#: an honest client's address: loopback answers for all of 127/8, so per-IP limits on the
+#: attackers (127.0.0.1) do not touch it
+HONEST_HOST = "127.0.0.2"
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
+
+
+def _written_bytes(pid: int) -> int:
+    """Bytes the process caused to be written to storage (/proc/PID/io)."""
+    for line in Path(f"/proc/{pid}/io").read_text().splitlines():
+        if line.startswith("write_bytes:"):
+            return int(line.split()[1])
+    return 0
+
+
+class HonestProbe:
+    """What an honest user sees: `/health` on a keep-alive connection (from HONEST_HOST) and an
+    SBD message from one client to another and back, each timed, round after round."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.health: list[float] = []
+        self.message: list[float] = []
+        self.failures = 0
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> HonestProbe:
+        from tests.sbd_client import SbdClient
+
+        self.reader, self.writer = await asyncio.open_connection(
+            "127.0.0.1", self.port, local_addr=(HONEST_HOST, 0)
+        )
+        self.a = await SbdClient.connect("127.0.0.1", self.port)
+        self.b = await SbdClient.connect("127.0.0.1", self.port)
+        self._task = asyncio.ensure_future(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._task is not None
+        await self._task
+        self.writer.close()
+        self.a.ws.close()
+        self.b.ws.close()
+
+    def take(self) -> dict[str, float]:
+        """The figures since the last take (ms), and start again."""
+        health, message, self.health, self.message = self.health, self.message, [], []
+        return {
+            "health_p50_ms": round(_percentile(health, 0.5) * 1e3, 2),
+            "health_p99_ms": round(_percentile(health, 0.99) * 1e3, 2),
+            "message_p50_ms": round(_percentile(message, 0.5) * 1e3, 2),
+            "message_p99_ms": round(_percentile(message, 0.99) * 1e3, 2),
+            "rounds": len(health),
+        }
+
+    async def _run(self) -> None:
+        request = b"GET /health HTTP/1.1\r\nHost: r\r\n\r\n"
+        n = 0
+        while not self._stop.is_set():
+            started = time.perf_counter()
+            self.writer.write(request)
+            head = await asyncio.wait_for(self.reader.readuntil(b"ok\n"), 60)
+            if not head.startswith(b"HTTP/1.1 200"):
+                self.failures += 1
+            self.health.append(time.perf_counter() - started)
+            n += 1
+            body = b"probe %d" % n
+            started = time.perf_counter()
+            self.a.forward(self.b.pubkey, body)
+            got = await asyncio.wait_for(self.b.receive_forward(), 60)
+            self.b.forward(self.a.pubkey, body)  # (both stay active: SBD drops idlers)
+            back = await asyncio.wait_for(self.a.receive_forward(), 60)
+            if got != (self.a.pubkey, body) or back != (self.b.pubkey, body):
+                self.failures += 1
+            self.message.append(time.perf_counter() - started)
+            await asyncio.sleep(PROBE_PAUSE_S)
+
+
+def _run_attack(name: str, port: int, seconds: float, results: Any) -> None:
+    """The attack `name` in a process of its own (spawned), so its client CPU is not the
+    honest probe's; puts its outcome on `results`."""
+
+    async def timed() -> dict[str, Any]:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(seconds, stop.set)
+        return await ATTACKS[name](port, stop)
+
+    results.put(asyncio.run(timed()))
+
+
+async def _attack_phase(relay: RelayProcess, name: str) -> dict[str, Any]:
+    """Honest figures quiet, then under attack `name` (another process, `PHASE_S`), with the
+    relay's RSS, CPU and disk writes around the attack."""
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")
+    results = spawn.Queue()
+    async with HonestProbe(relay.port) as probe:
+        await asyncio.sleep(PHASE_S)
+        quiet = probe.take()
+        rss, written, cpu = relay.rss(), _written_bytes(relay.process.pid), relay.cpu()
+        attacker = spawn.Process(target=_run_attack, args=(name, relay.port, PHASE_S, results))
+        attacker.start()
+        await asyncio.sleep(1.0)  # the attacker's interpreter starting is not the attack
+        probe.take()
+        outcome = await asyncio.to_thread(results.get, True, 120)
+        under = probe.take()
+        await asyncio.to_thread(attacker.join, 30)
+        failures = probe.failures
+    return {
+        "quiet": quiet,
+        "attack": under,
+        "honest_failures": failures,
+        "outcome": outcome,
+        "rss_before_mib": round(rss / MIB, 1),
+        "rss_after_mib": round(relay.rss() / MIB, 1),
+        "disk_written_kib": (_written_bytes(relay.process.pid) - written) // 1024,
+        "relay_cpu_s": round(relay.cpu() - cpu, 2),
+    }
+
+
+async def attack_token_flood(port: int, stop: asyncio.Event) -> dict[str, Any]:
+    """Eight clients post wrong tunnel secrets as fast as they are answered (each a scrypt),
+    then an honest client logs in from another address."""
+    import httpx
+
+    form = {"grant_type": "client_credentials", "client_id": "acme", "scope": "connector"}
+    statuses: dict[int, int] = {}
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+
+        async def one() -> None:
+            while not stop.is_set():
+                reply = await client.post("/tunnel/token", data={**form, "client_secret": "no"})
+                statuses[reply.status_code] = statuses.get(reply.status_code, 0) + 1
+
+        await asyncio.gather(*(one() for _ in range(8)))
+    honest = httpx.AsyncHTTPTransport(local_address=HONEST_HOST)
+    async with httpx.AsyncClient(transport=honest, timeout=60) as client:
+        login = await client.post(
+            f"http://127.0.0.1:{port}/tunnel/token",
+            data={**form, "client_secret": "the-right-secret"},
+        )
+    return {"statuses": statuses, "honest_login": login.status_code}
+
+
+async def attack_pipeline_flood(port: int, stop: asyncio.Event) -> dict[str, Any]:
+    """One client pipelines GET /metrics and never reads an answer."""
+    import socket
+
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    _, writer = await asyncio.open_connection(sock=sock)
+    sent = 0
+    request = b"GET /metrics HTTP/1.1\r\nHost: r\r\n\r\n"
+    while not stop.is_set() and sent < 200_000:
+        writer.write(request * 1000)
+        sent += 1000
+        try:
+            await asyncio.wait_for(writer.drain(), 0.5)
+        except TimeoutError:
+            await stop.wait()  # the relay stopped reading us
+    answered = await metric(port, "rmb_relay_http_requests_total")
+    writer.transport.abort()
+    return {"pipelined": sent, "answered_requests": answered}
+
+
+async def attack_forged_federation(port: int, stop: asyncio.Event) -> dict[str, Any]:
+    """Four clients post unsigned envelopes claiming twin 999999 for local twin 3."""
+    import httpx
+
+    from rmb_relay._core import MSG_REQUEST, Envelope
+
+    def forged(n: int) -> bytes:
+        env = Envelope(f"forged-{n}")
+        env.source_twin, env.dest_twin = 999_999, 3
+        env.kind, env.command = MSG_REQUEST, "x"
+        env.timestamp, env.expiration = int(time.time()), 3600
+        env.plain = os.urandom(1000)
+        return env.encode()
+
+    statuses: dict[int, int] = {}
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+
+        async def one(k: int) -> None:
+            n = 0
+            while not stop.is_set():
+                n += 1
+                reply = await client.post("/", content=forged(k * 10_000_000 + n))
+                statuses[reply.status_code] = statuses.get(reply.status_code, 0) + 1
+
+        await asyncio.gather(*(one(k) for k in range(4)))
+    return {"statuses": statuses, "stored": await metric(port, "rmb_relay_mailbox_depth")}
+
+
+ATTACKS: dict[str, Callable[[int, asyncio.Event], Awaitable[dict[str, Any]]]] = {
+    "token-flood": attack_token_flood,
+    "pipeline-flood": attack_pipeline_flood,
+    "forged-federation": attack_forged_federation,
+}
+
+
+async def scenario_attack(name: str, directory: Path, relay_path: str | None) -> dict[str, Any]:
+    if name == "token-flood":
+        from rmb_relay.dialects.tunnel.tenants import Tenant, TenantStore, hash_secret
+
+        with TenantStore(directory / "twins.sqlite3") as store:
+            store.add(Tenant("acme", secret_hash=hash_secret("the-right-secret")))
+    relay = RelayProcess(directory, relay_path)
+    try:
+        return await _attack_phase(relay, name)
+    finally:
+        relay.stop()
+
+
 SCENARIOS: dict[str, Callable[[Path, str | None], Awaitable[dict[str, Any]]]] = {
     "mailbox-bytes": lambda d, p: scenario_mailbox(d, p, 400, 1_000_000, False),
     "mailbox-sids": lambda d, p: scenario_mailbox(d, p, 20_000, 10_000, True),
@@ -379,6 +614,7 @@ SCENARIOS: dict[str, Callable[[Path, str | None], Awaitable[dict[str, Any]]]] = 
     "methods": scenario_methods,
     "sg-queue-flood": scenario_sg_queue_flood,
     "tunnel-queue-flood": scenario_tunnel_queue_flood,
+    **{name: functools.partial(scenario_attack, name) for name in ATTACKS},
 }
 
 

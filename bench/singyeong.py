@@ -62,7 +62,7 @@ class Gateway:
                 str(16 << 20),
                 "--max-connections-per-ip",
                 "100000",  # every generator connection comes from 127.0.0.1
-                # e.g. SG_GATEWAY_ARGS=--sg-no-native: the Python path, in the same sitting
+                # e.g. SG_GATEWAY_ARGS="--sg-query-max-list 64"
                 *os.environ.get("SG_GATEWAY_ARGS", "").split(),
             ]
         else:

@@ -6,12 +6,13 @@ echo server:
 - `tunnel`: client → rmb-relay (`/relay/acme/app/...`) → `rmb-relay connector` → server;
 - `baseline`: the same through `bench/baseline_tunnel.py` (aiohttp + websockets, ~100 lines).
 
-The server is aiohttp (`--target aiohttp`, the default) or the lean uvloop echo server of
-`bench/echo_target.py` (`--target lean`); every route of a run reaches the same one. Every
-party is its own process; the generator is this process (uvloop, one Protocol per keep-alive
-HTTP/1.1 connection, each response checked for status and length). Besides the rates, each
-row gives the CPU microseconds every process (relay, connector, target, generator) spent per
-request over the measured window, and the host's load average. `--half-load` then paces 64
+The server is aiohttp (`--target aiohttp`, the default) or the harness's lean uvloop echo
+server (`rmb_relay/load/echo_target.py`, `--target lean`); every route of a run reaches the
+same one. Every party is its own process; the generator is the harness, `rmb-load tunnel`
+(`--request-path` for each route, every answer checked for status and length), or the C
+generator (`--generator c`, `bench/http_load.c`). Besides the rates, each row gives the CPU
+microseconds every process (relay, connector, target, generator) spent per request over the
+run, and the host's load average. `--half-load` then paces 64
 clients at half the tunnel's measured 1 KiB throughput, through the tunnel and directly, and
 reports the p99 difference. Results print as a table and go to bench/results/tunnel-*.json.
 
@@ -412,20 +413,19 @@ async def _run(args: argparse.Namespace, programs: dict[str, Path]) -> list[Resu
         "tunnel": (relay_port, "/relay/acme/app/echo", ("relay", *connectors, "target")),
         "baseline": (base_port, "/relay/echo", ("baseline", "baseline-connector", "target")),
     }
-    if "pyfloor" in args.routes:  # the thinnest Python tunnel (bench/tunnel_pyfloor.py)
+    if "python-floor" in args.routes:  # the thinnest Python tunnel (bench/tunnel_python_floor.py)
         floor_port, link_port = free_port(), free_port()
-        floor = [py, "-m", "bench.tunnel_pyfloor"]
-        processes["pyfloor-relay"] = spawn(
+        floor = [py, "-m", "bench.tunnel_python_floor"]
+        processes["python-floor-relay"] = spawn(
             [*floor, "relay", "--port", str(floor_port), "--link-port", str(link_port)], env
         )
-        processes["pyfloor-connector"] = spawn(
+        processes["python-floor-connector"] = spawn(
             [*floor, "connector", "--link-port", str(link_port),
              "--target-port", str(target_port)],
             env,
         )  # fmt: skip
-        routes["pyfloor"] = (
-            floor_port, "/relay/acme/app/echo", ("pyfloor-relay", "pyfloor-connector", "target")
-        )  # fmt: skip
+        floor_parts = ("python-floor-relay", "python-floor-connector", "target")
+        routes["python-floor"] = (floor_port, "/relay/acme/app/echo", floor_parts)
     print("pids " + " ".join(f"{name}={p.pid}" for name, p in processes.items()), flush=True)
     results: list[Result] = []
     token: str | None = None
@@ -469,7 +469,7 @@ async def _run(args: argparse.Namespace, programs: dict[str, Path]) -> list[Resu
             if rate is not None:
                 # the same generator and pacing for every route: the difference is the tunnel's
                 for _ in range(args.half_repeat):
-                    for route in ("direct", "tunnel", "pyfloor"):
+                    for route in ("direct", "tunnel", "python-floor"):
                         if route not in routes:
                             continue
                         port, path, parties = routes[route]
@@ -534,8 +534,8 @@ def main() -> None:
         "--routes",
         nargs="*",
         default=["direct", "tunnel", "baseline"],
-        help="routes to measure: direct, tunnel, baseline, and pyfloor (the thinnest tunnel a "
-        "Python relay and connector can be, bench/tunnel_pyfloor.py; measured at half load too)",
+        help="routes to measure: direct, tunnel, baseline, and python-floor (the thinnest tunnel "
+        "a Python relay and connector can be, bench/tunnel_python_floor.py; also at half load)",
     )
     parser.add_argument(
         "--relay-flag",

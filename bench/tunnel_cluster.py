@@ -51,8 +51,8 @@ async def run(args: argparse.Namespace) -> None:
              "--target", f"app=http://127.0.0.1:{target_port}"],
             env=relay_env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True,
         )  # fmt: skip
-        await wait_ready(b_port, "/relay/acme/app/echo")
-        await wait_ready(a_port, "/relay/acme/app/echo")
+        wait_ready(b_port, "/relay/acme/app/echo")
+        wait_ready(a_port, "/relay/acme/app/echo")
         pids = {"a": processes["a"].pid, "b": processes["b"].pid, "redis": redis.process.pid}
         # `measure` reads each process's CPU over the measured window
         result = await measure(

@@ -21,9 +21,12 @@ use crate::codec::http::{
 };
 use crate::codec::ws::{Decoder, OwnedEvent};
 use crate::dialects::rmb::envelope;
+use crate::dialects::singyeong::{
+    self as singyeong, index::Client, query::Metadata, value::Value, Decision, Frame, Gateway,
+    Limits as QueryLimits,
+};
 use crate::error::Error;
 use crate::forward::outboxes::Outboxes;
-use crate::singyeong::{self, Decision, Frame, Index};
 
 /// HTTP statuses the request parser may refuse with (docs/http.md, "Limits and refusals").
 pub const HTTP_STATUSES: [u16; 4] = [400, 413, 431, 501];
@@ -136,9 +139,9 @@ pub fn rmb_envelope(data: &[u8]) {
     }
 }
 
-/// The 신경 native frame reader (`singyeong.rs`): a frame is read or left to Python, never
-/// a panic; what it copies into a DISPATCH is borrowed from the frame; routing it through a
-/// small index writes to at most the index's clients.
+/// The 신경 fast path's frame reader and query parser (`dialects/singyeong/`): a frame is
+/// read or left to Python, never a panic; what it copies into a DISPATCH is borrowed from the
+/// frame; routing it through a small index writes to at most the index's clients.
 pub fn sg_frame(data: &[u8]) {
     let within = |text: &[u8]| data.as_ptr_range().contains(&text.as_ptr()) || text.is_empty();
     match singyeong::read(data) {
@@ -148,20 +151,24 @@ pub fn sg_frame(data: &[u8]) {
                 r.nonce == b"null" || within(r.nonce),
                 "a nonce not borrowed"
             );
-            let mut out = Vec::new();
-            singyeong::dispatch_text(&mut out, &r, 1);
-            assert!(
-                out.len() > r.payload.len(),
-                "a dispatch without its payload"
-            );
-            let mut index = Index::new(3);
+            let mut gw = Gateway::new(3, QueryLimits::default());
             let mut outboxes = Outboxes::new();
             for conn in 1..=3 {
                 outboxes.open(conn);
-                let values = vec![("id".to_owned(), Some(format!("n{conn}").into_bytes()))];
-                index.set(conn, "a".to_owned(), true, values);
+                let mut meta = Metadata::new();
+                meta.insert(b"id".as_slice().into(), (Value::Int(conn as i64), false));
+                let id = format!("c{conn}").into_bytes().into();
+                let client = Client {
+                    app: b"a".as_slice().into(),
+                    id,
+                    conn: Some(conn),
+                    json: true,
+                    meta,
+                    ..Client::default()
+                };
+                gw.index.add(conn, client);
             }
-            match index.route(data, 1, &mut outboxes) {
+            match gw.deliver(&r, 1, &mut outboxes) {
                 Decision::Delivered(n) => assert!((1..=3).contains(&n), "{n} receivers"),
                 Decision::Python => {}
             }

@@ -1,13 +1,15 @@
 //! `rmb_relay._core`: the sans-I/O hot path of rmb-relay.
 //!
-//! The layers, bottom up (a module imports only from its own layer and the ones below):
-//! - `error`, `limiter`, `crypto`, `records`: shared pieces that know no dialect;
-//! - `codec/`: HTTP/1.1 and websocket wire formats, and the scanner interface through which a
-//!   dialect reads the websocket decoder's messages (`codec/scanner.rs`);
+//! The layers, bottom up (a module imports only from its own layer and the ones below, and no
+//! two modules import each other, even through others: `tests/test_layers.py` checks both):
+//! - `error`, `limiter`, `crypto`, `records`, `lent` (buffers lent to Python without a copy):
+//!   shared pieces that know no dialect;
+//! - `codec/`: HTTP/1.1, websocket frames and their masking, JSON, and the scanner interface
+//!   through which a dialect reads the websocket decoder's messages (`codec/scanner.rs`);
 //! - `forward/`: every connection's pending output, the route table, what crosses to other
-//!   instances, buffers lent to Python;
+//!   instances;
 //! - `dialects/`: each dialect's wire format and scanner (the fast path's decisions), and the
-//!   tunnel's and 신경 gateway's cores (being folded into `dialects/` by issue 32).
+//!   tunnel's and the 신경 gateway's cores.
 //!
 //! Each concern's pure-Rust core and unit tests live in its file, its Python-facing wrapper in
 //! a `py` submodule at the bottom of that file, registered here. Nothing in this crate touches
@@ -22,9 +24,9 @@ pub mod error;
 pub mod forward;
 /// fuzz targets of the network parsers (pure Rust; `fuzz/`, `make fuzz`)
 pub mod fuzzing;
+pub mod lent;
 pub mod limiter;
 pub mod records;
-pub mod singyeong;
 
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -40,7 +42,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     forward::outboxes::py::register(m)?;
     forward::crossing::py::register(m)?;
     forward::routes::py::register(m)?;
-    singyeong::py::register(m)?;
+    dialects::singyeong::py::register(m)?;
     crypto::py::register(m)?;
     records::py::register(m)?;
     dialects::tunnel::wire::py::register(m)?;

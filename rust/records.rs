@@ -31,7 +31,7 @@ use std::collections::HashMap;
 /// page fault, all on the event loop. A `Column` hands its buffer back here when Python drops
 /// it (after the writer thread wrote it), so the scanners append into memory already mapped
 /// and already big enough. Shared with the `Column`s, which may be dropped on another thread.
-pub type Spares = crate::forward::lent::Spares<i64, 8, { usize::MAX }>;
+pub type Spares = crate::lent::Spares<i64, 8, { usize::MAX }>;
 
 /// The record columns taken at once: time (µs), source, destination, size (bytes).
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -278,7 +278,7 @@ pub mod py {
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyList};
 
-    use crate::forward::lent::py::fill_read_only_view;
+    use crate::lent::py::fill_read_only_view;
 
     /// One record column taken from a `RecordBuffer`: native-endian int64 values behind a
     /// read-only buffer (`numpy.frombuffer(column, numpy.int64)`, `pyarrow.py_buffer`), so

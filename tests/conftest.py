@@ -13,6 +13,7 @@ import pytest
 
 from rmb_relay.config import ListenerConfig
 from rmb_relay.dialects.base import Dialect
+from rmb_relay.monitoring import add_monitor_routes
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.telemetry.metrics import Registry
 from tests import hang_guard
@@ -51,7 +52,9 @@ async def start_relay() -> AsyncIterator[StartRelay]:
     ) -> RelayServer:
         config.setdefault("host", "127.0.0.1")
         config.setdefault("port", 0)
-        server = RelayServer(ListenerConfig(**config), dialects or [], registry)
+        server = RelayServer(
+            ListenerConfig(**config), dialects or [], registry, routes=(add_monitor_routes,)
+        )
         await server.start()
         servers.append(server)
         return server

@@ -74,7 +74,7 @@ async def make_gateway(start_relay: StartRelay) -> AsyncIterator[MakeGateway]:
     ) -> Gateway:
         """With `redis_url`, queues live in that Redis and the gateway joins the cluster
         there, as `rmb-relay --redis` does (instance id = `node`, when given), or does not
-        with `join_cluster=False` (`--redis --no-cluster`: Redis queues, the native path on);
+        with `join_cluster=False` (`--redis --no-cluster`: Redis queues, no cluster);
         `cluster_mode`: the URL names a Redis Cluster node (`--redis-cluster`)."""
         clock: Callable[[], int] = FakeClock() if fake_clock else monotonic_clock
         registry = Registry()

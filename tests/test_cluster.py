@@ -17,6 +17,7 @@ from rmb_relay.cluster.bus import Bus
 from rmb_relay.cluster.node import Cluster
 from rmb_relay.errors import RemoteError
 from rmb_relay.mailbox import RedisMailbox, stream_key
+from rmb_relay.sdk import IncomingRequest
 from rmb_relay.switch import Switch
 from rmb_relay.telemetry.record_schema import read_table
 from rmb_relay.telemetry.records import Recorder
@@ -26,6 +27,7 @@ from tests.cluster_fixtures import (  # noqa: F401 - the fixture is used by name
     recorder,
 )
 from tests.conftest import WAIT, RedisServer, start_redis
+from tests.faultlab.proxy import FaultProxy
 from tests.helpers import eventually
 from tests.rmb_fixtures import FakeClock
 
@@ -250,7 +252,9 @@ async def test_a_message_queued_for_an_instance_that_left_is_routed_again(
 ) -> None:
     """A forwards without waiting for Redis; when the batch finds B's stream gone (B left),
     the message is routed again, to where carol is now."""
-    a = await make_instance(redis_server.url, clock=FakeClock())  # its presence cache holds
+    # its presence cache holds; no tick of its own meanwhile (one during B's leave could find
+    # B gone and drop the cached answer first: then nothing is left to route again)
+    a = await make_instance(redis_server.url, clock=FakeClock(), ttl=600)
     b = await make_instance(redis_server.url)
     c = await make_instance(redis_server.url)
     carol = await b.client(3)
@@ -593,3 +597,37 @@ async def test_a_forward_redis_refuses_after_queuing_it_has_one_route_record(
         ("1", "2", "none", "rejected", "redis down"),
     ]
     assert rows[0]["relay_us"] >= 0
+
+
+async def test_an_answer_that_cannot_reach_the_requesters_instance_is_tried_again(
+    redis_server: RedisServer, make_instance: MakeInstance
+) -> None:
+    """A response has nobody to be refused to: when Redis fails as the answering instance
+    hands it on (here its link to Redis refuses connections, as a dead Redis Cluster primary
+    would), it is kept and routed again once Redis answers, not dropped (the requester would
+    never hear: docs/faults.md, scenario d)."""
+    link = await FaultProxy.start("127.0.0.1", ("127.0.0.1", redis_server.port))
+    try:
+        a = await make_instance(redis_server.url)
+        b = await make_instance(f"redis://127.0.0.1:{link.address[1]}/0")
+        asked, answer = asyncio.Event(), asyncio.Event()
+
+        async def slow(request: IncomingRequest) -> bytes:
+            asked.set()
+            await answer.wait()
+            return b"answered"
+
+        await b.client(2, handlers={"m": slow})
+        await b.cluster.claimed((2, None))
+        carol = await a.client(3)
+        await a.cluster.claimed((3, None))
+        reply = carol.send_request(2, "m", b"q")
+        await asyncio.wait_for(asked.wait(), WAIT)
+        link.refuse()
+        answer.set()
+        await eventually(lambda: b.rmb.later.held_bytes > 0)  # held, not dropped
+        assert not reply.done()
+        link.heal()
+        assert (await asyncio.wait_for(reply, WAIT * 2)).data == b"answered"
+    finally:
+        await link.close()

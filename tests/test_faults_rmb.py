@@ -12,11 +12,12 @@ import pytest
 
 from tests.faultlab.netns import LabUnavailable, check_available
 from tests.faultlab.scenarios import (
+    rmb_cluster_failover,
     rmb_cut_from_clients,
     rmb_cut_from_redis,
     rmb_federation_partition,
 )
-from tests.faultlab.world import FederatedPair, TwoInstances, World
+from tests.faultlab.world import ClusterInstances, FederatedPair, TwoInstances, World
 
 #: the relays' presence TTL: a 10 s cut is five of them
 TTL = 2.0
@@ -49,6 +50,7 @@ async def test_an_instance_cut_from_redis_past_the_ttl_loses_nothing(world: Worl
     assert fates.lost == 0, f"{fates.line()}; lost {fates.lost_ids}" + _logs(world)
     assert fates.delivered_once + fates.delivered_more > fates.accepted // 2, fates.line()
     assert outcome.presence_single, _logs(world)
+    assert not outcome.resumed_while_cut, _logs(world)
     assert "is gone; taking over" in "".join(world.instances["b"].relay.log.lines)
 
 
@@ -83,3 +85,26 @@ async def test_federated_relays_partitioned_lose_nothing(federated: World) -> No
     fates = outcome.fates
     assert fates.lost == 0, f"{fates.line()}; lost {fates.lost_ids}" + _logs(federated)
     assert fates.delivered_once + fates.delivered_more > fates.accepted // 2, fates.line()
+
+
+@pytest.fixture
+async def on_cluster(tmp_path: Path) -> AsyncIterator[World]:
+    try:
+        check_available()
+    except LabUnavailable as err:
+        pytest.skip(f"fault lab unavailable: {err}")
+    async with ClusterInstances(ttl=TTL, logs=tmp_path) as made:
+        yield made
+
+
+@pytest.mark.timeout(150)
+async def test_a_redis_cluster_failover_loses_nothing(on_cluster: World) -> None:
+    """(d) Redis Cluster, a replica per primary: the primary holding a's bus stream killed
+    and its replica promoted, then a manual failover of another shard, while twin 1 on a asks
+    twin 2 on b: what Redis could not take while a shard had no primary is refused with an
+    error the sender sees, the rest answered; each twin held by its own instance after."""
+    outcome = await rmb_cluster_failover(on_cluster)
+    fates = outcome.fates
+    assert fates.lost == 0, f"{fates.line()}; lost {fates.lost_ids}" + _logs(on_cluster)
+    assert fates.delivered_once + fates.delivered_more > 0, fates.line()
+    assert outcome.presence_single, _logs(on_cluster)

@@ -61,9 +61,10 @@ def test_a_test_that_fails_with_sockets_open_fails_and_the_run_goes_on(tmp_path:
     )
     assert code == 1, out
     assert "fails before closing its connection" in out
-    # the leak is still reported
-    assert "the event loop closed with 2 resource(s) open" in out
-    assert "unclosed resource <TCPTransport" in out
+    # the leak is still reported: as the guard's summary when uvloop's close warns (up to
+    # uvloop 0.22), else as the transports' own ResourceWarning, which fails the test too
+    assert "the event loop closed with 2 resource(s) open" in out or "ResourceWarning" in out
+    assert "<TCPTransport" in out
     assert "test_next" in out  # the run went on
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -89,3 +90,74 @@ async def test_wrong_secret_flood_gets_429_and_honest_logins_pass(
     assert tunnel_relay.rss_mib() - rss_before < RSS_GROWTH_MIB
     assert tunnel_relay.stop() == 0
     assert not tunnel_relay.problems, tunnel_relay.problems
+
+
+def test_twin_directory_file_and_directory_are_private(tmp_path: Path) -> None:
+    """The SQLite file holds tenant secret hashes and the token-signing key: 0600 in a 0700
+    directory when the relay creates them, and an existing readable one is narrowed."""
+    from rmb_relay.twins.local import SqliteTwinDirectory
+
+    path = tmp_path / "state" / "twins.sqlite3"
+    old_umask = os.umask(0o022)
+    try:
+        with SqliteTwinDirectory(path):
+            pass
+        assert path.parent.stat().st_mode & 0o777 == 0o700
+        assert path.stat().st_mode & 0o777 == 0o600
+        for sidecar in path.parent.iterdir():  # -wal, -shm
+            assert sidecar.stat().st_mode & 0o077 == 0, sidecar
+        path.chmod(0o644)
+        with SqliteTwinDirectory(path):
+            pass
+        assert path.stat().st_mode & 0o777 == 0o600
+    finally:
+        os.umask(old_umask)
+
+
+async def _upgrade_status(
+    port: int, path: str, local: str = "127.0.0.1"
+) -> tuple[int, dict[str, str]]:
+    """The status and headers a websocket upgrade to `path` is answered with."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(local, 0))
+    writer.write(
+        f"GET {path} HTTP/1.1\r\nHost: relay\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n".encode()
+    )
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
+    writer.close()
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+    return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}
+
+
+async def test_failed_rmb_logins_from_one_address_get_429(tmp_path: Path) -> None:
+    from rmb_relay.identity import make_jwt
+    from rmb_relay.twins import Twin
+    from rmb_relay.twins.local import SqliteTwinDirectory
+    from tests.rmb_fixtures import key_for
+
+    db = tmp_path / "twins.sqlite3"
+    with SqliteTwinDirectory(db) as twins:
+        twins.add(Twin(5, key_for(5).public_key, None))
+    relay = RelayProcess("--twins", f"sqlite:{db}", "--no-tunnel", "--auth-failures", "4")
+    try:
+        now = int(time.time())
+        forged = make_jwt(key_for(99), 5, None, now)  # twin 5's id, someone else's key
+        honest = make_jwt(key_for(5), 5, None, now)
+
+        async def attack() -> list[tuple[int, dict[str, str]]]:
+            return [await _upgrade_status(relay.port, f"/?{forged}") for _ in range(10)]
+
+        async def log_in() -> list[int]:
+            return [(await _upgrade_status(relay.port, f"/?{honest}", HONEST))[0] for _ in range(3)]
+
+        flood, logins = await asyncio.gather(attack(), log_in())
+        assert [status for status, _ in flood] == [401] * 4 + [429] * 6
+        assert all(int(headers["retry-after"]) >= 1 for status, headers in flood if status == 429)
+        assert logins == [101] * 3
+        page = await scrape(*relay.address)
+        assert page.value("rmb_relay_auth_throttled_total", dialect="rmb", reason="ip") == 6
+        assert relay.stop() == 0
+        assert not relay.problems, relay.problems
+    finally:
+        relay.close()

@@ -9,13 +9,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import time
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
+import httpx
 import pytest
 
+from rmb_relay._core import MSG_REQUEST, Envelope
+from rmb_relay.identity import make_jwt
+from rmb_relay.twins import Twin
+from rmb_relay.twins.local import SqliteTwinDirectory
 from tests.conftest import WAIT
 from tests.helpers import RawWebSocket, eventually, http_exchange
+from tests.redis_process import free_port
 from tests.relay_process import RelayProcess
+from tests.rmb_fixtures import key_for
 from tests.sbd_client import SbdClient
 from tests.scrape import scrape
 
@@ -146,3 +155,109 @@ async def _ping_and_never_read(relay: RelayProcess) -> None:
     assert await _count(ws.reader, pong_frame, sent) == sent
     for client in (greedy, a, b):
         client.ws.close()
+
+
+async def test_metrics_listen_moves_the_operations_routes_off_the_public_listener() -> None:
+    ops_port = free_port()
+    relay = RelayProcess("--metrics-listen", f"127.0.0.1:{ops_port}", "--no-tunnel")
+    try:
+        line = relay.wait_for_line("open to strangers")
+        assert "federation POST /" in line
+        assert "sbd: any key may connect" in line
+        assert "/metrics" not in line  # moved off the public listener
+        host, port = relay.address
+        async with (
+            httpx.AsyncClient(base_url=f"http://{host}:{port}", timeout=WAIT) as public,
+            httpx.AsyncClient(base_url=f"http://{host}:{ops_port}", timeout=WAIT) as ops,
+        ):
+            for path in ("/metrics", "/health", "/monitor/server"):
+                assert (await public.get(path)).status_code == 404, path
+                assert (await ops.get(path)).status_code == 200, path
+            # nothing else is served on the operations listener: no route, no upgrade
+            assert (await ops.post("/", content=b"x")).status_code == 404
+            upgrade = {
+                "Upgrade": "websocket",
+                "Connection": "Upgrade",
+                "Sec-WebSocket-Version": "13",
+            }
+            upgrade["Sec-WebSocket-Key"] = "dGhlIHNhbXBsZSBub25jZQ=="
+            assert (await ops.get("/AAAA", headers=upgrade)).status_code == 404
+            # the public one still serves the dialects
+            assert (await public.post("/", content=b"x")).status_code == 400
+        assert relay.stop() == 0
+        assert not relay.problems, relay.problems
+    finally:
+        relay.close()
+
+
+async def test_default_relay_says_what_is_open_in_one_line() -> None:
+    relay = RelayProcess()
+    try:
+        line = relay.wait_for_line("open to strangers")
+        for surface in ("rmb: federation POST /", "sbd: any key", "on the public listener"):
+            assert surface in line, line
+        assert sum("open to strangers" in logged for logged in relay.log) == 1
+    finally:
+        relay.close()
+
+
+async def test_per_ip_caps_group_ipv6_by_prefix() -> None:
+    from rmb_relay.config import ListenerConfig
+    from rmb_relay.server.listener import RelayServer
+
+    server = RelayServer(ListenerConfig(ipv6_prefix=64))
+    assert server.ip_key("2001:db8:0:1::a") == server.ip_key("2001:db8:0:1:ffff::b")
+    assert server.ip_key("2001:db8:0:2::a") != server.ip_key("2001:db8:0:1::a")
+    assert server.ip_key("192.0.2.1") == "192.0.2.1"
+    per_host = RelayServer(ListenerConfig(ipv6_prefix=128))
+    assert per_host.ip_key("2001:db8:0:1::a") != per_host.ip_key("2001:db8:0:1::b")
+
+
+async def test_rmb_errors_never_read_stop_the_sender_being_read(tmp_path: Path) -> None:
+    """Requests to a twin nobody knows are each answered with an error envelope: a sender that
+    never reads them stops being read (its own output is over the high-water mark), instead of
+    the relay queueing errors for it without end; once it reads, every one arrives."""
+    db = tmp_path / "twins.sqlite3"
+    with SqliteTwinDirectory(db) as twins:
+        twins.add(Twin(5, key_for(5).public_key, None))
+    relay = RelayProcess("--twins", f"sqlite:{db}", "--no-tunnel")
+    try:
+        async with honest_health(relay):
+            jwt = make_jwt(key_for(5), 5, None, int(time.time()))
+            ws = await RawWebSocket.connect(*relay.address, f"/?{jwt}")
+            rss_before = relay.rss_mib()
+            sent = 40_000
+            for n in range(0, sent, 1000):  # ~1 KiB each, their errors as large: ~42 MiB
+                batch = []
+                for uid in range(n, n + 1000):
+                    env = Envelope(f"{uid:08d}" + "u" * 1000)
+                    env.source_twin, env.dest_twin = 5, 77_777
+                    env.kind, env.command = MSG_REQUEST, "x"
+                    env.timestamp, env.expiration = int(time.time()), 300
+                    batch.append(env.encode())
+                ws.send_raw(ws.encoder.binary_batch(batch))  # (buffered here: never drained)
+            await eventually(lambda: _reply_pauses(relay, "rmb"), timeout=WAIT)
+            assert relay.rss_mib() - rss_before < RSS_GROWTH_MIB
+            errors = await _count(ws.reader, b"unknown twin destination", sent)
+            assert errors == sent
+            ws.close()
+        assert relay.stop() == 0
+        assert not relay.problems, relay.problems
+    finally:
+        relay.close()
+
+
+async def test_sbd_forwards_to_oneself_never_read_stop_being_read(relay: RelayProcess) -> None:
+    async with honest_health(relay):
+        greedy = await SbdClient.connect(*relay.address)
+        rss_before = relay.rss_mib()
+        sent = 40_000
+        payload = b"m" * 1000  # ~40 MiB back to itself
+        for _ in range(sent // 1000):
+            greedy.ws.send_raw(greedy.ws.encoder.binary_batch([greedy.pubkey + payload] * 1000))
+        await eventually(lambda: _reply_pauses(relay, "sbd"), timeout=WAIT)
+        assert relay.rss_mib() - rss_before < RSS_GROWTH_MIB
+        assert await _count(greedy.ws.reader, greedy.pubkey + payload, sent) == sent
+        greedy.ws.close()
+    assert relay.stop() == 0
+    assert not relay.problems, relay.problems

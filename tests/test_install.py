@@ -90,6 +90,8 @@ def check_install(bin_dir: Path, work: Path) -> None:
     for command in ENTRY_POINTS:
         assert f"usage: {command}" in run(bin_dir, command, "--help", cwd=work).stdout
     assert "--master" in run(bin_dir, "rmb-analytics", "--help", cwd=work).stdout
+    for dialect in ("rmb", "sbd", "singyeong", "tunnel", "peer"):  # every generator (load.md)
+        assert "--samples" in run(bin_dir, "rmb-load", dialect, "--help", cwd=work).stdout
     assert run(bin_dir, "rmb-peer", "--version", cwd=work).stdout.startswith("rmb-peer ")
     imports = (
         "import rmb_relay, rmb_relay._core, rmb_relay._proto.types_pb2, rmb_relay.peer.gateway;"

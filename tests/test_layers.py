@@ -6,6 +6,7 @@ still a dependency, and a cycle of them still ties the modules together)."""
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -31,6 +32,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "rmb_relay.gc_tuning",
             "rmb_relay.malloc_tuning",
             "rmb_relay.cli_support",
+            "rmb_relay.log_budget",
             "rmb_relay.config",
             "rmb_relay.identity",
         ),
@@ -39,11 +41,18 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("directory and telemetry", ("rmb_relay.twins", "rmb_relay.telemetry")),
     (
         "delivery",
-        ("rmb_relay.mailbox", "rmb_relay.switch", "rmb_relay.cluster", "rmb_relay.federation"),
+        (
+            "rmb_relay.mailbox",
+            "rmb_relay.switch",
+            "rmb_relay.cluster",
+            "rmb_relay.federation",
+            "rmb_relay.throttle",
+        ),
     ),
     ("services", ("rmb_relay.services",)),
     ("dialects", ("rmb_relay.dialects",)),
     ("server", ("rmb_relay.server",)),
+    ("monitoring", ("rmb_relay.monitoring",)),
     (
         "programs",
         (
@@ -267,3 +276,99 @@ def test_a_planted_cycle_and_an_upward_import_are_found(tmp_path: Path) -> None:
     assert upward_imports(graph) == [
         "rmb_relay.errors (foundation) imports rmb_relay.switch (delivery)"
     ]
+
+
+# ---- Rust -------------------------------------------------------------------------------------
+
+RUST = PACKAGE.parent.parent / "rust"
+#: bottom to top, as rust/lib.rs and docs/architecture.md draw them; a module belongs to the
+#: layer of the longest prefix it matches
+RUST_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("shared", ("", "error", "limiter", "crypto", "records", "lent")),
+    ("codec", ("codec",)),
+    ("forward", ("forward",)),
+    ("dialects", ("dialects",)),
+    ("crate", ("fuzzing",)),
+)
+#: no dialect is named below the dialects layer
+DIALECT_NAMES = re.compile(r"\b(rmb|sbd|singyeong|sg|tunnel)(::|_index\b)")
+
+
+def rust_modules(root: Path) -> dict[str, Path]:
+    """Every Rust file by module path (`codec::ws`; `mod.rs` and `lib.rs` are their folder)."""
+    found: dict[str, Path] = {}
+    for path in sorted(root.rglob("*.rs")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] in ("mod", "lib"):
+            parts = parts[:-1]
+        found["::".join(parts)] = path
+    return found
+
+
+def rust_imports(name: str, path: Path, modules: Iterable[str]) -> set[str]:
+    """The crate's files a Rust file names (`crate::a::b::Item` depends on the file `a::b`),
+    its tests and bindings included: a test-only import still ties two files together."""
+    known = set(modules)
+    found: set[str] = set()
+    for match in re.finditer(r"crate::((?:\w+::)*\w+)", path.read_text()):
+        parts = match.group(1).split("::")
+        for n in range(len(parts), 0, -1):
+            candidate = "::".join(parts[:n])
+            if candidate in known:
+                if candidate != name:
+                    found.add(candidate)
+                break
+    return found
+
+
+def rust_layer_of(name: str) -> int:
+    best, level = -1, 0
+    for index, (_, prefixes) in enumerate(RUST_LAYERS):
+        for prefix in prefixes:
+            if (name == prefix or name.startswith(prefix + "::") or prefix == "") and len(
+                prefix
+            ) > best:
+                best, level = len(prefix), index
+    return level
+
+
+def rust_graph(root: Path = RUST) -> dict[str, set[str]]:
+    modules = rust_modules(root)
+    return {name: rust_imports(name, path, modules) for name, path in modules.items()}
+
+
+def test_no_rust_module_cycle() -> None:
+    graph = rust_graph()
+    # the crate root registers every binding: it is above everything, not part of a cycle
+    graph[""] = set()
+    assert cycles(graph) == []
+
+
+def test_no_rust_module_imports_from_a_layer_above() -> None:
+    wrong = [
+        f"{name} ({RUST_LAYERS[rust_layer_of(name)][0]}) imports {dep} "
+        f"({RUST_LAYERS[rust_layer_of(dep)][0]})"
+        for name, deps in rust_graph().items()
+        if name
+        for dep in sorted(deps)
+        if rust_layer_of(dep) > rust_layer_of(name)
+    ]
+    assert wrong == []
+
+
+def test_the_codec_and_forward_layers_name_no_dialect() -> None:
+    named = [
+        f"{path.relative_to(RUST)}:{number}: {line.strip()}"
+        for name, path in rust_modules(RUST).items()
+        if name.split("::")[0] in ("codec", "forward")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if "use crate::" in line and DIALECT_NAMES.search(line)
+    ]
+    assert named == []
+
+
+def test_the_rust_cycle_check_sees_a_planted_cycle(tmp_path: Path) -> None:
+    (tmp_path / "a.rs").write_text("use crate::b::B;\n")
+    (tmp_path / "b.rs").write_text("fn f() { crate::a::g() }\n")
+    graph = rust_graph(tmp_path)
+    assert cycles(graph) != []

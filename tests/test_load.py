@@ -83,29 +83,21 @@ def test_load_run_counts_everything_and_writes_files(
     assert {r["outcome"] for r in records} == {"delivered"}
 
 
-def test_load_against_nothing_fails_clearly(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("dialect", "where"), [("rmb", "ws://127.0.0.1:9/"), ("sbd", "ws://127.0.0.1:9")]
+)
+def test_load_against_nothing_fails_clearly(tmp_path: Path, dialect: str, where: str) -> None:
+    twins = ["--twins", f"sqlite:{tmp_path / 't.sqlite3'}"] if dialect == "rmb" else []
     result = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "rmb_relay.load.cli",
-            "rmb",
-            "--url",
-            "ws://127.0.0.1:9/",
-            "--twins",
-            f"sqlite:{tmp_path / 't.sqlite3'}",
-            "--count",
-            "1",
-            "--warmup",
-            "0",
-        ],
+        [sys.executable, "-m", "rmb_relay.load.cli", dialect, "--url", "ws://127.0.0.1:9/",
+         *twins, "--count", "1", "--warmup", "0"],
         capture_output=True,
         text=True,
         timeout=120,
-    )
+    )  # fmt: skip
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        "rmb-load: rmb: relay ws://127.0.0.1:9/ unreachable: [Errno 111] Connection refused"
+        f"rmb-load: {dialect}: relay {where} unreachable: [Errno 111] Connection refused"
     ]
     assert "sent" in result.stdout  # the table of what was measured until then
 
@@ -187,3 +179,29 @@ def test_refused_messages_leave_the_window(tmp_path: Path) -> None:
     assert data["sent"] == 400
     assert data["delivered"] == 50
     assert data["errors"] == {"exceeded rate limits, dropping message": 350}, result.stdout
+
+
+@pytest.mark.parametrize("arrivals", ["even", "poisson"])
+def test_two_processes_paced_merge_exactly(
+    relay_url: tuple[str, str], tmp_path: Path, arrivals: str
+) -> None:
+    """`--procs 2` splits the pairs over two generator processes whose counts and samples
+    merge; `--rate` paces them (the figures are counts, never times)."""
+    url, twins = relay_url
+    summary, samples = tmp_path / "summary.json", tmp_path / "samples.jsonl"
+    result = subprocess.run(
+        [sys.executable, "-m", "rmb_relay.load.cli", "rmb", "--url", url, "--twins", twins,
+         "--pairs", "4", "--procs", "2", "--count", "100", "--rate", "4000",
+         "--arrivals", arrivals, "--warmup", "0", "--json", str(summary),
+         "--samples", str(samples)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    data = json.loads(summary.read_text())
+    assert data["config"]["procs"] == 2
+    assert data["sent"] == data["delivered"] == 400
+    assert (data["lost"], data["duplicated"]) == (0, 0)
+    records = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert sorted({r["pair"] for r in records}) == [0, 1, 2, 3]
+    assert {r["dialect"] for r in records} == {"rmb"}
+    assert len(records) == 400

@@ -101,3 +101,26 @@ async def test_budget_refusal_is_a_mailbox_error_and_budgets_must_be_positive() 
     with pytest.raises(ValueError, match="positive"):
         MailboxBudget(total_bytes=0)
     await mailbox.close()
+
+
+async def test_one_source_twin_gets_its_share_not_the_whole_budget(
+    start_relay: StartRelay, tmp_path: Path
+) -> None:
+    """A flood from one sender stops at its share (--mailbox-source-bytes); another sender's
+    mail to the same twin is still stored, and everything stored is delivered (issue 33)."""
+    mailbox = MemoryMailbox(budget=MailboxBudget(source_bytes=70_000))
+    relay = await start_rmb_relay(start_relay, tmp_path, mailbox=mailbox)
+    alice, bob = await relay.client(1), await relay.client(2, key_type="ed25519")
+    payload = b"f" * 30_000
+    flood = [alice.send_request(3, "m", payload) for _ in range(2)]
+    await eventually(lambda: mailbox.stats.stored == 2)
+    refused = await asyncio.wait_for(alice.send_request(3, "m", payload), WAIT)
+    assert refused.error == (0, FULL)
+    honest = bob.send_request(3, "m", b"from bob")
+    await eventually(lambda: mailbox.stats.stored == 3)
+    carol = await relay.client(3)
+    carol.handle("m", lambda r: r.data[:8])
+    replies = await asyncio.wait_for(asyncio.gather(*flood, honest), WAIT)
+    assert [r.data for r in replies] == [b"ffffffff", b"ffffffff", b"from bob"]
+    assert mailbox.held_bytes() == 0
+    await relay.close_clients()

@@ -5,7 +5,9 @@ HTTP client through it. Values are read from the JSON a client gets, as an opera
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import sys
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -25,7 +27,7 @@ from rmb_relay.server.listener import RelayServer
 from rmb_relay.services import Services
 from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
-from tests.conftest import WAIT, StartRelay
+from tests.conftest import WAIT, RedisServer, StartRelay, free_port
 from tests.helpers import eventually
 from tests.rmb_fixtures import key_for
 from tests.sbd_client import SbdClient, key_path
@@ -57,9 +59,10 @@ class Relay:
         return page["connections"]  # type: ignore[no-any-return]
 
 
-@pytest.fixture
-async def relay(tmp_path: Path) -> AsyncIterator[Relay]:
-    """Every dialect on, twins 1..3 and the tenant `acme` in the directory's file."""
+@contextlib.asynccontextmanager
+async def running(tmp_path: Path, *flags: str) -> AsyncIterator[Relay]:
+    """A relay built by `rmb-relay serve`'s code with `flags`: every dialect on, twins 1..3
+    and the tenant `acme` in the directory's file."""
     twins = tmp_path / "twins.sqlite3"
     directory = SqliteTwinDirectory(twins)
     for twin in (1, 2, 3):
@@ -74,6 +77,7 @@ async def relay(tmp_path: Path) -> AsyncIterator[Relay]:
             "--tunnel-body-store",
             str(tmp_path / "bodies"),
             "--sbd-disable-rate-limit",
+            *flags,
         ]
     )
     server, services = await serve.build_server(args)
@@ -85,6 +89,12 @@ async def relay(tmp_path: Path) -> AsyncIterator[Relay]:
         finally:
             await asyncio.wait_for(server.shutdown(), WAIT)
             await services.close()
+
+
+@pytest.fixture
+async def relay(tmp_path: Path) -> AsyncIterator[Relay]:
+    async with running(tmp_path) as relay:
+        yield relay
 
 
 def by_who(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -202,6 +212,27 @@ async def test_every_dialect_is_listed_with_its_identity_and_its_traffic(
     assert summary["totals"]["msgs_in"] >= 5 + 3 + 2
 
 
+async def top_once(relay: Relay) -> str:
+    """One screen of `rmb-relay top --once`, 80 columns wide."""
+    host, port = relay.address
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "rmb_relay",
+        "top",
+        "--once",
+        "--url",
+        f"http://{host}:{port}",
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "COLUMNS": "80", "LINES": "30"},
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), WAIT)
+    assert process.returncode == 0
+    screen = out.decode()
+    assert all(len(line) <= 80 for line in screen.splitlines())
+    return screen
+
+
 async def test_sorting_filtering_limits_and_paging(relay: Relay) -> None:
     host, port = relay.address
     async with AsyncExitStack() as stack:
@@ -312,6 +343,11 @@ async def test_a_receiver_that_does_not_read_shows_as_congested(relay: Relay) ->
         assert summary["connections"]["congested"] >= 1
         sorted_by_pending = await relay.rows("sort=pending&limit=1")
         assert sorted_by_pending[0]["who"] == who
+        # `top` lists it under congested, flagged C
+        screen = await top_once(relay)
+        congested_part = screen.split("congested (", 1)[1]
+        line = next(ln for ln in congested_part.splitlines() if ln.split()[:1] == [str(row["id"])])
+        assert line.rstrip().endswith("C")
 
 
 async def test_monitor_routes_are_served_to_connections_over_the_cap(
@@ -354,3 +390,81 @@ async def test_http_connections_count_requests_and_bytes(relay: Relay) -> None:
         assert rows[0]["bytes_out"] > 3 * 3
     finally:
         writer.close()
+
+
+async def test_cluster_view_lists_the_instances_and_their_liveness(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    async with running(tmp_path, "--redis", redis_server.url, "--instance-id", "one") as relay:
+        host, port = relay.address
+        client = await RmbClient.connect(f"ws://{host}:{port}/", 1, key_for(1))
+        try:
+
+            async def claimed() -> bool:
+                view = await relay.get("/monitor/cluster")
+                return bool(view["presence_here"] >= 1)
+
+            await eventually(claimed)
+            view = await relay.get("/monitor/cluster")
+            assert view["enabled"]
+            assert view["me"] == "one"
+            assert view["instances"] == [{"instance": "one", "alive": True, "me": True}]
+            assert view["sessions_here"] == 1
+        finally:
+            await client.close()
+
+
+async def test_federation_view_shows_the_peer_relays_that_fail_and_those_that_accept(
+    tmp_path: Path,
+) -> None:
+    """Relay A federates: twin 4 is served by relay B (domain 127.0.0.1), which accepts; twin
+    3's relay (127.0.0.2, where nobody listens) refuses connections."""
+    peer_port = free_port()
+    (tmp_path / "b").mkdir()
+    dead, alive = "127.0.0.2", "127.0.0.1"
+    b_flags = ("-l", f"127.0.0.1:{peer_port}", "--domain", alive)
+    async with running(tmp_path / "b", *b_flags) as peer:
+        SqliteTwinDirectory(tmp_path / "b" / "twins.sqlite3").add(
+            Twin(4, key_for(4).public_key, frozenset({alive}), None)
+        )
+        flags = ("--domain", "relay.test", "--twin-cache-ttl", "0")
+        flags += ("--federation-url-template", f"http://{{domain}}:{peer_port}/")
+        async with running(tmp_path, *flags) as relay:
+            host, port = relay.address
+            directory = SqliteTwinDirectory(tmp_path / "twins.sqlite3")
+            directory.add(Twin(3, key_for(3).public_key, frozenset({dead}), None))
+            directory.add(Twin(4, key_for(4).public_key, frozenset({alive}), None))
+            client = await RmbClient.connect(f"ws://{host}:{port}/", 1, key_for(1))
+            try:
+                for dest in (3, 4, 4):
+                    _, wire = client.request_envelope(dest, "ping")
+                    client.send(wire)
+
+                async def posted() -> bool:
+                    view = await relay.get("/monitor/federation")
+                    peers = {p["relay"]: p for p in view["peers"]}
+                    return (
+                        dead in peers
+                        and peers[dead]["failed"] >= 1
+                        and alive in peers
+                        and peers[alive]["accepted"] == 2
+                    )
+
+                await eventually(posted)
+                view = await relay.get("/monitor/federation")
+                peers = {p["relay"]: p for p in view["peers"]}
+                assert peers[dead]["window_failures"] >= 1
+                assert peers[dead]["score"] > 0
+                assert peers[dead]["accepted"] == 0
+                assert peers[alive]["failed"] == 0
+                assert view["totals"]["accepted"] == 2
+                # the envelope for twin 3 waits for its retry: held by the queue
+                assert view["queue"]["depth"] == 1
+                assert (await peer.get("/monitor/server"))["mailbox"]["messages"] == 2
+                # `top` names the failing relay, not the one that accepts
+                screen = await top_once(relay)
+                failing = screen.split("failing peer relays", 1)[1]
+                assert dead in failing
+                assert alive not in failing
+            finally:
+                await client.close()

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from rmb_relay.monitoring.connections import MAX_PAGE
 from tests.conftest import WAIT
 from tests.relay_process import RelayProcess
 
@@ -80,13 +81,21 @@ def test_ten_thousand_connections_page_correctly(enough_descriptors: None) -> No
             assert len(set(seen)) == len(seen), "a connection was listed twice"
             assert ports <= set(seen), "a connection was missed"
 
+            # `all` is as much as one answer may hold (MAX_PAGE rows): the rest is a page on
             everything = listing("limit=all&sort=idle")
             rows = everything["connections"]
             assert isinstance(rows, list)
-            assert len(rows) == CONNECTIONS + 1
+            assert len(rows) == MAX_PAGE == CONNECTIONS
+            rest = listing(f"limit=all&sort=idle&cursor={everything['next']}")["connections"]
+            assert isinstance(rest, list)
+            assert len(rest) == 1
+            rows += rest
             assert {int(r["remote"].rsplit(":", 1)[1]) for r in rows} >= ports
             idle = [r["idle"] for r in rows]
             assert idle == sorted(idle, reverse=True)
+            too_many = http.get(f"/monitor/connections?limit={MAX_PAGE + 1}")
+            assert too_many.status_code == 400
+            assert "limit: 1 to 10000 rows" in too_many.json()["error"]
             # (the figures are docs/monitoring.md's; printed for whoever runs it with -s)
             print(
                 f"10,000 connections: page of 100 {sorted(took)[len(took) // 2]:.1f} ms "

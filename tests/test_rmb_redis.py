@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
+import pytest
 from redis.asyncio import Redis
 
 from rmb_relay.mailbox import RedisMailbox, stream_key
@@ -99,3 +101,22 @@ async def test_login_while_redis_is_down_still_works(
     carol.handle("m", lambda r: b"live")
     assert (await alice.request(3, "m", timeout=WAIT)).data == b"live"
     await relay.close_clients()
+
+
+async def test_a_full_session_refuses_new_mail_and_keeps_the_old(redis_server: RedisServer) -> None:
+    """rmb-rs caps a stream with MAXLEN, dropping the oldest: a flood then evicts the mail a
+    twin waits for. At `--mailbox-max` the session refuses instead (issue 33)."""
+    from rmb_relay.errors import MailboxFull
+
+    mailbox = RedisMailbox(Redis.from_url(redis_server.url), max_per_session=2)
+    try:
+        deadline = int(time.time()) + 60
+        await mailbox.put((7, None), b"victim's 1", deadline)
+        await mailbox.put((7, None), b"victim's 2", deadline)
+        with pytest.raises(MailboxFull, match="holds 2 messages"):
+            await mailbox.put((7, None), b"flood", deadline)
+        assert mailbox.stats.refused == 1
+        taken = await mailbox.take((7, None))
+        assert taken.envelopes == [b"victim's 1", b"victim's 2"]
+    finally:
+        await mailbox.close()

@@ -404,18 +404,22 @@ async def test_mailbox_drops_expired_messages(start_relay: StartRelay, tmp_path:
     await relay.close_clients()
 
 
-async def test_mailbox_max_drops_oldest(start_relay: StartRelay, tmp_path: Path) -> None:
+async def test_mailbox_max_refuses_past_the_cap(start_relay: StartRelay, tmp_path: Path) -> None:
+    """Past --mailbox-max a new message is refused (its sender hears it), nothing waiting is
+    dropped: a flood cannot evict the mail a twin waits for (issue 33)."""
     from rmb_relay.mailbox import MemoryMailbox
 
     relay = await start_rmb_relay(start_relay, tmp_path, mailbox=MemoryMailbox(max_per_session=3))
     alice = await relay.client(1)
     futures = [alice.send_request(3, "m", str(i).encode()) for i in range(5)]
-    await eventually(lambda: relay.dialect.mailbox.stats.stored == 5)
-    assert relay.dialect.mailbox.stats.dropped_full == 2
+    await eventually(lambda: relay.dialect.mailbox.stats.refused == 2)
+    assert relay.dialect.mailbox.stats.stored == 3
+    refused = await asyncio.wait_for(asyncio.gather(*futures[3:]), WAIT)
+    assert [r.error for r in refused] == [(0, "destination offline and its mailbox is full")] * 2
     carol = await relay.client(3)
     carol.handle("m", lambda r: r.data)
-    replies = await asyncio.wait_for(asyncio.gather(*futures[2:]), WAIT)
-    assert [r.data for r in replies] == [b"2", b"3", b"4"]
+    replies = await asyncio.wait_for(asyncio.gather(*futures[:3]), WAIT)
+    assert [r.data for r in replies] == [b"0", b"1", b"2"]
     await relay.close_clients()
 
 

@@ -427,6 +427,9 @@ async def test_data_during_the_handshake_resets_the_idle_timer(make_sbd: Any) ->
 def test_ip_keys_map_v4_into_v6_as_the_reference() -> None:
     assert ip_key("127.0.0.1") == "::ffff:127.0.0.1"
     assert ip_key("::ffff:127.0.0.1") == "::ffff:127.0.0.1"
+    # IPv6 grouped by --ipv6-prefix (the dialect passes it; 128 keeps each address)
+    assert ip_key("2001:db8:0:1::a", 64) == ip_key("2001:db8:0:1::b", 64) == "2001:db8:0:1::/64"
+    assert ip_key("2001:db8:0:1::a") == "2001:db8:0:1::a"
     assert ip_key("::1") == "::1"  # a different bucket from 127.0.0.1
     assert ip_key("2001:DB8::1") == "2001:db8::1"
 

@@ -23,7 +23,7 @@ from tests.test_singyeong_queues import WORKERS, nothing_pending, take
 __all__ = ["make_gateway"]
 
 #: a QUEUE frame with this payload is a little over 1 KB on the wire; with the per-message
-#: overhead and the payload's JSON text the native path keeps, a message is charged about
+#: overhead and the payload's JSON text the scanner keeps, a message is charged about
 #: 2,700 bytes
 PAYLOAD = "x" * 1000
 
@@ -137,9 +137,9 @@ async def test_dead_letters_full_keeps_the_message_in_its_queue(
 async def test_a_kept_payload_text_is_charged_and_refused_at_the_budget(
     make_gateway: MakeGateway,
 ) -> None:
-    """The native path keeps a QUEUE's payload text beside its value (a JSON consumer's
-    dispatch copies it): the budget charges it, so the second message here does not fit
-    (it would without the text, as on the Python path, which keeps none)."""
+    """The scanner keeps a QUEUE's payload text beside its value (a JSON consumer's dispatch
+    copies it): the budget charges it, so the second message here does not fit (it would
+    without the text)."""
     frame = json.dumps(
         {"op": 4, "d": {"queue": "jobs", "target": WORKERS, "nonce": "n", "payload": PAYLOAD}}
         | {"t": "QUEUE"}
@@ -147,17 +147,14 @@ async def test_a_kept_payload_text_is_charged_and_refused_at_the_budget(
     message = len(frame) + MESSAGE_OVERHEAD
     text = len(json.dumps(PAYLOAD))
     budget = 2 * message + text  # two without their text, one with it
-    for native, fits in ((True, 1), (False, 2)):
-        gateway = await make_gateway(queue_bytes=budget, native=native)
-        queues = gateway.dialect.queues
-        producer = await gateway.client("p", "producers")
-        await queue(producer, PAYLOAD)
-        assert queues.held_bytes()[0] == message + (text if native else 0)
-        if fits == 2:
-            await queue(producer, PAYLOAD)
-        info = await refused(producer)
-        assert info["limit"] == "key"
-        assert queues.depth() == (fits, 0, 0)
+    gateway = await make_gateway(queue_bytes=budget)
+    queues = gateway.dialect.queues
+    producer = await gateway.client("p", "producers")
+    await queue(producer, PAYLOAD)
+    assert queues.held_bytes()[0] == message + text
+    info = await refused(producer)
+    assert info["limit"] == "key"
+    assert queues.depth() == (1, 0, 0)
 
 
 def test_budget_flags_parse_and_must_be_positive() -> None:

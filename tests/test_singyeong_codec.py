@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 
 from rmb_relay.dialects.singyeong import etf
 from rmb_relay.dialects.singyeong.codec import DecodeError, Encoding, decode, encode, json_text
+from rmb_relay.dialects.singyeong.dialect import SingyeongDialect
 from rmb_relay.dialects.singyeong.frames import dispatch, hello
-from rmb_relay.dialects.singyeong.hotframes import ConfirmCache, queue_confirm, queue_dispatch
+from rmb_relay.dialects.singyeong.settings import SgSettings
+from rmb_relay.telemetry.metrics import Registry
 
 #: (value, bytes) as `:erlang.term_to_binary` writes them (binaries for strings, atoms for
 #: nil/true/false)
@@ -150,18 +152,16 @@ def test_unknown_encoding_names_the_choices() -> None:
 def test_hot_queue_frames_are_the_generic_json(
     name: str, nonce: Any, payload: Any, attempt: int
 ) -> None:
-    """The queue frames built from pieces (hotframes.py) are byte for byte what the generic
-    path encodes, and a cached CONFIRM is the same text as a fresh one."""
+    """The JSON QUEUE_CONFIRM built from pieces (the core's DISPATCH layout) is byte for byte
+    what the generic path encodes, and a kept CONFIRM is the same text as a fresh one. (The
+    QUEUE dispatch's: test_singyeong_queues.py, over a socket.)"""
     ts = 1_700_000_000_123
     confirm = encode(
         Encoding.JSON, dispatch("QUEUE_CONFIRM", {"queue": name}, ts, nonce, queue=name)
     )
-    assert queue_confirm(name, nonce, ts) == confirm
-    cache = ConfirmCache()
-    assert cache.confirm(name, nonce, ts) == cache.confirm(name, nonce, ts) == confirm
-    body = etf.Struct(queue=name, payload=payload, id="id-1", attempt=attempt)
-    expected = encode(Encoding.JSON, dispatch("QUEUE", body, ts, nonce))
-    assert queue_dispatch(name, payload, "id-1", attempt, nonce, ts) == expected
+    gateway = SingyeongDialect(SgSettings(), Registry())
+    assert gateway._confirm_json(name, nonce, ts) == confirm
+    assert gateway._confirm_json(name, nonce, ts) == confirm
 
 
 def test_json_text_is_the_standard_encoder() -> None:

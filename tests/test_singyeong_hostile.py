@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 from aiohttp import web
 
 from tests.conftest import free_port
-from tests.helpers import http_exchange
+from tests.helpers import eventually, http_exchange
 from tests.redis_process import RedisServer
 from tests.relay_process import RelayProcess
 from tests.scrape import scrape
@@ -156,6 +156,11 @@ async def test_metadata_flood_is_refused_per_client(
     )
     frame = await at_identify.expect(8)
     assert frame["d"]["error"] == "initial metadata: metadata_full"
+    for field in ("client_id", "application_id"):  # nor hidden in the ids
+        long_id = await connect(relay)
+        await long_id.send(1, {"client_id": "c", "application_id": "a", field: "i" * 500_000})
+        frame = await long_id.expect(8)
+        assert frame["d"]["error"] == "identify: client_id and application_id are at most 256 long"
     keys = await connect(relay)
     await keys.identify("keys", "evil")
     many = {f"k{i}": {"type": "integer", "value": i} for i in range(300)}
@@ -167,8 +172,56 @@ async def test_metadata_flood_is_refused_per_client(
     page = await scrape(*relay.address)
     assert page.value("rmb_relay_sg_refused_total", limit="metadata_bytes") == 41
     assert page.value("rmb_relay_sg_refused_total", limit="metadata_keys") == 1
+    assert page.value("rmb_relay_sg_refused_total", limit="id_length") == 2
     assert page.value("rmb_relay_sg_held_bytes", what="metadata") < 64 << 10
     assert growth < 24, f"relay RSS grew {growth:.1f} MiB"
+
+
+async def test_metadata_of_all_clients_is_bounded(
+    start_relay: StartRelay, connect: Connect
+) -> None:
+    """Many clients each within its own bound (thousands can come from one address) stop at
+    --sg-metadata-total-bytes: op 3 metadata_full, limit total; a client that leaves gives
+    its bytes back."""
+    relay = start_relay("--sg-metadata-total-bytes", "300000")
+    honest = await Honest.start(connect, relay)
+    before = relay.rss_mib()
+
+    async def attack() -> list[SgClient]:
+        accepted = []
+        for i in range(8):
+            client = await connect(relay)
+            await client.identify(f"many{i}", "evil")
+            await client.dispatch("UPDATE_METADATA", metadata(60 << 10))
+            await client.send(5, {"client_id": f"many{i}"})  # its ack follows the update's answer
+            frame = await client.recv()
+            if frame["op"] == 6:
+                accepted.append(client)
+                continue
+            assert frame["d"]["error"] == "metadata_full"
+            assert frame["d"]["extra_info"]["limit"] == "total"
+            assert "--sg-metadata-total-bytes" in frame["d"]["extra_info"]["reason"]
+        return accepted
+
+    _, accepted = await asyncio.gather(honest.run(), attack())
+    assert len(accepted) == 4  # 4 x ~62,000 bytes fit in 300,000 with the honest clients'
+    page = await scrape(*relay.address)
+    assert page.value("rmb_relay_sg_refused_total", limit="metadata_total") == 4
+    assert page.value("rmb_relay_sg_held_bytes", what="metadata") <= 300_000
+    await accepted[0].ws.close()
+    await accepted[0].ws.wait_closed()
+
+    async def room() -> bool:
+        held = (await scrape(*relay.address)).value("rmb_relay_sg_held_bytes", what="metadata")
+        return bool(held < 300_000 - 62_000)
+
+    await eventually(room)
+    late = await connect(relay)
+    await late.identify("late", "evil")
+    await late.dispatch("UPDATE_METADATA", metadata(60 << 10))
+    await late.send(5, {"client_id": "late"})
+    assert (await late.recv())["op"] == 6
+    assert relay.rss_mib() - before < 24
 
 
 async def test_many_bad_keys_get_one_bounded_answer(
@@ -202,6 +255,46 @@ async def test_many_bad_keys_get_one_bounded_answer(
     assert relay.rss_mib() - before < 24
 
 
+async def test_query_answers_list_a_bounded_number_of_clients(
+    start_relay: StartRelay, connect: Connect
+) -> None:
+    """QUERY_NODES and POST /api/v1/query list every matching client with its metadata (up
+    to --sg-metadata-bytes each: on d7c5c1d a broad query over many clients was one reply of
+    all of it): a query matching more than --sg-query-max-results is refused saying how many
+    it matched; a narrower one is answered."""
+    relay = start_relay("--sg-query-max-results", "10")
+    honest = await Honest.start(connect, relay)
+    for i in range(15):
+        member = await connect(relay)
+        await member.identify(f"m{i}", "many", metadata={"n": {"type": "integer", "value": i}})
+    asker = await connect(relay)
+    await asker.identify("asker", "askers")
+
+    async def attack() -> None:
+        for _ in range(20):
+            await asker.dispatch("QUERY_NODES", {"application": "many", "nonce": "q"})
+            frame = await next_op(asker, 3)
+            assert frame["d"]["error"] == "too_many_results"
+            assert frame["d"]["extra_info"]["reason"] == (
+                "the query matches 15 clients, 10 allowed (--sg-query-max-results)"
+            )
+
+    await asyncio.gather(honest.run(), attack())
+    narrow = {"application": "many", "ops": [{"n": {"$lt": 5}}]}
+    await asker.dispatch("QUERY_NODES", {**narrow, "nonce": "ok"})
+    answer = await next_op(asker, 4)
+    assert sum(len(found) for found in answer["d"]["nodes"].values()) == 5
+    body = json.dumps({"application": "many"}).encode()
+    head = b"POST /api/v1/query HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    raw = await http_exchange(
+        *relay.address, head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    )
+    assert raw.startswith(b"HTTP/1.1 400")
+    assert b"--sg-query-max-results" in raw
+    page = await scrape(*relay.address)
+    assert page.value("rmb_relay_sg_refused_total", limit="query_results") == 21
+
+
 # ---- queues ---------------------------------------------------------------------------------
 
 
@@ -231,14 +324,18 @@ async def test_queue_count_is_bounded_per_app_and_in_all(
             refusals.append(frame["d"])
         return refusals
 
-    results = await asyncio.gather(honest.run(), flood("evil-a", 1100), flood("evil-b", 1000))
-    first, second = results[1], results[2]
+    async def attack() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        # one after the other: which app reaches which bound first is then known
+        return await flood("evil-a", 1100), await flood("evil-b", 1000)
+
+    _, (first, second) = await asyncio.gather(honest.run(), attack())
     assert {d["error"] for d in first} == {"too_many_queues"}
     assert {d["extra_info"]["limit"] for d in first} == {"per_app"}
     assert first[0]["extra_info"]["queue"] in {f"evil-a-{i}" for i in range(1000, 1100)}
     assert "--sg-queues-per-app" in first[0]["extra_info"]["reason"]
-    # evil-b got what was left of the 1,500 (at most 500) and refusals for the rest
-    assert any(d["extra_info"]["limit"] == "total" for d in second)
+    # evil-b got what was left of the 1,500 (500) and refusals for the rest
+    assert second[0]["extra_info"]["limit"] == "total"
+    assert second[0]["extra_info"]["queue"] == "evil-b-500"
     # a new queue for an honest app is refused now, an existing one still works
     await producer.dispatch("QUEUE", {"queue": "evil-a-0", "target": WORKERS, "payload": "ok"})
     assert (await next_op(producer, 4))["t"] == "QUEUE_CONFIRM"
@@ -246,6 +343,61 @@ async def test_queue_count_is_bounded_per_app_and_in_all(
     page = await scrape(*relay.address)
     assert page.value("rmb_relay_sg_queues") == 1500
     assert page.value("rmb_relay_sg_refused_total", limit="queues_per_app") == 101
+    assert relay.rss_mib() - before < 24
+
+
+async def test_outstanding_queue_requests_are_bounded(
+    start_relay: StartRelay, connect: Connect
+) -> None:
+    """QUEUE_REQUESTs that wait for a message cost memory until answered: beyond
+    --sg-queue-requests-per-client (over all queues) and --sg-queue-requests-total they get
+    op 3; a client that leaves gives its share back, and a consumer then gets its message."""
+    relay = start_relay("--sg-queue-requests-per-client", "300", "--sg-queue-requests-total", "500")
+    honest = await Honest.start(connect, relay)
+    before = relay.rss_mib()
+
+    flooders: list[SgClient] = []
+
+    async def flood(name: str, count: int, refusals: int) -> list[dict[str, Any]]:
+        client = await connect(relay)
+        flooders.append(client)
+        await client.identify(name, "evil")
+        for i in range(count):
+            await client.dispatch("QUEUE_REQUEST", {"queue": f"q{i % 7}"})
+        return [(await next_op(client, 3))["d"] for _ in range(refusals)]
+
+    async def attack() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        return await flood("a", 400, 100), await flood("b", 300, 100)
+
+    _, (first, second) = await asyncio.gather(honest.run(), attack())
+    assert {d["error"] for d in first + second} == {"too many outstanding QUEUE_REQUESTs"}
+    assert {d["extra_info"]["limit"] for d in first} == {"client"}
+    assert {d["extra_info"]["limit"] for d in second} == {"total"}
+    assert "--sg-queue-requests-total" in second[0]["extra_info"]["reason"]
+    page = await scrape(*relay.address)
+    assert page.value("rmb_relay_sg_refused_total", limit="requests_client") == 100
+    assert page.value("rmb_relay_sg_refused_total", limit="requests_total") == 100
+    worker = await connect(relay)
+    await worker.identify("w", "workers")
+    await worker.dispatch("QUEUE_REQUEST", {"queue": "jobs"})
+    assert (await next_op(worker, 3))["d"]["extra_info"]["limit"] == "total"
+    await flooders[0].ws.close()  # its 300 requests are withdrawn
+    producer = await connect(relay)
+    await producer.identify("p", "producers")
+
+    async def accepted() -> bool:
+        """A request that waits is not answered: the heartbeat's ack comes first."""
+        await worker.dispatch("QUEUE_REQUEST", {"queue": "jobs"})
+        await worker.send(5, {"client_id": "w"})
+        if (await worker.recv())["op"] == 6:
+            return True
+        while (await worker.recv())["op"] != 6:  # refused (op 3), then the ack
+            pass
+        return False
+
+    await eventually(accepted)
+    await producer.dispatch("QUEUE", {"queue": "jobs", "target": WORKERS, "payload": "job"})
+    assert (await next_op(worker, 4))["d"]["payload"]["payload"] == "job"
     assert relay.rss_mib() - before < 24
 
 
@@ -258,9 +410,19 @@ async def test_redis_queues_are_under_the_byte_budget(
     redis_url: str, start_relay: StartRelay, connect: Connect
 ) -> None:
     """Redis-backed queues (the issue: no budget at all) are charged in Redis: QUEUEs beyond
-    --sg-queue-bytes get op 3 queue_full and nothing is stored; acks give the bytes back; what
-    was confirmed is all delivered."""
-    relay = start_relay("--redis", redis_url, "--sg-queue-bytes", "200000")
+    --sg-queue-bytes, --sg-queue-total-bytes or --sg-queues-total get op 3 (queue_full,
+    too_many_queues) and nothing is stored; acks give the bytes back; what was confirmed is
+    all delivered."""
+    relay = start_relay(
+        "--redis",
+        redis_url,
+        "--sg-queue-bytes",
+        "200000",
+        "--sg-queue-total-bytes",
+        "300000",
+        "--sg-queues-total",
+        "3",
+    )
     store = aioredis.Redis.from_url(redis_url)
     honest = await Honest.start(connect, relay)
     producer = await connect(relay)
@@ -268,13 +430,13 @@ async def test_redis_queues_are_under_the_byte_budget(
     payload = "x" * 10_000
     before_rss = relay.rss_mib()
 
-    async def flood() -> tuple[int, list[dict[str, Any]]]:
-        for i in range(100):
+    async def flood(name: str, count: int) -> tuple[int, list[dict[str, Any]]]:
+        for i in range(count):
             await producer.dispatch(
-                "QUEUE", {"queue": "jobs", "target": WORKERS, "nonce": i, "payload": payload}
+                "QUEUE", {"queue": name, "target": WORKERS, "nonce": i, "payload": payload}
             )
         confirmed, refused = 0, []
-        while confirmed + len(refused) < 100:
+        while confirmed + len(refused) < count:
             frame = await producer.recv()
             if frame["op"] == 4 and frame["t"] == "QUEUE_CONFIRM":
                 confirmed += 1
@@ -282,13 +444,25 @@ async def test_redis_queues_are_under_the_byte_budget(
                 refused.append(frame["d"])
         return confirmed, refused
 
-    _, (confirmed, refused) = await asyncio.gather(honest.run(), flood())
-    assert 10 <= confirmed <= 20
-    assert len(refused) == 100 - confirmed
+    _, (confirmed, refused) = await asyncio.gather(honest.run(), flood("jobs", 100))
+    # a message is charged its record (~10,070 bytes) + MESSAGE_OVERHEAD: 18 fit in 200,000
+    assert confirmed == 18
     assert {d["error"] for d in refused} == {"queue_full"}
     assert {d["extra_info"]["limit"] for d in refused} == {"key"}
     assert int(await store.hlen("sgq:{jobs}:msgs")) == confirmed
-    assert int(await store.get("sgq:{jobs}:bytes")) <= 200_000
+    assert 190_000 < int(await store.get("sgq:{jobs}:bytes")) <= 200_000
+    # the total: what is left of 300,000 takes 10 more, in another queue
+    more, refused = await flood("other", 20)
+    assert more == 10
+    assert {d["extra_info"]["limit"] for d in refused} == {"total"}
+    assert int(await store.get("sgq:bytes")) <= 300_000
+    # the names: a third queue is made, a fourth is not
+    await producer.dispatch("QUEUE", {"queue": "q3", "target": WORKERS, "payload": 1})
+    assert (await next_op(producer, 4))["t"] == "QUEUE_CONFIRM"
+    await producer.dispatch("QUEUE", {"queue": "q4", "target": WORKERS, "payload": 1})
+    frame = await next_op(producer, 3)
+    assert (frame["d"]["error"], frame["d"]["extra_info"]["limit"]) == ("too_many_queues", "total")
+    assert not await store.exists("sgq:{q4}:msgs")
     worker = await connect(relay)
     await worker.identify("w", "workers")
     for _ in range(confirmed):
@@ -296,9 +470,13 @@ async def test_redis_queues_are_under_the_byte_budget(
         body = (await next_op(worker, 4))["d"]["payload"]
         assert body["payload"] == payload
         await worker.dispatch("QUEUE_ACK", {"queue": "jobs", "id": body["id"]})
+
+    async def given_back() -> bool:
+        return int(await store.get("sgq:{jobs}:bytes")) == 0
+
+    await eventually(given_back)
     await producer.dispatch("QUEUE", {"queue": "jobs", "target": WORKERS, "payload": "again"})
     assert (await next_op(producer, 4))["t"] == "QUEUE_CONFIRM"
-    assert int(await store.get("sgq:{jobs}:bytes")) < 20_000
     assert relay.rss_mib() - before_rss < 24
     await store.aclose()
 
@@ -356,13 +534,7 @@ async def services() -> AsyncIterator[int]:
 
 
 async def proxy(relay: RelayProcess, app: str) -> tuple[int, Any]:
-    body = json.dumps({"method": "GET", "route": "/who", "query": {"application": app}}).encode()
-    head = b"POST /api/v1/proxy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
-    raw = await http_exchange(
-        *relay.address, head + b"Content-Length: %d\r\n\r\n" % len(body) + body
-    )
-    status = int(raw.split(b" ", 2)[1])
-    return status, json.loads(raw.split(b"\r\n\r\n", 1)[1])
+    return await _post(relay, {"method": "GET", "route": "/who", "query": {"application": app}})
 
 
 async def test_proxy_connects_only_to_the_address_it_saw(
@@ -392,11 +564,84 @@ async def test_proxy_connects_only_to_the_address_it_saw(
     page = await scrape(*relay.address)
     assert page.value("rmb_relay_sg_refused_total", limit="proxy_target") == 20
 
-    behind = start_relay("--trusted-ip-header", "X-Forwarded-For")
+    behind = start_relay(
+        "--trusted-ip-header", "X-Forwarded-For", "--sg-proxy-allow", "127.0.0.2/32"
+    )
     forwarded = await connect(behind, {"X-Forwarded-For": "10.9.9.9, 127.0.0.2"})
     await forwarded.identify("f", "fwd", ip=f"http://127.0.0.2:{port}")
     status, answer = await proxy(behind, "fwd")
     assert (status, answer["service"]) == (200, "127.0.0.2")
+
+
+class HeldService:
+    """An HTTP service on 127.0.0.1 whose `/hold` answers only once `release` is set;
+    `arrived` is set when `expected` requests are waiting in it."""
+
+    def __init__(self, expected: int) -> None:
+        self.expected = expected
+        self.waiting = 0
+        self.arrived = asyncio.Event()
+        self.release = asyncio.Event()
+        self.port = free_port()
+
+    async def hold(self, request: web.Request) -> web.Response:
+        self.waiting += 1
+        if self.waiting >= self.expected:
+            self.arrived.set()
+        await self.release.wait()
+        return web.json_response({"held": True})
+
+
+async def test_proxy_requests_in_flight_are_bounded(
+    start_relay: StartRelay, connect: Connect
+) -> None:
+    """Proxied requests to a client that never answers (each may hold a 16 MiB answer): at
+    most --sg-proxy-concurrency wait; more get 503 at once; the held ones are answered when
+    the client answers."""
+    service = HeldService(expected=4)
+    app = web.Application()
+    app.router.add_get("/hold", service.hold)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", service.port).start()
+    try:
+        relay = start_relay("--sg-proxy-concurrency", "4", "--sg-proxy-allow", "127.0.0.1/32")
+        honest = await Honest.start(connect, relay)
+        slow = await connect(relay)
+        await slow.identify("s", "slow", ip=f"http://127.0.0.1:{service.port}")
+        before = relay.rss_mib()
+
+        async def call() -> tuple[int, Any]:
+            body = {"method": "GET", "route": "/hold", "query": {"application": "slow"}}
+            return await _post(relay, body)
+
+        held = [asyncio.ensure_future(call()) for _ in range(4)]
+        await asyncio.wait_for(service.arrived.wait(), 10)
+
+        async def attack() -> list[tuple[int, Any]]:
+            return [await call() for _ in range(30)]
+
+        _, refused = await asyncio.gather(honest.run(), attack())
+        for status, answer in refused:
+            assert status == 503
+            assert "--sg-proxy-concurrency" in answer["errors"][0]
+        service.release.set()
+        assert [await task for task in held] == [(200, {"held": True})] * 4
+        page = await scrape(*relay.address)
+        assert page.value("rmb_relay_sg_refused_total", limit="proxy_concurrency") == 30
+        assert relay.rss_mib() - before < 24
+    finally:
+        service.release.set()
+        await runner.cleanup()
+
+
+async def _post(relay: RelayProcess, value: Any) -> tuple[int, Any]:
+    body = json.dumps(value).encode()
+    head = b"POST /api/v1/proxy HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+    raw = await http_exchange(
+        *relay.address, head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    )
+    return int(raw.split(b" ", 2)[1]), json.loads(raw.split(b"\r\n\r\n", 1)[1])
 
 
 # ---- names under --sg-auth ------------------------------------------------------------------
@@ -440,3 +685,58 @@ async def test_a_restricted_squatter_is_displaced_by_the_authenticated_client(
     page = await scrape(*relay.address)
     assert page.value("rmb_relay_sg_refused_total", limit="restricted_displaced") == 20
     assert relay.rss_mib() - before < 24
+
+
+async def _query(relay: RelayProcess, target: Any, password: str) -> list[dict[str, Any]]:
+    body = json.dumps(target).encode()
+    head = (
+        b"POST /api/v1/query HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+        b"Authorization: " + password.encode() + b"\r\n"
+    )
+    raw = await http_exchange(
+        *relay.address, head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    )
+    answer: list[dict[str, Any]] = json.loads(raw.split(b"\r\n\r\n", 1)[1])
+    return answer
+
+
+async def test_a_squatter_on_another_instance_is_displaced_too(
+    redis_url: str, start_relay: StartRelay, connect: Connect
+) -> None:
+    """Two instances sharing --redis: a restricted squatter on one; the authenticated service
+    on the other is told to identify again while the squatter's instance closes it (op 3
+    displaced, 1008); once the id is free the service takes it."""
+    a = start_relay("--redis", redis_url, "--sg-auth", "s3cret")
+    b = start_relay("--redis", redis_url, "--sg-auth", "s3cret")
+    honest = await Honest.start(connect, a, auth="s3cret")
+    squatter = await connect(a)
+    await squatter.identify("worker", "api")
+    # queries see restricted clients only when they ask for them
+    target = {"application": "api", "restricted": True}
+
+    async def seen_on_b() -> bool:
+        return len(await _query(b, target, "s3cret")) == 1
+
+    await eventually(seen_on_b)
+
+    async def take() -> None:
+        service = await connect(b)
+        await service.send(1, {"client_id": "worker", "application_id": "api", "auth": "s3cret"})
+        frame = await service.expect(3)
+        assert frame["d"]["error"].endswith("being closed: identify again")
+        told = await next_op(squatter, 3)
+        assert told["d"]["error"] == "displaced"
+        await squatter.ws.wait_closed()
+        assert squatter.ws.close_code == 1008
+
+        async def free() -> bool:
+            return not await _query(b, target, "s3cret")
+
+        await eventually(free)
+        again = await connect(b)
+        ready = await again.identify("worker", "api", auth="s3cret")
+        assert ready["d"]["restricted"] is False
+
+    await asyncio.gather(honest.run(), take())
+    page = await scrape(*a.address)
+    assert page.value("rmb_relay_sg_refused_total", limit="restricted_displaced") == 1

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from rmb_relay.dialects.singyeong.metadata import MetadataError, validate, version_key
+from rmb_relay.dialects.singyeong.metadata import (
+    MAX_REPORTED_PROBLEMS,
+    MetadataAccount,
+    MetadataError,
+    MetadataLimit,
+    validate,
+    value_bytes,
+    version_key,
+)
 from tests.helpers import eventually
 from tests.sg_fixtures import FakeClock, MakeGateway, make_gateway
 
@@ -46,6 +54,39 @@ def test_malformed_entries_are_named() -> None:
     }
     with pytest.raises(MetadataError):
         validate([1, 2])
+
+
+def test_a_refusal_names_the_first_problems_and_counts_the_rest() -> None:
+    """Issue 33: one bounded answer, whatever the number of bad keys or the length of what
+    they name (a type name of 10,000 characters is quoted cut)."""
+    bad = {f"k{i}": {"type": "t" * 10_000, "value": 1} for i in range(1000)}
+    with pytest.raises(MetadataError) as caught:
+        validate({**bad, 7: {"type": "string", "value": "x"}})
+    errors = caught.value.errors
+    assert len(errors) == MAX_REPORTED_PROBLEMS + 1
+    assert errors["..."] == f"{1001 - MAX_REPORTED_PROBLEMS} more problems not listed"
+    assert errors["k0"] == f"k0: type '{'t' * 64}...' doesn't exists"
+    assert sum(len(k) + len(v) for k, v in errors.items()) < 2048
+
+
+def test_the_account_counts_keys_and_bytes_replacing_what_a_key_held() -> None:
+    account = MetadataAccount()
+    big = validate({"a": {"type": "string", "value": "x" * 900}})
+    assert big.sizes == {"a": 1 + value_bytes("x" * 900)} == {"a": 917}
+    assert account.charge(big, max_keys=2, max_bytes=1000) == 917
+    # the same key again replaces its old size, a smaller value gives bytes back
+    small = validate({"a": {"type": "integer", "value": 1}})
+    assert account.charge(small, max_keys=2, max_bytes=1000) == 17 - 917
+    with pytest.raises(MetadataLimit) as caught:
+        account.charge(validate({"b": {"type": "string", "value": "y" * 990}}), 2, 1000)
+    assert (caught.value.limit, caught.value.allowed) == ("bytes", 1000)
+    assert account.held == 17  # a refused update takes nothing
+    account.charge(validate({"b": {"type": "boolean", "value": True}}), 2, 1000)
+    with pytest.raises(MetadataLimit) as caught:
+        account.charge(validate({"c": {"type": "boolean", "value": True}}), 2, 1000)
+    assert caught.value.limit == "keys"
+    assert "--sg-metadata-keys" in str(caught.value)
+    assert value_bytes({"k": [1, "ab", {"x": None}]}) == 16 * 8 + 1 + 2 + 1
 
 
 def test_semver_precedence() -> None:

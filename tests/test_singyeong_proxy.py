@@ -5,6 +5,7 @@ refused, a silent client times out, malformed requests say what is missing."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 from collections.abc import AsyncIterator
 
@@ -54,8 +55,11 @@ async def service() -> AsyncIterator[int]:
     await runner.cleanup()
 
 
+LOOPBACK = (ipaddress.ip_network("127.0.0.0/8"),)
+
+
 async def test_proxy_reaches_the_client_service(make_gateway: MakeGateway, service: int) -> None:
-    gateway = await make_gateway(proxy_timeout=0.5)
+    gateway = await make_gateway(proxy_timeout=0.5, proxy_allow=LOOPBACK)
     await gateway.client("svc", "api", ip=f"http://127.0.0.1:{service}")
     target = {"application": "api"}
     status, answer = await http(
@@ -85,7 +89,7 @@ async def test_proxy_reaches_the_client_service(make_gateway: MakeGateway, servi
 
 
 async def test_proxy_refuses_targets_outside_the_client(make_gateway: MakeGateway) -> None:
-    gateway = await make_gateway()
+    gateway = await make_gateway(proxy_allow=LOOPBACK)
     await gateway.client("evil", "api", ip="http://10.9.8.7:80")
     status, answer = await http(
         gateway,
@@ -99,13 +103,37 @@ async def test_proxy_refuses_targets_outside_the_client(make_gateway: MakeGatewa
     )
 
 
+@pytest.mark.parametrize("declared", ["http://[::1", "http://127.0.0.1:99999", "ftp://127.0.0.1"])
+async def test_proxy_refuses_a_malformed_declared_address(
+    make_gateway: MakeGateway, declared: str
+) -> None:
+    gateway = await make_gateway(proxy_allow=LOOPBACK)
+    await gateway.client("odd", "api", ip=declared)
+    request = {"method": "GET", "route": "/", "query": {"application": "api"}}
+    status, answer = await http(gateway, "POST", "/api/v1/proxy", request)
+    assert status == 403
+    assert answer["errors"][0].startswith(("not a valid address", "not an http(s) URL"))
+
+
+async def test_proxy_refuses_this_hosts_addresses_by_default(
+    make_gateway: MakeGateway, service: int
+) -> None:
+    """Without --sg-proxy-allow a client seen at a loopback address (this host: a front proxy
+    on it makes every client look so) is not proxied to."""
+    gateway = await make_gateway()
+    await gateway.client("svc", "api", ip=f"http://127.0.0.1:{service}")
+    request = {"method": "GET", "route": "/echo", "query": {"application": "api"}}
+    status, answer = await http(gateway, "POST", "/api/v1/proxy", request)
+    assert status == 403
+    assert answer["errors"][0].startswith("127.0.0.1 is this host or its link")
+    assert "--trusted-ip-header" in answer["errors"][0]
+
+
 async def test_proxy_allow_list_bounds_the_client_addresses(
     make_gateway: MakeGateway, service: int
 ) -> None:
     """The allow-list names the networks the proxy may reach at all: a client's own address
     outside it is refused; and even inside it a client cannot name another address."""
-    import ipaddress
-
     request = {"method": "GET", "route": "/echo", "query": {"application": "api"}}
     elsewhere = await make_gateway(proxy_allow=(ipaddress.ip_network("10.0.0.0/8"),))
     await elsewhere.client("svc", "api", ip=f"http://127.0.0.1:{service}")

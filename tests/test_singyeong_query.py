@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rmb_relay.dialects.singyeong.clients import Client, ClientIndex
-from rmb_relay.dialects.singyeong.query import QueryError, parse, rendezvous, select
+from rmb_relay.dialects.singyeong.query import QueryError, QueryLimits, parse
 
 #: one client holding one key of every type
 TYPES = {
@@ -266,9 +266,9 @@ def test_index_narrows_candidates_and_agrees_with_a_scan() -> None:
         expected = {c.client_id for c in clients if query.matches(c)}
         assert {c.client_id for c in index.match(query)} == expected, raw
     query = parse({"application": "app1", "ops": [{"load": {"$eq": 3}}]})
-    assert len(list(index.candidates(query))) == 30  # the load=3 bucket, not app1's 100
+    assert index.candidate_count(query) == 30  # the load=3 bucket, not app1's 100
     query = parse({"ops": [{"load": {"$gte": 3}}, {"load": {"$lt": 5}}]})
-    assert len(list(index.candidates(query))) == 60  # the slice 3 <= load < 5, not all 300
+    assert index.candidate_count(query) == 60  # the slice 3 <= load < 5, not all 300
     # metadata changes move clients between buckets
     index.set_values(clients[3], {"load": 4}, {})
     assert clients[3] not in index.match(parse({"ops": [{"load": {"$eq": 3}}]}))
@@ -341,21 +341,63 @@ def test_only_a_lone_eq_is_exact() -> None:
 
 
 def test_selectors() -> None:
-    pairs = [(v, make_client(f"c{v}")) for v in (1, 4, 10, "x", None, True)]
-    assert select("$min", "k", pairs).client_id == "c1"  # type: ignore[union-attr]
-    assert select("$max", "k", pairs).client_id == "c10"  # type: ignore[union-attr]
-    assert select("$avg", "k", pairs).client_id == "c4"  # mean 5: 4 is nearest  # type: ignore[union-attr]
-    assert select("$min", "k", [("x", make_client())]) is None
+    index = ClientIndex()
+    for v in (1, 4, 10, "x", None, True):
+        index.add(make_client(f"c{v}", k=("any", v)))
+
+    def pick(kind: str) -> list[str]:
+        query = parse({"selector": {kind: "k"}})
+        return [c.client_id for c in index.resolve(query, broadcast=False)]
+
+    assert pick("$min") == ["c1"]
+    assert pick("$max") == ["c10"]
+    assert pick("$avg") == ["c4"]  # mean 5: 4 is nearest
+    assert index.resolve(parse({"selector": {"$min": "zz"}}), broadcast=False) == []
 
 
 def test_rendezvous_is_stable_and_moves_only_the_leavers_keys() -> None:
-    clients = [make_client(f"c{n}") for n in range(10)]
+    def owners(clients: list[Client]) -> dict[str, str]:
+        index = ClientIndex()
+        for client in clients:
+            index.add(client)
+        picks = {}
+        for key in keys:
+            (chosen,) = index.resolve(parse({"key": key}), broadcast=False)
+            picks[key] = chosen.client_id
+        return picks
+
     keys = [f"user-{n}" for n in range(2000)]
-    before = {key: rendezvous(key, clients).client_id for key in keys}
-    assert before == {key: rendezvous(key, list(reversed(clients))).client_id for key in keys}
+    before = owners([make_client(f"c{n}") for n in range(10)])
+    assert before == owners([make_client(f"c{n}") for n in reversed(range(10))])
     assert len(set(before.values())) == 10  # spread over every client
-    remaining = [c for c in clients if c.client_id != "c3"]
-    after = {key: rendezvous(key, remaining).client_id for key in keys}
+    after = owners([make_client(f"c{n}") for n in range(10) if n != 3])
     moved = [key for key in keys if before[key] != after[key]]
     assert moved
     assert all(before[key] == "c3" for key in moved)
+
+
+def test_the_weight_is_blake2b_of_key_application_and_id() -> None:
+    import hashlib
+
+    index = ClientIndex()
+    client = make_client("c\u00e9", "app")
+    index.add(client)
+    digest = hashlib.blake2b("k\0app\0c\u00e9".encode(), digest_size=8).digest()
+    assert index.core.rendezvous_weight("k", client.handle) == int.from_bytes(digest, "big")
+
+
+def test_query_bounds_are_flags_and_name_the_limit() -> None:
+    tight = QueryLimits(max_depth=2, max_ops=3, max_list=4)
+    with pytest.raises(QueryError, match="--sg-query-max-list") as caught:
+        parse({"ops": [{"a": {"$in": [1, 2, 3, 4, 5]}}]}, tight)
+    assert caught.value.limit == "list"
+    with pytest.raises(QueryError, match="--sg-query-max-ops") as caught:
+        parse({"ops": [{"a": {"$eq": n}} for n in range(4)]}, tight)
+    assert caught.value.limit == "ops"
+    with pytest.raises(QueryError) as caught:
+        parse({"ops": [{"$or": [{"$and": [{"a": {"$eq": 1}}]}]}]}, tight)
+    assert caught.value.limit == "depth"
+    assert parse({"ops": [{"a": {"$nin": [1, 2, 3, 4]}}]}, tight).matches(make_client())
+    with pytest.raises(QueryError) as caught:
+        parse({"ops": 5})
+    assert caught.value.limit is None

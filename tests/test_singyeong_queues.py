@@ -294,3 +294,24 @@ async def test_ten_thousand_messages_with_a_consumer_killed_mid_run(
     dead = {letter.message.payload for letter in gateway.dialect.queues.dead_letters("bulk")}
     assert set(acked) | dead == set(range(total))
     assert all(count == 1 for count in acked.values())
+
+
+async def test_a_client_keeps_a_bounded_number_of_queue_names(make_gateway: MakeGateway) -> None:
+    """The names a client asked for outlive its requests; a client that asks for new queue
+    after new queue (each made, answered and gone) keeps at most `CLIENT_QUEUE_NAMES`, the
+    gone ones forgotten first (issue 33)."""
+    from rmb_relay.dialects.singyeong.dialect import CLIENT_QUEUE_NAMES
+
+    gateway = await make_gateway()
+    producer = await gateway.client("p", "producers")
+    worker = await gateway.client("w", "workers")
+    for i in range(CLIENT_QUEUE_NAMES + 5):
+        await queue(producer, i, name=f"q{i}")
+        body = await take(worker, f"q{i}")
+        await worker.dispatch("QUEUE_ACK", {"queue": f"q{i}", "id": body["id"]})
+    await nothing_pending(worker)
+    held = gateway.dialect.index.get("workers", "w")
+    assert held is not None
+    assert len(held.queues) <= CLIENT_QUEUE_NAMES
+    assert f"q{CLIENT_QUEUE_NAMES + 4}" in held.queues
+    assert gateway.dialect.queues.queue_count() == 0

@@ -88,15 +88,14 @@ async def test_dead_letters_in_redis(redis_server: RedisServer, make_gateway: Ma
     assert (await take(worker2))["attempt"] == 1
 
 
-async def test_redis_queues_without_the_cluster_go_through_the_native_frame_reader(
+async def test_redis_queues_without_the_cluster_go_through_the_scanner_s_frame_reader(
     redis_server: RedisServer, make_gateway: MakeGateway
 ) -> None:
-    """`--redis --no-cluster`: the queues live in Redis while the native path (on only outside
-    the cluster) reads QUEUE/REQUEST/ACK; stored, delivered, acked, and nothing lost over a
+    """`--redis --no-cluster`: the queues live in Redis while the scanner reads
+    QUEUE/REQUEST/ACK; stored, delivered, acked, and nothing lost over a
     restart of that gateway."""
     first = await make_gateway(redis_url=redis_server.url, join_cluster=False, ack_timeout=0.3)
     assert first.cluster is None
-    assert first.dialect.native is not None
     producer = await first.client("p", "producers")
     for n in range(3):
         await queue(producer, n)
@@ -115,3 +114,21 @@ async def test_redis_queues_without_the_cluster_go_through_the_native_frame_read
     assert sorted(got) == [0, 1, 2]
     assert got.count(held["payload"]) == 1
     await eventually(lambda: depth_is(second, (0, 0, 0)))
+
+
+async def test_a_store_after_redis_lost_its_scripts_is_stored(
+    redis_server: RedisServer, make_gateway: MakeGateway
+) -> None:
+    """A Redis restart empties its script cache: the store script is loaded again and the
+    messages of that batch are stored (and confirmed), not refused."""
+    import redis.asyncio as aioredis
+
+    gateway = await make_gateway(redis_url=redis_server.url)
+    producer = await gateway.client("p", "producers")
+    await queue(producer, {"job": 1})
+    store = aioredis.Redis.from_url(redis_server.url)
+    await store.script_flush()
+    await queue(producer, {"job": 2})
+    assert int(await store.hlen("sgq:{jobs}:msgs")) == 2
+    assert int(await store.get("sgq:bytes")) == int(await store.get("sgq:{jobs}:bytes"))
+    await store.aclose()

@@ -95,6 +95,38 @@ async def test_invalid_target_is_op3_invalid_query(make_gateway: MakeGateway) ->
     assert (await sender.expect(3))["d"]["error"] == "SEND needs target and payload"
 
 
+@pytest.mark.parametrize("encoding", ["json", "msgpack"])
+async def test_a_query_over_the_bounds_is_refused_and_counted(
+    make_gateway: MakeGateway, encoding: str
+) -> None:
+    """A stranger's query may not cost more than the flags allow: a long `$in`, deep nesting
+    or many conditions get op 3 naming the flag, are counted by the bound, and the gateway
+    (and the sender's connection) keep serving."""
+    from rmb_relay.dialects.singyeong.query import QueryLimits
+
+    gateway = await make_gateway(query_limits=QueryLimits(max_depth=4, max_ops=50, max_list=100))
+    (worker,) = await fleet(gateway, 1)
+    sender = await gateway.client("s", "caller", encoding=encoding)
+    nested: dict[str, Any] = {"n": {"$eq": 0}}
+    for _ in range(6):
+        nested = {"$or": [nested]}
+    too_much = [
+        ({"ops": [{"n": {"$in": list(range(10_000))}}]}, "--sg-query-max-list"),
+        ({"ops": [nested]}, "--sg-query-max-depth"),
+        ({"ops": [{"n": {"$ne": k}} for k in range(51)]}, "--sg-query-max-ops"),
+    ]
+    for target, flag in too_much:
+        await sender.dispatch("SEND", {"target": target, "payload": 1})
+        frame = await sender.expect(3)
+        assert frame["d"]["error"] == "invalid query"
+        assert flag in frame["d"]["extra_info"]
+    refused = gateway.dialect.metrics.queries_refused
+    assert [refused.value(limit) for limit in ("list", "depth", "ops")] == [1, 1, 1]
+    target = {"application": "api", "ops": [{"n": {"$in": list(range(100))}}]}
+    await sender.dispatch("SEND", {"target": target, "payload": 2})
+    assert (await worker.expect(4, "SEND"))["d"]["payload"] == 2
+
+
 async def test_optional_falls_back_to_the_whole_application(make_gateway: MakeGateway) -> None:
     gateway = await make_gateway()
     workers = await fleet(gateway, 1)

@@ -93,7 +93,14 @@ async def test_a_session_connecting_while_its_message_is_stored_is_told_to_drain
             self.entered = asyncio.Event()
             self.release = asyncio.Event()
 
-        async def put(self, key: tuple[int, str | None], envelope: bytes, deadline: int) -> None:
+        async def put(
+            self,
+            key: tuple[int, str | None],
+            envelope: bytes,
+            deadline: int,
+            *,
+            sender: str | None = None,
+        ) -> None:
             self.entered.set()
             await self.release.wait()
             await super().put(key, envelope, deadline)

@@ -372,3 +372,31 @@ async def test_a_twin_added_to_the_file_logs_in_after_the_negative_ttl(
         assert found.relays == frozenset({"r.example"})
     finally:
         await cache.close()
+
+
+async def test_a_failing_backend_is_answered_from_entries_expired_less_than_stale_ttl(
+    backend: CountingBackend, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A chain node slow or unreachable must not cost the relay the twins it knew a moment
+    ago (docs/faults.md, scenario f): a found twin is answered up to `stale_ttl` past its
+    expiry while lookups fail, logged once; never-seen twins, unknown ones and older entries
+    still get the error; a lookup that works again replaces the stale answer."""
+    cache = CachedTwinDirectory(backend, ttl=60, negative_ttl=5, clock=clock, stale_ttl=600)
+    assert await cache.get(5) == twin(5)
+    assert await cache.get(500) is None  # unknown: remembered as such, never served stale
+    backend.fail = TwinLookupError("chain down")
+    clock.now += 60 + 599
+    with caplog.at_level("WARNING", logger="rmb_relay.twins"):
+        assert await cache.get(5) == twin(5)
+        assert await cache.get(5) == twin(5)
+    assert cache.stale_hits == 2
+    assert sum("answering twins it knew" in r.getMessage() for r in caplog.records) == 1
+    for missing in (6, 500):
+        with pytest.raises(TwinLookupError):
+            await cache.get(missing)
+    clock.now += 1  # 600 s past its expiry: too old
+    with pytest.raises(TwinLookupError):
+        await cache.get(5)
+    backend.fail = None
+    backend.twins[5] = twin(5, version=1)
+    assert await cache.get(5) == twin(5, version=1)

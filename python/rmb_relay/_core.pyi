@@ -19,6 +19,9 @@ class SbdError(CoreError): ...
 class SignatureError(CoreError): ...
 class TunnelWireError(CoreError): ...
 
+class SgQueryError(CoreError):
+    """A 신경 query the gateway cannot run; args = (message, limit | None)."""
+
 # ---- codec/http.rs ----------------------------------------------------------------------
 # PyO3 classes cannot be subclassed (hence @final) and are built by __new__ (no __init__).
 
@@ -511,9 +514,9 @@ class Outboxes:
     def accepts(self, conn_id: int) -> bool: ...
     def pending(self, conn_id: int) -> int:
         """Bytes buffered for the connection."""
-    def sent(self, conn_id: int) -> int:
-        """Messages appended to the connection's outbox since it opened, by the fast path
-        and by Python (0 for an unknown connection)."""
+    def sent(self, conn_id: int) -> tuple[int, int]:
+        """(messages appended to the connection's outbox, by the fast path and by Python;
+        bytes taken from it for writing) since it opened; zeros for an unknown connection."""
     def __len__(self) -> int: ...
     def push(self, conn_id: int, payload: bytes) -> None:
         """One binary frame of `payload` after what is buffered (an unknown id: ignored)."""
@@ -764,41 +767,83 @@ class SbdRouting:
         """Index of this forward's route record in the scanner's RecordBuffer (set when
         `dest_conn_id` is); -1 otherwise."""
 
-#: the 신경 metadata key that changes on every heartbeat: never in the native index
-SG_VOLATILE_KEY: Final[str]
-#: integers of more digits are left to Python by the native path (index values: tainted)
-SG_MAX_INT_DIGITS: Final[int]
-#: the longest queue name, in characters (longer ones are refused)
+#: the longest 신경 queue name, in characters (longer ones are refused)
 SG_MAX_QUEUE_NAME: Final[int]
 
 @final
-class SgIndex:
-    """The 신경 gateway's native SEND/BROADCAST index (rust/singyeong.rs): the non-restricted
-    local clients by (application, top-level key, canonical scalar). Python keeps it in step
-    on identify, metadata applied and disconnect; `SgScanner`s answer from it inside `feed`."""
+class SgQuery:
+    """A parsed 신경 query (rust/dialects/singyeong/query.rs, the one implementation)."""
 
-    def __new__(cls, seed: int) -> SgIndex:
-        """`seed` (64 bits) fixes the SEND receiver picks; the caller's, e.g. its rng's."""
-    def set(
-        self, conn_id: int, app: str, json: bool, values: list[tuple[str, bytes | None]]
+    def __new__(
+        cls, raw: Any, max_depth: int = 32, max_ops: int = 1024, max_list: int = 1024
+    ) -> SgQuery:
+        """Raises SgQueryError (message, limit) for a malformed query or one over a bound."""
+    @property
+    def raw(self) -> Any: ...
+    @property
+    def application(self) -> str | None: ...
+    @property
+    def key(self) -> str | None: ...
+    @property
+    def restricted(self) -> bool: ...
+    @property
+    def droppable(self) -> bool: ...
+    @property
+    def optional(self) -> bool: ...
+    @property
+    def exact(self) -> bool:
+        """One top-level `$eq` and nothing else: the hash index alone answers it."""
+    @property
+    def selector(self) -> tuple[str, str] | None: ...
+    def fallback(self) -> SgQuery:
+        """`optional`: the same query without ops and selector."""
+    def matches(self, client: Any) -> bool:
+        """Whether a clients.Client (app_id, restricted, metadata, types) matches."""
+
+@final
+class SgIndex:
+    """The 신경 gateway's clients by handle (local ones and replicas), the matcher and the
+    routing decision (rust/dialects/singyeong/index.rs); `SgScanner`s answer from it."""
+
+    def __new__(
+        cls, seed: int, max_depth: int = 32, max_ops: int = 1024, max_list: int = 1024
+    ) -> SgIndex:
+        """`seed` (64 bits) fixes the SEND picks; the bounds hold queries the scanner parses."""
+    def add(
+        self,
+        handle: int,
+        app: str,
+        client_id: str,
+        restricted: bool,
+        conn: int | None,
+        json: bool,
+        values: dict[str, Any],
+        types: dict[str, str],
     ) -> None:
-        """The client on `conn_id` is `app` (`json`: it speaks JSON) with these top-level
-        scalars: (key, b"s"+UTF-8 | b"n"+decimal | b"b0"/b"b1", or None when a `$eq` on it must
-        be answered by Python). Replaces what the connection had."""
-    def remove(self, conn_id: int) -> None: ...
+        """The client `handle` (`conn`: its connection here, None for a replica; `json`: that
+        connection speaks JSON) with its metadata. Replaces what the handle had."""
+    def remove(self, handle: int) -> None: ...
+    def set_values(self, handle: int, values: dict[str, Any], types: dict[str, str]) -> None:
+        """Metadata values written (later wins); `types` for those that come with one."""
+    def matching(self, query: SgQuery) -> list[int]:
+        """The handles of every client `query` matches."""
+    def resolve(self, query: SgQuery, broadcast: bool) -> list[int]:
+        """A SEND's receiver (one) or a BROADCAST's (all): match, optional, selector, key."""
+    def matches(self, query: SgQuery, handle: int) -> bool: ...
+    def candidate_count(self, query: SgQuery) -> int:
+        """How many clients matching `query` reads."""
+    def rendezvous_weight(self, key: str, handle: int) -> int | None: ...
     def __len__(self) -> int: ...
     @property
     def counts(self) -> tuple[int, int]:
-        """(sends, broadcasts) answered natively so far (their DISPATCH frames are
+        """(sends, broadcasts) the scanners answered (their DISPATCH frames are
         `Outboxes.forwarded("singyeong")`)."""
-    def dispatch_text(self, frame: bytes, ts_ms: int) -> bytes | None:
-        """The DISPATCH text the native path writes for `frame` (None: Python's frame)."""
-    def receivers(self, frame: bytes) -> list[int] | None:
-        """The connections the native path would write `frame` to (None: Python decides)."""
 
-# The queue frames an SgScanner reads (rust/singyeong.rs, QueueKind; the kinds are
-# native.py's QUEUE, QUEUE_REQUEST, QUEUE_ACK). Plain tuples at run time: private here (no
-# run-time name for stubtest to find), named `SgQueueFrame` in native.py.
+def sg_dispatch_text(t: str, nonce: str, payload: str, extra: str, ts_ms: int) -> bytes:
+    """A 신경 DISPATCH as JSON from its parts' JSON texts (`extra`: `,"key":value`...)."""
+
+# The queue frames an SgScanner reads (rust/dialects/singyeong/mod.rs, QueueFrame). Plain
+# tuples at run time: private here (no run-time name for stubtest to find).
 #: QUEUE: (0, queue, nonce JSON | None, target JSON, payload JSON, the frame's size in bytes,
 #: the payload JSON is what Python's encoder writes)
 _SgQueue = tuple[Literal[0], str, str | None, str, str, int, bool]
@@ -810,12 +855,12 @@ _SgQueueFrame = _SgQueue | _SgQueueRequest | _SgQueueAck
 
 @final
 class SgScanner(Scanner):
-    """Scanner of one JSON 신경 connection: once `ready`, its SEND/BROADCAST frames that
-    `index` can answer exactly are written into the receivers' `outboxes` inside `feed` (no
-    event), and its QUEUE / QUEUE_REQUEST / QUEUE_ACK frames come as `_SgQueueFrame` tuples in
-    batches (`WsMessage.routing`); every other frame, and every later one of the same read,
-    goes to Python as it came. The
-    decoder's `now` must be the wall clock (ns): it stamps the frames' `ts`."""
+    """Scanner of one JSON 신경 connection: once `ready`, its SEND/BROADCAST frames whose
+    answer `index` resolves to JSON receivers here are written into their `outboxes` inside
+    `feed` (no event), and its QUEUE / QUEUE_REQUEST / QUEUE_ACK frames come as
+    `_SgQueueFrame` tuples in batches (`WsMessage.routing`); every other frame, and every later
+    one of the same read, goes to Python as it came. The decoder's `now` must be the wall clock
+    (ns): it stamps the frames' `ts`."""
 
     def __new__(cls, index: SgIndex, outboxes: Outboxes, conn_id: int) -> SgScanner: ...
     @property

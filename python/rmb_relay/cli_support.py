@@ -1,8 +1,9 @@
 """What every command-line program of ours shares: the `--help` formatter, logging set-up, the
 event loop, and a quiet exit when stdout's reader leaves.
 
-A leaf module (it imports nothing of the package), so any command, and the programs
-`rmb-peer`, `rmb-load` and `rmb-analytics`, can use it without importing the others.
+A leaf module (of the package it imports only log_budget.py, a leaf too), so any command,
+and the programs `rmb-peer`, `rmb-load` and `rmb-analytics`, can use it without importing
+the others.
 Every flag's help ends with its default, so `--help` never lies.
 """
 
@@ -16,6 +17,8 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn
 
+from rmb_relay.log_budget import DEFAULT_LOG_RATE, LogBudget
+
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
     """Show a flag's default unless it has none or its help already says it; the description
@@ -28,12 +31,15 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefau
         return super()._get_help_string(action)
 
 
-def setup_logging(debug: int) -> None:
+def setup_logging(debug: int, log_rate: float = DEFAULT_LOG_RATE) -> None:
+    """Log to stderr; the same message at most `log_rate` lines a second (log_budget.py)."""
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.DEBUG if debug >= 2 else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(LogBudget(log_rate))
     if debug == 1:
         logging.getLogger("rmb_relay").setLevel(logging.DEBUG)
 

@@ -70,6 +70,11 @@ class ListenerConfig:
     max_connections: int | None = None
     #: open connections of one client IP; more are answered 429 and closed
     max_connections_per_ip: int = DEFAULT_MAX_CONNECTIONS_PER_IP
+    #: IPv6 clients sharing this prefix count as one IP for the per-IP caps (throttle.py)
+    ipv6_prefix: int = 64
+    #: (host, port) of the operations listener (`--metrics-listen`): /health, /metrics and
+    #: /monitor/ are served there, and no longer on the public one; None: on the public one
+    metrics_listen: tuple[str, int] | None = None
 
     def __post_init__(self) -> None:
         if (self.tls_cert is None) != (self.tls_key is None):
@@ -80,6 +85,8 @@ class ListenerConfig:
             self.max_connections is not None and self.max_connections <= 0
         ) or self.max_connections_per_ip <= 0:
             raise ConfigError("--max-connections and --max-connections-per-ip must be positive")
+        if not 0 <= self.ipv6_prefix <= 128:
+            raise ConfigError("--ipv6-prefix must be 0-128")
         for name in ("http_idle_timeout", "http_request_timeout", "close_timeout"):
             if not getattr(self, name) > 0:
                 flag = "--" + name.replace("_", "-")

@@ -16,7 +16,16 @@ from typing import Protocol
 
 from rmb_relay.errors import HttpReject
 
-__all__ = ["CloseCode", "HttpClient", "HttpResponse", "Peer", "reject_response"]
+__all__ = ["REPLY_PAUSES", "CloseCode", "HttpClient", "HttpResponse", "Peer", "reject_response"]
+
+#: the counter of connections no longer read (or served) because their own answers are over
+#: their write high-water mark: the listener counts its pauses, a dialect whose answers come
+#: from a task (RMB's slow path) its waits, in one family (name, help)
+REPLY_PAUSES = (
+    "rmb_relay_reply_backpressure_pauses_total",
+    "Times a connection stopped being read because its own answers (pongs, errors, "
+    "HTTP responses to pipelined requests) were over its write high-water mark",
+)
 
 
 class CloseCode(enum.IntEnum):

@@ -1,16 +1,21 @@
 """Mailboxes: where envelopes for an offline session of this relay wait until it connects.
 
 Decision 2 of spec/rmb.md: a message waits until its own deadline (timestamp + expiration),
-capped by `--mailbox-ttl`; at most `--mailbox-max` per session, dropping the oldest first (and
-counting it). On connect the mailbox is delivered in order before live traffic.
+capped by `--mailbox-ttl`; at most `--mailbox-max` per session. Past that cap the new message
+is refused (`MailboxFull`: the sender of a request hears it), where rmb-rs drops the oldest:
+a flood from anyone would otherwise evict the mail a twin really waits for (issue 33). On
+connect the mailbox is delivered in order before live traffic.
 
 Memory budgets (the in-memory mailbox: it lives in the relay's own heap, so one sender must not
 be able to fill it): at most `MailboxBudget.twin_bytes` per destination twin across its
-sessions, `total_bytes` in all, and `sessions_per_twin` distinct sessions (sids) per twin. An
-envelope over a budget is refused with `MailboxFull` (the sender of a request gets an error
-envelope) instead of displacing older mail; the per-session count cap keeps rmb-rs's
-drop-oldest. The books are a `ByteBudget` (budget.py, the mechanism every in-memory store
-shares) keyed by twin, counting sessions as its items. Expired envelopes are swept on a timer
+sessions, `total_bytes` in all, `sessions_per_twin` distinct sessions (sids) per twin, and
+`source_bytes` for what one source twin has waiting in all mailboxes together, and as much
+for what one relay posted (federation, by its address): a share, so one sender or one relay
+cannot take the whole budget from everyone else's mail.
+An envelope over a budget is refused with `MailboxFull` (the sender of a request gets an error
+envelope) instead of displacing older mail. The books are two `ByteBudget`s (budget.py, the
+mechanism every in-memory store shares): by destination twin, counting sessions as its items,
+and by source twin. Expired envelopes are swept on a timer
 of their own, whatever else is configured.
 
 Two implementations behind one interface: `MemoryMailbox` (no Redis: a relay restart loses
@@ -28,14 +33,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, cast
 
+from rmb_relay._core import scan_envelope
 from rmb_relay.budget import BudgetExceeded, ByteBudget
 from rmb_relay.clock import Clock, monotonic_clock, nanos, seconds, wall_clock
-from rmb_relay.errors import MailboxFull, MailboxUnavailable
+from rmb_relay.errors import EnvelopeError, MailboxFull, MailboxUnavailable
 
 if TYPE_CHECKING:
     from rmb_relay.cluster.connect import RedisClient
 
 SessionKey = tuple[int, str | None]
+#: a stored envelope: its deadline, its bytes, and the shares (source twin, posting relay) it
+#: counts against
+_Entry = tuple[int, bytes, tuple[int | str, ...]]
 
 #: rmb-rs's default stream lifetime after the last push (spec/rmb.md §3.2)
 DEFAULT_MAILBOX_TTL = 3600
@@ -46,6 +55,9 @@ DEFAULT_MAILBOX_MAX = 10_000
 DEFAULT_MAILBOX_TWIN_BYTES = 64 << 20
 #: in-memory mailbox bytes in all: what offline mail may cost the relay's heap
 DEFAULT_MAILBOX_TOTAL_BYTES = 512 << 20
+#: in-memory mailbox bytes one source twin has waiting, all destinations together: an eighth
+#: of the total, so a flood from one sender leaves the rest for everyone else
+DEFAULT_MAILBOX_SOURCE_BYTES = 64 << 20
 #: distinct sessions (sids) with mail waiting, per twin: the sid is the sender's choice, so
 #: without a cap one sender creates a mailbox per random sid
 DEFAULT_MAILBOX_SESSIONS = 64
@@ -87,9 +99,10 @@ class MailboxBudget:
     twin_bytes: int = DEFAULT_MAILBOX_TWIN_BYTES
     total_bytes: int = DEFAULT_MAILBOX_TOTAL_BYTES
     sessions_per_twin: int = DEFAULT_MAILBOX_SESSIONS
+    source_bytes: int = DEFAULT_MAILBOX_SOURCE_BYTES
 
     def __post_init__(self) -> None:
-        if min(self.twin_bytes, self.total_bytes, self.sessions_per_twin) <= 0:
+        if min(self.twin_bytes, self.total_bytes, self.sessions_per_twin, self.source_bytes) <= 0:
             raise ValueError("mailbox budgets must be positive")
 
 
@@ -129,8 +142,12 @@ class Mailbox(abc.ABC):
         return min(own, now + self.ttl)
 
     @abc.abstractmethod
-    async def put(self, key: SessionKey, envelope: bytes, deadline: int) -> None:
-        """Store one envelope; raises MailboxUnavailable if the backend is down."""
+    async def put(
+        self, key: SessionKey, envelope: bytes, deadline: int, *, sender: str | None = None
+    ) -> None:
+        """Store one envelope; raises MailboxUnavailable if the backend is down, MailboxFull
+        over a budget. `sender`: the relay that posted it (federation: its address), which
+        has a share of the budget as a source twin does."""
 
     @abc.abstractmethod
     async def take(self, key: SessionKey) -> Taken:
@@ -171,7 +188,8 @@ class MemoryMailbox(Mailbox):
         super().__init__(ttl, max_per_session, clock)
         self.budget = budget if budget is not None else MailboxBudget()
         self.sweep_interval = sweep_interval
-        self._boxes: dict[SessionKey, deque[tuple[int, bytes]]] = {}
+        #: per session: (deadline, envelope, the shares it counts against), oldest first
+        self._boxes: dict[SessionKey, deque[_Entry]] = {}
         self._depth = 0
         #: per destination twin: bytes stored and sessions with a mailbox (its items)
         self.books = ByteBudget(
@@ -179,15 +197,30 @@ class MemoryMailbox(Mailbox):
             total_bytes=self.budget.total_bytes,
             key_count=self.budget.sessions_per_twin,
         )
+        #: per source twin, and per posting relay: bytes waiting in all mailboxes (its share)
+        self.sources = ByteBudget(
+            key_bytes=self.budget.source_bytes, total_bytes=self.budget.total_bytes
+        )
         self._sweeper: asyncio.TimerHandle | None = None
 
-    async def put(self, key: SessionKey, envelope: bytes, deadline: int) -> None:
+    async def put(
+        self, key: SessionKey, envelope: bytes, deadline: int, *, sender: str | None = None
+    ) -> None:
         twin = key[0]
         size = len(envelope)
         box = self._boxes.get(key)
         if box is not None:
             self._expire(key, box)
+            if len(box) >= self.max_per_session:
+                self.stats.refused += 1
+                raise MailboxFull(
+                    f"mailbox of twin {twin} holds {self.max_per_session} messages for this "
+                    "session (nothing waiting is dropped for a new one)"
+                )
         budget = self.budget
+        shares: tuple[int | str, ...] = (_source_twin(envelope),)
+        if sender is not None:
+            shares += ("relay " + sender,)
         try:
             self.books.take(twin, size, 1 if box is None else 0)
         except BudgetExceeded as err:
@@ -199,13 +232,19 @@ class MemoryMailbox(Mailbox):
             else:
                 text = f"mailboxes are over {budget.total_bytes} bytes in all"
             raise MailboxFull(text) from err
+        taken: list[int | str] = []
+        for share in shares:
+            if not self.sources.try_take(share, size):
+                for done in taken:
+                    self.sources.release(done, size)
+                self.books.release(twin, size, 1 if box is None else 0)
+                self.stats.refused += 1
+                whose = f"twin {share}" if isinstance(share, int) else share
+                raise MailboxFull(f"{whose} has over {budget.source_bytes} bytes in mailboxes")
+            taken.append(share)
         if box is None:
             box = self._boxes[key] = deque()
-        if len(box) >= self.max_per_session:
-            lost = self._pop_oldest(twin, box)
-            self.stats.dropped_full += 1
-            self._lost(key, lost, "full")
-        box.append((deadline, envelope))
+        box.append((deadline, envelope, shares))
         self._depth += 1
         self.stats.stored += 1
         self._ensure_sweeper()
@@ -216,32 +255,39 @@ class MemoryMailbox(Mailbox):
             return Taken([])
         self._forget(key, box)
         now = seconds(self.clock())
-        live = [envelope for deadline, envelope in box if deadline > now]
+        live = [envelope for deadline, envelope, _ in box if deadline > now]
         self.stats.expired += len(box) - len(live)
         if self.on_loss is not None and len(live) < len(box):
-            for deadline, envelope in box:
+            for deadline, envelope, _ in box:
                 if deadline <= now:
                     self.on_loss(key, len(envelope), "expired")
         self.stats.delivered += len(live)
         return Taken(live)
 
-    def _pop_oldest(self, twin: int, box: deque[tuple[int, bytes]]) -> int:
+    def _pop_oldest(self, twin: int, box: deque[_Entry]) -> int:
         """Drop the oldest envelope; returns its size."""
-        _, envelope = box.popleft()
+        _, envelope, shares = box.popleft()
         self._depth -= 1
         self.books.release(twin, len(envelope))
+        self._release_shares(shares, len(envelope))
         return len(envelope)
 
-    def _forget(self, key: SessionKey, box: deque[tuple[int, bytes]]) -> None:
+    def _release_shares(self, shares: tuple[int | str, ...], size: int) -> None:
+        for share in shares:
+            self.sources.release(share, size)
+
+    def _forget(self, key: SessionKey, box: deque[_Entry]) -> None:
         """Remove a whole session's mailbox from the books."""
         del self._boxes[key]
         self._depth -= len(box)
-        self.books.release(key[0], sum(len(envelope) for _, envelope in box), 1)
+        self.books.release(key[0], sum(len(envelope) for _, envelope, _ in box), 1)
+        for _, envelope, shares in box:
+            self._release_shares(shares, len(envelope))
         if not self._boxes:
             # a dict never shrinks by deleting: start over so a burst's table is freed too
             self._boxes = {}
 
-    def _expire(self, key: SessionKey, box: deque[tuple[int, bytes]]) -> None:
+    def _expire(self, key: SessionKey, box: deque[_Entry]) -> None:
         now = seconds(self.clock())
         while box and box[0][0] <= now:
             lost = self._pop_oldest(key[0], box)
@@ -253,7 +299,7 @@ class MemoryMailbox(Mailbox):
         now = seconds(self.clock())
         dropped = 0
         for key, box in list(self._boxes.items()):
-            if box and all(deadline > now for deadline, _ in box):
+            if box and all(item[0] > now for item in box):
                 continue
             kept = deque(item for item in box if item[0] > now)
             if not kept:
@@ -262,10 +308,13 @@ class MemoryMailbox(Mailbox):
                 # the session keeps its mailbox (and its place in the sessions count)
                 self._boxes[key] = kept
                 self._depth -= len(box) - len(kept)
-                self.books.release(key[0], sum(len(e) for d, e in box if d <= now))
+                self.books.release(key[0], sum(len(e) for d, e, _ in box if d <= now))
+                for deadline, envelope, shares in box:
+                    if deadline <= now:
+                        self._release_shares(shares, len(envelope))
             dropped += len(box) - len(kept)
             if self.on_loss is not None:
-                for deadline, envelope in box:
+                for deadline, envelope, _ in box:
                     if deadline <= now:
                         self.on_loss(key, len(envelope), "expired")
         self.stats.expired += dropped
@@ -292,6 +341,26 @@ class MemoryMailbox(Mailbox):
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
+
+
+def _source_twin(envelope: bytes) -> int:
+    """Whose share a stored envelope counts against: its source twin (0: a relay's error, or
+    bytes the scanner cannot read, which share one key)."""
+    try:
+        return scan_envelope(envelope).source_twin
+    except EnvelopeError:
+        return 0
+
+
+#: XADD unless the stream is at the cap (-1 then): rmb-rs's MAXLEN drops the oldest instead,
+#: which lets a flood evict the mail a twin waits for. One key: fine in a Redis cluster.
+_ADD_UNDER_CAP = """
+local n = redis.call('XLEN', KEYS[1])
+if n >= tonumber(ARGV[3]) then return -1 end
+redis.call('XADD', KEYS[1], '*', '_', ARGV[1], 'dl', ARGV[2])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return n
+"""
 
 
 class RedisMailbox(Mailbox):
@@ -337,7 +406,10 @@ class RedisMailbox(Mailbox):
         self._stalled_until = self.monotonic() + nanos(REDIS_STALL_BACKOFF)
         return MailboxUnavailable(f"redis: no answer within {self.timeout:g} s")
 
-    async def put(self, key: SessionKey, envelope: bytes, deadline: int) -> None:
+    async def put(
+        self, key: SessionKey, envelope: bytes, deadline: int, *, sender: str | None = None
+    ) -> None:
+        """(`sender` has no share here: a session's cap refuses, nothing is evicted.)"""
         from redis.exceptions import RedisError
         from redis.exceptions import TimeoutError as RedisTimeout
 
@@ -351,24 +423,22 @@ class RedisMailbox(Mailbox):
         self._inflight += size
         try:
             async with asyncio.timeout(self.timeout):
-                async with self.redis.pipeline(transaction=True) as pipe:
-                    pipe.xlen(name)
-                    pipe.xadd(
-                        name, {"_": envelope, "dl": str(deadline)}, maxlen=self.max_per_session
-                    )
-                    pipe.expire(name, self.ttl)
-                    length, _, _ = await pipe.execute()
+                length = await self.redis.eval(
+                    _ADD_UNDER_CAP, 1, name, envelope, str(deadline), self.max_per_session, self.ttl
+                )
         except (TimeoutError, RedisTimeout):
             raise self._timed_out() from None
         except (RedisError, OSError) as err:
             raise MailboxUnavailable(f"redis: {err}") from err
         finally:
             self._inflight -= size
-        if int(length) >= self.max_per_session:
-            self.stats.dropped_full += 1
-            self._lost(key, 0, "full")
-        else:
-            self._depth_estimate += 1
+        if int(length) < 0:
+            self.stats.refused += 1
+            raise MailboxFull(
+                f"mailbox of twin {key[0]} holds {self.max_per_session} messages for this "
+                "session (nothing waiting is dropped for a new one)"
+            )
+        self._depth_estimate += 1
         self.stats.stored += 1
 
     async def take(self, key: SessionKey) -> Taken:

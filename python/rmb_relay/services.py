@@ -19,6 +19,7 @@ from rmb_relay.errors import ConfigError
 from rmb_relay.mailbox import (
     DEFAULT_MAILBOX_MAX,
     DEFAULT_MAILBOX_SESSIONS,
+    DEFAULT_MAILBOX_SOURCE_BYTES,
     DEFAULT_MAILBOX_TOTAL_BYTES,
     DEFAULT_MAILBOX_TTL,
     DEFAULT_MAILBOX_TWIN_BYTES,
@@ -109,6 +110,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_MAILBOX_TOTAL_BYTES,
         metavar="BYTES",
         help="in-memory mailbox: bytes kept in all; more is refused with an error to the sender",
+    )
+    shared.add_argument(
+        "--mailbox-source-bytes",
+        type=int,
+        default=DEFAULT_MAILBOX_SOURCE_BYTES,
+        metavar="BYTES",
+        help="in-memory mailbox: bytes one source twin, or one relay posting to us, may have "
+        "waiting in all mailboxes together (its share); more is refused",
     )
     shared.add_argument(
         "--mailbox-sessions",
@@ -253,12 +262,15 @@ class Services:
             raise ConfigError("--catchup-threshold must be >= 0 blocks")
         try:
             budget = MailboxBudget(
-                args.mailbox_twin_bytes, args.mailbox_total_bytes, args.mailbox_sessions
+                args.mailbox_twin_bytes,
+                args.mailbox_total_bytes,
+                args.mailbox_sessions,
+                args.mailbox_source_bytes,
             )
         except ValueError:
             raise ConfigError(
-                "--mailbox-twin-bytes, --mailbox-total-bytes and --mailbox-sessions must be "
-                "positive"
+                "--mailbox-twin-bytes, --mailbox-total-bytes, --mailbox-sessions and "
+                "--mailbox-source-bytes must be positive"
             ) from None
         if not args.redis_timeout > 0 or args.redis_inflight_bytes <= 0:
             raise ConfigError("--redis-timeout and --redis-inflight-bytes must be positive")

@@ -13,7 +13,7 @@ the switch keeps
 - the outboxes (Rust `Outboxes`: connection id -> pending output). The scanners of RMB, SBD
   and 신경 JSON connections hold them too, so a message for a local connection that may take
   it is framed straight into its outbox inside `feed` (the fast path, counted in `Outboxes`;
-  the 신경 gateway's SEND/BROADCAST DISPATCHes, `singyeong/native.py`, counted in its
+  the 신경 gateway's SEND/BROADCAST DISPATCHes, rust/dialects/singyeong/, counted in its
   `SgIndex`); anything else (offline, another instance, a receiver that is congested or held)
   reaches the dialect;
 - the mailbox (messages for offline sessions, in memory or Redis), drained through
@@ -231,6 +231,7 @@ class Switch:
         deadline: int | None = None,
         store: bool = True,
         queued: QueuedForward | None = None,
+        sender: str | None = None,
     ) -> Outcome:
         """Local connection first; else the instance holding it (cluster); else, for a session
         address with a `deadline` (unix seconds) and `store`, the mailbox. The deadline also
@@ -238,6 +239,8 @@ class Switch:
         meanwhile. Raises `MailboxUnavailable` (or its `ClusterUnavailable`) when Redis cannot
         take the message. With `queued`, a message for another instance is only queued for
         its stream (FORWARDED at once; `Cluster.forward`), and `queued` hears how it ended.
+        `sender`: the relay that posted it (federation), whose share of the mailbox a stored
+        message counts against (`Mailbox.put`).
 
         This is the path of producers outside a socket read (slow-path tasks, stream
         consumers): a congested receiver is waited for (`Peer.writable`) instead of having its
@@ -256,7 +259,7 @@ class Switch:
             return Outcome.FORWARDED
         if deadline is None or not store or isinstance(address, bytes):
             return Outcome.NO_ROUTE
-        await self.mailbox.put(address, frame, deadline)
+        await self.mailbox.put(address, frame, deadline, sender=sender)
         # the session may have connected (and drained) while we were storing
         endpoint = self.lookup(address)
         if endpoint is not None:

@@ -59,8 +59,10 @@ __all__ = [
 
 T = TypeVar("T")
 
-#: threads hashing passwords at once (each scrypt holds ~16 MiB while it runs)
-DEFAULT_AUTH_WORKERS = 2
+#: threads hashing passwords at once (each scrypt holds ~16 MiB and a core for ~80 ms): one,
+#: so hashing never takes more than one core from the event loop; honest logins are rare
+#: (a connector asks for a token per token lifetime), ~12 a second fit
+DEFAULT_AUTH_WORKERS = 1
 #: jobs waiting for a thread; more are refused with 503 at once
 DEFAULT_AUTH_QUEUE = 16
 #: failed attempts one address (or one key) may make at once ...

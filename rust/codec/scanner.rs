@@ -17,7 +17,7 @@
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::codec::ws::Payload;
+use crate::codec::mask::Payload;
 
 /// A message's data as Python gets it, what the scanner made of it (its routing object, if
 /// any), and why it has none.

@@ -3,4 +3,5 @@
 
 pub mod rmb;
 pub mod sbd;
+pub mod singyeong;
 pub mod tunnel;

@@ -18,8 +18,7 @@
 //! Record layout (big-endian): kind (1), hops (1), deadline (8, unix seconds, 0 = never store),
 //! name length (2), frame length (4), name, frame.
 
-use crate::forward::outboxes::{Count, Outboxes};
-use crate::forward::routes::Routes;
+use crate::forward::Count;
 
 /// `cluster/wire.py`'s `HEADER_BYTES`.
 pub const RECORD_HEADER: usize = 16;
@@ -84,46 +83,6 @@ pub struct Placed {
     pub next: usize,
     pub records: u64,
     pub bytes: u64,
-}
-
-/// Write the messages of an entry (from `offset`) for sessions connected here into their
-/// outboxes, in order, until a record that cannot be placed or `max_bytes` were written (the
-/// caller writes them out and looks at its receivers' congestion before going on). The entry
-/// was `check`ed; a malformed record stops it like any other it cannot place.
-pub fn place(
-    outboxes: &mut Outboxes,
-    routes: &Routes,
-    data: &[u8],
-    offset: usize,
-    max_bytes: usize,
-) -> Placed {
-    let mut placed = Placed {
-        next: offset,
-        records: 0,
-        bytes: 0,
-    };
-    while placed.next < data.len() && (placed.bytes as usize) < max_bytes {
-        let Ok(record) = read_record(data, placed.next) else {
-            break;
-        };
-        if record.kind != MESSAGE {
-            break;
-        }
-        let Some(dest) = routes.lookup_name(record.name) else {
-            break;
-        };
-        let frame = record.frame;
-        if !outboxes.forward(dest, crate::codec::ws::OP_BINARY, frame.len(), |out| {
-            out.copy_from_slice(frame)
-        }) {
-            break;
-        }
-        outboxes.crossing.placed.add(frame.len());
-        placed.records += 1;
-        placed.bytes += frame.len() as u64;
-        placed.next = record.next;
-    }
-    placed
 }
 
 /// Append one `MESSAGE` record (no hops yet) to `out`. The name is at most 65535 bytes
@@ -256,57 +215,6 @@ mod tests {
         assert_eq!(read_record(&entry, r.next).unwrap().name, b"r:2:x");
     }
 
-    #[test]
-    fn place_writes_in_order_and_stops_at_what_it_cannot_place() {
-        let mut routes = Routes::new();
-        routes.register_session(1, None, 10);
-        routes.register_session(2, Some("x"), 20);
-        let mut o = Outboxes::new();
-        o.open(10);
-        o.open(20);
-        let mut entry = Vec::new();
-        encode_message(&mut entry, b"r:1", 0, b"one");
-        encode_message(&mut entry, b"r:2:x", 0, b"two");
-        encode_message(&mut entry, b"r:3", 0, b"nobody here");
-        encode_message(&mut entry, b"r:1", 0, b"after");
-        let p = place(&mut o, &routes, &entry, 0, usize::MAX);
-        assert_eq!((p.records, p.bytes), (2, 6));
-        let third = read_record(&entry, p.next).unwrap();
-        assert_eq!(third.frame, b"nobody here");
-        // Python handles that one, then hands the rest back
-        let p = place(&mut o, &routes, &entry, third.next, usize::MAX);
-        assert_eq!((p.next, p.records), (entry.len(), 1));
-        assert_eq!(
-            o.crossing.placed,
-            Count {
-                messages: 3,
-                bytes: 11
-            }
-        );
-        let frames = |payloads: &[&[u8]]| {
-            payloads
-                .iter()
-                .flat_map(|p| {
-                    crate::codec::ws::encode_frame(crate::codec::ws::OP_BINARY, p, true, None)
-                })
-                .collect::<Vec<u8>>()
-        };
-        assert_eq!(o.take(10).unwrap(), frames(&[b"one", b"after"]));
-        assert_eq!(o.take(20).unwrap(), frames(&[b"two"]));
-        // a receiver that does not accept (congested, held) stops it before its record
-        o.set_congested(20, true);
-        let p = place(&mut o, &routes, &entry, 0, usize::MAX);
-        assert_eq!(p.records, 1);
-        assert_eq!(read_record(&entry, p.next).unwrap().frame, b"two");
-        // and so does the byte bound, after the record that reached it
-        o.set_congested(20, false);
-        let p = place(&mut o, &routes, &entry, 0, 1);
-        assert_eq!(p.records, 1);
-        // notices are Python's
-        let mut notice = entry.clone();
-        notice[0] = 1;
-        assert_eq!(place(&mut o, &routes, &notice, 0, usize::MAX).records, 0);
-    }
 }
 
 pub mod py {

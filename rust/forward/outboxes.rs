@@ -24,9 +24,10 @@
 //! to itself, and a flush takes everything buffered, fast-path frames included, in order.
 
 use crate::codec::ws::{frame_len, write_header, OP_BINARY};
-use crate::forward::crossing::Crossing;
+use crate::forward::crossing::{read_record, Crossing, Placed, MESSAGE};
 use crate::forward::maps::IdMap;
-use crate::forward::routes::ConnId;
+use crate::forward::routes::{ConnId, Routes};
+use crate::forward::Count;
 
 /// A buffer that grew past this for a burst is not kept for reuse after it is written.
 const KEEP_CAPACITY: usize = 256 << 10;
@@ -36,22 +37,7 @@ const KEEP_CAPACITY: usize = 256 << 10;
 /// is next appended to: appending goes into memory already mapped and big enough, and an idle
 /// connection holds no buffer at all. At most 32 buffers (one per connection written to in a
 /// read is plenty) of at most `KEEP_CAPACITY` are kept (8 MiB).
-pub type Spares = crate::forward::lent::Spares<u8, 32, KEEP_CAPACITY>;
-
-/// Messages and bytes forwarded by the fast path (what `/metrics` adds to Python's counters).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Count {
-    pub messages: u64,
-    pub bytes: u64,
-}
-
-impl Count {
-    #[inline]
-    pub fn add(&mut self, bytes: usize) {
-        self.messages += 1;
-        self.bytes += bytes as u64;
-    }
-}
+pub type Spares = crate::lent::Spares<u8, 32, KEEP_CAPACITY>;
 
 #[derive(Debug, Default)]
 struct Outbox {
@@ -63,8 +49,10 @@ struct Outbox {
     held: bool,
     /// listed in `dirty` since the last drain
     queued: bool,
-    /// messages (frames, or raw pieces) appended since it opened: what monitoring shows
+    /// messages (frames, or raw pieces) appended and bytes taken for writing since it
+    /// opened: what monitoring shows
     sent: u64,
+    sent_bytes: u64,
 }
 
 impl Outbox {
@@ -222,9 +210,13 @@ impl Outboxes {
         self.boxes.get(&id).map_or(0, |b| b.buf.len())
     }
 
-    /// Messages appended to this connection's outbox since it opened (0: unknown).
-    pub fn sent(&self, id: ConnId) -> u64 {
-        self.boxes.get(&id).map_or(0, |b| b.sent)
+    /// Messages appended to this connection's outbox and bytes taken from it since it
+    /// opened (zeros: unknown).
+    pub fn sent(&self, id: ConnId) -> Count {
+        self.boxes.get(&id).map_or_else(Count::default, |b| Count {
+            messages: b.sent,
+            bytes: b.sent_bytes,
+        })
     }
 
     fn mark(&mut self, id: ConnId) {
@@ -307,6 +299,7 @@ impl Outboxes {
         if b.buf.is_empty() {
             return None;
         }
+        b.sent_bytes += b.buf.len() as u64;
         Some(std::mem::take(&mut b.buf))
     }
 
@@ -421,12 +414,53 @@ impl Outboxes {
         );
         buf.truncate(s.frame_start);
     }
+
+    /// Write the messages of a bus entry (crossing.rs records) (from `offset`) for sessions connected here into their
+    /// outboxes, in order, until a record that cannot be placed or `max_bytes` were written (the
+    /// caller writes them out and looks at its receivers' congestion before going on). The entry
+    /// was `check`ed; a malformed record stops it like any other it cannot place.
+    pub fn place_crossed(
+        &mut self,
+        routes: &Routes,
+        data: &[u8],
+        offset: usize,
+        max_bytes: usize,
+    ) -> Placed {
+        let mut placed = Placed {
+            next: offset,
+            records: 0,
+            bytes: 0,
+        };
+        while placed.next < data.len() && (placed.bytes as usize) < max_bytes {
+            let Ok(record) = read_record(data, placed.next) else {
+                break;
+            };
+            if record.kind != MESSAGE {
+                break;
+            }
+            let Some(dest) = routes.lookup_name(record.name) else {
+                break;
+            };
+            let frame = record.frame;
+            if !self.forward(dest, OP_BINARY, frame.len(), |out| {
+                out.copy_from_slice(frame)
+            }) {
+                break;
+            }
+            self.crossing.placed.add(frame.len());
+            placed.records += 1;
+            placed.bytes += frame.len() as u64;
+            placed.next = record.next;
+        }
+        placed
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::codec::ws::{encode_frame, OP_TEXT};
+    use crate::forward::crossing::encode_message;
 
     fn taken(o: &mut Outboxes, id: ConnId) -> Vec<u8> {
         o.take(id).unwrap_or_default()
@@ -494,8 +528,15 @@ mod tests {
         .concat();
         assert_eq!(taken(&mut o, 1), want);
         assert_eq!(o.pending(1), 0);
-        assert_eq!(o.sent(1), 3, "every message appended is counted");
-        assert_eq!(o.sent(2), 0, "unknown connection");
+        assert_eq!(
+            o.sent(1),
+            Count {
+                messages: 3,
+                bytes: want.len() as u64
+            },
+            "every message appended, every byte taken"
+        );
+        assert_eq!(o.sent(2), Count::default(), "unknown connection");
     }
 
     #[test]
@@ -570,7 +611,7 @@ mod tests {
         .concat();
         assert_eq!(o.pending(1), before + 5);
         assert_eq!(
-            o.sent(1),
+            o.sent(1).messages,
             2,
             "a message staged in place is counted once committed"
         );
@@ -626,6 +667,58 @@ mod tests {
         assert_eq!(o.crossing.take(), [(2, want, 2)]);
         assert!(drained(&mut o).is_empty(), "nothing for a connection");
     }
+
+    #[test]
+    fn place_writes_in_order_and_stops_at_what_it_cannot_place() {
+        let mut routes = Routes::new();
+        routes.register_session(1, None, 10);
+        routes.register_session(2, Some("x"), 20);
+        let mut o = Outboxes::new();
+        o.open(10);
+        o.open(20);
+        let mut entry = Vec::new();
+        encode_message(&mut entry, b"r:1", 0, b"one");
+        encode_message(&mut entry, b"r:2:x", 0, b"two");
+        encode_message(&mut entry, b"r:3", 0, b"nobody here");
+        encode_message(&mut entry, b"r:1", 0, b"after");
+        let p = o.place_crossed(&routes, &entry, 0, usize::MAX);
+        assert_eq!((p.records, p.bytes), (2, 6));
+        let third = read_record(&entry, p.next).unwrap();
+        assert_eq!(third.frame, b"nobody here");
+        // Python handles that one, then hands the rest back
+        let p = o.place_crossed(&routes, &entry, third.next, usize::MAX);
+        assert_eq!((p.next, p.records), (entry.len(), 1));
+        assert_eq!(
+            o.crossing.placed,
+            Count {
+                messages: 3,
+                bytes: 11
+            }
+        );
+        let frames = |payloads: &[&[u8]]| {
+            payloads
+                .iter()
+                .flat_map(|p| {
+                    crate::codec::ws::encode_frame(crate::codec::ws::OP_BINARY, p, true, None)
+                })
+                .collect::<Vec<u8>>()
+        };
+        assert_eq!(o.take(10).unwrap(), frames(&[b"one", b"after"]));
+        assert_eq!(o.take(20).unwrap(), frames(&[b"two"]));
+        // a receiver that does not accept (congested, held) stops it before its record
+        o.set_congested(20, true);
+        let p = o.place_crossed(&routes, &entry, 0, usize::MAX);
+        assert_eq!(p.records, 1);
+        assert_eq!(read_record(&entry, p.next).unwrap().frame, b"two");
+        // and so does the byte bound, after the record that reached it
+        o.set_congested(20, false);
+        let p = o.place_crossed(&routes, &entry, 0, 1);
+        assert_eq!(p.records, 1);
+        // notices are Python's
+        let mut notice = entry.clone();
+        notice[0] = 1;
+        assert_eq!(o.place_crossed(&routes, &notice, 0, usize::MAX).records, 0);
+    }
 }
 
 pub mod py {
@@ -637,8 +730,7 @@ pub mod py {
 
     use super::Spares;
     use crate::codec::ws::{OP_BINARY, OP_TEXT};
-    use crate::forward::crossing::place;
-    use crate::forward::lent::py::fill_read_only_view;
+    use crate::lent::py::fill_read_only_view;
     use crate::forward::maps::IdMap;
     use crate::forward::routes::py::RouteTable;
     use crate::forward::routes::ConnId;
@@ -772,10 +864,11 @@ pub mod py {
             self.inner.pending(conn_id)
         }
 
-        /// Messages appended to the connection's outbox since it opened, by the fast path
-        /// and by Python (0 for an unknown connection).
-        fn sent(&self, conn_id: ConnId) -> u64 {
-            self.inner.sent(conn_id)
+        /// (messages appended to the connection's outbox, by the fast path and by Python;
+        /// bytes taken from it for writing) since it opened; zeros for an unknown connection.
+        fn sent(&self, conn_id: ConnId) -> (u64, u64) {
+            let count = self.inner.sent(conn_id);
+            (count.messages, count.bytes)
         }
 
         fn __len__(&self) -> usize {
@@ -897,7 +990,7 @@ pub mod py {
 
         /// Write the messages of a bus entry (`data`, from `offset`) for sessions connected
         /// here into their outboxes, in order, until one it cannot place or `max_bytes` were
-        /// written (crossing.rs `place`); returns (the offset of the first record left, how
+        /// written (`Outboxes::place_crossed`); returns (the offset of the first record left, how
         /// many it wrote). The outboxes written to are listed for `drain`.
         fn place_records(
             &mut self,
@@ -906,7 +999,7 @@ pub mod py {
             offset: usize,
             max_bytes: usize,
         ) -> (usize, u64) {
-            let placed = place(&mut self.inner, &routes.inner, data, offset, max_bytes);
+            let placed = self.inner.place_crossed(&routes.inner, data, offset, max_bytes);
             (placed.next, placed.records)
         }
 

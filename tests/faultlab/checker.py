@@ -52,6 +52,7 @@ class Checker:
     _open: set[str] = field(default_factory=set)
     #: the last answers, newest last (what `answered_since` looks at)
     _recent: deque[str] = field(default_factory=lambda: deque(maxlen=64))
+    _recent_deliveries: deque[str] = field(default_factory=lambda: deque(maxlen=64))
 
     def sent(self, message: str, at: float = 0.0) -> None:
         self._sent[message] = at
@@ -69,8 +70,17 @@ class Checker:
 
     def delivered(self, message: str) -> None:
         self._deliveries[message] += 1
+        self._recent_deliveries.append(message)
         if self.one_way:
             self._known(message)
+
+    @property
+    def delivered_count(self) -> int:
+        return len(self._deliveries)
+
+    def delivered_since(self, prefix: str, mark: int) -> bool:
+        """`answered_since` for deliveries (one-way traffic)."""
+        return any(int(m[len(prefix) :]) >= mark for m in self._recent_deliveries)
 
     @property
     def answered_count(self) -> int:

@@ -13,7 +13,9 @@ instead of the service's. The proxy's behaviour is switched while traffic runs:
   resets it;
 - `latency(mean, jitter)`: every chunk is held `mean ± jitter` seconds (order kept);
 - `resets(p)`: each chunk forwarded resets its connection (RST both ways) with probability p;
-- `reset_all()`: RST every open connection now.
+- `reset_all()`: RST every open connection now;
+- `refuse()`: a server that is gone (its host up, nothing listening): every connection reset,
+  new ones reset at once, until `heal()`.
 
 Why a proxy: the kernel has no netem (see netns.py); a proxy also lets a scenario cut one link
 of a host (to Redis) while its other links (to its clients) stay up.
@@ -56,6 +58,7 @@ class FaultProxy:
         self.mean = 0.0
         self.jitter = 0.0
         self.reset_probability = 0.0
+        self.refusing = False
         self._random = random.Random(seed)
         self._pairs: set[_Pair] = set()
         self._server: asyncio.Server | None = None
@@ -76,11 +79,16 @@ class FaultProxy:
     # ---- switches --------------------------------------------------------------------------
 
     def heal(self) -> None:
+        self.refusing = False
         self.mean = self.jitter = self.reset_probability = 0.0
         self._open.set()
 
     def black_hole(self) -> None:
         self._open.clear()
+
+    def refuse(self) -> None:
+        self.refusing = True
+        self.reset_all()
 
     @property
     def cut(self) -> bool:
@@ -110,6 +118,9 @@ class FaultProxy:
         self._pairs.add(pair)
         self.connections += 1
         try:
+            if self.refusing:
+                _rst(writer)
+                return
             if self.cut:  # its SYN would have been lost: it never gets through (docstring)
                 await self._open.wait()
                 _rst(writer)

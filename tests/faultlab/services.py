@@ -130,3 +130,38 @@ class RelayNode:
 
     def problems(self) -> list[str]:
         return [line for line in self.log.lines if "Traceback" in line or " CRITICAL " in line]
+
+
+class ChainNode:
+    """`rmb-relay devchain` on a host: tfchain's JSON-RPC over the twins of a file (the one
+    stand-in the tests may use, docs/tfchain.md)."""
+
+    PORT = 9944
+
+    def __init__(self, host: Host, twins: Path, logs: Path) -> None:
+        self.host = host
+        self.process = host.popen(
+            [
+                sys.executable,
+                "-m",
+                "rmb_relay",
+                "devchain",
+                "--twins",
+                str(twins),
+                "-l",
+                f"{host.address}:{self.PORT}",
+                "--block-time",
+                "1",
+            ],
+            stderr=subprocess.STDOUT,
+        )
+        assert self.process.stdout is not None
+        self.log = LogWatch(self.process.stdout, asyncio.get_running_loop(), logs / "chain.log")
+
+    async def ready(self) -> ChainNode:
+        await self.log.wait_for("devchain listening on ", START_WAIT)
+        return self
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return (self.host.address, self.PORT)

@@ -20,6 +20,8 @@ from pathlib import Path
 from types import TracebackType
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
 
 from rmb_relay.cluster import keys
 from rmb_relay.cluster.presence import claim_instance
@@ -28,7 +30,7 @@ from rmb_relay.twins.local import SqliteTwinDirectory
 from tests.cluster_fixtures import TWINS, twin_directory
 from tests.faultlab.netns import Host, Lab
 from tests.faultlab.proxy import FaultProxy
-from tests.faultlab.services import RELAY_PORT, RedisNode, RelayNode
+from tests.faultlab.services import RELAY_PORT, ChainNode, RedisNode, RelayNode
 from tests.processes import stop_processes
 from tests.rmb_fixtures import key_for
 
@@ -55,9 +57,14 @@ class Instance:
 class World:
     lab: Lab
     redis: RedisNode | None
-    probe: Redis | None
+    probe: Redis | RedisCluster | None
     logs: Path
     instances: dict[str, Instance] = field(default_factory=dict)
+    #: the Redis Cluster's nodes (`ClusterInstances`)
+    nodes: list[RedisNode] = field(default_factory=list)
+    #: the chain node of the twin directory, and the instances' link to it (`chain_cache_ttl`)
+    chain: ChainNode | None = None
+    to_chain: FaultProxy | None = None
 
     async def holders(self, name: str) -> str | None:
         """The instance Redis's presence names for `name` (e.g. "r:1"), if any."""
@@ -80,8 +87,10 @@ class TwoInstances:
         names: Sequence[str] = ("a", "b"),
         extra: Sequence[str] = (),
         logs: Path | None = None,
+        chain_cache_ttl: float | None = None,
     ) -> None:
         self.ttl = ttl
+        self.chain_cache_ttl = chain_cache_ttl
         self.names = names
         self.extra = extra
         self.logs = logs or Path(tempfile.mkdtemp(prefix="faultlab-logs-"))
@@ -97,15 +106,22 @@ class TwoInstances:
             world = World(lab, redis, probe, self.logs)
             twins = self.logs / "twins.sqlite3"
             twin_directory(twins)
+            directory = ["--twins", f"sqlite:{twins}", "--twin-cache-ttl", "0"]
+            if self.chain_cache_ttl is not None:
+                # the twin directory on a chain node of its own, behind a proxy of the world's
+                chain = await ChainNode(lab.host("chain"), twins, self.logs).ready()
+                world.chain = chain
+                world.to_chain = await FaultProxy.start(lab.gateway, chain.address)
+                stack.push_async_callback(world.to_chain.close)
+                url = f"ws://{world.to_chain.address[0]}:{world.to_chain.address[1]}"
+                directory = ["--substrate", url, "--substrate-timeout", "2"]
+                directory += ["--twin-cache-ttl", str(self.chain_cache_ttl)]
             for name in self.names:
                 host = lab.host(name)
                 to_redis = await FaultProxy.start(lab.gateway, redis.address)
                 stack.push_async_callback(to_redis.close)
                 args = [
-                    "--twins",
-                    f"sqlite:{twins}",
-                    "--twin-cache-ttl",
-                    "0",
+                    *directory,
                     "--redis",
                     f"redis://{to_redis.address[0]}:{to_redis.address[1]}/0",
                     "--cluster-ttl",
@@ -206,3 +222,158 @@ class FederatedPair:
         tb: TracebackType | None,
     ) -> None:
         await self._stack.aclose()
+
+
+class ClusterInstances:
+    """`async with ClusterInstances(ttl=...) as world:` a Redis Cluster of `masters` primaries
+    with one replica each, every node on its own host, and relay instances "a" and "b" on
+    it (`--redis-cluster`; they reach the nodes directly: the cluster announces its nodes'
+    addresses). `world.redis` is the first node; `world.nodes` all of them."""
+
+    def __init__(
+        self,
+        *,
+        ttl: float,
+        masters: int = 3,
+        node_timeout_ms: int = 1000,
+        extra: Sequence[str] = (),
+        logs: Path | None = None,
+    ) -> None:
+        self.ttl = ttl
+        self.masters = masters
+        self.node_timeout_ms = node_timeout_ms
+        self.extra = extra
+        self.logs = logs or Path(tempfile.mkdtemp(prefix="faultlab-logs-"))
+        self._stack = AsyncExitStack()
+
+    async def __aenter__(self) -> World:
+        stack = self._stack
+        try:
+            lab = stack.enter_context(Lab())
+            options = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+            options += ("--cluster-node-timeout", str(self.node_timeout_ms))
+            nodes = [
+                await RedisNode(lab.host(f"redis{i}"), options).ready()
+                for i in range(self.masters * 2)
+            ]
+            create = await asyncio.create_subprocess_exec(
+                *("redis-cli", "--cluster", "create"),
+                *(f"{node.host.address}:{node.port}" for node in nodes),
+                *("--cluster-replicas", "1", "--cluster-yes"),
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+            )
+            out, _ = await asyncio.wait_for(create.communicate(), 60)
+            if create.returncode != 0:
+                raise RuntimeError(f"redis-cli --cluster create failed:\n{out.decode()}")
+            first = nodes[0]
+            probe = RedisCluster(host=first.host.address, port=first.port, socket_timeout=5)
+            stack.push_async_callback(probe.aclose)
+            world = World(lab, first, probe, self.logs, nodes=nodes)
+            await wait_until(lambda: cluster_settled(world), 60, step=0.1)
+            twins = self.logs / "twins.sqlite3"
+            twin_directory(twins)
+            for name in ("a", "b"):
+                host = lab.host(name)
+                args = ["--twins", f"sqlite:{twins}", "--twin-cache-ttl", "0"]
+                args += ["--redis", f"redis://{first.host.address}:{first.port}/0"]
+                args += ["--redis-cluster", "--cluster-ttl", str(self.ttl)]
+                args += ["--instance-id", name, *self.extra]
+                relay = await RelayNode(host, args, self.logs).ready()
+                from_clients = await FaultProxy.start(lab.gateway, (host.address, relay.port))
+                stack.push_async_callback(from_clients.close)
+                world.instances[name] = Instance(name, host, relay, None, from_clients)
+            processes = [instance.relay.process for instance in world.instances.values()]
+            stack.push_async_callback(asyncio.to_thread, stop_processes, processes)
+            return world
+        except BaseException:
+            await stack.aclose()
+            raise
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._stack.aclose()
+
+
+@dataclass(frozen=True)
+class ClusterNode:
+    node_id: str
+    address: str
+    master: bool
+    #: the primary's id, for a replica
+    of: str | None
+    failed: bool
+    slots: tuple[tuple[int, int], ...]
+
+
+async def node_command(node: RedisNode, *args: str, timeout: float = 5.0) -> str:
+    """One command to one node, its reply as text (a simple or bulk string; raises RedisError
+    for an error reply, OSError / TimeoutError when the node does not answer). Raw RESP:
+    redis-py parses CLUSTER NODES / INFO into shapes of its own."""
+    async with asyncio.timeout(timeout):
+        reader, writer = await asyncio.open_connection(node.host.address, node.port)
+        try:
+            request = f"*{len(args)}\r\n" + "".join(f"${len(a)}\r\n{a}\r\n" for a in args)
+            writer.write(request.encode())
+            head = (await reader.readline()).decode().rstrip("\r\n")
+            if head.startswith("-"):
+                raise RedisError(head[1:])
+            if head.startswith("$"):
+                size = int(head[1:])
+                return "" if size < 0 else (await reader.readexactly(size + 2))[:-2].decode()
+            return head[1:]
+        finally:
+            writer.close()
+
+
+async def cluster_view(node: RedisNode) -> list[ClusterNode]:
+    """CLUSTER NODES as `node` sees it (raises when it does not answer)."""
+    text = await node_command(node, "CLUSTER", "NODES")
+    found = []
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) < 8:
+            continue
+        flags = fields[2].split(",")
+        slots = []
+        for item in fields[8:]:
+            if item.startswith("["):
+                continue
+            low, _, high = item.partition("-")
+            slots.append((int(low), int(high or low)))
+        found.append(
+            ClusterNode(
+                fields[0],
+                fields[1].split("@")[0],
+                "master" in flags,
+                None if fields[3] == "-" else fields[3],
+                "fail" in flags or "fail?" in flags,
+                tuple(slots),
+            )
+        )
+    return found
+
+
+async def cluster_settled(world: World) -> bool:
+    """Every live node reports cluster_state:ok, every live replica is synced with its
+    primary, and all 16384 slots are served by live primaries (live: not killed by the
+    scenario)."""
+    live = [node for node in world.nodes if node.process.poll() is None]
+    try:
+        for node in live:
+            if "cluster_state:ok" not in await node_command(node, "CLUSTER", "INFO"):
+                return False
+            replication = await node_command(node, "INFO", "replication")
+            if "role:slave" in replication and "master_link_status:up" not in replication:
+                return False
+        view = await cluster_view(live[0])
+    except (OSError, TimeoutError, RedisError):
+        return False
+    addresses = {f"{node.host.address}:{node.port}" for node in live}
+    masters = [n for n in view if n.master and not n.failed and n.address in addresses]
+    covered = sum(high - low + 1 for n in masters for low, high in n.slots)
+    return covered == 16384

@@ -78,8 +78,11 @@ def _settle(notify: Notify, outcome: bool | ClusterUnavailable) -> None:
 
 @functools.cache
 def redis_errors() -> tuple[type[Exception], ...]:
-    """What a failed Redis call raises (redis-py's errors; a refused or reset socket)."""
-    return (redis_error(), OSError)
+    """What a failed Redis call raises (redis-py's errors; a refused or reset socket; and
+    RuntimeError, which uvloop raises for a write on a pooled connection the server reset,
+    "unable to perform operation on <TCPTransport closed=True>", and redis-py passes on: a
+    Redis Cluster primary that died does that to every connection to it)."""
+    return (redis_error(), OSError, RuntimeError)
 
 
 @functools.cache

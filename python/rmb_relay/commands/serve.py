@@ -31,6 +31,8 @@ from rmb_relay.config import (
 from rmb_relay.dialects import registry
 from rmb_relay.dialects.base import Dialect
 from rmb_relay.errors import ConfigError
+from rmb_relay.log_budget import DEFAULT_LOG_RATE
+from rmb_relay.monitoring import add_monitor_routes
 from rmb_relay.server.limits import default_max_connections
 from rmb_relay.server.listener import RelayServer
 from rmb_relay.services import Services
@@ -139,6 +141,20 @@ def parser(prog: str = "rmb-relay serve", epilog: str | None = None) -> argparse
         help="open connections of one client IP; more are answered 429 and closed",
     )
     parser.add_argument(
+        "--metrics-listen",
+        metavar="HOST:PORT",
+        help="serve /health, /metrics and /monitor/ on this address only (a private network), "
+        "not on --listen (default: on --listen)",
+    )
+    parser.add_argument(
+        "--log-rate",
+        type=float,
+        default=DEFAULT_LOG_RATE,
+        metavar="LINES",
+        help="the same log message at most this many times a second (bursts of ten seconds' "
+        "worth); errors always pass, the rest is counted and summarized",
+    )
+    parser.add_argument(
         "-d",
         "--debug",
         action="count",
@@ -182,6 +198,8 @@ def listener_config(args: argparse.Namespace) -> ListenerConfig:
         http_request_timeout=args.http_request_timeout,
         max_connections=connection_limit(args),
         max_connections_per_ip=args.max_connections_per_ip,
+        ipv6_prefix=args.ipv6_prefix,
+        metrics_listen=parse_listen(args.metrics_listen) if args.metrics_listen else None,
     )
 
 
@@ -201,7 +219,7 @@ async def build_server(args: argparse.Namespace) -> tuple[RelayServer, Services]
     services = await Services.from_args(args)
     try:
         dialects = await build_dialects(args, services)
-        server = RelayServer(config, dialects, services.metrics)
+        server = RelayServer(config, dialects, services.metrics, routes=(add_monitor_routes,))
         upstream_names.register(services.metrics)
     except BaseException:
         await services.close()
@@ -294,7 +312,9 @@ def main(
     announce: Callable[[RelayServer], None] = print_banner,
 ) -> int:
     args = parser(prog, epilog).parse_args(argv)
-    setup_logging(args.debug)
+    if not args.log_rate > 0:
+        raise SystemExit("rmb-relay: --log-rate must be positive")
+    setup_logging(args.debug, args.log_rate)
     try:
         config = listener_config(args)
         workers.check(args.processes, args.redis, config.port)

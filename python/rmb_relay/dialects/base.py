@@ -210,6 +210,12 @@ class Dialect(abc.ABC):
     def add_routes(self, router: Routes) -> None:  # noqa: B027 - optional hook
         """Register plain HTTP routes this dialect serves (e.g. federation inbound)."""
 
+    def open_surfaces(self) -> list[str]:
+        """What this dialect lets anyone use without credentials, one short phrase each
+        (the listener logs them in one line at startup, so an operator sees what the
+        internet reaches); empty when everything asks for a credential."""
+        return []
+
     async def close(self) -> None:  # noqa: B027 - optional hook
         """Release background tasks and clients at shutdown."""
 

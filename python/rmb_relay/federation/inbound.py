@@ -9,8 +9,9 @@ permanent there, anything else is retried):
 |---|---|
 | body at most `--max-message` (the router, before reading it) | 413 |
 | the body parses as an Envelope with a destination | 400 `bad request: ...` |
-| the destination twin is served by this relay (a shared domain) | 403 |
-| `--verify-federated`: signed by the source twin's account key | 403 |
+| it has a source twin (twin 0 is a relay's own error, made locally, never posted) | 400 |
+| the destination twin is served here (a shared domain; standalone: it names no relay) | 403 |
+| signed by the source twin's account key (on by default; `--no-verify-federated`) | 403 |
 | `fail-fast` tag and the destination is not connected | 404 `destination offline` |
 | the directory or the mailbox is down | 500 (the origin retries) |
 
@@ -52,6 +53,7 @@ from rmb_relay.federation.batch import (
     encode_statuses,
 )
 from rmb_relay.switch import Outcome
+from rmb_relay.throttle import ip_key
 
 if TYPE_CHECKING:
     from rmb_relay._core import EnvelopeRouting, HttpRequest
@@ -133,7 +135,7 @@ class InboundFederation:
         switch: Switch,
         is_ours: Callable[[Twin], bool],
         *,
-        verify: bool = False,
+        verify: bool = True,
         max_body: int = 1 << 20,
     ) -> None:
         self.directory = directory
@@ -153,7 +155,7 @@ class InboundFederation:
         content_type = request.header("content-type")
         if content_type is not None and content_type.split(b";")[0].strip() == BATCH_TYPE.encode():
             return await self._handle_batch(request.body, client, origin)
-        status, reason = await self._handle(request.body, origin)
+        status, reason = await self._handle(request.body, origin, self._sender(client))
         self._count(status, reason, client)
         return HttpResponse(status, reason, headers=self._headers)
 
@@ -208,8 +210,9 @@ class InboundFederation:
                             continue
                         waiting.add(key)
                     later.append(item)
+        sender = self._sender(client)
         for index, envelope, route in later:
-            answers[index] = await self._deliver(envelope, route, origin)
+            answers[index] = await self._deliver(envelope, route, origin, sender)
         accepted = 0
         for status, reason in answers:
             if status == 202:
@@ -232,10 +235,16 @@ class InboundFederation:
                 reason.decode(errors="replace"),
             )
 
-    async def _handle(self, body: bytes, origin: _Request | None) -> Answer:
+    @staticmethod
+    def _sender(client: HttpClient) -> str:
+        """Who posted, for its share of the mailbox: the address (the domain header is what
+        the poster claims), IPv6 by its /64."""
+        return ip_key(client.peer_host)
+
+    async def _handle(self, body: bytes, origin: _Request | None, sender: str) -> Answer:
         checked = await self._check(body)
         if isinstance(checked, _Route):
-            return await self._deliver(body, checked, origin)
+            return await self._deliver(body, checked, origin, sender)
         return self._refused(checked, len(body), origin)
 
     async def _check(self, body: bytes) -> _Refusal | _Route:
@@ -251,6 +260,10 @@ class InboundFederation:
         if env.dest_twin == 0:
             reason = "bad request: message with missing destination"
             return _Refusal(400, reason, "bad request", env)
+        if env.source_twin == 0:
+            # only a relay makes those (errors), for its own twins: never one that is posted
+            reason = "bad request: message without a source twin"
+            return _Refusal(400, reason, "bad request", env)
         try:
             twin = await self.directory.get(env.dest_twin)
         except TwinLookupError as err:
@@ -264,7 +277,9 @@ class InboundFederation:
                 return refusal
         return _Route(env)
 
-    async def _deliver(self, body: bytes, route: _Route, origin: _Request | None) -> Answer:
+    async def _deliver(
+        self, body: bytes, route: _Route, origin: _Request | None, sender: str
+    ) -> Answer:
         env = route.env
         if env.fail_fast:
             # only a connected destination will do (never the mailbox)
@@ -275,7 +290,9 @@ class InboundFederation:
         else:
             deadline = self.switch.mailbox.deadline(env.timestamp, env.expiration)
             try:
-                outcome = await self.switch.deliver(route.key, body, deadline=deadline)
+                outcome = await self.switch.deliver(
+                    route.key, body, deadline=deadline, sender=sender
+                )
             except MailboxUnavailable as err:
                 label = _UNAVAILABLE.get(type(err), "mailbox down")
                 refusal = _Refusal(500, f"switch error: {err}", label, env)
@@ -309,9 +326,8 @@ class InboundFederation:
         )
 
     async def _check_signature(self, env: EnvelopeRouting, body: bytes) -> _Refusal | None:
-        """`--verify-federated`: the envelope must be signed by its source twin's account."""
-        if env.source_twin == 0:
-            return _Refusal(403, "unsigned envelope (no source twin)", "bad signature", env)
+        """`--verify-federated` (the default): the envelope must be signed by its source twin's
+        account (the decode, digest and signature check are the Rust core's)."""
         try:
             source = await self.directory.get(env.source_twin)
         except TwinLookupError as err:

@@ -65,6 +65,10 @@ ERROR_ENVELOPE_TTL = 300
 #: first retry delay after a round in which every relay failed; doubles per round
 FIRST_BACKOFF = 0.1
 DEFAULT_MAX_BACKOFF = 5.0
+#: longest an envelope is tried from when it was queued, whatever its own expiration says
+#: (the sender chooses that: years would keep it in the queue, retried, for years); the
+#: mailbox's default lifetime, as a twin's stream keeps nothing longer either
+DEFAULT_MAX_TTL = 3600
 #: tasks posting at once in one process (each remote is bounded by the sender too)
 DEFAULT_WORKERS = 256
 #: items a worker takes from the queue at once: those ready, never waiting for more
@@ -135,6 +139,7 @@ class OutboundFederation(Federation):
         *,
         workers: int = DEFAULT_WORKERS,
         max_backoff: float = DEFAULT_MAX_BACKOFF,
+        max_ttl: int = DEFAULT_MAX_TTL,
         clock: Clock = wall_clock,
         rng: random.Random | None = None,
     ) -> None:
@@ -145,6 +150,7 @@ class OutboundFederation(Federation):
         self.switch = switch
         self.workers = workers
         self.max_backoff = max_backoff
+        self.max_ttl = max_ttl
         self.clock = clock
         self.stats = FederationStats()
         self._rng = rng or random.Random()
@@ -168,7 +174,8 @@ class OutboundFederation(Federation):
         queue cannot take it (full, or Redis down)."""
         self.start()
         records = self.switch.record_channel("rmb")
-        # the time is the route record's (--records) and the queue's age (/monitor/federation)
+        # the time is the route record's (--records), the queue's age (/monitor/federation)
+        # and where `_deadline` counts --federation-max-ttl from
         await self.queue.put(envelope, self.clock() if records is None else records.clock())
 
     def _unstored(self, envelopes: list[bytes], why: str) -> None:
@@ -226,7 +233,7 @@ class OutboundFederation(Federation):
                 env = err  # _prepare says why
             if not isinstance(env, EnvelopeError):
                 order = orders.get(env.dest_twin)
-                deadline = env.timestamp + env.expiration
+                deadline = self._deadline(env, item)
                 if order is not None and deadline > now:  # the usual case: nothing to await
                     rounds.append(_Round(item, env, deadline, order))
                     continue
@@ -258,7 +265,7 @@ class OutboundFederation(Federation):
             log.warning("dropping a queued federation entry that is not an envelope: %s", env)
             self.stats.dropped += 1
             return True
-        deadline = env.timestamp + env.expiration
+        deadline = self._deadline(env, item)
         if deadline <= now:
             self.stats.expired += 1
             self._record(env, item, "expired", "federation expired", item.remote)
@@ -276,6 +283,14 @@ class OutboundFederation(Federation):
                 order = ranked[domains] = self.ranker.rank(domains)
             orders[env.dest_twin] = order
         return _Round(item, env, deadline, order)
+
+    def _deadline(self, env: EnvelopeRouting, item: Item) -> int:
+        """Until when the envelope is tried (unix seconds): its own deadline, at most
+        `max_ttl` after it was queued (`--federation-max-ttl`)."""
+        own = env.timestamp + env.expiration
+        if item.queued is None:
+            return own
+        return min(own, seconds(item.queued) + self.max_ttl)
 
     async def _post(self, rounds: list[_Round], finished: list[Item]) -> list[_Round]:
         """Post each round to its next relay (`Sender.post_many`: one batch per relay that

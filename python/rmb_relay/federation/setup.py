@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING
 from rmb_relay.errors import ConfigError
 from rmb_relay.federation import metrics
 from rmb_relay.federation.inbound import InboundFederation
-from rmb_relay.federation.outbound import DEFAULT_MAX_BACKOFF, DEFAULT_WORKERS, OutboundFederation
+from rmb_relay.federation.outbound import (
+    DEFAULT_MAX_BACKOFF,
+    DEFAULT_MAX_TTL,
+    DEFAULT_WORKERS,
+    OutboundFederation,
+)
 from rmb_relay.federation.priors import load_priors
 from rmb_relay.federation.queue import (
     DEFAULT_CLAIM_IDLE,
@@ -111,9 +116,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="longest pause between rounds over a twin's relays when all of them fail",
     )
     group.add_argument(
+        "--federation-max-ttl",
+        type=int,
+        default=DEFAULT_MAX_TTL,
+        metavar="SECONDS",
+        help="longest an envelope for another relay is retried after it was queued, whatever "
+        "its own expiration says; then its sender hears it expired",
+    )
+    group.add_argument(
         "--verify-federated",
-        action="store_true",
-        help="accept a POSTed envelope only if it is signed by its source twin's account key",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="accept a POSTed envelope only if it is signed by its source twin's account key "
+        "(checked in Rust, ~0.13 ms per envelope; --no-verify-federated trusts whoever posts)",
     )
 
 
@@ -134,6 +149,8 @@ def build(
         raise ConfigError("--federation-max-backoff must be positive")
     if args.federation_queue_max < 1:
         raise ConfigError("--federation-queue-max must be at least 1")
+    if args.federation_max_ttl < 1:
+        raise ConfigError("--federation-max-ttl must be at least 1 second")
     if not args.federation_claim_idle > 0:
         raise ConfigError("--federation-claim-idle must be positive")
     priors = load_priors(args.ranker_priors) if args.ranker_priors else {}
@@ -159,6 +176,7 @@ def build(
         switch,
         workers=args.federation_workers,
         max_backoff=args.federation_max_backoff,
+        max_ttl=args.federation_max_ttl,
     )
     inbound = InboundFederation(directory, switch, is_ours, verify=args.verify_federated)
     metrics.register(registry, outbound, inbound)

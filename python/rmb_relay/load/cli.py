@@ -96,6 +96,8 @@ def print_summary(result: dict[str, Any]) -> None:
 
     config = result["config"]
     where = config.get("url", "")
+    if config.get("receiver_url"):
+        where += f" -> {config['receiver_url']}"
     table = Table(title=f"rmb-load {config['dialect']}: {where}")
     table.add_column("metric")
     table.add_column("value", justify="right")

@@ -8,7 +8,7 @@ connection, one msgbus client. The engine owns what is the same for all of them,
 - pacing (`Pacer`, woken by one `Timer` per process to the microsecond): `--rate` shared by
   the streams of a run, each message at its own time (`--arrivals even` or `poisson`), or
   saturation (a stream sends whenever its window has room);
-- the window: at most `--window` messages of a stream in flight (`Stream.room`);
+- the window: at most `--window` messages of a stream in flight (`Stream.in_flight`);
 - the latency recorder (`Run.delivered`): every delivery's latency into the process's samples,
   with its bytes, its second and, with `--samples`, its row;
 - the stop: `--duration` seconds after `--warmup`, or `--count` messages per stream, then a
@@ -196,7 +196,7 @@ class Run:
         self.stats = RunStats()
         self.measuring = False
         self.stopping = False
-        self.started_wall = time.time()
+        self.started_ns = time.time_ns()
         #: (send time ns, stream, latency ns) triples with --samples
         self.samples: array[int] | None = array("q") if plan.record_samples else None
         #: set by `fail`: the first refusal or lost connection ends the run
@@ -204,6 +204,7 @@ class Run:
 
     def delivered(self, stream: Stream, sent_ns: int, now_ns: int, size: int) -> None:
         """A message (or one fan-out copy) arrived: count it and record its latency."""
+        # the generator's own cost per message: kept to integer arithmetic and appends
         stream.delivered += 1
         if self.measuring:
             stats = self.stats
@@ -211,11 +212,13 @@ class Run:
             stats.bytes_delivered += size
             latency = now_ns - sent_ns
             stats.latencies_ns.append(latency)
-            second = int(now_ns / 1e9 - self.started_wall)
-            stats.timeline[second] = stats.timeline.get(second, 0) + 1
+            second = (now_ns - self.started_ns) // 1_000_000_000
+            timeline = stats.timeline
+            timeline[second] = timeline.get(second, 0) + 1
             if self.samples is not None:
                 self.samples.extend((sent_ns, stream.index, latency))
-        stream.settled()
+        if stream.waiting:
+            stream.settled()
 
     def refused(self, stream: Stream, reason: str, copies: int = 1) -> None:
         """The relay answered a message with an error: it will never arrive."""
@@ -246,6 +249,8 @@ class Stream:
         #: deliveries the relay refused (they leave the window like delivered ones)
         self.refused = 0
         self.wakeup = asyncio.Event()
+        #: the sender waits for its window (only then do deliveries check whether to wake it)
+        self.waiting = False
         self._seen = bytearray()
 
     def in_flight(self) -> int:
@@ -255,6 +260,7 @@ class Stream:
 
     def settled(self) -> None:
         if self.in_flight() <= self.run.plan.window // 2 or self.run.stopping:
+            self.waiting = False
             self.wakeup.set()
 
     def first_time(self, seq: int) -> bool:
@@ -295,6 +301,7 @@ class Stream:
                 allowed = min(allowed, plan.count - self.sent)
             if allowed <= 0:
                 self.wakeup.clear()
+                self.waiting = True
                 await self.wakeup.wait()
                 continue
             n = min(allowed, BATCH)
@@ -391,7 +398,7 @@ async def run_process(
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(run.failed.wait(), plan.warmup)
         run.measuring = True
-        run.started_wall = time.time()
+        run.started_ns = time.time_ns()
         measure_start = loop.time()
         deadline = measure_start + plan.duration if plan.duration else None
         while not run.stopping:

@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from rmb_relay._core import ClientFrameEncoder
 from rmb_relay.errors import ConfigError, HandshakeError
 from rmb_relay.load.engine import Refused, Run, Stream
 
@@ -239,23 +240,37 @@ class Gateway:
         return str(payload).encode()
 
     def _receive(self, receiver: int) -> Any:
-        run, size = self.run, self.size
+        run, size, by_index, json = (
+            self.run,
+            self.size,
+            self.by_index,
+            self.encoding.value == "json",
+        )
+        payload_of, first = self._payload, self._first
 
         def on_frame(message: Any) -> None:
             body = message.data
-            if b"payload" not in body:
-                return  # a heartbeat ack
+            if json:  # the stamp sliced at the payload's offset, no JSON decode
+                at = body.find(b'"payload"')
+                if at < 0:
+                    return  # a heartbeat ack
+                start = body.index(b'"', at + 9) + 1
+                text = body[start : start + STAMP_WIDTH]
+            elif b"payload" in body:
+                text = payload_of(body)
+            else:
+                return
             now = time.time_ns()
-            index, seq, sent_ns = read_stamp(self._payload(body))
-            stream = self.by_index.get(index)
+            stream = by_index.get(int(text[0:6]))
             if stream is None:
                 return
+            seq = int(text[6:18])
             if stream.fanout > 1:  # each receiver sees each broadcast once
-                if not self._first(receiver, index, seq):
+                if not first(receiver, stream.index, seq):
                     return
             elif not stream.first_time(seq):
                 return
-            run.delivered(stream, sent_ns, now, size)
+            run.delivered(stream, int(text[18:38]), now, size)
 
         return on_frame
 
@@ -270,22 +285,42 @@ class Gateway:
         return True
 
     def _consume(self, client: Client) -> Any:
+        """A consumer: every QUEUE message is acknowledged and asked again for, and what one
+        read brought is answered with one write (a write per message cost the generator more
+        than the gateway spent on it)."""
         from rmb_relay.dialects.singyeong.codec import decode, encode
 
         run, size, encoding = self.run, self.size, self.encoding
         request = encode(encoding, self._request_frame())
+        text = encoding.value == "json"
+        pending: list[bytes] = []
+        loop = asyncio.get_running_loop()
+
+        def frame(data: bytes) -> bytes:
+            encoder: ClientFrameEncoder = client.ws.encoder
+            return encoder.text(data.decode()) if text else encoder.binary(data)
+
+        def flush() -> None:
+            frames = b"".join(pending)
+            pending.clear()
+            with contextlib.suppress(ConnectionError):
+                client.ws.send_frames(frames)
 
         def on_frame(message: Any) -> None:
-            frame = decode(encoding, message.data)
-            if frame.get("t") != "QUEUE":
+            body = message.data
+            if b"QUEUE" not in body:
+                return
+            queued = decode(encoding, body)
+            if queued.get("t") != "QUEUE":
                 return
             now = time.time_ns()
-            d = frame["d"]["payload"]  # the queued message: queue, payload, id, attempt
+            d = queued["d"]["payload"]  # the queued message: queue, payload, id, attempt
             index, seq, sent_ns = read_stamp(str(d["payload"]).encode())
             ack = {"op": 4, "t": "QUEUE_ACK", "d": {"queue": self.queue, "id": d["id"]}}
-            with contextlib.suppress(ConnectionError):
-                self.write(client.ws, encode(encoding, ack))
-                self.write(client.ws, request)
+            if not pending:
+                loop.call_soon(flush)
+            pending.append(frame(encode(encoding, ack)))
+            pending.append(frame(request))
             stream = self.by_index.get(index)
             if stream is not None and stream.first_time(seq):
                 run.delivered(stream, sent_ns, now, size)
@@ -310,6 +345,9 @@ class Sender(Stream):
         self.client = Client(gateway, f"sender-{index}", {})
         self.templates = self._templates()
         self.padding = b"#" * (run.plan.size - STAMP_WIDTH)
+        json = gateway.encoding.value == "json"
+        self.text_templates = [(b.decode(), a.decode()) for b, a in self.templates] if json else []
+        self.text_padding = self.padding.decode()
 
     def _target(self, k: int) -> dict[str, Any]:
         args, app = self.gateway.args, self.gateway.application
@@ -362,18 +400,24 @@ class Sender(Stream):
 
     async def send(self, n: int) -> int:
         ws = self.client.ws
-        templates, padding, index = self.templates, self.padding, self.index
+        templates, index = self.templates, self.index
         now, seq = time.time_ns(), self.sent
         count = len(templates)
-        frames = []
-        for i in range(seq, seq + n):
-            before, after = templates[i % count]
-            frames.append(before + stamp(index, i, now) + padding + after)
-        if self.gateway.encoding.value == "json":
-            encoder = ws.encoder
-            ws.send_frames(b"".join(encoder.text(f.decode()) for f in frames))
+        if self.gateway.encoding.value == "json":  # text frames: no bytes -> str per frame
+            text, padding = ws.encoder.text, self.text_padding
+            texts = self.text_templates
+            frames = []
+            for i in range(seq, seq + n):
+                before, after = texts[i % count]
+                frames.append(text(f"{before}{index:06d}{i:012d}{now:020d}{padding}{after}"))
+            ws.send_frames(b"".join(frames))
         else:
-            ws.send_binaries(frames)
+            pad = self.padding
+            payloads = []
+            for i in range(seq, seq + n):
+                head, tail = templates[i % count]
+                payloads.append(head + stamp(index, i, now) + pad + tail)
+            ws.send_binaries(payloads)
         await ws.drain()
         return n
 

@@ -15,7 +15,7 @@ from rmb_relay.dialects.base import HttpResponse
 from rmb_relay.monitoring import connections as listing
 from rmb_relay.monitoring import sections
 from rmb_relay.monitoring.process import cpu_seconds, rss_bytes
-from rmb_relay.monitoring.rates import FIELDS, Rates, totals
+from rmb_relay.server.traffic import FIELDS, Rates, totals
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest

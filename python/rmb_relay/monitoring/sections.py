@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rmb_relay.budget import ByteBudget
 from rmb_relay.clock import NS
@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from rmb_relay.dialects.base import Dialect
     from rmb_relay.switch import Switch
 
+D = TypeVar("D")
+
 #: how long the cluster view waits for Redis
 CLUSTER_TIMEOUT = 2.0
 
@@ -34,7 +36,8 @@ def _switch(dialects: Sequence[Dialect]) -> Switch | None:
     return None
 
 
-def _of(dialects: Sequence[Dialect], kind: type[Any]) -> Any:
+def _of(dialects: Sequence[Dialect], kind: type[D]) -> D | None:
+    """The dialect of that class, if it is on (typed, so that mypy checks what is read)."""
     return next((d for d in dialects if isinstance(d, kind)), None)
 
 
@@ -85,7 +88,7 @@ def budgets(
     if tunnel is not None:
         hub = tunnel.hub
         out.append(_budget("tunnel requests held", hub.core.held_total, hub.settings.total_bytes))
-        out.append(_budget("tunnel body store", hub.store.bytes, None))
+        out.append(_byte_budget("tunnel body store", hub.store.disk))
     return out
 
 
@@ -150,7 +153,8 @@ def tunnel(dialects: Sequence[Dialect]) -> dict[str, Any]:
         return {"enabled": False, "tenants": [], "connectors": []}
     hub = dialect.hub
     names = {s.tenant: s.tenant_name for s in hub.sessions.values()}
-    tenants = [
+    gauges = hub.core.tenant_gauges()
+    tenants: list[dict[str, Any]] = [
         {
             "tenant": names.get(key, key),
             "inflight": inflight,
@@ -158,7 +162,7 @@ def tunnel(dialects: Sequence[Dialect]) -> dict[str, Any]:
             "connectors": connectors,
             "held_bytes": held,
         }
-        for key, inflight, queued, connectors, held in hub.core.tenant_gauges()
+        for key, inflight, queued, connectors, held in gauges
     ]
     connectors = [
         {"id": conn_id, "tenant": s.tenant_name, "connector": s.connection_id}
@@ -168,8 +172,8 @@ def tunnel(dialects: Sequence[Dialect]) -> dict[str, Any]:
         "enabled": True,
         "tenants": sorted(tenants, key=lambda t: str(t["tenant"])),
         "connectors": connectors,
-        "inflight": sum(int(t["inflight"]) for t in tenants),
-        "queued": sum(int(t["queued"]) for t in tenants),
+        "inflight": sum(g[1] for g in gauges),
+        "queued": sum(g[2] for g in gauges),
     }
 
 

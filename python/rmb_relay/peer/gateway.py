@@ -67,6 +67,9 @@ from rmb_relay.sdk.envelope import (
     stamp,
     ttl,
 )
+from rmb_relay.sdk.envelope import (
+    kind as envelope_kind,
+)
 from rmb_relay.sdk.link import FLUSH_AT, RETRY_DELAY
 from rmb_relay.sdk.msgbus import (
     LOCAL_QUEUE,
@@ -579,10 +582,16 @@ class Gateway:
                     Codes.EXPIRED, "envelope validation error: message has expired"
                 )
             if source == 0:
-                # a relay's error: unsigned by design (spec §2.4); never a request
-                if request:
-                    log.warning("dropping an unsigned request %s from twin 0", env.uid)
-                return not request
+                # a relay's error: unsigned by design (spec §2.4), so only an error is taken
+                # unsigned, never a request or a response, and it reaches a client only as
+                # the answer to a request this peer sent (`on_reply`, or its backlog after a
+                # restart; anything else is dropped there)
+                if not env.HasField("error"):
+                    log.warning(
+                        "dropping an unsigned %s %s from twin 0", envelope_kind(env), env.uid
+                    )
+                    return False
+                return True
             if twin is None:
                 raise EnvelopeRejected(Codes.UNKNOWN_TWIN, f"unknown twin id '{source}'")
             problem = signature_ok(env, twin.account)

@@ -21,10 +21,12 @@ reads them stops being read once its own output is over the mark, instead of fil
 http_connection.py).
 
 Traffic counters (what `/monitor/connections` shows, monitoring/): each connection counts the
-bytes it writes and stamps its last read or write with the listener's clock here, once per
-`transport.write` and per read, never per message; a websocket's messages and bytes in are
-counted by its Rust decoder, and the messages put in an outbox by the outboxes
-(`Outboxes.sent`), so the fast path's forwards cost two integer additions in Rust.
+bytes it writes and stamps its last read or write here, once per `transport.write` and per
+read, never per message; a websocket's messages and bytes in are counted by its Rust decoder,
+and the messages put in an outbox by the outboxes (`Outboxes.sent`), so the fast path's
+forwards cost two integer additions in Rust. The stamp is `ActivityClock.now`, a reading the
+listener refreshes every `ActivityClock.PERIOD`: reading a clock costs ~150-200 ns on a VM
+(a system call), copying an attribute ~20 (docs/monitoring.md "Costs").
 """
 
 from __future__ import annotations
@@ -88,6 +90,34 @@ class OutputBatcher:
                     conn.write_taken(data)
 
 
+class ActivityClock:
+    """A coarse monotonic reading (ns) for activity stamps, refreshed every `PERIOD` seconds by
+    a timer of the listener's loop while it serves (`start`, `stop`)."""
+
+    __slots__ = ("_clock", "_timer", "now")
+
+    #: seconds between refreshes: the error of an idle time
+    PERIOD = 0.5
+
+    def __init__(self, clock: Clock) -> None:
+        self._clock = clock
+        self.now = clock()
+        self._timer: asyncio.TimerHandle | None = None
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.stop()
+        self._tick(loop)
+
+    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.now = self._clock()
+        self._timer = loop.call_later(self.PERIOD, self._tick, loop)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
 class ConnectionMetrics(Protocol):
     """The listener metrics a connection bumps."""
 
@@ -123,8 +153,8 @@ class ConnectionHost(Protocol):
     def metrics(self) -> ConnectionMetrics: ...
 
     @property
-    def clock(self) -> Clock:
-        """Monotonic nanoseconds: when connections opened and were last active."""
+    def activity(self) -> ActivityClock:
+        """What connections stamp their opening and last activity with."""
 
     def dialect_for(self, path: str) -> Dialect | None:
         """The dialect serving websocket upgrades at this path."""
@@ -155,9 +185,9 @@ class ConnectionBase(asyncio.Protocol):
     # ~1.6 KB for a dict of its own (bench/README.md "Idle connections"). A new attribute
     # goes here (or in the subclass's slots) too.
     __slots__ = (
+        "_activity",
         "_batcher",
         "_blocked_on",
-        "_clock",
         "_held_by_dialect",
         "_outboxes",
         "_queued",
@@ -174,6 +204,7 @@ class ConnectionBase(asyncio.Protocol):
         "messages_in",
         "messages_out",
         "opened_at",
+        "ops_listener",
         "ops_only",
         "peer_host",
         "peer_port",
@@ -190,9 +221,10 @@ class ConnectionBase(asyncio.Protocol):
         self.peer_host = ""
         self.peer_port = 0
         self._batcher = server.batcher
-        self._clock = clock = server.clock
-        #: monotonic ns: accepted, last read or written (the monitor's age and idle time)
-        self.opened_at = self.last_active = clock()
+        self._activity = activity = server.activity
+        #: monotonic ns (`ActivityClock`): accepted, last read or written (the monitor's age
+        #: and idle time)
+        self.opened_at = self.last_active = activity.now
         #: counted by Python: a websocket's reads are counted by its decoder instead
         #: (`traffic`), its messages out by its outbox when it has one
         self.bytes_in = 0
@@ -220,6 +252,8 @@ class ConnectionBase(asyncio.Protocol):
         self.closed = loop.create_future()
         #: admitted over the connection cap: served /health and /metrics only (server/limits.py)
         self.ops_only = False
+        #: accepted on the operations listener (`--metrics-listen`): ops routes only
+        self.ops_listener = False
 
     def take_over(self, other: ConnectionBase) -> None:
         """Become the connection `other` was (an upgrade): the same id, transport, peer and
@@ -231,6 +265,7 @@ class ConnectionBase(asyncio.Protocol):
         self.peer_port = other.peer_port
         self.closed = other.closed
         self.ops_only = other.ops_only
+        self.ops_listener = other.ops_listener
         self.congested = other.congested
         self.opened_at = other.opened_at
         self.last_active = other.last_active
@@ -249,9 +284,13 @@ class ConnectionBase(asyncio.Protocol):
 
     def traffic(self) -> tuple[int, int, int, int]:
         """(messages in, bytes in, messages out, bytes out) since the connection opened."""
+        messages_out, bytes_out = self.messages_out, self.bytes_out
         outboxes = self._outboxes
-        sent = outboxes.sent(self.conn_id) if outboxes is not None else 0
-        return self.messages_in, self.bytes_in, self.messages_out + sent, self.bytes_out
+        if outboxes is not None:
+            sent, sent_bytes = outboxes.sent(self.conn_id)
+            messages_out += sent
+            bytes_out += sent_bytes
+        return self.messages_in, self.bytes_in, messages_out, bytes_out
 
     @property
     def reading_paused(self) -> bool:
@@ -343,18 +382,27 @@ class ConnectionBase(asyncio.Protocol):
         if outboxes is not None:
             taken = outboxes.take(self.conn_id)
             if taken is not None:
-                self._write(taken)
+                self._write_outbox(taken)
 
     def write_taken(self, data: bytes | memoryview) -> None:
         """Write bytes taken from this connection's outbox (`Outboxes.drain`)."""
-        self._write(data)
+        self._write_outbox(data)
 
     def _write(self, data: bytes | memoryview) -> None:
+        """Write bytes Python made (counted here)."""
         transport = self.transport
         if transport is not None and not transport.is_closing():
             transport.write(data)
             self.bytes_out += len(data)
-            self.last_active = self._clock()
+            self.last_active = self._activity.now
+
+    def _write_outbox(self, data: bytes | memoryview) -> None:
+        """Write bytes taken from this connection's own outbox (the outbox counted them: a
+        Python addition of a big int per write costs ~100 ns, the outbox's ~1)."""
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
+            self.last_active = self._activity.now
 
     # ---- backpressure ----------------------------------------------------------------------
 

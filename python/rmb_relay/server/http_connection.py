@@ -89,8 +89,9 @@ class HttpConnection(ConnectionBase):
         "_upgrading",
     )
 
-    def __init__(self, server: ConnectionHost) -> None:
+    def __init__(self, server: ConnectionHost, *, ops: bool = False) -> None:
         super().__init__(server)
+        self.ops_listener = ops
         self._parser: HttpStreamParser | None = HttpStreamParser(
             max_head=server.config.max_http_head
         )
@@ -136,7 +137,7 @@ class HttpConnection(ConnectionBase):
             # a websocket: nothing more is read here.
             return
         self.bytes_in += len(data)
-        self.last_active = self._clock()
+        self.last_active = self._activity.now
         fast = self._fast
         if fast is None or self._request is not None or self.ops_only:
             self._on_http_bytes(data)
@@ -574,7 +575,7 @@ class HttpConnection(ConnectionBase):
             transport.resume_reading()
 
     async def _upgrade(self, request: HttpRequest) -> None:
-        dialect = self.server.dialect_for(request.path)
+        dialect = None if self.ops_listener else self.server.dialect_for(request.path)
         if dialect is None:
             self._respond(HttpResponse(404, b"no relay dialect serves this path"), close=True)
             return

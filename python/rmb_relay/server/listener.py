@@ -13,23 +13,30 @@ import logging
 import signal
 import ssl
 from collections import Counter as Tally
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
+from rmb_relay import log_budget
 from rmb_relay.clock import Clock, monotonic_clock
 from rmb_relay.config import ListenerConfig
+from rmb_relay.contract import REPLY_PAUSES
 from rmb_relay.dialects.base import CloseCode, HttpResponse
 from rmb_relay.dialects.paths import PathTable
 from rmb_relay.errors import ConfigError
-from rmb_relay.monitoring import add_monitor_routes
-from rmb_relay.monitoring.rates import Retired
 from rmb_relay.server.acceptor import Acceptor, bind_sockets
-from rmb_relay.server.connection_base import ConnectionBase, OutputBatcher, State
+from rmb_relay.server.connection_base import (
+    ActivityClock,
+    ConnectionBase,
+    OutputBatcher,
+    State,
+)
 from rmb_relay.server.http import Router
 from rmb_relay.server.http_connection import HttpConnection
 from rmb_relay.server.limits import Admission, ConnectionLimits, default_max_connections
+from rmb_relay.server.traffic import Retired
 from rmb_relay.server.ws_connection import WebSocketConnection
 from rmb_relay.telemetry.metrics import Registry
+from rmb_relay.throttle import ip_key
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest
@@ -104,12 +111,17 @@ class ServerMetrics:
             "Times a sender was paused because a receiver was over its write high-water mark",
             ("dialect",),
         )
-        self.reply_pauses = registry.counter(
-            "rmb_relay_reply_backpressure_pauses_total",
-            "Times a connection stopped being read because its own answers (pongs, errors, "
-            "HTTP responses to pipelined requests) were over its write high-water mark",
-            ("dialect",),
+        registry.counter_of(
+            "rmb_relay_log_lines_suppressed_total",
+            "Log lines left out because the same message was logged more than --log-rate "
+            "times a second (a flood of refusals is not a flood of lines)",
+            lambda: [((), log_budget.suppressed())],
         )
+        self.reply_pauses = registry.counter(*REPLY_PAUSES, ("dialect",))
+
+
+#: adds routes to a server's router (`RelayServer(routes=...)`)
+RouteSource = Callable[[Router, "RelayServer"], None]
 
 
 class RelayServer:
@@ -120,10 +132,15 @@ class RelayServer:
         registry: Registry | None = None,
         *,
         clock: Clock = monotonic_clock,
+        routes: Sequence[RouteSource] = (),
     ) -> None:
+        """`routes`: operations routes the program adds beside /health and /metrics (served
+        where they are: the operations listener with --metrics-listen), each given the router
+        and this server (the monitoring views: monitoring/ sits above this layer)."""
         self.config = config
         #: connections' open and activity times (the monitor's age and idle)
         self.clock = clock
+        self.activity = ActivityClock(clock)
         self.started_at = clock()
         self.dialects = list(dialects)
         self.registry = registry if registry is not None else Registry()
@@ -147,9 +164,13 @@ class RelayServer:
             for path in dialect.paths:
                 self.upgrades.add(path, dialect, describe=f"by dialect {dialect.name}")
         self.router = Router()
-        self.router.add("GET", "/health", self._health)
-        self.router.add("GET", "/metrics", self._metrics)
-        add_monitor_routes(self.router, self)
+        #: the operations routes: on their own listener with --metrics-listen (and then not
+        #: on the public one), else on the public router
+        self.ops_router = Router() if config.metrics_listen is not None else self.router
+        self.ops_router.add("GET", "/health", self._health)
+        self.ops_router.add("GET", "/metrics", self._metrics)
+        for add in routes:
+            add(self.ops_router, self)
         for dialect in self.dialects:
             dialect.add_routes(self.router)
         self.acceptors: list[Acceptor] = []
@@ -158,6 +179,8 @@ class RelayServer:
         self.stopping = asyncio.Event()
         self.stopped = asyncio.Event()
         self.addresses: list[tuple[str, int]] = []
+        #: where the operations listener is bound (`--metrics-listen`), if it is
+        self.ops_addresses: list[tuple[str, int]] = []
 
     # ---- lifecycle -------------------------------------------------------------------------
 
@@ -169,8 +192,28 @@ class RelayServer:
         acceptor = Acceptor(sockets, lambda: HttpConnection(self), ssl_context=self._ssl_context())
         acceptor.start()
         self.acceptors.append(acceptor)
+        self.activity.start(asyncio.get_running_loop())
         self.addresses = [sock.getsockname()[:2] for sock in sockets]
+        ops = self.config.metrics_listen
+        if ops is not None:
+            ops_sockets = bind_sockets(ops[0], ops[1], reuse_port=self.config.reuse_port)
+            ops_acceptor = Acceptor(ops_sockets, lambda: HttpConnection(self, ops=True))
+            ops_acceptor.start()
+            self.acceptors.append(ops_acceptor)
+            self.ops_addresses = [sock.getsockname()[:2] for sock in ops_sockets]
+        line = self.open_surfaces_line()
+        (log.warning if line.startswith("open to strangers (") else log.info)("%s", line)
         return self.addresses
+
+    def open_surfaces_line(self) -> str:
+        """One line naming what accepts strangers (each dialect's `open_surfaces`), so an
+        operator sees at startup what the internet can reach without credentials."""
+        surfaces = [f"{d.name}: {s}" for d in self.dialects for s in d.open_surfaces()]
+        if self.config.metrics_listen is None:
+            surfaces.append("/metrics, /health and /monitor/ on the public listener")
+        if not surfaces:
+            return "open to strangers: nothing beyond what each dialect authenticates"
+        return "open to strangers (no credentials needed): " + "; ".join(surfaces)
 
     @property
     def url(self) -> str:
@@ -185,7 +228,10 @@ class RelayServer:
         dialects = ", ".join(d.name for d in self.dialects) or "none"
         where = " ".join(f"{h}:{p}" for h, p in self.addresses)
         tls = " (TLS)" if self.config.tls_cert else ""
-        return f"rmb-relay listening on {where}{tls}; dialects: {dialects}"
+        ops = ""
+        if self.ops_addresses:
+            ops = "; operations on " + " ".join(f"{h}:{p}" for h, p in self.ops_addresses)
+        return f"rmb-relay listening on {where}{tls}; dialects: {dialects}{ops}"
 
     def _ssl_context(self) -> ssl.SSLContext | None:
         if not self.config.tls_cert:
@@ -210,6 +256,7 @@ class RelayServer:
             return
         self._stopping = True
         self.stopping.set()
+        self.activity.stop()
         for acceptor in self.acceptors:
             acceptor.close()
         conns = list(self.connections.values())
@@ -240,7 +287,9 @@ class RelayServer:
         self.connections[conn.conn_id] = conn
         if self._stopping and conn.transport is not None:
             conn.transport.close()
-        admission = self.limits.admit(conn.peer_host)
+        if conn.ops_listener:
+            return  # the operations listener's clients are the operator's: never capped
+        admission = self.limits.admit(self.ip_key(conn.peer_host))
         if admission is Admission.OPS_ONLY:
             conn.ops_only = True
         elif admission is Admission.FULL:
@@ -249,8 +298,8 @@ class RelayServer:
             conn.refuse_at_once(429, "too many connections from this address")
 
     def connection_closed(self, conn: ConnectionBase) -> None:
-        if self.connections.pop(conn.conn_id, None) is not None:
-            self.limits.release(conn.peer_host)
+        if self.connections.pop(conn.conn_id, None) is not None and not conn.ops_listener:
+            self.limits.release(self.ip_key(conn.peer_host))
             self.retired.add(conn)
             for acceptor in self.acceptors:
                 acceptor.resume()
@@ -270,10 +319,15 @@ class RelayServer:
     def dialect_for(self, path: str) -> Dialect | None:
         return self.upgrades.find(path)
 
+    def ip_key(self, host: str) -> str:
+        """What the per-IP caps count a client as (IPv6 by `--ipv6-prefix`)."""
+        return ip_key(host, self.config.ipv6_prefix)
+
     async def dispatch(
         self, request: HttpRequest, body: RequestBody, client: HttpClient
     ) -> HttpResponse:
-        return await self.router.dispatch(request, body, client)
+        ops = isinstance(client, HttpConnection) and client.ops_listener
+        return await (self.ops_router if ops else self.router).dispatch(request, body, client)
 
     # ---- operations endpoints --------------------------------------------------------------
 

@@ -122,7 +122,7 @@ class WebSocketConnection(ConnectionBase):
         batcher.reader = self
         batcher.depth += 1
         outboxes = self._outboxes
-        self.last_active = self._clock()
+        self.last_active = self._activity.now
         try:
             clock = self._scan_clock
             events = decoder.feed(data) if clock is None else decoder.feed(data, clock())
@@ -154,7 +154,9 @@ class WebSocketConnection(ConnectionBase):
         self._pending.clear()
         outboxes = self._outboxes
         if outboxes is not None:
-            self.messages_out += outboxes.sent(self.conn_id)
+            sent, sent_bytes = outboxes.sent(self.conn_id)
+            self.messages_out += sent
+            self.bytes_out += sent_bytes
             outboxes.remove(self.conn_id)
         handler = self.handler
         if handler is not None:

@@ -14,6 +14,13 @@ Why a separate `negative_ttl`: "no such twin" is cached too (else an unknown des
 hit the backend on every message), but only briefly, so a twin just added with
 `rmb-relay twins add` (or registered on chain) can log in within seconds.
 
+Why a stale answer when the backend fails: a chain node that is slow or unreachable must
+not stop a relay from serving twins it knew a moment ago (a reply to a twin whose entry just
+expired would be dropped, its requester never told). A found twin whose entry expired less
+than `stale_ttl` ago is answered when its lookup fails, and the failure is logged once per
+outage; a twin never seen, or seen longer ago, still gets the error. What that risks is bounded
+by `stale_ttl`: a key or relay changed on chain meanwhile is seen that much later.
+
 Why evict oldest-inserted rather than least-recently-used: entries expire in insertion order,
 so the oldest entry is the next to go stale anyway, and a hit then costs a dict lookup and no
 reordering.
@@ -25,18 +32,29 @@ sleeping.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict
 
 from rmb_relay.clock import Clock, monotonic_clock, nanos
-from rmb_relay.errors import ConfigError
+from rmb_relay.errors import ConfigError, TwinLookupError
 from rmb_relay.twins import Twin, TwinDirectory
 
-__all__ = ["DEFAULT_MAX_ENTRIES", "DEFAULT_NEGATIVE_TTL", "DEFAULT_TTL", "CachedTwinDirectory"]
+__all__ = [
+    "DEFAULT_MAX_ENTRIES",
+    "DEFAULT_NEGATIVE_TTL",
+    "DEFAULT_STALE_TTL",
+    "DEFAULT_TTL",
+    "CachedTwinDirectory",
+]
+
+log = logging.getLogger("rmb_relay.twins")
 
 #: seconds a found twin is served from memory; a key or relay change shows up after this
 DEFAULT_TTL = 60.0
 #: seconds "no such twin" is remembered; short so new twins can log in quickly
 DEFAULT_NEGATIVE_TTL = 5.0
+#: seconds past its expiry a found twin is still answered while the backend fails
+DEFAULT_STALE_TTL = 600.0
 #: a bound on memory (a Twin with one relay is a few hundred bytes): about 30-50 MB when full
 DEFAULT_MAX_ENTRIES = 100_000
 
@@ -54,6 +72,7 @@ class CachedTwinDirectory(TwinDirectory):
         negative_ttl: float = DEFAULT_NEGATIVE_TTL,
         clock: Clock = monotonic_clock,
         max_entries: int = DEFAULT_MAX_ENTRIES,
+        stale_ttl: float = DEFAULT_STALE_TTL,
     ) -> None:
         if ttl < 0 or negative_ttl < 0:
             raise ConfigError("twin cache TTLs must be >= 0 seconds (0 disables caching)")
@@ -64,7 +83,12 @@ class CachedTwinDirectory(TwinDirectory):
         self.negative_ttl = negative_ttl
         self.clock = clock
         self.max_entries = max_entries
-        #: id -> (expires at, twin or None); insertion order = age, for eviction
+        self.stale_ttl = nanos(max(0.0, stale_ttl))
+        #: set while the backend fails and stale answers are served (logged once)
+        self._serving_stale = False
+        self.stale_hits = 0
+        #: id -> (expires at, twin or None); insertion order = age, for eviction; an expired
+        #: entry stays (until replaced or evicted) as the stale answer for a failed lookup
         self._entries: OrderedDict[int, tuple[float, Twin | None]] = OrderedDict()
         #: id -> the one lookup running for it
         self._inflight: dict[int, asyncio.Task[Twin | None]] = {}
@@ -92,11 +116,9 @@ class CachedTwinDirectory(TwinDirectory):
 
     async def get(self, twin_id: int) -> Twin | None:
         entry = self._entries.get(twin_id)
-        if entry is not None:
-            if entry[0] > self.clock():
-                self.hits += 1
-                return entry[1]
-            del self._entries[twin_id]
+        if entry is not None and entry[0] > self.clock():
+            self.hits += 1
+            return entry[1]
         task = self._inflight.get(twin_id)
         if task is None:
             task = asyncio.get_running_loop().create_task(
@@ -112,6 +134,21 @@ class CachedTwinDirectory(TwinDirectory):
         self.lookups += 1
         try:
             twin = await self.backend.get(twin_id)
+            self._serving_stale = False
+        except TwinLookupError as err:
+            stale = self._stale(twin_id)
+            if stale is None:
+                raise
+            self.stale_hits += 1
+            if not self._serving_stale:
+                self._serving_stale = True
+                log.warning(
+                    "twin directory failing (%s); answering twins it knew up to %.0f s ago "
+                    "until it answers again",
+                    err,
+                    self.stale_ttl / 1e9,
+                )
+            return stale
         finally:
             # invalidate() during the lookup detaches it: its answer goes to the callers
             # already waiting but is not stored, since it may predate the change
@@ -121,6 +158,13 @@ class CachedTwinDirectory(TwinDirectory):
         if current:
             self._store(twin_id, twin)
         return twin
+
+    def _stale(self, twin_id: int) -> Twin | None:
+        """The found twin whose entry expired less than `stale_ttl` ago, if any."""
+        entry = self._entries.get(twin_id)
+        if entry is None or entry[1] is None or entry[0] + self.stale_ttl <= self.clock():
+            return None
+        return entry[1]
 
     def _store(self, twin_id: int, twin: Twin | None) -> None:
         ttl = self.ttl if twin is not None else self.negative_ttl

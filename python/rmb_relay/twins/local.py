@@ -19,6 +19,7 @@ and the cache keeps it off the per-message path anyway.
 
 from __future__ import annotations
 
+import logging
 import os
 import sqlite3
 from collections.abc import Iterable
@@ -27,6 +28,8 @@ from types import TracebackType
 
 from rmb_relay.errors import ConfigError, TwinLookupError
 from rmb_relay.twins import MAX_TWIN_ID, Twin, TwinDirectory, format_relays, parse_relays
+
+log = logging.getLogger("rmb_relay.twins")
 
 __all__ = ["BUSY_TIMEOUT", "SCHEMA_VERSION", "SqliteTwinDirectory", "default_twins_path"]
 
@@ -67,6 +70,30 @@ def default_twins_path() -> Path:
     return root / "rmb-relay" / "twins.sqlite3"
 
 
+def create_private(path: Path) -> None:
+    """Make the file only its owner can read: the tunnel keeps tenant secret hashes and its
+    token-signing key in it. A new directory is made 0700 and a new file 0600 (SQLite gives
+    its -wal and -shm files the database file's mode); an existing file of ours that others
+    may read is narrowed to 0600, with a warning."""
+    parent = path.parent
+    if not parent.exists():
+        parent.mkdir(parents=True, exist_ok=True)
+        parent.chmod(0o700)  # (mkdir's mode is filtered by the umask; the owner's intent wins)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        return
+    except FileExistsError:
+        pass
+    info = path.stat()
+    if info.st_mode & 0o077 and info.st_uid == os.getuid():
+        log.warning(
+            "%s was readable by other users (mode %o): narrowed to 0600",
+            path,
+            info.st_mode & 0o777,
+        )
+        path.chmod(0o600)
+
+
 class SqliteTwinDirectory(TwinDirectory):
     """Twins in one SQLite file. Management methods (`add`, `remove`, `list`, `show`) are
     synchronous and raise ConfigError; `get` is the relay's async lookup and raises
@@ -77,7 +104,7 @@ class SqliteTwinDirectory(TwinDirectory):
         self._db: sqlite3.Connection | None = None
         try:
             if str(path) != ":memory:":
-                self.path.parent.mkdir(parents=True, exist_ok=True)
+                create_private(self.path)
             # isolation_level=None: autocommit, so each statement is its own transaction and a
             # read never holds a snapshot (or a lock) past the statement that needed it
             self._db = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None)

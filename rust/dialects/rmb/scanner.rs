@@ -396,7 +396,7 @@ pub mod py {
     use crate::codec::scanner::py::Scanner;
     use crate::codec::scanner::{ScanFeed, Scanned};
     use crate::codec::ws::py::payload_bytes;
-    use crate::codec::ws::Payload;
+    use crate::codec::mask::Payload;
     use crate::dialects::rmb::envelope::py::EnvelopeRouting;
     use crate::forward::outboxes::py::{open_outboxes, Outboxes};
     use crate::forward::routes::py::RouteTable;

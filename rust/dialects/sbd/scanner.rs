@@ -7,7 +7,7 @@
 //! Lookups see the table as it is at scan time: a handshake completing while Python handles one
 //! message of a read is not seen by the later messages of that read.
 
-use crate::codec::ws::Payload;
+use crate::codec::mask::Payload;
 use crate::dialects::sbd::header::{self as sbd, Header, HEADER_LEN};
 use crate::error::Result;
 use crate::forward::routes::{ConnId, Routes};
@@ -122,7 +122,7 @@ impl SbdScanner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::codec::ws::apply_mask;
+    use crate::codec::mask::apply_mask;
 
     const MASK: [u8; 4] = [0x37, 0xfa, 0x21, 0x3d];
 
@@ -367,7 +367,8 @@ pub mod py {
     use crate::codec::scanner::py::Scanner;
     use crate::codec::scanner::{ScanFeed, Scanned};
     use crate::codec::ws::py::payload_bytes;
-    use crate::codec::ws::{Payload, OP_BINARY};
+    use crate::codec::mask::Payload;
+    use crate::codec::ws::OP_BINARY;
     use crate::dialects::sbd::header::HEADER_LEN;
     use crate::error::Error;
     use crate::forward::outboxes::py::{open_outboxes, Outboxes};

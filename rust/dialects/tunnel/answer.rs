@@ -9,8 +9,33 @@
 //! otherwise Python answers from the same fields ([`response_of`]).
 
 use crate::codec::http::{encode_response, encode_response_head, is_bodyless, Framing};
-use crate::dialects::tunnel::hub::{Config, Delivered};
 use crate::dialects::tunnel::wire::HOP_BY_HOP;
+
+/// A `Deliver`'s fields the hub uses.
+#[derive(Debug)]
+pub struct Delivered {
+    pub request_id: String,
+    pub status: i64,
+    pub headers: Vec<(String, Vec<String>)>,
+    /// inline body (None: none, or stored when `body_size` > 0)
+    pub body: Option<Vec<u8>>,
+    pub body_size: i64,
+}
+
+impl Delivered {
+    pub fn stored(&self) -> bool {
+        self.body.is_none() && self.body_size > 0
+    }
+}
+
+/// What trace mode adds to an answer: the request's id and this relay's machine and version
+/// (RelayServer's three tracing fields).
+#[derive(Debug, Clone, Copy)]
+pub struct Trace<'a> {
+    pub request_id: &'a str,
+    pub machine: &'a str,
+    pub version: &'a str,
+}
 
 /// What `contract.HttpResponse` names when nothing else does.
 const DEFAULT_CONTENT_TYPE: &str = "text/plain; charset=utf-8";
@@ -57,7 +82,7 @@ pub fn answer_fields<'a>(
     status: u16,
     headers: &'a [(String, Vec<String>)],
     has_body: bool,
-    trace: Option<(&'a str, &'a Config)>,
+    trace: Option<Trace<'a>>,
 ) -> Vec<(&'a str, &'a str)> {
     let mut out: Vec<(&str, &str)> = Vec::with_capacity(headers.len() + 4);
     let mut typed = false;
@@ -68,10 +93,10 @@ pub fn answer_fields<'a>(
         typed |= name.eq_ignore_ascii_case("content-type");
         out.extend(values.iter().map(|v| (name.as_str(), v.as_str())));
     }
-    if let Some((request_id, config)) = trace {
-        out.push(("RelayServer-RequestId", request_id));
-        out.push(("RelayServer-Server-MachineName", &config.machine));
-        out.push(("RelayServer-Server-Version", &config.version));
+    if let Some(trace) = trace {
+        out.push(("RelayServer-RequestId", trace.request_id));
+        out.push(("RelayServer-Server-MachineName", trace.machine));
+        out.push(("RelayServer-Server-Version", trace.version));
     }
     if !typed && (has_body || (status != 202 && status != 204)) {
         out.push(("Content-Type", DEFAULT_CONTENT_TYPE));
@@ -85,7 +110,7 @@ pub fn client_answer(
     status: u16,
     headers: &[(String, Vec<String>)],
     body: &[u8],
-    trace: Option<(&str, &Config)>,
+    trace: Option<Trace<'_>>,
 ) -> Option<Vec<u8>> {
     let fields = answer_fields(status, headers, !body.is_empty(), trace);
     encode_response(status, &fields, body, false).ok()
@@ -94,7 +119,7 @@ pub fn client_answer(
 /// Whether HTTP/1.1 carries the connector's answer to a client: a final status (200-599: a
 /// 1xx, a 101 above all, would let a connector switch the client's connection to another
 /// protocol behind a front proxy), no body where its status allows none, fields that encode.
-pub fn carried(d: &Delivered, trace: Option<(&str, &Config)>) -> bool {
+pub fn carried(d: &Delivered, trace: Option<Trace<'_>>) -> bool {
     let Ok(status) = u16::try_from(d.status) else {
         return false;
     };
@@ -112,7 +137,7 @@ pub fn carried(d: &Delivered, trace: Option<(&str, &Config)>) -> bool {
 
 /// The connector's answer for Python to write (module docstring); only answers [`carried`]
 /// accepts get here.
-pub fn response_of(d: &Delivered, trace: Option<(&str, &Config)>, message: Vec<u8>) -> Response {
+pub fn response_of(d: &Delivered, trace: Option<Trace<'_>>, message: Vec<u8>) -> Response {
     let stored = (d.body.is_none() && d.body_size > 0).then_some(d.body_size as u64);
     let status = u16::try_from(d.status).unwrap_or(u16::MAX);
     let has_body = stored.is_some() || d.body.as_ref().is_some_and(|b| !b.is_empty());

@@ -53,7 +53,7 @@ use base64::Engine as _;
 
 use crate::codec::http::RequestHead;
 use crate::codec::ws::{OP_BINARY, OP_TEXT};
-use crate::dialects::tunnel::answer::{self, Response};
+use crate::dialects::tunnel::answer::{self, Delivered, Response, Trace};
 use crate::dialects::tunnel::wire::{
     decode_kinds, encode_client_request, kind_bit, ClientRequestRef, FieldRef, Json, Msgpack,
 };
@@ -132,6 +132,17 @@ pub struct Config {
     /// the relay's host name and version (trace mode's answer fields)
     pub machine: String,
     pub version: String,
+}
+
+impl Config {
+    /// What trace mode adds to the answer to request `request_id`.
+    pub fn trace<'a>(&'a self, request_id: &'a str) -> Trace<'a> {
+        Trace {
+            request_id,
+            machine: &self.machine,
+            version: &self.version,
+        }
+    }
 }
 
 /// A tenant as the directory has it (tenants.py `Tenant`), for the hub.
@@ -532,23 +543,6 @@ enum Message {
         request_id: String,
         remove_body: bool,
     },
-}
-
-/// A `Deliver`'s fields the hub uses.
-#[derive(Debug)]
-pub struct Delivered {
-    pub request_id: String,
-    pub status: i64,
-    pub headers: Vec<(String, Vec<String>)>,
-    /// inline body (None: none, or stored when `body_size` > 0)
-    pub body: Option<Vec<u8>>,
-    pub body_size: i64,
-}
-
-impl Delivered {
-    fn stored(&self) -> bool {
-        self.body.is_none() && self.body_size > 0
-    }
 }
 
 fn owned_headers(h: &[(Cow<'_, str>, Vec<Cow<'_, str>>)]) -> Vec<(String, Vec<String>)> {
@@ -1729,7 +1723,7 @@ impl Hub {
             return Ok(true);
         }
         let key = job.tenant.clone();
-        let trace = job.tracing.then_some((d.request_id.as_str(), &self.config));
+        let trace = job.tracing.then(|| self.config.trace(&d.request_id));
         if !answer::carried(&d, trace) {
             if fast {
                 return Ok(false);
@@ -1815,7 +1809,7 @@ impl Hub {
     ) -> Result<bool, String> {
         let job = &self.jobs[&d.request_id];
         let key = job.tenant.clone();
-        let trace = job.tracing.then_some((d.request_id.as_str(), &self.config));
+        let trace = job.tracing.then(|| self.config.trace(&d.request_id));
         let mut message = Vec::new();
         if matches!(job.waiter, Waiter::Origin(_)) {
             message.push(if binary {
@@ -2032,7 +2026,7 @@ impl Hub {
                 let Ok(Message::Deliver(d)) = read_message(rest, kind == RESPONSE_MSGPACK) else {
                     return;
                 };
-                let trace = job.tracing.then_some((d.request_id.as_str(), &self.config));
+                let trace = job.tracing.then(|| self.config.trace(&d.request_id));
                 let response = answer::response_of(&d, trace, Vec::new());
                 job.answered = true;
                 self.answer(request_id, Outcome::Response(response), "delivered", now);
@@ -2702,7 +2696,7 @@ pub mod py {
     use crate::codec::scanner::py::Scanner;
     use crate::codec::scanner::{ScanFeed, Scanned};
     use crate::codec::ws::py::payload_bytes;
-    use crate::codec::ws::Payload;
+    use crate::codec::mask::Payload;
     use crate::forward::outboxes::py::{open_outboxes, Outboxes};
     use crate::forward::routes::ConnId;
 

@@ -74,7 +74,7 @@ async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
         switch=services.switch,
         registry=services.metrics,
         directory=directory,
-        is_ours=dialect.is_ours,
+        is_ours=dialect.serves_federated,
     )
     dialect.federation = services.switch.federation = outbound
     dialect.inbound = inbound

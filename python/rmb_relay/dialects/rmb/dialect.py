@@ -18,6 +18,7 @@ from rmb_relay._core import (
 from rmb_relay.clock import Clock, seconds, wall_clock
 from rmb_relay.dialects.base import Dialect, Peer, Routes, WebSocketHandler
 from rmb_relay.dialects.rmb.forward import ClusterForward, CrossedForward
+from rmb_relay.dialects.rmb.later import Later
 from rmb_relay.dialects.rmb.metrics import RmbMetrics
 from rmb_relay.dialects.rmb.session import RmbSession
 from rmb_relay.dialects.rmb.settings import ERROR_ENVELOPE_TTL, RmbSettings
@@ -94,6 +95,10 @@ class RmbDialect(Dialect):
         self.slow_bytes = 0
         self.slow_bytes_peak = 0
         self.metrics = RmbMetrics(registry, self)
+        #: responses that could not reach another instance, tried again (later.py)
+        self.later: Later[RmbSession] = Later(
+            self.route_slow, clock, lambda: self.metrics.drops.inc(1, "redis down")
+        )
         self._maintenance: asyncio.TimerHandle | None = None
         #: route records (--records), or None
         self.records = switch.record_channel("rmb")
@@ -155,6 +160,14 @@ class RmbDialect(Dialect):
         self.metrics.logins.inc()
         return RmbSession(conn, self, twin_id, parsed.claims.sid)
 
+    def open_surfaces(self) -> list[str]:
+        inbound = self.inbound
+        if inbound is None:
+            return []
+        if inbound.verify:
+            return ["federation POST / (any relay may post; envelopes must be signed)"]
+        return ["federation POST / UNSIGNED envelopes accepted (--no-verify-federated)"]
+
     def _login_failed(self, reason: str, conn: Peer) -> None:
         self.metrics.login_failures.inc(1, reason)
         log.info("refused RMB login from %s: %s", conn.peer_host, reason)
@@ -166,6 +179,15 @@ class RmbDialect(Dialect):
         if self.settings.standalone:
             return True
         return bool(twin.relays and twin.relays & self.settings.domains)
+
+    def serves_federated(self, twin: Twin) -> bool:
+        """Whether another relay may post envelopes for the twin here (`POST /`): its relay
+        list shares one of our domains; on a standalone relay (no `--domain`), which cannot
+        know its own name, only a twin that names no relay at all (one of the local
+        directory's), never one whose relays are elsewhere."""
+        if self.settings.standalone:
+            return not twin.relays
+        return self.is_ours(twin)
 
     def store_deadline(self, env: EnvelopeRouting) -> int | None:
         """Until when the envelope may wait in a mailbox (unix seconds); None for a fail-fast
@@ -190,7 +212,7 @@ class RmbDialect(Dialect):
         if self.switch.lookup(key) is not None:
             return False
         deadline = self.store_deadline(env)
-        queued = ClusterForward(self.records, sender, env, data, received)
+        queued = ClusterForward(self.records, sender, env, data, received, self.later.hold)
         if not cluster.forward_nowait(key, data, deadline, queued):
             return False
         self.metrics.routed_slow["cluster"] += 1
@@ -205,7 +227,13 @@ class RmbDialect(Dialect):
 
     def crossed(self, data: bytes) -> CrossedForward:
         """The outcome of an envelope the scanner queued for another instance (`forward_now`)."""
-        return CrossedForward(self.records, self.fail_source, data)
+        return CrossedForward(self.records, self.fail_source, data, self.hold_crossed)
+
+    def hold_crossed(self, env: EnvelopeRouting, data: bytes) -> bool:
+        """`Later.hold` for an envelope the fast path queued, its sender found by its source
+        (False when that session is gone: dropped and counted, as before)."""
+        session = self.switch.lookup((env.source_twin, env.source_connection))
+        return isinstance(session, RmbSession) and self.later.hold(session, env, data)
 
     def fail_source(self, env: EnvelopeRouting, reason: str, label: str, size: int) -> None:
         """`RmbSession.fail` for the session that sent `env`, found by its source: the one
@@ -284,7 +312,7 @@ class RmbDialect(Dialect):
         # connected meanwhile, here or on another instance of this relay (cluster); the
         # deadline lets that instance store it if the session left before it got there
         deadline = self.store_deadline(env)
-        queued = ClusterForward(self.records, sender, env, data, received)
+        queued = ClusterForward(self.records, sender, env, data, received, self.later.hold)
         try:
             # for another instance: queued, not waited for (`queued` records how it ended, and
             # tells the sender of a request if Redis refused it)
@@ -356,6 +384,7 @@ class RmbDialect(Dialect):
             self._schedule_maintenance()
 
     async def close(self) -> None:
+        await self.later.close()
         if self._maintenance is not None:
             self._maintenance.cancel()
         if self.federation is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rmb_relay._core import EnvelopeRouting, scan_envelope
 
@@ -33,6 +33,9 @@ class Sender(Protocol):
 
 #: `RmbDialect.fail_source`: tell the session that sent `env` (found by its source) it failed
 FailSource = Callable[[EnvelopeRouting, str, str, int], None]
+#: `Later.hold`: keep an envelope nobody can be told about for another try (True: kept); its
+#: first argument is the `sender` the forward was made with (the dialect's own session type)
+Later = Callable[[Any, EnvelopeRouting, bytes], bool]
 
 
 class ClusterForward:
@@ -40,7 +43,7 @@ class ClusterForward:
     record is written when Redis answered, once, with how it ended; a refusal goes to the
     sender as an error envelope (and is that one record)."""
 
-    __slots__ = ("env", "received", "records", "sender", "size")
+    __slots__ = ("data", "env", "later", "received", "records", "sender", "size")
 
     def __init__(
         self,
@@ -49,12 +52,15 @@ class ClusterForward:
         env: EnvelopeRouting,
         data: bytes,
         received: int | None,
+        later: Later | None = None,
     ) -> None:
         self.records = records
         self.sender = sender
         self.env = env
+        self.data = data
         self.size = len(data)
         self.received = received
+        self.later = later
 
     def settled(self, route: str, outcome: str, reason: str | None = None) -> None:
         records = self.records
@@ -67,6 +73,8 @@ class ClusterForward:
 
     def refused(self, err: BaseException) -> None:
         env = self.env
+        if self.later is not None and self.later(self.sender, env, self.data):
+            return  # nobody to refuse it to: tried again (later.py)
         log.warning("redis unavailable, refusing envelope for %s: %s", env.dest_twin, err)
         self.sender.fail(
             env, "destination unreachable: the relay's redis is unavailable", "redis down",
@@ -80,13 +88,20 @@ class CrossedForward:
     the sender is found again by the envelope's source, which the scanner checked was the
     sending session, and told as `ClusterForward` tells it."""
 
-    __slots__ = ("data", "env", "fail_source", "records")
+    __slots__ = ("data", "env", "fail_source", "later", "records")
 
-    def __init__(self, records: Channel | None, fail_source: FailSource, data: bytes) -> None:
+    def __init__(
+        self,
+        records: Channel | None,
+        fail_source: FailSource,
+        data: bytes,
+        later: Callable[[EnvelopeRouting, bytes], bool] | None = None,
+    ) -> None:
         self.records = records
         self.fail_source = fail_source
         self.data = data
         self.env = scan_envelope(data)
+        self.later = later
 
     def settled(self, route: str, outcome: str, reason: str | None = None) -> None:
         records = self.records
@@ -96,6 +111,8 @@ class CrossedForward:
 
     def refused(self, err: BaseException) -> None:
         env = self.env
+        if self.later is not None and self.later(env, self.data):
+            return  # nobody to refuse it to: tried again (later.py)
         log.warning("redis unavailable, refusing envelope for %s: %s", env.dest_twin, err)
         self.fail_source(
             env, "destination unreachable: the relay's redis is unavailable", "redis down",

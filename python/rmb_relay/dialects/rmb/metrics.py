@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sized
 from typing import TYPE_CHECKING, Protocol
 
+from rmb_relay.contract import REPLY_PAUSES
 from rmb_relay.mailbox import Mailbox
 from rmb_relay.switch import Switch
 
@@ -49,6 +50,8 @@ class RmbMetrics:
         # the envelopes they crossed to other instances or placed from them
         fast = dialect.switch.outboxes
         rmb = {"dialect": "rmb"}
+        #: the slow path waited for a sender to read the errors it caused (session.py)
+        self.reply_pauses = registry.counter(*REPLY_PAUSES, const=rmb)
         registry.counter_of(
             "rmb_relay_messages_in_total",
             "Messages received from clients, by dialect",

@@ -290,6 +290,12 @@ class RmbSession(WebSocketHandler):
         settings = self.dialect.settings
         try:
             while slow:
+                # what this session causes here (error envelopes to it) counts against its own
+                # output: while it does not read them, its queued envelopes wait, and the
+                # queue's bound (`slow_session_bytes`) then stops its reads
+                if self.peer.congested:
+                    self.dialect.metrics.reply_pauses.inc()
+                    await self.peer.writable()
                 env, data, received = slow.popleft()
                 self._slow_bytes -= len(data)
                 self.dialect.slow_bytes -= len(data)

@@ -67,8 +67,10 @@ if TYPE_CHECKING:
 log = logging.getLogger("rmb_relay.sbd")
 
 
-def ip_key(text: str) -> str:
-    """IPv4 maps to IPv6 (`::ffff:a.b.c.d`) as in the reference server; v6 is kept as is."""
+def ip_key(text: str, ipv6_prefix: int = 128) -> str:
+    """IPv4 maps to IPv6 (`::ffff:a.b.c.d`) as in the reference server; v6 is kept as is, or
+    as its `/ipv6_prefix` network (`--ipv6-prefix`: one host usually owns a whole /64, so per
+    /128 its limits would be free to evade)."""
     try:
         address = ipaddress.ip_address(text)
     except ValueError:
@@ -77,6 +79,8 @@ def ip_key(text: str) -> str:
         address = address.ipv4_mapped  # a dual-stack listener reports v4 peers this way
     if isinstance(address, ipaddress.IPv4Address):
         return f"::ffff:{address}"
+    if ipv6_prefix < 128:
+        return str(ipaddress.IPv6Network((address, ipv6_prefix), strict=False))
     return str(address)
 
 
@@ -140,15 +144,16 @@ class SbdDialect(Dialect):
     # ---- upgrade ---------------------------------------------------------------------------
 
     def client_ip(self, request: HttpRequest, conn: Peer | HttpClient) -> str:
+        prefix = self.throttles.settings.ipv6_prefix
         header = self.settings.trusted_ip_header
         if header:
             value = request.header(header)
             if value is not None:
                 try:
-                    return ip_key(str(ipaddress.ip_address(value.decode().strip())))
+                    return ip_key(str(ipaddress.ip_address(value.decode().strip())), prefix)
                 except (ValueError, UnicodeDecodeError):
                     pass  # unparsable (e.g. a list): fall back to the TCP peer, as the reference
-        return ip_key(conn.peer_host)
+        return ip_key(conn.peer_host, prefix)
 
     async def accept(self, request: HttpRequest, conn: Peer) -> WebSocketHandler:
         self._ensure_sweeper()
@@ -311,6 +316,11 @@ class SbdDialect(Dialect):
         for token, last in list(self.tokens.items()):
             if now - last >= idle_ns:
                 del self.tokens[token]
+
+    def open_surfaces(self) -> list[str]:
+        if self.settings.auth_hook is not None:
+            return []
+        return ["any key may connect and relay (no --sbd-auth-hook)"]
 
     # ---- HTTP: spec-auth -------------------------------------------------------------------
 

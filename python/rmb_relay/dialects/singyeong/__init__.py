@@ -1,4 +1,6 @@
-"""The 신경 (singyeong) gateway dialect (spec/singyeong.md), one concern per module:
+"""The 신경 (singyeong) gateway dialect (spec/singyeong.md), one concern per module. Queries
+are parsed, matched and routed by the Rust core (rust/dialects/singyeong/), which also
+answers a JSON client's SEND/BROADCAST inside the read when it can write the answer itself.
 
 | module | what |
 |---|---|
@@ -6,12 +8,14 @@
 | `etf.py` / `codec.py` | the restricted ETF codec; json/msgpack/etf frames both ways |
 | `frames.py` | opcodes and the frames the gateway sends |
 | `metadata.py` | metadata types, validation, semver |
-| `query.py` | both query forms -> predicates; selectors; rendezvous hashing |
-| `clients.py` | `Client` and the per-application / per-key indices |
-| `native.py` | the Rust SEND/BROADCAST path's index, kept in step |
+| `query.py` | `parse`: a query object -> the core's `SgQuery`, within `QueryLimits` |
+| `clients.py` | `Client`, and `ClientIndex` over the core's index (`SgIndex`) |
 | `queues.py` | queues: confirm, request, ack, redelivery, dead letters |
+| `redis_queues.py` | the same queues in Redis (shared by instances, kept over restarts) |
 | `session.py` | `SgSession`: one connection |
-| `dialect.py` | `SingyeongDialect`: routing, timers |
+| `dialect.py` | `SingyeongDialect`: routing, the fast path's scanner, timers |
+| `cluster.py` | several instances as one gateway: replicas, forwarded dispatches |
+| `proxy.py` | `/api/v1/proxy`: an HTTP request to a client's own service |
 | `api.py` | the HTTP API |
 | `metrics.py` | counters and gauges |
 """

@@ -76,10 +76,14 @@ class SgApi:
         if not self.authorized(request):
             return self.refused()
         try:
-            query = parse(self.body(request))
+            query = parse(self.body(request), self.dialect.settings.query_limits)
         except QueryError as err:
             return _json(400, {"errors": [str(err)]})
-        return _json(200, [c.describe() for c in self.dialect.index.match(query)])
+        matches = self.dialect.index.match(query)
+        too_many = self.dialect.too_many_results(len(matches))
+        if too_many is not None:
+            return _json(400, {"errors": [too_many]})
+        return _json(200, [c.describe() for c in matches])
 
     async def proxy(self, request: HttpRequest, client: HttpClient) -> HttpResponse:
         if not self.authorized(request):

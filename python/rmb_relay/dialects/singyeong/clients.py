@@ -1,27 +1,15 @@
-"""Connected clients and the indices a query starts from (issue #12, point 4).
-
-`ClientIndex` keeps every identified client of this instance three ways:
-
-- by `(application, client id)`, for duplicate checks and the HTTP API;
-- by application, so `"application": "api"` never looks at other applications' clients;
-- by top-level metadata key and scalar value (`key -> value -> clients`), so a top-level
-  `$eq` (or `$in`) condition starts from the clients holding that value;
-- by top-level key in numeric order (`SortedNumbers`), so a range (`$gt $gte $lt $lte` on
-  one key, intersected) starts from the slice of clients inside it.
-
-`match(query)` takes the smallest of the candidate sets the query's hints and application
-name, then runs the compiled predicate (`query.py`) on those only. A query with neither scans
-every client: the price of a question that names nothing indexable.
+"""Connected clients: `Client`, and `ClientIndex`, which keeps them by `(application, client
+id)` and mirrors each into the Rust core's index (`SgIndex`, rust/dialects/singyeong/index.rs),
+where every query is matched and every SEND/BROADCAST resolved, for Python and for the fast
+path alike. Python keeps the metadata it answers with (QUERY_NODES, the HTTP API, replicas
+for the other instances); the core keeps its own copy to match against.
 """
 
 from __future__ import annotations
 
-import bisect
-import math
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from rmb_relay.dialects.singyeong.metadata import version_key
+from rmb_relay._core import SgIndex
 
 if TYPE_CHECKING:
     from rmb_relay.dialects.singyeong.query import Query
@@ -34,6 +22,7 @@ class Client:
         "app_id",
         "client_id",
         "encoding",
+        "handle",
         "metadata",
         "node",
         "queues",
@@ -69,6 +58,8 @@ class Client:
         self.queues: set[str] = set()
         #: the instance holding it (None: this one); remote clients are replicas (cluster.py)
         self.node: str | None = None
+        #: its number in the core's index while it is in a `ClientIndex` (else 0)
+        self.handle = 0
 
     def describe(self) -> dict[str, Any]:
         """The JSON shape of `/api/v1/query` and QUERY_NODES."""
@@ -85,86 +76,15 @@ class Client:
         return f"Client({self.app_id!r}, {self.client_id!r})"
 
 
-IndexKey = tuple[str, Any]
-
-
-def index_key(value: Any, kind: str | None) -> IndexKey | None:
-    """The bucket of a stored scalar: booleans, numbers (1 and 1.0 share one), strings, and
-    versions by semver precedence; None for values that are not indexed (lists, maps, NaN)."""
-    if kind == "version":
-        parsed = version_key(value)
-        return ("v", parsed) if parsed is not None else None
-    if isinstance(value, bool):
-        return ("b", value)
-    if isinstance(value, int | float):
-        return None if isinstance(value, float) and math.isnan(value) else ("n", value)
-    if isinstance(value, str):
-        return ("s", value)
-    return None
-
-
-def lookup_keys(value: Any) -> list[IndexKey]:
-    """The buckets an incoming `$eq` value may find its equals in (a string may be a version)."""
-    key = index_key(value, None)
-    if key is None:
-        return []
-    keys = [key]
-    if isinstance(value, str):
-        parsed = version_key(value)
-        if parsed is not None:
-            keys.append(("v", parsed))
-    return keys
-
-
-class SortedNumbers:
-    """The clients holding a number under one key, in value order, so a range condition
-    (`$gt`, `$lte`, ...) reads a slice instead of scanning. Insert and remove are O(n) list
-    moves (memmove, fast for tens of thousands); lookups are two bisections."""
-
-    __slots__ = ("clients", "values")
-
-    def __init__(self) -> None:
-        self.values: list[float] = []
-        self.clients: list[Client] = []
-
-    def add(self, value: float, client: Client) -> None:
-        at = bisect.bisect_right(self.values, value)
-        self.values.insert(at, value)
-        self.clients.insert(at, client)
-
-    def remove(self, value: float, client: Client) -> None:
-        at = bisect.bisect_left(self.values, value)
-        end = bisect.bisect_right(self.values, value)
-        for i in range(at, end):
-            if self.clients[i] is client:
-                del self.values[i]
-                del self.clients[i]
-                return
-
-    def between(self, low: float, low_in: bool, high: float, high_in: bool) -> list[Client]:
-        values = self.values
-        start = (bisect.bisect_left if low_in else bisect.bisect_right)(values, low)
-        stop = (bisect.bisect_right if high_in else bisect.bisect_left)(values, high)
-        return self.clients[start:stop] if start < stop else []
-
-
-def _numeric(value: Any, kind: str | None) -> bool:
-    return (
-        kind != "version"
-        and isinstance(value, int | float)
-        and not isinstance(value, bool)
-        and value == value
-    )
-
-
 class ClientIndex:
-    """See the module docstring."""
+    """See the module docstring. `core`: the dialect's (its rng's seed, its query limits)."""
 
-    def __init__(self) -> None:
+    def __init__(self, core: SgIndex | None = None) -> None:
+        self.core = core if core is not None else SgIndex(0)
         self.clients: dict[tuple[str, str], Client] = {}
         self.by_app: dict[str, set[Client]] = {}
-        self.by_value: dict[str, dict[IndexKey, set[Client]]] = {}
-        self.by_number: dict[str, SortedNumbers] = {}
+        self._by_handle: dict[int, Client] = {}
+        self._next_handle = 0
 
     def __len__(self) -> int:
         return len(self.clients)
@@ -173,124 +93,64 @@ class ClientIndex:
         return self.clients.get((app_id, client_id))
 
     def add(self, client: Client) -> None:
+        """Index `client`; a local one's connection (its session's peer) may be written to
+        by the fast path when it speaks JSON."""
+        self._next_handle += 1
+        client.handle = handle = self._next_handle
         self.clients[client.sort_key] = client
+        self._by_handle[handle] = client
         self.by_app.setdefault(client.app_id, set()).add(client)
-        for key, value in client.metadata.items():
-            self._index(client, key, value)
+        session = client.session
+        conn = None if session is None else session.peer.id
+        json = session is not None and session.encoding.text_frames
+        self.core.add(
+            handle,
+            client.app_id,
+            client.client_id,
+            client.restricted,
+            conn,
+            json,
+            client.metadata,
+            client.types,
+        )
 
     def remove(self, client: Client) -> None:
         if self.clients.get(client.sort_key) is not client:
             return
         del self.clients[client.sort_key]
+        del self._by_handle[client.handle]
+        self.core.remove(client.handle)
+        client.handle = 0
         members = self.by_app.get(client.app_id)
         if members is not None:
             members.discard(client)
             if not members:
                 del self.by_app[client.app_id]
-        for key, value in client.metadata.items():
-            self._unindex(client, key, value)
 
     def set_values(self, client: Client, values: dict[str, Any], types: dict[str, str]) -> None:
-        """Write metadata values (a shallow merge, later wins), keeping the indices in step."""
-        indexed = self.clients.get(client.sort_key) is client
-        metadata = client.metadata
-        for key, value in values.items():
-            if indexed and key in metadata:
-                self._unindex(client, key, metadata[key])
-            metadata[key] = value
-            kind = types.get(key)
-            if kind is not None:
-                client.types[key] = kind
-            if indexed:
-                self._index(client, key, value)
+        """Write metadata values (a shallow merge, later wins), the core's copy too."""
+        client.metadata.update(values)
+        client.types.update(types)
+        if client.handle:
+            self.core.set_values(client.handle, values, types)
 
-    def _index(self, client: Client, key: str, value: Any) -> None:
-        kind = client.types.get(key)
-        if _numeric(value, kind):
-            numbers = self.by_number.get(key)
-            if numbers is None:
-                numbers = self.by_number[key] = SortedNumbers()
-            numbers.add(value, client)
-        bucket = index_key(value, kind)
-        if bucket is not None:
-            self.by_value.setdefault(key, {}).setdefault(bucket, set()).add(client)
-
-    def _unindex(self, client: Client, key: str, value: Any) -> None:
-        kind = client.types.get(key)
-        if _numeric(value, kind):
-            numbers = self.by_number.get(key)
-            if numbers is not None:
-                numbers.remove(value, client)
-                if not numbers.values:
-                    del self.by_number[key]
-        bucket = index_key(value, kind)
-        if bucket is None:
-            return
-        values = self.by_value.get(key)
-        if values is None:
-            return
-        members = values.get(bucket)
-        if members is None:
-            return
-        members.discard(client)
-        if not members:
-            del values[bucket]
-            if not values:
-                del self.by_value[key]
-
-    def candidates(self, query: Query) -> Iterable[Client]:
-        """The smallest set the query's application and index hints allow."""
-        return self._candidates(query)[0]
-
-    def _candidates(self, query: Query) -> tuple[Iterable[Client], bool]:
-        """`candidates`, and whether they are a hint's buckets (for `Query.exact`)."""
-        best: Iterable[Client] | None = None
-        hinted = False
-        size = len(self.clients)
-        if query.application is not None:
-            members = self.by_app.get(query.application)
-            if members is None:
-                return (), False
-            best, size = members, len(members)
-        for key, values in query.hints:
-            buckets = self.by_value.get(key)
-            if buckets is None:
-                return (), False
-            found: set[Client] = set()
-            for value in values:
-                for bucket in lookup_keys(value):
-                    members = buckets.get(bucket)
-                    if members:
-                        found = found | members if found else members
-            if not found:
-                return (), False
-            if len(found) < size:
-                best, size, hinted = found, len(found), True
-        for key, low, low_in, high, high_in in query.ranges:
-            numbers = self.by_number.get(key)
-            if numbers is None:
-                return (), False
-            inside = numbers.between(low, low_in, high, high_in)
-            if not inside:
-                return (), False
-            if len(inside) < size:
-                best, size, hinted = inside, len(inside), False
-        return (self.clients.values(), False) if best is None else (best, hinted)
+    def _clients(self, handles: list[int]) -> list[Client]:
+        by_handle = self._by_handle
+        return [by_handle[h] for h in handles]
 
     def match(self, query: Query) -> list[Client]:
-        """Every local client the query matches (restricted ones only if it asks for them)."""
-        application = query.application
-        restricted = query.restricted
-        predicate = query.predicate
-        candidates, hinted = self._candidates(query)
-        if hinted and query.exact:
-            predicate = None
-        out = []
-        for client in candidates:
-            if application is not None and client.app_id != application:
-                continue
-            if client.restricted and not restricted:
-                continue
-            if predicate is None or predicate(client.metadata, client.types):
-                out.append(client)
-        return out
+        """Every client the query matches (restricted ones only if it asks for them)."""
+        return self._clients(self.core.matching(query))
+
+    def resolve(self, query: Query, *, broadcast: bool) -> list[Client]:
+        """The receivers of a SEND (one) or BROADCAST (all), per decisions 5 and 6."""
+        return self._clients(self.core.resolve(query, broadcast))
+
+    def matches(self, query: Query, client: Client) -> bool:
+        if client.handle and self._by_handle.get(client.handle) is client:
+            return self.core.matches(query, client.handle)
+        return query.matches(client)
+
+    def candidate_count(self, query: Query) -> int:
+        """How many clients the index reads to match `query` (its narrowing)."""
+        return self.core.candidate_count(query)

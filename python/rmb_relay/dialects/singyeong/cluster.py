@@ -52,6 +52,11 @@ TOPIC = "sg"
 DeliverLocal = Callable[[list[Client], str, Any, Any], None]
 #: `failed(error)`: a frame for a client elsewhere was not accepted (told once per SEND)
 Failed = Callable[[str], None]
+#: `displace_local(client, by)`: an authenticated client elsewhere wants this restricted
+#: client's id (session.py `identify`): close it
+DisplaceLocal = Callable[[Client, str], None]
+#: the `t` of a bus frame asking for `displace_local` (no dispatch type starts with NUL)
+DISPLACE = "\0displace"
 
 
 def client_key(app_id: str, client_id: str) -> str:
@@ -104,6 +109,9 @@ class _ClientEndpoint:
 
     def deliver(self, frame: bytes) -> None:
         t, payload, nonce = self.gateway.decode_frame(frame)
+        if t == DISPLACE:
+            self.gateway.displace_local(self.client, str(payload))
+            return
         self.gateway.deliver_local([self.client], t, payload, nonce)
 
     def mail_waiting(self) -> None:
@@ -159,11 +167,18 @@ class _ManyEndpoint:
 
 
 class SgCluster:
-    def __init__(self, cluster: Cluster, index: ClientIndex, deliver_local: DeliverLocal) -> None:
+    def __init__(
+        self,
+        cluster: Cluster,
+        index: ClientIndex,
+        deliver_local: DeliverLocal,
+        displace_local: DisplaceLocal | None = None,
+    ) -> None:
         self.cluster = cluster
         self.node = cluster.me
         self.index = index
         self.deliver_local = deliver_local
+        self.displace_local: DisplaceLocal = displace_local or (lambda client, by: None)
         self.table = ReplicatedTable(cluster, TOPIC, self._on_change)
         self.ready = self.table.ready
         #: the last frame decoded on the receiving side (a BROADCAST brings one per receiver)
@@ -233,6 +248,15 @@ class SgCluster:
             many = json.dumps({"t": t, "p": payload, "n": nonce, "to": to}, separators=(",", ":"))
             name = f"{keys.KIND_GATEWAY_MANY}:{node}"
             self.cluster.send_to_nowait(node, name, many.encode(), outcome)
+
+    def displace(self, client: Client, by: str) -> None:
+        """Ask the instance holding restricted `client` to close it: an authenticated client
+        (from address `by`) wants its id. At most once delivered; the answer is the table
+        change when it leaves."""
+        assert client.node is not None
+        frame = json.dumps({"t": DISPLACE, "p": by, "n": None}, separators=(",", ":")).encode()
+        name = gateway_name(client.app_id, client.client_id)
+        self.cluster.send_to_nowait(client.node, name, frame, lambda result: None)
 
     # ---- remote changes and frames in ------------------------------------------------------
 

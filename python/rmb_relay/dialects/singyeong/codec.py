@@ -18,6 +18,7 @@ from typing import Any
 
 import msgpack
 
+from rmb_relay._core import sg_dispatch_text
 from rmb_relay.dialects.singyeong import etf
 
 #: msgpack containers larger than this are refused before allocation (a 1 MiB frame cannot
@@ -97,9 +98,19 @@ def _json_value(text: str) -> Any:
     return value
 
 
-#: one JSON value's text -> the value (`json.loads`): the native path (native.py) hands
-#: queue frames' target, payload and nonce over as text, each decoded alone
+#: one JSON value's text -> the value (`json.loads`): the scanner hands queue frames'
+#: target, payload and nonce over as text, each decoded alone
 json_value = _json_value
+
+
+def dispatch_json(
+    event: str, payload_text: str, ts: int, nonce: Any = None, extra: str = ""
+) -> bytes:
+    """`encode(JSON, frames.dispatch(event, payload, ts, nonce, **extra))` from the payload's
+    JSON text (`extra`: the extra members' text, `,"key":value`...), written by the core's one
+    DISPATCH layout, the fast path's (rust/dialects/singyeong/mod.rs `dispatch_text`)."""
+    nonce_text = "null" if nonce is None else json_text(nonce)
+    return sg_dispatch_text(event, nonce_text, payload_text, extra, ts)
 
 
 _packb = msgpack.Packer(use_bin_type=True, datetime=False).pack

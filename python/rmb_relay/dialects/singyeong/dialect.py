@@ -6,10 +6,14 @@ A connection gets op 0 hello at once; its `SgSession` (session.py) decodes frame
 identifies the client, which then lives in the `ClientIndex` (clients.py) until the socket
 closes. Dispatches are routed here:
 
-- SEND / BROADCAST: the target query (query.py) is matched against the index, then narrowed
-  by the selector, by `key` (rendezvous hashing) or at random (SEND); each receiver's frame
-  is encoded once per encoding and written to its connection. No receiver: op 3 `no_route`
-  unless the query is droppable.
+- SEND / BROADCAST: the Rust core parses the target and resolves it against its index
+  (query.py, clients.py): match, then the selector, `key` (rendezvous hashing) or one at
+  random (SEND); each receiver's frame is encoded once per encoding and written to its
+  connection. No receiver: op 3 `no_route` unless the query is droppable. A JSON client's
+  SEND/BROADCAST whose answer the core can write itself never reaches Python: its scanner
+  (`bind`, rust/dialects/singyeong/mod.rs) resolves the same query on the same index inside
+  the read and writes the receivers' frames into their outboxes (the switch's, shared with
+  RMB and SBD: one output path per connection, so frame order holds).
 - QUEUE*: queues.py; the confirmation goes out only once the message is stored; a message
   over the in-memory queues' byte budget is refused with op 3 `queue_full`, never dropped.
 - UPDATE_METADATA: validated at once, applied at up to `--sg-metadata-rate` per client per
@@ -27,33 +31,32 @@ import ipaddress
 import logging
 import random
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Final
 
-from rmb_relay._core import Outboxes
+from rmb_relay._core import Outboxes, SgIndex, SgScanner, WsDecoder
 from rmb_relay.budget import ByteBudget
 from rmb_relay.clock import Clock, monotonic_clock, wall_clock
 from rmb_relay.dialects.base import Dialect, Peer, Routes, WebSocketHandler
 from rmb_relay.dialects.singyeong import frames
 from rmb_relay.dialects.singyeong.clients import Client, ClientIndex
 from rmb_relay.dialects.singyeong.cluster import SgCluster
-from rmb_relay.dialects.singyeong.codec import Encoding, encode, json_value
-from rmb_relay.dialects.singyeong.hotframes import ConfirmCache
-from rmb_relay.dialects.singyeong.metrics import SgMetrics
-from rmb_relay.dialects.singyeong.native import QUEUE_ACK, QUEUE_REQUEST, NativePath
-from rmb_relay.dialects.singyeong.proxy import Proxy
-from rmb_relay.dialects.singyeong.query import (
-    Query,
-    QueryError,
-    parse,
-    rendezvous,
-    select,
+from rmb_relay.dialects.singyeong.codec import (
+    Encoding,
+    dispatch_json,
+    encode,
+    json_text_of_str,
+    json_value,
 )
+from rmb_relay.dialects.singyeong.metrics import SgMetrics
+from rmb_relay.dialects.singyeong.proxy import Proxy
+from rmb_relay.dialects.singyeong.query import Query, QueryError, parse
 from rmb_relay.dialects.singyeong.queues import (
     MAX_QUEUE_NAME,
     MESSAGE_OVERHEAD,
     Message,
     Queues,
     TooManyQueues,
+    TooManyRequests,
 )
 from rmb_relay.dialects.singyeong.redis_queues import RedisQueues
 from rmb_relay.dialects.singyeong.session import SgSession
@@ -62,9 +65,9 @@ from rmb_relay.errors import BudgetExceeded, HttpReject
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest
+    from rmb_relay._core import _SgQueueFrame as SgQueueFrame
     from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
     from rmb_relay.cluster.node import Cluster
-    from rmb_relay.dialects.singyeong.native import SgQueueFrame
     from rmb_relay.telemetry.metrics import Registry
 
 log = logging.getLogger("rmb_relay.singyeong")
@@ -79,6 +82,12 @@ _ACK_UNKNOWN = ("QUEUE_ACK", "unknown")
 #: parsed QUEUE targets kept by their text (`_queue_target`); the table starts over when full
 #: (at this many entries or at --sg-target-cache-bytes)
 QUEUE_TARGET_CACHE = 4096
+#: queue names a client's `queues` keeps (what it asked for; pumped when its metadata
+#: changes): beyond, names of queues that are gone are forgotten first
+CLIENT_QUEUE_NAMES = 1000
+#: the kinds of queue frame an SgScanner reads (`SgQueueFrame`'s first item)
+QUEUE_REQUEST: Final = 1
+QUEUE_ACK: Final = 2
 #: what a cached target costs besides its key's length three times (the key, the decoded
 #: value and the compiled query each hold about that much): the entry, tuple and Query
 TARGET_ENTRY_BYTES = 1024
@@ -116,16 +125,21 @@ class SingyeongDialect(Dialect):
         """With `redis`, queues live there (shared by every instance on it, surviving
         restarts); with `cluster`, the instances in it form one gateway (cluster.py), and
         the node's name is the cluster's instance id. Either must be called on the running
-        loop. `outboxes`: the switch's, which the native SEND/BROADCAST path (native.py)
-        writes into (a gateway of its own without it). `rng` makes every random pick, the native
-        path's SEND picks included (its seed)."""
+        loop. `outboxes`: the switch's, which every session writes through and the fast path
+        writes into (a gateway of its own without it). `rng` seeds the core's SEND picks."""
         self.settings = settings
         #: this instance's name in QUERY_NODES and delivery tokens
         self.node = cluster.me if cluster is not None else settings.node
         self.clock = clock
         self.wall = wall
         self.rng = rng if rng is not None else random.Random()
-        self.index = ClientIndex()
+        limits = settings.query_limits
+        self.index = ClientIndex(
+            SgIndex(self.rng.getrandbits(64), limits.max_depth, limits.max_ops, limits.max_list)
+        )
+        self.outboxes = outboxes if outboxes is not None else Outboxes()
+        # the scanner stamps `ts` from the reading the listener passes it
+        self.scan_clock = wall
         #: open sessions in the order of their last heartbeat (`heard_from`), oldest first
         self.sessions: dict[int, SgSession] = {}
         #: non-restricted clients that asked for CLIENT_CONNECTED/DISCONNECTED
@@ -143,6 +157,8 @@ class SingyeongDialect(Dialect):
                 dead_letter_bytes=settings.dead_letter_bytes,
                 queues_per_app=settings.queues_per_app,
                 queues_total=settings.queues_total,
+                requests_per_client=settings.requests_per_client,
+                requests_total=settings.requests_total,
             )
         else:
             self.queues = RedisQueues(
@@ -154,26 +170,19 @@ class SingyeongDialect(Dialect):
                 queue_bytes=settings.queue_bytes,
                 queue_total_bytes=settings.queue_total_bytes,
                 queues_total=settings.queues_total,
+                requests_per_client=settings.requests_per_client,
+                requests_total=settings.requests_total,
             )
             self.queues.start()
         self.cluster: SgCluster | None = None
         if cluster is not None:
-            self.cluster = SgCluster(cluster, self.index, self.deliver_local)
+            self.cluster = SgCluster(cluster, self.index, self.deliver_local, self.displace_local)
             self.cluster.start()
-        #: the native SEND/BROADCAST path: off in cluster mode (receivers may be remote)
-        self.native: NativePath | None = None
-        if cluster is None and settings.native:
-            self.native = NativePath(
-                outboxes if outboxes is not None else Outboxes(), seed=self.rng.getrandbits(64)
-            )
-            # the scanner stamps `ts` from the reading the listener passes it
-            self.scan_clock = wall
-        native = self.native
         self.metrics = SgMetrics(
             registry,
             lambda: self.index,
             lambda: self.queues,
-            native.counts if native is not None else None,
+            self.fast_counts,
             lambda: (self.metadata_bytes, self.target_cache_bytes),
         )
         self._sweeper: asyncio.TimerHandle | None = None
@@ -182,17 +191,35 @@ class SingyeongDialect(Dialect):
         self._tasks: set[asyncio.Task[None]] = set()
         #: QUEUE target key -> (value, parsed query), for both paths (`_cached_target`)
         self._queue_targets: dict[str, tuple[Any, Query]] = {}
+        #: the last nonce-less QUEUE_CONFIRM (queue, ts, text): a burst is confirmed with one
+        self._confirm: tuple[str, int, bytes] = ("", -1, b"")
         #: what `_queue_targets` costs (`_target_cost` of each entry), within
         #: --sg-target-cache-bytes
         self.target_cache_bytes = 0
         #: bytes of every local client's metadata (session.py `charge_metadata`)
         self.metadata_bytes = 0
-        self._confirms = ConfirmCache()
         self._closed = False
         self.proxy = Proxy(self)
 
     def now_ms(self) -> int:
         return self.wall() // 1_000_000
+
+    def fast_counts(self) -> tuple[int, int, int, int]:
+        """(frames_in, sends, broadcasts, frames_out) the fast path answered: each SEND or
+        BROADCAST is one frame in, its DISPATCH frames are the outboxes' count."""
+        sends, broadcasts = self.index.core.counts
+        return sends + broadcasts, sends, broadcasts, self.outboxes.forwarded("singyeong")[0]
+
+    def bind(self, session: SgSession, decoder: WsDecoder) -> SgScanner | None:
+        """The session's output goes through the outboxes (the listener reads
+        `handler.outboxes`); a JSON session's decoder gets a scanner, ready once it
+        identifies unrestricted."""
+        session.outboxes = self.outboxes
+        if not session.encoding.text_frames:
+            return None
+        scanner = SgScanner(self.index.core, self.outboxes, session.peer.id)
+        decoder.set_scanner(scanner)
+        return scanner
 
     # ---- upgrade ---------------------------------------------------------------------------
 
@@ -220,6 +247,11 @@ class SingyeongDialect(Dialect):
         except ValueError:
             return peer.peer_host
 
+    def open_surfaces(self) -> list[str]:
+        if self.settings.auth is not None:
+            return []
+        return ["gateway and HTTP API without a password (no --sg-auth)"]
+
     def add_routes(self, router: Routes) -> None:
         from rmb_relay.dialects.singyeong.api import SgApi
 
@@ -229,8 +261,8 @@ class SingyeongDialect(Dialect):
 
     def client_ready(self, session: SgSession, client: Client) -> None:
         self.index.add(client)
-        if self.native is not None:
-            self.native.joined(session, client)
+        if session.scanner is not None and not client.restricted:
+            session.scanner.ready = True
         if self.cluster is not None:
             self.cluster.joined(client)
         if client.receive_updates:
@@ -241,8 +273,8 @@ class SingyeongDialect(Dialect):
         self.sessions.pop(session.peer.id, None)
         self._metadata_due.pop(session, None)
         self.update_listeners.discard(session)
-        if self.native is not None:
-            self.native.left(session)
+        if session.scanner is not None:
+            session.scanner.ready = False
         client = session.client
         if client is None:
             return
@@ -252,6 +284,29 @@ class SingyeongDialect(Dialect):
                 self.cluster.left(client)
             self.queues.consumer_gone(session)
             self._client_update("CLIENT_DISCONNECTED", client)
+
+    def displace_local(self, client: Client, by: str) -> None:
+        """Another instance's authenticated client wants the id of `client` (cluster.py): if
+        it is still a restricted client connected here, it is told and closed."""
+        session = client.session
+        if (
+            session is None
+            or session.closing
+            or client.node is not None
+            or not client.restricted
+            or self.index.get(client.app_id, client.client_id) is not client
+        ):
+            return
+        self.metrics.refused.inc(1, "restricted_displaced")
+        log.info(
+            "singyeong: %s/%s: restricted client from %s displaced by an authenticated one "
+            "on another instance (from %s)",
+            client.app_id,
+            client.client_id,
+            session.address,
+            by,
+        )
+        session.displaced(by)
 
     def _client_update(self, event: str, client: Client) -> None:
         if not self.update_listeners:
@@ -341,8 +396,6 @@ class SingyeongDialect(Dialect):
         look again (it may match messages it did not before)."""
         if self.cluster is not None:
             self.cluster.changed(client)
-        if self.native is not None and client.session is not None:
-            self.native.changed(client.session, client)
         for name in client.queues:
             self.queues.pump(name)
 
@@ -371,9 +424,11 @@ class SingyeongDialect(Dialect):
 
     def _parse_target(self, session: SgSession, t: str, target: Any) -> Query | None:
         try:
-            return parse(target)
+            return parse(target, self.settings.query_limits)
         except QueryError as err:
             self.metrics.hot.dispatch(t, "invalid")
+            if err.limit is not None:
+                self.metrics.queries_refused.inc(1, err.limit)
             session.invalid("invalid query", str(err))
             return None
 
@@ -416,25 +471,9 @@ class SingyeongDialect(Dialect):
         self._send_all([r.session for r in receivers], frame)
 
     def resolve(self, query: Query, *, broadcast: bool) -> list[Client]:
-        """The receivers of a SEND (one) or BROADCAST (all), per decisions 5 and 6."""
-        matches = self.matching(query)
-        if not matches and query.optional:
-            matches = self.matching(query.fallback())
-        if not matches:
-            return []
-        if broadcast:
-            return matches
-        if query.key is not None:
-            return [rendezvous(query.key, matches)]
-        return [matches[self.rng.randrange(len(matches))]]
-
-    def matching(self, query: Query) -> list[Client]:
-        matches = self.index.match(query)
-        if query.selector is not None and matches:
-            kind, key = query.selector
-            chosen = select(kind, key, [(c.metadata.get(key), c) for c in matches])
-            return [chosen] if chosen is not None else []
-        return matches
+        """The receivers of a SEND (one) or BROADCAST (all), decided by the core (decisions
+        5 and 6: match, `optional`, selector, `key`, else one at random)."""
+        return self.index.resolve(query, broadcast=broadcast)
 
     def _send_all(self, sessions: list[Any], frame: Any) -> None:
         """One encode per encoding, whatever the number of receivers."""
@@ -454,12 +493,27 @@ class SingyeongDialect(Dialect):
         query = self._parse_target(session, t, d)
         if query is None:
             return
+        nonce = d.get("nonce") if isinstance(d, dict) else None
+        matches = self.index.match(query)
+        too_many = self.too_many_results(len(matches))
+        if too_many is not None:
+            self.metrics.hot.dispatch(t, "refused")
+            session.invalid("too_many_results", {"nonce": nonce, "reason": too_many})
+            return
         self.metrics.hot.dispatch(t, "ok")
         nodes: dict[str, list[dict[str, Any]]] = {}
-        for found in self.index.match(query):
+        for found in matches:
             nodes.setdefault(found.node or self.node, []).append(found.describe())
-        nonce = d.get("nonce") if isinstance(d, dict) else None
         session.send(frames.dispatch(t, {"nodes": nodes}, self.now_ms(), nonce, nodes=nodes))
+
+    def too_many_results(self, matched: int) -> str | None:
+        """Why an answer listing `matched` clients is refused (QUERY_NODES, /api/v1/query:
+        each client may carry up to --sg-metadata-bytes), or None."""
+        limit = self.settings.query_max_results
+        if matched <= limit:
+            return None
+        self.metrics.refused.inc(1, "query_results")
+        return f"the query matches {matched} clients, {limit} allowed (--sg-query-max-results)"
 
     # ---- queues ----------------------------------------------------------------------------
 
@@ -513,9 +567,9 @@ class SingyeongDialect(Dialect):
         """(target value, parsed query) for `key`: producers address the same consumers
         message after message, and parsing (compiling the predicates) cost more than the rest
         of storing the message; a query is immutable, so messages share it. `text`: `target`
-        is the JSON text `key` itself (the native path), decoded only on a miss.
+        is the JSON text `key` itself (from the scanner), decoded only on a miss.
 
-        One cache for both paths: the Python path's keys are `repr`s, the native path's JSON
+        One cache for both readings: decoded frames' keys are `repr`s, the scanner's JSON
         texts, and a JSON text that is also the `repr` of a value denotes that same value
         (`1`, `1.0`, `"it's"`, `[1, 2]`; `repr` writes `True`, `None` and single quotes,
         which JSON does not)."""
@@ -539,7 +593,7 @@ class SingyeongDialect(Dialect):
         return cached
 
     def queue_batch(self, session: SgSession, batch: list[SgQueueFrame]) -> None:
-        """Queue frames the native scanner read (native.py), in order: the same handling as
+        """Queue frames the scanner read (`bind`), in order: the same handling as
         `_queue`, `_queue_request` and `_queue_ack` (through the same `queue_message`,
         `request_queue` and `ack_queue`) without decoding whole frames or walking `handle`
         and `dispatch` per frame (three frames per queued message). The scanner reads only
@@ -584,7 +638,7 @@ class SingyeongDialect(Dialect):
         payload: Any,
     ) -> None:
         """Store a QUEUE's message (both paths). `payload_json`: the payload's JSON text, kept
-        for JSON consumers (the native path) and charged to the budget with the frame."""
+        for JSON consumers (read by the scanner) and charged to the budget with the frame."""
         extra = 0 if payload_json is None else len(payload_json)
         message = Message(
             Queues.new_id(),
@@ -654,7 +708,12 @@ class SingyeongDialect(Dialect):
             log.warning("singyeong: queue %s: could not store: %s", message.queue, err)
             self.metrics.hot.dispatch("QUEUE", "unavailable")
             if not session.closing:
-                session.invalid("queue unavailable: the message was not stored", message.queue)
+                # names the message (as queue_full does): a producer with several in flight
+                # must know which one to send again
+                session.invalid(
+                    "queue unavailable: the message was not stored",
+                    {"queue": message.queue, "nonce": message.nonce},
+                )
             return
         if not session.closing:
             self.confirm(session, message)
@@ -663,13 +722,26 @@ class SingyeongDialect(Dialect):
     def confirm(self, session: SgSession, message: Message) -> None:
         name = message.queue
         if session.encoding is Encoding.JSON:
-            session.peer.send_text(self._confirms.confirm(name, message.nonce, self.now_ms()))
+            session.peer.send_text(self._confirm_json(name, message.nonce, self.now_ms()))
             return
         session.send(
             frames.dispatch(
                 "QUEUE_CONFIRM", {"queue": name}, self.now_ms(), message.nonce, queue=name
             )
         )
+
+    def _confirm_json(self, name: str, nonce: Any, ts: int) -> bytes:
+        """QUEUE_CONFIRM as JSON; one without a nonce (the usual) is kept while its `ts` lasts."""
+        last = self._confirm
+        if nonce is None and last[0] == name and last[1] == ts:
+            return last[2]
+        quoted = json_text_of_str(name)
+        data = dispatch_json(
+            "QUEUE_CONFIRM", f'{{"queue":{quoted}}}', ts, nonce, f',"queue":{quoted}'
+        )
+        if nonce is None:
+            self._confirm = (name, ts, data)
+        return data
 
     def _queue_request(self, session: SgSession, client: Client, t: str, d: Any) -> None:
         name = self._queue_name(session, t, d)
@@ -679,15 +751,25 @@ class SingyeongDialect(Dialect):
     def request_queue(self, session: SgSession, client: Client, t: str, name: str) -> None:
         """A QUEUE_REQUEST with a valid name (both paths)."""
         try:
-            accepted = self.queues.request(name, session, client.app_id)
+            self.queues.request(name, session, client.app_id)
         except TooManyQueues as err:
             self.too_many_queues(session, t, err, None)
             return
-        client.queues.add(name)
-        if not accepted:
+        except TooManyRequests as err:
             self.metrics.hot.dispatch(t, "refused")
-            session.invalid("too many outstanding QUEUE_REQUESTs", {"queue": name})
+            self.metrics.refused.inc(1, f"requests_{err.limit}")
+            session.invalid(
+                "too many outstanding QUEUE_REQUESTs",
+                {"queue": name, "limit": err.limit, "reason": str(err)},
+            )
             return
+        names = client.queues
+        if name not in names and len(names) >= CLIENT_QUEUE_NAMES:
+            # the names a client asked for outlive its requests (metadata changes pump
+            # them): forget those whose queue has gone before keeping another
+            names.intersection_update(self.queues.names())
+        if len(names) < CLIENT_QUEUE_NAMES:
+            names.add(name)
         self.metrics.hot.add(_REQUEST_OK)
 
     def too_many_queues(self, session: SgSession, t: str, err: TooManyQueues, nonce: Any) -> None:

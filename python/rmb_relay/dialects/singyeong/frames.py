@@ -52,10 +52,6 @@ def heartbeat_ack(client_id: str | None, ts: int) -> Struct:
     return frame(Op.HEARTBEAT_ACK, Struct(client_id=client_id), ts)
 
 
-def goodbye(reason: str, ts: int) -> Struct:
-    return frame(Op.GOODBYE, Struct(reason=reason), ts)
-
-
 def dispatch(event: str, payload: Any, ts: int, nonce: Any = None, **extra: Any) -> Struct:
     """Op 4 from the server. `extra` keys sit beside target/nonce/payload for the events whose
     public-server shape had them at the top of `d` (QUEUE_CONFIRM's `queue`, QUERY_NODES'

@@ -44,6 +44,9 @@ QUOTED = 64
 DEFAULT_METADATA_KEYS = 256
 #: bytes of metadata one client may hold (`value_bytes` + key lengths)
 DEFAULT_METADATA_BYTES = 64 << 10
+#: bytes of metadata all of an instance's clients may hold together (thousands of clients
+#: from one address stay within it even at the per-client bound)
+DEFAULT_METADATA_TOTAL_BYTES = 128 << 20
 #: what `value_bytes` charges per item on top of a string's length: a Python object's
 #: header and its slot in the container holding it
 ITEM_BYTES = 16
@@ -134,14 +137,23 @@ class MetadataError(ValueError):
         self.errors = errors
 
 
+_LIMIT_FLAGS = {
+    "keys": "--sg-metadata-keys",
+    "bytes": "--sg-metadata-bytes",
+    "total": "--sg-metadata-total-bytes",
+}
+
+
 class MetadataLimit(ValueError):
-    """An update that would take a client over its keys or bytes; `limit` is which."""
+    """An update that would take a client over its keys or bytes, or all clients over
+    their bytes; `limit` is which ("keys", "bytes", "total")."""
 
     def __init__(self, limit: str, allowed: int, wanted: int) -> None:
         unit = "keys" if limit == "keys" else "bytes"
+        whose = "all clients' metadata" if limit == "total" else "the client's metadata"
         super().__init__(
-            f"the update was not applied: the client's metadata would hold {wanted} {unit}, "
-            f"{allowed} allowed (--sg-metadata-{limit})"
+            f"the update was not applied: {whose} would hold {wanted} {unit}, "
+            f"{allowed} allowed ({_LIMIT_FLAGS[limit]})"
         )
         self.limit = limit
         self.allowed = allowed
@@ -162,9 +174,16 @@ class MetadataAccount:
         self.sizes: dict[str, int] = {}
         self.held = 0
 
-    def charge(self, update: Update, max_keys: int, max_bytes: int) -> int:
+    def charge(
+        self,
+        update: Update,
+        max_keys: int,
+        max_bytes: int,
+        total: tuple[int, int] | None = None,
+    ) -> int:
         """Take `update` into the account; raises MetadataLimit (nothing taken) if it does
-        not fit. Returns the change in bytes held."""
+        not fit: in `max_keys`, `max_bytes`, or `total` (bytes all clients hold now, their
+        bound) when it grows. Returns the change in bytes held."""
         sizes = self.sizes
         new_keys = 0
         delta = 0
@@ -179,6 +198,8 @@ class MetadataAccount:
             raise MetadataLimit("keys", max_keys, len(sizes) + new_keys)
         if self.held + delta > max_bytes:
             raise MetadataLimit("bytes", max_bytes, self.held + delta)
+        if total is not None and delta > 0 and total[0] + delta > total[1]:
+            raise MetadataLimit("total", total[1], total[0] + delta)
         sizes.update(update.sizes)
         self.held += delta
         return delta

@@ -62,14 +62,15 @@ class SgMetrics:
         registry: Registry,
         index: Callable[[], ClientIndex],
         queues: Callable[[], Queues | RedisQueues],
-        native: Callable[[], tuple[int, int, int, int]] | None = None,
+        fast: Callable[[], tuple[int, int, int, int]] | None = None,
         held: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
-        """`native`: the counts of the Rust SEND/BROADCAST path (native.py), read with the
-        rest: (frames_in, sends, broadcasts, frames_out), all `delivered`. `held`: the
-        gateway's (metadata bytes of its clients, bytes of its QUEUE target cache)."""
+        """`fast`: the counts of the fast path (SEND/BROADCAST answered inside the read,
+        dialect.py `fast_counts`), read with the rest: (frames_in, sends, broadcasts,
+        frames_out), all `delivered`. `held`: the gateway's (metadata bytes of its clients,
+        bytes of its QUEUE target cache)."""
         self.hot = HotCounters()
-        self.native = native
+        self.fast = fast
         sg = {"dialect": "singyeong"}
         registry.counter_of(
             "rmb_relay_messages_in_total",
@@ -140,11 +141,14 @@ class SgMetrics:
         )
         self.refused = registry.counter(
             "rmb_relay_sg_refused_total",
-            "singyeong frames refused by a bound (issue 33): metadata_keys, metadata_bytes "
-            "(--sg-metadata-keys/-bytes, op 3 metadata_full), queues_per_app, queues_total "
-            "(--sg-queues-per-app/-total, op 3 too_many_queues), restricted_displaced (a "
-            "restricted client closed for an authenticated one taking its id), proxy_target "
-            "(/api/v1/proxy 403: not the client's address or outside --sg-proxy-allow)",
+            "singyeong frames refused by a bound (issue 33; docs/hardening.md): "
+            "metadata_keys, metadata_bytes, metadata_total (op 3 metadata_full), id_length "
+            "(identify: op 8), "
+            "queues_per_app, queues_total (op 3 too_many_queues), requests_client, "
+            "requests_total (outstanding QUEUE_REQUESTs), proxy_target (proxy 403), "
+            "proxy_concurrency (proxy 503), query_results (op 3 too_many_results, HTTP 400), "
+            "restricted_displaced (a restricted client closed "
+            "for an authenticated one taking its id)",
             ("limit",),
         )
         registry.gauge(
@@ -166,6 +170,11 @@ class SgMetrics:
         self.heartbeat_closed = registry.counter(
             closed, closed_help, const={**sg, "reason": "heartbeat"}
         )
+        self.queries_refused = registry.counter(
+            "rmb_relay_sg_queries_refused_total",
+            "singyeong queries refused for a bound (--sg-query-max-*), by the bound",
+            ("limit",),
+        )
         self.decode_errors = registry.counter(
             "rmb_relay_sg_decode_errors_total",
             "singyeong frames that could not be decoded, by encoding",
@@ -173,21 +182,21 @@ class SgMetrics:
         )
 
     def frames_in(self) -> int:
-        """Frames received, Python's and the native path's."""
-        native = self.native
-        return self.hot.frames_in + (native()[0] if native is not None else 0)
+        """Frames received, Python's and the fast path's."""
+        fast = self.fast
+        return self.hot.frames_in + (fast()[0] if fast is not None else 0)
 
     def frames_out(self) -> int:
-        """SEND, BROADCAST and QUEUE dispatches written to receivers, Python's and the native
+        """SEND, BROADCAST and QUEUE dispatches written to receivers, Python's and the fast
         path's (one per receiver)."""
-        native = self.native
-        return self.hot.frames_out + (native()[3] if native is not None else 0)
+        fast = self.fast
+        return self.hot.frames_out + (fast()[3] if fast is not None else 0)
 
     def dispatches(self) -> dict[tuple[str, str], int]:
-        """(type, outcome) -> count, Python's and the native path's."""
+        """(type, outcome) -> count, Python's and the fast path's."""
         out = dict(self.hot.dispatches)
-        if self.native is not None:
-            _, sends, broadcasts, _ = self.native()
+        if self.fast is not None:
+            _, sends, broadcasts, _ = self.fast()
             for kind, n in (("SEND", sends), ("BROADCAST", broadcasts)):
                 if n:
                     key = (kind, "delivered")

@@ -10,10 +10,14 @@ The public server lets any caller make the gateway request any URL a client name
   https, in SNI and the certificate check), so a second resolution cannot send it elsewhere
   (DNS rebinding);
 - with `--sg-proxy-allow`, the address must be in one of those networks (403 otherwise);
+  without it, any address but loopback, link-local, unspecified and multicast ones (this
+  host's own services: a client behind a front proxy on this host looks like 127.0.0.1);
 - the request is abandoned after `--sg-proxy-timeout`, and redirects are never followed (the
-  3xx goes back to the caller as it is).
+  3xx goes back to the caller as it is);
+- at most `--sg-proxy-concurrency` requests are in flight (each may hold an answer of up to
+  `MAX_RESPONSE`); more get 503 at once.
 Errors are 400 `{"errors": [...]}` (the public server's shape), 403 for a target refused as
-above, 502 when the client cannot be reached and 504 on timeout.
+above, 502 when the client cannot be reached, 503 over the concurrency and 504 on timeout.
 """
 
 from __future__ import annotations
@@ -82,6 +86,8 @@ class Proxy:
     def __init__(self, dialect: SingyeongDialect) -> None:
         self.dialect = dialect
         self._session: Any = None
+        #: requests being forwarded now (`--sg-proxy-concurrency`)
+        self.in_flight = 0
 
     async def target(self, client: Client, route: str) -> Target | str:
         """Where the request for `client` goes, or why it may not go (module docstring)."""
@@ -91,14 +97,14 @@ class Proxy:
         declared = client.metadata.get("ip")
         if not isinstance(declared, str) or not declared:
             declared = client.socket_ip
-        if not declared.startswith(("http://", "https://")):
+        if "://" not in declared:
             bare = ":" in declared and not declared.startswith("[") and _ip(declared) is not None
             declared = f"http://[{declared}]" if bare else f"http://{declared}"
-        parts = urlsplit(declared)
-        host = parts.hostname
         try:
+            parts = urlsplit(declared)
+            host = parts.hostname
             port = parts.port or (443 if parts.scheme == "https" else 80)
-        except ValueError:
+        except ValueError:  # a bad port, an unclosed "[": the client's own text
             return f"not a valid address: {declared[:200]}"
         if parts.scheme not in ("http", "https") or not host:
             return f"not an http(s) URL: {declared[:200]}"
@@ -122,8 +128,17 @@ class Proxy:
                 )
             name = host
         networks = self.dialect.settings.proxy_allow
-        if networks and not any(seen in network for network in networks):
-            return f"{seen} is not in --sg-proxy-allow"
+        if networks:
+            if not any(seen in network for network in networks):
+                return f"{seen} is not in --sg-proxy-allow"
+        elif seen.is_loopback or seen.is_link_local or seen.is_unspecified or seen.is_multicast:
+            # this host's own services (a client behind a front proxy on this host looks
+            # like 127.0.0.1): only when the operator names them
+            return (
+                f"{seen} is this host or its link: the proxy reaches such addresses only if "
+                "--sg-proxy-allow names them (behind a proxy on this host, set "
+                "--trusted-ip-header)"
+            )
         shown = f"[{seen}]" if seen.version == 6 else str(seen)
         url = f"{parts.scheme}://{shown}:{port}/{route.lstrip('/')}"
         host_header = None
@@ -156,7 +171,7 @@ class Proxy:
         if method not in WITHOUT_BODY and not has_body:
             return _error(400, f'{method} requests need a body (send "" for none)')
         try:
-            query = parse(target)
+            query = parse(target, self.dialect.settings.query_limits)
         except QueryError as err:
             return _error(400, str(err))
         receivers = self.dialect.resolve(query, broadcast=False)
@@ -183,7 +198,17 @@ class Proxy:
         }
         if target.host is not None:
             send_headers["Host"] = target.host
-        return await self.forward(method, target, send_headers, data)
+        limit = self.dialect.settings.proxy_concurrency
+        if self.in_flight >= limit:
+            self.dialect.metrics.refused.inc(1, "proxy_concurrency")
+            return _error(
+                503, f"{limit} proxied requests are in flight (--sg-proxy-concurrency); retry later"
+            )
+        self.in_flight += 1
+        try:
+            return await self.forward(method, target, send_headers, data)
+        finally:
+            self.in_flight -= 1
 
     async def forward(
         self, method: str, target: Target, headers: dict[str, str], data: bytes | None

@@ -42,7 +42,9 @@ named it (`--sg-queues-per-app`) and against all queues (`--sg-queues-total`); b
 either the frame is refused (`TooManyQueues`, op 3 `too_many_queues`), and a queue that
 empties stops counting. An empty queue holding only requests costs no message bytes, so
 without this count a stranger could make a queue per QUEUE_REQUEST without end. The
-requests a client may have outstanding are bounded over all queues (`MAX_REQUESTS_PER_CLIENT`).
+QUEUE_REQUESTs waiting for a message are bounded per client over all queues
+(`--sg-queue-requests-per-client`) and in all (`--sg-queue-requests-total`): `RequestCounts`,
+op 3 `too many outstanding QUEUE_REQUESTs` beyond.
 """
 
 from __future__ import annotations
@@ -77,10 +79,12 @@ def _new_id_prefix() -> None:
 os.register_at_fork(after_in_child=_new_id_prefix)
 
 #: queue names longer than this are refused (they key memory and Redis); defined in
-#: rust/singyeong.rs, whose native path leaves them to Python
+#: rust/dialects/singyeong/, whose scanner leaves them to Python
 MAX_QUEUE_NAME = SG_MAX_QUEUE_NAME
 #: outstanding QUEUE_REQUESTs one client may have, all queues together
 MAX_REQUESTS_PER_CLIENT = 10_000
+#: outstanding QUEUE_REQUESTs of all clients (a deque slot and a count each: ~16 bytes)
+MAX_REQUESTS_TOTAL = 1_000_000
 #: queues the clients of one application may have created and that still exist
 DEFAULT_QUEUES_PER_APP = 1_000
 #: queues that may exist at once (an empty Queue with a request costs ~1 KiB)
@@ -142,6 +146,54 @@ class QueueCounts:
         self.count -= 1
 
 
+class TooManyRequests(Exception):
+    """A QUEUE_REQUEST beyond `--sg-queue-requests-per-client` (`limit` "client") or
+    `--sg-queue-requests-total` ("total")."""
+
+    def __init__(self, limit: str, allowed: int) -> None:
+        whose = "this client has" if limit == "client" else "all clients have"
+        flag = (
+            "--sg-queue-requests-per-client" if limit == "client" else "--sg-queue-requests-total"
+        )
+        super().__init__(f"{whose} {allowed} QUEUE_REQUESTs outstanding ({flag})")
+        self.limit = limit
+        self.allowed = allowed
+
+
+class RequestCounts:
+    """Outstanding QUEUE_REQUESTs per consumer and in all: the one count of both queue
+    stores. `check` before a request waits, `add` when it does, `done` when requests are
+    answered or withdrawn, `gone` when the consumer leaves."""
+
+    def __init__(self, per_client: int, total: int) -> None:
+        self.per_client = per_client
+        self.total = total
+        self.by_consumer: dict[Consumer, int] = {}
+        self.count = 0
+
+    def check(self, consumer: Consumer) -> None:
+        if self.by_consumer.get(consumer, 0) >= self.per_client:
+            raise TooManyRequests("client", self.per_client)
+        if self.count >= self.total:
+            raise TooManyRequests("total", self.total)
+
+    def add(self, consumer: Consumer) -> None:
+        self.by_consumer[consumer] = self.by_consumer.get(consumer, 0) + 1
+        self.count += 1
+
+    def done(self, consumer: Consumer, count: int = 1) -> None:
+        had = self.by_consumer.get(consumer, 0)
+        count = min(count, had)
+        if had - count:
+            self.by_consumer[consumer] = had - count
+        else:
+            self.by_consumer.pop(consumer, None)
+        self.count -= count
+
+    def gone(self, consumer: Consumer) -> None:
+        self.count -= self.by_consumer.pop(consumer, 0)
+
+
 class Consumer(Protocol):
     """A session as the queues see it."""
 
@@ -162,8 +214,8 @@ class Message:
     #: bytes charged to the memory budget (the QUEUE frame's size + MESSAGE_OVERHEAD, + the
     #: length of `payload_json` when kept)
     size: int = 0
-    #: the payload's JSON text when it arrived exactly as the encoder writes it (the native
-    #: path, native.py): a JSON consumer's QUEUE dispatch copies it instead of encoding again
+    #: the payload's JSON text when it arrived exactly as the encoder writes it (read by the
+    #: scanner): a JSON consumer's QUEUE dispatch copies it instead of encoding again
     payload_json: str | None = None
 
     def parsed(self) -> Query:
@@ -278,6 +330,8 @@ class Queues:
         dead_letter_bytes: int = DEFAULT_DEAD_LETTER_BYTES,
         queues_per_app: int = DEFAULT_QUEUES_PER_APP,
         queues_total: int = DEFAULT_QUEUES_TOTAL,
+        requests_per_client: int = MAX_REQUESTS_PER_CLIENT,
+        requests_total: int = MAX_REQUESTS_TOTAL,
     ) -> None:
         self.ack_timeout_ns = ack_timeout_ns
         self.max_attempts = max_attempts
@@ -297,8 +351,8 @@ class Queues:
         self.dead_refused = 0
         #: queues that exist, in all and per application (module docstring)
         self.counts = QueueCounts(queues_per_app, queues_total)
-        #: outstanding requests per consumer over all queues (`MAX_REQUESTS_PER_CLIENT`)
-        self.outstanding: dict[Consumer, int] = {}
+        #: outstanding requests per consumer and in all (module docstring)
+        self.outstanding = RequestCounts(requests_per_client, requests_total)
 
     @staticmethod
     def new_id() -> str:
@@ -338,13 +392,11 @@ class Queues:
         matches, else joins its queue's waiting line."""
         self._offer(self.queue(message.queue), message)
 
-    def request(self, name: str, consumer: Consumer, app: str = "") -> bool:
+    def request(self, name: str, consumer: Consumer, app: str = "") -> None:
         """One more message for `consumer`: the oldest waiting one it matches, else the
-        request waits. False when it has too many requests outstanding; TooManyQueues
+        request waits. Raises TooManyRequests when too many are outstanding, TooManyQueues
         when `name` does not exist and cannot be made for `app`."""
-        outstanding = self.outstanding.get(consumer, 0)
-        if outstanding >= MAX_REQUESTS_PER_CLIENT:
-            return False
+        self.outstanding.check(consumer)
         queue = self.queue(name, app)
         asked = queue.asked.get(consumer, 0)
         waiting = queue.waiting
@@ -356,25 +408,16 @@ class Queues:
                 else:  # the usual case: the oldest message is for anyone asking
                     waiting.popleft()
                 self._deliver(queue, message, consumer)
-                return True
+                return
         queue.requests.append(consumer)
         queue.asked[consumer] = asked + 1
-        self.outstanding[consumer] = outstanding + 1
-        return True
-
-    def _answered(self, consumer: Consumer, count: int) -> None:
-        """`count` of `consumer`'s outstanding requests are done (answered or withdrawn)."""
-        left = self.outstanding.get(consumer, 0) - count
-        if left > 0:
-            self.outstanding[consumer] = left
-        else:
-            self.outstanding.pop(consumer, None)
+        self.outstanding.add(consumer)
 
     def cancel(self, name: str, consumer: Consumer) -> None:
         queue = self.queues.get(name)
         if queue is None:
             return
-        self._answered(consumer, queue.withdraw(consumer))
+        self.outstanding.done(consumer, queue.withdraw(consumer))
         self._tidy(queue)
 
     def ack(self, name: str, message_id: str) -> bool:
@@ -391,7 +434,7 @@ class Queues:
 
     def consumer_gone(self, consumer: Consumer) -> None:
         """Its requests are withdrawn and what it holds unacked goes back (an attempt spent)."""
-        self.outstanding.pop(consumer, None)
+        self.outstanding.gone(consumer)
         for queue in list(self.queues.values()):
             queue.withdraw(consumer)
             held = [m_id for m_id, entry in queue.unacked.items() if entry.consumer is consumer]
@@ -453,7 +496,7 @@ class Queues:
                     asked[consumer] = left
                 else:
                     del asked[consumer]
-                self._answered(consumer, 1)
+                self.outstanding.done(consumer)
                 return consumer
         return None
 
@@ -545,6 +588,10 @@ class Queues:
 
     def queue_count(self) -> int:
         return self.counts.count
+
+    def names(self) -> set[str]:
+        """The queues that exist."""
+        return set(self.queues)
 
     def depth(self) -> tuple[int, int, int]:
         """(waiting, unacked, dead letters) over every queue, for the metrics."""

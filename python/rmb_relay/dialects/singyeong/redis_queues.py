@@ -28,8 +28,9 @@ Budget (issue 33): the byte budget of the in-memory queues holds here too, count
 so that every instance sees one figure. A message costs its record's length plus
 `MESSAGE_OVERHEAD` from its store to its ack (dead letters included). The per-queue bound
 (`--sg-queue-bytes`) is checked and charged by the store script, atomically; the total
-(`--sg-queue-total-bytes`, `sgq:bytes`, another slot) is read once per store batch, so
-instances storing at the same moment may pass it by one batch each. A store for a queue
+(`--sg-queue-total-bytes`, `sgq:bytes`, another slot) is checked against this instance's view
+(`_write_batch`), refreshed by every sweep, so instances storing at the same moment may pass
+it by what they stored since their last sweep. A store for a queue
 name that does not exist while `sgq:names` has `--sg-queues-total` names is refused; the
 sweep drops the names of empty queues. The requests an instance holds are counted like the
 in-memory queues (`QueueCounts`, per application and in all). Refusals are op 3
@@ -46,6 +47,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from redis.exceptions import NoScriptError
+
 from rmb_relay.cluster import keys as cluster_keys
 from rmb_relay.dialects.singyeong.queues import (
     DEFAULT_QUEUE_BYTES,
@@ -53,10 +56,12 @@ from rmb_relay.dialects.singyeong.queues import (
     DEFAULT_QUEUES_PER_APP,
     DEFAULT_QUEUES_TOTAL,
     MAX_REQUESTS_PER_CLIENT,
+    MAX_REQUESTS_TOTAL,
     MESSAGE_OVERHEAD,
     Consumer,
     Message,
     QueueCounts,
+    RequestCounts,
     TooManyQueues,
 )
 from rmb_relay.errors import BudgetExceeded
@@ -75,15 +80,14 @@ EVENTS = cluster_keys.SG_QUEUE_EVENTS
 TOTAL_BYTES = cluster_keys.SG_QUEUE_BYTES
 
 # KEYS: msgs, waiting, bytes, sizes; ARGV: id, record, size, per-queue limit
-# -> {1} stored, {0, held} over the queue's budget
+# -> {1, held after} stored, {0, held} over the queue's budget
 _STORE = """
 local held = tonumber(redis.call('GET', KEYS[3]) or '0')
 if held + tonumber(ARGV[3]) > tonumber(ARGV[4]) then return {0, held} end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('RPUSH', KEYS[2], ARGV[1])
-redis.call('INCRBY', KEYS[3], ARGV[3])
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[3])
-return {1}
+return {1, redis.call('INCRBY', KEYS[3], ARGV[3])}
 """
 #: Redis operations in flight at once (acks, retries, pumps, store batches)
 MAX_CONCURRENT = 16
@@ -164,6 +168,8 @@ class RedisQueues:
         queue_total_bytes: int = DEFAULT_QUEUE_TOTAL_BYTES,
         queues_per_app: int = DEFAULT_QUEUES_PER_APP,
         queues_total: int = DEFAULT_QUEUES_TOTAL,
+        requests_per_client: int = MAX_REQUESTS_PER_CLIENT,
+        requests_total: int = MAX_REQUESTS_TOTAL,
     ) -> None:
         self.redis = redis
         self.queue_bytes = queue_bytes
@@ -172,11 +178,16 @@ class RedisQueues:
         #: the names this instance holds requests for, per application (module docstring)
         self.counts = QueueCounts(queues_per_app, queues_total)
         self._request_app: dict[str, str] = {}
-        #: outstanding requests per consumer over all queues (`MAX_REQUESTS_PER_CLIENT`)
-        self._outstanding: dict[Consumer, int] = {}
+        #: outstanding requests per consumer and in all (queues.py `RequestCounts`)
+        self._outstanding = RequestCounts(requests_per_client, requests_total)
         self._refused = {"key": 0, "total": 0}
-        self._held = 0
+        #: this instance's view of what Redis holds (`_write_batch`): bytes of all queues,
+        #: per queue, the queue names and their number; refreshed by every sweep
+        self._total = 0
+        self._queue_held: dict[str, int] = {}
+        self._known_names: set[str] = set()
         self._names = 0
+        self._store_sha: str | None = None
         self.node = node
         self.ack_timeout_ms = ack_timeout_ns // 1_000_000
         self.max_attempts = max_attempts
@@ -287,17 +298,15 @@ class RedisQueues:
         finally:
             self._storing = False
 
-    async def _write_batch(self, batch: list[tuple[Message, asyncio.Future[None]]]) -> None:
-        names = sorted({message.queue for message, _ in batch})
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.get(TOTAL_BYTES)
-            pipe.scard(NAMES)
-            for name in names:
-                pipe.sismember(NAMES, name)
-            total_raw, count, *known = await pipe.execute()
-        total = int(total_raw or 0)
-        count = int(count)
-        exists = {name for name, member in zip(names, known, strict=True) if member}
+    async def _write_batch(
+        self, batch: list[tuple[Message, asyncio.Future[None]]], *, retry: bool = True
+    ) -> None:
+        """One round trip per batch, as one MULTI was before the budget: the bounds are
+        checked here against this instance's view (`_total`, `_queue_held`, `_known_names`:
+        exact for what it stores itself, refreshed from Redis by every sweep and corrected
+        by every store script's answer), then the store scripts check each queue's bytes
+        again, atomically, in the same pipeline as the total's INCRBY, the names and the
+        events (a message a script refuses is taken off the total again)."""
         writes: list[tuple[Message, asyncio.Future[None], int, str]] = []
         for message, done in batch:
             record = json.dumps(
@@ -310,37 +319,22 @@ class RedisQueues:
                 separators=(",", ":"),
             )
             size = len(record) + MESSAGE_OVERHEAD
-            if message.queue not in exists:
-                if count >= self.queues_total:
-                    done.set_exception(
-                        TooManyQueues(message.queue, "total", self.queues_total, "the gateway")
-                    )
-                    continue
-                exists.add(message.queue)
-                count += 1
-            if total + size > self.queue_total_bytes:
-                self._refused["total"] += 1
-                done.set_exception(
-                    BudgetExceeded(
-                        "total",
-                        key=message.queue,
-                        size=size,
-                        held=total,
-                        allowed=self.queue_total_bytes,
-                    )
-                )
+            refusal = self._refusal(message.queue, size)
+            if refusal is not None:
+                done.set_exception(refusal)
                 continue
-            total += size
             message.size = size
             writes.append((message, done, size, record))
         if not writes:
             return
+        if self._store_sha is None:
+            self._store_sha = str(await self.redis.script_load(_STORE))
+        names = sorted({message.queue for message, _, _, _ in writes})
         async with self.redis.pipeline(transaction=False) as pipe:
             for message, _, size, record in writes:
                 keys = _keys(message.queue)
-                # EVAL (Redis caches the script by its hash): a pipeline's script calls
-                pipe.eval(
-                    _STORE,
+                pipe.evalsha(
+                    self._store_sha,
                     4,
                     keys["msgs"],
                     keys["waiting"],
@@ -351,63 +345,92 @@ class RedisQueues:
                     size,
                     self.queue_bytes,
                 )
-            results = await pipe.execute()
-        stored = 0
-        names_stored = set()
-        for (message, done, size, _), result in zip(writes, results, strict=True):
-            if int(result[0]) == 1:
-                stored += size
-                names_stored.add(message.queue)
+            pipe.incrby(TOTAL_BYTES, sum(size for _, _, size, _ in writes))
+            for name in names:
+                pipe.sadd(NAMES, name)
+                pipe.publish(EVENTS, name)
+            results = await pipe.execute(raise_on_error=False)
+        not_stored = 0
+        again: list[tuple[Message, asyncio.Future[None]]] = []
+        for (message, done, size, _), result in zip(writes, results, strict=False):
+            if isinstance(result, Exception):
+                not_stored += size
+                self._forget(message.queue, size)
+                if isinstance(result, NoScriptError) and retry:
+                    # Redis restarted (its script cache is empty): load it and store again
+                    self._store_sha = None
+                    again.append((message, done))
+                else:
+                    done.set_exception(result)
                 continue
+            stored, held = int(result[0]), int(result[1])
+            self._queue_held[message.queue] = held
+            if stored:
+                done.set_result(None)
+                continue
+            not_stored += size
+            self._total -= size
             self._refused["key"] += 1
             done.set_exception(
                 BudgetExceeded(
-                    "key",
-                    key=message.queue,
-                    size=size,
-                    held=int(result[1]),
-                    allowed=self.queue_bytes,
+                    "key", key=message.queue, size=size, held=held, allowed=self.queue_bytes
                 )
             )
-        if names_stored:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.incrby(TOTAL_BYTES, stored)
-                for name in sorted(names_stored):
-                    pipe.sadd(NAMES, name)
-                    pipe.publish(EVENTS, name)
-                await pipe.execute()
-        for _, done, _, _ in writes:
-            if not done.done():
-                done.set_result(None)
+        for result in results[len(writes) :]:
+            if isinstance(result, Exception):
+                log.warning("singyeong queue store bookkeeping failed: %s", result)
+        if not_stored:
+            await self.redis.decrby(TOTAL_BYTES, not_stored)
+        if again:
+            await self._write_batch(again, retry=False)
+
+    def _refusal(self, name: str, size: int) -> Exception | None:
+        """Why a message of `size` bytes for queue `name` cannot be stored (this instance's
+        view), or None: then it is counted in that view."""
+        new = name not in self._known_names
+        if new and self._names >= self.queues_total:
+            return TooManyQueues(name, "total", self.queues_total, "the gateway")
+        held = self._queue_held.get(name, 0)
+        if held + size > self.queue_bytes:
+            self._refused["key"] += 1
+            return BudgetExceeded("key", key=name, size=size, held=held, allowed=self.queue_bytes)
+        if self._total + size > self.queue_total_bytes:
+            self._refused["total"] += 1
+            return BudgetExceeded(
+                "total", key=name, size=size, held=self._total, allowed=self.queue_total_bytes
+            )
+        if new:
+            self._known_names.add(name)
+            self._names += 1
+        self._queue_held[name] = held + size
+        self._total += size
+        return None
+
+    def _forget(self, name: str, size: int) -> None:
+        """`size` bytes of queue `name` are no longer held (acked, or never stored)."""
+        self._total = max(0, self._total - size)
+        left = self._queue_held.get(name, 0) - size
+        if left > 0:
+            self._queue_held[name] = left
+        else:
+            self._queue_held.pop(name, None)
 
     def stored(self, message: Message) -> None:
         self.pump(message.queue)
 
-    def request(self, name: str, consumer: Consumer, app: str = "") -> bool:
-        """False when `consumer` has `MAX_REQUESTS_PER_CLIENT` outstanding here;
-        TooManyQueues when this instance holds requests for as many queues as it may."""
+    def request(self, name: str, consumer: Consumer, app: str = "") -> None:
+        """Raises TooManyRequests when too many requests are outstanding here, TooManyQueues
+        when this instance holds requests for as many queues as it may."""
+        self._outstanding.check(consumer)
         waiting = self.requests.get(name)
         if waiting is None:
             self.counts.check(name, app)
             self.counts.add(app)
             self._request_app[name] = app
             waiting = self.requests[name] = deque()
-        outstanding = self._outstanding.get(consumer, 0)
-        if outstanding >= MAX_REQUESTS_PER_CLIENT:
-            if not waiting:
-                self._drop_requests(name)
-            return False
-        self._outstanding[consumer] = outstanding + 1
+        self._outstanding.add(consumer)
         waiting.append(consumer)
         self.pump(name)
-        return True
-
-    def _answered(self, consumer: Consumer, count: int) -> None:
-        left = self._outstanding.get(consumer, 0) - count
-        if left > 0:
-            self._outstanding[consumer] = left
-        else:
-            self._outstanding.pop(consumer, None)
 
     def _drop_requests(self, name: str) -> None:
         """No request is left for `name`: it stops counting."""
@@ -418,7 +441,7 @@ class RedisQueues:
         waiting = self.requests.get(name)
         if waiting is not None:
             kept = deque(c for c in waiting if c is not consumer)
-            self._answered(consumer, len(waiting) - len(kept))
+            self._outstanding.done(consumer, len(waiting) - len(kept))
             self.requests[name] = kept
             if not kept:
                 self._drop_requests(name)
@@ -444,11 +467,13 @@ class RedisQueues:
             )
         )
         if released > 1:
+            self._forget(name, released - 1)
             await self.redis.decrby(TOTAL_BYTES, released - 1)
 
     def consumer_gone(self, consumer: Consumer) -> None:
         for name in list(self.requests):
             self.cancel(name, consumer)
+        self._outstanding.gone(consumer)
         for (name, message_id), (holder, token) in list(self.held.items()):
             if holder is consumer:
                 del self.held[(name, message_id)]
@@ -463,11 +488,15 @@ class RedisQueues:
     def held_bytes(self) -> tuple[int, int]:
         """Bytes charged in Redis, all queues, as of the last sweep (dead letters are not
         told apart there)."""
-        return self._held, 0
+        return self._total, 0
 
     def refusals(self) -> dict[str, int]:
         """Stores this instance refused by budget (`key`, `total`)."""
         return dict(self._refused)
+
+    def names(self) -> set[str]:
+        """The queues this instance holds requests for or knows to exist in Redis."""
+        return set(self.requests) | self._known_names
 
     def queue_count(self) -> int:
         """Queue names in Redis as of the last sweep."""
@@ -502,6 +531,8 @@ class RedisQueues:
         put back if a message arrived while it was dropped)."""
         waiting = unacked = dead = 0
         names = await self.redis.smembers(NAMES)
+        known: set[str] = set()
+        queue_held: dict[str, int] = {}
         for raw in names:
             name = raw.decode() if isinstance(raw, bytes) else str(raw)
             keys = _keys(name)
@@ -514,15 +545,24 @@ class RedisQueues:
                 pipe.zcard(keys["unacked"])
                 pipe.hlen(keys["dead"])
                 pipe.hlen(keys["msgs"])
-                w, u, d, m = await pipe.execute()
+                pipe.get(keys["bytes"])
+                w, u, d, m, held = await pipe.execute()
             waiting, unacked, dead = waiting + w, unacked + u, dead + d
             if not m and not self.requests.get(name):
                 await self.redis.srem(NAMES, name)
-                if await self.redis.hlen(keys["msgs"]):
-                    await self.redis.sadd(NAMES, name)
+                if not await self.redis.hlen(keys["msgs"]):
+                    continue
+                await self.redis.sadd(NAMES, name)
+            known.add(name)
+            if held:
+                queue_held[name] = int(held)
         self._depth = (waiting, unacked, dead)
-        self._held = int(await self.redis.get(TOTAL_BYTES) or 0)
-        self._names = int(await self.redis.scard(NAMES))
+        self._total = int(await self.redis.get(TOTAL_BYTES) or 0)
+        # names stored meanwhile by this instance stay known until the next sweep
+        listed = {n.decode() if isinstance(n, bytes) else str(n) for n in names}
+        self._known_names = known | (self._known_names - listed)
+        self._names = len(self._known_names)
+        self._queue_held = queue_held
 
     def pump(self, name: str) -> None:
         if name in self._pumping:
@@ -586,7 +626,7 @@ class RedisQueues:
                 await self._retry_one(name, message_id, "consumer disconnected", token, "")
                 continue
             requests.remove(consumer)
-            self._answered(consumer, 1)
+            self._outstanding.done(consumer)
             if not requests:
                 self._drop_requests(name)
             message.attempts = int(claimed[1])

@@ -22,11 +22,19 @@ from rmb_relay._core import SgScanner, WsDecoder, WsMessage
 from rmb_relay.dialects.base import CloseCode, Peer, WebSocketHandler
 from rmb_relay.dialects.singyeong import frames
 from rmb_relay.dialects.singyeong.clients import Client
-from rmb_relay.dialects.singyeong.codec import DecodeError, Encoding, decode, encode
+from rmb_relay.dialects.singyeong.codec import (
+    DecodeError,
+    Encoding,
+    decode,
+    dispatch_json,
+    encode,
+    json_text,
+    json_text_of_str,
+)
 from rmb_relay.dialects.singyeong.etf import Struct
 from rmb_relay.dialects.singyeong.frames import Op
-from rmb_relay.dialects.singyeong.hotframes import queue_dispatch
 from rmb_relay.dialects.singyeong.metadata import (
+    MAX_KEY_LENGTH,
     MetadataAccount,
     MetadataError,
     MetadataLimit,
@@ -43,6 +51,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("rmb_relay.singyeong")
 
 _OP_VALUES = frozenset(int(op) for op in Op)
+#: the longest client_id or application_id (characters)
+MAX_ID_LENGTH = MAX_KEY_LENGTH
 # plain ints: comparing with an IntEnum member costs an attribute lookup on the enum class
 _DISPATCH, _HEARTBEAT, _IDENTIFY = int(Op.DISPATCH), int(Op.HEARTBEAT), int(Op.IDENTIFY)
 
@@ -75,7 +85,7 @@ class SgSession(WebSocketHandler):
         self.metadata_account = MetadataAccount()
         #: the size of the frame being handled (what a QUEUE costs the queues' memory budget)
         self.frame_bytes = 0
-        #: the native SEND/BROADCAST path's scanner of this connection (native.py), if any
+        #: this JSON connection's scanner (the fast path: SingyeongDialect.bind), if any
         self.scanner: SgScanner | None = None
         # looked up once, not per frame
         self._text_frames = encoding.text_frames
@@ -106,22 +116,19 @@ class SgSession(WebSocketHandler):
     # ---- as a queue consumer (queues.Consumer) -----------------------------------------------
 
     def matches(self, query: Query) -> bool:
-        return self.client is not None and not self.closing and query.matches(self.client)
+        client = self.client
+        return client is not None and not self.closing and self.dialect.index.matches(query, client)
 
     def deliver_queued(self, message: Message) -> None:
         self.dialect.metrics.hot.frames_out += 1
         if self.encoding is Encoding.JSON:
-            self.peer.send_text(
-                queue_dispatch(
-                    message.queue,
-                    message.payload,
-                    message.id,
-                    message.attempts,
-                    message.nonce,
-                    self.dialect.now_ms(),
-                    message.payload_json,
-                )
+            payload = message.payload_json
+            text = (
+                f'{{"queue":{json_text_of_str(message.queue)},"payload":'
+                f"{json_text(message.payload) if payload is None else payload},"
+                f'"id":{json_text_of_str(message.id)},"attempt":{message.attempts}}}'
             )
+            self.peer.send_text(dispatch_json("QUEUE", text, self.dialect.now_ms(), message.nonce))
             return
         body = Struct(
             queue=message.queue, payload=message.payload, id=message.id, attempt=message.attempts
@@ -131,9 +138,7 @@ class SgSession(WebSocketHandler):
     # ---- lifecycle -------------------------------------------------------------------------
 
     def bind_decoder(self, decoder: WsDecoder) -> None:
-        native = self.dialect.native
-        if native is not None:
-            self.scanner = native.bind(self, decoder)
+        self.scanner = self.dialect.bind(self, decoder)
 
     def on_open(self) -> None:
         dialect = self.dialect
@@ -163,7 +168,7 @@ class SgSession(WebSocketHandler):
             return
         dialect = self.dialect
         batch = message.routing
-        if batch is not None:  # queue frames the native scanner read (native.py)
+        if batch is not None:  # queue frames the scanner read (SingyeongDialect.bind)
             try:
                 dialect.queue_batch(self, batch)  # type: ignore[arg-type]
             except Exception:
@@ -231,6 +236,11 @@ class SgSession(WebSocketHandler):
         if not isinstance(app_id, str) or not app_id:
             self.fatal("identify: application_id must be a non-empty string")
             return
+        if len(client_id) > MAX_ID_LENGTH or len(app_id) > MAX_ID_LENGTH:
+            # ids key the index and every query answer: bounded as metadata keys are
+            dialect.metrics.refused.inc(1, "id_length")
+            self.fatal(f"identify: client_id and application_id are at most {MAX_ID_LENGTH} long")
+            return
         password = dialect.settings.auth
         auth = d.get("auth")
         restricted = password is not None and not (
@@ -239,26 +249,6 @@ class SgSession(WebSocketHandler):
         if restricted and self.encoding is Encoding.ETF:
             self.fatal("restricted clients may not use ETF")
             return
-        holder = dialect.index.get(app_id, client_id)
-        if holder is not None:
-            # under --sg-auth an authenticated client takes an id a restricted one holds here
-            # (issue 33: a stranger cannot squat a service's name); else the first one keeps it
-            squatter = holder.session if holder.restricted and not restricted else None
-            if squatter is None or squatter.closing:
-                self.invalid(f"{client_id}: already registered for app {app_id}")
-                self.closing = True
-                self.peer.close(CloseCode.NORMAL, "duplicate client id")
-                return
-            dialect.metrics.refused.inc(1, "restricted_displaced")
-            log.info(
-                "singyeong: %s/%s: restricted client from %s displaced by an authenticated one "
-                "from %s",
-                app_id,
-                client_id,
-                squatter.address,
-                self.address,
-            )
-            squatter.displaced(self.address)
         initial = d.get("metadata")
         try:
             update = validate(initial if initial is not None else {})
@@ -280,6 +270,34 @@ class SgSession(WebSocketHandler):
         except MetadataLimit as err:
             self.fatal("initial metadata: metadata_full", err.info())
             return
+        holder = dialect.index.get(app_id, client_id)
+        if holder is not None:
+            # under --sg-auth an authenticated client takes an id a restricted one holds here
+            # (issue 33: a stranger cannot squat a service's name); else the first one keeps it
+            squatter = holder.session if holder.restricted and not restricted else None
+            cluster = dialect.cluster
+            elsewhere = holder.node is not None and cluster is not None
+            if elsewhere and holder.restricted and not restricted:
+                # held on another instance: it is asked to close its restricted client; this
+                # one is told to identify again once the id is free (the table says so)
+                assert cluster is not None
+                cluster.displace(holder, self.address)
+                self.invalid(
+                    f"{client_id}: held by a restricted client on another instance, which is "
+                    "being closed: identify again"
+                )
+                self.closing = True
+                self.peer.close(CloseCode.NORMAL, "id held elsewhere: identify again")
+                return
+            if squatter is None:
+                self.invalid(f"{client_id}: already registered for app {app_id}")
+                self.closing = True
+                self.peer.close(CloseCode.NORMAL, "duplicate client id")
+                return
+            if squatter.closing:  # already told and closing: it only leaves the index sooner
+                dialect.session_closed(squatter)
+            else:
+                dialect.displace_local(holder, self.address)
         client = Client(
             app_id,
             client_id,
@@ -319,10 +337,14 @@ class SgSession(WebSocketHandler):
     def charge_metadata(self, update: Update) -> None:
         """Count `update` against this client's metadata bounds; raises MetadataLimit (and
         counts the refusal) if it does not fit, nothing charged."""
-        settings = self.dialect.settings
+        dialect = self.dialect
+        settings = dialect.settings
         try:
             delta = self.metadata_account.charge(
-                update, settings.metadata_keys, settings.metadata_bytes
+                update,
+                settings.metadata_keys,
+                settings.metadata_bytes,
+                (dialect.metadata_bytes, settings.metadata_total_bytes),
             )
         except MetadataLimit as err:
             self.dialect.metrics.refused.inc(1, f"metadata_{err.limit}")

@@ -7,13 +7,20 @@ import ipaddress
 import os
 from dataclasses import dataclass, field
 
-from rmb_relay.dialects.singyeong.metadata import DEFAULT_METADATA_BYTES, DEFAULT_METADATA_KEYS
+from rmb_relay.dialects.singyeong.metadata import (
+    DEFAULT_METADATA_BYTES,
+    DEFAULT_METADATA_KEYS,
+    DEFAULT_METADATA_TOTAL_BYTES,
+)
+from rmb_relay.dialects.singyeong.query import QueryLimits
 from rmb_relay.dialects.singyeong.queues import (
     DEFAULT_DEAD_LETTER_BYTES,
     DEFAULT_QUEUE_BYTES,
     DEFAULT_QUEUE_TOTAL_BYTES,
     DEFAULT_QUEUES_PER_APP,
     DEFAULT_QUEUES_TOTAL,
+    MAX_REQUESTS_PER_CLIENT,
+    MAX_REQUESTS_TOTAL,
 )
 from rmb_relay.errors import ConfigError
 
@@ -28,6 +35,10 @@ DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_PROXY_TIMEOUT = 30.0
 #: the password can come from the environment, so it stays out of `ps`
 AUTH_ENV = "SINGYEONG_AUTH"
+#: clients one QUERY_NODES or /api/v1/query answer may list (each up to --sg-metadata-bytes)
+DEFAULT_QUERY_MAX_RESULTS = 1000
+#: proxied requests in flight at once (each may hold an answer of up to 16 MiB)
+DEFAULT_PROXY_CONCURRENCY = 16
 #: bytes of parsed QUEUE targets kept for reuse (dialect.py `_cached_target`)
 DEFAULT_TARGET_CACHE_BYTES = 8 << 20
 #: what `GET /api/version` answers (the public server's shape)
@@ -51,9 +62,15 @@ class SgSettings:
     #: queues that may exist at once, per application (of the client that made one) and in all
     queues_per_app: int = DEFAULT_QUEUES_PER_APP
     queues_total: int = DEFAULT_QUEUES_TOTAL
+    #: outstanding QUEUE_REQUESTs per client (all queues) and of all clients
+    requests_per_client: int = MAX_REQUESTS_PER_CLIENT
+    requests_total: int = MAX_REQUESTS_TOTAL
     #: what one client's metadata may hold (metadata.py `MetadataAccount`)
     metadata_keys: int = DEFAULT_METADATA_KEYS
     metadata_bytes: int = DEFAULT_METADATA_BYTES
+    metadata_total_bytes: int = DEFAULT_METADATA_TOTAL_BYTES
+    #: the most clients a QUERY_NODES or /api/v1/query answer lists
+    query_max_results: int = DEFAULT_QUERY_MAX_RESULTS
     #: the QUEUE target cache's budget (dialect.py)
     target_cache_bytes: int = DEFAULT_TARGET_CACHE_BYTES
     #: a header of the websocket upgrade naming the client's address, set by a front proxy
@@ -61,10 +78,11 @@ class SgSettings:
     client_ip_header: str | None = None
     proxy_allow: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] = field(default=())
     proxy_timeout: float = DEFAULT_PROXY_TIMEOUT
+    proxy_concurrency: int = DEFAULT_PROXY_CONCURRENCY
     #: this instance's name in QUERY_NODES answers and Redis presence
     node: str = "local"
-    #: answer plain SEND/BROADCAST frames in the Rust core (native.py); False: all in Python
-    native: bool = True
+    #: what one query may cost (nesting, conditions, `$in`/`$nin` values); beyond: op 3
+    query_limits: QueryLimits = field(default_factory=QueryLimits)
 
     def __post_init__(self) -> None:
         if self.heartbeat_ms <= 0:
@@ -83,9 +101,21 @@ class SgSettings:
             ("--sg-dead-letter-bytes", self.dead_letter_bytes),
             ("--sg-queues-per-app", self.queues_per_app),
             ("--sg-queues-total", self.queues_total),
+            ("--sg-queue-requests-per-client", self.requests_per_client),
+            ("--sg-queue-requests-total", self.requests_total),
             ("--sg-metadata-keys", self.metadata_keys),
             ("--sg-metadata-bytes", self.metadata_bytes),
+            ("--sg-metadata-total-bytes", self.metadata_total_bytes),
+            ("--sg-query-max-results", self.query_max_results),
             ("--sg-target-cache-bytes", self.target_cache_bytes),
+            ("--sg-proxy-concurrency", self.proxy_concurrency),
+        ):
+            if value <= 0:
+                raise ConfigError(f"{flag} must be positive")
+        for flag, value in (
+            ("--sg-query-max-depth", self.query_limits.max_depth),
+            ("--sg-query-max-ops", self.query_limits.max_ops),
+            ("--sg-query-max-list", self.query_limits.max_list),
         ):
             if value <= 0:
                 raise ConfigError(f"{flag} must be positive")
@@ -114,15 +144,22 @@ class SgSettings:
             dead_letter_bytes=args.sg_dead_letter_bytes,
             queues_per_app=args.sg_queues_per_app,
             queues_total=args.sg_queues_total,
+            requests_per_client=args.sg_queue_requests_per_client,
+            requests_total=args.sg_queue_requests_total,
             metadata_keys=args.sg_metadata_keys,
             metadata_bytes=args.sg_metadata_bytes,
+            metadata_total_bytes=args.sg_metadata_total_bytes,
+            query_max_results=args.sg_query_max_results,
             target_cache_bytes=args.sg_target_cache_bytes,
             # one flag for every dialect that reads a client's address from a front proxy
             client_ip_header=getattr(args, "trusted_ip_header", None) or None,
             proxy_allow=tuple(networks),
             proxy_timeout=args.sg_proxy_timeout,
+            proxy_concurrency=args.sg_proxy_concurrency,
             node=args.sg_node or f"{os.uname().nodename}:{os.getpid()}",
-            native=not args.sg_no_native,
+            query_limits=QueryLimits(
+                args.sg_query_max_depth, args.sg_query_max_ops, args.sg_query_max_list
+            ),
         )
 
 
@@ -144,11 +181,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="MS",
         help="advertised in hello; a client silent for 1.5x this long is closed",
     )
+    limits = d.query_limits
     sg.add_argument(
-        "--sg-no-native",
-        action="store_true",
-        help="answer every frame in Python: no SEND/BROADCAST/queue frames read by the Rust core "
-        "(for comparisons; the native path is on by default, off in cluster mode)",
+        "--sg-query-max-depth",
+        type=int,
+        default=limits.max_depth,
+        metavar="N",
+        help="logical operators ($and/$or/$nor) a query may nest; deeper: op 3 invalid query",
+    )
+    sg.add_argument(
+        "--sg-query-max-ops",
+        type=int,
+        default=limits.max_ops,
+        metavar="N",
+        help="conditions and operators one query may hold in all; more: op 3 invalid query",
+    )
+    sg.add_argument(
+        "--sg-query-max-list",
+        type=int,
+        default=limits.max_list,
+        metavar="N",
+        help="values one $in/$nin list may hold; more: op 3 invalid query",
     )
     sg.add_argument(
         "--sg-metadata-rate",
@@ -202,6 +255,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="queues that may exist at once, all applications (op 3 too_many_queues beyond)",
     )
     sg.add_argument(
+        "--sg-queue-requests-per-client",
+        type=int,
+        default=d.requests_per_client,
+        metavar="N",
+        help="QUEUE_REQUESTs one client may have waiting for a message, all queues together "
+        "(op 3 too many outstanding QUEUE_REQUESTs beyond)",
+    )
+    sg.add_argument(
+        "--sg-queue-requests-total",
+        type=int,
+        default=d.requests_total,
+        metavar="N",
+        help="QUEUE_REQUESTs all clients may have waiting (op 3 beyond)",
+    )
+    sg.add_argument(
         "--sg-metadata-keys",
         type=int,
         default=d.metadata_keys,
@@ -215,6 +283,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.metadata_bytes,
         metavar="BYTES",
         help="bytes of metadata one client may hold (values and keys; op 3 metadata_full beyond)",
+    )
+    sg.add_argument(
+        "--sg-metadata-total-bytes",
+        type=int,
+        default=d.metadata_total_bytes,
+        metavar="BYTES",
+        help="bytes of metadata all clients of this instance may hold together (op 3 "
+        "metadata_full, limit total, beyond)",
+    )
+    sg.add_argument(
+        "--sg-query-max-results",
+        type=int,
+        default=d.query_max_results,
+        metavar="N",
+        help="clients a QUERY_NODES or POST /api/v1/query answer may list; a query matching "
+        "more is refused (op 3 too_many_results, HTTP 400) saying how many it matched",
     )
     sg.add_argument(
         "--sg-target-cache-bytes",
@@ -237,8 +321,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="CIDR",
-        help="networks /api/v1/proxy may reach (repeatable; default: any): it connects only "
-        "to the address the gateway saw for the client, and only if that is in one of these",
+        help="networks /api/v1/proxy may reach (repeatable; default: any but loopback and "
+        "link-local): it connects only to the address the gateway saw for the client, and only "
+        "if that is in one of these",
     )
     sg.add_argument(
         "--sg-proxy-timeout",
@@ -246,6 +331,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.proxy_timeout,
         metavar="SECONDS",
         help="a proxied request not answered within this long gets 504",
+    )
+    sg.add_argument(
+        "--sg-proxy-concurrency",
+        type=int,
+        default=d.proxy_concurrency,
+        metavar="N",
+        help="proxied requests in flight at once (each may hold a 16 MiB answer); more get 503",
     )
     sg.add_argument(
         "--sg-node",

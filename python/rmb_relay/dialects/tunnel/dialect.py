@@ -117,6 +117,19 @@ class TunnelDialect(Dialect):
         self._watcher: asyncio.Task[None] | None = None
         self._closed = False
 
+    def open_surfaces(self) -> list[str]:
+        """Tenants a client reaches without a token, and the management API (harden)."""
+        surfaces = []
+        open_tenants = [
+            t.name for t in self.store_of_tenants.list() if not t.require_authentication
+        ]
+        if open_tenants:
+            shown = ", ".join(open_tenants[:10]) + (" ..." if len(open_tenants) > 10 else "")
+            surfaces.append(f"{len(open_tenants)} tenant(s) without required auth ({shown})")
+        if self.settings.management_key is not None:
+            surfaces.append("management API /management/tenants (Api-Key)")
+        return surfaces
+
     def record_into(self, channel: Channel) -> None:
         """Route records (`--records`)."""
         self.hub.record_into(channel)

@@ -1,7 +1,7 @@
 """The thinnest tunnel a Python (uvloop) relay and connector can be: the floor under issue 13's
 half-load goal for any design in which Python orchestrates the connections, as ours does.
 
-    bench/tunnel.py --routes direct pyfloor tunnel ...   # run beside the real tunnel
+    bench/tunnel.py --routes direct python-floor tunnel ...   # run beside the real tunnel
 
 `bench.tunnel_floor` measures the kernel's floor (C threads doing only the system calls). This
 one adds what no Python-orchestrated relay can avoid, and nothing else: the event loop's turn,
@@ -18,8 +18,8 @@ If this pair's CPU per request and half-load p99 are already at the goal's limit
 per-request work in Python can be trimmed enough to meet it; what the real tunnel spends above
 this pair is the part our code could still win back.
 
-    python -m bench.tunnel_pyfloor relay --port P --link-port L      # prints `listening`
-    python -m bench.tunnel_pyfloor connector --link-port L --target-port T   # prints `connected`
+    python -m bench.tunnel_python_floor relay --port P --link-port L   # prints `listening`
+    python -m bench.tunnel_python_floor connector --link-port L --target-port T  # `connected`
 """
 
 from __future__ import annotations

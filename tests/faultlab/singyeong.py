@@ -1,0 +1,160 @@
+"""Steady 신경 SEND traffic for the checker: a client of application "caller" sends numbered
+SENDs (the number as nonce and payload) to application "api", one client on another instance.
+The gateway tells the sender of a SEND it could not route (an INVALID frame naming the
+nonce): that is a refusal; a SEND the receiver got is delivered."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import websockets
+
+from tests.faultlab.checker import Checker
+from tests.sg_client import SgClient
+
+
+class SgSends:
+    def __init__(self, checker: Checker, prefix: str = "g") -> None:
+        self.checker = checker
+        self.prefix = prefix
+        self.next_id = 0
+        self.sender: SgClient | None = None
+        self.receiver: SgClient | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        #: INVALID frames naming no message (what the gateway refused without saying which)
+        self.unmatched: list[dict[str, Any]] = []
+
+    async def open(self, sender: tuple[str, int], receiver: tuple[str, int]) -> None:
+        self.receiver = await SgClient.connect(*receiver)
+        await self.receiver.identify("worker", "api")
+        self.sender = await SgClient.connect(*sender)
+        await self.sender.identify("caller-1", "caller")
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(self._read(self.receiver, self._received)))
+        self._tasks.append(loop.create_task(self._read(self.sender, self._refusal)))
+
+    async def _read(self, client: SgClient, on_frame: Any) -> None:
+        with contextlib.suppress(websockets.ConnectionClosed, OSError):
+            while True:  # no read timeout: a cut may keep a client silent for long
+                on_frame(await client.ws.recv())
+
+    def _decode(self, data: Any) -> dict[str, Any]:
+        import json
+
+        frame = json.loads(data)
+        return frame if isinstance(frame, dict) else {}
+
+    def _received(self, data: Any) -> None:
+        frame = self._decode(data)
+        if frame.get("op") == 4 and frame.get("t") == "SEND":
+            self.checker.delivered(str(frame["d"]["nonce"]))
+
+    def _refusal(self, data: Any) -> None:
+        frame = self._decode(data)
+        if frame.get("op") != 3:
+            return
+        d = frame.get("d") or {}
+        info = d.get("extra_info")
+        nonce = None
+        if isinstance(info, dict):
+            inner = info.get("d")
+            nonce = info.get("nonce", inner.get("nonce") if isinstance(inner, dict) else None)
+        if nonce is not None:
+            self.checker.refused(str(nonce), str(d.get("error")))
+        else:
+            self.unmatched.append(frame)
+
+    def start(self, rate: float) -> None:
+        self._tasks.append(asyncio.get_running_loop().create_task(self._run(rate)))
+
+    async def _run(self, rate: float) -> None:
+        sender = self.sender
+        assert sender is not None
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            message = f"{self.prefix}{self.next_id}"
+            self.next_id += 1
+            self.checker.sent(message)
+            target = {"application": "api"}
+            await sender.dispatch("SEND", {"target": target, "nonce": message, "payload": message})
+            next_at += 1.0 / rate
+            await asyncio.sleep(max(0.0, next_at - loop.time()))  # pacing
+
+    async def stop(self) -> None:
+        if len(self._tasks) > 2:
+            sending = self._tasks.pop()
+            sending.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sending
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        for client in (self.sender, self.receiver):
+            if client is not None:
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(client.close(), 5)
+
+
+class SgQueue(SgSends):
+    """신경 QUEUE: the "caller" client queues numbered messages (the number as nonce and
+    payload) on queue "jobs" for application "api"; its one worker, on another instance, asks
+    for one at a time (QUEUE_REQUEST), and acknowledges each (QUEUE_ACK). A QUEUE_CONFIRM is
+    the gateway saying it was stored; an INVALID naming the nonce, a refusal."""
+
+    QUEUE = "jobs"
+
+    async def open(self, sender: tuple[str, int], receiver: tuple[str, int]) -> None:
+        await super().open(sender, receiver)
+        assert self.receiver is not None
+        await self.receiver.dispatch("QUEUE_REQUEST", {"queue": self.QUEUE})
+
+    def _received(self, data: Any) -> None:
+        frame = self._decode(data)
+        if frame.get("op") != 4 or frame.get("t") != "QUEUE":
+            return
+        body = frame["d"]["payload"]
+        self.checker.delivered(str(body["payload"]))
+        receiver = self.receiver
+        assert receiver is not None
+        loop = asyncio.get_running_loop()
+        self._tasks.insert(0, loop.create_task(self._ack_and_ask(receiver, body["id"])))
+
+    async def _ack_and_ask(self, receiver: SgClient, message_id: str) -> None:
+        with contextlib.suppress(websockets.ConnectionClosed, OSError):
+            await receiver.dispatch("QUEUE_ACK", {"queue": self.QUEUE, "id": message_id})
+            await receiver.dispatch("QUEUE_REQUEST", {"queue": self.QUEUE})
+
+    def _refusal(self, data: Any) -> None:
+        frame = self._decode(data)
+        if frame.get("op") == 4 and frame.get("t") == "QUEUE_CONFIRM":
+            self.confirmed.add(str(frame["d"].get("nonce")))
+            return
+        super()._refusal(data)
+
+    #: nonces the gateway confirmed (stored)
+    confirmed: set[str]
+
+    def __init__(self, checker: Checker, prefix: str = "g") -> None:
+        super().__init__(checker, prefix)
+        self.confirmed = set()
+
+    async def _run(self, rate: float) -> None:
+        sender = self.sender
+        assert sender is not None
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            message = f"{self.prefix}{self.next_id}"
+            self.next_id += 1
+            self.checker.sent(message)
+            d = {"queue": self.QUEUE, "target": {"application": "api"}}
+            await sender.dispatch("QUEUE", {**d, "nonce": message, "payload": message})
+            next_at += 1.0 / rate
+            await asyncio.sleep(max(0.0, next_at - loop.time()))  # pacing

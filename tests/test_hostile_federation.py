@@ -1,0 +1,173 @@
+"""Forged federation against a real standalone relay process (issue 33, "federation cannot
+forge"): `POST /` with an unsigned envelope claiming any source, with source twin 0, or for a
+twin whose relays are elsewhere is refused; a correctly signed envelope posted alongside is
+accepted and delivered to its twin, which receives nothing else; the relay logs no traceback."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rmb_relay._core import MSG_REQUEST, Envelope, WsMessage
+from rmb_relay.identity import make_jwt
+from rmb_relay.twins import Twin
+from rmb_relay.twins.local import SqliteTwinDirectory
+from tests.conftest import WAIT
+from tests.helpers import RawWebSocket
+from tests.relay_process import RelayProcess
+from tests.rmb_fixtures import key_for
+
+#: the victim (served here), an honest sender, and a twin whose relay is another one
+VICTIM, SENDER, ELSEWHERE = 41, 7, 55
+OTHER_SENDERS = (8, 9)
+#: relay RSS growth allowed over the forged posts (each is refused before it is stored)
+RSS_GROWTH_MIB = 16
+
+
+@pytest.fixture
+def relay(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[RelayProcess]:
+    db = tmp_path / "twins.sqlite3"
+    with SqliteTwinDirectory(db) as twins:
+        for twin in (VICTIM, SENDER, *OTHER_SENDERS):
+            twins.add(Twin(twin, key_for(twin).public_key, None))
+        twins.add(Twin(ELSEWHERE, key_for(ELSEWHERE).public_key, frozenset({"other.example"})))
+    process = RelayProcess("--twins", f"sqlite:{db}", "--no-tunnel", *getattr(request, "param", ()))
+    try:
+        yield process
+    finally:
+        process.close()
+
+
+def _envelope(source: int, dest: int, body: bytes, *, sign: bool) -> bytes:
+    env = Envelope(f"u-{source}-{dest}-{hashlib.sha256(body).hexdigest()[:16]}")
+    env.source_twin, env.source_connection = source, None
+    env.dest_twin, env.dest_connection = dest, None
+    env.kind = MSG_REQUEST
+    env.command = "test.cmd"
+    env.timestamp = int(time.time())
+    env.expiration = 300
+    env.plain = body
+    if sign:
+        env.signature = key_for(source).sign_prefixed(env.challenge())
+    return env.encode()
+
+
+async def test_forged_envelopes_are_refused_and_honest_mail_arrives(relay: RelayProcess) -> None:
+    base = f"http://127.0.0.1:{relay.port}"
+    rss_before = relay.rss_mib()
+    async with httpx.AsyncClient(base_url=base, timeout=WAIT) as client:
+
+        async def post(data: bytes) -> httpx.Response:
+            return await client.post("/", content=data)
+
+        forged = []
+        for n in range(100):
+            forged.append(await post(_envelope(999_999, VICTIM, b"forged %d" % n, sign=False)))
+        assert {r.status_code for r in forged} == {403}
+        assert "unknown source twin 999999" in forged[0].text
+        # a real twin's id without its signature
+        unsigned = await post(_envelope(SENDER, VICTIM, b"unsigned", sign=False))
+        assert (unsigned.status_code, unsigned.text) == (403, "envelope is not signed")
+        # signed by someone else's key
+        env = Envelope.decode(_envelope(SENDER, VICTIM, b"wrong key", sign=False))
+        env.signature = key_for(999).sign_prefixed(env.challenge())
+        wrong = await post(env.encode())
+        assert (wrong.status_code, wrong.text) == (403, "invalid envelope signature")
+        # source twin 0 is a relay's own error: never accepted from outside
+        relay_error = await post(_envelope(0, VICTIM, b"zero", sign=False))
+        assert relay_error.status_code == 400
+        assert "without a source twin" in relay_error.text
+        # a standalone relay serves only twins that name no relay
+        elsewhere = await post(_envelope(SENDER, ELSEWHERE, b"elsewhere", sign=True))
+        assert elsewhere.status_code == 403
+        assert "not served by this relay" in elsewhere.text
+        # the honest envelope, in the middle of it all
+        honest = await post(_envelope(SENDER, VICTIM, b"honest", sign=True))
+        assert honest.status_code == 202
+    assert relay.rss_mib() - rss_before < RSS_GROWTH_MIB
+    # the victim logs in: its mailbox holds the honest envelope and nothing else
+    jwt = make_jwt(key_for(VICTIM), VICTIM, None, int(time.time()))
+    ws = await RawWebSocket.connect(*relay.address, f"/?{jwt}")
+    event = await ws.next_event()
+    assert isinstance(event, WsMessage)
+    assert Envelope.decode(event.data).plain == b"honest"
+    ws.send_raw(ws.encoder.ping(b"last"))
+    after = await ws.next_event()  # the pong: nothing else was queued before it
+    assert not isinstance(after, WsMessage), Envelope.decode(after.data).plain
+    ws.close()
+    assert relay.stop() == 0
+    assert not relay.problems, relay.problems
+
+
+async def test_rmb_peer_takes_nothing_unsigned_but_a_relay_error(tmp_path: Path) -> None:
+    """A forged source-0 envelope (unsigned, as only a relay's errors are) that is a response
+    or a request is dropped by rmb-peer; a relay error passes on to be matched to the request
+    it answers."""
+    from rmb_relay.peer.e2e import E2eKey
+    from rmb_relay.peer.gateway import Gateway
+    from rmb_relay.sdk.envelope import Envelope as PeerEnvelope
+
+    directory = SqliteTwinDirectory(tmp_path / "twins.sqlite3")
+    gateway = Gateway(
+        VICTIM,
+        key_for(VICTIM),
+        E2eKey(bytes(range(32))),
+        directory,
+        redis_url="redis://127.0.0.1:1/0",
+        relays=["ws://127.0.0.1:1"],
+    )
+    try:
+
+        def from_twin_0(kind: str) -> PeerEnvelope:
+            env = PeerEnvelope(uid="forged", timestamp=int(time.time()), expiration=60)
+            env.destination.twin = VICTIM
+            if kind == "response":
+                env.response.SetInParent()
+                env.plain = b"pay the attacker"
+            elif kind == "request":
+                env.request.command = "x"
+            else:
+                env.error.code = 1
+                env.error.message = "relay error"
+            return env
+
+        assert gateway._accept(from_twin_0("response")) is False
+        assert gateway._accept(from_twin_0("request")) is False
+        assert gateway._accept(from_twin_0("error")) is True
+    finally:
+        await directory.close()
+
+
+@pytest.mark.parametrize("relay", [("--mailbox-source-bytes", "20000")], indirect=True)
+async def test_one_posting_relay_gets_its_share_of_the_mailbox(relay: RelayProcess) -> None:
+    """Signed envelopes from three source twins, all posted from one address, stop at that
+    relay's share; another relay's post for the same twin is still stored."""
+    base = f"http://127.0.0.1:{relay.port}"
+    other = httpx.AsyncHTTPTransport(local_address="127.0.0.2")
+    async with (
+        httpx.AsyncClient(base_url=base, timeout=WAIT) as one,
+        httpx.AsyncClient(base_url=base, timeout=WAIT, transport=other) as another,
+    ):
+        statuses = []
+        for source in (SENDER, *OTHER_SENDERS):
+            answer = await one.post("/", content=_envelope(source, VICTIM, b"x" * 8000, sign=True))
+            statuses.append(answer.status_code)
+        assert statuses == [202, 202, 500], answer.text
+        answer = await another.post("/", content=_envelope(SENDER, VICTIM, b"other", sign=True))
+        assert answer.status_code == 202
+    jwt = make_jwt(key_for(VICTIM), VICTIM, None, int(time.time()))
+    ws = await RawWebSocket.connect(*relay.address, f"/?{jwt}")
+    got = []
+    for _ in range(3):
+        event = await ws.next_event()
+        assert isinstance(event, WsMessage)
+        got.append(len(Envelope.decode(event.data).plain or b""))
+    assert got == [8000, 8000, 5]
+    ws.close()
+    assert relay.stop() == 0
+    assert not relay.problems, relay.problems
