@@ -219,7 +219,12 @@ async def test_connections_beyond_workers_times_users_are_refused(tmp_path: Path
     relay = launch(["rmb-relay", "-w", "1", "-u", "2", "-l", "127.0.0.1:0"], data_home=tmp_path)
     try:
         port = banner_port(relay)
-        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(2 + 32)]
+        held = []
+        for _ in range(2 + 32):  # each counted before the next: it got its answer
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            held.append((reader, writer))
+            writer.write(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            await asyncio.wait_for(reader.readuntil(b"ok\n"), WAIT)
         try:
             # refused at once, before any request is read
             reader, writer = await asyncio.open_connection("127.0.0.1", port)

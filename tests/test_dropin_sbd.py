@@ -122,6 +122,7 @@ def test_launch_lines_it_cannot_serve_are_refused_clearly(flags: list[str], mess
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)
 @pytest.mark.skipif(not TESTER.exists(), reason="run `make sbd-conformance` to build the tester")
 def test_public_conformance_suite_passes_against_sbd_serverd() -> None:
     result = subprocess.run(

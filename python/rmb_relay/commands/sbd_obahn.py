@@ -54,6 +54,15 @@ def say(line: str) -> None:
 SERVERD_START_TIMEOUT = 60.0
 
 
+def _die_with_parent() -> None:
+    """The tester kills this runner without a word; its sbd-serverd must not outlive it (an
+    orphan would hold the tester's stderr open). Linux's PR_SET_PDEATHSIG."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+
+
 async def start_serverd() -> tuple[asyncio.subprocess.Process, str]:
     """`rmb-relay sbd-serverd` as its launch lines run it; (process, first listening address)."""
     process = await asyncio.create_subprocess_exec(
@@ -66,6 +75,7 @@ async def start_serverd() -> tuple[asyncio.subprocess.Process, str]:
         "--limit-clients",
         str(LIMIT_CLIENTS),
         stdout=asyncio.subprocess.PIPE,
+        preexec_fn=_die_with_parent,
     )
     assert process.stdout is not None
     listening: list[str] = []
