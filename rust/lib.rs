@@ -23,6 +23,8 @@ pub mod forward;
 /// fuzz targets of the network parsers (pure Rust; `fuzz/`, `make fuzz`)
 pub mod fuzzing;
 pub mod limiter;
+/// the load harness's per-message work (rmb-load's stamps, batches, latency recorder)
+pub mod load;
 pub mod records;
 pub mod singyeong;
 
@@ -43,6 +45,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     singyeong::py::register(m)?;
     crypto::py::register(m)?;
     records::py::register(m)?;
+    load::py::register(m)?;
     dialects::tunnel::wire::py::register(m)?;
     dialects::tunnel::connector::py::register(m)?;
     dialects::tunnel::hub::py::register(m)?;
