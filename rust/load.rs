@@ -16,8 +16,6 @@
 //!
 //! Sans-I/O like the rest of the crate: the caller passes the clock readings in.
 
-use std::collections::HashMap;
-
 use crate::codec::ws::{frame_len, write_frame, MaskRng, Payload, OP_BINARY};
 use crate::dialects::sbd::header::{parse_header, Header, HEADER_LEN};
 
@@ -127,9 +125,10 @@ pub enum Recorded {
 pub struct Recorder {
     /// deliveries per stream index (fan-out copies one each), measuring or not
     delivered: Vec<u64>,
-    /// one bit per sequence number seen, per (stream, copy): a BROADCAST's receivers each see
-    /// each message once
-    seen: HashMap<(u32, u32), Vec<u64>>,
+    /// one bit per sequence number seen, per stream and copy (`seen[stream][copy]`): a
+    /// BROADCAST's receivers each see each message once (indexed, not hashed: it is looked up
+    /// for every delivery)
+    seen: Vec<Vec<Vec<u64>>>,
     measuring: bool,
     started_ns: i64,
     pub measured: u64,
@@ -171,7 +170,15 @@ impl Recorder {
             self.out_of_range += 1;
             return Recorded::OutOfRange;
         }
-        let bits = self.seen.entry((stream, copy)).or_default();
+        let (stream, copy) = (stream as usize, copy as usize);
+        if stream >= self.seen.len() {
+            self.seen.resize_with(stream + 1, Vec::new);
+        }
+        let copies = &mut self.seen[stream];
+        if copy >= copies.len() {
+            copies.resize_with(copy + 1, Vec::new);
+        }
+        let bits = &mut copies[copy];
         let (word, bit) = ((seq / 64) as usize, 1u64 << (seq % 64));
         if word >= bits.len() {
             let grown = (word + 1).max(bits.len() * 2);
