@@ -48,8 +48,9 @@ from typing import Any, Protocol
 from rmb_relay._core import LoadRecorder
 from rmb_relay.load.stats import RunStats
 
-#: messages written per batch (one transport write)
-BATCH = 64
+#: messages written per batch (one transport write): half the default window, the most a
+#: stream's window frees before its sender wakes (`Stream.settled`), so a refill is one write
+BATCH = 128
 #: how long to wait for in-flight messages after the streams stop sending
 DRAIN_TIMEOUT = 5.0
 #: how often a generator process publishes its counters (and checks its deadline)
@@ -316,7 +317,11 @@ class Stream:
             except (OSError, ConnectionError) as err:
                 run.fail(f"{plan.dialect}: stream {self.index} lost its connection: {err}")
                 return
-            await asyncio.sleep(0)
+            # no yield per batch: a full window (or the pacer) makes the sender wait, and a
+            # loop turn per batch cost as much as the batch's Python; but a send that wrote
+            # nothing must not spin
+            if not went:
+                await asyncio.sleep(0)
 
 
 class Workload(Protocol):

@@ -316,7 +316,8 @@ class Pair(Stream):
         sender = self.sender
         assert sender is not None
         sender.send_frames(self.batch.frames(self.sent, n, time.time_ns()))
-        await sender.drain()
+        if sender.congested:
+            await sender.drain()
         return n
 
     async def close(self) -> None:

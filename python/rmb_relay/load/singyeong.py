@@ -406,7 +406,8 @@ class Sender(Stream):
                 head, tail = templates[i % count]
                 payloads.append(head + stamp(index, i, now) + pad + tail)
             ws.send_binaries(payloads)
-        await ws.drain()
+        if ws.congested:
+            await ws.drain()
         return n
 
     async def close(self) -> None:
