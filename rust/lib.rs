@@ -26,6 +26,8 @@ pub mod forward;
 pub mod fuzzing;
 pub mod lent;
 pub mod limiter;
+/// the load harness's per-message work (rmb-load's stamps, batches, latency recorder)
+pub mod load;
 pub mod records;
 
 #[pymodule]
@@ -45,6 +47,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     dialects::singyeong::py::register(m)?;
     crypto::py::register(m)?;
     records::py::register(m)?;
+    load::py::register(m)?;
     dialects::tunnel::wire::py::register(m)?;
     dialects::tunnel::connector::py::register(m)?;
     dialects::tunnel::hub::py::register(m)?;

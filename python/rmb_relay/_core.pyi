@@ -883,6 +883,21 @@ class TunnelScanner(Scanner):
     @property
     def binary(self) -> bool: ...
 
+@final
+class StampScanner(Scanner):
+    """The load harness's receiver (rust/load.rs): every stamped data message of a read is
+    recorded into `recorder` inside `feed` (its `now`: the arrival time on the clock the
+    senders stamp with) and produces no event, also after one that went to Python; messages
+    without a stamp (an error envelope, an SBD command, one too short) reach Python as they
+    came. `dialect` "rmb": the stamp opens the envelope's `size`-byte payload, its last field
+    on the wire; "sbd": it follows a forward's 32-byte header."""
+
+    def __new__(
+        cls, recorder: LoadRecorder, stream: int, size: int, dialect: str
+    ) -> StampScanner: ...
+    def record_message(self, data: bytes, now: int) -> bool:
+        """Record `data` as `feed` would; False when it carries no stamp."""
+
 # ---- end scanners: codec/scanner.rs, dialects/*/scanner.rs ------------------------
 
 # ---- crypto.rs --------------------------------------------------------------------------
@@ -915,6 +930,63 @@ class SigningKey:
         """65-byte RMB form: type prefix then signature."""
 
 # ---- end crypto.rs --------------------------------------------------------------------------
+
+# ---- load.rs ----------------------------------------------------------------------------
+
+STAMP_LEN: Final[int]
+"""Bytes of a load message's stamp: sequence number, then send time (ns), little-endian."""
+
+@final
+class LoadRecorder:
+    """Every delivery of one load generator process: counts per stream, duplicates per
+    (stream, copy), and while measuring the latency, bytes, second (since `start_measuring`)
+    and, with `keep_samples`, the (send time, stream, latency) row of each."""
+
+    def __new__(cls, keep_samples: bool = False) -> LoadRecorder: ...
+    def record(
+        self,
+        stream: int,
+        sent_ns: int,
+        now_ns: int,
+        size: int,
+        seq: int | None = None,
+        copy: int = 0,
+    ) -> bool:
+        """One delivery (or fan-out copy `copy`); False for a second arrival of `seq` (counted
+        in `duplicated`) or a `seq` of 2^30 or more (`out_of_range`, not tracked)."""
+    def delivered(self, stream: int) -> int: ...
+    def start_measuring(self, now_ns: int) -> None: ...
+    def stop_measuring(self) -> None: ...
+    @property
+    def measured(self) -> int: ...
+    @property
+    def bytes_delivered(self) -> int: ...
+    @property
+    def duplicated(self) -> int: ...
+    @property
+    def out_of_range(self) -> int: ...
+    @property
+    def timeline(self) -> list[int]:
+        """Deliveries per second of the measuring window."""
+    def latencies(self) -> bytes:
+        """The measured latencies (ns), native int64s."""
+    def samples(self) -> bytes | None:
+        """The sample triples as native int64s; None without `keep_samples`."""
+
+@final
+class StampedBatch:
+    """One stream's send batches: `template` with the stamp written at `stamp_at`, as masked
+    binary frames (masks from a PRNG seeded with os.urandom(32), as ClientFrameEncoder)."""
+
+    def __new__(cls, template: bytes, stamp_at: int, seed: bytes) -> StampedBatch: ...
+    def frames(self, first_seq: int, n: int, sent_ns: int) -> bytes:
+        """Messages first_seq..first_seq + n, all stamped `sent_ns`, in one bytes object."""
+
+def latency_percentiles(samples: bytes, points: list[float]) -> list[int]:
+    """Nearest-rank percentiles (ns) of native int64 `samples` at `points`, then the maximum
+    (zeros when there are none)."""
+
+# ---- end load.rs ----------------------------------------------------------------------------
 
 # ---- records.rs -------------------------------------------------------------------------
 

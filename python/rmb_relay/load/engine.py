@@ -9,8 +9,10 @@ connection, one msgbus client. The engine owns what is the same for all of them,
   the streams of a run, each message at its own time (`--arrivals even` or `poisson`), or
   saturation (a stream sends whenever its window has room);
 - the window: at most `--window` messages of a stream in flight (`Stream.in_flight`);
-- the latency recorder (`Run.delivered`): every delivery's latency into the process's samples,
-  with its bytes, its second and, with `--samples`, its row;
+- the latency recorder (`Run.recorder`, `_core.LoadRecorder`, rust/load.rs): every delivery's
+  latency, bytes and second, duplicates per stream and, with `--samples`, its row. RMB and SBD
+  receivers record inside the websocket decoder's one call per read (`_core.StampScanner`);
+  the others through `Run.delivered`, into the same recorder;
 - the stop: `--duration` seconds after `--warmup`, or `--count` messages per stream, then a
   bounded drain of what is still in flight;
 - `--procs` generator processes (spawned, each on uvloop) whose counters and samples merge;
@@ -43,10 +45,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from rmb_relay._core import LoadRecorder
 from rmb_relay.load.stats import RunStats
 
-#: messages written per batch (one transport write)
-BATCH = 64
+#: messages written per batch (one transport write): half the default window, the most a
+#: stream's window frees before its sender wakes (`Stream.settled`), so a refill is one write
+BATCH = 128
 #: how long to wait for in-flight messages after the streams stop sending
 DRAIN_TIMEOUT = 5.0
 #: how often a generator process publishes its counters (and checks its deadline)
@@ -194,31 +198,41 @@ class Run:
     def __init__(self, plan: Plan) -> None:
         self.plan = plan
         self.stats = RunStats()
-        self.measuring = False
         self.stopping = False
-        self.started_ns = time.time_ns()
-        #: (send time ns, stream, latency ns) triples with --samples
-        self.samples: array[int] | None = array("q") if plan.record_samples else None
+        #: every delivery of this process: counts per stream, duplicates, latencies, the
+        #: timeline and (with --samples) the (send time, stream, latency) rows
+        self.recorder = LoadRecorder(plan.record_samples)
         #: set by `fail`: the first refusal or lost connection ends the run
         self.failed = asyncio.Event()
 
-    def delivered(self, stream: Stream, sent_ns: int, now_ns: int, size: int) -> None:
-        """A message (or one fan-out copy) arrived: count it and record its latency."""
-        # the generator's own cost per message: kept to integer arithmetic and appends
-        stream.delivered += 1
-        if self.measuring:
-            stats = self.stats
-            stats.measured += 1
-            stats.bytes_delivered += size
-            latency = now_ns - sent_ns
-            stats.latencies_ns.append(latency)
-            second = (now_ns - self.started_ns) // 1_000_000_000
-            timeline = stats.timeline
-            timeline[second] = timeline.get(second, 0) + 1
-            if self.samples is not None:
-                self.samples.extend((sent_ns, stream.index, latency))
-        if stream.waiting:
+    def delivered(
+        self,
+        stream: Stream,
+        sent_ns: int,
+        now_ns: int,
+        size: int,
+        seq: int | None = None,
+        copy: int = 0,
+    ) -> None:
+        """A message (or one fan-out copy: `copy` says which receiver) arrived: record it, and
+        its latency while measuring; a second arrival of `seq` counts as a duplicate only."""
+        if self.recorder.record(stream.index, sent_ns, now_ns, size, seq, copy) and stream.waiting:
             stream.settled()
+
+    def samples(self) -> bytes | None:
+        """The (send time ns, stream, latency ns) int64 triples with --samples."""
+        return self.recorder.samples()
+
+    def collect(self) -> None:
+        """The recorder's figures into `stats` (at the end of the process's run)."""
+        recorder, stats = self.recorder, self.stats
+        stats.measured = recorder.measured
+        stats.bytes_delivered = recorder.bytes_delivered
+        stats.duplicated = recorder.duplicated
+        if recorder.out_of_range:
+            stats.error("stamp out of range", recorder.out_of_range)
+        stats.latencies_ns = array("q", recorder.latencies())
+        stats.timeline = dict(enumerate(recorder.timeline))
 
     def refused(self, stream: Stream, reason: str, copies: int = 1) -> None:
         """The relay answered a message with an error: it will never arrive."""
@@ -244,14 +258,16 @@ class Stream:
         self.index = index
         self.run = run
         self.sent = 0
-        #: deliveries (fan-out copies count one each)
-        self.delivered = 0
         #: deliveries the relay refused (they leave the window like delivered ones)
         self.refused = 0
         self.wakeup = asyncio.Event()
         #: the sender waits for its window (only then do deliveries check whether to wake it)
         self.waiting = False
-        self._seen = bytearray()
+
+    @property
+    def delivered(self) -> int:
+        """Deliveries (fan-out copies count one each), from the run's recorder."""
+        return self.run.recorder.delivered(self.index)
 
     def in_flight(self) -> int:
         """Messages sent and not yet settled (a fan-out message until its last copy)."""
@@ -262,17 +278,6 @@ class Stream:
         if self.in_flight() <= self.run.plan.window // 2 or self.run.stopping:
             self.waiting = False
             self.wakeup.set()
-
-    def first_time(self, seq: int) -> bool:
-        """False when message `seq` of this stream was already seen (a duplicate)."""
-        seen = self._seen
-        if seq >= len(seen):
-            seen.extend(bytes(max(seq + 1 - len(seen), len(seen))))
-        if seen[seq]:
-            self.run.stats.duplicated += 1
-            return False
-        seen[seq] = 1
-        return True
 
     async def connect(self) -> None:
         """Open this stream's connections (raise `Refused` naming what refused)."""
@@ -312,7 +317,11 @@ class Stream:
             except (OSError, ConnectionError) as err:
                 run.fail(f"{plan.dialect}: stream {self.index} lost its connection: {err}")
                 return
-            await asyncio.sleep(0)
+            # no yield per batch: a full window (or the pacer) makes the sender wait, and a
+            # loop turn per batch cost as much as the batch's Python; but a send that wrote
+            # nothing must not spin
+            if not went:
+                await asyncio.sleep(0)
 
 
 class Workload(Protocol):
@@ -397,8 +406,7 @@ async def run_process(
         if plan.warmup > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(run.failed.wait(), plan.warmup)
-        run.measuring = True
-        run.started_ns = time.time_ns()
+        run.recorder.start_measuring(time.time_ns())
         measure_start = loop.time()
         deadline = measure_start + plan.duration if plan.duration else None
         while not run.stopping:
@@ -416,7 +424,7 @@ async def run_process(
         await asyncio.gather(*senders, return_exceptions=True)
         stats.measure_seconds = loop.time() - measure_start
         await _drain(streams, run, loop)
-        run.measuring = False
+        run.recorder.stop_measuring()
     finally:
         if timer is not None:
             timer.close()
@@ -424,6 +432,7 @@ async def run_process(
         stats.expected = sum(s.sent * s.fanout for s in streams)
         stats.delivered = sum(s.delivered for s in streams)
         stats.refused = sum(s.refused for s in streams)
+        run.collect()
         if progress is not None:
             progress(stats.sent, stats.delivered)
         with contextlib.suppress(Exception):
@@ -478,14 +487,14 @@ def _child(
         shared[2 * slot] = sent
         shared[2 * slot + 1] = delivered
 
-    async def main() -> tuple[RunStats, array[int] | None]:
+    async def main() -> tuple[RunStats, bytes | None]:
         run = Run(plan)
         workload = generator(plan.dialect).workload(args, shares, run)
-        return await run_process(workload, run, progress), run.samples
+        return await run_process(workload, run, progress), run.samples()
 
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
         stats, samples = runner.run(main())
-    return stats.to_wire(), None if samples is None else samples.tobytes()
+    return stats.to_wire(), samples
 
 
 def _progress_line(shared: Any, procs: int, started: float) -> str:

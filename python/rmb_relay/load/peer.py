@@ -125,8 +125,8 @@ class Msgbus:
                     err = reply.get("err")
                     if err:
                         run.refused(stream, f"{err.get('code')} {err.get('message')}")
-                    elif stream.first_time(seq):
-                        run.delivered(stream, sent_ns, now, size)
+                    else:
+                        run.delivered(stream, sent_ns, now, size, seq)
         except RedisUnavailable as err:
             if not run.stopping:
                 run.fail(f"peer: redis {self.args.redis} failed: {err}")

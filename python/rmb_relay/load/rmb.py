@@ -6,10 +6,11 @@ Cheap per message by construction, so the relay saturates before the generator d
   message: `prefix + seq + send-time + padding`;
 - every connection logs in through the SDK's `RelayLink` (the JWT, the log line, the keepalive
   an RMB twin keeps), then writes its batches on the link's websocket directly;
-- a sender writes up to `engine.BATCH` messages as masked frames built in one Rust call and
-  one write;
-- a receiver reads the sequence number and send time from the payload's fixed offset; no
-  protobuf decode.
+- a sender writes up to `engine.BATCH` messages as masked frames built in one Rust call
+  (`_core.StampedBatch`: the template, each message's stamp written in) and one write;
+- a receiver's websocket decoder reads the sequence number and send time from the payload's
+  fixed offset and records the latency, for every message of a read in its one call into Rust
+  (`_core.StampScanner`); no protobuf decode, and Python sees only what carries no stamp.
 
 `--relays A,B` puts the senders on relay A and the receivers on relay B: two relays that
 federate (give each its twins' domains with `--domains`), or two instances of one clustered
@@ -23,22 +24,31 @@ import argparse
 import contextlib
 import hashlib
 import json
-import struct
+import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rmb_relay._core import Envelope, SigningKey, WsMessage
+from rmb_relay._core import (
+    STAMP_LEN,
+    Envelope,
+    SigningKey,
+    StampedBatch,
+    StampScanner,
+    WsDecoder,
+    WsEvent,
+    WsMessage,
+)
 from rmb_relay.errors import ConfigError, HandshakeError
 from rmb_relay.load.engine import Refused, Run, Stream, Streams
 from rmb_relay.sdk import RelayLink, RmbClient
 from rmb_relay.sdk.websocket import WebSocketClient
 
-#: sequence number and send time (ns) at the start of every payload
-STAMP = struct.Struct("<QQ")
-MIN_SIZE = STAMP.size
+#: every payload starts with its stamp: sequence number and send time (ns), little-endian
+#: int64s, written and read by rust/load.rs
+MIN_SIZE = STAMP_LEN
 MAX_SIZE = 1 << 20
 #: twin ids the harness provisions start here (far from real twins in a shared directory)
 DEFAULT_TWIN_BASE = 1_000_000
@@ -215,7 +225,12 @@ class Pair(Stream):
         self.sender: WebSocketClient | None = None
         self.receiver: WebSocketClient | None = None
         self.links: list[RelayLink] = []
-        self.prefix, self.padding = self.template()
+        prefix, padding = self.template()
+        self.batch = StampedBatch(prefix + bytes(STAMP_LEN) + padding, len(prefix), os.urandom(32))
+        self.stamps = StampScanner(run.recorder, spec.index, self.size, self.dialect)
+
+    #: where the receivers' stamp reader finds the stamp (`_core.StampScanner`)
+    dialect = "rmb"
 
     @property
     def sid(self) -> str:
@@ -254,16 +269,37 @@ class Pair(Stream):
             self.run.stats.connect_ns.append(time.perf_counter_ns() - started)
             self.links.append(link)
             setattr(self, role, link.ws)
+            if role == "receiver":
+                self.read_stamps(link.ws)
+
+    def read_stamps(self, client: WebSocketClient | None) -> None:
+        """From the next read on, `client`'s decoder records the stamps itself: one call into
+        Rust per read, whatever the number of messages in it."""
+        assert client is not None
+        stamps, now = self.stamps, time.time_ns
+
+        def steady(decoder: WsDecoder, data: bytes) -> list[WsEvent]:
+            events = decoder.feed(data, now())
+            if self.waiting:
+                self.settled()
+            return events
+
+        def first(decoder: WsDecoder, data: bytes) -> list[WsEvent]:
+            decoder.set_scanner(stamps)
+            client.on_data = steady
+            return steady(decoder, data)
+
+        hook: Callable[[WsDecoder, bytes], list[WsEvent]] = first
+        client.on_data = hook
 
     def on_receive(self, message: WsMessage) -> None:
-        data = message.data
-        now = time.time_ns()
-        seq, sent_ns = STAMP.unpack_from(data, self.stamp_offset(data))
-        if self.first_time(seq):
-            self.run.delivered(self, sent_ns, now, self.size)
-
-    def stamp_offset(self, data: bytes) -> int:
-        return len(data) - self.size
+        """What the stamp reader left to Python: a message decoded before it was set, or one
+        without a stamp."""
+        if self.stamps.record_message(message.data, time.time_ns()):
+            if self.waiting:
+                self.settled()
+        else:
+            self.run.stats.error("message without a stamp")
 
     def on_sender_message(self, message: WsMessage) -> None:
         """The relay only writes to a sender to report an error (rate limit, unknown twin...)."""
@@ -279,10 +315,9 @@ class Pair(Stream):
     async def send(self, n: int) -> int:
         sender = self.sender
         assert sender is not None
-        prefix, padding, pack = self.prefix, self.padding, STAMP.pack
-        now, seq = time.time_ns(), self.sent
-        sender.send_binaries([prefix + pack(seq + i, now) + padding for i in range(n)])
-        await sender.drain()
+        sender.send_frames(self.batch.frames(self.sent, n, time.time_ns()))
+        if sender.congested:
+            await sender.drain()
         return n
 
     async def close(self) -> None:

@@ -73,8 +73,7 @@ class SbdPair(Pair):
         }
         return self.keys["receiver"].public_key, bytes(self.size - SBD_MIN_SIZE)
 
-    def stamp_offset(self, data: bytes) -> int:
-        return HEADER
+    dialect = "sbd"
 
     async def connect(self) -> None:
         base = self.ends.url.rstrip("/")
@@ -89,6 +88,8 @@ class SbdPair(Pair):
                     f"sbd: relay {base} unreachable: {err or type(err).__name__}"
                 ) from None
             client.on_message = self.on_receive if role == "receiver" else self._ignore
+            if role == "receiver":
+                self.read_stamps(client)
             self.run.stats.connect_ns.append(time.perf_counter_ns() - started)
             setattr(self, role, client)
             # like the reference client: a `keep` every lidl/2 so an idle side is not dropped

@@ -36,6 +36,10 @@ MODES = ("send_eq", "send_range", "broadcast", "queue")
 #: stream index (6 digits), sequence number (12), send time ns (20): the payload's first bytes
 STAMP_WIDTH = 38
 RANGE = 10
+#: the msgpack key of a dispatch's payload (fixstr "payload"), and the header lengths of the
+#: str that follows when it is not a fixstr (str8, str16, str32)
+MSGPACK_PAYLOAD_KEY = b"\xa7payload"
+MSGPACK_STR_HEADER = {0xD9: 2, 0xDA: 3, 0xDB: 5}
 #: distinct SEND targets per sender (k cycles through these frames)
 TEMPLATES = 4096
 #: QUEUE_REQUESTs each consumer keeps outstanding (its share of the queue's capacity)
@@ -101,6 +105,25 @@ def workload(args: argparse.Namespace, shares: list[int], run: Run) -> Gateway:
 
 def stamp(stream: int, seq: int, now_ns: int) -> bytes:
     return b"%06d%012d%020d" % (stream, seq, now_ns)
+
+
+def dispatched_stamp(body: bytes, json: bool) -> bytes | None:
+    """The stamp opening the payload string of a dispatch, sliced at its offset (no decode):
+    in JSON behind the value's opening quote (a gateway may write `"payload": "..."`), in
+    msgpack behind the string's header (the payload is a str of --size ASCII bytes). None for
+    a frame without a payload (a heartbeat ack)."""
+    if json:
+        at = body.find(b'"payload"')
+        if at < 0:
+            return None
+        start = body.index(b'"', at + 9) + 1
+    else:
+        at = body.find(MSGPACK_PAYLOAD_KEY)
+        if at < 0:
+            return None
+        at += len(MSGPACK_PAYLOAD_KEY)
+        start = at + MSGPACK_STR_HEADER.get(body[at], 1)  # a fixstr's header is one byte
+    return body[start : start + STAMP_WIDTH]
 
 
 def read_stamp(payload: bytes) -> tuple[int, int, int]:
@@ -193,7 +216,6 @@ class Gateway:
         self.streams: list[Stream] = [Sender(self, index, run) for index in shares]
         self.by_index = {stream.index: stream for stream in self.streams}
         self.receivers: list[Client] = []
-        self.seen: dict[tuple[int, int], bytearray] = {}
 
     def write(self, ws: Any, data: bytes) -> None:
         if self.encoding.value == "json":
@@ -228,17 +250,6 @@ class Gateway:
     def _request_frame(self) -> dict[str, Any]:
         return {"op": 4, "t": "QUEUE_REQUEST", "d": {"queue": self.queue}}
 
-    def _payload(self, body: bytes) -> bytes:
-        """The payload string of a dispatch: sliced from JSON, decoded from msgpack."""
-        if self.encoding.value == "json":
-            # the value's opening quote (a gateway may write `"payload": "..."`)
-            start = body.index(b'"', body.index(b'"payload"') + 9) + 1
-            return body[start : start + STAMP_WIDTH]
-        from rmb_relay.dialects.singyeong.codec import decode
-
-        payload = decode(self.encoding, body)["d"]["payload"]
-        return str(payload).encode()
-
     def _receive(self, receiver: int) -> Any:
         run, size, by_index, json = (
             self.run,
@@ -246,43 +257,20 @@ class Gateway:
             self.by_index,
             self.encoding.value == "json",
         )
-        payload_of, first = self._payload, self._first
 
         def on_frame(message: Any) -> None:
-            body = message.data
-            if json:  # the stamp sliced at the payload's offset, no JSON decode
-                at = body.find(b'"payload"')
-                if at < 0:
-                    return  # a heartbeat ack
-                start = body.index(b'"', at + 9) + 1
-                text = body[start : start + STAMP_WIDTH]
-            elif b"payload" in body:
-                text = payload_of(body)
-            else:
-                return
+            text = dispatched_stamp(message.data, json)
+            if text is None:
+                return  # a heartbeat ack
             now = time.time_ns()
             stream = by_index.get(int(text[0:6]))
             if stream is None:
                 return
-            seq = int(text[6:18])
-            if stream.fanout > 1:  # each receiver sees each broadcast once
-                if not first(receiver, stream.index, seq):
-                    return
-            elif not stream.first_time(seq):
-                return
-            run.delivered(stream, int(text[18:38]), now, size)
+            # each receiver sees each broadcast once: its copy is this receiver's
+            copy = receiver if stream.fanout > 1 else 0
+            run.delivered(stream, int(text[18:38]), now, size, int(text[6:18]), copy)
 
         return on_frame
-
-    def _first(self, receiver: int, index: int, seq: int) -> bool:
-        seen = self.seen.setdefault((receiver, index), bytearray())
-        if seq >= len(seen):
-            seen.extend(bytes(max(seq + 1 - len(seen), len(seen))))
-        if seen[seq]:
-            self.run.stats.duplicated += 1
-            return False
-        seen[seq] = 1
-        return True
 
     def _consume(self, client: Client) -> Any:
         """A consumer: every QUEUE message is acknowledged and asked again for, and what one
@@ -322,8 +310,8 @@ class Gateway:
             pending.append(frame(encode(encoding, ack)))
             pending.append(frame(request))
             stream = self.by_index.get(index)
-            if stream is not None and stream.first_time(seq):
-                run.delivered(stream, sent_ns, now, size)
+            if stream is not None:
+                run.delivered(stream, sent_ns, now, size, seq)
 
         return on_frame
 
@@ -418,7 +406,8 @@ class Sender(Stream):
                 head, tail = templates[i % count]
                 payloads.append(head + stamp(index, i, now) + pad + tail)
             ws.send_binaries(payloads)
-        await ws.drain()
+        if ws.congested:
+            await ws.drain()
         return n
 
     async def close(self) -> None:

@@ -1,7 +1,8 @@
 """What a load run measures, in a form that merges across generator processes.
 
 Latencies are kept as raw nanosecond samples in an `array` (8 bytes each: a million messages
-is 8 MB), so percentiles are exact and merging processes is concatenation.
+is 8 MB), so percentiles are exact and merging processes is concatenation. A process's
+recorder (`_core.LoadRecorder`) fills them; the percentiles are computed in Rust too.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 from array import array
 from dataclasses import dataclass, field
 from typing import Any
+
+from rmb_relay._core import latency_percentiles
 
 
 @dataclass
@@ -76,16 +79,10 @@ class RunStats:
 
 
 def percentiles(samples: array[int], points: tuple[float, ...]) -> dict[str, float]:
-    """Exact percentiles (nearest rank) in milliseconds."""
-    if not samples:
-        return {f"p{p:g}": 0.0 for p in points} | {"max": 0.0}
-    ordered = sorted(samples)
-    n = len(ordered)
-    out = {}
-    for p in points:
-        rank = min(n - 1, max(0, round(p / 100 * n + 0.5) - 1))
-        out[f"p{p:g}"] = ordered[rank] / 1e6
-    out["max"] = ordered[-1] / 1e6
+    """Exact percentiles (nearest rank, rust/load.rs) in milliseconds, and the maximum."""
+    values = latency_percentiles(samples.tobytes(), list(points))
+    out = {f"p{p:g}": ns / 1e6 for p, ns in zip(points, values, strict=False)}
+    out["max"] = values[-1] / 1e6
     return out
 
 

@@ -1,0 +1,630 @@
+//! The load harness's per-message work (`rmb-load`), so that the generator costs less per
+//! message than the relay it measures.
+//!
+//! Python paces the streams and owns the sockets; what it did per message moves here:
+//! - [`StampedBatch`]: a send batch's bytes, every message its stream's template with the
+//!   16-byte stamp (sequence number, send time) written in, framed and masked as a client must:
+//!   one call and one `transport.write` per batch;
+//! - [`stamp_of`]: where a received message carries its stamp (the tail of an RMB envelope's
+//!   payload, behind an SBD forward's header), read while the websocket decoder still holds the
+//!   bytes (`py::StampScanner`, a `codec/scanner.rs` scanner): one call per `data_received`
+//!   decodes every frame of the read and records every latency in it;
+//! - [`Recorder`]: the one latency recorder of every generator (deliveries per stream,
+//!   duplicates, the latencies, the per-second timeline, the samples); generators that read
+//!   their stamps in Python (신경, tunnel, peer) record through the same object;
+//! - [`percentiles`]: the one percentile rule of the summary (nearest rank).
+//!
+//! Sans-I/O like the rest of the crate: the caller passes the clock readings in.
+
+use crate::codec::ws::{frame_len, write_frame, MaskRng, Payload, OP_BINARY};
+use crate::dialects::sbd::header::{parse_header, Header, HEADER_LEN};
+
+/// sequence number then send time (ns), little-endian, as the Python generators write them
+pub const STAMP_LEN: usize = 16;
+/// a stream's duplicate check keeps one bit per sequence number up to this: a stamp beyond it
+/// (which no run of ours reaches: 2^30 messages on one stream) is counted, not tracked, so a
+/// relay answering garbage cannot make the generator allocate without bound
+pub const MAX_TRACKED_SEQ: u64 = 1 << 30;
+/// seconds the per-second timeline keeps (a later second is not counted in it)
+pub const MAX_TIMELINE_SECONDS: usize = 1 << 20;
+
+/// Write a stamp into the first 16 bytes of `out`.
+pub fn write_stamp(out: &mut [u8], seq: u64, sent_ns: i64) {
+    out[..8].copy_from_slice(&seq.to_le_bytes());
+    out[8..STAMP_LEN].copy_from_slice(&sent_ns.to_le_bytes());
+}
+
+/// The stamp at byte `at` of a (possibly still masked) payload.
+pub fn read_stamp(payload: Payload<'_>, at: usize) -> Option<(u64, i64)> {
+    if payload.len() < at + STAMP_LEN {
+        return None;
+    }
+    let mut stamp = [0u8; STAMP_LEN];
+    payload.copy_range_to(at, &mut stamp);
+    let (seq, sent) = stamp.split_at(8);
+    Some((
+        u64::from_le_bytes(seq.try_into().expect("8 bytes")),
+        i64::from_le_bytes(sent.try_into().expect("8 bytes")),
+    ))
+}
+
+/// Where a dialect's messages carry the stamp.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StampAt {
+    /// RMB: the envelope's payload (`size` bytes, stamp first) is its last field on the wire
+    PayloadTail { size: usize },
+    /// SBD: right behind the 32-byte header of a forward (commands carry none)
+    SbdForward,
+}
+
+/// The stamp of a received message, None when it carries none (an error envelope, an SBD
+/// command, a message too short).
+pub fn stamp_of(at: StampAt, payload: Payload<'_>) -> Option<(u64, i64)> {
+    match at {
+        StampAt::PayloadTail { size } => {
+            let start = payload.len().checked_sub(size)?;
+            read_stamp(payload, start)
+        }
+        StampAt::SbdForward => match parse_header(&payload.prefix::<HEADER_LEN>()?) {
+            Header::Command(_) => None,
+            Header::Forward(_) => read_stamp(payload, HEADER_LEN),
+        },
+    }
+}
+
+/// A stream's messages as masked binary frames: its template with the stamp written at
+/// `stamp_at`, one frame per message, all in one buffer.
+#[derive(Debug, Clone)]
+pub struct StampedBatch {
+    template: Vec<u8>,
+    stamp_at: usize,
+    rng: MaskRng,
+}
+
+impl StampedBatch {
+    /// None when the template has no room for a stamp at `stamp_at`.
+    pub fn new(template: Vec<u8>, stamp_at: usize, rng: MaskRng) -> Option<Self> {
+        (stamp_at + STAMP_LEN <= template.len()).then_some(StampedBatch {
+            template,
+            stamp_at,
+            rng,
+        })
+    }
+
+    /// Bytes of `n` frames.
+    pub fn batch_len(&self, n: usize) -> usize {
+        n * frame_len(self.template.len(), true)
+    }
+
+    /// Messages `first_seq..first_seq + n` sent at `sent_ns`, framed into `out` (exactly
+    /// `batch_len(n)` bytes).
+    pub fn write(&mut self, out: &mut [u8], first_seq: u64, n: usize, sent_ns: i64) {
+        let mut at = 0;
+        for i in 0..n as u64 {
+            write_stamp(&mut self.template[self.stamp_at..], first_seq + i, sent_ns);
+            let mask = self.rng.next_mask();
+            at += write_frame(&mut out[at..], OP_BINARY, true, &self.template, Some(mask));
+        }
+        debug_assert_eq!(at, out.len());
+    }
+}
+
+/// What recording one delivery found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Recorded {
+    Delivered,
+    /// a second copy of a (stream, copy, seq) already recorded
+    Duplicate,
+    /// a sequence number beyond [`MAX_TRACKED_SEQ`]: not a message of ours
+    OutOfRange,
+}
+
+/// Every delivery of one generator process: counts per stream, duplicates, and with the run's
+/// measuring window open, the latency, bytes and second of each (and its sample row).
+#[derive(Debug, Default)]
+pub struct Recorder {
+    /// deliveries per stream index (fan-out copies one each), measuring or not
+    delivered: Vec<u64>,
+    /// one bit per sequence number seen, per stream and copy (`seen[stream][copy]`): a
+    /// BROADCAST's receivers each see each message once (indexed, not hashed: it is looked up
+    /// for every delivery)
+    seen: Vec<Vec<Vec<u64>>>,
+    measuring: bool,
+    started_ns: i64,
+    pub measured: u64,
+    pub bytes_delivered: u64,
+    pub duplicated: u64,
+    pub out_of_range: u64,
+    pub latencies_ns: Vec<i64>,
+    /// deliveries per second since the measuring window opened
+    pub timeline: Vec<u64>,
+    /// (send time, stream, latency) triples, when kept
+    pub samples: Option<Vec<i64>>,
+}
+
+impl Recorder {
+    pub fn new(keep_samples: bool) -> Self {
+        Recorder {
+            samples: keep_samples.then(Vec::new),
+            ..Recorder::default()
+        }
+    }
+
+    /// Open the measuring window at `now_ns` (the timeline's second 0).
+    pub fn start_measuring(&mut self, now_ns: i64) {
+        self.measuring = true;
+        self.started_ns = now_ns;
+    }
+
+    pub fn stop_measuring(&mut self) {
+        self.measuring = false;
+    }
+
+    pub fn delivered(&self, stream: u32) -> u64 {
+        self.delivered.get(stream as usize).copied().unwrap_or(0)
+    }
+
+    /// False when (stream, copy, seq) was seen before (or is out of range).
+    fn first_time(&mut self, stream: u32, copy: u32, seq: u64) -> Recorded {
+        if seq >= MAX_TRACKED_SEQ {
+            self.out_of_range += 1;
+            return Recorded::OutOfRange;
+        }
+        let (stream, copy) = (stream as usize, copy as usize);
+        if stream >= self.seen.len() {
+            self.seen.resize_with(stream + 1, Vec::new);
+        }
+        let copies = &mut self.seen[stream];
+        if copy >= copies.len() {
+            copies.resize_with(copy + 1, Vec::new);
+        }
+        let bits = &mut copies[copy];
+        let (word, bit) = ((seq / 64) as usize, 1u64 << (seq % 64));
+        if word >= bits.len() {
+            let grown = (word + 1).max(bits.len() * 2);
+            bits.resize(grown, 0);
+        }
+        if bits[word] & bit != 0 {
+            self.duplicated += 1;
+            return Recorded::Duplicate;
+        }
+        bits[word] |= bit;
+        Recorded::Delivered
+    }
+
+    /// One delivery (or one fan-out copy) of `size` bytes arrived at `now_ns`, sent at
+    /// `sent_ns`; `seq` None: a message that cannot arrive twice (an HTTP response).
+    pub fn record(
+        &mut self,
+        stream: u32,
+        copy: u32,
+        seq: Option<u64>,
+        sent_ns: i64,
+        now_ns: i64,
+        size: u64,
+    ) -> Recorded {
+        if let Some(seq) = seq {
+            let first = self.first_time(stream, copy, seq);
+            if first != Recorded::Delivered {
+                return first;
+            }
+        }
+        let index = stream as usize;
+        if index >= self.delivered.len() {
+            self.delivered.resize(index + 1, 0);
+        }
+        self.delivered[index] += 1;
+        if self.measuring {
+            self.measured += 1;
+            self.bytes_delivered += size;
+            let latency = now_ns - sent_ns;
+            self.latencies_ns.push(latency);
+            let second = (now_ns - self.started_ns).max(0) / 1_000_000_000;
+            let second = second as usize;
+            if second < MAX_TIMELINE_SECONDS {
+                if second >= self.timeline.len() {
+                    self.timeline.resize(second + 1, 0);
+                }
+                self.timeline[second] += 1;
+            }
+            if let Some(samples) = self.samples.as_mut() {
+                samples.extend([sent_ns, i64::from(stream), latency]);
+            }
+        }
+        Recorded::Delivered
+    }
+}
+
+/// Nearest-rank percentiles of `samples` (sorted in place) at `points` (0..100), then the
+/// maximum; zeros when there are none. The rank of p is round(p/100 * n + 0.5) - 1, ties to
+/// even, clamped to the samples.
+pub fn percentiles(samples: &mut [i64], points: &[f64]) -> Vec<i64> {
+    let n = samples.len();
+    if n == 0 {
+        return vec![0; points.len() + 1];
+    }
+    samples.sort_unstable();
+    let mut out: Vec<i64> = points
+        .iter()
+        .map(|p| {
+            let rank = (p / 100.0 * n as f64 + 0.5).round_ties_even() - 1.0;
+            samples[(rank.max(0.0) as usize).min(n - 1)]
+        })
+        .collect();
+    out.push(samples[n - 1]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::codec::ws::{Decoder, Event, MASK_SEED_LEN};
+
+    fn rng() -> MaskRng {
+        MaskRng::new(&[7; MASK_SEED_LEN])
+    }
+
+    #[test]
+    fn a_batch_decodes_to_its_stamped_messages() {
+        let template = b"prefix-0123456789abcdef-padding".to_vec();
+        let mut batch = StampedBatch::new(template.clone(), 7, rng()).unwrap();
+        let mut out = vec![0; batch.batch_len(3)];
+        batch.write(&mut out, 40, 3, 123_456);
+        let mut server = Decoder::default(); // a server decoder insists on masked frames
+        let mut seen = Vec::new();
+        server
+            .feed(&out, |ev| {
+                if let Event::Message { is_text, payload } = ev {
+                    assert!(!is_text);
+                    let data = payload.to_vec();
+                    assert_eq!(&data[..7], b"prefix-");
+                    assert_eq!(&data[23..], b"-padding");
+                    seen.push(read_stamp(payload, 7).unwrap());
+                }
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+        assert_eq!(seen, vec![(40, 123_456), (41, 123_456), (42, 123_456)]);
+    }
+
+    #[test]
+    fn a_template_without_room_for_the_stamp_is_refused() {
+        assert!(StampedBatch::new(vec![0; 20], 5, rng()).is_none());
+        assert!(StampedBatch::new(vec![0; 21], 5, rng()).is_some());
+    }
+
+    #[test]
+    fn stamps_are_found_where_each_dialect_carries_them() {
+        let mut envelope = b"envelope fields".to_vec();
+        let mut payload = vec![0; 24];
+        write_stamp(&mut payload, 9, -5);
+        envelope.extend(&payload);
+        let at = StampAt::PayloadTail { size: 24 };
+        assert_eq!(stamp_of(at, Payload::new(&envelope, None)), Some((9, -5)));
+        assert_eq!(stamp_of(at, Payload::new(&envelope[..20], None)), None);
+
+        let mut forward = vec![1; HEADER_LEN];
+        forward.extend(&payload);
+        let sbd = StampAt::SbdForward;
+        assert_eq!(stamp_of(sbd, Payload::new(&forward, None)), Some((9, -5)));
+        let mut command = vec![0; HEADER_LEN - 4];
+        command.extend(b"lbrt");
+        command.extend(&payload);
+        assert_eq!(stamp_of(sbd, Payload::new(&command, None)), None);
+        assert_eq!(stamp_of(sbd, Payload::new(&forward[..40], None)), None);
+    }
+
+    #[test]
+    fn a_masked_payload_reads_the_same_stamp() {
+        let mut data = vec![0; 40];
+        write_stamp(&mut data[HEADER_LEN - 8..], 3, 77);
+        let mask = [1, 2, 3, 4];
+        let mut masked = data.clone();
+        crate::codec::ws::apply_mask(&mut masked, mask);
+        let at = HEADER_LEN - 8;
+        assert_eq!(
+            read_stamp(Payload::new(&masked, Some(mask)), at),
+            Some((3, 77))
+        );
+    }
+
+    #[test]
+    fn the_recorder_counts_duplicates_per_copy_and_measures_only_in_the_window() {
+        let mut r = Recorder::new(true);
+        assert_eq!(r.record(0, 0, Some(1), 0, 10, 100), Recorded::Delivered);
+        assert_eq!(r.measured, 0); // before the window: counted, not measured
+        r.start_measuring(1_000_000_000);
+        assert_eq!(r.record(0, 0, Some(1), 0, 10, 100), Recorded::Duplicate);
+        assert_eq!(r.record(0, 1, Some(1), 0, 10, 100), Recorded::Delivered);
+        assert_eq!(
+            r.record(2, 0, Some(200), 2_000_000_000, 3_500_000_000, 50),
+            Recorded::Delivered
+        );
+        assert_eq!(r.record(2, 0, None, 5, 8, 50), Recorded::Delivered);
+        assert_eq!(
+            r.record(2, 0, Some(MAX_TRACKED_SEQ), 0, 1, 1),
+            Recorded::OutOfRange
+        );
+        assert_eq!((r.delivered(0), r.delivered(1), r.delivered(2)), (2, 0, 2));
+        assert_eq!((r.measured, r.duplicated, r.out_of_range), (3, 1, 1));
+        assert_eq!(r.bytes_delivered, 200);
+        assert_eq!(r.latencies_ns, vec![10, 1_500_000_000, 3]);
+        assert_eq!(r.timeline, vec![2, 0, 1]); // seconds since the window opened, >= 0
+        assert_eq!(
+            r.samples.as_deref().unwrap()[3..6],
+            [2_000_000_000, 2, 1_500_000_000]
+        );
+        r.stop_measuring();
+        r.record(3, 0, Some(0), 0, 1, 1);
+        assert_eq!(r.measured, 3);
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        assert_eq!(percentiles(&mut [], &[50.0]), vec![0, 0]);
+        let mut samples: Vec<i64> = (1..=100).rev().collect();
+        assert_eq!(
+            percentiles(&mut samples, &[50.0, 90.0, 99.0, 99.9]),
+            vec![50, 90, 100, 100, 100] // as the Python rule: 99.5 rounds to 100
+        );
+        // ties round to even, as the Python rule did: n=2, p50 -> rank round(1.5)-1 = 1
+        assert_eq!(percentiles(&mut [5, 1], &[50.0]), vec![5, 5]);
+        assert_eq!(percentiles(&mut [3, 1, 2], &[50.0]), vec![2, 3]);
+    }
+}
+
+pub mod py {
+    use super::{percentiles, stamp_of, Recorded, Recorder, StampAt, StampedBatch};
+    use crate::codec::scanner::py::Scanner;
+    use crate::codec::scanner::{ScanFeed, Scanned};
+    use crate::codec::ws::{MaskRng, Payload, MASK_SEED_LEN};
+    use crate::error::Error;
+    use pyo3::prelude::*;
+    use pyo3::types::PyBytes;
+
+    /// The latency recorder of one generator process (see [`Recorder`]).
+    #[pyclass(module = "rmb_relay._core")]
+    pub struct LoadRecorder {
+        inner: Recorder,
+    }
+
+    fn i64_bytes<'py>(py: Python<'py>, values: &[i64]) -> Bound<'py, PyBytes> {
+        PyBytes::new_with(py, values.len() * 8, |out| {
+            for (chunk, v) in out.chunks_exact_mut(8).zip(values) {
+                chunk.copy_from_slice(&v.to_ne_bytes());
+            }
+            Ok(())
+        })
+        .expect("bytes of a known size")
+    }
+
+    #[pymethods]
+    impl LoadRecorder {
+        #[new]
+        #[pyo3(signature = (keep_samples = false))]
+        fn new(keep_samples: bool) -> Self {
+            LoadRecorder {
+                inner: Recorder::new(keep_samples),
+            }
+        }
+
+        /// Record a delivery; False for a duplicate (or a sequence number out of range).
+        #[pyo3(signature = (stream, sent_ns, now_ns, size, seq = None, copy = 0))]
+        fn record(
+            &mut self,
+            stream: u32,
+            sent_ns: i64,
+            now_ns: i64,
+            size: u64,
+            seq: Option<u64>,
+            copy: u32,
+        ) -> bool {
+            self.inner.record(stream, copy, seq, sent_ns, now_ns, size) == Recorded::Delivered
+        }
+
+        fn delivered(&self, stream: u32) -> u64 {
+            self.inner.delivered(stream)
+        }
+
+        fn start_measuring(&mut self, now_ns: i64) {
+            self.inner.start_measuring(now_ns);
+        }
+
+        fn stop_measuring(&mut self) {
+            self.inner.stop_measuring();
+        }
+
+        #[getter]
+        fn measured(&self) -> u64 {
+            self.inner.measured
+        }
+
+        #[getter]
+        fn bytes_delivered(&self) -> u64 {
+            self.inner.bytes_delivered
+        }
+
+        #[getter]
+        fn duplicated(&self) -> u64 {
+            self.inner.duplicated
+        }
+
+        #[getter]
+        fn out_of_range(&self) -> u64 {
+            self.inner.out_of_range
+        }
+
+        #[getter]
+        fn timeline(&self) -> Vec<u64> {
+            self.inner.timeline.clone()
+        }
+
+        /// The measured latencies (ns) as native int64 bytes (`array("q").frombytes`).
+        fn latencies<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+            i64_bytes(py, &self.inner.latencies_ns)
+        }
+
+        /// The (send time, stream, latency) triples as native int64 bytes; None unless kept.
+        fn samples<'py>(&self, py: Python<'py>) -> Option<Bound<'py, PyBytes>> {
+            self.inner.samples.as_deref().map(|s| i64_bytes(py, s))
+        }
+    }
+
+    /// Nearest-rank percentiles (ns) of native int64 `samples` at `points`, then the maximum.
+    #[pyfunction]
+    fn latency_percentiles(samples: &[u8], points: Vec<f64>) -> PyResult<Vec<i64>> {
+        if !samples.len().is_multiple_of(8) {
+            return Err(Error::InvalidArgument(format!(
+                "samples must be int64s, got {} bytes",
+                samples.len()
+            ))
+            .into());
+        }
+        let mut values: Vec<i64> = samples
+            .chunks_exact(8)
+            .map(|c| i64::from_ne_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        Ok(percentiles(&mut values, &points))
+    }
+
+    /// A stream's send batches (see [`StampedBatch`]).
+    #[pyclass(name = "StampedBatch", module = "rmb_relay._core")]
+    pub struct PyStampedBatch {
+        inner: StampedBatch,
+    }
+
+    #[pymethods]
+    impl PyStampedBatch {
+        #[new]
+        fn new(template: &[u8], stamp_at: usize, seed: &[u8]) -> PyResult<Self> {
+            let seed: &[u8; MASK_SEED_LEN] = seed.try_into().map_err(|_| {
+                Error::InvalidArgument(format!(
+                    "seed must be {MASK_SEED_LEN} bytes (os.urandom({MASK_SEED_LEN})), got {}",
+                    seed.len()
+                ))
+            })?;
+            let inner = StampedBatch::new(template.to_vec(), stamp_at, MaskRng::new(seed))
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "a {}-byte template has no room for a stamp at {stamp_at}",
+                        template.len()
+                    ))
+                })?;
+            Ok(PyStampedBatch { inner })
+        }
+
+        /// Masked frames of messages `first_seq..first_seq + n`, stamped `sent_ns`.
+        fn frames<'py>(
+            &mut self,
+            py: Python<'py>,
+            first_seq: u64,
+            n: usize,
+            sent_ns: i64,
+        ) -> PyResult<Bound<'py, PyBytes>> {
+            let inner = &mut self.inner;
+            PyBytes::new_with(py, inner.batch_len(n), |out| {
+                inner.write(out, first_seq, n, sent_ns);
+                Ok(())
+            })
+        }
+    }
+
+    /// Records the stamp of every message of a read into a recorder, inside `WsDecoder.feed`
+    /// (the decoder's `now` is the arrival time, ns on the generator's send clock); messages
+    /// without a stamp reach Python. Every stamped message is taken, also after one went to
+    /// Python (codec/scanner.rs's order rule keeps forwards behind what Python may close the
+    /// connection over; a recorded latency leaves nothing behind to keep).
+    #[pyclass(extends = Scanner, module = "rmb_relay._core")]
+    pub struct StampScanner {
+        recorder: Py<LoadRecorder>,
+        stream: u32,
+        size: u64,
+        at: StampAt,
+    }
+
+    impl StampScanner {
+        fn take(&self, recorder: &mut Recorder, payload: Payload<'_>, now: u64) -> bool {
+            let Some((seq, sent_ns)) = stamp_of(self.at, payload) else {
+                return false;
+            };
+            recorder.record(self.stream, 0, Some(seq), sent_ns, now as i64, self.size);
+            true
+        }
+    }
+
+    #[pymethods]
+    impl StampScanner {
+        /// `dialect` "rmb" (the stamp opens the envelope's `size`-byte payload, its last field)
+        /// or "sbd" (behind a forward's header); `size` is what a delivery counts as.
+        #[new]
+        fn new(
+            recorder: Py<LoadRecorder>,
+            stream: u32,
+            size: u64,
+            dialect: &str,
+        ) -> PyResult<(Self, Scanner)> {
+            let at = match dialect {
+                "rmb" => StampAt::PayloadTail {
+                    size: size as usize,
+                },
+                "sbd" => StampAt::SbdForward,
+                other => {
+                    return Err(Error::InvalidArgument(format!(
+                        "no stamp reader for dialect {other:?} (rmb, sbd)"
+                    ))
+                    .into())
+                }
+            };
+            let scanner = StampScanner {
+                recorder,
+                stream,
+                size,
+                at,
+            };
+            Ok((scanner, Scanner::new(start_stamps)))
+        }
+
+        /// Record `data` as a feed would; False when it carries no stamp.
+        fn record_message(&self, py: Python<'_>, data: &[u8], now: u64) -> PyResult<bool> {
+            let mut recorder = self.recorder.bind(py).try_borrow_mut()?;
+            Ok(self.take(&mut recorder.inner, Payload::new(data, None), now))
+        }
+    }
+
+    struct StampFeed<'py> {
+        scanner: PyRef<'py, StampScanner>,
+        recorder: PyRefMut<'py, LoadRecorder>,
+    }
+
+    fn start_stamps<'a, 'py>(scanner: &'a Bound<'py, PyAny>) -> PyResult<Box<dyn ScanFeed + 'a>> {
+        let scanner = scanner.downcast::<StampScanner>()?.try_borrow()?;
+        let recorder = scanner.recorder.bind(scanner.py()).try_borrow_mut()?;
+        Ok(Box::new(StampFeed { scanner, recorder }))
+    }
+
+    impl ScanFeed for StampFeed<'_> {
+        fn message(
+            &mut self,
+            py: Python<'_>,
+            _is_text: bool,
+            payload: Payload<'_>,
+            now: u64,
+            _fast: bool,
+        ) -> PyResult<Option<Scanned>> {
+            if self.scanner.take(&mut self.recorder.inner, payload, now) {
+                return Ok(None);
+            }
+            let data = crate::codec::ws::py::payload_bytes(py, payload)?;
+            Ok(Some((data, None, None)))
+        }
+    }
+
+    pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        m.add_class::<LoadRecorder>()?;
+        m.add_class::<PyStampedBatch>()?;
+        m.add_class::<StampScanner>()?;
+        m.add("STAMP_LEN", super::STAMP_LEN)?;
+        m.add_function(wrap_pyfunction!(latency_percentiles, m)?)?;
+        Ok(())
+    }
+}
