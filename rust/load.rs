@@ -16,7 +16,8 @@
 //!
 //! Sans-I/O like the rest of the crate: the caller passes the clock readings in.
 
-use crate::codec::ws::{frame_len, write_frame, MaskRng, Payload, OP_BINARY};
+use crate::codec::mask::Payload;
+use crate::codec::ws::{frame_len, write_frame, MaskRng, OP_BINARY};
 use crate::dialects::sbd::header::{parse_header, Header, HEADER_LEN};
 
 /// sequence number then send time (ns), little-endian, as the Python generators write them
@@ -375,9 +376,10 @@ mod tests {
 
 pub mod py {
     use super::{percentiles, stamp_of, Recorded, Recorder, StampAt, StampedBatch};
+    use crate::codec::mask::Payload;
     use crate::codec::scanner::py::Scanner;
     use crate::codec::scanner::{ScanFeed, Scanned};
-    use crate::codec::ws::{MaskRng, Payload, MASK_SEED_LEN};
+    use crate::codec::ws::{MaskRng, MASK_SEED_LEN};
     use crate::error::Error;
     use pyo3::prelude::*;
     use pyo3::types::PyBytes;

@@ -288,7 +288,7 @@ RUST_LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("codec", ("codec",)),
     ("forward", ("forward",)),
     ("dialects", ("dialects",)),
-    ("crate", ("fuzzing",)),
+    ("crate", ("fuzzing", "load")),
 )
 #: no dialect is named below the dialects layer
 DIALECT_NAMES = re.compile(r"\b(rmb|sbd|singyeong|sg|tunnel)(::|_index\b)")
