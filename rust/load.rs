@@ -321,7 +321,7 @@ mod tests {
         write_stamp(&mut data[HEADER_LEN - 8..], 3, 77);
         let mask = [1, 2, 3, 4];
         let mut masked = data.clone();
-        crate::codec::ws::apply_mask(&mut masked, mask);
+        crate::codec::mask::apply_mask(&mut masked, mask);
         let at = HEADER_LEN - 8;
         assert_eq!(
             read_stamp(Payload::new(&masked, Some(mask)), at),
