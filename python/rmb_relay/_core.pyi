@@ -781,8 +781,6 @@ class SgQuery:
     @property
     def raw(self) -> Any: ...
     @property
-    def application(self) -> str | None: ...
-    @property
     def key(self) -> str | None: ...
     @property
     def restricted(self) -> bool: ...
@@ -793,10 +791,6 @@ class SgQuery:
     @property
     def exact(self) -> bool:
         """One top-level `$eq` and nothing else: the hash index alone answers it."""
-    @property
-    def selector(self) -> tuple[str, str] | None: ...
-    def fallback(self) -> SgQuery:
-        """`optional`: the same query without ops and selector."""
     def matches(self, client: Any) -> bool:
         """Whether a clients.Client (app_id, restricted, metadata, types) matches."""
 

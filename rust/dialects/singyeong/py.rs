@@ -9,7 +9,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyInt, PyList, PyString, PyTuple};
 
 use super::index::{rendezvous_weight, Client};
-use super::query::{self, Bound as Limit, Limits, Metadata, Query, QueryError, Selector};
+use super::query::{self, Bound as Limit, Limits, Metadata, Query, QueryError};
 use super::value::Value;
 use super::{dispatch_text, read, Decision, Frame, Gateway, QueueFrame};
 use crate::codec::mask::Payload;
@@ -144,15 +144,6 @@ impl SgQuery {
     }
 
     #[getter]
-    fn application<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyString>>> {
-        self.inner
-            .application
-            .as_deref()
-            .map(|a| text_of(py, a))
-            .transpose()
-    }
-
-    #[getter]
     fn key<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyString>>> {
         self.inner
             .key
@@ -180,34 +171,6 @@ impl SgQuery {
     #[getter]
     fn exact(&self) -> bool {
         self.inner.exact
-    }
-
-    /// ("$min" | "$max" | "$avg", metadata key) or None.
-    #[getter]
-    fn selector<'py>(
-        &self,
-        py: Python<'py>,
-    ) -> PyResult<Option<(&'static str, Bound<'py, PyString>)>> {
-        self.inner
-            .selector
-            .as_ref()
-            .map(|(kind, key)| {
-                let name = match kind {
-                    Selector::Min => "$min",
-                    Selector::Max => "$max",
-                    Selector::Avg => "$avg",
-                };
-                Ok((name, text_of(py, key)?))
-            })
-            .transpose()
-    }
-
-    /// `optional`: the same query without ops and selector (decision 5).
-    fn fallback(&self, py: Python<'_>) -> SgQuery {
-        SgQuery {
-            inner: Arc::new(self.inner.fallback()),
-            raw: self.raw.clone_ref(py),
-        }
     }
 
     /// Whether `client` (a clients.Client: app_id, restricted, metadata, types) matches;

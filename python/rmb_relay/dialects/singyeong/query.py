@@ -17,8 +17,8 @@ from typing import Any
 
 from rmb_relay._core import SgQuery, SgQueryError
 
-#: a parsed query (`raw`, `application`, `restricted`, `key`, `droppable`, `optional`,
-#: `selector`, `exact`, `fallback()`, `matches(client)`)
+#: a parsed query (`raw`, `restricted`, `key`, `droppable`, `optional`, `exact`,
+#: `matches(client)`); what else it asks the core reads itself
 Query = SgQuery
 
 __all__ = ["DEFAULT_LIMITS", "Query", "QueryError", "QueryLimits", "parse"]
