@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rmb_relay.errors import ConfigError
+from rmb_relay.errors import ConfigError, MailboxFull
 from rmb_relay.mailbox import MemoryMailbox
 from rmb_relay.telemetry.metrics import Registry
 from rmb_relay.telemetry.record_flags import add_record_arguments, recorder_from_args
@@ -350,11 +350,12 @@ async def test_mailbox_reports_expiry_and_overflow_losses() -> None:
     now = T0 // 1_000_000_000
     await mailbox.put((5, None), b"a" * 10, now + 1)
     await mailbox.put((5, None), b"b" * 20, now + 100)
-    await mailbox.put((5, None), b"c" * 30, now + 100)  # full: the oldest goes
-    assert lost == [((5, None), 10, "full")]
+    with pytest.raises(MailboxFull):  # full: the new one is refused, nothing waiting goes
+        await mailbox.put((5, None), b"c" * 30, now + 100)
+    assert lost == []
     clock.now += 200 * 1_000_000_000
     assert mailbox.sweep() == 2
-    assert lost[1:] == [((5, None), 20, "expired"), ((5, None), 30, "expired")]
+    assert lost == [((5, None), 10, "expired"), ((5, None), 20, "expired")]
 
 
 async def test_tunnel_requests_are_recorded(start_tunnel: StartTunnel, tmp_path: Path) -> None:

@@ -127,8 +127,8 @@ class Mailbox(abc.ABC):
         self.max_per_session = max_per_session
         self.clock = clock
         self.stats = MailboxStats()
-        #: told of every envelope lost to expiry or a full mailbox: (session, bytes, reason);
-        #: route records use it (a Redis drop of the oldest entry reports 0 bytes: unread)
+        #: told of every envelope lost to expiry, as (session, bytes, reason), for route records
+        #: (a full mailbox loses nothing: it refuses the new envelope)
         self.on_loss: Callable[[SessionKey, int, str], None] | None = None
 
     def _lost(self, key: SessionKey, size: int, reason: str) -> None:

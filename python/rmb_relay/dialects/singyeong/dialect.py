@@ -58,7 +58,6 @@ from rmb_relay.dialects.singyeong.queues import (
     TooManyQueues,
     TooManyRequests,
 )
-from rmb_relay.dialects.singyeong.redis_queues import RedisQueues
 from rmb_relay.dialects.singyeong.session import SgSession
 from rmb_relay.dialects.singyeong.settings import SgSettings
 from rmb_relay.errors import BudgetExceeded, HttpReject
@@ -68,6 +67,7 @@ if TYPE_CHECKING:
     from rmb_relay._core import _SgQueueFrame as SgQueueFrame
     from rmb_relay.cluster.connect import RedisClient as Redis  # a server or a Cluster
     from rmb_relay.cluster.node import Cluster
+    from rmb_relay.dialects.singyeong.redis_queues import RedisQueues
     from rmb_relay.telemetry.metrics import Registry
 
 log = logging.getLogger("rmb_relay.singyeong")
@@ -161,6 +161,9 @@ class SingyeongDialect(Dialect):
                 requests_total=settings.requests_total,
             )
         else:
+            # redis-py (and the cryptography it loads) only for a gateway started with --redis
+            from rmb_relay.dialects.singyeong.redis_queues import RedisQueues
+
             self.queues = RedisQueues(
                 redis,
                 node=self.node,
