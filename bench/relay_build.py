@@ -1,0 +1,23 @@
+"""Which build of the relay a benchmark starts: this checkout's, or the one whose `python/`
+directory (with its `_core` built beside it) `RMB_BENCH_RELAY_PYTHONPATH` names.
+
+The second lets one sitting measure two builds of the relay with the same generator and the
+same baselines, so that a before/after comparison measures the relay and not the harness
+(a newer harness is faster than an older one). bench/README.md, "Reproducing", shows a run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+
+def relay_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment for a relay's process (or a tunnel connector's): `base` (the process's
+    own environment by default), with the other build's `python/` first on the path if one is
+    named."""
+    env = dict(os.environ if base is None else base)
+    other = os.environ.get("RMB_BENCH_RELAY_PYTHONPATH")
+    if other:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (other, env.get("PYTHONPATH")) if p)
+    return env
