@@ -13,6 +13,7 @@ concern per module:
 | `endpoints.py` | discovery, token, body side channels, manual acknowledgements |
 | `management.py` | `/management/tenants` |
 | `bodystore.py` | body files and their sweeper |
+| `host.py` | `TunnelHost`: what the request paths use of the dialect (so they do not import it) |
 | `tenants_cli.py` | `rmb-relay tenants ...` |
 | `connector.py`, `targets.py` | the connector (`rmb-relay connector`) and its targets |
 | `httpclient.py` | the connector's HTTP/1.1 client for web targets |

@@ -41,7 +41,7 @@ from rmb_relay.lazy_errors import redis_error
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest
     from rmb_relay.dialects.base import HttpClient, RequestBody
-    from rmb_relay.dialects.tunnel.dialect import TunnelDialect
+    from rmb_relay.dialects.tunnel.host import TunnelHost
 
 log = logging.getLogger("rmb_relay.tunnel")
 
@@ -53,7 +53,7 @@ UNAUTHORIZED = (("WWW-Authenticate", "Bearer"),)
 
 
 async def handle(
-    dialect: TunnelDialect, request: HttpRequest, body: RequestBody, client: HttpClient
+    dialect: TunnelHost, request: HttpRequest, body: RequestBody, client: HttpClient
 ) -> HttpResponse:
     body.lift_deadline()  # the hub's TTL and answer deadlines bound this request instead
     hub = dialect.hub
@@ -136,7 +136,7 @@ async def handle(
 
 
 def _refused(
-    dialect: TunnelDialect, request: HttpRequest, status: int, why: str, started: int
+    dialect: TunnelHost, request: HttpRequest, status: int, why: str, started: int
 ) -> None:
     """An answer this side made itself, counted and recorded as the hub's are."""
     hub = dialect.hub
@@ -147,7 +147,7 @@ def _refused(
 
 
 async def read_body(
-    dialect: TunnelDialect, request: HttpRequest, body: RequestBody
+    dialect: TunnelHost, request: HttpRequest, body: RequestBody
 ) -> bytes | tuple[str, int]:
     """Inline up to the limit; beyond it, the body goes to the store as it arrives (its name
     and size)."""

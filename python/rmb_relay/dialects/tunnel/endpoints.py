@@ -28,7 +28,7 @@ from rmb_relay.errors import AuthError, BodyTooLarge, HttpReject
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest
     from rmb_relay.dialects.base import HttpClient, RequestBody
-    from rmb_relay.dialects.tunnel.dialect import TunnelDialect
+    from rmb_relay.dialects.tunnel.host import TunnelHost
 
 log = logging.getLogger("rmb_relay.tunnel")
 
@@ -53,7 +53,7 @@ def _throttled(reject: HttpReject) -> HttpResponse:
     )
 
 
-async def discovery(dialect: TunnelDialect, request: HttpRequest) -> HttpResponse:
+async def discovery(dialect: TunnelHost, request: HttpRequest) -> HttpResponse:
     base = ""
     host = request.header("host")
     if host is not None:
@@ -79,7 +79,7 @@ async def discovery(dialect: TunnelDialect, request: HttpRequest) -> HttpRespons
     )
 
 
-async def token(dialect: TunnelDialect, request: HttpRequest, client: HttpClient) -> HttpResponse:
+async def token(dialect: TunnelHost, request: HttpRequest, client: HttpClient) -> HttpResponse:
     """Client credentials grant (RFC 6749 §4.4), form-encoded as RelayServer's connector sends.
 
     The secret's scrypt runs in the process's bounded auth pool, not on the loop (503 with
@@ -137,7 +137,7 @@ async def token(dialect: TunnelDialect, request: HttpRequest, client: HttpClient
     )
 
 
-async def _named(dialect: TunnelDialect, request: HttpRequest, prefix: str) -> tuple[str, str]:
+async def _named(dialect: TunnelHost, request: HttpRequest, prefix: str) -> tuple[str, str]:
     """(the request id the path names, the tenant key of the caller's connector token)."""
     token = bearer(request.header("authorization"))
     if token is None:
@@ -155,7 +155,7 @@ async def _named(dialect: TunnelDialect, request: HttpRequest, prefix: str) -> t
     return str(uuid.UUID(request_id)), tenant
 
 
-async def request_body(dialect: TunnelDialect, request: HttpRequest) -> HttpResponse:
+async def request_body(dialect: TunnelHost, request: HttpRequest) -> HttpResponse:
     request_id, tenant = await _named(dialect, request, "/tunnel/body/request/")
     found = dialect.hub.core.request_body(request_id, tenant)
     if found is None:
@@ -176,7 +176,7 @@ async def request_body(dialect: TunnelDialect, request: HttpRequest) -> HttpResp
 
 
 async def response_body(
-    dialect: TunnelDialect, request: HttpRequest, body: RequestBody, client: HttpClient
+    dialect: TunnelHost, request: HttpRequest, body: RequestBody, client: HttpClient
 ) -> HttpResponse:
     request_id, tenant = await _named(dialect, request, "/tunnel/body/response/")
     if dialect.hub.core.tenant_of(request_id) != tenant:
@@ -195,7 +195,7 @@ async def response_body(
     return HttpResponse(200, str(size).encode())
 
 
-async def acknowledge(dialect: TunnelDialect, request: HttpRequest) -> HttpResponse:
+async def acknowledge(dialect: TunnelHost, request: HttpRequest) -> HttpResponse:
     parts = request.path.split("/")
     # ['', 'tunnel', 'acknowledge', origin, request id, token]
     if len(parts) != 6 or parts[3] != dialect.hub.origin_id:

@@ -27,7 +27,7 @@ from rmb_relay.errors import ConfigError
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest
-    from rmb_relay.dialects.tunnel.dialect import TunnelDialect
+    from rmb_relay.dialects.tunnel.host import TunnelHost
 
 PREFIX = "/management/tenants"
 _FIELDS = {
@@ -65,7 +65,7 @@ def _apply(tenant: Tenant, body: dict[str, Any]) -> Tenant:
     return replace(tenant, **changes)
 
 
-async def handle(dialect: TunnelDialect, request: HttpRequest) -> HttpResponse:
+async def handle(dialect: TunnelHost, request: HttpRequest) -> HttpResponse:
     key = dialect.settings.management_key
     if key is None:
         return HttpResponse(404, b"page not found")

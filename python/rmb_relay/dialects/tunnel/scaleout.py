@@ -45,7 +45,7 @@ from rmb_relay.errors import ClusterUnavailable
 
 if TYPE_CHECKING:
     from rmb_relay.cluster.node import Cluster
-    from rmb_relay.dialects.tunnel.dialect import TunnelDialect
+    from rmb_relay.dialects.tunnel.host import TunnelHost
 
 log = logging.getLogger("rmb_relay.tunnel")
 
@@ -65,7 +65,7 @@ class RedisBridge:
     def __init__(
         self,
         cluster: Cluster,
-        dialect: TunnelDialect,
+        dialect: TunnelHost,
         *,
         request_ttl: float,
         wall: Clock = wall_clock,
