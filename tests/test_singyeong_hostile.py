@@ -740,3 +740,97 @@ async def test_a_squatter_on_another_instance_is_displaced_too(
     await asyncio.gather(honest.run(), take())
     page = await scrape(*a.address)
     assert page.value("rmb_relay_sg_refused_total", limit="restricted_displaced") == 1
+
+
+# ---- dead letters ---------------------------------------------------------------------------
+
+
+async def get_dead_page(relay: RelayProcess, path: str) -> tuple[int, dict[str, str], Any]:
+    """GET `path` on the relay: (status, headers by lower-case name, the JSON body)."""
+    head = f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+    reply = await http_exchange(*relay.address, head)
+    head_text, _, body = reply.partition(b"\r\n\r\n")
+    lines = head_text.decode("latin-1").split("\r\n")
+    headers = dict(
+        (name.strip().lower(), value.strip())
+        for name, _, value in (line.partition(":") for line in lines[1:])
+    )
+    return int(lines[0].split(" ", 2)[1]), headers, json.loads(body)
+
+
+async def fill_dead_letters_and_page(
+    relay: RelayProcess, connect: Connect, count: int, page: int
+) -> None:
+    """`count` messages that fail their only attempt (their consumer leaves) become dead
+    letters; the listing answers `page` at a time, each cut page naming the next in its Link
+    header, until all are listed once; the cut pages are counted."""
+    honest = await Honest.start(connect, relay)
+    producer = await connect(relay)
+    await producer.identify("p", "producers")
+    payload = "x" * 1000
+    for i in range(count):
+        await producer.dispatch(
+            "QUEUE", {"queue": "poison", "target": WORKERS, "nonce": i, "payload": payload}
+        )
+    for _ in range(count):
+        assert (await next_op(producer, 4))["t"] == "QUEUE_CONFIRM"
+    worker = await connect(relay)
+    await worker.identify("w", "workers")
+    for _ in range(count):
+        await worker.dispatch("QUEUE_REQUEST", {"queue": "poison"})
+    for _ in range(count):
+        assert (await next_op(worker, 4))["t"] == "QUEUE"
+    await worker.ws.close()  # never acked: each spent its one attempt
+
+    async def all_dead() -> bool:
+        page = await scrape(*relay.address)
+        return page.value("rmb_relay_sg_queue_messages", state="dead") == count
+
+    await asyncio.gather(honest.run(), eventually(all_dead))
+    seen: list[str] = []
+    path = "/api/v1/queues/dead-letters?queue=poison"
+    pages = 0
+    while True:
+        status, headers, letters = await get_dead_page(relay, path)
+        assert status == 200
+        pages += 1
+        assert 0 < len(letters) <= page
+        assert {letter["reason"] for letter in letters} == {"consumer disconnected"}
+        seen.extend(letter["id"] for letter in letters)
+        link = headers.get("link")
+        if link is None:
+            break
+        assert len(letters) == page
+        assert link.endswith('>; rel="next"')
+        assert link.startswith("</api/v1/queues/dead-letters?")
+        path = link[1 : link.index(">")]
+    assert len(seen) == len(set(seen)) == count
+    assert seen == sorted(seen)
+    assert pages == -(-count // page)
+    # every queue's letters (no queue named) are paged the same way
+    status, headers, letters = await get_dead_page(relay, "/api/v1/queues/dead-letters")
+    assert (status, len(letters)) == (200, page)
+    assert "link" in headers
+    status, _, errors = await get_dead_page(relay, "/api/v1/queues/dead-letters?after=junk")
+    assert status == 400
+    assert "after" in errors["errors"][0]
+    scraped = await scrape(*relay.address)
+    assert scraped.value("rmb_relay_sg_refused_total", limit="dead_letters_page") == pages
+
+
+async def test_dead_letter_listing_is_paged(start_relay: StartRelay, connect: Connect) -> None:
+    """250 dead letters (the listing was one answer of all of them, as large as
+    --sg-dead-letter-bytes lets them be) with --sg-dead-letters-page 100: three pages of at
+    most 100, each cut one naming the next; nothing listed twice or left out."""
+    relay = start_relay("--sg-max-attempts", "1", "--sg-dead-letters-page", "100")
+    await fill_dead_letters_and_page(relay, connect, 250, 100)
+
+
+async def test_redis_dead_letter_listing_is_paged(
+    redis_url: str, start_relay: StartRelay, connect: Connect
+) -> None:
+    """The same with the queues in Redis."""
+    relay = start_relay(
+        "--redis", redis_url, "--sg-max-attempts", "1", "--sg-dead-letters-page", "100"
+    )
+    await fill_dead_letters_and_page(relay, connect, 250, 100)

@@ -148,7 +148,8 @@ class SgMetrics:
             "requests_total (outstanding QUEUE_REQUESTs), proxy_target (proxy 403), "
             "proxy_concurrency (proxy 503), query_results (op 3 too_many_results, HTTP 400), "
             "restricted_displaced (a restricted client closed "
-            "for an authenticated one taking its id)",
+            "for an authenticated one taking its id), dead_letters_page (a dead-letter "
+            "listing cut at --sg-dead-letters-page)",
             ("limit",),
         )
         registry.gauge(

@@ -59,6 +59,7 @@ from rmb_relay.dialects.singyeong.queues import (
     MAX_REQUESTS_TOTAL,
     MESSAGE_OVERHEAD,
     Consumer,
+    DeadPage,
     Message,
     QueueCounts,
     RequestCounts,
@@ -89,6 +90,8 @@ redis.call('RPUSH', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[3])
 return {1, redis.call('INCRBY', KEYS[3], ARGV[3])}
 """
+#: dead letters read from Redis per round trip when listing them
+DEAD_CHUNK = 100
 #: Redis operations in flight at once (acks, retries, pumps, store batches)
 MAX_CONCURRENT = 16
 #: how often the sweep looks for expired deliveries when the ack timeout is long (seconds)
@@ -148,6 +151,10 @@ return 0
 
 
 _keys = cluster_keys.sg_queue_keys
+
+
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
 
 
 class RedisQueues:
@@ -635,36 +642,44 @@ class RedisQueues:
 
     # ---- dead letters ----------------------------------------------------------------------
 
-    async def list_dead(self, name: str | None) -> list[dict[str, Any]]:
-        names = (
-            [name]
-            if name is not None
-            else [
-                n.decode() if isinstance(n, bytes) else str(n)
-                for n in await self.redis.smembers(NAMES)
-            ]
-        )
-        out = []
+    async def list_dead(self, name: str | None, page: DeadPage) -> None:
+        """Fill `page` with dead letters (of queue `name`, or all) in (queue, id) order:
+        the ids of a queue's dead letters are read (HKEYS), then records in chunks of the
+        page's size (one round trip each), until the page is full."""
+        if name is not None:
+            names = [name]
+        else:
+            names = sorted(_text(n) for n in await self.redis.smembers(NAMES))
         for queue in names:
+            if page.after is not None and queue < page.after[0]:
+                continue
             keys = _keys(queue)
-            dead = await self.redis.hgetall(keys["dead"])
-            for raw_id, raw_info in dead.items():
-                message_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
-                record = await self.redis.hget(keys["msgs"], message_id)
-                attempts = await self.redis.hget(keys["attempts"], message_id)
-                if record is None:
-                    continue
-                info = json.loads(raw_info)
-                out.append(
-                    {
+            ids = sorted(
+                i for i in map(_text, await self.redis.hkeys(keys["dead"])) if page.wanted(queue, i)
+            )
+            step = min(page.limit, DEAD_CHUNK)
+            for start in range(0, len(ids), step):
+                chunk = ids[start : start + step]
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.hmget(keys["dead"], chunk)
+                    pipe.hmget(keys["msgs"], chunk)
+                    pipe.hmget(keys["attempts"], chunk)
+                    infos, records, attempts = await pipe.execute()
+                for message_id, raw_info, record, tries in zip(
+                    chunk, infos, records, attempts, strict=True
+                ):
+                    if record is None or raw_info is None:
+                        continue
+                    info = json.loads(raw_info)
+                    letter = {
                         **json.loads(record),
                         "id": message_id,
-                        "attempts": int(attempts or 0),
+                        "attempts": int(tries or 0),
                         "reason": info.get("reason"),
                         "dead_at": info.get("dead_at"),
                     }
-                )
-        return out
+                    if not page.add(queue, message_id, letter):
+                        return
 
     async def requeue_dead(self, name: str, ids: list[str] | None) -> int:
         keys = _keys(name)

@@ -15,6 +15,7 @@ from rmb_relay.dialects.singyeong.metadata import (
 from rmb_relay.dialects.singyeong.query import QueryLimits
 from rmb_relay.dialects.singyeong.queues import (
     DEFAULT_DEAD_LETTER_BYTES,
+    DEFAULT_DEAD_LETTERS_PAGE,
     DEFAULT_QUEUE_BYTES,
     DEFAULT_QUEUE_TOTAL_BYTES,
     DEFAULT_QUEUES_PER_APP,
@@ -59,6 +60,8 @@ class SgSettings:
     queue_bytes: int = DEFAULT_QUEUE_BYTES
     queue_total_bytes: int = DEFAULT_QUEUE_TOTAL_BYTES
     dead_letter_bytes: int = DEFAULT_DEAD_LETTER_BYTES
+    #: dead letters one GET /api/v1/queues/dead-letters answer lists (the rest: next page)
+    dead_letters_page: int = DEFAULT_DEAD_LETTERS_PAGE
     #: queues that may exist at once, per application (of the client that made one) and in all
     queues_per_app: int = DEFAULT_QUEUES_PER_APP
     queues_total: int = DEFAULT_QUEUES_TOTAL
@@ -99,6 +102,7 @@ class SgSettings:
             ("--sg-queue-bytes", self.queue_bytes),
             ("--sg-queue-total-bytes", self.queue_total_bytes),
             ("--sg-dead-letter-bytes", self.dead_letter_bytes),
+            ("--sg-dead-letters-page", self.dead_letters_page),
             ("--sg-queues-per-app", self.queues_per_app),
             ("--sg-queues-total", self.queues_total),
             ("--sg-queue-requests-per-client", self.requests_per_client),
@@ -142,6 +146,7 @@ class SgSettings:
             queue_bytes=args.sg_queue_bytes,
             queue_total_bytes=args.sg_queue_total_bytes,
             dead_letter_bytes=args.sg_dead_letter_bytes,
+            dead_letters_page=args.sg_dead_letters_page,
             queues_per_app=args.sg_queues_per_app,
             queues_total=args.sg_queues_total,
             requests_per_client=args.sg_queue_requests_per_client,
@@ -315,6 +320,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="in-memory queues: bytes of dead letters (all queues); beyond it a message at its "
         "last attempt stays in its queue instead (logged, counted), never dropped",
+    )
+    sg.add_argument(
+        "--sg-dead-letters-page",
+        type=int,
+        default=d.dead_letters_page,
+        metavar="N",
+        help="dead letters one GET /api/v1/queues/dead-letters answer lists (and at most 4 MiB "
+        "of them); a longer listing is cut, its Link header (rel=next) names the next page",
     )
     sg.add_argument(
         "--sg-proxy-allow",
