@@ -834,3 +834,76 @@ async def test_redis_dead_letter_listing_is_paged(
         "--redis", redis_url, "--sg-max-attempts", "1", "--sg-dead-letters-page", "100"
     )
     await fill_dead_letters_and_page(relay, connect, 250, 100)
+
+
+async def test_redis_queues_are_counted_per_application(
+    redis_url: str, start_relay: StartRelay, connect: Connect
+) -> None:
+    """QUEUEs to new names stored in Redis (the issue: only the in-memory queues counted per
+    application) with --sg-queues-per-app 3: a fourth and fifth name of one application get
+    op 3 too_many_queues (per_app) and nothing is stored; another application still makes
+    queues; another instance on the same Redis refuses that application's next name too (the
+    names' applications are in Redis); an emptied queue stops counting."""
+    flags = ("--redis", redis_url, "--sg-queues-per-app", "3", "--sg-ack-timeout", "2")
+    relay = start_relay(*flags)
+    other = start_relay(*flags)
+    store = aioredis.Redis.from_url(redis_url)
+    honest = await Honest.start(connect, relay)
+    evil = await connect(relay)
+    await evil.identify("e", "evil")
+
+    async def flood() -> tuple[int, list[dict[str, Any]]]:
+        for i in range(5):
+            await evil.dispatch("QUEUE", {"queue": f"evil-{i}", "target": WORKERS, "payload": i})
+        confirmed, refused = 0, []
+        while confirmed + len(refused) < 5:
+            frame = await evil.recv()
+            if frame["op"] == 4 and frame["t"] == "QUEUE_CONFIRM":
+                confirmed += 1
+            elif frame["op"] == 3:
+                refused.append(frame["d"])
+        return confirmed, refused
+
+    _, (confirmed, refused) = await asyncio.gather(honest.run(), flood())
+    assert confirmed == 3
+    assert {d["error"] for d in refused} == {"too_many_queues"}
+    assert {d["extra_info"]["limit"] for d in refused} == {"per_app"}
+    assert "--sg-queues-per-app" in refused[0]["extra_info"]["reason"]
+    assert not await store.exists("sgq:{evil-3}:msgs", "sgq:{evil-4}:msgs")
+    assert await store.hget("sgq:apps", "evil-0") == b"evil"
+    producer = await connect(relay)
+    await producer.identify("p", "producers")
+    await producer.dispatch("QUEUE", {"queue": "jobs", "target": WORKERS, "payload": 1})
+    assert (await next_op(producer, 4))["t"] == "QUEUE_CONFIRM"
+    page = await scrape(*relay.address)
+    assert page.value("rmb_relay_sg_refused_total", limit="queues_per_app") == 2
+
+    # the other instance learns the names' applications from Redis at its sweep
+    async def swept() -> bool:
+        return (await scrape(*other.address)).value("rmb_relay_sg_queues") == 4
+
+    await eventually(swept)
+    elsewhere = await connect(other)
+    await elsewhere.identify("e2", "evil")
+    await elsewhere.dispatch("QUEUE", {"queue": "evil-9", "target": WORKERS, "payload": 9})
+    frame = await next_op(elsewhere, 3)
+    assert (frame["d"]["error"], frame["d"]["extra_info"]["limit"]) == (
+        "too_many_queues",
+        "per_app",
+    )
+    # draining one of them gives the application room again, on every instance
+    worker = await connect(relay)
+    await worker.identify("w", "workers")
+    await worker.dispatch("QUEUE_REQUEST", {"queue": "evil-0"})
+    body = (await next_op(worker, 4))["d"]["payload"]
+    await worker.dispatch("QUEUE_ACK", {"queue": "evil-0", "id": body["id"]})
+
+    async def forgotten() -> bool:
+        return not await store.hexists("sgq:apps", "evil-0") and (
+            (await scrape(*other.address)).value("rmb_relay_sg_queues") == 3
+        )
+
+    await eventually(forgotten)
+    await elsewhere.dispatch("QUEUE", {"queue": "evil-9", "target": WORKERS, "payload": 9})
+    assert (await next_op(elsewhere, 4))["t"] == "QUEUE_CONFIRM"
+    await store.aclose()

@@ -172,6 +172,7 @@ class SingyeongDialect(Dialect):
                 wall_ms=self.now_ms,
                 queue_bytes=settings.queue_bytes,
                 queue_total_bytes=settings.queue_total_bytes,
+                queues_per_app=settings.queues_per_app,
                 queues_total=settings.queues_total,
                 requests_per_client=settings.requests_per_client,
                 requests_total=settings.requests_total,
