@@ -907,3 +907,62 @@ async def test_redis_queues_are_counted_per_application(
     await elsewhere.dispatch("QUEUE", {"queue": "evil-9", "target": WORKERS, "payload": 9})
     assert (await next_op(elsewhere, 4))["t"] == "QUEUE_CONFIRM"
     await store.aclose()
+
+
+# ---- replicas of other instances' clients --------------------------------------------------
+
+
+async def test_replicas_of_another_instance_are_bounded(
+    redis_url: str, start_relay: StartRelay, connect: Connect
+) -> None:
+    """Instance A runs with larger metadata bounds than B (or sends too much for any reason):
+    B keeps replicas of A's clients only within its own per-client bounds and
+    --sg-replica-total-bytes; the others are not listed by B's queries and are counted; a
+    client that shrinks its metadata is replicated again."""
+    a = start_relay(
+        "--redis", redis_url, "--sg-metadata-bytes", "300000", "--sg-metadata-keys", "1000"
+    )
+    b = start_relay("--redis", redis_url, "--sg-replica-total-bytes", "150000")
+    honest = await Honest.start(connect, b)
+    before = b.rss_mib()
+
+    async def identify(client_id: str, app: str, **extra: Any) -> SgClient:
+        client = await connect(a)
+        await client.identify(client_id, app, **extra)
+        return client
+
+    small = await identify("small", "ok")
+    big = await identify("big", "evil", metadata=metadata(102_400))  # 100 KiB > B's 64 KiB
+    many = {f"k{i}": {"type": "integer", "value": i} for i in range(300)}
+    await identify("many", "evil", metadata=many)  # 300 keys > B's 256
+    for i in range(3):  # ~61.5 KB each: two fit in 150,000
+        await identify(f"fat{i}", "fat", metadata=metadata(61_440))
+
+    async def replicated() -> bool:
+        seen = {c["client_id"] for c in await _query(b, {"application": "ok"}, "")}
+        fat = {c["client_id"] for c in await _query(b, {"application": "fat"}, "")}
+        return seen == {"small"} and len(fat) == 2
+
+    await asyncio.gather(honest.run(), eventually(replicated))
+    assert not await _query(b, {"application": "evil"}, "")
+    page = await scrape(*b.address)
+    assert page.value("rmb_relay_sg_refused_total", limit="replica_bytes") == 1
+    assert page.value("rmb_relay_sg_refused_total", limit="replica_keys") == 1
+    assert page.value("rmb_relay_sg_refused_total", limit="replica_total") == 1
+    assert 120_000 < page.value("rmb_relay_sg_held_bytes", what="replicas") <= 150_000
+    # A still answers for all of its own clients
+    assert {c["client_id"] for c in await _query(a, {"application": "evil"}, "")} == {
+        "big",
+        "many",
+    }
+    # within bounds again: replicated at the change
+    await big.dispatch(
+        "UPDATE_METADATA", {f"k{i}": {"type": "string", "value": ""} for i in range(10)}
+    )
+
+    async def shrunk() -> bool:
+        return [c["client_id"] for c in await _query(b, {"application": "evil"}, "")] == ["big"]
+
+    await eventually(shrunk)
+    await small.ws.close()
+    assert b.rss_mib() - before < 24

@@ -180,14 +180,25 @@ class SingyeongDialect(Dialect):
             self.queues.start()
         self.cluster: SgCluster | None = None
         if cluster is not None:
-            self.cluster = SgCluster(cluster, self.index, self.deliver_local, self.displace_local)
+            self.cluster = SgCluster(
+                cluster,
+                self.index,
+                self.deliver_local,
+                self.displace_local,
+                settings,
+                lambda limit: self.metrics.refused.inc(1, limit),
+            )
             self.cluster.start()
         self.metrics = SgMetrics(
             registry,
             lambda: self.index,
             lambda: self.queues,
             self.fast_counts,
-            lambda: (self.metadata_bytes, self.target_cache_bytes),
+            lambda: (
+                self.metadata_bytes,
+                self.target_cache_bytes,
+                0 if self.cluster is None else self.cluster.replica_bytes,
+            ),
         )
         self._sweeper: asyncio.TimerHandle | None = None
         self._metadata_due: dict[SgSession, int] = {}

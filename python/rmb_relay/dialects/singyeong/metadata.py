@@ -47,6 +47,9 @@ DEFAULT_METADATA_BYTES = 64 << 10
 #: bytes of metadata all of an instance's clients may hold together (thousands of clients
 #: from one address stay within it even at the per-client bound)
 DEFAULT_METADATA_TOTAL_BYTES = 128 << 20
+#: bytes of metadata the replicas of other instances' clients may hold together (cluster.py):
+#: four instances' worth of this instance's own total
+DEFAULT_REPLICA_TOTAL_BYTES = 4 * DEFAULT_METADATA_TOTAL_BYTES
 #: what `value_bytes` charges per item on top of a string's length: a Python object's
 #: header and its slot in the container holding it
 ITEM_BYTES = 16
@@ -111,6 +114,25 @@ def value_bytes(value: Any) -> int:
         elif isinstance(item, list | tuple):
             push(item)
     return total
+
+
+#: base keys a client's own bounds do not count (the gateway writes them; `ip` and
+#: `namespace` carry the client's strings and count)
+UNCOUNTED_KEYS = FORBIDDEN_KEYS - {"ip", "namespace"}
+
+
+def replica_size(metadata: dict[str, Any]) -> tuple[int, int]:
+    """(keys, bytes) of another instance's client's metadata as this instance's bounds count
+    a local client's (`MetadataAccount`: keys the client wrote; `value_bytes` plus key
+    lengths of those and of `ip` and `namespace`)."""
+    keys = size = 0
+    for key, value in metadata.items():
+        if key in UNCOUNTED_KEYS:
+            continue
+        if key not in FORBIDDEN_KEYS:
+            keys += 1
+        size += len(key) + value_bytes("" if value is None else value)
+    return keys, size
 
 
 def _quoted(text: Any) -> str:

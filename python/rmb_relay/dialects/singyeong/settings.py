@@ -11,6 +11,7 @@ from rmb_relay.dialects.singyeong.metadata import (
     DEFAULT_METADATA_BYTES,
     DEFAULT_METADATA_KEYS,
     DEFAULT_METADATA_TOTAL_BYTES,
+    DEFAULT_REPLICA_TOTAL_BYTES,
 )
 from rmb_relay.dialects.singyeong.query import QueryLimits
 from rmb_relay.dialects.singyeong.queues import (
@@ -72,6 +73,8 @@ class SgSettings:
     metadata_keys: int = DEFAULT_METADATA_KEYS
     metadata_bytes: int = DEFAULT_METADATA_BYTES
     metadata_total_bytes: int = DEFAULT_METADATA_TOTAL_BYTES
+    #: what the replicas of other instances' clients may hold together (cluster.py)
+    replica_total_bytes: int = DEFAULT_REPLICA_TOTAL_BYTES
     #: the most clients a QUERY_NODES or /api/v1/query answer lists
     query_max_results: int = DEFAULT_QUERY_MAX_RESULTS
     #: the QUEUE target cache's budget (dialect.py)
@@ -110,6 +113,7 @@ class SgSettings:
             ("--sg-metadata-keys", self.metadata_keys),
             ("--sg-metadata-bytes", self.metadata_bytes),
             ("--sg-metadata-total-bytes", self.metadata_total_bytes),
+            ("--sg-replica-total-bytes", self.replica_total_bytes),
             ("--sg-query-max-results", self.query_max_results),
             ("--sg-target-cache-bytes", self.target_cache_bytes),
             ("--sg-proxy-concurrency", self.proxy_concurrency),
@@ -154,6 +158,7 @@ class SgSettings:
             metadata_keys=args.sg_metadata_keys,
             metadata_bytes=args.sg_metadata_bytes,
             metadata_total_bytes=args.sg_metadata_total_bytes,
+            replica_total_bytes=args.sg_replica_total_bytes,
             query_max_results=args.sg_query_max_results,
             target_cache_bytes=args.sg_target_cache_bytes,
             # one flag for every dialect that reads a client's address from a front proxy
@@ -296,6 +301,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="bytes of metadata all clients of this instance may hold together (op 3 "
         "metadata_full, limit total, beyond)",
+    )
+    sg.add_argument(
+        "--sg-replica-total-bytes",
+        type=int,
+        default=d.replica_total_bytes,
+        metavar="BYTES",
+        help="in a cluster: bytes of metadata the replicas of other instances' clients may "
+        "hold together; a replica beyond it, or beyond this instance's per-client bounds, is "
+        "not kept (logged, counted)",
     )
     sg.add_argument(
         "--sg-query-max-results",
