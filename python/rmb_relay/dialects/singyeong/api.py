@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import parse_qs, urlencode
 
 from rmb_relay.dialects.base import HttpClient, HttpResponse, Routes
@@ -31,7 +31,12 @@ from rmb_relay.dialects.singyeong.settings import API_VERSION
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest
-    from rmb_relay.dialects.singyeong.dialect import SingyeongDialect
+    from rmb_relay.dialects.singyeong.clients import ClientIndex
+    from rmb_relay.dialects.singyeong.metrics import SgMetrics
+    from rmb_relay.dialects.singyeong.proxy import Proxy
+    from rmb_relay.dialects.singyeong.queues import Queues
+    from rmb_relay.dialects.singyeong.redis_queues import RedisQueues
+    from rmb_relay.dialects.singyeong.settings import SgSettings
 
 JSON = "application/json"
 
@@ -45,8 +50,30 @@ def _query_param(query: str | None, name: str) -> str | None:
     return values[0] if values else None
 
 
+class ApiHost(Protocol):
+    """What the API needs of the gateway (dialect.py's `SingyeongDialect`, which imports
+    this module: a protocol, so that nothing here imports it back)."""
+
+    @property
+    def settings(self) -> SgSettings: ...
+
+    @property
+    def index(self) -> ClientIndex: ...
+
+    @property
+    def queues(self) -> Queues | RedisQueues: ...
+
+    @property
+    def proxy(self) -> Proxy: ...
+
+    @property
+    def metrics(self) -> SgMetrics: ...
+
+    def too_many_results(self, matched: int) -> str | None: ...
+
+
 class SgApi:
-    def __init__(self, dialect: SingyeongDialect) -> None:
+    def __init__(self, dialect: ApiHost) -> None:
         self.dialect = dialect
 
     def add_routes(self, router: Routes) -> None:
