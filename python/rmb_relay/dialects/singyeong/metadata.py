@@ -12,6 +12,28 @@ counted under the key `"..."`), and every name or type quoted in a message is cu
 994 KiB. What a client's metadata may hold is bounded by `MetadataAccount`: keys
 (`--sg-metadata-keys`) and bytes (`--sg-metadata-bytes`, `value_bytes` of each value plus its
 key's length), counting the updates still waiting for the rate limit.
+
+Two copies of a client's metadata (issue 33 asked whether both are needed)
+-------------------------------------------------------------------------
+Every client's metadata is held twice: as Python values in `Client.metadata` / `types`
+(clients.py) and as the core's `Value`s in `SgIndex` (rust/dialects/singyeong/index.rs), which
+matches every query. The Python copy is read, not matched against, and only by what the core
+cannot answer today, because `SgIndex` has no way to hand a client's values back to Python:
+- QUERY_NODES and `POST /api/v1/query` answer with each client's metadata and types
+  (`Client.describe`);
+- the cluster's replica entry of a local client is its metadata as JSON (cluster.py `_state`);
+- `/api/v1/proxy` reads the `ip` a client declared (proxy.py `Proxy.target`).
+No policy lives in the Python copy: validation and the bounds are here, matching and routing
+in the core. Dropping it needs a core call that returns a client's metadata (values and
+types, as `Value` -> Python conversion in rust/dialects/singyeong/py.rs) for those three
+readers; not done yet. What it would save, measured (`SgIndex` vs the Python objects, 4,000
+clients of ~1 KiB metadata: 8 strings of 100 characters, 4 integers, a list of 5 strings, a
+version; 1,173 bytes charged each): the Python copy (the `Client`, its two dicts, values)
+3.7 KiB per client by tracemalloc, the core's index 8.9-11.2 KiB per client by RSS (a hash
+bucket per distinct top-level value, the sorted index of numbers, the values). So the second
+copy is about a quarter of a client's metadata memory, and both together are about 11x
+what `value_bytes` charges: `--sg-metadata-total-bytes` bounds memory in proportion, not
+exactly.
 """
 
 from __future__ import annotations
