@@ -253,6 +253,9 @@ async def test_many_bad_keys_get_one_bounded_answer(
     await asyncio.gather(honest.run(), attack())
     assert max(sizes) < 4096, sizes
     assert relay.rss_mib() - before < 24
+    page = await scrape(*relay.address)
+    counted = page.value("rmb_relay_sg_dispatches_total", type="UPDATE_METADATA", outcome="invalid")
+    assert counted == 5
 
 
 async def test_query_answers_list_a_bounded_number_of_clients(

@@ -434,8 +434,7 @@ class SingyeongDialect(Dialect):
         handler(self, session, client, t, d)
 
     def _update_metadata(self, session: SgSession, client: Client, t: str, d: Any) -> None:
-        self.metrics.hot.dispatch(t, "ok")
-        session.update_metadata(d)
+        self.metrics.hot.dispatch(t, session.update_metadata(d))
 
     def _parse_target(self, session: SgSession, t: str, target: Any) -> Query | None:
         try:

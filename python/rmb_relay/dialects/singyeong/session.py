@@ -404,17 +404,19 @@ class SgSession(WebSocketHandler):
             raise
         self.dialect.metadata_bytes += delta
 
-    def update_metadata(self, d: Any) -> None:
+    def update_metadata(self, d: Any) -> str:
+        """Validate, bound and apply (or hold for the rate) an update; the outcome for
+        `rmb_relay_sg_dispatches_total`: "ok", "invalid" or "refused" (metadata_full)."""
         try:
             update = validate(d)
         except MetadataError as err:
             self.invalid("invalid metadata", err.errors)
-            return
+            return "invalid"
         try:
             self.charge_metadata(update)
         except MetadataLimit as err:
             self.invalid("metadata_full", err.info())
-            return
+            return "refused"
         dialect = self.dialect
         now = dialect.clock()
         interval = 1_000_000_000 // dialect.settings.metadata_rate
@@ -423,10 +425,11 @@ class SgSession(WebSocketHandler):
         if not self.metadata_pending and self.metadata_tat - now <= tolerance:
             self.metadata_tat = max(self.metadata_tat, now) + interval
             self.apply_metadata(update.values, update.types)
-            return
+            return "ok"
         self.metadata_pending.update(update.values)
         self.metadata_pending_types.update(update.types)
         dialect.metadata_waiting(self, self.metadata_tat - tolerance)
+        return "ok"
 
     def flush_metadata(self, now: int) -> int | None:
         """Apply the merged pending updates if the rate allows; else the time it will (ns)."""
