@@ -188,16 +188,8 @@ def test_every_module_has_a_layer(graph: dict[str, set[str]]) -> None:
     assert [name for name in graph if layer_of(name) < 0] == []
 
 
-#: packages whose internal cycles go with the fold of issue 32 (in progress on other branches)
-FOLDING = ("rmb_relay.dialects.singyeong",)
-
-
 def test_no_import_cycle(graph: dict[str, set[str]]) -> None:
-    described = [
-        "; ".join(f"{m} -> {sorted(graph[m] & set(c))}" for m in c)
-        for c in cycles(graph)
-        if not all(m.startswith(FOLDING) for m in c)
-    ]
+    described = ["; ".join(f"{m} -> {sorted(graph[m] & set(c))}" for m in c) for c in cycles(graph)]
     assert described == []
 
 

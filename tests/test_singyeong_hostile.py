@@ -253,6 +253,9 @@ async def test_many_bad_keys_get_one_bounded_answer(
     await asyncio.gather(honest.run(), attack())
     assert max(sizes) < 4096, sizes
     assert relay.rss_mib() - before < 24
+    page = await scrape(*relay.address)
+    counted = page.value("rmb_relay_sg_dispatches_total", type="UPDATE_METADATA", outcome="invalid")
+    assert counted == 5
 
 
 async def test_query_answers_list_a_bounded_number_of_clients(
@@ -740,3 +743,231 @@ async def test_a_squatter_on_another_instance_is_displaced_too(
     await asyncio.gather(honest.run(), take())
     page = await scrape(*a.address)
     assert page.value("rmb_relay_sg_refused_total", limit="restricted_displaced") == 1
+
+
+# ---- dead letters ---------------------------------------------------------------------------
+
+
+async def get_dead_page(relay: RelayProcess, path: str) -> tuple[int, dict[str, str], Any]:
+    """GET `path` on the relay: (status, headers by lower-case name, the JSON body)."""
+    head = f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+    reply = await http_exchange(*relay.address, head)
+    head_text, _, body = reply.partition(b"\r\n\r\n")
+    lines = head_text.decode("latin-1").split("\r\n")
+    headers = dict(
+        (name.strip().lower(), value.strip())
+        for name, _, value in (line.partition(":") for line in lines[1:])
+    )
+    return int(lines[0].split(" ", 2)[1]), headers, json.loads(body)
+
+
+async def fill_dead_letters_and_page(
+    relay: RelayProcess, connect: Connect, count: int, page: int
+) -> None:
+    """`count` messages that fail their only attempt (their consumer leaves) become dead
+    letters; the listing answers `page` at a time, each cut page naming the next in its Link
+    header, until all are listed once; the cut pages are counted."""
+    honest = await Honest.start(connect, relay)
+    producer = await connect(relay)
+    await producer.identify("p", "producers")
+    payload = "x" * 1000
+    for i in range(count):
+        await producer.dispatch(
+            "QUEUE", {"queue": "poison", "target": WORKERS, "nonce": i, "payload": payload}
+        )
+    for _ in range(count):
+        assert (await next_op(producer, 4))["t"] == "QUEUE_CONFIRM"
+    worker = await connect(relay)
+    await worker.identify("w", "workers")
+    for _ in range(count):
+        await worker.dispatch("QUEUE_REQUEST", {"queue": "poison"})
+    for _ in range(count):
+        assert (await next_op(worker, 4))["t"] == "QUEUE"
+    await worker.ws.close()  # never acked: each spent its one attempt
+
+    async def all_dead() -> bool:
+        page = await scrape(*relay.address)
+        return page.value("rmb_relay_sg_queue_messages", state="dead") == count
+
+    await asyncio.gather(honest.run(), eventually(all_dead))
+    seen: list[str] = []
+    path = "/api/v1/queues/dead-letters?queue=poison"
+    pages = 0
+    while True:
+        status, headers, letters = await get_dead_page(relay, path)
+        assert status == 200
+        pages += 1
+        assert 0 < len(letters) <= page
+        assert {letter["reason"] for letter in letters} == {"consumer disconnected"}
+        seen.extend(letter["id"] for letter in letters)
+        link = headers.get("link")
+        if link is None:
+            break
+        assert len(letters) == page
+        assert link.endswith('>; rel="next"')
+        assert link.startswith("</api/v1/queues/dead-letters?")
+        path = link[1 : link.index(">")]
+    assert len(seen) == len(set(seen)) == count
+    assert seen == sorted(seen)
+    assert pages == -(-count // page)
+    # every queue's letters (no queue named) are paged the same way
+    status, headers, letters = await get_dead_page(relay, "/api/v1/queues/dead-letters")
+    assert (status, len(letters)) == (200, page)
+    assert "link" in headers
+    status, _, errors = await get_dead_page(relay, "/api/v1/queues/dead-letters?after=junk")
+    assert status == 400
+    assert "after" in errors["errors"][0]
+    scraped = await scrape(*relay.address)
+    assert scraped.value("rmb_relay_sg_refused_total", limit="dead_letters_page") == pages
+
+
+async def test_dead_letter_listing_is_paged(start_relay: StartRelay, connect: Connect) -> None:
+    """250 dead letters (the listing was one answer of all of them, as large as
+    --sg-dead-letter-bytes lets them be) with --sg-dead-letters-page 100: three pages of at
+    most 100, each cut one naming the next; nothing listed twice or left out."""
+    relay = start_relay("--sg-max-attempts", "1", "--sg-dead-letters-page", "100")
+    await fill_dead_letters_and_page(relay, connect, 250, 100)
+
+
+async def test_redis_dead_letter_listing_is_paged(
+    redis_url: str, start_relay: StartRelay, connect: Connect
+) -> None:
+    """The same with the queues in Redis."""
+    relay = start_relay(
+        "--redis", redis_url, "--sg-max-attempts", "1", "--sg-dead-letters-page", "100"
+    )
+    await fill_dead_letters_and_page(relay, connect, 250, 100)
+
+
+async def test_redis_queues_are_counted_per_application(
+    redis_url: str, start_relay: StartRelay, connect: Connect
+) -> None:
+    """QUEUEs to new names stored in Redis (the issue: only the in-memory queues counted per
+    application) with --sg-queues-per-app 3: a fourth and fifth name of one application get
+    op 3 too_many_queues (per_app) and nothing is stored; another application still makes
+    queues; another instance on the same Redis refuses that application's next name too (the
+    names' applications are in Redis); an emptied queue stops counting."""
+    flags = ("--redis", redis_url, "--sg-queues-per-app", "3", "--sg-ack-timeout", "2")
+    relay = start_relay(*flags)
+    other = start_relay(*flags)
+    store = aioredis.Redis.from_url(redis_url)
+    honest = await Honest.start(connect, relay)
+    evil = await connect(relay)
+    await evil.identify("e", "evil")
+
+    async def flood() -> tuple[int, list[dict[str, Any]]]:
+        for i in range(5):
+            await evil.dispatch("QUEUE", {"queue": f"evil-{i}", "target": WORKERS, "payload": i})
+        confirmed, refused = 0, []
+        while confirmed + len(refused) < 5:
+            frame = await evil.recv()
+            if frame["op"] == 4 and frame["t"] == "QUEUE_CONFIRM":
+                confirmed += 1
+            elif frame["op"] == 3:
+                refused.append(frame["d"])
+        return confirmed, refused
+
+    _, (confirmed, refused) = await asyncio.gather(honest.run(), flood())
+    assert confirmed == 3
+    assert {d["error"] for d in refused} == {"too_many_queues"}
+    assert {d["extra_info"]["limit"] for d in refused} == {"per_app"}
+    assert "--sg-queues-per-app" in refused[0]["extra_info"]["reason"]
+    assert not await store.exists("sgq:{evil-3}:msgs", "sgq:{evil-4}:msgs")
+    assert await store.hget("sgq:apps", "evil-0") == b"evil"
+    producer = await connect(relay)
+    await producer.identify("p", "producers")
+    await producer.dispatch("QUEUE", {"queue": "jobs", "target": WORKERS, "payload": 1})
+    assert (await next_op(producer, 4))["t"] == "QUEUE_CONFIRM"
+    page = await scrape(*relay.address)
+    assert page.value("rmb_relay_sg_refused_total", limit="queues_per_app") == 2
+
+    # the other instance learns the names' applications from Redis at its sweep
+    async def swept() -> bool:
+        return (await scrape(*other.address)).value("rmb_relay_sg_queues") == 4
+
+    await eventually(swept)
+    elsewhere = await connect(other)
+    await elsewhere.identify("e2", "evil")
+    await elsewhere.dispatch("QUEUE", {"queue": "evil-9", "target": WORKERS, "payload": 9})
+    frame = await next_op(elsewhere, 3)
+    assert (frame["d"]["error"], frame["d"]["extra_info"]["limit"]) == (
+        "too_many_queues",
+        "per_app",
+    )
+    # draining one of them gives the application room again, on every instance
+    worker = await connect(relay)
+    await worker.identify("w", "workers")
+    await worker.dispatch("QUEUE_REQUEST", {"queue": "evil-0"})
+    body = (await next_op(worker, 4))["d"]["payload"]
+    await worker.dispatch("QUEUE_ACK", {"queue": "evil-0", "id": body["id"]})
+
+    async def forgotten() -> bool:
+        return not await store.hexists("sgq:apps", "evil-0") and (
+            (await scrape(*other.address)).value("rmb_relay_sg_queues") == 3
+        )
+
+    await eventually(forgotten)
+    await elsewhere.dispatch("QUEUE", {"queue": "evil-9", "target": WORKERS, "payload": 9})
+    assert (await next_op(elsewhere, 4))["t"] == "QUEUE_CONFIRM"
+    await store.aclose()
+
+
+# ---- replicas of other instances' clients --------------------------------------------------
+
+
+async def test_replicas_of_another_instance_are_bounded(
+    redis_url: str, start_relay: StartRelay, connect: Connect
+) -> None:
+    """Instance A runs with larger metadata bounds than B (or sends too much for any reason):
+    B keeps replicas of A's clients only within its own per-client bounds and
+    --sg-replica-total-bytes; the others are not listed by B's queries and are counted; a
+    client that shrinks its metadata is replicated again."""
+    a = start_relay(
+        "--redis", redis_url, "--sg-metadata-bytes", "300000", "--sg-metadata-keys", "1000"
+    )
+    b = start_relay("--redis", redis_url, "--sg-replica-total-bytes", "150000")
+    honest = await Honest.start(connect, b)
+    before = b.rss_mib()
+
+    async def identify(client_id: str, app: str, **extra: Any) -> SgClient:
+        client = await connect(a)
+        await client.identify(client_id, app, **extra)
+        return client
+
+    small = await identify("small", "ok")
+    big = await identify("big", "evil", metadata=metadata(102_400))  # 100 KiB > B's 64 KiB
+    many = {f"k{i}": {"type": "integer", "value": i} for i in range(300)}
+    await identify("many", "evil", metadata=many)  # 300 keys > B's 256
+    for i in range(3):  # ~61.5 KB each: two fit in 150,000
+        await identify(f"fat{i}", "fat", metadata=metadata(61_440))
+
+    async def replicated() -> bool:
+        seen = {c["client_id"] for c in await _query(b, {"application": "ok"}, "")}
+        fat = {c["client_id"] for c in await _query(b, {"application": "fat"}, "")}
+        return seen == {"small"} and len(fat) == 2
+
+    await asyncio.gather(honest.run(), eventually(replicated))
+    assert not await _query(b, {"application": "evil"}, "")
+    page = await scrape(*b.address)
+    # each refusal of an entry is counted: one B read in its snapshot and again in the log
+    # (B joining while A's clients identify) counts twice
+    assert page.value("rmb_relay_sg_refused_total", limit="replica_bytes") >= 1
+    assert page.value("rmb_relay_sg_refused_total", limit="replica_keys") >= 1
+    assert page.value("rmb_relay_sg_refused_total", limit="replica_total") >= 1
+    assert 120_000 < page.value("rmb_relay_sg_held_bytes", what="replicas") <= 150_000
+    # A still answers for all of its own clients
+    assert {c["client_id"] for c in await _query(a, {"application": "evil"}, "")} == {
+        "big",
+        "many",
+    }
+    # within bounds again: replicated at the change
+    await big.dispatch(
+        "UPDATE_METADATA", {f"k{i}": {"type": "string", "value": ""} for i in range(10)}
+    )
+
+    async def shrunk() -> bool:
+        return [c["client_id"] for c in await _query(b, {"application": "evil"}, "")] == ["big"]
+
+    await eventually(shrunk)
+    await small.ws.close()
+    assert b.rss_mib() - before < 24

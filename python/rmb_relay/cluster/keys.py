@@ -105,6 +105,8 @@ def work_holders_key(topic: str, name: str) -> str:
 #: the 신경 queues' names (a set) and their wake-up channel (pub/sub)
 SG_QUEUE_NAMES = "sgq:names"
 SG_QUEUE_EVENTS = "sgq:events"
+#: queue name -> the application that made it (--sg-queues-per-app with Redis)
+SG_QUEUE_APPS = "sgq:apps"
 #: bytes of messages all Redis-backed 신경 queues hold (--sg-queue-total-bytes)
 SG_QUEUE_BYTES = "sgq:bytes"
 

@@ -5,8 +5,13 @@
 | `GET /api/version` | no | `{"singyeong": "0.0.1", "api": "v1"}` |
 | `POST /api/v1/query` | yes | body = a query; the matching clients of every instance |
 | `POST /api/v1/proxy` | yes | an HTTP request to a client picked by a query (proxy.py) |
-| `GET /api/v1/queues/dead-letters?queue=NAME` | yes | dead letters (of one queue, or all) |
+| `GET /api/v1/queues/dead-letters?queue=NAME&after=C` | yes | dead letters, paged |
 | `POST /api/v1/queues/requeue` | yes | `{"queue": NAME, "ids": [...]}` back in (no ids: all) |
+
+The dead-letter listing is paged (issue 33: an answer must not grow with what a stranger can
+fill): letters in (queue, id) order, at most `--sg-dead-letters-page` of them and
+`DEAD_PAGE_BYTES` of JSON; a cut answer carries `Link: <...&after=CURSOR>; rel="next"` (and
+`X-Sg-Next: CURSOR`), and an answer without it is the last page.
 
 Auth: with `--sg-auth`, the `Authorization` header must be the password verbatim (no
 "Bearer"), as the public server; else 401 `{"status":"error","error":"not authorized"}`.
@@ -16,15 +21,22 @@ from __future__ import annotations
 
 import hmac
 import json
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import parse_qs, urlencode
 
 from rmb_relay.dialects.base import HttpClient, HttpResponse, Routes
 from rmb_relay.dialects.singyeong.query import QueryError, parse
+from rmb_relay.dialects.singyeong.queues import DeadPage
 from rmb_relay.dialects.singyeong.settings import API_VERSION
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest
-    from rmb_relay.dialects.singyeong.dialect import SingyeongDialect
+    from rmb_relay.dialects.singyeong.clients import ClientIndex
+    from rmb_relay.dialects.singyeong.metrics import SgMetrics
+    from rmb_relay.dialects.singyeong.proxy import Proxy
+    from rmb_relay.dialects.singyeong.queues import Queues
+    from rmb_relay.dialects.singyeong.redis_queues import RedisQueues
+    from rmb_relay.dialects.singyeong.settings import SgSettings
 
 JSON = "application/json"
 
@@ -34,14 +46,34 @@ def _json(status: int, value: Any) -> HttpResponse:
 
 
 def _query_param(query: str | None, name: str) -> str | None:
-    from urllib.parse import parse_qs
-
     values = parse_qs(query or "").get(name)
     return values[0] if values else None
 
 
+class ApiHost(Protocol):
+    """What the API needs of the gateway (dialect.py's `SingyeongDialect`, which imports
+    this module: a protocol, so that nothing here imports it back)."""
+
+    @property
+    def settings(self) -> SgSettings: ...
+
+    @property
+    def index(self) -> ClientIndex: ...
+
+    @property
+    def queues(self) -> Queues | RedisQueues: ...
+
+    @property
+    def proxy(self) -> Proxy: ...
+
+    @property
+    def metrics(self) -> SgMetrics: ...
+
+    def too_many_results(self, matched: int) -> str | None: ...
+
+
 class SgApi:
-    def __init__(self, dialect: SingyeongDialect) -> None:
+    def __init__(self, dialect: ApiHost) -> None:
         self.dialect = dialect
 
     def add_routes(self, router: Routes) -> None:
@@ -94,7 +126,24 @@ class SgApi:
         if not self.authorized(request):
             return self.refused()
         name = _query_param(request.query, "queue")
-        return _json(200, await self.dialect.queues.list_dead(name))
+        after = _query_param(request.query, "after")
+        try:
+            page = DeadPage(after, self.dialect.settings.dead_letters_page)
+        except ValueError as err:
+            return _json(400, {"errors": [str(err)]})
+        await self.dialect.queues.list_dead(name, page)
+        headers: tuple[tuple[str, str], ...] = ()
+        if page.cursor is not None:
+            # the rest is on the next page (RFC 8288 rel=next, as GitHub's API pages)
+            self.dialect.metrics.refused.inc(1, "dead_letters_page")
+            params = (
+                {"after": page.cursor} if name is None else {"queue": name, "after": page.cursor}
+            )
+            headers = (
+                ("Link", f'<{request.path}?{urlencode(params)}>; rel="next"'),
+                ("X-Sg-Next", page.cursor),
+            )
+        return HttpResponse(200, page.body(), JSON, headers=headers)
 
     async def requeue(self, request: HttpRequest, client: HttpClient) -> HttpResponse:
         if not self.authorized(request):

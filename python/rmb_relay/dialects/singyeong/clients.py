@@ -2,7 +2,8 @@
 id)` and mirrors each into the Rust core's index (`SgIndex`, rust/dialects/singyeong/index.rs),
 where every query is matched and every SEND/BROADCAST resolved, for Python and for the fast
 path alike. Python keeps the metadata it answers with (QUERY_NODES, the HTTP API, replicas
-for the other instances); the core keeps its own copy to match against.
+for the other instances); the core keeps its own copy to match against. Why both, and what
+each costs: metadata.py.
 """
 
 from __future__ import annotations

@@ -21,6 +21,19 @@ What the gateway uses of the cluster
   share one record, `gm:<instance>`, whose frame lists them (`_ManyEndpoint`): one record, not
   one per receiver. When Redis refuses a record, the sender gets op 3 `invalid` saying so:
   never a silent loss.
+
+Replica bounds (issue 33)
+-------------------------
+Another instance's clients cost this one memory, and that instance may run with larger
+bounds (or be broken): a replica is held to this instance's own per-client bounds
+(`--sg-metadata-keys`, `--sg-metadata-bytes`, counted as a local client's are:
+`metadata.replica_size`; its ids to `MAX_ID_LENGTH`, its queue names to
+`CLIENT_QUEUE_NAMES`) and all replicas together to `--sg-replica-total-bytes`. An entry
+beyond them is not kept (a replica held for that client before is dropped, so queries do
+not answer with stale metadata), logged and counted (`rmb_relay_sg_refused_total{limit=
+"replica_keys"|"replica_bytes"|"replica_total"}`); a raw entry longer than
+`max_entry_bytes` is refused before it is parsed. The client is taken again at its next
+change within the bounds.
 """
 
 from __future__ import annotations
@@ -36,12 +49,14 @@ from rmb_relay.cluster import keys
 from rmb_relay.cluster.endpoint import NoPeer
 from rmb_relay.cluster.fanout import ReplicatedTable
 from rmb_relay.dialects.singyeong.clients import Client
+from rmb_relay.dialects.singyeong.metadata import replica_size
 from rmb_relay.errors import ClusterUnavailable
 
 if TYPE_CHECKING:
     from rmb_relay.cluster.node import Cluster
     from rmb_relay.dialects.base import Peer
     from rmb_relay.dialects.singyeong.clients import ClientIndex
+    from rmb_relay.dialects.singyeong.settings import SgSettings
 
 log = logging.getLogger("rmb_relay.singyeong")
 
@@ -57,6 +72,12 @@ Failed = Callable[[str], None]
 DisplaceLocal = Callable[[Client, str], None]
 #: the `t` of a bus frame asking for `displace_local` (no dispatch type starts with NUL)
 DISPLACE = "\0displace"
+#: `refused(limit)`: a replica entry refused by a bound (the metric's label)
+Refused = Callable[[str], None]
+#: the longest client or application id a replica may carry (session.py's MAX_ID_LENGTH)
+MAX_REPLICA_ID = 256
+#: queue names a replica's `queues` keeps (dialect.py's CLIENT_QUEUE_NAMES)
+MAX_REPLICA_QUEUES = 1000
 
 
 def client_key(app_id: str, client_id: str) -> str:
@@ -173,7 +194,18 @@ class SgCluster:
         index: ClientIndex,
         deliver_local: DeliverLocal,
         displace_local: DisplaceLocal | None = None,
+        settings: SgSettings | None = None,
+        refused: Refused | None = None,
     ) -> None:
+        """`settings`: the bounds replicas are held to (module docstring; the defaults
+        without it); `refused(limit)` counts an entry refused by one."""
+        from rmb_relay.dialects.singyeong.settings import SgSettings
+
+        self.settings = settings if settings is not None else SgSettings()
+        self.refused: Refused = refused or (lambda limit: None)
+        #: bytes of every replica held (`replica_size`), and per (node, key)
+        self.replica_bytes = 0
+        self._replica_sizes: dict[tuple[str, str], int] = {}
         self.cluster = cluster
         self.node = cluster.me
         self.index = index
@@ -283,18 +315,68 @@ class SgCluster:
             return None
         return _ClientEndpoint(self, client)
 
+    @property
+    def max_entry_bytes(self) -> int:
+        """The longest raw replica entry parsed: what a client within this instance's bounds
+        can take as JSON (its metadata escaped at worst 6 bytes a byte, queue names, ids)."""
+        return 6 * self.settings.metadata_bytes + MAX_REPLICA_QUEUES * 1536 + 65536
+
+    def _drop_replica(self, node: str, key: str, existing: Client | None) -> None:
+        if existing is not None and existing.node == node:
+            self.index.remove(existing)
+        size = self._replica_sizes.pop((node, key), 0)
+        self.replica_bytes -= size
+
+    def _refuse(self, node: str, key: str, existing: Client | None, limit: str, why: str) -> None:
+        self._drop_replica(node, key, existing)
+        self.refused(f"replica_{limit}")
+        log.warning("singyeong: a client replica from instance %s not kept: %s", node[:64], why)
+
     def _on_change(self, node: str, key: str, value: bytes | None) -> None:
         app_id, _, client_id = key.partition("\0")
         existing = self.index.get(app_id, client_id)
         if value is None:
-            if existing is not None and existing.node == node:
-                self.index.remove(existing)
+            self._drop_replica(node, key, existing)
+            return
+        if existing is not None and existing.node != node:
+            return  # ours, or another instance's (a duplicate being refused)
+        if len(value) > self.max_entry_bytes:
+            self._refuse(node, key, existing, "bytes", f"an entry of {len(value)} bytes")
+            return
+        state = json.loads(value)
+        settings = self.settings
+        metadata = state.get("metadata")
+        types = state.get("types")
+        if (
+            not isinstance(metadata, dict)
+            or not isinstance(types, dict)
+            or len(app_id) > MAX_REPLICA_ID
+            or len(client_id) > MAX_REPLICA_ID
+        ):
+            self._refuse(node, key, existing, "bytes", "malformed, or ids over 256 characters")
+            return
+        keys_held, size = replica_size(metadata)
+        if keys_held > settings.metadata_keys:
+            self._refuse(node, key, existing, "keys", f"{keys_held} keys (--sg-metadata-keys)")
+            return
+        if size > settings.metadata_bytes:
+            self._refuse(node, key, existing, "bytes", f"{size} bytes (--sg-metadata-bytes)")
+            return
+        old = self._replica_sizes.get((node, key), 0)
+        if self.replica_bytes - old + size > settings.replica_total_bytes:
+            self._refuse(
+                node,
+                key,
+                existing,
+                "total",
+                f"all replicas would hold {self.replica_bytes - old + size} bytes "
+                "(--sg-replica-total-bytes)",
+            )
             return
         if existing is not None:
-            if existing.node != node:
-                return  # ours, or another instance's (a duplicate being refused)
             self.index.remove(existing)
-        state = json.loads(value)
+        self._replica_sizes[(node, key)] = size
+        self.replica_bytes += size - old
         client = Client(
             state["app_id"],
             state["client_id"],
@@ -303,7 +385,9 @@ class SgCluster:
             socket_ip=state["socket_ip"],
         )
         client.node = node
-        client.types.update(state["types"])
-        client.metadata.update(state["metadata"])
-        client.queues.update(state["queues"])
+        client.types.update(types)
+        client.metadata.update(metadata)
+        queues = state.get("queues")
+        if isinstance(queues, list):
+            client.queues.update(q for q in queues[:MAX_REPLICA_QUEUES] if isinstance(q, str))
         self.index.add(client)

@@ -172,6 +172,7 @@ class SingyeongDialect(Dialect):
                 wall_ms=self.now_ms,
                 queue_bytes=settings.queue_bytes,
                 queue_total_bytes=settings.queue_total_bytes,
+                queues_per_app=settings.queues_per_app,
                 queues_total=settings.queues_total,
                 requests_per_client=settings.requests_per_client,
                 requests_total=settings.requests_total,
@@ -179,14 +180,25 @@ class SingyeongDialect(Dialect):
             self.queues.start()
         self.cluster: SgCluster | None = None
         if cluster is not None:
-            self.cluster = SgCluster(cluster, self.index, self.deliver_local, self.displace_local)
+            self.cluster = SgCluster(
+                cluster,
+                self.index,
+                self.deliver_local,
+                self.displace_local,
+                settings,
+                lambda limit: self.metrics.refused.inc(1, limit),
+            )
             self.cluster.start()
         self.metrics = SgMetrics(
             registry,
             lambda: self.index,
             lambda: self.queues,
             self.fast_counts,
-            lambda: (self.metadata_bytes, self.target_cache_bytes),
+            lambda: (
+                self.metadata_bytes,
+                self.target_cache_bytes,
+                0 if self.cluster is None else self.cluster.replica_bytes,
+            ),
         )
         self._sweeper: asyncio.TimerHandle | None = None
         self._metadata_due: dict[SgSession, int] = {}
@@ -422,8 +434,7 @@ class SingyeongDialect(Dialect):
         handler(self, session, client, t, d)
 
     def _update_metadata(self, session: SgSession, client: Client, t: str, d: Any) -> None:
-        self.metrics.hot.dispatch(t, "ok")
-        session.update_metadata(d)
+        self.metrics.hot.dispatch(t, session.update_metadata(d))
 
     def _parse_target(self, session: SgSession, t: str, target: Any) -> Query | None:
         try:

@@ -12,6 +12,28 @@ counted under the key `"..."`), and every name or type quoted in a message is cu
 994 KiB. What a client's metadata may hold is bounded by `MetadataAccount`: keys
 (`--sg-metadata-keys`) and bytes (`--sg-metadata-bytes`, `value_bytes` of each value plus its
 key's length), counting the updates still waiting for the rate limit.
+
+Two copies of a client's metadata (issue 33 asked whether both are needed)
+-------------------------------------------------------------------------
+Every client's metadata is held twice: as Python values in `Client.metadata` / `types`
+(clients.py) and as the core's `Value`s in `SgIndex` (rust/dialects/singyeong/index.rs), which
+matches every query. The Python copy is read, not matched against, and only by what the core
+cannot answer today, because `SgIndex` has no way to hand a client's values back to Python:
+- QUERY_NODES and `POST /api/v1/query` answer with each client's metadata and types
+  (`Client.describe`);
+- the cluster's replica entry of a local client is its metadata as JSON (cluster.py `_state`);
+- `/api/v1/proxy` reads the `ip` a client declared (proxy.py `Proxy.target`).
+No policy lives in the Python copy: validation and the bounds are here, matching and routing
+in the core. Dropping it needs a core call that returns a client's metadata (values and
+types, as `Value` -> Python conversion in rust/dialects/singyeong/py.rs) for those three
+readers; not done yet. What it would save, measured (`SgIndex` vs the Python objects, 4,000
+clients of ~1 KiB metadata: 8 strings of 100 characters, 4 integers, a list of 5 strings, a
+version; 1,173 bytes charged each): the Python copy (the `Client`, its two dicts, values)
+3.7 KiB per client by tracemalloc, the core's index 8.9-11.2 KiB per client by RSS (a hash
+bucket per distinct top-level value, the sorted index of numbers, the values). So the second
+copy is about a quarter of a client's metadata memory, and both together are about 11x
+what `value_bytes` charges: `--sg-metadata-total-bytes` bounds memory in proportion, not
+exactly.
 """
 
 from __future__ import annotations
@@ -47,6 +69,9 @@ DEFAULT_METADATA_BYTES = 64 << 10
 #: bytes of metadata all of an instance's clients may hold together (thousands of clients
 #: from one address stay within it even at the per-client bound)
 DEFAULT_METADATA_TOTAL_BYTES = 128 << 20
+#: bytes of metadata the replicas of other instances' clients may hold together (cluster.py):
+#: four instances' worth of this instance's own total
+DEFAULT_REPLICA_TOTAL_BYTES = 4 * DEFAULT_METADATA_TOTAL_BYTES
 #: what `value_bytes` charges per item on top of a string's length: a Python object's
 #: header and its slot in the container holding it
 ITEM_BYTES = 16
@@ -111,6 +136,25 @@ def value_bytes(value: Any) -> int:
         elif isinstance(item, list | tuple):
             push(item)
     return total
+
+
+#: base keys a client's own bounds do not count (the gateway writes them; `ip` and
+#: `namespace` carry the client's strings and count)
+UNCOUNTED_KEYS = FORBIDDEN_KEYS - {"ip", "namespace"}
+
+
+def replica_size(metadata: dict[str, Any]) -> tuple[int, int]:
+    """(keys, bytes) of another instance's client's metadata as this instance's bounds count
+    a local client's (`MetadataAccount`: keys the client wrote; `value_bytes` plus key
+    lengths of those and of `ip` and `namespace`)."""
+    keys = size = 0
+    for key, value in metadata.items():
+        if key in UNCOUNTED_KEYS:
+            continue
+        if key not in FORBIDDEN_KEYS:
+            keys += 1
+        size += len(key) + value_bytes("" if value is None else value)
+    return keys, size
 
 
 def _quoted(text: Any) -> str:

@@ -63,12 +63,12 @@ class SgMetrics:
         index: Callable[[], ClientIndex],
         queues: Callable[[], Queues | RedisQueues],
         fast: Callable[[], tuple[int, int, int, int]] | None = None,
-        held: Callable[[], tuple[int, int]] | None = None,
+        held: Callable[[], tuple[int, int, int]] | None = None,
     ) -> None:
         """`fast`: the counts of the fast path (SEND/BROADCAST answered inside the read,
         dialect.py `fast_counts`), read with the rest: (frames_in, sends, broadcasts,
         frames_out), all `delivered`. `held`: the gateway's (metadata bytes of its clients,
-        bytes of its QUEUE target cache)."""
+        bytes of its QUEUE target cache, bytes of its replicas of other instances' clients)."""
         self.hot = HotCounters()
         self.fast = fast
         sg = {"dialect": "singyeong"}
@@ -148,7 +148,9 @@ class SgMetrics:
             "requests_total (outstanding QUEUE_REQUESTs), proxy_target (proxy 403), "
             "proxy_concurrency (proxy 503), query_results (op 3 too_many_results, HTTP 400), "
             "restricted_displaced (a restricted client closed "
-            "for an authenticated one taking its id)",
+            "for an authenticated one taking its id), dead_letters_page (a dead-letter "
+            "listing cut at --sg-dead-letters-page), replica_keys, replica_bytes, "
+            "replica_total (another instance's client not replicated here)",
             ("limit",),
         )
         registry.gauge(
@@ -161,9 +163,12 @@ class SgMetrics:
             registry.gauge(
                 "rmb_relay_sg_held_bytes",
                 "Bytes the singyeong gateway holds for clients besides queues: metadata (each "
-                "client within --sg-metadata-bytes) and target_cache (--sg-target-cache-bytes)",
+                "client within --sg-metadata-bytes), target_cache (--sg-target-cache-bytes) "
+                "and replicas (other instances' clients' metadata, --sg-replica-total-bytes)",
                 ("what",),
-                read=lambda: list(zip((("metadata",), ("target_cache",)), held(), strict=True)),
+                read=lambda: list(
+                    zip((("metadata",), ("target_cache",), ("replicas",)), held(), strict=True)
+                ),
             )
         closed = "rmb_relay_connections_closed_total"
         closed_help = "Connections the relay closed on its own initiative, by dialect and reason"

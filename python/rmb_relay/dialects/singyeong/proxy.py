@@ -26,7 +26,7 @@ import asyncio
 import ipaddress
 import json
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
 from rmb_relay.dialects.base import HttpResponse
@@ -34,7 +34,9 @@ from rmb_relay.dialects.singyeong.query import QueryError, parse
 
 if TYPE_CHECKING:
     from rmb_relay.dialects.singyeong.clients import Client
-    from rmb_relay.dialects.singyeong.dialect import SingyeongDialect
+    from rmb_relay.dialects.singyeong.metrics import SgMetrics
+    from rmb_relay.dialects.singyeong.query import Query
+    from rmb_relay.dialects.singyeong.settings import SgSettings
 
 METHODS = frozenset(("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH"))
 WITHOUT_BODY = frozenset(("GET", "HEAD"))
@@ -82,8 +84,21 @@ class Target:
     server_hostname: str | None
 
 
+class ProxyHost(Protocol):
+    """What the proxy needs of the gateway (dialect.py's `SingyeongDialect`; a protocol here
+    so that this module does not import the dialect that imports it)."""
+
+    @property
+    def settings(self) -> SgSettings: ...
+
+    @property
+    def metrics(self) -> SgMetrics: ...
+
+    def resolve(self, query: Query, *, broadcast: bool) -> list[Client]: ...
+
+
 class Proxy:
-    def __init__(self, dialect: SingyeongDialect) -> None:
+    def __init__(self, dialect: ProxyHost) -> None:
         self.dialect = dialect
         self._session: Any = None
         #: requests being forwarded now (`--sg-proxy-concurrency`)

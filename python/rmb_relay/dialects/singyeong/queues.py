@@ -50,6 +50,7 @@ op 3 `too many outstanding QUEUE_REQUESTs` beyond.
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import uuid
@@ -96,6 +97,11 @@ DEFAULT_QUEUE_BYTES = 64 << 20
 DEFAULT_QUEUE_TOTAL_BYTES = 256 << 20
 #: bytes of dead letters (all queues) before messages at their last attempt stay in line
 DEFAULT_DEAD_LETTER_BYTES = 64 << 20
+#: dead letters one `GET /api/v1/queues/dead-letters` answer lists (`--sg-dead-letters-page`)
+DEFAULT_DEAD_LETTERS_PAGE = 1000
+#: bytes of JSON one such answer may hold besides its first letter (a letter is at most one
+#: QUEUE frame, so a page is never empty)
+DEAD_PAGE_BYTES = 4 << 20
 #: heap bytes a queued message costs besides its frame's size: the Message, its id, decoded
 #: target, parsed query and queue entries (tracemalloc, 50,000 messages of 118 wire bytes:
 #: 682 heap bytes each), so tiny messages cannot hold five times what the budget says
@@ -287,6 +293,62 @@ class Queue:
     @property
     def idle(self) -> bool:
         return not (self.waiting or self.requests or self.unacked or self.dead)
+
+
+def dead_cursor(queue: str, message_id: str) -> str:
+    """The `after` of the next page: the last letter listed (the queue's length first, so a
+    name may hold any character). Letters are listed in (queue, id) order, so a cursor whose
+    letter was requeued since still says where to go on."""
+    return f"{len(queue)}:{queue}{message_id}"
+
+
+def parse_dead_cursor(text: str) -> tuple[str, str]:
+    """(queue, id) of a `dead_cursor`; raises ValueError."""
+    length, sep, rest = text.partition(":")
+    if not sep or not length.isdigit() or int(length) > len(rest):
+        raise ValueError(f"after: not a cursor this gateway gave: {text[:64]!r}")
+    return rest[: int(length)], rest[int(length) :]
+
+
+class DeadPage:
+    """One page of the dead-letter listing (both stores): letters in (queue, id) order after
+    `after`, at most `limit` of them and `max_bytes` of JSON (at least one). `add` returns
+    False once the page is full; `cursor` then names the last letter taken, where the next
+    page starts. One answer costs the gateway a page, whatever the dead letters hold."""
+
+    __slots__ = ("_last", "after", "cursor", "limit", "max_bytes", "parts", "size")
+
+    def __init__(self, after: str | None, limit: int, max_bytes: int = DEAD_PAGE_BYTES) -> None:
+        self.after = parse_dead_cursor(after) if after else None
+        self.limit = limit
+        self.max_bytes = max_bytes
+        self.parts: list[bytes] = []
+        self.size = 0
+        #: set when letters are left out: the `after` of the next page
+        self.cursor: str | None = None
+        self._last: tuple[str, str] | None = None
+
+    def wanted(self, queue: str, message_id: str) -> bool:
+        """Whether a letter at this position comes after the cursor."""
+        return self.after is None or (queue, message_id) > self.after
+
+    def add(self, queue: str, message_id: str, record: dict[str, Any]) -> bool:
+        """Take a letter (in order); False when the page is full (the letter is left out)."""
+        if self.cursor is not None:
+            return False
+        data = json.dumps(record, separators=(",", ":")).encode()
+        if self.parts and (len(self.parts) >= self.limit or self.size + len(data) > self.max_bytes):
+            assert self._last is not None
+            self.cursor = dead_cursor(*self._last)
+            return False
+        self.parts.append(data)
+        self.size += len(data) + 1
+        self._last = (queue, message_id)
+        return True
+
+    def body(self) -> bytes:
+        """The page as a JSON list (the listing's shape without paging)."""
+        return b"[" + b",".join(self.parts) + b"]"
 
 
 class QueueEvents(Protocol):
@@ -614,8 +676,16 @@ class Queues:
         offers the message, as after a Redis write."""
         self.admit(message, app)
 
-    async def list_dead(self, name: str | None) -> list[dict[str, Any]]:
-        return [letter.record() for letter in self.dead_letters(name)]
+    async def list_dead(self, name: str | None, page: DeadPage) -> None:
+        """Fill `page` with dead letters (of queue `name`, or all) in (queue, id) order."""
+        names = sorted(n for n in self.queues if name is None or n == name)
+        for queue_name in names:
+            if page.after is not None and queue_name < page.after[0]:
+                continue
+            dead = self.queues[queue_name].dead
+            for message_id in sorted(i for i in dead if page.wanted(queue_name, i)):
+                if not page.add(queue_name, message_id, dead[message_id].record()):
+                    return
 
     async def requeue_dead(self, name: str, ids: list[str] | None) -> int:
         return self.requeue(name, ids)

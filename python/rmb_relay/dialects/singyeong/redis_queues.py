@@ -13,6 +13,7 @@ sgq:{NAME}:dead       hash  id -> {"reason", "dead_at"} (the record stays in msg
 sgq:{NAME}:bytes      int   bytes the queue's messages are charged (--sg-queue-bytes)
 sgq:{NAME}:sizes      hash  id -> bytes charged for it (given back when it is acked)
 sgq:names             set   queue names (for the ack-timeout sweep; an empty queue's goes)
+sgq:apps              hash  queue name -> application of the client whose store made it
 sgq:bytes             int   bytes all queues are charged (--sg-queue-total-bytes)
 sgq:events            pub/sub channel: a queue's name when it has new waiting messages
 ```
@@ -31,8 +32,11 @@ so that every instance sees one figure. A message costs its record's length plus
 (`--sg-queue-total-bytes`, `sgq:bytes`, another slot) is checked against this instance's view
 (`_write_batch`), refreshed by every sweep, so instances storing at the same moment may pass
 it by what they stored since their last sweep. A store for a queue
-name that does not exist while `sgq:names` has `--sg-queues-total` names is refused; the
-sweep drops the names of empty queues. The requests an instance holds are counted like the
+name that does not exist while `sgq:names` has `--sg-queues-total` names, or while the
+storing client's application made `--sg-queues-per-app` of them (`sgq:apps`, set with the
+name), is refused; the sweep drops the names of empty queues and their applications. Both
+are checked against this instance's view as the total is (exact for its own stores,
+refreshed by every sweep). The requests an instance holds are counted like the
 in-memory queues (`QueueCounts`, per application and in all). Refusals are op 3
 `queue_full` / `too_many_queues`, as in memory.
 """
@@ -59,6 +63,7 @@ from rmb_relay.dialects.singyeong.queues import (
     MAX_REQUESTS_TOTAL,
     MESSAGE_OVERHEAD,
     Consumer,
+    DeadPage,
     Message,
     QueueCounts,
     RequestCounts,
@@ -78,6 +83,7 @@ SCAN_WINDOW = 256
 NAMES = cluster_keys.SG_QUEUE_NAMES
 EVENTS = cluster_keys.SG_QUEUE_EVENTS
 TOTAL_BYTES = cluster_keys.SG_QUEUE_BYTES
+APPS = cluster_keys.SG_QUEUE_APPS
 
 # KEYS: msgs, waiting, bytes, sizes; ARGV: id, record, size, per-queue limit
 # -> {1, held after} stored, {0, held} over the queue's budget
@@ -89,6 +95,8 @@ redis.call('RPUSH', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[3])
 return {1, redis.call('INCRBY', KEYS[3], ARGV[3])}
 """
+#: dead letters read from Redis per round trip when listing them
+DEAD_CHUNK = 100
 #: Redis operations in flight at once (acks, retries, pumps, store batches)
 MAX_CONCURRENT = 16
 #: how often the sweep looks for expired deliveries when the ack timeout is long (seconds)
@@ -150,6 +158,10 @@ return 0
 _keys = cluster_keys.sg_queue_keys
 
 
+def _text(raw: bytes | str) -> str:
+    return raw.decode() if isinstance(raw, bytes) else str(raw)
+
+
 class RedisQueues:
     """The Redis twin of `queues.Queues` (same methods the dialect calls)."""
 
@@ -175,6 +187,7 @@ class RedisQueues:
         self.queue_bytes = queue_bytes
         self.queue_total_bytes = queue_total_bytes
         self.queues_total = queues_total
+        self.queues_per_app = queues_per_app
         #: the names this instance holds requests for, per application (module docstring)
         self.counts = QueueCounts(queues_per_app, queues_total)
         self._request_app: dict[str, str] = {}
@@ -185,8 +198,14 @@ class RedisQueues:
         #: per queue, the queue names and their number; refreshed by every sweep
         self._total = 0
         self._queue_held: dict[str, int] = {}
-        self._known_names: set[str] = set()
+        #: queue name -> the application of the client whose store made it (`sgq:apps`)
+        self._known_names: dict[str, str] = {}
+        #: how many of `_known_names` each application made
+        self._app_names: dict[str, int] = {}
         self._names = 0
+        #: names this instance counted as new since the sweep before the last began (their
+        #: store may not have reached `sgq:names` when a sweep read it)
+        self._fresh: set[str] = set()
         self._store_sha: str | None = None
         self.node = node
         self.ack_timeout_ms = ack_timeout_ns // 1_000_000
@@ -205,7 +224,7 @@ class RedisQueues:
         self._listener: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._depth = (0, 0, 0)
-        self._to_store: list[tuple[Message, asyncio.Future[None]]] = []
+        self._to_store: list[tuple[Message, str, asyncio.Future[None]]] = []
         self._limit = asyncio.Semaphore(MAX_CONCURRENT)
         self._storing = False
         #: set when the event listener is subscribed (tests wait for it)
@@ -279,7 +298,7 @@ class RedisQueues:
         take a pooled connection each): one round trip reads the total and the names, one
         runs the store scripts."""
         done = asyncio.get_running_loop().create_future()
-        self._to_store.append((message, done))
+        self._to_store.append((message, app, done))
         if not self._storing:
             self._storing = True
             self._spawn(self._write_stores())
@@ -292,14 +311,14 @@ class RedisQueues:
                 try:
                     await self._write_batch(batch)
                 except Exception as err:
-                    for _, done in batch:
+                    for _, _, done in batch:
                         if not done.done():
                             done.set_exception(err)
         finally:
             self._storing = False
 
     async def _write_batch(
-        self, batch: list[tuple[Message, asyncio.Future[None]]], *, retry: bool = True
+        self, batch: list[tuple[Message, str, asyncio.Future[None]]], *, retry: bool = True
     ) -> None:
         """One round trip per batch, as one MULTI was before the budget: the bounds are
         checked here against this instance's view (`_total`, `_queue_held`, `_known_names`:
@@ -308,7 +327,8 @@ class RedisQueues:
         again, atomically, in the same pipeline as the total's INCRBY, the names and the
         events (a message a script refuses is taken off the total again)."""
         writes: list[tuple[Message, asyncio.Future[None], int, str]] = []
-        for message, done in batch:
+        apps: dict[str, str] = {}
+        for message, app, done in batch:
             record = json.dumps(
                 {
                     "queue": message.queue,
@@ -319,12 +339,13 @@ class RedisQueues:
                 separators=(",", ":"),
             )
             size = len(record) + MESSAGE_OVERHEAD
-            refusal = self._refusal(message.queue, size)
+            refusal = self._refusal(message.queue, size, app)
             if refusal is not None:
                 done.set_exception(refusal)
                 continue
             message.size = size
             writes.append((message, done, size, record))
+            apps.setdefault(message.queue, self._known_names.get(message.queue, app))
         if not writes:
             return
         if self._store_sha is None:
@@ -348,10 +369,11 @@ class RedisQueues:
             pipe.incrby(TOTAL_BYTES, sum(size for _, _, size, _ in writes))
             for name in names:
                 pipe.sadd(NAMES, name)
+                pipe.hsetnx(APPS, name, apps[name])
                 pipe.publish(EVENTS, name)
             results = await pipe.execute(raise_on_error=False)
         not_stored = 0
-        again: list[tuple[Message, asyncio.Future[None]]] = []
+        again: list[tuple[Message, str, asyncio.Future[None]]] = []
         for (message, done, size, _), result in zip(writes, results, strict=False):
             if isinstance(result, Exception):
                 not_stored += size
@@ -359,7 +381,7 @@ class RedisQueues:
                 if isinstance(result, NoScriptError) and retry:
                     # Redis restarted (its script cache is empty): load it and store again
                     self._store_sha = None
-                    again.append((message, done))
+                    again.append((message, apps[message.queue], done))
                 else:
                     done.set_exception(result)
                 continue
@@ -384,12 +406,14 @@ class RedisQueues:
         if again:
             await self._write_batch(again, retry=False)
 
-    def _refusal(self, name: str, size: int) -> Exception | None:
-        """Why a message of `size` bytes for queue `name` cannot be stored (this instance's
-        view), or None: then it is counted in that view."""
+    def _refusal(self, name: str, size: int, app: str) -> Exception | None:
+        """Why a message of `size` bytes for queue `name` (stored by a client of `app`)
+        cannot be stored (this instance's view), or None: then it is counted in that view."""
         new = name not in self._known_names
         if new and self._names >= self.queues_total:
             return TooManyQueues(name, "total", self.queues_total, "the gateway")
+        if new and self._app_names.get(app, 0) >= self.queues_per_app:
+            return TooManyQueues(name, "per_app", self.queues_per_app, f"application {app[:64]!r}")
         held = self._queue_held.get(name, 0)
         if held + size > self.queue_bytes:
             self._refused["key"] += 1
@@ -400,7 +424,9 @@ class RedisQueues:
                 "total", key=name, size=size, held=self._total, allowed=self.queue_total_bytes
             )
         if new:
-            self._known_names.add(name)
+            self._known_names[name] = app
+            self._fresh.add(name)
+            self._app_names[app] = self._app_names.get(app, 0) + 1
             self._names += 1
         self._queue_held[name] = held + size
         self._total += size
@@ -496,7 +522,7 @@ class RedisQueues:
 
     def names(self) -> set[str]:
         """The queues this instance holds requests for or knows to exist in Redis."""
-        return set(self.requests) | self._known_names
+        return set(self.requests) | set(self._known_names)
 
     def queue_count(self) -> int:
         """Queue names in Redis as of the last sweep."""
@@ -530,6 +556,7 @@ class RedisQueues:
         names of queues left empty (a store re-adds its name after writing, and a name is
         put back if a message arrived while it was dropped)."""
         waiting = unacked = dead = 0
+        fresh, self._fresh = self._fresh, set()
         names = await self.redis.smembers(NAMES)
         known: set[str] = set()
         queue_held: dict[str, int] = {}
@@ -551,6 +578,7 @@ class RedisQueues:
             if not m and not self.requests.get(name):
                 await self.redis.srem(NAMES, name)
                 if not await self.redis.hlen(keys["msgs"]):
+                    await self.redis.hdel(APPS, name)
                     continue
                 await self.redis.sadd(NAMES, name)
             known.add(name)
@@ -558,10 +586,20 @@ class RedisQueues:
                 queue_held[name] = int(held)
         self._depth = (waiting, unacked, dead)
         self._total = int(await self.redis.get(TOTAL_BYTES) or 0)
-        # names stored meanwhile by this instance stay known until the next sweep
         listed = {n.decode() if isinstance(n, bytes) else str(n) for n in names}
-        self._known_names = known | (self._known_names - listed)
-        self._names = len(self._known_names)
+        made_by = {_text(k): _text(v) for k, v in (await self.redis.hgetall(APPS)).items()}
+        known_names = {name: made_by.get(name, "") for name in known}
+        # names this instance stored meanwhile stay known until a sweep lists them (a name
+        # another instance's sweep dropped is not kept: it was not stored here since)
+        for name in fresh | self._fresh:
+            app = self._known_names.get(name)
+            if name not in listed and app is not None:
+                known_names[name] = app
+        self._known_names = known_names
+        self._app_names = {}
+        for app in known_names.values():
+            self._app_names[app] = self._app_names.get(app, 0) + 1
+        self._names = len(known_names)
         self._queue_held = queue_held
 
     def pump(self, name: str) -> None:
@@ -635,36 +673,44 @@ class RedisQueues:
 
     # ---- dead letters ----------------------------------------------------------------------
 
-    async def list_dead(self, name: str | None) -> list[dict[str, Any]]:
-        names = (
-            [name]
-            if name is not None
-            else [
-                n.decode() if isinstance(n, bytes) else str(n)
-                for n in await self.redis.smembers(NAMES)
-            ]
-        )
-        out = []
+    async def list_dead(self, name: str | None, page: DeadPage) -> None:
+        """Fill `page` with dead letters (of queue `name`, or all) in (queue, id) order:
+        the ids of a queue's dead letters are read (HKEYS), then records in chunks of the
+        page's size (one round trip each), until the page is full."""
+        if name is not None:
+            names = [name]
+        else:
+            names = sorted(_text(n) for n in await self.redis.smembers(NAMES))
         for queue in names:
+            if page.after is not None and queue < page.after[0]:
+                continue
             keys = _keys(queue)
-            dead = await self.redis.hgetall(keys["dead"])
-            for raw_id, raw_info in dead.items():
-                message_id = raw_id.decode() if isinstance(raw_id, bytes) else str(raw_id)
-                record = await self.redis.hget(keys["msgs"], message_id)
-                attempts = await self.redis.hget(keys["attempts"], message_id)
-                if record is None:
-                    continue
-                info = json.loads(raw_info)
-                out.append(
-                    {
+            ids = sorted(
+                i for i in map(_text, await self.redis.hkeys(keys["dead"])) if page.wanted(queue, i)
+            )
+            step = min(page.limit, DEAD_CHUNK)
+            for start in range(0, len(ids), step):
+                chunk = ids[start : start + step]
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.hmget(keys["dead"], chunk)
+                    pipe.hmget(keys["msgs"], chunk)
+                    pipe.hmget(keys["attempts"], chunk)
+                    infos, records, attempts = await pipe.execute()
+                for message_id, raw_info, record, tries in zip(
+                    chunk, infos, records, attempts, strict=True
+                ):
+                    if record is None or raw_info is None:
+                        continue
+                    info = json.loads(raw_info)
+                    letter = {
                         **json.loads(record),
                         "id": message_id,
-                        "attempts": int(attempts or 0),
+                        "attempts": int(tries or 0),
                         "reason": info.get("reason"),
                         "dead_at": info.get("dead_at"),
                     }
-                )
-        return out
+                    if not page.add(queue, message_id, letter):
+                        return
 
     async def requeue_dead(self, name: str, ids: list[str] | None) -> int:
         keys = _keys(name)

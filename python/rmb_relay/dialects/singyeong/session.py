@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rmb_relay._core import SgScanner, WsDecoder, WsMessage
 from rmb_relay.dialects.base import CloseCode, Peer, WebSocketHandler
@@ -44,9 +44,14 @@ from rmb_relay.dialects.singyeong.metadata import (
 )
 
 if TYPE_CHECKING:
-    from rmb_relay.dialects.singyeong.dialect import SingyeongDialect
+    from rmb_relay._core import _SgQueueFrame as SgQueueFrame
+    from rmb_relay.clock import Clock
+    from rmb_relay.dialects.singyeong.clients import ClientIndex
+    from rmb_relay.dialects.singyeong.cluster import SgCluster
+    from rmb_relay.dialects.singyeong.metrics import SgMetrics
     from rmb_relay.dialects.singyeong.query import Query
     from rmb_relay.dialects.singyeong.queues import Message
+    from rmb_relay.dialects.singyeong.settings import SgSettings
 
 log = logging.getLogger("rmb_relay.singyeong")
 
@@ -57,13 +62,61 @@ MAX_ID_LENGTH = MAX_KEY_LENGTH
 _DISPATCH, _HEARTBEAT, _IDENTIFY = int(Op.DISPATCH), int(Op.HEARTBEAT), int(Op.IDENTIFY)
 
 
+class SessionHost(Protocol):
+    """What a session needs of its gateway (dialect.py's `SingyeongDialect`, which imports
+    this module: a protocol, so that nothing here imports it back)."""
+
+    #: bytes of every local client's metadata (`charge_metadata` keeps it)
+    metadata_bytes: int
+
+    @property
+    def settings(self) -> SgSettings: ...
+
+    @property
+    def clock(self) -> Clock: ...
+
+    @property
+    def index(self) -> ClientIndex: ...
+
+    @property
+    def metrics(self) -> SgMetrics: ...
+
+    @property
+    def cluster(self) -> SgCluster | None: ...
+
+    @property
+    def sessions(self) -> dict[int, SgSession]: ...
+
+    def now_ms(self) -> int: ...
+
+    def bind(self, session: SgSession, decoder: WsDecoder) -> SgScanner | None: ...
+
+    def ensure_sweeper(self) -> None: ...
+
+    def heard_from(self, session: SgSession) -> None: ...
+
+    def client_ready(self, session: SgSession, client: Client) -> None: ...
+
+    def session_closed(self, session: SgSession) -> None: ...
+
+    def displace_local(self, client: Client, by: str) -> None: ...
+
+    def dispatch(self, session: SgSession, client: Client, t: Any, d: Any) -> None: ...
+
+    def queue_batch(self, session: SgSession, batch: list[SgQueueFrame]) -> None: ...
+
+    def metadata_waiting(self, session: SgSession, due: int) -> None: ...
+
+    def metadata_applied(self, client: Client) -> None: ...
+
+
 class SgSession(WebSocketHandler):
     """See the module docstring."""
 
     def __init__(
         self,
         peer: Peer,
-        dialect: SingyeongDialect,
+        dialect: SessionHost,
         encoding: Encoding,
         address: str | None = None,
     ) -> None:
@@ -351,17 +404,19 @@ class SgSession(WebSocketHandler):
             raise
         self.dialect.metadata_bytes += delta
 
-    def update_metadata(self, d: Any) -> None:
+    def update_metadata(self, d: Any) -> str:
+        """Validate, bound and apply (or hold for the rate) an update; the outcome for
+        `rmb_relay_sg_dispatches_total`: "ok", "invalid" or "refused" (metadata_full)."""
         try:
             update = validate(d)
         except MetadataError as err:
             self.invalid("invalid metadata", err.errors)
-            return
+            return "invalid"
         try:
             self.charge_metadata(update)
         except MetadataLimit as err:
             self.invalid("metadata_full", err.info())
-            return
+            return "refused"
         dialect = self.dialect
         now = dialect.clock()
         interval = 1_000_000_000 // dialect.settings.metadata_rate
@@ -370,10 +425,11 @@ class SgSession(WebSocketHandler):
         if not self.metadata_pending and self.metadata_tat - now <= tolerance:
             self.metadata_tat = max(self.metadata_tat, now) + interval
             self.apply_metadata(update.values, update.types)
-            return
+            return "ok"
         self.metadata_pending.update(update.values)
         self.metadata_pending_types.update(update.types)
         dialect.metadata_waiting(self, self.metadata_tat - tolerance)
+        return "ok"
 
     def flush_metadata(self, now: int) -> int | None:
         """Apply the merged pending updates if the rate allows; else the time it will (ns)."""

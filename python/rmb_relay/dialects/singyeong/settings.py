@@ -11,10 +11,12 @@ from rmb_relay.dialects.singyeong.metadata import (
     DEFAULT_METADATA_BYTES,
     DEFAULT_METADATA_KEYS,
     DEFAULT_METADATA_TOTAL_BYTES,
+    DEFAULT_REPLICA_TOTAL_BYTES,
 )
 from rmb_relay.dialects.singyeong.query import QueryLimits
 from rmb_relay.dialects.singyeong.queues import (
     DEFAULT_DEAD_LETTER_BYTES,
+    DEFAULT_DEAD_LETTERS_PAGE,
     DEFAULT_QUEUE_BYTES,
     DEFAULT_QUEUE_TOTAL_BYTES,
     DEFAULT_QUEUES_PER_APP,
@@ -59,6 +61,8 @@ class SgSettings:
     queue_bytes: int = DEFAULT_QUEUE_BYTES
     queue_total_bytes: int = DEFAULT_QUEUE_TOTAL_BYTES
     dead_letter_bytes: int = DEFAULT_DEAD_LETTER_BYTES
+    #: dead letters one GET /api/v1/queues/dead-letters answer lists (the rest: next page)
+    dead_letters_page: int = DEFAULT_DEAD_LETTERS_PAGE
     #: queues that may exist at once, per application (of the client that made one) and in all
     queues_per_app: int = DEFAULT_QUEUES_PER_APP
     queues_total: int = DEFAULT_QUEUES_TOTAL
@@ -69,6 +73,8 @@ class SgSettings:
     metadata_keys: int = DEFAULT_METADATA_KEYS
     metadata_bytes: int = DEFAULT_METADATA_BYTES
     metadata_total_bytes: int = DEFAULT_METADATA_TOTAL_BYTES
+    #: what the replicas of other instances' clients may hold together (cluster.py)
+    replica_total_bytes: int = DEFAULT_REPLICA_TOTAL_BYTES
     #: the most clients a QUERY_NODES or /api/v1/query answer lists
     query_max_results: int = DEFAULT_QUERY_MAX_RESULTS
     #: the QUEUE target cache's budget (dialect.py)
@@ -99,6 +105,7 @@ class SgSettings:
             ("--sg-queue-bytes", self.queue_bytes),
             ("--sg-queue-total-bytes", self.queue_total_bytes),
             ("--sg-dead-letter-bytes", self.dead_letter_bytes),
+            ("--sg-dead-letters-page", self.dead_letters_page),
             ("--sg-queues-per-app", self.queues_per_app),
             ("--sg-queues-total", self.queues_total),
             ("--sg-queue-requests-per-client", self.requests_per_client),
@@ -106,6 +113,7 @@ class SgSettings:
             ("--sg-metadata-keys", self.metadata_keys),
             ("--sg-metadata-bytes", self.metadata_bytes),
             ("--sg-metadata-total-bytes", self.metadata_total_bytes),
+            ("--sg-replica-total-bytes", self.replica_total_bytes),
             ("--sg-query-max-results", self.query_max_results),
             ("--sg-target-cache-bytes", self.target_cache_bytes),
             ("--sg-proxy-concurrency", self.proxy_concurrency),
@@ -142,6 +150,7 @@ class SgSettings:
             queue_bytes=args.sg_queue_bytes,
             queue_total_bytes=args.sg_queue_total_bytes,
             dead_letter_bytes=args.sg_dead_letter_bytes,
+            dead_letters_page=args.sg_dead_letters_page,
             queues_per_app=args.sg_queues_per_app,
             queues_total=args.sg_queues_total,
             requests_per_client=args.sg_queue_requests_per_client,
@@ -149,6 +158,7 @@ class SgSettings:
             metadata_keys=args.sg_metadata_keys,
             metadata_bytes=args.sg_metadata_bytes,
             metadata_total_bytes=args.sg_metadata_total_bytes,
+            replica_total_bytes=args.sg_replica_total_bytes,
             query_max_results=args.sg_query_max_results,
             target_cache_bytes=args.sg_target_cache_bytes,
             # one flag for every dialect that reads a client's address from a front proxy
@@ -293,6 +303,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "metadata_full, limit total, beyond)",
     )
     sg.add_argument(
+        "--sg-replica-total-bytes",
+        type=int,
+        default=d.replica_total_bytes,
+        metavar="BYTES",
+        help="in a cluster: bytes of metadata the replicas of other instances' clients may "
+        "hold together; a replica beyond it, or beyond this instance's per-client bounds, is "
+        "not kept (logged, counted)",
+    )
+    sg.add_argument(
         "--sg-query-max-results",
         type=int,
         default=d.query_max_results,
@@ -315,6 +334,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="BYTES",
         help="in-memory queues: bytes of dead letters (all queues); beyond it a message at its "
         "last attempt stays in its queue instead (logged, counted), never dropped",
+    )
+    sg.add_argument(
+        "--sg-dead-letters-page",
+        type=int,
+        default=d.dead_letters_page,
+        metavar="N",
+        help="dead letters one GET /api/v1/queues/dead-letters answer lists (and at most 4 MiB "
+        "of them); a longer listing is cut, its Link header (rel=next) names the next page",
     )
     sg.add_argument(
         "--sg-proxy-allow",
