@@ -30,6 +30,7 @@ from rmb_relay.load.cli import run_load
 
 from .outdir import RESULTS
 from .procstat import cpu_seconds, free_port, system_seconds, wait_seconds
+from .relay_build import relay_env
 
 ROOT = Path(__file__).resolve().parent.parent
 A, B = "127.0.0.2", "127.0.0.3"
@@ -57,6 +58,7 @@ class RelayProcess:
                 *extra,
             ],
             cwd=ROOT,
+            env=relay_env(),
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
             text=True,

@@ -33,6 +33,7 @@ from rmb_relay.load.cli import run_load
 
 from .outdir import RESULTS
 from .procstat import cpu_seconds, free_port
+from .relay_build import relay_env
 
 SBD_SERVERD = ROOT / ".tools" / "sbd-server" / "bin" / "sbd-serverd"
 TARGET = Path.home() / ".cache" / "rmb-relay" / "sbd-tester-target"
@@ -63,7 +64,12 @@ class Server:
         self.name = name
         self.port = port
         self.process = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            cmd,
+            cwd=ROOT,
+            env=relay_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
         assert self.process.stdout is not None
         for line in self.process.stdout:

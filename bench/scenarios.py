@@ -32,6 +32,7 @@ from rmb_relay.load.cli import run_load
 
 from .outdir import RESULTS
 from .procstat import free_port, rss_bytes, system_seconds, tree_cpu_seconds
+from .relay_build import relay_env
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -75,7 +76,12 @@ class Relay:
         else:
             cmd = [PY, "-m", "bench.baseline_relay", "--port", str(self.port)]
         self.process = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            cmd,
+            cwd=ROOT,
+            env=relay_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
         assert self.process.stdout is not None
         line = self.process.stdout.readline()  # the banner: listening

@@ -36,6 +36,7 @@ from rmb_relay.load.cli import run_load
 
 from .outdir import RESULTS
 from .procstat import cpu_seconds, free_port
+from .relay_build import relay_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("send_eq", "send_range", "broadcast", "broadcast_1000", "queue")
@@ -68,7 +69,7 @@ class Gateway:
         else:
             cmd = [sys.executable, "-m", "bench.singyeong_baseline", "--port", str(self.port)]
         self.process = subprocess.Popen(
-            cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+            cmd, cwd=ROOT, env=relay_env(), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
         )
         assert self.process.stdout is not None
         self.process.stdout.readline()  # banner: listening

@@ -48,6 +48,7 @@ from rmb_relay.load.engine import ARRIVALS as LOAD_ARRIVALS
 from .floor_build import compiled
 from .outdir import RESULTS
 from .procstat import cpu_seconds, free_port, io_syscalls, wait_seconds
+from .relay_build import relay_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "bench-secret-0123456789"
@@ -297,7 +298,7 @@ def tenant_home(prefix: str) -> tuple[Path, dict[str, str], str]:
     """A fresh directory (the processes' XDG_DATA_HOME) with tenant `acme` (secret `SECRET`)
     in its twin/tenant database: the directory, the environment and the `--twins` value."""
     tmp = Path(tempfile.mkdtemp(prefix=prefix))
-    env = {**os.environ, "XDG_DATA_HOME": str(tmp)}
+    env = relay_env({**os.environ, "XDG_DATA_HOME": str(tmp)})
     db = f"sqlite:{tmp / 'relay.sqlite3'}"
     _run_sync(
         [sys.executable, "-m", "rmb_relay", "tenants", "--twins", db,
