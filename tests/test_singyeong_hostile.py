@@ -19,6 +19,7 @@ import pytest
 import redis.asyncio as aioredis
 from aiohttp import web
 
+from rmb_relay.dialects.singyeong.metadata import DEFAULT_METADATA_BYTES
 from tests.conftest import free_port
 from tests.helpers import eventually, http_exchange
 from tests.redis_process import RedisServer
@@ -143,7 +144,7 @@ async def test_metadata_flood_is_refused_per_client(
         frame = await next_op(client, 3)
         assert frame["d"]["error"] == "metadata_full"
         info = frame["d"]["extra_info"]
-        assert (info["limit"], info["allowed"]) == ("bytes", 64 << 10)
+        assert (info["limit"], info["allowed"]) == ("bytes", DEFAULT_METADATA_BYTES)
         assert "--sg-metadata-bytes" in info["reason"]
         await client.ws.close()
 
@@ -183,7 +184,7 @@ async def test_metadata_of_all_clients_is_bounded(
     """Many clients each within its own bound (thousands can come from one address) stop at
     --sg-metadata-total-bytes: op 3 metadata_full, limit total; a client that leaves gives
     its bytes back."""
-    relay = start_relay("--sg-metadata-total-bytes", "300000")
+    relay = start_relay("--sg-metadata-total-bytes", "250000")
     honest = await Honest.start(connect, relay)
     before = relay.rss_mib()
 
@@ -192,7 +193,7 @@ async def test_metadata_of_all_clients_is_bounded(
         for i in range(8):
             client = await connect(relay)
             await client.identify(f"many{i}", "evil")
-            await client.dispatch("UPDATE_METADATA", metadata(60 << 10))
+            await client.dispatch("UPDATE_METADATA", metadata(50 << 10))
             await client.send(5, {"client_id": f"many{i}"})  # its ack follows the update's answer
             frame = await client.recv()
             if frame["op"] == 6:
@@ -204,21 +205,21 @@ async def test_metadata_of_all_clients_is_bounded(
         return accepted
 
     _, accepted = await asyncio.gather(honest.run(), attack())
-    assert len(accepted) == 4  # 4 x ~62,000 bytes fit in 300,000 with the honest clients'
+    assert len(accepted) == 4  # 4 x ~56,000 bytes charged fit in 250,000 with the honest clients'
     page = await scrape(*relay.address)
     assert page.value("rmb_relay_sg_refused_total", limit="metadata_total") == 4
-    assert page.value("rmb_relay_sg_held_bytes", what="metadata") <= 300_000
+    assert page.value("rmb_relay_sg_held_bytes", what="metadata") <= 250_000
     await accepted[0].ws.close()
     await accepted[0].ws.wait_closed()
 
     async def room() -> bool:
         held = (await scrape(*relay.address)).value("rmb_relay_sg_held_bytes", what="metadata")
-        return bool(held < 300_000 - 62_000)
+        return bool(held < 250_000 - 56_000)
 
     await eventually(room)
     late = await connect(relay)
     await late.identify("late", "evil")
-    await late.dispatch("UPDATE_METADATA", metadata(60 << 10))
+    await late.dispatch("UPDATE_METADATA", metadata(50 << 10))
     await late.send(5, {"client_id": "late"})
     assert (await late.recv())["op"] == 6
     assert relay.rss_mib() - before < 24
@@ -925,7 +926,9 @@ async def test_replicas_of_another_instance_are_bounded(
     a = start_relay(
         "--redis", redis_url, "--sg-metadata-bytes", "300000", "--sg-metadata-keys", "1000"
     )
-    b = start_relay("--redis", redis_url, "--sg-replica-total-bytes", "150000")
+    b = start_relay(
+        "--redis", redis_url, "--sg-replica-total-bytes", "150000", "--sg-metadata-bytes", "105000"
+    )
     honest = await Honest.start(connect, b)
     before = b.rss_mib()
 
@@ -935,10 +938,10 @@ async def test_replicas_of_another_instance_are_bounded(
         return client
 
     small = await identify("small", "ok")
-    big = await identify("big", "evil", metadata=metadata(102_400))  # 100 KiB > B's 64 KiB
+    big = await identify("big", "evil", metadata=metadata(102_400))  # ~109 KB charged > B's 105,000
     many = {f"k{i}": {"type": "integer", "value": i} for i in range(300)}
     await identify("many", "evil", metadata=many)  # 300 keys > B's 256
-    for i in range(3):  # ~61.5 KB each: two fit in 150,000
+    for i in range(3):  # ~65 KB charged each: two fit in 150,000
         await identify(f"fat{i}", "fat", metadata=metadata(61_440))
 
     async def replicated() -> bool:

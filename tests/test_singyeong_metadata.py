@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from rmb_relay.dialects.singyeong.metadata import (
+    KEY_BYTES,
     MAX_REPORTED_PROBLEMS,
     MetadataAccount,
     MetadataError,
@@ -72,18 +73,20 @@ def test_a_refusal_names_the_first_problems_and_counts_the_rest() -> None:
 def test_the_account_counts_keys_and_bytes_replacing_what_a_key_held() -> None:
     account = MetadataAccount()
     big = validate({"a": {"type": "string", "value": "x" * 900}})
-    assert big.sizes == {"a": 1 + value_bytes("x" * 900)} == {"a": 917}
-    assert account.charge(big, max_keys=2, max_bytes=1000) == 917
+    # a key costs KEY_BYTES beyond its name and value (what the index holds for it)
+    assert big.sizes == {"a": KEY_BYTES + 1 + value_bytes("x" * 900)} == {"a": KEY_BYTES + 917}
+    limit = 2 * KEY_BYTES + 1000
+    assert account.charge(big, max_keys=2, max_bytes=limit) == KEY_BYTES + 917
     # the same key again replaces its old size, a smaller value gives bytes back
     small = validate({"a": {"type": "integer", "value": 1}})
-    assert account.charge(small, max_keys=2, max_bytes=1000) == 17 - 917
+    assert account.charge(small, max_keys=2, max_bytes=limit) == 17 - 917
     with pytest.raises(MetadataLimit) as caught:
-        account.charge(validate({"b": {"type": "string", "value": "y" * 990}}), 2, 1000)
-    assert (caught.value.limit, caught.value.allowed) == ("bytes", 1000)
-    assert account.held == 17  # a refused update takes nothing
-    account.charge(validate({"b": {"type": "boolean", "value": True}}), 2, 1000)
+        account.charge(validate({"b": {"type": "string", "value": "y" * 1990}}), 2, limit)
+    assert (caught.value.limit, caught.value.allowed) == ("bytes", limit)
+    assert account.held == KEY_BYTES + 17  # a refused update takes nothing
+    account.charge(validate({"b": {"type": "boolean", "value": True}}), 2, limit)
     with pytest.raises(MetadataLimit) as caught:
-        account.charge(validate({"c": {"type": "boolean", "value": True}}), 2, 1000)
+        account.charge(validate({"c": {"type": "boolean", "value": True}}), 2, limit)
     assert caught.value.limit == "keys"
     assert "--sg-metadata-keys" in str(caught.value)
     assert value_bytes({"k": [1, "ab", {"x": None}]}) == 16 * 8 + 1 + 2 + 1

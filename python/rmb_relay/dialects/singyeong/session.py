@@ -39,8 +39,8 @@ from rmb_relay.dialects.singyeong.metadata import (
     MetadataError,
     MetadataLimit,
     Update,
+    entry_bytes,
     validate,
-    value_bytes,
 )
 
 if TYPE_CHECKING:
@@ -316,9 +316,7 @@ class SgSession(WebSocketHandler):
         # the client's own strings among the base keys count against its metadata too
         given = {"ip": ip, "namespace": namespace or ""}
         try:
-            self.charge_metadata(
-                Update({}, {}, {k: len(k) + value_bytes(v) for k, v in given.items()})
-            )
+            self.charge_metadata(Update({}, {}, {k: entry_bytes(k, v) for k, v in given.items()}))
             self.charge_metadata(update)
         except MetadataLimit as err:
             self.fatal("initial metadata: metadata_full", err.info())
