@@ -26,7 +26,7 @@ from rmb_relay._core import (
 )
 from rmb_relay.errors import ConfigError, HandshakeError
 from rmb_relay.load.engine import Refused, Run, Streams
-from rmb_relay.load.rmb import MIN_SIZE, Endpoints, Pair, PairSpec, check_size
+from rmb_relay.load.rmb import MIN_SIZE, Endpoints, Pair, PairSpec, Template, check_size
 from rmb_relay.sdk.websocket import WebSocketClient
 
 HEADER = 32
@@ -66,12 +66,12 @@ def workload(args: argparse.Namespace, shares: list[PairSpec], run: Run) -> Stre
 class SbdPair(Pair):
     """One sender/receiver pair of SBD clients."""
 
-    def template(self) -> tuple[bytes, bytes]:
+    def template(self) -> Template:
         self.keys = {
             "sender": SigningKey.ed25519(os.urandom(32)),
             "receiver": SigningKey.ed25519(os.urandom(32)),
         }
-        return self.keys["receiver"].public_key, bytes(self.size - SBD_MIN_SIZE)
+        return self.keys["receiver"].public_key, bytes(self.size - SBD_MIN_SIZE), None
 
     dialect = "sbd"
 
