@@ -195,3 +195,17 @@ def test_rmb_relays_federate(tmp_path: Path) -> None:
     # signing each envelope keeps the generator cheaper per message than the relays it measures
     relays = sum(data["watched_cpu_us_per_msg"].values())
     assert data["generator_cpu_us_per_msg"] < relays, data
+
+
+# ---- a relay that drops a connection during the run ---------------------------------------
+
+
+def test_sbd_dropped_connection_ends_the_run(tmp_path: Path) -> None:
+    # the relay's per-IP rate limit drops the generator's connections (no close frame): the run
+    # ends there, exit 2, with what it measured, not after waiting out a full window
+    with running_relay(tmp_path, "--sbd-kbps", "1", "--sbd-burst", "20000") as (url, _):
+        result = rmb_load("sbd", "--url", url, "--pairs", "1", "--duration", "30")
+    assert result.returncode == 2, result.stdout + result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("rmb-load: sbd: stream 0 lost its connection: websocket closed")
+    assert "lost" in result.stdout

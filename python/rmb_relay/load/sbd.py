@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Iterator
@@ -92,6 +93,7 @@ class SbdPair(Pair):
                 self.read_stamps(client)
             self.run.stats.connect_ns.append(time.perf_counter_ns() - started)
             setattr(self, role, client)
+            self.watch(client.closed, functools.partial(_closed_why, client))
             # like the reference client: a `keep` every lidl/2 so an idle side is not dropped
             _keepalive(client, idle_ms / 2000)
 
@@ -123,6 +125,10 @@ async def _handshake(client: WebSocketClient, key: SigningKey) -> int:
             idle_ms = int.from_bytes(classified.payload, "big", signed=True)
         elif classified.tag == b"srdy":
             return idle_ms
+
+
+def _closed_why(client: WebSocketClient) -> str:
+    return f"websocket closed ({client.close_code}): {client.close_reason or 'connection closed'}"
 
 
 def _keepalive(client: WebSocketClient, interval: float) -> None:
