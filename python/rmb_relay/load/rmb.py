@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -69,6 +70,11 @@ class PairSpec:
     index: int
     sender: int
     receiver: int
+
+
+def closed_why(client: WebSocketClient) -> str:
+    """How a stream's websocket ended (for a run's failure line)."""
+    return f"websocket closed ({client.close_code}): {client.close_reason or 'connection closed'}"
 
 
 @dataclass(frozen=True)
@@ -302,6 +308,8 @@ class Pair(Stream):
             self.run.stats.connect_ns.append(time.perf_counter_ns() - started)
             self.links.append(link)
             setattr(self, role, link.ws)
+            if link.ws is not None:
+                self.watch(link.ws.closed, functools.partial(closed_why, link.ws))
             if role == "receiver":
                 self.read_stamps(link.ws)
 

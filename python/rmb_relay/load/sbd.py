@@ -27,7 +27,15 @@ from rmb_relay._core import (
 )
 from rmb_relay.errors import ConfigError, HandshakeError
 from rmb_relay.load.engine import Refused, Run, Streams
-from rmb_relay.load.rmb import MIN_SIZE, Endpoints, Pair, PairSpec, Template, check_size
+from rmb_relay.load.rmb import (
+    MIN_SIZE,
+    Endpoints,
+    Pair,
+    PairSpec,
+    Template,
+    check_size,
+    closed_why,
+)
 from rmb_relay.sdk.websocket import WebSocketClient
 
 HEADER = 32
@@ -93,7 +101,7 @@ class SbdPair(Pair):
                 self.read_stamps(client)
             self.run.stats.connect_ns.append(time.perf_counter_ns() - started)
             setattr(self, role, client)
-            self.watch(client.closed, functools.partial(_closed_why, client))
+            self.watch(client.closed, functools.partial(closed_why, client))
             # like the reference client: a `keep` every lidl/2 so an idle side is not dropped
             _keepalive(client, idle_ms / 2000)
 
@@ -125,10 +133,6 @@ async def _handshake(client: WebSocketClient, key: SigningKey) -> int:
             idle_ms = int.from_bytes(classified.payload, "big", signed=True)
         elif classified.tag == b"srdy":
             return idle_ms
-
-
-def _closed_why(client: WebSocketClient) -> str:
-    return f"websocket closed ({client.close_code}): {client.close_reason or 'connection closed'}"
 
 
 def _keepalive(client: WebSocketClient, interval: float) -> None:
