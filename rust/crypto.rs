@@ -67,6 +67,7 @@ pub fn verify_prefixed(public_key: &[u8], message: &[u8], signature: &[u8]) -> R
 }
 
 /// A private key of either scheme.
+#[derive(Clone)]
 pub enum SigningKey {
     Ed25519(Box<ed25519_dalek::SigningKey>),
     Sr25519(Box<schnorrkel::Keypair>),
@@ -240,6 +241,13 @@ pub mod py {
     #[pyclass(frozen, module = "rmb_relay._core")]
     pub struct SigningKey {
         inner: super::SigningKey,
+    }
+
+    impl SigningKey {
+        /// The key itself, for Rust code that signs (load.rs).
+        pub(crate) fn key(&self) -> &super::SigningKey {
+            &self.inner
+        }
     }
 
     #[pymethods]

@@ -18,7 +18,9 @@
 
 use crate::codec::mask::Payload;
 use crate::codec::ws::{frame_len, write_frame, MaskRng, OP_BINARY};
+use crate::crypto::{SigningKey, PREFIXED_SIGNATURE_LEN};
 use crate::dialects::sbd::header::{parse_header, Header, HEADER_LEN};
+use md5::{Digest, Md5};
 
 /// sequence number then send time (ns), little-endian, as the Python generators write them
 pub const STAMP_LEN: usize = 16;
@@ -80,6 +82,58 @@ pub struct StampedBatch {
     template: Vec<u8>,
     stamp_at: usize,
     rng: MaskRng,
+    signer: Option<Signer>,
+}
+
+/// Signs each stamped message (RMB federation: the receiving relay checks the signature, and
+/// the stamp is in the signed payload). The challenge is MD5 of `before` + the payload (the
+/// template from the stamp on) + `after` (spec/rmb.md §2.1; the SDK's `challenge_around_payload`
+/// says which fields those are); the signature goes at `sig_at`, prefixed with its key type.
+#[derive(Clone)]
+pub struct Signer {
+    key: SigningKey,
+    before: Md5,
+    after: Vec<u8>,
+    sig_at: usize,
+}
+
+impl std::fmt::Debug for Signer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Signer")
+            .field("sig_at", &self.sig_at)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Signer {
+    /// None when the signature at `sig_at` would not lie in the template before the stamp.
+    pub fn new(
+        key: SigningKey,
+        before: &[u8],
+        after: Vec<u8>,
+        sig_at: usize,
+        stamp_at: usize,
+    ) -> Option<Self> {
+        (sig_at + PREFIXED_SIGNATURE_LEN <= stamp_at).then(|| {
+            let mut md5 = Md5::new();
+            md5.update(before);
+            Signer {
+                key,
+                before: md5,
+                after,
+                sig_at,
+            }
+        })
+    }
+
+    fn sign(&self, template: &mut [u8], stamp_at: usize) {
+        let mut md5 = self.before.clone();
+        md5.update(&template[stamp_at..]);
+        md5.update(&self.after);
+        let digest: [u8; 16] = md5.finalize().into();
+        let sig = self.key.sign_prefixed(&digest);
+        template[self.sig_at..self.sig_at + PREFIXED_SIGNATURE_LEN].copy_from_slice(&sig);
+    }
 }
 
 impl StampedBatch {
@@ -89,7 +143,17 @@ impl StampedBatch {
             template,
             stamp_at,
             rng,
+            signer: None,
         })
+    }
+
+    /// Sign every message from now on.
+    pub fn sign_with(&mut self, signer: Signer) {
+        self.signer = Some(signer);
+    }
+
+    pub fn stamp_at(&self) -> usize {
+        self.stamp_at
     }
 
     /// Bytes of `n` frames.
@@ -103,6 +167,9 @@ impl StampedBatch {
         let mut at = 0;
         for i in 0..n as u64 {
             write_stamp(&mut self.template[self.stamp_at..], first_seq + i, sent_ns);
+            if let Some(signer) = &self.signer {
+                signer.sign(&mut self.template, self.stamp_at);
+            }
             let mask = self.rng.next_mask();
             at += write_frame(&mut out[at..], OP_BINARY, true, &self.template, Some(mask));
         }
@@ -266,6 +333,40 @@ mod tests {
     }
 
     #[test]
+    fn a_signed_batch_carries_each_messages_own_signature() {
+        // [signature slot][stamp + padding]: the challenge covers before + payload + after
+        let mut template = vec![0u8; PREFIXED_SIGNATURE_LEN];
+        template.extend_from_slice(b"0123456789abcdef-pad");
+        let key = SigningKey::ed25519(&[3; 32]).unwrap();
+        let mut batch = StampedBatch::new(template, PREFIXED_SIGNATURE_LEN, rng()).unwrap();
+        batch.sign_with(Signer::new(key.clone(), b"head", b"tail".to_vec(), 0, 65).unwrap());
+        assert!(Signer::new(key.clone(), b"", vec![], 1, 65).is_none());
+        let mut out = vec![0; batch.batch_len(2)];
+        batch.write(&mut out, 5, 2, 99);
+        let mut server = Decoder::default();
+        let mut signed = Vec::new();
+        server
+            .feed(&out, |ev| {
+                if let Event::Message { payload, .. } = ev {
+                    signed.push(payload.to_vec());
+                }
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+        assert_eq!(signed.len(), 2);
+        for message in &signed {
+            let (sig, payload) = message.split_at(PREFIXED_SIGNATURE_LEN);
+            let digest = Md5::digest([&b"head"[..], payload, b"tail"].concat());
+            let ok = crate::crypto::verify_prefixed(&key.public_key(), &digest, sig).unwrap();
+            assert!(ok);
+        }
+        assert_ne!(
+            signed[0][..PREFIXED_SIGNATURE_LEN],
+            signed[1][..PREFIXED_SIGNATURE_LEN]
+        );
+    }
+
+    #[test]
     fn a_batch_decodes_to_its_stamped_messages() {
         let template = b"prefix-0123456789abcdef-padding".to_vec();
         let mut batch = StampedBatch::new(template.clone(), 7, rng()).unwrap();
@@ -375,7 +476,7 @@ mod tests {
 }
 
 pub mod py {
-    use super::{percentiles, stamp_of, Recorded, Recorder, StampAt, StampedBatch};
+    use super::{percentiles, stamp_of, Recorded, Recorder, Signer, StampAt, StampedBatch};
     use crate::codec::mask::Payload;
     use crate::codec::scanner::py::Scanner;
     use crate::codec::scanner::{ScanFeed, Scanned};
@@ -513,6 +614,26 @@ pub mod py {
                     ))
                 })?;
             Ok(PyStampedBatch { inner })
+        }
+
+        /// Sign every message from now on with `key`: MD5 of `before` + the payload + `after`
+        /// (the SDK's challenge around the payload), written at `sig_at` of the template.
+        fn sign_with(
+            &mut self,
+            key: &crate::crypto::py::SigningKey,
+            before: &[u8],
+            after: &[u8],
+            sig_at: usize,
+        ) -> PyResult<()> {
+            let stamp_at = self.inner.stamp_at();
+            let signer = Signer::new(key.key().clone(), before, after.to_vec(), sig_at, stamp_at)
+                .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "a signature at {sig_at} does not fit before the stamp at {stamp_at}"
+                ))
+            })?;
+            self.inner.sign_with(signer);
+            Ok(())
         }
 
         /// Masked frames of messages `first_seq..first_seq + n`, stamped `sent_ns`.

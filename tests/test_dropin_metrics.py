@@ -27,6 +27,7 @@ RMB_RS = {
     "relay_session_evictions_total": ("counter", ("reason",)),
     "federation_message_success": ("counter", ("relay",)),
     "federation_message_error": ("counter", ("relay",)),
+    "relay_message_rx_twin": ("counter", ("twin",)),
 }
 
 
@@ -113,6 +114,10 @@ async def test_a_scrape_has_every_rmb_rs_name_moving_with_traffic(tmp_path: Path
         assert raw(after, "relay_session_evictions_total", reason="back_pressure_timeout") == 0
         assert raw(after, "federation_message_success", relay=b_domain) == 1
         assert raw(after, "federation_message_error", relay=down_domain) >= 1
+        # per twin: alice's 3 requests and 2 federated ones, bob's 3 replies
+        assert raw(after, "relay_message_rx_twin", twin="1") == 5
+        assert raw(after, "relay_message_rx_twin", twin="2") == 3
+        assert "relay_message_rx_twin{" not in before.body
         # the text format is rmb-rs's own lines (counters without `_total` stay so)
         for name, (kind, _) in RMB_RS.items():
             assert f"# TYPE {name} {kind}\n" in after.body
@@ -129,3 +134,41 @@ async def test_a_scrape_has_every_rmb_rs_name_moving_with_traffic(tmp_path: Path
     finally:
         assert relay_a.stop() == 0
         assert relay_b.stop() == 0
+
+
+async def test_twins_beyond_the_cap_share_one_series(tmp_path: Path) -> None:
+    add_local_twin(tmp_path, 1, "a.example")
+    add_local_twin(tmp_path, 2, "a.example")
+    relay = launch(
+        ["rmb-relay", "--domain", "a.example", "-l", "127.0.0.1:0", "--metrics-max-twins", "1"],
+        data_home=tmp_path,
+    )
+    try:
+        port = banner_port(relay)
+        url = f"ws://127.0.0.1:{port}/"
+        alice = client(1)
+        await alice.open(url)
+        answer = alice.send_request(2, "ping", b"x")  # bob is offline: it waits in his mailbox
+
+        async def counted(twin: str, n: int) -> bool:
+            page = await scrape("127.0.0.1", port)
+            return f'relay_message_rx_twin{{twin="{twin}"}} {n}' in page.body.splitlines()
+
+        await eventually(lambda: counted("1", 1))  # alice takes the one series there is
+        bob = client(2)
+        bob.handle_all(lambda request: b"pong")
+        await bob.open(url)
+        assert (await asyncio.wait_for(answer, WAIT)).data == b"pong"
+        await eventually(lambda: counted("(other)", 1))  # bob's reply
+        page = await scrape("127.0.0.1", port)
+        assert raw(page, "relay_message_rx_twin", twin="1") == 1
+        assert 'twin="2"' not in page.body
+        assert raw(page, "rmb_relay_twin_series_folded_total") == 1
+        await bob.close()  # an ended session keeps its count where it was
+        await eventually(lambda: counted("(other)", 1))
+        page = await scrape("127.0.0.1", port)
+        assert raw(page, "rmb_relay_twin_series_folded_total") == 1
+        assert raw(page, "relay_message_rx_twin", twin="1") == 1
+        await alice.close()
+    finally:
+        assert relay.stop() == 0

@@ -174,15 +174,16 @@ def test_rmb_relays_federate(tmp_path: Path) -> None:
     base = DEFAULT_TWIN_BASE
     federation = Network(tmp_path)
     twins = asyncio.run(provision(tmp_path / "fed.sqlite3", {}))
-    # the harness's envelopes are unsigned (it measures the relays, not signing): the receiving
-    # relay is told not to check federated signatures, now on by default (issue 33)
-    a = federation.relay("127.0.0.2", twins, "--no-verify-federated")
-    b = federation.relay("127.0.0.3", twins, "--no-verify-federated")
+    # --domains names two domains: the harness signs each envelope and B checks them
+    # (--verify-federated, on by default)
+    a = federation.relay("127.0.0.2", twins)
+    b = federation.relay("127.0.0.3", twins)
     out = tmp_path / "summary.json"
     try:
         result = rmb_load("rmb", "--relays", f"{a.url},{b.url}", "--twins", twins,
                           "--domains", "127.0.0.2,127.0.0.3", "--pairs", "2",
                           "--twin-base", str(base), "--count", "200",
+                          "--watch-pid", str(a.process.pid), "--watch-pid", str(b.process.pid),
                           "--json", str(out))  # fmt: skip
     finally:
         asyncio.run(federation.close())
@@ -190,3 +191,21 @@ def test_rmb_relays_federate(tmp_path: Path) -> None:
     assert data["sent"] == 400
     assert_exact(data, 400)
     assert data["config"]["receiver_url"] == b.url
+    assert data["config"]["signed"]  # two domains: federation
+    # signing each envelope keeps the generator cheaper per message than the relays it measures
+    relays = sum(data["watched_cpu_us_per_msg"].values())
+    assert data["generator_cpu_us_per_msg"] < relays, data
+
+
+# ---- a relay that drops a connection during the run ---------------------------------------
+
+
+def test_sbd_dropped_connection_ends_the_run(tmp_path: Path) -> None:
+    # the relay's per-IP rate limit drops the generator's connections (no close frame): the run
+    # ends there, exit 2, with what it measured, not after waiting out a full window
+    with running_relay(tmp_path, "--sbd-kbps", "1", "--sbd-burst", "20000") as (url, _):
+        result = rmb_load("sbd", "--url", url, "--pairs", "1", "--duration", "30")
+    assert result.returncode == 2, result.stdout + result.stderr
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("rmb-load: sbd: stream 0 lost its connection: websocket closed")
+    assert "lost" in result.stdout

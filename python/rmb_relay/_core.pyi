@@ -973,6 +973,10 @@ class StampedBatch:
     binary frames (masks from a PRNG seeded with os.urandom(32), as ClientFrameEncoder)."""
 
     def __new__(cls, template: bytes, stamp_at: int, seed: bytes) -> StampedBatch: ...
+    def sign_with(self, key: SigningKey, before: bytes, after: bytes, sig_at: int) -> None:
+        """Sign every message from now on: MD5 of `before` + its payload (the template from the
+        stamp on) + `after`, written at `sig_at`, prefixed with the key type (ValueError when
+        it does not fit before the stamp)."""
     def frames(self, first_seq: int, n: int, sent_ns: int) -> bytes:
         """Messages first_seq..first_seq + n, all stamped `sent_ns`, in one bytes object."""
 

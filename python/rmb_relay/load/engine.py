@@ -290,6 +290,18 @@ class Stream:
         engine counts them)."""
         raise NotImplementedError
 
+    def watch(self, closed: asyncio.Future[None], why: Callable[[], str]) -> None:
+        """A connection of this stream that ends before the run stops ends the run (exit 2,
+        with what was measured until then): a relay that drops a receiver would otherwise
+        leave its sender waiting on a full window, the run passing with messages lost."""
+
+        def ended(_: asyncio.Future[None]) -> None:
+            run = self.run
+            if not run.stopping:
+                run.fail(f"{run.plan.dialect}: stream {self.index} lost its connection: {why()}")
+
+        closed.add_done_callback(ended)
+
     async def send_loop(self, pacer: Pacer) -> None:
         plan, run = self.run.plan, self.run
         while not run.stopping:

@@ -1,9 +1,11 @@
 """`rmb-load rmb`: pairs of sender and receiver twins, one-way latency.
 
 Cheap per message by construction, so the relay saturates before the generator does:
-- each pair's envelope is built once with the SDK's `RmbClient` (unsigned: relays never verify
-  signatures on the local path) and only its payload, the last field on the wire, changes per
-  message: `prefix + seq + send-time + padding`;
+- each pair's envelope is built once with the SDK's `RmbClient` and only its payload, the last
+  field on the wire, changes per message: `prefix + seq + send-time + padding`; unsigned on one
+  relay or across instances (relays never verify signatures then), signed per message in Rust
+  for federation (`--sign`, or `--domains` naming two domains: the receiving relay checks
+  them), over the SDK's challenge around the payload (`sdk.envelope.challenge_around_payload`);
 - every connection logs in through the SDK's `RelayLink` (the JWT, the log line, the keepalive
   an RMB twin keeps), then writes its batches on the link's websocket directly;
 - a sender writes up to `engine.BATCH` messages as masked frames built in one Rust call
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -44,6 +47,7 @@ from rmb_relay._core import (
 from rmb_relay.errors import ConfigError, HandshakeError
 from rmb_relay.load.engine import Refused, Run, Stream, Streams
 from rmb_relay.sdk import RelayLink, RmbClient
+from rmb_relay.sdk.envelope import challenge_around_payload
 from rmb_relay.sdk.websocket import WebSocketClient
 
 #: every payload starts with its stamp: sequence number and send time (ns), little-endian
@@ -68,6 +72,11 @@ class PairSpec:
     receiver: int
 
 
+def closed_why(client: WebSocketClient) -> str:
+    """How a stream's websocket ended (for a run's failure line)."""
+    return f"websocket closed ({client.close_code}): {client.close_reason or 'connection closed'}"
+
+
 @dataclass(frozen=True)
 class Endpoints:
     """Where the pairs log in and with which keys (picklable: sent to generator processes)."""
@@ -76,6 +85,8 @@ class Endpoints:
     receiver_url: str
     #: (twin, key type, 32 secret bytes) of identities taken from a file; others use load_key
     identities: tuple[tuple[int, str, bytes], ...] = ()
+    #: each envelope is signed (federation: the receiving relay checks them)
+    signed: bool = False
 
     def key(self, twin: int) -> SigningKey:
         for known, key_type, secret in self.identities:
@@ -110,6 +121,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         f"relays' --domain); default {DEFAULT_DOMAIN} for both",
     )
     parser.add_argument(
+        "--sign",
+        action="store_true",
+        help="sign each envelope (federation: the receiving relay checks signatures; ~30 us "
+        "per message in the generator); on when --domains names two different domains",
+    )
+    parser.add_argument(
         "--twin-base", type=int, default=DEFAULT_TWIN_BASE, help="first twin id to provision"
     )
     parser.add_argument(
@@ -134,7 +151,14 @@ def endpoints(args: argparse.Namespace) -> Endpoints:
         if len(parts) != 2 or not all(parts):
             raise ConfigError("--relays takes two websocket URLs: A,B")
         url, receiver_url = parts
-    return Endpoints(url, receiver_url)
+    return Endpoints(url, receiver_url, signed=args.sign or len(set(_domains(args))) > 1)
+
+
+def _domains(args: argparse.Namespace) -> list[str]:
+    domains: list[str] = (args.domains or f"{DEFAULT_DOMAIN},{DEFAULT_DOMAIN}").split(",")
+    if len(domains) != 2 or not all(domains):
+        raise ConfigError("--domains takes two relay domains: DA,DB")
+    return domains
 
 
 def _read_identities(path: Path) -> tuple[tuple[int, str, bytes], ...]:
@@ -160,9 +184,7 @@ def _provision(args: argparse.Namespace, pairs: list[PairSpec]) -> None:
     from rmb_relay.twins import Twin
     from rmb_relay.twins.local import SqliteTwinDirectory, default_twins_path, parse_twins_url
 
-    domains = (args.domains or f"{DEFAULT_DOMAIN},{DEFAULT_DOMAIN}").split(",")
-    if len(domains) != 2 or not all(domains):
-        raise ConfigError("--domains takes two relay domains: DA,DB")
+    domains = _domains(args)
     path = parse_twins_url(args.twins) if args.twins else default_twins_path()
     directory = SqliteTwinDirectory(path)
     for pair in pairs:
@@ -187,7 +209,7 @@ def prepare(args: argparse.Namespace) -> Iterator[list[Any]]:
     ends = endpoints(args)
     if args.identities is not None:
         identities = _read_identities(args.identities)
-        args.endpoints = Endpoints(ends.url, ends.receiver_url, identities)
+        args.endpoints = Endpoints(ends.url, ends.receiver_url, identities, ends.signed)
         pairs = [
             PairSpec(i, identities[2 * i][0], identities[2 * i + 1][0])
             for i in range(len(identities) // 2)
@@ -207,11 +229,18 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
     described: dict[str, Any] = {"url": ends.url, "pairs": args.pairs}
     if ends.receiver_url != ends.url:
         described["receiver_url"] = ends.receiver_url
+    if ends.signed:
+        described["signed"] = True
     return described
 
 
 def workload(args: argparse.Namespace, shares: list[PairSpec], run: Run) -> Streams:
     return Streams([Pair(spec, args.endpoints, run) for spec in shares])
+
+
+#: (bytes before the stamp, bytes after it, how each message is signed: None, or the key, the
+#: challenge before and after the payload and the signature's offset: `StampedBatch.sign_with`)
+Template = tuple[bytes, bytes, tuple[SigningKey, bytes, bytes, int] | None]
 
 
 class Pair(Stream):
@@ -225,8 +254,10 @@ class Pair(Stream):
         self.sender: WebSocketClient | None = None
         self.receiver: WebSocketClient | None = None
         self.links: list[RelayLink] = []
-        prefix, padding = self.template()
+        prefix, padding, signing = self.template()
         self.batch = StampedBatch(prefix + bytes(STAMP_LEN) + padding, len(prefix), os.urandom(32))
+        if signing is not None:
+            self.batch.sign_with(*signing)
         self.stamps = StampScanner(run.recorder, spec.index, self.size, self.dialect)
 
     #: where the receivers' stamp reader finds the stamp (`_core.StampScanner`)
@@ -236,17 +267,25 @@ class Pair(Stream):
     def sid(self) -> str:
         return f"load-{self.spec.index}"
 
-    def template(self) -> tuple[bytes, bytes]:
-        """(bytes before the stamp, bytes after it) of every message of this pair."""
-        spec = self.spec
-        client = RmbClient(spec.sender, self.ends.key(spec.sender), sid=self.sid, sign=False)
+    def template(self) -> Template:
+        """(bytes before the stamp, bytes after it) of every message of this pair, and when
+        they are signed (key, challenge before and after the payload, signature offset)."""
+        spec, ends = self.spec, self.ends
+        key = ends.key(spec.sender)
+        client = RmbClient(spec.sender, key, sid=self.sid, sign=ends.signed)
         payload = bytes(self.size)
-        _, wire = client.request_envelope(
-            spec.receiver, "load", payload, dest_sid=self.sid, expiration=3600
-        )
+        env = client.envelope(spec.receiver, dest_sid=self.sid, expiration=3600)
+        env.request.command = "load"
+        env.plain = payload
+        wire = client.seal(env)
         if not wire.endswith(payload):
             raise AssertionError("the payload must be the envelope's last field on the wire")
-        return wire[: len(wire) - self.size], bytes(self.size - MIN_SIZE)
+        prefix = wire[: len(wire) - self.size]
+        signing = None
+        if ends.signed:
+            before, after = challenge_around_payload(env)
+            signing = (key, before, after, prefix.index(env.signature))
+        return prefix, bytes(self.size - MIN_SIZE), signing
 
     async def connect(self) -> None:
         for role, twin, url in (
@@ -269,6 +308,8 @@ class Pair(Stream):
             self.run.stats.connect_ns.append(time.perf_counter_ns() - started)
             self.links.append(link)
             setattr(self, role, link.ws)
+            if link.ws is not None:
+                self.watch(link.ws.closed, functools.partial(closed_why, link.ws))
             if role == "receiver":
                 self.read_stamps(link.ws)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import time
 from collections.abc import Iterator
@@ -26,7 +27,15 @@ from rmb_relay._core import (
 )
 from rmb_relay.errors import ConfigError, HandshakeError
 from rmb_relay.load.engine import Refused, Run, Streams
-from rmb_relay.load.rmb import MIN_SIZE, Endpoints, Pair, PairSpec, check_size
+from rmb_relay.load.rmb import (
+    MIN_SIZE,
+    Endpoints,
+    Pair,
+    PairSpec,
+    Template,
+    check_size,
+    closed_why,
+)
 from rmb_relay.sdk.websocket import WebSocketClient
 
 HEADER = 32
@@ -66,12 +75,12 @@ def workload(args: argparse.Namespace, shares: list[PairSpec], run: Run) -> Stre
 class SbdPair(Pair):
     """One sender/receiver pair of SBD clients."""
 
-    def template(self) -> tuple[bytes, bytes]:
+    def template(self) -> Template:
         self.keys = {
             "sender": SigningKey.ed25519(os.urandom(32)),
             "receiver": SigningKey.ed25519(os.urandom(32)),
         }
-        return self.keys["receiver"].public_key, bytes(self.size - SBD_MIN_SIZE)
+        return self.keys["receiver"].public_key, bytes(self.size - SBD_MIN_SIZE), None
 
     dialect = "sbd"
 
@@ -92,6 +101,7 @@ class SbdPair(Pair):
                 self.read_stamps(client)
             self.run.stats.connect_ns.append(time.perf_counter_ns() - started)
             setattr(self, role, client)
+            self.watch(client.closed, functools.partial(closed_why, client))
             # like the reference client: a `keep` every lidl/2 so an idle side is not dropped
             _keepalive(client, idle_ms / 2000)
 

@@ -33,6 +33,7 @@ __all__ = [
     "Envelope",
     "address_text",
     "challenge",
+    "challenge_around_payload",
     "kind",
     "parse_address",
     "sign",
@@ -48,6 +49,16 @@ MAX_TTL = 1800
 
 def challenge(env: Envelope) -> bytes:
     """The 16-byte digest an envelope's signature covers (spec/rmb.md §2.1)."""
+    before, after = challenge_around_payload(env)
+    payload = env.WhichOneof("payload")
+    data = env.plain if payload == "plain" else env.cipher if payload == "cipher" else b""
+    return hashlib.md5(before + data + after).digest()
+
+
+def challenge_around_payload(env: Envelope) -> tuple[bytes, bytes]:
+    """What the challenge hashes before the payload and after it (the relays): a sender that
+    changes only the payload per message (the load harness, `_core.StampedBatch.sign_with`)
+    hashes these around each one."""
     parts = [env.uid.encode()]
     if env.HasField("tags"):
         parts.append(env.tags.encode())
@@ -68,13 +79,7 @@ def challenge(env: Envelope) -> bytes:
         parts.append(env.schema.encode())
     if env.HasField("federation"):
         parts.append(env.federation.encode())
-    payload = env.WhichOneof("payload")
-    if payload == "plain":
-        parts.append(env.plain)
-    elif payload == "cipher":
-        parts.append(env.cipher)
-    parts.extend(relay.encode() for relay in env.relays)
-    return hashlib.md5(b"".join(parts)).digest()
+    return b"".join(parts), b"".join(relay.encode() for relay in env.relays)
 
 
 def sign(env: Envelope, key: SigningKey) -> None:

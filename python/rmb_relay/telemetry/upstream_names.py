@@ -15,6 +15,7 @@ The names, types and labels are rmb-rs's (src/relay/switch/mod.rs, federation/mo
 | `relay_session_evictions_total` | counter | reason | sessions ended (below) |
 | `federation_message_success` | counter | relay | `rmb_relay_federation_delivered_total{relay}` |
 | `federation_message_error` | counter | relay | `rmb_relay_federation_failed_total{relay}` |
+| `relay_message_rx_twin` | counter | twin | `rmb_relay_twin_messages_in_total{twin}` |
 
 `relay_session_evictions_total{reason}`: `cancelled` counts sessions replaced by a newer login
 of the same twin and session (`rmb_relay_sessions_replaced_total`), `closed` the other ended
@@ -178,6 +179,13 @@ def families(registry: Registry) -> list[UpstreamFamily]:
             "Total number of session evictions from the relay, labeled by reason",
             ("reason",),
             evictions,
+        ),
+        UpstreamFamily(
+            "relay_message_rx_twin",
+            "counter",
+            "number of messages received by relay per twin",
+            ("twin",),
+            lambda: _by_label(registry, "rmb_relay_twin_messages_in_total"),
         ),
         UpstreamFamily(
             "federation_message_success",

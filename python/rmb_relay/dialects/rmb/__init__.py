@@ -52,12 +52,15 @@ async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
         raise ConfigError("--limit-window must be positive")
     if args.max_token_lifetime <= 0:
         raise ConfigError("--max-token-lifetime must be positive")
+    if args.metrics_max_twins < 0:
+        raise ConfigError("--metrics-max-twins must be 0 (off) or positive")
     settings = RmbSettings(
         domains=frozenset(args.domain),
         limit_count=args.limit[0] if args.limit else None,
         limit_size=args.limit[1] if args.limit else None,
         limit_window=args.limit_window,
         max_token_lifetime=args.max_token_lifetime,
+        metrics_max_twins=args.metrics_max_twins,
     )
     directory = services.twin_directory()
     dialect = RmbDialect(

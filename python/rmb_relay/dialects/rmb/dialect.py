@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from rmb_relay._core import (
@@ -94,7 +95,7 @@ class RmbDialect(Dialect):
         #: envelope bytes waiting in every session's slow-path queue, and their high mark
         self.slow_bytes = 0
         self.slow_bytes_peak = 0
-        self.metrics = RmbMetrics(registry, self)
+        self.metrics = RmbMetrics(registry, self, settings.metrics_max_twins)
         #: responses that could not reach another instance, tried again (later.py)
         self.later: Later[RmbSession] = Later(
             self.route_slow, clock, lambda: self.metrics.drops.inc(1, "redis down")
@@ -159,6 +160,11 @@ class RmbDialect(Dialect):
             raise HttpReject(err.status, err.reason) from None
         self.metrics.logins.inc()
         return RmbSession(conn, self, twin_id, parsed.claims.sid)
+
+    def live_received(self) -> Iterator[tuple[int, int]]:
+        """(twin, data messages received) of every live session (read at scrape)."""
+        for session in self.sessions.values():
+            yield session.twin, session.received
 
     def open_surfaces(self) -> list[str]:
         inbound = self.inbound

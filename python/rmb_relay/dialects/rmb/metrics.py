@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sized
+from collections.abc import Iterable, Sized
 from typing import TYPE_CHECKING, Protocol
 
 from rmb_relay.contract import REPLY_PAUSES
@@ -25,6 +25,10 @@ class MetricsSource(Protocol):
     @property
     def mailbox(self) -> Mailbox: ...
 
+    def live_received(self) -> Iterable[tuple[int, int]]:
+        """(twin, data messages received) of every live session."""
+        ...
+
 
 class HotCounters:
     """Counters bumped once or twice per relayed message: plain ints, because a metrics
@@ -40,11 +44,75 @@ class HotCounters:
         self.local = 0
 
 
+#: the `twin` label of the twins beyond `TwinTraffic.cap`
+OTHER_TWINS = "(other)"
+
+
+class TwinTraffic:
+    """Messages received per authenticated twin (rmb-rs's `relay_message_rx_twin{twin}`), for
+    at most `cap` twins; the rest are summed under `OTHER_TWINS`.
+
+    Nothing is counted per message here: a session's count is its websocket decoder's (Rust,
+    `WsDecoder.messages_in`), added once when the session ends (`ended`) and read for live
+    sessions at scrape. A twin gets its series the first time a count of it is seen (a scrape
+    or an ended session) while fewer than `cap` twins have one; the table never shrinks, so a
+    twin left out stays out and every series only grows. `folded` counts the sessions with
+    messages whose twin has no series of its own."""
+
+    __slots__ = ("cap", "folded", "other", "twins")
+
+    def __init__(self, cap: int) -> None:
+        self.cap = cap
+        #: twin -> messages of its ended sessions (a twin is here once it has a series)
+        self.twins: dict[int, int] = {}
+        self.other = 0
+        self.folded = 0
+
+    def _admits(self, twin: int) -> bool:
+        twins = self.twins
+        if twin in twins:
+            return True
+        if len(twins) < self.cap:
+            twins[twin] = 0
+            return True
+        return False
+
+    def ended(self, twin: int, received: int) -> None:
+        """A session of `twin` ended after sending `received` data messages."""
+        if received <= 0 or self.cap <= 0:
+            return
+        if self._admits(twin):
+            self.twins[twin] += received
+        else:
+            self.other += received
+            self.folded += 1
+
+    def samples(self, live: Iterable[tuple[int, int]]) -> tuple[dict[str, int], int]:
+        """The series (twin label -> messages) and `folded`, with the `live` sessions' counts."""
+        if self.cap <= 0:
+            return {}, 0
+        counts = dict(self.twins)
+        other, folded = self.other, self.folded
+        for twin, received in live:
+            if received <= 0:
+                continue
+            if self._admits(twin):
+                counts[twin] = counts.get(twin, 0) + received
+            else:
+                other += received
+                folded += 1
+        series = {str(twin): n for twin, n in counts.items()}
+        if other or folded:
+            series[OTHER_TWINS] = other
+        return series, folded
+
+
 class RmbMetrics:
     """RMB's part of the shared `rmb_relay_*` families (docs/metrics.md), `dialect="rmb"`."""
 
-    def __init__(self, registry: Registry, dialect: MetricsSource) -> None:
+    def __init__(self, registry: Registry, dialect: MetricsSource, max_twins: int = 0) -> None:
         hot = self.hot = HotCounters()
+        twins = self.twins = TwinTraffic(max_twins)
         # each envelope the Rust fast path forwards is one message in, one out and one routed
         # locally; the outboxes count them under the receiver's kind, "rmb" (switch.py), and
         # the envelopes they crossed to other instances or placed from them
@@ -75,6 +143,19 @@ class RmbMetrics:
             "Message bytes written to clients, by dialect",
             lambda: [((), hot.bytes_out + fast.forwarded("rmb")[1] + fast.placed[1])],
             const=rmb,
+        )
+        registry.counter_of(
+            "rmb_relay_twin_messages_in_total",
+            "RMB messages received per authenticated twin (the first --metrics-max-twins "
+            "twins; the rest as (other))",
+            lambda: [((t,), n) for t, n in twins.samples(dialect.live_received())[0].items()],
+            ("twin",),
+        )
+        registry.counter_of(
+            "rmb_relay_twin_series_folded_total",
+            "RMB sessions with messages whose twin has no series of its own in "
+            "rmb_relay_twin_messages_in_total (over --metrics-max-twins): counted as (other)",
+            lambda: [((), twins.samples(dialect.live_received())[1])],
         )
         self.routed_slow: dict[str, int] = {"mailbox": 0, "federation": 0, "cluster": 0}
         registry.counter_of(

@@ -103,12 +103,14 @@ class RmbSession(WebSocketHandler):
         self._drain_retry: asyncio.TimerHandle | None = None
         self._drain_delay = DRAIN_RETRY
         self._scanner: RmbScanner | None = None
+        self._decoder: WsDecoder | None = None
 
     def bind_decoder(self, decoder: WsDecoder) -> None:
         # the rate limit, the source check and the destination lookup happen in the codec's
         # feed, which forwards an envelope for a local session that may take it itself (the
         # switch's outboxes); with --records it appends the route record of each message it
         # finds a local destination for
+        self._decoder = decoder
         dialect = self.dialect
         records = dialect.records
         buffer = None if records is None else records.scanner_buffer(dialect.clock)
@@ -130,6 +132,12 @@ class RmbSession(WebSocketHandler):
         env = message.routing
         if records is not None and isinstance(env, EnvelopeRouting):
             records.retract(env.record)
+
+    @property
+    def received(self) -> int:
+        """Data messages this session sent, counted by its decoder (the fast path's included)."""
+        decoder = self._decoder
+        return 0 if decoder is None else decoder.messages_in
 
     def __repr__(self) -> str:
         return f"<RmbSession {self.twin}{'' if self.sid is None else ':' + self.sid}>"
@@ -156,6 +164,7 @@ class RmbSession(WebSocketHandler):
             dialect.switch.unregister_session(self.key, self)
             dialect.switch.detach(self)
             del dialect.sessions[self.peer.id]
+            dialect.metrics.twins.ended(self.twin, self.received)
         for task in (self._drain_task, self._slow_task):
             if task is not None and not task.done():
                 task.cancel()

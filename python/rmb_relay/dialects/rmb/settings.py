@@ -24,6 +24,10 @@ SLOW_TOTAL_BYTES = 64 << 20
 #: a mailbox that could not be read is tried again after this long, doubling up to the max
 DRAIN_RETRY = 1.0
 DRAIN_RETRY_MAX = 30.0
+#: twins with a series of their own in `relay_message_rx_twin` (rmb-rs's per-twin counter):
+#: each authenticated twin that sends is a series, so a stranger with many twins could make any
+#: number; the rest are summed under `twin="(other)"`
+DEFAULT_METRICS_MAX_TWINS = 1000
 
 
 @dataclass(slots=True)
@@ -37,6 +41,7 @@ class RmbSettings:
     max_token_lifetime: int = DEFAULT_MAX_TOKEN_LIFETIME
     slow_session_bytes: int = SLOW_SESSION_BYTES
     slow_total_bytes: int = SLOW_TOTAL_BYTES
+    metrics_max_twins: int = DEFAULT_METRICS_MAX_TWINS
 
     @property
     def standalone(self) -> bool:
@@ -81,5 +86,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="refuse a login JWT still valid for longer than this (exp - now); rmb-peer's "
         "tokens live 300 s",
+    )
+    rmb.add_argument(
+        "--metrics-max-twins",
+        type=int,
+        default=DEFAULT_METRICS_MAX_TWINS,
+        metavar="N",
+        help="twins counted one by one in relay_message_rx_twin{twin} (messages received per "
+        'authenticated twin); later ones are summed as twin="(other)"; 0: not counted',
     )
     federation_setup.add_arguments(parser)
