@@ -163,6 +163,35 @@ async def test_failed_rmb_logins_from_one_address_get_429(tmp_path: Path) -> Non
         relay.close()
 
 
+async def test_honest_rmb_logins_at_once_from_one_address_all_pass(tmp_path: Path) -> None:
+    """A signature has nothing to guess, so RMB logins are charged only when they fail: more
+    honest logins at once from one address (a NAT, rmb-load with many pairs) than
+    --auth-failures all pass, where charging each at its start refused all but the first."""
+    from rmb_relay.identity import make_jwt
+    from rmb_relay.twins import Twin
+    from rmb_relay.twins.local import SqliteTwinDirectory
+    from tests.rmb_fixtures import key_for
+
+    db = tmp_path / "twins.sqlite3"
+    with SqliteTwinDirectory(db) as twins:
+        for twin in range(1, 21):
+            twins.add(Twin(twin, key_for(twin).public_key, None))
+    relay = RelayProcess("--twins", f"sqlite:{db}", "--no-tunnel", "--auth-failures", "4")
+    try:
+        now = int(time.time())
+        tokens = [make_jwt(key_for(twin), twin, None, now) for twin in range(1, 21)]
+        logins = await asyncio.gather(*(_upgrade_status(relay.port, f"/?{t}") for t in tokens))
+        assert [status for status, _ in logins] == [101] * 20
+        page = await scrape(*relay.address)
+        assert {"dialect": "rmb", "reason": "ip"} not in page.series(
+            "rmb_relay_auth_throttled_total"
+        )
+        assert relay.stop() == 0
+        assert not relay.problems, relay.problems
+    finally:
+        relay.close()
+
+
 async def test_a_full_auth_pool_answers_503_at_once(tmp_path: Path) -> None:
     """One hashing thread and no queue: of 32 token requests at once, the ones that find the
     pool busy are answered 503 with Retry-After at once instead of waiting in line."""

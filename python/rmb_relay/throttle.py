@@ -8,9 +8,13 @@ stalls every connection of every dialect; in an unbounded executor a flood queue
 holds memory. So at most `workers` jobs run and `queue` more wait; the next is refused at once
 with `Busy` (the route answers 503 with Retry-After), which costs nothing.
 
-Why charge an attempt when it *starts*: concurrent attempts from one address would otherwise
-all pass the check before the first one fails. A success gives its charge back, so an honest
-client that logs in is never limited by its own successes.
+Why charge a guess when it *starts*: concurrent guesses of a secret (a tenant's, what an auth
+hook checks) from one address would otherwise all pass the check before the first one fails.
+A success gives its charge back, so an honest client that logs in is never limited by its
+own successes. A login that proves itself by a signature (RMB's JWT) or a random token the
+relay issued (SBD) has nothing to guess: it is charged only when it fails (`check(...,
+secret=False)`, then `failed`), so any number of honest logins at once from one address (a
+NAT, a load generator) pass, and a flood of bad ones is still refused after `burst`.
 
 The limiter is a token bucket per key: `burst` attempts at once, refilled at `burst` per
 `window` seconds. Its table is bounded (`max_keys`): full buckets are forgotten first, else
@@ -344,12 +348,16 @@ class Throttles:
     def ip(self, host: str) -> str:
         return "ip:" + ip_key(host, self.settings.ipv6_prefix)
 
-    def check(self, dialect: str, host: str, key: str | None = None) -> tuple[str, ...]:
+    def check(
+        self, dialect: str, host: str, key: str | None = None, *, secret: bool = True
+    ) -> tuple[str, ...]:
         """Charge one attempt from `host` (and on `key`, e.g. `"tenant:NAME"`), or refuse it
         with `Limited` (counted) when the address is out of attempts, or the key is and the
         address has failed recently too: a key under attack stays open to addresses with a
         clean record, so a guesser cannot lock its owner out, and each new address it brings
-        gets one guess. Returns the keys charged, for `refund`."""
+        gets one guess. Returns the keys charged, for `refund`. With `secret=False` (nothing
+        to guess: module docstring) nothing is charged yet: the keys returned are for
+        `failed`, should the attempt fail."""
         ip = self.ip(host)
         wait = self.failures.retry_after(ip)
         if wait is not None:
@@ -362,9 +370,15 @@ class Throttles:
                 self.limited.inc(1, dialect, "key")
                 raise Limited(f"for this {scope_name(key)}", wait)
             charged = (ip, key)
-        for each in charged:
-            self.failures.charge(each)
+        if secret:
+            for each in charged:
+                self.failures.charge(each)
         return charged
+
+    def failed(self, keys: Sequence[str]) -> None:
+        """An attempt `check(..., secret=False)` let through failed: charge it now."""
+        for key in keys:
+            self.failures.charge(key)
 
     def refund(self, charged: Sequence[str]) -> None:
         """The attempt `check` charged succeeded (or was never made): give it back."""

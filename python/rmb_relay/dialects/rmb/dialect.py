@@ -123,11 +123,14 @@ class RmbDialect(Dialect):
     async def accept(self, request: HttpRequest, conn: Peer) -> WebSocketHandler:
         self._schedule_maintenance()
         # a failed login costs a parse, maybe a twin lookup and a signature check: one address
-        # gets --auth-failures of them, then 429 before any (throttle.py)
-        charged = self.throttles.check("rmb", conn.peer_host)
-        session = await self._authenticate(request, conn)
-        self.throttles.refund(charged)
-        return session
+        # gets --auth-failures of them, then 429 before any (throttle.py); a signature has
+        # nothing to guess, so only failures are charged and honest logins at once all pass
+        keys = self.throttles.check("rmb", conn.peer_host, secret=False)
+        try:
+            return await self._authenticate(request, conn)
+        except HttpReject:
+            self.throttles.failed(keys)
+            raise
 
     async def _authenticate(self, request: HttpRequest, conn: Peer) -> RmbSession:
         token = request.query

@@ -161,10 +161,14 @@ class SbdDialect(Dialect):
         if request.header("authorization") is None and self.settings.auth_hook is None:
             token = None
         else:
-            # wrong tokens: --auth-failures per address, then 429 (throttle.py)
-            charged = self.throttles.check("sbd", self.client_ip(request, conn))
-            token = self._check_authorization(request, now)
-            self.throttles.refund(charged)
+            # wrong tokens: --auth-failures per address, then 429 (throttle.py); a token the
+            # relay issued is 32 random bytes, nothing to guess: only failures are charged
+            keys = self.throttles.check("sbd", self.client_ip(request, conn), secret=False)
+            try:
+                token = self._check_authorization(request, now)
+            except HttpReject:
+                self.throttles.failed(keys)
+                raise
         try:
             pubkey = sbd_decode_pubkey_path(request.path[1:])
         except SbdError as err:
