@@ -30,8 +30,8 @@ from tests.processes import stop_processes
 from tests.redis_process import start_redis, start_redis_cluster
 
 from bench.procstat import free_port, tree_cpu_seconds
-from bench.relay_build import relay_env
-from bench.scenarios import PY, ROOT, raise_fd_limit
+from bench.relay_build import relay_process
+from bench.scenarios import PY, raise_fd_limit
 from rmb_relay.load.cli import _parser as load_parser
 from rmb_relay.load.cli import run_load
 
@@ -45,14 +45,7 @@ def start_relay(
             "--redis", redis, *extra]  # fmt: skip
     if workers > 1:
         argv += ["--processes", str(workers)]
-    process = subprocess.Popen(
-        argv,
-        cwd=ROOT,
-        env=relay_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
+    process = relay_process(argv)
     assert process.stdout is not None
     for _ in range(workers):
         if not process.stdout.readline().startswith("rmb-relay listening"):

@@ -30,7 +30,7 @@ from rmb_relay.load.cli import run_load
 
 from .outdir import RESULTS
 from .procstat import cpu_seconds, free_port, system_seconds, wait_seconds
-from .relay_build import relay_env
+from .relay_build import relay_process
 
 ROOT = Path(__file__).resolve().parent.parent
 A, B = "127.0.0.2", "127.0.0.3"
@@ -41,7 +41,7 @@ TWIN_BASE = 10_000
 class RelayProcess:
     def __init__(self, domain: str, port: int, twins: Path, *extra: str) -> None:
         self.domain, self.port = domain, port
-        self.process = subprocess.Popen(
+        self.process = relay_process(
             [
                 sys.executable,
                 "-m",
@@ -56,12 +56,7 @@ class RelayProcess:
                 f"http://{{domain}}:{port}/",
                 "--no-sbd",
                 *extra,
-            ],
-            cwd=ROOT,
-            env=relay_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
+            ]
         )
         assert self.process.stdout is not None
         if not self.process.stdout.readline():

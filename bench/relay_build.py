@@ -9,7 +9,11 @@ same baselines, so that a before/after comparison measures the relay and not the
 from __future__ import annotations
 
 import os
+import subprocess
 from collections.abc import Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def relay_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -21,3 +25,16 @@ def relay_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     if other:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (other, env.get("PYTHONPATH")) if p)
     return env
+
+
+def relay_process(argv: list[str]) -> subprocess.Popen[str]:
+    """A relay (or a baseline) started from this checkout in `relay_env`, its stdout piped
+    (where it prints its banner when it listens), its stderr dropped."""
+    return subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=relay_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )

@@ -33,7 +33,7 @@ from rmb_relay.load.cli import run_load
 
 from .outdir import RESULTS
 from .procstat import cpu_seconds, free_port
-from .relay_build import relay_env
+from .relay_build import relay_process
 
 SBD_SERVERD = ROOT / ".tools" / "sbd-server" / "bin" / "sbd-serverd"
 TARGET = Path.home() / ".cache" / "rmb-relay" / "sbd-tester-target"
@@ -63,14 +63,7 @@ class Server:
     def __init__(self, name: str, cmd: list[str], port: int, ready: str) -> None:
         self.name = name
         self.port = port
-        self.process = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            env=relay_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
+        self.process = relay_process(cmd)
         assert self.process.stdout is not None
         for line in self.process.stdout:
             if ready in line:

@@ -32,7 +32,7 @@ from rmb_relay.load.cli import run_load
 
 from .outdir import RESULTS
 from .procstat import free_port, rss_bytes, system_seconds, tree_cpu_seconds
-from .relay_build import relay_env
+from .relay_build import relay_process
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
@@ -75,14 +75,7 @@ class Relay:
             ]
         else:
             cmd = [PY, "-m", "bench.baseline_relay", "--port", str(self.port)]
-        self.process = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            env=relay_env(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            text=True,
-        )
+        self.process = relay_process(cmd)
         assert self.process.stdout is not None
         line = self.process.stdout.readline()  # the banner: listening
         if not line:
