@@ -307,9 +307,16 @@ async def test_an_upload_flood_on_a_relay_process(tmp_path: Path) -> None:
             )
             await wait_for_connector(base, "acme")
             before = relay.rss_mib()
-            status, sent = await _chunked_upload(
-                relay.address, "/relay/acme/app/upload", pattern(256 * 1024), 4096
+            upload = asyncio.ensure_future(
+                _chunked_upload(relay.address, "/relay/acme/app/upload", pattern(256 * 1024), 4096)
             )
+            async with aiohttp.ClientSession() as honest:
+                answered = 0
+                while not upload.done() or answered < 20:  # served while the upload runs
+                    async with honest.post(f"{base}/relay/acme/app/echo", data=b"hi") as ok:
+                        assert (ok.status, await ok.read()) == (200, b"hi")
+                    answered += 1
+            status, sent = await upload
             assert status.startswith(b"HTTP/1.1 413"), status
             assert sent < 128 * MIB
             assert relay.rss_mib() - before < 64
