@@ -19,6 +19,9 @@ always this tree's. Scenarios (each with a fresh relay and twin directory):
 - token-flood (issue 33): eight clients posting wrong tunnel secrets as fast as answered
 - pipeline-flood (issue 33): one client pipelining GET /metrics that never reads
 - forged-federation (issue 33): four clients posting unsigned envelopes for a local twin
+- upload-flood (issue 33): four clients uploading endless chunked bodies to an open tunnel
+  tenant's queue (no connector), the relay at `--tunnel-max-body 8388608`; upload-flood-1g
+  the same at 1 Gbit/s in all (what one well-connected host can send)
 
 The issue-33 scenarios measure an honest client (from 127.0.0.2) meanwhile: `/health` on a
 keep-alive connection and an SBD message between two clients, p50/p99 quiet and under the
@@ -70,6 +73,7 @@ class RelayProcess:
         env = dict(os.environ)
         if relay_path:
             env["PYTHONPATH"] = relay_path
+        env["XDG_STATE_HOME"] = str(directory)  # the tunnel's body store: this run's alone
         cmd = [sys.executable, "-m", "rmb_relay", "serve", "-l", f"127.0.0.1:{self.port}"]
         cmd += ["--twins", f"sqlite:{directory / 'twins.sqlite3'}", *flags, *EXTRA_FLAGS]
         self.process = subprocess.Popen(
@@ -585,7 +589,56 @@ async def attack_forged_federation(port: int, stop: asyncio.Event) -> dict[str, 
     return {"statuses": statuses, "stored": await metric(port, "rmb_relay_mailbox_depth")}
 
 
+async def attack_upload_flood(
+    port: int, stop: asyncio.Event, rate: float | None = None
+) -> dict[str, Any]:
+    """Four clients upload endless chunked bodies to an open tenant's queue, a new upload as
+    soon as the last one is refused; all four together at most `rate` bytes/s if given (a
+    link's speed: on loopback they are limited only by the relay)."""
+    chunk = os.urandom(256 * 1024)
+    frame = b"%x\r\n%s\r\n" % (len(chunk), chunk)
+    statuses: dict[str, int] = {}
+    sent = 0
+    started = time.perf_counter()
+
+    async def one() -> None:
+        nonlocal sent
+        while not stop.is_set():
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"POST /queue/acme/app/upload HTTP/1.1\r\nHost: r\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n"
+            )
+            answer = asyncio.ensure_future(reader.readline())
+            while not answer.done() and not stop.is_set():
+                writer.write(frame)
+                try:
+                    await writer.drain()
+                except ConnectionError:
+                    break
+                sent += len(chunk)
+                if rate is not None:  # pace to the link's speed
+                    await asyncio.sleep(max(0.0, sent / rate - (time.perf_counter() - started)))
+            if stop.is_set() and not answer.done():
+                writer.transport.abort()  # the attack is over: this one was cut short
+                answer.cancel()
+                break
+            try:
+                line = await asyncio.wait_for(answer, 10)
+                status = line.split(b" ", 2)[1].decode() if line else "closed"
+            except (TimeoutError, ConnectionError, IndexError):
+                status = "none"
+            answer.cancel()
+            writer.close()
+            statuses[status] = statuses.get(status, 0) + 1
+
+    await asyncio.gather(*(one() for _ in range(4)))
+    return {"statuses": statuses, "sent_mib": round(sent / MIB, 1)}
+
+
 ATTACKS: dict[str, Callable[[int, asyncio.Event], Awaitable[dict[str, Any]]]] = {
+    "upload-flood": attack_upload_flood,
+    "upload-flood-1g": functools.partial(attack_upload_flood, rate=125e6),
     "token-flood": attack_token_flood,
     "pipeline-flood": attack_pipeline_flood,
     "forged-federation": attack_forged_federation,
@@ -593,12 +646,15 @@ ATTACKS: dict[str, Callable[[int, asyncio.Event], Awaitable[dict[str, Any]]]] = 
 
 
 async def scenario_attack(name: str, directory: Path, relay_path: str | None) -> dict[str, Any]:
-    if name == "token-flood":
+    flags: list[str] = []
+    if name in ("token-flood", "upload-flood", "upload-flood-1g"):
         from rmb_relay.dialects.tunnel.tenants import Tenant, TenantStore, hash_secret
 
         with TenantStore(directory / "twins.sqlite3") as store:
             store.add(Tenant("acme", secret_hash=hash_secret("the-right-secret")))
-    relay = RelayProcess(directory, relay_path)
+    if name.startswith("upload-flood"):
+        flags += ["--tunnel-max-body", str(8 * MIB)]
+    relay = RelayProcess(directory, relay_path, *flags)
     try:
         return await _attack_phase(relay, name)
     finally:

@@ -153,6 +153,31 @@ async def test_an_envelope_expiring_during_retries_is_reported_to_its_sender(
     await alice.close()
 
 
+async def test_a_sender_chosen_expiration_is_capped_by_federation_max_ttl(
+    network: Network, tmp_path: Path
+) -> None:
+    """An envelope claiming to live ten years, to a relay that always fails, is tried for
+    --federation-max-ttl after it was queued, not for its own expiration (issue 33): the
+    sender hears that it expired, and the queue holds nothing of it any more."""
+    twins = await provision(tmp_path / "twins.sqlite3", {1: [A], 2: [FAILING]})
+    relay_a = network.relay(
+        A, twins, "--federation-max-backoff", "0.2", "--federation-max-ttl", "2"
+    )
+    failing = await network.bad_remote(FAILING, "503")
+    alice = await client(relay_a.url, 1)
+    uid, wire = alice.request_envelope(2, "echo", b"x", expiration=10 * 365 * 86_400)
+    error = alice.expect(uid, deadline=int(time.time() + WAIT))
+    started = time.monotonic()
+    alice.send(wire)
+    reply = await asyncio.wait_for(error, WAIT)
+    assert reply.error == (0, "message has expired")
+    assert time.monotonic() - started < WAIT
+    assert failing.requests >= 2  # retried until the cap, not given up at once
+    page = await relay_a.metrics()
+    assert page.value("rmb_relay_federation_out_total", outcome="expired") == 1
+    await alice.close()
+
+
 async def test_route_records_name_the_remote_that_decided_each_outcome(
     network: Network, tmp_path: Path
 ) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rmb_relay._core import MSG_REQUEST, Envelope
+from rmb_relay._core import MSG_PING, MSG_REQUEST, Envelope, WsMessage
 from rmb_relay.identity import make_jwt
 from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
@@ -241,6 +241,61 @@ async def test_rmb_errors_never_read_stop_the_sender_being_read(tmp_path: Path) 
             errors = await _count(ws.reader, b"unknown twin destination", sent)
             assert errors == sent
             ws.close()
+        assert relay.stop() == 0
+        assert not relay.problems, relay.problems
+    finally:
+        relay.close()
+
+
+async def test_rmb_ping_envelopes_never_read_stop_the_sender_being_read(tmp_path: Path) -> None:
+    """Each ping envelope is answered with a pong envelope to its sender: one that pings and
+    never reads stops being read once its pongs are over the high-water mark; honest twins
+    exchange messages meanwhile; once it reads, every pong arrives."""
+    db = tmp_path / "twins.sqlite3"
+    with SqliteTwinDirectory(db) as twins:
+        for twin in (5, 6, 7):
+            twins.add(Twin(twin, key_for(twin).public_key, None))
+    relay = RelayProcess("--twins", f"sqlite:{db}", "--no-tunnel")
+    try:
+        async with honest_health(relay):
+            now = int(time.time())
+            ws = await RawWebSocket.connect(
+                *relay.address, f"/?{make_jwt(key_for(5), 5, None, now)}"
+            )
+            a = await RawWebSocket.connect(
+                *relay.address, f"/?{make_jwt(key_for(6), 6, None, now)}"
+            )
+            b = await RawWebSocket.connect(
+                *relay.address, f"/?{make_jwt(key_for(7), 7, None, now)}"
+            )
+            rss_before = relay.rss_mib()
+            sent = 40_000
+            marker = b"P" * 1000  # in each pong's uid: ~40 MiB of pongs
+            for n in range(0, sent, 1000):
+                batch = []
+                for uid in range(n, n + 1000):
+                    env = Envelope(f"{uid:08d}" + marker.decode())
+                    env.source_twin, env.dest_twin = 5, 5
+                    env.kind = MSG_PING
+                    env.timestamp, env.expiration = now, 300
+                    batch.append(env.encode())
+                ws.send_raw(ws.encoder.binary_batch(batch))  # (buffered here: never drained)
+            await eventually(lambda: _reply_pauses(relay, "rmb"), timeout=WAIT)
+            assert relay.rss_mib() - rss_before < RSS_GROWTH_MIB
+            # honest twins are served meanwhile
+            for n in range(20):
+                env = Envelope(f"honest-{n}")
+                env.source_twin, env.dest_twin = 6, 7
+                env.kind, env.command = MSG_REQUEST, "x"
+                env.timestamp, env.expiration = now, 300
+                env.plain = b"hello %d" % n
+                a.send_binary(env.encode())
+                event = await b.next_event()
+                assert isinstance(event, WsMessage)
+                assert Envelope.decode(event.data).plain == b"hello %d" % n
+            assert await _count(ws.reader, marker, sent) == sent
+            for conn in (ws, a, b):
+                conn.close()
         assert relay.stop() == 0
         assert not relay.problems, relay.problems
     finally:

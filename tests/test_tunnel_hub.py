@@ -307,6 +307,22 @@ async def test_a_tenant_removed_while_connected_is_unknown_once_its_lookup_expir
     await eventually(unknown)
 
 
+async def test_a_tenant_unknown_once_is_found_when_its_miss_expires(
+    start_tunnel: StartTunnel,
+) -> None:
+    """A miss is cached like a hit, and expires like one (issue 33: misses were kept
+    forever, so a tenant added after a client had asked for it stayed unknown)."""
+    tunnel = await start_tunnel(tenant_cache_ttl=0.001)
+    assert (await get_once(tunnel, "/relay/newcomer/app/status/200"))[0] == 404
+    tunnel.add_tenant("newcomer")
+    await tunnel.connect("newcomer")
+
+    async def found() -> bool:
+        return (await get_once(tunnel, "/relay/newcomer/app/status/200"))[0] == 200
+
+    await eventually(found)
+
+
 async def test_delivers_answered_in_the_decoder_and_by_python_keep_their_answers(
     start_tunnel: StartTunnel,
 ) -> None:
