@@ -73,10 +73,9 @@ def _world(name: str, ttl: float) -> TwoInstances | FederatedPair | ClusterInsta
     return TwoInstances(ttl=ttl)
 
 
-#: scenarios where losing messages is what the dialect or protocol allows (docs/faults.md):
-#: SBD is best effort; RMB has no delivery acknowledgement, so what a relay wrote into a
-#: connection its client abandoned (silent for longer than the SDK's 40 s) goes with it
-MAY_LOSE = ("rmb-clients-cut-45", "sbd-cut-10")
+#: scenarios where losing messages is what the dialect allows (docs/faults.md): SBD is best
+#: effort
+MAY_LOSE = ("sbd-cut-10",)
 
 
 async def run(only: str | None, ttl: float) -> list[tuple[str, Outcome]]:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 
 from rmb_relay.sdk import IncomingRequest, Reply, RmbClient
+from rmb_relay.sdk.link import DEAD_AFTER
 from tests.cluster_fixtures import TWINS
 from tests.faultlab.checker import Checker
 from tests.rmb_fixtures import key_for
@@ -17,13 +18,20 @@ SENDER, RESPONDER = 1, 2
 
 
 class RmbRequests:
-    """`sender` (twin 1) on one relay asks `responder` (twin 2) on another, `rate` a second."""
+    """`sender` (twin 1) on one relay asks `responder` (twin 2) on another, `rate` a second;
+    both give a silent relay connection up after `dead_after` (the SDK's default: 40 s)."""
 
-    def __init__(self, checker: Checker, prefix: str = "m") -> None:
+    def __init__(
+        self, checker: Checker, prefix: str = "m", *, dead_after: float = DEAD_AFTER
+    ) -> None:
         self.checker = checker
         self.prefix = prefix
-        self.sender = RmbClient(SENDER, key_for(SENDER, TWINS[SENDER]), reconnect=True)
-        self.responder = RmbClient(RESPONDER, key_for(RESPONDER, TWINS[RESPONDER]), reconnect=True)
+        self.sender = RmbClient(
+            SENDER, key_for(SENDER, TWINS[SENDER]), reconnect=True, dead_after=dead_after
+        )
+        self.responder = RmbClient(
+            RESPONDER, key_for(RESPONDER, TWINS[RESPONDER]), reconnect=True, dead_after=dead_after
+        )
         self.responder.handle("m", self._answer)
         self.next_id = 0
         self._task: asyncio.Task[None] | None = None

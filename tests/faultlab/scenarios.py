@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from redis.crc import key_slot
 
 from rmb_relay.cluster import keys
+from rmb_relay.sdk.link import DEAD_AFTER
 from tests.faultlab.checker import Checker, Fates
 from tests.faultlab.rmb import RmbRequests
 from tests.faultlab.sbd import SbdForwards
@@ -105,11 +106,12 @@ async def _run_fault(
     rate: float,
     *,
     presence: bool = True,
+    dead_after: float = DEAD_AFTER,
 ) -> Outcome:
     """Steady requests from twin 1 on `where[0]` to twin 2 on `where[1]`; `fault()` runs
     under it (until its heal); then every accepted request's fate."""
     checker = Checker()
-    traffic = RmbRequests(checker)
+    traffic = RmbRequests(checker, dead_after=dead_after)
     sender, responder = (world.instances[name] for name in where)
 
     async def single() -> bool:
@@ -141,13 +143,19 @@ async def rmb_cut_from_redis(world: World, cut: float, *, rate: float = RATE) ->
     return await _run_fault(world, name, ("a", "b"), fault, rate)
 
 
-async def rmb_cut_from_clients(world: World, cut: float, *, rate: float = RATE) -> Outcome:
+async def rmb_cut_from_clients(
+    world: World, cut: float, *, rate: float = RATE, dead_after: float = DEAD_AFTER
+) -> Outcome:
     """(b) instance a's clients' link to it black-holed for `cut` seconds (a still reaches
-    Redis) while twin 1 on b asks twin 2 on a; then healed."""
+    Redis) while twin 1 on b asks twin 2 on a; then healed. The clients give a silent
+    connection up after `dead_after` (a cut longer than that makes them reconnect while the
+    old connection still holds what a wrote)."""
     link = world.instances["a"].from_clients
     name = f"rmb a cut from its clients {cut:g} s"
+    if dead_after != DEAD_AFTER:
+        name += f" (clients give up after {dead_after:g} s)"
     fault = _cut_for(world, link.black_hole, link.heal, cut)
-    return await _run_fault(world, name, ("b", "a"), fault, rate)
+    return await _run_fault(world, name, ("b", "a"), fault, rate, dead_after=dead_after)
 
 
 async def rmb_federation_partition(world: World, cut: float, *, rate: float = RATE) -> Outcome:
