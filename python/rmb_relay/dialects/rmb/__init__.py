@@ -52,12 +52,15 @@ async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
         raise ConfigError("--limit-window must be positive")
     if args.max_token_lifetime <= 0:
         raise ConfigError("--max-token-lifetime must be positive")
+    if args.retry_hold_bytes < 0:
+        raise ConfigError("--retry-hold-bytes must not be negative")
     settings = RmbSettings(
         domains=frozenset(args.domain),
         limit_count=args.limit[0] if args.limit else None,
         limit_size=args.limit[1] if args.limit else None,
         limit_window=args.limit_window,
         max_token_lifetime=args.max_token_lifetime,
+        retry_hold_bytes=args.retry_hold_bytes,
     )
     directory = services.twin_directory()
     dialect = RmbDialect(

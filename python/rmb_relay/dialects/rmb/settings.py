@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from rmb_relay.dialects.rmb.later import LATER_BYTES
 from rmb_relay.federation import setup as federation_setup
 from rmb_relay.identity import DEFAULT_MAX_TOKEN_LIFETIME
 
@@ -37,6 +38,8 @@ class RmbSettings:
     max_token_lifetime: int = DEFAULT_MAX_TOKEN_LIFETIME
     slow_session_bytes: int = SLOW_SESSION_BYTES
     slow_total_bytes: int = SLOW_TOTAL_BYTES
+    #: answers that could not reach another instance, held for another try (later.py)
+    retry_hold_bytes: int = LATER_BYTES
 
     @property
     def standalone(self) -> bool:
@@ -81,5 +84,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="refuse a login JWT still valid for longer than this (exp - now); rmb-peer's "
         "tokens live 300 s",
+    )
+    rmb.add_argument(
+        "--retry-hold-bytes",
+        type=int,
+        default=LATER_BYTES,
+        metavar="BYTES",
+        help="bytes of answers (responses, errors) held to be routed again while Redis or "
+        "another instance cannot be reached; past it an answer is dropped and counted "
+        "(default 4 MiB)",
     )
     federation_setup.add_arguments(parser)
