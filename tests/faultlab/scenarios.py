@@ -17,6 +17,7 @@ from tests.faultlab.rmb import RmbRequests
 from tests.faultlab.sbd import SbdForwards
 from tests.faultlab.services import RedisNode
 from tests.faultlab.singyeong import SgQueue, SgSends
+from tests.faultlab.tunnel import TunnelRequests
 from tests.faultlab.world import (
     ClusterNode,
     World,
@@ -324,6 +325,34 @@ async def sg_send_cut_from_redis(
         await traffic.stop()
         await checker.settle(SETTLE)
         name = f"신경 {'QUEUE' if queue else 'SEND'} a cut from redis {cut:g} s"
+        return Outcome(name, checker.report(), recover, world.rss_mib(), True, early)
+    finally:
+        await traffic.close()
+
+
+async def tunnel_cut_from_redis(world: World, cut: float, *, rate: float = RATE) -> Outcome:
+    """(a) for the HTTP tunnel: a's link to Redis black-holed for `cut` seconds while a client
+    on a POSTs through tenant "acme" to a connector on b (every request crosses the tenant's
+    work queue in Redis and every answer comes back through it); then healed. Each request
+    is answered, refused with an error status, or silently lost (no answer ever)."""
+    checker = Checker()
+    traffic = TunnelRequests(checker)
+    a, b = world.instances["a"], world.instances["b"]
+    link = a.to_redis
+    assert link is not None
+    try:
+        await traffic.open(a.from_clients.address, b.from_clients.address, world.logs)
+        await traffic.ready()
+        traffic.start(rate)
+        await wait_until(lambda: checker.answered_count >= WARMUP_ANSWERS, 30)
+        early = await _cut_for(world, link.black_hole, link.heal, cut)()
+        started = time.monotonic()
+        mark = traffic.next_id
+        await wait_until(lambda: checker.answered_since(traffic.prefix, mark), 120)
+        recover = time.monotonic() - started
+        await traffic.stop()
+        await checker.settle(SETTLE)
+        name = f"tunnel a cut from redis {cut:g} s"
         return Outcome(name, checker.report(), recover, world.rss_mib(), True, early)
     finally:
         await traffic.close()

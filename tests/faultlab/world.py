@@ -11,6 +11,7 @@ instance's link to Redis and its clients' link to it through a `FaultProxy`.
 from __future__ import annotations
 
 import asyncio
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -88,8 +89,11 @@ class TwoInstances:
         extra: Sequence[str] = (),
         logs: Path | None = None,
         chain_cache_ttl: float | None = None,
+        tenants: Sequence[tuple[str, str]] = (),
     ) -> None:
         self.ttl = ttl
+        #: HTTP tunnel tenants (name, secret) in the instances' directory
+        self.tenants = tenants
         self.chain_cache_ttl = chain_cache_ttl
         self.names = names
         self.extra = extra
@@ -106,6 +110,11 @@ class TwoInstances:
             world = World(lab, redis, probe, self.logs)
             twins = self.logs / "twins.sqlite3"
             twin_directory(twins)
+            for tenant, secret in self.tenants:
+                await _run(
+                    sys.executable, "-m", "rmb_relay", "tenants", "--twins", f"sqlite:{twins}",
+                    "add", tenant, "--secret", secret,
+                )  # fmt: skip
             directory = ["--twins", f"sqlite:{twins}", "--twin-cache-ttl", "0"]
             if self.chain_cache_ttl is not None:
                 # the twin directory on a chain node of its own, behind a proxy of the world's
@@ -150,6 +159,15 @@ class TwoInstances:
         tb: TracebackType | None,
     ) -> None:
         await self._stack.aclose()
+
+
+async def _run(*argv: str) -> None:
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), 60)
+    if process.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed:\n{out.decode()}")
 
 
 async def wait_until(predicate: object, timeout: float, step: float = 0.02) -> float:
