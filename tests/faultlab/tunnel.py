@@ -16,21 +16,19 @@ import aiohttp
 from aiohttp import web
 
 from tests.faultlab.checker import Checker
+from tests.faultlab.traffic import PacedTraffic
 
 TENANT = "acme"
 SECRET = "faultlab-secret-0123456789"
 
 
-class TunnelRequests:
+class TunnelRequests(PacedTraffic):
     def __init__(self, checker: Checker, prefix: str = "t") -> None:
-        self.checker = checker
-        self.prefix = prefix
-        self.next_id = 0
+        super().__init__(checker, prefix)
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._connector: asyncio.subprocess.Process | None = None
         self._session: aiohttp.ClientSession | None = None
-        self._task: asyncio.Task[None] | None = None
         self._requests: set[asyncio.Task[None]] = set()
 
     async def open(self, client: tuple[str, int], connector: tuple[str, int], logs: Path) -> None:
@@ -75,10 +73,7 @@ class TunnelRequests:
                             return
                 await asyncio.sleep(0.1)  # polling a state no event announces
 
-    def send_one(self) -> None:
-        message = f"{self.prefix}{self.next_id}"
-        self.next_id += 1
-        self.checker.sent(message)
+    async def send(self, message: str) -> None:
         task = asyncio.get_running_loop().create_task(self._request(message))
         self._requests.add(task)
         task.add_done_callback(self._requests.discard)
@@ -94,24 +89,6 @@ class TunnelRequests:
                     self.checker.refused(message, f"{reply.status} {body[:80]!r}")
         except (aiohttp.ClientError, OSError) as err:
             self.checker.refused(message, f"{type(err).__name__}: {err}")
-
-    def start(self, rate: float) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run(rate))
-
-    async def _run(self, rate: float) -> None:
-        loop = asyncio.get_running_loop()
-        next_at = loop.time()
-        while True:
-            self.send_one()
-            next_at += 1.0 / rate
-            await asyncio.sleep(max(0.0, next_at - loop.time()))  # pacing
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
 
     async def close(self) -> None:
         await self.stop()
