@@ -65,6 +65,8 @@ SCENARIOS: dict[str, Scenario] = {
     "sg-send-cut-10": lambda world: sg_send_cut_from_redis(world, 10),
     "sg-queue-cut-10": lambda world: sg_send_cut_from_redis(world, 10, queue=True),
     "tunnel-cut-10": lambda world: tunnel_cut_from_redis(world, 10),
+    "sbd-slow-redis-30": lambda world: sbd_cut_from_redis(world, 30, fault="slow"),
+    "sg-send-slow-redis-30": lambda world: sg_send_cut_from_redis(world, 30, fault="slow"),
 }
 
 
@@ -84,7 +86,7 @@ def _world(name: str, ttl: float) -> TwoInstances | FederatedPair | ClusterInsta
 
 #: scenarios where losing messages is what the dialect allows (docs/faults.md): SBD is best
 #: effort
-MAY_LOSE = ("sbd-cut-10",)
+MAY_LOSE = ("sbd-cut-10", "sbd-slow-redis-30")
 
 
 async def run(only: str | None, ttl: float) -> list[tuple[str, Outcome]]:
