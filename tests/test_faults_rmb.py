@@ -66,6 +66,20 @@ async def test_an_instance_cut_from_its_clients_loses_nothing(world: World) -> N
     assert outcome.presence_single, _logs(world)
 
 
+@pytest.mark.timeout(90)
+async def test_clients_that_give_up_on_a_cut_connection_lose_nothing(world: World) -> None:
+    """(b) past the clients' give-up time: the link between a and its clients held for 10 s
+    while the clients give a silent connection up after 4 s (the SDK's default is 40 s; the
+    bench runs a 45 s cut with it). Twin 2 reconnects, keeps reading the connection it gave
+    up, and at the heal gets what a wrote into it before a closes it for the new login."""
+    outcome = await rmb_cut_from_clients(world, 10.0, dead_after=4.0)
+    fates = outcome.fates
+    assert fates.lost == 0, f"{fates.line()}; lost {fates.lost_ids}" + _logs(world)
+    assert fates.delivered_once + fates.delivered_more > fates.accepted // 2, fates.line()
+    assert outcome.presence_single, _logs(world)
+    assert "replaced by a newer connection" in "".join(world.instances["a"].relay.log.lines)
+
+
 @pytest.fixture
 async def federated(tmp_path: Path) -> AsyncIterator[World]:
     try:

@@ -52,6 +52,54 @@ async def test_link_pings_when_idle_and_drops_a_silent_relay(
     link.keepalive()
     await eventually(lambda: downs == [link])
     assert not link.connected
+    assert ws.is_open
+    assert link.retired == {ws}
+    await link.close()
+
+
+async def test_a_connection_given_up_for_silence_is_read_until_the_relay_closes_it(
+    start_relay: StartRelay, tmp_path: Path
+) -> None:
+    """A silent connection may be a cut path (docs/faults.md, b): what the relay wrote into it
+    arrives once the path is repaired. The link keeps reading it after giving it up; the relay
+    closes it once the new connection logs in, after what it had written."""
+    relay = await start_rmb_relay(start_relay, tmp_path)
+    clock = Monotonic()
+    client = RmbClient(1, key_for(1))
+    received: list[bytes] = []
+    link = RelayLink(relay.url, client.login_token, lambda m: received.append(m.data), clock=clock)
+    await link.connect()
+    old = link.ws
+    assert old is not None
+    clock.now += 41 * NS
+    link.keepalive()
+    assert not link.connected
+    assert old.is_open
+    sender = await relay.client(2, key_type="ed25519")
+    sender.send_request(1, "m", b"late")  # the relay still holds twin 1 on the old connection
+    await eventually(lambda: len(received) == 1)
+    await link.connect()  # the new login replaces the old connection at the relay
+    await asyncio.wait_for(old.closed, WAIT)
+    assert not link.retired
+    assert link.connected
+    await link.close()
+    await relay.close_clients()
+
+
+async def test_a_retired_connection_is_read_for_a_bounded_time(
+    start_relay: StartRelay, tmp_path: Path
+) -> None:
+    relay = await start_rmb_relay(start_relay, tmp_path)
+    clock = Monotonic()
+    client = RmbClient(1, key_for(1))
+    link = RelayLink(relay.url, client.login_token, lambda m: None, clock=clock, keep_reading=0.05)
+    await link.connect()
+    old = link.ws
+    assert old is not None
+    clock.now += 41 * NS
+    link.keepalive()
+    await asyncio.wait_for(old.closed, WAIT)  # nobody closed it: the bound did
+    assert not link.retired
     await link.close()
 
 

@@ -32,11 +32,14 @@ class Fates:
     #: the first few lost ids (for a failing test's message)
     lost_ids: tuple[str, ...] = ()
     refusals: tuple[str, ...] = ()
+    #: refused, and yet delivered (the receiver saw it: the refusal did not mean "not done")
+    refused_delivered: int = 0
 
     def line(self) -> str:
+        also = f" ({self.refused_delivered} of them delivered)" if self.refused_delivered else ""
         return (
             f"accepted {self.accepted}, delivered once {self.delivered_once}, twice or more "
-            f"{self.delivered_more}, refused {self.refused}, silently lost {self.lost}"
+            f"{self.delivered_more}, refused {self.refused}{also}, silently lost {self.lost}"
         )
 
 
@@ -114,7 +117,7 @@ class Checker:
         return True
 
     def report(self) -> Fates:
-        once = more = refused = 0
+        once = more = refused = refused_delivered = 0
         lost: list[str] = []
         for message in self._sent:
             count = self._deliveries[message]
@@ -125,6 +128,7 @@ class Checker:
                     once += 1
             elif message in self._refused:
                 refused += 1
+                refused_delivered += count > 0
             else:
                 lost.append(message)
         reasons = Counter(self._refused.values())
@@ -136,4 +140,5 @@ class Checker:
             len(lost),
             tuple(lost[:10]),
             tuple(f"{why} x{n}" for why, n in reasons.most_common(5)),
+            refused_delivered,
         )

@@ -7,8 +7,10 @@ import asyncio
 import contextlib
 
 from rmb_relay.sdk import IncomingRequest, Reply, RmbClient
+from rmb_relay.sdk.link import DEAD_AFTER
 from tests.cluster_fixtures import TWINS
 from tests.faultlab.checker import Checker
+from tests.faultlab.traffic import PacedTraffic
 from tests.rmb_fixtures import key_for
 
 #: long enough that a request waiting in a mailbox through the longest cut is still wanted
@@ -16,17 +18,21 @@ EXPIRATION = 900
 SENDER, RESPONDER = 1, 2
 
 
-class RmbRequests:
-    """`sender` (twin 1) on one relay asks `responder` (twin 2) on another, `rate` a second."""
+class RmbRequests(PacedTraffic):
+    """`sender` (twin 1) on one relay asks `responder` (twin 2) on another, `rate` a second;
+    both give a silent relay connection up after `dead_after` (the SDK's default: 40 s)."""
 
-    def __init__(self, checker: Checker, prefix: str = "m") -> None:
-        self.checker = checker
-        self.prefix = prefix
-        self.sender = RmbClient(SENDER, key_for(SENDER, TWINS[SENDER]), reconnect=True)
-        self.responder = RmbClient(RESPONDER, key_for(RESPONDER, TWINS[RESPONDER]), reconnect=True)
+    def __init__(
+        self, checker: Checker, prefix: str = "m", *, dead_after: float = DEAD_AFTER
+    ) -> None:
+        super().__init__(checker, prefix)
+        self.sender = RmbClient(
+            SENDER, key_for(SENDER, TWINS[SENDER]), reconnect=True, dead_after=dead_after
+        )
+        self.responder = RmbClient(
+            RESPONDER, key_for(RESPONDER, TWINS[RESPONDER]), reconnect=True, dead_after=dead_after
+        )
         self.responder.handle("m", self._answer)
-        self.next_id = 0
-        self._task: asyncio.Task[None] | None = None
 
     async def open(self, sender_url: str, responder_url: str, timeout: float = 30.0) -> None:
         await self.responder.open(responder_url)
@@ -38,10 +44,7 @@ class RmbRequests:
         self.checker.delivered(request.data.decode())
         return request.data
 
-    def send_one(self) -> None:
-        message = f"{self.prefix}{self.next_id}"
-        self.next_id += 1
-        self.checker.sent(message)
+    async def send(self, message: str) -> None:
         future = self.sender.send_request(RESPONDER, "m", message.encode(), expiration=EXPIRATION)
         future.add_done_callback(lambda done: self._settled(message, done))
 
@@ -57,26 +60,6 @@ class RmbRequests:
             self.checker.refused(message, reply.error[1])
         else:
             self.checker.answered(message)
-
-    def start(self, rate: float) -> None:
-        """Send `rate` requests a second until `stop` (paced by the loop's clock)."""
-        self._task = asyncio.get_running_loop().create_task(self._run(rate))
-
-    async def _run(self, rate: float) -> None:
-        loop = asyncio.get_running_loop()
-        interval = 1.0 / rate
-        next_at = loop.time()
-        while True:
-            self.send_one()
-            next_at += interval
-            await asyncio.sleep(max(0.0, next_at - loop.time()))  # pacing, not synchronisation
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
 
     async def close(self) -> None:
         await self.stop()

@@ -9,14 +9,13 @@ import contextlib
 
 from rmb_relay._core import SBD_COMMAND, WsMessage, sbd_classify
 from tests.faultlab.checker import Checker
+from tests.faultlab.traffic import PacedTraffic
 from tests.sbd_client import SbdClient
 
 
-class SbdForwards:
+class SbdForwards(PacedTraffic):
     def __init__(self, checker: Checker, prefix: str = "s") -> None:
-        self.checker = checker
-        self.prefix = prefix
-        self.next_id = 0
+        super().__init__(checker, prefix)
         self.sender: SbdClient | None = None
         self.receiver: SbdClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -44,30 +43,13 @@ class SbdForwards:
                     ):
                         self.checker.delivered(event.data[32:].decode())
 
-    def start(self, rate: float) -> None:
-        self._tasks.append(asyncio.get_running_loop().create_task(self._run(rate)))
-
-    async def _run(self, rate: float) -> None:
+    async def send(self, message: str) -> None:
         assert self.sender is not None
         assert self.receiver is not None
-        loop = asyncio.get_running_loop()
-        next_at = loop.time()
-        while True:
-            message = f"{self.prefix}{self.next_id}"
-            self.next_id += 1
-            self.checker.sent(message)
-            self.sender.forward(self.receiver.pubkey, message.encode())
-            next_at += 1.0 / rate
-            await asyncio.sleep(max(0.0, next_at - loop.time()))  # pacing
-
-    async def stop(self) -> None:
-        if self._tasks:
-            sending = self._tasks.pop()
-            sending.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sending
+        self.sender.forward(self.receiver.pubkey, message.encode())
 
     async def close(self) -> None:
+        await self.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

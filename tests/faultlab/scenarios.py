@@ -11,11 +11,13 @@ from dataclasses import dataclass
 from redis.crc import key_slot
 
 from rmb_relay.cluster import keys
+from rmb_relay.sdk.link import DEAD_AFTER
 from tests.faultlab.checker import Checker, Fates
 from tests.faultlab.rmb import RmbRequests
 from tests.faultlab.sbd import SbdForwards
 from tests.faultlab.services import RedisNode
 from tests.faultlab.singyeong import SgQueue, SgSends
+from tests.faultlab.tunnel import TunnelRequests
 from tests.faultlab.world import (
     ClusterNode,
     World,
@@ -105,11 +107,12 @@ async def _run_fault(
     rate: float,
     *,
     presence: bool = True,
+    dead_after: float = DEAD_AFTER,
 ) -> Outcome:
     """Steady requests from twin 1 on `where[0]` to twin 2 on `where[1]`; `fault()` runs
     under it (until its heal); then every accepted request's fate."""
     checker = Checker()
-    traffic = RmbRequests(checker)
+    traffic = RmbRequests(checker, dead_after=dead_after)
     sender, responder = (world.instances[name] for name in where)
 
     async def single() -> bool:
@@ -141,13 +144,19 @@ async def rmb_cut_from_redis(world: World, cut: float, *, rate: float = RATE) ->
     return await _run_fault(world, name, ("a", "b"), fault, rate)
 
 
-async def rmb_cut_from_clients(world: World, cut: float, *, rate: float = RATE) -> Outcome:
+async def rmb_cut_from_clients(
+    world: World, cut: float, *, rate: float = RATE, dead_after: float = DEAD_AFTER
+) -> Outcome:
     """(b) instance a's clients' link to it black-holed for `cut` seconds (a still reaches
-    Redis) while twin 1 on b asks twin 2 on a; then healed."""
+    Redis) while twin 1 on b asks twin 2 on a; then healed. The clients give a silent
+    connection up after `dead_after` (a cut longer than that makes them reconnect while the
+    old connection still holds what a wrote)."""
     link = world.instances["a"].from_clients
     name = f"rmb a cut from its clients {cut:g} s"
+    if dead_after != DEAD_AFTER:
+        name += f" (clients give up after {dead_after:g} s)"
     fault = _cut_for(world, link.black_hole, link.heal, cut)
-    return await _run_fault(world, name, ("b", "a"), fault, rate)
+    return await _run_fault(world, name, ("b", "a"), fault, rate, dead_after=dead_after)
 
 
 async def rmb_federation_partition(world: World, cut: float, *, rate: float = RATE) -> Outcome:
@@ -219,17 +228,7 @@ async def rmb_slow_lossy_redis(
     """(c) every instance's link to Redis slowed to `mean ± jitter` s each way, and `resets`
     of the chunks crossing it resetting their connection, for `seconds`, while twin 1 on a
     asks twin 2 on b; then healed."""
-    links = [i.to_redis for i in world.instances.values() if i.to_redis is not None]
-
-    def degrade() -> None:
-        for link in links:
-            link.latency(mean, jitter)
-            link.resets(resets)
-
-    def heal() -> None:
-        for link in links:
-            link.heal()
-
+    degrade, heal = _degrade_redis_links(world, mean, jitter, resets)
     name = (
         f"rmb redis links {mean * 1000:g}±{jitter * 1000:g} ms, {resets:.0%} resets {seconds:g} s"
     )
@@ -258,35 +257,93 @@ async def rmb_chain_slow_then_down(
     return await _run_fault(world, name, ("a", "b"), fault, rate)
 
 
-async def sbd_cut_from_redis(world: World, cut: float, *, rate: float = RATE) -> Outcome:
-    """(a) for SBD: a's link to Redis black-holed for `cut` seconds while a client on a
-    forwards to a key connected to b; then healed. SBD is best effort (no mailbox, no error
-    to the sender): what the relay could not pass on is dropped and counted."""
-    checker = Checker(one_way=True)
-    traffic = SbdForwards(checker)
-    a, b = world.instances["a"], world.instances["b"]
-    link = a.to_redis
+def _degrade_redis_links(
+    world: World, mean: float, jitter: float, resets: float
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """(degrade, heal) of (c): every instance's Redis link slowed and resetting."""
+    links = [i.to_redis for i in world.instances.values() if i.to_redis is not None]
+
+    def degrade() -> None:
+        for link in links:
+            link.latency(mean, jitter)
+            link.resets(resets)
+
+    def heal() -> None:
+        for link in links:
+            link.heal()
+
+    return degrade, heal
+
+
+def _redis_fault(
+    world: World, fault: str, seconds: float
+) -> tuple[str, Callable[[], None], Callable[[], None]]:
+    """A one-way scenario's Redis fault: "cut" (a) a's link black-holed, or "slow" (c) every
+    link 50 ± 20 ms and 1% resets; (its name, start, heal)."""
+    if fault == "slow":
+        degrade, heal = _degrade_redis_links(world, 0.05, 0.02, 0.01)
+        return f"redis links 50±20 ms, 1% resets {seconds:g} s", degrade, heal
+    link = world.instances["a"].to_redis
     assert link is not None
+    return f"a cut from redis {seconds:g} s", link.black_hole, link.heal
+
+
+async def _run_one_way(
+    world: World,
+    scenario: str,
+    traffic: SbdForwards | SgSends,
+    checker: Checker,
+    fault: Fault,
+    rate: float,
+    single: Callable[[], Awaitable[bool]] | None,
+    settle: float,
+) -> Outcome:
+    """`traffic` (opened) at `rate` while `fault()` runs; then every message's fate."""
     try:
-        await traffic.open(a.from_clients.address, b.from_clients.address)
-        assert traffic.receiver is not None
-        name = keys.address_name(traffic.receiver.pubkey)
-        await wait_until(lambda: _held_by(world, name, "b"), 30)
         traffic.start(rate)
         await wait_until(lambda: checker.delivered_count >= WARMUP_ANSWERS, 30)
-        fault = _cut_for(world, link.black_hole, link.heal, cut)
         early = await fault()
         started = time.monotonic()
         mark = traffic.next_id
         await wait_until(lambda: checker.delivered_since(traffic.prefix, mark), 120)
         recover = time.monotonic() - started
         await traffic.stop()
-        await checker.settle(10.0)
-        single = await _held_by(world, name, "b")
-        name = f"sbd a cut from redis {cut:g} s"
-        return Outcome(name, checker.report(), recover, world.rss_mib(), single, early)
+        await checker.settle(settle)
+        ok = True if single is None else await single()
+        return Outcome(scenario, checker.report(), recover, world.rss_mib(), ok, early)
     finally:
         await traffic.close()
+
+
+async def sbd_cut_from_redis(
+    world: World, cut: float, *, rate: float = RATE, fault: str = "cut"
+) -> Outcome:
+    """(a) for SBD: a's link to Redis black-holed for `cut` seconds while a client on a
+    forwards to a key connected to b; then healed (`fault="slow"`: (c) instead). SBD is best
+    effort (no mailbox, no error to the sender): what the relay could not pass on is dropped
+    and counted."""
+    checker = Checker(one_way=True)
+    traffic = SbdForwards(checker)
+    a, b = world.instances["a"], world.instances["b"]
+    label, start, heal = _redis_fault(world, fault, cut)
+    try:
+        await traffic.open(a.from_clients.address, b.from_clients.address)
+    except BaseException:
+        await traffic.close()
+        raise
+    assert traffic.receiver is not None
+    name = keys.address_name(traffic.receiver.pubkey)
+    await wait_until(lambda: _held_by(world, name, "b"), 30)
+    return await _run_one_way(
+        world,
+        f"sbd {label}",
+        traffic,
+        checker,
+        _cut_for(world, start, heal, cut),
+        rate,
+        lambda: _held_by(world, name, "b"),
+        10.0,
+    )
 
 
 async def _held_by(world: World, name: str, instance: str) -> bool:
@@ -294,28 +351,48 @@ async def _held_by(world: World, name: str, instance: str) -> bool:
 
 
 async def sg_send_cut_from_redis(
-    world: World, cut: float, *, rate: float = RATE, queue: bool = False
+    world: World, cut: float, *, rate: float = RATE, queue: bool = False, fault: str = "cut"
 ) -> Outcome:
     """(a) for the 신경 gateway: a's link to Redis black-holed for `cut` seconds while a client
     on a SENDs (or QUEUEs, `queue`) to the one client of application "api", on b; then
-    healed."""
+    healed (`fault="slow"`: (c) instead)."""
     checker = Checker(one_way=True)
     traffic = SgQueue(checker) if queue else SgSends(checker)
+    a, b = world.instances["a"], world.instances["b"]
+    label, start, heal = _redis_fault(world, fault, cut)
+    try:
+        await traffic.open(a.from_clients.address, b.from_clients.address)
+    except BaseException:
+        await traffic.close()
+        raise
+    name = f"신경 {'QUEUE' if queue else 'SEND'} {label}"
+    fault_run = _cut_for(world, start, heal, cut)
+    return await _run_one_way(world, name, traffic, checker, fault_run, rate, None, SETTLE)
+
+
+async def tunnel_cut_from_redis(world: World, cut: float, *, rate: float = RATE) -> Outcome:
+    """(a) for the HTTP tunnel: a's link to Redis black-holed for `cut` seconds while a client
+    on a POSTs through tenant "acme" to a connector on b (every request crosses the tenant's
+    work queue in Redis and every answer comes back through it); then healed. Each request
+    is answered, refused with an error status, or silently lost (no answer ever)."""
+    checker = Checker()
+    traffic = TunnelRequests(checker)
     a, b = world.instances["a"], world.instances["b"]
     link = a.to_redis
     assert link is not None
     try:
-        await traffic.open(a.from_clients.address, b.from_clients.address)
+        await traffic.open(a.from_clients.address, b.from_clients.address, world.logs)
+        await traffic.ready()
         traffic.start(rate)
-        await wait_until(lambda: checker.delivered_count >= WARMUP_ANSWERS, 30)
+        await wait_until(lambda: checker.answered_count >= WARMUP_ANSWERS, 30)
         early = await _cut_for(world, link.black_hole, link.heal, cut)()
         started = time.monotonic()
         mark = traffic.next_id
-        await wait_until(lambda: checker.delivered_since(traffic.prefix, mark), 120)
+        await wait_until(lambda: checker.answered_since(traffic.prefix, mark), 120)
         recover = time.monotonic() - started
         await traffic.stop()
         await checker.settle(SETTLE)
-        name = f"신경 {'QUEUE' if queue else 'SEND'} a cut from redis {cut:g} s"
+        name = f"tunnel a cut from redis {cut:g} s"
         return Outcome(name, checker.report(), recover, world.rss_mib(), True, early)
     finally:
         await traffic.close()

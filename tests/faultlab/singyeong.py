@@ -12,14 +12,13 @@ from typing import Any
 import websockets
 
 from tests.faultlab.checker import Checker
+from tests.faultlab.traffic import PacedTraffic
 from tests.sg_client import SgClient
 
 
-class SgSends:
+class SgSends(PacedTraffic):
     def __init__(self, checker: Checker, prefix: str = "g") -> None:
-        self.checker = checker
-        self.prefix = prefix
-        self.next_id = 0
+        super().__init__(checker, prefix)
         self.sender: SgClient | None = None
         self.receiver: SgClient | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -66,31 +65,13 @@ class SgSends:
         else:
             self.unmatched.append(frame)
 
-    def start(self, rate: float) -> None:
-        self._tasks.append(asyncio.get_running_loop().create_task(self._run(rate)))
-
-    async def _run(self, rate: float) -> None:
-        sender = self.sender
-        assert sender is not None
-        loop = asyncio.get_running_loop()
-        next_at = loop.time()
-        while True:
-            message = f"{self.prefix}{self.next_id}"
-            self.next_id += 1
-            self.checker.sent(message)
-            target = {"application": "api"}
-            await sender.dispatch("SEND", {"target": target, "nonce": message, "payload": message})
-            next_at += 1.0 / rate
-            await asyncio.sleep(max(0.0, next_at - loop.time()))  # pacing
-
-    async def stop(self) -> None:
-        if len(self._tasks) > 2:
-            sending = self._tasks.pop()
-            sending.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sending
+    async def send(self, message: str) -> None:
+        assert self.sender is not None
+        target = {"application": "api"}
+        await self.sender.dispatch("SEND", {"target": target, "nonce": message, "payload": message})
 
     async def close(self) -> None:
+        await self.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -124,7 +105,7 @@ class SgQueue(SgSends):
         receiver = self.receiver
         assert receiver is not None
         loop = asyncio.get_running_loop()
-        self._tasks.insert(0, loop.create_task(self._ack_and_ask(receiver, body["id"])))
+        self._tasks.append(loop.create_task(self._ack_and_ask(receiver, body["id"])))
 
     async def _ack_and_ask(self, receiver: SgClient, message_id: str) -> None:
         with contextlib.suppress(websockets.ConnectionClosed, OSError):
@@ -145,16 +126,7 @@ class SgQueue(SgSends):
         super().__init__(checker, prefix)
         self.confirmed = set()
 
-    async def _run(self, rate: float) -> None:
-        sender = self.sender
-        assert sender is not None
-        loop = asyncio.get_running_loop()
-        next_at = loop.time()
-        while True:
-            message = f"{self.prefix}{self.next_id}"
-            self.next_id += 1
-            self.checker.sent(message)
-            d = {"queue": self.QUEUE, "target": {"application": "api"}}
-            await sender.dispatch("QUEUE", {**d, "nonce": message, "payload": message})
-            next_at += 1.0 / rate
-            await asyncio.sleep(max(0.0, next_at - loop.time()))  # pacing
+    async def send(self, message: str) -> None:
+        assert self.sender is not None
+        d = {"queue": self.QUEUE, "target": {"application": "api"}}
+        await self.sender.dispatch("QUEUE", {**d, "nonce": message, "payload": message})

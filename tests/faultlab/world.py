@@ -11,6 +11,7 @@ instance's link to Redis and its clients' link to it through a `FaultProxy`.
 from __future__ import annotations
 
 import asyncio
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -76,7 +77,60 @@ class World:
         return max(instance.relay.rss_mib() for instance in self.instances.values())
 
 
-class TwoInstances:
+class _Maker:
+    """What the worlds below share: `async with` builds the world (`_build`, on an exit stack
+    that undoes every step, also when a later one fails) and tears it down on the way out."""
+
+    def __init__(self, logs: Path | None) -> None:
+        self.logs = logs or Path(tempfile.mkdtemp(prefix="faultlab-logs-"))
+        self._stack = AsyncExitStack()
+
+    async def _build(self, stack: AsyncExitStack) -> World:
+        raise NotImplementedError
+
+    async def __aenter__(self) -> World:
+        try:
+            world = await self._build(self._stack)
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        # first on the way out, while the proxies still carry their goodbyes; in a thread,
+        # for the proxies run on this loop
+        processes = [instance.relay.process for instance in world.instances.values()]
+        self._stack.push_async_callback(asyncio.to_thread, stop_processes, processes)
+        return world
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self._stack.aclose()
+
+
+async def _instance(
+    stack: AsyncExitStack,
+    world: World,
+    name: str,
+    args: Sequence[str],
+    *,
+    to_redis: FaultProxy | None = None,
+    from_peers: FaultProxy | None = None,
+    host: Host | None = None,
+) -> Instance:
+    """Relay `name` on its own host (made here unless given), its clients' proxy in front of
+    it, in `world`."""
+    host = host or world.lab.host(name)
+    relay = await RelayNode(host, args, world.logs).ready()
+    from_clients = await FaultProxy.start(world.lab.gateway, (host.address, relay.port))
+    stack.push_async_callback(from_clients.close)
+    instance = Instance(name, host, relay, to_redis, from_clients, from_peers=from_peers)
+    world.instances[name] = instance
+    return instance
+
+
+class TwoInstances(_Maker):
     """`async with TwoInstances(ttl=...) as world:` Redis and relay instances "a" and "b" (or
     `names`), all on their own hosts; everything is stopped and removed on the way out."""
 
@@ -88,68 +142,63 @@ class TwoInstances:
         extra: Sequence[str] = (),
         logs: Path | None = None,
         chain_cache_ttl: float | None = None,
+        tenants: Sequence[tuple[str, str]] = (),
     ) -> None:
         self.ttl = ttl
+        #: HTTP tunnel tenants (name, secret) in the instances' directory
+        self.tenants = tenants
         self.chain_cache_ttl = chain_cache_ttl
         self.names = names
         self.extra = extra
-        self.logs = logs or Path(tempfile.mkdtemp(prefix="faultlab-logs-"))
-        self._stack = AsyncExitStack()
+        super().__init__(logs)
 
-    async def __aenter__(self) -> World:
-        stack = self._stack
-        try:
-            lab = stack.enter_context(Lab())
-            redis = await RedisNode(lab.host("redis")).ready()
-            probe = Redis(host=redis.host.address, port=redis.port, socket_timeout=10)
-            stack.push_async_callback(probe.aclose)
-            world = World(lab, redis, probe, self.logs)
-            twins = self.logs / "twins.sqlite3"
-            twin_directory(twins)
-            directory = ["--twins", f"sqlite:{twins}", "--twin-cache-ttl", "0"]
-            if self.chain_cache_ttl is not None:
-                # the twin directory on a chain node of its own, behind a proxy of the world's
-                chain = await ChainNode(lab.host("chain"), twins, self.logs).ready()
-                world.chain = chain
-                world.to_chain = await FaultProxy.start(lab.gateway, chain.address)
-                stack.push_async_callback(world.to_chain.close)
-                url = f"ws://{world.to_chain.address[0]}:{world.to_chain.address[1]}"
-                directory = ["--substrate", url, "--substrate-timeout", "2"]
-                directory += ["--twin-cache-ttl", str(self.chain_cache_ttl)]
-            for name in self.names:
-                host = lab.host(name)
-                to_redis = await FaultProxy.start(lab.gateway, redis.address)
-                stack.push_async_callback(to_redis.close)
-                args = [
-                    *directory,
-                    "--redis",
-                    f"redis://{to_redis.address[0]}:{to_redis.address[1]}/0",
-                    "--cluster-ttl",
-                    str(self.ttl),
-                    "--instance-id",
-                    name,
-                    *self.extra,
-                ]
-                relay = await RelayNode(host, args, self.logs).ready()
-                from_clients = await FaultProxy.start(lab.gateway, (host.address, relay.port))
-                stack.push_async_callback(from_clients.close)
-                world.instances[name] = Instance(name, host, relay, to_redis, from_clients)
-            # first on the way out, while the proxies still carry their goodbyes; in a thread,
-            # for the proxies run on this loop
-            processes = [instance.relay.process for instance in world.instances.values()]
-            stack.push_async_callback(asyncio.to_thread, stop_processes, processes)
-            return world
-        except BaseException:
-            await stack.aclose()
-            raise
+    async def _build(self, stack: AsyncExitStack) -> World:
+        lab = stack.enter_context(Lab())
+        redis = await RedisNode(lab.host("redis")).ready()
+        probe = Redis(host=redis.host.address, port=redis.port, socket_timeout=10)
+        stack.push_async_callback(probe.aclose)
+        world = World(lab, redis, probe, self.logs)
+        twins = self.logs / "twins.sqlite3"
+        twin_directory(twins)
+        for tenant, secret in self.tenants:
+            await _run(
+                sys.executable, "-m", "rmb_relay", "tenants", "--twins", f"sqlite:{twins}",
+                "add", tenant, "--secret", secret,
+            )  # fmt: skip
+        directory = ["--twins", f"sqlite:{twins}", "--twin-cache-ttl", "0"]
+        if self.chain_cache_ttl is not None:
+            # the twin directory on a chain node of its own, behind a proxy of the world's
+            chain = await ChainNode(lab.host("chain"), twins, self.logs).ready()
+            world.chain = chain
+            world.to_chain = await FaultProxy.start(lab.gateway, chain.address)
+            stack.push_async_callback(world.to_chain.close)
+            url = f"ws://{world.to_chain.address[0]}:{world.to_chain.address[1]}"
+            directory = ["--substrate", url, "--substrate-timeout", "2"]
+            directory += ["--twin-cache-ttl", str(self.chain_cache_ttl)]
+        for name in self.names:
+            to_redis = await FaultProxy.start(lab.gateway, redis.address)
+            stack.push_async_callback(to_redis.close)
+            args = [
+                *directory,
+                "--redis",
+                f"redis://{to_redis.address[0]}:{to_redis.address[1]}/0",
+                "--cluster-ttl",
+                str(self.ttl),
+                "--instance-id",
+                name,
+                *self.extra,
+            ]
+            await _instance(stack, world, name, args, to_redis=to_redis)
+        return world
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._stack.aclose()
+
+async def _run(*argv: str) -> None:
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    out, _ = await asyncio.wait_for(process.communicate(), 60)
+    if process.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)} failed:\n{out.decode()}")
 
 
 async def wait_until(predicate: object, timeout: float, step: float = 0.02) -> float:
@@ -166,65 +215,46 @@ async def wait_until(predicate: object, timeout: float, step: float = 0.02) -> f
             await asyncio.sleep(step)
 
 
-class FederatedPair:
+class FederatedPair(_Maker):
     """`async with FederatedPair() as world:` two relays "a" and "b" without Redis, each
     serving its own domain (twin 1 on a's, twin 2 on b's) and posting to the other's through
     a proxy (`Instance.from_peers`): a partition between them is that proxy black-holed."""
 
     def __init__(self, *, extra: Sequence[str] = (), logs: Path | None = None) -> None:
         self.extra = extra
-        self.logs = logs or Path(tempfile.mkdtemp(prefix="faultlab-logs-"))
-        self._stack = AsyncExitStack()
+        super().__init__(logs)
 
-    async def __aenter__(self) -> World:
-        stack = self._stack
-        try:
-            lab = stack.enter_context(Lab())
-            world = World(lab, None, None, self.logs)
-            hosts = {name: lab.host(name) for name in ("a", "b")}
-            # the peers' proxies first: their addresses are the domains
-            peers = {}
-            for name, host in hosts.items():
-                target = (host.address, RELAY_PORT)
-                peers[name] = await FaultProxy.start(lab.address(), target, port=RELAY_PORT)
-                stack.push_async_callback(peers[name].close)
-            domains = {name: proxy.address[0] for name, proxy in peers.items()}
-            twins = self.logs / "twins.sqlite3"
-            directory = SqliteTwinDirectory(twins)
-            for twin, name in ((1, "a"), (2, "b")):
-                key = key_for(twin, TWINS[twin]).public_key
-                directory.add(Twin(twin, key, frozenset({domains[name]}), None))
-            for name, host in hosts.items():
-                args = ["--twins", f"sqlite:{twins}", "--twin-cache-ttl", "0"]
-                args += [
-                    "-m",
-                    domains[name],
-                    "--federation-url-template",
-                    f"http://{{domain}}:{RELAY_PORT}/",
-                ]
-                relay = await RelayNode(host, [*args, *self.extra], self.logs).ready()
-                from_clients = await FaultProxy.start(lab.gateway, (host.address, relay.port))
-                stack.push_async_callback(from_clients.close)
-                world.instances[name] = Instance(
-                    name, host, relay, None, from_clients, from_peers=peers[name]
-                )
-            processes = [instance.relay.process for instance in world.instances.values()]
-            stack.push_async_callback(asyncio.to_thread, stop_processes, processes)
-            return world
-        except BaseException:
-            await stack.aclose()
-            raise
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._stack.aclose()
+    async def _build(self, stack: AsyncExitStack) -> World:
+        lab = stack.enter_context(Lab())
+        world = World(lab, None, None, self.logs)
+        hosts = {name: lab.host(name) for name in ("a", "b")}
+        # the peers' proxies first: their addresses are the domains
+        peers = {}
+        for name, host in hosts.items():
+            target = (host.address, RELAY_PORT)
+            peers[name] = await FaultProxy.start(lab.address(), target, port=RELAY_PORT)
+            stack.push_async_callback(peers[name].close)
+        domains = {name: proxy.address[0] for name, proxy in peers.items()}
+        twins = self.logs / "twins.sqlite3"
+        directory = SqliteTwinDirectory(twins)
+        for twin, name in ((1, "a"), (2, "b")):
+            key = key_for(twin, TWINS[twin]).public_key
+            directory.add(Twin(twin, key, frozenset({domains[name]}), None))
+        for name, host in hosts.items():
+            args = ["--twins", f"sqlite:{twins}", "--twin-cache-ttl", "0"]
+            args += [
+                "-m",
+                domains[name],
+                "--federation-url-template",
+                f"http://{{domain}}:{RELAY_PORT}/",
+            ]
+            await _instance(
+                stack, world, name, [*args, *self.extra], from_peers=peers[name], host=host
+            )
+        return world
 
 
-class ClusterInstances:
+class ClusterInstances(_Maker):
     """`async with ClusterInstances(ttl=...) as world:` a Redis Cluster of `masters` primaries
     with one replica each, every node on its own host, and relay instances "a" and "b" on
     it (`--redis-cluster`; they reach the nodes directly: the cluster announces its nodes'
@@ -243,60 +273,39 @@ class ClusterInstances:
         self.masters = masters
         self.node_timeout_ms = node_timeout_ms
         self.extra = extra
-        self.logs = logs or Path(tempfile.mkdtemp(prefix="faultlab-logs-"))
-        self._stack = AsyncExitStack()
+        super().__init__(logs)
 
-    async def __aenter__(self) -> World:
-        stack = self._stack
-        try:
-            lab = stack.enter_context(Lab())
-            options = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
-            options += ("--cluster-node-timeout", str(self.node_timeout_ms))
-            nodes = [
-                await RedisNode(lab.host(f"redis{i}"), options).ready()
-                for i in range(self.masters * 2)
-            ]
-            create = await asyncio.create_subprocess_exec(
-                *("redis-cli", "--cluster", "create"),
-                *(f"{node.host.address}:{node.port}" for node in nodes),
-                *("--cluster-replicas", "1", "--cluster-yes"),
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT,
-            )
-            out, _ = await asyncio.wait_for(create.communicate(), 60)
-            if create.returncode != 0:
-                raise RuntimeError(f"redis-cli --cluster create failed:\n{out.decode()}")
-            first = nodes[0]
-            probe = RedisCluster(host=first.host.address, port=first.port, socket_timeout=5)
-            stack.push_async_callback(probe.aclose)
-            world = World(lab, first, probe, self.logs, nodes=nodes)
-            await wait_until(lambda: cluster_settled(world), 60, step=0.1)
-            twins = self.logs / "twins.sqlite3"
-            twin_directory(twins)
-            for name in ("a", "b"):
-                host = lab.host(name)
-                args = ["--twins", f"sqlite:{twins}", "--twin-cache-ttl", "0"]
-                args += ["--redis", f"redis://{first.host.address}:{first.port}/0"]
-                args += ["--redis-cluster", "--cluster-ttl", str(self.ttl)]
-                args += ["--instance-id", name, *self.extra]
-                relay = await RelayNode(host, args, self.logs).ready()
-                from_clients = await FaultProxy.start(lab.gateway, (host.address, relay.port))
-                stack.push_async_callback(from_clients.close)
-                world.instances[name] = Instance(name, host, relay, None, from_clients)
-            processes = [instance.relay.process for instance in world.instances.values()]
-            stack.push_async_callback(asyncio.to_thread, stop_processes, processes)
-            return world
-        except BaseException:
-            await stack.aclose()
-            raise
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self._stack.aclose()
+    async def _build(self, stack: AsyncExitStack) -> World:
+        lab = stack.enter_context(Lab())
+        options = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+        options += ("--cluster-node-timeout", str(self.node_timeout_ms))
+        nodes = [
+            await RedisNode(lab.host(f"redis{i}"), options).ready() for i in range(self.masters * 2)
+        ]
+        create = await asyncio.create_subprocess_exec(
+            *("redis-cli", "--cluster", "create"),
+            *(f"{node.host.address}:{node.port}" for node in nodes),
+            *("--cluster-replicas", "1", "--cluster-yes"),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        out, _ = await asyncio.wait_for(create.communicate(), 60)
+        if create.returncode != 0:
+            raise RuntimeError(f"redis-cli --cluster create failed:\n{out.decode()}")
+        first = nodes[0]
+        probe = RedisCluster(host=first.host.address, port=first.port, socket_timeout=5)
+        stack.push_async_callback(probe.aclose)
+        world = World(lab, first, probe, self.logs, nodes=nodes)
+        await wait_until(lambda: cluster_settled(world), 60, step=0.1)
+        twins = self.logs / "twins.sqlite3"
+        twin_directory(twins)
+        for name in ("a", "b"):
+            args = ["--twins", f"sqlite:{twins}", "--twin-cache-ttl", "0"]
+            args += ["--redis", f"redis://{first.host.address}:{first.port}/0"]
+            args += ["--redis-cluster", "--cluster-ttl", str(self.ttl)]
+            args += ["--instance-id", name, *self.extra]
+            await _instance(stack, world, name, args)
+        return world
 
 
 @dataclass(frozen=True)

@@ -29,9 +29,10 @@ clock, identity and the Rust core; rmb-peer, the load harness and the relay's te
 How the pieces behave:
 
 `RelayLink` is one relay connection: login with a fresh JWT (spec/rmb.md §1.2) on every
-(re)connect, a websocket ping once nothing has been written for 20 s, the connection dropped
-once nothing has arrived for 40 s, a reconnect 2 s after any loss (§5.3), and outgoing
-envelopes batched into one write per event-loop turn.
+(re)connect, a websocket ping once nothing has been written for 20 s, a new connection once
+nothing has arrived for 40 s (the silent one is still read until the relay closes it: a cut
+path delivers what the relay wrote once repaired), a reconnect 2 s after any loss (§5.3), and
+outgoing envelopes batched into one write per event-loop turn.
 
 `RmbClient` is a twin on one or more links. It builds and signs envelopes (§2.1), sends each
 through the first link that is up and moves that link to the front when it was not (rmb-peer's

@@ -28,7 +28,7 @@ from rmb_relay.errors import (
 )
 from rmb_relay.identity import make_jwt
 from rmb_relay.sdk.envelope import Envelope, sign
-from rmb_relay.sdk.link import RETRY_DELAY, TICK, RelayLink
+from rmb_relay.sdk.link import DEAD_AFTER, RETRY_DELAY, TICK, RelayLink
 from rmb_relay.sdk.websocket import DEFAULT_CONNECT_TIMEOUT, WebSocketClient
 
 log = logging.getLogger("rmb_relay.sdk")
@@ -184,6 +184,7 @@ class RmbClient:
         monotonic: Clock = monotonic_clock,
         reconnect: bool = False,
         retry_delay: float = RETRY_DELAY,
+        dead_after: float = DEAD_AFTER,
         accept: InboundCheck | None = None,
         on_request: Callable[[Envelope], None] | None = None,
         on_unmatched: Callable[[Envelope], None] | None = None,
@@ -196,6 +197,8 @@ class RmbClient:
         self.monotonic = monotonic
         self.reconnect = reconnect
         self.retry_delay = retry_delay
+        #: a relay connection silent this long is given up (and still read: link.py)
+        self.dead_after = dead_after
         self.accept = accept
         self.on_request = on_request
         self.on_unmatched = on_unmatched
@@ -245,6 +248,7 @@ class RmbClient:
                 on_up=self._link_up,
                 on_down=self._link_down,
                 clock=self.monotonic,
+                dead_after=self.dead_after,
                 connect_timeout=timeout,
             )
             for u in urls

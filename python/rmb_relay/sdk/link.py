@@ -1,8 +1,15 @@
 """`RelayLink`: one relay connection logged in as a twin.
 
 Login with a fresh JWT (spec/rmb.md §1.2) on every (re)connect, a websocket ping once nothing
-has been written for 20 s, the connection dropped once nothing has arrived for 40 s, a reconnect
+has been written for 20 s, a new connection once nothing has arrived for 40 s, a reconnect
 2 s after any loss (§5.3), and outgoing envelopes batched into one write per event-loop turn.
+
+A connection given up for silence is *retired*, not closed: the link opens a new one and goes
+on reading the old one until the relay closes it (it does once the new one logs in, after
+everything it wrote before) or `keep_reading` passes. A silent connection is often a cut
+path, not a dead relay: what the relay wrote into it meanwhile arrives when the path is
+repaired, and RMB has no acknowledgement that would let the relay write it again, so closing
+it would lose those envelopes (docs/faults.md, scenario b).
 `RmbClient` (client.py) puts a twin on one or more of these; the load harness drives them
 directly.
 """
@@ -26,6 +33,9 @@ log = logging.getLogger("rmb_relay.sdk")
 #: ping a relay we have written nothing to for this long; give up on one silent this long (§5.3)
 PING_AFTER = 20.0
 DEAD_AFTER = 40.0
+#: how long a connection given up for silence is still read (rmb-peer's default request TTL,
+#: spec/rmb.md §5.6: what arrives later than that has expired anyway)
+KEEP_READING = 300.0
 #: wait this long after a lost or failed connection before the next attempt (§5.3)
 RETRY_DELAY = 2.0
 #: envelopes queued on a link in one loop turn that are written without waiting for its end
@@ -57,6 +67,7 @@ class RelayLink:
         clock: Clock = monotonic_clock,
         ping_after: float = PING_AFTER,
         dead_after: float = DEAD_AFTER,
+        keep_reading: float = KEEP_READING,
         connect_timeout: float = DEFAULT_CONNECT_TIMEOUT,
     ) -> None:
         self.url = url.split("?", 1)[0]
@@ -68,8 +79,13 @@ class RelayLink:
         self.clock = clock
         self.ping_after = nanos(ping_after)
         self.dead_after = nanos(dead_after)
+        self.keep_reading = keep_reading
         self.connect_timeout = connect_timeout
         self.ws: WebSocketClient | None = None
+        #: connections given up for silence and still read (module docstring)
+        self.retired: set[WebSocketClient] = set()
+        #: resolved when the current connection is lost or retired (the run loop waits on it)
+        self._gone: asyncio.Future[None] | None = None
         self.closing = False
         self._out: list[bytes] = []
         self._runner: asyncio.Task[None] | None = None
@@ -95,6 +111,7 @@ class RelayLink:
         )
         ws.on_message = self.on_message
         self.ws = ws
+        self._gone = asyncio.get_running_loop().create_future()
         ws.closed.add_done_callback(lambda _: self._lost(ws))
         # the line operators and launch scripts wait for, exactly as rmb-peer prints it
         log.info('now connected to relay Some("%s")', self.domain)
@@ -107,6 +124,8 @@ class RelayLink:
     def _lost(self, ws: WebSocketClient) -> None:
         if ws is not self.ws:
             return
+        if self._gone is not None and not self._gone.done():
+            self._gone.set_result(None)
         # frames not yet written die with the connection; the owner re-sends what matters
         self._out.clear()
         if self._ticker is not None:
@@ -132,8 +151,8 @@ class RelayLink:
             except (OSError, TimeoutError, ClientError) as err:
                 log.warning("cannot connect to relay %s: %s", self.url, err or type(err).__name__)
             else:
-                assert self.ws is not None
-                await asyncio.shield(self.ws.closed)
+                assert self._gone is not None
+                await asyncio.shield(self._gone)
             if not self.closing:
                 await asyncio.sleep(retry_delay)
 
@@ -181,13 +200,37 @@ class RelayLink:
             self._ticker = asyncio.get_running_loop().call_later(TICK, self._tick)
 
     def keepalive(self) -> None:
-        """Drop a connection nothing has arrived on for `dead_after` (the reconnect follows);
+        """Retire a connection nothing has arrived on for `dead_after` (a new one follows);
         ping one nothing has been written to or received on for `ping_after`, so the relay and
         any proxy between see traffic and the pong proves the relay alive."""
         ws = self.ws
-        if ws is not None and not ws.keepalive(self.ping_after, self.dead_after):
-            silent = (self.clock() - ws.last_received) // NS
-            log.warning("relay %s silent for %ds: reconnecting", self.url, silent)
+        if ws is None or not ws.is_open:
+            return
+        silent = self.clock() - ws.last_received
+        if silent > self.dead_after:
+            log.warning(
+                "relay %s silent for %ds: reconnecting (still reading the old connection)",
+                self.url,
+                silent // NS,
+            )
+            self.retire(ws)
+            return
+        ws.keepalive(self.ping_after, self.dead_after)
+
+    def retire(self, ws: WebSocketClient) -> None:
+        """Stop using `ws` (the link is down, the run loop connects anew) but keep reading it
+        until the relay closes it or `keep_reading` passes (module docstring)."""
+        self._flush()  # what this turn queued goes into it too, and reaches the relay if it can
+        self.retired.add(ws)
+        timer = asyncio.get_running_loop().call_later(self.keep_reading, ws.abort)
+
+        def gone(_: object) -> None:
+            timer.cancel()
+            self.retired.discard(ws)
+
+        ws.closed.add_done_callback(gone)
+        self._lost(ws)
+        self.ws = None  # still open, but no longer this link's: sends wait for the next one
 
     async def close(self) -> None:
         self.closing = True
@@ -198,8 +241,8 @@ class RelayLink:
         if runner is not None:
             runner.cancel()
             await asyncio.gather(runner, return_exceptions=True)
-        if self.ws is not None:
-            await self.ws.close()
+        connections = [*self.retired, *([self.ws] if self.ws is not None else [])]
+        await asyncio.gather(*(ws.close() for ws in connections))
 
 
 # ---- what a client hands back ----------------------------------------------------------------

@@ -345,10 +345,24 @@ class WebSocketConnection(ConnectionBase):
             return
         if wait:
             self._close_timer = asyncio.get_running_loop().call_later(
-                self.server.config.close_timeout, transport.abort
+                self.server.config.close_timeout, self._close_timed_out
             )
         else:
             transport.close()
+
+    def _close_timed_out(self) -> None:
+        """The peer has not answered our close frame in time. With nothing left to write, drop
+        the connection; with output still waiting (a peer slow to read, a path being
+        repaired: what a replaced session had queued, docs/faults.md b), close TCP after it
+        instead of discarding it. Nothing is added once closing, and the kernel bounds the
+        rest: it gives up on a peer that stops acknowledging."""
+        transport = self.transport
+        if transport is None:
+            return
+        if transport.get_write_buffer_size():
+            transport.close()
+        else:
+            transport.abort()
 
     def abort(self) -> None:
         """Drop the connection without a close frame (SBD violations demand exactly this)."""

@@ -54,6 +54,8 @@ async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
         raise ConfigError("--max-token-lifetime must be positive")
     if args.metrics_max_twins < 0:
         raise ConfigError("--metrics-max-twins must be 0 (off) or positive")
+    if args.retry_hold_bytes < 0:
+        raise ConfigError("--retry-hold-bytes must not be negative")
     settings = RmbSettings(
         domains=frozenset(args.domain),
         limit_count=args.limit[0] if args.limit else None,
@@ -61,6 +63,7 @@ async def build(args: argparse.Namespace, services: Services) -> RmbDialect:
         limit_window=args.limit_window,
         max_token_lifetime=args.max_token_lifetime,
         metrics_max_twins=args.metrics_max_twins,
+        retry_hold_bytes=args.retry_hold_bytes,
     )
     directory = services.twin_directory()
     dialect = RmbDialect(

@@ -95,11 +95,14 @@ class RmbDialect(Dialect):
         #: envelope bytes waiting in every session's slow-path queue, and their high mark
         self.slow_bytes = 0
         self.slow_bytes_peak = 0
-        self.metrics = RmbMetrics(registry, self, settings.metrics_max_twins)
         #: responses that could not reach another instance, tried again (later.py)
         self.later: Later[RmbSession] = Later(
-            self.route_slow, clock, lambda: self.metrics.drops.inc(1, "redis down")
+            self.route_slow,
+            clock,
+            lambda: self.metrics.drops.inc(1, "redis down"),
+            settings.retry_hold_bytes,
         )
+        self.metrics = RmbMetrics(registry, self, settings.metrics_max_twins)
         self._maintenance: asyncio.TimerHandle | None = None
         #: route records (--records), or None
         self.records = switch.record_channel("rmb")

@@ -6,8 +6,10 @@ try again. A response (or an error envelope) has nobody to be refused to: droppe
 requester would never hear, which is how a Redis Cluster failover lost answers (docs/faults.md,
 scenario d). Those are kept here instead and routed again, as the slow path routes any
 envelope, after a pause that grows (`FIRST_DELAY` doubling to `MAX_DELAY`), until they get
-through or their deadline (timestamp + expiration) passes. Bounded: at most `LATER_BYTES`
-held; past it, or past its deadline, an envelope is dropped and counted
+through or their deadline (timestamp + expiration) passes. Bounded, because a stranger's
+answers can fill it during an outage: at most `limit` bytes held (`--retry-hold-bytes`,
+default `LATER_BYTES`; `rmb_relay_retry_held_bytes`); past it an envelope is refused
+(`rmb_relay_retry_refused_total`), and like one past its deadline dropped and counted
 (`rmb_relay_messages_dropped_total{reason="redis down"}`), as before.
 """
 
@@ -24,7 +26,8 @@ from rmb_relay.clock import Clock, seconds
 
 log = logging.getLogger("rmb_relay.rmb")
 
-#: bytes of envelopes held for another try (what one relay keeps through a Redis outage)
+#: default bytes of envelopes held for another try (what one relay keeps through a Redis
+#: outage: ~13,000 answers of 300 bytes, a minute of 200 answers/s)
 LATER_BYTES = 4 << 20
 #: the first pause before a try, and the longest
 FIRST_DELAY = 0.25
@@ -39,10 +42,19 @@ class Later(Generic[S]):
     """See the module docstring. `hold` returns False for what it does not keep (a request:
     its sender is told instead; over the budget; past its deadline)."""
 
-    def __init__(self, route: Route[S], clock: Clock, dropped: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        route: Route[S],
+        clock: Clock,
+        dropped: Callable[[], None],
+        limit: int = LATER_BYTES,
+    ) -> None:
         self.route = route
         self.clock = clock
         self.dropped = dropped
+        self.limit = limit
+        #: envelopes refused because `limit` bytes were held
+        self.refused = 0
         self._held: list[tuple[S, EnvelopeRouting, bytes]] = []
         self.held_bytes = 0
         self._task: asyncio.Task[None] | None = None
@@ -52,7 +64,8 @@ class Later(Generic[S]):
             return False
         if seconds(self.clock()) >= env.timestamp + env.expiration:
             return False
-        if self.held_bytes + len(data) > LATER_BYTES:
+        if self.held_bytes + len(data) > self.limit:
+            self.refused += 1
             self.dropped()
             return True  # counted here; not the caller's to count again
         self._held.append((sender, env, data))

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sized
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rmb_relay.contract import REPLY_PAUSES
 from rmb_relay.mailbox import Mailbox
 from rmb_relay.switch import Switch
 
 if TYPE_CHECKING:
+    from rmb_relay.dialects.rmb.later import Later
     from rmb_relay.telemetry.metrics import Registry
 
 
@@ -28,6 +29,9 @@ class MetricsSource(Protocol):
     def live_received(self) -> Iterable[tuple[int, int]]:
         """(twin, data messages received) of every live session."""
         ...
+
+    @property
+    def later(self) -> Later[Any]: ...
 
 
 class HotCounters:
@@ -208,6 +212,18 @@ class RmbMetrics:
             "Sessions a dialect holds (RMB: logged in; SBD: handshaking and ready)",
             read=lambda: [((), len(dialect.sessions))],
             const=rmb,
+        )
+        later = dialect.later
+        registry.gauge(
+            "rmb_relay_retry_held_bytes",
+            "Answer bytes held to be routed again while Redis or another instance cannot be "
+            "reached (bounded by --retry-hold-bytes)",
+            read=lambda: [((), later.held_bytes)],
+        )
+        registry.counter_of(
+            "rmb_relay_retry_refused_total",
+            "Answers not held for another try because --retry-hold-bytes were held (dropped)",
+            lambda: [((), later.refused)],
         )
         registry.gauge(
             "rmb_relay_mailbox_depth",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
+from rmb_relay.dialects.rmb.later import LATER_BYTES
 from rmb_relay.federation import setup as federation_setup
 from rmb_relay.identity import DEFAULT_MAX_TOKEN_LIFETIME
 
@@ -42,6 +43,8 @@ class RmbSettings:
     slow_session_bytes: int = SLOW_SESSION_BYTES
     slow_total_bytes: int = SLOW_TOTAL_BYTES
     metrics_max_twins: int = DEFAULT_METRICS_MAX_TWINS
+    #: answers that could not reach another instance, held for another try (later.py)
+    retry_hold_bytes: int = LATER_BYTES
 
     @property
     def standalone(self) -> bool:
@@ -94,5 +97,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="twins counted one by one in relay_message_rx_twin{twin} (messages received per "
         'authenticated twin); later ones are summed as twin="(other)"; 0: not counted',
+    )
+    rmb.add_argument(
+        "--retry-hold-bytes",
+        type=int,
+        default=LATER_BYTES,
+        metavar="BYTES",
+        help="bytes of answers (responses, errors) held to be routed again while Redis or "
+        "another instance cannot be reached; past it an answer is dropped and counted "
+        "(default 4 MiB)",
     )
     federation_setup.add_arguments(parser)
