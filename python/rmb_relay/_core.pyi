@@ -884,10 +884,19 @@ class StampScanner(Scanner):
     senders stamp with) and produces no event, also after one that went to Python; messages
     without a stamp (an error envelope, an SBD command, one too short) reach Python as they
     came. `dialect` "rmb": the stamp opens the envelope's `size`-byte payload, its last field
-    on the wire; "sbd": it follows a forward's 32-byte header."""
+    on the wire; "sbd": it follows a forward's 32-byte header; both with `streams` the
+    connection's one stream. "singyeong-json", "singyeong-msgpack": the 38-digit stamp opens a
+    DISPATCH's `payload` string and names its stream; `streams` maps this process's stream
+    indices to their fan-out, and a delivery of a stream with fan-out > 1 is copy `receiver`
+    (else 0); a stamp of another stream is not recorded (it reaches Python)."""
 
     def __new__(
-        cls, recorder: LoadRecorder, stream: int, size: int, dialect: str
+        cls,
+        recorder: LoadRecorder,
+        streams: int | dict[int, int],
+        size: int,
+        dialect: str,
+        receiver: int = 0,
     ) -> StampScanner: ...
     def record_message(self, data: bytes, now: int) -> bool:
         """Record `data` as `feed` would; False when it carries no stamp."""
