@@ -17,7 +17,7 @@
 //! Sans-I/O like the rest of the crate: the caller passes the clock readings in.
 
 use crate::codec::mask::Payload;
-use crate::codec::ws::{frame_len, write_frame, MaskRng, OP_BINARY};
+use crate::codec::ws::{frame_len, write_frame, MaskRng, OP_BINARY, OP_TEXT};
 use crate::crypto::{SigningKey, PREFIXED_SIGNATURE_LEN};
 use crate::dialects::sbd::header::{parse_header, Header, HEADER_LEN};
 use md5::{Digest, Md5};
@@ -73,7 +73,7 @@ pub struct Stamp {
 }
 
 /// 신경 stamps: stream index (6 digits), sequence number (12), send time ns (20), as
-/// `load/singyeong.py`'s `stamp()` writes them
+/// [`write_sg_stamp`] writes them
 pub const SG_STAMP_WIDTH: usize = 38;
 const SG_JSON_KEY: &[u8] = b"\"payload\"";
 /// the msgpack fixstr key `payload`
@@ -267,6 +267,98 @@ impl StampedBatch {
             at += write_frame(&mut out[at..], OP_BINARY, true, &self.template, Some(mask));
         }
         debug_assert_eq!(at, out.len());
+    }
+}
+
+/// The largest stream index and sequence number a 신경 stamp's 6 and 12 digits hold.
+pub const SG_MAX_STREAM: u32 = 999_999;
+pub const SG_MAX_SEQ: u64 = 999_999_999_999;
+
+/// Write a 신경 stamp (`SG_STAMP_WIDTH` ASCII digits) into `out`: stream, sequence number and
+/// send time zero-padded; the caller keeps them in range.
+pub fn write_sg_stamp(out: &mut [u8], stream: u32, seq: u64, sent_ns: i64) {
+    fn digits(out: &mut [u8], mut n: u64) {
+        for d in out.iter_mut().rev() {
+            *d = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+    }
+    digits(&mut out[..6], u64::from(stream));
+    digits(&mut out[6..18], seq);
+    digits(&mut out[18..SG_STAMP_WIDTH], sent_ns.max(0) as u64);
+}
+
+/// A 신경 sender stream's messages: message i is template `i % templates` (the frame's bytes
+/// before and after its payload string), the payload the stamp then `padding` bytes of `#`,
+/// each a masked text (JSON) or binary (msgpack) frame, all in one buffer.
+#[derive(Debug, Clone)]
+pub struct SgBatch {
+    templates: Vec<(Vec<u8>, Vec<u8>)>,
+    padding: usize,
+    stream: u32,
+    opcode: u8,
+    rng: MaskRng,
+    message: Vec<u8>,
+}
+
+impl SgBatch {
+    /// None without templates or with a stream index beyond six digits.
+    pub fn new(
+        templates: Vec<(Vec<u8>, Vec<u8>)>,
+        padding: usize,
+        stream: u32,
+        text: bool,
+        rng: MaskRng,
+    ) -> Option<Self> {
+        (!templates.is_empty() && stream <= SG_MAX_STREAM).then_some(SgBatch {
+            templates,
+            padding,
+            stream,
+            opcode: if text { OP_TEXT } else { OP_BINARY },
+            rng,
+            message: Vec::new(),
+        })
+    }
+
+    fn template(&self, seq: u64) -> &(Vec<u8>, Vec<u8>) {
+        &self.templates[(seq % self.templates.len() as u64) as usize]
+    }
+
+    fn message_len(&self, seq: u64) -> usize {
+        let (before, after) = self.template(seq);
+        before.len() + SG_STAMP_WIDTH + self.padding + after.len()
+    }
+
+    /// Bytes of the frames of messages `first_seq..first_seq + n`.
+    pub fn batch_len(&self, first_seq: u64, n: usize) -> usize {
+        (first_seq..first_seq + n as u64)
+            .map(|seq| frame_len(self.message_len(seq), true))
+            .sum()
+    }
+
+    /// Messages `first_seq..first_seq + n` sent at `sent_ns`, framed into `out` (exactly
+    /// `batch_len(first_seq, n)` bytes); None when a sequence number passes 12 digits.
+    pub fn write(&mut self, out: &mut [u8], first_seq: u64, n: usize, sent_ns: i64) -> Option<()> {
+        if first_seq + n as u64 > SG_MAX_SEQ + 1 {
+            return None;
+        }
+        let mut at = 0;
+        let mut message = std::mem::take(&mut self.message);
+        for seq in first_seq..first_seq + n as u64 {
+            let (before, after) = self.template(seq);
+            message.clear();
+            message.extend_from_slice(before);
+            let stamp_at = message.len();
+            message.resize(stamp_at + SG_STAMP_WIDTH, 0);
+            write_sg_stamp(&mut message[stamp_at..], self.stream, seq, sent_ns);
+            message.resize(message.len() + self.padding, b'#');
+            message.extend_from_slice(after);
+            let mask = self.rng.next_mask();
+            at += write_frame(&mut out[at..], self.opcode, true, &message, Some(mask));
+        }
+        self.message = message;
+        debug_assert_eq!(at, out.len());
+        Some(())
     }
 }
 
@@ -583,6 +675,54 @@ mod tests {
     }
 
     #[test]
+    fn a_singyeong_batch_decodes_to_its_templates_with_stamps_the_reader_reads() {
+        let templates = vec![
+            (
+                br#"{"t":"SEND","d":{"payload":""#.to_vec(),
+                br#""}}"#.to_vec(),
+            ),
+            (
+                br#"{"t":"SEND","d":{"k":1,"payload":""#.to_vec(),
+                br#""}}"#.to_vec(),
+            ),
+        ];
+        assert!(SgBatch::new(vec![], 4, 0, true, rng()).is_none());
+        assert!(SgBatch::new(templates.clone(), 4, SG_MAX_STREAM + 1, true, rng()).is_none());
+        let mut batch = SgBatch::new(templates.clone(), 4, 7, true, rng()).unwrap();
+        let mut out = vec![0; batch.batch_len(41, 3)];
+        batch
+            .write(&mut out, 41, 3, 1_700_000_000_123_456_789)
+            .unwrap();
+        let mut server = Decoder::default();
+        let mut seen = Vec::new();
+        server
+            .feed(&out, |ev| {
+                if let Event::Message { is_text, payload } = ev {
+                    assert!(is_text);
+                    seen.push(payload.to_vec());
+                }
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+        assert_eq!(seen.len(), 3);
+        for (message, seq) in seen.iter().zip(41u64..) {
+            let (before, after) = &templates[(seq % 2) as usize];
+            assert!(message.starts_with(before) && message.ends_with(after));
+            assert!(message.ends_with(&[b"####".as_slice(), after].concat()));
+            let stamp = singyeong_stamp(true, message).unwrap();
+            assert_eq!(
+                (stamp.stream, stamp.seq, stamp.sent_ns),
+                (Some(7), seq, 1_700_000_000_123_456_789)
+            );
+        }
+        let mut stamp = [0; SG_STAMP_WIDTH];
+        write_sg_stamp(&mut stamp, 7, 42, 1_700_000_000_123_456_789);
+        assert_eq!(&stamp[..], &sg_stamp()[..]);
+        let mut tail = vec![0; batch.batch_len(SG_MAX_SEQ, 2)];
+        assert!(batch.write(&mut tail, SG_MAX_SEQ, 2, 0).is_none());
+    }
+
+    #[test]
     fn a_stamped_delivery_goes_to_its_stream_and_a_broadcast_to_its_receivers_copy() {
         let stamp = |stream| Stamp {
             stream,
@@ -661,7 +801,7 @@ mod tests {
 
 pub mod py {
     use super::{
-        percentiles, stamp_of, Recorded, Recorder, Signer, StampAt, StampedBatch, StreamOf,
+        percentiles, stamp_of, Recorded, Recorder, SgBatch, Signer, StampAt, StampedBatch, StreamOf,
     };
     use crate::codec::mask::Payload;
     use crate::codec::scanner::py::Scanner;
@@ -839,6 +979,59 @@ pub mod py {
         }
     }
 
+    /// A 신경 sender stream's frames (see [`SgBatch`]).
+    #[pyclass(name = "SingyeongBatch", module = "rmb_relay._core")]
+    pub struct PySgBatch {
+        inner: SgBatch,
+    }
+
+    #[pymethods]
+    impl PySgBatch {
+        #[new]
+        fn new(
+            templates: Vec<(Vec<u8>, Vec<u8>)>,
+            padding: usize,
+            stream: u32,
+            text: bool,
+            seed: &[u8],
+        ) -> PyResult<Self> {
+            let seed: &[u8; MASK_SEED_LEN] = seed.try_into().map_err(|_| {
+                Error::InvalidArgument(format!(
+                    "seed must be {MASK_SEED_LEN} bytes (os.urandom({MASK_SEED_LEN})), got {}",
+                    seed.len()
+                ))
+            })?;
+            let inner = SgBatch::new(templates, padding, stream, text, MaskRng::new(seed))
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "a batch needs templates and a stream index of at most {} (got {stream})",
+                        super::SG_MAX_STREAM
+                    ))
+                })?;
+            Ok(PySgBatch { inner })
+        }
+
+        /// Masked frames of messages `first_seq..first_seq + n`, stamped `sent_ns`.
+        fn frames<'py>(
+            &mut self,
+            py: Python<'py>,
+            first_seq: u64,
+            n: usize,
+            sent_ns: i64,
+        ) -> PyResult<Bound<'py, PyBytes>> {
+            let inner = &mut self.inner;
+            PyBytes::new_with(py, inner.batch_len(first_seq, n), |out| {
+                inner.write(out, first_seq, n, sent_ns).ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "sequence numbers past {} do not fit a stamp",
+                        super::SG_MAX_SEQ
+                    ))
+                    .into()
+                })
+            })
+        }
+    }
+
     /// Records the stamp of every message of a read into a recorder, inside `WsDecoder.feed`
     /// (the decoder's `now` is the arrival time, ns on the generator's send clock); messages
     /// without a stamp reach Python. Every stamped message is taken, also after one went to
@@ -979,6 +1172,7 @@ pub mod py {
         m.add_class::<LoadRecorder>()?;
         m.add_class::<PyStampedBatch>()?;
         m.add_class::<StampScanner>()?;
+        m.add_class::<PySgBatch>()?;
         m.add("STAMP_LEN", super::STAMP_LEN)?;
         m.add_function(wrap_pyfunction!(latency_percentiles, m)?)?;
         Ok(())

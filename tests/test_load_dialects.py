@@ -84,10 +84,9 @@ def test_singyeong_stamps_are_read_from_a_dispatch_with_the_broadcast_copy_rule(
     (a heartbeat ack) and stamps of another process's streams are left to Python."""
     from rmb_relay._core import LoadRecorder, StampScanner
     from rmb_relay.dialects.singyeong.codec import Encoding, encode
-    from rmb_relay.load.singyeong import stamp
 
     def dispatch(stream: int, seq: int) -> bytes:
-        payload = (stamp(stream, seq, 1_000) + b"#" * 300).decode()  # a str8/str16 header
+        payload = f"{stream:06d}{seq:012d}{1_000:020d}" + "#" * 300  # a str16 header
         return encode(Encoding(encoding), {"op": 0, "t": "SEND", "d": {"payload": payload}})
 
     recorder = LoadRecorder()

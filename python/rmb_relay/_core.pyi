@@ -977,6 +977,25 @@ class LoadRecorder:
         """The sample triples as native int64s; None without `keep_samples`."""
 
 @final
+class SingyeongBatch:
+    """A 신경 sender stream's messages (rust/load.rs): message i is template `i % len` (the
+    frame's bytes before and after its payload string) around the 38-digit stamp (stream,
+    sequence number, send time ns) and `padding` bytes of "#", each a masked text frame
+    (`text`: JSON) or binary frame (msgpack). ValueError without templates, for a stream past
+    999999, a seed that is not 32 bytes, or a sequence number past 12 digits."""
+
+    def __new__(
+        cls,
+        templates: list[tuple[bytes, bytes]],
+        padding: int,
+        stream: int,
+        text: bool,
+        seed: bytes,
+    ) -> SingyeongBatch: ...
+    def frames(self, first_seq: int, n: int, sent_ns: int) -> bytes:
+        """Masked frames of messages `first_seq..first_seq + n`, stamped `sent_ns`."""
+
+@final
 class StampedBatch:
     """One stream's send batches: `template` with the stamp written at `stamp_at`, as masked
     binary frames (masks from a PRNG seeded with os.urandom(32), as ClientFrameEncoder)."""

@@ -13,7 +13,8 @@ no run reads a queue an earlier one left) with the integer metadata `id` = `n` =
 
 Frames are built with the gateway's own codec (`dialects/singyeong/codec.py`, json or
 msgpack) once per target, and only the payload string, a fixed-width stamp (stream, sequence
-number, send time) padded to `--size` bytes, changes per message. Receivers record inside
+number, send time) padded to `--size` bytes, changes per message: a send batch is framed and
+masked in one call (`_core.SingyeongBatch`) and written once. Receivers record inside
 their websocket decoder's feed (`_core.StampScanner`, rust/load.rs: the stamp behind the
 opening of the DISPATCH's payload string names its stream), one call into Rust per read;
 frames without a stamp (heartbeat acks) still reach Python. QUEUE consumers decode each
@@ -31,13 +32,19 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from rmb_relay._core import ClientFrameEncoder, StampScanner, WsDecoder, WsEvent
+from rmb_relay._core import (
+    ClientFrameEncoder,
+    SingyeongBatch,
+    StampScanner,
+    WsDecoder,
+    WsEvent,
+)
 from rmb_relay.errors import ConfigError, HandshakeError
 from rmb_relay.load.engine import Refused, Run, Stream
 
 MODES = ("send_eq", "send_range", "broadcast", "queue")
 #: stream index (6 digits), sequence number (12), send time ns (20): the payload's first bytes
-#: (rust/load.rs `SG_STAMP_WIDTH` reads them)
+#: (rust/load.rs: `write_sg_stamp` writes them, `singyeong_stamp` reads them)
 STAMP_WIDTH = 38
 RANGE = 10
 #: distinct SEND targets per sender (k cycles through these frames)
@@ -101,10 +108,6 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
 
 def workload(args: argparse.Namespace, shares: list[int], run: Run) -> Gateway:
     return Gateway(args, shares, run)
-
-
-def stamp(stream: int, seq: int, now_ns: int) -> bytes:
-    return b"%06d%012d%020d" % (stream, seq, now_ns)
 
 
 def read_stamp(payload: bytes) -> tuple[int, int, int]:
@@ -331,11 +334,14 @@ class Sender(Stream):
         if args.mode == "broadcast":
             self.fanout = args.group
         self.client = Client(gateway, f"sender-{index}", {})
-        self.templates = self._templates()
-        self.padding = b"#" * (run.plan.size - STAMP_WIDTH)
-        json = gateway.encoding.value == "json"
-        self.text_templates = [(b.decode(), a.decode()) for b, a in self.templates] if json else []
-        self.text_padding = self.padding.decode()
+        #: message i: template i % len, its payload the stamp then "#" padding (rust/load.rs)
+        self.batch = SingyeongBatch(
+            self._templates(),
+            run.plan.size - STAMP_WIDTH,
+            index,
+            gateway.encoding.value == "json",
+            os.urandom(32),
+        )
 
     def _target(self, k: int) -> dict[str, Any]:
         args, app = self.gateway.args, self.gateway.application
@@ -388,24 +394,7 @@ class Sender(Stream):
 
     async def send(self, n: int) -> int:
         ws = self.client.ws
-        templates, index = self.templates, self.index
-        now, seq = time.time_ns(), self.sent
-        count = len(templates)
-        if self.gateway.encoding.value == "json":  # text frames: no bytes -> str per frame
-            text, padding = ws.encoder.text, self.text_padding
-            texts = self.text_templates
-            frames = []
-            for i in range(seq, seq + n):
-                before, after = texts[i % count]
-                frames.append(text(f"{before}{index:06d}{i:012d}{now:020d}{padding}{after}"))
-            ws.send_frames(b"".join(frames))
-        else:
-            pad = self.padding
-            payloads = []
-            for i in range(seq, seq + n):
-                head, tail = templates[i % count]
-                payloads.append(head + stamp(index, i, now) + pad + tail)
-            ws.send_binaries(payloads)
+        ws.send_frames(self.batch.frames(self.sent, n, time.time_ns()))
         if ws.congested:
             await ws.drain()
         return n
