@@ -17,7 +17,7 @@
 //! Sans-I/O like the rest of the crate: the caller passes the clock readings in.
 
 use crate::codec::mask::Payload;
-use crate::codec::ws::{frame_len, write_frame, MaskRng, OP_BINARY};
+use crate::codec::ws::{frame_len, write_frame, MaskRng, OP_BINARY, OP_TEXT};
 use crate::crypto::{SigningKey, PREFIXED_SIGNATURE_LEN};
 use crate::dialects::sbd::header::{parse_header, Header, HEADER_LEN};
 use md5::{Digest, Md5};
@@ -58,19 +58,112 @@ pub enum StampAt {
     PayloadTail { size: usize },
     /// SBD: right behind the 32-byte header of a forward (commands carry none)
     SbdForward,
+    /// 신경: a DISPATCH's `payload` string opens with the ASCII stamp (stream, sequence
+    /// number, send time: [`SG_STAMP_WIDTH`] digits); `json` or msgpack
+    SingyeongDispatch { json: bool },
+}
+
+/// A received message's stamp; `stream` only where the message names it (신경: one
+/// receiver gets the messages of every sender stream of its process).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    pub stream: Option<u32>,
+    pub seq: u64,
+    pub sent_ns: i64,
+}
+
+/// 신경 stamps: stream index (6 digits), sequence number (12), send time ns (20), as
+/// [`write_sg_stamp`] writes them
+pub const SG_STAMP_WIDTH: usize = 38;
+const SG_JSON_KEY: &[u8] = b"\"payload\"";
+/// the msgpack fixstr key `payload`
+const SG_MSGPACK_KEY: &[u8] = b"\xa7payload";
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+fn digits(text: &[u8]) -> Option<u128> {
+    text.iter().try_fold(0u128, |n, &c| {
+        c.is_ascii_digit().then(|| n * 10 + u128::from(c - b'0'))
+    })
+}
+
+/// The stamp opening the `payload` string of a 신경 DISPATCH: in JSON behind the value's
+/// opening quote (a gateway may write `"payload": "..."`), in msgpack behind the str header
+/// after the key (fixstr, str8, str16 or str32). None for a frame without one (a heartbeat
+/// ack, a payload that is not our digits).
+pub fn singyeong_stamp(json: bool, body: &[u8]) -> Option<Stamp> {
+    let start = if json {
+        let at = find(body, SG_JSON_KEY)? + SG_JSON_KEY.len();
+        at + body.get(at..)?.iter().position(|&c| c == b'"')? + 1
+    } else {
+        let at = find(body, SG_MSGPACK_KEY)? + SG_MSGPACK_KEY.len();
+        let header = match *body.get(at)? {
+            0xD9 => 2,
+            0xDA => 3,
+            0xDB => 5,
+            _ => 1, // a fixstr's header is one byte
+        };
+        at + header
+    };
+    let text = body.get(start..start + SG_STAMP_WIDTH)?;
+    Some(Stamp {
+        stream: u32::try_from(digits(&text[..6])?).ok(),
+        seq: u64::try_from(digits(&text[6..18])?).ok()?,
+        sent_ns: i64::try_from(digits(&text[18..])?).ok()?,
+    })
+}
+
+/// Which of a process's streams a stamped delivery belongs to, and as which copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StreamOf {
+    /// every stamped message of this connection is of one stream (RMB, SBD: a pair's receiver)
+    One(u32),
+    /// the stamp names the stream; `fanouts` (stream index, copies each message is delivered
+    /// as) are this process's streams, `receiver` this connection's index among its receivers
+    ByStamp {
+        fanouts: Vec<(u32, u32)>,
+        receiver: u32,
+    },
+}
+
+impl StreamOf {
+    /// (stream, copy) of a delivery, None for a stream not of this process. Each receiver
+    /// sees each broadcast once: its copy is the receiver's; a message delivered once has
+    /// copy 0.
+    pub fn route(&self, stamp: &Stamp) -> Option<(u32, u32)> {
+        match self {
+            StreamOf::One(stream) => Some((*stream, 0)),
+            StreamOf::ByStamp { fanouts, receiver } => {
+                let stream = stamp.stream?;
+                let &(_, fanout) = fanouts.iter().find(|(s, _)| *s == stream)?;
+                Some((stream, if fanout > 1 { *receiver } else { 0 }))
+            }
+        }
+    }
 }
 
 /// The stamp of a received message, None when it carries none (an error envelope, an SBD
 /// command, a message too short).
-pub fn stamp_of(at: StampAt, payload: Payload<'_>) -> Option<(u64, i64)> {
+pub fn stamp_of(at: StampAt, payload: Payload<'_>) -> Option<Stamp> {
+    let binary = |(seq, sent_ns)| Stamp {
+        stream: None,
+        seq,
+        sent_ns,
+    };
     match at {
         StampAt::PayloadTail { size } => {
             let start = payload.len().checked_sub(size)?;
-            read_stamp(payload, start)
+            read_stamp(payload, start).map(binary)
         }
         StampAt::SbdForward => match parse_header(&payload.prefix::<HEADER_LEN>()?) {
             Header::Command(_) => None,
-            Header::Forward(_) => read_stamp(payload, HEADER_LEN),
+            Header::Forward(_) => read_stamp(payload, HEADER_LEN).map(binary),
+        },
+        StampAt::SingyeongDispatch { json } => match payload.as_unmasked() {
+            Some(body) => singyeong_stamp(json, body),
+            None => singyeong_stamp(json, &payload.to_vec()),
         },
     }
 }
@@ -174,6 +267,98 @@ impl StampedBatch {
             at += write_frame(&mut out[at..], OP_BINARY, true, &self.template, Some(mask));
         }
         debug_assert_eq!(at, out.len());
+    }
+}
+
+/// The largest stream index and sequence number a 신경 stamp's 6 and 12 digits hold.
+pub const SG_MAX_STREAM: u32 = 999_999;
+pub const SG_MAX_SEQ: u64 = 999_999_999_999;
+
+/// Write a 신경 stamp (`SG_STAMP_WIDTH` ASCII digits) into `out`: stream, sequence number and
+/// send time zero-padded; the caller keeps them in range.
+pub fn write_sg_stamp(out: &mut [u8], stream: u32, seq: u64, sent_ns: i64) {
+    fn digits(out: &mut [u8], mut n: u64) {
+        for d in out.iter_mut().rev() {
+            *d = b'0' + (n % 10) as u8;
+            n /= 10;
+        }
+    }
+    digits(&mut out[..6], u64::from(stream));
+    digits(&mut out[6..18], seq);
+    digits(&mut out[18..SG_STAMP_WIDTH], sent_ns.max(0) as u64);
+}
+
+/// A 신경 sender stream's messages: message i is template `i % templates` (the frame's bytes
+/// before and after its payload string), the payload the stamp then `padding` bytes of `#`,
+/// each a masked text (JSON) or binary (msgpack) frame, all in one buffer.
+#[derive(Debug, Clone)]
+pub struct SgBatch {
+    templates: Vec<(Vec<u8>, Vec<u8>)>,
+    padding: usize,
+    stream: u32,
+    opcode: u8,
+    rng: MaskRng,
+    message: Vec<u8>,
+}
+
+impl SgBatch {
+    /// None without templates or with a stream index beyond six digits.
+    pub fn new(
+        templates: Vec<(Vec<u8>, Vec<u8>)>,
+        padding: usize,
+        stream: u32,
+        text: bool,
+        rng: MaskRng,
+    ) -> Option<Self> {
+        (!templates.is_empty() && stream <= SG_MAX_STREAM).then_some(SgBatch {
+            templates,
+            padding,
+            stream,
+            opcode: if text { OP_TEXT } else { OP_BINARY },
+            rng,
+            message: Vec::new(),
+        })
+    }
+
+    fn template(&self, seq: u64) -> &(Vec<u8>, Vec<u8>) {
+        &self.templates[(seq % self.templates.len() as u64) as usize]
+    }
+
+    fn message_len(&self, seq: u64) -> usize {
+        let (before, after) = self.template(seq);
+        before.len() + SG_STAMP_WIDTH + self.padding + after.len()
+    }
+
+    /// Bytes of the frames of messages `first_seq..first_seq + n`.
+    pub fn batch_len(&self, first_seq: u64, n: usize) -> usize {
+        (first_seq..first_seq + n as u64)
+            .map(|seq| frame_len(self.message_len(seq), true))
+            .sum()
+    }
+
+    /// Messages `first_seq..first_seq + n` sent at `sent_ns`, framed into `out` (exactly
+    /// `batch_len(first_seq, n)` bytes); None when a sequence number passes 12 digits.
+    pub fn write(&mut self, out: &mut [u8], first_seq: u64, n: usize, sent_ns: i64) -> Option<()> {
+        if first_seq + n as u64 > SG_MAX_SEQ + 1 {
+            return None;
+        }
+        let mut at = 0;
+        let mut message = std::mem::take(&mut self.message);
+        for seq in first_seq..first_seq + n as u64 {
+            let (before, after) = self.template(seq);
+            message.clear();
+            message.extend_from_slice(before);
+            let stamp_at = message.len();
+            message.resize(stamp_at + SG_STAMP_WIDTH, 0);
+            write_sg_stamp(&mut message[stamp_at..], self.stream, seq, sent_ns);
+            message.resize(message.len() + self.padding, b'#');
+            message.extend_from_slice(after);
+            let mask = self.rng.next_mask();
+            at += write_frame(&mut out[at..], self.opcode, true, &message, Some(mask));
+        }
+        self.message = message;
+        debug_assert_eq!(at, out.len());
+        Some(())
     }
 }
 
@@ -402,18 +587,157 @@ mod tests {
         write_stamp(&mut payload, 9, -5);
         envelope.extend(&payload);
         let at = StampAt::PayloadTail { size: 24 };
-        assert_eq!(stamp_of(at, Payload::new(&envelope, None)), Some((9, -5)));
+        let nine = Some(Stamp {
+            stream: None,
+            seq: 9,
+            sent_ns: -5,
+        });
+        assert_eq!(stamp_of(at, Payload::new(&envelope, None)), nine);
         assert_eq!(stamp_of(at, Payload::new(&envelope[..20], None)), None);
 
         let mut forward = vec![1; HEADER_LEN];
         forward.extend(&payload);
         let sbd = StampAt::SbdForward;
-        assert_eq!(stamp_of(sbd, Payload::new(&forward, None)), Some((9, -5)));
+        assert_eq!(stamp_of(sbd, Payload::new(&forward, None)), nine);
         let mut command = vec![0; HEADER_LEN - 4];
         command.extend(b"lbrt");
         command.extend(&payload);
         assert_eq!(stamp_of(sbd, Payload::new(&command, None)), None);
         assert_eq!(stamp_of(sbd, Payload::new(&forward[..40], None)), None);
+    }
+
+    fn sg_stamp() -> Vec<u8> {
+        format!("{:06}{:012}{:020}", 7, 42, 1_700_000_000_123_456_789i64).into_bytes()
+    }
+
+    #[test]
+    fn a_singyeong_stamp_opens_the_payload_string_in_json_and_msgpack() {
+        let want = Some(Stamp {
+            stream: Some(7),
+            seq: 42,
+            sent_ns: 1_700_000_000_123_456_789,
+        });
+        let padded = [sg_stamp(), b"####".to_vec()].concat();
+        for spacing in ["", " "] {
+            let json = [
+                format!(r#"{{"op":0,"t":"SEND","d":{{"nonce":null,"payload":{spacing}""#)
+                    .into_bytes(),
+                padded.clone(),
+                br#""}}"#.to_vec(),
+            ]
+            .concat();
+            assert_eq!(singyeong_stamp(true, &json), want);
+            let at = StampAt::SingyeongDispatch { json: true };
+            assert_eq!(stamp_of(at, Payload::new(&json, None)), want);
+            let mask = [9, 8, 7, 6];
+            let mut masked = json.clone();
+            crate::codec::mask::apply_mask(&mut masked, mask);
+            assert_eq!(stamp_of(at, Payload::new(&masked, Some(mask))), want);
+        }
+        // msgpack: fixstr, str8, str16, str32 headers behind the fixstr key
+        for header in [
+            vec![0xa0 | 42],
+            vec![0xd9, 42],
+            vec![0xda, 0, 42],
+            vec![0xdb, 0, 0, 0, 42],
+        ] {
+            let body = [
+                b"\x83\xa2op\x00\xa1d\x81\xa7payload".to_vec(),
+                header,
+                padded.clone(),
+            ]
+            .concat();
+            assert_eq!(singyeong_stamp(false, &body), want);
+        }
+    }
+
+    #[test]
+    fn a_singyeong_frame_without_our_stamp_has_none() {
+        assert_eq!(
+            singyeong_stamp(true, br#"{"op":6,"d":{"client_id":"r"}}"#),
+            None
+        );
+        let short = [br#"{"d":{"payload":""#.to_vec(), sg_stamp()[..37].to_vec()].concat();
+        assert_eq!(singyeong_stamp(true, &short), None);
+        let mut letters = [br#"{"d":{"payload":""#.to_vec(), sg_stamp()].concat();
+        let n = letters.len();
+        letters[n - 3] = b'x';
+        assert_eq!(singyeong_stamp(true, &letters), None);
+        assert_eq!(singyeong_stamp(true, br#"{"payload""#), None); // no value
+        assert_eq!(singyeong_stamp(false, b"\xa7payload"), None); // no str header
+                                                                  // 20 digits beyond i64: not a send time of ours
+        let huge = [
+            br#"{"payload":""#.to_vec(),
+            b"000007000000000042".to_vec(),
+            vec![b'9'; 20],
+        ];
+        assert_eq!(singyeong_stamp(true, &huge.concat()), None);
+    }
+
+    #[test]
+    fn a_singyeong_batch_decodes_to_its_templates_with_stamps_the_reader_reads() {
+        let templates = vec![
+            (
+                br#"{"t":"SEND","d":{"payload":""#.to_vec(),
+                br#""}}"#.to_vec(),
+            ),
+            (
+                br#"{"t":"SEND","d":{"k":1,"payload":""#.to_vec(),
+                br#""}}"#.to_vec(),
+            ),
+        ];
+        assert!(SgBatch::new(vec![], 4, 0, true, rng()).is_none());
+        assert!(SgBatch::new(templates.clone(), 4, SG_MAX_STREAM + 1, true, rng()).is_none());
+        let mut batch = SgBatch::new(templates.clone(), 4, 7, true, rng()).unwrap();
+        let mut out = vec![0; batch.batch_len(41, 3)];
+        batch
+            .write(&mut out, 41, 3, 1_700_000_000_123_456_789)
+            .unwrap();
+        let mut server = Decoder::default();
+        let mut seen = Vec::new();
+        server
+            .feed(&out, |ev| {
+                if let Event::Message { is_text, payload } = ev {
+                    assert!(is_text);
+                    seen.push(payload.to_vec());
+                }
+                Ok::<(), ()>(())
+            })
+            .unwrap();
+        assert_eq!(seen.len(), 3);
+        for (message, seq) in seen.iter().zip(41u64..) {
+            let (before, after) = &templates[(seq % 2) as usize];
+            assert!(message.starts_with(before) && message.ends_with(after));
+            assert!(message.ends_with(&[b"####".as_slice(), after].concat()));
+            let stamp = singyeong_stamp(true, message).unwrap();
+            assert_eq!(
+                (stamp.stream, stamp.seq, stamp.sent_ns),
+                (Some(7), seq, 1_700_000_000_123_456_789)
+            );
+        }
+        let mut stamp = [0; SG_STAMP_WIDTH];
+        write_sg_stamp(&mut stamp, 7, 42, 1_700_000_000_123_456_789);
+        assert_eq!(&stamp[..], &sg_stamp()[..]);
+        let mut tail = vec![0; batch.batch_len(SG_MAX_SEQ, 2)];
+        assert!(batch.write(&mut tail, SG_MAX_SEQ, 2, 0).is_none());
+    }
+
+    #[test]
+    fn a_stamped_delivery_goes_to_its_stream_and_a_broadcast_to_its_receivers_copy() {
+        let stamp = |stream| Stamp {
+            stream,
+            seq: 1,
+            sent_ns: 0,
+        };
+        assert_eq!(StreamOf::One(4).route(&stamp(None)), Some((4, 0)));
+        let by_stamp = StreamOf::ByStamp {
+            fanouts: vec![(2, 1), (3, 50)],
+            receiver: 17,
+        };
+        assert_eq!(by_stamp.route(&stamp(Some(2))), Some((2, 0)));
+        assert_eq!(by_stamp.route(&stamp(Some(3))), Some((3, 17)));
+        assert_eq!(by_stamp.route(&stamp(Some(5))), None); // not this process's stream
+        assert_eq!(by_stamp.route(&stamp(None)), None);
     }
 
     #[test]
@@ -476,7 +800,9 @@ mod tests {
 }
 
 pub mod py {
-    use super::{percentiles, stamp_of, Recorded, Recorder, Signer, StampAt, StampedBatch};
+    use super::{
+        percentiles, stamp_of, Recorded, Recorder, SgBatch, Signer, StampAt, StampedBatch, StreamOf,
+    };
     use crate::codec::mask::Payload;
     use crate::codec::scanner::py::Scanner;
     use crate::codec::scanner::{ScanFeed, Scanned};
@@ -484,6 +810,7 @@ pub mod py {
     use crate::error::Error;
     use pyo3::prelude::*;
     use pyo3::types::PyBytes;
+    use std::collections::HashMap;
 
     /// The latency recorder of one generator process (see [`Recorder`]).
     #[pyclass(module = "rmb_relay._core")]
@@ -652,6 +979,59 @@ pub mod py {
         }
     }
 
+    /// A 신경 sender stream's frames (see [`SgBatch`]).
+    #[pyclass(name = "SingyeongBatch", module = "rmb_relay._core")]
+    pub struct PySgBatch {
+        inner: SgBatch,
+    }
+
+    #[pymethods]
+    impl PySgBatch {
+        #[new]
+        fn new(
+            templates: Vec<(Vec<u8>, Vec<u8>)>,
+            padding: usize,
+            stream: u32,
+            text: bool,
+            seed: &[u8],
+        ) -> PyResult<Self> {
+            let seed: &[u8; MASK_SEED_LEN] = seed.try_into().map_err(|_| {
+                Error::InvalidArgument(format!(
+                    "seed must be {MASK_SEED_LEN} bytes (os.urandom({MASK_SEED_LEN})), got {}",
+                    seed.len()
+                ))
+            })?;
+            let inner = SgBatch::new(templates, padding, stream, text, MaskRng::new(seed))
+                .ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "a batch needs templates and a stream index of at most {} (got {stream})",
+                        super::SG_MAX_STREAM
+                    ))
+                })?;
+            Ok(PySgBatch { inner })
+        }
+
+        /// Masked frames of messages `first_seq..first_seq + n`, stamped `sent_ns`.
+        fn frames<'py>(
+            &mut self,
+            py: Python<'py>,
+            first_seq: u64,
+            n: usize,
+            sent_ns: i64,
+        ) -> PyResult<Bound<'py, PyBytes>> {
+            let inner = &mut self.inner;
+            PyBytes::new_with(py, inner.batch_len(first_seq, n), |out| {
+                inner.write(out, first_seq, n, sent_ns).ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "sequence numbers past {} do not fit a stamp",
+                        super::SG_MAX_SEQ
+                    ))
+                    .into()
+                })
+            })
+        }
+    }
+
     /// Records the stamp of every message of a read into a recorder, inside `WsDecoder.feed`
     /// (the decoder's `now` is the arrival time, ns on the generator's send clock); messages
     /// without a stamp reach Python. Every stamped message is taken, also after one went to
@@ -660,17 +1040,34 @@ pub mod py {
     #[pyclass(extends = Scanner, module = "rmb_relay._core")]
     pub struct StampScanner {
         recorder: Py<LoadRecorder>,
-        stream: u32,
+        streams: StreamOf,
         size: u64,
         at: StampAt,
     }
 
+    /// The one stream of a connection, or (신경) this process's streams by index: their fan-out
+    #[derive(FromPyObject)]
+    enum Streams {
+        One(u32),
+        ByStamp(HashMap<u32, u32>),
+    }
+
     impl StampScanner {
         fn take(&self, recorder: &mut Recorder, payload: Payload<'_>, now: u64) -> bool {
-            let Some((seq, sent_ns)) = stamp_of(self.at, payload) else {
+            let Some(stamp) = stamp_of(self.at, payload) else {
                 return false;
             };
-            recorder.record(self.stream, 0, Some(seq), sent_ns, now as i64, self.size);
+            let Some((stream, copy)) = self.streams.route(&stamp) else {
+                return false;
+            };
+            recorder.record(
+                stream,
+                copy,
+                Some(stamp.seq),
+                stamp.sent_ns,
+                now as i64,
+                self.size,
+            );
             true
         }
     }
@@ -678,29 +1075,58 @@ pub mod py {
     #[pymethods]
     impl StampScanner {
         /// `dialect` "rmb" (the stamp opens the envelope's `size`-byte payload, its last field)
-        /// or "sbd" (behind a forward's header); `size` is what a delivery counts as.
+        /// or "sbd" (behind a forward's header), with `streams` the connection's one stream;
+        /// "singyeong-json" or "singyeong-msgpack" (the stamp opens a DISPATCH's payload string
+        /// and names its stream), with `streams` {stream index: fan-out} of this process and
+        /// `receiver` this connection's index; `size` is what a delivery counts as.
         #[new]
+        #[pyo3(signature = (recorder, streams, size, dialect, receiver = 0))]
         fn new(
             recorder: Py<LoadRecorder>,
-            stream: u32,
+            streams: Streams,
             size: u64,
             dialect: &str,
+            receiver: u32,
         ) -> PyResult<(Self, Scanner)> {
             let at = match dialect {
                 "rmb" => StampAt::PayloadTail {
                     size: size as usize,
                 },
                 "sbd" => StampAt::SbdForward,
+                "singyeong-json" => StampAt::SingyeongDispatch { json: true },
+                "singyeong-msgpack" => StampAt::SingyeongDispatch { json: false },
                 other => {
                     return Err(Error::InvalidArgument(format!(
-                        "no stamp reader for dialect {other:?} (rmb, sbd)"
+                        "no stamp reader for dialect {other:?} \
+                         (rmb, sbd, singyeong-json, singyeong-msgpack)"
+                    ))
+                    .into())
+                }
+            };
+            let streams = match (at, streams) {
+                (StampAt::SingyeongDispatch { .. }, Streams::ByStamp(fanouts)) => {
+                    let mut fanouts: Vec<(u32, u32)> = fanouts.into_iter().collect();
+                    fanouts.sort_unstable();
+                    StreamOf::ByStamp { fanouts, receiver }
+                }
+                (StampAt::SingyeongDispatch { .. }, Streams::One(_)) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "{dialect} stamps name their stream: streams must be \
+                         {{stream index: fan-out}}"
+                    ))
+                    .into())
+                }
+                (_, Streams::One(stream)) => StreamOf::One(stream),
+                (_, Streams::ByStamp(_)) => {
+                    return Err(Error::InvalidArgument(format!(
+                        "{dialect} stamps carry no stream: streams must be one stream index"
                     ))
                     .into())
                 }
             };
             let scanner = StampScanner {
                 recorder,
-                stream,
+                streams,
                 size,
                 at,
             };
@@ -746,6 +1172,7 @@ pub mod py {
         m.add_class::<LoadRecorder>()?;
         m.add_class::<PyStampedBatch>()?;
         m.add_class::<StampScanner>()?;
+        m.add_class::<PySgBatch>()?;
         m.add("STAMP_LEN", super::STAMP_LEN)?;
         m.add_function(wrap_pyfunction!(latency_percentiles, m)?)?;
         Ok(())

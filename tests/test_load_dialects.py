@@ -75,6 +75,36 @@ def test_singyeong_modes_deliver_every_message(
     assert data["config"]["mode"] == mode
 
 
+@pytest.mark.parametrize("encoding", ["json", "msgpack"])
+def test_singyeong_stamps_are_read_from_a_dispatch_with_the_broadcast_copy_rule(
+    encoding: str,
+) -> None:
+    """The receivers' stamp reader (rust/load.rs) on frames of the gateway's own codec: the
+    stamp names its stream, a fan-out stream's copy is the receiver's, frames without a stamp
+    (a heartbeat ack) and stamps of another process's streams are left to Python."""
+    from rmb_relay._core import LoadRecorder, StampScanner
+    from rmb_relay.dialects.singyeong.codec import Encoding, encode
+
+    def dispatch(stream: int, seq: int) -> bytes:
+        payload = f"{stream:06d}{seq:012d}{1_000:020d}" + "#" * 300  # a str16 header
+        return encode(Encoding(encoding), {"op": 0, "t": "SEND", "d": {"payload": payload}})
+
+    recorder = LoadRecorder()
+    dialect = f"singyeong-{encoding}"
+    readers = [StampScanner(recorder, {3: 1, 4: 10}, 64, dialect, receiver) for receiver in (0, 1)]
+    for reader in readers:
+        assert reader.record_message(dispatch(3, 5), 2_000)
+        assert reader.record_message(dispatch(4, 5), 2_000)
+        assert not reader.record_message(dispatch(9, 5), 2_000)  # not this process's stream
+        assert not reader.record_message(encode(Encoding(encoding), {"op": 6, "d": {}}), 2_000)
+    # stream 3 is delivered once: the second receiver's copy is a duplicate; stream 4 fans out
+    assert (recorder.delivered(3), recorder.delivered(4), recorder.duplicated) == (1, 2, 1)
+    with pytest.raises(ValueError, match="name their stream"):
+        StampScanner(recorder, 3, 64, dialect)
+    with pytest.raises(ValueError, match="carry no stream"):
+        StampScanner(recorder, {3: 1}, 64, "rmb")
+
+
 def test_singyeong_refused_password_stops_the_run(tmp_path: Path) -> None:
     with running_relay(tmp_path, "--sg-auth", "the-password") as (url, _):
         result = rmb_load("singyeong", "--url", url, "--password", "wrong", "--count", "10")

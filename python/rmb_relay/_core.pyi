@@ -884,10 +884,19 @@ class StampScanner(Scanner):
     senders stamp with) and produces no event, also after one that went to Python; messages
     without a stamp (an error envelope, an SBD command, one too short) reach Python as they
     came. `dialect` "rmb": the stamp opens the envelope's `size`-byte payload, its last field
-    on the wire; "sbd": it follows a forward's 32-byte header."""
+    on the wire; "sbd": it follows a forward's 32-byte header; both with `streams` the
+    connection's one stream. "singyeong-json", "singyeong-msgpack": the 38-digit stamp opens a
+    DISPATCH's `payload` string and names its stream; `streams` maps this process's stream
+    indices to their fan-out, and a delivery of a stream with fan-out > 1 is copy `receiver`
+    (else 0); a stamp of another stream is not recorded (it reaches Python)."""
 
     def __new__(
-        cls, recorder: LoadRecorder, stream: int, size: int, dialect: str
+        cls,
+        recorder: LoadRecorder,
+        streams: int | dict[int, int],
+        size: int,
+        dialect: str,
+        receiver: int = 0,
     ) -> StampScanner: ...
     def record_message(self, data: bytes, now: int) -> bool:
         """Record `data` as `feed` would; False when it carries no stamp."""
@@ -966,6 +975,25 @@ class LoadRecorder:
         """The measured latencies (ns), native int64s."""
     def samples(self) -> bytes | None:
         """The sample triples as native int64s; None without `keep_samples`."""
+
+@final
+class SingyeongBatch:
+    """A 신경 sender stream's messages (rust/load.rs): message i is template `i % len` (the
+    frame's bytes before and after its payload string) around the 38-digit stamp (stream,
+    sequence number, send time ns) and `padding` bytes of "#", each a masked text frame
+    (`text`: JSON) or binary frame (msgpack). ValueError without templates, for a stream past
+    999999, a seed that is not 32 bytes, or a sequence number past 12 digits."""
+
+    def __new__(
+        cls,
+        templates: list[tuple[bytes, bytes]],
+        padding: int,
+        stream: int,
+        text: bool,
+        seed: bytes,
+    ) -> SingyeongBatch: ...
+    def frames(self, first_seq: int, n: int, sent_ns: int) -> bytes:
+        """Masked frames of messages `first_seq..first_seq + n`, stamped `sent_ns`."""
 
 @final
 class StampedBatch:

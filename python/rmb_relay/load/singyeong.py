@@ -13,9 +13,13 @@ no run reads a queue an earlier one left) with the integer metadata `id` = `n` =
 
 Frames are built with the gateway's own codec (`dialects/singyeong/codec.py`, json or
 msgpack) once per target, and only the payload string, a fixed-width stamp (stream, sequence
-number, send time) padded to `--size` bytes, changes per message; receivers of JSON frames read
-the stamp from its offset, msgpack frames are decoded by the codec. A password refused (the
-gateway admits the client as restricted) and a refused IDENTIFY stop the run (exit 2).
+number, send time) padded to `--size` bytes, changes per message: a send batch is framed and
+masked in one call (`_core.SingyeongBatch`) and written once. Receivers record inside
+their websocket decoder's feed (`_core.StampScanner`, rust/load.rs: the stamp behind the
+opening of the DISPATCH's payload string names its stream), one call into Rust per read;
+frames without a stamp (heartbeat acks) still reach Python. QUEUE consumers decode each
+message in Python: they answer it with its id. A password refused (the gateway admits the
+client as restricted) and a refused IDENTIFY stop the run (exit 2).
 """
 
 from __future__ import annotations
@@ -25,21 +29,24 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
-from rmb_relay._core import ClientFrameEncoder
+from rmb_relay._core import (
+    ClientFrameEncoder,
+    SingyeongBatch,
+    StampScanner,
+    WsDecoder,
+    WsEvent,
+)
 from rmb_relay.errors import ConfigError, HandshakeError
 from rmb_relay.load.engine import Refused, Run, Stream
 
 MODES = ("send_eq", "send_range", "broadcast", "queue")
 #: stream index (6 digits), sequence number (12), send time ns (20): the payload's first bytes
+#: (rust/load.rs: `write_sg_stamp` writes them, `singyeong_stamp` reads them)
 STAMP_WIDTH = 38
 RANGE = 10
-#: the msgpack key of a dispatch's payload (fixstr "payload"), and the header lengths of the
-#: str that follows when it is not a fixstr (str8, str16, str32)
-MSGPACK_PAYLOAD_KEY = b"\xa7payload"
-MSGPACK_STR_HEADER = {0xD9: 2, 0xDA: 3, 0xDB: 5}
 #: distinct SEND targets per sender (k cycles through these frames)
 TEMPLATES = 4096
 #: QUEUE_REQUESTs each consumer keeps outstanding (its share of the queue's capacity)
@@ -101,29 +108,6 @@ def describe(args: argparse.Namespace) -> dict[str, Any]:
 
 def workload(args: argparse.Namespace, shares: list[int], run: Run) -> Gateway:
     return Gateway(args, shares, run)
-
-
-def stamp(stream: int, seq: int, now_ns: int) -> bytes:
-    return b"%06d%012d%020d" % (stream, seq, now_ns)
-
-
-def dispatched_stamp(body: bytes, json: bool) -> bytes | None:
-    """The stamp opening the payload string of a dispatch, sliced at its offset (no decode):
-    in JSON behind the value's opening quote (a gateway may write `"payload": "..."`), in
-    msgpack behind the string's header (the payload is a str of --size ASCII bytes). None for
-    a frame without a payload (a heartbeat ack)."""
-    if json:
-        at = body.find(b'"payload"')
-        if at < 0:
-            return None
-        start = body.index(b'"', at + 9) + 1
-    else:
-        at = body.find(MSGPACK_PAYLOAD_KEY)
-        if at < 0:
-            return None
-        at += len(MSGPACK_PAYLOAD_KEY)
-        start = at + MSGPACK_STR_HEADER.get(body[at], 1)  # a fixstr's header is one byte
-    return body[start : start + STAMP_WIDTH]
 
 
 def read_stamp(payload: bytes) -> tuple[int, int, int]:
@@ -215,6 +199,9 @@ class Gateway:
         self.size = run.plan.size
         self.streams: list[Stream] = [Sender(self, index, run) for index in shares]
         self.by_index = {stream.index: stream for stream in self.streams}
+        #: what a receiver's stamp reader maps a stamp's stream index to (the copy rule)
+        self.fanouts = {stream.index: stream.fanout for stream in self.streams}
+        self.dialect = f"singyeong-{self.encoding.value}"
         self.receivers: list[Client] = []
 
     def write(self, ws: Any, data: bytes) -> None:
@@ -224,13 +211,18 @@ class Gateway:
             ws.send_binary(data)
 
     async def connect(self) -> None:
-        args = self.args
+        args, run = self.args, self.run
         gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
 
         async def one(i: int, client: Client) -> None:
             consumer = args.mode == "queue" and i < args.consumers
             async with gate:
-                await client.connect(self._consume(client) if consumer else self._receive(i))
+                if consumer:
+                    await client.connect(self._consume(client))
+                    return
+                stamps = StampScanner(run.recorder, self.fanouts, self.size, self.dialect, i)
+                await client.connect(self._receive(stamps))
+                self._read_stamps(client.ws, stamps)
 
         for i in range(args.clients):
             metadata = {"id": i, "n": i, "group": i // args.group}
@@ -250,25 +242,36 @@ class Gateway:
     def _request_frame(self) -> dict[str, Any]:
         return {"op": 4, "t": "QUEUE_REQUEST", "d": {"queue": self.queue}}
 
-    def _receive(self, receiver: int) -> Any:
-        run, size, by_index, json = (
-            self.run,
-            self.size,
-            self.by_index,
-            self.encoding.value == "json",
-        )
+    def _read_stamps(self, client: Any, stamps: StampScanner) -> None:
+        """From the next read on, `client`'s decoder records the stamps itself (each receiver
+        sees each broadcast once: its copy is this receiver's), one call into Rust per read."""
+        streams, now = self.streams, time.time_ns
+
+        def steady(decoder: WsDecoder, data: bytes) -> list[WsEvent]:
+            events = decoder.feed(data, now())
+            for stream in streams:
+                if stream.waiting:
+                    stream.settled()
+            return events
+
+        def first(decoder: WsDecoder, data: bytes) -> list[WsEvent]:
+            decoder.set_scanner(stamps)
+            client.on_data = steady
+            return steady(decoder, data)
+
+        hook: Callable[[WsDecoder, bytes], list[WsEvent]] = first
+        client.on_data = hook
+
+    def _receive(self, stamps: StampScanner) -> Any:
+        """What the stamp reader left to Python: a frame decoded before it was set, or one
+        without a stamp (a heartbeat ack)."""
+        streams = self.streams
 
         def on_frame(message: Any) -> None:
-            text = dispatched_stamp(message.data, json)
-            if text is None:
-                return  # a heartbeat ack
-            now = time.time_ns()
-            stream = by_index.get(int(text[0:6]))
-            if stream is None:
-                return
-            # each receiver sees each broadcast once: its copy is this receiver's
-            copy = receiver if stream.fanout > 1 else 0
-            run.delivered(stream, int(text[18:38]), now, size, int(text[6:18]), copy)
+            if stamps.record_message(message.data, time.time_ns()):
+                for stream in streams:
+                    if stream.waiting:
+                        stream.settled()
 
         return on_frame
 
@@ -331,11 +334,14 @@ class Sender(Stream):
         if args.mode == "broadcast":
             self.fanout = args.group
         self.client = Client(gateway, f"sender-{index}", {})
-        self.templates = self._templates()
-        self.padding = b"#" * (run.plan.size - STAMP_WIDTH)
-        json = gateway.encoding.value == "json"
-        self.text_templates = [(b.decode(), a.decode()) for b, a in self.templates] if json else []
-        self.text_padding = self.padding.decode()
+        #: message i: template i % len, its payload the stamp then "#" padding (rust/load.rs)
+        self.batch = SingyeongBatch(
+            self._templates(),
+            run.plan.size - STAMP_WIDTH,
+            index,
+            gateway.encoding.value == "json",
+            os.urandom(32),
+        )
 
     def _target(self, k: int) -> dict[str, Any]:
         args, app = self.gateway.args, self.gateway.application
@@ -388,24 +394,7 @@ class Sender(Stream):
 
     async def send(self, n: int) -> int:
         ws = self.client.ws
-        templates, index = self.templates, self.index
-        now, seq = time.time_ns(), self.sent
-        count = len(templates)
-        if self.gateway.encoding.value == "json":  # text frames: no bytes -> str per frame
-            text, padding = ws.encoder.text, self.text_padding
-            texts = self.text_templates
-            frames = []
-            for i in range(seq, seq + n):
-                before, after = texts[i % count]
-                frames.append(text(f"{before}{index:06d}{i:012d}{now:020d}{padding}{after}"))
-            ws.send_frames(b"".join(frames))
-        else:
-            pad = self.padding
-            payloads = []
-            for i in range(seq, seq + n):
-                head, tail = templates[i % count]
-                payloads.append(head + stamp(index, i, now) + pad + tail)
-            ws.send_binaries(payloads)
+        ws.send_frames(self.batch.frames(self.sent, n, time.time_ns()))
         if ws.congested:
             await ws.drain()
         return n
