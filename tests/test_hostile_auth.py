@@ -79,14 +79,25 @@ async def test_wrong_secret_flood_gets_429_and_honest_logins_pass(
 
         flood, logins = await asyncio.gather(attack(), log_in())
         tally = Counter(answer.status_code for answer in flood)
-        assert tally == {401: 5, 429: 55}, tally
+        # at most --auth-failures wrong guesses are tried; one may be refused "for this
+        # tenant" instead while an honest login holds the tenant's attempt (refunded at its
+        # success), so the attacker can get one 401 fewer, never more
+        assert set(tally) == {401, 429}, tally
+        assert 4 <= tally[401] <= 5, tally
+        assert tally[401] + tally[429] == 60
         for answer in flood:
             if answer.status_code == 429:
                 assert int(answer.headers["retry-after"]) >= 1
                 assert answer.json()["error"] == "temporarily_unavailable"
         assert logins == [200] * 5
     page = await scrape(*tunnel_relay.address)
-    assert page.value("rmb_relay_auth_throttled_total", dialect="tunnel", reason="ip") == 55
+    throttled = {
+        reason: page.samples.get(
+            ("rmb_relay_auth_throttled_total", (("dialect", "tunnel"), ("reason", reason))), 0.0
+        )
+        for reason in ("ip", "key")
+    }
+    assert throttled["ip"] + throttled["key"] == tally[429], throttled
     assert tunnel_relay.rss_mib() - rss_before < RSS_GROWTH_MIB
     assert tunnel_relay.stop() == 0
     assert not tunnel_relay.problems, tunnel_relay.problems
