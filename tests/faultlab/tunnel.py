@@ -17,6 +17,7 @@ from aiohttp import web
 
 from tests.faultlab.checker import Checker
 from tests.faultlab.traffic import PacedTraffic
+from tests.helpers import eventually
 
 TENANT = "acme"
 SECRET = "faultlab-secret-0123456789"
@@ -64,14 +65,16 @@ class TunnelRequests(PacedTraffic):
 
     async def ready(self, timeout: float = 30.0) -> None:
         """Until one request goes through (the connector says nothing when it is up)."""
-        assert self._session is not None
-        async with asyncio.timeout(timeout):
-            while True:
-                with contextlib.suppress(aiohttp.ClientError):
-                    async with self._session.post(self.url, data=b"probe") as reply:
-                        if reply.status == 200:
-                            return
-                await asyncio.sleep(0.1)  # polling a state no event announces
+        session = self._session
+        assert session is not None
+
+        async def through() -> bool:
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.post(self.url, data=b"probe") as reply:
+                    return reply.status == 200
+            return False
+
+        await eventually(through, timeout)
 
     async def send(self, message: str) -> None:
         task = asyncio.get_running_loop().create_task(self._request(message))
