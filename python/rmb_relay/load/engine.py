@@ -43,10 +43,13 @@ from array import array
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from rmb_relay._core import LoadRecorder
 from rmb_relay.load.stats import RunStats
+
+if TYPE_CHECKING:
+    from rmb_relay._core import StampScanner, WsDecoder, WsEvent
 
 #: messages written per batch (one transport write): half the default window, the most a
 #: stream's window frees before its sender wakes (`Stream.settled`), so a refill is one write
@@ -669,3 +672,23 @@ def write_samples(path: Path, samples: array[int], dialect: str, size: int) -> N
                 "dialect": dialect,
             }
             out.write(json.dumps(row) + "\n")
+
+
+def record_in_feed(client: Any, stamps: StampScanner, settle: Callable[[], None]) -> None:
+    """From the next read on, `client`'s websocket decoder records the stamps of what it reads
+    itself (`stamps`, rust/load.rs): one call into Rust per read, whatever the number of
+    messages in it; `settle` runs after each read (streams waiting for their window)."""
+    now = time.time_ns
+
+    def steady(decoder: WsDecoder, data: bytes) -> list[WsEvent]:
+        events = decoder.feed(data, now())
+        settle()
+        return events
+
+    def first(decoder: WsDecoder, data: bytes) -> list[WsEvent]:
+        decoder.set_scanner(stamps)
+        client.on_data = steady
+        return steady(decoder, data)
+
+    hook: Callable[[WsDecoder, bytes], list[WsEvent]] = first
+    client.on_data = hook

@@ -29,7 +29,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,12 +40,10 @@ from rmb_relay._core import (
     SigningKey,
     StampedBatch,
     StampScanner,
-    WsDecoder,
-    WsEvent,
     WsMessage,
 )
 from rmb_relay.errors import ConfigError, HandshakeError
-from rmb_relay.load.engine import Refused, Run, Stream, Streams
+from rmb_relay.load.engine import Refused, Run, Stream, Streams, record_in_feed
 from rmb_relay.sdk import RelayLink, RmbClient
 from rmb_relay.sdk.envelope import challenge_around_payload
 from rmb_relay.sdk.websocket import WebSocketClient
@@ -317,21 +315,12 @@ class Pair(Stream):
         """From the next read on, `client`'s decoder records the stamps itself: one call into
         Rust per read, whatever the number of messages in it."""
         assert client is not None
-        stamps, now = self.stamps, time.time_ns
 
-        def steady(decoder: WsDecoder, data: bytes) -> list[WsEvent]:
-            events = decoder.feed(data, now())
+        def settle() -> None:
             if self.waiting:
                 self.settled()
-            return events
 
-        def first(decoder: WsDecoder, data: bytes) -> list[WsEvent]:
-            decoder.set_scanner(stamps)
-            client.on_data = steady
-            return steady(decoder, data)
-
-        hook: Callable[[WsDecoder, bytes], list[WsEvent]] = first
-        client.on_data = hook
+        record_in_feed(client, self.stamps, settle)
 
     def on_receive(self, message: WsMessage) -> None:
         """What the stamp reader left to Python: a message decoded before it was set, or one

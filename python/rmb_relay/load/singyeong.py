@@ -29,18 +29,16 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from rmb_relay._core import (
     ClientFrameEncoder,
     SingyeongBatch,
     StampScanner,
-    WsDecoder,
-    WsEvent,
 )
 from rmb_relay.errors import ConfigError, HandshakeError
-from rmb_relay.load.engine import Refused, Run, Stream
+from rmb_relay.load.engine import Refused, Run, Stream, record_in_feed
 
 MODES = ("send_eq", "send_range", "broadcast", "queue")
 #: stream index (6 digits), sequence number (12), send time ns (20): the payload's first bytes
@@ -245,22 +243,14 @@ class Gateway:
     def _read_stamps(self, client: Any, stamps: StampScanner) -> None:
         """From the next read on, `client`'s decoder records the stamps itself (each receiver
         sees each broadcast once: its copy is this receiver's), one call into Rust per read."""
-        streams, now = self.streams, time.time_ns
+        streams = self.streams
 
-        def steady(decoder: WsDecoder, data: bytes) -> list[WsEvent]:
-            events = decoder.feed(data, now())
+        def settle() -> None:
             for stream in streams:
                 if stream.waiting:
                     stream.settled()
-            return events
 
-        def first(decoder: WsDecoder, data: bytes) -> list[WsEvent]:
-            decoder.set_scanner(stamps)
-            client.on_data = steady
-            return steady(decoder, data)
-
-        hook: Callable[[WsDecoder, bytes], list[WsEvent]] = first
-        client.on_data = hook
+        record_in_feed(client, stamps, settle)
 
     def _receive(self, stamps: StampScanner) -> Any:
         """What the stamp reader left to Python: a frame decoded before it was set, or one
