@@ -8,10 +8,11 @@ same baselines, so that a before/after comparison measures the relay and not the
 
 from __future__ import annotations
 
-import os
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
+
+from tests.processes import relay_env as _relay_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -20,11 +21,7 @@ def relay_env(base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment for a relay's process (or a tunnel connector's): `base` (the process's
     own environment by default), with the other build's `python/` first on the path if one is
     named."""
-    env = dict(os.environ if base is None else base)
-    other = os.environ.get("RMB_BENCH_RELAY_PYTHONPATH")
-    if other:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (other, env.get("PYTHONPATH")) if p)
-    return env
+    return _relay_env(base, variable="RMB_BENCH_RELAY_PYTHONPATH")
 
 
 def relay_process(argv: list[str]) -> subprocess.Popen[str]:

@@ -15,6 +15,7 @@ from pathlib import Path
 from tests.conftest import WAIT
 from tests.helpers import http_exchange
 from tests.peer_fixtures import Output, mnemonic_for
+from tests.processes import relay_env
 
 
 @dataclass
@@ -50,12 +51,9 @@ def launch(
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={
-            **os.environ,
-            "PYTHONUNBUFFERED": "1",
-            "XDG_DATA_HOME": str(data_home),
-            **(env or {}),
-        },
+        env=relay_env(
+            {**os.environ, "PYTHONUNBUFFERED": "1", "XDG_DATA_HOME": str(data_home), **(env or {})}
+        ),
     )
     return Launched(popen, Output(popen.stdout))
 
@@ -93,7 +91,7 @@ def add_local_twin(data_home: Path, twin: int, relay: str) -> None:
             "--relay",
             relay,
         ],
-        env={**os.environ, "XDG_DATA_HOME": str(data_home)},
+        env=relay_env({**os.environ, "XDG_DATA_HOME": str(data_home)}),
         capture_output=True,
         text=True,
         timeout=WAIT,

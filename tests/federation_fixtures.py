@@ -18,6 +18,7 @@ from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
 from tests.conftest import WAIT, free_port
 from tests.helpers import eventually
+from tests.processes import relay_env
 from tests.rmb_fixtures import key_for
 from tests.scrape import Page, scrape
 
@@ -62,7 +63,7 @@ class RelayProcess:
     def start(self) -> RelayProcess:
         with self.log.open("a") as log:  # the relay's log, for a failing test to show
             self.process = subprocess.Popen(
-                self.args, stdout=subprocess.PIPE, stderr=log, text=True
+                self.args, env=relay_env(), stdout=subprocess.PIPE, stderr=log, text=True
             )
         assert self.process.stdout is not None
         banner = self.process.stdout.readline()

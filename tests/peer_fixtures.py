@@ -18,6 +18,7 @@ from pathlib import Path
 from mnemonic import Mnemonic
 
 from tests.conftest import WAIT, RedisServer, start_redis
+from tests.processes import relay_env
 
 #: the log line scripts wait for (spec/rmb.md §5.3)
 CONNECTED = 'now connected to relay Some("localhost")'
@@ -84,7 +85,7 @@ class Process:
 
 
 def spawn(args: list[str], *, stream: str = "stderr") -> Process:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = relay_env({**os.environ, "PYTHONUNBUFFERED": "1"})
     popen = subprocess.Popen(
         args,
         stdout=subprocess.PIPE if stream == "stdout" else subprocess.DEVNULL,
@@ -121,6 +122,7 @@ def add_twin(twins: str, twin: int, key_type: str = "sr25519") -> None:
             "localhost",
         ),
         check=True,
+        env=relay_env(),
         capture_output=True,
         timeout=WAIT,
     )

@@ -1,5 +1,5 @@
-"""Stopping the processes a test started, in bounded time. Standard library only (benchmarks use
-it too).
+"""Stopping the processes a test started, in bounded time, and the environment they start in.
+Standard library only (benchmarks use it too).
 
 A process that ignores SIGTERM must cost a test its grace period, never the whole run: after
 the grace it is killed, and the caller is told which ones needed that (a relay that does not
@@ -8,14 +8,35 @@ exit on SIGTERM is a bug the test should report, after cleaning up)."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 #: how long processes get, all together, to exit after SIGTERM; also what a relay promises
 #: (its shutdown is bounded by its own timeouts, well under this)
 GRACE = 10.0
+
+#: names the `python/` directory of another build (its `_core` built beside it) whose code every
+#: `rmb_relay` process a test starts (relay, its CLI, connector, rmb-peer) runs instead of this
+#: checkout's, so that the same tests show what an older relay does (docs/hardening.md,
+#: "Against d7c5c1d")
+OTHER_BUILD = "RMB_TEST_RELAY_PYTHONPATH"
+
+
+def relay_env(
+    base: Mapping[str, str] | None = None, *, variable: str = OTHER_BUILD
+) -> dict[str, str]:
+    """The environment for a process that runs `rmb_relay`: `base` (this process's own by
+    default), with the directory `variable` names, if set, first on `PYTHONPATH`. Every test
+    fixture that spawns one passes its environment through here; benchmarks name their own
+    variable (bench/relay_build.py)."""
+    env = dict(os.environ if base is None else base)
+    other = os.environ.get(variable)
+    if other:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (other, env.get("PYTHONPATH")) if p)
+    return env
 
 
 def stop_processes(

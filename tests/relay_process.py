@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO
 
 from tests.conftest import WAIT
-from tests.processes import stop_processes
+from tests.processes import relay_env, stop_processes
 
 #: what in a log line means the relay failed where it must not
 PROBLEMS = (" ERROR ", " CRITICAL ", "Traceback")
@@ -41,7 +41,7 @@ class RelayProcess:
             env = {**os.environ, "XDG_DATA_HOME": home, "XDG_STATE_HOME": home}
         self.process = subprocess.Popen(
             [sys.executable, "-m", "rmb_relay", "-l", "127.0.0.1:0", *args],
-            env=env,
+            env=relay_env(env),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import WAIT
+from tests.processes import relay_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,7 +30,7 @@ def start_relay_process(*args: str) -> tuple[subprocess.Popen[str], str]:
     """Start `python -m rmb_relay` on a free port; returns it with its banner line."""
     process = subprocess.Popen(
         [sys.executable, "-m", "rmb_relay", "-l", "127.0.0.1:0", *args],
-        env={**os.environ, "XDG_DATA_HOME": tempfile.mkdtemp(prefix="rmb-cli-")},
+        env=relay_env({**os.environ, "XDG_DATA_HOME": tempfile.mkdtemp(prefix="rmb-cli-")}),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

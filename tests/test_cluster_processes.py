@@ -25,7 +25,7 @@ from rmb_relay.sdk import RmbClient
 from tests.cluster_fixtures import TWINS, recorder, twin_directory
 from tests.conftest import WAIT, RedisServer, free_port
 from tests.helpers import eventually
-from tests.processes import GRACE, stop_processes
+from tests.processes import GRACE, relay_env, stop_processes
 from tests.rmb_fixtures import key_for
 from tests.sg_client import SgClient
 from tests.tunnel_fixtures import start_target
@@ -71,6 +71,7 @@ class Relays:
                     self.instance_id(len(self.processes)),
                     *extra,
                 ],
+                env=relay_env(),
                 stdout=subprocess.PIPE,
                 stderr=stderr,
                 text=True,

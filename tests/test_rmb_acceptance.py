@@ -15,6 +15,7 @@ import pytest
 
 from rmb_relay.sdk import IncomingRequest, RmbClient
 from tests.conftest import WAIT
+from tests.processes import relay_env
 from tests.rmb_fixtures import key_for
 
 PAIRS = 10_000
@@ -43,10 +44,12 @@ def relay_process(tmp_path: Path) -> Iterator[str]:
                 "relay.test",
             ),
             check=True,
+            env=relay_env(),
             capture_output=True,
         )
     process = subprocess.Popen(
         rmb_relay("-l", "127.0.0.1:0", "--twins", twins),
+        env=relay_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,

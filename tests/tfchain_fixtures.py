@@ -17,6 +17,7 @@ from aiohttp import WSMsgType, web
 
 from tests.conftest import WAIT
 from tests.peer_fixtures import Process, mnemonic_for, rmb_relay, spawn
+from tests.processes import relay_env
 
 
 @dataclass
@@ -72,7 +73,9 @@ def put_twin(
         args += ["--relay", relay]
     if pk is not None:
         args += ["--pk", pk]
-    done = subprocess.run(rmb_relay(*args), capture_output=True, text=True, timeout=WAIT)
+    done = subprocess.run(
+        rmb_relay(*args), env=relay_env(), capture_output=True, text=True, timeout=WAIT
+    )
     assert done.returncode == 0, done.stderr
 
 

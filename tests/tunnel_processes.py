@@ -13,7 +13,7 @@ import httpx
 
 from tests.conftest import WAIT
 from tests.helpers import eventually
-from tests.processes import stop_processes
+from tests.processes import relay_env, stop_processes
 
 #: where a process's stdout or stderr goes (a file, subprocess.PIPE or subprocess.DEVNULL)
 Sink = IO[str] | int
@@ -29,13 +29,13 @@ async def add_tenant(db: str, env: dict[str, str], tenant: str, secret: str) -> 
         subprocess.run,
         rmb_relay("tenants", "--twins", db, "add", tenant, "--secret", secret),
         check=True,
-        env=env,
+        env=relay_env(env),
         capture_output=True,
     )
 
 
-def _popen(args: list[str], **options: Any) -> subprocess.Popen[str]:
-    return subprocess.Popen(args, text=True, **options)
+def _popen(args: list[str], env: dict[str, str], **options: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(args, text=True, env=relay_env(env), **options)
 
 
 async def spawn_relay(

@@ -34,7 +34,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-from tests.processes import stop_processes
+from tests.processes import relay_env, stop_processes
 
 NS_PREFIX = "faultlab-"
 IF_PREFIX = "fl"
@@ -131,7 +131,7 @@ class Host:
         """Start `argv` inside this host (stopped with the lab)."""
         process = subprocess.Popen(
             ["ip", "netns", "exec", self.namespace, *argv],
-            env=env if env is not None else dict(os.environ),
+            env=relay_env(env),
             stdout=stdout,
             stderr=stderr,
             text=True,

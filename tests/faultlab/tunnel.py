@@ -18,6 +18,7 @@ from aiohttp import web
 from tests.faultlab.checker import Checker
 from tests.faultlab.traffic import PacedTraffic
 from tests.helpers import eventually
+from tests.processes import relay_env
 
 TENANT = "acme"
 SECRET = "faultlab-secret-0123456789"
@@ -54,6 +55,7 @@ class TunnelRequests(PacedTraffic):
             *("--server", f"http://{connector[0]}:{connector[1]}"),
             *("--tenant", TENANT, "--secret", SECRET),
             *("--target", f"app=http://127.0.0.1:{port}"),
+            env=relay_env(),
             stdout=log,
             stderr=asyncio.subprocess.STDOUT,
         )

@@ -32,7 +32,7 @@ from tests.cluster_fixtures import TWINS, twin_directory
 from tests.faultlab.netns import Host, Lab
 from tests.faultlab.proxy import FaultProxy
 from tests.faultlab.services import RELAY_PORT, ChainNode, RedisNode, RelayNode
-from tests.processes import stop_processes
+from tests.processes import relay_env, stop_processes
 from tests.rmb_fixtures import key_for
 
 
@@ -194,7 +194,7 @@ class TwoInstances(_Maker):
 
 async def _run(*argv: str) -> None:
     process = await asyncio.create_subprocess_exec(
-        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+        *argv, env=relay_env(), stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
     )
     out, _ = await asyncio.wait_for(process.communicate(), 60)
     if process.returncode != 0:
