@@ -276,11 +276,17 @@ async def raw_connector(
 ) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
     """A connector the test speaks for itself (JSON): logged in with a token the relay issued,
     its `Configure` already read."""
-    token = tunnel.dialect.tokens.issue(tenant)
+    async with raw_connector_at(tunnel.base, tunnel.dialect.tokens.issue(tenant)) as ws:
+        yield ws
+
+
+@asynccontextmanager
+async def raw_connector_at(base: str, token: str) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+    """`raw_connector` for the relay at `base` (a process: the token from its /tunnel/token)."""
     async with (
         aiohttp.ClientSession() as session,
         session.ws_connect(
-            tunnel.base + "/tunnel/connector", headers={"Authorization": f"Bearer {token}"}
+            base + "/tunnel/connector", headers={"Authorization": f"Bearer {token}"}
         ) as ws,
     ):
         assert json.loads(await ws.receive_str(timeout=WAIT))["target"] == "Configure"
