@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import IO
 
 from tests.faultlab.netns import Host
+from tests.processes import PROBLEMS
 
 #: ports inside a host (each namespace has its own port space)
 REDIS_PORT = 6379
@@ -97,14 +98,23 @@ class RedisNode:
 
 
 class RelayNode:
-    """`python -m rmb_relay` on a host; `url` is its websocket address."""
+    """`python -m rmb_relay` on a host; `url` is its websocket address. `address`: the one it
+    listens on (default the host's IPv4 one; an IPv6 one from `Host.add_ipv6`)."""
 
-    def __init__(self, host: Host, args: Sequence[str], logs: Path) -> None:
+    def __init__(
+        self, host: Host, args: Sequence[str], logs: Path, *, address: str | None = None
+    ) -> None:
         self.host = host
         self.port = RELAY_PORT
+        self.address = address or host.address
+        listen = (
+            f"[{self.address}]:{self.port}"
+            if ":" in self.address
+            else f"{self.address}:{self.port}"
+        )
         env = {**os.environ, "XDG_DATA_HOME": tempfile.mkdtemp(prefix="faultlab-relay-")}
         self.process = host.popen(
-            [sys.executable, "-m", "rmb_relay", "-l", f"{host.address}:{self.port}", *args],
+            [sys.executable, "-m", "rmb_relay", "-l", listen, *args],
             env=env,
             stderr=subprocess.STDOUT,
         )
@@ -129,7 +139,7 @@ class RelayNode:
         return int(next(line for line in status if line.startswith("VmRSS")).split()[1]) / 1024
 
     def problems(self) -> list[str]:
-        return [line for line in self.log.lines if "Traceback" in line or " CRITICAL " in line]
+        return [line for line in self.log.lines if any(p in line for p in PROBLEMS)]
 
 
 class ChainNode:
