@@ -3,28 +3,27 @@ what they were not issued for, `Authorization` headers, connectors answering 1xx
 removed or re-keyed while their connectors are attached, tenant names on /metrics, a client
 naming ever new tenants, files other local users could read. Each test asserts the refusal,
 that an honest tenant's requests through its connector process are all served meanwhile
-(`honest_echo`) and that the relay logs no error or traceback; test_tunnel_hostile.py has the
+(`TunnelRelay.honest`) and that the relay logs no error or traceback; test_tunnel_hostile.py has the
 finer in-process cases."""
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import stat
+import time
 import uuid
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from rmb_relay.dialects.tunnel.wire import TargetResponse, encode
-from tests.conftest import WAIT
+from tests.conftest import WAIT, RedisServer
 from tests.helpers import eventually, http_exchange
 from tests.relay_process import RelayProcess
 from tests.scrape import scrape
-from tests.tunnel_fixtures import raw_connector_at
-from tests.tunnel_processes import TunnelRelay, honest_echo
+from tests.tunnel_fixtures import UPGRADE, answer_next, raw_connector_at
+from tests.tunnel_processes import TunnelRelay, wait_for_connector
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,9 +47,7 @@ async def _closed_with(
 async def test_a_client_token_cannot_attach_as_a_connector(tmp_path: Path) -> None:
     async with TunnelRelay(tmp_path) as tunnel:
         await tunnel.add_tenant("acme")
-        await tunnel.add_tenant("honest")
-        await tunnel.connect("honest")
-        async with honest_echo(tunnel.base, "honest"), tunnel.client() as client:
+        async with tunnel.honest(), tunnel.client() as client:
             for scope in ("root", "connector admin"):
                 refused = await client.post(
                     "/tunnel/token",
@@ -86,11 +83,9 @@ async def test_authorization_reaches_the_target_only_where_the_tenant_says_so(
         await tunnel.add_tenant(
             "passing", "--require-auth", "yes", "--forward-authorization", "yes"
         )
-        await tunnel.add_tenant("honest")
         for name in ("closed", "passing"):
             await tunnel.connect(name, requires_auth=True)
-        await tunnel.connect("honest")
-        async with honest_echo(tunnel.base, "honest"), tunnel.client() as client:
+        async with tunnel.honest(), tunnel.client() as client:
             for name, forwarded in (("closed", False), ("passing", True)):
                 assert (await client.get(f"/relay/{name}/app/echo")).status_code == 401
                 bearer = f"Bearer {await tunnel.token(name, 'client')}"
@@ -106,21 +101,12 @@ async def test_authorization_reaches_the_target_only_where_the_tenant_says_so(
 async def test_a_connector_answering_1xx_is_refused(tmp_path: Path) -> None:
     async with TunnelRelay(tmp_path) as tunnel:
         await tunnel.add_tenant("acme")
-        await tunnel.add_tenant("honest")
-        await tunnel.connect("honest")
-        async with honest_echo(tunnel.base, "honest"), tunnel.client() as client:
+        async with tunnel.honest(), tunnel.client() as client:
             for status in (100, 101, 103):
                 token = await tunnel.token("acme", "connector")
                 async with raw_connector_at(tunnel.base, token) as ws:
                     answer = asyncio.ensure_future(client.get("/relay/acme/app/x"))
-                    argument = json.loads(await ws.receive_str(timeout=WAIT))["arguments"][0]
-                    response = TargetResponse(
-                        argument["requestId"],
-                        argument["requestOriginId"],
-                        status,
-                        {"Upgrade": ["websocket"], "Connection": ["upgrade"]},
-                    )
-                    await ws.send_str(encode(response, False).decode())
+                    await answer_next(ws, status, UPGRADE)
                     refused = await answer
                     assert refused.status_code == 502, status
                     assert "upgrade" not in {k.lower() for k in refused.headers}
@@ -136,14 +122,13 @@ async def test_removing_or_rekeying_a_tenant_disconnects_its_connectors(tmp_path
     relay's operator) within the watcher's period."""
     key = "k" * 24
     async with TunnelRelay(tmp_path, "--management-key", key) as tunnel:
-        for name in ("removed", "rekeyed", "elsewhere", "honest"):
+        for name in ("removed", "rekeyed", "elsewhere"):
             await tunnel.add_tenant(name)
-        await tunnel.connect("honest")
         tokens = {name: await tunnel.token(name, "connector") for name in ("removed", "rekeyed")}
         tokens["elsewhere"] = await tunnel.token("elsewhere", "connector")
         headers = {"Api-Key": key}
         async with (
-            honest_echo(tunnel.base, "honest"),
+            tunnel.honest(),
             raw_connector_at(tunnel.base, tokens["removed"]) as removed,
             raw_connector_at(tunnel.base, tokens["rekeyed"]) as rekeyed,
             raw_connector_at(tunnel.base, tokens["elsewhere"]) as elsewhere,
@@ -176,9 +161,7 @@ async def test_removing_or_rekeying_a_tenant_disconnects_its_connectors(tmp_path
 async def test_metrics_name_tenants_only_when_asked(tmp_path: Path, labels: bool) -> None:
     flags = ["--tunnel-tenant-labels"] if labels else []
     async with TunnelRelay(tmp_path, *flags) as tunnel:
-        await tunnel.add_tenant("secret-customer")
-        await tunnel.connect("secret-customer")
-        async with honest_echo(tunnel.base, "secret-customer"):
+        async with tunnel.honest("secret-customer"):
             pass
         page = await scrape(*tunnel.relay.address)
         assert ("secret-customer" in page.body) is labels
@@ -204,10 +187,8 @@ async def test_a_client_naming_ever_new_tenants_costs_a_bounded_cache(tmp_path: 
     async with TunnelRelay(
         tmp_path, "--tunnel-tenant-cache", "64", "--tunnel-require-connection"
     ) as tunnel:
-        await tunnel.add_tenant("honest")
-        await tunnel.connect("honest")
-        before = tunnel.relay.rss_mib()
-        async with honest_echo(tunnel.base, "honest"), tunnel.client() as client:
+        async with tunnel.honest(), tunnel.client() as client:
+            before = tunnel.relay.rss_mib()
             for batch in range(100):  # 50 connections at once
                 paths = [f"/relay/nobody-{batch}-{n}-{'x' * 200}/app/x" for n in range(50)]
                 statuses = [_status_of(tunnel.relay.address, path) for path in paths]
@@ -247,9 +228,7 @@ async def test_the_relays_files_are_its_users_alone(tmp_path: Path) -> None:
         bodies = data / "bodies"
         assert _mode(bodies) == 0o700
         await tunnel.add_tenant("parked")  # no connector: its requests wait with their bodies
-        await tunnel.add_tenant("honest")
-        await tunnel.connect("honest")
-        async with honest_echo(tunnel.base, "honest"), tunnel.client() as client:
+        async with tunnel.honest(), tunnel.client() as client:
             waiting = await client.post("/queue/parked/app/x", content=b"b" * (64 * 1024))
             assert waiting.status_code == 202
             files = [bodies / name for name in os.listdir(bodies) if name.startswith("req_")]
@@ -271,3 +250,46 @@ async def test_the_relays_files_are_its_users_alone(tmp_path: Path) -> None:
             RelayProcess("--tunnel-body-store", str(directory))
         assert reason in str(refused.value)
         assert "Traceback" not in str(refused.value)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+async def test_a_body_nobody_fetches_in_scale_out_is_swept(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Relays A and B share Redis and a body store; B holds the tenant's connector and is
+    SIGKILLed. A client's `/queue/` request to A goes to the tenant's work queue while B
+    still counts as alive, its body into the store, and nobody ever reads it: A's sweeper
+    deletes the file once it is older than request TTL + response timeout + 60 s (about 90 s
+    here: it runs every 30 s). A's own tenant is served all along."""
+    bodies = tmp_path / "bodies"
+    shared = ["--redis", redis_server.url, "--no-sbd", "--tunnel-body-store", str(bodies)]
+    shared += ["--tunnel-request-ttl", "1", "--tunnel-response-timeout", "1", "--cluster-ttl", "30"]
+    async with TunnelRelay(tmp_path / "a", *shared, "--instance-id", "sweep-a") as a:
+        await a.add_tenant("acme")
+        async with TunnelRelay(
+            tmp_path / "b", *shared, "--instance-id", "sweep-b", "--twins", a.db
+        ) as b:
+            await b.connect("acme")
+            await wait_for_connector(a.base, "acme")  # through B, over the cluster
+            b.relay.process.kill()  # alive for A until its --cluster-ttl (30 s) passes
+            b.relay.process.wait(WAIT)
+        async with a.honest(), a.client() as client:
+            posted = time.monotonic()
+            queued = await client.post("/queue/acme/app/x", content=b"q" * (64 * 1024))
+            assert queued.status_code == 202
+            files = [name for name in os.listdir(bodies) if name.startswith("req_")]
+            assert len(files) == 1
+
+            async def swept() -> bool:
+                page = await scrape(*a.relay.address)
+                return page.value("rmb_relay_tunnel_body_files_swept_total", dialect="tunnel") >= 1
+
+            await eventually(swept, timeout=150)
+            assert not (bodies / files[0]).exists()
+            # by the sweeper for its age (1 + 1 + 60 s), not removed earlier by anyone else
+            assert time.monotonic() - posted > 62
+            page = await scrape(*a.relay.address)
+            assert page.value("rmb_relay_tunnel_body_store_bytes", dialect="tunnel") == 0
+        assert a.relay.stop() == 0
+    assert a.relay.problems == []
