@@ -293,6 +293,20 @@ async def raw_connector_at(base: str, token: str) -> AsyncIterator[aiohttp.Clien
         yield ws
 
 
+#: the headers of a connector's answer trying to switch protocols
+UPGRADE = {"Upgrade": ["websocket"], "Connection": ["upgrade"]}
+
+
+async def answer_next(
+    ws: aiohttp.ClientWebSocketResponse, status: int, headers: dict[str, list[str]]
+) -> None:
+    """On a raw connector: read the next `RequestTarget` and answer it with `status` and
+    `headers`, no body (what a connector must not send, for instance)."""
+    argument = json.loads(await ws.receive_str(timeout=WAIT))["arguments"][0]
+    response = TargetResponse(argument["requestId"], argument["requestOriginId"], status, headers)
+    await ws.send_str(encode(response, False).decode())
+
+
 Response = tuple[int, list[tuple[str, str]], bytes]
 
 

@@ -177,6 +177,15 @@ class TunnelRelay:
             headers = {"Authorization": f"Bearer {await self.token(tenant, 'client', secret)}"}
         await wait_for_connector(self.base, tenant, headers)
 
+    @asynccontextmanager
+    async def honest(self, tenant: str = "honest") -> AsyncIterator[None]:
+        """The tenant `tenant` added, a connector process of it attached, and its echo
+        requests served while the block runs, every one (`honest_echo`)."""
+        await self.add_tenant(tenant)
+        await self.connect(tenant)
+        async with honest_echo(self.base, tenant):
+            yield
+
     async def token(self, tenant: str, scope: str, secret: str = TENANT_SECRET) -> str:
         """A token of `scope` from the relay's `POST /tunnel/token`."""
         form = {
