@@ -13,9 +13,6 @@ import subprocess
 import time
 from collections.abc import Iterable
 
-#: what in a relay's log line means it failed where it must not
-PROBLEMS = (" ERROR ", " CRITICAL ", "Traceback")
-
 #: how long processes get, all together, to exit after SIGTERM; also what a relay promises
 #: (its shutdown is bounded by its own timeouts, well under this)
 GRACE = 10.0

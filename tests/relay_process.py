@@ -17,7 +17,10 @@ from pathlib import Path
 from typing import IO
 
 from tests.conftest import WAIT
-from tests.processes import PROBLEMS, stop_processes
+from tests.processes import stop_processes
+
+#: what in a log line means the relay failed where it must not
+PROBLEMS = (" ERROR ", " CRITICAL ", "Traceback")
 
 
 class RelayProcess:
@@ -50,8 +53,9 @@ class RelayProcess:
         banner = stdout.readline()
         if not banner.startswith("rmb-relay listening on "):
             self.process.kill()
-            _, errors = self.process.communicate()  # reaped, its pipes closed
-            raise RuntimeError(f"relay did not start: {banner}{errors}")
+            why = stderr.read()
+            stop_processes([self.process])  # reaped, its pipes closed
+            raise RuntimeError(f"relay did not start: {banner}{why}")
         self.address = ("127.0.0.1", int(banner.split()[3].rstrip(";").rsplit(":", 1)[1]))
         self.keep_log = keep_log
         self.log: list[str] = []

@@ -34,8 +34,7 @@ from tests.peer_fixtures import (
     start_peer,
     start_relay,
 )
-from tests.processes import PROBLEMS
-from tests.relay_process import RelayProcess
+from tests.relay_process import PROBLEMS, RelayProcess
 from tests.rmb_fixtures import key_for
 
 #: the victim (served here), an honest sender, and a twin whose relay is another one
