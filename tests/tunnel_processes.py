@@ -18,11 +18,10 @@ from typing import IO, Any
 
 import httpx
 
+from tests import relay_process, tunnel_fixtures
 from tests.conftest import WAIT
 from tests.helpers import eventually
 from tests.processes import stop_processes
-from tests.relay_process import RelayProcess
-from tests.tunnel_fixtures import TargetApp, start_target
 
 #: where a process's stdout or stderr goes (a file, subprocess.PIPE or subprocess.DEVNULL)
 Sink = IO[str] | int
@@ -127,8 +126,8 @@ class TunnelRelay:
 
     async def __aenter__(self) -> TunnelRelay:
         try:
-            self.target: TargetApp = await start_target(self._stack)
-            self.relay = RelayProcess(*self.args, env=self.env)
+            self.target: tunnel_fixtures.TargetApp = await tunnel_fixtures.start_target(self._stack)
+            self.relay = relay_process.RelayProcess(*self.args, env=self.env)
             self._stack.callback(self.relay.close)
             self._stack.callback(lambda: stop_processes(self.connectors))
         except BaseException:
