@@ -22,7 +22,7 @@ from rmb_relay.identity import make_jwt
 from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
 from tests.conftest import WAIT
-from tests.faultlab.netns import Lab, LabUnavailable, check_available
+from tests.faultlab.netns import Lab, LabUnavailable, check_available, check_ipv6
 from tests.faultlab.services import RelayNode
 from tests.helpers import RawWebSocket, eventually, http_exchange
 from tests.redis_process import free_port
@@ -234,6 +234,7 @@ async def test_per_ip_caps_count_an_ipv6_64_as_one_address_on_a_relay_process(
     another /64 is served all along; once one closes, the /64 is served again."""
     try:
         check_available()
+        check_ipv6()
     except LabUnavailable as err:
         pytest.skip(f"fault lab unavailable: {err}")
     with Lab() as lab:

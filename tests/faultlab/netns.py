@@ -101,6 +101,13 @@ def check_available() -> None:
     _ip("netns", "del", probe, check=False)
 
 
+def check_ipv6() -> None:
+    """Raise LabUnavailable when this kernel has IPv6 off (`Host.add_ipv6` would fail)."""
+    switch = Path("/proc/sys/net/ipv6/conf/all/disable_ipv6")
+    if not switch.exists() or switch.read_text().strip() != "0":
+        raise LabUnavailable("IPv6 is disabled in this kernel (net.ipv6.conf.all.disable_ipv6)")
+
+
 def _free_network(seed: int) -> ipaddress.IPv4Network:
     """A /24 of `NETWORKS` no interface uses, starting at `seed` (the pid: two runs that
     start together pick apart)."""
