@@ -4,24 +4,33 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import hashlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mnemonic import Mnemonic
+from redis.asyncio import Redis
 
 from tests.conftest import WAIT, RedisServer, start_redis
 from tests.processes import relay_env
 
 #: the log line scripts wait for (spec/rmb.md §5.3)
 CONNECTED = 'now connected to relay Some("localhost")'
+#: msgbus requests in flight at once (`run_client`)
+WINDOW = 500
+#: msgbus items taken per pop and pushed per pipeline
+BATCH = 200
 
 
 def mnemonic_for(twin: int) -> str:
@@ -191,3 +200,88 @@ def redis_servers(tmp_path: Path, count: int) -> Iterator[list[RedisServer]]:
     finally:
         for server in servers:
             server.stop()
+
+
+async def echo_service(url: str, stop: asyncio.Event) -> int:
+    """Pops msgbus.test.echo, answers each request with its payload reversed."""
+    served = 0
+    async with Redis.from_url(url) as redis:
+        while not stop.is_set():
+            popped = await redis.brpop(["msgbus.test.echo"], timeout=0.2)
+            if popped is None:
+                continue
+            batch = [popped[1], *(await redis.rpop("msgbus.test.echo", BATCH) or [])]
+            pipe = redis.pipeline(transaction=False)
+            for raw in batch:
+                request = json.loads(raw)
+                data = base64.b64decode(request["dat"])[::-1]
+                reply = {
+                    "ver": 1,
+                    "ref": request["ref"],
+                    "dat": base64.b64encode(data).decode(),
+                    "dst": request["src"],
+                    "shm": None,
+                    "now": int(time.time()),
+                }
+                pipe.lpush("msgbus.system.reply", json.dumps(reply))
+            await pipe.execute()
+            served += len(batch)
+    return served
+
+
+async def run_client(
+    url: str, requests: int, on_progress: Callable[[int], None] | None = None
+) -> dict[str, int]:
+    """Sends `requests` requests to twin 2's `test.echo` through the peer whose Redis is at
+    `url`, at most WINDOW unanswered; checks each reply; returns replies per ref."""
+    answered: dict[str, int] = {}
+    errors: list[object] = []
+    window = asyncio.Semaphore(WINDOW)
+    done = asyncio.Event()
+    async with Redis.from_url(url) as redis, Redis.from_url(url) as reader_redis:
+
+        async def reader() -> None:
+            while len(answered) < requests:
+                popped = await reader_redis.brpop(["acceptance.ret"], timeout=0.2)
+                if popped is None:
+                    continue
+                more = await reader_redis.rpop("acceptance.ret", BATCH) or []
+                for raw in [popped[1], *more]:
+                    reply = json.loads(raw)
+                    ref = reply["ref"]
+                    expected = f"payload {ref}".encode()[::-1]
+                    if reply["err"] is not None or base64.b64decode(reply["dat"]) != expected:
+                        errors.append(reply)
+                    if ref not in answered:
+                        window.release()
+                    answered[ref] = answered.get(ref, 0) + 1
+                if on_progress is not None:
+                    on_progress(len(answered))
+            done.set()
+
+        task = asyncio.create_task(reader())
+        sent = 0
+        while sent < requests:
+            pipe = redis.pipeline(transaction=False)
+            for _ in range(min(BATCH, requests - sent)):
+                await window.acquire()
+                ref = str(sent)
+                request = {
+                    "ver": 1,
+                    "ref": ref,
+                    "cmd": "test.echo",
+                    "exp": 300,
+                    "dat": base64.b64encode(f"payload {ref}".encode()).decode(),
+                    "tag": None,
+                    "dst": [2],
+                    "ret": "acceptance.ret",
+                    "shm": None,
+                    "now": int(time.time()),
+                }
+                pipe.lpush("msgbus.system.local", json.dumps(request))
+                sent += 1
+            await pipe.execute()
+        await asyncio.wait_for(done.wait(), 120)
+        await task
+    assert errors == []
+    return answered

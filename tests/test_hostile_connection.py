@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -21,9 +22,11 @@ from rmb_relay.identity import make_jwt
 from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
 from tests.conftest import WAIT
+from tests.faultlab.netns import Lab, LabUnavailable, check_available, check_ipv6
+from tests.faultlab.services import RelayNode
 from tests.helpers import RawWebSocket, eventually, http_exchange
 from tests.redis_process import free_port
-from tests.relay_process import RelayProcess
+from tests.relay_process import PROBLEMS, RelayProcess
 from tests.rmb_fixtures import key_for
 from tests.sbd_client import SbdClient
 from tests.scrape import scrape
@@ -211,6 +214,71 @@ async def test_per_ip_caps_group_ipv6_by_prefix() -> None:
     assert server.ip_key("192.0.2.1") == "192.0.2.1"
     per_host = RelayServer(ListenerConfig(ipv6_prefix=128))
     assert per_host.ip_key("2001:db8:0:1::a") != per_host.ip_key("2001:db8:0:1::b")
+
+
+async def _health_from(local: str, relay: tuple[str, int]) -> tuple[bytes, asyncio.StreamWriter]:
+    """`GET /health` on a keep-alive connection from the local address `local`: the status
+    line, and the connection (held open: it counts against its address's cap until closed)."""
+    reader, writer = await asyncio.open_connection(*relay, local_addr=(local, 0))
+    writer.write(b"GET /health HTTP/1.1\r\nHost: relay\r\n\r\n")
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), WAIT)
+    return head.split(b"\r\n", 1)[0], writer
+
+
+async def test_per_ip_caps_count_an_ipv6_64_as_one_address_on_a_relay_process(
+    tmp_path: Path,
+) -> None:
+    """A relay on an IPv6 address of a fault-lab host, clients bound to addresses of the lab's
+    bridge: three held connections from three addresses of one /64 fill its
+    `--max-connections-per-ip 3`, a fourth address of that /64 is refused 429, a client of
+    another /64 is served all along; once one closes, the /64 is served again."""
+    try:
+        check_available()
+        check_ipv6()
+    except LabUnavailable as err:
+        pytest.skip(f"fault lab unavailable: {err}")
+    with Lab() as lab:
+        host = lab.host("relay")
+        relay = RelayNode(
+            host,
+            ["--max-connections-per-ip", "3", "--ipv6-prefix", "64"],
+            tmp_path,
+            address=host.add_ipv6(),
+        )
+        await relay.ready()
+        address = (relay.address, relay.port)
+        one_64 = [lab.address6() for _ in range(4)]
+        other_64 = lab.address6(subnet=1)
+        held = []
+        try:
+            for local in one_64[:3]:
+                status, writer = await _health_from(local, address)
+                assert status == STATUS_LINE.rstrip(), (local, status)
+                held.append(writer)
+            refused, refused_writer = await _health_from(one_64[3], address)
+            refused_writer.close()
+            assert refused == b"HTTP/1.1 429 Too Many Requests", refused
+            for _ in range(20):  # the other /64 is another address
+                status, writer = await _health_from(other_64, address)
+                writer.close()
+                assert status == STATUS_LINE.rstrip()
+            held.pop().close()
+
+            async def served_again() -> bool:
+                status, writer = await _health_from(one_64[3], address)
+                writer.close()
+                return status == STATUS_LINE.rstrip()
+
+            await eventually(served_again)
+            reader, writer = await asyncio.open_connection(*address, local_addr=(other_64, 0))
+            writer.write(b"GET /metrics HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n")
+            page = (await asyncio.wait_for(reader.read(), WAIT)).decode()
+            writer.close()
+            assert re.search(r'connections_refused_total\{reason="per-ip limit"\} [1-9]', page)
+        finally:
+            for writer in held:
+                writer.close()
+        assert [line for line in relay.log.lines if any(p in line for p in PROBLEMS)] == []
 
 
 async def test_rmb_errors_never_read_stop_the_sender_being_read(tmp_path: Path) -> None:

@@ -5,21 +5,36 @@ accepted and delivered to its twin, which receives nothing else; the relay logs 
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import json
 import time
 from collections.abc import Iterator
+from contextlib import AsyncExitStack
 from pathlib import Path
 
+import aiohttp
 import httpx
 import pytest
+from aiohttp import web
+from redis.asyncio import Redis
 
 from rmb_relay._core import MSG_REQUEST, Envelope, WsMessage
 from rmb_relay.identity import make_jwt
 from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
 from tests.conftest import WAIT
-from tests.helpers import RawWebSocket
-from tests.relay_process import RelayProcess
+from tests.helpers import RawWebSocket, serve_app
+from tests.peer_fixtures import (
+    Relay,
+    add_twin,
+    echo_service,
+    redis_servers,
+    run_client,
+    start_peer,
+    start_relay,
+)
+from tests.relay_process import PROBLEMS, RelayProcess
 from tests.rmb_fixtures import key_for
 
 #: the victim (served here), an honest sender, and a twin whose relay is another one
@@ -141,6 +156,130 @@ async def test_rmb_peer_takes_nothing_unsigned_but_a_relay_error(tmp_path: Path)
         assert gateway._accept(from_twin_0("error")) is True
     finally:
         await directory.close()
+
+
+#: the command whose requests the hostile relay answers itself, and the one it forges
+HOSTILE, FORGED = "test.hostile", "test.forged"
+
+
+async def _hostile_pass_through(stack: AsyncExitStack, honest: str) -> int:
+    """A relay that passes everything between a peer and the `honest` relay (its JWT too)
+    but answers the peer's `HOSTILE` requests itself: first an unsigned source-0 response
+    with the request's uid, then an unsigned source-0 request, then a relay error for it.
+    Returns its port."""
+    from rmb_relay.sdk.envelope import Envelope as PeerEnvelope
+
+    def from_twin_0(dest: int, uid: str) -> PeerEnvelope:
+        env = PeerEnvelope(uid=uid, timestamp=int(time.time()), expiration=60)
+        env.destination.twin = dest
+        return env
+
+    async def forge(peer: web.WebSocketResponse, request: PeerEnvelope) -> None:
+        response = from_twin_0(request.source.twin, request.uid)
+        response.response.SetInParent()
+        response.plain = b"pay the attacker"
+        forged = from_twin_0(request.source.twin, "forged-request")
+        forged.request.command = FORGED
+        forged.plain = b"{}"
+        error = from_twin_0(request.source.twin, request.uid)
+        error.error.code = 1
+        error.error.message = "relay error"
+        for env in (response, forged, error):
+            await peer.send_bytes(env.SerializeToString())
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        async with (
+            aiohttp.ClientSession() as session,
+            session.ws_connect(honest.rstrip("/") + request.path_qs) as upstream,
+        ):
+            peer = web.WebSocketResponse()
+            await peer.prepare(request)
+
+            async def down() -> None:
+                async for message in upstream:
+                    await peer.send_bytes(message.data)
+
+            downstream = asyncio.ensure_future(down())
+            try:
+                async for message in peer:
+                    env = PeerEnvelope.FromString(message.data)
+                    if env.HasField("request") and env.request.command == HOSTILE:
+                        await forge(peer, env)
+                    else:
+                        await upstream.send_bytes(message.data)
+            finally:
+                downstream.cancel()
+            return peer
+
+    app = web.Application()
+    app.router.add_get("/{tail:.*}", handle)
+    return await serve_app(stack, app)
+
+
+async def test_rmb_peer_takes_only_a_relay_error_unsigned_from_a_hostile_relay(
+    tmp_path: Path,
+) -> None:
+    """rmb-peer (twin 1) reaches the relay process only through a hostile relay, which
+    answers one request with an unsigned response carrying its uid, sends an unsigned request,
+    then the relay error: the client gets the error, the forged response and request are
+    dropped (and logged); 200 echo requests to twin 2 through the same relays all come back
+    right; neither peer nor relay logs a problem."""
+    twins = f"sqlite:{tmp_path / 'twins.sqlite3'}"
+    add_twin(twins, 1)
+    add_twin(twins, 2, "ed25519")
+    relay = start_relay(twins)
+    try:
+        async with AsyncExitStack() as stack:
+            hostile = Relay(relay.process, await _hostile_pass_through(stack, relay.url))
+            with redis_servers(tmp_path, 2) as (ra, rb):
+                # in a thread: it waits for the peer's link through the relay on this loop
+                a = await asyncio.to_thread(start_peer, 1, twins, ra, [hostile])
+                b = start_peer(2, twins, rb, [relay], key_type="ed25519")
+                stop = asyncio.Event()
+                service = asyncio.ensure_future(echo_service(b.redis.url, stop))
+                honest = asyncio.ensure_future(run_client(a.redis.url, 200))
+                try:
+                    async with Redis.from_url(a.redis.url) as redis:
+                        request = {
+                            "ver": 1,
+                            "ref": "hostile",
+                            "cmd": HOSTILE,
+                            "exp": 60,
+                            "dat": "",
+                            "tag": None,
+                            "dst": [2],
+                            "ret": "hostile.ret",
+                            "shm": None,
+                            "now": int(time.time()),
+                        }
+                        await redis.lpush("msgbus.system.local", json.dumps(request))
+                        popped = await redis.brpop(["hostile.ret"], timeout=WAIT)
+                        assert popped is not None
+                        reply = json.loads(popped[1])
+                        assert reply["ref"] == "hostile"
+                        assert reply["err"] is not None, reply
+                        assert "relay error" in json.dumps(reply["err"])
+                        answered = await asyncio.wait_for(honest, 60)
+                        assert len(answered) == 200
+                        assert set(answered.values()) == {1}
+                        assert await redis.llen("hostile.ret") == 0
+                        assert await redis.llen(f"msgbus.{FORGED}") == 0
+                finally:
+                    stop.set()
+                    await asyncio.wait_for(service, WAIT)
+                    honest.cancel()
+                assert a.output.count("dropping an unsigned response") == 1
+                assert a.output.count("dropping an unsigned request forged-request") == 1
+                assert await asyncio.to_thread(a.process.stop) == 0
+                assert b.process.stop() == 0
+                for peer in (a, b):
+                    problems = [
+                        line for line in peer.output.lines if any(p in line for p in PROBLEMS)
+                    ]
+                    assert problems == [], peer.twin
+    finally:
+        relay.process.stop()
+    assert [line for line in relay.process.output.lines if any(p in line for p in PROBLEMS)] == []
 
 
 @pytest.mark.parametrize("relay", [("--mailbox-source-bytes", "20000")], indirect=True)

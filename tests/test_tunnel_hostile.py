@@ -7,7 +7,6 @@ parallel is served."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import stat
 import subprocess
@@ -21,12 +20,19 @@ import pytest
 
 from rmb_relay.dialects.tunnel.bodystore import FileBodyStore
 from rmb_relay.dialects.tunnel.tenants import hash_secret
-from rmb_relay.dialects.tunnel.wire import TargetResponse, encode
 from rmb_relay.errors import AuthError, BodyTooLarge, ConfigError
 from tests.conftest import WAIT
 from tests.relay_process import RelayProcess
 from tests.scrape import scrape
-from tests.tunnel_fixtures import SECRET, StartTunnel, pattern, raw_connector, start_target
+from tests.tunnel_fixtures import (
+    SECRET,
+    UPGRADE,
+    StartTunnel,
+    answer_next,
+    pattern,
+    raw_connector,
+    start_target,
+)
 from tests.tunnel_fixtures import start_tunnel as start_tunnel
 from tests.tunnel_processes import add_tenant, spawn_connector, stop, wait_for_connector
 
@@ -223,14 +229,7 @@ async def test_a_connector_answering_1xx_is_refused(start_tunnel: StartTunnel, s
     tunnel = await start_tunnel()
     async with raw_connector(tunnel) as ws, tunnel.client() as client:
         answer = asyncio.ensure_future(client.get("/relay/acme/app/x"))
-        argument = json.loads(await ws.receive_str(timeout=WAIT))["arguments"][0]
-        response = TargetResponse(
-            argument["requestId"],
-            argument["requestOriginId"],
-            status,
-            {"Upgrade": ["websocket"], "Connection": ["upgrade"]},
-        )
-        await ws.send_str(encode(response, False).decode())
+        await answer_next(ws, status, UPGRADE)
         refused = await answer
         assert refused.status_code == 502
         assert "upgrade" not in {k.lower() for k in refused.headers}

@@ -276,15 +276,35 @@ async def raw_connector(
 ) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
     """A connector the test speaks for itself (JSON): logged in with a token the relay issued,
     its `Configure` already read."""
-    token = tunnel.dialect.tokens.issue(tenant)
+    async with raw_connector_at(tunnel.base, tunnel.dialect.tokens.issue(tenant)) as ws:
+        yield ws
+
+
+@asynccontextmanager
+async def raw_connector_at(base: str, token: str) -> AsyncIterator[aiohttp.ClientWebSocketResponse]:
+    """`raw_connector` for the relay at `base` (a process: the token from its /tunnel/token)."""
     async with (
         aiohttp.ClientSession() as session,
         session.ws_connect(
-            tunnel.base + "/tunnel/connector", headers={"Authorization": f"Bearer {token}"}
+            base + "/tunnel/connector", headers={"Authorization": f"Bearer {token}"}
         ) as ws,
     ):
         assert json.loads(await ws.receive_str(timeout=WAIT))["target"] == "Configure"
         yield ws
+
+
+#: the headers of a connector's answer trying to switch protocols
+UPGRADE = {"Upgrade": ["websocket"], "Connection": ["upgrade"]}
+
+
+async def answer_next(
+    ws: aiohttp.ClientWebSocketResponse, status: int, headers: dict[str, list[str]]
+) -> None:
+    """On a raw connector: read the next `RequestTarget` and answer it with `status` and
+    `headers`, no body (what a connector must not send, for instance)."""
+    argument = json.loads(await ws.receive_str(timeout=WAIT))["arguments"][0]
+    response = TargetResponse(argument["requestId"], argument["requestOriginId"], status, headers)
+    await ws.send_str(encode(response, False).decode())
 
 
 Response = tuple[int, list[tuple[str, str]], bytes]

@@ -14,6 +14,11 @@ name carries the creating process's pid (`faultlab-<pid>-<n>-<host>`, interfaces
 `fl<pid hex>.<n>...`): a new lab first removes what labs of processes no longer running left
 behind (a SIGKILLed run), never what a live run (another test session) is using.
 
+IPv6. On request (`Host.add_ipv6`, `Lab.address6`) the lab also has a ULA /48 of its own,
+whose /64s are on the same bridge: addresses are added `nodad` (usable at once) and a host
+routes the whole /48 on its link, so a test process can bind clients to several addresses of
+one /64, or of different /64s, and reach a relay on a host (per-IP limits keyed by prefix).
+
 Why not netem: the kernel this runs on has no netem qdisc, so latency and loss come from the
 userspace proxy; namespaces still give every process its own address and real cut links.
 """
@@ -96,6 +101,13 @@ def check_available() -> None:
     _ip("netns", "del", probe, check=False)
 
 
+def check_ipv6() -> None:
+    """Raise LabUnavailable when this kernel has IPv6 off (`Host.add_ipv6` would fail)."""
+    switch = Path("/proc/sys/net/ipv6/conf/all/disable_ipv6")
+    if not switch.exists() or switch.read_text().strip() != "0":
+        raise LabUnavailable("IPv6 is disabled in this kernel (net.ipv6.conf.all.disable_ipv6)")
+
+
 def _free_network(seed: int) -> ipaddress.IPv4Network:
     """A /24 of `NETWORKS` no interface uses, starting at `seed` (the pid: two runs that
     start together pick apart)."""
@@ -118,6 +130,8 @@ class Host:
     namespace: str
     address: str
     outer: str
+    #: the interface inside the namespace
+    inner: str = ""
     processes: list[subprocess.Popen[str]] = field(default_factory=list)
 
     def popen(
@@ -138,6 +152,14 @@ class Host:
         )
         self.processes.append(process)
         return process
+
+    def add_ipv6(self) -> str:
+        """An IPv6 address for this host in the lab's first /64 (see the module docstring)."""
+        address = self.lab.address6(on=None)
+        inside = ("netns", "exec", self.namespace, "ip", "-6")
+        _ip(*inside, "addr", "add", f"{address}/64", "dev", self.inner, "nodad")
+        _ip(*inside, "route", "replace", str(self.lab.network6), "dev", self.inner)
+        return address
 
     def link_down(self) -> None:
         """Cut this host off (its veth down: packets dropped both ways, nothing reset)."""
@@ -161,6 +183,11 @@ class Lab:
         self._addresses = hosts
         self.bridge = f"{self._iftag}br"
         self.hosts: dict[str, Host] = {}
+        pid, index = os.getpid(), int(self.tag.rsplit("-", 1)[1])
+        #: the lab's IPv6 /48 (ULA, from the pid and the lab's number): used once asked for
+        global_id = (pid & 0xFFFFFFFF) << 8 | (index & 0xFF)
+        self.network6 = ipaddress.IPv6Network((0xFD << 120 | global_id << 80, 48))
+        self._next6: dict[int, int] = {}
         self._closed = False
         _ip("link", "add", self.bridge, "type", "bridge")
         atexit.register(self.close)
@@ -174,6 +201,16 @@ class Lab:
         _ip("addr", "add", f"{address}/{self.network.prefixlen}", "dev", self.bridge)
         return address
 
+    def address6(self, subnet: int = 0, *, on: str | None = "bridge") -> str:
+        """One more IPv6 address in /64 number `subnet` of the lab's /48, added to the bridge
+        (the test process's side: clients bind to it) unless `on` is None."""
+        self._next6[subnet] = self._next6.get(subnet, 0) + 1
+        first = int(self.network6.network_address) + (subnet << 64)
+        address = str(ipaddress.IPv6Address(first + self._next6[subnet]))
+        if on is not None:
+            _ip("-6", "addr", "add", f"{address}/64", "dev", self.bridge, "nodad")
+        return address
+
     def host(self, name: str) -> Host:
         """A new host `name` (a namespace with an address on the bridge, loopback up)."""
         index = len(self.hosts)
@@ -181,7 +218,7 @@ class Lab:
         outer, inner = f"{self._iftag}v{index}", f"{self._iftag}i{index}"
         address = str(next(self._addresses))
         _ip("netns", "add", namespace)
-        host = Host(self, name, namespace, address, outer)
+        host = Host(self, name, namespace, address, outer, inner)
         self.hosts[name] = host
         _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
         _ip("link", "set", inner, "netns", namespace)

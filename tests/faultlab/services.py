@@ -97,14 +97,23 @@ class RedisNode:
 
 
 class RelayNode:
-    """`python -m rmb_relay` on a host; `url` is its websocket address."""
+    """`python -m rmb_relay` on a host; `url` is its websocket address. `address`: the one it
+    listens on (default the host's IPv4 one; an IPv6 one from `Host.add_ipv6`)."""
 
-    def __init__(self, host: Host, args: Sequence[str], logs: Path) -> None:
+    def __init__(
+        self, host: Host, args: Sequence[str], logs: Path, *, address: str | None = None
+    ) -> None:
         self.host = host
         self.port = RELAY_PORT
+        self.address = address or host.address
+        listen = (
+            f"[{self.address}]:{self.port}"
+            if ":" in self.address
+            else f"{self.address}:{self.port}"
+        )
         env = {**os.environ, "XDG_DATA_HOME": tempfile.mkdtemp(prefix="faultlab-relay-")}
         self.process = host.popen(
-            [sys.executable, "-m", "rmb_relay", "-l", f"{host.address}:{self.port}", *args],
+            [sys.executable, "-m", "rmb_relay", "-l", listen, *args],
             env=env,
             stderr=subprocess.STDOUT,
         )
