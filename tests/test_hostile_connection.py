@@ -68,6 +68,23 @@ async def _reply_pauses(relay: RelayProcess, dialect: str) -> bool:
         return False
 
 
+async def _paused_within_bound(relay: RelayProcess, dialect: str, rss_before: float) -> bool:
+    """Waits until the relay stops reading a connection of `dialect` for its own output, or
+    its RSS has grown by the bound; asserts the growth is under the bound and returns whether
+    it paused. A relay that never pauses (built before the bound) so fails on what it did,
+    not on a metric it lacks."""
+
+    async def paused_or_over() -> bool:
+        over = relay.rss_mib() - rss_before >= RSS_GROWTH_MIB
+        return over or await _reply_pauses(relay, dialect)
+
+    with contextlib.suppress(AssertionError):  # judged below, by what the relay did
+        await eventually(paused_or_over, timeout=WAIT)
+    growth = relay.rss_mib() - rss_before
+    assert growth < RSS_GROWTH_MIB, f"relay RSS +{growth:.1f} MiB while the client did not read"
+    return await _reply_pauses(relay, dialect)
+
+
 async def _count(reader: asyncio.StreamReader, marker: bytes, wanted: int) -> int:
     """Read until `marker` has been seen `wanted` times (a marker split across reads counts)."""
     seen, tail = 0, b""
@@ -115,7 +132,7 @@ async def _pipeline_and_never_read(relay: RelayProcess) -> None:
     rss_before = relay.rss_mib()
     reader, writer = await _greedy_connection(*relay.address)
     writer.write(REQUEST * PIPELINED)
-    await eventually(lambda: _reply_pauses(relay, "http"), timeout=WAIT)
+    paused = await _paused_within_bound(relay, "http", rss_before)
 
     async def answered() -> float:
         page = await scrape(*relay.address)
@@ -123,6 +140,7 @@ async def _pipeline_and_never_read(relay: RelayProcess) -> None:
 
     # the relay stays paused: what it has answered so far fits its high-water mark
     assert await answered() < PIPELINED / 2
+    assert paused
     assert relay.rss_mib() - rss_before < RSS_GROWTH_MIB
     # once the client reads, every request is answered, in order
     assert await _count(reader, STATUS_LINE, PIPELINED) == PIPELINED
@@ -143,10 +161,9 @@ async def _ping_and_never_read(relay: RelayProcess) -> None:
     b = await SbdClient.connect(*relay.address)
     rss_before = relay.rss_mib()
     ping = ws.encoder.ping(b"p" * 125)
-    sent = 100_000  # 12.7 MB of pongs: more than the kernel buffers between us
+    sent = 300_000  # 38 MB of pongs: more than the kernel buffers between us and the bound
     ws.send_raw(ping * sent)
-    await eventually(lambda: _reply_pauses(relay, "sbd"), timeout=WAIT)
-    assert relay.rss_mib() - rss_before < RSS_GROWTH_MIB
+    assert await _paused_within_bound(relay, "sbd", rss_before)
     # honest SBD clients still forward to each other meanwhile
     a.ws.send_binary(b.pubkey + b"hello")
     assert await b.next_message() == a.pubkey + b"hello"
@@ -236,8 +253,7 @@ async def test_rmb_errors_never_read_stop_the_sender_being_read(tmp_path: Path) 
                     env.timestamp, env.expiration = int(time.time()), 300
                     batch.append(env.encode())
                 ws.send_raw(ws.encoder.binary_batch(batch))  # (buffered here: never drained)
-            await eventually(lambda: _reply_pauses(relay, "rmb"), timeout=WAIT)
-            assert relay.rss_mib() - rss_before < RSS_GROWTH_MIB
+            assert await _paused_within_bound(relay, "rmb", rss_before)
             errors = await _count(ws.reader, b"unknown twin destination", sent)
             assert errors == sent
             ws.close()
@@ -280,8 +296,7 @@ async def test_rmb_ping_envelopes_never_read_stop_the_sender_being_read(tmp_path
                     env.timestamp, env.expiration = now, 300
                     batch.append(env.encode())
                 ws.send_raw(ws.encoder.binary_batch(batch))  # (buffered here: never drained)
-            await eventually(lambda: _reply_pauses(relay, "rmb"), timeout=WAIT)
-            assert relay.rss_mib() - rss_before < RSS_GROWTH_MIB
+            assert await _paused_within_bound(relay, "rmb", rss_before)
             # honest twins are served meanwhile
             for n in range(20):
                 env = Envelope(f"honest-{n}")
@@ -310,8 +325,7 @@ async def test_sbd_forwards_to_oneself_never_read_stop_being_read(relay: RelayPr
         payload = b"m" * 1000  # ~40 MiB back to itself
         for _ in range(sent // 1000):
             greedy.ws.send_raw(greedy.ws.encoder.binary_batch([greedy.pubkey + payload] * 1000))
-        await eventually(lambda: _reply_pauses(relay, "sbd"), timeout=WAIT)
-        assert relay.rss_mib() - rss_before < RSS_GROWTH_MIB
+        assert await _paused_within_bound(relay, "sbd", rss_before)
         assert await _count(greedy.ws.reader, greedy.pubkey + payload, sent) == sent
         greedy.ws.close()
     assert relay.stop() == 0
