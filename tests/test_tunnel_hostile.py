@@ -37,11 +37,17 @@ def _body_files(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name.startswith(("req_", "res_")))
 
 
+def _body_files_under(root: Path) -> list[str]:
+    """Body files anywhere below `root` (a relay's store, wherever its build keeps it)."""
+    return sorted(p.name for p in root.rglob("*") if p.name.startswith(("req_", "res_")))
+
+
 async def _chunked_upload(
-    address: tuple[str, int], path: str, chunk: bytes, chunks: int
+    address: tuple[str, int], path: str, chunk: bytes, chunks: int, *, finish: bool = False
 ) -> tuple[bytes, int]:
     """POST a chunked body of `chunks` pieces, stopping when the relay answers or closes:
-    (the status line, bytes of body sent before that)."""
+    (the status line, bytes of body sent before that). `finish`: end the body if all of it
+    went out unanswered (so a relay that takes it all answers)."""
     reader, writer = await asyncio.open_connection(*address)
     writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
     sent = 0
@@ -56,6 +62,8 @@ async def _chunked_upload(
             except ConnectionError:
                 break
             sent += len(chunk)
+        if finish and not answer.done():
+            writer.write(b"0\r\n\r\n")
         status = await asyncio.wait_for(answer, WAIT)
     finally:
         answer.cancel()
@@ -325,6 +333,29 @@ async def test_an_upload_flood_on_a_relay_process(tmp_path: Path) -> None:
     finally:
         if connector is not None:
             stop(connector)
+        relay.close()
+    assert relay.problems == []
+
+
+async def test_an_upload_to_a_queue_is_cut_on_a_relay_process(tmp_path: Path) -> None:
+    """The issue's case as it was tried: a chunked upload to `/queue/TENANT/...` of a tenant
+    that does not require auth, no connector (the body is stored for one): 413 at the bound,
+    not 202 for all of it, and no body file left wherever the relay keeps them."""
+    db = f"sqlite:{tmp_path / 'relay.sqlite3'}"
+    home = str(tmp_path)
+    env = {**os.environ, "XDG_DATA_HOME": home, "XDG_STATE_HOME": home, "TMPDIR": home}
+    await add_tenant(db, env, "acme", "flood-secret")
+    relay = RelayProcess("--twins", db, "--tunnel-max-body", str(8 * MIB), env=env)
+    try:
+        before = relay.rss_mib()
+        status, sent = await _chunked_upload(
+            relay.address, "/queue/acme/x/upload", pattern(256 * 1024), 512, finish=True
+        )
+        assert status.startswith(b"HTTP/1.1 413"), f"{status!r} after {sent / MIB:.0f} MiB"
+        assert sent < 64 * MIB
+        assert relay.rss_mib() - before < 64
+        assert _body_files_under(tmp_path) == []
+    finally:
         relay.close()
     assert relay.problems == []
 
