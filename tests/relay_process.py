@@ -53,7 +53,9 @@ class RelayProcess:
         banner = stdout.readline()
         if not banner.startswith("rmb-relay listening on "):
             self.process.kill()
-            raise RuntimeError(f"relay did not start: {banner}{stderr.read()}")
+            why = stderr.read()
+            stop_processes([self.process])  # reaped, its pipes closed
+            raise RuntimeError(f"relay did not start: {banner}{why}")
         self.address = ("127.0.0.1", int(banner.split()[3].rstrip(";").rsplit(":", 1)[1]))
         self.keep_log = keep_log
         self.log: list[str] = []
