@@ -360,6 +360,28 @@ async def test_an_upload_to_a_queue_is_cut_on_a_relay_process(tmp_path: Path) ->
     assert relay.problems == []
 
 
+async def test_metrics_of_a_relay_process_name_no_tenant(tmp_path: Path) -> None:
+    """`/metrics` is open to anyone on the public listener: after a request to a tenant, its
+    name is in no label of a relay process on defaults."""
+    db = f"sqlite:{tmp_path / 'relay.sqlite3'}"
+    home = str(tmp_path)
+    env = {**os.environ, "XDG_DATA_HOME": home, "XDG_STATE_HOME": home, "TMPDIR": home}
+    await add_tenant(db, env, "customer-acme", "acme-secret")
+    relay = RelayProcess("--twins", db, env=env)
+    try:
+        base = f"http://127.0.0.1:{relay.port}"
+        async with aiohttp.ClientSession() as client:
+            async with client.post(f"{base}/queue/customer-acme/app/x", data=b"hi") as queued:
+                assert queued.status == 202
+            async with client.get(f"{base}/metrics") as metrics:
+                page = await metrics.text()
+        assert "rmb_relay_tunnel_" in page
+        assert [line for line in page.splitlines() if "customer-acme" in line] == []
+    finally:
+        relay.close()
+    assert relay.problems == []
+
+
 async def test_metrics_name_no_tenant_unless_asked(start_tunnel: StartTunnel) -> None:
     tunnel = await start_tunnel(tenant_labels=False)
     tunnel.add_tenant("secret-customer")
