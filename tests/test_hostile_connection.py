@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
@@ -27,6 +28,7 @@ from tests.relay_process import RelayProcess
 from tests.rmb_fixtures import key_for
 from tests.sbd_client import SbdClient
 from tests.scrape import scrape
+from tests.sg_client import SgClient
 
 #: relay RSS growth allowed while a client does not read: the 1 MiB write high-water mark,
 #: one read of its requests in the parser, the kernel's socket buffers are not ours, plus
@@ -330,3 +332,59 @@ async def test_sbd_forwards_to_oneself_never_read_stop_being_read(relay: RelayPr
         greedy.ws.close()
     assert relay.stop() == 0
     assert not relay.problems, relay.problems
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="not bounded yet: every frame of one read is answered before the relay looks at "
+    "its own output, and a QUERY_NODES answer can be ~1,800 times its query (relay RSS "
+    "+328 MiB for 1,000 queries of 90 bytes, main at cb9fb24)",
+)
+async def test_singyeong_answers_never_read_stop_the_asker_being_read(
+    relay: RelayProcess,
+) -> None:
+    """QUERY_NODES answers go back to the asker, each listing the matching clients with their
+    metadata: one that pipelines queries and never reads stops being read once its answers are
+    over the high-water mark (before, they queued without end); honest 신경 clients exchange
+    messages meanwhile; once it reads, every answer arrives."""
+    members = [await SgClient.connect(*relay.address) for _ in range(4)]
+    tx, rx = await SgClient.connect(*relay.address), await SgClient.connect(*relay.address)
+    ws = await RawWebSocket.connect(*relay.address, "/gateway/websocket?encoding=json")
+    try:
+        await _ask_and_never_read(relay, members, tx, rx, ws)
+    finally:
+        ws.close()
+        for client in (*members, tx, rx):
+            await client.close()
+    assert relay.stop() == 0
+    assert not relay.problems, relay.problems
+
+
+async def _ask_and_never_read(
+    relay: RelayProcess, members: list[SgClient], tx: SgClient, rx: SgClient, ws: RawWebSocket
+) -> None:
+    for i, member in enumerate(members):  # ~40 KiB of metadata each, within the bounds
+        values = {f"k{j}": {"type": "string", "value": "v" * 10240} for j in range(4)}
+        await member.identify(f"big{i}", "big", metadata=values)
+    await rx.identify("rx", "honest-rx")
+    await tx.identify("tx", "honest-tx")
+    async with honest_health(relay):
+        identify = {"op": 1, "d": {"client_id": "asker", "application_id": "askers"}}
+        for op, frame in ((0, None), (2, identify)):
+            if frame is not None:
+                ws.send_raw(ws.encoder.text(json.dumps(frame)))
+            event = await ws.next_event()
+            assert isinstance(event, WsMessage)
+            assert json.loads(event.data)["op"] == op
+        rss_before = relay.rss_mib()
+        sent = 1_000  # each answer ~160 KiB: ~160 MiB of answers
+        query = {"op": 4, "t": "QUERY_NODES", "d": {"application": "big", "nonce": "q"}}
+        ws.send_raw(ws.encoder.text(json.dumps(query)) * sent)  # (buffered here: never drained)
+        assert await _paused_within_bound(relay, "singyeong", rss_before)
+        for n in range(20):  # honest clients are served meanwhile
+            await tx.dispatch(
+                "SEND", {"target": {"application": "honest-rx"}, "nonce": n, "payload": n}
+            )
+            frame = await rx.expect(4, "SEND")
+            assert frame["d"]["payload"] == n
+        assert await _count(ws.reader, b'"QUERY_NODES"', sent) == sent
