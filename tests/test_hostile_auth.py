@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import stat
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -123,6 +124,52 @@ def test_twin_directory_file_and_directory_are_private(tmp_path: Path) -> None:
         assert path.stat().st_mode & 0o777 == 0o600
     finally:
         os.umask(old_umask)
+
+
+def _not_private(root: Path) -> list[str]:
+    """What below `root` another local user could read (mode, path): a file or the directory
+    holding one, or a body store (empty or not)."""
+    paths = sorted(root.rglob("*"))
+    exposed = {p for p in paths if p.is_file()}
+    exposed |= {p.parent for p in exposed if p.parent != root}
+    exposed |= {p for p in paths if p.is_dir() and "bodies" in p.name}
+    return [
+        f"{stat.S_IMODE(p.stat().st_mode):o} {p.relative_to(root)}"
+        for p in sorted(exposed)
+        if p.stat().st_mode & 0o077
+    ]
+
+
+def _usual_umask() -> None:
+    os.umask(0o022)
+
+
+def test_a_relay_process_keeps_secrets_and_bodies_private(tmp_path: Path) -> None:
+    """The relay as users start it, under umask 022 with new data, state and temp directories:
+    what it creates there (the SQLite file of tenant secret hashes and the token-signing key,
+    its -wal and -shm, the tunnel's body store) is its user's alone; a body store directory
+    others may write is refused at startup."""
+    homes = {name: tmp_path / name for name in ("data", "state", "tmp")}
+    for home in homes.values():
+        home.mkdir(mode=0o755)
+    env = {
+        **os.environ,
+        "XDG_DATA_HOME": str(homes["data"]),
+        "XDG_STATE_HOME": str(homes["state"]),
+        "TMPDIR": str(homes["tmp"]),
+    }
+    relay = RelayProcess(env=env, preexec_fn=_usual_umask)
+    try:
+        assert list(homes["data"].rglob("*.sqlite3")), "no SQLite file made"
+        exposed = [bad for home in homes.values() for bad in _not_private(home)]
+        assert not exposed, exposed
+    finally:
+        relay.close()
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(RuntimeError, match="written by others"):
+        RelayProcess("--tunnel-body-store", str(shared), env=env).close()
 
 
 async def _upgrade_status(

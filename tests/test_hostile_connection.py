@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import re
 import socket
 import time
@@ -30,6 +31,7 @@ from tests.relay_process import PROBLEMS, RelayProcess
 from tests.rmb_fixtures import key_for
 from tests.sbd_client import SbdClient
 from tests.scrape import scrape
+from tests.sg_client import SgClient
 
 #: relay RSS growth allowed while a client does not read: the 1 MiB write high-water mark,
 #: one read of its requests in the parser, the kernel's socket buffers are not ours, plus
@@ -69,6 +71,23 @@ async def _reply_pauses(relay: RelayProcess, dialect: str) -> bool:
         return page.value("rmb_relay_reply_backpressure_pauses_total", dialect=dialect) > 0
     except KeyError:
         return False
+
+
+async def _paused_within_bound(relay: RelayProcess, dialect: str, rss_before: float) -> bool:
+    """Waits until the relay stops reading a connection of `dialect` for its own output, or
+    its RSS has grown by the bound; asserts the growth is under the bound and returns whether
+    it paused. A relay that never pauses (built before the bound) so fails on what it did,
+    not on a metric it lacks."""
+
+    async def paused_or_over() -> bool:
+        over = relay.rss_mib() - rss_before >= RSS_GROWTH_MIB
+        return over or await _reply_pauses(relay, dialect)
+
+    with contextlib.suppress(AssertionError):  # judged below, by what the relay did
+        await eventually(paused_or_over, timeout=WAIT)
+    growth = relay.rss_mib() - rss_before
+    assert growth < RSS_GROWTH_MIB, f"relay RSS +{growth:.1f} MiB while the client did not read"
+    return await _reply_pauses(relay, dialect)
 
 
 async def _count(reader: asyncio.StreamReader, marker: bytes, wanted: int) -> int:
@@ -118,7 +137,7 @@ async def _pipeline_and_never_read(relay: RelayProcess) -> None:
     rss_before = relay.rss_mib()
     reader, writer = await _greedy_connection(*relay.address)
     writer.write(REQUEST * PIPELINED)
-    await eventually(lambda: _reply_pauses(relay, "http"), timeout=WAIT)
+    paused = await _paused_within_bound(relay, "http", rss_before)
 
     async def answered() -> float:
         page = await scrape(*relay.address)
@@ -126,6 +145,7 @@ async def _pipeline_and_never_read(relay: RelayProcess) -> None:
 
     # the relay stays paused: what it has answered so far fits its high-water mark
     assert await answered() < PIPELINED / 2
+    assert paused
     assert relay.rss_mib() - rss_before < RSS_GROWTH_MIB
     # once the client reads, every request is answered, in order
     assert await _count(reader, STATUS_LINE, PIPELINED) == PIPELINED
@@ -146,10 +166,9 @@ async def _ping_and_never_read(relay: RelayProcess) -> None:
     b = await SbdClient.connect(*relay.address)
     rss_before = relay.rss_mib()
     ping = ws.encoder.ping(b"p" * 125)
-    sent = 100_000  # 12.7 MB of pongs: more than the kernel buffers between us
+    sent = 300_000  # 38 MB of pongs: more than the kernel buffers between us and the bound
     ws.send_raw(ping * sent)
-    await eventually(lambda: _reply_pauses(relay, "sbd"), timeout=WAIT)
-    assert relay.rss_mib() - rss_before < RSS_GROWTH_MIB
+    assert await _paused_within_bound(relay, "sbd", rss_before)
     # honest SBD clients still forward to each other meanwhile
     a.ws.send_binary(b.pubkey + b"hello")
     assert await b.next_message() == a.pubkey + b"hello"
@@ -304,8 +323,7 @@ async def test_rmb_errors_never_read_stop_the_sender_being_read(tmp_path: Path) 
                     env.timestamp, env.expiration = int(time.time()), 300
                     batch.append(env.encode())
                 ws.send_raw(ws.encoder.binary_batch(batch))  # (buffered here: never drained)
-            await eventually(lambda: _reply_pauses(relay, "rmb"), timeout=WAIT)
-            assert relay.rss_mib() - rss_before < RSS_GROWTH_MIB
+            assert await _paused_within_bound(relay, "rmb", rss_before)
             errors = await _count(ws.reader, b"unknown twin destination", sent)
             assert errors == sent
             ws.close()
@@ -348,8 +366,7 @@ async def test_rmb_ping_envelopes_never_read_stop_the_sender_being_read(tmp_path
                     env.timestamp, env.expiration = now, 300
                     batch.append(env.encode())
                 ws.send_raw(ws.encoder.binary_batch(batch))  # (buffered here: never drained)
-            await eventually(lambda: _reply_pauses(relay, "rmb"), timeout=WAIT)
-            assert relay.rss_mib() - rss_before < RSS_GROWTH_MIB
+            assert await _paused_within_bound(relay, "rmb", rss_before)
             # honest twins are served meanwhile
             for n in range(20):
                 env = Envelope(f"honest-{n}")
@@ -378,9 +395,64 @@ async def test_sbd_forwards_to_oneself_never_read_stop_being_read(relay: RelayPr
         payload = b"m" * 1000  # ~40 MiB back to itself
         for _ in range(sent // 1000):
             greedy.ws.send_raw(greedy.ws.encoder.binary_batch([greedy.pubkey + payload] * 1000))
-        await eventually(lambda: _reply_pauses(relay, "sbd"), timeout=WAIT)
-        assert relay.rss_mib() - rss_before < RSS_GROWTH_MIB
+        assert await _paused_within_bound(relay, "sbd", rss_before)
         assert await _count(greedy.ws.reader, greedy.pubkey + payload, sent) == sent
         greedy.ws.close()
     assert relay.stop() == 0
     assert not relay.problems, relay.problems
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="not bounded yet: every frame of one read is answered before the relay looks at "
+    "its own output, and a QUERY_NODES answer can be ~1,800 times its query (relay RSS "
+    "+328 MiB for 1,000 queries of 90 bytes, main at cb9fb24)",
+)
+async def test_singyeong_answers_never_read_stop_the_asker_being_read(
+    relay: RelayProcess,
+) -> None:
+    """QUERY_NODES answers go back to the asker, each listing the matching clients with their
+    metadata: one that pipelines queries and never reads stops being read once its answers are
+    over the high-water mark (before, they queued without end); honest 신경 clients exchange
+    messages meanwhile; once it reads, every answer arrives."""
+    members = [await SgClient.connect(*relay.address) for _ in range(4)]
+    tx, rx = await SgClient.connect(*relay.address), await SgClient.connect(*relay.address)
+    ws = await RawWebSocket.connect(*relay.address, "/gateway/websocket?encoding=json")
+    try:
+        await _ask_and_never_read(relay, members, tx, rx, ws)
+    finally:
+        ws.close()
+        for client in (*members, tx, rx):
+            await client.close()
+    assert relay.stop() == 0
+    assert not relay.problems, relay.problems
+
+
+async def _ask_and_never_read(
+    relay: RelayProcess, members: list[SgClient], tx: SgClient, rx: SgClient, ws: RawWebSocket
+) -> None:
+    for i, member in enumerate(members):  # ~40 KiB of metadata each, within the bounds
+        values = {f"k{j}": {"type": "string", "value": "v" * 10240} for j in range(4)}
+        await member.identify(f"big{i}", "big", metadata=values)
+    await rx.identify("rx", "honest-rx")
+    await tx.identify("tx", "honest-tx")
+    async with honest_health(relay):
+        identify = {"op": 1, "d": {"client_id": "asker", "application_id": "askers"}}
+        for op, frame in ((0, None), (2, identify)):
+            if frame is not None:
+                ws.send_raw(ws.encoder.text(json.dumps(frame)))
+            event = await ws.next_event()
+            assert isinstance(event, WsMessage)
+            assert json.loads(event.data)["op"] == op
+        rss_before = relay.rss_mib()
+        sent = 1_000  # each answer ~160 KiB: ~160 MiB of answers
+        query = {"op": 4, "t": "QUERY_NODES", "d": {"application": "big", "nonce": "q"}}
+        ws.send_raw(ws.encoder.text(json.dumps(query)) * sent)  # (buffered here: never drained)
+        assert await _paused_within_bound(relay, "singyeong", rss_before)
+        for n in range(20):  # honest clients are served meanwhile
+            await tx.dispatch(
+                "SEND", {"target": {"application": "honest-rx"}, "nonce": n, "payload": n}
+            )
+            frame = await rx.expect(4, "SEND")
+            assert frame["d"]["payload"] == n
+        assert await _count(ws.reader, b'"QUERY_NODES"', sent) == sent

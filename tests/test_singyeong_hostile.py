@@ -299,6 +299,42 @@ async def test_query_answers_list_a_bounded_number_of_clients(
     assert page.value("rmb_relay_sg_refused_total", limit="query_results") == 21
 
 
+async def test_a_query_costs_at_most_what_the_flags_allow(
+    start_relay: StartRelay, connect: Connect
+) -> None:
+    """From a client with no credentials, SENDs whose targets match a worker through a
+    100,000-value `$in`, 64 nested `$or` or 2,000 conditions: each op 3 `invalid query` naming
+    its flag, refused before anything is matched (d7c5c1d evaluated each against every client
+    and delivered it); an ordinary SEND still arrives, honest clients are served meanwhile."""
+    relay = start_relay()
+    honest = await Honest.start(connect, relay)
+    worker = await connect(relay)
+    await worker.identify("w", "api", metadata={"n": {"type": "integer", "value": 1}})
+    sender = await connect(relay)
+    await sender.identify("s", "caller")
+    nested: dict[str, Any] = {"n": {"$eq": 1}}
+    for _ in range(64):
+        nested = {"$or": [nested]}
+    too_much = [
+        ([{"n": {"$in": list(range(100_000))}}], "--sg-query-max-list"),
+        ([nested], "--sg-query-max-depth"),
+        ([{"n": {"$ne": -k}} for k in range(1, 2001)], "--sg-query-max-ops"),
+    ]
+
+    async def attack() -> None:
+        for ops, flag in too_much:
+            target = {"application": "api", "ops": ops}
+            await sender.dispatch("SEND", {"target": target, "nonce": flag, "payload": "x"})
+            frame = await next_op(sender, 3)
+            assert frame["d"]["error"] == "invalid query", frame
+            assert flag in frame["d"]["extra_info"], frame
+
+    await asyncio.gather(honest.run(), attack())
+    target = {"application": "api", "ops": [{"n": {"$in": [1, 2, 3]}}]}
+    await sender.dispatch("SEND", {"target": target, "nonce": "ok", "payload": "fine"})
+    assert (await next_op(worker, 4))["d"]["payload"] == "fine"
+
+
 # ---- queues ---------------------------------------------------------------------------------
 
 
@@ -506,10 +542,10 @@ async def test_queue_target_cache_stays_in_its_budget(
             answered += frame["op"] in (3, 4)
 
     await asyncio.gather(honest.run(), flood())
+    growth = relay.rss_mib() - before  # first: what a relay without the bound shows
+    assert growth < 40, f"relay RSS grew {growth:.1f} MiB"
     page = await scrape(*relay.address)
     assert page.value("rmb_relay_sg_held_bytes", what="target_cache") <= 8 << 20
-    growth = relay.rss_mib() - before
-    assert growth < 40, f"relay RSS grew {growth:.1f} MiB"
 
 
 # ---- proxy ----------------------------------------------------------------------------------

@@ -43,11 +43,17 @@ def _body_files(directory: Path) -> list[str]:
     return sorted(p.name for p in directory.iterdir() if p.name.startswith(("req_", "res_")))
 
 
+def _body_files_under(root: Path) -> list[str]:
+    """Body files anywhere below `root` (a relay's store, wherever its build keeps it)."""
+    return sorted(p.name for p in root.rglob("*") if p.name.startswith(("req_", "res_")))
+
+
 async def _chunked_upload(
-    address: tuple[str, int], path: str, chunk: bytes, chunks: int
+    address: tuple[str, int], path: str, chunk: bytes, chunks: int, *, finish: bool = False
 ) -> tuple[bytes, int]:
     """POST a chunked body of `chunks` pieces, stopping when the relay answers or closes:
-    (the status line, bytes of body sent before that)."""
+    (the status line, bytes of body sent before that). `finish`: end the body if all of it
+    went out unanswered (so a relay that takes it all answers)."""
     reader, writer = await asyncio.open_connection(*address)
     writer.write(f"POST {path} HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".encode())
     sent = 0
@@ -62,6 +68,8 @@ async def _chunked_upload(
             except ConnectionError:
                 break
             sent += len(chunk)
+        if finish and not answer.done():
+            writer.write(b"0\r\n\r\n")
         status = await asyncio.wait_for(answer, WAIT)
     finally:
         answer.cancel()
@@ -324,6 +332,51 @@ async def test_an_upload_flood_on_a_relay_process(tmp_path: Path) -> None:
     finally:
         if connector is not None:
             stop(connector)
+        relay.close()
+    assert relay.problems == []
+
+
+async def test_an_upload_to_a_queue_is_cut_on_a_relay_process(tmp_path: Path) -> None:
+    """The issue's case as it was tried: a chunked upload to `/queue/TENANT/...` of a tenant
+    that does not require auth, no connector (the body is stored for one): 413 at the bound,
+    not 202 for all of it, and no body file left wherever the relay keeps them."""
+    db = f"sqlite:{tmp_path / 'relay.sqlite3'}"
+    home = str(tmp_path)
+    env = {**os.environ, "XDG_DATA_HOME": home, "XDG_STATE_HOME": home, "TMPDIR": home}
+    await add_tenant(db, env, "acme", "flood-secret")
+    relay = RelayProcess("--twins", db, "--tunnel-max-body", str(8 * MIB), env=env)
+    try:
+        before = relay.rss_mib()
+        status, sent = await _chunked_upload(
+            relay.address, "/queue/acme/x/upload", pattern(256 * 1024), 512, finish=True
+        )
+        assert status.startswith(b"HTTP/1.1 413"), f"{status!r} after {sent / MIB:.0f} MiB"
+        assert sent < 64 * MIB
+        assert relay.rss_mib() - before < 64
+        assert _body_files_under(tmp_path) == []
+    finally:
+        relay.close()
+    assert relay.problems == []
+
+
+async def test_metrics_of_a_relay_process_name_no_tenant(tmp_path: Path) -> None:
+    """`/metrics` is open to anyone on the public listener: after a request to a tenant, its
+    name is in no label of a relay process on defaults."""
+    db = f"sqlite:{tmp_path / 'relay.sqlite3'}"
+    home = str(tmp_path)
+    env = {**os.environ, "XDG_DATA_HOME": home, "XDG_STATE_HOME": home, "TMPDIR": home}
+    await add_tenant(db, env, "customer-acme", "acme-secret")
+    relay = RelayProcess("--twins", db, env=env)
+    try:
+        base = f"http://127.0.0.1:{relay.port}"
+        async with aiohttp.ClientSession() as client:
+            async with client.post(f"{base}/queue/customer-acme/app/x", data=b"hi") as queued:
+                assert queued.status == 202
+            async with client.get(f"{base}/metrics") as metrics:
+                page = await metrics.text()
+        assert "rmb_relay_tunnel_" in page
+        assert [line for line in page.splitlines() if "customer-acme" in line] == []
+    finally:
         relay.close()
     assert relay.problems == []
 
