@@ -692,8 +692,7 @@ class HttpConnection(ConnectionBase):
     def _close_http(self) -> None:
         if self.state is not State.CLOSED:
             self.state = State.CLOSING
-        if self.transport is not None:
-            self.transport.close()
+        self._close_after_output()
 
     def _abort_http(self) -> None:
         if self.state is not State.CLOSED:
