@@ -384,6 +384,24 @@ async def test_an_upload_faster_than_its_rate_is_slowed_and_arrives_whole(tmp_pa
     assert relay.problems == []
 
 
+async def test_time_an_upload_is_held_for_its_rate_is_not_the_clients_idleness(
+    start_tunnel: StartTunnel,
+) -> None:
+    """At 256 KiB/s a read of a loopback upload (up to 256 KiB) is paused for longer than the
+    listener's 0.5 s idle timeout, during which the handler waits for body bytes that cannot
+    come: it keeps waiting (the relay held them), and the upload arrives whole."""
+    rate = 256 * 1024
+    tunnel = await start_tunnel(upload_rate_per_tenant=rate, listener={"http_idle_timeout": 0.5})
+    await tunnel.connect()
+    body = pattern(768 * 1024)
+    async with tunnel.client() as client:
+        answer = await client.post("/relay/acme/app/sha", content=body, timeout=WAIT * 3)
+    assert answer.status_code == 200
+    assert answer.json() == {"sha256": hashlib.sha256(body).hexdigest(), "size": len(body)}
+    paused = tunnel.dialect.upload_rate.paused.value("tenant")
+    assert paused > 3 * 0.5, paused  # (768 KiB - the 64 KiB burst) / 256 KiB/s = 2.75 s
+
+
 async def test_metrics_name_no_tenant_unless_asked(start_tunnel: StartTunnel) -> None:
     tunnel = await start_tunnel(tenant_labels=False)
     tunnel.add_tenant("secret-customer")
