@@ -58,7 +58,7 @@ from rmb_relay.sdk import RmbClient
 from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
 
-from .procstat import cpu_seconds, free_port, rss_bytes
+from .procstat import cpu_seconds, free_port, rss_bytes, wait_seconds
 from .scenarios import raise_fd_limit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -483,6 +483,10 @@ def _run_attack(name: str, port: int, seconds: float, results: Any) -> None:
     results.put(asyncio.run(timed()))
 
 
+def _ms3(seconds: float) -> float:
+    return round(seconds, 3)
+
+
 async def _attack_phase(relay: RelayProcess, name: str) -> dict[str, Any]:
     """Honest figures quiet, then under attack `name` (another process, `PHASE_S`), with the
     relay's RSS, CPU and disk writes around the attack."""
@@ -490,16 +494,26 @@ async def _attack_phase(relay: RelayProcess, name: str) -> dict[str, Any]:
 
     spawn = multiprocessing.get_context("spawn")
     results = spawn.Queue()
+
+    # runnable but not running (waiting for a core), the relay's main thread and ours (the
+    # honest clients'): what a loaded host adds to their latency, apart from the relay's work
+    def waits() -> tuple[float, float, float]:
+        return wait_seconds(relay.process.pid), wait_seconds(os.getpid()), time.perf_counter()
+
     async with HonestProbe(relay.port) as probe:
+        started = waits()
         await asyncio.sleep(PHASE_S)
         quiet = probe.take()
+        quiet_waits = [b - a for a, b in zip(started, waits(), strict=True)]
         rss, written, cpu = relay.rss(), _written_bytes(relay.process.pid), relay.cpu()
         attacker = spawn.Process(target=_run_attack, args=(name, relay.port, PHASE_S, results))
         attacker.start()
         await asyncio.sleep(1.0)  # the attacker's interpreter starting is not the attack
         probe.take()
+        started = waits()
         outcome = await asyncio.to_thread(results.get, True, 120)
         under = probe.take()
+        attack_waits = [b - a for a, b in zip(started, waits(), strict=True)]
         await asyncio.to_thread(attacker.join, 30)
         failures = probe.failures
     return {
@@ -511,6 +525,13 @@ async def _attack_phase(relay: RelayProcess, name: str) -> dict[str, Any]:
         "rss_after_mib": round(relay.rss() / MIB, 1),
         "disk_written_kib": (_written_bytes(relay.process.pid) - written) // 1024,
         "relay_cpu_s": round(relay.cpu() - cpu, 2),
+        # seconds the relay's loop thread and the honest clients' waited for a core in
+        # the quiet and the attack phase, and how long each phase was measured
+        "waiting_for_a_core_s": {
+            "relay": [_ms3(quiet_waits[0]), _ms3(attack_waits[0])],
+            "honest": [_ms3(quiet_waits[1]), _ms3(attack_waits[1])],
+            "phase": [_ms3(quiet_waits[2]), _ms3(attack_waits[2])],
+        },
     }
 
 

@@ -386,6 +386,9 @@ async def _run(args: argparse.Namespace, programs: dict[str, Path]) -> list[Resu
                 str(tmp / "bodies"),
                 # a token that outlives the run (the generator fetches one at the start)
                 *(["--tunnel-token-ttl", "86400"] if args.auth else []),
+                # every client is one address of one tenant: the upload rates (64 and
+                # 128 MiB/s) would measure that policy at 1 MiB bodies, not the relay
+                *("--tunnel-upload-rate-per-ip", "0", "--tunnel-upload-rate-per-tenant", "0"),
                 *args.relay_flag,
             ],
             env,

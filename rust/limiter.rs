@@ -3,10 +3,12 @@
 //! - [`FixedWindow`]: RMB's per-twin limit (spec/rmb.md §3.5): a count and a byte budget per
 //!   key per window (window index = now / window). Every frame counts, including refused ones,
 //!   except a single frame larger than the byte budget: that one is refused before counting.
-//! - [`ByteNanos`]: SBD's per-IP limit (spec/sbd.md §1.10): one "next allowed nanosecond" per
-//!   key; each message pushes it forward by `bytes * nanos_per_byte`; the message is allowed if
-//!   the debt stays within the burst. The state moves even when the check fails, so a flood keeps
-//!   digging its own hole.
+//! - [`ByteNanos`]: a byte rate per key as one "next allowed nanosecond" per key; each message
+//!   pushes it forward by `bytes * nanos_per_byte`. SBD's per-IP limit (spec/sbd.md §1.10) asks
+//!   `check`: the message is allowed if the debt stays within the burst, and the state moves even
+//!   when the check fails, so a flood keeps digging its own hole. The tunnel's upload rate asks
+//!   `delay`: the bytes were read already, so they are charged, and the answer is how long the
+//!   reader must wait until the debt is back within the burst (it pauses, nothing is refused).
 
 use std::collections::HashMap;
 use std::hash::Hash;
@@ -77,13 +79,14 @@ impl<K: Hash + Eq> FixedWindow<K> {
     }
 }
 
-/// One byte-nanos charge; the state moves even when the check fails.
-fn charge(next: &mut u64, size: u64, now_nanos: u64, nanos_per_byte: u64, burst: u64) -> bool {
+/// One byte-nanos charge: the debt after it (nanoseconds past `now_nanos`); the state moves
+/// whatever the caller makes of the answer.
+fn charge(next: &mut u64, size: u64, now_nanos: u64, nanos_per_byte: u64) -> u64 {
     let cur = (*next)
         .max(now_nanos)
         .saturating_add(size.saturating_mul(nanos_per_byte));
     *next = cur;
-    cur - now_nanos <= burst
+    cur - now_nanos
 }
 
 /// SBD's byte-nanos limiter with burst.
@@ -105,14 +108,15 @@ impl<K: Hash + Eq> ByteNanos<K> {
 
     /// `cur = max(next, now) + n * rate; next = cur; ok = cur - now <= burst`.
     pub fn check(&mut self, key: K, size: u64, now_nanos: u64) -> bool {
-        let (rate, burst) = (self.nanos_per_byte, self.burst_nanos);
-        charge(
-            self.next.entry(key).or_insert(0),
-            size,
-            now_nanos,
-            rate,
-            burst,
-        )
+        self.delay(key, size, now_nanos) == 0
+    }
+
+    /// Charge `size` bytes and answer how many nanoseconds from `now_nanos` the debt is back
+    /// within the burst (0: it is now): `cur - now - burst`, at least 0.
+    pub fn delay(&mut self, key: K, size: u64, now_nanos: u64) -> u64 {
+        let rate = self.nanos_per_byte;
+        let debt = charge(self.next.entry(key).or_insert(0), size, now_nanos, rate);
+        debt.saturating_sub(self.burst_nanos)
     }
 
     /// Remove keys idle for at least `idle_nanos` (their debt is long paid).
@@ -193,6 +197,20 @@ mod tests {
     }
 
     #[test]
+    fn byte_nanos_delay_is_the_wait_until_the_debt_is_within_the_burst() {
+        let mut l = ByteNanos::new(10, 100);
+        assert_eq!(l.delay("a", 100, 0), 0, "the burst passes at once");
+        assert_eq!(l.delay("a", 50, 0), 500, "50 bytes over: 500 ns");
+        assert_eq!(l.delay("a", 0, 500), 0, "paid back by then");
+        assert_eq!(
+            l.delay("a", 10, 400),
+            200,
+            "an early reader finds the debt it left"
+        );
+        assert!(!l.check("a", 0, 400), "check and delay are one state");
+    }
+
+    #[test]
     fn byte_nanos_prune_only_idle_keys() {
         let mut l = ByteNanos::new(10, 100);
         l.check("old", 1, 0);
@@ -250,7 +268,7 @@ pub mod py {
         }
     }
 
-    /// SBD's per-IP byte-nanos limiter.
+    /// A byte rate per key (SBD per IP: `check`; tunnel uploads: `delay`).
     #[pyclass(module = "rmb_relay._core")]
     pub struct ByteNanosLimiter {
         pub(crate) inner: super::ByteNanos<String>,
@@ -270,7 +288,11 @@ pub mod py {
 
         fn check(&mut self, key: &str, size: u64, now_nanos: u64) -> bool {
             // look up by &str first so the common case allocates nothing
-            self.inner.check_str(key, size, now_nanos)
+            self.inner.delay_str(key, size, now_nanos) == 0
+        }
+
+        fn delay(&mut self, key: &str, size: u64, now_nanos: u64) -> u64 {
+            self.inner.delay_str(key, size, now_nanos)
         }
 
         #[pyo3(signature = (now_nanos, idle_nanos = 10_000_000_000))]
@@ -291,12 +313,17 @@ pub mod py {
 }
 
 impl ByteNanos<String> {
+    /// [`ByteNanos::delay`] for string keys without allocating when the key is known.
+    pub fn delay_str(&mut self, key: &str, size: u64, now_nanos: u64) -> u64 {
+        if let Some(next) = self.next.get_mut(key) {
+            let debt = charge(next, size, now_nanos, self.nanos_per_byte);
+            return debt.saturating_sub(self.burst_nanos);
+        }
+        self.delay(key.to_owned(), size, now_nanos)
+    }
+
     /// [`ByteNanos::check`] for string keys without allocating when the key is known.
     pub fn check_str(&mut self, key: &str, size: u64, now_nanos: u64) -> bool {
-        let (rate, burst) = (self.nanos_per_byte, self.burst_nanos);
-        if let Some(next) = self.next.get_mut(key) {
-            return charge(next, size, now_nanos, rate, burst);
-        }
-        self.check(key.to_owned(), size, now_nanos)
+        self.delay_str(key, size, now_nanos) == 0
     }
 }

@@ -22,7 +22,7 @@ from rmb_relay._core import MSG_PING, MSG_REQUEST, Envelope, WsMessage
 from rmb_relay.identity import make_jwt
 from rmb_relay.twins import Twin
 from rmb_relay.twins.local import SqliteTwinDirectory
-from tests.conftest import WAIT
+from tests.conftest import WAIT, StartRelay
 from tests.faultlab.netns import Lab, LabUnavailable, check_available, check_ipv6
 from tests.faultlab.services import RelayNode
 from tests.helpers import RawWebSocket, eventually, http_exchange
@@ -456,3 +456,84 @@ async def _ask_and_never_read(
             frame = await rx.expect(4, "SEND")
             assert frame["d"]["payload"] == n
         assert await _count(ws.reader, b'"QUERY_NODES"', sent) == sent
+
+
+async def _linger_aborts(host: str, port: int, dialect: str) -> float:
+    page = await scrape(host, port)
+    try:
+        return page.value("rmb_relay_close_linger_aborts_total", dialect=dialect)
+    except KeyError:
+        return 0.0
+
+
+async def _reset_or_eof(reader: asyncio.StreamReader) -> bool:
+    """Whether the relay has dropped the connection (reading what it had sent until then)."""
+    try:
+        while await asyncio.wait_for(reader.read(1 << 20), WAIT):
+            pass
+    except ConnectionResetError:
+        pass
+    return True
+
+
+async def test_a_websocket_peer_that_closes_and_never_reads_is_dropped_at_the_linger_bound() -> (
+    None
+):
+    """An SBD client makes the relay queue output for it, never reads it (a zero TCP
+    window), and sends its close frame: the relay echoes the close and closes TCP after what
+    is queued, which never goes; `--close-linger` drops the connection, counted and logged,
+    and the relay serves the rest as before."""
+    relay = RelayProcess("--sbd-disable-rate-limit", "--close-linger", "1")
+    try:
+        victim = await SbdClient.connect(*relay.address)
+        sender = await SbdClient.connect(*relay.address)
+        honest = await SbdClient.connect(*relay.address)
+        payload = b"m" * 1000
+        batch = sender.ws.encoder.binary_batch([victim.pubkey + payload] * 1000)
+
+        async def victim_congested() -> bool:
+            page = await scrape(*relay.address)
+            try:
+                return page.value("rmb_relay_backpressure_pauses_total", dialect="sbd") > 0
+            except KeyError:
+                sender.ws.send_raw(batch)  # 1 MB more for the victim
+                return False
+
+        await eventually(victim_congested, timeout=WAIT)
+        victim.ws.send_raw(victim.ws.encoder.close(1000))
+        await eventually(lambda: _linger_aborts(*relay.address, "sbd"), timeout=WAIT)
+        assert await _linger_aborts(*relay.address, "sbd") == 1
+        assert await _reset_or_eof(victim.ws.reader)
+        sender.ws.send_binary(honest.pubkey + b"still here")
+        assert await honest.next_message() == sender.pubkey + b"still here"
+        for client in (victim, sender, honest):
+            client.ws.close()
+        assert relay.stop() == 0
+        assert not relay.problems, relay.problems
+        assert any("bytes not read 1 s after its close" in line for line in relay.log)
+    finally:
+        relay.close()
+
+
+async def test_an_http_client_that_never_reads_its_last_answer_is_dropped_at_the_linger_bound(
+    start_relay: StartRelay,
+) -> None:
+    """HTTP has the same gap: answers to pipelined requests, the last one `Connection: close`,
+    never read. (A write high-water mark above what they come to, so that none is held back
+    and the close comes with them still queued: the 1 MiB default holds a client that never
+    reads before, and its idle timeout drops it.)"""
+    relay = await start_relay(write_high_water=256 << 20, close_linger=0.5)
+    host, port = relay.addresses[0]
+    loop = asyncio.get_running_loop()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 * 1024)
+        sock.setblocking(False)
+        await loop.sock_connect(sock, (host, port))
+        closing = b"GET /metrics HTTP/1.1\r\nHost: relay\r\nConnection: close\r\n\r\n"
+        # ~10 MB of answers (2.5 KB each): more than the kernel's buffers between us take
+        await loop.sock_sendall(sock, REQUEST * 3999 + closing)
+        await eventually(lambda: _linger_aborts(host, port, "http"), timeout=WAIT)
+        with contextlib.suppress(ConnectionResetError):
+            while await asyncio.wait_for(loop.sock_recv(sock, 1 << 20), WAIT):
+                pass
+    assert await _linger_aborts(host, port, "http") == 1

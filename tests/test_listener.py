@@ -291,6 +291,7 @@ async def test_metrics_page_is_prometheus_text_with_the_listener_families(
         "rmb_relay_messages_dropped": "counter",
         "rmb_relay_backpressure_pauses": "counter",
         "rmb_relay_reply_backpressure_pauses": "counter",
+        "rmb_relay_close_linger_aborts": "counter",
         "rmb_relay_log_lines_suppressed": "counter",
         "rmb_relay_connections_refused": "counter",
         "rmb_relay_accept_pauses": "counter",

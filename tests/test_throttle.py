@@ -16,6 +16,7 @@ from rmb_relay.throttle import (
     Limited,
     Throttles,
     ThrottleSettings,
+    UploadRate,
     WorkPool,
     ip_key,
 )
@@ -139,3 +140,29 @@ def test_bad_settings_are_refused() -> None:
         WorkPool("auth", workers=0, queue=1)
     with pytest.raises(ConfigError):
         FailureLimiter(burst=0)
+
+
+def test_upload_rate_asks_for_the_wait_of_the_slower_limit_and_counts_it() -> None:
+    clock = FakeClock()
+    registry = Registry()
+    rate = UploadRate(registry, 1 << 20, 4 << 20, clock=clock)  # per IP 1 MiB/s, tenant 4
+    burst = (1 << 20) // 4
+    assert rate.charge("a", "t", burst) == 0.0, "a quarter second of the rate passes at once"
+    wait = rate.charge("a", "t", 1 << 20)  # a second over the address's rate
+    assert wait == pytest.approx(1.0, rel=0.01)
+    # another address within its own burst: the tenant's 1.5 MiB at 4 MiB/s are 1/8 s over
+    assert rate.charge("b", "t", burst) == pytest.approx(0.125, rel=0.01)
+    clock.advance(wait)
+    assert rate.charge("a", "t", 0) == 0.0, "paid back after the wait"
+    assert (rate.pauses.value("ip"), rate.pauses.value("tenant")) == (1, 1)
+    assert rate.paused.value("ip") == pytest.approx(1.0, rel=0.01)
+    assert rate.paused.value("tenant") == pytest.approx(0.125, rel=0.01)
+
+
+def test_upload_rate_keys_group_ipv6_by_prefix_and_zero_is_no_limit() -> None:
+    registry = Registry()
+    rate = UploadRate(registry, 1000, 0, ipv6_prefix=64, clock=FakeClock())
+    assert rate.key("2001:db8::1") == rate.key("2001:db8::2") != rate.key("2001:db8:0:1::1")
+    assert not UploadRate(Registry(), 0, 0).enabled
+    with pytest.raises(ConfigError):
+        UploadRate(Registry(), -1, 0)

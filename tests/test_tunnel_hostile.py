@@ -7,6 +7,8 @@ parallel is served."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import io
 import os
 import stat
 import subprocess
@@ -379,6 +381,77 @@ async def test_metrics_of_a_relay_process_name_no_tenant(tmp_path: Path) -> None
     finally:
         relay.close()
     assert relay.problems == []
+
+
+async def test_an_upload_faster_than_its_rate_is_slowed_and_arrives_whole(tmp_path: Path) -> None:
+    """A relay process with a 1 MiB/s upload rate per tenant: a 3 MiB body sent as fast as
+    loopback goes is read at the rate (the relay counts the seconds it did not read it for:
+    close to (3 MiB - the 1/4 s burst) / 1 MiB/s) and reaches the target whole; the address
+    rate (default, 64 MiB/s) never held it. Then the same client is refused nothing."""
+    db = f"sqlite:{tmp_path / 'relay.sqlite3'}"
+    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path)}
+    await add_tenant(db, env, "acme", "rate-secret")
+    rate = MIB
+    relay = RelayProcess("--twins", db, "--tunnel-upload-rate-per-tenant", str(rate), env=env)
+    connector = None
+    try:
+        async with AsyncExitStack() as stack:
+            target = await start_target(stack)
+            base = f"http://127.0.0.1:{relay.port}"
+            connector = await spawn_connector(
+                base,
+                "acme",
+                "rate-secret",
+                target.url,
+                env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            await wait_for_connector(base, "acme")
+            body = pattern(3 * MIB)
+            timeout = aiohttp.ClientTimeout(total=60)
+            url = f"{base}/relay/acme/app/sha"
+            async with (
+                aiohttp.ClientSession(timeout=timeout) as client,
+                client.post(url, data=io.BytesIO(body)) as answer,
+            ):
+                assert answer.status == 200
+                assert await answer.json() == {
+                    "sha256": hashlib.sha256(body).hexdigest(),
+                    "size": len(body),
+                }
+            page = await scrape(*relay.address)
+            paused = page.value("rmb_relay_tunnel_upload_paused_seconds_total", limit="tenant")
+            expected = (len(body) - rate / 4) / rate  # 2.75 s
+            # the pauses the rate asked for add up to that, less the loop's lateness in
+            # resuming and the time spent reading (each lets the debt shrink meanwhile)
+            assert expected / 2 < paused <= expected + 0.01, paused
+            assert page.value("rmb_relay_tunnel_upload_pauses_total", limit="tenant") >= 2
+            with pytest.raises(KeyError):
+                page.value("rmb_relay_tunnel_upload_pauses_total", limit="ip")
+    finally:
+        if connector is not None:
+            stop(connector)
+        relay.close()
+    assert relay.problems == []
+
+
+async def test_time_an_upload_is_held_for_its_rate_is_not_the_clients_idleness(
+    start_tunnel: StartTunnel,
+) -> None:
+    """At 256 KiB/s a read of a loopback upload (up to 256 KiB) is paused for longer than the
+    listener's 0.5 s idle timeout, during which the handler waits for body bytes that cannot
+    come: it keeps waiting (the relay held them), and the upload arrives whole."""
+    rate = 256 * 1024
+    tunnel = await start_tunnel(upload_rate_per_tenant=rate, listener={"http_idle_timeout": 0.5})
+    await tunnel.connect()
+    body = pattern(768 * 1024)
+    async with tunnel.client() as client:
+        answer = await client.post("/relay/acme/app/sha", content=body, timeout=WAIT * 3)
+    assert answer.status_code == 200
+    assert answer.json() == {"sha256": hashlib.sha256(body).hexdigest(), "size": len(body)}
+    paused = tunnel.dialect.upload_rate.paused.value("tenant")
+    assert paused > 3 * 0.5, paused  # (768 KiB - the 64 KiB burst) / 256 KiB/s = 2.75 s
 
 
 async def test_metrics_name_no_tenant_unless_asked(start_tunnel: StartTunnel) -> None:

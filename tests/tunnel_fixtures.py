@@ -216,11 +216,12 @@ async def start_tunnel(start_relay: StartRelay, tmp_path: Path) -> AsyncIterator
             redis_url: str | None = None,
             cluster_ttl: float = 15.0,
             cluster_mode: bool = False,
+            listener: dict[str, Any] | None = None,
             **settings: Any,
         ) -> Tunnel:
             """With `redis_url`, the relay joins the cluster there, as `rmb-relay --redis`
             (`cluster_mode`: a Redis Cluster node, `--redis-cluster`). The dialect writes into
-            outboxes as `rmb-relay` gives it the switch's."""
+            outboxes as `rmb-relay` gives it the switch's. `listener`: ListenerConfig fields."""
             settings.setdefault("body_store", str(tmp_path / "bodies"))
             settings.setdefault("tenant_labels", True)  # the tests read series by tenant
             store = TenantStore(db or tmp_path / "relay.sqlite3")
@@ -241,7 +242,7 @@ async def start_tunnel(start_relay: StartRelay, tmp_path: Path) -> AsyncIterator
                 clock=clock,
                 cluster=cluster,
             )
-            relay = await start_relay([dialect], registry)
+            relay = await start_relay([dialect], registry, **(listener or {}))
             app = target or await start_target(stack)
             tunnel = Tunnel(relay, dialect, store, app, stack, registry, cluster)
             if tenant and store.get("acme") is None:

@@ -479,10 +479,14 @@ class FixedWindowLimiter:
 
 @final
 class ByteNanosLimiter:
-    """SBD per-IP limiter: one 'next allowed nanosecond' per key, burst in bytes."""
+    """A byte rate per key: one 'next allowed nanosecond' per key, burst in bytes (SBD's
+    per-IP limit asks `check`, the tunnel's upload rate `delay`)."""
 
     def __new__(cls, nanos_per_byte: int, burst_bytes: int) -> ByteNanosLimiter: ...
     def check(self, key: str, size: int, now_nanos: int) -> bool: ...
+    def delay(self, key: str, size: int, now_nanos: int) -> int:
+        """Charge `size` bytes; nanoseconds from `now_nanos` until the key's debt is back
+        within the burst (0: it is now)."""
     def prune(self, now_nanos: int, idle_nanos: int = 10000000000) -> int: ...
     def __len__(self) -> int: ...
 

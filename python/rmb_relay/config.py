@@ -29,6 +29,12 @@ DEFAULT_HTTP_REQUEST_TIMEOUT = 30.0
 DEFAULT_MAX_CONNECTIONS_PER_IP = 4096
 #: how long we wait for the peer's close frame before dropping TCP
 DEFAULT_CLOSE_TIMEOUT = 5.0
+#: how long a closed connection may keep output its peer has not read (then it is dropped): a
+#: peer that stops reading (a zero TCP window) acknowledges the kernel's probes, so TCP never
+#: gives up on it and the connection would hold its buffer and descriptor for ever. Longer than
+#: the SDK's KEEP_READING (300 s: a client that gave a connection up for silence still reads
+#: it that long) plus a 30 s margin, so a slow but honest reader gets what was queued for it
+DEFAULT_CLOSE_LINGER = 330.0
 #: how long a graceful shutdown waits for connections to finish their close handshake
 DEFAULT_SHUTDOWN_TIMEOUT = 5.0
 
@@ -64,6 +70,7 @@ class ListenerConfig:
     http_idle_timeout: float = DEFAULT_HTTP_IDLE_TIMEOUT
     http_request_timeout: float = DEFAULT_HTTP_REQUEST_TIMEOUT
     close_timeout: float = DEFAULT_CLOSE_TIMEOUT
+    close_linger: float = DEFAULT_CLOSE_LINGER
     shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT
     #: open connections served normally (None: the file-descriptor limit minus a reserve,
     #: `server/limits.py`); a few more get /health and /metrics only, the rest 503
@@ -87,7 +94,7 @@ class ListenerConfig:
             raise ConfigError("--max-connections and --max-connections-per-ip must be positive")
         if not 0 <= self.ipv6_prefix <= 128:
             raise ConfigError("--ipv6-prefix must be 0-128")
-        for name in ("http_idle_timeout", "http_request_timeout", "close_timeout"):
+        for name in ("http_idle_timeout", "http_request_timeout", "close_timeout", "close_linger"):
             if not getattr(self, name) > 0:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} must be a positive number of seconds")

@@ -23,6 +23,15 @@ precision under a flood of distinct addresses, never memory. IPv6 addresses are 
 prefix (`ip_key`, `--ipv6-prefix`, default /64: one host usually owns a whole /64, so per-/128
 limits are free to evade).
 
+An `UploadRate` bounds the bytes per second strangers may upload (the tunnel's request
+bodies), per client address (IPv6 by the same prefix) and per tenant. Parsing and storing an
+upload costs the relay's one core ~2.5 ms per MB, so four loopback senders at 400 MB/s held it
+all and honest p99 went past 10 ms (docs/hardening.md). A body over its rate is not refused:
+its bytes were read already and are charged to Rust's `ByteNanosLimiter` (the byte rate SBD's
+per-IP limit uses), which answers how long until the key's debt is back within its burst; the
+connection stops reading for that long (a loop timer, not a sleep), so TCP slows the sender
+down and its upload still arrives whole.
+
 The clock is a parameter (`clock.py`, monotonic nanoseconds), as everywhere.
 """
 
@@ -38,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
+from rmb_relay._core import ByteNanosLimiter
 from rmb_relay.clock import NS, Clock, monotonic_clock
 from rmb_relay.errors import ConfigError, HttpReject
 
@@ -56,6 +66,7 @@ __all__ = [
     "Limited",
     "ThrottleSettings",
     "Throttles",
+    "UploadRate",
     "WorkPool",
     "add_arguments",
     "ip_key",
@@ -79,6 +90,14 @@ DEFAULT_FAILURE_TABLE = 65_536
 DEFAULT_IPV6_PREFIX = 64
 #: what a refused client is told to wait when the pool is full (seconds)
 BUSY_RETRY_AFTER = 1
+#: an upload rate's burst: this many seconds of the rate pass at once (a body that fits is
+#: never paused; a longer one settles at the rate)
+UPLOAD_BURST_SECONDS = 0.25
+#: the limiter's time per unit is a whole number of nanoseconds: bytes are counted in units of
+#: a power of two large enough that this number is at least this (rounding error under 1 %)
+UPLOAD_UNIT_NANOS = 100
+#: addresses and tenants that uploaded nothing for this long are forgotten (their debt is paid)
+UPLOAD_IDLE_NS = 10 * NS
 
 
 class Busy(HttpReject):
@@ -395,6 +414,90 @@ class Throttles:
 
     def close(self) -> None:
         self.pool.close()
+
+
+class UploadRate:
+    """Upload bytes per second per client address and per tenant (module docstring); a rate
+    of 0 is no limit. `charge` returns how long the connection must not read, and counts it
+    (`rmb_relay_tunnel_upload_paused_seconds_total{limit}`, `..._pauses_total{limit}`: the
+    limit that asked for the longer pause)."""
+
+    def __init__(
+        self,
+        registry: Registry,
+        per_ip: int,
+        per_tenant: int,
+        *,
+        ipv6_prefix: int = DEFAULT_IPV6_PREFIX,
+        clock: Clock = monotonic_clock,
+    ) -> None:
+        if per_ip < 0 or per_tenant < 0:
+            raise ConfigError(
+                "--tunnel-upload-rate-per-ip and --tunnel-upload-rate-per-tenant must not be "
+                "negative"
+            )
+        self.ipv6_prefix = ipv6_prefix
+        self.clock = clock
+        self._ip, self._ip_unit = _byte_rate(per_ip)
+        self._tenant, self._tenant_unit = _byte_rate(per_tenant)
+        self._pruned = clock()
+        self.paused = registry.counter(
+            "rmb_relay_tunnel_upload_paused_seconds_total",
+            "Seconds tunnel uploads were not read because their client address or tenant was "
+            "over its upload rate (--tunnel-upload-rate-per-ip, -per-tenant), by the limit "
+            "that held them longer",
+            ("limit",),
+            allowed={"limit": ("ip", "tenant")},
+        )
+        self.pauses = registry.counter(
+            "rmb_relay_tunnel_upload_pauses_total",
+            "Times a tunnel upload stopped being read for its upload rate, by limit",
+            ("limit",),
+            allowed={"limit": ("ip", "tenant")},
+        )
+
+    @property
+    def enabled(self) -> bool:
+        return self._ip is not None or self._tenant is not None
+
+    def key(self, host: str) -> str:
+        """The address key of a client (IPv6 by the prefix)."""
+        return ip_key(host, self.ipv6_prefix)
+
+    def charge(self, ip: str, tenant: str, size: int) -> float:
+        """`size` more bytes read from address key `ip` for `tenant`: seconds not to read."""
+        now = self.clock()
+        ip_wait = tenant_wait = 0
+        if self._ip is not None:
+            ip_wait = self._ip.delay(ip, -(-size // self._ip_unit), now)
+        if self._tenant is not None:
+            tenant_wait = self._tenant.delay(tenant, -(-size // self._tenant_unit), now)
+        if now - self._pruned > UPLOAD_IDLE_NS:
+            self._pruned = now
+            for limiter in (self._ip, self._tenant):
+                if limiter is not None:
+                    limiter.prune(now, UPLOAD_IDLE_NS)
+        wait = max(ip_wait, tenant_wait)
+        if not wait:
+            return 0.0
+        limit = "ip" if ip_wait >= tenant_wait else "tenant"
+        self.pauses.inc(1, limit)
+        self.paused.inc(wait / NS, limit)
+        return wait / NS
+
+    def __len__(self) -> int:
+        return sum(len(limiter) for limiter in (self._ip, self._tenant) if limiter is not None)
+
+
+def _byte_rate(rate: int) -> tuple[ByteNanosLimiter | None, int]:
+    """A limiter of `rate` bytes/s (None for 0) and its unit in bytes (`UPLOAD_UNIT_NANOS`)."""
+    if rate == 0:
+        return None, 1
+    unit = 1
+    while unit * NS // rate < UPLOAD_UNIT_NANOS:
+        unit *= 2
+    burst = max(1, int(rate * UPLOAD_BURST_SECONDS) // unit)
+    return ByteNanosLimiter(unit * NS // rate, burst), unit
 
 
 def scope_name(key: str) -> str:

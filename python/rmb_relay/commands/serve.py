@@ -21,6 +21,7 @@ from rmb_relay import __version__, gc_tuning, malloc_tuning
 from rmb_relay.cli_support import HelpFormatter, run, setup_logging
 from rmb_relay.cluster import workers
 from rmb_relay.config import (
+    DEFAULT_CLOSE_LINGER,
     DEFAULT_HTTP_IDLE_TIMEOUT,
     DEFAULT_HTTP_REQUEST_TIMEOUT,
     DEFAULT_MAX_CONNECTIONS_PER_IP,
@@ -126,6 +127,15 @@ def parser(prog: str = "rmb-relay serve", epilog: str | None = None) -> argparse
         "client's body does not count)",
     )
     parser.add_argument(
+        "--close-linger",
+        type=float,
+        default=DEFAULT_CLOSE_LINGER,
+        metavar="SECONDS",
+        help="a connection closed with output its peer has not read is dropped this long after "
+        "the close (a peer that stops reading would hold it for ever; metric "
+        "rmb_relay_close_linger_aborts_total)",
+    )
+    parser.add_argument(
         "--max-connections",
         type=int,
         default=None,
@@ -196,6 +206,7 @@ def listener_config(args: argparse.Namespace) -> ListenerConfig:
         max_message=args.max_message,
         http_idle_timeout=args.http_idle_timeout,
         http_request_timeout=args.http_request_timeout,
+        close_linger=args.close_linger,
         max_connections=connection_limit(args),
         max_connections_per_ip=args.max_connections_per_ip,
         ipv6_prefix=args.ipv6_prefix,

@@ -90,6 +90,12 @@ class RequestBody(Protocol):
         """Exempt this request from the listener's request deadline (`http_request_timeout`):
         for handlers that bound their own waits, such as a tunnel waiting for its connector."""
 
+    def throttle(self, charge: Callable[[int], float]) -> None:
+        """Charge this body's bytes to an upload rate as they are read (`charge(bytes)` returns
+        how many seconds the connection must not read: throttle.py's `UploadRate`); what
+        arrived before is charged with the next read. The sender is slowed, not refused, and
+        time the connection does not read for it does not count as the client's idleness."""
+
 
 RouteHandler = Callable[["HttpRequest", HttpClient], Awaitable[HttpResponse]]
 #: a route that reads its body as it arrives (the request's `body` is b"")

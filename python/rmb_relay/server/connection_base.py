@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import enum
 import itertools
+import logging
 from collections.abc import Awaitable, Iterator
 from typing import TYPE_CHECKING, Protocol
 
@@ -50,6 +51,8 @@ if TYPE_CHECKING:
         RequestBody,
     )
     from rmb_relay.telemetry.metrics import Counter
+
+log = logging.getLogger("rmb_relay.server")
 
 _ids = itertools.count(1)
 
@@ -139,6 +142,9 @@ class ConnectionMetrics(Protocol):
     @property
     def reply_pauses(self) -> Counter: ...
 
+    @property
+    def linger_aborts(self) -> Counter: ...
+
 
 class ConnectionHost(Protocol):
     """What a connection needs of the listener, and nothing more."""
@@ -189,6 +195,7 @@ class ConnectionBase(asyncio.Protocol):
         "_batcher",
         "_blocked_on",
         "_held_by_dialect",
+        "_linger_timer",
         "_outboxes",
         "_queued",
         "_reading_paused",
@@ -243,6 +250,9 @@ class ConnectionBase(asyncio.Protocol):
         #: the dialect holds reading (`hold_reading`), whatever the receivers' state
         self._held_by_dialect = False
         self._writable: asyncio.Future[None] | None = None
+        #: drops the connection if its peer has not read what was left at its close
+        #: (`_close_after_output`)
+        self._linger_timer: asyncio.TimerHandle | None = None
         loop = asyncio.get_running_loop()
         # what writable() answers while not congested: one done future for the connection's
         # life instead of one per call (each costs a get_running_loop, i.e. a getpid syscall,
@@ -336,8 +346,41 @@ class ConnectionBase(asyncio.Protocol):
             if not waiter.done():
                 waiter.set_result(None)
 
+    def _close_after_output(self) -> None:
+        """Close TCP once what is written has gone (`transport.close`), and drop it if its peer
+        has not read that within `close_linger` (`--close-linger`): a peer that stops reading
+        (a zero TCP window) acknowledges the kernel's probes, so TCP never gives up on it, and
+        the connection would hold its buffer and its descriptor for ever. Every close of the
+        listener's connections that may leave output behind comes here (HTTP and websocket)."""
+        transport = self.transport
+        if transport is None:
+            return
+        transport.close()
+        if self._linger_timer is None and transport.get_write_buffer_size():
+            self._linger_timer = self.closed.get_loop().call_later(
+                self.server.config.close_linger, self._linger_over
+            )
+
+    def _linger_over(self) -> None:
+        self._linger_timer = None
+        transport = self.transport
+        if transport is None or self.closed.done():
+            return
+        log.info(
+            "dropping %s connection from %s: %d bytes not read %g s after its close",
+            self.dialect_name,
+            self.peer_host,
+            transport.get_write_buffer_size(),
+            self.server.config.close_linger,
+        )
+        self.server.metrics.linger_aborts.inc(1, self.dialect_name)
+        transport.abort()
+
     def _lost(self) -> None:
         """The transport is gone: wake everything waiting on this connection."""
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
         self._release_waiting_senders()
         self._wake_writable()
         self.server.connection_closed(self)

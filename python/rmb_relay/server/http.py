@@ -120,7 +120,9 @@ class IncomingBody:
     them, `on_read` tells the connection, which then sends `100 Continue` (first time, if the
     client asked and nothing has arrived yet) and resumes reading once `buffered` is under half
     of `BODY_BUFFER_LIMIT`. While the handler waits for the client, the request `deadline` is
-    suspended; each wait is bounded by `idle_timeout` instead (HttpReject 408).
+    suspended; each wait is bounded by `idle_timeout` instead (HttpReject 408), not counting
+    time the connection held reading for the body's upload rate (`throttle`: `paused` while it
+    does, `pauses` counts how often).
     """
 
     __slots__ = (
@@ -129,10 +131,14 @@ class IncomingBody:
         "_on_read",
         "_waiter",
         "buffered",
+        "charge",
+        "charged",
         "deadline",
         "finished",
         "length",
         "limit",
+        "paused",
+        "pauses",
         "received",
         "trailers",
     )
@@ -158,6 +164,12 @@ class IncomingBody:
         #: the request deadline, suspended while the handler waits for the client
         self.deadline: asyncio.Timeout | None = None
         self._chunks: collections.deque[bytes] = collections.deque()
+        #: the upload rate the handler charges this body to (`throttle`), and bytes charged
+        self.charge: Callable[[int], float] | None = None
+        self.charged = 0
+        #: the connection is not reading for the upload rate; times it paused so
+        self.paused = False
+        self.pauses = 0
         self._idle_timeout = idle_timeout
         self._on_read = on_read
         self._waiter: asyncio.Future[None] | None = None
@@ -217,9 +229,12 @@ class IncomingBody:
         if deadline is not None:
             deadline.reschedule(None)
 
+    def throttle(self, charge: Callable[[int], float]) -> None:
+        self.charge = charge
+
     async def _wait(self) -> None:
         loop = asyncio.get_running_loop()
-        self._waiter = loop.create_future()
+        self._waiter = waiter = loop.create_future()
         self._on_read(self)  # the handler wants bytes: 100 Continue, resume reading
         deadline = self.deadline
         when = deadline.when() if deadline is not None else None
@@ -227,12 +242,19 @@ class IncomingBody:
             deadline.reschedule(None)
         started = loop.time()
         try:
-            async with asyncio.timeout(self._idle_timeout):
-                await self._waiter
-        except TimeoutError:
-            raise HttpReject(
-                408, f"request body not received within {self._idle_timeout:g} s"
-            ) from None
+            while True:
+                pauses = self.pauses
+                try:
+                    async with asyncio.timeout(self._idle_timeout):
+                        await waiter
+                    break
+                except TimeoutError:
+                    if not self.paused and self.pauses == pauses:
+                        raise HttpReject(
+                            408, f"request body not received within {self._idle_timeout:g} s"
+                        ) from None
+                    # the relay held reading meanwhile (the upload rate): not the client idling
+                    self._waiter = waiter = loop.create_future()
         finally:
             self._waiter = None
             # (the connection unsets `deadline` when the handler has answered)

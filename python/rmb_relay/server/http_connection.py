@@ -5,13 +5,15 @@ Theory of operation
 A connection starts here: every `data_received` goes to the Rust `HttpStreamParser` in one
 call, which returns events. A request head starts a task that asks the router for a response;
 the body's events feed an `IncomingBody` that the route reads whole or as it arrives (reading
-pauses while too much of it waits unread). Bytes that arrive after the request's end
-(pipelined) wait in the parser, and reading pauses until the response is written (a client
-that waits for its answer is never paused). The next request is not parsed either while the
-connection's own output is over its write high-water mark: a client that pipelines requests
-and never reads the answers stops being read, instead of having the relay queue answers for
-it without end; it resumes once the client has read (`resume_writing`), and is closed if it
-reads nothing for the idle timeout.
+pauses while too much of it waits unread, and, for a body the route charges to an upload rate
+(`RequestBody.throttle`, the tunnel's), for as long as the rate asks after each read: a loop
+timer resumes it, so TCP slows the sender instead of the relay refusing it). Bytes that arrive
+after the request's end (pipelined) wait in the parser, and reading pauses until the response
+is written (a client that waits for its answer is never paused). The next request is not parsed
+either while the connection's own output is over its write high-water mark: a client that
+pipelines requests and never reads the answers stops being read, instead of having the relay
+queue answers for it without end; it resumes once the client has read (`resume_writing`), and
+is closed if it reads nothing for the idle timeout.
 
 Timers: the idle timer runs only while the connection waits for a request head (from the
 connection or the previous response on); a head that never completes is answered with 408.
@@ -86,6 +88,7 @@ class HttpConnection(ConnectionBase):
         "_request",
         "_response_started",
         "_task",
+        "_throttle_timer",
         "_upgrading",
     )
 
@@ -109,6 +112,8 @@ class HttpConnection(ConnectionBase):
         #: the websocket a dialect is accepting this connection as (state UPGRADING)
         self._upgrading: WebSocketConnection | None = None
         self._http_timer: asyncio.TimerHandle | None = None
+        #: reading is held for the body's upload rate until this timer fires (`_throttle`)
+        self._throttle_timer: asyncio.TimerHandle | None = None
         #: loop time the idle timer closes the connection at; None while a request is served
         #: (the timer, once armed, stays: `_http_idle` re-arms it for the rest of the wait)
         self._idle_deadline: float | None = None
@@ -178,6 +183,9 @@ class HttpConnection(ConnectionBase):
         self.state = State.CLOSED
         if self._http_timer is not None:
             self._http_timer.cancel()
+        if self._throttle_timer is not None:
+            self._throttle_timer.cancel()
+            self._throttle_timer = None
         if self._task is not None and not self._task.done():
             self._task.cancel()
         fast = self._fast
@@ -283,6 +291,9 @@ class HttpConnection(ConnectionBase):
                 violation: HttpViolation = event  # type: ignore[assignment]
                 self._refuse(violation.status, violation.reason)
                 return
+        body = self._body
+        if body is not None and body.charge is not None and body.received > body.charged:
+            self._charge_upload(body)
         if parser.buffered and self._request is not None:
             body = self._body
             if body is not None and body.finished:
@@ -341,6 +352,34 @@ class HttpConnection(ConnectionBase):
             self._abort_http()
         else:
             self._respond(HttpResponse(status, reason.encode()), close=True)
+
+    def _charge_upload(self, body: IncomingBody) -> None:
+        """Charge what this read added to the body to its upload rate (`RequestBody.throttle`)
+        and stop reading for as long as the rate asks: TCP then slows the sender down."""
+        charge = body.charge
+        assert charge is not None
+        size = body.received - body.charged
+        body.charged = body.received
+        wait = charge(size)
+        if wait <= 0 or body.finished or self.state is not State.HTTP:
+            return
+        if self._throttle_timer is not None:
+            self._throttle_timer.cancel()
+        body.paused = True
+        body.pauses += 1
+        self._pause_http()
+        self._throttle_timer = self.closed.get_loop().call_later(wait, self._unthrottle, body)
+
+    def _unthrottle(self, body: IncomingBody) -> None:
+        """The upload rate's pause is over: read again, unless the handler is behind."""
+        self._throttle_timer = None
+        body.paused = False
+        if (
+            body is self._body
+            and self.state is State.HTTP
+            and (body.buffered <= BODY_BUFFER_LIMIT // 2)
+        ):
+            self._resume_http()
 
     def _on_body_read(self, body: IncomingBody) -> None:
         """The handler took body bytes or waits for some."""
@@ -569,7 +608,10 @@ class HttpConnection(ConnectionBase):
             transport.pause_reading()
 
     def _resume_http(self) -> None:
+        """Read again (not before the upload rate's pause is over: `_unthrottle` resumes)."""
         transport = self.transport
+        if self._throttle_timer is not None:
+            return
         if self._http_paused and transport is not None and not transport.is_closing():
             self._http_paused = False
             transport.resume_reading()
@@ -650,8 +692,7 @@ class HttpConnection(ConnectionBase):
     def _close_http(self) -> None:
         if self.state is not State.CLOSED:
             self.state = State.CLOSING
-        if self.transport is not None:
-            self.transport.close()
+        self._close_after_output()
 
     def _abort_http(self) -> None:
         if self.state is not State.CLOSED:

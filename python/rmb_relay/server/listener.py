@@ -118,6 +118,12 @@ class ServerMetrics:
             lambda: [((), log_budget.suppressed())],
         )
         self.reply_pauses = registry.counter(*REPLY_PAUSES, ("dialect",))
+        self.linger_aborts = registry.counter(
+            "rmb_relay_close_linger_aborts_total",
+            "Connections dropped because their peer had not read what was left to write "
+            "within --close-linger of their close (a peer that stopped reading)",
+            ("dialect",),
+        )
 
 
 #: adds routes to a server's router (`RelayServer(routes=...)`)

@@ -223,8 +223,7 @@ class WebSocketConnection(ConnectionBase):
             self.flush()
             self._write(encode_close(event.code if event.code is not None else CloseCode.NORMAL))
         self._closing()
-        if self.transport is not None:
-            self.transport.close()  # the server closes TCP first (RFC 6455 §7.1.1)
+        self._close_after_output()  # the server closes TCP first (RFC 6455 §7.1.1)
 
     # ---- sending -----------------------------------------------------------------------------
 
@@ -348,19 +347,20 @@ class WebSocketConnection(ConnectionBase):
                 self.server.config.close_timeout, self._close_timed_out
             )
         else:
-            transport.close()
+            self._close_after_output()
 
     def _close_timed_out(self) -> None:
         """The peer has not answered our close frame in time. With nothing left to write, drop
         the connection; with output still waiting (a peer slow to read, a path being
         repaired: what a replaced session had queued, docs/faults.md b), close TCP after it
-        instead of discarding it. Nothing is added once closing, and the kernel bounds the
-        rest: it gives up on a peer that stops acknowledging."""
+        instead of discarding it. Nothing is added once closing; the kernel gives up on a
+        peer that stops acknowledging, and `--close-linger` on one that acknowledges and
+        never reads (`_close_after_output`)."""
         transport = self.transport
         if transport is None:
             return
         if transport.get_write_buffer_size():
-            transport.close()
+            self._close_after_output()
         else:
             transport.abort()
 

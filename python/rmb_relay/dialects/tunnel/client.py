@@ -17,6 +17,7 @@ nothing is queued then, the cluster unreachable), 408, 504; the connector's own 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from typing import TYPE_CHECKING
@@ -89,7 +90,7 @@ async def handle(
                 reachable = await dialect.reachable(step[1])
             elif kind == BODY:
                 try:
-                    content = await read_body(dialect, request, body)
+                    content = await read_body(dialect, request, body, client)
                 except BodyTooLarge as err:
                     _refused(dialect, request, 413, "body too large", started)
                     return HttpResponse(413, f"{err}\n".encode())
@@ -147,12 +148,17 @@ def _refused(
 
 
 async def read_body(
-    dialect: TunnelHost, request: HttpRequest, body: RequestBody
+    dialect: TunnelHost, request: HttpRequest, body: RequestBody, client: HttpClient
 ) -> bytes | tuple[str, int]:
     """Inline up to the limit; beyond it, the body goes to the store as it arrives (its name
-    and size)."""
+    and size). Its bytes are charged to the client's address and the tenant's upload rate
+    (`UploadRate`: a faster sender is read more slowly)."""
     limit = dialect.settings.inline_limit
     store = dialect.store
+    owner = normalize(request.path.split("/", 3)[2])
+    rate = dialect.upload_rate
+    if rate.enabled:
+        body.throttle(functools.partial(rate.charge, rate.key(client.peer_host), owner))
     if request.content_length is not None:
         store.refuse_size(request.content_length)
         if request.content_length <= limit:
@@ -166,6 +172,5 @@ async def read_body(
     if len(head) <= limit:
         return bytes(head)
     name = store.name("req", str(uuid.uuid4()))
-    owner = normalize(request.path.split("/", 3)[2])
     size = await store.write(name, iterator, first=bytes(head), owner=owner)
     return name, size

@@ -33,7 +33,7 @@ from rmb_relay.dialects.tunnel.tokens import (
     fingerprint,
 )
 from rmb_relay.errors import AuthError, ClusterUnavailable, HttpReject
-from rmb_relay.throttle import Throttles
+from rmb_relay.throttle import Throttles, UploadRate
 
 if TYPE_CHECKING:
     from rmb_relay._core import HttpRequest, Outboxes
@@ -85,6 +85,13 @@ class TunnelDialect(Dialect):
             total_bytes=settings.total_disk,
         )
         self.store.sweep_leftovers(time.time(), max_age)
+        self.upload_rate = UploadRate(
+            registry,
+            settings.upload_rate_per_ip,
+            settings.upload_rate_per_tenant,
+            ipv6_prefix=self.throttles.settings.ipv6_prefix,
+            clock=clock,
+        )
         self.hub = hub = Hub(
             settings,
             self.store,

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from rmb_relay.dialects.tunnel.settings import TunnelSettings
     from rmb_relay.dialects.tunnel.tenants import TenantStore
     from rmb_relay.dialects.tunnel.tokens import TokenAuthority
-    from rmb_relay.throttle import Throttles
+    from rmb_relay.throttle import Throttles, UploadRate
 
 
 class TunnelHost(Protocol):
@@ -25,6 +25,7 @@ class TunnelHost(Protocol):
     store_of_tenants: TenantStore
     tokens: TokenAuthority
     throttles: Throttles
+    upload_rate: UploadRate
 
     def load_tenant(self, name: str) -> None: ...
 

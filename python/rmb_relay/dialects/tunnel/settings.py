@@ -35,6 +35,14 @@ BALANCE = ("round-robin", "least-inflight")
 DEFAULT_TENANT_BYTES = 64 << 20
 #: bytes waiting requests of all tenants may hold together
 DEFAULT_TOTAL_BYTES = 256 << 20
+#: upload bytes per second one client address may send in request bodies (all its
+#: connections together), and all clients of one tenant: 64 MiB/s (~540 Mbit/s) and 128 MiB/s
+#: (~1.1 Gbit/s), a sixth and a third of what the relay parses and stores on one core
+#: (~400 MB/s, docs/hardening.md), so one address cannot take the core from everyone else and
+#: one open tenant not more than a third of it, while an honest uploader on a gigabit link is
+#: hardly slowed (throttle.py `UploadRate`; 0: no limit)
+DEFAULT_UPLOAD_RATE_PER_IP = 64 << 20
+DEFAULT_UPLOAD_RATE_PER_TENANT = 128 << 20
 
 
 @dataclass(slots=True)
@@ -81,6 +89,10 @@ class TunnelSettings:
     #: memory budget); a request beyond them is answered 503 and never executed
     tenant_bytes: int = DEFAULT_TENANT_BYTES
     total_bytes: int = DEFAULT_TOTAL_BYTES
+    #: request-body bytes per second per client address and per tenant (0: unlimited); a
+    #: sender over them is slowed (its connection not read for a while), never refused
+    upload_rate_per_ip: int = DEFAULT_UPLOAD_RATE_PER_IP
+    upload_rate_per_tenant: int = DEFAULT_UPLOAD_RATE_PER_TENANT
 
     def __post_init__(self) -> None:
         for name in ("request_ttl", "response_timeout", "token_ttl", "keep_alive"):
@@ -111,6 +123,12 @@ class TunnelSettings:
         ):
             if value <= 0:
                 raise ConfigError(f"{flag} must be positive")
+        for flag, value in (
+            ("--tunnel-upload-rate-per-ip", self.upload_rate_per_ip),
+            ("--tunnel-upload-rate-per-tenant", self.upload_rate_per_tenant),
+        ):
+            if value < 0:
+                raise ConfigError(f"{flag} must not be negative (0: no limit)")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TunnelSettings:
@@ -136,6 +154,8 @@ class TunnelSettings:
             total_bytes=args.tunnel_total_bytes,
             tenant_cache_max=args.tunnel_tenant_cache,
             tenant_labels=args.tunnel_tenant_labels,
+            upload_rate_per_ip=args.tunnel_upload_rate_per_ip,
+            upload_rate_per_tenant=args.tunnel_upload_rate_per_tenant,
         )
 
 
@@ -238,6 +258,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.total_disk,
         metavar="BYTES",
         help="bytes of body files all tenants may hold in the body store at once (413 beyond)",
+    )
+    group.add_argument(
+        "--tunnel-upload-rate-per-ip",
+        type=int,
+        default=d.upload_rate_per_ip,
+        metavar="BYTES_PER_S",
+        help="request-body bytes per second one client address (IPv6 by --ipv6-prefix) may "
+        "upload over all its connections; a faster sender is not read for a while (slowed, "
+        "not refused; metric rmb_relay_tunnel_upload_paused_seconds_total); 0 = no limit",
+    )
+    group.add_argument(
+        "--tunnel-upload-rate-per-tenant",
+        type=int,
+        default=d.upload_rate_per_tenant,
+        metavar="BYTES_PER_S",
+        help="the same for all clients of one tenant together; 0 = no limit",
     )
     group.add_argument(
         "--tunnel-tenant-cache",
