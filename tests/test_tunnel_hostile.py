@@ -163,6 +163,35 @@ async def test_client_and_connector_tokens_are_distinct(start_tunnel: StartTunne
         assert body.status_code == 401
 
 
+async def test_a_client_token_cannot_attach_as_a_connector_on_a_relay_process(
+    tmp_path: Path,
+) -> None:
+    """A token asked for as a client's (`scope=client`, what a tenant gives its users) is
+    refused at the connector endpoint of a relay process: a user cannot serve the tenant's
+    targets with it."""
+    db = f"sqlite:{tmp_path / 'relay.sqlite3'}"
+    home = str(tmp_path)
+    env = {**os.environ, "XDG_DATA_HOME": home, "XDG_STATE_HOME": home, "TMPDIR": home}
+    await add_tenant(db, env, "acme", "acme-secret-1")
+    relay = RelayProcess("--twins", db, env=env)
+    form = {"grant_type": "client_credentials", "client_id": "acme", "scope": "client"}
+    try:
+        base = f"http://127.0.0.1:{relay.port}"
+        async with aiohttp.ClientSession() as session:
+            form["client_secret"] = "acme-secret-1"
+            async with session.post(f"{base}/tunnel/token", data=form) as issued:
+                assert issued.status == 200, await issued.text()
+                token = (await issued.json())["access_token"]
+            bearer = {"Authorization": f"Bearer {token}"}
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                async with session.ws_connect(f"{base}/tunnel/connector", headers=bearer):
+                    pass
+            assert refused.value.status == 401
+    finally:
+        relay.close()
+    assert relay.problems == []
+
+
 async def test_authorization_reaches_the_target_only_when_the_tenant_says_so(
     start_tunnel: StartTunnel,
 ) -> None:
