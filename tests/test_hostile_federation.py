@@ -34,6 +34,7 @@ from tests.peer_fixtures import (
     start_peer,
     start_relay,
 )
+from tests.redis_process import RedisServer
 from tests.relay_process import PROBLEMS, RelayProcess
 from tests.rmb_fixtures import key_for
 
@@ -309,4 +310,41 @@ async def test_one_posting_relay_gets_its_share_of_the_mailbox(relay: RelayProce
     assert got == [8000, 8000, 5]
     ws.close()
     assert relay.stop() == 0
+    assert not relay.problems, relay.problems
+
+
+async def test_a_flood_cannot_evict_a_victims_mail_in_redis(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """With `--redis` a session's mailbox kept `--mailbox-max` entries by dropping the oldest
+    (the issue: a flood evicts the mail a twin waits for): a full mailbox now refuses new mail,
+    and the victim reads what was sent first."""
+    db = tmp_path / "twins.sqlite3"
+    with SqliteTwinDirectory(db) as twins:
+        for twin in (VICTIM, SENDER, *OTHER_SENDERS):
+            twins.add(Twin(twin, key_for(twin).public_key, None))
+    args = ("--twins", f"sqlite:{db}", "--no-tunnel", "--redis", redis_server.url)
+    relay = RelayProcess(*args, "--mailbox-max", "3")
+    try:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{relay.port}", timeout=WAIT) as c:
+            for n in range(2):  # the victim's real mail, stored when answered
+                real = _envelope(SENDER, VICTIM, b"real %d" % n, sign=True)
+                assert (await c.post("/", content=real)).status_code == 202
+            flood = []
+            for n in range(300):  # Redis trims MAXLEN ~ by whole nodes of 100 entries
+                fake = _envelope(OTHER_SENDERS[0], VICTIM, b"flood %d" % n, sign=True)
+                flood.append((await c.post("/", content=fake)).status_code)
+        jwt = make_jwt(key_for(VICTIM), VICTIM, None, int(time.time()))
+        ws = await RawWebSocket.connect(*relay.address, f"/?{jwt}")
+        got = []
+        for _ in range(3):
+            event = await ws.next_event()
+            assert isinstance(event, WsMessage)
+            got.append(Envelope.decode(event.data).plain)
+        ws.close()
+        assert got == [b"real 0", b"real 1", b"flood 0"], got
+        assert flood.count(202) == 1, flood
+        assert relay.stop() == 0
+    finally:
+        relay.close()
     assert not relay.problems, relay.problems

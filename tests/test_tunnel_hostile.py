@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import io
+import json
 import os
 import stat
 import subprocess
@@ -171,6 +172,35 @@ async def test_client_and_connector_tokens_are_distinct(start_tunnel: StartTunne
         assert body.status_code == 401
 
 
+async def test_a_client_token_cannot_attach_as_a_connector_on_a_relay_process(
+    tmp_path: Path,
+) -> None:
+    """A token asked for as a client's (`scope=client`, what a tenant gives its users) is
+    refused at the connector endpoint of a relay process: a user cannot serve the tenant's
+    targets with it."""
+    db = f"sqlite:{tmp_path / 'relay.sqlite3'}"
+    home = str(tmp_path)
+    env = {**os.environ, "XDG_DATA_HOME": home, "XDG_STATE_HOME": home, "TMPDIR": home}
+    await add_tenant(db, env, "acme", "acme-secret-1")
+    relay = RelayProcess("--twins", db, env=env)
+    form = {"grant_type": "client_credentials", "client_id": "acme", "scope": "client"}
+    try:
+        base = f"http://127.0.0.1:{relay.port}"
+        async with aiohttp.ClientSession() as session:
+            form["client_secret"] = "acme-secret-1"
+            async with session.post(f"{base}/tunnel/token", data=form) as issued:
+                assert issued.status == 200, await issued.text()
+                token = (await issued.json())["access_token"]
+            bearer = {"Authorization": f"Bearer {token}"}
+            with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+                async with session.ws_connect(f"{base}/tunnel/connector", headers=bearer):
+                    pass
+            assert refused.value.status == 401
+    finally:
+        relay.close()
+    assert relay.problems == []
+
+
 async def test_authorization_reaches_the_target_only_when_the_tenant_says_so(
     start_tunnel: StartTunnel,
 ) -> None:
@@ -232,6 +262,33 @@ async def test_removing_or_rekeying_a_tenant_disconnects_its_connectors(
         assert tunnel.dialect.revisit_connectors() == 1
         assert await _closed_with(changed) == (1008, "tenant secret changed")
     assert tunnel.dialect.hub.revoked.value() == 3
+
+
+async def test_a_removed_tenants_connector_is_closed_on_a_relay_process(tmp_path: Path) -> None:
+    """A tenant removed through the management API of a relay process: its attached connector
+    is closed at once (1008), not left serving the removed tenant's requests."""
+    db = f"sqlite:{tmp_path / 'relay.sqlite3'}"
+    home = str(tmp_path)
+    env = {**os.environ, "XDG_DATA_HOME": home, "XDG_STATE_HOME": home, "TMPDIR": home}
+    await add_tenant(db, env, "acme", "acme-secret-1")
+    key = {"Api-Key": "k" * 24}
+    relay = RelayProcess("--twins", db, "--management-key", key["Api-Key"], env=env)
+    form = {"grant_type": "client_credentials", "client_id": "acme", "scope": "connector"}
+    try:
+        base = f"http://127.0.0.1:{relay.port}"
+        async with aiohttp.ClientSession() as session:
+            form["client_secret"] = "acme-secret-1"
+            async with session.post(f"{base}/tunnel/token", data=form) as issued:
+                assert issued.status == 200, await issued.text()
+                bearer = {"Authorization": f"Bearer {(await issued.json())['access_token']}"}
+            async with session.ws_connect(f"{base}/tunnel/connector", headers=bearer) as ws:
+                assert json.loads(await ws.receive_str(timeout=WAIT))["target"] == "Configure"
+                async with session.delete(f"{base}/management/tenants/acme", headers=key) as gone:
+                    assert gone.status in (200, 204), await gone.text()
+                assert await _closed_with(ws) == (1008, "tenant removed")
+    finally:
+        relay.close()
+    assert relay.problems == []
 
 
 @pytest.mark.parametrize("status", [100, 101, 103])
