@@ -99,6 +99,9 @@ async def run(only: str | None, ttl: float) -> list[tuple[str, Outcome]]:
         print(outcome.line(), flush=True)
         if outcome.fates.refusals:
             print(f"  refusals: {'; '.join(outcome.fates.refusals)}", flush=True)
+        if outcome.fates.refused_delivered_why:
+            done = "; ".join(outcome.fates.refused_delivered_why)
+            print(f"  refused, yet delivered: {done}", flush=True)
         outcomes.append((name, outcome))
     return outcomes
 
@@ -109,9 +112,10 @@ def table(outcomes: list[tuple[str, Outcome]]) -> str:
     for _, o in outcomes:
         f = o.fates
         recover = "-" if o.recover_s is None else f"{o.recover_s:.1f} s"
+        refused = f"{f.refused}" + (f" (+{f.unknown} 504)" if f.unknown else "")
         rows.append(
             f"| {o.scenario} | {f.accepted} | {f.delivered_once} | {f.delivered_more} | "
-            f"{f.refused} | {f.lost} | {recover} | {o.rss_mib:.0f} |"
+            f"{refused} | {f.lost} | {recover} | {o.rss_mib:.0f} |"
         )
     return "\n".join(rows)
 
