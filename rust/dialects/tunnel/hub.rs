@@ -92,6 +92,7 @@ pub const NO_ANSWER_IN_TIME: &str = "the connector did not answer in time";
 pub const CONNECTOR_UNAVAILABLE: &str = "connector unavailable";
 pub const EXPIRED: &str = "request expired before a connector took it";
 pub const TRANSPORT_FAILURE: &str = "transport failure";
+pub const TAKER_GONE: &str = "the relay that took the request is gone; it may have run";
 pub const NO_TOKEN: &str = "no bearer token";
 pub const OTHER_TENANT: &str = "the token is for another tenant";
 pub const BAD_ANSWER: &str = "the connector's answer is not one HTTP/1.1 carries";
@@ -2140,7 +2141,8 @@ impl Hub {
         }
     }
 
-    /// The relay of `instance` died: the jobs it had taken are answered 503.
+    /// The relay of `instance` died (or was given up: it may only be cut off): the jobs it had
+    /// taken are answered 504, not 503 — they may have run, and may still answer.
     pub fn instance_gone(&mut self, instance: &str, now: i64) {
         let gone: Vec<String> = self
             .jobs
@@ -2151,7 +2153,7 @@ impl Hub {
         for request_id in gone {
             self.answer(
                 &request_id,
-                Outcome::Status(503, CONNECTOR_UNAVAILABLE),
+                Outcome::Status(504, TAKER_GONE),
                 "rejected",
                 now,
             );

@@ -112,7 +112,12 @@ class TunnelDialect(Dialect):
         )
         self.bridge: RedisBridge | None = None
         if cluster is not None:
-            self.bridge = RedisBridge(cluster, self, request_ttl=settings.request_ttl)
+            self.bridge = RedisBridge(
+                cluster,
+                self,
+                request_ttl=settings.request_ttl,
+                response_timeout=settings.response_timeout,
+            )
         self._sweeper: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._closed = False

@@ -16,9 +16,12 @@ relay A (client here)                     Redis                        relay B (
 - Both ends are the hub's (hub.rs: published and taken jobs, their deadlines, the frames);
   this module moves its frames and the request over Redis.
 - The answers (`taken`, then the response or a status) go to the origin relay's bus stream
-  (`cluster/bus.py`), named `t:<request id>`: batched with everything else for that relay,
-  at least once, in order, and reaped like any bus entry if the origin dies (then dropped:
-  its client went with it; a response body file it would have adopted is swept later).
+  (`cluster/bus.py`), named `t:<origin>/<request id>`: batched with everything else for that
+  relay, at least once, in order. A relay reaping the origin's stream (given up past the
+  presence TTL) keeps them (`ANSWERS_HELD_BYTES` at most) and sends them again once the origin
+  is alive again (it was cut off, not dead: its clients still wait), until the answer
+  deadline; an origin that stays dead loses them with its clients (a response body file it
+  would have adopted is swept later).
 - Each request carries a claim (`cluster/workqueue.py`): the consuming relay hands it on only
   if it sets the claim first. The origin never refuses a published request on a guess: when
   its XADD failed (it may still land: a cut link delivers what it held when it heals) or its
@@ -35,7 +38,8 @@ relay A (client here)                     Redis                        relay B (
   request landing after every claim expired (`CLAIM_MARGIN` past the pickup deadline), up to
   that much clock skew between hosts.
 - A relay that took a request and died: the cluster tells the origin (`on_instance_gone`,
-  within `--cluster-ttl`), which answers 503 to every request that relay had taken. A request
+  within `--cluster-ttl`), which answers 504 to every request that relay had taken (it may
+  have run; a relay only cut off, given up meanwhile, may even still answer it). A request
   it read but had not yet reported taken is lost with it and answered 408 at its deadline.
 - Bodies over the inline limit stay in the body store, which must be one directory shared by
   the relays (RelayServer needs a shared volume too); the relay that reads a file takes over
@@ -49,11 +53,12 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from rmb_relay.clock import Clock, nanos, wall_clock
 from rmb_relay.cluster import keys
-from rmb_relay.cluster.bus import RETRY_DELAY
+from rmb_relay.cluster.bus import RETRY_DELAY, redis_errors
 from rmb_relay.cluster.endpoint import CallbackEndpoint
 from rmb_relay.cluster.workqueue import WorkQueues
 from rmb_relay.errors import ClusterUnavailable
@@ -78,14 +83,18 @@ CLAIM_MARGIN = 60.0
 WITHDRAW_GRACE = CLAIM_MARGIN / 2
 #: withdrawals asked in one round trip at most
 WITHDRAW_BATCH = 256
+#: bytes of answers reaped from a given-up origin's stream held for it at most, and the pauses
+#: between tries to send them again (doubling)
+ANSWERS_HELD_BYTES = 4 << 20
+FIRST_DELAY, MAX_DELAY = 0.25, 2.0
 #: what a withdrawal found (`rmb_relay_tunnel_withdrawals_total`'s labels, with "dropped": a
 #: request read here that its origin had withdrawn first)
 VERDICTS = ("withdrawn", "taken", "unknown")
 
 
-def waiter_name(request_id: str) -> str:
+def waiter_name(request_id: str, origin: str) -> str:
     """The bus name of the origin's waiter for a request (`Cluster.register_kind`)."""
-    return f"{keys.KIND_TUNNEL}:{request_id}"
+    return f"{keys.KIND_TUNNEL}:{origin}/{request_id}"
 
 
 class RedisBridge:
@@ -95,8 +104,11 @@ class RedisBridge:
         dialect: TunnelHost,
         *,
         request_ttl: float,
+        response_timeout: float = 0.0,
         wall: Clock = wall_clock,
     ) -> None:
+        """`request_ttl` + `response_timeout`: how long an origin's client may wait (answers
+        reaped from its stream are held for it that long)."""
         self.cluster = cluster
         self.me = cluster.me
         self.hub = dialect.hub
@@ -114,6 +126,11 @@ class RedisBridge:
         #: who waits for a verdict itself (a queue-mode request answers only then)
         self._verdicts: dict[str, asyncio.Future[bool | None]] = {}
         self.counts = dict.fromkeys(VERDICTS, 0)
+        #: answers reaped from a given-up origin's stream: (origin, name, frame, until)
+        self._held: list[tuple[str, str, bytes, int]] = []
+        self._held_bytes = 0
+        self._span = nanos(request_ttl + response_timeout)
+        self._resender: asyncio.Task[None] | None = None
         self.hub.tell = self._tell
         self.hub.withdraw = self._withdraw
         self.hub.withdrawals = self._verdict_counts
@@ -206,10 +223,66 @@ class RedisBridge:
             future.set_result(taken)
 
     def _resolve(self, name: str) -> CallbackEndpoint:
-        """Every `t:` name resolves, here and on a relay reaping our stream: an answer for a
-        request nobody waits for any more still has its response body file removed."""
-        request_id = name.partition(":")[2]
+        """Every `t:` name resolves: ours, to the hub (an answer for a request nobody waits for
+        any more still has its response body file removed); another origin's, found reaping
+        its stream, to be held for it (module docstring)."""
+        origin, _, request_id = name.partition(":")[2].rpartition("/")
+        if origin and origin != self.me:
+            return CallbackEndpoint(lambda frame: self._hold(origin, name, frame))
         return CallbackEndpoint(lambda frame: self._on_reply(request_id, frame))
+
+    def _hold(self, origin: str, name: str, frame: bytes) -> None:
+        if self._held_bytes + len(frame) > ANSWERS_HELD_BYTES:
+            log.warning(
+                "tunnel: an answer reaped for %s is dropped: %d bytes held",
+                origin,
+                self._held_bytes,
+            )
+            return
+        self._held.append((origin, name, frame, self.hub.clock() + self._span))
+        self._held_bytes += len(frame)
+        if self._resender is None:
+            self._resender = asyncio.get_running_loop().create_task(self._resend())
+
+    async def _resend(self) -> None:
+        """Send the held answers again, in order, once their origin is alive again (a pause
+        that grows between tries), until their deadline."""
+        delay = FIRST_DELAY
+        try:
+            while self._held:
+                await asyncio.sleep(delay)  # a pause between tries, not a wait for an event
+                delay = min(2 * delay, MAX_DELAY)
+                now = self.hub.clock()
+                held, self._held = self._held, []
+                kept = [entry for entry in held if entry[3] > now]
+                try:
+                    live = await self.cluster.alive(sorted({entry[0] for entry in kept}))
+                except redis_errors():
+                    live = set()
+                again = []
+                for origin, name, frame, until in kept:
+                    if origin in live:
+                        self.cluster.send_to_nowait(
+                            origin, name, frame, self._resent(origin, name, frame, until)
+                        )
+                    else:
+                        again.append((origin, name, frame, until))
+                self._held = again + self._held
+                self._held_bytes = sum(len(entry[2]) for entry in self._held)
+        finally:
+            self._resender = None
+
+    def _resent(
+        self, origin: str, name: str, frame: bytes, until: int
+    ) -> Callable[[bool | ClusterUnavailable], None]:
+        def outcome(result: bool | ClusterUnavailable) -> None:
+            if result is not True:  # its stream not back yet: again later
+                self._held.append((origin, name, frame, until))
+                self._held_bytes += len(frame)
+                if self._resender is None:
+                    self._resender = asyncio.get_running_loop().create_task(self._resend())
+
+        return outcome
 
     def _on_reply(self, request_id: str, frame: bytes) -> None:
         if frame[:1] in (RESPONSE, RESPONSE_JSON):
@@ -287,16 +360,20 @@ class RedisBridge:
         if frame[:1] in (RESPONSE, RESPONSE_JSON):
             self.store.release(self.store.name("res", request_id))  # the origin adopts it
 
-        def outcome(result: bool | ClusterUnavailable) -> None:
-            if result is not True:
-                why = "its relay is gone" if result is False else str(result)
-                log.warning("tunnel: the answer to request %s was not sent: %s", request_id, why)
+        name = waiter_name(request_id, origin)
 
-        self.cluster.send_to_nowait(origin, waiter_name(request_id), frame, outcome)
+        def outcome(result: bool | ClusterUnavailable) -> None:
+            if result is False:  # given up, maybe only cut off: held for it
+                self._hold(origin, name, frame)
+            elif result is not True:
+                log.warning("tunnel: the answer to request %s was not sent: %s", request_id, result)
+
+        self.cluster.send_to_nowait(origin, name, frame, outcome)
 
     async def close(self) -> None:
-        if self._withdrawer is not None:
-            await cancel_and_wait(self._withdrawer, STOP_TIMEOUT)
+        for task in (self._withdrawer, self._resender):
+            if task is not None:
+                await cancel_and_wait(task, STOP_TIMEOUT)
         await self.queues.close()
 
 
