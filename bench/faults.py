@@ -65,6 +65,16 @@ SCENARIOS: dict[str, Scenario] = {
     "sg-send-cut-10": lambda world: sg_send_cut_from_redis(world, 10),
     "sg-queue-cut-10": lambda world: sg_send_cut_from_redis(world, 10, queue=True),
     "tunnel-cut-10": lambda world: tunnel_cut_from_redis(world, 10),
+    "sbd-redis-cluster-failover": lambda world: sbd_cut_from_redis(world, 0, fault="failover"),
+    "sg-send-redis-cluster-failover": lambda world: sg_send_cut_from_redis(
+        world, 0, fault="failover"
+    ),
+    "sg-queue-redis-cluster-failover": lambda world: sg_send_cut_from_redis(
+        world, 0, queue=True, fault="failover"
+    ),
+    "tunnel-redis-cluster-failover": lambda world: tunnel_cut_from_redis(
+        world, 0, fault="failover"
+    ),
     "sbd-slow-redis-30": lambda world: sbd_cut_from_redis(world, 30, fault="slow"),
     "sg-send-slow-redis-30": lambda world: sg_send_cut_from_redis(world, 30, fault="slow"),
 }
@@ -74,6 +84,10 @@ def _world(name: str, ttl: float) -> TwoInstances | FederatedPair | ClusterInsta
     if "federation" in name:
         return FederatedPair()
     if "redis-cluster" in name:
+        if name.startswith("sbd"):
+            return ClusterInstances(ttl=ttl, extra=SBD_FLAGS)
+        if name.startswith("tunnel"):
+            return ClusterInstances(ttl=ttl, tenants=[(TENANT, SECRET)], extra=TUNNEL_FLAGS)
         return ClusterInstances(ttl=ttl)
     if name.startswith("sbd"):
         return TwoInstances(ttl=ttl, extra=SBD_FLAGS)
@@ -86,7 +100,7 @@ def _world(name: str, ttl: float) -> TwoInstances | FederatedPair | ClusterInsta
 
 #: scenarios where losing messages is what the dialect allows (docs/faults.md): SBD is best
 #: effort
-MAY_LOSE = ("sbd-cut-10", "sbd-slow-redis-30")
+MAY_LOSE = ("sbd-cut-10", "sbd-slow-redis-30", "sbd-redis-cluster-failover")
 
 
 async def run(only: str | None, ttl: float) -> list[tuple[str, Outcome]]:
@@ -99,6 +113,9 @@ async def run(only: str | None, ttl: float) -> list[tuple[str, Outcome]]:
         print(outcome.line(), flush=True)
         if outcome.fates.refusals:
             print(f"  refusals: {'; '.join(outcome.fates.refusals)}", flush=True)
+        if outcome.fates.refused_delivered_why:
+            done = "; ".join(outcome.fates.refused_delivered_why)
+            print(f"  refused, yet delivered: {done}", flush=True)
         outcomes.append((name, outcome))
     return outcomes
 
@@ -109,9 +126,10 @@ def table(outcomes: list[tuple[str, Outcome]]) -> str:
     for _, o in outcomes:
         f = o.fates
         recover = "-" if o.recover_s is None else f"{o.recover_s:.1f} s"
+        refused = f"{f.refused}" + (f" (+{f.unknown} 504)" if f.unknown else "")
         rows.append(
             f"| {o.scenario} | {f.accepted} | {f.delivered_once} | {f.delivered_more} | "
-            f"{f.refused} | {f.lost} | {recover} | {o.rss_mib:.0f} |"
+            f"{refused} | {f.lost} | {recover} | {o.rss_mib:.0f} |"
         )
     return "\n".join(rows)
 

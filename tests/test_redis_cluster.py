@@ -22,6 +22,7 @@ from tests.helpers import eventually
 from tests.redis_process import start_redis_cluster
 from tests.sg_fixtures import MakeGateway
 from tests.sg_fixtures import make_gateway as make_gateway
+from tests.test_singyeong_queues import queue, take
 from tests.tunnel_fixtures import StartTunnel
 from tests.tunnel_fixtures import start_tunnel as start_tunnel
 
@@ -106,3 +107,17 @@ async def test_tunnel_across_relays_on_redis_cluster(
         reply = await client.post("/relay/acme/app/echo", content=b"across")
         assert (reply.status_code, reply.content) == (200, b"across")
         assert await a.dialect.reachable("ACME")
+
+
+async def test_gateway_queue_across_instances_on_redis_cluster(
+    redis_cluster: str, make_gateway: MakeGateway
+) -> None:
+    """A 신경 QUEUE stored through one instance and taken through the other on Redis Cluster
+    (the store's pipeline may send neither EVALSHA nor PUBLISH there: redis-py refuses both)."""
+    a = await make_gateway(redis_url=redis_cluster, cluster_mode=True, node="sgq-a")
+    b = await make_gateway(redis_url=redis_cluster, cluster_mode=True, node="sgq-b")
+    producer = await a.client("p", "caller")
+    worker = await b.client("w", "workers")
+    for n in range(3):
+        await queue(producer, n, name="cluster-jobs")
+    assert [(await take(worker, "cluster-jobs"))["payload"] for _ in range(3)] == [0, 1, 2]

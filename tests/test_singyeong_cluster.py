@@ -249,6 +249,40 @@ async def _gone(probe: Redis, instance: str) -> bool:
     )
 
 
+async def test_an_instance_whose_table_redis_lost_writes_it_again(
+    make_gateway: MakeGateway, tmp_path: Path
+) -> None:
+    """b's entries vanish from Redis (as with a primary killed before it replicated them and
+    its replica promoted: the lab's failover, docs/faults.md (d)) and Redis is away long
+    enough that every reader loads the snapshot again: b finds its own entries missing there
+    and writes them again, so a routes to b's clients again."""
+    redis_dir = tmp_path / "redis"
+    redis_dir.mkdir()
+    server = start_redis(str(redis_dir))
+    try:
+        a, b = await pair(make_gateway, server)
+        await spread(a, b, 4)
+        assert b.cluster is not None
+        probe = Redis.from_url(server.url)
+        await probe.delete(keys.table_key("sg", b.cluster.me))
+        await probe.srem(keys.table_members_key("sg"), b.cluster.me)
+        await probe.aclose()
+        server.stop()
+        for gateway in (a, b):
+            cluster = gateway.dialect.cluster
+            assert cluster is not None
+            await eventually(lambda c=cluster: not c.ready.is_set())  # type: ignore[misc]
+        server = start_redis(str(redis_dir), port=server.port)
+        probe = Redis.from_url(server.url)
+        try:
+            await eventually(lambda: probe.exists(keys.table_key("sg", b.cluster.me)))
+        finally:
+            await probe.aclose()
+        await eventually(lambda: _replicated(a, 4))
+    finally:
+        server.stop()
+
+
 async def test_an_instance_taken_for_dead_while_alive_publishes_its_clients_again(
     redis_server: RedisServer, make_gateway: MakeGateway
 ) -> None:

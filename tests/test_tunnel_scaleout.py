@@ -13,6 +13,7 @@ from rmb_relay.cluster import keys
 from rmb_relay.tasks import cancel_and_wait
 from tests.conftest import WAIT, RedisServer
 from tests.conftest import redis_server as redis_server
+from tests.faultlab.proxy import FaultProxy
 from tests.helpers import eventually
 from tests.tunnel_fixtures import StartTunnel, Tunnel, pattern
 from tests.tunnel_fixtures import start_tunnel as start_tunnel
@@ -69,6 +70,9 @@ async def test_ttl_holds_across_relays(
         assert (await client.get("/relay/acme/$ping/")).status_code == 200
     assert a.target.calls == []
     assert connector.requests_received == 1
+    # a withdrew the expired request (its claim) before answering 408: b read it and dropped it
+    assert b.dialect.bridge is not None
+    assert b.dialect.bridge.queues.withdrawn == 1
 
 
 async def test_local_connector_is_used_directly(
@@ -93,19 +97,66 @@ async def _reachable(tunnel: Tunnel) -> bool:
 
 
 async def test_redis_down_is_503(start_tunnel: StartTunnel, redis_server: RedisServer) -> None:
+    """Redis known down (the cluster saw a call fail): refused at once, nothing sent."""
     a, _ = await two_relays(start_tunnel, redis_server)
     redis_server.stop()
+    await eventually(lambda: a.cluster is not None and not a.cluster.redis_up)
     async with a.client() as client:
         reply = await client.get("/relay/acme/app/echo")
     assert reply.status_code == 503
 
 
-async def test_a_request_taken_by_a_relay_that_dies_is_answered_503(
+async def test_a_request_whose_publish_failed_is_refused_only_if_it_never_runs(
+    start_tunnel: StartTunnel, redis_server: RedisServer
+) -> None:
+    """A's link to Redis holds its bytes (delivered at the heal, as a repaired cut does): the
+    request's XADD times out on A and lands later. A withdraws it before answering: first,
+    the client gets 503 and B drops the request when it lands; else B took it and the client
+    gets its answer. Never both, never neither."""
+    proxy = await FaultProxy.start("127.0.0.1", ("127.0.0.1", redis_server.port))
+    try:
+        host, port = proxy.address
+        a = await start_tunnel(redis_url=f"redis://{host}:{port}", redis_timeout=2.0)
+        b = await start_tunnel(redis_url=redis_server.url, target=a.target)
+        await b.connect()
+        assert a.dialect.bridge is not None
+        assert b.dialect.bridge is not None
+        await eventually(
+            lambda: b.dialect.bridge is not None and b.dialect.bridge.consuming("ACME")
+        )
+        async with a.client() as client:
+            # through first: the XADD below goes out on a connection opened before the cut
+            assert (
+                await client.post("/relay/acme/app/echo/first", content=b"1")
+            ).status_code == 200
+            proxy.black_hole()
+            loop = asyncio.get_running_loop()
+            waiting = loop.create_task(client.post("/relay/acme/app/echo", content=b"once"))
+            # the XADD's attempts timed out: a withdraws before answering
+            await eventually(lambda: a.dialect.bridge is not None and a.dialect.bridge._withdrawing)
+            assert not waiting.done()
+            proxy.heal()
+            reply = await asyncio.wait_for(waiting, 3 * WAIT)
+        if reply.status_code == 503:
+            await eventually(
+                lambda: b.dialect.bridge is not None and b.dialect.bridge.queues.withdrawn == 1
+            )
+            assert "POST /echo" not in a.target.calls
+            assert a.dialect.bridge.counts["withdrawn"] == 1
+        else:
+            assert (reply.status_code, reply.content) == (200, b"once")
+            assert a.target.calls.count("POST /echo") == 1
+    finally:
+        await proxy.close()
+
+
+async def test_a_request_taken_by_a_relay_that_dies_is_answered_504(
     start_tunnel: StartTunnel, redis_server: RedisServer
 ) -> None:
     """B took A's request (its connector is running it) and dies: the cluster's liveness
-    tells A, which answers 503 at once instead of letting the client wait for the response
-    timeout. (B's death: it stops renewing its liveness key, as a killed process does.)"""
+    tells A, which answers 504 at once (it may have run) instead of letting the client wait
+    for the response timeout. (B's death: it stops renewing its liveness key, as a killed
+    process does.)"""
     a, b = await two_relays(start_tunnel, redis_server)
     await b.connect()
     assert a.dialect.bridge is not None
@@ -125,7 +176,7 @@ async def test_a_request_taken_by_a_relay_that_dies_is_answered_503(
         await probe.aclose()
         await a.cluster.tick()
         reply = await asyncio.wait_for(waiting, WAIT)
-        assert reply.status_code == 503
+        assert reply.status_code == 504
         assert core.published() == []
         a.target.release.set()
     # nobody else holds the tenant's connectors: the dead relay is no holder any more

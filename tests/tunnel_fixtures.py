@@ -217,6 +217,7 @@ async def start_tunnel(start_relay: StartRelay, tmp_path: Path) -> AsyncIterator
             cluster_ttl: float = 15.0,
             cluster_mode: bool = False,
             listener: dict[str, Any] | None = None,
+            redis_timeout: float = 5.0,
             **settings: Any,
         ) -> Tunnel:
             """With `redis_url`, the relay joins the cluster there, as `rmb-relay --redis`
@@ -228,7 +229,8 @@ async def start_tunnel(start_relay: StartRelay, tmp_path: Path) -> AsyncIterator
             registry = Registry()
             cluster = None
             if redis_url is not None:
-                redis = await connect_redis(redis_url, cluster=cluster_mode)  # as rmb-relay does
+                # as rmb-relay does
+                redis = await connect_redis(redis_url, cluster=cluster_mode, timeout=redis_timeout)
                 stack.push_async_callback(redis.aclose)
                 switch = Switch(MemoryMailbox())
                 cluster = Cluster(redis, switch, ttl=cluster_ttl, registry=registry)

@@ -199,6 +199,13 @@ class ClusterUnavailable(MailboxUnavailable):
     A `MailboxUnavailable`, so every caller that handles a failed mailbox handles this too."""
 
 
+class WriteUncertain(RelayError):
+    """A write to Redis failed after it may have left: its reply is what was lost (a cut link
+    delivers the bytes it held when it heals). Deliberately not a `ClusterUnavailable`: the
+    caller must find out what happened (scaleout.py withdraws a request) before it tells
+    anyone the write failed."""
+
+
 class MailboxFull(MailboxUnavailable):
     """Storing the envelope would take a mailbox over one of its memory budgets (bytes per
     twin, bytes in all, sessions per twin): refused, so the sender hears of it, rather than

@@ -8,6 +8,9 @@ answer. At the end (`report`), each message is:
 - delivered once / delivered more than once: its answer came back (the receiver's count says
   how often it was delivered);
 - refused: the sender was told it failed (an error envelope, a refusal it saw);
+- not known: the sender was told the relay cannot say whether it was done (the tunnel's 504,
+  a gateway timeout): not a refusal, so one that was delivered is no broken promise, and
+  counted apart;
 - silently lost: neither. The sender was never told, which is the one fate a relay must not
   allow for anything it accepted.
 
@@ -34,9 +37,16 @@ class Fates:
     refusals: tuple[str, ...] = ()
     #: refused, and yet delivered (the receiver saw it: the refusal did not mean "not done")
     refused_delivered: int = 0
+    #: the reasons of those, with counts
+    refused_delivered_why: tuple[str, ...] = ()
+    #: told the outcome is not known, and of those, delivered
+    unknown: int = 0
+    unknown_delivered: int = 0
 
     def line(self) -> str:
         also = f" ({self.refused_delivered} of them delivered)" if self.refused_delivered else ""
+        if self.unknown:
+            also += f", told not known {self.unknown} ({self.unknown_delivered} delivered)"
         return (
             f"accepted {self.accepted}, delivered once {self.delivered_once}, twice or more "
             f"{self.delivered_more}, refused {self.refused}{also}, silently lost {self.lost}"
@@ -49,6 +59,7 @@ class Checker:
     _sent: dict[str, float] = field(default_factory=dict)
     _answered: set[str] = field(default_factory=set)
     _refused: dict[str, str] = field(default_factory=dict)
+    _unknown: set[str] = field(default_factory=set)
     _deliveries: Counter[str] = field(default_factory=Counter)
     _settled: asyncio.Event = field(default_factory=asyncio.Event)
     #: sent, fate not known yet
@@ -69,6 +80,11 @@ class Checker:
 
     def refused(self, message: str, why: str) -> None:
         self._refused.setdefault(message, why)
+        self._known(message)
+
+    def unknown(self, message: str) -> None:
+        """The sender was told its fate is not known (see the module docstring)."""
+        self._unknown.add(message)
         self._known(message)
 
     def delivered(self, message: str) -> None:
@@ -117,7 +133,8 @@ class Checker:
         return True
 
     def report(self) -> Fates:
-        once = more = refused = refused_delivered = 0
+        once = more = refused = unknown = unknown_delivered = 0
+        done_anyway: Counter[str] = Counter()
         lost: list[str] = []
         for message in self._sent:
             count = self._deliveries[message]
@@ -128,7 +145,11 @@ class Checker:
                     once += 1
             elif message in self._refused:
                 refused += 1
-                refused_delivered += count > 0
+                if count:
+                    done_anyway[self._refused[message]] += 1
+            elif message in self._unknown:
+                unknown += 1
+                unknown_delivered += count > 0
             else:
                 lost.append(message)
         reasons = Counter(self._refused.values())
@@ -140,5 +161,8 @@ class Checker:
             len(lost),
             tuple(lost[:10]),
             tuple(f"{why} x{n}" for why, n in reasons.most_common(5)),
-            refused_delivered,
+            done_anyway.total(),
+            tuple(f"{why} x{n}" for why, n in done_anyway.most_common(5)),
+            unknown,
+            unknown_delivered,
         )

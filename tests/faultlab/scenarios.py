@@ -190,10 +190,10 @@ async def _primary_of(world: World, key: str) -> tuple[RedisNode, ClusterNode]:
     raise RuntimeError(f"no live primary serves slot {slot} of {key}")
 
 
-async def rmb_cluster_failover(world: World, *, rate: float = RATE) -> Outcome:
+def _failover(world: World) -> Fault:
     """(d) on a Redis Cluster with a replica per primary: the primary holding instance a's
     bus stream killed (its replica promoted), then a manual failover of the shard holding
-    b's, while twin 1 on a asks twin 2 on b."""
+    b's."""
 
     async def fault() -> int:
         node, _ = await _primary_of(world, keys.bus_key("a"))
@@ -213,7 +213,12 @@ async def rmb_cluster_failover(world: World, *, rate: float = RATE) -> Outcome:
         await wait_until(promoted, 60, step=0.1)
         return 0
 
-    return await _run_fault(world, "rmb redis cluster failover", ("a", "b"), fault, rate)
+    return fault
+
+
+async def rmb_cluster_failover(world: World, *, rate: float = RATE) -> Outcome:
+    """(d) `_failover` while twin 1 on a asks twin 2 on b."""
+    return await _run_fault(world, "rmb redis cluster failover", ("a", "b"), _failover(world), rate)
 
 
 async def rmb_slow_lossy_redis(
@@ -275,17 +280,19 @@ def _degrade_redis_links(
     return degrade, heal
 
 
-def _redis_fault(
-    world: World, fault: str, seconds: float
-) -> tuple[str, Callable[[], None], Callable[[], None]]:
-    """A one-way scenario's Redis fault: "cut" (a) a's link black-holed, or "slow" (c) every
-    link 50 ± 20 ms and 1% resets; (its name, start, heal)."""
+def _redis_fault(world: World, fault: str, seconds: float) -> tuple[str, Fault]:
+    """A one-way scenario's Redis fault: "cut" (a) a's link black-holed, "slow" (c) every
+    link 50 ± 20 ms and 1% resets, "failover" (d) on a Redis Cluster; (its name, the
+    fault)."""
+    if fault == "failover":
+        return "redis cluster failover", _failover(world)
     if fault == "slow":
         degrade, heal = _degrade_redis_links(world, 0.05, 0.02, 0.01)
-        return f"redis links 50±20 ms, 1% resets {seconds:g} s", degrade, heal
+        label = f"redis links 50±20 ms, 1% resets {seconds:g} s"
+        return label, _cut_for(world, degrade, heal, seconds)
     link = world.instances["a"].to_redis
     assert link is not None
-    return f"a cut from redis {seconds:g} s", link.black_hole, link.heal
+    return f"a cut from redis {seconds:g} s", _cut_for(world, link.black_hole, link.heal, seconds)
 
 
 async def _run_one_way(
@@ -319,13 +326,13 @@ async def sbd_cut_from_redis(
     world: World, cut: float, *, rate: float = RATE, fault: str = "cut"
 ) -> Outcome:
     """(a) for SBD: a's link to Redis black-holed for `cut` seconds while a client on a
-    forwards to a key connected to b; then healed (`fault="slow"`: (c) instead). SBD is best
-    effort (no mailbox, no error to the sender): what the relay could not pass on is dropped
-    and counted."""
+    forwards to a key connected to b; then healed (`fault="slow"`: (c) instead; `"failover"`:
+    (d), on a Redis Cluster). SBD is best effort (no mailbox, no error to the sender): what
+    the relay could not pass on is dropped and counted."""
     checker = Checker(one_way=True)
     traffic = SbdForwards(checker)
     a, b = world.instances["a"], world.instances["b"]
-    label, start, heal = _redis_fault(world, fault, cut)
+    label, fault_run = _redis_fault(world, fault, cut)
     try:
         await traffic.open(a.from_clients.address, b.from_clients.address)
     except BaseException:
@@ -339,7 +346,7 @@ async def sbd_cut_from_redis(
         f"sbd {label}",
         traffic,
         checker,
-        _cut_for(world, start, heal, cut),
+        fault_run,
         rate,
         lambda: _held_by(world, name, "b"),
         10.0,
@@ -355,44 +362,45 @@ async def sg_send_cut_from_redis(
 ) -> Outcome:
     """(a) for the 신경 gateway: a's link to Redis black-holed for `cut` seconds while a client
     on a SENDs (or QUEUEs, `queue`) to the one client of application "api", on b; then
-    healed (`fault="slow"`: (c) instead)."""
+    healed (`fault="slow"`: (c) instead; `"failover"`: (d), on a Redis Cluster)."""
     checker = Checker(one_way=True)
     traffic = SgQueue(checker) if queue else SgSends(checker)
     a, b = world.instances["a"], world.instances["b"]
-    label, start, heal = _redis_fault(world, fault, cut)
+    label, fault_run = _redis_fault(world, fault, cut)
     try:
         await traffic.open(a.from_clients.address, b.from_clients.address)
     except BaseException:
         await traffic.close()
         raise
     name = f"신경 {'QUEUE' if queue else 'SEND'} {label}"
-    fault_run = _cut_for(world, start, heal, cut)
     return await _run_one_way(world, name, traffic, checker, fault_run, rate, None, SETTLE)
 
 
-async def tunnel_cut_from_redis(world: World, cut: float, *, rate: float = RATE) -> Outcome:
+async def tunnel_cut_from_redis(
+    world: World, cut: float, *, rate: float = RATE, fault: str = "cut"
+) -> Outcome:
     """(a) for the HTTP tunnel: a's link to Redis black-holed for `cut` seconds while a client
     on a POSTs through tenant "acme" to a connector on b (every request crosses the tenant's
-    work queue in Redis and every answer comes back through it); then healed. Each request
-    is answered, refused with an error status, or silently lost (no answer ever)."""
+    work queue in Redis and every answer comes back through it); then healed
+    (`fault="failover"`: (d) instead). Each request is answered, refused with an error
+    status, told not known (504), or silently lost (no answer ever)."""
     checker = Checker()
     traffic = TunnelRequests(checker)
     a, b = world.instances["a"], world.instances["b"]
-    link = a.to_redis
-    assert link is not None
+    label, fault_run = _redis_fault(world, fault, cut)
     try:
         await traffic.open(a.from_clients.address, b.from_clients.address, world.logs)
         await traffic.ready()
         traffic.start(rate)
         await wait_until(lambda: checker.answered_count >= WARMUP_ANSWERS, 30)
-        early = await _cut_for(world, link.black_hole, link.heal, cut)()
+        early = await fault_run()
         started = time.monotonic()
         mark = traffic.next_id
         await wait_until(lambda: checker.answered_since(traffic.prefix, mark), 120)
         recover = time.monotonic() - started
         await traffic.stop()
         await checker.settle(SETTLE)
-        name = f"tunnel a cut from redis {cut:g} s"
+        name = f"tunnel {label}"
         return Outcome(name, checker.report(), recover, world.rss_mib(), True, early)
     finally:
         await traffic.close()

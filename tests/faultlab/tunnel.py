@@ -1,9 +1,10 @@
 """Steady HTTP tunnel traffic for the checker: a client on one instance POSTs numbered
 bodies at a fixed rate through `/relay/acme/app/echo` to a connector on another instance,
 which hands each to an echo target that counts it (delivered) and answers it. The client
-counts a 2xx echo as answered, any other status or a failed connection as refused (the
-sender saw an error), and waits without a deadline of its own: the relay's
-(`--tunnel-request-ttl`, `--tunnel-response-timeout`) decide."""
+counts a 2xx echo as answered, a 504 (gateway timeout: the relay cannot say whether it ran)
+as not known, any other status or a failed connection as refused (the sender saw an error),
+and waits without a deadline of its own: the relay's (`--tunnel-request-ttl`,
+`--tunnel-response-timeout`) decide."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import asyncio
 import contextlib
 import sys
 from pathlib import Path
+from typing import BinaryIO
 
 import aiohttp
 from aiohttp import web
@@ -30,6 +32,7 @@ class TunnelRequests(PacedTraffic):
         self.url = ""
         self._runner: web.AppRunner | None = None
         self._connector: asyncio.subprocess.Process | None = None
+        self._log: BinaryIO | None = None
         self._session: aiohttp.ClientSession | None = None
         self._requests: set[asyncio.Task[None]] = set()
 
@@ -49,7 +52,7 @@ class TunnelRequests(PacedTraffic):
         site = web.TCPSite(self._runner, "127.0.0.1", 0)
         await site.start()
         port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        log = (logs / "connector.log").open("wb")
+        log = self._log = (logs / "connector.log").open("wb")
         self._connector = await asyncio.create_subprocess_exec(
             *(sys.executable, "-m", "rmb_relay", "connector"),
             *("--server", f"http://{connector[0]}:{connector[1]}"),
@@ -90,6 +93,8 @@ class TunnelRequests(PacedTraffic):
                 body = await reply.read()
                 if reply.status == 200 and body == message.encode():
                     self.checker.answered(message)
+                elif reply.status == 504:
+                    self.checker.unknown(message)
                 else:
                     self.checker.refused(message, f"{reply.status} {body[:80]!r}")
         except (aiohttp.ClientError, OSError) as err:
@@ -107,5 +112,8 @@ class TunnelRequests(PacedTraffic):
                 await asyncio.wait_for(self._connector.wait(), 10)
             if self._connector.returncode is None:
                 self._connector.kill()
+                await self._connector.wait()
+        if self._log is not None:
+            self._log.close()
         if self._runner is not None:
             await self._runner.cleanup()

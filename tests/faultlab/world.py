@@ -160,11 +160,7 @@ class TwoInstances(_Maker):
         world = World(lab, redis, probe, self.logs)
         twins = self.logs / "twins.sqlite3"
         twin_directory(twins)
-        for tenant, secret in self.tenants:
-            await _run(
-                sys.executable, "-m", "rmb_relay", "tenants", "--twins", f"sqlite:{twins}",
-                "add", tenant, "--secret", secret,
-            )  # fmt: skip
+        await _add_tenants(twins, self.tenants)
         directory = ["--twins", f"sqlite:{twins}", "--twin-cache-ttl", "0"]
         if self.chain_cache_ttl is not None:
             # the twin directory on a chain node of its own, behind a proxy of the world's
@@ -190,6 +186,14 @@ class TwoInstances(_Maker):
             ]
             await _instance(stack, world, name, args, to_redis=to_redis)
         return world
+
+
+async def _add_tenants(twins: Path, tenants: Sequence[tuple[str, str]]) -> None:
+    for tenant, secret in tenants:
+        await _run(
+            sys.executable, "-m", "rmb_relay", "tenants", "--twins", f"sqlite:{twins}",
+            "add", tenant, "--secret", secret,
+        )  # fmt: skip
 
 
 async def _run(*argv: str) -> None:
@@ -268,8 +272,11 @@ class ClusterInstances(_Maker):
         node_timeout_ms: int = 1000,
         extra: Sequence[str] = (),
         logs: Path | None = None,
+        tenants: Sequence[tuple[str, str]] = (),
     ) -> None:
         self.ttl = ttl
+        #: HTTP tunnel tenants (name, secret) in the instances' directory
+        self.tenants = tenants
         self.masters = masters
         self.node_timeout_ms = node_timeout_ms
         self.extra = extra
@@ -299,6 +306,7 @@ class ClusterInstances(_Maker):
         await wait_until(lambda: cluster_settled(world), 60, step=0.1)
         twins = self.logs / "twins.sqlite3"
         twin_directory(twins)
+        await _add_tenants(twins, self.tenants)
         for name in ("a", "b"):
             args = ["--twins", f"sqlite:{twins}", "--twin-cache-ttl", "0"]
             args += ["--redis", f"redis://{first.host.address}:{first.port}/0"]

@@ -30,7 +30,8 @@ Theory of operation
   `replace`); a read that failed makes the reader load the snapshot again and report what
   changed. The copies converge once Redis answers; during an outage they may be stale. An
   instance that was taken for dead while only cut off sees its own `gone` in the log and
-  writes its table again.
+  writes its table again; one whose snapshot, loaded again, does not hold its entries as it
+  does (a `gone` before the snapshot, or a failover that lost writes) writes it again too.
 
 Limits: the log is trimmed to about `LOG_MAX` entries; only a reader that was cut off falls
 that far behind, and it reloads the snapshot anyway.
@@ -218,7 +219,17 @@ class ReplicatedTable:
             tables[_text(raw[index])] = {
                 _text(flat[i]): bytes(flat[i + 1]) for i in range(0, len(flat), 2)
             }
-        tables.pop(self.me, None)
+        ours = tables.pop(self.me, {})
+        if ours != self.mine and not self._dirty and not self._closing:
+            # lost with a primary that had not replicated it (a Redis Cluster failover), or
+            # dropped by an instance that took us for dead while we were not reading: its
+            # `gone` came before this snapshot, so `_apply` never sees it
+            log.warning(
+                "cluster: table %s: ours is not in redis as we hold it; writing it again",
+                self.topic,
+            )
+            self._dirty = True
+            self._kick()
         live = await self.cluster.alive(list(tables))
         for instance in [i for i in tables if i not in live]:
             del tables[instance]

@@ -16,6 +16,7 @@ together (its bus stream and its liveness key) share a tag, so they share a slot
 | `rmb:{f:<topic>}:i:<id>` | hash | instance `<id>`'s entries of that table (a snapshot) |
 | `rmb:{q:<topic>:<name>}:work` | stream | a work queue (`workqueue.py`), one consumer group |
 | `rmb:{q:<topic>:<name>}:holders` | set | instances consuming that queue |
+| `rmb:{q:<topic>:<name>}:claim:<c>` | string, TTL | a claim: `t:<id>` took it, `w` withdrawn |
 
 A replicated table's keys share one tag, so one script can change an instance's entries and
 append the change to the log atomically, and a newcomer reads the snapshot and the log
@@ -100,6 +101,10 @@ def work_key(topic: str, name: str) -> str:
 
 def work_holders_key(topic: str, name: str) -> str:
     return f"rmb:{{q:{topic}:{name}}}:holders"
+
+
+def work_claim_key(topic: str, name: str, claim: str) -> str:
+    return f"rmb:{{q:{topic}:{name}}}:claim:{claim}"
 
 
 #: the 신경 queues' names (a set) and their wake-up channel (pub/sub)

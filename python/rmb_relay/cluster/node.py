@@ -475,6 +475,13 @@ class Cluster:
             except Exception:  # one dialect's bug must not stop the reaping
                 log.exception("cluster: an instance-gone listener failed")
 
+    @property
+    def redis_up(self) -> bool:
+        """False from the first failed Redis call of an outage (the bus's read, a tick) until
+        one succeeds again: writes tried meanwhile would wait on their timeouts and may land
+        later, so callers that must not guess refuse without trying."""
+        return not self._redis_down
+
     async def alive(self, instances: list[str]) -> set[str]:
         """Which of `instances` are alive now (this one always is). Raises Redis errors."""
         others = [i for i in instances if i != self.me]

@@ -10,13 +10,24 @@ Keys (`keys.py`; one hash tag per queue)
 ```text
 rmb:{q:<topic>:<name>}:work      stream  the entries; group `keys.GROUP`, one consumer per instance
 rmb:{q:<topic>:<name>}:holders   set     instances consuming it (`has_consumers`)
+rmb:{q:<topic>:<name>}:claim:<c> string  an entry's claim (TTL): `t:<instance>` or `w`
 ```
 
 Delivery is at most once: an entry is acknowledged (and deleted) as it is read, before it is
 handed on, so an instance that dies with entries it read loses them. The tunnel wants that: its
-origin answers every request it did not hear back about (408 at the pickup deadline, 503 when
+origin answers every request it did not hear back about (504 at its answer deadline, 503 when
 the instance that took it dies), and a request must never run twice unasked. A holder that
 died stays in the set until `has_consumers` finds its liveness key gone and removes it.
+
+Claims: an entry put with a claim (a name unique to it, and how long the claim is kept) is
+handed on only by the consumer that sets its claim key first (`SET NX`, in the round trip that
+acknowledges it); its producer may `withdraw` it by setting the same key first. Whoever comes
+first decides, in Redis, with no clock compared between hosts: a producer whose write failed,
+and may still land (a cut link delivers what it held at the heal), or that heard nothing by a
+deadline, learns whether the entry will run before it tells anyone it will not. A copy of the
+entry (a write retried after a lost reply) finds the claim set and is dropped too. The claim
+outlives both sides' use of it only by its TTL: a copy arriving later still is left to the
+consumer's own checks (the tunnel's pickup deadline).
 """
 
 from __future__ import annotations
@@ -31,12 +42,11 @@ from rmb_relay.cluster.bus import (
     READ_BLOCK_MS,
     READ_COUNT,
     RETRY_DELAY,
-    ack_delete,
     ensure_group,
     redis_errors,
     stream_entries,
 )
-from rmb_relay.errors import ClusterUnavailable
+from rmb_relay.errors import ClusterUnavailable, WriteUncertain
 from rmb_relay.tasks import STOP_TIMEOUT, cancel_and_wait, finish_or_cancel
 
 if TYPE_CHECKING:
@@ -48,6 +58,11 @@ log = logging.getLogger("rmb_relay.cluster")
 QUEUE_MAX = 100_000
 #: how long closing may wait for the holder sets to be updated
 LEAVE_TIMEOUT = 2.0
+#: an entry's claim fields (its claim's name, how long it is kept in ms), and the values of a
+#: claim key: taken (+ the consumer's instance id) or withdrawn by the producer
+CLAIM, CLAIM_MS = "claim", "claim_ms"
+CLAIM_B, CLAIM_MS_B = CLAIM.encode(), CLAIM_MS.encode()
+TAKEN, WITHDRAWN = b"t:", b"w"
 
 Fields = dict[bytes, bytes]
 Handler = Callable[[Fields], None]
@@ -66,18 +81,53 @@ class WorkQueues:
         self._holders: list[tuple[str, bool]] = []
         self._writer: asyncio.Task[None] | None = None
         self._stopped: set[asyncio.Task[None]] = set()
+        self._taken = TAKEN + self.me.encode()
+        #: entries read here and dropped: their producer withdrew them first
+        self.withdrawn = 0
 
     # ---- producing -------------------------------------------------------------------------
 
-    async def put(self, name: str, fields: dict[str, bytes | str]) -> None:
-        """Append one entry to queue `name` (raises ClusterUnavailable: not accepted)."""
+    async def put(
+        self, name: str, fields: dict[str, bytes | str], claim: tuple[str, int] | None = None
+    ) -> None:
+        """Append one entry to queue `name`, with `claim` (its name, how long it is kept in ms:
+        module docstring). Raises ClusterUnavailable when Redis is known to be down (nothing
+        was sent), WriteUncertain when the write failed (it may still land)."""
+        if not self.cluster.redis_up:
+            raise ClusterUnavailable("redis is unavailable")
         entry: dict[Any, Any] = fields
+        if claim is not None:
+            entry = {**fields, CLAIM: claim[0], CLAIM_MS: str(claim[1])}
         try:
             await self.redis.xadd(
                 keys.work_key(self.topic, name), entry, maxlen=QUEUE_MAX, approximate=True
             )
         except redis_errors() as err:
+            raise WriteUncertain(f"redis: {err}") from err
+
+    async def withdraw(self, claims: list[tuple[str, str, int]]) -> list[str | None]:
+        """For each (queue name, claim, ms to keep it): None when it is withdrawn here (no
+        consumer took it; none will while the claim is kept), else the instance that took it,
+        or "" when the claim was gone (expired: not known). One round trip; raises
+        ClusterUnavailable."""
+        pipe = self.redis.pipeline(transaction=False)
+        for name, claim, ms in claims:
+            key = keys.work_claim_key(self.topic, name, claim)
+            pipe.set(key, WITHDRAWN, nx=True, px=ms)
+            pipe.get(key)
+        try:
+            replies = await pipe.execute()
+        except redis_errors() as err:
             raise ClusterUnavailable(f"redis: {err}") from err
+        verdicts: list[str | None] = []
+        for value in replies[1::2]:
+            if value == WITHDRAWN:
+                verdicts.append(None)
+            elif isinstance(value, bytes) and value.startswith(TAKEN):
+                verdicts.append(value[len(TAKEN) :].decode(errors="replace"))
+            else:
+                verdicts.append("")
+        return verdicts
 
     async def has_consumers(self, name: str) -> bool:
         """Whether a live instance consumes `name` (raises ClusterUnavailable). Holders found
@@ -134,8 +184,7 @@ class WorkQueues:
                     )
                     for _, entries in stream_entries(replies):
                         # at most once: see the module docstring
-                        await ack_delete(self.redis, stream, [entry_id for entry_id, _ in entries])
-                        for _, fields in entries:
+                        for fields in await self._claim(name, stream, entries):
                             try:
                                 handler(fields)
                             except Exception:
@@ -143,6 +192,28 @@ class WorkQueues:
             except redis_errors() as err:
                 log.warning("cluster: work queue %s: reading failed: %s", stream, err)
                 await asyncio.sleep(RETRY_DELAY)
+
+    async def _claim(
+        self, name: str, stream: str, entries: list[tuple[bytes, Fields]]
+    ) -> list[Fields]:
+        """Acknowledge and delete `entries`, and set the claims of those that have one, in one
+        round trip: the entries to hand on (claimed here, or without a claim)."""
+        ids = [entry_id for entry_id, _ in entries]
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.xack(stream, keys.GROUP, *ids)
+        pipe.xdel(stream, *ids)
+        claimed: list[int] = []
+        for i, (_, fields) in enumerate(entries):
+            claim, ms = fields.get(CLAIM_B), fields.get(CLAIM_MS_B)
+            if claim is None or ms is None or not ms.isdigit():
+                continue
+            key = keys.work_claim_key(self.topic, name, claim.decode(errors="replace"))
+            pipe.set(key, self._taken, nx=True, px=max(1, int(ms)))
+            claimed.append(i)
+        replies = await pipe.execute()
+        lost = {i for i, won in zip(claimed, replies[2:], strict=True) if not won}
+        self.withdrawn += len(lost)
+        return [fields for i, (_, fields) in enumerate(entries) if i not in lost]
 
     def _update_holders(self, name: str, joined: bool) -> None:
         self._holders.append((name, joined))

@@ -41,6 +41,12 @@
 //! *published* until a relay holding its connectors reports it taken (`remote_reply`); the
 //! pickup deadline holds until then, the answer deadline after. A job from another relay
 //! (`take_remote`) is queued here like any other, its answers told to its origin.
+//! A published job is never refused on a guess: when its publish failed (the write may still
+//! reach Redis) or its pickup deadline passed without word of it (the word may be on its
+//! way), it is *withdrawing* ([`Effect::Withdraw`]): Python asks Redis who came first, this
+//! relay withdrawing it or a relay taking it (scaleout.py's claim), and tells the verdict
+//! (`withdrawn`: 503 or 408 now; `taken_by`: the answer comes from the bus). Without a verdict
+//! the client gets 504 at its answer deadline (the relay cannot tell).
 //!
 //! Sans-I/O: times are arguments (the dialect's clock in ns; tokens' ends in unix seconds),
 //! randomness comes from Python (`refill`), and the outboxes are the caller's.
@@ -85,6 +91,8 @@ pub const BAD_PATH: &str = "expected /{relay|queue|trace}/{tenant}/{target}/{pat
 pub const NO_ANSWER_IN_TIME: &str = "the connector did not answer in time";
 pub const CONNECTOR_UNAVAILABLE: &str = "connector unavailable";
 pub const EXPIRED: &str = "request expired before a connector took it";
+pub const TRANSPORT_FAILURE: &str = "transport failure";
+pub const TAKER_GONE: &str = "the relay that took the request is gone; it may have run";
 pub const NO_TOKEN: &str = "no bearer token";
 pub const OTHER_TENANT: &str = "the token is for another tenant";
 pub const BAD_ANSWER: &str = "the connector's answer is not one HTTP/1.1 carries";
@@ -232,6 +240,9 @@ enum Place {
     Published,
     /// taken by the relay of that instance
     Taken(String),
+    /// published, and this relay asked to withdraw it (its publish failed, or its pickup
+    /// deadline passed untaken): the verdict, or the answer deadline, decides
+    Withdrawing,
 }
 
 #[derive(Debug)]
@@ -327,6 +338,14 @@ pub enum Effect {
     Remove(String),
     /// the response body the connector stored for this request id: nobody reads it
     RemoveResponse(String),
+    /// a published job to withdraw from its tenant's work queue (scaleout.py), unless a relay
+    /// took it already: Python calls `withdrawn` or `taken_by` with the verdict (its pickup
+    /// deadline bounds how long a verdict may take: scaleout.py)
+    Withdraw {
+        request_id: String,
+        tenant: String,
+        pickup: i64,
+    },
 }
 
 /// A route record (`--records`) of an answer: destination, size, outcome, reason, times.
@@ -527,7 +546,7 @@ fn record_of(
         dst: Some(format!("{name}/{}", job.target)),
         size: job.body_len,
         route: match job.place {
-            Place::Published | Place::Taken(_) => "cluster",
+            Place::Published | Place::Taken(_) | Place::Withdrawing => "cluster",
             _ => "local",
         },
         outcome,
@@ -1189,11 +1208,66 @@ impl Hub {
         }
     }
 
-    /// The cluster could not take a published job: it is forgotten (the caller answers 503).
+    /// The cluster could not take a published job, and it certainly never reached Redis: it
+    /// is forgotten (the caller answers 503).
     pub fn unpublish(&mut self, request_id: &str) {
         if matches!(self.jobs.get(request_id), Some(j) if j.place == Place::Published) {
             self.forget(request_id);
         }
+    }
+
+    /// A published job's write failed and may still reach Redis: it is withdrawn before its
+    /// client is told anything (module docstring).
+    pub fn publish_failed(&mut self, request_id: &str) {
+        self.withdraw(request_id);
+    }
+
+    fn withdraw(&mut self, request_id: &str) {
+        let Some(job) = self.jobs.get_mut(request_id) else {
+            return;
+        };
+        if job.place != Place::Published {
+            return;
+        }
+        job.place = Place::Withdrawing;
+        self.effects.push(Effect::Withdraw {
+            request_id: request_id.to_owned(),
+            tenant: job.tenant.clone(),
+            pickup: job.pickup,
+        });
+    }
+
+    /// The verdict: nobody took the job, and nobody will. Its waiter gets 408 once its pickup
+    /// deadline passed, else 503 (its publish failed).
+    pub fn withdrawn(&mut self, request_id: &str, now: i64) {
+        let Some(job) = self.jobs.get(request_id) else {
+            return;
+        };
+        if job.place != Place::Withdrawing {
+            return;
+        }
+        if now >= job.pickup {
+            self.expire_queued(request_id, now);
+        } else {
+            let outcome = Outcome::Status(503, TRANSPORT_FAILURE);
+            self.answer(request_id, outcome, "rejected", now);
+            self.forget(request_id);
+        }
+    }
+
+    /// The verdict: the relay of `instance` took the job first; its answers come over the bus.
+    pub fn taken_by(&mut self, request_id: &str, instance: &str) {
+        let Some(job) = self.jobs.get_mut(request_id) else {
+            return;
+        };
+        if !matches!(job.place, Place::Published | Place::Withdrawing) {
+            return;
+        }
+        if job.discard {
+            self.forget(request_id);
+            return;
+        }
+        job.place = Place::Taken(instance.to_owned());
     }
 
     /// A fast-path client's request head, kept with its job for Python (`Effect::Answer`).
@@ -1513,7 +1587,10 @@ impl Hub {
             _ => {}
         }
         if let Some(Body::Stored { name, .. }) = job.body {
-            if !matches!(job.place, Place::Published | Place::Taken(_)) {
+            if !matches!(
+                job.place,
+                Place::Published | Place::Taken(_) | Place::Withdrawing
+            ) {
                 self.effects.push(Effect::Remove(name));
             }
         }
@@ -1545,9 +1622,10 @@ impl Hub {
         self.forget(request_id);
     }
 
-    /// Deadlines passed by `now`: queued or published jobs past their pickup deadline are
-    /// answered 408 and dropped; waiters past their answer deadline are answered 504 (a job
-    /// a connector holds runs on, its answer dropped).
+    /// Deadlines passed by `now`: queued jobs past their pickup deadline are answered 408 and
+    /// dropped, published ones withdrawn (module docstring); waiters past their answer
+    /// deadline are answered 504 (a job a connector here holds runs on, its answer dropped; a
+    /// job of the cluster is forgotten: an answer that comes later finds nobody).
     /// `slack`: a deadline this close counts as passed (timers fire to the millisecond).
     pub fn expire(&mut self, now: i64, slack: i64, outboxes: &mut Outboxes) {
         let mut pumped = Vec::new();
@@ -1559,20 +1637,24 @@ impl Hub {
             let Some(job) = self.jobs.get(&request_id) else {
                 continue;
             };
-            if when == job.pickup && matches!(job.place, Place::Queued | Place::Published) {
+            if when == job.pickup && job.place == Place::Published {
+                self.withdraw(&request_id);
+            } else if when == job.pickup && job.place == Place::Queued {
                 let key = job.tenant.clone();
-                if job.place == Place::Queued {
-                    if let Some(t) = self.tenants.get_mut(&key) {
-                        t.queue.retain(|r| *r != request_id);
-                    }
-                    pumped.push(key);
+                if let Some(t) = self.tenants.get_mut(&key) {
+                    t.queue.retain(|r| *r != request_id);
                 }
+                pumped.push(key);
                 self.expire_queued(&request_id, now);
             } else if when == job.due
                 && !job.answered
                 && matches!(job.waiter, Waiter::Client(_) | Waiter::Task(_))
             {
                 let queued = job.place == Place::Queued;
+                let remote = matches!(
+                    job.place,
+                    Place::Published | Place::Taken(_) | Place::Withdrawing
+                );
                 self.answer(
                     &request_id,
                     Outcome::Status(504, NO_ANSWER_IN_TIME),
@@ -1581,6 +1663,8 @@ impl Hub {
                 );
                 if queued {
                     self.drop_queued(&request_id);
+                } else if remote {
+                    self.forget(&request_id);
                 }
             }
         }
@@ -1932,7 +2016,9 @@ impl Hub {
         if let Some(job) = self.jobs.get(&r.request_id) {
             // published here and taken here (the shortcut off): the job goes on as this
             // relay's own, its waiter with it, without its answers crossing the bus
-            if origin != self.instance || job.place != Place::Published {
+            if origin != self.instance
+                || !matches!(job.place, Place::Published | Place::Withdrawing)
+            {
                 return false;
             }
             let mut job = self.jobs.remove(&r.request_id).expect("looked up");
@@ -2011,7 +2097,10 @@ impl Hub {
             }
             return;
         };
-        if !matches!(job.place, Place::Published | Place::Taken(_)) {
+        if !matches!(
+            job.place,
+            Place::Published | Place::Taken(_) | Place::Withdrawing
+        ) {
             return;
         }
         match frame.split_first() {
@@ -2052,7 +2141,8 @@ impl Hub {
         }
     }
 
-    /// The relay of `instance` died: the jobs it had taken are answered 503.
+    /// The relay of `instance` died (or was given up: it may only be cut off): the jobs it had
+    /// taken are answered 504, not 503 — they may have run, and may still answer.
     pub fn instance_gone(&mut self, instance: &str, now: i64) {
         let gone: Vec<String> = self
             .jobs
@@ -2063,7 +2153,7 @@ impl Hub {
         for request_id in gone {
             self.answer(
                 &request_id,
-                Outcome::Status(503, CONNECTOR_UNAVAILABLE),
+                Outcome::Status(504, TAKER_GONE),
                 "rejected",
                 now,
             );
@@ -2170,7 +2260,7 @@ impl Hub {
         self.jobs
             .iter()
             .filter_map(|(r, j)| match &j.place {
-                Place::Published => Some((r.clone(), None)),
+                Place::Published | Place::Withdrawing => Some((r.clone(), None)),
                 Place::Taken(i) => Some((r.clone(), Some(i.clone()))),
                 _ => None,
             })
@@ -2664,6 +2754,85 @@ mod tests {
     }
 
     #[test]
+    fn a_published_job_is_withdrawn_not_refused_on_a_guess() {
+        let mut o = Outboxes::new();
+        let mut hub = hub_with(
+            Config {
+                clustered: true,
+                ..config()
+            },
+            &mut o,
+        );
+        fn publish(hub: &mut Hub, o: &mut Outboxes, token: u64) -> String {
+            let Step::Publish { request_id, .. } =
+                step(hub, o, "/relay/acme/app/x", Waiter::Task(token), 0)
+            else {
+                panic!()
+            };
+            request_id
+        }
+        let withdraw = |hub: &mut Hub, id: &str| {
+            let effects = hub.take_effects();
+            assert!(
+                matches!(&effects[..], [Effect::Withdraw { request_id, tenant, pickup: 10_000_000_000 }] if request_id == id && tenant == "ACME"),
+                "{effects:?}"
+            );
+        };
+        // the publish failed: withdrawn before pickup is 503
+        let failed = publish(&mut hub, &mut o, 1);
+        hub.publish_failed(&failed);
+        withdraw(&mut hub, &failed);
+        hub.withdrawn(&failed, S);
+        assert!(matches!(
+            &hub.take_effects()[..],
+            [Effect::Resolve {
+                token: 1,
+                outcome: Outcome::Status(503, TRANSPORT_FAILURE)
+            }]
+        ));
+        // the pickup deadline passes untaken: a withdraw, no 408 yet; withdrawn: 408
+        let late = publish(&mut hub, &mut o, 2);
+        // another one is found taken at its pickup deadline: its answer comes from the bus
+        let taken = publish(&mut hub, &mut o, 3);
+        // and one whose verdict never comes: 504 at its answer deadline, then forgotten
+        let unknown = publish(&mut hub, &mut o, 4);
+        hub.expire(10 * S, 0, &mut o);
+        let effects = hub.take_effects();
+        assert_eq!(effects.len(), 3, "{effects:?}");
+        assert!(effects.iter().all(|e| matches!(e, Effect::Withdraw { .. })));
+        hub.expire(10 * S, 0, &mut o); // asked once
+        assert!(!hub.has_effects());
+        hub.withdrawn(&late, 10 * S);
+        assert!(matches!(
+            &hub.take_effects()[..],
+            [Effect::Resolve {
+                token: 2,
+                outcome: Outcome::Status(408, EXPIRED)
+            }]
+        ));
+        hub.taken_by(&taken, "b");
+        hub.withdrawn(&taken, 10 * S); // (a verdict contradicting it is ignored)
+        assert!(!hub.has_effects());
+        assert!(hub.published().contains(&(taken.clone(), Some("b".into()))));
+        let mut answer = vec![RESPONSE_JSON];
+        answer.extend_from_slice(&deliver(&taken, 201));
+        hub.remote_reply(&taken, &answer, 11 * S);
+        assert!(
+            matches!(&hub.take_effects()[..], [Effect::Resolve { token: 3, outcome: Outcome::Response(r) }] if r.status == 201)
+        );
+        hub.expire(20 * S, 0, &mut o);
+        assert!(matches!(
+            &hub.take_effects()[..],
+            [Effect::Resolve {
+                token: 4,
+                outcome: Outcome::Status(504, NO_ANSWER_IN_TIME)
+            }]
+        ));
+        hub.taken_by(&unknown, "b");
+        assert!(hub.is_empty());
+    }
+
+    #[test]
     fn the_tenant_cache_keeps_connected_tenants_and_drops_the_oldest_idle() {
         let mut o = Outboxes::new();
         let mut hub = hub_with(
@@ -2714,6 +2883,7 @@ pub mod py {
     const TELL: u8 = 2;
     const REMOVE: u8 = 3;
     const REMOVE_RESPONSE: u8 = 4;
+    const WITHDRAW: u8 = 5;
 
     /// The hub and the outboxes it writes into (its clients' and connectors').
     #[pyclass(module = "rmb_relay._core", name = "TunnelHub")]
@@ -2779,6 +2949,14 @@ pub mod py {
                         .into_any()
                         .downcast_into()?,
                     Effect::RemoveResponse(id) => (REMOVE_RESPONSE, id)
+                        .into_pyobject(py)?
+                        .into_any()
+                        .downcast_into()?,
+                    Effect::Withdraw {
+                        request_id,
+                        tenant,
+                        pickup,
+                    } => (WITHDRAW, request_id, tenant, pickup)
                         .into_pyobject(py)?
                         .into_any()
                         .downcast_into()?,
@@ -3188,6 +3366,18 @@ pub mod py {
 
         fn unpublish(&mut self, request_id: &str) {
             self.inner.unpublish(request_id);
+        }
+
+        fn publish_failed(&mut self, request_id: &str) {
+            self.inner.publish_failed(request_id);
+        }
+
+        fn withdrawn(&mut self, request_id: &str, now: i64) {
+            self.inner.withdrawn(request_id, now);
+        }
+
+        fn taken_by(&mut self, request_id: &str, instance: &str) {
+            self.inner.taken_by(request_id, instance);
         }
 
         fn request_body(&self, request_id: &str, key: &str) -> Option<(String, bool)> {

@@ -207,6 +207,8 @@ class RedisQueues:
         #: store may not have reached `sgq:names` when a sweep read it)
         self._fresh: set[str] = set()
         self._store_sha: str | None = None
+        #: a Redis Cluster client: its pipelines refuse EVALSHA and PUBLISH (`_write_batch`)
+        self._on_cluster = type(redis).__name__ == "RedisCluster"
         self.node = node
         self.ack_timeout_ms = ack_timeout_ns // 1_000_000
         self.max_attempts = max_attempts
@@ -348,14 +350,17 @@ class RedisQueues:
             apps.setdefault(message.queue, self._known_names.get(message.queue, app))
         if not writes:
             return
-        if self._store_sha is None:
+        cluster = self._on_cluster
+        if self._store_sha is None and not cluster:
             self._store_sha = str(await self.redis.script_load(_STORE))
         names = sorted({message.queue for message, _, _, _ in writes})
         async with self.redis.pipeline(transaction=False) as pipe:
             for message, _, size, record in writes:
                 keys = _keys(message.queue)
-                pipe.evalsha(
-                    self._store_sha,
+                # a cluster pipeline sends each script whole (EVALSHA is refused there)
+                run = pipe.eval if cluster else pipe.evalsha
+                run(
+                    _STORE if cluster else str(self._store_sha),
                     4,
                     keys["msgs"],
                     keys["waiting"],
@@ -370,8 +375,16 @@ class RedisQueues:
             for name in names:
                 pipe.sadd(NAMES, name)
                 pipe.hsetnx(APPS, name, apps[name])
-                pipe.publish(EVENTS, name)
+                if not cluster:
+                    pipe.publish(EVENTS, name)
             results = await pipe.execute(raise_on_error=False)
+        if cluster:  # (refused in a cluster pipeline)
+            for name in names:
+                try:
+                    await self.redis.publish(EVENTS, name)
+                except Exception as err:  # stored all the same: as when the pipeline's fails,
+                    # a consumer waiting elsewhere hears of it with the next event of the queue
+                    log.warning("singyeong queue events: could not publish: %s", err)
         not_stored = 0
         again: list[tuple[Message, str, asyncio.Future[None]]] = []
         for (message, done, size, _), result in zip(writes, results, strict=False):

@@ -10,8 +10,9 @@ into the body store, so a body of any size costs one chunk of memory), hand the 
 the cluster — then waits for the answer the hub resolves (its TTL and answer deadlines are
 the hub's: 408, 504). Statuses the relay makes itself: 404 unknown tenant or bad path, 401,
 503 (no connector with `--tunnel-require-connection`, connector lost, over the memory budget:
-nothing is queued then, the cluster unreachable), 408, 504; the connector's own are 404
-(unknown target), 502 (target failed) and 504 (target timeout).
+nothing is queued then, the cluster unreachable, a publish that failed and was withdrawn),
+408, 504 (also: the relay cannot tell whether another relay took it); the connector's own are
+404 (unknown target), 502 (target failed) and 504 (target timeout).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ from rmb_relay.dialects.tunnel.hub import (
 )
 from rmb_relay.dialects.tunnel.tenants import normalize
 from rmb_relay.dialects.tunnel.tokens import CLIENT_SCOPE
-from rmb_relay.errors import AuthError, BodyTooLarge, ClusterUnavailable
+from rmb_relay.errors import AuthError, BodyTooLarge, ClusterUnavailable, WriteUncertain
 from rmb_relay.lazy_errors import redis_error
 
 if TYPE_CHECKING:
@@ -51,6 +52,8 @@ MODES = ("relay", "queue", "trace")
 #: again would be a bug, answered 500 rather than looped on)
 MAX_STEPS = 8
 UNAUTHORIZED = (("WWW-Authenticate", "Bearer"),)
+#: a queue-mode request whose fate the relay could not learn (scaleout.py)
+UNKNOWN = "the relay could not tell whether the request was queued"
 
 
 async def handle(
@@ -103,6 +106,7 @@ async def handle(
             else:  # PUBLISH
                 assert kind == PUBLISH
                 _, request_id, message, pickup = step
+                queued = request.path.startswith("/queue/")
                 try:
                     await dialect.publish(request_id, message, pickup, content)
                 except (redis_error(), ClusterUnavailable) as err:
@@ -112,8 +116,29 @@ async def handle(
                     core.unpublish(request_id)
                     _refused(dialect, request, 503, "transport failure", started)
                     return status_response(503, "transport failure")
+                except WriteUncertain as err:
+                    # refused only once it is sure not to run (scaleout.py: withdrawn)
+                    log.warning(
+                        "tunnel: handing request %s to the other relays failed (%s); "
+                        "withdrawing it",
+                        request_id,
+                        err,
+                    )
+                    verdict = dialect.verdict(request_id) if queued else None
+                    core.publish_failed(request_id)
+                    hub.settle()
+                    if verdict is not None:
+                        taken = await verdict
+                        if taken is False:
+                            _refused(dialect, request, 503, "transport failure", started)
+                            return status_response(503, "transport failure")
+                        kept = True  # it may be fetched
+                        if taken is None:
+                            _refused(dialect, request, 504, "not known", started)
+                            return status_response(504, UNKNOWN)
+                        return HttpResponse(202)
                 kept = True
-                if request.path.startswith("/queue/"):
+                if queued:
                     # the relay that takes it removes its body once fetched; ours is tracked
                     # still, so the sweeper removes it after max_age if nobody took it
                     return HttpResponse(202)

@@ -119,7 +119,12 @@ class TunnelDialect(Dialect):
         )
         self.bridge: RedisBridge | None = None
         if cluster is not None:
-            self.bridge = RedisBridge(cluster, self, request_ttl=settings.request_ttl)
+            self.bridge = RedisBridge(
+                cluster,
+                self,
+                request_ttl=settings.request_ttl,
+                response_timeout=settings.response_timeout,
+            )
         self._sweeper: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None
         self._closed = False
@@ -229,11 +234,16 @@ class TunnelDialect(Dialect):
         self, request_id: str, message: bytes, pickup: int, body: bytes | tuple[str, int] | None
     ) -> None:
         """Hand a request to whichever relay holds a connector of its tenant. Raises
-        ClusterUnavailable (not accepted)."""
+        ClusterUnavailable (not accepted) or WriteUncertain (it may still land)."""
         if self.bridge is None:
             raise ClusterUnavailable("this relay has no cluster")
         stored = body[0] if isinstance(body, tuple) else None
         await self.bridge.publish(request_id, message, pickup, stored)
+
+    def verdict(self, request_id: str) -> asyncio.Future[bool | None]:
+        """The verdict on withdrawing a request whose publish failed (scaleout.py)."""
+        assert self.bridge is not None, "only a published request is withdrawn"
+        return self.bridge.verdict(request_id)
 
     # ---- connectors ------------------------------------------------------------------------
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    import asyncio
+
     from rmb_relay.dialects.tunnel.bodystore import FileBodyStore
     from rmb_relay.dialects.tunnel.hub import Hub
     from rmb_relay.dialects.tunnel.settings import TunnelSettings
@@ -38,3 +40,5 @@ class TunnelHost(Protocol):
     async def publish(
         self, request_id: str, message: bytes, pickup: int, body: bytes | tuple[str, int] | None
     ) -> None: ...
+
+    def verdict(self, request_id: str) -> asyncio.Future[bool | None]: ...

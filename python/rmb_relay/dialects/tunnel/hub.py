@@ -11,7 +11,7 @@ first (client.py) alike. This module does what the hub cannot, being sans-I/O:
   rest);
 - the hub's effects after each call: answers for Python tasks (futures), answers Python writes
   for fast-path clients (errors close the connection; a stored body streams), frames for other
-  relays (scaleout.py), body files to remove;
+  relays and published requests to withdraw (scaleout.py), body files to remove;
 - one timer at the hub's next deadline, entropy for request ids, metrics and route records
   read from the hub at scrape and flush;
 - `ConnectorSession`, a connector's websocket: its messages go to the hub (inside the decoder's
@@ -49,7 +49,7 @@ log = logging.getLogger("rmb_relay.tunnel")
 
 # the kinds of `TunnelHub.step`'s answers and of its effects (rust/dialects/tunnel/hub.rs)
 REFUSE, LOAD, VERIFY, REACH, BODY, HELD, ACCEPTED, PUBLISH = range(8)
-RESOLVE, ANSWER, TELL, REMOVE, REMOVE_RESPONSE = range(5)
+RESOLVE, ANSWER, TELL, REMOVE, REMOVE_RESPONSE, WITHDRAW = range(6)
 
 #: a job's outcome: (status, the relay's reason or None, the connector's fields, its inline
 #: body, the size of a stored body or None, the request id)
@@ -129,6 +129,10 @@ class Hub:
         self._tokens = itertools.count(1)
         #: sends a frame to another relay's waiter (instance, request id, frame): scaleout.py
         self.tell: Callable[[str, str, bytes], None] | None = None
+        #: withdraws a published request (request id, tenant key, pickup deadline): scaleout.py
+        self.withdraw: Callable[[str, str, int], None] | None = None
+        #: the withdrawals' counts by verdict (scaleout.py's, with a cluster)
+        self.withdrawals: Callable[[], list[tuple[tuple[str, ...], float]]] = lambda: []
         #: every connected connector's session, by connection id
         self.sessions: dict[int, ConnectorSession] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -188,6 +192,16 @@ class Hub:
             "budget, entropy)",
             lambda: [((outcome,), n) for outcome, n in core.fast_path()],
             ("outcome",),
+            const=const,
+        )
+        registry.counter_of(
+            "rmb_relay_tunnel_withdrawals_total",
+            "Published tunnel requests this relay withdrew before refusing them, by verdict "
+            "(withdrawn: refused, never run; taken: another relay had taken it; unknown: no "
+            "verdict in time, answered 504), and requests read here that their origin had "
+            "withdrawn first (dropped)",
+            lambda: self.withdrawals(),
+            ("verdict",),
             const=const,
         )
         registry.add_read("rmb_relay_http_requests_total", core.http_answers)
@@ -370,6 +384,10 @@ class Hub:
                     self.tell(instance, request_id, frame)  # type: ignore[arg-type]
             elif kind == REMOVE:
                 self.store.remove(effect[1])  # type: ignore[arg-type]
+            elif kind == WITHDRAW:
+                _, request_id, tenant, pickup = effect
+                if self.withdraw is not None:
+                    self.withdraw(request_id, tenant, pickup)  # type: ignore[arg-type]
             else:  # REMOVE_RESPONSE
                 self.store.remove(self.store.name("res", effect[1]))  # type: ignore[arg-type]
 

@@ -16,14 +16,30 @@ relay A (client here)                     Redis                        relay B (
 - Both ends are the hub's (hub.rs: published and taken jobs, their deadlines, the frames);
   this module moves its frames and the request over Redis.
 - The answers (`taken`, then the response or a status) go to the origin relay's bus stream
-  (`cluster/bus.py`), named `t:<request id>`: batched with everything else for that relay,
-  at least once, in order, and reaped like any bus entry if the origin dies (then dropped:
-  its client went with it; a response body file it would have adopted is swept later).
-- The pickup deadline travels as unix milliseconds: the consuming relay drops a request whose
-  deadline has passed, and the origin answers 408 at the deadline unless it was told `taken`.
-  So a request is never started after its client got 408, up to the clock skew between hosts.
+  (`cluster/bus.py`), named `t:<origin>/<request id>`: batched with everything else for that
+  relay, at least once, in order. A relay reaping the origin's stream (given up past the
+  presence TTL) keeps them (`ANSWERS_HELD_BYTES` at most) and sends them again once the origin
+  is alive again (it was cut off, not dead: its clients still wait), until the answer
+  deadline; an origin that stays dead loses them with its clients (a response body file it
+  would have adopted is swept later).
+- Each request carries a claim (`cluster/workqueue.py`): the consuming relay hands it on only
+  if it sets the claim first. The origin never refuses a published request on a guess: when
+  its XADD failed (it may still land: a cut link delivers what it held when it heals) or its
+  pickup deadline passed without word of it (`taken` may be on its way), the hub asks for it
+  to be withdrawn (`Effect::Withdraw`), and this module sets the claim for the origin: first
+  there, the request never runs and the client gets 503 (or 408 past pickup); else a relay
+  took it and its answer comes over the bus. Redis decides who came first: no clocks of two
+  hosts are compared. Verdicts count only until `WITHDRAW_GRACE` past the pickup deadline
+  (the consumers' claims outlive that by `CLAIM_MARGIN / 2`, measured as durations); without
+  one the client gets 504 at its answer deadline, which says the relay cannot tell. While the
+  cluster knows Redis is down, nothing is published (503 at once: certainly not sent).
+- The pickup deadline also travels as unix milliseconds: a consuming relay that finds it
+  passed drops the request and tells the origin 408. It is what guards against a copy of a
+  request landing after every claim expired (`CLAIM_MARGIN` past the pickup deadline), up to
+  that much clock skew between hosts.
 - A relay that took a request and died: the cluster tells the origin (`on_instance_gone`,
-  within `--cluster-ttl`), which answers 503 to every request that relay had taken. A request
+  within `--cluster-ttl`), which answers 504 to every request that relay had taken (it may
+  have run; a relay only cut off, given up meanwhile, may even still answer it). A request
   it read but had not yet reported taken is lost with it and answered 408 at its deadline.
 - Bodies over the inline limit stay in the body store, which must be one directory shared by
   the relays (RelayServer needs a shared volume too); the relay that reads a file takes over
@@ -34,14 +50,19 @@ Not covered (docs/tunnel.md): manual acknowledge URLs must reach the relay that 
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from rmb_relay.clock import Clock, wall_clock
+from rmb_relay.clock import Clock, nanos, wall_clock
 from rmb_relay.cluster import keys
+from rmb_relay.cluster.bus import RETRY_DELAY, redis_errors
 from rmb_relay.cluster.endpoint import CallbackEndpoint
 from rmb_relay.cluster.workqueue import WorkQueues
 from rmb_relay.errors import ClusterUnavailable
+from rmb_relay.tasks import STOP_TIMEOUT, cancel_and_wait
 
 if TYPE_CHECKING:
     from rmb_relay.cluster.node import Cluster
@@ -54,11 +75,26 @@ TOPIC = "tunnel"
 #: the first byte of an answer on the bus (hub.rs): taken (+ the taker's instance id), the
 #: connector's `Deliver` in msgpack or JSON, or the relay's own status in ASCII
 TAKEN, RESPONSE, RESPONSE_JSON, STATUS = b"k", b"r", b"j", b"s"
+#: a request's claim is kept this long past its pickup TTL (s): what a copy of it landing late
+#: needs to find it, and what bounds the clock skew the pickup deadline must cover after that
+CLAIM_MARGIN = 60.0
+#: verdicts of a withdrawal count until this long past the request's pickup deadline (s): a
+#: reply later than that might come from a claim gone meanwhile
+WITHDRAW_GRACE = CLAIM_MARGIN / 2
+#: withdrawals asked in one round trip at most
+WITHDRAW_BATCH = 256
+#: bytes of answers reaped from a given-up origin's stream held for it at most, and the pauses
+#: between tries to send them again (doubling)
+ANSWERS_HELD_BYTES = 4 << 20
+FIRST_DELAY, MAX_DELAY = 0.25, 2.0
+#: what a withdrawal found (`rmb_relay_tunnel_withdrawals_total`'s labels, with "dropped": a
+#: request read here that its origin had withdrawn first)
+VERDICTS = ("withdrawn", "taken", "unknown")
 
 
-def waiter_name(request_id: str) -> str:
+def waiter_name(request_id: str, origin: str) -> str:
     """The bus name of the origin's waiter for a request (`Cluster.register_kind`)."""
-    return f"{keys.KIND_TUNNEL}:{request_id}"
+    return f"{keys.KIND_TUNNEL}:{origin}/{request_id}"
 
 
 class RedisBridge:
@@ -68,8 +104,11 @@ class RedisBridge:
         dialect: TunnelHost,
         *,
         request_ttl: float,
+        response_timeout: float = 0.0,
         wall: Clock = wall_clock,
     ) -> None:
+        """`request_ttl` + `response_timeout`: how long an origin's client may wait (answers
+        reaped from its stream are held for it that long)."""
         self.cluster = cluster
         self.me = cluster.me
         self.hub = dialect.hub
@@ -77,11 +116,31 @@ class RedisBridge:
         self.ttl = request_ttl
         self.wall = wall
         self.queues = WorkQueues(cluster, TOPIC)
+        #: how long a request's claim is kept (ms), told to the consumer with the request
+        self.claim_ms = int((request_ttl + CLAIM_MARGIN) * 1000)
         #: connectors here by tenant key (a tenant's queue is consumed while it has some)
         self.connectors: dict[str, int] = {}
+        #: requests to withdraw: request id -> (tenant key, until when a verdict counts)
+        self._withdrawing: dict[str, tuple[str, int]] = {}
+        self._withdrawer: asyncio.Task[None] | None = None
+        #: who waits for a verdict itself (a queue-mode request answers only then)
+        self._verdicts: dict[str, asyncio.Future[bool | None]] = {}
+        self.counts = dict.fromkeys(VERDICTS, 0)
+        #: answers reaped from a given-up origin's stream: (origin, name, frame, until)
+        self._held: list[tuple[str, str, bytes, int]] = []
+        self._held_bytes = 0
+        self._span = nanos(request_ttl + response_timeout)
+        self._resender: asyncio.Task[None] | None = None
         self.hub.tell = self._tell
+        self.hub.withdraw = self._withdraw
+        self.hub.withdrawals = self._verdict_counts
         cluster.register_kind(keys.KIND_TUNNEL, self._resolve)
         cluster.on_instance_gone(self._instance_gone)
+
+    def _verdict_counts(self) -> list[tuple[tuple[str, ...], float]]:
+        """`rmb_relay_tunnel_withdrawals_total` (hub.py)."""
+        counts = [((verdict,), float(n)) for verdict, n in self.counts.items()]
+        return [*counts, (("dropped",), float(self.queues.withdrawn))]
 
     # ---- origin side -----------------------------------------------------------------------
 
@@ -94,7 +153,8 @@ class RedisBridge:
     ) -> None:
         """Hand a request the hub published to whichever relay holds a connector of its
         tenant: its `RequestTarget` msgpack, its pickup deadline (the hub's clock), its stored
-        body's name. Raises ClusterUnavailable (not accepted)."""
+        body's name, its claim. Raises ClusterUnavailable (not sent) or WriteUncertain (it may
+        still land: withdraw it before refusing it, `hub.core.publish_failed`)."""
         hub = self.hub
         key = hub.core.tenant_of(request_id)
         if key is None:
@@ -105,14 +165,124 @@ class RedisBridge:
             "deadline": str(deadline_ms),
             "body": stored or "",
             "from": self.me,
+            "id": request_id,
         }
-        await self.queues.put(key, fields)
+        await self.queues.put(key, fields, (request_id, self.claim_ms))
+
+    def verdict(self, request_id: str) -> asyncio.Future[bool | None]:
+        """A future for the verdict on withdrawing `request_id` (ask before the hub is told to
+        withdraw it): True taken, False withdrawn, None unknown."""
+        future = asyncio.get_running_loop().create_future()
+        self._verdicts[request_id] = future
+        return future
+
+    def _withdraw(self, request_id: str, tenant: str, pickup: int) -> None:
+        """The hub's `Withdraw`: asked for with others in one round trip, again after a pause
+        while Redis fails, until `WITHDRAW_GRACE` past the pickup deadline."""
+        self._withdrawing[request_id] = (tenant, pickup + nanos(WITHDRAW_GRACE))
+        if self._withdrawer is None:
+            self._withdrawer = asyncio.get_running_loop().create_task(self._withdraw_all())
+
+    async def _withdraw_all(self) -> None:
+        hub = self.hub
+        failing = False
+        try:
+            while self._withdrawing:
+                batch = list(itertools.islice(self._withdrawing.items(), WITHDRAW_BATCH))
+                claims = [(tenant, request_id, self.claim_ms) for request_id, (tenant, _) in batch]
+                try:
+                    verdicts: list[str | None] | None = await self.queues.withdraw(claims)
+                except ClusterUnavailable as err:
+                    if not failing:  # once per outage
+                        log.warning("tunnel: cannot withdraw requests yet: %s", err)
+                    failing = True
+                    verdicts = None
+                now = hub.clock()
+                for i, (request_id, (_, until)) in enumerate(batch):
+                    if now > until or (verdicts is not None and verdicts[i] == ""):
+                        self._decided(request_id, "unknown", None)
+                    elif verdicts is None:
+                        continue  # asked again after the pause
+                    elif (taker := verdicts[i]) is None:
+                        self._decided(request_id, "withdrawn", False)
+                        hub.core.withdrawn(request_id, now)
+                    else:
+                        self._decided(request_id, "taken", True)
+                        hub.core.taken_by(request_id, taker)
+                hub.settle()
+                if verdicts is None:
+                    await asyncio.sleep(RETRY_DELAY)
+        finally:
+            self._withdrawer = None
+
+    def _decided(self, request_id: str, verdict: str, taken: bool | None) -> None:
+        self._withdrawing.pop(request_id, None)
+        self.counts[verdict] += 1
+        future = self._verdicts.pop(request_id, None)
+        if future is not None and not future.done():
+            future.set_result(taken)
 
     def _resolve(self, name: str) -> CallbackEndpoint:
-        """Every `t:` name resolves, here and on a relay reaping our stream: an answer for a
-        request nobody waits for any more still has its response body file removed."""
-        request_id = name.partition(":")[2]
+        """Every `t:` name resolves: ours, to the hub (an answer for a request nobody waits for
+        any more still has its response body file removed); another origin's, found reaping
+        its stream, to be held for it (module docstring)."""
+        origin, _, request_id = name.partition(":")[2].rpartition("/")
+        if origin and origin != self.me:
+            return CallbackEndpoint(lambda frame: self._hold(origin, name, frame))
         return CallbackEndpoint(lambda frame: self._on_reply(request_id, frame))
+
+    def _hold(self, origin: str, name: str, frame: bytes) -> None:
+        if self._held_bytes + len(frame) > ANSWERS_HELD_BYTES:
+            log.warning(
+                "tunnel: an answer reaped for %s is dropped: %d bytes held",
+                origin,
+                self._held_bytes,
+            )
+            return
+        self._held.append((origin, name, frame, self.hub.clock() + self._span))
+        self._held_bytes += len(frame)
+        if self._resender is None:
+            self._resender = asyncio.get_running_loop().create_task(self._resend())
+
+    async def _resend(self) -> None:
+        """Send the held answers again, in order, once their origin is alive again (a pause
+        that grows between tries), until their deadline."""
+        delay = FIRST_DELAY
+        try:
+            while self._held:
+                await asyncio.sleep(delay)  # a pause between tries, not a wait for an event
+                delay = min(2 * delay, MAX_DELAY)
+                now = self.hub.clock()
+                held, self._held = self._held, []
+                kept = [entry for entry in held if entry[3] > now]
+                try:
+                    live = await self.cluster.alive(sorted({entry[0] for entry in kept}))
+                except redis_errors():
+                    live = set()
+                again = []
+                for origin, name, frame, until in kept:
+                    if origin in live:
+                        self.cluster.send_to_nowait(
+                            origin, name, frame, self._resent(origin, name, frame, until)
+                        )
+                    else:
+                        again.append((origin, name, frame, until))
+                self._held = again + self._held
+                self._held_bytes = sum(len(entry[2]) for entry in self._held)
+        finally:
+            self._resender = None
+
+    def _resent(
+        self, origin: str, name: str, frame: bytes, until: int
+    ) -> Callable[[bool | ClusterUnavailable], None]:
+        def outcome(result: bool | ClusterUnavailable) -> None:
+            if result is not True:  # its stream not back yet: again later
+                self._held.append((origin, name, frame, until))
+                self._held_bytes += len(frame)
+                if self._resender is None:
+                    self._resender = asyncio.get_running_loop().create_task(self._resend())
+
+        return outcome
 
     def _on_reply(self, request_id: str, frame: bytes) -> None:
         if frame[:1] in (RESPONSE, RESPONSE_JSON):
@@ -171,6 +341,9 @@ class RedisBridge:
         if remaining <= 0:
             if body is not None:
                 self.store.remove(body)  # expired: nobody will fetch it
+            request_id = fields.get(b"id", b"").decode(errors="replace")
+            if request_id:  # claimed here: its origin cannot withdraw it, so it is told
+                self._tell(origin, request_id, STATUS + b"408")
             return
         if body is not None:
             self._adopt(body, tenant)
@@ -187,14 +360,20 @@ class RedisBridge:
         if frame[:1] in (RESPONSE, RESPONSE_JSON):
             self.store.release(self.store.name("res", request_id))  # the origin adopts it
 
-        def outcome(result: bool | ClusterUnavailable) -> None:
-            if result is not True:
-                why = "its relay is gone" if result is False else str(result)
-                log.warning("tunnel: the answer to request %s was not sent: %s", request_id, why)
+        name = waiter_name(request_id, origin)
 
-        self.cluster.send_to_nowait(origin, waiter_name(request_id), frame, outcome)
+        def outcome(result: bool | ClusterUnavailable) -> None:
+            if result is False:  # given up, maybe only cut off: held for it
+                self._hold(origin, name, frame)
+            elif result is not True:
+                log.warning("tunnel: the answer to request %s was not sent: %s", request_id, result)
+
+        self.cluster.send_to_nowait(origin, name, frame, outcome)
 
     async def close(self) -> None:
+        for task in (self._withdrawer, self._resender):
+            if task is not None:
+                await cancel_and_wait(task, STOP_TIMEOUT)
         await self.queues.close()
 
 
