@@ -402,12 +402,6 @@ async def test_sbd_forwards_to_oneself_never_read_stop_being_read(relay: RelayPr
     assert not relay.problems, relay.problems
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not bounded yet: every frame of one read is answered before the relay looks at "
-    "its own output, and a QUERY_NODES answer can be ~1,800 times its query (relay RSS "
-    "+328 MiB for 1,000 queries of 90 bytes, main at cb9fb24)",
-)
 async def test_singyeong_answers_never_read_stop_the_asker_being_read(
     relay: RelayProcess,
 ) -> None:
