@@ -345,4 +345,4 @@ async def test_metrics_count_requests_by_tenant_target_status(start_tunnel: Star
         metrics = (await client.get("/metrics")).text
     assert tunnel.dialect.hub.requests.value("acme", "app", "200") == 1
     assert tunnel.dialect.hub.requests.value("acme", "app", "500") == 1
-    assert 'rmb_relay_tunnel_connectors{dialect="tunnel",tenant="ACME"} 1.0' in metrics
+    assert 'rmb_relay_tunnel_connectors{dialect="tunnel",tenant="acme"} 1.0' in metrics

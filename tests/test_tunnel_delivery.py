@@ -4,6 +4,7 @@ the per-tenant concurrency limit, the body store's sweeper."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import random
@@ -14,6 +15,8 @@ import pytest
 
 from rmb_relay.clock import NS
 from rmb_relay.dialects.tunnel.bodystore import FileBodyStore
+from rmb_relay.dialects.tunnel.settings import TunnelSettings, add_arguments
+from rmb_relay.errors import ConfigError
 from tests.conftest import WAIT
 from tests.helpers import FakeClock, eventually
 from tests.tunnel_fixtures import StartTunnel, pattern
@@ -186,6 +189,31 @@ async def test_client_gone_mid_download_leaves_an_orphan_the_sweeper_removes(
     assert store.count() == 0
     assert store.held == 0
     assert not store.path(name).exists()
+
+
+async def test_the_sweepers_grace_is_a_flag(start_tunnel: StartTunnel) -> None:
+    """An orphan's age is request TTL + response timeout + `--tunnel-body-grace`."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--tunnel-body-grace", "5", "--tunnel-body-sweep", "0.5"])
+    flags = TunnelSettings.from_args(args)
+    assert (flags.body_grace, flags.body_sweep) == (5.0, 0.5)
+    assert TunnelSettings(body_store="-").body_max_age == 120 + 120 + 60  # the defaults
+    with pytest.raises(ConfigError, match="--tunnel-body-sweep"):
+        TunnelSettings(body_store="-", body_sweep=0)
+    clock = FakeClock()
+    tunnel = await start_tunnel(clock=clock, request_ttl=1.0, response_timeout=2.0, body_grace=5.0)
+    store = tunnel.dialect.store
+    name = store.name("res", "00000000-0000-0000-0000-00000000abce")
+
+    async def one() -> AsyncIterator[bytes]:
+        yield b"x" * 10
+
+    await store.write(name, one())
+    clock.now += 8 * NS - 1
+    assert tunnel.dialect.sweep() == 0  # 1 + 2 + 5 s: not yet
+    clock.now += 2
+    assert tunnel.dialect.sweep() == 1
 
 
 def test_leftover_files_of_an_earlier_run_are_removed_when_old(tmp_path: Path) -> None:

@@ -158,17 +158,17 @@ async def test_with_the_shortcut_off_requests_go_through_redis(
 async def test_held_bytes_are_what_requests_hold(start_tunnel: StartTunnel) -> None:
     tunnel = await start_tunnel()
     await tunnel.connect()
-    assert await _gauge(tunnel, "held_bytes", tenant="ACME") == 0
+    assert await _gauge(tunnel, "held_bytes", tenant="acme") == 0
     async with raw_client(tunnel) as client:
         answer = asyncio.ensure_future(client.request("GET", "/relay/acme/app/slow"))
         await asyncio.wait_for(tunnel.target.entered.wait(), WAIT)
         held = tunnel.dialect.hub.core.held_total
         assert 0 < held < 4096
-        assert await _gauge(tunnel, "held_bytes", tenant="ACME") == held
+        assert await _gauge(tunnel, "held_bytes", tenant="acme") == held
         tunnel.target.release.set()
         assert (await asyncio.wait_for(answer, WAIT))[0] == 200
     _settled(tunnel)
-    assert await _gauge(tunnel, "held_bytes", tenant="ACME") == 0
+    assert await _gauge(tunnel, "held_bytes", tenant="acme") == 0
 
 
 async def test_a_deliver_for_a_client_gone_is_dropped_and_the_connector_serves_on(

@@ -152,17 +152,16 @@ def tunnel(dialects: Sequence[Dialect]) -> dict[str, Any]:
     if dialect is None:
         return {"enabled": False, "tenants": [], "connectors": []}
     hub = dialect.hub
-    names = {s.tenant: s.tenant_name for s in hub.sessions.values()}
     gauges = hub.core.tenant_gauges()
     tenants: list[dict[str, Any]] = [
         {
-            "tenant": names.get(key, key),
+            "tenant": name,
             "inflight": inflight,
             "queued": queued,
             "connectors": connectors,
             "held_bytes": held,
         }
-        for key, inflight, queued, connectors, held in gauges
+        for _, name, inflight, queued, connectors, held in gauges
     ]
     connectors = [
         {"id": conn_id, "tenant": s.tenant_name, "connector": s.connection_id}
@@ -172,8 +171,8 @@ def tunnel(dialects: Sequence[Dialect]) -> dict[str, Any]:
         "enabled": True,
         "tenants": sorted(tenants, key=lambda t: str(t["tenant"])),
         "connectors": connectors,
-        "inflight": sum(g[1] for g in gauges),
-        "queued": sum(g[2] for g in gauges),
+        "inflight": sum(g[2] for g in gauges),
+        "queued": sum(g[3] for g in gauges),
     }
 
 

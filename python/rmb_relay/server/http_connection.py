@@ -673,11 +673,11 @@ class HttpConnection(ConnectionBase):
         self.server.websocket_opened(ws)
         with ws.batch():
             handler.on_open()
-        if rest:
-            ws.data_received(rest)
-        if self._http_paused:
+        if self._http_paused:  # (first: reading what came with the head may pause it again)
             self._http_paused = False
             transport.resume_reading()
+        if rest:
+            ws.data_received(rest)
 
     def _respond(self, response: HttpResponse, *, close: bool) -> None:
         """A whole response written at once (refusals and errors)."""

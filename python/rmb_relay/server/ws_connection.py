@@ -12,6 +12,15 @@ read, each connection the fast path touched is written once (`Outboxes.drain`). 
 keeps the outbox's state current: open until the close starts, congested while the transport
 is over its high-water mark (the fast path then hands the message to Python, which pauses the
 sender; connection_base.py).
+
+A connection's answers to itself count against its own output (connection_base.py): when
+handling the messages of one read has put its own output over the write high-water mark, the
+rest of that read waits, decoded but not handled (`_stalled`), and reading pauses; both resume
+once the client has read its output (`resume_writing`). So an answer many times its question
+(a 신경 QUERY_NODES, an error per bad metadata key) costs the relay at most the mark plus one
+read, however many questions the read held. The check runs only after a message whose handler
+queued output to this connection in this read: a connection that only forwards to others pays
+nothing for it.
 """
 
 from __future__ import annotations
@@ -58,6 +67,8 @@ class WebSocketConnection(ConnectionBase):
         "_peer_close_code",
         "_pending",
         "_scan_clock",
+        "_stalled",
+        "_unfed",
         "dialect",
         "handler",
     )
@@ -75,6 +86,11 @@ class WebSocketConnection(ConnectionBase):
         self._pending: list[bytes] = []
         self._peer_close_code: int | None = None
         self._close_timer: asyncio.TimerHandle | None = None
+        #: the decoded rest of a read whose answers put our own output over the mark: handled
+        #: once the client has read (`_resume_stalled`); None when nothing waits
+        self._stalled: list[WsEvent] | None = None
+        #: bytes read while `_stalled` waits (at most a read: reading is paused), fed after it
+        self._unfed: list[bytes] = []
 
     def start(self, handler: WebSocketHandler) -> None:
         """The 101 is written and this connection is the transport's protocol: decode from
@@ -114,6 +130,14 @@ class WebSocketConnection(ConnectionBase):
     # ---- asyncio.Protocol ------------------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        if self._stalled is not None:  # (reading is paused: at most the read under way)
+            self._unfed.append(data)
+            return
+        self._read(data, None)
+
+    def _read(self, data: bytes | None, stalled: list[WsEvent] | None) -> None:
+        """Handle `stalled` (the rest of an earlier read), then decode and handle `data`, as one
+        read: what the handlers send is written once per connection at its end."""
         decoder = self._decoder
         if decoder is None:
             return  # not started, or closed: nothing more is read
@@ -124,10 +148,16 @@ class WebSocketConnection(ConnectionBase):
         outboxes = self._outboxes
         self.last_active = self._activity.now
         try:
-            clock = self._scan_clock
-            events = decoder.feed(data) if clock is None else decoder.feed(data, clock())
-            if events:
-                self._on_events(events)
+            if stalled is not None:
+                self._on_events(stalled)
+            if data is not None:
+                if self._stalled is not None:  # stalled again before it: it waits on
+                    self._unfed.append(data)
+                else:
+                    clock = self._scan_clock
+                    events = decoder.feed(data) if clock is None else decoder.feed(data, clock())
+                    if events:
+                        self._on_events(events)
         finally:
             batcher.depth -= 1
             batcher.reader = previous_reader
@@ -152,6 +182,8 @@ class WebSocketConnection(ConnectionBase):
             self._close_timer.cancel()
         self._frames.clear()
         self._pending.clear()
+        self._unfed.clear()
+        stalled, self._stalled = self._stalled, None
         outboxes = self._outboxes
         if outboxes is not None:
             sent, sent_bytes = outboxes.sent(self.conn_id)
@@ -160,6 +192,9 @@ class WebSocketConnection(ConnectionBase):
             outboxes.remove(self.conn_id)
         handler = self.handler
         if handler is not None:
+            for event in stalled or ():  # read but never handled
+                if isinstance(event, WsMessage):
+                    handler.on_discarded(event)
             try:
                 handler.on_close(self._peer_close_code)
             except Exception:
@@ -192,9 +227,16 @@ class WebSocketConnection(ConnectionBase):
                         if type(rest) is WsMessage:
                             handler.on_discarded(rest)
                     return
+                # (only once this read has answered us: a forward to others costs nothing)
+                if self._queued and self._over_own_mark():
+                    self._stall(list(remaining))
+                    return
             elif kind is WsPing:
                 if self.state is State.WEBSOCKET:
                     self.send_frame(encode_frame(OP_PONG, event.data))  # type: ignore[union-attr]
+                    if self._over_own_mark():  # (a pong is the ping's size: rarely)
+                        self._stall(list(remaining))
+                        return
             elif kind is WsPong:
                 handler.on_pong(event.data)  # type: ignore[union-attr]
             elif kind is WsClose:
@@ -215,6 +257,60 @@ class WebSocketConnection(ConnectionBase):
                 else:
                     self.close(violation.code, violation.reason, wait=False)
                 return
+
+    # ---- our own output's backpressure ---------------------------------------------------------
+
+    def _over_own_mark(self) -> bool:
+        """What waits to be written to this connection (outbox, this read's frames, the
+        transport's buffer) is over the write high-water mark."""
+        waiting = self.write_waiting()
+        if self._outboxes is None:
+            waiting += sum(map(len, self._frames)) + sum(map(len, self._pending))
+        return waiting > self.server.config.write_high_water
+
+    def _stall(self, rest: list[WsEvent]) -> None:
+        """Keep the rest of this read for when the client has read our output, and read nothing
+        more meanwhile (see the module docstring)."""
+        if not rest:
+            return  # nothing waits: the next read finds the transport congested (`_queue_in`)
+        self._stalled = rest
+        self._blocked_on += 1  # (what `hold_reading` and released senders look at)
+        transport = self.transport
+        if not self._reading_paused and transport is not None:
+            self._reading_paused = True
+            transport.pause_reading()
+            self.server.metrics.reply_pauses.inc(1, self.dialect_name)
+        # after this read's flush: resumes at once if the socket took it all, else when the
+        # transport drains (`resume_writing`)
+        asyncio.get_running_loop().call_soon(self._resume_stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._stalled is not None:
+            self._resume_stalled()
+
+    def _resume_stalled(self) -> None:
+        stalled = self._stalled
+        if stalled is None or self.congested:
+            return  # done already, or `resume_writing` calls again
+        self._stalled = None
+        self._blocked_on -= 1
+        unfed = self._unfed
+        data = None
+        if unfed:
+            data = unfed[0] if len(unfed) == 1 else b"".join(unfed)
+            unfed.clear()
+        self._read(data, stalled)
+        if (
+            self._stalled is None
+            and self._blocked_on == 0
+            and self._reading_paused
+            and not self._held_by_dialect
+        ):
+            transport = self.transport
+            if transport is not None and not transport.is_closing():
+                self._reading_paused = False
+                transport.resume_reading()
 
     def _on_peer_close(self, event: WsClose) -> None:
         self._peer_close_code = event.code

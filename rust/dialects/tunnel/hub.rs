@@ -193,6 +193,12 @@ struct Tenant {
 }
 
 impl Tenant {
+    /// The tenant's name in everything it is shown by (`tenantName`, metric labels, the
+    /// monitor): as stored, else (its directory entry gone) its key.
+    fn name<'a>(&'a self, key: &'a str) -> &'a str {
+        self.settings.as_ref().map_or(key, |s| s.name.as_str())
+    }
+
     /// Kept whatever the cache's limits: it has connectors or jobs here.
     fn pinned(&self) -> bool {
         !self.connectors.is_empty() || self.held > 0 || !self.queue.is_empty() || self.inflight > 0
@@ -782,10 +788,10 @@ impl Hub {
     }
 
     fn name_of(&self, key: &str) -> String {
-        match self.tenants.get(key).and_then(|t| t.settings.as_ref()) {
-            Some(s) => s.name.clone(),
-            None => key.to_owned(),
-        }
+        self.tenants
+            .get(key)
+            .map_or(key, |t| t.name(key))
+            .to_owned()
     }
 
     fn limit_of(&self, t: &Tenant) -> u32 {
@@ -1410,10 +1416,7 @@ impl Hub {
             t.inflight += 1;
             t.connectors[index].inflight += 1;
             let connector = t.connectors[index];
-            let name = t
-                .settings
-                .as_ref()
-                .map_or_else(|| key.to_owned(), |s| s.name.clone());
+            let name = t.name(key).to_owned();
             self.send(&request_id, connector, &name, now, outboxes);
         }
     }
@@ -2232,15 +2235,16 @@ impl Hub {
         self.jobs.is_empty()
     }
 
-    /// (tenant key, jobs in flight, jobs queued, connectors, budget bytes held) of every
-    /// tenant with connectors or jobs here.
-    pub fn tenant_gauges(&self) -> Vec<(String, u32, usize, usize, u64)> {
+    /// (tenant key, its name as the requests counter labels it, jobs in flight, jobs queued,
+    /// connectors, budget bytes held) of every tenant with connectors or jobs here.
+    pub fn tenant_gauges(&self) -> Vec<(String, String, u32, usize, usize, u64)> {
         self.tenants
             .iter()
             .filter(|(_, t)| t.pinned())
             .map(|(k, t)| {
                 (
                     k.clone(),
+                    t.name(k).to_owned(),
                     t.inflight,
                     t.queue.len(),
                     t.connectors.len(),
@@ -2430,6 +2434,12 @@ mod tests {
         assert!(answer.starts_with("HTTP/1.1 200 OK\r\n") && answer.ends_with("hi"));
         assert!(hub.is_empty() && hub.held_total() == 0 && !hub.has_effects());
         assert_eq!(hub.requests[&("Acme".into(), "app".into(), 200)], 1);
+        // the gauges name the tenant as the counter does: as stored, not by its key
+        let gauges = hub.tenant_gauges();
+        assert_eq!(
+            (&*gauges[0].0, &*gauges[0].1, gauges[0].4),
+            ("ACME", "Acme", 1)
+        );
     }
 
     #[test]
@@ -3486,8 +3496,9 @@ pub mod py {
             (self.inner.refused[0], self.inner.refused[1])
         }
 
-        /// (tenant key, in flight, queued, connectors, bytes held) of each tenant active here.
-        fn tenant_gauges(&self) -> Vec<(String, u32, usize, usize, u64)> {
+        /// (tenant key, stored name, in flight, queued, connectors, bytes held) of each tenant
+        /// active here.
+        fn tenant_gauges(&self) -> Vec<(String, String, u32, usize, usize, u64)> {
             self.inner.tenant_gauges()
         }
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from typing import TYPE_CHECKING
 from urllib.parse import parse_qs
 
@@ -44,8 +43,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rmb_relay.tunnel")
 
-#: how often the body store is swept for orphans (seconds)
-SWEEP_INTERVAL = 30.0
 #: every method a client may tunnel (HEAD is registered on its own so it is relayed as HEAD)
 METHODS = ("HEAD", "GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 
@@ -75,7 +72,7 @@ class TunnelDialect(Dialect):
         self.registry = registry
         self.store_of_tenants = tenants
         self.clock = clock
-        max_age = settings.request_ttl + settings.response_timeout + 60.0
+        max_age = settings.body_max_age
         self.store = FileBodyStore(
             settings.body_store,
             max_age=max_age,
@@ -84,7 +81,7 @@ class TunnelDialect(Dialect):
             tenant_bytes=settings.tenant_disk,
             total_bytes=settings.total_disk,
         )
-        self.store.sweep_leftovers(time.time(), max_age)
+        self.store.sweep_leftovers(wall() / 1e9, max_age)  # (file times are wall-clock)
         self.upload_rate = UploadRate(
             registry,
             settings.upload_rate_per_ip,
@@ -331,7 +328,7 @@ class TunnelDialect(Dialect):
 
     async def _sweep_forever(self) -> None:
         while True:
-            await asyncio.sleep(SWEEP_INTERVAL)
+            await asyncio.sleep(self.settings.body_sweep)
             self.sweep()
 
     def sweep(self, now: int | None = None) -> int:

@@ -206,15 +206,15 @@ class Hub:
         )
         registry.add_read("rmb_relay_http_requests_total", core.http_answers)
         gauges = (
-            ("rmb_relay_tunnel_inflight", "Tunnel requests a connector holds, by tenant", 1),
-            ("rmb_relay_tunnel_queued", "Tunnel requests waiting for a connector, by tenant", 2),
-            ("rmb_relay_tunnel_connectors", "Connected tunnel connectors, by tenant", 3),
+            ("rmb_relay_tunnel_inflight", "Tunnel requests a connector holds, by tenant", 2),
+            ("rmb_relay_tunnel_queued", "Tunnel requests waiting for a connector, by tenant", 3),
+            ("rmb_relay_tunnel_connectors", "Connected tunnel connectors, by tenant", 4),
             (
                 "rmb_relay_tunnel_held_bytes",
                 "In-memory bytes (inline body, URL, headers) of tunnel requests this relay "
                 "holds until answered, by tenant; bounded by --tunnel-tenant-bytes and "
                 "--tunnel-total-bytes",
-                4,
+                5,
             ),
         )
         for name, text, column in gauges:
@@ -263,12 +263,13 @@ class Hub:
         )
 
     def _gauge(self, column: int) -> Callable[[], list[tuple[tuple[str, ...], float]]]:
-        """A per-tenant gauge's read: column `column` of the hub's tenant gauges."""
+        """A per-tenant gauge's read: column `column` of the hub's tenant gauges, labelled
+        with the tenant's stored name, as the requests counter is (the hub names it)."""
         core = self.core
 
         def read() -> list[tuple[tuple[str, ...], float]]:
             if self.settings.tenant_labels:
-                return [((g[0],), float(g[column])) for g in core.tenant_gauges()]
+                return [((g[1],), float(g[column])) for g in core.tenant_gauges()]
             return [((ANONYMOUS,), float(sum(int(g[column]) for g in core.tenant_gauges())))]
 
         return read
@@ -444,11 +445,11 @@ class Hub:
 
     def queued(self, key: str | None = None) -> int:
         """Requests waiting for a connector (of the tenant `key`, else of all)."""
-        return sum(g[2] for g in self.core.tenant_gauges() if key is None or g[0] == key)
+        return sum(g[3] for g in self.core.tenant_gauges() if key is None or g[0] == key)
 
     def inflight(self, key: str) -> int:
         """The tenant's requests its connectors here hold."""
-        return sum(g[1] for g in self.core.tenant_gauges() if g[0] == key)
+        return sum(g[2] for g in self.core.tenant_gauges() if g[0] == key)
 
     def connectors_of(self, key: str) -> list[ConnectorSession]:
         """The tenant's connectors connected here."""

@@ -66,6 +66,11 @@ class TunnelSettings:
     tenant_disk: int = DEFAULT_TENANT_DISK
     #: bytes of body files of all tenants at once
     total_disk: int = DEFAULT_TOTAL_DISK
+    #: seconds a body file is kept past its request's TTL and response timeout before the
+    #: sweeper may take it for an orphan (a connector that fetches late still finds it)
+    body_grace: float = 60.0
+    #: seconds between the sweeper's passes over the body store
+    body_sweep: float = 30.0
     #: embedded token lifetime (seconds)
     token_ttl: int = 300
     oidc_issuer: str | None = None
@@ -95,7 +100,7 @@ class TunnelSettings:
     upload_rate_per_tenant: int = DEFAULT_UPLOAD_RATE_PER_TENANT
 
     def __post_init__(self) -> None:
-        for name in ("request_ttl", "response_timeout", "token_ttl", "keep_alive"):
+        for name in ("request_ttl", "response_timeout", "token_ttl", "keep_alive", "body_sweep"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--tunnel-{name.replace('_', '-')} must be positive")
         if self.tenant_bytes <= 0 or self.total_bytes <= 0:
@@ -116,6 +121,8 @@ class TunnelSettings:
             raise ConfigError("--management-key must be at least 16 characters")
         if not self.body_store:
             self.body_store = str(default_body_store())
+        if self.body_grace < 0:
+            raise ConfigError("--tunnel-body-grace must not be negative")
         for flag, value in (
             ("--tunnel-max-body", self.max_body),
             ("--tunnel-tenant-disk", self.tenant_disk),
@@ -129,6 +136,12 @@ class TunnelSettings:
         ):
             if value < 0:
                 raise ConfigError(f"{flag} must not be negative (0: no limit)")
+
+    @property
+    def body_max_age(self) -> float:
+        """Seconds after which a body file no live request holds is an orphan: no request can
+        still want it (its TTL and its response timeout are over), plus the grace."""
+        return self.request_ttl + self.response_timeout + self.body_grace
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> TunnelSettings:
@@ -144,6 +157,8 @@ class TunnelSettings:
             max_body=args.tunnel_max_body,
             tenant_disk=args.tunnel_tenant_disk,
             total_disk=args.tunnel_total_disk,
+            body_grace=args.tunnel_body_grace,
+            body_sweep=args.tunnel_body_sweep,
             token_ttl=args.tunnel_token_ttl,
             oidc_issuer=args.oidc_issuer,
             oidc_audience=args.oidc_audience,
@@ -274,6 +289,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.upload_rate_per_tenant,
         metavar="BYTES_PER_S",
         help="the same for all clients of one tenant together; 0 = no limit",
+    )
+    group.add_argument(
+        "--tunnel-body-grace",
+        type=float,
+        default=d.body_grace,
+        metavar="SECONDS",
+        help="a body file no live request holds is removed once older than the request TTL + "
+        "response timeout + this; lower it to free a tight disk sooner after clients or "
+        "connectors vanish, raise it for connectors slow to fetch bodies",
+    )
+    group.add_argument(
+        "--tunnel-body-sweep",
+        type=float,
+        default=d.body_sweep,
+        metavar="SECONDS",
+        help="how often the body store is swept for such files (each pass looks at every "
+        "tracked file); an orphan lives up to this much past its age",
     )
     group.add_argument(
         "--tunnel-tenant-cache",
