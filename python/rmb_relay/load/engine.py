@@ -502,14 +502,20 @@ def _child(
         shared[2 * slot] = sent
         shared[2 * slot + 1] = delivered
 
-    async def main() -> tuple[RunStats, bytes | None]:
+    results: list[tuple[dict[str, Any], bytes | None]] = []
+
+    async def main() -> None:
         run = Run(plan)
         workload = generator(plan.dialect).workload(args, shares, run)
-        return await run_process(workload, run, progress), run.samples()
+        stats = await run_process(workload, run, progress)
+        results.append((stats.to_wire(), run.samples()))
 
+    # the task's result stays None: asyncio.Runner checks its SIGINT handler with
+    # signal.getsignal, which formats the repr of a partial holding the task, and a task's
+    # repr holds its result's (a run's latencies: millions of ints formatted twice at exit)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        stats, samples = runner.run(main())
-    return stats.to_wire(), samples
+        runner.run(main())
+    return results[0]
 
 
 def _progress_line(shared: Any, procs: int, started: float) -> str:
