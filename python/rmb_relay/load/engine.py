@@ -686,15 +686,15 @@ def record_in_feed(client: Any, stamps: StampScanner, settle: Callable[[], None]
     messages in it; `settle` runs after each read (streams waiting for their window)."""
     now = time.time_ns
 
-    def steady(decoder: WsDecoder, data: bytes) -> list[WsEvent]:
+    def steady(decoder: WsDecoder, data: memoryview) -> list[WsEvent]:
         events = decoder.feed(data, now())
         settle()
         return events
 
-    def first(decoder: WsDecoder, data: bytes) -> list[WsEvent]:
+    def first(decoder: WsDecoder, data: memoryview) -> list[WsEvent]:
         decoder.set_scanner(stamps)
         client.on_data = steady
         return steady(decoder, data)
 
-    hook: Callable[[WsDecoder, bytes], list[WsEvent]] = first
+    hook: Callable[[WsDecoder, memoryview], list[WsEvent]] = first
     client.on_data = hook
