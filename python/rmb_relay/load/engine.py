@@ -267,6 +267,9 @@ class Stream:
         self.wakeup = asyncio.Event()
         #: the sender waits for its window (only then do deliveries check whether to wake it)
         self.waiting = False
+        #: saturating (no pacer, no --count): a delivery that frees half the window writes
+        #: the next batch itself (`refill`) instead of waking the sender's task
+        self.refills = False
 
     @property
     def delivered(self) -> int:
@@ -279,9 +282,42 @@ class Stream:
         return -(-open_copies // self.fanout)
 
     def settled(self) -> None:
-        if self.in_flight() <= self.run.plan.window // 2 or self.run.stopping:
-            self.waiting = False
-            self.wakeup.set()
+        in_flight, run = self.in_flight(), self.run
+        if in_flight > run.plan.window // 2 and not run.stopping:
+            return
+        if self.refills and not run.stopping and self.refill(run.plan.window - in_flight):
+            return
+        self.waiting = False
+        self.wakeup.set()
+
+    def refill(self, n: int) -> bool:
+        """Write `n` more messages now, from the delivery that freed the window (saturating
+        runs: waking the sender's task for each batch, an event, a future and a loop turn,
+        cost the generator more per message than the relay spent on it); False when the
+        sender must take over (a congested socket to wait for, a stream that cannot write
+        without waiting)."""
+        if self.congested:
+            return False
+        try:
+            went = self.write(min(n, BATCH))
+        except (OSError, ConnectionError) as err:
+            run = self.run
+            run.fail(f"{run.plan.dialect}: stream {self.index} lost its connection: {err}")
+            return False
+        if went is None:
+            return False
+        self.sent += went
+        return True
+
+    def write(self, n: int) -> int | None:
+        """Write up to `n` messages at once, numbered from `self.sent`, without waiting; None
+        when this stream cannot (`send` then does)."""
+        return None
+
+    @property
+    def congested(self) -> bool:
+        """The stream's socket buffer is over its high-water mark (`send` waits for it)."""
+        return False
 
     async def connect(self) -> None:
         """Open this stream's connections (raise `Refused` naming what refused)."""
@@ -308,6 +344,7 @@ class Stream:
 
     async def send_loop(self, pacer: Pacer) -> None:
         plan, run = self.run.plan, self.run
+        self.refills = pacer.rate <= 0 and plan.count is None
         while not run.stopping:
             if plan.count is not None and self.sent >= plan.count:
                 break

@@ -342,13 +342,22 @@ class Pair(Stream):
         # without this, a window's worth of refused messages stalled the pair for good
         self.run.refused(self, reason)
 
-    async def send(self, n: int) -> int:
+    def write(self, n: int) -> int:
         sender = self.sender
         assert sender is not None
         sender.send_frames(self.batch.frames(self.sent, n, time.time_ns()))
-        if sender.congested:
-            await sender.drain()
         return n
+
+    @property
+    def congested(self) -> bool:
+        return self.sender is not None and self.sender.congested
+
+    async def send(self, n: int) -> int:
+        went = self.write(n)
+        if self.congested:
+            assert self.sender is not None
+            await self.sender.drain()
+        return went
 
     async def close(self) -> None:
         for link in self.links:

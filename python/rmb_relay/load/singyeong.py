@@ -382,12 +382,19 @@ class Sender(Stream):
             d = frame.get("d") or {}
             self.run.refused(self, str(d.get("error", d)), self.fanout)
 
-    async def send(self, n: int) -> int:
-        ws = self.client.ws
-        ws.send_frames(self.batch.frames(self.sent, n, time.time_ns()))
-        if ws.congested:
-            await ws.drain()
+    def write(self, n: int) -> int:
+        self.client.ws.send_frames(self.batch.frames(self.sent, n, time.time_ns()))
         return n
+
+    @property
+    def congested(self) -> bool:
+        return bool(self.client.ws.congested)
+
+    async def send(self, n: int) -> int:
+        went = self.write(n)
+        if self.congested:
+            await self.client.ws.drain()
+        return went
 
     async def close(self) -> None:
         await self.client.close()
