@@ -722,15 +722,37 @@ def write_samples(path: Path, samples: array[int], dialect: str, size: int) -> N
             out.write(json.dumps(row) + "\n")
 
 
-def record_in_feed(client: Any, stamps: StampScanner, settle: Callable[[], None]) -> None:
+class Settle:
+    """What deliveries wake: `settle` (streams waiting for their window) runs once per event
+    loop turn in which reads recorded deliveries, after them all. A 신경 generator's thousands
+    of receivers each read one delivery at a time; checking the senders' windows after every
+    read was a third of its Python per delivery."""
+
+    def __init__(self, settle: Callable[[], None]) -> None:
+        self.settle = settle
+        self.pending = False
+        self.loop = asyncio.get_running_loop()
+
+    def ask(self) -> None:
+        self.pending = True
+        self.loop.call_soon(self._run)
+
+    def _run(self) -> None:
+        self.pending = False
+        self.settle()
+
+
+def record_in_feed(client: Any, stamps: StampScanner, settle: Settle) -> None:
     """From the next read on, `client`'s websocket decoder records the stamps of what it reads
     itself (`stamps`, rust/load.rs): one call into Rust per read, whatever the number of
-    messages in it; `settle` runs after each read (streams waiting for their window)."""
+    messages in it; `settle` (one for the connections whose deliveries settle the same
+    streams) runs after the loop turn's reads."""
     now = time.time_ns
 
     def steady(decoder: WsDecoder, data: memoryview) -> list[WsEvent]:
         events = decoder.feed(data, now())
-        settle()
+        if not settle.pending:
+            settle.ask()
         return events
 
     def first(decoder: WsDecoder, data: memoryview) -> list[WsEvent]:

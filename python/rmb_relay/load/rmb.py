@@ -43,7 +43,7 @@ from rmb_relay._core import (
     WsMessage,
 )
 from rmb_relay.errors import ConfigError, HandshakeError
-from rmb_relay.load.engine import Refused, Run, Stream, Streams, record_in_feed
+from rmb_relay.load.engine import Refused, Run, Settle, Stream, Streams, record_in_feed
 from rmb_relay.sdk import RelayLink, RmbClient
 from rmb_relay.sdk.envelope import challenge_around_payload
 from rmb_relay.sdk.websocket import WebSocketClient
@@ -320,7 +320,7 @@ class Pair(Stream):
             if self.waiting:
                 self.settled()
 
-        record_in_feed(client, self.stamps, settle)
+        record_in_feed(client, self.stamps, Settle(settle))
 
     def on_receive(self, message: WsMessage) -> None:
         """What the stamp reader left to Python: a message decoded before it was set, or one
