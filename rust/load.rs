@@ -917,6 +917,27 @@ pub mod py {
         Ok(percentiles(&mut values, &points))
     }
 
+    /// A `bytes` of `len` bytes that `fill` writes every byte of. `PyBytes::new_with` zeroes
+    /// the buffer first: a memset of every send batch (2-3% of an SBD generator's CPU, perf).
+    fn bytes_filled<'py>(
+        py: Python<'py>,
+        len: usize,
+        fill: impl FnOnce(&mut [u8]) -> PyResult<()>,
+    ) -> PyResult<Bound<'py, PyBytes>> {
+        let size = pyo3::ffi::Py_ssize_t::try_from(len)
+            .map_err(|_| Error::InvalidArgument(format!("a batch of {len} bytes")))?;
+        // SAFETY: a new bytes object of `len` uninitialized bytes, owned here; `fill` writes
+        // all of them (`batch_len` is exactly what `write` writes) before Python sees it, and
+        // on an error it is dropped unseen
+        unsafe {
+            let ptr = pyo3::ffi::PyBytes_FromStringAndSize(std::ptr::null(), size);
+            let bytes = Bound::from_owned_ptr_or_err(py, ptr)?.downcast_into_unchecked::<PyBytes>();
+            let data = pyo3::ffi::PyBytes_AsString(bytes.as_ptr()) as *mut u8;
+            fill(std::slice::from_raw_parts_mut(data, len))?;
+            Ok(bytes)
+        }
+    }
+
     /// A stream's send batches (see [`StampedBatch`]).
     #[pyclass(name = "StampedBatch", module = "rmb_relay._core")]
     pub struct PyStampedBatch {
@@ -972,7 +993,7 @@ pub mod py {
             sent_ns: i64,
         ) -> PyResult<Bound<'py, PyBytes>> {
             let inner = &mut self.inner;
-            PyBytes::new_with(py, inner.batch_len(n), |out| {
+            bytes_filled(py, inner.batch_len(n), |out| {
                 inner.write(out, first_seq, n, sent_ns);
                 Ok(())
             })
@@ -1020,7 +1041,7 @@ pub mod py {
             sent_ns: i64,
         ) -> PyResult<Bound<'py, PyBytes>> {
             let inner = &mut self.inner;
-            PyBytes::new_with(py, inner.batch_len(first_seq, n), |out| {
+            bytes_filled(py, inner.batch_len(first_seq, n), |out| {
                 inner.write(out, first_seq, n, sent_ns).ok_or_else(|| {
                     Error::InvalidArgument(format!(
                         "sequence numbers past {} do not fit a stamp",

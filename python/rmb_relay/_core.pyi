@@ -281,7 +281,7 @@ class WsDecoder:
         """Scan the messages of later feeds with `scanner` (None: stop scanning)."""
     @property
     def scanner(self) -> Scanner | None: ...
-    def feed(self, data: bytes, now: int = 0) -> list[WsEvent]:
+    def feed(self, data: bytes | bytearray | memoryview, now: int = 0) -> list[WsEvent]:
         """Every complete event in the bytes fed so far, in order. `now` (the caller's clock,
         nanoseconds) is what an SbdScanner charges its limiter at. The scanner's route table
         (and limiter) are read during this call: lookups see the table as it is now, also for
@@ -1263,7 +1263,9 @@ class TunnelConnectorCore:
     def request(self, payload: bytes, now: int) -> TunnelRequest | None:
         """One message: its TunnelRequest, or None for a message that is no well-formed
         RequestTarget. `now`: monotonic ns."""
-    def feed_ws(self, decoder: WsDecoder, data: bytes, now: int) -> list[TunnelRequest | WsEvent]:
+    def feed_ws(
+        self, decoder: WsDecoder, data: bytes | bytearray | memoryview, now: int
+    ) -> list[TunnelRequest | WsEvent]:
         """A websocket read in one call: deframed by `decoder`, each RequestTarget as a
         TunnelRequest, every other event as `WsDecoder.feed` gives it."""
     def respond(

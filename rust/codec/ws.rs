@@ -1366,8 +1366,45 @@ pub mod py {
     use crate::codec::scanner::py::Scanner;
     use crate::codec::scanner::ScanFeed;
     use crate::error::Error;
+    use pyo3::buffer::PyBuffer;
     use pyo3::prelude::*;
     use pyo3::types::{PyBytes, PyList};
+
+    /// Bytes read from a socket: a `bytes` object, or any C-contiguous buffer (a memoryview of
+    /// the reusable read buffer a client's `get_buffer` hands out: no `bytes` per read).
+    pub(crate) enum ReadBytes<'py> {
+        Bytes(Bound<'py, PyBytes>),
+        Buffer(PyBuffer<u8>),
+    }
+
+    impl<'py> FromPyObject<'py> for ReadBytes<'py> {
+        fn extract_bound(obj: &Bound<'py, PyAny>) -> PyResult<Self> {
+            if let Ok(bytes) = obj.downcast::<PyBytes>() {
+                return Ok(ReadBytes::Bytes(bytes.clone()));
+            }
+            let buffer = PyBuffer::<u8>::get(obj)?;
+            if !buffer.is_c_contiguous() {
+                return Err(
+                    Error::InvalidArgument("a read must be contiguous bytes".into()).into(),
+                );
+            }
+            Ok(ReadBytes::Buffer(buffer))
+        }
+    }
+
+    impl ReadBytes<'_> {
+        pub(crate) fn as_slice(&self) -> &[u8] {
+            match self {
+                ReadBytes::Bytes(bytes) => bytes.as_bytes(),
+                // SAFETY: a C-contiguous buffer of `len_bytes` bytes at `buf_ptr`, held (and so
+                // neither freed nor resized) while `self` lives; the decoder copies what it
+                // keeps, and nothing writes the buffer during the call that reads it
+                ReadBytes::Buffer(buffer) => unsafe {
+                    std::slice::from_raw_parts(buffer.buf_ptr() as *const u8, buffer.len_bytes())
+                },
+            }
+        }
+    }
 
     /// A complete (reassembled) data message.
     #[pyclass(frozen, module = "rmb_relay._core")]
@@ -1576,9 +1613,10 @@ pub mod py {
         fn feed<'py>(
             &mut self,
             py: Python<'py>,
-            data: &[u8],
+            data: ReadBytes<'py>,
             now: u64,
         ) -> PyResult<Bound<'py, PyList>> {
+            let data = data.as_slice();
             let mut events = Vec::new();
             let scanner = self.scanner.as_ref().map(|s| s.bind(py).clone());
             let mut feed = match &scanner {

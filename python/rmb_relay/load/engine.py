@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import contextlib
 import ctypes
+import gc
 import heapq
 import importlib
 import itertools
@@ -266,6 +267,9 @@ class Stream:
         self.wakeup = asyncio.Event()
         #: the sender waits for its window (only then do deliveries check whether to wake it)
         self.waiting = False
+        #: saturating (no pacer, no --count): a delivery that frees half the window writes
+        #: the next batch itself (`refill`) instead of waking the sender's task
+        self.refills = False
 
     @property
     def delivered(self) -> int:
@@ -278,9 +282,42 @@ class Stream:
         return -(-open_copies // self.fanout)
 
     def settled(self) -> None:
-        if self.in_flight() <= self.run.plan.window // 2 or self.run.stopping:
-            self.waiting = False
-            self.wakeup.set()
+        in_flight, run = self.in_flight(), self.run
+        if in_flight > run.plan.window // 2 and not run.stopping:
+            return
+        if self.refills and not run.stopping and self.refill(run.plan.window - in_flight):
+            return
+        self.waiting = False
+        self.wakeup.set()
+
+    def refill(self, n: int) -> bool:
+        """Write `n` more messages now, from the delivery that freed the window (saturating
+        runs: waking the sender's task for each batch, an event, a future and a loop turn,
+        cost the generator more per message than the relay spent on it); False when the
+        sender must take over (a congested socket to wait for, a stream that cannot write
+        without waiting)."""
+        if self.congested:
+            return False
+        try:
+            went = self.write(min(n, BATCH))
+        except (OSError, ConnectionError) as err:
+            run = self.run
+            run.fail(f"{run.plan.dialect}: stream {self.index} lost its connection: {err}")
+            return False
+        if went is None:
+            return False
+        self.sent += went
+        return True
+
+    def write(self, n: int) -> int | None:
+        """Write up to `n` messages at once, numbered from `self.sent`, without waiting; None
+        when this stream cannot (`send` then does)."""
+        return None
+
+    @property
+    def congested(self) -> bool:
+        """The stream's socket buffer is over its high-water mark (`send` waits for it)."""
+        return False
 
     async def connect(self) -> None:
         """Open this stream's connections (raise `Refused` naming what refused)."""
@@ -307,6 +344,7 @@ class Stream:
 
     async def send_loop(self, pacer: Pacer) -> None:
         plan, run = self.run.plan, self.run
+        self.refills = pacer.rate <= 0 and plan.count is None
         while not run.stopping:
             if plan.count is not None and self.sent >= plan.count:
                 break
@@ -404,6 +442,10 @@ async def run_process(
             run.fail(f"{plan.dialect}: connect failed: {err or type(err).__name__}")
         if run.stopping:
             return stats
+        # what the connects made lives until the end: out of the cyclic GC's way, whose full
+        # collections otherwise walk every client's objects again (6% of a 2,000-receiver
+        # 신경 generator's samples)
+        gc.freeze()
         rate = plan.rate / len(streams) if plan.rate > 0 and streams else 0.0
         if rate > 0:
             timer = Timer(loop)
@@ -502,14 +544,20 @@ def _child(
         shared[2 * slot] = sent
         shared[2 * slot + 1] = delivered
 
-    async def main() -> tuple[RunStats, bytes | None]:
+    results: list[tuple[dict[str, Any], bytes | None]] = []
+
+    async def main() -> None:
         run = Run(plan)
         workload = generator(plan.dialect).workload(args, shares, run)
-        return await run_process(workload, run, progress), run.samples()
+        stats = await run_process(workload, run, progress)
+        results.append((stats.to_wire(), run.samples()))
 
+    # the task's result stays None: asyncio.Runner checks its SIGINT handler with
+    # signal.getsignal, which formats the repr of a partial holding the task, and a task's
+    # repr holds its result's (a run's latencies: millions of ints formatted twice at exit)
     with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        stats, samples = runner.run(main())
-    return stats.to_wire(), samples
+        runner.run(main())
+    return results[0]
 
 
 def _progress_line(shared: Any, procs: int, started: float) -> str:
@@ -674,21 +722,43 @@ def write_samples(path: Path, samples: array[int], dialect: str, size: int) -> N
             out.write(json.dumps(row) + "\n")
 
 
-def record_in_feed(client: Any, stamps: StampScanner, settle: Callable[[], None]) -> None:
+class Settle:
+    """What deliveries wake: `settle` (streams waiting for their window) runs once per event
+    loop turn in which reads recorded deliveries, after them all. A 신경 generator's thousands
+    of receivers each read one delivery at a time; checking the senders' windows after every
+    read was a third of its Python per delivery."""
+
+    def __init__(self, settle: Callable[[], None]) -> None:
+        self.settle = settle
+        self.pending = False
+        self.loop = asyncio.get_running_loop()
+
+    def ask(self) -> None:
+        self.pending = True
+        self.loop.call_soon(self._run)
+
+    def _run(self) -> None:
+        self.pending = False
+        self.settle()
+
+
+def record_in_feed(client: Any, stamps: StampScanner, settle: Settle) -> None:
     """From the next read on, `client`'s websocket decoder records the stamps of what it reads
     itself (`stamps`, rust/load.rs): one call into Rust per read, whatever the number of
-    messages in it; `settle` runs after each read (streams waiting for their window)."""
+    messages in it; `settle` (one for the connections whose deliveries settle the same
+    streams) runs after the loop turn's reads."""
     now = time.time_ns
 
-    def steady(decoder: WsDecoder, data: bytes) -> list[WsEvent]:
+    def steady(decoder: WsDecoder, data: memoryview) -> list[WsEvent]:
         events = decoder.feed(data, now())
-        settle()
+        if not settle.pending:
+            settle.ask()
         return events
 
-    def first(decoder: WsDecoder, data: bytes) -> list[WsEvent]:
+    def first(decoder: WsDecoder, data: memoryview) -> list[WsEvent]:
         decoder.set_scanner(stamps)
         client.on_data = steady
         return steady(decoder, data)
 
-    hook: Callable[[WsDecoder, bytes], list[WsEvent]] = first
+    hook: Callable[[WsDecoder, memoryview], list[WsEvent]] = first
     client.on_data = hook

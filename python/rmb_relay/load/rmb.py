@@ -43,7 +43,7 @@ from rmb_relay._core import (
     WsMessage,
 )
 from rmb_relay.errors import ConfigError, HandshakeError
-from rmb_relay.load.engine import Refused, Run, Stream, Streams, record_in_feed
+from rmb_relay.load.engine import Refused, Run, Settle, Stream, Streams, record_in_feed
 from rmb_relay.sdk import RelayLink, RmbClient
 from rmb_relay.sdk.envelope import challenge_around_payload
 from rmb_relay.sdk.websocket import WebSocketClient
@@ -320,7 +320,7 @@ class Pair(Stream):
             if self.waiting:
                 self.settled()
 
-        record_in_feed(client, self.stamps, settle)
+        record_in_feed(client, self.stamps, Settle(settle))
 
     def on_receive(self, message: WsMessage) -> None:
         """What the stamp reader left to Python: a message decoded before it was set, or one
@@ -342,13 +342,22 @@ class Pair(Stream):
         # without this, a window's worth of refused messages stalled the pair for good
         self.run.refused(self, reason)
 
-    async def send(self, n: int) -> int:
+    def write(self, n: int) -> int:
         sender = self.sender
         assert sender is not None
         sender.send_frames(self.batch.frames(self.sent, n, time.time_ns()))
-        if sender.congested:
-            await sender.drain()
         return n
+
+    @property
+    def congested(self) -> bool:
+        return self.sender is not None and self.sender.congested
+
+    async def send(self, n: int) -> int:
+        went = self.write(n)
+        if self.congested:
+            assert self.sender is not None
+            await self.sender.drain()
+        return went
 
     async def close(self) -> None:
         for link in self.links:

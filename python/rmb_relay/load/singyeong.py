@@ -38,7 +38,7 @@ from rmb_relay._core import (
     StampScanner,
 )
 from rmb_relay.errors import ConfigError, HandshakeError
-from rmb_relay.load.engine import Refused, Run, Stream, record_in_feed
+from rmb_relay.load.engine import Refused, Run, Settle, Stream, record_in_feed
 
 MODES = ("send_eq", "send_range", "broadcast", "queue")
 #: stream index (6 digits), sequence number (12), send time ns (20): the payload's first bytes
@@ -201,6 +201,8 @@ class Gateway:
         self.fanouts = {stream.index: stream.fanout for stream in self.streams}
         self.dialect = f"singyeong-{self.encoding.value}"
         self.receivers: list[Client] = []
+        #: what every receiver's deliveries wake (made with the first receiver, in the loop)
+        self.settle: Settle | None = None
 
     def write(self, ws: Any, data: bytes) -> None:
         if self.encoding.value == "json":
@@ -242,15 +244,18 @@ class Gateway:
 
     def _read_stamps(self, client: Any, stamps: StampScanner) -> None:
         """From the next read on, `client`'s decoder records the stamps itself (each receiver
-        sees each broadcast once: its copy is this receiver's), one call into Rust per read."""
-        streams = self.streams
+        sees each broadcast once: its copy is this receiver's), one call into Rust per read;
+        the senders' windows are checked once per loop turn for all receivers."""
+        if self.settle is None:
+            streams = self.streams
 
-        def settle() -> None:
-            for stream in streams:
-                if stream.waiting:
-                    stream.settled()
+            def settle() -> None:
+                for stream in streams:
+                    if stream.waiting:
+                        stream.settled()
 
-        record_in_feed(client, stamps, settle)
+            self.settle = Settle(settle)
+        record_in_feed(client, stamps, self.settle)
 
     def _receive(self, stamps: StampScanner) -> Any:
         """What the stamp reader left to Python: a frame decoded before it was set, or one
@@ -382,12 +387,19 @@ class Sender(Stream):
             d = frame.get("d") or {}
             self.run.refused(self, str(d.get("error", d)), self.fanout)
 
-    async def send(self, n: int) -> int:
-        ws = self.client.ws
-        ws.send_frames(self.batch.frames(self.sent, n, time.time_ns()))
-        if ws.congested:
-            await ws.drain()
+    def write(self, n: int) -> int:
+        self.client.ws.send_frames(self.batch.frames(self.sent, n, time.time_ns()))
         return n
+
+    @property
+    def congested(self) -> bool:
+        return bool(self.client.ws.congested)
+
+    async def send(self, n: int) -> int:
+        went = self.write(n)
+        if self.congested:
+            await self.client.ws.drain()
+        return went
 
     async def close(self) -> None:
         await self.client.close()

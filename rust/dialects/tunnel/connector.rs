@@ -930,7 +930,7 @@ pub mod py {
     use super::{Core, Request, Target, WebTarget, Work};
     use crate::codec::http::py::{response_events_list, HttpResponseParser};
     use crate::codec::http::ResponseEvent;
-    use crate::codec::ws::py::{event_to_py, WsDecoder};
+    use crate::codec::ws::py::{event_to_py, ReadBytes, WsDecoder};
     use crate::codec::ws::{Event as WsEvent, MASK_SEED_LEN};
     use crate::error::Error;
 
@@ -1076,9 +1076,10 @@ pub mod py {
             &mut self,
             py: Python<'py>,
             decoder: &Bound<'py, WsDecoder>,
-            data: &[u8],
+            data: ReadBytes<'py>,
             now: i64,
         ) -> PyResult<Bound<'py, PyList>> {
+            let data = data.as_slice();
             let mut decoder = decoder.borrow_mut();
             let out = PyList::empty(py);
             decoder.inner.feed(data, |ev| {

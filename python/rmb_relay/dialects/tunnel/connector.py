@@ -336,7 +336,7 @@ class Connector:
 
     # ---- messages --------------------------------------------------------------------------
 
-    def _on_ws_data(self, decoder: WsDecoder, data: bytes) -> list[WsEvent]:
+    def _on_ws_data(self, decoder: WsDecoder, data: memoryview) -> list[WsEvent]:
         """A websocket read (`WebSocketClient.on_data`): deframed, and its requests read and
         decided, in one Rust call; every other event is left to the client (a message then
         reaches `_on_ws_message`)."""
