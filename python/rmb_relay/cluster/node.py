@@ -465,6 +465,11 @@ class Cluster:
         what they kept about it: the gateway its clients, the tunnel the requests it took."""
         self._gone_listeners.append(listener)
 
+    def given_up(self, instance: str) -> bool:
+        """Whether `instance` was found dead (its listeners told) and has not come back: a
+        verdict naming it arriving after that must be treated as the death it reports."""
+        return instance != self.me and instance in self._gone_told
+
     def _tell_gone(self, instance: str) -> None:
         if instance == self.me or instance in self._gone_told:
             return

@@ -129,6 +129,24 @@ class WorkQueues:
                 verdicts.append("")
         return verdicts
 
+    async def takers(self, claims: list[tuple[str, str]]) -> list[str | None]:
+        """For each (queue name, claim): the instance that took it, or None (not taken yet,
+        withdrawn, or expired). Reads only: a consumer may still take an untaken one. One
+        round trip; raises ClusterUnavailable."""
+        pipe = self.redis.pipeline(transaction=False)
+        for name, claim in claims:
+            pipe.get(keys.work_claim_key(self.topic, name, claim))
+        try:
+            replies = await pipe.execute()
+        except redis_errors() as err:
+            raise ClusterUnavailable(f"redis: {err}") from err
+        return [
+            value[len(TAKEN) :].decode(errors="replace")
+            if isinstance(value, bytes) and value.startswith(TAKEN)
+            else None
+            for value in replies
+        ]
+
     async def has_consumers(self, name: str) -> bool:
         """Whether a live instance consumes `name` (raises ClusterUnavailable). Holders found
         dead are removed on the way."""

@@ -40,7 +40,9 @@ relay A (client here)                     Redis                        relay B (
 - A relay that took a request and died: the cluster tells the origin (`on_instance_gone`,
   within `--cluster-ttl`), which answers 504 to every request that relay had taken (it may
   have run; a relay only cut off, given up meanwhile, may even still answer it). A request
-  it read but had not yet reported taken is lost with it and answered 408 at its deadline.
+  it claimed whose `taken` had not reached us yet (batched, lost with it) is found by reading
+  the claims of what is still published (`_claimed_by`) and answered 504 too; one it read but
+  never claimed stays published for a live consumer, or is withdrawn (503/408) at its deadline.
 - Bodies over the inline limit stay in the body store, which must be one directory shared by
   the relays (RelayServer needs a shared volume too); the relay that reads a file takes over
   its bookkeeping (`adopt`), the one that handed it on lets go (`release`).
@@ -131,6 +133,8 @@ class RedisBridge:
         self._held_bytes = 0
         self._span = nanos(request_ttl + response_timeout)
         self._resender: asyncio.Task[None] | None = None
+        #: reads of who claimed what a dead instance may have taken (`_claimed_by`)
+        self._claim_checks: set[asyncio.Task[None]] = set()
         self.hub.tell = self._tell
         self.hub.withdraw = self._withdraw
         self.hub.withdrawals = self._verdict_counts
@@ -209,6 +213,8 @@ class RedisBridge:
                     else:
                         self._decided(request_id, "taken", True)
                         hub.core.taken_by(request_id, taker)
+                        if self.cluster.given_up(taker):  # its death was told before this
+                            hub.core.instance_gone(taker, now)
                 hub.settle()
                 if verdicts is None:
                     await asyncio.sleep(RETRY_DELAY)
@@ -290,6 +296,9 @@ class RedisBridge:
             self._adopt(self.store.name("res", request_id), owner)
         hub = self.hub
         hub.core.remote_reply(request_id, frame, hub.clock())
+        taker = frame[1:].decode(errors="replace") if frame[:1] == TAKEN else ""
+        if taker and self.cluster.given_up(taker):  # read after its death was told
+            hub.core.instance_gone(taker, hub.clock())
         hub.settle()
 
     def _adopt(self, name: str, owner: str) -> None:
@@ -302,10 +311,33 @@ class RedisBridge:
         self.store.adopt(name, size, owner)
 
     def _instance_gone(self, instance: str) -> None:
-        """The relay that took these requests died: their clients get 503 now rather than
-        waiting for the response timeout."""
+        """The relay that took these requests died: their clients get 504 now (it may have run
+        them) rather than waiting for the response timeout. A verdict naming it that comes
+        later (a withdraw finding its claim, a `taken` read late) is answered the same way."""
         hub = self.hub
         hub.core.instance_gone(instance, hub.clock())
+        hub.settle()
+        untaken = [request_id for request_id, taker in hub.core.published() if taker is None]
+        if untaken:  # it may have claimed some and died before its `taken` reached us
+            task = asyncio.get_running_loop().create_task(self._claimed_by(instance, untaken))
+            self._claim_checks.add(task)
+            task.add_done_callback(self._claim_checks.discard)
+
+    async def _claimed_by(self, instance: str, request_ids: list[str]) -> None:
+        """Which of our published requests the dead `instance` had claimed: those are its
+        requests too (504 now), not left waiting for their pickup deadline; the others stay
+        published for a live consumer. Redis down: the withdraw at the deadline decides."""
+        hub = self.hub
+        claims = [(hub.core.tenant_of(r) or "", r) for r in request_ids]
+        try:
+            takers = await self.queues.takers(claims)
+        except ClusterUnavailable:
+            return
+        now = hub.clock()
+        for request_id, taker in zip(request_ids, takers, strict=True):
+            if taker == instance:
+                hub.core.taken_by(request_id, instance)
+        hub.core.instance_gone(instance, now)
         hub.settle()
 
     # ---- consuming side --------------------------------------------------------------------
