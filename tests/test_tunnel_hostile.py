@@ -37,7 +37,13 @@ from tests.tunnel_fixtures import (
     start_target,
 )
 from tests.tunnel_fixtures import start_tunnel as start_tunnel
-from tests.tunnel_processes import add_tenant, spawn_connector, stop, wait_for_connector
+from tests.tunnel_processes import (
+    TunnelRelay,
+    add_tenant,
+    spawn_connector,
+    stop,
+    wait_for_connector,
+)
 
 MIB = 1 << 20
 
@@ -445,52 +451,31 @@ async def test_an_upload_faster_than_its_rate_is_slowed_and_arrives_whole(tmp_pa
     loopback goes is read at the rate (the relay counts the seconds it did not read it for:
     close to (3 MiB - the 1/4 s burst) / 1 MiB/s) and reaches the target whole; the address
     rate (default, 64 MiB/s) never held it. Then the same client is refused nothing."""
-    db = f"sqlite:{tmp_path / 'relay.sqlite3'}"
-    env = {**os.environ, "XDG_DATA_HOME": str(tmp_path), "XDG_STATE_HOME": str(tmp_path)}
-    await add_tenant(db, env, "acme", "rate-secret")
     rate = MIB
-    relay = RelayProcess("--twins", db, "--tunnel-upload-rate-per-tenant", str(rate), env=env)
-    connector = None
-    try:
-        async with AsyncExitStack() as stack:
-            target = await start_target(stack)
-            base = f"http://127.0.0.1:{relay.port}"
-            connector = await spawn_connector(
-                base,
-                "acme",
-                "rate-secret",
-                target.url,
-                env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            await wait_for_connector(base, "acme")
-            body = pattern(3 * MIB)
-            timeout = aiohttp.ClientTimeout(total=60)
-            url = f"{base}/relay/acme/app/sha"
-            async with (
-                aiohttp.ClientSession(timeout=timeout) as client,
-                client.post(url, data=io.BytesIO(body)) as answer,
-            ):
-                assert answer.status == 200
-                assert await answer.json() == {
-                    "sha256": hashlib.sha256(body).hexdigest(),
-                    "size": len(body),
-                }
-            page = await scrape(*relay.address)
-            paused = page.value("rmb_relay_tunnel_upload_paused_seconds_total", limit="tenant")
-            expected = (len(body) - rate / 4) / rate  # 2.75 s
-            # the pauses the rate asked for add up to that, less the loop's lateness in
-            # resuming and the time spent reading (each lets the debt shrink meanwhile)
-            assert expected / 2 < paused <= expected + 0.01, paused
-            assert page.value("rmb_relay_tunnel_upload_pauses_total", limit="tenant") >= 2
-            with pytest.raises(KeyError):
-                page.value("rmb_relay_tunnel_upload_pauses_total", limit="ip")
-    finally:
-        if connector is not None:
-            stop(connector)
-        relay.close()
-    assert relay.problems == []
+    async with TunnelRelay(tmp_path, "--tunnel-upload-rate-per-tenant", str(rate)) as tunnel:
+        await tunnel.add_tenant("acme")
+        await tunnel.connect("acme")
+        body = pattern(3 * MIB)
+        timeout = aiohttp.ClientTimeout(total=60)
+        async with (
+            aiohttp.ClientSession(timeout=timeout) as client,
+            client.post(f"{tunnel.base}/relay/acme/app/sha", data=io.BytesIO(body)) as answer,
+        ):
+            assert answer.status == 200
+            assert await answer.json() == {
+                "sha256": hashlib.sha256(body).hexdigest(),
+                "size": len(body),
+            }
+        page = await scrape(*tunnel.relay.address)
+        paused = page.value("rmb_relay_tunnel_upload_paused_seconds_total", limit="tenant")
+        expected = (len(body) - rate / 4) / rate  # 2.75 s
+        # the pauses the rate asked for add up to that, less the loop's lateness in
+        # resuming and the time spent reading (each lets the debt shrink meanwhile)
+        assert expected / 2 < paused <= expected + 0.01, paused
+        assert page.value("rmb_relay_tunnel_upload_pauses_total", limit="tenant") >= 2
+        with pytest.raises(KeyError):
+            page.value("rmb_relay_tunnel_upload_pauses_total", limit="ip")
+    assert tunnel.relay.problems == []
 
 
 async def test_time_an_upload_is_held_for_its_rate_is_not_the_clients_idleness(
