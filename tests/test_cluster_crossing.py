@@ -330,7 +330,10 @@ async def test_a_crossed_batch_for_an_instance_that_left_is_routed_again(
     alice.send_request(3, "m", b"after B left")
     await eventually(lambda: got == [b"after B left"])
     assert a.switch.outboxes.crossed[0] == crossed + 1
-    assert a.cluster.counters.passed_on == 1
+    # routed again when its stream is found gone (passed on), or, when B's leaving reached A
+    # first (the same loop runs both: 1 run in ~10), routed to C at once: once either way
+    assert a.cluster.counters.passed_on <= 1
+    assert got == [b"after B left"]
     assert a.switch.routes.remote_count == 0, "no route to the instance that left"
 
 
