@@ -80,7 +80,7 @@ async def test_connector_lost_mid_request_redelivers_unacknowledged_requests(
             assert tunnel.dialect.hub.redelivered.value() == 1
         else:
             reply = await pending
-            assert reply.status_code == 503
+            assert reply.status_code == 504  # it reached the target: it may have run
             assert second.requests_received == 0
             tunnel.target.release.set()
     if mode != 3:

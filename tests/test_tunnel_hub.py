@@ -258,11 +258,11 @@ async def test_no_answer_by_the_deadline_is_504_and_a_late_deliver_is_dropped(
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["fast", "python"])
-async def test_a_connector_leaving_mid_request_is_503(
+async def test_a_connector_leaving_mid_request_is_504(
     start_tunnel: StartTunnel, chunked: bool
 ) -> None:
     """Acknowledgements disabled: the connector took the request for good; it is not sent
-    again."""
+    again, and the client is told it may have run (504), not that it did not (503)."""
     tunnel = await start_tunnel()
     async with raw_client(tunnel) as client:
         async with raw_connector(tunnel) as ws:
@@ -271,9 +271,9 @@ async def test_a_connector_leaving_mid_request_is_503(
             )
             await ws.receive_str(timeout=WAIT)
         status, _, body = await answer
-    assert (status, body) == (503, b"connector unavailable\n")
+    assert (status, body) == (504, b"the connector left holding the request; it may have run\n")
     _settled(tunnel)
-    assert tunnel.dialect.hub.requests.value("acme", "-", "503") == 1
+    assert tunnel.dialect.hub.requests.value("acme", "-", "504") == 1
 
 
 async def test_answers_python_writes_for_the_fast_path(start_tunnel: StartTunnel) -> None:
@@ -484,7 +484,7 @@ async def test_route_records_are_the_hubs_in_the_records_clock(start_tunnel: Sta
             answer = asyncio.ensure_future(client.request("GET", "/relay/acme/app/y"))
             await ws.receive_str(timeout=WAIT)
             advance(0.002)
-        assert (await answer)[0] == 503
+        assert (await answer)[0] == 504
     batch = channel.take(1.0)
     assert batch is not None
     rows = sorted(batch.full, key=lambda r: r[0])
@@ -492,7 +492,7 @@ async def test_route_records_are_the_hubs_in_the_records_clock(start_tunnel: Sta
         (None, "acme/app", 2, "local", "delivered", None, 3_000_000, None),
         (None, "acme/app", 5, "local", "delivered", None, 3_000_000, None),
         (None, "acme/app", 0, "local", "expired", "no answer in time", 401_000_000, None),
-        (None, "acme/app", 0, "local", "rejected", "connector unavailable", 2_000_000, None),
+        (None, "acme/app", 0, "local", "rejected", "no answer in time", 2_000_000, None),
     ]
     assert rows[-1][0] == records_clock.now
     assert channel.take(1.0) is None  # taken once

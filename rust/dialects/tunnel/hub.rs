@@ -93,6 +93,7 @@ pub const CONNECTOR_UNAVAILABLE: &str = "connector unavailable";
 pub const EXPIRED: &str = "request expired before a connector took it";
 pub const TRANSPORT_FAILURE: &str = "transport failure";
 pub const TAKER_GONE: &str = "the relay that took the request is gone; it may have run";
+pub const CONNECTOR_LEFT: &str = "the connector left holding the request; it may have run";
 pub const NO_TOKEN: &str = "no bearer token";
 pub const OTHER_TENANT: &str = "the token is for another tenant";
 pub const BAD_ANSWER: &str = "the connector's answer is not one HTTP/1.1 carries";
@@ -1309,7 +1310,8 @@ impl Hub {
     }
 
     /// The connector left: its unsafe jobs go back to the head of their queue, in order (at
-    /// least once), its safe ones' waiters are answered 503; the queue is pumped.
+    /// least once), its safe ones' waiters are answered 504 (it may have run: a 503 would say it
+    /// did not); the queue is pumped.
     pub fn remove_connector(&mut self, id: ConnId, now: i64, outboxes: &mut Outboxes) {
         let Some(key) = self.connectors.remove(&id) else {
             return;
@@ -1337,7 +1339,7 @@ impl Hub {
             } else {
                 self.answer(
                     &request_id,
-                    Outcome::Status(503, CONNECTOR_UNAVAILABLE),
+                    Outcome::Status(504, CONNECTOR_LEFT),
                     "rejected",
                     now,
                 );
@@ -2621,11 +2623,11 @@ mod tests {
         };
         hub.add_connector("ACME", 5, false, 0, &mut o); // (no outbox: it reads nothing)
         hub.remove_connector(5, 0, &mut o);
-        assert_eq!(hub.next_deadline(), None); // sent, then 503: nothing left
+        assert_eq!(hub.next_deadline(), None); // sent, then 504 (may have run): nothing left
         assert!(matches!(
             &hub.take_effects()[..],
             [Effect::Resolve {
-                outcome: Outcome::Status(503, _),
+                outcome: Outcome::Status(504, CONNECTOR_LEFT),
                 ..
             }]
         ));
