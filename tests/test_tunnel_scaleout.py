@@ -10,11 +10,13 @@ import pytest
 from redis.asyncio import Redis
 
 from rmb_relay.cluster import keys
+from rmb_relay.dialects.tunnel.scaleout import waiter_name
 from rmb_relay.tasks import cancel_and_wait
 from tests.conftest import WAIT, RedisServer
 from tests.conftest import redis_server as redis_server
 from tests.faultlab.proxy import FaultProxy
 from tests.helpers import eventually
+from tests.scrape import scrape
 from tests.tunnel_fixtures import StartTunnel, Tunnel, pattern
 from tests.tunnel_fixtures import start_tunnel as start_tunnel
 
@@ -184,3 +186,22 @@ async def test_a_request_taken_by_a_relay_that_dies_is_answered_504(
     probe = Redis.from_url(redis_server.url)
     assert not await probe.smembers(keys.work_holders_key("tunnel", "ACME"))
     await probe.aclose()
+
+
+async def test_answers_held_for_a_given_up_relay_are_bounded(
+    start_tunnel: StartTunnel, redis_server: RedisServer
+) -> None:
+    """Answers found reaping the stream of a relay the cluster gave up (it may only be cut off
+    from Redis, its clients still waiting) are held for it, `--tunnel-answers-held-bytes` at
+    most: past that an answer is dropped (its client gets 504 at its deadline) and counted,
+    and what is held stays within the bound however many arrive."""
+    a = await start_tunnel(redis_url=redis_server.url, answers_held_bytes=1000)
+    assert a.cluster is not None
+    frame = b"s" + b"5" * 299
+    for n in range(10):
+        endpoint = a.cluster.resolve(waiter_name(f"request-{n}", "given-up-relay"))
+        assert endpoint is not None
+        endpoint.deliver(frame)
+    page = await scrape(*a.relay.addresses[0])
+    assert page.value("rmb_relay_tunnel_answers_held_bytes", dialect="tunnel") == 900
+    assert page.value("rmb_relay_tunnel_answers_dropped_total", dialect="tunnel") == 7

@@ -121,6 +121,7 @@ class TunnelDialect(Dialect):
                 self,
                 request_ttl=settings.request_ttl,
                 response_timeout=settings.response_timeout,
+                answers_held_bytes=settings.answers_held_bytes,
             )
         self._sweeper: asyncio.Task[None] | None = None
         self._watcher: asyncio.Task[None] | None = None

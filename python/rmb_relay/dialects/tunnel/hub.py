@@ -133,6 +133,9 @@ class Hub:
         self.withdraw: Callable[[str, str, int], None] | None = None
         #: the withdrawals' counts by verdict (scaleout.py's, with a cluster)
         self.withdrawals: Callable[[], list[tuple[tuple[str, ...], float]]] = lambda: []
+        #: bytes of answers held for a given-up origin, and answers dropped past that bound
+        #: (scaleout.py's, with a cluster)
+        self.answers_held: Callable[[], tuple[int, int]] = lambda: (0, 0)
         #: every connected connector's session, by connection id
         self.sessions: dict[int, ConnectorSession] = {}
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -202,6 +205,20 @@ class Hub:
             "withdrawn first (dropped)",
             lambda: self.withdrawals(),
             ("verdict",),
+            const=const,
+        )
+        registry.gauge(
+            "rmb_relay_tunnel_answers_held_bytes",
+            "Bytes of tunnel answers held for a relay the cluster gave up (sent again once it "
+            "is back, until the client's deadline); bounded by --tunnel-answers-held-bytes",
+            read=lambda: [((), self.answers_held()[0])],
+            const=const,
+        )
+        registry.counter_of(
+            "rmb_relay_tunnel_answers_dropped_total",
+            "Tunnel answers for a given-up relay dropped because --tunnel-answers-held-bytes "
+            "were held (their clients get 504 at their deadline)",
+            lambda: [((), self.answers_held()[1])],
             const=const,
         )
         registry.add_read("rmb_relay_http_requests_total", core.http_answers)

@@ -18,8 +18,8 @@ relay A (client here)                     Redis                        relay B (
 - The answers (`taken`, then the response or a status) go to the origin relay's bus stream
   (`cluster/bus.py`), named `t:<origin>/<request id>`: batched with everything else for that
   relay, at least once, in order. A relay reaping the origin's stream (given up past the
-  presence TTL) keeps them (`ANSWERS_HELD_BYTES` at most) and sends them again once the origin
-  is alive again (it was cut off, not dead: its clients still wait), until the answer
+  presence TTL) keeps them (`--tunnel-answers-held-bytes` at most) and sends them again once
+  the origin is alive again (it was cut off, not dead: its clients still wait), until the answer
   deadline; an origin that stays dead loses them with its clients (a response body file it
   would have adopted is swept later).
 - Each request carries a claim (`cluster/workqueue.py`): the consuming relay hands it on only
@@ -63,6 +63,7 @@ from rmb_relay.cluster import keys
 from rmb_relay.cluster.bus import RETRY_DELAY, redis_errors
 from rmb_relay.cluster.endpoint import CallbackEndpoint
 from rmb_relay.cluster.workqueue import WorkQueues
+from rmb_relay.dialects.tunnel.settings import DEFAULT_ANSWERS_HELD_BYTES
 from rmb_relay.errors import ClusterUnavailable
 from rmb_relay.tasks import STOP_TIMEOUT, cancel_and_wait
 
@@ -85,9 +86,7 @@ CLAIM_MARGIN = 60.0
 WITHDRAW_GRACE = CLAIM_MARGIN / 2
 #: withdrawals asked in one round trip at most
 WITHDRAW_BATCH = 256
-#: bytes of answers reaped from a given-up origin's stream held for it at most, and the pauses
-#: between tries to send them again (doubling)
-ANSWERS_HELD_BYTES = 4 << 20
+#: the pauses between tries to send answers held for a given-up origin again (doubling)
 FIRST_DELAY, MAX_DELAY = 0.25, 2.0
 #: what a withdrawal found (`rmb_relay_tunnel_withdrawals_total`'s labels, with "dropped": a
 #: request read here that its origin had withdrawn first)
@@ -107,10 +106,11 @@ class RedisBridge:
         *,
         request_ttl: float,
         response_timeout: float = 0.0,
+        answers_held_bytes: int = DEFAULT_ANSWERS_HELD_BYTES,
         wall: Clock = wall_clock,
     ) -> None:
         """`request_ttl` + `response_timeout`: how long an origin's client may wait (answers
-        reaped from its stream are held for it that long)."""
+        reaped from its stream are held for it that long, `answers_held_bytes` at most)."""
         self.cluster = cluster
         self.me = cluster.me
         self.hub = dialect.hub
@@ -131,6 +131,8 @@ class RedisBridge:
         #: answers reaped from a given-up origin's stream: (origin, name, frame, until)
         self._held: list[tuple[str, str, bytes, int]] = []
         self._held_bytes = 0
+        self._held_limit = answers_held_bytes
+        self._answers_dropped = 0
         self._span = nanos(request_ttl + response_timeout)
         self._resender: asyncio.Task[None] | None = None
         #: reads of who claimed what a dead instance may have taken (`_claimed_by`)
@@ -138,6 +140,7 @@ class RedisBridge:
         self.hub.tell = self._tell
         self.hub.withdraw = self._withdraw
         self.hub.withdrawals = self._verdict_counts
+        self.hub.answers_held = lambda: (self._held_bytes, self._answers_dropped)
         cluster.register_kind(keys.KIND_TUNNEL, self._resolve)
         cluster.on_instance_gone(self._instance_gone)
 
@@ -238,11 +241,14 @@ class RedisBridge:
         return CallbackEndpoint(lambda frame: self._on_reply(request_id, frame))
 
     def _hold(self, origin: str, name: str, frame: bytes) -> None:
-        if self._held_bytes + len(frame) > ANSWERS_HELD_BYTES:
+        if self._held_bytes + len(frame) > self._held_limit:
+            self._answers_dropped += 1
             log.warning(
-                "tunnel: an answer reaped for %s is dropped: %d bytes held",
+                "tunnel: an answer reaped for %s is dropped (its client gets 504): %d bytes "
+                "held for given-up relays, --tunnel-answers-held-bytes %d",
                 origin,
                 self._held_bytes,
+                self._held_limit,
             )
             return
         self._held.append((origin, name, frame, self.hub.clock() + self._span))

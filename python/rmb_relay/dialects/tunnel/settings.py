@@ -43,6 +43,10 @@ DEFAULT_TOTAL_BYTES = 256 << 20
 #: hardly slowed (throttle.py `UploadRate`; 0: no limit)
 DEFAULT_UPLOAD_RATE_PER_IP = 64 << 20
 DEFAULT_UPLOAD_RATE_PER_TENANT = 128 << 20
+#: bytes of answers one relay holds for relays the cluster gave up (scale-out: they may only be
+#: cut off, and their clients still wait): 4 MiB, the RMB dialect's --retry-hold-bytes, about
+#: 40 s of 100 small answers a second, the length of a long cut (docs/faults.md)
+DEFAULT_ANSWERS_HELD_BYTES = 4 << 20
 
 
 @dataclass(slots=True)
@@ -98,6 +102,8 @@ class TunnelSettings:
     #: sender over them is slowed (its connection not read for a while), never refused
     upload_rate_per_ip: int = DEFAULT_UPLOAD_RATE_PER_IP
     upload_rate_per_tenant: int = DEFAULT_UPLOAD_RATE_PER_TENANT
+    #: answers held for given-up relays at most (bytes); past it they are dropped (504)
+    answers_held_bytes: int = DEFAULT_ANSWERS_HELD_BYTES
 
     def __post_init__(self) -> None:
         for name in ("request_ttl", "response_timeout", "token_ttl", "keep_alive", "body_sweep"):
@@ -133,6 +139,7 @@ class TunnelSettings:
         for flag, value in (
             ("--tunnel-upload-rate-per-ip", self.upload_rate_per_ip),
             ("--tunnel-upload-rate-per-tenant", self.upload_rate_per_tenant),
+            ("--tunnel-answers-held-bytes", self.answers_held_bytes),
         ):
             if value < 0:
                 raise ConfigError(f"{flag} must not be negative (0: no limit)")
@@ -171,6 +178,7 @@ class TunnelSettings:
             tenant_labels=args.tunnel_tenant_labels,
             upload_rate_per_ip=args.tunnel_upload_rate_per_ip,
             upload_rate_per_tenant=args.tunnel_upload_rate_per_tenant,
+            answers_held_bytes=args.tunnel_answers_held_bytes,
         )
 
 
@@ -289,6 +297,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.upload_rate_per_tenant,
         metavar="BYTES_PER_S",
         help="the same for all clients of one tenant together; 0 = no limit",
+    )
+    group.add_argument(
+        "--tunnel-answers-held-bytes",
+        type=int,
+        default=d.answers_held_bytes,
+        metavar="BYTES",
+        help="with --redis: answers for a relay the cluster gave up (it may only be cut off "
+        "from Redis, its clients still waiting) are held this many bytes at most and sent "
+        "again once it is back; past it an answer is dropped and its client gets 504 "
+        "(rmb_relay_tunnel_answers_held_bytes, rmb_relay_tunnel_answers_dropped_total)",
     )
     group.add_argument(
         "--tunnel-body-grace",
