@@ -12,6 +12,9 @@ instead of the service's. The proxy's behaviour is switched while traffic runs:
   far side, whose SYN a cut link would have lost: nothing it sent is forwarded, and the heal
   resets it;
 - `latency(mean, jitter)`: every chunk is held `mean ± jitter` seconds (order kept);
+- `bandwidth(bytes_per_s)`: each direction of the link carries that many bytes a second, shared
+  by every connection on it (a chunk waits until the link has sent what came before it, as a
+  slow link's queue does; `Wire`);
 - `resets(p)`: each chunk forwarded resets its connection (RST both ways) with probability p;
 - `reset_all()`: RST every open connection now;
 - `refuse()`: a server that is gone (its host up, nothing listening): every connection reset,
@@ -30,6 +33,27 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
+
+
+class Wire:
+    """One direction of a link with a bandwidth cap: when each chunk has crossed it. Chunks of
+    every connection take turns on it in the order they are ready (a serialising queue, no
+    drops), so `rate` bytes a second cross it in all; `rate` 0 is no cap. The clock is the
+    caller's (`at` values), so the schedule is checked without waiting on it."""
+
+    __slots__ = ("free_at", "rate")
+
+    def __init__(self, rate: float = 0.0) -> None:
+        self.rate = rate
+        #: when the link has sent everything scheduled on it so far
+        self.free_at = 0.0
+
+    def crossed(self, size: int, at: float) -> float:
+        """When a chunk of `size` bytes ready at `at` has crossed the link."""
+        if not self.rate:
+            return at
+        self.free_at = max(self.free_at, at) + size / self.rate
+        return self.free_at
 
 
 @dataclass(eq=False)
@@ -59,6 +83,8 @@ class FaultProxy:
         self.jitter = 0.0
         self.reset_probability = 0.0
         self.refusing = False
+        #: the bandwidth cap of each direction (towards the target, towards the client)
+        self._wires = {True: Wire(), False: Wire()}
         self._random = random.Random(seed)
         self._pairs: set[_Pair] = set()
         self._server: asyncio.Server | None = None
@@ -81,6 +107,8 @@ class FaultProxy:
     def heal(self) -> None:
         self.refusing = False
         self.mean = self.jitter = self.reset_probability = 0.0
+        for wire in self._wires.values():
+            wire.rate = 0.0
         self._open.set()
 
     def black_hole(self) -> None:
@@ -96,6 +124,11 @@ class FaultProxy:
 
     def latency(self, mean: float, jitter: float = 0.0) -> None:
         self.mean, self.jitter = mean, jitter
+
+    def bandwidth(self, bytes_per_s: float) -> None:
+        """Each direction carries `bytes_per_s` at most from now on (0: no cap)."""
+        for wire in self._wires.values():
+            wire.rate = bytes_per_s
 
     def resets(self, probability: float) -> None:
         self.reset_probability = probability
@@ -182,6 +215,10 @@ class FaultProxy:
                 with contextlib.suppress(OSError):
                     writer.write_eof()
                 return
+            wire = self._wires[writer is not pair.client]
+            crossed = wire.crossed(len(data), time.monotonic())
+            if crossed > time.monotonic():
+                await asyncio.sleep(crossed - time.monotonic())  # the link's rate, as latency
             if self.reset_probability and self._random.random() < self.reset_probability:
                 self._reset(pair)
                 return
