@@ -126,7 +126,7 @@ cargo-test:
 	cargo test -q
 
 pytest: $(BUILD_STAMP) proto
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=30
 
 bench: $(BUILD_STAMP) proto ## micro benchmarks with ratios against pure-Python baselines
 	$(BIN)/pytest bench -q --benchmark-enable --benchmark-columns=min,mean,ops -p no:randomly
