@@ -69,7 +69,9 @@ async def _chunked_upload(
     answer = asyncio.ensure_future(reader.readline())
     try:
         for _ in range(chunks):
-            if answer.done():
+            # the relay may answer and close between two chunks: a write to a closed
+            # transport raises (uvloop: RuntimeError) before the answer's read is scheduled
+            if answer.done() or writer.is_closing() or reader.at_eof():
                 break
             writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
             try:
@@ -77,7 +79,7 @@ async def _chunked_upload(
             except ConnectionError:
                 break
             sent += len(chunk)
-        if finish and not answer.done():
+        if finish and not (answer.done() or writer.is_closing() or reader.at_eof()):
             writer.write(b"0\r\n\r\n")
         status = await asyncio.wait_for(answer, WAIT)
     finally:
