@@ -73,8 +73,11 @@ class SgSends(PacedTraffic):
         if isinstance(info, dict):
             inner = info.get("d")
             nonce = info.get("nonce", inner.get("nonce") if isinstance(inner, dict) else None)
-        if nonce is not None:
-            self.checker.refused(str(nonce), str(d.get("error")))
+        why = str(d.get("error"))
+        if nonce is not None and "may or may not" in why:
+            self.checker.unknown(str(nonce))  # the gateway says it cannot tell (a lost reply)
+        elif nonce is not None:
+            self.checker.refused(str(nonce), why)
         else:
             self.unmatched.append(frame)
 

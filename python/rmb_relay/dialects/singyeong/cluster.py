@@ -260,11 +260,14 @@ class SgCluster:
             if result is True or told:
                 return
             told = True
-            if result is False:
+            if result is False:  # the stream was gone: nothing was stored
                 failed("unreachable: the receiver's instance left; the message was not delivered")
             else:
+                # a write whose reply was lost may have landed (a cut link delivers it at the
+                # heal): the sender is told it cannot know, never "not delivered"
                 failed(
-                    "unreachable: the gateway's redis is unavailable; the message was not delivered"
+                    "unreachable: the gateway's redis is unavailable; the message may or may not "
+                    "have been delivered"
                 )
 
         for node, clients in by_node.items():
