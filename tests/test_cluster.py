@@ -8,13 +8,16 @@ import asyncio
 import logging
 import os
 from pathlib import Path
+from typing import cast
 
 import pytest
 from redis.asyncio import Redis
 
+from rmb_relay.clock import monotonic_clock
 from rmb_relay.cluster import keys, wire
 from rmb_relay.cluster.bus import Bus
 from rmb_relay.cluster.node import Cluster
+from rmb_relay.cluster.workqueue import WITHDRAWN, WorkQueues, set_claims, withdraw_claims
 from rmb_relay.errors import RemoteError
 from rmb_relay.mailbox import RedisMailbox, stream_key
 from rmb_relay.sdk import IncomingRequest
@@ -633,3 +636,83 @@ async def test_an_answer_that_cannot_reach_the_requesters_instance_is_tried_agai
         assert (await asyncio.wait_for(reply, WAIT * 2)).data == b"answered"
     finally:
         await link.close()
+
+
+# ---- work queues: claims and pending entries -------------------------------------------------
+
+
+class _Member:
+    """What `WorkQueues` reads of its cluster: a stand-in with a short TTL (pending entries
+    looked at every ttl/3)."""
+
+    def __init__(self, redis: Redis, me: str, ttl: float = 0.3) -> None:
+        self.redis = redis
+        self.me = me
+        self.ttl = ttl
+        self.clock = monotonic_clock
+        self.redis_up = True
+
+    async def alive(self, instances: list[str]) -> set[str]:
+        return set(instances)
+
+
+async def test_a_retried_claim_that_finds_its_own_value_is_won(redis_server: RedisServer) -> None:
+    """redis-py sends a command again after a connection reset: the retried `SET NX` of a
+    claim finds the claim its first try set. That is ours (won; it was counted lost, and the
+    tunnel answered its request 504), and a withdrawal found again is withdrawn."""
+    redis = Redis.from_url(redis_server.url)
+    try:
+        claim = [("t:claim:1", b"t:me", 60_000)]
+        assert await set_claims(redis, claim) == [b"t:me"]
+        assert await set_claims(redis, claim) == [b"t:me"]  # the retry: still ours
+        assert await set_claims(redis, [("t:claim:1", b"t:other", 60_000)]) == [b"t:me"]
+        assert await withdraw_claims(redis, [("t:claim:1", 60_000)]) == [b"t:me"]  # taken
+        assert await withdraw_claims(redis, [("t:claim:2", 60_000)]) == [WITHDRAWN]
+        assert await withdraw_claims(redis, [("t:claim:2", 60_000)]) == [WITHDRAWN]
+    finally:
+        await redis.aclose()
+
+
+async def test_an_entry_whose_read_reply_was_lost_is_handed_on(redis_server: RedisServer) -> None:
+    """The consumer's blocking XREADGROUP reached Redis, which handed it the entry; the reply
+    was lost (the link held it, then reset the connection). The entry is pending for our
+    consumer and `>` never returns it again: the consumer's look at its pending entries (after
+    the failure, or its periodic one) hands it on, once, its claim set."""
+    direct = Redis.from_url(redis_server.url)
+    link = await FaultProxy.start("127.0.0.1", ("127.0.0.1", redis_server.port))
+    via = Redis(host="127.0.0.1", port=link.address[1], socket_timeout=WAIT)
+    producer = WorkQueues(cast("Cluster", _Member(direct, "producer")), "test")
+    consumer = WorkQueues(cast("Cluster", _Member(via, "consumer")), "test")
+    got: list[bytes] = []
+    handed = asyncio.Event()
+
+    def handle(fields: dict[bytes, bytes]) -> None:
+        got.append(fields[b"n"])
+        handed.set()
+
+    stream = keys.work_key("test", "q")
+
+    async def blocked_reader() -> bool:
+        return any(c["cmd"] == "xreadgroup" for c in await direct.client_list())
+
+    async def pending_for_consumer() -> bool:
+        return int((await direct.xpending(stream, keys.GROUP))["pending"]) == 1
+
+    try:
+        consumer.consume("q", handle)
+        await eventually(blocked_reader)  # its first read of new entries waits in Redis
+        link.black_hole()  # the reply will be held...
+        await producer.put("q", {"n": b"1"}, ("c1", 60_000))
+        await eventually(pending_for_consumer)  # ...Redis handed the entry to that read
+        link.reset_all()  # ...and lost with its connection
+        link.heal()
+        await asyncio.wait_for(handed.wait(), WAIT)
+        assert got == [b"1"]
+        assert await direct.get(keys.work_claim_key("test", "q", "c1")) == b"t:consumer"
+        assert int((await direct.xpending(stream, keys.GROUP))["pending"]) == 0
+    finally:
+        await consumer.close()
+        await producer.close()
+        await via.aclose()
+        await link.close()
+        await direct.aclose()

@@ -14,8 +14,10 @@ answer. At the end (`report`), each message is:
 - silently lost: neither. The sender was never told, which is the one fate a relay must not
   allow for anything it accepted.
 
-For one-way dialects (SBD, 신경 SEND) a message with no answer counts as delivered when the
-receiver saw it (`one_way=True`).
+For one-way dialects (SBD, 신경 SEND and QUEUE) a message with no answer counts as delivered
+when the receiver saw it (`one_way=True`), unless the sender was told otherwise: one refused
+counts as refused even when it was delivered (and is counted in `refused_delivered`: the
+refusal broke its promise, "not done"), one told not known as not known.
 """
 
 from __future__ import annotations
@@ -138,7 +140,9 @@ class Checker:
         lost: list[str] = []
         for message in self._sent:
             count = self._deliveries[message]
-            if message in self._answered or (self.one_way and count):
+            # one way, only a delivery without a word to the sender is the delivered fate
+            told = self.one_way and (message in self._refused or message in self._unknown)
+            if message in self._answered or (self.one_way and count and not told):
                 if count > 1:
                     more += 1
                 else:

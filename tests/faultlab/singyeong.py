@@ -18,6 +18,10 @@ from tests.faultlab.checker import Checker
 from tests.faultlab.traffic import PacedTraffic
 from tests.sg_client import SgClient
 
+#: the refusal of a QUEUE the gateway cannot tell was stored or not (redis_queues.py): the
+#: checker's "not known", as the tunnel's 504
+UNKNOWN = "queue unknown"
+
 
 class SgSends(PacedTraffic):
     def __init__(self, checker: Checker, prefix: str = "g") -> None:
@@ -73,11 +77,13 @@ class SgSends(PacedTraffic):
         if isinstance(info, dict):
             inner = info.get("d")
             nonce = info.get("nonce", inner.get("nonce") if isinstance(inner, dict) else None)
-        why = str(d.get("error"))
-        if nonce is not None and "may or may not" in why:
-            self.checker.unknown(str(nonce))  # the gateway says it cannot tell (a lost reply)
+        error = str(d.get("error"))
+        if nonce is not None and (error.startswith(UNKNOWN) or "may or may not" in error):
+            # as the tunnel's 504, not a refusal: QUEUE's "queue unknown", and a SEND whose
+            # bus write lost its reply
+            self.checker.unknown(str(nonce))
         elif nonce is not None:
-            self.checker.refused(str(nonce), why)
+            self.checker.refused(str(nonce), error)
         else:
             self.unmatched.append(frame)
 
@@ -103,7 +109,8 @@ class SgQueue(SgSends):
     """신경 QUEUE: the "caller" client queues numbered messages (the number as nonce and
     payload) on queue "jobs" for application "api"; its one worker, on another instance, asks
     for one at a time (QUEUE_REQUEST), and acknowledges each (QUEUE_ACK). A QUEUE_CONFIRM is
-    the gateway saying it was stored; an INVALID naming the nonce, a refusal."""
+    the gateway saying it was stored; an INVALID naming the nonce, a refusal (`queue
+    unavailable`: not stored), or with `queue unknown` the gateway saying it cannot tell."""
 
     QUEUE = "jobs"
 

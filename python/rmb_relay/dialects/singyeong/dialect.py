@@ -16,6 +16,8 @@ closes. Dispatches are routed here:
   RMB and SBD: one output path per connection, so frame order holds).
 - QUEUE*: queues.py; the confirmation goes out only once the message is stored; a message
   over the in-memory queues' byte budget is refused with op 3 `queue_full`, never dropped.
+  With Redis (redis_queues.py) a store that failed is withdrawn before it is refused: op 3
+  `queue unavailable` says it is not stored, `queue unknown` that the gateway cannot tell.
 - UPDATE_METADATA: validated at once, applied at up to `--sg-metadata-rate` per client per
   second (session.py), the rest merged and applied when the rate allows.
 
@@ -55,6 +57,7 @@ from rmb_relay.dialects.singyeong.queues import (
     MESSAGE_OVERHEAD,
     Message,
     Queues,
+    StoreUnknown,
     TooManyQueues,
     TooManyRequests,
 )
@@ -176,6 +179,9 @@ class SingyeongDialect(Dialect):
                 queues_total=settings.queues_total,
                 requests_per_client=settings.requests_per_client,
                 requests_total=settings.requests_total,
+                verdict_timeout=settings.verdict_timeout,
+                # (a store is refused without writing while the cluster knows Redis is down)
+                redis_up=(lambda: True) if cluster is None else (lambda: cluster.redis_up),
             )
             self.queues.start()
         self.cluster: SgCluster | None = None
@@ -718,7 +724,16 @@ class SingyeongDialect(Dialect):
                     },
                 )
             return
-        except Exception as err:
+        except StoreUnknown as err:
+            log.warning("singyeong: queue %s: stored or not, unknown: %s", message.queue, err)
+            self.metrics.hot.dispatch("QUEUE", "unknown")
+            if not session.closing:
+                session.invalid(
+                    "queue unknown: cannot tell whether it was stored",
+                    {"queue": message.queue, "nonce": message.nonce},
+                )
+            return
+        except Exception as err:  # NotStored, or failed before writing: certainly not stored
             log.warning("singyeong: queue %s: could not store: %s", message.queue, err)
             self.metrics.hot.dispatch("QUEUE", "unavailable")
             if not session.closing:

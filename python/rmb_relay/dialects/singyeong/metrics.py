@@ -139,6 +139,16 @@ class SgMetrics:
             lambda: [((limit,), n) for limit, n in queues().refusals().items()],
             ("limit",),
         )
+        registry.counter_of(
+            "rmb_relay_sg_queue_withdrawals_total",
+            "singyeong QUEUEs whose store in Redis failed (it may still land), withdrawn before "
+            "the producer was told, by verdict: withdrawn (op 3 queue unavailable: never "
+            "stored), stored (QUEUE_CONFIRM), unknown (no verdict within "
+            "--sg-queue-verdict-timeout: op 3 queue unknown); dropped: waiting messages the "
+            "pump found withdrawn (never delivered)",
+            lambda: [((verdict,), n) for verdict, n in queues().withdrawals().items()],
+            ("verdict",),
+        )
         self.refused = registry.counter(
             "rmb_relay_sg_refused_total",
             "singyeong frames refused by a bound (issue 33; docs/hardening.md): "

@@ -106,6 +106,19 @@ DEAD_PAGE_BYTES = 4 << 20
 #: target, parsed query and queue entries (tracemalloc, 50,000 messages of 118 wire bytes:
 #: 682 heap bytes each), so tiny messages cannot hold five times what the budget says
 MESSAGE_OVERHEAD = 560
+#: with Redis: how long a QUEUE whose store failed may wait for the verdict of its withdrawal
+#: before it is refused `queue unknown` (s; `--sg-queue-verdict-timeout`, redis_queues.py)
+DEFAULT_VERDICT_TIMEOUT = 30.0
+
+
+class NotStored(Exception):
+    """A QUEUE that is certainly not stored, and never will be (redis_queues.py: Redis known
+    down, nothing written; or its claim withdrawn first): op 3 `queue unavailable`."""
+
+
+class StoreUnknown(Exception):
+    """A QUEUE whose store failed and whose withdrawal got no verdict in time: it may be
+    stored (and delivered) or not, and the gateway cannot tell: op 3 `queue unknown`."""
 
 
 class TooManyQueues(Exception):
@@ -641,6 +654,10 @@ class Queues:
     def held_bytes(self) -> tuple[int, int]:
         """(bytes held in all states, of which in dead letters), for the metrics."""
         return self.budget.held, self.dead_budget.held
+
+    def withdrawals(self) -> dict[str, int]:
+        """None in memory: a store here cannot fail halfway (redis_queues.py has them)."""
+        return {}
 
     def refusals(self) -> dict[str, int]:
         """Budget refusals by limit (`key`, `total`: a QUEUE refused; `dead_letters`: a

@@ -12,6 +12,7 @@ sgq:{NAME}:attempts   hash  id -> deliveries so far
 sgq:{NAME}:dead       hash  id -> {"reason", "dead_at"} (the record stays in msgs)
 sgq:{NAME}:bytes      int   bytes the queue's messages are charged (--sg-queue-bytes)
 sgq:{NAME}:sizes      hash  id -> bytes charged for it (given back when it is acked)
+sgq:{NAME}:c:<id>     string a message's claim (TTL): `s:<node>` stored, or `w` withdrawn
 sgq:names             set   queue names (for the ack-timeout sweep; an empty queue's goes)
 sgq:apps              hash  queue name -> application of the client whose store made it
 sgq:bytes             int   bytes all queues are charged (--sg-queue-total-bytes)
@@ -39,37 +40,70 @@ are checked against this instance's view as the total is (exact for its own stor
 refreshed by every sweep). The requests an instance holds are counted like the
 in-memory queues (`QueueCounts`, per application and in all). Refusals are op 3
 `queue_full` / `too_many_queues`, as in memory.
+
+Stored, or told it was not (issue 35; docs/faults.md)
+----------------------------------------------------
+A store whose call fails may still land: a cut link delivers what it held when it heals, and
+a lost reply hides a store that was made (5 of ~1,250 QUEUEs refused in a 10 s cut were
+stored; 127 of 189 in a Redis Cluster failover). So each message carries a claim, as the
+tunnel's work queue entries do (`cluster/workqueue.py`, whose `withdraw_claims` this uses):
+the store script sets it to `s:<node>` as it stores, atomically, and stores nothing when the
+claim is set already. When the store's call fails, the gateway withdraws the message (sets
+the claim to `w` unless it is set) before it tells the producer anything, and Redis decides
+who came first: withdrawn, op 3 `queue unavailable` (certainly not stored, never delivered);
+found stored, QUEUE_CONFIRM; no verdict within `--sg-queue-verdict-timeout` (the withdrawal
+is asked again after a pause while Redis fails), op 3 `queue unknown` (it may be stored). A
+retried write (redis-py sends it again after a reset) that finds its own claim stores nothing
+more and is confirmed. While the cluster knows Redis is down nothing is written: `queue
+unavailable` at once. The pump drops a waiting message whose claim says withdrawn (none
+should be: the store checks first).
+
+A copy of a store landing after every claim expired must not store either: each store
+carries a deadline (the verdict timeout from its first try), in Redis's time (`TIME`, read by
+every sweep: this instance's estimate of Redis's clock, off by a round trip, not by another
+host's clock), checked by the script against `TIME`; the claims are kept `CLAIM_MARGIN` past
+it. A verdict counts only when its reply came within the verdict timeout (a duration here),
+before any claim expired. On a Redis Cluster the script runs on the queue's primary, whose
+clock may differ from the node that answered `TIME`: the margin covers that skew too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import uuid
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import NoScriptError
+from redis.exceptions import NoScriptError, ResponseError
 
+from rmb_relay.clock import Clock, monotonic_clock
 from rmb_relay.cluster import keys as cluster_keys
+from rmb_relay.cluster.bus import RETRY_DELAY, redis_errors
+from rmb_relay.cluster.workqueue import WITHDRAWN, withdraw_claims
 from rmb_relay.dialects.singyeong.queues import (
     DEFAULT_QUEUE_BYTES,
     DEFAULT_QUEUE_TOTAL_BYTES,
     DEFAULT_QUEUES_PER_APP,
     DEFAULT_QUEUES_TOTAL,
+    DEFAULT_VERDICT_TIMEOUT,
     MAX_REQUESTS_PER_CLIENT,
     MAX_REQUESTS_TOTAL,
     MESSAGE_OVERHEAD,
     Consumer,
     DeadPage,
     Message,
+    NotStored,
     QueueCounts,
     RequestCounts,
+    StoreUnknown,
     TooManyQueues,
 )
-from rmb_relay.errors import BudgetExceeded
+from rmb_relay.errors import BudgetExceeded, ClusterUnavailable
 from rmb_relay.tasks import STOP_TIMEOUT, cancel_and_wait
 
 if TYPE_CHECKING:
@@ -85,16 +119,42 @@ EVENTS = cluster_keys.SG_QUEUE_EVENTS
 TOTAL_BYTES = cluster_keys.SG_QUEUE_BYTES
 APPS = cluster_keys.SG_QUEUE_APPS
 
-# KEYS: msgs, waiting, bytes, sizes; ARGV: id, record, size, per-queue limit
-# -> {1, held after} stored, {0, held} over the queue's budget
+# KEYS: msgs, waiting, bytes, sizes, claim; ARGV: id, record, size, per-queue limit, claim
+# value (ours), claim ms, deadline (Redis unix ms)
+# -> {1, held after} stored, {0, held} over the queue's budget (claim withdrawn: a copy landing
+# later must not store it), {2, held} stored before (a retried write: not again), {3, 0} the
+# claim withdrawn, {4, 0} past its deadline (both: not stored). TIME before a write wants
+# effects replication, the default since Redis 5 (asked for before it).
 _STORE = """
+if redis.replicate_commands then redis.replicate_commands() end
+local claim = redis.call('GET', KEYS[5])
+if claim == ARGV[5] then return {2, tonumber(redis.call('GET', KEYS[3]) or '0')} end
+if claim then return {3, 0} end
+local now = redis.call('TIME')
+if tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000) > tonumber(ARGV[7]) then
+  return {4, 0}
+end
 local held = tonumber(redis.call('GET', KEYS[3]) or '0')
-if held + tonumber(ARGV[3]) > tonumber(ARGV[4]) then return {0, held} end
+if held + tonumber(ARGV[3]) > tonumber(ARGV[4]) then
+  redis.call('SET', KEYS[5], 'w', 'PX', ARGV[6])
+  return {0, held}
+end
+redis.call('SET', KEYS[5], ARGV[5], 'PX', ARGV[6])
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('RPUSH', KEYS[2], ARGV[1])
 redis.call('HSET', KEYS[4], ARGV[1], ARGV[3])
 return {1, redis.call('INCRBY', KEYS[3], ARGV[3])}
 """
+#: a claim is kept this long past its store's deadline (s): what the estimate of Redis's clock
+#: may be off by, with a Redis Cluster's skew between nodes (module docstring)
+CLAIM_MARGIN = 30.0
+#: a stored message's claim value (+ the node), and the withdrawn one (`cluster/workqueue.py`)
+STORED = b"s:"
+#: withdrawals asked in one round trip at most
+WITHDRAW_BATCH = 256
+#: what a withdrawal found (`rmb_relay_sg_queue_withdrawals_total`'s labels, with "dropped": a
+#: waiting message the pump found withdrawn)
+VERDICTS = ("withdrawn", "stored", "unknown", "dropped")
 #: dead letters read from Redis per round trip when listing them
 DEAD_CHUNK = 100
 #: Redis operations in flight at once (acks, retries, pumps, store batches)
@@ -102,10 +162,20 @@ MAX_CONCURRENT = 16
 #: how often the sweep looks for expired deliveries when the ack timeout is long (seconds)
 MAX_SWEEP_INTERVAL = 1.0
 
+# KEYS: waiting, unacked, msgs, owner, attempts, claim, bytes, sizes; ARGV: id, deadline,
+# token -> {record, attempts}; false: not claimed; a number: its store's claim says withdrawn
+# (dropped, its bytes given back + 1)
 _CLAIM = """
 if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 1 then
   local record = redis.call('HGET', KEYS[3], ARGV[1])
   if not record then return false end
+  if redis.call('GET', KEYS[6]) == 'w' then
+    redis.call('HDEL', KEYS[3], ARGV[1])
+    local size = tonumber(redis.call('HGET', KEYS[8], ARGV[1]) or '0')
+    redis.call('HDEL', KEYS[8], ARGV[1])
+    if size > 0 then redis.call('DECRBY', KEYS[7], size) end
+    return size + 1
+  end
   redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
   redis.call('HSET', KEYS[4], ARGV[1], ARGV[3])
   local attempts = redis.call('HINCRBY', KEYS[5], ARGV[1], 1)
@@ -158,6 +228,23 @@ return 0
 _keys = cluster_keys.sg_queue_keys
 
 
+def claim_key(queue: str, message_id: str) -> str:
+    """A message's claim, in its queue's slot (the store script sets it)."""
+    return f"sgq:{{{queue}}}:c:{message_id}"
+
+
+@dataclass(eq=False)
+class _Unsure:
+    """A message whose store failed, waiting for the verdict of its withdrawal."""
+
+    message: Message
+    done: asyncio.Future[None]
+    size: int
+    app: str
+    #: when its verdict timeout ends (the loop's clock)
+    timer: asyncio.TimerHandle | None = None
+
+
 def _text(raw: bytes | str) -> str:
     return raw.decode() if isinstance(raw, bytes) else str(raw)
 
@@ -182,8 +269,25 @@ class RedisQueues:
         queues_total: int = DEFAULT_QUEUES_TOTAL,
         requests_per_client: int = MAX_REQUESTS_PER_CLIENT,
         requests_total: int = MAX_REQUESTS_TOTAL,
+        verdict_timeout: float = DEFAULT_VERDICT_TIMEOUT,
+        redis_up: Callable[[], bool] = lambda: True,
+        clock: Clock = monotonic_clock,
     ) -> None:
+        """`redis_up`: False while the cluster knows Redis is down (a store is refused then,
+        nothing written); `clock` (monotonic ns) paces the estimate of Redis's clock."""
         self.redis = redis
+        self.redis_up = redis_up
+        self.clock = clock
+        self.verdict_timeout = verdict_timeout
+        #: how long a claim is kept (ms): past any store's deadline by `CLAIM_MARGIN`
+        self.claim_ms = int((verdict_timeout + CLAIM_MARGIN) * 1000)
+        self._stored = STORED + node.encode()
+        #: Redis's clock minus ours (ms), from its TIME (`_read_time`); None: not read yet
+        self._offset_ms: int | None = None
+        #: stores waiting for a withdrawal's verdict, by (queue, id) (module docstring)
+        self._withdrawing: dict[tuple[str, str], _Unsure] = {}
+        self._withdrawer: asyncio.Task[None] | None = None
+        self.counts_by_verdict = dict.fromkeys(VERDICTS, 0)
         self.queue_bytes = queue_bytes
         self.queue_total_bytes = queue_total_bytes
         self.queues_total = queues_total
@@ -327,8 +431,14 @@ class RedisQueues:
         exact for what it stores itself, refreshed from Redis by every sweep and corrected
         by every store script's answer), then the store scripts check each queue's bytes
         again, atomically, in the same pipeline as the total's INCRBY, the names and the
-        events (a message a script refuses is taken off the total again)."""
-        writes: list[tuple[Message, asyncio.Future[None], int, str]] = []
+        events (a message a script refuses is taken off the total again). Nothing is written
+        while Redis is known to be down; a store whose outcome is not known is withdrawn
+        (`_withdraw_later`; module docstring)."""
+        if not self.redis_up():
+            for _, _, done in batch:
+                done.set_exception(NotStored("redis is unavailable"))
+            return
+        writes: list[tuple[Message, asyncio.Future[None], int, str, str]] = []
         apps: dict[str, str] = {}
         for message, app, done in batch:
             record = json.dumps(
@@ -346,78 +456,213 @@ class RedisQueues:
                 done.set_exception(refusal)
                 continue
             message.size = size
-            writes.append((message, done, size, record))
+            writes.append((message, done, size, record, app))
             apps.setdefault(message.queue, self._known_names.get(message.queue, app))
         if not writes:
             return
-        cluster = self._on_cluster
-        if self._store_sha is None and not cluster:
-            self._store_sha = str(await self.redis.script_load(_STORE))
-        names = sorted({message.queue for message, _, _, _ in writes})
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for message, _, size, record in writes:
-                keys = _keys(message.queue)
-                # a cluster pipeline sends each script whole (EVALSHA is refused there)
-                run = pipe.eval if cluster else pipe.evalsha
-                run(
-                    _STORE if cluster else str(self._store_sha),
-                    4,
-                    keys["msgs"],
-                    keys["waiting"],
-                    keys["bytes"],
-                    keys["sizes"],
-                    message.id,
-                    record,
-                    size,
-                    self.queue_bytes,
-                )
-            pipe.incrby(TOTAL_BYTES, sum(size for _, _, size, _ in writes))
-            for name in names:
-                pipe.sadd(NAMES, name)
-                pipe.hsetnx(APPS, name, apps[name])
-                if not cluster:
-                    pipe.publish(EVENTS, name)
-            results = await pipe.execute(raise_on_error=False)
+        try:
+            cluster = self._on_cluster
+            if self._store_sha is None and not cluster:
+                self._store_sha = str(await self.redis.script_load(_STORE))
+            if self._offset_ms is None:
+                await self._read_time()
+        except Exception:  # nothing written yet: not stored
+            for message, _, size, _, _ in writes:
+                self._forget(message.queue, size)
+            raise
+        assert self._offset_ms is not None
+        started = self.clock()
+        deadline = started // 1_000_000 + self._offset_ms + int(self.verdict_timeout * 1000)
+        names = sorted({message.queue for message, _, _, _, _ in writes})
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for message, _, size, record, _ in writes:
+                    keys = _keys(message.queue)
+                    # a cluster pipeline sends each script whole (EVALSHA is refused there)
+                    run = pipe.eval if cluster else pipe.evalsha
+                    run(
+                        _STORE if cluster else str(self._store_sha),
+                        5,
+                        keys["msgs"],
+                        keys["waiting"],
+                        keys["bytes"],
+                        keys["sizes"],
+                        claim_key(message.queue, message.id),
+                        message.id,
+                        record,
+                        size,
+                        self.queue_bytes,
+                        self._stored,
+                        self.claim_ms,
+                        deadline,
+                    )
+                pipe.incrby(TOTAL_BYTES, sum(size for _, _, size, _, _ in writes))
+                for name in names:
+                    pipe.sadd(NAMES, name)
+                    pipe.hsetnx(APPS, name, apps[name])
+                    if not cluster:
+                        pipe.publish(EVENTS, name)
+                results = await pipe.execute(raise_on_error=False)
+        except redis_errors() as err:  # any of them may have landed, or may still
+            log.warning("singyeong queue store failed, withdrawing: %s", err)
+            self._withdraw_later(
+                [_Unsure(m, done, size, app) for m, done, size, _, app in writes], started
+            )
+            return
         if cluster:  # (refused in a cluster pipeline)
-            for name in names:
-                try:
-                    await self.redis.publish(EVENTS, name)
-                except Exception as err:  # stored all the same: as when the pipeline's fails,
-                    # a consumer waiting elsewhere hears of it with the next event of the queue
-                    log.warning("singyeong queue events: could not publish: %s", err)
+            await self._announce(names, {})
         not_stored = 0
         again: list[tuple[Message, str, asyncio.Future[None]]] = []
-        for (message, done, size, _), result in zip(writes, results, strict=False):
+        unsure: list[_Unsure] = []
+        for (message, done, size, _, app), result in zip(writes, results, strict=False):
             if isinstance(result, Exception):
                 not_stored += size
-                self._forget(message.queue, size)
                 if isinstance(result, NoScriptError) and retry:
                     # Redis restarted (its script cache is empty): load it and store again
+                    self._forget(message.queue, size)
                     self._store_sha = None
-                    again.append((message, apps[message.queue], done))
-                else:
-                    done.set_exception(result)
+                    again.append((message, app, done))
+                elif isinstance(result, ResponseError):  # Redis refused it: not run
+                    self._forget(message.queue, size)
+                    done.set_exception(NotStored(f"redis: {result}"))
+                else:  # (a connection failed under it) it may have landed
+                    unsure.append(_Unsure(message, done, size, app))
                 continue
-            stored, held = int(result[0]), int(result[1])
-            self._queue_held[message.queue] = held
-            if stored:
+            code, held = int(result[0]), int(result[1])
+            if code in (1, 2):
+                self._queue_held[message.queue] = held
+                if code == 2:  # stored by an earlier try; the total was charged again
+                    not_stored += size
                 done.set_result(None)
                 continue
             not_stored += size
             self._total -= size
-            self._refused["key"] += 1
-            done.set_exception(
-                BudgetExceeded(
-                    "key", key=message.queue, size=size, held=held, allowed=self.queue_bytes
+            if code == 0:
+                self._queue_held[message.queue] = held
+                self._refused["key"] += 1
+                done.set_exception(
+                    BudgetExceeded(
+                        "key", key=message.queue, size=size, held=held, allowed=self.queue_bytes
+                    )
                 )
-            )
+            else:
+                self._forget(message.queue, 0)
+                why = "withdrawn" if code == 3 else "past its deadline"
+                done.set_exception(NotStored(f"the store came too late ({why})"))
         for result in results[len(writes) :]:
             if isinstance(result, Exception):
                 log.warning("singyeong queue store bookkeeping failed: %s", result)
+        if unsure:
+            self._withdraw_later(unsure, started)
         if not_stored:
-            await self.redis.decrby(TOTAL_BYTES, not_stored)
+            try:
+                await self.redis.decrby(TOTAL_BYTES, not_stored)
+            except redis_errors() as err:  # the total is read again by the next sweep
+                log.warning("singyeong queue budget: could not give back bytes: %s", err)
         if again:
-            await self._write_batch(again, retry=False)
+            try:
+                await self._write_batch(again, retry=False)
+            except Exception as err:  # (not the others': some may wait for a verdict)
+                for _, _, done in again:
+                    if not done.done():
+                        done.set_exception(err)
+
+    async def _read_time(self) -> None:
+        """Redis's clock against ours (`_offset_ms`), from the middle of a TIME's round trip."""
+        before = self.clock()
+        raw: Any = await self.redis.time()
+        after = self.clock()
+        if isinstance(raw, dict):  # (a cluster client may name the node that answered)
+            raw = next(iter(raw.values()))
+        seconds, micros = raw
+        redis_ms = int(seconds) * 1000 + int(micros) // 1000
+        self._offset_ms = redis_ms - (before + after) // 2_000_000
+
+    async def _announce(self, names: list[str], apps: dict[str, str]) -> None:
+        """The events of `names` (and with `apps`, their names and applications: for stores
+        found made by a withdrawal, whose pipeline failed). An event lost is heard with the
+        next event of the queue by a consumer waiting elsewhere."""
+        try:
+            if apps:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for name in names:
+                        pipe.sadd(NAMES, name)
+                        pipe.hsetnx(APPS, name, apps[name])
+                    await pipe.execute()
+            for name in names:
+                await self.redis.publish(EVENTS, name)
+        except redis_errors() as err:
+            log.warning("singyeong queue events: could not publish: %s", err)
+
+    # ---- withdrawing a store that failed ---------------------------------------------------
+
+    def _withdraw_later(self, unsure: list[_Unsure], started: int) -> None:
+        """Withdraw these stores before their producers are told anything; without a verdict
+        by the verdict timeout (from `started`, the store's first try) they are refused
+        `queue unknown` (module docstring)."""
+        loop = asyncio.get_running_loop()
+        left = max(0.0, self.verdict_timeout - (self.clock() - started) / 1e9)
+        for item in unsure:
+            key = (item.message.queue, item.message.id)
+            self._withdrawing[key] = item
+            item.timer = loop.call_later(left, self._no_verdict, key)
+        if self._withdrawer is None:
+            self._withdrawer = loop.create_task(self._withdraw_all())
+
+    def _no_verdict(self, key: tuple[str, str]) -> None:
+        item = self._withdrawing.pop(key, None)
+        if item is None or item.done.done():
+            return
+        self.counts_by_verdict["unknown"] += 1
+        item.done.set_exception(
+            StoreUnknown(f"no verdict on withdrawing it within {self.verdict_timeout:g} s")
+        )
+
+    async def _withdraw_all(self) -> None:
+        """Ask for the withdrawals waiting, a batch per round trip, again after a pause while
+        Redis fails; each verdict settles its store (stored: confirmed; withdrawn: refused)."""
+        failing = False
+        try:
+            while self._withdrawing:
+                batch = list(itertools.islice(self._withdrawing.items(), WITHDRAW_BATCH))
+                claims = [(claim_key(queue, mid), self.claim_ms) for (queue, mid), _ in batch]
+                try:
+                    held: list[bytes | None] | None = await withdraw_claims(self.redis, claims)
+                except ClusterUnavailable as err:
+                    if not failing:  # once per outage
+                        log.warning("singyeong: cannot withdraw failed stores yet: %s", err)
+                    failing = True
+                    held = None
+                if held is None:
+                    await asyncio.sleep(RETRY_DELAY)  # a pause between tries
+                    continue
+                stored: dict[str, str] = {}
+                for (key, item), value in zip(batch, held, strict=True):
+                    if self._withdrawing.get(key) is not item or item.done.done():
+                        continue  # its verdict timeout ended meanwhile
+                    del self._withdrawing[key]
+                    if item.timer is not None:
+                        item.timer.cancel()
+                    queue = item.message.queue
+                    if value == self._stored:
+                        self.counts_by_verdict["stored"] += 1
+                        stored.setdefault(queue, self._known_names.get(queue, item.app))
+                        item.done.set_result(None)
+                    elif value == WITHDRAWN:
+                        self.counts_by_verdict["withdrawn"] += 1
+                        self._forget(queue, item.size)
+                        item.done.set_exception(NotStored("withdrawn: its store never lands"))
+                    else:  # the claim gone (not expected within the verdict timeout)
+                        self.counts_by_verdict["unknown"] += 1
+                        item.done.set_exception(StoreUnknown(f"its claim holds {value!r}"))
+                if stored:
+                    await self._announce(sorted(stored), stored)
+        finally:
+            self._withdrawer = None
+
+    def withdrawals(self) -> dict[str, int]:
+        """`rmb_relay_sg_queue_withdrawals_total` by verdict (metrics.py)."""
+        return dict(self.counts_by_verdict)
 
     def _refusal(self, name: str, size: int, app: str) -> Exception | None:
         """Why a message of `size` bytes for queue `name` (stored by a client of `app`)
@@ -568,6 +813,7 @@ class RedisQueues:
         """Retry every delivery (of any instance) whose ack deadline has passed; drop the
         names of queues left empty (a store re-adds its name after writing, and a name is
         put back if a message arrived while it was dropped)."""
+        await self._read_time()  # (module docstring: the stores' deadlines)
         waiting = unacked = dead = 0
         fresh, self._fresh = self._fresh, set()
         names = await self.redis.smembers(NAMES)
@@ -666,11 +912,21 @@ class RedisQueues:
                     keys["msgs"],
                     keys["owner"],
                     keys["attempts"],
+                    claim_key(name, message_id),
+                    keys["bytes"],
+                    keys["sizes"],
                 ],
                 args=[message_id, deadline, token],
             )
             if not claimed:
                 continue  # another instance took it
+            if isinstance(claimed, int):  # withdrawn by its producer: never delivered
+                self.counts_by_verdict["dropped"] += 1
+                log.warning("singyeong: queue %s: message %s was withdrawn", name, message_id)
+                if claimed > 1:
+                    self._forget(name, claimed - 1)
+                    await self.redis.decrby(TOTAL_BYTES, claimed - 1)
+                continue
             requests = self.requests.get(name)
             if not requests or consumer not in requests:
                 # the consumer left or cancelled while we claimed: give it straight back
@@ -746,5 +1002,8 @@ class RedisQueues:
 
     async def close(self) -> None:
         # cancelled until they end: redis-py can swallow a cancellation (rmb_relay/tasks.py)
-        tasks = (self._listener, self._sweeper, *self._tasks)
+        for item in self._withdrawing.values():
+            if item.timer is not None:
+                item.timer.cancel()
+        tasks = (self._listener, self._sweeper, self._withdrawer, *self._tasks)
         await asyncio.gather(*(cancel_and_wait(task, STOP_TIMEOUT) for task in tasks))

@@ -21,6 +21,7 @@ from rmb_relay.dialects.singyeong.queues import (
     DEFAULT_QUEUE_TOTAL_BYTES,
     DEFAULT_QUEUES_PER_APP,
     DEFAULT_QUEUES_TOTAL,
+    DEFAULT_VERDICT_TIMEOUT,
     MAX_REQUESTS_PER_CLIENT,
     MAX_REQUESTS_TOTAL,
 )
@@ -69,6 +70,8 @@ class SgSettings:
     #: outstanding QUEUE_REQUESTs per client (all queues) and of all clients
     requests_per_client: int = MAX_REQUESTS_PER_CLIENT
     requests_total: int = MAX_REQUESTS_TOTAL
+    #: with Redis: how long a QUEUE whose store failed waits for its withdrawal's verdict
+    verdict_timeout: float = DEFAULT_VERDICT_TIMEOUT
     #: what one client's metadata may hold (metadata.py `MetadataAccount`)
     metadata_keys: int = DEFAULT_METADATA_KEYS
     metadata_bytes: int = DEFAULT_METADATA_BYTES
@@ -101,6 +104,8 @@ class SgSettings:
             raise ConfigError("--sg-max-attempts must be positive")
         if self.proxy_timeout <= 0:
             raise ConfigError("--sg-proxy-timeout must be positive")
+        if self.verdict_timeout <= 0:
+            raise ConfigError("--sg-queue-verdict-timeout must be positive")
         for flag, value in (
             ("--sg-queue-bytes", self.queue_bytes),
             ("--sg-queue-total-bytes", self.queue_total_bytes),
@@ -155,6 +160,7 @@ class SgSettings:
             queues_total=args.sg_queues_total,
             requests_per_client=args.sg_queue_requests_per_client,
             requests_total=args.sg_queue_requests_total,
+            verdict_timeout=args.sg_queue_verdict_timeout,
             metadata_keys=args.sg_metadata_keys,
             metadata_bytes=args.sg_metadata_bytes,
             metadata_total_bytes=args.sg_metadata_total_bytes,
@@ -278,6 +284,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=d.requests_total,
         metavar="N",
         help="QUEUE_REQUESTs all clients may have waiting (op 3 beyond)",
+    )
+    sg.add_argument(
+        "--sg-queue-verdict-timeout",
+        type=float,
+        default=d.verdict_timeout,
+        metavar="SECONDS",
+        help="with --redis: a QUEUE whose store failed (its write may still land) is withdrawn "
+        "before it is refused; without a verdict within this long it is refused with op 3 "
+        "'queue unknown' (it may be stored or not) instead of 'queue unavailable' (not stored)",
     )
     sg.add_argument(
         "--sg-metadata-keys",
