@@ -115,8 +115,8 @@ def _free_network(seed: int) -> ipaddress.IPv4Network:
     nets = list(NETWORKS.subnets(new_prefix=24))
     for step in range(len(nets)):
         net = nets[(seed + step) % len(nets)]
+        assert isinstance(net, ipaddress.IPv4Network)
         if f"inet {str(net.network_address).rsplit('.', 1)[0]}." not in used:
-            assert isinstance(net, ipaddress.IPv4Network)
             return net
     raise LabUnavailable(f"no free /24 left in {NETWORKS}")
 

@@ -22,6 +22,10 @@ class PacedTraffic:
         """Send one message (the checker has been told it was sent)."""
         raise NotImplementedError
 
+    async def close(self) -> None:
+        """Stop, and close every client and task the traffic opened."""
+        raise NotImplementedError
+
     def start(self, rate: float) -> None:
         self._pacer = asyncio.get_running_loop().create_task(self._run(rate))
 

@@ -71,7 +71,9 @@ class World:
         """The instance Redis's presence names for `name` (e.g. "r:1"), if any."""
         assert self.probe is not None
         value = await self.probe.get(keys.presence_key(name))
-        return claim_instance(value.decode()) if value is not None else None
+        if value is None:
+            return None
+        return claim_instance(value.decode() if isinstance(value, bytes) else str(value))
 
     def rss_mib(self) -> float:
         return max(instance.relay.rss_mib() for instance in self.instances.values())
@@ -284,7 +286,12 @@ class ClusterInstances(_Maker):
 
     async def _build(self, stack: AsyncExitStack) -> World:
         lab = stack.enter_context(Lab())
-        options = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf")
+        options: tuple[str, ...] = (
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+        )
         options += ("--cluster-node-timeout", str(self.node_timeout_ms))
         nodes = [
             await RedisNode(lab.host(f"redis{i}"), options).ready() for i in range(self.masters * 2)
