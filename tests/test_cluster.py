@@ -17,7 +17,13 @@ from rmb_relay.clock import monotonic_clock
 from rmb_relay.cluster import keys, wire
 from rmb_relay.cluster.bus import Bus
 from rmb_relay.cluster.node import Cluster
-from rmb_relay.cluster.workqueue import WITHDRAWN, WorkQueues, set_claims, withdraw_claims
+from rmb_relay.cluster.workqueue import (
+    WITHDRAWN,
+    WorkQueues,
+    set_claims,
+    taker,
+    withdraw_claims,
+)
 from rmb_relay.errors import RemoteError
 from rmb_relay.mailbox import RedisMailbox, stream_key
 from rmb_relay.sdk import IncomingRequest
@@ -708,7 +714,8 @@ async def test_an_entry_whose_read_reply_was_lost_is_handed_on(redis_server: Red
         link.heal()
         await asyncio.wait_for(handed.wait(), WAIT)
         assert got == [b"1"]
-        assert await direct.get(keys.work_claim_key("test", "q", "c1")) == b"t:consumer"
+        claim = await direct.get(keys.work_claim_key("test", "q", "c1"))
+        assert taker(claim) == "consumer"
         assert int((await direct.xpending(stream, keys.GROUP))["pending"]) == 0
     finally:
         await consumer.close()
@@ -716,3 +723,27 @@ async def test_an_entry_whose_read_reply_was_lost_is_handed_on(redis_server: Red
         await via.aclose()
         await link.close()
         await direct.aclose()
+
+
+async def test_a_copy_of_an_entry_is_dropped_even_by_the_consumer_that_took_it(
+    redis_server: RedisServer,
+) -> None:
+    """A producer's XADD sent again (its reply lost) makes a second entry with the same claim.
+    The consumer that took the first finds its own claim on the copy, but naming another
+    entry: the copy is dropped, the request does not run twice."""
+    redis = Redis.from_url(redis_server.url)
+    producer = WorkQueues(cast("Cluster", _Member(redis, "producer")), "test")
+    consumer = WorkQueues(cast("Cluster", _Member(redis, "consumer")), "test")
+    got: list[bytes] = []
+    try:
+        for _ in range(2):
+            await producer.put("q", {"n": b"1"}, ("c1", 60_000))
+        consumer.consume("q", lambda fields: got.append(fields[b"n"]))
+        await eventually(lambda: consumer.withdrawn == 1)
+        assert got == [b"1"]
+        assert taker(b"t:1-0:a:b") == "a:b"  # an instance id may hold colons
+        assert taker(b"t:old-style") == "old-style"  # an older relay's value
+    finally:
+        await consumer.close()
+        await producer.close()
+        await redis.aclose()

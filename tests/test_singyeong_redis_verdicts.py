@@ -136,6 +136,7 @@ class World:
     link: FaultProxy
     redis: Redis
     address: tuple[str, int]
+    registry: Registry
     clients: list[SgClient] = field(default_factory=list)
 
     @property
@@ -194,7 +195,7 @@ async def make_world(
         server = await start_relay([dialect], registry=registry)
         host, port = server.addresses[0]
         direct = Redis(port=redis_server.port)
-        world = World(dialect, cluster, gate, link, direct, (host, port))
+        world = World(dialect, cluster, gate, link, direct, (host, port), registry)
         made.append((world, [queues_redis, cluster_redis]))
         return world
 
@@ -249,6 +250,8 @@ async def test_a_store_whose_replies_were_lost_is_found_stored_and_confirmed(
     assert world.gate.lost == 2
     assert await world.stored("jobs") == (1, 1)
     assert world.queues.withdrawals()["stored"] == 1
+    page = world.registry.render()
+    assert 'rmb_relay_sg_queue_withdrawals_total{verdict="stored"} 1.0' in page
     worker = await world.client("w", "workers")
     assert (await take(worker))["payload"] == "n-lost"
 

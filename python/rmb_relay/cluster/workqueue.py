@@ -10,7 +10,7 @@ Keys (`keys.py`; one hash tag per queue)
 ```text
 rmb:{q:<topic>:<name>}:work      stream  the entries; group `keys.GROUP`, one consumer per instance
 rmb:{q:<topic>:<name>}:holders   set     instances consuming it (`has_consumers`)
-rmb:{q:<topic>:<name>}:claim:<c> string  an entry's claim (TTL): `t:<instance>` or `w`
+rmb:{q:<topic>:<name>}:claim:<c> string  an entry's claim (TTL): `t:<entry id>:<instance>` or `w`
 ```
 
 Delivery is at most once: an entry is acknowledged (and deleted) as it is read, before it is
@@ -35,9 +35,12 @@ store setting the claim where a consumer does here. A claim is won when the key 
 caller's own value after its `SET NX`, read back in the same round trip (`GET`): redis-py
 sends a command again after a connection reset, and the retried `SET NX` finds the claim its
 first try set (a reply lost, not a race lost: 81 of 3,062 tunnel requests were answered 504
-under 1% resets when that counted as lost). Only an entry's producer withdraws it, so a
-`WITHDRAWN` found is its own. Plain commands in a pipeline, no script: any Redis version, and a
-Redis Cluster client splits the pipeline by slot.
+under 1% resets when that counted as lost). A consumer's value names the entry it read as
+well as itself: a copy of the entry (the producer's XADD sent again) is another entry, and
+finding the claim its first copy won, even here, it is dropped, not run twice (30 of 3,058
+were, before the entry was named). Only an entry's producer withdraws it, so a `WITHDRAWN`
+found is its own. Plain commands in a pipeline, no script: any Redis version, and a Redis
+Cluster client splits the pipeline by slot.
 
 Pending entries: an XREADGROUP whose reply is lost (a reset, after which redis-py reads again
 on a new connection; a read sent on a cut link reaching Redis at the heal) leaves entries
@@ -83,6 +86,20 @@ LEAVE_TIMEOUT = 2.0
 CLAIM, CLAIM_MS = "claim", "claim_ms"
 CLAIM_B, CLAIM_MS_B = CLAIM.encode(), CLAIM_MS.encode()
 TAKEN, WITHDRAWN = b"t:", b"w"
+
+
+def taker(value: bytes | None) -> str | None:
+    """The instance a claim's value says took its entry (`t:<entry id>:<instance>`; an older
+    relay's `t:<instance>` too), or None (withdrawn, gone, not a taken claim)."""
+    if value is None or not value.startswith(TAKEN):
+        return None
+    text = value[len(TAKEN) :].decode(errors="replace")
+    entry, sep, instance = text.partition(":")
+    first, dash, second = entry.partition("-")
+    if sep and dash and first.isdigit() and second.isdigit():
+        return instance
+    return text
+
 
 Fields = dict[bytes, bytes]
 Handler = Callable[[Fields], None]
@@ -141,7 +158,7 @@ class WorkQueues:
         self._holders: list[tuple[str, bool]] = []
         self._writer: asyncio.Task[None] | None = None
         self._stopped: set[asyncio.Task[None]] = set()
-        self._taken = TAKEN + self.me.encode()
+        self._me = self.me.encode()
         self.clock: Clock = cluster.clock
         #: how often (ns) a consumer reads the entries pending for it (module docstring)
         self.pending_every = nanos(cluster.ttl / 3)
@@ -177,15 +194,7 @@ class WorkQueues:
             self.redis,
             [(keys.work_claim_key(self.topic, name, claim), ms) for name, claim, ms in claims],
         )
-        verdicts: list[str | None] = []
-        for value in held:
-            if value == WITHDRAWN:
-                verdicts.append(None)
-            elif value is not None and value.startswith(TAKEN):
-                verdicts.append(value[len(TAKEN) :].decode(errors="replace"))
-            else:
-                verdicts.append("")
-        return verdicts
+        return [None if value == WITHDRAWN else (taker(value) or "") for value in held]
 
     async def takers(self, claims: list[tuple[str, str]]) -> list[str | None]:
         """For each (queue name, claim): the instance that took it, or None (not taken yet,
@@ -198,12 +207,7 @@ class WorkQueues:
             replies = await pipe.execute()
         except redis_errors() as err:
             raise ClusterUnavailable(f"redis: {err}") from err
-        return [
-            value[len(TAKEN) :].decode(errors="replace")
-            if isinstance(value, bytes) and value.startswith(TAKEN)
-            else None
-            for value in replies
-        ]
+        return [taker(value if isinstance(value, bytes) else None) for value in replies]
 
     async def has_consumers(self, name: str) -> bool:
         """Whether a live instance consumes `name` (raises ClusterUnavailable). Holders found
@@ -310,18 +314,23 @@ class WorkQueues:
         pipe.xdel(stream, *ids)
         claims: list[tuple[str, bytes, int]] = []
         with_claim: list[int] = []
-        for i, (_, fields) in enumerate(entries):
+        for i, (entry_id, fields) in enumerate(entries):
             claim, ms = (fields.get(CLAIM_B), fields.get(CLAIM_MS_B)) if fields else (None, None)
             if claim is None or ms is None or not ms.isdigit():
                 continue
             key = keys.work_claim_key(self.topic, name, claim.decode(errors="replace"))
-            claims.append((key, self._taken, int(ms)))
+            claims.append((key, TAKEN + entry_id + b":" + self._me, int(ms)))
             with_claim.append(i)
         add_claims(pipe, claims)
         replies = await pipe.execute()
         held = claimed(replies[2:])
-        # ours: set by this round trip, or by an earlier try of it whose reply was lost
-        lost = {i for i, value in zip(with_claim, held, strict=True) if value != self._taken}
+        # ours: set by this round trip, or by an earlier try of it whose reply was lost (a
+        # copy of the entry, another id, is not)
+        lost = {
+            i
+            for i, (_, ours, _), value in zip(with_claim, claims, held, strict=True)
+            if value != ours
+        }
         self.withdrawn += len(lost)
         return [fields for i, (_, fields) in enumerate(entries) if fields and i not in lost]
 
