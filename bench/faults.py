@@ -79,7 +79,8 @@ async def run(only: str | None, ttl: float) -> list[Outcome]:
 
 def table(outcomes: list[Outcome]) -> str:
     """One row per scenario and dialect. "refused" counts the tunnel's 504s apart ("+n 504":
-    the relay said it cannot tell) and names the refused that were delivered all the same."""
+    the relay said it cannot tell) and names the refused that were delivered all the same;
+    SBD's "lost" names the relays' counted drops of the run (its best effort's bound)."""
     head = "| scenario | dialect | accepted | once | twice+ | refused | lost | recover | RSS MiB |"
     rows = [head, "|---|---|---|---|---|---|---|---|---|"]
     for o in outcomes:
@@ -91,7 +92,11 @@ def table(outcomes: list[Outcome]) -> str:
                 refused += f" ({f.refused_delivered} delivered)"
             if f.unknown:
                 refused += f" (+{f.unknown} 504)"
-            lost = f"{f.lost}" + ("" if flow.presence_single else ", presence NOT single")
+            lost = f"{f.lost}"
+            if flow.dialect == "sbd" and f.lost:
+                lost += f" (≤ {o.counted_drops} counted)"
+            if not flow.presence_single:
+                lost += ", presence NOT single"
             scenario = o.scenario if i == 0 else ""
             rss = f"{o.rss_mib:.0f}" if i == 0 else ""
             rows.append(
