@@ -366,6 +366,25 @@ async def test_a_dead_instance_is_reaped_and_nothing_it_held_back_is_lost(
     await redis.aclose()
 
 
+async def test_an_instance_back_from_an_outage_gives_nobody_up_for_one_ttl(
+    redis_server: RedisServer, make_instance: MakeInstance
+) -> None:
+    """An outage of our own may have cut the others off too (a Redis Cluster shard without a
+    primary fails every instance's calls), so their liveness keys may have expired while
+    they live: for one TTL after we resume, nobody is given up (docs/faults.md, (d))."""
+    clock = FakeClock()
+    b = await make_instance(redis_server.url, ttl=30.0, clock=clock)
+    redis = Redis.from_url(redis_server.url)
+    await redis.sadd(keys.INSTANCES_KEY, "cut-off")  # a member whose liveness key expired
+    b.cluster._health(ConnectionError("redis cut"))  # what a failed call of the tick does
+    await b.cluster.tick()  # reaches Redis: resumes
+    assert "cut-off" not in b.cluster.presence.dead
+    clock.advance(31)
+    await b.cluster.tick()
+    assert "cut-off" in b.cluster.presence.dead
+    await redis.aclose()
+
+
 async def test_a_reaper_never_takes_what_a_live_instance_is_working_on(
     redis_server: RedisServer, make_instance: MakeInstance
 ) -> None:

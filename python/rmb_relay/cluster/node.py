@@ -166,6 +166,9 @@ class Cluster:
         #: set by `close`: the ticker stops at its next turn even if it lost its cancellation
         self._closing = False
         self._redis_down = False
+        #: when (clock) we last came back from an outage: for one TTL after it we give no
+        #: instance up (`tick`)
+        self._resumed_at: int | None = None
         #: Redis failed since the last tick that reached it: the next one drains every
         #: mailbox held here (`tick`)
         self._resync = False
@@ -745,12 +748,19 @@ class Cluster:
         others = [member for member in members if member != self.me]
         live = await self.alive(others)
         self.live_instances = 1 + len(live)
+        # back from an outage of our own, we cannot tell an instance that died from one the
+        # same outage cut off (a Redis Cluster shard without a primary fails every instance's
+        # calls), whose liveness key expired meanwhile: it renews the key within a tick of
+        # the outage's end, so we wait one TTL before giving any up. Taking a live one for
+        # dead reaps its stream, and what waits there for its 신경 clients is dropped unseen
+        # (a failover lost 82 SENDs so), its tunnel requests answered 504
+        judging = self._resumed_at is None or self.clock() - self._resumed_at >= nanos(self.ttl)
         for other in others:
             if other in live:
                 self.presence.dead.discard(other)
                 self._dead_since.pop(other, None)
                 self._gone_told.discard(other)  # back (it was only cut off): told again next time
-            else:
+            elif judging:
                 await self.reap(other)
 
     def _drain_held(self, names: list[str]) -> None:
@@ -832,6 +842,7 @@ class Cluster:
         if err is None:
             if self._redis_down:
                 self._redis_down = False
+                self._resumed_at = self.clock()
                 log.warning("cluster: redis is reachable again; instance %s resumes", self.me)
             return
         if not self._redis_down:
