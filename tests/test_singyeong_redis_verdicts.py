@@ -1,5 +1,7 @@
 """신경 QUEUE with Redis, when a store fails (issue 35; redis_queues.py "Stored, or told it was
-not"): refused without writing while the cluster knows Redis is down; a store whose reply was
+not", "Held while Redis is down"): held without writing while the cluster knows Redis is down
+(stored once it is back, in order; refused `queue unavailable` past its deadline or past
+--sg-queue-held-bytes, at once; stored even if its producer left); a store whose reply was
 lost is found stored by its withdrawal (QUEUE_CONFIRM), a retried one stores nothing twice; a
 withdrawal that came first refuses it (`queue unavailable`) and the store, landing later,
 stores nothing; no verdict in time is `queue unknown`. A real redis-server; the gateway's
@@ -225,16 +227,143 @@ def refusal(frame: dict[str, Any]) -> tuple[str, Any, Any]:
     return frame["d"]["error"], info["queue"], info["nonce"]
 
 
-async def test_refused_at_once_while_redis_is_known_down(make_world: MakeWorld) -> None:
-    world = await make_world()
-    producer = await world.client("p", "producers")
+def metric(world: World, line_start: str) -> float:
+    """The value of the metric line starting with `line_start` (name and labels)."""
+    for line in world.registry.render().splitlines():
+        if line.startswith(line_start + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no {line_start} in the page")
+
+
+async def redis_known_down(world: World) -> None:
     world.link.refuse()  # the cluster's calls fail: it knows Redis is down
     await eventually(lambda: not world.cluster.redis_up)
-    frame = await send_queue(producer, "n-down")
-    assert refusal(frame) == ("queue unavailable: the message was not stored", "jobs", "n-down")
+
+
+async def redis_known_up(world: World) -> None:
+    world.link.heal()
+    await eventually(lambda: world.cluster.redis_up)
+
+
+async def held(world: World, size: int) -> None:
+    """Wait until the queues hold `size` bytes of QUEUEs (unwritten)."""
+    await eventually(lambda: world.queues.held_stores()[0] == size)
+
+
+async def test_held_while_redis_is_known_down_then_stored_once_in_order(
+    make_world: MakeWorld,
+) -> None:
+    """QUEUEs arriving while the cluster knows Redis is down are held, nothing written; once
+    it is back they are stored (each once, in arrival order) and confirmed."""
+    world = await make_world()
+    producer = await world.client("p", "producers")
+    await redis_known_down(world)
+    await producer.dispatch(
+        "QUEUE", {"queue": "jobs", "target": WORKERS, "nonce": "n-0", "payload": "n-0"}
+    )
+    await eventually(lambda: world.queues.held_stores()[0] > 0)
+    one = world.queues.held_stores()[0]
+    for nonce in ("n-1", "n-2"):  # (same length: the same size)
+        d = {"queue": "jobs", "target": WORKERS, "nonce": nonce, "payload": nonce}
+        await producer.dispatch("QUEUE", d)
+    await held(world, 3 * one)
+    assert metric(world, "rmb_relay_sg_queue_held_bytes") == 3 * one
+    assert world.gate.held == 0  # nothing written
     assert await world.stored("jobs") == (0, 0)
+    await redis_known_up(world)
+    frames = [await producer.recv() for _ in range(3)]
+    assert [(f["t"], f["d"]["nonce"]) for f in frames] == [
+        ("QUEUE_CONFIRM", "n-0"),
+        ("QUEUE_CONFIRM", "n-1"),
+        ("QUEUE_CONFIRM", "n-2"),
+    ]
+    assert await world.stored("jobs") == (3, 3)
+    assert world.queues.held_stores() == (0, {"written": 3, "expired": 0, "refused": 0})
+    assert metric(world, 'rmb_relay_sg_queue_held_total{outcome="written"}') == 3
+    assert sum(world.queues.withdrawals().values()) == 0  # none failed: none to withdraw
+    worker = await world.client("w", "workers")
+    assert [(await take(worker))["payload"] for _ in range(3)] == ["n-0", "n-1", "n-2"]
+    await nothing_pending(worker)
+
+
+async def test_held_past_its_deadline_is_refused_and_never_written(
+    make_world: MakeWorld,
+) -> None:
+    """Redis stays down past --sg-queue-verdict-timeout: the held QUEUE is refused `queue
+    unavailable`, certain since it was never written (no claim, no record, even after)."""
+    world = await make_world(verdict_timeout=1.0)
+    producer = await world.client("p", "producers")
+    await redis_known_down(world)
+    frame = await send_queue(producer, "n-late")
+    assert refusal(frame) == ("queue unavailable: the message was not stored", "jobs", "n-late")
+    assert world.queues.held_stores() == (0, {"written": 0, "expired": 1, "refused": 0})
+    await redis_known_up(world)
+    body = await send_queue(producer, "n-next")
+    assert body["t"] == "QUEUE_CONFIRM"
     assert world.gate.held == 0
-    assert sum(world.queues.withdrawals().values()) == 0  # nothing written: none to withdraw
+    assert await world.stored("jobs") == (1, 1)
+    claims = [key async for key in world.redis.scan_iter(match="sgq:{jobs}:c:*")]
+    assert len(claims) == 1  # n-next's only
+    worker = await world.client("w", "workers")
+    assert (await take(worker))["payload"] == "n-next"
+    await nothing_pending(worker)
+
+
+async def test_past_held_bytes_a_queue_is_refused_at_once(
+    make_world: MakeWorld, caplog: pytest.LogCaptureFixture
+) -> None:
+    """--sg-queue-held-bytes room for one QUEUE: the next ones are refused at once (not
+    stored), counted, logged once for the outage; the held one is stored once Redis is back."""
+    world = await make_world(held_bytes=1000)
+    producer = await world.client("p", "producers")
+    await redis_known_down(world)
+    d = {"queue": "jobs", "target": WORKERS, "nonce": "n-held", "payload": "n-held"}
+    await producer.dispatch("QUEUE", d)
+    await eventually(lambda: world.queues.held_stores()[0] > 0)
+    one = world.queues.held_stores()[0]
+    assert 2 * one > 1000
+    with caplog.at_level("WARNING", logger="rmb_relay.singyeong"):
+        for nonce in ("n-over", "n-over2"):
+            frame = await send_queue(producer, nonce)  # answered while n-held waits
+            assert refusal(frame) == (
+                "queue unavailable: the message was not stored",
+                "jobs",
+                nonce,
+            )
+    warned = [r for r in caplog.records if "--sg-queue-held-bytes" in r.getMessage()]
+    assert len(warned) == 1  # once per outage
+    assert metric(world, "rmb_relay_sg_queue_held_bytes") == one
+    assert metric(world, 'rmb_relay_sg_queue_held_total{outcome="refused"}') == 2
+    await redis_known_up(world)
+    frame = await producer.recv()
+    assert (frame["t"], frame["d"]["nonce"]) == ("QUEUE_CONFIRM", "n-held")
+    assert metric(world, "rmb_relay_sg_queue_held_bytes") == 0
+    assert await world.stored("jobs") == (1, 1)
+
+
+async def test_a_producer_gone_while_its_queue_is_held_has_it_stored(
+    make_world: MakeWorld,
+) -> None:
+    """The producer's message was accepted: its connection closing does not unsay it (as a
+    store already on its way to Redis); it is stored once Redis is back, and delivered."""
+    world = await make_world()
+    producer = await world.client("p", "producers")
+    await redis_known_down(world)
+    d = {"queue": "jobs", "target": WORKERS, "nonce": "n-gone", "payload": "n-gone"}
+    await producer.dispatch("QUEUE", d)
+    await eventually(lambda: world.queues.held_stores()[0] > 0)
+    await producer.close()
+    world.clients.remove(producer)
+    await redis_known_up(world)
+    await eventually(lambda: world.queues.held_stores()[1]["written"] == 1)
+
+    async def stored() -> bool:
+        return await world.stored("jobs") == (1, 1)
+
+    await eventually(stored)
+    worker = await world.client("w", "workers")
+    assert (await take(worker))["payload"] == "n-gone"
+    await nothing_pending(worker)
 
 
 async def test_a_store_whose_replies_were_lost_is_found_stored_and_confirmed(

@@ -56,6 +56,7 @@ from rmb_relay.dialects.singyeong.queues import (
     MAX_QUEUE_NAME,
     MESSAGE_OVERHEAD,
     Message,
+    NotStored,
     Queues,
     StoreUnknown,
     TooManyQueues,
@@ -180,7 +181,8 @@ class SingyeongDialect(Dialect):
                 requests_per_client=settings.requests_per_client,
                 requests_total=settings.requests_total,
                 verdict_timeout=settings.verdict_timeout,
-                # (a store is refused without writing while the cluster knows Redis is down)
+                held_bytes=settings.held_bytes,
+                # (a store is held, unwritten, while the cluster knows Redis is down)
                 redis_up=(lambda: True) if cluster is None else (lambda: cluster.redis_up),
             )
             self.queues.start()
@@ -734,7 +736,10 @@ class SingyeongDialect(Dialect):
                 )
             return
         except Exception as err:  # NotStored, or failed before writing: certainly not stored
-            log.warning("singyeong: queue %s: could not store: %s", message.queue, err)
+            # (NotStored at debug: its cause is logged once per batch or outage by the store,
+            # and an outage refuses every QUEUE of it; the dispatch counter counts them)
+            level = logging.DEBUG if isinstance(err, NotStored) else logging.WARNING
+            log.log(level, "singyeong: queue %s: could not store: %s", message.queue, err)
             self.metrics.hot.dispatch("QUEUE", "unavailable")
             if not session.closing:
                 # names the message (as queue_full does): a producer with several in flight

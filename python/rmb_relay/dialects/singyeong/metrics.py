@@ -149,6 +149,21 @@ class SgMetrics:
             lambda: [((verdict,), n) for verdict, n in queues().withdrawals().items()],
             ("verdict",),
         )
+        registry.gauge(
+            "rmb_relay_sg_queue_held_bytes",
+            "Bytes of singyeong QUEUEs held in memory, unwritten, while the cluster knows "
+            "Redis is down (bounded by --sg-queue-held-bytes; 0 without Redis)",
+            read=lambda: [((), queues().held_stores()[0])],
+        )
+        registry.counter_of(
+            "rmb_relay_sg_queue_held_total",
+            "singyeong QUEUEs held while the cluster knew Redis was down, by outcome: written "
+            "(once it was back; then confirmed or refused as any store), expired (still held "
+            "at --sg-queue-verdict-timeout: op 3 queue unavailable, never written), refused "
+            "(past --sg-queue-held-bytes: op 3 queue unavailable at once)",
+            lambda: [((outcome,), n) for outcome, n in queues().held_stores()[1].items()],
+            ("outcome",),
+        )
         self.refused = registry.counter(
             "rmb_relay_sg_refused_total",
             "singyeong frames refused by a bound (issue 33; docs/hardening.md): "

@@ -109,6 +109,10 @@ MESSAGE_OVERHEAD = 560
 #: with Redis: how long a QUEUE whose store failed may wait for the verdict of its withdrawal
 #: before it is refused `queue unknown` (s; `--sg-queue-verdict-timeout`, redis_queues.py)
 DEFAULT_VERDICT_TIMEOUT = 30.0
+#: with Redis: bytes of QUEUEs held in memory, unwritten, while the cluster knows Redis is
+#: down (`--sg-queue-held-bytes`, redis_queues.py "Held while Redis is down"); as the bus's
+#: `QUEUE_LIMIT` bounds what it holds for other instances meanwhile
+DEFAULT_HELD_BYTES = 8 << 20
 
 
 class NotStored(Exception):
@@ -658,6 +662,10 @@ class Queues:
     def withdrawals(self) -> dict[str, int]:
         """None in memory: a store here cannot fail halfway (redis_queues.py has them)."""
         return {}
+
+    def held_stores(self) -> tuple[int, dict[str, int]]:
+        """None in memory: a store here never waits for Redis (redis_queues.py holds them)."""
+        return 0, {}
 
     def refusals(self) -> dict[str, int]:
         """Budget refusals by limit (`key`, `total`: a QUEUE refused; `dead_letters`: a

@@ -54,9 +54,9 @@ who came first: withdrawn, op 3 `queue unavailable` (certainly not stored, never
 found stored, QUEUE_CONFIRM; no verdict within `--sg-queue-verdict-timeout` (the withdrawal
 is asked again after a pause while Redis fails), op 3 `queue unknown` (it may be stored). A
 retried write (redis-py sends it again after a reset) that finds its own claim stores nothing
-more and is confirmed. While the cluster knows Redis is down nothing is written: `queue
-unavailable` at once. The pump drops a waiting message whose claim says withdrawn (none
-should be: the store checks first).
+more and is confirmed. While the cluster knows Redis is down nothing is written (below). The
+pump drops a waiting message whose claim says withdrawn (none should be: the store checks
+first).
 
 A copy of a store landing after every claim expired must not store either: each store
 carries a deadline (the verdict timeout from its first try), in Redis's time (`TIME`, read by
@@ -65,6 +65,26 @@ host's clock), checked by the script against `TIME`; the claims are kept `CLAIM_
 it. A verdict counts only when its reply came within the verdict timeout (a duration here),
 before any claim expired. On a Redis Cluster the script runs on the queue's primary, whose
 clock may differ from the node that answered `TIME`: the margin covers that skew too.
+
+Held while Redis is down
+------------------------
+A write tried while the cluster knows Redis is down (`Cluster.redis_up`, the signal the bus
+and the tunnel's work queue use: no second opinion here) would wait on its timeouts and may
+land later. So it is not tried: the QUEUE is held in memory, unwritten, in arrival order, and
+written as usual (with its claim, confirmed or withdrawn as above) once the cluster sees Redis
+again (`_hold_until_up` looks at `redis_up` every `HELD_POLL`). A QUEUE that arrives while
+others are held is held behind them even when Redis is up again, and the held ones go out
+ahead of every later store: holding never reorders a producer's QUEUEs. Every store's
+deadline runs from its arrival (`--sg-queue-verdict-timeout`): one still held then is refused
+`queue unavailable`, certain since it was never written; one written later keeps what is left
+of it (in Redis's time and for its withdrawal's verdict). What is held is bounded in bytes
+(`--sg-queue-held-bytes`, a record and `MESSAGE_OVERHEAD` each, as the bus's `QUEUE_LIMIT`
+bounds its own backlog): past it a QUEUE is refused at once, `queue unavailable`, logged
+once per outage. A producer whose connection closes while its QUEUEs are held still has them
+stored: each was accepted, as one already on its way to Redis is (the dialect's store task
+does not end with the connection); the producer, never confirmed, may send it again (at
+least once, as a lost QUEUE_CONFIRM). `rmb_relay_sg_queue_held_bytes` and
+`rmb_relay_sg_queue_held_total{outcome}` show it.
 """
 
 from __future__ import annotations
@@ -86,6 +106,7 @@ from rmb_relay.cluster import keys as cluster_keys
 from rmb_relay.cluster.bus import RETRY_DELAY, redis_errors
 from rmb_relay.cluster.workqueue import WITHDRAWN, withdraw_claims
 from rmb_relay.dialects.singyeong.queues import (
+    DEFAULT_HELD_BYTES,
     DEFAULT_QUEUE_BYTES,
     DEFAULT_QUEUE_TOTAL_BYTES,
     DEFAULT_QUEUES_PER_APP,
@@ -155,6 +176,12 @@ WITHDRAW_BATCH = 256
 #: what a withdrawal found (`rmb_relay_sg_queue_withdrawals_total`'s labels, with "dropped": a
 #: waiting message the pump found withdrawn)
 VERDICTS = ("withdrawn", "stored", "unknown", "dropped")
+#: how often held stores look whether the cluster sees Redis again (s; a property read)
+HELD_POLL = 0.1
+#: what became of held stores (`rmb_relay_sg_queue_held_total`'s labels): written once Redis
+#: was back, expired (past the verdict timeout, never written), refused (past
+#: --sg-queue-held-bytes, at once)
+HELD_OUTCOMES = ("written", "expired", "refused")
 #: dead letters read from Redis per round trip when listing them
 DEAD_CHUNK = 100
 #: Redis operations in flight at once (acks, retries, pumps, store batches)
@@ -234,6 +261,20 @@ def claim_key(queue: str, message_id: str) -> str:
 
 
 @dataclass(eq=False)
+class _Store:
+    """A QUEUE on its way to Redis; its producer's task waits on `done`."""
+
+    message: Message
+    app: str
+    done: asyncio.Future[None]
+    #: when it arrived (`RedisQueues.clock`, ns): its verdict timeout runs from here
+    arrived: int
+    #: while held: the bytes it counts (record + overhead) and its deadline's timer
+    size: int = 0
+    timer: asyncio.TimerHandle | None = None
+
+
+@dataclass(eq=False)
 class _Unsure:
     """A message whose store failed, waiting for the verdict of its withdrawal."""
 
@@ -241,8 +282,23 @@ class _Unsure:
     done: asyncio.Future[None]
     size: int
     app: str
+    #: when it arrived (clock ns): its verdict timeout runs from here
+    arrived: int
     #: when its verdict timeout ends (the loop's clock)
     timer: asyncio.TimerHandle | None = None
+
+
+def _record(message: Message) -> str:
+    """A message's record as stored in `sgq:{NAME}:msgs` (its length is what it costs)."""
+    return json.dumps(
+        {
+            "queue": message.queue,
+            "nonce": message.nonce,
+            "target": message.target,
+            "payload": message.payload,
+        },
+        separators=(",", ":"),
+    )
 
 
 def _text(raw: bytes | str) -> str:
@@ -270,15 +326,25 @@ class RedisQueues:
         requests_per_client: int = MAX_REQUESTS_PER_CLIENT,
         requests_total: int = MAX_REQUESTS_TOTAL,
         verdict_timeout: float = DEFAULT_VERDICT_TIMEOUT,
+        held_bytes: int = DEFAULT_HELD_BYTES,
         redis_up: Callable[[], bool] = lambda: True,
         clock: Clock = monotonic_clock,
     ) -> None:
-        """`redis_up`: False while the cluster knows Redis is down (a store is refused then,
-        nothing written); `clock` (monotonic ns) paces the estimate of Redis's clock."""
+        """`redis_up`: False while the cluster knows Redis is down (a store is held then,
+        unwritten, up to `held_bytes`: module docstring); `clock` (monotonic ns) measures the
+        stores' verdict timeouts and paces the estimate of Redis's clock."""
         self.redis = redis
         self.redis_up = redis_up
         self.clock = clock
         self.verdict_timeout = verdict_timeout
+        self.held_limit = held_bytes
+        #: stores held while Redis is known down, in arrival order, and their bytes
+        self._held: deque[_Store] = deque()
+        self._held_bytes = 0
+        self._holder: asyncio.Task[None] | None = None
+        #: the bound was passed in this outage (logged once)
+        self._held_full = False
+        self.counts_held = dict.fromkeys(HELD_OUTCOMES, 0)
         #: how long a claim is kept (ms): past any store's deadline by `CLAIM_MARGIN`
         self.claim_ms = int((verdict_timeout + CLAIM_MARGIN) * 1000)
         self._stored = STORED + node.encode()
@@ -330,7 +396,7 @@ class RedisQueues:
         self._listener: asyncio.Task[None] | None = None
         self._sweeper: asyncio.Task[None] | None = None
         self._depth = (0, 0, 0)
-        self._to_store: list[tuple[Message, str, asyncio.Future[None]]] = []
+        self._to_store: list[_Store] = []
         self._limit = asyncio.Semaphore(MAX_CONCURRENT)
         self._storing = False
         #: set when the event listener is subscribed (tests wait for it)
@@ -402,13 +468,21 @@ class RedisQueues:
         TooManyQueues when refused (module docstring), else on a Redis error. Every store of
         a loop turn goes out in one pipeline on one connection (a burst of QUEUEs must not
         take a pooled connection each): one round trip reads the total and the names, one
-        runs the store scripts."""
+        runs the store scripts. While Redis is known down, or stores are held, it is held
+        (module docstring: "Held while Redis is down")."""
         done = asyncio.get_running_loop().create_future()
-        self._to_store.append((message, app, done))
-        if not self._storing:
+        item = _Store(message, app, done, self.clock())
+        if self._held or not self.redis_up():
+            self._hold([item])
+        else:
+            self._to_store.append(item)
+            self._write_soon()
+        await done
+
+    def _write_soon(self) -> None:
+        if not self._storing and self._to_store:
             self._storing = True
             self._spawn(self._write_stores())
-        await done
 
     async def _write_stores(self) -> None:
         try:
@@ -417,46 +491,114 @@ class RedisQueues:
                 try:
                     await self._write_batch(batch)
                 except Exception as err:
-                    for _, _, done in batch:
-                        if not done.done():
-                            done.set_exception(err)
+                    for item in batch:
+                        if not item.done.done():
+                            item.done.set_exception(err)
         finally:
             self._storing = False
 
-    async def _write_batch(
-        self, batch: list[tuple[Message, str, asyncio.Future[None]]], *, retry: bool = True
-    ) -> None:
+    # ---- holding stores while Redis is known down ------------------------------------------
+
+    def _hold(self, items: list[_Store], *, first: bool = False) -> None:
+        """Hold `items` (in arrival order) until Redis is back or their deadline; `first`:
+        ahead of those held already (a batch that found Redis down: it arrived before them).
+        One past `held_limit` is refused at once (module docstring)."""
+        loop = asyncio.get_running_loop()
+        kept: list[_Store] = []
+        for item in items:
+            if item.done.done():  # its producer's task was cancelled (the gateway closing)
+                continue
+            item.size = len(_record(item.message)) + MESSAGE_OVERHEAD
+            if self._held_bytes + item.size > self.held_limit:
+                self.counts_held["refused"] += 1
+                if not self._held_full:
+                    self._held_full = True
+                    log.warning(
+                        "singyeong: QUEUEs held while redis is down reached "
+                        "--sg-queue-held-bytes (%d): more are refused at once (queue "
+                        "unavailable, not stored) until redis is back",
+                        self.held_limit,
+                    )
+                item.done.set_exception(
+                    NotStored("redis is unavailable and --sg-queue-held-bytes is reached")
+                )
+                continue
+            self._held_bytes += item.size
+            left = self.verdict_timeout - (self.clock() - item.arrived) / 1e9
+            item.timer = loop.call_later(max(0.0, left), self._held_expired, item)
+            kept.append(item)
+        if first:
+            self._held.extendleft(reversed(kept))
+        else:
+            self._held.extend(kept)
+        if self._held and self._holder is None:
+            self._holder = loop.create_task(self._hold_until_up())
+
+    def _held_expired(self, item: _Store) -> None:
+        """Its verdict timeout ended while held: never written, so certainly not stored."""
+        try:
+            self._held.remove(item)
+        except ValueError:  # released meanwhile
+            return
+        self._held_bytes -= item.size
+        self.counts_held["expired"] += 1
+        if not item.done.done():
+            item.done.set_exception(
+                NotStored(f"redis was unavailable for {self.verdict_timeout:g} s: never written")
+            )
+
+    async def _hold_until_up(self) -> None:
+        """Once the cluster sees Redis again, the held stores go out, ahead of any later one."""
+        try:
+            while self._held:
+                if not self.redis_up():
+                    await asyncio.sleep(HELD_POLL)
+                    continue
+                released, self._held = list(self._held), deque()
+                self._held_bytes = 0
+                self._held_full = False
+                for item in released:
+                    if item.timer is not None:
+                        item.timer.cancel()
+                    item.timer = None
+                self.counts_held["written"] += len(released)
+                self._to_store.extend(released)
+                self._write_soon()
+        finally:
+            self._holder = None
+
+    def held_stores(self) -> tuple[int, dict[str, int]]:
+        """Bytes held now and what became of held stores (metrics.py)."""
+        return self._held_bytes, dict(self.counts_held)
+
+    async def _write_batch(self, batch: list[_Store], *, retry: bool = True) -> None:
         """One round trip per batch, as one MULTI was before the budget: the bounds are
         checked here against this instance's view (`_total`, `_queue_held`, `_known_names`:
         exact for what it stores itself, refreshed from Redis by every sweep and corrected
         by every store script's answer), then the store scripts check each queue's bytes
         again, atomically, in the same pipeline as the total's INCRBY, the names and the
         events (a message a script refuses is taken off the total again). Nothing is written
-        while Redis is known to be down; a store whose outcome is not known is withdrawn
-        (`_withdraw_later`; module docstring)."""
-        if not self.redis_up():
-            for _, _, done in batch:
-                done.set_exception(NotStored("redis is unavailable"))
+        while Redis is known to be down (the batch is held, ahead of what was held after it:
+        `_hold`); a store whose outcome is not known is withdrawn (`_withdraw_later`; module
+        docstring)."""
+        if not self.redis_up():  # with the stores after it, which are older than any held
+            later, self._to_store = self._to_store, []
+            self._hold([*batch, *later], first=True)
             return
-        writes: list[tuple[Message, asyncio.Future[None], int, str, str]] = []
+        writes: list[tuple[Message, asyncio.Future[None], int, str, str, int]] = []
         apps: dict[str, str] = {}
-        for message, app, done in batch:
-            record = json.dumps(
-                {
-                    "queue": message.queue,
-                    "nonce": message.nonce,
-                    "target": message.target,
-                    "payload": message.payload,
-                },
-                separators=(",", ":"),
-            )
+        for item in batch:
+            message, app, done = item.message, item.app, item.done
+            if done.done():  # its producer's task was cancelled (the gateway closing)
+                continue
+            record = _record(message)
             size = len(record) + MESSAGE_OVERHEAD
             refusal = self._refusal(message.queue, size, app)
             if refusal is not None:
                 done.set_exception(refusal)
                 continue
             message.size = size
-            writes.append((message, done, size, record, app))
+            writes.append((message, done, size, record, app, item.arrived))
             apps.setdefault(message.queue, self._known_names.get(message.queue, app))
         if not writes:
             return
@@ -467,17 +609,19 @@ class RedisQueues:
             if self._offset_ms is None:
                 await self._read_time()
         except Exception:  # nothing written yet: not stored
-            for message, _, size, _, _ in writes:
+            for message, _, size, _, _, _ in writes:
                 self._forget(message.queue, size)
             raise
-        assert self._offset_ms is not None
-        started = self.clock()
-        deadline = started // 1_000_000 + self._offset_ms + int(self.verdict_timeout * 1000)
-        names = sorted({message.queue for message, _, _, _, _ in writes})
+        offset_ms = self._offset_ms
+        assert offset_ms is not None
+        timeout_ms = int(self.verdict_timeout * 1000)
+        names = sorted({message.queue for message, _, _, _, _, _ in writes})
         try:
             async with self.redis.pipeline(transaction=False) as pipe:
-                for message, _, size, record, _ in writes:
+                for message, _, size, record, _, arrived in writes:
                     keys = _keys(message.queue)
+                    # (in Redis's time: the verdict timeout from its arrival, module docstring)
+                    deadline = arrived // 1_000_000 + offset_ms + timeout_ms
                     # a cluster pipeline sends each script whole (EVALSHA is refused there)
                     run = pipe.eval if cluster else pipe.evalsha
                     run(
@@ -496,7 +640,7 @@ class RedisQueues:
                         self.claim_ms,
                         deadline,
                     )
-                pipe.incrby(TOTAL_BYTES, sum(size for _, _, size, _, _ in writes))
+                pipe.incrby(TOTAL_BYTES, sum(size for _, _, size, _, _, _ in writes))
                 for name in names:
                     pipe.sadd(NAMES, name)
                     pipe.hsetnx(APPS, name, apps[name])
@@ -506,27 +650,29 @@ class RedisQueues:
         except redis_errors() as err:  # any of them may have landed, or may still
             log.warning("singyeong queue store failed, withdrawing: %s", err)
             self._withdraw_later(
-                [_Unsure(m, done, size, app) for m, done, size, _, app in writes], started
+                [_Unsure(m, done, size, app, arrived) for m, done, size, _, app, arrived in writes]
             )
             return
         if cluster:  # (refused in a cluster pipeline)
             await self._announce(names, {})
         not_stored = 0
-        again: list[tuple[Message, str, asyncio.Future[None]]] = []
+        again: list[_Store] = []
         unsure: list[_Unsure] = []
-        for (message, done, size, _, app), result in zip(writes, results, strict=False):
+        for (message, done, size, _, app, arrived), result in zip(writes, results, strict=False):
+            if done.done():  # (its producer's task was cancelled meanwhile: the gateway closing)
+                done = asyncio.get_running_loop().create_future()
             if isinstance(result, Exception):
                 not_stored += size
                 if isinstance(result, NoScriptError) and retry:
                     # Redis restarted (its script cache is empty): load it and store again
                     self._forget(message.queue, size)
                     self._store_sha = None
-                    again.append((message, app, done))
+                    again.append(_Store(message, app, done, arrived))
                 elif isinstance(result, ResponseError):  # Redis refused it: not run
                     self._forget(message.queue, size)
                     done.set_exception(NotStored(f"redis: {result}"))
                 else:  # (a connection failed under it) it may have landed
-                    unsure.append(_Unsure(message, done, size, app))
+                    unsure.append(_Unsure(message, done, size, app, arrived))
                 continue
             code, held = int(result[0]), int(result[1])
             if code in (1, 2):
@@ -553,7 +699,7 @@ class RedisQueues:
             if isinstance(result, Exception):
                 log.warning("singyeong queue store bookkeeping failed: %s", result)
         if unsure:
-            self._withdraw_later(unsure, started)
+            self._withdraw_later(unsure)
         if not_stored:
             try:
                 await self.redis.decrby(TOTAL_BYTES, not_stored)
@@ -563,9 +709,9 @@ class RedisQueues:
             try:
                 await self._write_batch(again, retry=False)
             except Exception as err:  # (not the others': some may wait for a verdict)
-                for _, _, done in again:
-                    if not done.done():
-                        done.set_exception(err)
+                for item in again:
+                    if not item.done.done():
+                        item.done.set_exception(err)
 
     async def _read_time(self) -> None:
         """Redis's clock against ours (`_offset_ms`), from the middle of a TIME's round trip."""
@@ -596,15 +742,16 @@ class RedisQueues:
 
     # ---- withdrawing a store that failed ---------------------------------------------------
 
-    def _withdraw_later(self, unsure: list[_Unsure], started: int) -> None:
+    def _withdraw_later(self, unsure: list[_Unsure]) -> None:
         """Withdraw these stores before their producers are told anything; without a verdict
-        by the verdict timeout (from `started`, the store's first try) they are refused
-        `queue unknown` (module docstring)."""
+        by the verdict timeout (from each one's arrival) they are refused `queue unknown`
+        (module docstring)."""
         loop = asyncio.get_running_loop()
-        left = max(0.0, self.verdict_timeout - (self.clock() - started) / 1e9)
+        now = self.clock()
         for item in unsure:
             key = (item.message.queue, item.message.id)
             self._withdrawing[key] = item
+            left = max(0.0, self.verdict_timeout - (now - item.arrived) / 1e9)
             item.timer = loop.call_later(left, self._no_verdict, key)
         if self._withdrawer is None:
             self._withdrawer = loop.create_task(self._withdraw_all())
@@ -1005,5 +1152,12 @@ class RedisQueues:
         for item in self._withdrawing.values():
             if item.timer is not None:
                 item.timer.cancel()
-        tasks = (self._listener, self._sweeper, self._withdrawer, *self._tasks)
+        for held in self._held:  # never written: not stored (their sessions are closing)
+            if held.timer is not None:
+                held.timer.cancel()
+            if not held.done.done():
+                held.done.set_exception(NotStored("the gateway is closing"))
+        self._held.clear()
+        self._held_bytes = 0
+        tasks = (self._listener, self._sweeper, self._withdrawer, self._holder, *self._tasks)
         await asyncio.gather(*(cancel_and_wait(task, STOP_TIMEOUT) for task in tasks))

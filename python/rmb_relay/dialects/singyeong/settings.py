@@ -17,6 +17,7 @@ from rmb_relay.dialects.singyeong.query import QueryLimits
 from rmb_relay.dialects.singyeong.queues import (
     DEFAULT_DEAD_LETTER_BYTES,
     DEFAULT_DEAD_LETTERS_PAGE,
+    DEFAULT_HELD_BYTES,
     DEFAULT_QUEUE_BYTES,
     DEFAULT_QUEUE_TOTAL_BYTES,
     DEFAULT_QUEUES_PER_APP,
@@ -72,6 +73,8 @@ class SgSettings:
     requests_total: int = MAX_REQUESTS_TOTAL
     #: with Redis: how long a QUEUE whose store failed waits for its withdrawal's verdict
     verdict_timeout: float = DEFAULT_VERDICT_TIMEOUT
+    #: with Redis: bytes of QUEUEs held unwritten while Redis is known down (redis_queues.py)
+    held_bytes: int = DEFAULT_HELD_BYTES
     #: what one client's metadata may hold (metadata.py `MetadataAccount`)
     metadata_keys: int = DEFAULT_METADATA_KEYS
     metadata_bytes: int = DEFAULT_METADATA_BYTES
@@ -109,6 +112,7 @@ class SgSettings:
         for flag, value in (
             ("--sg-queue-bytes", self.queue_bytes),
             ("--sg-queue-total-bytes", self.queue_total_bytes),
+            ("--sg-queue-held-bytes", self.held_bytes),
             ("--sg-dead-letter-bytes", self.dead_letter_bytes),
             ("--sg-dead-letters-page", self.dead_letters_page),
             ("--sg-queues-per-app", self.queues_per_app),
@@ -161,6 +165,7 @@ class SgSettings:
             requests_per_client=args.sg_queue_requests_per_client,
             requests_total=args.sg_queue_requests_total,
             verdict_timeout=args.sg_queue_verdict_timeout,
+            held_bytes=args.sg_queue_held_bytes,
             metadata_keys=args.sg_metadata_keys,
             metadata_bytes=args.sg_metadata_bytes,
             metadata_total_bytes=args.sg_metadata_total_bytes,
@@ -293,6 +298,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="with --redis: a QUEUE whose store failed (its write may still land) is withdrawn "
         "before it is refused; without a verdict within this long it is refused with op 3 "
         "'queue unknown' (it may be stored or not) instead of 'queue unavailable' (not stored)",
+    )
+    sg.add_argument(
+        "--sg-queue-held-bytes",
+        type=int,
+        default=d.held_bytes,
+        metavar="BYTES",
+        help="with --redis: QUEUEs arriving while the cluster knows Redis is down are held in "
+        "this instance's memory, unwritten, until it is back (then stored and confirmed) or "
+        "until --sg-queue-verdict-timeout (then op 3 'queue unavailable': never written); "
+        "this bounds the bytes so held (a record and its overhead each), so an outage cannot "
+        "fill the heap; beyond it a QUEUE is refused at once with 'queue unavailable'",
     )
     sg.add_argument(
         "--sg-metadata-keys",
