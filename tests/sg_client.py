@@ -40,9 +40,15 @@ class SgClient:
         self.hello: dict[str, Any] = {}
 
     @classmethod
-    async def connect(cls, host: str, port: int, encoding: str = "json") -> SgClient:
+    async def connect(
+        cls, host: str, port: int, encoding: str = "json", *, keepalive: bool = True
+    ) -> SgClient:
+        """`keepalive=False`: no websocket pings, so the client never gives a silent connection
+        up on its own (the gateway's heartbeats, which the caller sends, still bound it)."""
         ws = await websockets.connect(
-            f"ws://{host}:{port}/gateway/websocket?encoding={encoding}", max_size=None
+            f"ws://{host}:{port}/gateway/websocket?encoding={encoding}",
+            max_size=None,
+            ping_interval=20 if keepalive else None,
         )
         client = cls(ws, encoding)
         client.hello = await client.recv()

@@ -53,7 +53,6 @@ from tests.faultlab.world import (
     wait_until,
 )
 from tests.scrape import scrape
-from tests.sg_client import SgClient
 
 #: messages a second of each flow's steady traffic
 RATE = 100.0
@@ -214,33 +213,15 @@ def sbd_flow(world: World, where: tuple[str, str]) -> Flow:
 class SgSendsApart(SgSends):
     """`SgSends` under application ids of its own, so that it shares a world with the QUEUE
     flow (`SgQueue`, applications "caller" and "api"): a SEND to "api" could reach the QUEUE
-    worker, which counts QUEUE frames only. `SgSends` names its ids inline, hence `open` and
-    `send` again here, the same steps under `APP` and `CALLER`."""
+    worker, which counts QUEUE frames only."""
 
     APP, CALLER = "send-api", "send-caller"
-    WORKER, CALLER_CLIENT = "worker", "caller-1"
-
-    async def open(self, sender: tuple[str, int], receiver: tuple[str, int]) -> None:
-        self.receiver = await SgClient.connect(*receiver)
-        await self.receiver.identify(self.WORKER, self.APP)
-        self.sender = await SgClient.connect(*sender)
-        await self.sender.identify(self.CALLER_CLIENT, self.CALLER)
-        loop = asyncio.get_running_loop()
-        self._tasks.append(loop.create_task(self._read(self.receiver, self._received)))
-        self._tasks.append(loop.create_task(self._read(self.sender, self._refusal)))
-        for client in (self.receiver, self.sender):
-            self._tasks.append(loop.create_task(self._heartbeat(client)))
-
-    async def send(self, message: str) -> None:
-        assert self.sender is not None
-        target = {"application": self.APP}
-        await self.sender.dispatch("SEND", {"target": target, "nonce": message, "payload": message})
 
 
 #: (application, client) of the 신경 flows' sender and receiver (`SgSendsApart`, `SgQueue`)
 _SG_IDS = {
-    False: ((SgSendsApart.CALLER, SgSendsApart.CALLER_CLIENT), (SgSendsApart.APP, "worker")),
-    True: (("caller", "caller-1"), ("api", "worker")),
+    queue: ((kind.CALLER, kind.CALLER_CLIENT), (kind.APP, kind.WORKER))
+    for queue, kind in ((False, SgSendsApart), (True, SgQueue))
 }
 
 

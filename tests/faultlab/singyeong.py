@@ -4,7 +4,10 @@ The gateway tells the sender of a SEND it could not route (an INVALID frame nami
 nonce): that is a refusal; a SEND the receiver got is delivered. Both clients heartbeat as
 the gateway's hello asks: a client that does not is closed 1.5 intervals (67.5 s by default)
 after it identified, which a scenario on a loaded host outlasts (the worker closed with
-messages still queued for it looked like a loss)."""
+messages still queued for it looked like a loss). They send no websocket pings of their own
+(`keepalive=False`): a client that gives a silent connection up closes what the gateway wrote
+into it unread, and SEND has no acknowledgement to send it again by (docs/faults.md, (b)); the
+gateway's heartbeat limit still bounds the connection."""
 
 from __future__ import annotations
 
@@ -24,6 +27,11 @@ UNKNOWN = "queue unknown"
 
 
 class SgSends(PacedTraffic):
+    #: the receiver's application and client id, the sender's (a flow sharing a world with
+    #: another 신경 flow names its own)
+    APP, WORKER = "api", "worker"
+    CALLER, CALLER_CLIENT = "caller", "caller-1"
+
     def __init__(self, checker: Checker, prefix: str = "g") -> None:
         super().__init__(checker, prefix)
         self.sender: SgClient | None = None
@@ -33,10 +41,10 @@ class SgSends(PacedTraffic):
         self.unmatched: list[dict[str, Any]] = []
 
     async def open(self, sender: tuple[str, int], receiver: tuple[str, int]) -> None:
-        self.receiver = await SgClient.connect(*receiver)
-        await self.receiver.identify("worker", "api")
-        self.sender = await SgClient.connect(*sender)
-        await self.sender.identify("caller-1", "caller")
+        self.receiver = await SgClient.connect(*receiver, keepalive=False)
+        await self.receiver.identify(self.WORKER, self.APP)
+        self.sender = await SgClient.connect(*sender, keepalive=False)
+        await self.sender.identify(self.CALLER_CLIENT, self.CALLER)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._read(self.receiver, self._received)))
         self._tasks.append(loop.create_task(self._read(self.sender, self._refusal)))
@@ -89,7 +97,7 @@ class SgSends(PacedTraffic):
 
     async def send(self, message: str) -> None:
         assert self.sender is not None
-        target = {"application": "api"}
+        target = {"application": self.APP}
         await self.sender.dispatch("SEND", {"target": target, "nonce": message, "payload": message})
 
     async def close(self) -> None:
