@@ -34,14 +34,15 @@ TUNNEL_TTL = 30.0
 Scenario = Callable[[World], Awaitable[Outcome]]
 
 
-def _mixed(fault: str, seconds: float = 0.0) -> Scenario:
-    return lambda world: mixed(world, fault, seconds)
+def _mixed(fault: str, seconds: float = 0.0, *, swapped: bool = False) -> Scenario:
+    return lambda world: mixed(world, fault, seconds, swapped=swapped)
 
 
 SCENARIOS: dict[str, Scenario] = {
     "mixed-cut-2": _mixed("cut", 2),
     "mixed-cut-10": _mixed("cut", 10),
     "mixed-cut-60": _mixed("cut", 60),
+    "mixed-cut-10-receivers-on-a": _mixed("cut", 10, swapped=True),
     "mixed-clients-cut-10": _mixed("clients", 10),
     "mixed-clients-cut-45": _mixed("clients", 45),
     "mixed-slow-lossy-redis-30": _mixed("slow", 30),

@@ -385,6 +385,38 @@ async def test_an_instance_back_from_an_outage_gives_nobody_up_for_one_ttl(
     await redis.aclose()
 
 
+async def test_what_a_given_up_instance_held_is_kept_for_it_and_sent_once_it_is_back(
+    redis_server: RedisServer, make_instance: MakeInstance
+) -> None:
+    """A message reaped from a given-up instance's stream that nobody else can take (an SBD
+    forward, a 신경 frame: no mailbox) is kept for that instance, which may only have been cut
+    off with its clients still connected, and written to its stream once it is alive again;
+    kept at most HOLD_FOR, then dropped and counted (docs/faults.md, finding 12)."""
+    clock = FakeClock()
+    b = await make_instance(redis_server.url, ttl=30.0, clock=clock)
+    redis = Redis.from_url(redis_server.url)
+    record = wire.encode(wire.Record(wire.MESSAGE, keys.address_name(b"\x01" * 32), b"hi", 0))
+    for name in ("cut-off", "dead"):
+        await Cluster(redis, Switch(RedisMailbox(redis)), instance_id=name).bus.create()
+        await redis.sadd(keys.INSTANCES_KEY, name)
+        await redis.xadd(keys.bus_key(name), {b"m": record})
+    await b.cluster.tick()  # both given up, their streams reaped
+    assert {"cut-off", "dead"} <= b.cluster.presence.dead
+    assert b.cluster.held_bytes == 4
+    assert await redis.xlen(keys.bus_key("cut-off")) == 0
+    await redis.set(keys.alive_key("cut-off"), b"1")  # it was only cut off
+    await b.cluster.tick()
+    assert b.cluster.held_bytes == 2
+    entries = await redis.xrange(keys.bus_key("cut-off"))
+    assert [fields[b"m"] for _, fields in entries] == [record]
+    dropped = b.cluster.counters.dropped
+    clock.advance(301)
+    await b.cluster.tick()  # "dead" never came back
+    assert b.cluster.held_bytes == 0
+    assert b.cluster.counters.dropped == dropped + 1
+    await redis.aclose()
+
+
 async def test_a_reaper_never_takes_what_a_live_instance_is_working_on(
     redis_server: RedisServer, make_instance: MakeInstance
 ) -> None:

@@ -472,14 +472,19 @@ async def mixed(
     seconds: float = 0.0,
     *,
     dead_after: float = DEAD_AFTER,
+    swapped: bool = False,
     rate: float = RATE,
 ) -> Outcome:
     """RMB, SBD, 신경 SEND, 신경 QUEUE and tunnel traffic at `rate` each, all at once, through
-    one of `FAULTS` lasting `seconds` (`_fault` says where the senders and receivers are; a
-    failover takes as long as it takes). `world` is a `mixed_world`. The RMB clients give a
-    silent connection up after `dead_after` (a cut from the clients longer than that makes
-    them reconnect while the old connection still holds what a wrote)."""
+    one of `FAULTS` lasting `seconds` (`_fault` says where the senders and receivers are;
+    `swapped`: the other way round; a failover takes as long as it takes). `world` is a
+    `mixed_world`. The RMB clients give a silent connection up after `dead_after` (a cut from
+    the clients longer than that makes them reconnect while the old connection still holds
+    what a wrote)."""
     label, run_fault, where = _fault(world, fault, seconds)
+    if swapped:
+        where = (where[1], where[0])
+        label += f", receivers on {where[1]}"
     if dead_after != DEAD_AFTER:
         label += f" (clients give up after {dead_after:g} s)"
     flows = [

@@ -83,6 +83,11 @@ REAP_ROUNDS = 100
 #: bytes of messages written to local connections in one output batch before their
 #: congestion is looked at again (`_deliver_run`)
 RUN_BYTES = 1 << 20
+#: messages reaped from a given-up instance's stream that nobody else can take (no mailbox:
+#: not RMB), kept for that instance in case it was only cut off, at most this many bytes in
+#: all and this long (s): its clients may still be connected to it (`_hold_for`)
+HELD_BYTES = 4 << 20
+HOLD_FOR = 300.0
 #: how long a clean leave may take (releasing presence, handing our stream's entries on):
 #: what it does not finish, the others do once our keys expire, so a relay that stops never
 #: waits longer on a slow Redis
@@ -166,6 +171,10 @@ class Cluster:
         #: set by `close`: the ticker stops at its next turn even if it lost its cancellation
         self._closing = False
         self._redis_down = False
+        #: instance given up -> messages reaped from its stream for it (`_hold_for`), with
+        #: when (clock) each stops being kept, and their bytes in all
+        self._held: dict[str, deque[tuple[wire.Record, int]]] = {}
+        self.held_bytes = 0
         #: when (clock) we last came back from an outage: for one TTL after it we give no
         #: instance up (`tick`)
         self._resumed_at: int | None = None
@@ -639,8 +648,9 @@ class Cluster:
                 index += 1
         return index
 
-    async def handle(self, record: wire.Record) -> None:
-        """One record from a bus stream (ours, or a dead instance's being reaped)."""
+    async def handle(self, record: wire.Record, *, reaped_from: str | None = None) -> None:
+        """One record from a bus stream (ours, or `reaped_from`'s, a dead instance's being
+        reaped)."""
         try:
             endpoint = self.resolve(record.name)
         except ValueError as err:
@@ -655,7 +665,7 @@ class Cluster:
                 endpoint.deliver(record.frame)
                 self.counters.received += 1
             else:
-                await self._pass_on(record)
+                await self._pass_on(record, reaped_from)
         elif record.kind == wire.DISPLACED:
             # only when the claim it ends is still our current one: a notice that waited (in
             # our stream, or in a dead instance's stream we are taking over) must not close a
@@ -671,9 +681,10 @@ class Cluster:
         elif endpoint is not None:  # MAIL
             endpoint.mail_waiting()
 
-    async def _pass_on(self, record: wire.Record) -> str:
-        """A message for an address not held here: to its holder, else its mailbox. Returns
-        where it went: `passed` (another instance), `stored` (the mailbox) or `dropped`."""
+    async def _pass_on(self, record: wire.Record, reaped_from: str | None = None) -> str:
+        """A message for an address not held here: to its holder, else its mailbox, else (one
+        reaped from a given-up instance's stream) held for that instance. Returns where it
+        went: `passed` (another instance), `stored` (the mailbox or held) or `dropped`."""
         name = record.name
         if record.hops < wire.MAX_HOPS:
             owner = await self.presence.owner(name, fresh=True)
@@ -694,9 +705,54 @@ class Cluster:
             else:
                 await self.mail_stored(address)
             return "stored"
+        if reaped_from is not None and self._hold_for(reaped_from, record):
+            return "stored"
         self.counters.dropped += 1
         log.debug("cluster: %s is held nowhere; dropping a message for it", name)
         return "dropped"
+
+    def _hold_for(self, instance: str, record: wire.Record) -> bool:
+        """Keep `record`, reaped from `instance`'s stream with nobody to take it, for
+        `instance`: given up past the TTL, it may only have been cut off, its clients still
+        connected to it (a 신경 client, an SBD key: no mailbox, and the sender was told it was
+        accepted). Sent to it again once it is alive (`_send_held`); False when over the
+        bound."""
+        size = len(record.frame)
+        if self.held_bytes + size > HELD_BYTES:
+            return False
+        held = self._held.setdefault(instance, deque())
+        held.append((record, self.clock() + nanos(HOLD_FOR)))
+        self.held_bytes += size
+        return True
+
+    def _expire_held(self) -> None:
+        """Drop (and count) what `_hold_for` kept past `HOLD_FOR`: its instance is not back."""
+        now = self.clock()
+        for instance, held in list(self._held.items()):
+            while held and held[0][1] <= now:
+                record, _ = held.popleft()
+                self.held_bytes -= len(record.frame)
+                self.counters.dropped += 1
+            if not held:
+                del self._held[instance]
+
+    async def _send_held(self, instance: str) -> None:
+        """What `_hold_for` kept for `instance`, alive again, onto its stream (in order); what
+        expired meanwhile is dropped and counted. Kept for the next tick while its stream is
+        not there yet (it makes it again on its way back)."""
+        held = self._held.get(instance)
+        now = self.clock()
+        while held:
+            record, until = held[0]
+            if until > now and not await self.bus.send(instance, wire.encode(record)):
+                return
+            held.popleft()
+            self.held_bytes -= len(record.frame)
+            if until > now:
+                self.counters.passed_on += 1
+            else:
+                self.counters.dropped += 1
+        self._held.pop(instance, None)
 
     # ---- liveness and reaping --------------------------------------------------------------
 
@@ -760,8 +816,11 @@ class Cluster:
                 self.presence.dead.discard(other)
                 self._dead_since.pop(other, None)
                 self._gone_told.discard(other)  # back (it was only cut off): told again next time
+                if other in self._held:
+                    await self._send_held(other)
             elif judging:
                 await self.reap(other)
+        self._expire_held()
 
     def _drain_held(self, names: list[str]) -> None:
         """Tell the local endpoints holding `names` to read their mailbox."""
@@ -814,7 +873,7 @@ class Cluster:
                     break
                 for _entry_id, records in entries:
                     for record in records:
-                        await self.handle(record)
+                        await self.handle(record, reaped_from=None if leaving else instance)
                 await self.bus.ack(stream, [entry_id for entry_id, _ in entries])
             expired = leaving or now - first >= nanos(2 * self.ttl)
             # one script: a writer's XADD between a check and a DEL would be lost with it
@@ -869,6 +928,12 @@ class Cluster:
                 (("dropped",), counters.dropped),
             ],
             ("event",),
+        )
+        registry.gauge(
+            "rmb_relay_cluster_held_bytes",
+            "Bytes of messages reaped from given-up instances' streams, kept for them in case "
+            "they were only cut off (at most HELD_BYTES)",
+            read=lambda: [((), self.held_bytes)],
         )
         registry.gauge(
             "rmb_relay_cluster_presence",
