@@ -51,10 +51,13 @@ async def scrape(host: str, port: int, accept: str | None = None) -> Page:
     parse = openmetrics_families if accept == OPENMETRICS else text_string_to_metric_families
     types: dict[str, str] = {}
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
-    for family in parse(text):
+    status = int(status_line.split(" ", 2)[1])
+    # a refusal's body is not an exposition: the caller reads the status (no parse error
+    # naming a word of it)
+    for family in parse(text) if status == 200 else ():
         types[family.name] = family.type
         for sample in family.samples:
             key = (sample.name, tuple(sorted(sample.labels.items())))
             assert key not in samples, f"duplicate series {key}"
             samples[key] = sample.value
-    return Page(int(status_line.split(" ", 2)[1]), headers, text, types, samples)
+    return Page(status, headers, text, types, samples)
