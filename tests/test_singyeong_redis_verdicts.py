@@ -27,7 +27,8 @@ from redis.exceptions import ConnectionError, TimeoutError
 from rmb_relay.cluster import Cluster
 from rmb_relay.cluster.workqueue import WITHDRAWN
 from rmb_relay.dialects.singyeong import SgSettings, SingyeongDialect
-from rmb_relay.dialects.singyeong.redis_queues import RedisQueues
+from rmb_relay.dialects.singyeong.queues import MESSAGE_OVERHEAD, Message
+from rmb_relay.dialects.singyeong.redis_queues import RedisQueues, _record
 from rmb_relay.mailbox import MemoryMailbox
 from rmb_relay.switch import Switch
 from rmb_relay.telemetry.metrics import Registry
@@ -448,3 +449,43 @@ async def test_no_verdict_in_time_is_queue_unknown(make_world: MakeWorld) -> Non
     )
     assert world.queues.withdrawals()["unknown"] == 1
     assert world.gate.held >= 2  # the store's try and at least one withdrawal
+
+
+async def test_a_batch_that_finds_redis_down_is_held_ahead_of_later_queues(
+    redis_server: RedisServer,
+) -> None:
+    """Two stores queued while Redis was up (the first two looks at `redis_up`); a third
+    arrives as it is known down and is held; then the first two's batch goes out, finds Redis
+    down and is held ahead of the third (it arrived first). Once Redis is back all three are
+    stored in arrival order."""
+    looks = iter([True, True])
+    up = [False]
+
+    def redis_up() -> bool:
+        return next(looks, up[0])
+
+    redis = Redis(port=redis_server.port)
+    queues = RedisQueues(
+        redis,
+        node="n",
+        ack_timeout_ns=10**10,
+        max_attempts=3,
+        wall_ms=lambda: 0,
+        redis_up=redis_up,
+    )
+    loop = asyncio.get_running_loop()
+    messages = [Message(f"id-{i}", "jobs", f"n-{i}", WORKERS, f"p-{i}") for i in range(3)]
+    try:
+        # (tasks run in order: the two stores, the third, then the batch's writer)
+        tasks = [loop.create_task(queues.store(m, "producers")) for m in messages]
+        size = len(_record(messages[0])) + MESSAGE_OVERHEAD  # (same lengths: the same size)
+        await eventually(lambda: queues.held_stores()[0] == 3 * size)
+        up[0] = True
+        await asyncio.gather(*tasks)
+        raw = await redis.lrange("sgq:{jobs}:waiting", 0, -1)
+        waiting = [i.decode() if isinstance(i, bytes) else i for i in raw]
+        assert waiting == ["id-0", "id-1", "id-2"]
+        assert queues.held_stores() == (0, {"written": 3, "expired": 0, "refused": 0})
+    finally:
+        await queues.close()
+        await redis.aclose()

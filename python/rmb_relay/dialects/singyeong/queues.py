@@ -116,8 +116,9 @@ DEFAULT_HELD_BYTES = 8 << 20
 
 
 class NotStored(Exception):
-    """A QUEUE that is certainly not stored, and never will be (redis_queues.py: Redis known
-    down, nothing written; or its claim withdrawn first): op 3 `queue unavailable`."""
+    """A QUEUE that is certainly not stored, and never will be (redis_queues.py: never written,
+    held while Redis was known down past its verdict timeout or past --sg-queue-held-bytes;
+    or its claim withdrawn first): op 3 `queue unavailable`."""
 
 
 class StoreUnknown(Exception):
