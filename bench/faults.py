@@ -91,8 +91,8 @@ def table(outcomes: list[Outcome]) -> str:
             refused = f"{f.refused}"
             if f.refused_delivered:
                 refused += f" ({f.refused_delivered} delivered)"
-            if f.unknown:
-                refused += f" (+{f.unknown} 504)"
+            if f.unknown:  # the tunnel's 504, 신경's "may or may not" and "queue unknown"
+                refused += f" (+{f.unknown} not known, {f.unknown_delivered} delivered)"
             lost = f"{f.lost}"
             if flow.dialect == "sbd" and f.lost:
                 lost += f" (≤ {o.counted_drops} counted)"
