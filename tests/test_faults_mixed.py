@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faultlab.netns import LabUnavailable, check_available
+from tests.faultlab.netns import skip_unless_available
 from tests.faultlab.scenarios import Outcome, mixed, mixed_world
 from tests.faultlab.world import World
 
@@ -68,10 +68,7 @@ def _check(outcome: Outcome, world: World, *, most_through: tuple[str, ...]) -> 
 
 @pytest.fixture
 async def world(tmp_path: Path) -> AsyncIterator[World]:
-    try:
-        check_available()
-    except LabUnavailable as err:
-        pytest.skip(f"fault lab unavailable: {err}")
+    skip_unless_available()
     async with mixed_world(ttl=TTL, tunnel_ttl=TUNNEL_TTL, logs=tmp_path) as made:
         yield made
 
@@ -111,10 +108,7 @@ async def test_clients_that_give_up_on_a_cut_connection_lose_nothing(world: Worl
 
 @pytest.fixture
 async def on_cluster(tmp_path: Path) -> AsyncIterator[World]:
-    try:
-        check_available()
-    except LabUnavailable as err:
-        pytest.skip(f"fault lab unavailable: {err}")
+    skip_unless_available()
     async with mixed_world(
         ttl=TTL, tunnel_ttl=FAILOVER_TUNNEL_TTL, cluster=True, logs=tmp_path
     ) as made:

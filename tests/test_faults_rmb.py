@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faultlab.netns import LabUnavailable, check_available
+from tests.faultlab.netns import skip_unless_available
 from tests.faultlab.scenarios import rmb_federation_partition
 from tests.faultlab.world import FederatedPair, World
 
@@ -25,10 +25,7 @@ def _logs(world: World) -> str:
 
 @pytest.fixture
 async def federated(tmp_path: Path) -> AsyncIterator[World]:
-    try:
-        check_available()
-    except LabUnavailable as err:
-        pytest.skip(f"fault lab unavailable: {err}")
+    skip_unless_available()
     async with FederatedPair(logs=tmp_path) as made:
         yield made
 

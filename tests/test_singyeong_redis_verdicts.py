@@ -11,9 +11,6 @@ carry a given text (the cluster has a link of its own)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import socket
-import struct
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +30,7 @@ from rmb_relay.mailbox import MemoryMailbox
 from rmb_relay.switch import Switch
 from rmb_relay.telemetry.metrics import Registry
 from tests.conftest import RedisServer, StartRelay
-from tests.faultlab.proxy import FaultProxy
+from tests.faultlab.proxy import FaultProxy, reset
 from tests.helpers import eventually
 from tests.sg_client import SgClient
 from tests.test_singyeong_queues import WORKERS, nothing_pending, take
@@ -41,14 +38,6 @@ from tests.test_singyeong_queues import WORKERS, nothing_pending, take
 #: the gateway's queues give up on a command this soon (and try it once more): a held store
 #: fails within a second
 SOCKET_TIMEOUT = 0.25
-
-
-def _rst(writer: asyncio.StreamWriter) -> None:
-    sock = writer.get_extra_info("socket")
-    if sock is not None:
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
-    writer.transport.abort()
 
 
 @dataclass
@@ -115,7 +104,7 @@ class Gate:
         while data := await up_reader.read(65536):
             if losing.is_set():  # the reply goes nowhere: both ends reset
                 self.lost += 1
-                _rst(writer)
+                reset(writer)
                 up.transport.abort()
                 return
             writer.write(data)

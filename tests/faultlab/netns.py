@@ -101,6 +101,16 @@ def check_available() -> None:
     _ip("netns", "del", probe, check=False)
 
 
+def skip_unless_available() -> None:
+    """For a test: skip it, saying why, where namespaces cannot be made (`check_available`)."""
+    import pytest  # the bench uses this module without pytest
+
+    try:
+        check_available()
+    except LabUnavailable as err:
+        pytest.skip(f"fault lab unavailable: {err}")
+
+
 def check_ipv6() -> None:
     """Raise LabUnavailable when this kernel has IPv6 off (`Host.add_ipv6` would fail)."""
     switch = Path("/proc/sys/net/ipv6/conf/all/disable_ipv6")

@@ -63,7 +63,8 @@ class _Pair:
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
 
-def _rst(writer: asyncio.StreamWriter) -> None:
+def reset(writer: asyncio.StreamWriter) -> None:
+    """Close `writer`'s connection with a TCP reset (SO_LINGER 0), as a reset link does."""
     sock = writer.get_extra_info("socket")
     if sock is not None:
         with contextlib.suppress(OSError):
@@ -141,9 +142,9 @@ class FaultProxy:
 
     def _reset(self, pair: _Pair) -> None:
         self.resets_done += 1
-        _rst(pair.client)
+        reset(pair.client)
         if pair.upstream is not None:
-            _rst(pair.upstream)
+            reset(pair.upstream)
         self._pairs.discard(pair)
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -152,16 +153,16 @@ class FaultProxy:
         self.connections += 1
         try:
             if self.refusing:
-                _rst(writer)
+                reset(writer)
                 return
             if self.cut:  # its SYN would have been lost: it never gets through (docstring)
                 await self._open.wait()
-                _rst(writer)
+                reset(writer)
                 return
             try:
                 up_reader, up_writer = await asyncio.open_connection(*self.target)
             except OSError:
-                _rst(writer)
+                reset(writer)
                 return
             pair.upstream = up_writer
             loop = asyncio.get_running_loop()
