@@ -417,6 +417,26 @@ async def test_what_a_given_up_instance_held_is_kept_for_it_and_sent_once_it_is_
     await redis.aclose()
 
 
+async def test_what_a_given_up_instance_held_is_bounded_by_cluster_held_bytes(
+    redis_server: RedisServer, make_instance: MakeInstance
+) -> None:
+    """Strangers' messages fill what is kept for given-up instances: past --cluster-held-bytes
+    a reaped message is dropped and counted at once, not kept."""
+    b = await make_instance(redis_server.url, ttl=30.0, clock=FakeClock(), held_bytes=5)
+    redis = Redis.from_url(redis_server.url)
+    name = keys.address_name(b"\x01" * 32)
+    records = [wire.encode(wire.Record(wire.MESSAGE, name, b"abc", 0)) for _ in range(2)]
+    await Cluster(redis, Switch(RedisMailbox(redis)), instance_id="cut-off").bus.create()
+    await redis.sadd(keys.INSTANCES_KEY, "cut-off")
+    await redis.xadd(keys.bus_key("cut-off"), {b"m": b"".join(records)})
+    dropped = b.cluster.counters.dropped
+    await b.cluster.tick()  # given up, its stream reaped: 3 bytes kept, the next 3 not
+    assert "cut-off" in b.cluster.presence.dead
+    assert b.cluster.held_bytes == 3
+    assert b.cluster.counters.dropped == dropped + 1
+    await redis.aclose()
+
+
 async def test_a_reaper_never_takes_what_a_live_instance_is_working_on(
     redis_server: RedisServer, make_instance: MakeInstance
 ) -> None:

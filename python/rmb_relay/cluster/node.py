@@ -149,6 +149,7 @@ class Cluster:
         clock: Clock = monotonic_clock,
         wall: Clock = wall_clock,
         registry: Registry | None = None,
+        held_bytes: int = HELD_BYTES,
     ) -> None:
         if ttl <= 0:
             raise ValueError("cluster TTL must be positive")
@@ -175,6 +176,8 @@ class Cluster:
         #: when (clock) each stops being kept, and their bytes in all
         self._held: dict[str, deque[tuple[wire.Record, int]]] = {}
         self.held_bytes = 0
+        #: the most `_held` keeps (--cluster-held-bytes)
+        self.held_limit = held_bytes
         #: when (clock) we last came back from an outage: for one TTL after it we give no
         #: instance up (`tick`)
         self._resumed_at: int | None = None
@@ -718,7 +721,7 @@ class Cluster:
         accepted). Sent to it again once it is alive (`_send_held`); False when over the
         bound."""
         size = len(record.frame)
-        if self.held_bytes + size > HELD_BYTES:
+        if self.held_bytes + size > self.held_limit:
             return False
         held = self._held.setdefault(instance, deque())
         held.append((record, self.clock() + nanos(HOLD_FOR)))
@@ -932,7 +935,8 @@ class Cluster:
         registry.gauge(
             "rmb_relay_cluster_held_bytes",
             "Bytes of messages reaped from given-up instances' streams, kept for them in case "
-            "they were only cut off (at most HELD_BYTES)",
+            "they were only cut off (at most --cluster-held-bytes; past it dropped and counted "
+            'in rmb_relay_cluster_messages_total{event="dropped"})',
             read=lambda: [((), self.held_bytes)],
         )
         registry.gauge(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from rmb_relay.cluster.node import DEFAULT_CACHE_TTL, DEFAULT_TTL, Cluster
+from rmb_relay.cluster.node import DEFAULT_CACHE_TTL, DEFAULT_TTL, HELD_BYTES, Cluster
 from rmb_relay.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -41,6 +41,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="presence and liveness last this long without renewal: how soon the sessions of "
         "an instance that died are given up",
     )
+    group.add_argument(
+        "--cluster-held-bytes",
+        type=int,
+        default=HELD_BYTES,
+        metavar="BYTES",
+        help="messages reaped from an instance given up (SBD forwards, 신경 frames: no mailbox) "
+        "are kept this much in all, for up to 300 s, and sent to it if it comes back (it may "
+        "only have been cut off from Redis); past it they are dropped and counted "
+        "(rmb_relay_cluster_held_bytes)",
+    )
 
 
 async def start_cluster(
@@ -54,6 +64,8 @@ async def start_cluster(
         return None
     if not args.cluster_ttl > 0:
         raise ConfigError("--cluster-ttl must be a positive number of seconds")
+    if args.cluster_held_bytes < 0:
+        raise ConfigError("--cluster-held-bytes must be >= 0 (0: keep nothing)")
     if args.instance_id is not None and not args.instance_id.strip():
         raise ConfigError("--instance-id must not be empty")
     cluster = Cluster(
@@ -63,6 +75,7 @@ async def start_cluster(
         ttl=args.cluster_ttl,
         cache_ttl=min(DEFAULT_CACHE_TTL, args.cluster_ttl / 3),
         registry=registry,
+        held_bytes=args.cluster_held_bytes,
     )
     try:
         await cluster.start()
