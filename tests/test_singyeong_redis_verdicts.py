@@ -448,10 +448,10 @@ async def test_a_batch_that_finds_redis_down_is_held_ahead_of_later_queues(
     down and is held ahead of the third (it arrived first). Once Redis is back all three are
     stored in arrival order."""
     looks = iter([True, True])
-    up = [False]
+    up = asyncio.Event()
 
     def redis_up() -> bool:
-        return next(looks, up[0])
+        return next(looks, up.is_set())
 
     redis = Redis(port=redis_server.port)
     queues = RedisQueues(
@@ -461,6 +461,7 @@ async def test_a_batch_that_finds_redis_down_is_held_ahead_of_later_queues(
         max_attempts=3,
         wall_ms=lambda: 0,
         redis_up=redis_up,
+        redis_back=up.wait,
     )
     loop = asyncio.get_running_loop()
     messages = [Message(f"id-{i}", "jobs", f"n-{i}", WORKERS, f"p-{i}") for i in range(3)]
@@ -469,7 +470,7 @@ async def test_a_batch_that_finds_redis_down_is_held_ahead_of_later_queues(
         tasks = [loop.create_task(queues.store(m, "producers")) for m in messages]
         size = len(_record(messages[0])) + MESSAGE_OVERHEAD  # (same lengths: the same size)
         await eventually(lambda: queues.held_stores()[0] == 3 * size)
-        up[0] = True
+        up.set()
         await asyncio.gather(*tasks)
         raw = await redis.lrange("sgq:{jobs}:waiting", 0, -1)
         waiting = [i.decode() if isinstance(i, bytes) else i for i in raw]

@@ -172,6 +172,9 @@ class Cluster:
         #: set by `close`: the ticker stops at its next turn even if it lost its cancellation
         self._closing = False
         self._redis_down = False
+        #: set while Redis is not known down (`redis_back` waits on it)
+        self._redis_reachable = asyncio.Event()
+        self._redis_reachable.set()
         #: instance given up -> messages reaped from its stream for it (`_hold_for`), with
         #: when (clock) each stops being kept, and their bytes in all
         self._held: dict[str, deque[tuple[wire.Record, int]]] = {}
@@ -501,6 +504,11 @@ class Cluster:
         one succeeds again: writes tried meanwhile would wait on their timeouts and may land
         later, so callers that must not guess refuse without trying."""
         return not self._redis_down
+
+    async def redis_back(self) -> None:
+        """Return once `redis_up` is True (at once when it is): what waits for Redis to be
+        back (the 신경 gateway's held QUEUEs) wakes when the cluster sees it, not by polling."""
+        await self._redis_reachable.wait()
 
     async def alive(self, instances: list[str]) -> set[str]:
         """Which of `instances` are alive now (this one always is). Raises Redis errors."""
@@ -904,11 +912,13 @@ class Cluster:
         if err is None:
             if self._redis_down:
                 self._redis_down = False
+                self._redis_reachable.set()
                 self._resumed_at = self.clock()
                 log.warning("cluster: redis is reachable again; instance %s resumes", self.me)
             return
         if not self._redis_down:
             self._redis_down = True
+            self._redis_reachable.clear()
             log.error(
                 "cluster: redis unavailable (%s); messages for other instances are refused "
                 "with an error until it is back; nothing already accepted is lost",

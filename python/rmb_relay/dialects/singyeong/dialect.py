@@ -184,6 +184,7 @@ class SingyeongDialect(Dialect):
                 held_bytes=settings.held_bytes,
                 # (a store is held, unwritten, while the cluster knows Redis is down)
                 redis_up=(lambda: True) if cluster is None else (lambda: cluster.redis_up),
+                redis_back=None if cluster is None else cluster.redis_back,
             )
             self.queues.start()
         self.cluster: SgCluster | None = None

@@ -72,7 +72,7 @@ A write tried while the cluster knows Redis is down (`Cluster.redis_up`, the sig
 and the tunnel's work queue use: no second opinion here) would wait on its timeouts and may
 land later. So it is not tried: the QUEUE is held in memory, unwritten, in arrival order, and
 written as usual (with its claim, confirmed or withdrawn as above) once the cluster sees Redis
-again (`_hold_until_up` looks at `redis_up` every `HELD_POLL`). A QUEUE that arrives while
+again (`_hold_until_up` waits on `redis_back`, woken by the cluster). A QUEUE arriving while
 others are held is held behind them even when Redis is up again, and the held ones go out
 ahead of every later store: holding never reorders a producer's QUEUEs. Every store's
 deadline runs from its arrival (`--sg-queue-verdict-timeout`): one still held then is refused
@@ -95,7 +95,7 @@ import json
 import logging
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -177,7 +177,6 @@ WITHDRAW_BATCH = 256
 #: waiting message the pump found withdrawn)
 VERDICTS = ("withdrawn", "stored", "unknown", "dropped")
 #: how often held stores look whether the cluster sees Redis again (s; a property read)
-HELD_POLL = 0.1
 #: what became of held stores (`rmb_relay_sg_queue_held_total`'s labels): written once Redis
 #: was back, expired (past the verdict timeout, never written), refused (past
 #: --sg-queue-held-bytes, at once)
@@ -288,6 +287,10 @@ class _Unsure:
     timer: asyncio.TimerHandle | None = None
 
 
+async def _at_once() -> None:
+    """`redis_back` without a cluster: Redis is never known down there."""
+
+
 def _record(message: Message) -> str:
     """A message's record as stored in `sgq:{NAME}:msgs` (its length is what it costs)."""
     return json.dumps(
@@ -328,13 +331,16 @@ class RedisQueues:
         verdict_timeout: float = DEFAULT_VERDICT_TIMEOUT,
         held_bytes: int = DEFAULT_HELD_BYTES,
         redis_up: Callable[[], bool] = lambda: True,
+        redis_back: Callable[[], Awaitable[None]] | None = None,
         clock: Clock = monotonic_clock,
     ) -> None:
         """`redis_up`: False while the cluster knows Redis is down (a store is held then,
-        unwritten, up to `held_bytes`: module docstring); `clock` (monotonic ns) measures the
-        stores' verdict timeouts and paces the estimate of Redis's clock."""
+        unwritten, up to `held_bytes`: module docstring), and `redis_back` returns once it is
+        True again (`Cluster.redis_up`, `Cluster.redis_back`); `clock` (monotonic ns) measures
+        the stores' verdict timeouts and paces the estimate of Redis's clock."""
         self.redis = redis
         self.redis_up = redis_up
+        self.redis_back = redis_back if redis_back is not None else _at_once
         self.clock = clock
         self.verdict_timeout = verdict_timeout
         self.held_limit = held_bytes
@@ -552,7 +558,7 @@ class RedisQueues:
         try:
             while self._held:
                 if not self.redis_up():
-                    await asyncio.sleep(HELD_POLL)
+                    await self.redis_back()
                     continue
                 released, self._held = list(self._held), deque()
                 self._held_bytes = 0
