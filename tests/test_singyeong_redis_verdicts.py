@@ -391,6 +391,31 @@ async def test_a_retried_store_that_finds_its_own_claim_stores_nothing_twice(
     await nothing_pending(worker)
 
 
+async def test_an_ack_whose_replies_were_lost_is_tried_again_and_the_message_is_done(
+    make_world: MakeWorld,
+) -> None:
+    """The ack reached Redis and lost its reply, on the first try and redis-py's retry: the
+    queues try it again (the script is idempotent), so the message is done at once, not
+    delivered again after its ack timeout."""
+    world = await make_world()
+    producer = await world.client("p", "producers")
+    worker = await world.client("w", "workers")
+    assert (await send_queue(producer, "n-ack"))["t"] == "QUEUE_CONFIRM"
+    body = await take(worker)
+    world.gate.lose, world.gate.lose_times = str(body["id"]).encode(), 2
+    await worker.dispatch("QUEUE_ACK", {"queue": "jobs", "id": body["id"]})
+
+    async def done() -> bool:
+        unacked = await world.redis.zcard("sgq:{jobs}:unacked")
+        return world.queues.ack_retries() >= 1 and unacked == 0
+
+    await eventually(done)
+    assert world.gate.lost == 2
+    assert await world.stored("jobs") == (0, 0)
+    assert metric(world, "rmb_relay_sg_queue_ack_retries_total") >= 1
+    await nothing_pending(worker)
+
+
 async def test_a_withdrawn_store_is_refused_and_never_delivered(make_world: MakeWorld) -> None:
     """The store is held on its way (both tries) and times out; the withdrawal, on another
     connection, comes first: refused. The held tries land afterwards, find the claim withdrawn

@@ -164,6 +164,12 @@ class SgMetrics:
             lambda: [((outcome,), n) for outcome, n in queues().held_stores()[1].items()],
             ("outcome",),
         )
+        registry.counter_of(
+            "rmb_relay_sg_queue_ack_retries_total",
+            "singyeong QUEUE_ACKs tried again after a failed Redis call (until the delivery's "
+            "--sg-ack-timeout: past it the message is delivered again)",
+            lambda: [((), queues().ack_retries())],
+        )
         self.refused = registry.counter(
             "rmb_relay_sg_refused_total",
             "singyeong frames refused by a bound (issue 33; docs/hardening.md): "

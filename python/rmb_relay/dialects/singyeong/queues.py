@@ -668,6 +668,10 @@ class Queues:
         """None in memory: a store here never waits for Redis (redis_queues.py holds them)."""
         return 0, {}
 
+    def ack_retries(self) -> int:
+        """None in memory: an ack here cannot fail (redis_queues.py tries again)."""
+        return 0
+
     def refusals(self) -> dict[str, int]:
         """Budget refusals by limit (`key`, `total`: a QUEUE refused; `dead_letters`: a
         message kept in its queue because the dead letters were full), for the metrics."""

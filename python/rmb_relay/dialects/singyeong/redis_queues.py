@@ -341,6 +341,8 @@ class RedisQueues:
         self.redis = redis
         self.redis_up = redis_up
         self.redis_back = redis_back if redis_back is not None else _at_once
+        #: acks tried again after a failed Redis call (`_ack_one`)
+        self.counts_ack_retries = 0
         self.clock = clock
         self.verdict_timeout = verdict_timeout
         self.held_limit = held_bytes
@@ -572,6 +574,10 @@ class RedisQueues:
                 self._write_soon()
         finally:
             self._holder = None
+
+    def ack_retries(self) -> int:
+        """Acks tried again after a failed Redis call (`_ack_one`), for the metrics."""
+        return self.counts_ack_retries
 
     def held_stores(self) -> tuple[int, dict[str, int]]:
         """Bytes held now and what became of held stores (metrics.py)."""
@@ -889,20 +895,29 @@ class RedisQueues:
         return True
 
     async def _ack_one(self, name: str, message_id: str) -> None:
+        """The ack script, tried again while Redis fails (it is idempotent: a second run finds
+        the message gone), until the delivery's ack timeout would pass: an ack lost to a
+        failed call (a failover's shard without a primary) delivers the message again."""
         keys = _keys(name)
-        released = int(
-            await self._ack(
-                keys=[
-                    keys["unacked"],
-                    keys["owner"],
-                    keys["msgs"],
-                    keys["attempts"],
-                    keys["bytes"],
-                    keys["sizes"],
-                ],
-                args=[message_id],
-            )
-        )
+        ack_keys = [
+            keys["unacked"],
+            keys["owner"],
+            keys["msgs"],
+            keys["attempts"],
+            keys["bytes"],
+            keys["sizes"],
+        ]
+        give_up = self.clock() + self.ack_timeout_ms * 1_000_000
+        while True:
+            try:
+                released = int(await self._ack(keys=ack_keys, args=[message_id]))
+                break
+            except redis_errors():
+                if self.clock() >= give_up:
+                    raise  # logged by `_done`; the message comes again after its timeout
+                self.counts_ack_retries += 1
+                await self.redis_back()  # at once unless the cluster knows Redis is down
+                await asyncio.sleep(RETRY_DELAY)
         if released > 1:
             self._forget(name, released - 1)
             await self.redis.decrby(TOTAL_BYTES, released - 1)
