@@ -730,11 +730,7 @@ class SingyeongDialect(Dialect):
         except StoreUnknown as err:
             log.warning("singyeong: queue %s: stored or not, unknown: %s", message.queue, err)
             self.metrics.hot.dispatch("QUEUE", "unknown")
-            if not session.closing:
-                session.invalid(
-                    "queue unknown: cannot tell whether it was stored",
-                    {"queue": message.queue, "nonce": message.nonce},
-                )
+            _refuse_queued(session, message, "queue unknown: cannot tell whether it was stored")
             return
         except Exception as err:  # NotStored, or failed before writing: certainly not stored
             # (NotStored at debug: its cause is logged once per batch or outage by the store,
@@ -742,13 +738,7 @@ class SingyeongDialect(Dialect):
             level = logging.DEBUG if isinstance(err, NotStored) else logging.WARNING
             log.log(level, "singyeong: queue %s: could not store: %s", message.queue, err)
             self.metrics.hot.dispatch("QUEUE", "unavailable")
-            if not session.closing:
-                # names the message (as queue_full does): a producer with several in flight
-                # must know which one to send again
-                session.invalid(
-                    "queue unavailable: the message was not stored",
-                    {"queue": message.queue, "nonce": message.nonce},
-                )
+            _refuse_queued(session, message, "queue unavailable: the message was not stored")
             return
         if not session.closing:
             self.confirm(session, message)
@@ -872,3 +862,10 @@ class SingyeongDialect(Dialect):
         await self.proxy.close()
         if self.cluster is not None:
             await self.cluster.close()
+
+
+def _refuse_queued(session: SgSession, message: Message, error: str) -> None:
+    """Op 3 for a QUEUE the store did not confirm, naming the message (as queue_full does): a
+    producer with several in flight must know which one to send again."""
+    if not session.closing:
+        session.invalid(error, {"queue": message.queue, "nonce": message.nonce})
