@@ -385,6 +385,14 @@ async def test_an_instance_back_from_an_outage_gives_nobody_up_for_one_ttl(
     await redis.aclose()
 
 
+async def _instance_with_stream(redis: Redis, name: str, records: bytes) -> None:
+    """Instance `name` in the instance set, with no liveness key (so given up at the next
+    tick) and one bus entry carrying `records`."""
+    await Cluster(redis, Switch(RedisMailbox(redis)), instance_id=name).bus.create()
+    await redis.sadd(keys.INSTANCES_KEY, name)
+    await redis.xadd(keys.bus_key(name), {b"m": records})
+
+
 async def test_what_a_given_up_instance_held_is_kept_for_it_and_sent_once_it_is_back(
     redis_server: RedisServer, make_instance: MakeInstance
 ) -> None:
@@ -397,9 +405,7 @@ async def test_what_a_given_up_instance_held_is_kept_for_it_and_sent_once_it_is_
     redis = Redis.from_url(redis_server.url)
     record = wire.encode(wire.Record(wire.MESSAGE, keys.address_name(b"\x01" * 32), b"hi", 0))
     for name in ("cut-off", "dead"):
-        await Cluster(redis, Switch(RedisMailbox(redis)), instance_id=name).bus.create()
-        await redis.sadd(keys.INSTANCES_KEY, name)
-        await redis.xadd(keys.bus_key(name), {b"m": record})
+        await _instance_with_stream(redis, name, record)
     await b.cluster.tick()  # both given up, their streams reaped
     assert {"cut-off", "dead"} <= b.cluster.presence.dead
     assert b.cluster.held_bytes == 4
@@ -426,9 +432,7 @@ async def test_what_a_given_up_instance_held_is_bounded_by_cluster_held_bytes(
     redis = Redis.from_url(redis_server.url)
     name = keys.address_name(b"\x01" * 32)
     records = [wire.encode(wire.Record(wire.MESSAGE, name, b"abc", 0)) for _ in range(2)]
-    await Cluster(redis, Switch(RedisMailbox(redis)), instance_id="cut-off").bus.create()
-    await redis.sadd(keys.INSTANCES_KEY, "cut-off")
-    await redis.xadd(keys.bus_key("cut-off"), {b"m": b"".join(records)})
+    await _instance_with_stream(redis, "cut-off", b"".join(records))
     dropped = b.cluster.counters.dropped
     await b.cluster.tick()  # given up, its stream reaped: 3 bytes kept, the next 3 not
     assert "cut-off" in b.cluster.presence.dead
